@@ -1,0 +1,3 @@
+module github.com/grovestore/grove
+
+go 1.26.8

@@ -1,0 +1,406 @@
+// Package fd is Boxwood's failure detector (§3.2, Figure 2): keepalive
+// beacons echoed by a set of observers, a node that fences itself when a
+// majority stops echoing, and a service that reports a node dead only when a
+// majority of observers have not heard from it for GracePeriod.
+//
+// The package is a protocol core without I/O: Subject (the monitored side)
+// and Observer take packets and the current local time and return packets and
+// effects. The driver in driver.go does the UDP and the timers; the simulator
+// drives the same structs in virtual time.
+//
+// # The invariant and why it holds
+//
+// If the service reports (A, i) dead at time T, then (A, i) does not consider
+// itself alive at T or ever after. Proof sketch (ρ = MaxDrift, clock rates in
+// [1-ρ, 1+ρ], message delays > 0):
+//
+//   - A dead verdict needs a majority M1 of observers each saying dead at some
+//     time ≤ T. Observer o says dead only if it has not received a beacon of
+//     (A, i) for GracePeriod on its own clock, i.e. for at least
+//     GracePeriod/(1+ρ) of real time.
+//   - (A, i) considers itself alive at T' only if a majority M2 echoed beacons
+//     it sent less than SelfGrace ago on its clock, i.e. less than
+//     SelfGrace/(1-ρ) of real time ago.
+//   - M1 and M2 share an observer o. The beacon o echoed was received by o
+//     after A sent it. SelfGrace < GracePeriod(1-ρ)/(1+ρ), so o's silence
+//     window ends after A's deadline: T is past the deadline.
+//   - Past its deadline an incarnation is fenced for good (Subject never
+//     revives), so it stays dead after T as well.
+//
+// Beacons carry the incarnation; an observer that has heard incarnation j
+// reports every i < j dead, and a node's incarnation is persisted before it
+// is used, so a restarted node is never confused with its previous life.
+package fd
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// NodeID names a node of the cluster; 0 is never a valid id.
+type NodeID uint64
+
+// Incarnation counts a node's lives; it grows on every restart and every
+// self-fence and is persisted before use. 0 is never a valid incarnation.
+type Incarnation uint64
+
+// Config holds the detector's tunables. The paper's values are the defaults.
+type Config struct {
+	Interval    time.Duration // ΔT: time between beacons
+	GracePeriod time.Duration // an observer's silence threshold
+	MaxDrift    float64       // ρ: bound on |clock rate − 1| of any node
+	Observers   []NodeID      // the observers every node beacons to
+}
+
+// Defaults from Boxwood §3.2.
+const (
+	DefaultInterval    = 200 * time.Millisecond
+	DefaultGracePeriod = time.Second
+	DefaultMaxDrift    = 0.01
+	// MinGraceIntervals is how many ΔT GracePeriod must span, so that a
+	// single lost beacon or echo never fences a node.
+	MinGraceIntervals = 3
+)
+
+// Validate rejects settings under which the invariant or liveness fails.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval <= 0:
+		return errors.New("fd: Interval must be positive")
+	case c.GracePeriod < MinGraceIntervals*c.Interval:
+		return fmt.Errorf("fd: GracePeriod %v must be at least %d×Interval (%v)", c.GracePeriod, MinGraceIntervals, MinGraceIntervals*c.Interval)
+	case c.MaxDrift < 0 || c.MaxDrift > 0.1:
+		return fmt.Errorf("fd: MaxDrift %v must be in [0, 0.1]", c.MaxDrift)
+	case len(c.Observers) == 0:
+		return errors.New("fd: no observers")
+	}
+	seen := map[NodeID]bool{}
+	for _, o := range c.Observers {
+		if o == 0 || seen[o] {
+			return fmt.Errorf("fd: observer list has a zero or duplicate id %d", o)
+		}
+		seen[o] = true
+	}
+	if c.SelfGrace() < 2*c.Interval {
+		return fmt.Errorf("fd: GracePeriod %v too short for drift %v", c.GracePeriod, c.MaxDrift)
+	}
+	return nil
+}
+
+// Quorum is the number of observers that makes a majority.
+func (c Config) Quorum() int { return len(c.Observers)/2 + 1 }
+
+// SelfGrace is how long, on its own clock, a node may go without a majority
+// of acknowledgements before it must consider itself dead. It is strictly
+// less than GracePeriod·(1−ρ)/(1+ρ), which is what the invariant needs.
+func (c Config) SelfGrace() time.Duration {
+	g := time.Duration(float64(c.GracePeriod) * (1 - c.MaxDrift) / (1 + c.MaxDrift))
+	return g - time.Millisecond
+}
+
+// Phase is a Subject's view of its own incarnation.
+type Phase uint8
+
+const (
+	// Joining: no majority has acknowledged this incarnation yet. The node
+	// must not act under leases; nothing was granted to this incarnation.
+	// A subject that stays joining for GracePeriod fences itself: observers
+	// may have declared this incarnation dead before it was ever heard.
+	Joining Phase = iota
+	// Alive: a majority acknowledged a beacon sent less than SelfGrace ago.
+	Alive
+	// Fenced: the deadline passed. Terminal: the incarnation never revives,
+	// even if echoes arrive later; the node must take a new incarnation.
+	Fenced
+)
+
+func (p Phase) String() string {
+	return [...]string{"joining", "alive", "fenced"}[p]
+}
+
+// Subject is the monitored side of the protocol, one per node incarnation.
+// Not safe for concurrent use; the driver serialises calls.
+type Subject struct {
+	cfg  Config
+	id   NodeID
+	inc  Incarnation
+	obs  map[NodeID]bool
+	seq  uint64 // last sequence number sent
+	sent []sentBeacon
+	// lastAck[o] is the local send time of the newest beacon o echoed.
+	lastAck    map[NodeID]time.Time
+	phase      Phase
+	started    time.Time // local time the incarnation began
+	deadline   time.Time // valid when phase == Alive
+	nextBeacon time.Time
+}
+
+type sentBeacon struct {
+	seq uint64
+	at  time.Time
+}
+
+// NewSubject starts incarnation inc of node id at local time now. The caller
+// must have persisted inc before calling.
+func NewSubject(cfg Config, id NodeID, inc Incarnation, now time.Time) *Subject {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	if id == 0 || inc == 0 {
+		panic("fd: zero node id or incarnation")
+	}
+	s := &Subject{cfg: cfg, id: id, inc: inc, obs: map[NodeID]bool{}, lastAck: map[NodeID]time.Time{}, nextBeacon: now, started: now}
+	for _, o := range cfg.Observers {
+		s.obs[o] = true
+	}
+	// Keep enough sent beacons to match any echo that could still matter.
+	s.sent = make([]sentBeacon, 0, int(cfg.GracePeriod/cfg.Interval)+4)
+	return s
+}
+
+// ID and Incarnation identify the subject.
+func (s *Subject) ID() NodeID                  { return s.id }
+func (s *Subject) Incarnation() Incarnation    { return s.inc }
+func (s *Subject) Config() Config              { return s.cfg }
+func (s *Subject) NextBeaconAt() time.Time     { return s.nextBeacon }
+func (s *Subject) Deadline() (time.Time, bool) { return s.deadline, s.phase == Alive }
+
+// Phase returns the phase at local time now, applying the deadline first.
+func (s *Subject) Phase(now time.Time) Phase {
+	s.expire(now)
+	return s.phase
+}
+
+// Alive reports whether the node may act under its leases at local time now.
+// Every lease-protected action must check this (or a fence built on it)
+// against the current clock, not against a cached flag: a paused process
+// that wakes up after its deadline must see itself dead at once.
+func (s *Subject) Alive(now time.Time) bool { return s.Phase(now) == Alive }
+
+func (s *Subject) expire(now time.Time) {
+	switch {
+	case s.phase == Alive && !now.Before(s.deadline):
+		s.phase = Fenced
+	case s.phase == Joining && now.Sub(s.started) >= s.cfg.GracePeriod:
+		s.phase = Fenced
+	}
+}
+
+// Tick returns the beacon due at local time now, if a beacon interval has
+// elapsed (send reports it; the driver sends it to every observer). fenced
+// reports that the incarnation is over (whichever call noticed it first): the
+// driver must fence the node's services and start a new incarnation.
+func (s *Subject) Tick(now time.Time) (beacon Packet, send, fenced bool) {
+	s.expire(now)
+	if s.phase == Fenced {
+		return Packet{}, false, true
+	}
+	if now.Before(s.nextBeacon) {
+		return Packet{}, false, false
+	}
+	s.seq++
+	if len(s.sent) == cap(s.sent) {
+		copy(s.sent, s.sent[1:])
+		s.sent = s.sent[:len(s.sent)-1]
+	}
+	s.sent = append(s.sent, sentBeacon{seq: s.seq, at: now})
+	s.nextBeacon = now.Add(s.cfg.Interval)
+	return Packet{Kind: KindBeacon, Subject: s.id, Incarnation: s.inc, Seq: s.seq}, true, false
+}
+
+// Beacon errors: reasons an echo is ignored.
+var (
+	ErrNotMine         = errors.New("fd: echo is for another node or incarnation")
+	ErrUnknownSeq      = errors.New("fd: echo for a beacon not in the window")
+	ErrUnknownObserver = errors.New("fd: echo from a node that is not an observer")
+)
+
+// Echo records an observer's echo received at local time now.
+func (s *Subject) Echo(now time.Time, p Packet) error {
+	s.expire(now)
+	if p.Kind != KindEcho || p.Subject != s.id || p.Incarnation != s.inc {
+		return ErrNotMine
+	}
+	if !s.obs[p.Observer] {
+		return ErrUnknownObserver
+	}
+	var at time.Time
+	found := false
+	for _, b := range s.sent {
+		if b.seq == p.Seq {
+			at, found = b.at, true
+			break
+		}
+	}
+	if !found {
+		return ErrUnknownSeq
+	}
+	if s.phase == Fenced {
+		return nil // terminal: late echoes never revive an incarnation
+	}
+	if at.After(s.lastAck[p.Observer]) {
+		s.lastAck[p.Observer] = at
+	}
+	// The deadline is the q-th newest acknowledgement plus SelfGrace.
+	acks := make([]time.Time, 0, len(s.lastAck))
+	for _, t := range s.lastAck {
+		acks = append(acks, t)
+	}
+	q := s.cfg.Quorum()
+	if len(acks) < q {
+		return nil
+	}
+	sort.Slice(acks, func(i, j int) bool { return acks[i].After(acks[j]) })
+	d := acks[q-1].Add(s.cfg.SelfGrace())
+	if !now.Before(d) {
+		return nil // a stale majority: still joining, or about to fence
+	}
+	if s.phase == Alive && d.Before(s.deadline) {
+		panic("fd: deadline moved backwards") // invariant: lastAck only grows
+	}
+	s.phase, s.deadline = Alive, d
+	return nil
+}
+
+// view is what an observer knows of one node.
+type view struct {
+	inc       Incarnation
+	lastHeard time.Time // local receipt time of the newest beacon of inc
+	heard     bool      // a beacon of inc has been received
+}
+
+// Observer is the observing side: it echoes beacons and answers queries.
+// Not safe for concurrent use.
+//
+// Its verdicts are permanent: once it has answered "dead" for (n, i) it
+// records a tombstone and never again echoes a beacon of n's incarnation i or
+// older. Without that, an incarnation still joining (never acknowledged) could
+// be reported dead during a pause and become alive afterwards, and a lock
+// master that freed its leases on that verdict would be wrong. The driver
+// persists tombstones before sending the answer (the durability contract of
+// Query), so a restarted observer keeps refusing.
+type Observer struct {
+	id         NodeID
+	grace      time.Duration
+	start      time.Time // local time the observer started: it knows nothing before
+	views      map[NodeID]*view
+	tombstones map[NodeID]Incarnation
+	known      func(NodeID) bool
+}
+
+// NewObserver starts an observer at local time now with the tombstones it
+// persisted in earlier lives (nil for none). known reports whether a node id
+// belongs to the cluster; beacons from other ids are rejected.
+func NewObserver(id NodeID, grace time.Duration, now time.Time, tombstones map[NodeID]Incarnation, known func(NodeID) bool) *Observer {
+	t := map[NodeID]Incarnation{}
+	for n, i := range tombstones {
+		t[n] = i
+	}
+	return &Observer{id: id, grace: grace, start: now, views: map[NodeID]*view{}, tombstones: t, known: known}
+}
+
+// Observer errors: reasons a beacon is not echoed.
+var (
+	ErrNotBeacon      = errors.New("fd: observer got a packet that is not a beacon")
+	ErrUnknownNode    = errors.New("fd: beacon from a node that is not a member")
+	ErrOldIncarnation = errors.New("fd: beacon from an old incarnation")
+	ErrDeclaredDead   = errors.New("fd: beacon from an incarnation this observer declared dead")
+)
+
+// Beacon handles a beacon received at local time now and returns the echo.
+func (o *Observer) Beacon(now time.Time, p Packet) (Packet, error) {
+	if p.Kind != KindBeacon {
+		return Packet{}, ErrNotBeacon
+	}
+	if !o.known(p.Subject) {
+		return Packet{}, fmt.Errorf("%w: %d", ErrUnknownNode, p.Subject)
+	}
+	if p.Incarnation <= o.tombstones[p.Subject] {
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d", ErrDeclaredDead, p.Subject, p.Incarnation)
+	}
+	v := o.views[p.Subject]
+	if v == nil {
+		v = &view{}
+		o.views[p.Subject] = v
+	}
+	switch {
+	case p.Incarnation < v.inc:
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d < %d", ErrOldIncarnation, p.Subject, p.Incarnation, v.inc)
+	case p.Incarnation > v.inc:
+		v.inc, v.heard = p.Incarnation, true
+		v.lastHeard = now
+	default:
+		v.heard = true
+		if now.After(v.lastHeard) {
+			v.lastHeard = now
+		}
+	}
+	return Packet{Kind: KindEcho, Subject: p.Subject, Incarnation: p.Incarnation, Seq: p.Seq, Observer: o.id}, nil
+}
+
+// Query is this observer's answer, at local time now, to "is incarnation inc
+// of node n dead?": yes if it has heard a newer incarnation, or has heard
+// nothing of inc (nor anything newer) for GracePeriod, or said so before.
+// Silence is measured from the observer's own start at the earliest, since
+// it knows nothing before that.
+//
+// Durability contract: when persist is true the answer created a tombstone,
+// and the driver must make Tombstones() durable before sending the answer.
+func (o *Observer) Query(now time.Time, n NodeID, inc Incarnation) (dead, persist bool) {
+	if inc <= o.tombstones[n] {
+		return true, false
+	}
+	if !o.silent(now, n, inc) {
+		return false, false
+	}
+	o.tombstones[n] = inc
+	return true, true
+}
+
+func (o *Observer) silent(now time.Time, n NodeID, inc Incarnation) bool {
+	last := o.start
+	if v := o.views[n]; v != nil {
+		if v.inc > inc {
+			return true
+		}
+		if v.heard && v.lastHeard.After(last) {
+			last = v.lastHeard
+		}
+	}
+	return now.Sub(last) > o.grace
+}
+
+// Tombstones returns a copy of the permanent verdicts, for persisting.
+func (o *Observer) Tombstones() map[NodeID]Incarnation {
+	t := make(map[NodeID]Incarnation, len(o.tombstones))
+	for n, i := range o.tombstones {
+		t[n] = i
+	}
+	return t
+}
+
+// View is an observer's opinion of one node's newest incarnation it heard.
+type View struct {
+	Node        NodeID
+	Incarnation Incarnation
+	Silence     time.Duration // time since the last beacon of Incarnation
+}
+
+// Views lists the observer's view of every node it has heard.
+func (o *Observer) Views(now time.Time) []View {
+	out := make([]View, 0, len(o.views))
+	for n, v := range o.views {
+		out = append(out, View{Node: n, Incarnation: v.inc, Silence: now.Sub(v.lastHeard)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
+// Verdict combines observers' answers as the paper's querying client does:
+// dead only if a majority of all observers (not of those that answered) said
+// dead. Missing answers count as "alive".
+func Verdict(deadAnswers, observers int) bool {
+	return deadAnswers >= observers/2+1
+}
