@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/fd"
+)
+
+// buildGrove compiles the binary once per test run.
+func buildGrove(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "grove")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestEndToEndKillRestart: `grove up --processes`, SIGKILL one node, `grove
+// status` reports it dead; restart it with its printed command, it is alive
+// with a higher incarnation. Then the same for the config-service leader's
+// node, which also forces a raft election.
+func TestEndToEndKillRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	u, err := bench.StartUp(ctx, bin, t.TempDir(), 7800, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if len(u.Nodes) != 3 {
+		t.Fatalf("grove up printed %d node lines, want 3", len(u.Nodes))
+	}
+	for _, n := range u.Nodes {
+		if n.PID == os.Getpid() || n.PID <= 0 {
+			t.Fatalf("node %d has no process of its own: pid %d", n.ID, n.PID)
+		}
+	}
+	// A non-leader node: the failure detector alone decides.
+	trials, err := bench.FDFailover(ctx, u, 1, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := trials[0]
+	// Observers last heard the node at most ΔT before the kill, and say dead
+	// only after GracePeriod of silence: an earlier verdict would be a bug.
+	if min := fd.DefaultGracePeriod - fd.DefaultInterval; tr.ToDead < min {
+		t.Fatalf("node %d reported dead %v after SIGKILL, before GracePeriod−ΔT = %v", tr.Node, tr.ToDead, min)
+	}
+
+	// The leader's node: status must survive the election and agree.
+	leader, err := u.Leader(ctx)
+	if err != nil || leader == 0 {
+		t.Fatalf("leader: %d %v", leader, err)
+	}
+	before, _, err := u.WaitNode(ctx, leader, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := u.WaitNode(ctx, leader, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return !n.Alive }); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := u.Leader(ctx); err != nil || l == leader || l == 0 {
+		t.Fatalf("after killing leader %d: leader %d, %v", leader, l, err)
+	}
+	if err := u.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := u.WaitNode(ctx, leader, 50*time.Millisecond, func(n *pb.NodeStatus) bool {
+		return n.Alive && n.Incarnation > before.Incarnation
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Every node is alive at the end.
+	r, err := u.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range r.Nodes {
+		if !n.Alive {
+			t.Fatalf("node %d dead at the end: %v", n.Id, n)
+		}
+	}
+}
+
+// TestUpRestartSameCluster: `grove up` (in one process) twice on the same
+// data directory gives the same node ids and higher incarnations.
+func TestUpRestartSameCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	dir := t.TempDir()
+	incs := map[uint64]uint64{}
+	for run := 0; run < 2; run++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.Command(bin, "up", "--data", dir, "--base-port", "7900")
+		cmd.Stderr = testWriter{t}
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096)
+		got := ""
+		for !contains(got, "ready") {
+			n, err := out.Read(buf)
+			if err != nil {
+				t.Fatalf("run %d: grove up: %v; output %q", run, err, got)
+			}
+			got += string(buf[:n])
+		}
+		st, err := exec.CommandContext(ctx, bin, "status", "--json", "--addr", "127.0.0.1:7900").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := parseStatus(t, st)
+		if len(s.Nodes) != 3 || s.Leader == 0 {
+			t.Fatalf("run %d: status %s", run, st)
+		}
+		for _, n := range s.Nodes {
+			if run == 1 && n.Incarnation <= incs[n.ID] {
+				t.Fatalf("node %d incarnation %d not above %d after restart", n.ID, n.Incarnation, incs[n.ID])
+			}
+			incs[n.ID] = n.Incarnation
+		}
+		cmd.Process.Signal(os.Interrupt)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("run %d: grove up did not stop cleanly: %v", run, err)
+		}
+		cancel()
+	}
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/grovestore/grove/internal/node"
+)
+
+func serverCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "server --config FILE",
+		Short: "Run one node of a Grove cluster",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := node.LoadConfig(path)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			n, err := node.Start(cfg, node.Options{Logger: log})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s\n", cfg.ID, os.Getpid(), cfg.GRPCAddr, cfg.BeaconAddr, path)
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			s := <-sig
+			log.Info("stopping", "signal", s.String())
+			n.Close()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", "", "node config file (TOML)")
+	cmd.MarkFlagRequired("config")
+	return cmd
+}

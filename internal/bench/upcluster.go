@@ -1,0 +1,216 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+)
+
+// UpCluster drives a real `grove up --processes` cluster: real processes,
+// real sockets, real fsync. The end-to-end tests and `grove bench fd` use it.
+type UpCluster struct {
+	Bin     string
+	Gateway string
+	Nodes   map[uint64]*UpNode
+	up      *exec.Cmd
+	conn    *grpc.ClientConn
+	mu      sync.Mutex
+	extra   []*exec.Cmd // nodes restarted by hand with `grove server`
+	lines   chan string
+	Log     io.Writer // up's stdout lines are copied here (nil: dropped)
+}
+
+// UpNode is one node as `grove up` printed it.
+type UpNode struct {
+	ID     uint64
+	PID    int
+	GRPC   string
+	Config string
+}
+
+// StartUp runs `bin up --processes --data dir --base-port port` and waits for
+// its ready line.
+func StartUp(ctx context.Context, bin, dir string, port int, log io.Writer, extra ...string) (*UpCluster, error) {
+	args := append([]string{"up", "--processes", "--data", dir, "--base-port", strconv.Itoa(port)}, extra...)
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	u := &UpCluster{Bin: bin, Gateway: fmt.Sprintf("127.0.0.1:%d", port), Nodes: map[uint64]*UpNode{}, up: cmd, lines: make(chan string, 100), Log: log}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u.Log != nil {
+				fmt.Fprintln(u.Log, "grove up:", sc.Text())
+			}
+			select {
+			case u.lines <- sc.Text():
+			default:
+			}
+		}
+		close(u.lines)
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			u.Close()
+			return nil, fmt.Errorf("grove up did not get ready: %w", ctx.Err())
+		case l, ok := <-u.lines:
+			if !ok {
+				u.Close()
+				return nil, fmt.Errorf("grove up exited before ready")
+			}
+			if strings.HasPrefix(l, "ready") {
+				u.conn, err = grpc.NewClient(u.Gateway, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					u.Close()
+					return nil, err
+				}
+				return u, nil
+			}
+			if n, err := ParseNodeLine(l); err == nil {
+				u.Nodes[n.ID] = n
+			}
+		}
+	}
+}
+
+// ParseNodeLine parses `node <id> pid=<pid> grpc=<addr> beacon=<addr> config=<path>`.
+func ParseNodeLine(l string) (*UpNode, error) {
+	f := strings.Fields(l)
+	if len(f) != 6 || f[0] != "node" {
+		return nil, fmt.Errorf("not a node line: %q", l)
+	}
+	id, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return nil, err
+	}
+	kv := map[string]string{}
+	for _, p := range f[2:] {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("bad field %q in %q", p, l)
+		}
+		kv[k] = v
+	}
+	pid, err := strconv.Atoi(kv["pid"])
+	if err != nil {
+		return nil, err
+	}
+	return &UpNode{ID: id, PID: pid, GRPC: kv["grpc"], Config: kv["config"]}, nil
+}
+
+// Status asks the gateway.
+func (u *UpCluster) Status(ctx context.Context) (*pb.StatusResponse, error) {
+	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return pb.NewClusterServiceClient(u.conn).Status(c, &pb.StatusRequest{})
+}
+
+// Kill sends SIGKILL to a node's process.
+func (u *UpCluster) Kill(id uint64) error {
+	return syscall.Kill(u.Nodes[id].PID, syscall.SIGKILL)
+}
+
+// Restart runs the node's printed command, `grove server --config PATH`.
+func (u *UpCluster) Restart(id uint64) error {
+	n := u.Nodes[id]
+	cmd := exec.Command(u.Bin, "server", "--config", n.Config)
+	lf, err := os.OpenFile(filepath.Join(filepath.Dir(n.Config), "grove.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return err
+	}
+	go func() { cmd.Wait(); lf.Close() }()
+	u.mu.Lock()
+	u.extra = append(u.extra, cmd)
+	u.mu.Unlock()
+	n.PID = cmd.Process.Pid
+	return nil
+}
+
+// WaitNode polls status until pred holds for node id, returning how long it
+// took. Status errors (a config-service election in progress) are retried.
+func (u *UpCluster) WaitNode(ctx context.Context, id uint64, every time.Duration, pred func(*pb.NodeStatus) bool) (*pb.NodeStatus, time.Duration, error) {
+	start := time.Now()
+	var last string
+	for {
+		r, err := u.Status(ctx)
+		if err == nil {
+			for _, n := range r.Nodes {
+				if n.Id == id && pred(n) {
+					return n, time.Since(start), nil
+				}
+				if n.Id == id {
+					last = fmt.Sprintf("alive=%v incarnation=%d dead votes %d/%d", n.Alive, n.Incarnation, n.ObserversDead, n.ObserversAnswered)
+				}
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, time.Since(start), fmt.Errorf("node %d: condition not met (last: %s): %w", id, last, ctx.Err())
+		case <-time.After(every):
+		}
+	}
+}
+
+// Leader returns the config-service leader as the gateway reports it.
+func (u *UpCluster) Leader(ctx context.Context) (uint64, error) {
+	r, err := u.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return r.Leader, nil
+}
+
+// Close stops `grove up` (which stops its children) and every node that was
+// restarted by hand.
+func (u *UpCluster) Close() {
+	if u.conn != nil {
+		u.conn.Close()
+	}
+	u.mu.Lock()
+	extra := u.extra
+	u.extra = nil
+	u.mu.Unlock()
+	for _, c := range extra {
+		c.Process.Signal(syscall.SIGTERM)
+	}
+	u.up.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { u.up.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		u.up.Process.Kill()
+		<-done
+	}
+	for _, c := range extra {
+		c.Process.Kill()
+	}
+}

@@ -1,0 +1,411 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+)
+
+var fastTiming = Timing{Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 50 * time.Millisecond}
+
+// group is a 3-replica config service on raft's in-memory transport, whose
+// links the test can cut.
+type group struct {
+	t       *testing.T
+	dirs    []string
+	members []Member
+	servers []*Server
+	trans   []*raft.InmemTransport
+}
+
+func newGroup(t *testing.T, n int) *group {
+	g := &group{t: t}
+	for i := 1; i <= n; i++ {
+		g.dirs = append(g.dirs, t.TempDir())
+		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
+	}
+	g.servers = make([]*Server, n)
+	g.trans = make([]*raft.InmemTransport, n)
+	for i := range g.members {
+		g.start(i)
+	}
+	t.Cleanup(func() {
+		for i, s := range g.servers {
+			if s != nil {
+				s.Close()
+				g.servers[i] = nil
+			}
+		}
+	})
+	return g
+}
+
+func (g *group) start(i int) {
+	_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
+	g.trans[i] = tr
+	for j, other := range g.trans {
+		if j != i && other != nil && g.servers[j] != nil {
+			tr.Connect(other.LocalAddr(), other)
+			other.Connect(tr.LocalAddr(), tr)
+		}
+	}
+	s, err := Open(Config{ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: fastTiming, Transport: tr,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.servers[i] = s
+}
+
+func (g *group) stop(i int) {
+	g.servers[i].Close()
+	g.servers[i] = nil
+	for j, other := range g.trans {
+		if j != i && other != nil {
+			other.Disconnect(g.trans[i].LocalAddr())
+		}
+	}
+}
+
+// isolate cuts replica i off from every other replica, both directions.
+func (g *group) isolate(i int) {
+	g.trans[i].DisconnectAll()
+	for j, other := range g.trans {
+		if j != i {
+			other.Disconnect(g.trans[i].LocalAddr())
+		}
+	}
+}
+
+func (g *group) heal() {
+	for i, a := range g.trans {
+		for j, b := range g.trans {
+			if i != j && g.servers[i] != nil && g.servers[j] != nil {
+				a.Connect(b.LocalAddr(), b)
+			}
+		}
+	}
+}
+
+// leader waits for exactly one leader among the replicas in idx.
+func (g *group) leader(idx ...int) int {
+	if len(idx) == 0 {
+		for i := range g.servers {
+			if g.servers[i] != nil {
+				idx = append(idx, i)
+			}
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, i := range idx {
+			if g.servers[i].IsLeader() {
+				return i
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.t.Fatalf("no leader among %v", idx)
+	return -1
+}
+
+func put(ns string, version uint64, key, val string) *pb.Decree {
+	return &pb.Decree{Namespace: ns, ExpectedVersion: version, Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: key, Value: []byte(val)}}}
+}
+
+func value(ns *pb.Namespace, key string) string {
+	for _, e := range ns.Entries {
+		if e.Key == key {
+			return string(e.Value)
+		}
+	}
+	return ""
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestDecreeSurvivesLeaderLoss(t *testing.T) {
+	g := newGroup(t, 3)
+	l := g.leader()
+	if v, err := g.servers[l].Propose(ctx(t), put("test", 0, "a", "1")); err != nil || v != 1 {
+		t.Fatalf("propose: v=%d err=%v", v, err)
+	}
+	g.stop(l)
+	var rest []int
+	for i := range g.servers {
+		if i != l {
+			rest = append(rest, i)
+		}
+	}
+	l2 := g.leader(rest...)
+	ns, err := g.servers[l2].Read(ctx(t), "test")
+	if err != nil || ns.Version != 1 || value(ns, "a") != "1" {
+		t.Fatalf("after leader loss: %v %v", ns, err)
+	}
+	if _, err := g.servers[l2].Propose(ctx(t), put("test", 1, "b", "2")); err != nil {
+		t.Fatalf("new leader cannot commit: %v", err)
+	}
+}
+
+func TestMinorityCannotCommit(t *testing.T) {
+	g := newGroup(t, 3)
+	l := g.leader()
+	g.isolate(l)
+	// The isolated leader cannot commit: it steps down within its lease.
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := g.servers[l].Propose(c, put("test", 0, "minority", "x")); err == nil {
+		t.Fatal("a minority committed a decree")
+	}
+	var rest []int
+	for i := range g.servers {
+		if i != l {
+			rest = append(rest, i)
+		}
+	}
+	l2 := g.leader(rest...)
+	if _, err := g.servers[l2].Propose(ctx(t), put("test", 0, "majority", "y")); err != nil {
+		t.Fatalf("majority cannot commit: %v", err)
+	}
+	g.heal()
+	// After healing, the old leader converges on the majority's history and
+	// its minority decree is nowhere.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ns, _ := g.servers[l].FSM().Namespace("test")
+		if value(ns, "majority") == "y" {
+			if value(ns, "minority") != "" || ns.Version != 1 {
+				t.Fatalf("minority decree applied: %v", ns)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("old leader did not catch up: %v", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStaleVersionRejected(t *testing.T) {
+	g := newGroup(t, 3)
+	s := g.servers[g.leader()]
+	if _, err := s.Propose(ctx(t), put("locks", 0, "master", "1")); err != nil {
+		t.Fatal(err)
+	}
+	// A racing proposer that read version 0 loses and learns the version.
+	v, err := s.Propose(ctx(t), put("locks", 0, "master", "2"))
+	if !errors.Is(err, ErrStaleVersion) || v != 1 {
+		t.Fatalf("stale decree: v=%d err=%v", v, err)
+	}
+	ns, _ := s.Read(ctx(t), "locks")
+	if value(ns, "master") != "1" || ns.Version != 1 {
+		t.Fatalf("stale decree changed state: %v", ns)
+	}
+	// Namespaces are independent: another namespace starts at 0.
+	if _, err := s.Propose(ctx(t), put("other", 0, "k", "v")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRestartFromDisk(t *testing.T) {
+	g := newGroup(t, 3)
+	s := g.servers[g.leader()]
+	for i := 0; i < 20; i++ {
+		if _, err := s.Propose(ctx(t), put("test", uint64(i), fmt.Sprintf("k%02d", i), fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One replica takes a snapshot, so restart exercises Restore as well as
+	// log replay.
+	if err := s.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Propose(ctx(t), put("test", 20, "after-snapshot", "x")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range g.servers {
+		g.stop(i)
+	}
+	for i := range g.servers {
+		g.start(i)
+	}
+	g.heal()
+	ns, err := g.servers[g.leader()].Read(ctx(t), "test")
+	if err != nil || ns.Version != 21 || len(ns.Entries) != 21 || value(ns, "k07") != "7" || value(ns, "after-snapshot") != "x" {
+		t.Fatalf("after restart: %v %v", ns, err)
+	}
+}
+
+func TestBadDecreesChangeNothing(t *testing.T) {
+	g := newGroup(t, 3)
+	s := g.servers[g.leader()]
+	if _, err := s.Propose(ctx(t), put("test", 0, "a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	garbage := [][]byte{{0xff, 0xff, 0xff}, {0x0a}, []byte("not a decree at all")}
+	for _, b := range garbage {
+		f := s.raft.Apply(b, time.Second)
+		if err := f.Error(); err != nil {
+			t.Fatal(err)
+		}
+		if r := f.Response().(ApplyResult); !errors.Is(r.Err, ErrBadDecree) {
+			t.Fatalf("garbage %x applied: %+v", b, r)
+		}
+	}
+	bad := []*pb.Decree{
+		{Namespace: "", Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "k"}}},
+		{Namespace: "test", ExpectedVersion: 1},
+		{Namespace: "test", ExpectedVersion: 1, Ops: []*pb.Op{{Kind: pb.Op_KIND_UNSPECIFIED, Key: "k"}}},
+		{Namespace: "test", ExpectedVersion: 1, Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "k", Value: make([]byte, MaxValueLen+1)}}},
+	}
+	for _, d := range bad {
+		if _, err := s.Propose(ctx(t), d); !errors.Is(err, ErrBadDecree) {
+			t.Fatalf("bad decree %v: %v", d, err)
+		}
+		// Even if a bad decree reaches the log, Apply rejects it.
+		b, _ := proto.Marshal(d)
+		f := s.raft.Apply(b, time.Second)
+		if err := f.Error(); err != nil {
+			t.Fatal(err)
+		}
+		if r, _ := f.Response().(ApplyResult); !errors.Is(r.Err, ErrBadDecree) {
+			t.Fatalf("bad decree %v applied: %+v", d, f.Response())
+		}
+	}
+	ns, _ := s.Read(ctx(t), "test")
+	if ns.Version != 1 || len(ns.Entries) != 1 {
+		t.Fatalf("bad decrees changed state: %v", ns)
+	}
+}
+
+// FuzzDecodeDecree: any bytes out of the log decode to a valid decree or to
+// an error, never a panic.
+func FuzzDecodeDecree(f *testing.F) {
+	b, _ := proto.Marshal(put("nodes", 3, "1", "x"))
+	f.Add(b)
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0x05, 'n'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := DecodeDecree(b)
+		if err != nil {
+			return
+		}
+		if ValidateDecree(d) != nil {
+			t.Fatalf("decoded decree fails validation: %v", d)
+		}
+		fsm := NewFSM(slog.New(slog.NewTextHandler(io.Discard, nil)))
+		fsm.Apply(&raft.Log{Type: raft.LogCommand, Data: b})
+	})
+}
+
+// TestClientOverGRPC runs a real 3-replica group on loopback TCP with gRPC
+// and checks the client: redirects to the leader, Update's read-modify-decree
+// loop under contention, watches, and node registration.
+func TestClientOverGRPC(t *testing.T) {
+	var members []Member
+	var lis []net.Listener
+	for i := 1; i <= 3; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raftAddr := r.Addr().String()
+		r.Close()
+		lis = append(lis, l)
+		members = append(members, Member{ID: uint64(i), RaftAddr: raftAddr, GRPCAddr: l.Addr().String()})
+	}
+	for i, m := range members {
+		s, err := Open(Config{ID: m.ID, Dir: t.TempDir(), Members: members, Timing: fastTiming,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		s.RegisterGRPC(gs)
+		go gs.Serve(lis[i])
+		t.Cleanup(func() { gs.Stop(); s.Close() })
+	}
+	c := NewClient(members)
+	defer c.Close()
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	watch := c.Watch(wctx, "counter", 0)
+
+	// 4 concurrent incrementers × 10: the conditional decrees serialise them.
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		go func() {
+			for i := 0; i < 10; i++ {
+				_, err := c.Update(ctx(t), "counter", "test", func(ns *pb.Namespace) ([]*pb.Op, error) {
+					n := 0
+					fmt.Sscan(value(ns, "n"), &n)
+					return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "n", Value: []byte(fmt.Sprint(n + 1))}}, nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < 4; w++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns, err := c.Read(ctx(t), "counter")
+	if err != nil || value(ns, "n") != "40" || ns.Version != 40 {
+		t.Fatalf("counter: %v %v", ns, err)
+	}
+	// The watch sees versions only grow, and reaches 40.
+	last := uint64(0)
+	for v := range watch {
+		if v.Version <= last {
+			t.Fatalf("watch went from %d to %d", last, v.Version)
+		}
+		last = v.Version
+		if last == 40 {
+			break
+		}
+	}
+	// Registration: a new incarnation replaces the old; an old one is refused.
+	n := &pb.Node{Id: 7, GrpcAddr: "a", Incarnation: 2}
+	if err := RegisterNode(ctx(t), c, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterNode(ctx(t), c, n); err != nil {
+		t.Fatalf("idempotent re-register: %v", err)
+	}
+	if err := RegisterNode(ctx(t), c, &pb.Node{Id: 7, Incarnation: 1}); !errors.Is(err, ErrOldIncarnation) {
+		t.Fatalf("old incarnation registered: %v", err)
+	}
+	nodes, _ := c.Read(ctx(t), NodesNamespace)
+	list, err := DecodeNodes(nodes)
+	if err != nil || len(list) != 1 || list[0].Incarnation != 2 {
+		t.Fatalf("nodes: %v %v", list, err)
+	}
+	mr, err := c.Members(ctx(t))
+	if err != nil || len(mr.Members) != 3 || mr.LeaderId == 0 {
+		t.Fatalf("members: %v %v", mr, err)
+	}
+}

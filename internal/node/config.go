@@ -1,0 +1,152 @@
+// Package node is a Grove server process: it reads its config file, locks
+// its data directory, takes a new incarnation, starts the roles it hosts
+// (config-service replica, failure-detector observer, and every later layer)
+// behind one gRPC server, and stops them cleanly.
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/grovestore/grove/internal/fd"
+)
+
+// Roles a node can host. A small cluster runs every role everywhere.
+const (
+	RoleMeta     = "meta"     // config-service replica
+	RoleObserver = "observer" // failure-detector observer
+)
+
+// KnownRoles lists every role name; later layers' roles are accepted now so
+// that config files stay valid as they land.
+var KnownRoles = []string{RoleMeta, RoleObserver, "lock", "store", "chunk", "btree", "brick", "vdisk", "nfs", "proxy", "web"}
+
+// Duration is a time.Duration written as "200ms" in TOML.
+type Duration time.Duration
+
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}
+
+// MemberConfig names one config-service replica; replicas are also the
+// failure detector's observers.
+type MemberConfig struct {
+	ID     uint64 `toml:"id"`
+	GRPC   string `toml:"grpc"`
+	Raft   string `toml:"raft"`
+	Beacon string `toml:"beacon"`
+}
+
+// FDConfig holds the failure detector's tunables.
+type FDConfig struct {
+	Interval    Duration `toml:"interval"`
+	GracePeriod Duration `toml:"grace_period"`
+	MaxDrift    float64  `toml:"max_drift"`
+}
+
+// Config is one node's config file (grove server --config FILE).
+type Config struct {
+	ID         uint64         `toml:"id"`
+	DataDir    string         `toml:"data_dir"`
+	GRPCAddr   string         `toml:"grpc_addr"`
+	RaftAddr   string         `toml:"raft_addr"`
+	BeaconAddr string         `toml:"beacon_addr"`
+	Roles      []string       `toml:"roles"`
+	Disks      []string       `toml:"disks"`
+	FD         FDConfig       `toml:"fd"`
+	Members    []MemberConfig `toml:"members"`
+}
+
+// DefaultFD is Boxwood's setting: ΔT 200 ms, GracePeriod 1 s.
+var DefaultFD = FDConfig{Interval: Duration(fd.DefaultInterval), GracePeriod: Duration(fd.DefaultGracePeriod), MaxDrift: fd.DefaultMaxDrift}
+
+// LoadConfig reads and validates a config file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{}
+	if err := toml.Unmarshal(b, c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Write stores the config file durably.
+func (c *Config) Write(path string) error {
+	b, err := toml.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return fd.WriteFileSync(path, b)
+}
+
+// Has reports whether the node hosts a role.
+func (c *Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
+
+// FDConfig returns the failure detector's configuration.
+func (c *Config) FDConfig() fd.Config {
+	obs := make([]fd.NodeID, 0, len(c.Members))
+	for _, m := range c.Members {
+		obs = append(obs, fd.NodeID(m.ID))
+	}
+	return fd.Config{Interval: time.Duration(c.FD.Interval), GracePeriod: time.Duration(c.FD.GracePeriod), MaxDrift: c.FD.MaxDrift, Observers: obs}
+}
+
+// Validate rejects a config that cannot work, saying why.
+func (c *Config) Validate() error {
+	if c.ID == 0 {
+		return errors.New("id must be a positive integer")
+	}
+	if c.DataDir == "" {
+		return errors.New("data_dir is required")
+	}
+	for name, a := range map[string]string{"grpc_addr": c.GRPCAddr, "beacon_addr": c.BeaconAddr} {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%s %q: %v", name, a, err)
+		}
+	}
+	for _, r := range c.Roles {
+		if !slices.Contains(KnownRoles, r) {
+			return fmt.Errorf("unknown role %q (known: %v)", r, KnownRoles)
+		}
+	}
+	if len(c.Members) == 0 || len(c.Members)%2 == 0 {
+		return fmt.Errorf("members: %d config-service members; need an odd number (2k+1)", len(c.Members))
+	}
+	self := false
+	for _, m := range c.Members {
+		if m.ID == 0 || m.GRPC == "" || m.Raft == "" || m.Beacon == "" {
+			return fmt.Errorf("member %d: id, grpc, raft and beacon are all required", m.ID)
+		}
+		if m.ID == c.ID {
+			self = true
+			if m.GRPC != c.GRPCAddr || m.Raft != c.RaftAddr || m.Beacon != c.BeaconAddr {
+				return fmt.Errorf("member %d: addresses differ from this node's own", m.ID)
+			}
+		}
+	}
+	if c.Has(RoleMeta) && !self {
+		return fmt.Errorf("role %q but node %d is not in members", RoleMeta, c.ID)
+	}
+	if self && (!c.Has(RoleMeta) || !c.Has(RoleObserver)) {
+		return fmt.Errorf("node %d is a member: it must have roles %q and %q", c.ID, RoleMeta, RoleObserver)
+	}
+	if c.FD == (FDConfig{}) {
+		c.FD = DefaultFD
+	}
+	return c.FDConfig().Validate()
+}

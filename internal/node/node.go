@@ -1,0 +1,310 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+// Node is one running Grove server.
+type Node struct {
+	cfg    *Config
+	log    *slog.Logger
+	lock   *os.File
+	grpc   *grpc.Server
+	lis    net.Listener
+	meta   *meta.Server // nil unless RoleMeta
+	client *meta.Client
+	fd     *fd.Driver
+	fence  *Fence
+	inc    atomic.Uint64 // the newest incarnation, for registration
+	known  sync.Map      // fd.NodeID → true: membership as last seen
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Options tune a node beyond its config file.
+type Options struct {
+	Logger     *slog.Logger
+	RaftLog    io.Writer
+	MetaTiming meta.Timing
+}
+
+// Start brings a node up: lock the data directory, open the config-service
+// replica (if a member), serve gRPC, take a new incarnation (persisted before
+// use), start the failure detector and register the incarnation.
+func Start(cfg *Config, opt Options) (_ *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: log.With("node", cfg.ID), fence: &Fence{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, err
+	}
+	if n.lock, err = lockDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	// Sockets first, so that a taken port fails fast with a clear message.
+	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("node %d: gRPC address: %w", cfg.ID, err)
+	}
+	udp, err := net.ListenPacket("udp", cfg.BeaconAddr)
+	if err != nil {
+		return nil, fmt.Errorf("node %d: beacon address: %w", cfg.ID, err)
+	}
+	var members []meta.Member
+	for _, m := range cfg.Members {
+		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
+		n.known.Store(fd.NodeID(m.ID), true)
+	}
+	n.known.Store(fd.NodeID(cfg.ID), true)
+	n.grpc = grpc.NewServer()
+	if cfg.Has(RoleMeta) {
+		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: filepath.Join(cfg.DataDir, "meta"), Members: members,
+			Timing: opt.MetaTiming, Logger: n.log, RaftLog: opt.RaftLog})
+		if err != nil {
+			udp.Close()
+			return nil, err
+		}
+		n.meta.RegisterGRPC(n.grpc)
+	}
+	n.client = meta.NewClient(members)
+	pb.RegisterObserverServiceServer(n.grpc, &observerService{n: n})
+	pb.RegisterClusterServiceServer(n.grpc, NewStatusService(n.client, cfg.Members))
+	go n.grpc.Serve(n.lis)
+
+	n.fd, err = fd.StartDriver(fd.DriverConfig{
+		Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), ObserverAddrs: observerAddrs(cfg),
+		Conn: udp, Log: n.log, Observe: cfg.Has(RoleObserver), Known: n.isKnown,
+		TombstoneFile:  filepath.Join(cfg.DataDir, "fd-tombstones.json"),
+		NewIncarnation: func() (fd.Incarnation, error) { return nextIncarnation(cfg.DataDir) },
+		OnFence:        n.fence.trip,
+		OnIncarnation:  n.register,
+	})
+	if err != nil {
+		udp.Close()
+		return nil, err
+	}
+	n.wg.Add(1)
+	go n.watchMembership()
+	return n, nil
+}
+
+func observerAddrs(cfg *Config) map[fd.NodeID]string {
+	m := map[fd.NodeID]string{}
+	for _, mc := range cfg.Members {
+		m[fd.NodeID(mc.ID)] = mc.Beacon
+	}
+	return m
+}
+
+func (n *Node) isKnown(id fd.NodeID) bool { _, ok := n.known.Load(id); return ok }
+
+// register records incarnation inc in the membership namespace, retrying
+// until it succeeds, the node moves to a newer incarnation, or it closes.
+func (n *Node) register(inc fd.Incarnation) {
+	rec := &pb.Node{Id: n.cfg.ID, GrpcAddr: n.cfg.GRPCAddr, BeaconAddr: n.cfg.BeaconAddr, RaftAddr: n.cfg.RaftAddr,
+		Roles: n.cfg.Roles, Disks: n.cfg.Disks, Incarnation: uint64(inc)}
+	n.inc.Store(uint64(inc))
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		for n.ctx.Err() == nil {
+			if n.inc.Load() != uint64(inc) {
+				return // superseded by a newer incarnation
+			}
+			ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+			err := meta.RegisterNode(ctx, n.client, rec)
+			cancel()
+			if err == nil {
+				n.log.Info("registered", "incarnation", inc)
+				return
+			}
+			if errors.Is(err, meta.ErrOldIncarnation) {
+				n.log.Error("registration refused; a newer incarnation of this node exists (two processes on one node id?)", "err", err)
+				return
+			}
+			n.log.Warn("registration failed; retrying", "incarnation", inc, "err", err)
+			select {
+			case <-n.ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// watchMembership keeps the observer's set of known node ids current.
+func (n *Node) watchMembership() {
+	defer n.wg.Done()
+	for ns := range n.client.Watch(n.ctx, meta.NodesNamespace, 0) {
+		nodes, err := meta.DecodeNodes(ns)
+		if err != nil {
+			n.log.Warn("membership does not decode", "err", err)
+			continue
+		}
+		for _, r := range nodes {
+			n.known.Store(fd.NodeID(r.Id), true)
+		}
+	}
+}
+
+// ID, Config, Fence, Driver, Meta expose the node's parts to the roles of
+// later layers and to tests.
+func (n *Node) ID() uint64           { return n.cfg.ID }
+func (n *Node) Config() *Config      { return n.cfg }
+func (n *Node) Fence() *Fence        { return n.fence }
+func (n *Node) Driver() *fd.Driver   { return n.fd }
+func (n *Node) Meta() *meta.Server   { return n.meta }
+func (n *Node) Client() *meta.Client { return n.client }
+
+// Close stops every role, in reverse order of start. Safe to call twice.
+func (n *Node) Close() {
+	n.cancel()
+	if n.fd != nil {
+		n.fd.Close()
+	}
+	if n.grpc != nil {
+		n.grpc.Stop()
+	}
+	if n.meta != nil {
+		if err := n.meta.Close(); err != nil {
+			n.log.Warn("closing config-service replica", "err", err)
+		}
+	}
+	if n.client != nil {
+		n.client.Close()
+	}
+	n.wg.Wait()
+	if n.lock != nil {
+		n.lock.Close()
+		n.lock = nil
+	}
+}
+
+// lockDir takes an exclusive lock on the data directory, so that two
+// processes never run one node.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data directory %s is in use by another grove process", dir)
+	}
+	return f, nil
+}
+
+// nextIncarnation reads the last incarnation from the data directory, adds
+// one and persists it (fsync) before returning it: an incarnation is never
+// used twice, even across crashes.
+func nextIncarnation(dir string) (fd.Incarnation, error) {
+	path := filepath.Join(dir, "incarnation")
+	var last uint64
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		last, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("incarnation file %s is corrupt: %w", path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return 0, err
+	}
+	next := last + 1
+	if err := fd.WriteFileSync(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+		return 0, fmt.Errorf("persist incarnation: %w", err)
+	}
+	return fd.Incarnation(next), nil
+}
+
+// Fence is the node's self-fence: lease-protected services register a stop
+// function, and check Valid before acting. The failure detector trips it
+// when the node considers itself dead.
+type Fence struct {
+	mu    sync.Mutex
+	stops []func(fd.Incarnation)
+	trips int
+}
+
+// OnFence registers fn to run (synchronously, before a new incarnation
+// starts) whenever the node fences itself.
+func (f *Fence) OnFence(fn func(fd.Incarnation)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stops = append(f.stops, fn)
+}
+
+// Trips counts self-fences since start.
+func (f *Fence) Trips() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.trips
+}
+
+func (f *Fence) trip(inc fd.Incarnation) {
+	f.mu.Lock()
+	stops := append([]func(fd.Incarnation){}, f.stops...)
+	f.trips++
+	f.mu.Unlock()
+	for _, s := range stops {
+		s(inc)
+	}
+}
+
+type observerService struct {
+	pb.UnimplementedObserverServiceServer
+	n *Node
+}
+
+// MaxQuerySubjects bounds one observer query.
+const MaxQuerySubjects = 4096
+
+func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.QueryResponse, error) {
+	if len(req.Subjects) > MaxQuerySubjects {
+		return nil, status.Errorf(codes.InvalidArgument, "%d subjects > %d", len(req.Subjects), MaxQuerySubjects)
+	}
+	nodes := make([]fd.NodeID, len(req.Subjects))
+	incs := make([]fd.Incarnation, len(req.Subjects))
+	for i, s := range req.Subjects {
+		nodes[i], incs[i] = fd.NodeID(s.Node), fd.Incarnation(s.Incarnation)
+	}
+	dead, err := o.n.fd.Query(nodes, incs)
+	if errors.Is(err, fd.ErrNotObserver) {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &pb.QueryResponse{Observer: o.n.cfg.ID, Dead: dead}, nil
+}

@@ -1,0 +1,126 @@
+package node
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+// StatusService answers `grove status`: membership from a linearizable read
+// of the config service, and each node's liveness from the failure-detector
+// service (Boxwood Figure 2's query): dead only if a majority of all
+// observers say so; an observer that does not answer counts as "alive".
+// It runs on every node and in `grove up`'s gateway.
+type StatusService struct {
+	pb.UnimplementedClusterServiceServer
+	client    *meta.Client
+	observers []MemberConfig
+	mu        sync.Mutex
+	conns     map[string]*grpc.ClientConn
+}
+
+// NewStatusService returns a status service over the given config-service
+// client and observers.
+func NewStatusService(c *meta.Client, observers []MemberConfig) *StatusService {
+	return &StatusService{client: c, observers: observers, conns: map[string]*grpc.ClientConn{}}
+}
+
+// ObserverTimeout bounds how long a status query waits for observers.
+const ObserverTimeout = 500 * time.Millisecond
+
+func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ns, err := s.client.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "config service: %v", err)
+	}
+	nodes, err := meta.DecodeNodes(ns)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	out := &pb.StatusResponse{}
+	if m, err := s.client.Members(ctx); err == nil {
+		out.Leader, out.Members = m.LeaderId, m.Members
+	}
+	dead, answered := s.Query(ctx, nodes)
+	for i, n := range nodes {
+		out.Nodes = append(out.Nodes, &pb.NodeStatus{
+			Id: n.Id, Incarnation: n.Incarnation, Roles: n.Roles, GrpcAddr: n.GrpcAddr, BeaconAddr: n.BeaconAddr,
+			Alive: !fd.Verdict(dead[i], len(s.observers)), ObserversAnswered: uint32(answered), ObserversDead: uint32(dead[i]),
+		})
+	}
+	return out, nil
+}
+
+// Query asks every observer about the registered incarnation of each node
+// and returns, per node, how many observers said dead, and how many
+// observers answered at all.
+func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int, answered int) {
+	req := &pb.QueryRequest{}
+	for _, n := range nodes {
+		req.Subjects = append(req.Subjects, &pb.Subject{Node: n.Id, Incarnation: n.Incarnation})
+	}
+	dead = make([]int, len(nodes))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, o := range s.observers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, err := s.conn(o.GRPC)
+			if err != nil {
+				return
+			}
+			qctx, cancel := context.WithTimeout(ctx, ObserverTimeout)
+			defer cancel()
+			r, err := pb.NewObserverServiceClient(cl).Query(qctx, req)
+			if err != nil || len(r.Dead) != len(nodes) {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			answered++
+			for i, d := range r.Dead {
+				if d {
+					dead[i]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return dead, answered
+}
+
+func (s *StatusService) conn(addr string) (*grpc.ClientConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.conns[addr]; c != nil {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s.conns[addr] = c
+	return c, nil
+}
+
+// Close drops the service's connections.
+func (s *StatusService) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.conns = map[string]*grpc.ClientConn{}
+}
