@@ -280,10 +280,11 @@ func (d *Driver) handle(p Packet, from net.Addr) {
 // reject logs a rejected datagram with its reason, at most once a second
 // per reason, so that a flood of bad packets cannot flood the log.
 func (d *Driver) reject(what string, from net.Addr, err error) {
-	key := what + ": " + errors.Unwrap(err).Error()
-	if errors.Unwrap(err) == nil {
-		key = what + ": " + err.Error()
+	root := err // rate-limit by the innermost (sentinel) error
+	for u := errors.Unwrap(root); u != nil; u = errors.Unwrap(root) {
+		root = u
 	}
+	key := what + ": " + root.Error()
 	d.rejected.Lock()
 	if d.rejected.last == nil {
 		d.rejected.last = map[string]time.Time{}
