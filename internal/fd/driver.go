@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/grovestore/grove/internal/disk"
 )
 
 // Clock is the driver's time source. Real nodes use the monotonic clock
@@ -35,6 +36,7 @@ type DriverConfig struct {
 	Observe       bool
 	Known         func(NodeID) bool
 	TombstoneFile string
+	Disk          disk.FS // where tombstones are persisted (default disk.OS)
 	// NewIncarnation returns the next incarnation, already persisted. It is
 	// called at start and after every self-fence.
 	NewIncarnation func() (Incarnation, error)
@@ -76,6 +78,9 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.Disk == nil {
+		cfg.Disk = disk.OS{}
+	}
 	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Self), addrs: map[NodeID]net.Addr{}, done: make(chan struct{})}
 	for _, o := range cfg.Config.Observers {
 		a, err := net.ResolveUDPAddr("udp", cfg.ObserverAddrs[o])
@@ -91,7 +96,7 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	now := cfg.Clock.Now()
 	d.mu.subj = NewSubject(cfg.Config, cfg.Self, inc, now)
 	if cfg.Observe {
-		tomb, err := loadTombstones(cfg.TombstoneFile)
+		tomb, err := loadTombstones(cfg.Disk, cfg.TombstoneFile)
 		if err != nil {
 			return nil, err
 		}
@@ -155,7 +160,7 @@ func (d *Driver) Query(nodes []NodeID, incs []Incarnation) ([]bool, error) {
 		persist = persist || p
 	}
 	if persist {
-		if err := saveTombstones(d.cfg.TombstoneFile, d.mu.obs.Tombstones()); err != nil {
+		if err := saveTombstones(d.cfg.Disk, d.cfg.TombstoneFile, d.mu.obs.Tombstones()); err != nil {
 			return nil, fmt.Errorf("fd: persist verdict: %w", err)
 		}
 	}
@@ -299,9 +304,9 @@ func (d *Driver) reject(what string, from net.Addr, err error) {
 	d.log.Warn(what, "from", from, "reason", err)
 }
 
-func loadTombstones(path string) (map[NodeID]Incarnation, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+func loadTombstones(d disk.FS, path string) (map[NodeID]Incarnation, error) {
+	b, err := d.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
@@ -314,41 +319,11 @@ func loadTombstones(path string) (map[NodeID]Incarnation, error) {
 	return m, nil
 }
 
-// saveTombstones writes atomically and durably: temp file, fsync, rename,
-// fsync of the directory.
-func saveTombstones(path string, m map[NodeID]Incarnation) error {
+// saveTombstones persists the verdicts atomically and durably.
+func saveTombstones(d disk.FS, path string, m map[NodeID]Incarnation) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	return WriteFileSync(path, b)
-}
-
-// WriteFileSync replaces path with data durably.
-func WriteFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return d.WriteFileSync(path, b)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 )
 
@@ -91,7 +92,7 @@ func (c *Config) Write(path string) error {
 	if err != nil {
 		return err
 	}
-	return fd.WriteFileSync(path, b)
+	return disk.OS{}.WriteFileSync(path, b)
 }
 
 // Has reports whether the node hosts a role.

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/meta"
 )
@@ -107,7 +108,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), ObserverAddrs: observerAddrs(cfg),
 		Conn: udp, Log: n.log, Observe: cfg.Has(RoleObserver), Known: n.isKnown,
 		TombstoneFile:  filepath.Join(cfg.DataDir, "fd-tombstones.json"),
-		NewIncarnation: func() (fd.Incarnation, error) { return nextIncarnation(cfg.DataDir) },
+		NewIncarnation: func() (fd.Incarnation, error) { return nextIncarnation(disk.OS{}, cfg.DataDir) },
 		OnFence:        n.fence.trip,
 		OnIncarnation:  n.register,
 	})
@@ -228,10 +229,10 @@ func lockDir(dir string) (*os.File, error) {
 // nextIncarnation reads the last incarnation from the data directory, adds
 // one and persists it (fsync) before returning it: an incarnation is never
 // used twice, even across crashes.
-func nextIncarnation(dir string) (fd.Incarnation, error) {
+func nextIncarnation(d disk.FS, dir string) (fd.Incarnation, error) {
 	path := filepath.Join(dir, "incarnation")
 	var last uint64
-	b, err := os.ReadFile(path)
+	b, err := d.ReadFile(path)
 	switch {
 	case err == nil:
 		last, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
@@ -242,7 +243,7 @@ func nextIncarnation(dir string) (fd.Incarnation, error) {
 		return 0, err
 	}
 	next := last + 1
-	if err := fd.WriteFileSync(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+	if err := d.WriteFileSync(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
 		return 0, fmt.Errorf("persist incarnation: %w", err)
 	}
 	return fd.Incarnation(next), nil
