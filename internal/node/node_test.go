@@ -47,11 +47,13 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*Config){
-		"zero id":          func(c *Config) { c.ID = 0 },
-		"no data dir":      func(c *Config) { c.DataDir = "" },
-		"bad address":      func(c *Config) { c.GRPCAddr = "nope" },
-		"unknown role":     func(c *Config) { c.Roles = append(c.Roles, "wizard") },
-		"even members":     func(c *Config) { c.Members = append(c.Members, MemberConfig{ID: 2, GRPC: "a:1", Raft: "a:2", Beacon: "a:3"}) },
+		"zero id":      func(c *Config) { c.ID = 0 },
+		"no data dir":  func(c *Config) { c.DataDir = "" },
+		"bad address":  func(c *Config) { c.GRPCAddr = "nope" },
+		"unknown role": func(c *Config) { c.Roles = append(c.Roles, "wizard") },
+		"even members": func(c *Config) {
+			c.Members = append(c.Members, MemberConfig{ID: 2, GRPC: "a:1", Raft: "a:2", Beacon: "a:3"})
+		},
 		"member mismatch":  func(c *Config) { c.Members[0].Raft = "127.0.0.1:9" },
 		"member w/o roles": func(c *Config) { c.Roles = []string{"store"} },
 		"short grace":      func(c *Config) { c.FD.GracePeriod = c.FD.Interval },

@@ -12,7 +12,8 @@ type Process struct {
 	life        uint64 // bumps on crash: events of older lives are dropped
 	pausedUntil time.Duration
 	// Deliver handles a datagram for the current life; set by the owner.
-	Deliver func(from uint64, payload []byte)
+	// Payloads are shared, not copied: receivers must not modify them.
+	Deliver func(from uint64, payload any)
 }
 
 // NewProcess returns a process that is up.
@@ -68,8 +69,13 @@ type Network struct {
 	MinDelay time.Duration // delays are uniform in [MinDelay, MaxDelay]; > 0
 	MaxDelay time.Duration // spread of delays reorders datagrams
 	blocked  map[[2]uint64]bool
-	Sent     int
-	Dropped  int
+	// ResetRate is the probability that a session message resets its
+	// session instead of arriving.
+	ResetRate   float64
+	sessions    []*Session
+	nextSession uint64
+	Sent        int
+	Dropped     int
 }
 
 // NewNetwork returns a fault-free network with LAN-like delays.
@@ -80,8 +86,9 @@ func (w *World) NewNetwork() *Network {
 // Attach registers a process as an endpoint.
 func (n *Network) Attach(p *Process) { n.procs[p.ID] = p }
 
-// Send sends a datagram. The payload is copied: the sender may reuse it.
-func (n *Network) Send(from, to uint64, payload []byte) {
+// Send sends a datagram. A []byte payload is copied, so the sender may
+// reuse it; other payloads are shared and must not be modified.
+func (n *Network) Send(from, to uint64, payload any) {
 	n.Sent++
 	if n.blocked[[2]uint64{from, to}] || n.w.Rand.Float64() < n.DropRate {
 		n.Dropped++
@@ -91,8 +98,11 @@ func (n *Network) Send(from, to uint64, payload []byte) {
 	if n.w.Rand.Float64() < n.DupRate {
 		copies = 2
 	}
+	if b, ok := payload.([]byte); ok {
+		payload = append([]byte(nil), b...)
+	}
 	for i := 0; i < copies; i++ {
-		b := append([]byte(nil), payload...)
+		b := payload
 		d := n.w.Between(n.MinDelay, n.MaxDelay)
 		n.w.After(d, func() {
 			p := n.procs[to]
@@ -131,3 +141,120 @@ func (n *Network) Partition(groups ...[]uint64) {
 
 // Heal restores every link.
 func (n *Network) Heal() { n.blocked = map[[2]uint64]bool{} }
+
+// Session is an ordered, reliable connection between two processes that can
+// break, the model of a TCP stream (or a gRPC stream over it): messages
+// arrive in the order sent, none is lost or duplicated while the session is
+// open, and a break (a partition, a crash, a random reset) drops whatever is
+// in flight and tells both ends once.
+type Session struct {
+	n       *Network
+	ID      uint64
+	ends    [2]uint64
+	closed  bool
+	last    [2]time.Duration // delivery time of the last message in each direction
+	onRecv  [2]func(msg any)
+	onClose [2]func()
+}
+
+// OpenSession connects a and b. Each end sets its handlers with Handle.
+func (n *Network) OpenSession(a, b uint64) *Session {
+	n.nextSession++
+	s := &Session{n: n, ID: n.nextSession, ends: [2]uint64{a, b}}
+	n.sessions = append(n.sessions, s)
+	return s
+}
+
+// Handle sets end's handlers (end is a process id of the session).
+func (s *Session) Handle(end uint64, recv func(msg any), closed func()) {
+	i := s.end(end)
+	s.onRecv[i], s.onClose[i] = recv, closed
+}
+
+func (s *Session) end(p uint64) int {
+	if s.ends[0] == p {
+		return 0
+	}
+	if s.ends[1] == p {
+		return 1
+	}
+	panic("sim: process is not an end of this session")
+}
+
+// Closed reports whether the session has broken.
+func (s *Session) Closed() bool { return s.closed }
+
+// Send sends msg from one end to the other. A blocked link or a random reset
+// breaks the session instead.
+func (s *Session) Send(from uint64, msg any) {
+	if s.closed {
+		return
+	}
+	i := s.end(from)
+	to := s.ends[1-i]
+	n := s.n
+	if n.blocked[[2]uint64{from, to}] || n.w.Rand.Float64() < n.ResetRate {
+		s.Close()
+		return
+	}
+	at := n.w.Now() + n.w.Between(n.MinDelay, n.MaxDelay)
+	if at <= s.last[i] {
+		at = s.last[i] + 1
+	}
+	s.last[i] = at
+	n.w.At(at, func() {
+		p := n.procs[to]
+		if s.closed || p == nil || !p.up {
+			return
+		}
+		p.Go(0, func() {
+			if !s.closed && s.onRecv[1-i] != nil {
+				s.onRecv[1-i](msg)
+			}
+		})
+	})
+}
+
+// Close breaks the session; each end is told after a network delay.
+func (s *Session) Close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for i := range s.ends {
+		p := s.n.procs[s.ends[i]]
+		if p == nil || !p.up {
+			continue
+		}
+		fn := s.onClose[i]
+		p.Go(s.n.w.Between(s.n.MinDelay, s.n.MaxDelay), func() {
+			if fn != nil {
+				fn()
+			}
+		})
+	}
+}
+
+// CloseSessionsOf breaks every open session of a process (it crashed).
+func (n *Network) CloseSessionsOf(p uint64) {
+	open := n.sessions[:0]
+	for _, s := range n.sessions {
+		if !s.closed && (s.ends[0] == p || s.ends[1] == p) {
+			s.Close()
+		}
+		if !s.closed {
+			open = append(open, s)
+		}
+	}
+	n.sessions = open
+}
+
+// BreakBlockedSessions breaks every session whose link is now blocked, as a
+// partition eventually does to TCP connections.
+func (n *Network) BreakBlockedSessions() {
+	for _, s := range n.sessions {
+		if !s.closed && (n.blocked[[2]uint64{s.ends[0], s.ends[1]}] || n.blocked[[2]uint64{s.ends[1], s.ends[0]}]) {
+			s.Close()
+		}
+	}
+}
