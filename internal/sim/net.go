@@ -146,87 +146,86 @@ func (n *Network) Heal() { n.blocked = map[[2]uint64]bool{} }
 // break, the model of a TCP stream (or a gRPC stream over it): messages
 // arrive in the order sent, none is lost or duplicated while the session is
 // open, and a break (a partition, a crash, a random reset) drops whatever is
-// in flight and tells both ends once.
+// in flight and tells both ends once. A process may connect to itself.
 type Session struct {
-	n       *Network
-	ID      uint64
-	ends    [2]uint64
-	closed  bool
-	last    [2]time.Duration // delivery time of the last message in each direction
-	onRecv  [2]func(msg any)
-	onClose [2]func()
+	n      *Network
+	ID     uint64
+	closed bool
+	ends   [2]*End
 }
 
-// OpenSession connects a and b. Each end sets its handlers with Handle.
-func (n *Network) OpenSession(a, b uint64) *Session {
+// End is one side of a session.
+type End struct {
+	s       *Session
+	i       int
+	proc    uint64
+	last    time.Duration // delivery time of the last message sent from here
+	onRecv  func(msg any)
+	onClose func()
+}
+
+// OpenSession connects process a (the dialer) to process b and returns a's
+// end and b's end. Each side sets its handlers with Handle.
+func (n *Network) OpenSession(a, b uint64) (*End, *End) {
 	n.nextSession++
-	s := &Session{n: n, ID: n.nextSession, ends: [2]uint64{a, b}}
+	s := &Session{n: n, ID: n.nextSession}
+	s.ends = [2]*End{{s: s, i: 0, proc: a}, {s: s, i: 1, proc: b}}
 	n.sessions = append(n.sessions, s)
-	return s
+	return s.ends[0], s.ends[1]
 }
 
-// Handle sets end's handlers (end is a process id of the session).
-func (s *Session) Handle(end uint64, recv func(msg any), closed func()) {
-	i := s.end(end)
-	s.onRecv[i], s.onClose[i] = recv, closed
-}
-
-func (s *Session) end(p uint64) int {
-	if s.ends[0] == p {
-		return 0
-	}
-	if s.ends[1] == p {
-		return 1
-	}
-	panic("sim: process is not an end of this session")
-}
+// Handle sets this end's handlers: recv for each message, closed once when
+// the session breaks.
+func (e *End) Handle(recv func(msg any), closed func()) { e.onRecv, e.onClose = recv, closed }
 
 // Closed reports whether the session has broken.
-func (s *Session) Closed() bool { return s.closed }
+func (e *End) Closed() bool { return e.s.closed }
 
-// Send sends msg from one end to the other. A blocked link or a random reset
-// breaks the session instead.
-func (s *Session) Send(from uint64, msg any) {
+// Close breaks the session.
+func (e *End) Close() { e.s.close() }
+
+// Send sends msg to the other end. A blocked link or a random reset breaks
+// the session instead.
+func (e *End) Send(msg any) {
+	s := e.s
 	if s.closed {
 		return
 	}
-	i := s.end(from)
-	to := s.ends[1-i]
+	peer := s.ends[1-e.i]
 	n := s.n
-	if n.blocked[[2]uint64{from, to}] || n.w.Rand.Float64() < n.ResetRate {
-		s.Close()
+	if n.blocked[[2]uint64{e.proc, peer.proc}] || n.w.Rand.Float64() < n.ResetRate {
+		s.close()
 		return
 	}
 	at := n.w.Now() + n.w.Between(n.MinDelay, n.MaxDelay)
-	if at <= s.last[i] {
-		at = s.last[i] + 1
+	if at <= e.last {
+		at = e.last + 1
 	}
-	s.last[i] = at
+	e.last = at
 	n.w.At(at, func() {
-		p := n.procs[to]
+		p := n.procs[peer.proc]
 		if s.closed || p == nil || !p.up {
 			return
 		}
 		p.Go(0, func() {
-			if !s.closed && s.onRecv[1-i] != nil {
-				s.onRecv[1-i](msg)
+			if !s.closed && peer.onRecv != nil {
+				peer.onRecv(msg)
 			}
 		})
 	})
 }
 
-// Close breaks the session; each end is told after a network delay.
-func (s *Session) Close() {
+func (s *Session) close() {
 	if s.closed {
 		return
 	}
 	s.closed = true
-	for i := range s.ends {
-		p := s.n.procs[s.ends[i]]
+	for _, e := range s.ends {
+		p := s.n.procs[e.proc]
 		if p == nil || !p.up {
 			continue
 		}
-		fn := s.onClose[i]
+		fn := e.onClose
 		p.Go(s.n.w.Between(s.n.MinDelay, s.n.MaxDelay), func() {
 			if fn != nil {
 				fn()
@@ -239,8 +238,8 @@ func (s *Session) Close() {
 func (n *Network) CloseSessionsOf(p uint64) {
 	open := n.sessions[:0]
 	for _, s := range n.sessions {
-		if !s.closed && (s.ends[0] == p || s.ends[1] == p) {
-			s.Close()
+		if !s.closed && (s.ends[0].proc == p || s.ends[1].proc == p) {
+			s.close()
 		}
 		if !s.closed {
 			open = append(open, s)
@@ -253,8 +252,9 @@ func (n *Network) CloseSessionsOf(p uint64) {
 // partition eventually does to TCP connections.
 func (n *Network) BreakBlockedSessions() {
 	for _, s := range n.sessions {
-		if !s.closed && (n.blocked[[2]uint64{s.ends[0], s.ends[1]}] || n.blocked[[2]uint64{s.ends[1], s.ends[0]}]) {
-			s.Close()
+		a, b := s.ends[0].proc, s.ends[1].proc
+		if !s.closed && (n.blocked[[2]uint64{a, b}] || n.blocked[[2]uint64{b, a}]) {
+			s.close()
 		}
 	}
 }

@@ -1,0 +1,261 @@
+package lock
+
+import "sort"
+
+// Clerk outputs.
+
+// ToMaster sends Msg to the master over the clerk's session (if it has one;
+// otherwise the state travels in the next Hello).
+type ToMaster struct{ Msg any }
+
+// RunRecovery asks the driver to run the recovery function of the clerk's
+// kind for a dead clerk, then call RecoveryDone.
+type RunRecovery struct{ Req Recover }
+
+// Woken lists local waiters whose acquire is now granted.
+type Woken struct{ Waiters []*Waiter }
+
+// Waiter is one local acquire. Granted is set when the holder may proceed;
+// Failed when the clerk fenced first.
+type Waiter struct {
+	Name    string
+	Mode    Mode
+	Granted bool
+	Failed  bool
+}
+
+// Clerk is the lock clerk's state machine: the leases this clerk caches and
+// the local holders and waiters on them. Not safe for concurrent use.
+//
+// A cached lease is used without any message to the master. A revocation
+// waits until local holders allow, then downgrades or releases. Local
+// waiters are served in FIFO order per lock, and new local holders are not
+// admitted past a pending revocation, so that it cannot starve.
+type Clerk struct {
+	id        ClerkID
+	kind      string
+	epoch     Epoch
+	connected bool // welcomed in the current session
+	fenced    bool
+	leases    map[string]*lease
+}
+
+type lease struct {
+	granted   Mode
+	seq       uint64 // sequence number of the newest grant received
+	want      Mode   // asked of the master and not yet granted
+	shared    int    // local shared holders
+	exclusive bool   // a local exclusive holder
+	revoking  bool
+	keep      Mode
+	waiters   []*Waiter
+}
+
+// NewClerk returns a clerk with no leases.
+func NewClerk(id ClerkID, kind string) *Clerk {
+	return &Clerk{id: id, kind: kind, leases: map[string]*lease{}}
+}
+
+// ID and Kind identify the clerk.
+func (c *Clerk) ID() ClerkID  { return c.id }
+func (c *Clerk) Kind() string { return c.kind }
+
+// Fenced reports whether the clerk's node fenced itself.
+func (c *Clerk) Fenced() bool { return c.fenced }
+
+// Held returns the mode of the cached lease on name.
+func (c *Clerk) Held(name string) Mode {
+	if l := c.leases[name]; l != nil {
+		return l.granted
+	}
+	return None
+}
+
+func (c *Clerk) lease(name string) *lease {
+	l := c.leases[name]
+	if l == nil {
+		l = &lease{}
+		c.leases[name] = l
+	}
+	return l
+}
+
+// Connect starts a session with the master of epoch e: it returns the Hello
+// that reports everything the clerk holds and wants.
+func (c *Clerk) Connect(e Epoch) Hello {
+	c.epoch, c.connected = e, false
+	h := Hello{Clerk: c.id, Kind: c.kind, Epoch: e, Held: map[string]Mode{}, Seqs: map[string]uint64{}, Want: map[string]Mode{}}
+	for name, l := range c.leases {
+		if l.granted != None {
+			h.Held[name] = l.granted
+		}
+		if l.seq != 0 {
+			h.Seqs[name] = l.seq
+		}
+		if l.want > l.granted {
+			h.Want[name] = l.want
+		}
+	}
+	return h
+}
+
+// Disconnected notes that the session broke. Cached leases stay valid: the
+// master keeps them held until this clerk reconnects or is declared dead.
+func (c *Clerk) Disconnected() { c.connected = false }
+
+// Connected reports whether the clerk has a welcomed session.
+func (c *Clerk) Connected() bool { return c.connected }
+
+// Epoch is the master epoch of the current (or last) session.
+func (c *Clerk) Epoch() Epoch { return c.epoch }
+
+// Acquire asks for name in mode for a local holder. If w.Granted, the holder
+// proceeds at once (a cached lease: no message); otherwise it waits for a
+// later Woken output.
+func (c *Clerk) Acquire(name string, mode Mode) (*Waiter, []any) {
+	w := &Waiter{Name: name, Mode: mode}
+	if c.fenced {
+		w.Failed = true
+		return w, nil
+	}
+	l := c.lease(name)
+	l.waiters = append(l.waiters, w)
+	var out []any
+	c.admit(name, l, &out)
+	return w, out
+}
+
+// Release ends a local holder's use of a lock.
+func (c *Clerk) Release(w *Waiter) ([]any, error) {
+	if c.fenced {
+		return nil, nil
+	}
+	l := c.leases[w.Name]
+	if l == nil || !w.Granted {
+		return nil, ErrNotHeld
+	}
+	switch w.Mode {
+	case Exclusive:
+		if !l.exclusive {
+			return nil, ErrNotHeld
+		}
+		l.exclusive = false
+	case Shared:
+		if l.shared == 0 {
+			return nil, ErrNotHeld
+		}
+		l.shared--
+	}
+	w.Granted = false
+	var out []any
+	c.admit(w.Name, l, &out)
+	return out, nil
+}
+
+// Handle applies a message from the master on the current session.
+func (c *Clerk) Handle(msg any) []any {
+	if c.fenced {
+		return nil
+	}
+	var out []any
+	switch x := msg.(type) {
+	case Welcome:
+		if x.Epoch == c.epoch {
+			c.connected = true
+		}
+	case Grant:
+		l := c.lease(x.Name)
+		if x.Seq > l.seq {
+			l.seq = x.Seq
+		}
+		if x.Mode > l.granted {
+			l.granted = x.Mode
+		}
+		if l.granted >= l.want {
+			l.want = None
+		}
+		c.admit(x.Name, l, &out)
+	case Revoke:
+		l := c.lease(x.Name)
+		if l.granted <= x.Keep {
+			// Already at or below what the master wants (a release crossed
+			// the revocation): say so again, harmlessly.
+			out = append(out, ToMaster{Release{Name: x.Name, Mode: l.granted, Seq: l.seq}})
+			break
+		}
+		if !l.revoking || x.Keep < l.keep {
+			l.revoking, l.keep = true, x.Keep
+		}
+		c.admit(x.Name, l, &out)
+	case Recover:
+		out = append(out, RunRecovery{x})
+	}
+	return out
+}
+
+// RecoveryDone reports the outcome of a RunRecovery.
+func (c *Clerk) RecoveryDone(dead ClerkID, ok bool) []any {
+	if c.fenced {
+		return nil
+	}
+	return []any{ToMaster{RecoveryDone{Dead: dead, OK: ok}}}
+}
+
+// Fence drops every lease and fails every waiter: the node fenced itself.
+func (c *Clerk) Fence() []*Waiter {
+	c.fenced = true
+	var failed []*Waiter
+	names := make([]string, 0, len(c.leases))
+	for n := range c.leases {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		for _, w := range c.leases[n].waiters {
+			w.Failed = true
+			failed = append(failed, w)
+		}
+	}
+	c.leases = map[string]*lease{}
+	return failed
+}
+
+// admit completes a pending revocation if local holders allow, grants local
+// waiters in FIFO order while the lease and the local holders allow, and
+// asks the master for more when the first waiter needs it.
+func (c *Clerk) admit(name string, l *lease, out *[]any) {
+	if l.revoking {
+		ok := l.keep == Shared && !l.exclusive || l.keep == None && !l.exclusive && l.shared == 0
+		if ok {
+			l.granted, l.revoking = l.keep, false
+			*out = append(*out, ToMaster{Release{Name: name, Mode: l.keep, Seq: l.seq}})
+		}
+	}
+	var woken []*Waiter
+	for len(l.waiters) > 0 {
+		w := l.waiters[0]
+		allowed := l.granted
+		if l.revoking && l.keep < allowed {
+			allowed = l.keep
+		}
+		local := w.Mode == Shared && !l.exclusive || w.Mode == Exclusive && !l.exclusive && l.shared == 0
+		if allowed < w.Mode || !local {
+			if l.granted < w.Mode && l.want < w.Mode {
+				l.want = w.Mode
+				*out = append(*out, ToMaster{Acquire{Name: name, Mode: w.Mode}})
+			}
+			break
+		}
+		if w.Mode == Exclusive {
+			l.exclusive = true
+		} else {
+			l.shared++
+		}
+		w.Granted = true
+		woken = append(woken, w)
+		l.waiters = l.waiters[1:]
+	}
+	if len(woken) > 0 {
+		*out = append(*out, Woken{woken})
+	}
+}

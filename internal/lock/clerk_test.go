@@ -1,0 +1,75 @@
+package lock
+
+import "testing"
+
+func toMaster(out []any) []any {
+	var r []any
+	for _, o := range out {
+		if t, ok := o.(ToMaster); ok {
+			r = append(r, t.Msg)
+		}
+	}
+	return r
+}
+
+// A cached lease is re-acquired without a message; a revocation waits for
+// local holders and then downgrades; a fence fails every waiter.
+func TestClerkCacheRevokeFence(t *testing.T) {
+	c := NewClerk(cA, "")
+	c.Connect(1)
+	c.Handle(Welcome{1})
+	w, out := c.Acquire("x", Exclusive)
+	if w.Granted || len(toMaster(out)) != 1 {
+		t.Fatalf("first acquire: granted=%v out=%v", w.Granted, out)
+	}
+	if _, ok := has[Woken](c.Handle(Grant{"x", Exclusive, 1})); !ok || !w.Granted {
+		t.Fatal("grant did not wake the waiter")
+	}
+	c.Release(w)
+	w2, out := c.Acquire("x", Shared)
+	if !w2.Granted || len(toMaster(out)) != 0 {
+		t.Fatalf("cached re-acquire sent %v", out)
+	}
+	// Revoke to shared while a shared holder is inside: immediate downgrade.
+	out = c.Handle(Revoke{"x", Shared})
+	if r, ok := has[Release](toMaster(out)); !ok || r.Mode != Shared || r.Seq != 1 {
+		t.Fatalf("downgrade: %v", out)
+	}
+	// Revoke to none: waits for the holder.
+	if out := c.Handle(Revoke{"x", None}); len(toMaster(out)) != 0 {
+		t.Fatalf("released under a local holder: %v", out)
+	}
+	w3, _ := c.Acquire("x", Shared) // not admitted past the pending revocation
+	if w3.Granted {
+		t.Fatal("new holder admitted past a pending revocation")
+	}
+	out, _ = c.Release(w2)
+	if r, ok := has[Release](toMaster(out)); !ok || r.Mode != None {
+		t.Fatalf("release after last holder: %v", out)
+	}
+	if a, ok := has[Acquire](toMaster(out)); !ok || a.Mode != Shared {
+		t.Fatalf("waiter not re-requested: %v", out)
+	}
+	if c.Held("x") != None {
+		t.Fatal("lease kept after release")
+	}
+	failed := c.Fence()
+	if len(failed) != 1 || !w3.Failed {
+		t.Fatalf("fence failed %d waiters", len(failed))
+	}
+	if w4, _ := c.Acquire("y", Shared); !w4.Failed {
+		t.Fatal("fenced clerk accepted an acquire")
+	}
+}
+
+// Hello reports what is held and wanted, with grant sequence numbers.
+func TestClerkHello(t *testing.T) {
+	c := NewClerk(cA, "wal")
+	c.Connect(1)
+	c.Handle(Grant{"x", Shared, 4})
+	c.Acquire("y", Exclusive)
+	h := c.Connect(2)
+	if h.Held["x"] != Shared || h.Seqs["x"] != 4 || h.Want["y"] != Exclusive || h.Kind != "wal" || h.Epoch != 2 {
+		t.Fatalf("hello %+v", h)
+	}
+}

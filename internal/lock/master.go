@@ -1,0 +1,547 @@
+package lock
+
+import (
+	"fmt"
+	"sort"
+)
+
+// RevokePatience is how many master ticks a revocation may go unanswered
+// before the master asks the failure detector about the clerk.
+const RevokePatience = 4
+
+// ClerkInfo is a clerk as the config service's clerk list records it.
+type ClerkInfo struct {
+	ID   ClerkID
+	Kind string
+}
+
+// RecoveryRecord is a recovery obligation, recorded in the config service
+// so that a new master keeps the dead clerk's leases held.
+type RecoveryRecord struct {
+	Dead  ClerkID
+	Kind  string
+	Names []string
+	All   bool // the names are unknown: nothing may be granted until it is done
+}
+
+// Master outputs.
+
+// Send delivers Msg to a clerk over its current session.
+type Send struct {
+	To  ClerkID
+	Msg any
+}
+
+// Drop closes a clerk's session (it was declared dead or rejected).
+type Drop struct{ Clerk ClerkID }
+
+// Persist records a recovery obligation in the config service.
+type Persist struct{ Record RecoveryRecord }
+
+// Forget removes a dead clerk (and its recovery record, if any) from the
+// config service: its leases are resolved.
+type Forget struct{ Clerk ClerkID }
+
+// Master is the lock master's state machine for one epoch. Not safe for
+// concurrent use. It acts only while its node is alive: the driver stops it
+// when the node fences itself, which the failure detector guarantees happens
+// before any standby can take over.
+type Master struct {
+	epoch  Epoch
+	clerks map[ClerkID]*clerkState
+	locks  map[string]*lockState
+	recov  map[ClerkID]*recovery
+	// serving is false after a takeover until every clerk in the list has
+	// reported its leases or been declared dead.
+	serving bool
+	out     []any
+}
+
+type clerkState struct {
+	info      ClerkInfo
+	connected bool // has a session in this epoch
+	reported  bool // has said Hello in this epoch: held is authoritative
+	dead      bool
+	held      map[string]Mode
+	seq       map[string]uint64 // sequence number of the newest grant per lock
+	revoking  map[string]Mode   // revocations sent and not yet answered
+	since     int               // master ticks since a revocation went out
+}
+
+type lockState struct {
+	holders map[ClerkID]Mode
+	queue   []waiter
+}
+
+type waiter struct {
+	clerk ClerkID
+	mode  Mode
+}
+
+type recovery struct {
+	rec      RecoveryRecord
+	assigned *ClerkID
+}
+
+// NewMaster starts epoch e with the clerk list and the recovery records read
+// from the config service. Fresh is true for the very first master of a
+// cluster (no clerk can hold anything yet): it serves at once.
+func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
+	m := &Master{epoch: e, clerks: map[ClerkID]*clerkState{}, locks: map[string]*lockState{}, recov: map[ClerkID]*recovery{}}
+	for _, c := range clerks {
+		m.clerks[c.ID] = newClerkState(c)
+	}
+	for _, r := range records {
+		m.recov[r.Dead] = &recovery{rec: r}
+		if c := m.clerks[r.Dead]; c != nil {
+			c.dead = true
+			for _, n := range r.Names {
+				c.held[n] = Exclusive // held by recovery: conflicts with everything
+				m.lock(n).holders[r.Dead] = Exclusive
+			}
+		}
+	}
+	m.checkServing()
+	return m
+}
+
+// Epoch is the master's epoch.
+func (m *Master) Epoch() Epoch { return m.epoch }
+
+// Serving reports whether the master grants (lease state rebuilt, no
+// recovery of unknown leases pending).
+func (m *Master) Serving() bool { return m.serving && !m.blockedAll() }
+
+func (m *Master) lock(name string) *lockState {
+	l := m.locks[name]
+	if l == nil {
+		l = &lockState{holders: map[ClerkID]Mode{}}
+		m.locks[name] = l
+	}
+	return l
+}
+
+func (m *Master) emit(o any) { m.out = append(m.out, o) }
+
+func (m *Master) flush() []any {
+	o := m.out
+	m.out = nil
+	return o
+}
+
+func newClerkState(ci ClerkInfo) *clerkState {
+	return &clerkState{info: ci, held: map[string]Mode{}, seq: map[string]uint64{}, revoking: map[string]Mode{}}
+}
+
+// ClerkRegistered adds a clerk that registered after the master started.
+func (m *Master) ClerkRegistered(ci ClerkInfo) []any {
+	if m.clerks[ci.ID] == nil {
+		m.clerks[ci.ID] = newClerkState(ci)
+		m.checkServing()
+	}
+	return m.flush()
+}
+
+// Hello handles a clerk opening a session.
+func (m *Master) Hello(h Hello) []any {
+	c := m.clerks[h.Clerk]
+	switch {
+	case c == nil:
+		m.emit(Send{h.Clerk, Reject{Reason: ErrUnregistered.Error()}})
+		m.emit(Drop{h.Clerk})
+		return m.flush()
+	case c.dead:
+		m.emit(Send{h.Clerk, Reject{Reason: ErrDeadClerk.Error(), Dead: true}})
+		m.emit(Drop{h.Clerk})
+		return m.flush()
+	case h.Epoch != m.epoch:
+		m.emit(Send{h.Clerk, Reject{Reason: fmt.Sprintf("clerk talks to epoch %d, this master is epoch %d", h.Epoch, m.epoch)}})
+		m.emit(Drop{h.Clerk})
+		return m.flush()
+	}
+	// The clerk's report is authoritative: what it does not list it does not
+	// hold (grants lost with an old session never reached it).
+	for name := range c.held {
+		if l := m.locks[name]; l != nil {
+			delete(l.holders, h.Clerk)
+		}
+	}
+	m.removeWaiters(h.Clerk)
+	c.held, c.revoking = map[string]Mode{}, map[string]Mode{}
+	for name, mode := range h.Held {
+		if ValidName(name) != nil || mode == None || mode > Exclusive {
+			continue
+		}
+		c.held[name] = mode
+		m.lock(name).holders[h.Clerk] = mode
+	}
+	// Sequence numbers continue from what the clerk has seen. Grants lost
+	// with the old session must not count: a release refers to the newest
+	// grant the clerk received, and nothing of the old session can arrive.
+	c.seq = map[string]uint64{}
+	for name, seq := range h.Seqs {
+		c.seq[name] = seq
+	}
+	c.connected, c.reported = true, true
+	m.emit(Send{h.Clerk, Welcome{Epoch: m.epoch}})
+	names := make([]string, 0, len(h.Want))
+	for name := range h.Want {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		m.acquire(h.Clerk, name, h.Want[name])
+	}
+	m.assignRecoveries()
+	m.checkServing()
+	m.tryAll()
+	return m.flush()
+}
+
+// Disconnected handles a clerk's session breaking. Its leases stay held: it
+// may reconnect, and only the failure detector can free them.
+func (m *Master) Disconnected(id ClerkID) []any {
+	c := m.clerks[id]
+	if c == nil || !c.connected {
+		return nil
+	}
+	c.connected = false
+	c.revoking = map[string]Mode{}
+	m.removeWaiters(id)
+	for _, r := range m.recov {
+		if r.assigned != nil && *r.assigned == id {
+			r.assigned = nil
+		}
+	}
+	m.assignRecoveries()
+	return m.flush()
+}
+
+// Handle handles a message on a clerk's session.
+func (m *Master) Handle(from ClerkID, msg any) []any {
+	c := m.clerks[from]
+	if c == nil || c.dead || !c.connected {
+		return nil // a straggler from a dead or closed session
+	}
+	switch x := msg.(type) {
+	case Acquire:
+		if ValidName(x.Name) != nil || (x.Mode != Shared && x.Mode != Exclusive) {
+			return nil
+		}
+		m.acquire(from, x.Name, x.Mode)
+		m.try(x.Name)
+	case Release:
+		if ValidName(x.Name) != nil || x.Mode > Shared {
+			return nil
+		}
+		if x.Seq != c.seq[x.Name] {
+			return nil // it crossed a newer grant: it does not release that one
+		}
+		if cur := c.held[x.Name]; x.Mode < cur {
+			m.setHeld(c, x.Name, x.Mode)
+		}
+		delete(c.revoking, x.Name)
+		m.try(x.Name)
+	case RecoveryDone:
+		r := m.recov[x.Dead]
+		if r == nil || r.assigned == nil || *r.assigned != from {
+			return nil // a stale report: the recovery was reassigned or done
+		}
+		r.assigned = nil
+		if !x.OK {
+			m.assignRecoveries() // try again (recovery is idempotent)
+			break
+		}
+		m.finishRecovery(x.Dead)
+	}
+	return m.flush()
+}
+
+// Tick is called by the driver every SuspectInterval. It returns the clerks
+// whose liveness the driver should ask the failure detector about now: those
+// that hold leases or must report but have no session, and those that have
+// left a revocation unanswered for more than RevokePatience ticks (a paused
+// or partitioned clerk).
+func (m *Master) Tick() []ClerkID {
+	var out []ClerkID
+	for id, c := range m.clerks {
+		if c.dead {
+			continue
+		}
+		c.since++
+		if len(c.revoking) == 0 {
+			c.since = 0
+		}
+		if (!c.connected && (len(c.held) > 0 || !c.reported)) || c.since > RevokePatience {
+			out = append(out, id)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
+	return out
+}
+
+// Verdict applies the failure detector's answer about a clerk. A dead
+// verdict is final: the clerk's node incarnation has fenced itself and never
+// acts again, so its leases can be resolved.
+func (m *Master) Verdict(id ClerkID, dead bool) []any {
+	c := m.clerks[id]
+	if !dead || c == nil || c.dead {
+		return nil
+	}
+	c.dead, c.connected = true, false
+	m.emit(Drop{id})
+	m.removeWaiters(id)
+	switch {
+	case c.info.Kind == "":
+		// No recovery: the leases are simply free.
+		for name := range c.held {
+			m.setHeld(c, name, None)
+		}
+		m.emit(Forget{id})
+	case !c.reported && !m.serving:
+		// A new master does not know what it held: recover everything.
+		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true}
+		m.recov[id] = &recovery{rec: r}
+		m.emit(Persist{r})
+	case len(c.held) > 0:
+		// Leases stay held until recovery has run on a live clerk of its kind.
+		r := RecoveryRecord{Dead: id, Kind: c.info.Kind}
+		for name := range c.held {
+			r.Names = append(r.Names, name)
+		}
+		sort.Strings(r.Names)
+		m.recov[id] = &recovery{rec: r}
+		m.emit(Persist{r})
+	default:
+		m.emit(Forget{id})
+	}
+	for _, r := range m.recov {
+		if r.assigned != nil && *r.assigned == id {
+			r.assigned = nil
+		}
+	}
+	m.assignRecoveries()
+	m.checkServing()
+	m.tryAll()
+	return m.flush()
+}
+
+func (m *Master) finishRecovery(dead ClerkID) {
+	delete(m.recov, dead)
+	if c := m.clerks[dead]; c != nil {
+		for name := range c.held {
+			m.setHeld(c, name, None)
+		}
+	}
+	m.emit(Forget{dead})
+	m.checkServing()
+	m.tryAll()
+}
+
+// assignRecoveries hands each unassigned recovery to a live, connected,
+// reported clerk of its kind, if there is one; otherwise it waits (the
+// deferred case) and the leases stay held.
+func (m *Master) assignRecoveries() {
+	var deads []ClerkID
+	for d := range m.recov {
+		deads = append(deads, d)
+	}
+	sort.Slice(deads, func(i, j int) bool { return deads[i].Less(deads[j]) })
+	for _, d := range deads {
+		r := m.recov[d]
+		if r.assigned != nil {
+			continue
+		}
+		var best *ClerkID
+		for id, c := range m.clerks {
+			if c.info.Kind == r.rec.Kind && !c.dead && c.connected && c.reported && id != d && (best == nil || id.Less(*best)) {
+				id := id
+				best = &id
+			}
+		}
+		if best == nil {
+			continue
+		}
+		r.assigned = best
+		m.emit(Send{*best, Recover{Dead: d, Names: r.rec.Names, All: r.rec.All}})
+	}
+}
+
+func (m *Master) blockedAll() bool {
+	for _, r := range m.recov {
+		if r.rec.All {
+			return true
+		}
+	}
+	return false
+}
+
+// checkServing starts granting once every clerk has reported or is dead.
+func (m *Master) checkServing() {
+	if m.serving {
+		return
+	}
+	for _, c := range m.clerks {
+		if !c.dead && !c.reported {
+			return
+		}
+	}
+	m.serving = true
+}
+
+func (m *Master) setHeld(c *clerkState, name string, mode Mode) {
+	l := m.lock(name)
+	if mode == None {
+		delete(c.held, name)
+		delete(l.holders, c.info.ID)
+	} else {
+		c.held[name] = mode
+		l.holders[c.info.ID] = mode
+	}
+}
+
+func (m *Master) acquire(id ClerkID, name string, mode Mode) {
+	l := m.lock(name)
+	for i, w := range l.queue {
+		if w.clerk == id {
+			if mode > w.mode {
+				l.queue[i].mode = mode
+			}
+			return
+		}
+	}
+	l.queue = append(l.queue, waiter{id, mode})
+}
+
+func (m *Master) removeWaiters(id ClerkID) {
+	for _, l := range m.locks {
+		q := l.queue[:0]
+		for _, w := range l.queue {
+			if w.clerk != id {
+				q = append(q, w)
+			}
+		}
+		l.queue = q
+	}
+}
+
+func (m *Master) tryAll() {
+	names := make([]string, 0, len(m.locks))
+	for n, l := range m.locks {
+		if len(l.queue) > 0 {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		m.try(n)
+	}
+}
+
+// try grants a lock's waiters in FIFO order while they are compatible with
+// every other holder, and revokes the holders that stand in the way of the
+// first one that is not.
+func (m *Master) try(name string) {
+	if !m.Serving() {
+		return
+	}
+	l := m.locks[name]
+	if l == nil {
+		return
+	}
+	for len(l.queue) > 0 {
+		w := l.queue[0]
+		c := m.clerks[w.clerk]
+		if c == nil || c.dead || !c.connected {
+			l.queue = l.queue[1:]
+			continue
+		}
+		var conflicts []ClerkID
+		for h, hm := range l.holders {
+			if h != w.clerk && !Compatible(hm, w.mode) {
+				conflicts = append(conflicts, h)
+			}
+		}
+		if len(conflicts) == 0 {
+			if w.mode > c.held[name] {
+				m.setHeld(c, name, w.mode)
+			}
+			c.seq[name]++
+			m.emit(Send{w.clerk, Grant{Name: name, Mode: c.held[name], Seq: c.seq[name]}})
+			l.queue = l.queue[1:]
+			continue
+		}
+		keep := None
+		if w.mode == Shared {
+			keep = Shared
+		}
+		sort.Slice(conflicts, func(i, j int) bool { return conflicts[i].Less(conflicts[j]) })
+		for _, h := range conflicts {
+			hc := m.clerks[h]
+			if hc == nil || hc.dead || !hc.connected {
+				continue // wait for it to reconnect, or for its verdict
+			}
+			if k, ok := hc.revoking[name]; ok && k <= keep {
+				continue // already asked for at least this much
+			}
+			hc.revoking[name] = keep
+			m.emit(Send{h, Revoke{Name: name, Keep: keep}})
+		}
+		return
+	}
+}
+
+// LockView is one lock as the master sees it (for `grove lock list`).
+type LockView struct {
+	Name    string
+	Holders map[ClerkID]Mode
+	Waiters []ClerkID
+}
+
+// ClerkView is one clerk as the master sees it.
+type ClerkView struct {
+	Info      ClerkInfo
+	Connected bool
+	Dead      bool
+	Held      int
+}
+
+// Locks lists every held or awaited lock, by name.
+func (m *Master) Locks() []LockView {
+	var out []LockView
+	for n, l := range m.locks {
+		if len(l.holders) == 0 && len(l.queue) == 0 {
+			continue
+		}
+		v := LockView{Name: n, Holders: map[ClerkID]Mode{}}
+		for h, md := range l.holders {
+			v.Holders[h] = md
+		}
+		for _, w := range l.queue {
+			v.Waiters = append(v.Waiters, w.clerk)
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Clerks lists the clerks the master knows.
+func (m *Master) Clerks() []ClerkView {
+	var out []ClerkView
+	for _, c := range m.clerks {
+		out = append(out, ClerkView{Info: c.info, Connected: c.connected, Dead: c.dead, Held: len(c.held)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Info.ID.Less(out[j].Info.ID) })
+	return out
+}
+
+// Recoveries lists the pending recovery obligations.
+func (m *Master) Recoveries() []RecoveryRecord {
+	var out []RecoveryRecord
+	for _, r := range m.recov {
+		out = append(out, r.rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dead.Less(out[j].Dead) })
+	return out
+}
