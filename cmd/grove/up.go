@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
 )
@@ -110,7 +111,7 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
 			BeaconAddr: addr(b + 2), Roles: []string{"store"}, FD: node.DefaultFD, Members: members}
 		if i <= m {
-			c.Roles = []string{node.RoleMeta, node.RoleObserver, "store"}
+			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
 		}
 		if err := c.Validate(); err != nil {
 			return nil, nil, err
@@ -203,6 +204,13 @@ func runUp(o upOptions) error {
 	defer status.Close()
 	gs := grpc.NewServer()
 	pb.RegisterClusterServiceServer(gs, status)
+	var nodeAddrs []string
+	for _, c := range cfgs {
+		nodeAddrs = append(nodeAddrs, c.GRPCAddr)
+	}
+	locks := &lock.Gateway{Meta: client, Nodes: nodeAddrs}
+	defer locks.Close()
+	pb.RegisterLockServiceServer(gs, locks)
 	lis, err := net.Listen("tcp", gateway)
 	if err != nil {
 		return fmt.Errorf("gateway %s: %w", gateway, err)

@@ -42,9 +42,13 @@ type DriverConfig struct {
 	NewIncarnation func() (Incarnation, error)
 	// OnFence runs, synchronously and before the next incarnation starts,
 	// when incarnation inc fences itself. Lease-protected services stop here.
+	// It runs on the driver's goroutine without the driver's lock held.
 	OnFence func(inc Incarnation)
 	// OnIncarnation runs when a new incarnation starts (to register it).
 	OnIncarnation func(inc Incarnation)
+	// OnDriver receives the driver before the first incarnation starts, so
+	// that callbacks can reach it (for Alive) before StartDriver returns.
+	OnDriver func(*Driver)
 }
 
 // Driver runs the failure detector for one node: it beacons, echoes (when an
@@ -101,6 +105,9 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 			return nil, err
 		}
 		d.mu.obs = NewObserver(cfg.Self, cfg.Config.GracePeriod, now, tomb, cfg.Known)
+	}
+	if cfg.OnDriver != nil {
+		cfg.OnDriver(d)
 	}
 	if cfg.OnIncarnation != nil {
 		cfg.OnIncarnation(inc)
@@ -197,9 +204,12 @@ func (d *Driver) tickLoop() {
 func (d *Driver) tick() {
 	d.mu.Lock()
 	b, send, fenced := d.mu.subj.Tick(d.cfg.Clock.Now())
-	var newInc Incarnation
+	old := d.mu.subj.Incarnation()
+	d.mu.Unlock()
 	if fenced {
-		old := d.mu.subj.Incarnation()
+		// Callbacks run without d.mu: fence hooks take their own locks and
+		// may call Alive (which takes d.mu) from other goroutines. The
+		// subject is fenced already, so Alive is false throughout.
 		d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", old)
 		if d.cfg.OnFence != nil {
 			d.cfg.OnFence(old)
@@ -207,19 +217,16 @@ func (d *Driver) tick() {
 		inc, err := d.cfg.NewIncarnation()
 		if err != nil {
 			// Without a persisted incarnation the node must not come back.
-			d.mu.Unlock()
 			d.log.Error("cannot persist a new incarnation; staying fenced", "err", err)
 			return
 		}
+		d.mu.Lock()
 		d.mu.subj = NewSubject(d.cfg.Config, d.cfg.Self, inc, d.cfg.Clock.Now())
-		newInc = inc
 		b, send, _ = d.mu.subj.Tick(d.cfg.Clock.Now())
-	}
-	d.mu.Unlock()
-	if newInc != 0 {
-		d.log.Info("back with a new incarnation", "incarnation", newInc)
+		d.mu.Unlock()
+		d.log.Info("back with a new incarnation", "incarnation", inc)
 		if d.cfg.OnIncarnation != nil {
-			d.cfg.OnIncarnation(newInc)
+			d.cfg.OnIncarnation(inc)
 		}
 	}
 	if send {

@@ -152,6 +152,37 @@ func (c *Clerk) Release(w *Waiter) ([]any, error) {
 	return out, nil
 }
 
+// Cancel abandons a local acquire that has not been granted (its caller gave
+// up). A granted waiter must be released instead.
+func (c *Clerk) Cancel(w *Waiter) []any {
+	l := c.leases[w.Name]
+	if l == nil || w.Granted {
+		return nil
+	}
+	for i, x := range l.waiters {
+		if x == w {
+			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+			break
+		}
+	}
+	w.Failed = true
+	var out []any
+	c.admit(w.Name, l, &out) // the next waiter may now be admissible
+	return out
+}
+
+// Drop gives a cached lease back to the master if no local holder uses it
+// (Boxwood leaves this optimisation out; Grove offers it for callers that
+// know they are done with a lock, and for benchmarks).
+func (c *Clerk) Drop(name string) []any {
+	l := c.leases[name]
+	if c.fenced || l == nil || l.granted == None || l.shared > 0 || l.exclusive || len(l.waiters) > 0 {
+		return nil
+	}
+	l.granted, l.revoking = None, false
+	return []any{ToMaster{Release{Name: name, Mode: None, Seq: l.seq}}}
+}
+
 // Handle applies a message from the master on the current session.
 func (c *Clerk) Handle(msg any) []any {
 	if c.fenced {

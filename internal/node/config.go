@@ -22,11 +22,12 @@ import (
 const (
 	RoleMeta     = "meta"     // config-service replica
 	RoleObserver = "observer" // failure-detector observer
+	RoleLock     = "lock"     // lock master or standby (every node has clerks)
 )
 
 // KnownRoles lists every role name; later layers' roles are accepted now so
 // that config files stay valid as they land.
-var KnownRoles = []string{RoleMeta, RoleObserver, "lock", "store", "chunk", "btree", "brick", "vdisk", "nfs", "proxy", "web"}
+var KnownRoles = []string{RoleMeta, RoleObserver, RoleLock, "store", "chunk", "btree", "brick", "vdisk", "nfs", "proxy", "web"}
 
 // Duration is a time.Duration written as "200ms" in TOML.
 type Duration time.Duration

@@ -23,6 +23,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 )
 
@@ -36,6 +37,9 @@ type Node struct {
 	meta   *meta.Server // nil unless RoleMeta
 	client *meta.Client
 	fd     *fd.Driver
+	fdp    atomic.Pointer[fd.Driver] // for Alive, readable before Start returns
+	locks  *lock.Service
+	status *StatusService
 	fence  *Fence
 	inc    atomic.Uint64 // the newest incarnation, for registration
 	known  sync.Map      // fd.NodeID → true: membership as last seen
@@ -100,8 +104,13 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		n.meta.RegisterGRPC(n.grpc)
 	}
 	n.client = meta.NewClient(members)
+	n.status = NewStatusService(n.client, cfg.Members)
+	n.locks = lock.NewService(lock.ServiceConfig{Node: cfg.ID, GRPCAddr: cfg.GRPCAddr, Candidate: cfg.Has(RoleLock),
+		Meta: n.client, Detector: n.status, Live: n, Log: n.log})
+	n.fence.OnFence(func(inc fd.Incarnation) { n.locks.Fence(uint64(inc)) })
 	pb.RegisterObserverServiceServer(n.grpc, &observerService{n: n})
-	pb.RegisterClusterServiceServer(n.grpc, NewStatusService(n.client, cfg.Members))
+	pb.RegisterClusterServiceServer(n.grpc, n.status)
+	pb.RegisterLockServiceServer(n.grpc, n.locks)
 	go n.grpc.Serve(n.lis)
 
 	n.fd, err = fd.StartDriver(fd.DriverConfig{
@@ -110,7 +119,11 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		TombstoneFile:  filepath.Join(cfg.DataDir, "fd-tombstones.json"),
 		NewIncarnation: func() (fd.Incarnation, error) { return nextIncarnation(disk.OS{}, cfg.DataDir) },
 		OnFence:        n.fence.trip,
-		OnIncarnation:  n.register,
+		OnIncarnation: func(inc fd.Incarnation) {
+			n.register(inc)
+			n.locks.Start(uint64(inc))
+		},
+		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
 	})
 	if err != nil {
 		udp.Close()
@@ -188,9 +201,22 @@ func (n *Node) Driver() *fd.Driver   { return n.fd }
 func (n *Node) Meta() *meta.Server   { return n.meta }
 func (n *Node) Client() *meta.Client { return n.client }
 
+// Alive is the node's own liveness (the self-fence): false before the
+// failure detector runs, while joining, and once fenced.
+func (n *Node) Alive() bool {
+	d := n.fdp.Load()
+	return d != nil && d.Alive()
+}
+
+// Locks is the node's lock service.
+func (n *Node) Locks() *lock.Service { return n.locks }
+
 // Close stops every role, in reverse order of start. Safe to call twice.
 func (n *Node) Close() {
 	n.cancel()
+	if n.locks != nil {
+		n.locks.Close()
+	}
 	if n.fd != nil {
 		n.fd.Close()
 	}
@@ -204,6 +230,9 @@ func (n *Node) Close() {
 	}
 	if n.client != nil {
 		n.client.Close()
+	}
+	if n.status != nil {
+		n.status.Close()
 	}
 	n.wg.Wait()
 	if n.lock != nil {

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -99,6 +100,16 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int
 	}
 	wg.Wait()
 	return dead, answered
+}
+
+// Dead implements lock.Detector: the failure-detector service's verdict on
+// one node incarnation (dead only if a majority of observers say so).
+func (s *StatusService) Dead(ctx context.Context, node, inc uint64) (bool, error) {
+	dead, answered := s.Query(ctx, []*pb.Node{{Id: node, Incarnation: inc}})
+	if answered == 0 {
+		return false, errors.New("no observer answered")
+	}
+	return fd.Verdict(dead[0], len(s.observers)), nil
 }
 
 func (s *StatusService) conn(addr string) (*grpc.ClientConn, error) {
