@@ -94,16 +94,17 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 		return nil, ErrFenced
 	}
 	ch := make(chan struct{})
-	if !w.Granted {
+	granted := w.Granted // read under c.mu: the session goroutine writes it
+	if !granted {
 		c.waits[w] = ch
 	}
 	c.applyLocked(out)
 	c.mu.Unlock()
-	if w.Granted {
+	if granted {
 		return &Held{c: c, w: w}, nil
 	}
 	select {
-	case <-ch:
+	case <-ch: // closed under c.mu after w's fields were set
 	case <-ctx.Done():
 		c.mu.Lock()
 		delete(c.waits, w)

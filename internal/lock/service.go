@@ -368,3 +368,7 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	h.Release()
 	return stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_RELEASED, Clerk: ClerkIDToPB(c.ID())})
 }
+
+// RegisterForTest registers the service on a gRPC server (nodes do this
+// through their own server setup).
+func RegisterForTest(gs *grpc.Server, s *Service) { pb.RegisterLockServiceServer(gs, s) }
