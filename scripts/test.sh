@@ -41,5 +41,7 @@ ft=${GROVE_FUZZTIME:-10s}
 fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "$ft" -fuzzminimizetime 0 "$2"; }
 fuzz FuzzDecode ./internal/fd
 fuzz FuzzDecodeDecree ./internal/meta
+fuzz FuzzDecodeSessionRequest ./internal/lock
+fuzz FuzzDecodeSessionResponse ./internal/lock
 
 echo "== all tests passed"

@@ -14,7 +14,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Benchmarks that re-run the papers' experiments next to peers"}
-	cmd.AddCommand(benchDecreeCmd(), benchFDCmd())
+	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd())
 	return cmd
 }
 
@@ -149,4 +149,69 @@ func maxDur(d []time.Duration) time.Duration {
 		m = max(m, x)
 	}
 	return m
+}
+
+func benchLockCmd() *cobra.Command {
+	var ops, trials, port, rounds int
+	cmd := &cobra.Command{
+		Use:   "lock",
+		Short: "Lock service: uncontended acquire+release RTTs to a remote master, cached re-acquires, exclusive hand-off latency, SIGKILL-to-grant",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+			defer cancel()
+			dir, err := os.MkdirTemp("", "grove-bench-lock-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			c, err := bench.StartInProcess(dir+"/inproc", 3)
+			if err != nil {
+				return err
+			}
+			var un, ca, ho []bench.Result
+			for r := 0; r < rounds; r++ {
+				res, err := bench.LockBench(ctx, c, ops)
+				if err != nil {
+					c.Close()
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "  round %d:\n    %v\n    %v\n    %v\n", r+1, res.Uncontended, res.Cached, res.Handoff)
+				un, ca, ho = append(un, res.Uncontended), append(ca, res.Cached), append(ho, res.Handoff)
+			}
+			c.Close()
+			fmt.Printf("clerk on a node that is not the master; %d rounds, medians:\n", rounds)
+			fmt.Printf("uncontended acquire+release (2 messages, 1 round trip): %v\n", medianResult(un))
+			fmt.Printf("cached re-acquire (no RPC):                             %v\n", medianResult(ca))
+			fmt.Printf("exclusive hand-off between two nodes:                   %v\n", medianResult(ho))
+			if trials == 0 {
+				return nil
+			}
+			bin, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			u, err := bench.StartUp(ctx, bin, dir+"/procs", port, nil)
+			if err != nil {
+				return err
+			}
+			defer u.Close()
+			ts, err := bench.LockFailover(ctx, u, trials, os.Stderr)
+			if err != nil {
+				return err
+			}
+			var d []time.Duration
+			for _, t := range ts {
+				d = append(d, t.ToGrant)
+			}
+			fmt.Printf("holder SIGKILL → waiter granted: median %v, max %v over %d trials (GracePeriod %v)\n",
+				bench.Median(d).Round(time.Millisecond), maxDur(d).Round(time.Millisecond), len(d), fd.DefaultGracePeriod)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per measurement")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds (medians are reported)")
+	cmd.Flags().IntVar(&trials, "trials", 5, "SIGKILL trials on a real `grove up --processes` cluster (0: skip)")
+	cmd.Flags().IntVar(&port, "base-port", 7700, "base port for the SIGKILL trials' cluster")
+	return cmd
 }

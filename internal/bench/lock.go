@@ -1,0 +1,269 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/node"
+)
+
+// InProcessCluster is n nodes in this process on loopback (as `grove up`).
+type InProcessCluster struct {
+	Nodes []*node.Node
+}
+
+// StartInProcess starts n nodes (the first three are config-service
+// members, observers and lock candidates) under dir.
+func StartInProcess(dir string, n int) (*InProcessCluster, error) {
+	ports, err := freePorts(3 * n)
+	if err != nil {
+		return nil, err
+	}
+	addr := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
+	var members []node.MemberConfig
+	for i := 0; i < min(n, 3); i++ {
+		members = append(members, node.MemberConfig{ID: uint64(i + 1), GRPC: addr(ports[3*i]), Raft: addr(ports[3*i+1]), Beacon: addr(ports[3*i+2])})
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c := &InProcessCluster{}
+	for i := 0; i < n; i++ {
+		cfg := &node.Config{ID: uint64(i + 1), DataDir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), GRPCAddr: addr(ports[3*i]),
+			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{"store"}, FD: node.DefaultFD, Members: members}
+		if i < 3 {
+			cfg.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock}
+		}
+		nd, err := node.Start(cfg, node.Options{Logger: quiet, RaftLog: io.Discard})
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, nd)
+	}
+	return c, nil
+}
+
+// Close stops every node.
+func (c *InProcessCluster) Close() {
+	for _, n := range c.Nodes {
+		n.Close()
+	}
+}
+
+// WaitLockMaster waits until the lock service serves with every node's
+// clerk connected and returns the master's node id.
+func (c *InProcessCluster) WaitLockMaster(ctx context.Context) (uint64, error) {
+	for {
+		r, err := c.Nodes[0].Locks().List(ctx, &pb.ListRequest{})
+		if err == nil && r.Serving {
+			connected := 0
+			for _, cl := range r.Clerks {
+				if cl.Connected {
+					connected++
+				}
+			}
+			if connected >= len(c.Nodes) {
+				return r.Master.Node, nil
+			}
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return 0, fmt.Errorf("lock service not serving: %v", err)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// LockResults are the figures of `grove bench lock`.
+type LockResults struct {
+	Uncontended Result // acquire (RPC) + release, the lease given back each time
+	Cached      Result // acquire + release of a cached lease: no RPC
+	Handoff     Result // an exclusive lock ping-ponged between clerks on two nodes
+}
+
+// LockBench measures a clerk on a node that is not the lock master.
+func LockBench(ctx context.Context, c *InProcessCluster, ops int) (LockResults, error) {
+	var res LockResults
+	masterID, err := c.WaitLockMaster(ctx)
+	if err != nil {
+		return res, err
+	}
+	var remote []*node.Node
+	for _, n := range c.Nodes {
+		if n.ID() != masterID {
+			remote = append(remote, n)
+		}
+	}
+	a, b := remote[0].Locks().DefaultClerk(), remote[1].Locks().DefaultClerk()
+
+	timed := func(system string, n int, op func(i int) error) (Result, error) {
+		lat := make([]time.Duration, 0, n)
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			t := time.Now()
+			if err := op(i); err != nil {
+				return Result{}, err
+			}
+			lat = append(lat, time.Since(t))
+		}
+		el := time.Since(start)
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		return Result{System: system, Concurrency: 1, Ops: n, Elapsed: el, P50: Percentile(lat, 50), P99: Percentile(lat, 99)}, nil
+	}
+	res.Uncontended, err = timed("rpc", ops, func(i int) error {
+		h, err := a.Acquire(ctx, "bench-uncontended", lock.Exclusive)
+		if err != nil {
+			return err
+		}
+		h.Release()
+		a.Drop("bench-uncontended") // give the lease back: the next acquire is a round trip
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.Cached, err = timed("cached", ops*50, func(i int) error {
+		h, err := a.Acquire(ctx, "bench-cached", lock.Exclusive)
+		if err != nil {
+			return err
+		}
+		h.Release()
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	// Hand-off: the lock alternates between a and b; each acquire must wait
+	// for the master to revoke the other clerk's cached lease.
+	clerks := [2]*lock.ClerkRT{a, b}
+	res.Handoff, err = timed("handoff", ops, func(i int) error {
+		h, err := clerks[i%2].Acquire(ctx, "bench-handoff", lock.Exclusive)
+		if err != nil {
+			return err
+		}
+		h.Release()
+		return nil
+	})
+	return res, err
+}
+
+// LockKillTrial is one SIGKILL of a holder's node.
+type LockKillTrial struct {
+	ToGrant time.Duration // SIGKILL → the waiter on another node is granted
+}
+
+// LockFailover holds a lock from one node's clerk over the Hold RPC, has a
+// waiter on another node, SIGKILLs the holder's node and times the grant.
+func LockFailover(ctx context.Context, u *UpCluster, trials int, progress io.Writer) ([]LockKillTrial, error) {
+	var out []LockKillTrial
+	for t := 0; t < trials; t++ {
+		r, err := u.lockList(ctx)
+		if err != nil {
+			return out, err
+		}
+		var ids []uint64
+		for id := uint64(1); id <= uint64(len(u.Nodes)); id++ {
+			if id != r.Master.GetNode() {
+				ids = append(ids, id)
+			}
+		}
+		holder, waiter := ids[t%len(ids)], ids[(t+1)%len(ids)]
+		name := fmt.Sprintf("bench-kill-%d", t)
+		hctx, hcancel := context.WithCancel(ctx)
+		hs, err := u.hold(hctx, holder, name)
+		if err != nil {
+			hcancel()
+			return out, err
+		}
+		if _, err := hs.Recv(); err != nil {
+			hcancel()
+			return out, fmt.Errorf("holder on node %d: %w", holder, err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		ws, err := u.hold(wctx, waiter, name)
+		if err != nil {
+			hcancel()
+			wcancel()
+			return out, err
+		}
+		time.Sleep(200 * time.Millisecond) // the waiter's request reaches the master
+		killed := time.Now()
+		if err := u.Kill(holder); err != nil {
+			hcancel()
+			wcancel()
+			return out, err
+		}
+		_, err = ws.Recv()
+		took := time.Since(killed)
+		hcancel()
+		wcancel()
+		if err != nil {
+			return out, fmt.Errorf("waiter on node %d: %w", waiter, err)
+		}
+		out = append(out, LockKillTrial{ToGrant: took})
+		if progress != nil {
+			fmt.Fprintf(progress, "trial %d/%d: SIGKILL node %d (holder) → node %d granted in %v\n", t+1, trials, holder, waiter, took.Round(time.Millisecond))
+		}
+		if err := u.Restart(holder); err != nil {
+			return out, err
+		}
+		if _, _, err := u.WaitNode(ctx, holder, 20*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive }); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func (u *UpCluster) lockList(ctx context.Context) (*pb.ListResponse, error) {
+	for {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := pb.NewLockServiceClient(u.conn).List(c, &pb.ListRequest{})
+		cancel()
+		if err == nil && r.Serving {
+			return r, nil
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return nil, fmt.Errorf("lock service not serving: %v", err)
+		}
+	}
+}
+
+func (u *UpCluster) hold(ctx context.Context, id uint64, name string) (interface {
+	Recv() (*pb.HoldResponse, error)
+}, error) {
+	cl, err := dialLockService(u.Nodes[id].GRPC)
+	if err != nil {
+		return nil, err
+	}
+	go func() { <-ctx.Done(); cl.close() }()
+	return cl.c.Hold(ctx, &pb.HoldRequest{Name: []byte(name), Mode: pb.LockMode_LOCK_MODE_EXCLUSIVE})
+}
+
+type lockConn struct {
+	c     pb.LockServiceClient
+	close func()
+}
+
+func dialLockService(addr string) (*lockConn, error) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &lockConn{c: pb.NewLockServiceClient(cc), close: func() { cc.Close() }}, nil
+}
