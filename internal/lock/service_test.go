@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
 )
 
@@ -210,5 +213,32 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	}
 	if !held || !h2.Valid() {
 		t.Fatalf("new master lost node 2's lease on x: %v", list.Locks)
+	}
+}
+
+// Bad Hold requests get InvalidArgument and change nothing.
+func TestHoldRejectsBadInput(t *testing.T) {
+	det := &fakeDetector{dead: map[[2]uint64]bool{}}
+	nodes := startServices(t, 3, det)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, req := range []*pb.HoldRequest{
+		{Name: nil, Mode: pb.LockMode_LOCK_MODE_SHARED},
+		{Name: make([]byte, MaxNameLen+1), Mode: pb.LockMode_LOCK_MODE_SHARED},
+		{Name: []byte("x")},
+		{Name: []byte("x"), Mode: 9},
+	} {
+		err := nodes[0].svc.Hold(req, nil)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("hold %v: %v", req, err)
+		}
+	}
+	if c := nodes[0].svc.DefaultClerk(); c != nil {
+		if _, err := c.Acquire(ctx, "", Shared); err != ErrBadName {
+			t.Errorf("empty name: %v", err)
+		}
+		if _, err := c.Acquire(ctx, "x", None); err != ErrBadMode {
+			t.Errorf("mode none: %v", err)
+		}
 	}
 }
