@@ -222,41 +222,48 @@ func (c *ClerkRT) run() {
 	if c.register() != nil {
 		return
 	}
+	fresh := false // use the hint first; after a failed session, re-read
 	for c.ctx.Err() == nil {
-		if err := c.session(); err != nil && c.ctx.Err() == nil {
+		welcomed, err := c.session(fresh)
+		if err != nil && c.ctx.Err() == nil {
 			c.s.log.Debug("clerk session ended", "clerk", c.ID(), "err", err)
 		}
+		fresh = !welcomed
 		sleep(c.ctx, 100*time.Millisecond)
 	}
 }
 
 var errRejected = errors.New("lock: master rejected the session")
 
-// session runs one session: read the master record, connect, say Hello,
-// and apply what the master sends until the stream breaks or a newer master
-// appears.
-func (c *ClerkRT) session() error {
+// session runs one session: find the master (from the hint, or by a
+// linearizable read when fresh), connect, say Hello, and apply what the
+// master sends until the stream breaks or a newer master appears. It
+// reports whether the master welcomed the session.
+func (c *ClerkRT) session(fresh bool) (welcomed bool, err error) {
 	if !c.s.cfg.Live.Alive() {
-		return ErrFenced
+		return false, ErrFenced
 	}
-	rctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-	st, err := c.s.read(rctx)
-	cancel()
-	if err != nil {
-		return err
+	st, _ := c.s.hint()
+	if fresh || st == nil || st.master == nil {
+		rctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		st, err = c.s.read(rctx)
+		cancel()
+		if err != nil {
+			return false, err
+		}
 	}
 	if st.master == nil {
-		return errors.New("lock: no master yet")
+		return false, errors.New("lock: no master yet")
 	}
 	cl, err := c.s.conns.get(st.master.GrpcAddr)
 	if err != nil {
-		return err
+		return false, err
 	}
 	ctx, stop := context.WithCancel(c.ctx)
 	defer stop()
 	stream, err := cl.Session(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	out := make(chan *pb.SessionRequest, SessionQueue)
 	c.mu.Lock()
@@ -273,7 +280,7 @@ func (c *ClerkRT) session() error {
 		c.mu.Unlock()
 	}()
 	if err := stream.Send(EncodeClerkMessage(hello)); err != nil {
-		return err
+		return false, err
 	}
 	// The sender: the one goroutine that writes on the stream.
 	go func() {
@@ -287,14 +294,19 @@ func (c *ClerkRT) session() error {
 		}
 		stop()
 	}()
-	// Notice a newer master even if the old stream stays up (partition).
+	// Notice a newer master even if the old stream stays up (partition),
+	// from the watched hint: no load on the config-service leader.
+	epoch := st.master.Epoch
 	go func() {
-		for sleep(ctx, time.Second) {
-			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			st2, err := c.s.read(rctx)
-			cancel()
-			if err == nil && (st2.master == nil || st2.master.Epoch != st.master.Epoch) {
+		for {
+			h, changed := c.s.hint()
+			if h != nil && h.version > st.version && (h.master == nil || h.master.Epoch != epoch) {
 				stop()
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
 				return
 			}
 		}
@@ -302,23 +314,26 @@ func (c *ClerkRT) session() error {
 	for {
 		m, err := stream.Recv()
 		if err != nil {
-			return err
+			return welcomed, err
 		}
 		msg, err := DecodeMasterMessage(m)
 		if err != nil {
 			c.s.log.Warn("clerk dropped a malformed message from the master", "clerk", c.ID(), "err", err)
-			return err
+			return welcomed, err
 		}
 		if r, ok := msg.(Reject); ok {
 			if r.Dead {
 				c.s.log.Error("master says this clerk is dead", "clerk", c.ID(), "reason", r.Reason)
 			}
-			return errRejected
+			return false, errRejected
+		}
+		if _, ok := msg.(Welcome); ok {
+			welcomed = true
 		}
 		c.mu.Lock()
 		if !c.s.cfg.Live.Alive() {
 			c.mu.Unlock()
-			return ErrFenced // a clerk applies nothing once its node is not alive
+			return welcomed, ErrFenced // a clerk applies nothing once its node is not alive
 		}
 		c.applyLocked(c.core.Handle(msg))
 		c.mu.Unlock()

@@ -29,13 +29,33 @@ func (s *Service) standby(inc uint64) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		if err := s.tryTakeover(ctx, inc); err != nil && !errors.Is(err, context.Canceled) {
-			s.log.Debug("standby", "err", err)
+		if s.masterSuspect(ctx, inc) {
+			if err := s.tryTakeover(ctx, inc); err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Debug("standby", "err", err)
+			}
 		}
 		cancel()
 	}
 }
 
+// masterSuspect checks the hinted master against the failure detector
+// (no config-service load): true if there is none, it is dead, or it is
+// this very incarnation without a running master.
+func (s *Service) masterSuspect(ctx context.Context, inc uint64) bool {
+	st, _ := s.hint()
+	if st == nil || st.master == nil {
+		return true
+	}
+	rec := st.master
+	if rec.Node == s.cfg.Node && rec.Incarnation == inc {
+		return true
+	}
+	dead, err := s.cfg.Detector.Dead(ctx, rec.Node, rec.Incarnation)
+	return err == nil && dead
+}
+
+// tryTakeover re-reads the namespace linearizably, re-checks the master
+// and passes the takeover decree conditional on that read.
 func (s *Service) tryTakeover(ctx context.Context, inc uint64) error {
 	st, err := s.read(ctx)
 	if err != nil {

@@ -12,12 +12,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // Namespace is the lock service's namespace in the config service:
@@ -73,8 +73,15 @@ type Service struct {
 		nextSeq uint32
 		master  *masterRT
 		def     *ClerkRT // the default clerk (kind ""), used by Hold
+		// hint is the lock namespace as last seen through a watch (served by
+		// any config-service member from its local copy): standbys and
+		// clerks use it without loading the leader, and refresh it with a
+		// linearizable read when it proves stale.
+		hint   *state
+		hintCh chan struct{} // closed and replaced when hint changes
 	}
-	wg sync.WaitGroup
+	watchOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 // NewService returns a stopped service; Start begins each incarnation.
@@ -87,7 +94,40 @@ func NewService(cfg ServiceConfig) *Service {
 	}
 	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "lock")}
 	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.mu.hintCh = make(chan struct{})
 	return s
+}
+
+// watch keeps the hint of the lock namespace current.
+func (s *Service) watch() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
+		st, err := decodeState(ns)
+		if err != nil {
+			s.log.Warn("lock namespace does not decode", "err", err)
+			continue
+		}
+		s.setHint(st)
+	}
+}
+
+func (s *Service) setHint(st *state) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.hint != nil && s.mu.hint.version >= st.version {
+		return
+	}
+	s.mu.hint = st
+	close(s.mu.hintCh)
+	s.mu.hintCh = make(chan struct{})
+}
+
+// hint returns the cached lock namespace (nil before the first) and a
+// channel closed at its next change.
+func (s *Service) hint() (*state, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.hint, s.mu.hintCh
 }
 
 // Start begins incarnation inc of the node: a fresh default clerk (a
@@ -101,6 +141,10 @@ func (s *Service) Start(inc uint64) {
 	}
 	s.mu.inc, s.mu.nextSeq = inc, 0
 	s.mu.Unlock()
+	s.watchOnce.Do(func() {
+		s.wg.Add(1)
+		go s.watch()
+	})
 	def, err := s.NewClerk("", nil)
 	if err != nil {
 		s.log.Error("default clerk", "err", err)
@@ -229,12 +273,17 @@ func decodeState(ns *pb.Namespace) (*state, error) {
 	return st, nil
 }
 
+// read is a linearizable read of the lock namespace; it refreshes the hint.
 func (s *Service) read(ctx context.Context) (*state, error) {
 	ns, err := s.cfg.Meta.Read(ctx, Namespace)
 	if err != nil {
 		return nil, err
 	}
-	return decodeState(ns)
+	st, err := decodeState(ns)
+	if err == nil {
+		s.setHint(st)
+	}
+	return st, err
 }
 
 func put(key string, m proto.Message) *pb.Op {
@@ -254,37 +303,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// connCache keeps one gRPC connection per address.
-type connCache struct {
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
-}
+// connCache hands out lock-service clients over a shared connection pool.
+type connCache struct{ pool transport.Pool }
 
 func (c *connCache) get(addr string) (pb.LockServiceClient, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conns == nil {
-		c.conns = map[string]*grpc.ClientConn{}
-	}
-	cc := c.conns[addr]
-	if cc == nil {
-		var err error
-		if cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-			return nil, err
-		}
-		c.conns[addr] = cc
+	cc, err := c.pool.Get(addr)
+	if err != nil {
+		return nil, err
 	}
 	return pb.NewLockServiceClient(cc), nil
 }
 
-func (c *connCache) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, cc := range c.conns {
-		cc.Close()
-	}
-	c.conns = nil
-}
+func (c *connCache) close() { c.pool.Close() }
 
 // Session implements the master side of a clerk's session.
 func (s *Service) Session(stream grpc.BidiStreamingServer[pb.SessionRequest, pb.SessionResponse]) error {

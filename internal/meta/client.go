@@ -9,10 +9,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // Client talks to the config service from any node or tool. It finds the
@@ -21,9 +21,9 @@ import (
 // Safe for concurrent use.
 type Client struct {
 	members []Member
+	conns   transport.Pool
 	mu      struct {
 		sync.Mutex
-		conns  map[string]*grpc.ClientConn
 		leader string // cached leader gRPC address ("" if unknown)
 		next   int    // round-robin position when the leader is unknown
 		hints  map[string]*pb.Namespace
@@ -33,32 +33,17 @@ type Client struct {
 // NewClient returns a client for the given members (only GRPCAddr is used).
 func NewClient(members []Member) *Client {
 	c := &Client{members: members}
-	c.mu.conns = map[string]*grpc.ClientConn{}
 	c.mu.hints = map[string]*pb.Namespace{}
 	return c
 }
 
 // Close drops every connection.
-func (c *Client) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, cc := range c.mu.conns {
-		cc.Close()
-	}
-	c.mu.conns = map[string]*grpc.ClientConn{}
-}
+func (c *Client) Close() { c.conns.Close() }
 
 func (c *Client) conn(addr string) (pb.ConfigServiceClient, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cc := c.mu.conns[addr]
-	if cc == nil {
-		var err error
-		cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, err
-		}
-		c.mu.conns[addr] = cc
+	cc, err := c.conns.Get(addr)
+	if err != nil {
+		return nil, err
 	}
 	return pb.NewConfigServiceClient(cc), nil
 }

@@ -6,14 +6,13 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // StatusService answers `grove status`: membership from a linearizable read
@@ -25,14 +24,13 @@ type StatusService struct {
 	pb.UnimplementedClusterServiceServer
 	client    *meta.Client
 	observers []MemberConfig
-	mu        sync.Mutex
-	conns     map[string]*grpc.ClientConn
+	conns     transport.Pool
 }
 
 // NewStatusService returns a status service over the given config-service
 // client and observers.
 func NewStatusService(c *meta.Client, observers []MemberConfig) *StatusService {
-	return &StatusService{client: c, observers: observers, conns: map[string]*grpc.ClientConn{}}
+	return &StatusService{client: c, observers: observers}
 }
 
 // ObserverTimeout bounds how long a status query waits for observers.
@@ -78,7 +76,7 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl, err := s.conn(o.GRPC)
+			cl, err := s.conns.Get(o.GRPC)
 			if err != nil {
 				return
 			}
@@ -112,26 +110,5 @@ func (s *StatusService) Dead(ctx context.Context, node, inc uint64) (bool, error
 	return fd.Verdict(dead[0], len(s.observers)), nil
 }
 
-func (s *StatusService) conn(addr string) (*grpc.ClientConn, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.conns[addr]; c != nil {
-		return c, nil
-	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	s.conns[addr] = c
-	return c, nil
-}
-
 // Close drops the service's connections.
-func (s *StatusService) Close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, c := range s.conns {
-		c.Close()
-	}
-	s.conns = map[string]*grpc.ClientConn{}
-}
+func (s *StatusService) Close() { s.conns.Close() }
