@@ -269,6 +269,13 @@ type view struct {
 	inc       Incarnation
 	lastHeard time.Time // local receipt time of the newest beacon of inc
 	heard     bool      // a beacon of inc has been received
+	// asked/askedAt: the newest incarnation newer than inc that a query
+	// named, and when it was first asked about. An incarnation the observer
+	// has never heard is given GracePeriod from then: a node that has just
+	// restarted and registered is not declared dead before its first
+	// beacon could arrive.
+	asked   Incarnation
+	askedAt time.Time
 }
 
 // Observer is the observing side: it echoes beacons and answers queries.
@@ -352,6 +359,14 @@ func (o *Observer) Query(now time.Time, n NodeID, inc Incarnation) (dead, persis
 	if inc <= o.tombstones[n] {
 		return true, false
 	}
+	v := o.views[n]
+	if v == nil {
+		v = &view{}
+		o.views[n] = v
+	}
+	if inc > v.inc && inc > v.asked {
+		v.asked, v.askedAt = inc, now
+	}
 	if !o.silent(now, n, inc) {
 		return false, false
 	}
@@ -367,6 +382,9 @@ func (o *Observer) silent(now time.Time, n NodeID, inc Incarnation) bool {
 		}
 		if v.heard && v.lastHeard.After(last) {
 			last = v.lastHeard
+		}
+		if inc > v.inc && inc == v.asked && v.askedAt.After(last) {
+			last = v.askedAt // never heard: silence counts from the first question
 		}
 	}
 	return now.Sub(last) > o.grace
@@ -392,6 +410,9 @@ type View struct {
 func (o *Observer) Views(now time.Time) []View {
 	out := make([]View, 0, len(o.views))
 	for n, v := range o.views {
+		if !v.heard {
+			continue // only asked about, never heard
+		}
 		out = append(out, View{Node: n, Incarnation: v.inc, Silence: now.Sub(v.lastHeard)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })

@@ -117,3 +117,30 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A never-heard incarnation gets GracePeriod from the first question about
+// it, so a node that just registered is not declared dead before its first
+// beacon arrives; then silence makes it dead as usual.
+func TestObserverNewIncarnationGrace(t *testing.T) {
+	now := simNow()
+	o := NewObserver(1, DefaultGracePeriod, now, nil, func(NodeID) bool { return true })
+	o.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 1, Seq: 1})
+	later := now.Add(10 * DefaultGracePeriod) // inc 1 long silent; inc 2 just registered
+	if dead, _ := o.Query(later, 2, 2); dead {
+		t.Fatal("a just-registered incarnation declared dead before it could be heard")
+	}
+	if _, err := o.Beacon(later.Add(time.Millisecond), Packet{Kind: KindBeacon, Subject: 2, Incarnation: 2, Seq: 1}); err != nil {
+		t.Fatalf("its first beacon refused: %v", err)
+	}
+	if dead, _ := o.Query(later, 2, 1); !dead {
+		t.Fatal("the old incarnation is not dead")
+	}
+	// An incarnation that never beacons is dead GracePeriod after the first question.
+	o.Query(later, 3, 5)
+	if dead, _ := o.Query(later.Add(DefaultGracePeriod/2), 3, 5); dead {
+		t.Fatal("dead before GracePeriod from the first question")
+	}
+	if dead, _ := o.Query(later.Add(DefaultGracePeriod+time.Millisecond), 3, 5); !dead {
+		t.Fatal("a silent incarnation never declared dead")
+	}
+}

@@ -163,6 +163,12 @@ func (s *Service) Start(inc uint64) {
 // waiters, and a master stops granting. Called synchronously by the node's
 // self-fence, before the next incarnation starts.
 func (s *Service) Fence(inc uint64) {
+	s.stopIncarnation()
+	s.log.Warn("lock service fenced", "incarnation", inc)
+}
+
+// stopIncarnation drops the current incarnation's clerks and master.
+func (s *Service) stopIncarnation() {
 	s.mu.Lock()
 	clerks, m := s.mu.clerks, s.mu.master
 	s.mu.clerks, s.mu.master, s.mu.def = nil, nil, nil
@@ -171,19 +177,15 @@ func (s *Service) Fence(inc uint64) {
 		c.fence()
 	}
 	if m != nil {
-		m.halt("node fenced itself")
+		m.halt("node fenced itself or stopped")
 	}
-	s.log.Warn("lock service fenced", "incarnation", inc)
 }
 
 // Close stops everything (graceful shutdown: leases are not released; the
 // failure detector will declare the node dead and the master resolves them).
 func (s *Service) Close() {
 	s.stop()
-	s.mu.Lock()
-	inc := s.mu.inc
-	s.mu.Unlock()
-	s.Fence(inc)
+	s.stopIncarnation()
 	s.wg.Wait()
 	s.conns.close()
 }
