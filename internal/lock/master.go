@@ -468,6 +468,11 @@ func (m *Master) try(name string) {
 			}
 			c.seq[name]++
 			m.emit(Send{w.clerk, Grant{Name: name, Mode: c.held[name], Seq: c.seq[name]}})
+			// A newer grant voids a revocation in flight: the clerk's answer
+			// to it will carry the older sequence number and be ignored, so
+			// the revocation must be sent again (after the grant, on the
+			// same ordered session) if the lock is still wanted elsewhere.
+			delete(c.revoking, name)
 			l.queue = l.queue[1:]
 			continue
 		}

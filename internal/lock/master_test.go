@@ -244,3 +244,34 @@ func TestRejects(t *testing.T) {
 		t.Fatal("message from an unknown clerk acted on")
 	}
 }
+
+// A revocation outstanding when the master grants the same clerk a newer
+// lease is void: the clerk's answer to it carries the older sequence number
+// and is ignored, so the next conflicting waiter must trigger a new one.
+// (Found by the simulator: seed 756 of an earlier build starved waiters.)
+func TestRevokeVoidedByNewerGrant(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}, {cC, ""}}, nil)
+	hello(m, cA, "", nil)
+	hello(m, cB, "", nil)
+	hello(m, cC, "", nil)
+	m.Handle(cA, Acquire{"x", Shared}) // seq 1
+	out := m.Handle(cB, Acquire{"x", Exclusive})
+	if _, ok := has[Revoke](sends(out, cA)); !ok {
+		t.Fatalf("no revoke to A: %v", out)
+	}
+	m.Handle(cA, Acquire{"x", Exclusive}) // A wants to upgrade: queued behind B
+	out = m.Disconnected(cB)              // B goes away: A is at the head
+	out = append(out, m.Handle(cA, Acquire{"x", Exclusive})...)
+	m.Handle(cA, Release{"x", None, 1}) // A's answer to the old revoke: stale
+	out = m.Handle(cC, Acquire{"x", Exclusive})
+	if _, ok := has[Revoke](sends(out, cA)); !ok {
+		t.Fatalf("C's request does not revoke A's newer grant: %v", out)
+	}
+	if got := m.Locks()[0].Holders[cA]; got != Exclusive {
+		t.Fatalf("A holds %v, want exclusive (granted after B left)", got)
+	}
+	out = m.Handle(cA, Release{"x", None, 2})
+	if _, ok := has[Grant](sends(out, cC)); !ok {
+		t.Fatalf("C starves: %v", out)
+	}
+}
