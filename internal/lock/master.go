@@ -259,9 +259,8 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 
 // Tick is called by the driver every SuspectInterval. It returns the clerks
 // whose liveness the driver should ask the failure detector about now: those
-// that hold leases or must report but have no session, and those that have
-// left a revocation unanswered for more than RevokePatience ticks (a paused
-// or partitioned clerk).
+// without a session, and those that have left a revocation unanswered for
+// more than RevokePatience ticks (a paused or partitioned clerk).
 func (m *Master) Tick() []ClerkID {
 	var out []ClerkID
 	for id, c := range m.clerks {
@@ -272,7 +271,10 @@ func (m *Master) Tick() []ClerkID {
 		if len(c.revoking) == 0 {
 			c.since = 0
 		}
-		if (!c.connected && (len(c.held) > 0 || !c.reported)) || c.since > RevokePatience {
+		// Every clerk without a session is a suspect: it reconnects soon or
+		// it is dead, and a dead one must leave the clerk list even if it
+		// holds nothing (each restart of a node adds clerks).
+		if !c.connected || c.since > RevokePatience {
 			out = append(out, id)
 		}
 	}

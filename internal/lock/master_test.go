@@ -275,3 +275,21 @@ func TestRevokeVoidedByNewerGrant(t *testing.T) {
 		t.Fatalf("C starves: %v", out)
 	}
 }
+
+// A clerk that left without leases is still asked about, and forgotten once
+// dead: the clerk list does not grow with every restart.
+func TestDeadIdleClerkForgotten(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, "wal"}}, nil)
+	hello(m, cA, "", nil)
+	hello(m, cB, "wal", nil)
+	m.Disconnected(cA)
+	m.Disconnected(cB)
+	if got := m.Tick(); len(got) != 2 {
+		t.Fatalf("suspects %v, want both idle disconnected clerks", got)
+	}
+	for _, c := range []ClerkID{cA, cB} {
+		if _, ok := has[Forget](m.Verdict(c, true)); !ok {
+			t.Fatalf("dead idle clerk %v not forgotten", c)
+		}
+	}
+}
