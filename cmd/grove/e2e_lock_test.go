@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -169,4 +170,91 @@ func TestEndToEndLock(t *testing.T) {
 	if g := lockList(t, bin, u.Gateway); g.Master != l.Master || g.Epoch != l.Epoch {
 		t.Fatalf("gateway sees master %d epoch %d, node sees %d/%d", g.Master, g.Epoch, l.Master, l.Epoch)
 	}
+}
+
+// TestEndToEndPauseFences: a node paused (SIGSTOP) for longer than
+// GracePeriod while its clerk holds a lock is declared dead; the waiter gets
+// the lock; when the node resumes it finds itself dead, fences (its holder is
+// told the lease is lost) and comes back with a higher incarnation.
+func TestEndToEndPauseFences(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	u, err := bench.StartUp(ctx, bin, t.TempDir(), 8100, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	var l LockListJSON
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		out, err := exec.Command(bin, "lock", "list", "--json", "--addr", u.Gateway).Output()
+		if err == nil && json.Unmarshal(out, &l) == nil && l.Serving && len(l.Clerks) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock service not serving: %v %s", err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r, err := u.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The paused node is neither the lock master nor the config leader.
+	var P, W uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != l.Master && id != r.Leader && P == 0 {
+			P = id
+		}
+	}
+	if P == 0 {
+		P = 1 + l.Master%3 // master and leader coincide on one node: pick another
+	}
+	for id := uint64(1); id <= 3; id++ {
+		if id != P && W == 0 {
+			W = id
+		}
+	}
+	var before uint64
+	for _, n := range r.Nodes {
+		if n.Id == P {
+			before = n.Incarnation
+		}
+	}
+	holder := startHold(t, bin, "P", u.Nodes[P].GRPC)
+	if !holder.granted(10 * time.Second) {
+		t.Fatal("holder not granted")
+	}
+	waiter := startHold(t, bin, "P", u.Nodes[W].GRPC)
+	pid := u.Nodes[P].PID
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	if !waiter.granted(20 * time.Second) {
+		syscall.Kill(pid, syscall.SIGCONT)
+		t.Fatal("waiter not granted while the holder's node is paused")
+	}
+	t.Logf("paused node's lock granted to the waiter after %v", time.Since(stopped))
+	time.Sleep(500 * time.Millisecond)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The holder learns its lease is gone (the node fenced itself).
+	select {
+	case l, ok := <-holder.lines:
+		if ok && strings.HasPrefix(l, "released") {
+			t.Fatalf("paused holder reports an orderly release: %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("paused holder never learned that its lease was lost")
+	}
+	n, _, err := u.WaitNode(ctx, P, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive && n.Incarnation > before })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node %d fenced itself and came back: incarnation %d → %d", P, before, n.Incarnation)
 }

@@ -395,7 +395,7 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	case <-stream.Context().Done():
 	case <-timer:
 	case <-h.Lost():
-		return status.Error(codes.Aborted, "lock: lease lost: this node fenced itself")
+		return status.Error(codes.Aborted, "lock: lease lost: this node fenced itself or is shutting down")
 	}
 	h.Release()
 	return stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_RELEASED, Clerk: ClerkIDToPB(c.ID())})
