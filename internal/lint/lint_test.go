@@ -1,0 +1,65 @@
+// Package lint holds style rules enforced by tests. The rule here: protocol
+// cores stay free of I/O, so that the simulator can drive them in virtual
+// time and replay any seed. A core reads time only from its arguments and
+// talks only through returned messages.
+package lint
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+)
+
+// cores are the files that must stay pure.
+var cores = []string{
+	"fd/fd.go", "fd/wire.go",
+	"lock/lock.go", "lock/master.go", "lock/clerk.go", "lock/wire.go",
+	"meta/fsm.go",
+}
+
+// banned calls (package.Func) and imports inside a core.
+var (
+	bannedCalls = map[string]bool{
+		"time.Now": true, "time.Sleep": true, "time.After": true, "time.Tick": true,
+		"time.NewTimer": true, "time.NewTicker": true, "time.AfterFunc": true, "time.Since": true, "time.Until": true,
+	}
+	bannedImports = map[string]bool{
+		"net": true, "os": true, "math/rand": true, "math/rand/v2": true, "crypto/rand": true,
+		"google.golang.org/grpc": true, "syscall": true,
+	}
+)
+
+func TestProtocolCoresHaveNoIO(t *testing.T) {
+	_, self, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(self), "..")
+	fset := token.NewFileSet()
+	for _, rel := range cores {
+		f, err := parser.ParseFile(fset, filepath.Join(root, rel), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if bannedImports[p] {
+				t.Errorf("%s imports %q: protocol cores do no I/O", rel, p)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.GoStmt:
+				t.Errorf("%s: a go statement at %v: protocol cores start no goroutines", rel, fset.Position(x.Pos()))
+			case *ast.CallExpr:
+				if sel, ok := x.Fun.(*ast.SelectorExpr); ok {
+					if id, ok := sel.X.(*ast.Ident); ok && bannedCalls[id.Name+"."+sel.Sel.Name] {
+						t.Errorf("%s: %s.%s at %v: protocol cores take time as an argument", rel, id.Name, sel.Sel.Name, fset.Position(x.Pos()))
+					}
+				}
+			}
+			return true
+		})
+	}
+}
