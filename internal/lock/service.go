@@ -218,15 +218,6 @@ func (s *Service) DefaultClerk() *ClerkRT {
 func clerkKey(id ClerkID) string    { return "clerk/" + id.String() }
 func recoveryKey(id ClerkID) string { return "recovery/" + id.String() }
 
-// ParseClerkID reads "node.inc.seq".
-func ParseClerkID(s string) (ClerkID, error) {
-	var c ClerkID
-	if _, err := fmt.Sscanf(s, "%d.%d.%d", &c.Node, &c.Inc, &c.Seq); err != nil || c.Node == 0 || c.Inc == 0 || c.Seq == 0 {
-		return ClerkID{}, fmt.Errorf("lock: bad clerk id %q", s)
-	}
-	return c, nil
-}
-
 // state is the lock namespace decoded.
 type state struct {
 	version uint64
@@ -401,6 +392,5 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	return stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_RELEASED, Clerk: ClerkIDToPB(c.ID())})
 }
 
-// RegisterForTest registers the service on a gRPC server (nodes do this
-// through their own server setup).
-func RegisterForTest(gs *grpc.Server, s *Service) { pb.RegisterLockServiceServer(gs, s) }
+// Register exposes the service on a gRPC server.
+func Register(gs *grpc.Server, s *Service) { pb.RegisterLockServiceServer(gs, s) }

@@ -80,7 +80,7 @@ func startServices(t *testing.T, n int, det *fakeDetector) []*testNode {
 		live := &fakeLive{}
 		svc := NewService(ServiceConfig{Node: uint64(i + 1), GRPCAddr: l.Addr().String(), Candidate: i == 0 || i == 1,
 			Meta: meta.NewClient(members), Detector: det, Live: live, Log: quiet, Tick: 50 * time.Millisecond})
-		RegisterForTest(gs, svc)
+		Register(gs, svc)
 		go gs.Serve(l)
 		nodes = append(nodes, &testNode{svc: svc, live: live, gs: gs})
 	}

@@ -377,6 +377,9 @@ func TestClientOverGRPC(t *testing.T) {
 	if err != nil || value(ns, "n") != "40" || ns.Version != 40 {
 		t.Fatalf("counter: %v %v", ns, err)
 	}
+	if h := c.Hint("counter"); h == nil || h.Version < 40 {
+		t.Fatalf("read not cached as a hint: %v", h)
+	}
 	// The watch sees versions only grow, and reaches 40.
 	last := uint64(0)
 	for v := range watch {

@@ -110,7 +110,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.fence.OnFence(func(inc fd.Incarnation) { n.locks.Fence(uint64(inc)) })
 	pb.RegisterObserverServiceServer(n.grpc, &observerService{n: n})
 	pb.RegisterClusterServiceServer(n.grpc, n.status)
-	pb.RegisterLockServiceServer(n.grpc, n.locks)
+	lock.Register(n.grpc, n.locks)
 	go n.grpc.Serve(n.lis)
 
 	n.fd, err = fd.StartDriver(fd.DriverConfig{
@@ -192,14 +192,10 @@ func (n *Node) watchMembership() {
 	}
 }
 
-// ID, Config, Fence, Driver, Meta expose the node's parts to the roles of
-// later layers and to tests.
-func (n *Node) ID() uint64           { return n.cfg.ID }
-func (n *Node) Config() *Config      { return n.cfg }
-func (n *Node) Fence() *Fence        { return n.fence }
-func (n *Node) Driver() *fd.Driver   { return n.fd }
-func (n *Node) Meta() *meta.Server   { return n.meta }
-func (n *Node) Client() *meta.Client { return n.client }
+// ID and Fence expose the node's identity and self-fence to the roles of
+// later layers.
+func (n *Node) ID() uint64    { return n.cfg.ID }
+func (n *Node) Fence() *Fence { return n.fence }
 
 // Alive is the node's own liveness (the self-fence): false before the
 // failure detector runs, while joining, and once fenced.
@@ -284,7 +280,6 @@ func nextIncarnation(d disk.FS, dir string) (fd.Incarnation, error) {
 type Fence struct {
 	mu    sync.Mutex
 	stops []func(fd.Incarnation)
-	trips int
 }
 
 // OnFence registers fn to run (synchronously, before a new incarnation
@@ -295,17 +290,9 @@ func (f *Fence) OnFence(fn func(fd.Incarnation)) {
 	f.stops = append(f.stops, fn)
 }
 
-// Trips counts self-fences since start.
-func (f *Fence) Trips() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.trips
-}
-
 func (f *Fence) trip(inc fd.Incarnation) {
 	f.mu.Lock()
 	stops := append([]func(fd.Incarnation){}, f.stops...)
-	f.trips++
 	f.mu.Unlock()
 	for _, s := range stops {
 		s(inc)
