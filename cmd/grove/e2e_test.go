@@ -54,10 +54,13 @@ func TestEndToEndKillRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := trials[0]
-	// Observers last heard the node at most ΔT before the kill, and say dead
-	// only after GracePeriod of silence: an earlier verdict would be a bug.
-	if min := fd.DefaultGracePeriod - fd.DefaultInterval; tr.ToDead < min {
-		t.Fatalf("node %d reported dead %v after SIGKILL, before GracePeriod−ΔT = %v", tr.Node, tr.ToDead, min)
+	// Observers say dead only after GracePeriod of silence since the last
+	// beacon they heard. That beacon normally left less than ΔT before the
+	// kill, but a process starved of CPU (a loaded CI machine) may have sent
+	// it earlier, so the only sound floor relative to the kill is loose: a
+	// verdict sooner than GracePeriod/2 means the detector did not wait.
+	if min := fd.DefaultGracePeriod / 2; tr.ToDead < min {
+		t.Fatalf("node %d reported dead %v after SIGKILL, before GracePeriod/2 = %v", tr.Node, tr.ToDead, min)
 	}
 
 	// The leader's node: status must survive the election and agree.
