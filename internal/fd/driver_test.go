@@ -32,7 +32,10 @@ func startReal(t *testing.T, n int) ([]*realNode, []net.PacketConn) {
 		addrs[NodeID(i+1)] = c.LocalAddr().String()
 		obs = append(obs, NodeID(i+1))
 	}
-	cfg := Config{Interval: 20 * time.Millisecond, GracePeriod: 200 * time.Millisecond, MaxDrift: DefaultMaxDrift, Observers: obs}
+	// Real time on a possibly loaded machine: a GracePeriod long enough that
+	// a scheduling stall does not fence a node, short enough to keep the
+	// test quick.
+	cfg := Config{Interval: 50 * time.Millisecond, GracePeriod: 600 * time.Millisecond, MaxDrift: DefaultMaxDrift, Observers: obs}
 	nodes := make([]*realNode, n)
 	dir := t.TempDir()
 	for i := range nodes {
@@ -105,7 +108,7 @@ func TestDriverGarbageAndFence(t *testing.T) {
 		}(c.LocalAddr())
 	}
 	wg.Wait()
-	time.Sleep(300 * time.Millisecond) // > GracePeriod: garbage must not fence anyone
+	time.Sleep(700 * time.Millisecond) // > GracePeriod: garbage must not fence anyone
 	for i, n := range nodes {
 		if n.fences.Load() != 0 || !n.d.Alive() {
 			t.Fatalf("node %d disturbed by garbage: fences=%d alive=%v", i+1, n.fences.Load(), n.d.Alive())
