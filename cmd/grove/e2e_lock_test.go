@@ -56,6 +56,22 @@ func (h *cliHold) granted(d time.Duration) bool {
 	}
 }
 
+// waitLockServing waits until the lock master serves with n clerks.
+func waitLockServing(t *testing.T, bin, addr string, n int) LockListJSON {
+	t.Helper()
+	var l LockListJSON
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		out, err := exec.Command(bin, "lock", "list", "--json", "--addr", addr).Output()
+		if err == nil && json.Unmarshal(out, &l) == nil && l.Serving && len(l.Clerks) == n {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock service not serving with %d clerks: %v %s", n, err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func lockList(t *testing.T, bin, addr string) LockListJSON {
 	t.Helper()
 	out, err := exec.Command(bin, "lock", "list", "--json", "--addr", addr).Output()
@@ -86,17 +102,7 @@ func TestEndToEndLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
-	var l LockListJSON
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		out, err := exec.Command(bin, "lock", "list", "--json", "--addr", u.Gateway).Output()
-		if err == nil && json.Unmarshal(out, &l) == nil && l.Serving && len(l.Clerks) == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lock service not serving with 3 clerks: %v %s", err, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	l := waitLockServing(t, bin, u.Gateway, 3)
 	master := l.Master
 	var others []uint64
 	for id := uint64(1); id <= 3; id++ {
@@ -195,17 +201,7 @@ func TestEndToEndPauseFences(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
-	var l LockListJSON
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		out, err := exec.Command(bin, "lock", "list", "--json", "--addr", u.Gateway).Output()
-		if err == nil && json.Unmarshal(out, &l) == nil && l.Serving && len(l.Clerks) == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lock service not serving: %v %s", err, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	l := waitLockServing(t, bin, u.Gateway, 3)
 	r, err := u.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

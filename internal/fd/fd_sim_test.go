@@ -160,14 +160,7 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 				s.chk.logf(w.Now(), "PAUSE node %d for %v", n.ID, d)
 				n.Proc.Pause(d)
 			case r < 6:
-				var a, b []uint64
-				for i := 1; i <= simNodes; i++ {
-					if w.Rand.Intn(2) == 0 {
-						a = append(a, uint64(i))
-					} else {
-						b = append(b, uint64(i))
-					}
-				}
+				a, b := w.RandomSplit(simNodes)
 				s.chk.logf(w.Now(), "PARTITION %v | %v", a, b)
 				net.Partition(a, b)
 			case r < 8:

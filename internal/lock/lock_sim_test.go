@@ -652,14 +652,7 @@ func runLockSim(t *testing.T, seed int64, lying bool) *lockSim {
 				s.o.logf("PAUSE node %d for %v", n.ID, d)
 				n.Proc.Pause(d)
 			case r < 8:
-				var a, b []uint64
-				for i := 1; i <= lsNodes; i++ {
-					if w.Rand.Intn(2) == 0 {
-						a = append(a, uint64(i))
-					} else {
-						b = append(b, uint64(i))
-					}
-				}
+				a, b := w.RandomSplit(lsNodes)
 				s.o.logf("PARTITION %v | %v", a, b)
 				net.Partition(a, b)
 				net.BreakBlockedSessions()

@@ -139,6 +139,19 @@ func (n *Network) Partition(groups ...[]uint64) {
 	}
 }
 
+// RandomSplit divides processes 1..n into two random sides (either may be
+// empty), for Partition.
+func (w *World) RandomSplit(n int) (a, b []uint64) {
+	for i := 1; i <= n; i++ {
+		if w.Rand.Intn(2) == 0 {
+			a = append(a, uint64(i))
+		} else {
+			b = append(b, uint64(i))
+		}
+	}
+	return a, b
+}
+
 // Heal restores every link.
 func (n *Network) Heal() { n.blocked = map[[2]uint64]bool{} }
 
