@@ -76,12 +76,32 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 			return nil, nil, fmt.Errorf("%s holds a %d-node cluster; run with --nodes %d (or another --data)", data, len(existing), len(existing))
 		}
 		var cfgs []*node.Config
+		key := ""
 		for _, p := range existing {
-			c, err := node.LoadConfig(p)
+			c, err := node.ReadConfig(p)
 			if err != nil {
 				return nil, nil, err
 			}
+			if c.ClusterKey != "" {
+				key = c.ClusterKey
+			}
 			cfgs = append(cfgs, c)
+		}
+		// A directory made before failure-detector datagrams were
+		// authenticated has no cluster key: give every node the same one.
+		if key == "" {
+			key = node.NewClusterKey()
+		}
+		for i, c := range cfgs {
+			if c.ClusterKey == "" {
+				c.ClusterKey = key
+				if err := c.Write(existing[i]); err != nil {
+					return nil, nil, err
+				}
+			}
+			if err := c.Validate(); err != nil {
+				return nil, nil, fmt.Errorf("config %s: %w", existing[i], err)
+			}
 		}
 		return cfgs, existing, nil
 	}
@@ -106,10 +126,11 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 	}
 	var cfgs []*node.Config
 	var paths []string
+	key := node.NewClusterKey() // every node of the cluster shares it
 	for i := 1; i <= o.nodes; i++ {
 		b := o.basePort + 10*i
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
-			BeaconAddr: addr(b + 2), Roles: []string{"store"}, FD: node.DefaultFD, Members: members}
+			BeaconAddr: addr(b + 2), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
 		if i <= m {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
 		}

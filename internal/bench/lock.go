@@ -36,9 +36,10 @@ func StartInProcess(dir string, n int) (*InProcessCluster, error) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	c := &InProcessCluster{}
+	key := node.NewClusterKey()
 	for i := 0; i < n; i++ {
 		cfg := &node.Config{ID: uint64(i + 1), DataDir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), GRPCAddr: addr(ports[3*i]),
-			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{"store"}, FD: node.DefaultFD, Members: members}
+			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
 		if i < 3 {
 			cfg.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock}
 		}

@@ -1,12 +1,15 @@
 package fd
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,60 +25,71 @@ type RealClock struct{}
 
 func (RealClock) Now() time.Time { return time.Now() }
 
-// DriverConfig wires the protocol core to a node.
+// DriverConfig wires the Engine to a node's socket, disk and config service.
 type DriverConfig struct {
-	Config Config
-	Self   NodeID
+	Engine EngineConfig
 	// ObserverAddrs maps each observer to its beacon (UDP) address.
 	ObserverAddrs map[NodeID]string
 	Conn          net.PacketConn // the node's beacon socket
 	Clock         Clock
 	Log           *slog.Logger
-	// Observe makes this node an observer. Known tells which node ids are
-	// cluster members; TombstoneFile is where verdicts are persisted.
-	Observe       bool
-	Known         func(NodeID) bool
-	TombstoneFile string
-	Disk          disk.FS // where tombstones are persisted (default disk.OS)
-	// NewIncarnation returns the next incarnation, already persisted. It is
-	// called at start and after every self-fence.
-	NewIncarnation func() (Incarnation, error)
+	Disk          disk.FS // where incarnations and tombstones persist (default disk.OS)
+	// IncarnationFile holds the node's last incarnation; TombstoneFile the
+	// observer's verdicts.
+	IncarnationFile string
+	TombstoneFile   string
+	// Registered reads (linearizably) the incarnation the config service
+	// has registered for this node (0 if none). Register records a new one;
+	// it must return an error wrapping ErrIncarnationTaken when the
+	// config service already holds that incarnation (from another life) or
+	// a newer one.
+	Registered func(ctx context.Context) (Incarnation, error)
+	Register   func(ctx context.Context, inc Incarnation) error
 	// OnFence runs, synchronously and before the next incarnation starts,
 	// when incarnation inc fences itself. Lease-protected services stop here.
-	// It runs on the driver's goroutine without the driver's lock held.
+	// It runs without the driver's lock held.
 	OnFence func(inc Incarnation)
-	// OnIncarnation runs when a new incarnation starts (to register it).
+	// OnIncarnation runs when a new incarnation is registered and starts.
 	OnIncarnation func(inc Incarnation)
 	// OnDriver receives the driver before the first incarnation starts, so
 	// that callbacks can reach it (for Alive) before StartDriver returns.
 	OnDriver func(*Driver)
 }
 
-// Driver runs the failure detector for one node: it beacons, echoes (when an
-// observer), answers queries, and fences the node when it must.
+// Registration is what the driver needs to know of one registered node.
+type Registration struct {
+	Incarnation Incarnation
+	BeaconAddr  string
+}
+
+// Driver runs the failure detector for one node: it carries out its
+// Engine's effects (UDP, disk, config service) and feeds it packets, ticks
+// and completions. Beacon and echo handling never waits for the disk or the
+// config service: those run on their own goroutines.
 type Driver struct {
-	cfg   DriverConfig
-	log   *slog.Logger
-	addrs map[NodeID]net.Addr
-	done  chan struct{}
-	wg    sync.WaitGroup
+	cfg  DriverConfig
+	log  *slog.Logger
+	done chan struct{}
+	wg   sync.WaitGroup
 	// rejected rate-limits "rejected datagram" log lines per reason.
 	rejected struct {
 		sync.Mutex
 		last map[string]time.Time
 	}
-	mu struct {
+	writes chan PersistTombstones // the tombstone writer's queue (one in flight)
+	mu     struct {
 		sync.Mutex
-		subj *Subject
-		obs  *Observer
+		e       *Engine
+		addrs   map[NodeID]*net.UDPAddr // where to send: observers and registered nodes
+		byAddr  map[string]NodeID       // who sent: source address → node
+		answers map[QueryID]chan Answer
+		nextQID QueryID
 	}
 }
 
-// StartDriver starts beaconing (and observing) at once.
+// StartDriver loads the node's persisted state and starts taking its first
+// incarnation at once; it beacons once that incarnation is registered.
 func StartDriver(cfg DriverConfig) (*Driver, error) {
-	if err := cfg.Config.Validate(); err != nil {
-		return nil, err
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = RealClock{}
 	}
@@ -85,36 +99,44 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Disk == nil {
 		cfg.Disk = disk.OS{}
 	}
-	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Self), addrs: map[NodeID]net.Addr{}, done: make(chan struct{})}
-	for _, o := range cfg.Config.Observers {
+	if cfg.Registered == nil || cfg.Register == nil {
+		return nil, errors.New("fd: driver needs Registered and Register")
+	}
+	last, err := LoadIncarnation(cfg.Disk, cfg.IncarnationFile)
+	if err != nil {
+		return nil, err
+	}
+	var tomb map[NodeID]Incarnation
+	if cfg.Engine.Observe {
+		if tomb, err = loadTombstones(cfg.Disk, cfg.TombstoneFile); err != nil {
+			return nil, err
+		}
+	}
+	e, err := NewEngine(cfg.Engine, cfg.Clock.Now(), last, tomb)
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Engine.Self), done: make(chan struct{}), writes: make(chan PersistTombstones, 1)}
+	d.mu.e = e
+	d.mu.addrs = map[NodeID]*net.UDPAddr{}
+	d.mu.byAddr = map[string]NodeID{}
+	d.mu.answers = map[QueryID]chan Answer{}
+	for _, o := range cfg.Engine.Observers {
 		a, err := net.ResolveUDPAddr("udp", cfg.ObserverAddrs[o])
 		if err != nil {
 			return nil, fmt.Errorf("fd: observer %d address %q: %w", o, cfg.ObserverAddrs[o], err)
 		}
-		d.addrs[o] = a
-	}
-	inc, err := cfg.NewIncarnation()
-	if err != nil {
-		return nil, err
-	}
-	now := cfg.Clock.Now()
-	d.mu.subj = NewSubject(cfg.Config, cfg.Self, inc, now)
-	if cfg.Observe {
-		tomb, err := loadTombstones(cfg.Disk, cfg.TombstoneFile)
-		if err != nil {
-			return nil, err
-		}
-		d.mu.obs = NewObserver(cfg.Self, cfg.Config.GracePeriod, now, tomb, cfg.Known)
+		d.mu.addrs[o] = a
+		d.mu.byAddr[a.String()] = o
 	}
 	if cfg.OnDriver != nil {
 		cfg.OnDriver(d)
 	}
-	if cfg.OnIncarnation != nil {
-		cfg.OnIncarnation(inc)
-	}
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.tickLoop()
 	go d.readLoop()
+	go d.writer()
+	d.step(func(e *Engine, now time.Time) []any { return e.Start(now) })
 	return d, nil
 }
 
@@ -131,109 +153,223 @@ func (d *Driver) Close() {
 	d.wg.Wait()
 }
 
+func (d *Driver) closed() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// step runs fn on the engine under the lock, then carries out its effects in
+// order without the lock.
+func (d *Driver) step(fn func(e *Engine, now time.Time) []any) {
+	d.mu.Lock()
+	out := fn(d.mu.e, d.cfg.Clock.Now())
+	d.mu.Unlock()
+	d.exec(out)
+}
+
+func (d *Driver) exec(out []any) {
+	for _, o := range out {
+		switch x := o.(type) {
+		case Send:
+			d.mu.Lock()
+			a := d.mu.addrs[x.To]
+			d.mu.Unlock()
+			if a != nil {
+				d.cfg.Conn.WriteTo(x.Bytes, a)
+			}
+		case Answer:
+			d.mu.Lock()
+			ch := d.mu.answers[x.Query]
+			delete(d.mu.answers, x.Query)
+			d.mu.Unlock()
+			if ch != nil {
+				ch <- x
+			}
+		case PersistTombstones:
+			d.writes <- x // the engine has at most one in flight: never blocks
+		case SelfFence:
+			// The subject is fenced already, so Alive is false throughout.
+			d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", x.Inc)
+			if d.cfg.OnFence != nil {
+				d.cfg.OnFence(x.Inc)
+			}
+		case Started:
+			d.log.Info("incarnation registered and beaconing", "incarnation", x.Inc)
+			if d.cfg.OnIncarnation != nil {
+				d.cfg.OnIncarnation(x.Inc)
+			}
+		case ReadRegistered:
+			d.async(func(ctx context.Context) func(*Engine, time.Time) []any {
+				inc, err := d.cfg.Registered(ctx)
+				if err != nil {
+					d.log.Warn("cannot read this node's registration; will retry", "err", err)
+				}
+				return func(e *Engine, now time.Time) []any { return e.RegisteredRead(now, inc, err) }
+			})
+		case PersistIncarnation:
+			d.async(func(ctx context.Context) func(*Engine, time.Time) []any {
+				err := SaveIncarnation(d.cfg.Disk, d.cfg.IncarnationFile, x.Inc)
+				if err != nil {
+					d.log.Error("cannot persist a new incarnation; the node stays down until it can", "incarnation", x.Inc, "err", err)
+				}
+				return func(e *Engine, now time.Time) []any { return e.IncarnationPersisted(now, x.Inc, err) }
+			})
+		case Register:
+			d.async(func(ctx context.Context) func(*Engine, time.Time) []any {
+				err := d.cfg.Register(ctx, x.Inc)
+				if err != nil && !errors.Is(err, ErrIncarnationTaken) {
+					d.log.Warn("registration failed; will retry", "incarnation", x.Inc, "err", err)
+				}
+				return func(e *Engine, now time.Time) []any { return e.RegisterDone(now, x.Inc, err) }
+			})
+		}
+	}
+}
+
+// async runs one incarnation step's I/O off the driver's lock, then feeds
+// its completion to the engine.
+func (d *Driver) async(io func(ctx context.Context) func(*Engine, time.Time) []any) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		go func() {
+			select {
+			case <-d.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		k := io(ctx)
+		if !d.closed() {
+			d.step(k)
+		}
+	}()
+}
+
+// writer persists tombstones, one write at a time, off the beacon path.
+func (d *Driver) writer() {
+	defer d.wg.Done()
+	for {
+		select {
+		case <-d.done:
+			return
+		case p := <-d.writes:
+			err := saveTombstones(d.cfg.Disk, d.cfg.TombstoneFile, p.Tombstones)
+			if err != nil {
+				d.log.Error("cannot persist a verdict; not answering dead until it is durable", "err", err)
+			}
+			d.step(func(e *Engine, now time.Time) []any { return e.TombstonesPersisted(now, p, err) })
+		}
+	}
+}
+
 // Alive reports whether this node may act under its leases now. It reads the
 // clock itself: a process that was paused past its deadline sees itself dead
 // on the first check after it wakes.
 func (d *Driver) Alive() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.mu.subj.Alive(d.cfg.Clock.Now())
+	return d.mu.e.Alive(d.cfg.Clock.Now())
+}
+
+// AliveAs reports whether incarnation inc is the node's running incarnation
+// and alive now.
+func (d *Driver) AliveAs(inc Incarnation) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.e.AliveAs(d.cfg.Clock.Now(), inc)
+}
+
+// Deadline returns the local time until which incarnation inc is
+// guaranteed alive (no dead verdict on it can come before), if it is the
+// running incarnation and alive now.
+func (d *Driver) Deadline(inc Incarnation) (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.e.Deadline(d.cfg.Clock.Now(), inc)
 }
 
 // Incarnation is the current incarnation and its phase.
 func (d *Driver) Incarnation() (Incarnation, Phase) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.mu.subj.Incarnation(), d.mu.subj.Phase(d.cfg.Clock.Now())
+	return d.mu.e.Incarnation(d.cfg.Clock.Now())
 }
 
-// ErrNotObserver is returned by Query on a node that does not observe.
-var ErrNotObserver = errors.New("fd: this node is not an observer")
-
-// Query answers "is (node, inc) dead?" for each subject, persisting any new
-// tombstone before returning (the durability contract of Observer.Query).
-func (d *Driver) Query(nodes []NodeID, incs []Incarnation) ([]bool, error) {
+// SetMembership gives the driver the registered nodes as of a version of the
+// config service's membership namespace (older versions are ignored): the observer echoes only their registered
+// incarnations, to their registered beacon addresses, and accepts beacons
+// only from those addresses.
+func (d *Driver) SetMembership(version uint64, regs map[NodeID]Registration) {
+	incs := map[NodeID]Incarnation{}
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mu.obs == nil {
-		return nil, ErrNotObserver
-	}
-	now := d.cfg.Clock.Now()
-	out := make([]bool, len(nodes))
-	persist := false
-	for i := range nodes {
-		var p bool
-		out[i], p = d.mu.obs.Query(now, nodes[i], incs[i])
-		persist = persist || p
-	}
-	if persist {
-		if err := saveTombstones(d.cfg.Disk, d.cfg.TombstoneFile, d.mu.obs.Tombstones()); err != nil {
-			return nil, fmt.Errorf("fd: persist verdict: %w", err)
+	for n, r := range regs {
+		incs[n] = r.Incarnation
+		a, err := net.ResolveUDPAddr("udp", r.BeaconAddr)
+		if err != nil {
+			continue
 		}
+		if old := d.mu.addrs[n]; old != nil && d.mu.byAddr[old.String()] == n {
+			delete(d.mu.byAddr, old.String())
+		}
+		d.mu.addrs[n] = a
+		d.mu.byAddr[a.String()] = n
 	}
-	return out, nil
+	d.mu.e.SetRegistered(d.cfg.Clock.Now(), version, incs)
+	d.mu.Unlock()
+}
+
+// Query answers "is (node, inc) dead?" for each subject. A new "dead" answer
+// is returned only once its tombstone is durable (the durability contract of
+// Observer.Query); ErrNoMajority means this observer does not answer.
+func (d *Driver) Query(ctx context.Context, qs []Question) ([]bool, error) {
+	ch := make(chan Answer, 1)
+	d.mu.Lock()
+	d.mu.nextQID++
+	id := d.mu.nextQID
+	d.mu.answers[id] = ch
+	d.mu.Unlock()
+	d.step(func(e *Engine, now time.Time) []any { return e.Query(now, id, qs) })
+	select {
+	case a := <-ch:
+		return a.Dead, a.Err
+	case <-ctx.Done():
+		d.mu.Lock()
+		delete(d.mu.answers, id)
+		d.mu.e.CancelQuery(id)
+		d.mu.Unlock()
+		return nil, ctx.Err()
+	case <-d.done:
+		return nil, errors.New("fd: driver stopped")
+	}
 }
 
 // Views returns this observer's view of every node (nil if not observing).
 func (d *Driver) Views() []View {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.mu.obs == nil {
-		return nil
-	}
-	return d.mu.obs.Views(d.cfg.Clock.Now())
+	return d.mu.e.Views(d.cfg.Clock.Now())
 }
 
-// tickLoop beacons every Interval and notices the deadline. It wakes four
-// times per interval so that a fence takes effect promptly; Alive() does not
-// depend on it, since it reads the clock.
+// tickLoop drives beacons four times per interval, so that a fence takes
+// effect promptly; Alive() does not depend on it, since it reads the clock.
 func (d *Driver) tickLoop() {
 	defer d.wg.Done()
-	t := time.NewTicker(d.cfg.Config.Interval / 4)
+	t := time.NewTicker(d.cfg.Engine.Interval / 4)
 	defer t.Stop()
 	for {
-		d.tick()
 		select {
 		case <-d.done:
 			return
 		case <-t.C:
 		}
-	}
-}
-
-func (d *Driver) tick() {
-	d.mu.Lock()
-	b, send, fenced := d.mu.subj.Tick(d.cfg.Clock.Now())
-	old := d.mu.subj.Incarnation()
-	d.mu.Unlock()
-	if fenced {
-		// Callbacks run without d.mu: fence hooks take their own locks and
-		// may call Alive (which takes d.mu) from other goroutines. The
-		// subject is fenced already, so Alive is false throughout.
-		d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", old)
-		if d.cfg.OnFence != nil {
-			d.cfg.OnFence(old)
-		}
-		inc, err := d.cfg.NewIncarnation()
-		if err != nil {
-			// Without a persisted incarnation the node must not come back.
-			d.log.Error("cannot persist a new incarnation; staying fenced", "err", err)
-			return
-		}
-		d.mu.Lock()
-		d.mu.subj = NewSubject(d.cfg.Config, d.cfg.Self, inc, d.cfg.Clock.Now())
-		b, send, _ = d.mu.subj.Tick(d.cfg.Clock.Now())
-		d.mu.Unlock()
-		d.log.Info("back with a new incarnation", "incarnation", inc)
-		if d.cfg.OnIncarnation != nil {
-			d.cfg.OnIncarnation(inc)
-		}
-	}
-	if send {
-		buf := b.Encode(nil)
-		for _, a := range d.addrs {
-			d.cfg.Conn.WriteTo(buf, a)
-		}
+		d.step(func(e *Engine, now time.Time) []any { return e.Tick(now) })
 	}
 }
 
@@ -243,60 +379,42 @@ func (d *Driver) readLoop() {
 	for {
 		n, from, err := d.cfg.Conn.ReadFrom(buf)
 		if err != nil {
-			select {
-			case <-d.done:
+			if d.closed() {
 				return
-			default:
 			}
 			d.log.Warn("beacon socket read", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		p, err := Decode(buf[:n])
-		if err != nil {
-			d.reject("malformed datagram", from, err)
-			continue
+		var rerr error
+		b := buf[:n]
+		d.step(func(e *Engine, now time.Time) []any {
+			src := d.mu.byAddr[from.String()]
+			out, err := e.Receive(now, src, b)
+			rerr = err
+			return out
+		})
+		switch {
+		case rerr == nil, errors.Is(rerr, ErrUnknownSeq), errors.Is(rerr, ErrStaleSeq):
+		case errors.Is(rerr, ErrUnknownNode), errors.Is(rerr, ErrUnregistered), errors.Is(rerr, ErrOldIncarnation),
+			errors.Is(rerr, ErrDeclaredDead), errors.Is(rerr, ErrNotMine):
+			// Membership moves: a registration this observer has not seen
+			// yet, a life that just ended. Expected; not worth a warning.
+			d.log.Debug("datagram dropped", "from", from, "reason", rerr)
+		default:
+			d.reject(from, rerr) // malformed, forged, or from the wrong address
 		}
-		d.handle(p, from)
-	}
-}
-
-func (d *Driver) handle(p Packet, from net.Addr) {
-	d.mu.Lock()
-	now := d.cfg.Clock.Now()
-	switch p.Kind {
-	case KindBeacon:
-		if d.mu.obs == nil {
-			d.mu.Unlock()
-			d.log.Debug("beacon to a non-observer", "from", from)
-			return
-		}
-		e, err := d.mu.obs.Beacon(now, p)
-		d.mu.Unlock()
-		if err != nil {
-			d.reject("beacon refused", from, err)
-			return
-		}
-		d.cfg.Conn.WriteTo(e.Encode(nil), from)
-	case KindEcho:
-		err := d.mu.subj.Echo(now, p)
-		d.mu.Unlock()
-		if err != nil && !errors.Is(err, ErrUnknownSeq) {
-			d.reject("echo ignored", from, err)
-		}
-	default:
-		d.mu.Unlock()
 	}
 }
 
 // reject logs a rejected datagram with its reason, at most once a second
 // per reason, so that a flood of bad packets cannot flood the log.
-func (d *Driver) reject(what string, from net.Addr, err error) {
+func (d *Driver) reject(from net.Addr, err error) {
 	root := err // rate-limit by the innermost (sentinel) error
 	for u := errors.Unwrap(root); u != nil; u = errors.Unwrap(root) {
 		root = u
 	}
-	key := what + ": " + root.Error()
+	key := root.Error()
 	d.rejected.Lock()
 	if d.rejected.last == nil {
 		d.rejected.last = map[string]time.Time{}
@@ -308,7 +426,32 @@ func (d *Driver) reject(what string, from net.Addr, err error) {
 	}
 	d.rejected.last[key] = now
 	d.rejected.Unlock()
-	d.log.Warn(what, "from", from, "reason", err)
+	d.log.Warn("datagram dropped", "from", from, "reason", err)
+}
+
+// LoadIncarnation reads the last persisted incarnation (0 if none).
+func LoadIncarnation(d disk.FS, path string) (Incarnation, error) {
+	b, err := d.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("incarnation file %s is corrupt: %w", path, err)
+	}
+	return Incarnation(v), nil
+}
+
+// SaveIncarnation persists inc durably before it is used: an incarnation is
+// never used twice, even across crashes.
+func SaveIncarnation(d disk.FS, path string, inc Incarnation) error {
+	if err := d.WriteFileSync(path, []byte(strconv.FormatUint(uint64(inc), 10)+"\n")); err != nil {
+		return fmt.Errorf("persist incarnation: %w", err)
+	}
+	return nil
 }
 
 func loadTombstones(d disk.FS, path string) (map[NodeID]Incarnation, error) {

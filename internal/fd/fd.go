@@ -3,10 +3,13 @@
 // majority stops echoing, and a service that reports a node dead only when a
 // majority of observers have not heard from it for GracePeriod.
 //
-// The package is a protocol core without I/O: Subject (the monitored side)
-// and Observer take packets and the current local time and return packets and
-// effects. The driver in driver.go does the UDP and the timers; the simulator
-// drives the same structs in virtual time.
+// The package is a protocol core without I/O: Subject (the monitored side),
+// Observer, and Engine (one node's whole detector: its subject, its observer,
+// incarnation changes, the persistence of verdicts and the answers to
+// queries) take packets, completions and the current local time and return
+// packets and effects. The driver in driver.go does the UDP, the disk, the
+// config-service calls and the timers; the simulator runs the same Engine in
+// virtual time.
 //
 // # The invariant and why it holds
 //
@@ -27,9 +30,25 @@
 //   - Past its deadline an incarnation is fenced for good (Subject never
 //     revives), so it stays dead after T as well.
 //
-// Beacons carry the incarnation; an observer that has heard incarnation j
-// reports every i < j dead, and a node's incarnation is persisted before it
-// is used, so a restarted node is never confused with its previous life.
+// Beyond the paper, and each needed for "ever after" or for the proof's
+// premises to hold against real failures:
+//
+//   - Verdicts are permanent and durable: an observer that answers "dead"
+//     for (A, i) has first written a tombstone to disk, and never echoes
+//     incarnation i again, even after a restart.
+//   - Incarnations are registered in the config service before they beacon,
+//     and observers echo only the registered incarnation: an older one is
+//     dead (superseded), a newer one is not yet known. Every datagram is
+//     authenticated with the cluster key (wire.go), so nobody without the key
+//     can announce an incarnation or forge an acknowledgement.
+//   - A node not acknowledged by a majority within GracePeriod of taking an
+//     incarnation gives it up and takes the next one.
+//
+// An observer answers only while its own node is in contact with a majority
+// of observers, and says "dead" only if that contact is recent compared with
+// the subject's silence: an observer that is itself cut off must not leave
+// permanent tombstones of healthy nodes behind (they would silently lower
+// every other node's fault tolerance).
 package fd
 
 import (
@@ -179,6 +198,16 @@ func (s *Subject) Phase(now time.Time) Phase {
 // that wakes up after its deadline must see itself dead at once.
 func (s *Subject) Alive(now time.Time) bool { return s.Phase(now) == Alive }
 
+// Contact returns the local send time of the newest beacon a majority of
+// observers acknowledged, if the subject is alive at now: the node was in
+// contact with a majority then.
+func (s *Subject) Contact(now time.Time) (time.Time, bool) {
+	if !s.Alive(now) {
+		return time.Time{}, false
+	}
+	return s.deadline.Add(-s.cfg.SelfGrace()), true
+}
+
 func (s *Subject) expire(now time.Time) {
 	switch {
 	case s.phase == Alive && !now.Before(s.deadline):
@@ -264,156 +293,230 @@ func (s *Subject) Echo(now time.Time, p Packet) error {
 	return nil
 }
 
-// view is what an observer knows of one node.
-type view struct {
-	inc       Incarnation
-	lastHeard time.Time // local receipt time of the newest beacon of inc
-	heard     bool      // a beacon of inc has been received
-	// asked/askedAt: the newest incarnation newer than inc that a query
-	// named, and when it was first asked about. An incarnation the observer
-	// has never heard is given GracePeriod from then: a node that has just
-	// restarted and registered is not declared dead before its first
-	// beacon could arrive.
-	asked   Incarnation
-	askedAt time.Time
+// member is what an observer knows of one registered node.
+type member struct {
+	inc       Incarnation // the incarnation registered in the config service
+	learned   time.Time   // local time this observer learned of inc
+	heard     bool        // a beacon of inc has been received
+	lastHeard time.Time   // local receipt time of the newest beacon of inc
+	maxSeq    uint64      // newest beacon sequence number heard from inc
+}
+
+// Verdict is one observer's answer about one node incarnation.
+type Verdict uint8
+
+const (
+	// VerdictAlive: not dead as far as this observer knows.
+	VerdictAlive Verdict = iota
+	// VerdictDead: dead, durably (a tombstone on disk, or a newer
+	// incarnation registered in the config service).
+	VerdictDead
+	// VerdictCondemned: dead once the new tombstone is durable. The
+	// observer already refuses the incarnation's beacons; the answer must
+	// not leave until the tombstone is on disk.
+	VerdictCondemned
+	// VerdictAbstain: the observer cannot tell, because its own contact
+	// with a majority of observers is not recent enough compared with the
+	// subject's silence (it may be the one cut off). Counts as "alive".
+	VerdictAbstain
+)
+
+func (v Verdict) String() string {
+	return [...]string{"alive", "dead", "condemned", "abstain"}[v]
 }
 
 // Observer is the observing side: it echoes beacons and answers queries.
 // Not safe for concurrent use.
 //
-// Its verdicts are permanent: once it has answered "dead" for (n, i) it
-// records a tombstone and never again echoes a beacon of n's incarnation i or
-// older. Without that, an incarnation still joining (never acknowledged) could
-// be reported dead during a pause and become alive afterwards, and a lock
-// master that freed its leases on that verdict would be wrong. The driver
-// persists tombstones before sending the answer (the durability contract of
-// Query), so a restarted observer keeps refusing.
+// Its verdicts are permanent: once it has decided (n, i) is dead it refuses
+// every beacon of n's incarnation i or older. Without that, an incarnation
+// still joining (never acknowledged) could be reported dead during a pause and
+// become alive afterwards, and a lock master that freed its leases on that
+// verdict would be wrong. The decision is first volatile (condemned); the
+// caller persists Tombstones() and calls Durable before any "dead" answer
+// leaves (the durability contract of Query), so a restarted observer keeps
+// refusing every incarnation it ever reported dead.
+//
+// It knows the cluster's nodes and their registered incarnations from the
+// config service (SetRegistered) and echoes only those: a beacon of an older
+// incarnation is from a dead life, one of a newer incarnation from a node
+// whose registration it has not seen yet (or from a forger).
 type Observer struct {
-	id         NodeID
-	grace      time.Duration
-	start      time.Time // local time the observer started: it knows nothing before
-	views      map[NodeID]*view
-	tombstones map[NodeID]Incarnation
-	known      func(NodeID) bool
+	id        NodeID
+	grace     time.Duration
+	start     time.Time // local time the observer started: it knows nothing before
+	members   map[NodeID]*member
+	durable   map[NodeID]Incarnation // tombstones on disk
+	condemned map[NodeID]Incarnation // decided dead, maybe not yet on disk
+	version   uint64                 // grows with every condemnation
 }
 
 // NewObserver starts an observer at local time now with the tombstones it
-// persisted in earlier lives (nil for none). known reports whether a node id
-// belongs to the cluster; beacons from other ids are rejected.
-func NewObserver(id NodeID, grace time.Duration, now time.Time, tombstones map[NodeID]Incarnation, known func(NodeID) bool) *Observer {
-	t := map[NodeID]Incarnation{}
+// persisted in earlier lives (nil for none). It echoes nothing until
+// SetRegistered tells it the cluster's nodes.
+func NewObserver(id NodeID, grace time.Duration, now time.Time, tombstones map[NodeID]Incarnation) *Observer {
+	o := &Observer{id: id, grace: grace, start: now, members: map[NodeID]*member{},
+		durable: map[NodeID]Incarnation{}, condemned: map[NodeID]Incarnation{}}
 	for n, i := range tombstones {
-		t[n] = i
+		o.durable[n], o.condemned[n] = i, i
 	}
-	return &Observer{id: id, grace: grace, start: now, views: map[NodeID]*view{}, tombstones: t, known: known}
+	return o
+}
+
+// SetRegistered updates, at local time now, the registered incarnation of
+// every node of the cluster (the config service's membership). A node's
+// registered incarnation never goes backwards; a node missing from regs is
+// no longer a member.
+func (o *Observer) SetRegistered(now time.Time, regs map[NodeID]Incarnation) {
+	for n := range o.members {
+		if _, ok := regs[n]; !ok {
+			delete(o.members, n)
+		}
+	}
+	for n, inc := range regs {
+		if n == 0 || inc == 0 {
+			continue
+		}
+		if m := o.members[n]; m == nil || inc > m.inc {
+			o.members[n] = &member{inc: inc, learned: now}
+		}
+	}
+}
+
+// Registered returns the incarnation of node n this observer knows as
+// registered (0 if none).
+func (o *Observer) Registered(n NodeID) Incarnation {
+	if m := o.members[n]; m != nil {
+		return m.inc
+	}
+	return 0
 }
 
 // Observer errors: reasons a beacon is not echoed.
 var (
 	ErrNotBeacon      = errors.New("fd: observer got a packet that is not a beacon")
-	ErrUnknownNode    = errors.New("fd: beacon from a node that is not a member")
-	ErrOldIncarnation = errors.New("fd: beacon from an old incarnation")
+	ErrUnknownNode    = errors.New("fd: beacon from a node that is not a registered member")
+	ErrOldIncarnation = errors.New("fd: beacon from an incarnation older than the registered one")
+	ErrUnregistered   = errors.New("fd: beacon from an incarnation not (yet) registered")
 	ErrDeclaredDead   = errors.New("fd: beacon from an incarnation this observer declared dead")
+	ErrStaleSeq       = errors.New("fd: beacon not newer than one already heard (duplicate, reordered or replayed)")
 )
+
+func (o *Observer) tombstone(n NodeID) Incarnation {
+	return max(o.durable[n], o.condemned[n])
+}
 
 // Beacon handles a beacon received at local time now and returns the echo.
 func (o *Observer) Beacon(now time.Time, p Packet) (Packet, error) {
 	if p.Kind != KindBeacon {
 		return Packet{}, ErrNotBeacon
 	}
-	if !o.known(p.Subject) {
-		return Packet{}, fmt.Errorf("%w: %d", ErrUnknownNode, p.Subject)
-	}
-	if p.Incarnation <= o.tombstones[p.Subject] {
-		return Packet{}, fmt.Errorf("%w: node %d incarnation %d", ErrDeclaredDead, p.Subject, p.Incarnation)
-	}
-	v := o.views[p.Subject]
-	if v == nil {
-		v = &view{}
-		o.views[p.Subject] = v
-	}
+	m := o.members[p.Subject]
 	switch {
-	case p.Incarnation < v.inc:
-		return Packet{}, fmt.Errorf("%w: node %d incarnation %d < %d", ErrOldIncarnation, p.Subject, p.Incarnation, v.inc)
-	case p.Incarnation > v.inc:
-		v.inc, v.heard = p.Incarnation, true
-		v.lastHeard = now
-	default:
-		v.heard = true
-		if now.After(v.lastHeard) {
-			v.lastHeard = now
-		}
+	case m == nil:
+		return Packet{}, fmt.Errorf("%w: %d", ErrUnknownNode, p.Subject)
+	case p.Incarnation <= o.tombstone(p.Subject):
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d", ErrDeclaredDead, p.Subject, p.Incarnation)
+	case p.Incarnation < m.inc:
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d < %d", ErrOldIncarnation, p.Subject, p.Incarnation, m.inc)
+	case p.Incarnation > m.inc:
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d > %d", ErrUnregistered, p.Subject, p.Incarnation, m.inc)
+	case m.heard && p.Seq <= m.maxSeq:
+		return Packet{}, ErrStaleSeq
+	}
+	m.heard, m.maxSeq = true, p.Seq
+	if now.After(m.lastHeard) {
+		m.lastHeard = now
 	}
 	return Packet{Kind: KindEcho, Subject: p.Subject, Incarnation: p.Incarnation, Seq: p.Seq, Observer: o.id}, nil
 }
 
 // Query is this observer's answer, at local time now, to "is incarnation inc
-// of node n dead?": yes if it has heard a newer incarnation, or has heard
-// nothing of inc (nor anything newer) for GracePeriod, or said so before.
-// Silence is measured from the observer's own start at the earliest, since
-// it knows nothing before that.
+// of node n dead?". contact is the local send time of the newest beacon of
+// the observer's own node that a majority of observers acknowledged; the
+// caller must not ask at all while its node is not alive.
 //
-// Durability contract: when persist is true the answer created a tombstone,
-// and the driver must make Tombstones() durable before sending the answer.
-func (o *Observer) Query(now time.Time, n NodeID, inc Incarnation) (dead, persist bool) {
-	if inc <= o.tombstones[n] {
-		return true, false
+// Dead if a tombstone covers it or a newer incarnation is registered;
+// condemned if the observer has heard nothing of it for GracePeriod (measured
+// from the latest of: the observer's start, when it learned of the
+// registration, the last beacon) and its own contact with a majority came at
+// least GracePeriod/2 after it last heard from the node; abstain if only the
+// second condition fails.
+//
+// Durability contract: on VerdictCondemned, the caller must persist
+// Tombstones() and call Durable with it before any "dead" answer leaves.
+func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verdict {
+	if inc <= o.durable[n] {
+		return VerdictDead
 	}
-	v := o.views[n]
-	if v == nil {
-		v = &view{}
-		o.views[n] = v
+	if inc <= o.condemned[n] {
+		return VerdictCondemned
 	}
-	if inc > v.inc && inc > v.asked {
-		v.asked, v.askedAt = inc, now
+	m := o.members[n]
+	switch {
+	case m == nil || inc > m.inc:
+		return VerdictAlive // not registered as far as this observer knows
+	case inc < m.inc:
+		return VerdictDead // superseded: the config service has a newer one
 	}
-	if !o.silent(now, n, inc) {
-		return false, false
-	}
-	o.tombstones[n] = inc
-	return true, true
-}
-
-func (o *Observer) silent(now time.Time, n NodeID, inc Incarnation) bool {
 	last := o.start
-	if v := o.views[n]; v != nil {
-		if v.inc > inc {
-			return true
-		}
-		if v.heard && v.lastHeard.After(last) {
-			last = v.lastHeard
-		}
-		if inc > v.inc && inc == v.asked && v.askedAt.After(last) {
-			last = v.askedAt // never heard: silence counts from the first question
-		}
+	if m.learned.After(last) {
+		last = m.learned
 	}
-	return now.Sub(last) > o.grace
+	if m.heard && m.lastHeard.After(last) {
+		last = m.lastHeard
+	}
+	if now.Sub(last) <= o.grace {
+		return VerdictAlive
+	}
+	if contact.Sub(last) < o.grace/2 {
+		return VerdictAbstain
+	}
+	o.condemned[n] = inc
+	o.version++
+	return VerdictCondemned
 }
 
-// Tombstones returns a copy of the permanent verdicts, for persisting.
-func (o *Observer) Tombstones() map[NodeID]Incarnation {
-	t := make(map[NodeID]Incarnation, len(o.tombstones))
-	for n, i := range o.tombstones {
+// Tombstones returns every verdict, durable or not, for persisting, and the
+// version it covers (for Durable).
+func (o *Observer) Tombstones() (map[NodeID]Incarnation, uint64) {
+	t := make(map[NodeID]Incarnation, len(o.condemned))
+	for n, i := range o.condemned {
 		t[n] = i
 	}
-	return t
+	return t, o.version
 }
 
-// View is an observer's opinion of one node's newest incarnation it heard.
+// Durable records that tombstones t (from Tombstones) are on disk.
+func (o *Observer) Durable(t map[NodeID]Incarnation) {
+	for n, i := range t {
+		if i > o.durable[n] {
+			o.durable[n] = i
+		}
+	}
+}
+
+// Version counts condemnations; DurableCovers tells whether every
+// condemnation up to a version is durable.
+func (o *Observer) Version() uint64 { return o.version }
+
+// View is an observer's opinion of one node's registered incarnation.
 type View struct {
 	Node        NodeID
 	Incarnation Incarnation
-	Silence     time.Duration // time since the last beacon of Incarnation
+	Heard       bool
+	Silence     time.Duration // time since the last beacon (or since learning of it)
 }
 
-// Views lists the observer's view of every node it has heard.
+// Views lists the observer's view of every registered node.
 func (o *Observer) Views(now time.Time) []View {
-	out := make([]View, 0, len(o.views))
-	for n, v := range o.views {
-		if !v.heard {
-			continue // only asked about, never heard
+	out := make([]View, 0, len(o.members))
+	for n, m := range o.members {
+		last := m.learned
+		if m.heard {
+			last = m.lastHeard
 		}
-		out = append(out, View{Node: n, Incarnation: v.inc, Silence: now.Sub(v.lastHeard)})
+		out = append(out, View{Node: n, Incarnation: m.inc, Heard: m.heard, Silence: now.Sub(last)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	return out
@@ -422,6 +525,6 @@ func (o *Observer) Views(now time.Time) []View {
 // Verdict combines observers' answers as the paper's querying client does:
 // dead only if a majority of all observers (not of those that answered) said
 // dead. Missing answers count as "alive".
-func Verdict(deadAnswers, observers int) bool {
+func CombineVerdicts(deadAnswers, observers int) bool {
 	return deadAnswers >= observers/2+1
 }

@@ -9,22 +9,30 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/fd/fdsim"
 	"github.com/grovestore/grove/internal/sim"
+	"github.com/grovestore/grove/internal/sim/simmeta"
 )
 
-// The simulation runs 5 nodes (observers 1–3) and two queriers under packet
-// loss up to 30 %, duplication, reordering, partitions, pauses longer than
-// GracePeriod, crashes and restarts, and clock drift within the bound. Then
-// the faults stop and liveness is checked.
+// The simulation runs 5 nodes (observers 1–3) and two queriers on the real
+// engine (fd.Engine, as the driver runs it) under packet loss up to 30 %,
+// duplication, reordering, partitions, pauses longer than GracePeriod,
+// crashes and restarts, clock drift within the bound, disks that are slow
+// and fail writes, a config service that stalls for seconds, and a rogue
+// host that sends garbage, datagrams signed with the wrong key, and replays
+// of captured datagrams from spoofed addresses. Then the faults stop and
+// liveness is checked.
 //
-// The checker is independent of the code under test: it sees only a log of
+// The checker is independent of the code under test: it sees a log of
 // events (every "act" a node performs while it believes itself alive, every
-// fence, crash and verdict, with true time) and judges them.
+// fence, crash and verdict, with true time), every answer an observer sends,
+// and the simulated disks' platters and the config service's committed
+// state, and judges them.
 
 const (
 	simNodes     = 5
 	simObservers = 3
 	querierA     = 100
 	querierB     = 101
+	rogue        = 666
 )
 
 type simKey struct {
@@ -39,6 +47,7 @@ type checker struct {
 	fails    []string
 	trace    []string
 	fences   int
+	answers  int
 }
 
 type verdictEvent struct {
@@ -49,6 +58,12 @@ type verdictEvent struct {
 
 func (c *checker) logf(at time.Duration, format string, args ...any) {
 	c.trace = append(c.trace, fmt.Sprintf("%9.3fs ", at.Seconds())+fmt.Sprintf(format, args...))
+}
+
+func (c *checker) fail(at time.Duration, format string, args ...any) {
+	msg := fmt.Sprintf("%.3fs: ", at.Seconds()) + fmt.Sprintf(format, args...)
+	c.fails = append(c.fails, msg)
+	c.logf(at, "VIOLATION %s", msg)
 }
 
 func (c *checker) act(at time.Duration, k simKey) {
@@ -75,22 +90,43 @@ func (c *checker) judge() []string {
 	return fails
 }
 
-type fdSim struct {
-	w   *sim.World
-	c   *fdsim.Cluster
-	chk *checker
-	q   map[uint64]*sim.Process
+type fdOptions struct {
+	drift     float64 // actual clock drift (the config promises 1 %)
+	lyingDisk bool    // observers' disks acknowledge writes they lose
+	ungated   bool    // observers answer without their contact gate
 }
 
-func newFDSim(seed int64, actualDrift float64) *fdSim {
+type fdSim struct {
+	w      *sim.World
+	net    *sim.Network
+	svc    *simmeta.Service
+	c      *fdsim.Cluster
+	chk    *checker
+	q      map[uint64]*sim.Process
+	groups [][]uint64 // the current partition (nil: none)
+	// captured datagrams, for the rogue's replays
+	captured [][2]any
+}
+
+func newFDSim(seed int64, o fdOptions) *fdSim {
 	w := sim.NewWorld(seed)
 	cfg := fd.Config{Interval: fd.DefaultInterval, GracePeriod: fd.DefaultGracePeriod, MaxDrift: fd.DefaultMaxDrift}
 	for i := 1; i <= simObservers; i++ {
 		cfg.Observers = append(cfg.Observers, fd.NodeID(i))
 	}
-	s := &fdSim{w: w, c: fdsim.New(w, w.NewNetwork(), cfg, simNodes, actualDrift), chk: &checker{lastAct: map[simKey]time.Duration{}}, q: map[uint64]*sim.Process{}}
+	net := w.NewNetwork()
+	svc := simmeta.New(w)
+	s := &fdSim{w: w, net: net, svc: svc, chk: &checker{lastAct: map[simKey]time.Duration{}}, q: map[uint64]*sim.Process{}}
+	s.c = fdsim.New(w, net, svc, cfg, simNodes, o.drift)
+	s.c.Ungated = o.ungated
+	svc.Reachable = s.reachesConfig
+	if o.lyingDisk {
+		for _, id := range cfg.Observers {
+			s.c.Nodes[id].Disk.Lies = true
+		}
+	}
 	s.c.OnStart = func(n *fdsim.Node) {
-		s.chk.logf(w.Now(), "node %d starts inc %d (clock rate %.4f)", n.ID, n.DiskInc, n.Clock.Rate())
+		s.chk.logf(w.Now(), "node %d starts inc %d (clock rate %.4f)", n.ID, n.Inc, n.Clock.Rate())
 	}
 	s.c.OnFence = func(n *fdsim.Node, inc fd.Incarnation) {
 		s.chk.fences++
@@ -98,8 +134,24 @@ func newFDSim(seed int64, actualDrift float64) *fdSim {
 	}
 	// Every event a node handles while it believes itself alive is an act.
 	s.c.OnEvent = func(n *fdsim.Node) {
-		if n.Subj.Alive(n.Clock.Now()) {
-			s.chk.act(w.Now(), simKey{n.ID, n.Subj.Incarnation()})
+		if n.Inc != 0 && n.Eng.AliveAs(n.Clock.Now(), n.Inc) {
+			s.chk.act(w.Now(), simKey{n.ID, n.Inc})
+		}
+	}
+	// An observer says "dead" only with the verdict on its platter (or a
+	// newer incarnation registered in the config service).
+	s.c.OnAnswer = func(ob *fdsim.Node, q fd.Question, dead bool) {
+		s.chk.answers++
+		if !dead {
+			return
+		}
+		if fdsim.DurableTombstones(ob)[q.Node] < q.Inc && s.c.Registered(q.Node) <= q.Inc {
+			s.chk.fail(w.Now(), "observer %d answers node %d inc %d dead without a durable tombstone", ob.ID, q.Node, q.Inc)
+		}
+	}
+	net.Tap = func(from, to uint64, payload any) {
+		if b, ok := payload.([]byte); ok && from != rogue && len(s.captured) < 2000 {
+			s.captured = append(s.captured, [2]any{from, b})
 		}
 	}
 	for id := fd.NodeID(1); id <= simNodes; id++ {
@@ -111,7 +163,49 @@ func newFDSim(seed int64, actualDrift float64) *fdSim {
 		s.q[id] = p
 		s.queryLoop(p)
 	}
+	net.Attach(w.NewProcess(rogue))
 	return s
+}
+
+// reachesConfig models where the config service lives during a partition:
+// on the side that holds a majority of its members (the observers), if
+// they are up; processes outside the partition reach everyone.
+func (s *fdSim) reachesConfig(id uint64) bool {
+	up := 0
+	for _, o := range s.c.Cfg.Observers {
+		if s.c.Nodes[o].Proc.Up() {
+			up++
+		}
+	}
+	if up < simObservers/2+1 {
+		return false
+	}
+	if s.groups == nil {
+		return true
+	}
+	for _, g := range s.groups {
+		in, members := false, 0
+		for _, x := range g {
+			in = in || x == id
+			if x <= simObservers && s.c.Nodes[fd.NodeID(x)].Proc.Up() {
+				members++
+			}
+		}
+		if in {
+			return members >= simObservers/2+1
+		}
+	}
+	return true
+}
+
+func (s *fdSim) partition(a, b []uint64) {
+	s.groups = [][]uint64{a, b}
+	s.net.Partition(a, b)
+}
+
+func (s *fdSim) heal() {
+	s.groups = nil
+	s.net.Heal()
 }
 
 func (s *fdSim) ask(p *sim.Process, k simKey) {
@@ -119,26 +213,60 @@ func (s *fdSim) ask(p *sim.Process, k simKey) {
 		s.chk.verdict(s.w.Now(), k, dead)
 		// Direct check as well: the node itself must not believe it is alive.
 		if dead && s.c.Alive(k.node, k.inc) {
-			s.chk.fails = append(s.chk.fails, fmt.Sprintf("node %d inc %d reported dead at %v while alive", k.node, k.inc, s.w.Now()))
+			s.chk.fail(s.w.Now(), "node %d inc %d reported dead while alive", k.node, k.inc)
 		}
 	})
 }
 
-// queryLoop asks about random nodes, mostly their newest incarnation,
-// sometimes an older one.
+// queryLoop asks about random nodes, mostly their registered incarnation,
+// sometimes an older or a newer one.
 func (s *fdSim) queryLoop(p *sim.Process) {
 	id := fd.NodeID(1 + s.w.Rand.Intn(simNodes))
-	inc := s.c.Nodes[id].DiskInc
-	if inc > 1 && s.w.Rand.Intn(4) == 0 {
+	inc := s.c.Registered(id)
+	switch r := s.w.Rand.Intn(8); {
+	case r == 0 && inc > 1:
 		inc--
+	case r == 1:
+		inc++
 	}
-	s.ask(p, simKey{id, inc})
+	if inc > 0 {
+		s.ask(p, simKey{id, inc})
+	}
 	p.Go(s.w.Between(20*time.Millisecond, 120*time.Millisecond), func() { s.queryLoop(p) })
 }
 
-func runFDSim(seed int64, actualDrift float64) *fdSim {
-	s := newFDSim(seed, actualDrift)
-	w, net := s.w, s.c.Net
+// rogueAct: a host on the network without the cluster key sends garbage,
+// datagrams sealed with another key, and replays of captured datagrams,
+// often from spoofed addresses.
+func (s *fdSim) rogueAct() {
+	w := s.w
+	to := uint64(1 + w.Rand.Intn(simNodes))
+	from := uint64(rogue)
+	if w.Rand.Intn(2) == 0 {
+		from = uint64(1 + w.Rand.Intn(simNodes)) // spoofed source
+	}
+	var b []byte
+	switch w.Rand.Intn(4) {
+	case 0:
+		b = make([]byte, w.Rand.Intn(2*fd.PacketSize))
+		w.Rand.Read(b)
+	case 1: // a beacon announcing a huge incarnation, with the wrong key
+		b = fd.Packet{Kind: fd.KindBeacon, Subject: fd.NodeID(from%simNodes + 1), Incarnation: 1_000_000, Seq: 1}.Seal(nil, fd.Key("not-the-cluster-key-at-all-00000"))
+	case 2: // a forged echo, with the wrong key
+		b = fd.Packet{Kind: fd.KindEcho, Subject: fd.NodeID(to), Incarnation: s.c.Registered(fd.NodeID(to)), Seq: 1, Observer: 1}.Seal(nil, fd.Key("not-the-cluster-key-at-all-00000"))
+	default: // a replay of a captured datagram, from its original sender
+		if len(s.captured) == 0 {
+			return
+		}
+		c := s.captured[w.Rand.Intn(len(s.captured))]
+		from, b = c[0].(uint64), c[1].([]byte)
+	}
+	s.net.Send(from, to, b)
+}
+
+func runFDSim(seed int64, o fdOptions) *fdSim {
+	s := newFDSim(seed, o)
+	w, net := s.w, s.net
 	const safety = 30 * time.Second
 	net.DropRate = 0.3 * w.Rand.Float64()
 	net.DupRate = 0.05 * w.Rand.Float64()
@@ -146,9 +274,9 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 	for at := time.Duration(0); at < safety; at += w.Between(200*time.Millisecond, 1500*time.Millisecond) {
 		w.At(at, func() {
 			n := s.c.Nodes[fd.NodeID(1+w.Rand.Intn(simNodes))]
-			switch r := w.Rand.Intn(10); {
+			switch r := w.Rand.Intn(14); {
 			case r < 2:
-				s.chk.logf(w.Now(), "CRASH node %d inc %d", n.ID, n.Subj.Incarnation())
+				s.chk.logf(w.Now(), "CRASH node %d inc %d", n.ID, n.Inc)
 				s.c.Crash(n)
 				w.After(w.Between(100*time.Millisecond, 5*time.Second), func() {
 					if w.Now() < safety { // the liveness phase decides restarts itself
@@ -162,10 +290,23 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 			case r < 6:
 				a, b := w.RandomSplit(simNodes)
 				s.chk.logf(w.Now(), "PARTITION %v | %v", a, b)
-				net.Partition(a, b)
+				s.heal()
+				s.partition(a, b)
 			case r < 8:
 				s.chk.logf(w.Now(), "HEAL")
-				net.Heal()
+				s.heal()
+			case r < 9:
+				d := w.Between(500*time.Millisecond, 4*time.Second)
+				s.chk.logf(w.Now(), "CONFIG STALL %v", d)
+				s.svc.StallFor(d)
+			case r < 11:
+				n.Disk.FailRate = 0.5 * w.Rand.Float64()
+				n.Disk.StallRate = 0.2 * w.Rand.Float64()
+				s.chk.logf(w.Now(), "DISK node %d fails %.2f stalls %.2f", n.ID, n.Disk.FailRate, n.Disk.StallRate)
+			case r < 12:
+				for i := 0; i < 50; i++ {
+					w.After(w.Between(0, time.Second), s.rogueAct)
+				}
 			default:
 				net.DropRate = 0.3 * w.Rand.Float64()
 				s.chk.logf(w.Now(), "drop rate %.2f", net.DropRate)
@@ -173,15 +314,23 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 		})
 	}
 	w.RunUntil(safety)
+	s.liveness()
+	return s
+}
 
-	// Liveness phase: faults stop. Some nodes stay crashed (at most one
-	// observer, so that a majority of observers lives).
-	net.Heal()
+// liveness: faults stop; some nodes stay crashed (at most one observer, so
+// that a majority of observers lives); every crashed incarnation must be
+// reported dead and every live node's current one alive.
+func (s *fdSim) liveness() {
+	w, net := s.w, s.net
+	s.heal()
 	net.DropRate, net.DupRate = 0, 0
+	s.svc.StallFor(0)
 	permDead := map[fd.NodeID]bool{}
 	deadObservers := 0
 	for id := fd.NodeID(1); id <= simNodes; id++ {
 		n := s.c.Nodes[id]
+		n.Disk.FailRate, n.Disk.StallRate = 0, 0
 		if w.Rand.Intn(3) == 0 && (!n.IsObserver || deadObservers == 0) {
 			if n.IsObserver {
 				deadObservers++
@@ -192,17 +341,16 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 			s.c.Restart(n)
 		}
 	}
-	w.RunUntil(safety + 4*s.c.Cfg.GracePeriod)
+	w.RunUntil(w.Now() + 4*s.c.Cfg.GracePeriod)
 
-	// (a): every crashed incarnation is reported dead; every live node's
-	// current incarnation is reported alive. A node may still move to a new
-	// incarnation here (an observer that tombstoned it during the faults
-	// refuses it, and with one observer down it loses its majority), so the
-	// check is repeated until no incarnation changed while it ran.
+	// A node may still move to a new incarnation here (an observer that
+	// tombstoned it during the faults refuses it, and with one observer
+	// down it loses its majority), so the check is repeated until no
+	// incarnation changed while it ran.
 	for attempt := 0; ; attempt++ {
 		incs := map[fd.NodeID]fd.Incarnation{}
 		for id := fd.NodeID(1); id <= simNodes; id++ {
-			incs[id] = s.c.Nodes[id].DiskInc
+			incs[id] = s.c.Registered(id)
 			for inc := fd.Incarnation(1); inc <= incs[id]; inc++ {
 				s.ask(s.q[querierA], simKey{id, inc})
 			}
@@ -210,7 +358,7 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 		w.RunUntil(w.Now() + 2*fdsim.QueryTimeout)
 		stable := true
 		for id := fd.NodeID(1); id <= simNodes; id++ {
-			stable = stable && s.c.Nodes[id].DiskInc == incs[id]
+			stable = stable && s.c.Registered(id) == incs[id] && (permDead[id] || s.c.Alive(id, incs[id]))
 		}
 		if !stable && attempt < 5 {
 			w.RunUntil(w.Now() + 2*s.c.Cfg.GracePeriod)
@@ -222,13 +370,12 @@ func runFDSim(seed int64, actualDrift float64) *fdSim {
 				got := s.lastVerdict(k)
 				wantDead := permDead[id] || inc < incs[id]
 				if got == nil || got.dead != wantDead {
-					s.chk.fails = append(s.chk.fails, fmt.Sprintf("liveness: node %d inc %d: verdict %v, want dead=%v", id, inc, got, wantDead))
+					s.chk.fail(w.Now(), "liveness: node %d inc %d: verdict %v, want dead=%v", id, inc, got, wantDead)
 				}
 			}
 		}
 		break
 	}
-	return s
 }
 
 func (s *fdSim) lastVerdict(k simKey) *verdictEvent {
@@ -240,17 +387,22 @@ func (s *fdSim) lastVerdict(k simKey) *verdictEvent {
 	return nil
 }
 
+func reportFD(t *testing.T, test string, seed int64, s *fdSim, fails []string) {
+	t.Helper()
+	tail := s.chk.trace
+	if len(tail) > 80 {
+		tail = tail[len(tail)-80:]
+	}
+	t.Fatalf("seed %d: %d violations, first: %s\n%s\ntrace tail:\n%s", seed, len(fails), fails[0], sim.ReplayHint(test, seed), strings.Join(tail, "\n"))
+}
+
 func TestFailureDetectorSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 200)
-	deadVerdicts, fences := 0, 0
+	deadVerdicts, fences, diskFails, stalls, answers := 0, 0, 0, 0, 0
 	for _, seed := range seeds {
-		s := runFDSim(seed, fd.DefaultMaxDrift)
+		s := runFDSim(seed, fdOptions{drift: fd.DefaultMaxDrift})
 		if fails := s.chk.judge(); len(fails) > 0 {
-			tail := s.chk.trace
-			if len(tail) > 60 {
-				tail = tail[len(tail)-60:]
-			}
-			t.Fatalf("seed %d: %d violations, first: %s\n%s\ntrace tail:\n%s", seed, len(fails), fails[0], sim.ReplayHint("TestFailureDetectorSimulation", seed), strings.Join(tail, "\n"))
+			reportFD(t, "TestFailureDetectorSimulation", seed, s, fails)
 		}
 		for _, v := range s.chk.verdicts {
 			if v.dead {
@@ -258,12 +410,18 @@ func TestFailureDetectorSimulation(t *testing.T) {
 			}
 		}
 		fences += s.chk.fences
+		answers += s.chk.answers
+		stalls += s.svc.Ambiguous
+		for _, n := range s.c.Nodes {
+			diskFails += n.Disk.Failures
+		}
 	}
 	// The faults must actually bite, or the test proves nothing.
-	if len(seeds) >= 20 && (deadVerdicts == 0 || fences == 0) {
-		t.Fatalf("faults never produced a dead verdict (%d) or a self-fence (%d)", deadVerdicts, fences)
+	if len(seeds) >= 20 && (deadVerdicts == 0 || fences == 0 || diskFails == 0) {
+		t.Fatalf("faults did not bite: %d dead verdicts, %d self-fences, %d failed disk writes", deadVerdicts, fences, diskFails)
 	}
-	t.Logf("%d seeds (first %d): %d dead verdicts, %d self-fences, no violations", len(seeds), seeds[0], deadVerdicts, fences)
+	t.Logf("%d seeds (first %d): %d dead verdicts, %d observer answers, %d self-fences, %d failed disk writes, %d decrees that timed out before committing; no violations",
+		len(seeds), seeds[0], deadVerdicts, answers, fences, diskFails, stalls)
 }
 
 // TestFailureDetectorCheckerHasTeeth breaks the protocol's assumption (clocks
@@ -271,10 +429,90 @@ func TestFailureDetectorSimulation(t *testing.T) {
 // notice: a checker that cannot fail proves nothing.
 func TestFailureDetectorCheckerHasTeeth(t *testing.T) {
 	for seed := int64(1); seed <= 50; seed++ {
-		if fails := runFDSim(seed, 0.3).chk.judge(); len(fails) > 0 {
+		if fails := runFDSim(seed, fdOptions{drift: 0.3}).chk.judge(); len(fails) > 0 {
 			t.Logf("seed %d: checker caught: %s", seed, fails[0])
 			return
 		}
 	}
 	t.Fatal("30 % clock drift against a 1 % bound produced no violation in 50 seeds")
+}
+
+// TestDurableVerdictCheckerHasTeeth: observers whose disks acknowledge
+// writes they lose must be caught answering "dead" without a durable
+// tombstone.
+func TestDurableVerdictCheckerHasTeeth(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		if fails := runFDSim(seed, fdOptions{drift: fd.DefaultMaxDrift, lyingDisk: true}).chk.judge(); len(fails) > 0 {
+			if !strings.Contains(fails[0], "durable") {
+				t.Fatalf("seed %d: expected the durability check to fire first, got: %s", seed, fails[0])
+			}
+			t.Logf("seed %d: checker caught: %s", seed, fails[0])
+			return
+		}
+	}
+	t.Fatal("lying disks produced no violation in 20 seeds")
+}
+
+// runCascade: observer 1's node is cut off for 5 s while queriers that can
+// still reach it ask about every node; the network heals; then observer 2's
+// node is cut off for 5 s. It returns the nodes (other than 1 and 2) that
+// fenced during either isolation: each of them had a majority of observers
+// within reach throughout.
+func runCascade(seed int64, ungated bool) (*fdSim, []string) {
+	s := newFDSim(seed, fdOptions{drift: fd.DefaultMaxDrift, ungated: ungated})
+	w := s.w
+	var bad []string
+	watching := false
+	s.c.OnFence = func(n *fdsim.Node, inc fd.Incarnation) {
+		s.chk.logf(w.Now(), "node %d inc %d fences itself", n.ID, inc)
+		if watching && n.ID > 2 {
+			bad = append(bad, fmt.Sprintf("node %d fenced at %.3fs", n.ID, w.Now().Seconds()))
+		}
+	}
+	// Queriers ask about every node's registered incarnation, often.
+	for _, p := range s.q {
+		var loop func()
+		loop = func() {
+			for id := fd.NodeID(1); id <= simNodes; id++ {
+				if inc := s.c.Registered(id); inc > 0 {
+					s.ask(p, simKey{id, inc})
+				}
+			}
+			p.Go(w.Between(50*time.Millisecond, 150*time.Millisecond), loop)
+		}
+		p.Go(0, loop)
+	}
+	w.At(3*time.Second, func() { watching = true; s.partition([]uint64{1}, []uint64{2, 3, 4, 5}) })
+	w.At(8*time.Second, func() { watching = false; s.heal() })
+	w.At(11*time.Second, func() { watching = true; s.partition([]uint64{2}, []uint64{1, 3, 4, 5}) })
+	w.At(16*time.Second, func() { watching = false; s.heal() })
+	w.RunUntil(18 * time.Second)
+	return s, bad
+}
+
+// TestObserverIsolationNoCascade: an observer cut off from the others must
+// not leave permanent verdicts on healthy nodes behind: after it heals, the
+// isolation of a second observer must not fence any node that still reaches
+// a majority of observers. TestCascadeCheckHasTeeth shows it would without
+// the observers' contact gate.
+func TestObserverIsolationNoCascade(t *testing.T) {
+	for _, seed := range sim.Seeds(t, 20) {
+		s, bad := runCascade(seed, false)
+		if fails := s.chk.judge(); len(fails) > 0 {
+			reportFD(t, "TestObserverIsolationNoCascade", seed, s, fails)
+		}
+		if len(bad) > 0 {
+			reportFD(t, "TestObserverIsolationNoCascade", seed, s, bad)
+		}
+	}
+}
+
+func TestCascadeCheckHasTeeth(t *testing.T) {
+	for seed := int64(1); seed <= 10; seed++ {
+		if _, bad := runCascade(seed, true); len(bad) > 0 {
+			t.Logf("seed %d: without the gate: %s", seed, bad[0])
+			return
+		}
+	}
+	t.Fatal("ungated observers caused no cascade in 10 seeds")
 }

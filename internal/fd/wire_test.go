@@ -2,6 +2,7 @@ package fd
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,12 +11,14 @@ import (
 
 func simNow() time.Time { return sim.Epoch }
 
+var testKey = Key("0123456789abcdef0123456789abcdef")
+
 func TestPacketRoundTrip(t *testing.T) {
 	for _, p := range []Packet{
 		{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99},
 		{Kind: KindEcho, Subject: 1, Incarnation: 1, Seq: 1 << 60, Observer: 2},
 	} {
-		got, err := Decode(p.Encode(nil))
+		got, err := Open(p.Seal(nil, testKey), Keyring{Sign: testKey})
 		if err != nil || got != p {
 			t.Fatalf("round trip of %+v: got %+v, %v", p, got, err)
 		}
@@ -23,8 +26,10 @@ func TestPacketRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	good := Packet{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99}.Encode(nil)
+	good := Packet{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99}.Seal(nil, testKey)
 	flip := func(i int) []byte { b := append([]byte(nil), good...); b[i] ^= 0x40; return b }
+	seal := func(p Packet) []byte { return p.Seal(nil, testKey) }
+	keys := Keyring{Sign: testKey}
 	cases := []struct {
 		name string
 		b    []byte
@@ -34,68 +39,130 @@ func TestDecodeRejects(t *testing.T) {
 		{"truncated", good[:PacketSize-1], ErrShortPacket},
 		{"long", append(append([]byte(nil), good...), 0), ErrShortPacket},
 		{"magic", flip(0), ErrBadMagic},
-		{"payload bit flip", flip(20), ErrBadChecksum},
-		{"kind", Packet{Kind: 9, Subject: 1, Incarnation: 1}.Encode(nil), ErrBadKind},
-		{"zero subject", Packet{Kind: KindBeacon, Incarnation: 1}.Encode(nil), ErrBadField},
-		{"zero incarnation", Packet{Kind: KindBeacon, Subject: 1}.Encode(nil), ErrBadField},
-		{"echo without observer", Packet{Kind: KindEcho, Subject: 1, Incarnation: 1}.Encode(nil), ErrBadField},
-		{"beacon with observer", Packet{Kind: KindBeacon, Subject: 1, Incarnation: 1, Observer: 2}.Encode(nil), ErrBadField},
+		{"payload bit flip", flip(20), ErrBadMAC},
+		{"mac bit flip", flip(PacketSize - 1), ErrBadMAC},
+		{"other key", Packet{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99}.Seal(nil, Key("another-key-of-sixteen-bytes-or-more")), ErrBadMAC},
+		{"kind", seal(Packet{Kind: 9, Subject: 1, Incarnation: 1, Seq: 1}), ErrBadKind},
+		{"zero subject", seal(Packet{Kind: KindBeacon, Incarnation: 1, Seq: 1}), ErrBadField},
+		{"zero incarnation", seal(Packet{Kind: KindBeacon, Subject: 1, Seq: 1}), ErrBadField},
+		{"zero seq", seal(Packet{Kind: KindBeacon, Subject: 1, Incarnation: 1}), ErrBadField},
+		{"echo without observer", seal(Packet{Kind: KindEcho, Subject: 1, Incarnation: 1, Seq: 1}), ErrBadField},
+		{"beacon with observer", seal(Packet{Kind: KindBeacon, Subject: 1, Incarnation: 1, Seq: 1, Observer: 2}), ErrBadField},
 	}
 	for _, c := range cases {
-		if _, err := Decode(c.b); !errors.Is(err, c.want) {
+		if _, err := Open(c.b, keys); !errors.Is(err, c.want) {
 			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
 		}
 	}
 }
 
-// FuzzDecode: no input panics, and whatever decodes re-encodes to itself.
+// A rotation: a node signing with the new key is accepted by one that
+// accepts both; a node that knows only the old key refuses it.
+func TestKeyRotation(t *testing.T) {
+	oldK, newK := Key("old-key-old-key-old-key-old-key!"), Key("new-key-new-key-new-key-new-key!")
+	b := Packet{Kind: KindBeacon, Subject: 1, Incarnation: 1, Seq: 1}.Seal(nil, newK)
+	if _, err := Open(b, Keyring{Sign: oldK, Accept: []Key{newK}}); err != nil {
+		t.Fatalf("accepting keyring refused the new key: %v", err)
+	}
+	if _, err := Open(b, Keyring{Sign: oldK}); !errors.Is(err, ErrBadMAC) {
+		t.Fatalf("old-only keyring: %v", err)
+	}
+	if _, err := ParseKey("abcd"); err == nil {
+		t.Fatal("short key accepted")
+	}
+	if _, err := ParseKey("zz" + strings.Repeat("00", 16)); err == nil {
+		t.Fatal("non-hex key accepted")
+	}
+	k, err := ParseKey(newK.String())
+	if err != nil || string(k) != string(newK) {
+		t.Fatalf("key round trip: %v", err)
+	}
+}
+
+// FuzzDecode: no input panics, and whatever opens re-seals to itself.
 func FuzzDecode(f *testing.F) {
-	f.Add(Packet{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99}.Encode(nil))
-	f.Add(Packet{Kind: KindEcho, Subject: 3, Incarnation: 7, Seq: 99, Observer: 1}.Encode(nil))
-	f.Add([]byte("GFD1"))
+	f.Add(Packet{Kind: KindBeacon, Subject: 3, Incarnation: 7, Seq: 99}.Seal(nil, testKey))
+	f.Add(Packet{Kind: KindEcho, Subject: 3, Incarnation: 7, Seq: 99, Observer: 1}.Seal(nil, testKey))
+	f.Add([]byte("GFD2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := Decode(b)
+		if p, err := Decode(b); err == nil {
+			var body [macOffset]byte = p.body()
+			if string(body[:]) != string(b[:macOffset]) {
+				t.Fatalf("decoded %+v re-encodes differently", p)
+			}
+		}
+		p, err := Open(b, Keyring{Sign: testKey})
 		if err != nil {
 			return
 		}
-		if again := p.Encode(nil); string(again) != string(b) {
-			t.Fatalf("decoded %+v re-encodes differently", p)
+		if again := p.Seal(nil, testKey); string(again) != string(b) {
+			t.Fatalf("opened %+v re-seals differently", p)
 		}
 	})
 }
 
-// The observer rejects beacons from unknown nodes and old or declared-dead
-// incarnations without changing its view.
+// The observer rejects beacons from unknown nodes, from incarnations other
+// than the registered one, and replays, without changing its view; a dead
+// answer is permanent once durable.
 func TestObserverRejects(t *testing.T) {
 	now := simNow()
-	o := NewObserver(1, DefaultGracePeriod, now, nil, func(n NodeID) bool { return n <= 3 })
-	if _, err := o.Beacon(now, Packet{Kind: KindBeacon, Subject: 9, Incarnation: 1, Seq: 1}); !errors.Is(err, ErrUnknownNode) {
+	o := NewObserver(1, DefaultGracePeriod, now, nil)
+	beacon := func(at time.Time, n NodeID, inc Incarnation, seq uint64) error {
+		_, err := o.Beacon(at, Packet{Kind: KindBeacon, Subject: n, Incarnation: inc, Seq: seq})
+		return err
+	}
+	if err := beacon(now, 2, 5, 1); !errors.Is(err, ErrUnknownNode) {
+		t.Fatalf("before membership: %v", err)
+	}
+	o.SetRegistered(now, map[NodeID]Incarnation{1: 1, 2: 5, 3: 1})
+	if err := beacon(now, 9, 1, 1); !errors.Is(err, ErrUnknownNode) {
 		t.Fatalf("unknown node: %v", err)
 	}
-	if _, err := o.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 5, Seq: 1}); err != nil {
+	if err := beacon(now, 2, 5, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 4, Seq: 2}); !errors.Is(err, ErrOldIncarnation) {
+	if err := beacon(now, 2, 4, 2); !errors.Is(err, ErrOldIncarnation) {
 		t.Fatalf("old incarnation: %v", err)
 	}
-	if v := o.Views(now); len(v) != 1 || v[0].Incarnation != 5 {
+	if err := beacon(now, 2, 1_000_000, 2); !errors.Is(err, ErrUnregistered) {
+		t.Fatalf("unregistered incarnation: %v", err)
+	}
+	later := now.Add(DefaultGracePeriod / 2)
+	if err := beacon(later, 2, 5, 1); !errors.Is(err, ErrStaleSeq) {
+		t.Fatalf("replayed beacon: %v", err)
+	}
+	if v := o.Views(later); len(v) != 3 || v[1].Incarnation != 5 || v[1].Silence != DefaultGracePeriod/2 {
 		t.Fatalf("views changed by rejected beacons: %+v", v)
 	}
-	// A dead answer is permanent: a tombstone to persist, then refusal.
-	later := now.Add(2 * DefaultGracePeriod)
-	dead, persist := o.Query(later, 2, 5)
-	if !dead || !persist {
-		t.Fatalf("silent node: dead=%v persist=%v", dead, persist)
+	// Silence: condemned (not yet durable), then dead once durable.
+	later = now.Add(2 * DefaultGracePeriod)
+	if v := o.Query(later, later, 2, 5); v != VerdictCondemned {
+		t.Fatalf("silent node: %v", v)
 	}
-	if _, err := o.Beacon(later, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 5, Seq: 3}); !errors.Is(err, ErrDeclaredDead) {
-		t.Fatalf("declared-dead incarnation echoed: %v", err)
+	if err := beacon(later, 2, 5, 3); !errors.Is(err, ErrDeclaredDead) {
+		t.Fatalf("condemned incarnation echoed: %v", err)
 	}
-	if dead, persist := o.Query(later, 2, 5); !dead || persist {
-		t.Fatalf("second query: dead=%v persist=%v", dead, persist)
+	if v := o.Query(later, later, 2, 5); v != VerdictCondemned {
+		t.Fatalf("second query before durability: %v", v)
 	}
-	// A new incarnation is welcome.
-	if _, err := o.Beacon(later, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 6, Seq: 1}); err != nil {
+	tomb, _ := o.Tombstones()
+	o.Durable(tomb)
+	if v := o.Query(later, later, 2, 5); v != VerdictDead {
+		t.Fatalf("after durability: %v", v)
+	}
+	// A restarted observer keeps refusing what is durable.
+	o2 := NewObserver(1, DefaultGracePeriod, later, tomb)
+	o2.SetRegistered(later, map[NodeID]Incarnation{2: 5})
+	if _, err := o2.Beacon(later, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 5, Seq: 9}); !errors.Is(err, ErrDeclaredDead) {
+		t.Fatalf("restarted observer echoed a tombstoned incarnation: %v", err)
+	}
+	// A newly registered incarnation is welcome; the old one is dead.
+	o.SetRegistered(later, map[NodeID]Incarnation{1: 1, 2: 6, 3: 1})
+	if err := beacon(later, 2, 6, 1); err != nil {
 		t.Fatal(err)
+	}
+	if v := o.Query(later, later, 2, 4); v != VerdictDead {
+		t.Fatalf("superseded incarnation: %v", v)
 	}
 }
 
@@ -118,29 +185,40 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// A never-heard incarnation gets GracePeriod from the first question about
-// it, so a node that just registered is not declared dead before its first
-// beacon arrives; then silence makes it dead as usual.
-func TestObserverNewIncarnationGrace(t *testing.T) {
+// A newly registered incarnation gets GracePeriod from when the observer
+// learned of it, so a node that just registered is not declared dead before
+// its first beacon arrives; then silence makes it dead as usual. An
+// observer whose own contact with a majority is older than the subject's
+// silence abstains.
+func TestObserverNewIncarnationGraceAndGate(t *testing.T) {
 	now := simNow()
-	o := NewObserver(1, DefaultGracePeriod, now, nil, func(NodeID) bool { return true })
+	o := NewObserver(1, DefaultGracePeriod, now, nil)
+	o.SetRegistered(now, map[NodeID]Incarnation{2: 1})
 	o.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 1, Seq: 1})
 	later := now.Add(10 * DefaultGracePeriod) // inc 1 long silent; inc 2 just registered
-	if dead, _ := o.Query(later, 2, 2); dead {
-		t.Fatal("a just-registered incarnation declared dead before it could be heard")
+	o.SetRegistered(later, map[NodeID]Incarnation{2: 2, 3: 5})
+	if v := o.Query(later, later, 2, 2); v != VerdictAlive {
+		t.Fatalf("a just-registered incarnation: %v", v)
 	}
 	if _, err := o.Beacon(later.Add(time.Millisecond), Packet{Kind: KindBeacon, Subject: 2, Incarnation: 2, Seq: 1}); err != nil {
 		t.Fatalf("its first beacon refused: %v", err)
 	}
-	if dead, _ := o.Query(later, 2, 1); !dead {
-		t.Fatal("the old incarnation is not dead")
+	if v := o.Query(later, later, 2, 1); v != VerdictDead {
+		t.Fatalf("the old incarnation: %v", v)
 	}
-	// An incarnation that never beacons is dead GracePeriod after the first question.
-	o.Query(later, 3, 5)
-	if dead, _ := o.Query(later.Add(DefaultGracePeriod/2), 3, 5); dead {
-		t.Fatal("dead before GracePeriod from the first question")
+	if v := o.Query(later, later, 2, 3); v != VerdictAlive {
+		t.Fatalf("an unregistered incarnation: %v", v)
 	}
-	if dead, _ := o.Query(later.Add(DefaultGracePeriod+time.Millisecond), 3, 5); !dead {
-		t.Fatal("a silent incarnation never declared dead")
+	// An incarnation that never beacons is condemned GracePeriod after the
+	// observer learned of it, if the observer was in contact since.
+	if v := o.Query(later.Add(DefaultGracePeriod/2), later.Add(DefaultGracePeriod/2), 3, 5); v != VerdictAlive {
+		t.Fatalf("before GracePeriod: %v", v)
+	}
+	at := later.Add(DefaultGracePeriod + time.Millisecond)
+	if v := o.Query(at, later.Add(DefaultGracePeriod/4), 3, 5); v != VerdictAbstain {
+		t.Fatalf("stale contact: %v", v)
+	}
+	if v := o.Query(at, at, 3, 5); v != VerdictCondemned {
+		t.Fatalf("a silent incarnation: %v", v)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/grovestore/grove/internal/fd/fdsim"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/sim"
+	"github.com/grovestore/grove/internal/sim/simmeta"
 )
 
 // The lock-service simulation: 5 nodes on the real failure detector
@@ -222,7 +223,7 @@ type holder struct {
 func newLockSim(t *testing.T, seed int64) *lockSim {
 	w := sim.NewWorld(seed)
 	cfg := fd.Config{Interval: fd.DefaultInterval, GracePeriod: fd.DefaultGracePeriod, MaxDrift: fd.DefaultMaxDrift, Observers: []fd.NodeID{1, 2, 3}}
-	s := &lockSim{t: t, w: w, fd: fdsim.New(w, w.NewNetwork(), cfg, lsNodes, fd.DefaultMaxDrift),
+	s := &lockSim{t: t, w: w, fd: fdsim.New(w, w.NewNetwork(), simmeta.New(w), cfg, lsNodes, fd.DefaultMaxDrift),
 		cfg:   &config{clerks: map[lock.ClerkID]lock.ClerkInfo{}, records: map[lock.ClerkID]lock.RecoveryRecord{}},
 		nodes: map[fd.NodeID]*lnode{}, waits: map[*lock.Waiter]*pendingWait{}}
 	s.o = &oracle{s: s, leases: map[string]map[lock.ClerkID]lock.Mode{}, holding: map[string]map[*holder]lock.Mode{},
@@ -240,7 +241,7 @@ func newLockSim(t *testing.T, seed int64) *lockSim {
 // onStart: a new node incarnation gets fresh clerks, registered in the
 // config service before use, and (on candidates) a standby loop.
 func (s *lockSim) onStart(n *fdsim.Node) {
-	ln := &lnode{n: n, inc: n.DiskInc}
+	ln := &lnode{n: n, inc: n.Inc}
 	s.nodes[n.ID] = ln
 	s.o.logf("node %d starts incarnation %d", n.ID, ln.inc)
 	for seq, kind := range []string{"wal", ""} {
@@ -270,7 +271,7 @@ func (s *lockSim) register(c *clerkRT) {
 
 // current reports whether ln is its node's live incarnation.
 func (s *lockSim) current(ln *lnode) bool {
-	return ln.n.Proc.Up() && s.nodes[ln.n.ID] == ln && ln.n.Subj.Incarnation() == ln.inc
+	return ln.n.Proc.Up() && s.nodes[ln.n.ID] == ln && ln.n.Inc == ln.inc
 }
 
 // stopNode ends a node incarnation's lock roles (crash or self-fence).
@@ -310,7 +311,7 @@ func (s *lockSim) stopMaster(ln *lnode, why string) {
 
 // alive is the node's own belief: every lease-protected action checks it.
 func (s *lockSim) alive(ln *lnode) bool {
-	return s.current(ln) && ln.n.Subj.Alive(ln.n.Clock.Now())
+	return s.current(ln) && ln.n.Eng.AliveAs(ln.n.Clock.Now(), ln.inc)
 }
 
 // standbyLoop: if the master record names a dead incarnation (or nobody),
@@ -611,7 +612,7 @@ func (s *lockSim) crash(n *fdsim.Node) {
 	if !n.Proc.Up() {
 		return
 	}
-	inc := n.Subj.Incarnation()
+	inc := n.Inc
 	s.fd.Crash(n)
 	s.stopNode(n.ID, inc, "crashes")
 }

@@ -43,31 +43,53 @@ func DecodeNodes(ns *pb.Namespace) ([]*pb.Node, error) {
 	return out, nil
 }
 
-// RegisterNode records a node's new incarnation (and its current addresses
-// and roles) with a conditional decree. The incarnation must be newer than
-// the registered one.
-func RegisterNode(ctx context.Context, c *Client, n *pb.Node) error {
+// RegisterOps computes the decree that records a node's new incarnation
+// (with its current addresses and roles) in membership namespace ns, for a
+// decree conditional on ns's version. The incarnation must be newer than the
+// registered one; an identical record is already registered (a retried
+// decree whose first attempt committed) and needs no ops.
+func RegisterOps(ns *pb.Namespace, n *pb.Node) ([]*pb.Op, error) {
 	if n.Id == 0 || n.Incarnation == 0 {
-		return errors.New("meta: node id and incarnation must be non-zero")
+		return nil, errors.New("meta: node id and incarnation must be non-zero")
 	}
 	val, err := proto.Marshal(n)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = c.Update(ctx, NodesNamespace, "node-"+NodeKey(n.Id), func(ns *pb.Namespace) ([]*pb.Op, error) {
-		for _, e := range ns.Entries {
-			if e.Key != NodeKey(n.Id) {
-				continue
-			}
-			old := &pb.Node{}
-			if err := proto.Unmarshal(e.Value, old); err == nil && old.Incarnation >= n.Incarnation {
-				if proto.Equal(old, n) {
-					return nil, nil // already registered (a retried decree)
-				}
-				return nil, fmt.Errorf("%w: node %d has %d, tried %d", ErrOldIncarnation, n.Id, old.Incarnation, n.Incarnation)
-			}
+	for _, e := range ns.GetEntries() {
+		if e.Key != NodeKey(n.Id) {
+			continue
 		}
-		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: NodeKey(n.Id), Value: val}}, nil
+		old := &pb.Node{}
+		if err := proto.Unmarshal(e.Value, old); err == nil && old.Incarnation >= n.Incarnation {
+			if proto.Equal(old, n) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("%w: node %d has %d, tried %d", ErrOldIncarnation, n.Id, old.Incarnation, n.Incarnation)
+		}
+	}
+	return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: NodeKey(n.Id), Value: val}}, nil
+}
+
+// RegisterNode records a node's new incarnation with a conditional decree
+// (RegisterOps).
+func RegisterNode(ctx context.Context, c *Client, n *pb.Node) error {
+	_, err := c.Update(ctx, NodesNamespace, "node-"+NodeKey(n.Id), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		return RegisterOps(ns, n)
 	})
 	return err
+}
+
+// Registered returns node id's membership record in ns (nil if none).
+func Registered(ns *pb.Namespace, id uint64) (*pb.Node, error) {
+	for _, e := range ns.GetEntries() {
+		if e.Key == NodeKey(id) {
+			n := &pb.Node{}
+			if err := proto.Unmarshal(e.Value, n); err != nil {
+				return nil, fmt.Errorf("meta: membership record %q: %w", e.Key, err)
+			}
+			return n, nil
+		}
+	}
+	return nil, nil
 }

@@ -5,6 +5,8 @@
 package node
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -57,15 +59,21 @@ type FDConfig struct {
 
 // Config is one node's config file (grove server --config FILE).
 type Config struct {
-	ID         uint64         `toml:"id"`
-	DataDir    string         `toml:"data_dir"`
-	GRPCAddr   string         `toml:"grpc_addr"`
-	RaftAddr   string         `toml:"raft_addr"`
-	BeaconAddr string         `toml:"beacon_addr"`
-	Roles      []string       `toml:"roles"`
-	Disks      []string       `toml:"disks"`
-	FD         FDConfig       `toml:"fd"`
-	Members    []MemberConfig `toml:"members"`
+	ID         uint64   `toml:"id"`
+	DataDir    string   `toml:"data_dir"`
+	GRPCAddr   string   `toml:"grpc_addr"`
+	RaftAddr   string   `toml:"raft_addr"`
+	BeaconAddr string   `toml:"beacon_addr"`
+	Roles      []string `toml:"roles"`
+	Disks      []string `toml:"disks"`
+	FD         FDConfig `toml:"fd"`
+	// ClusterKey authenticates failure-detector datagrams (hex, at least
+	// 16 bytes; `grove up` generates 32). Every node of a cluster has the
+	// same one. AcceptClusterKeys are also accepted on incoming datagrams,
+	// for a rotation (README: "Cluster key").
+	ClusterKey        string         `toml:"cluster_key"`
+	AcceptClusterKeys []string       `toml:"accept_cluster_keys"`
+	Members           []MemberConfig `toml:"members"`
 }
 
 // DefaultFD is Boxwood's setting: ΔT 200 ms, GracePeriod 1 s.
@@ -73,6 +81,19 @@ var DefaultFD = FDConfig{Interval: Duration(fd.DefaultInterval), GracePeriod: Du
 
 // LoadConfig reads and validates a config file.
 func LoadConfig(path string) (*Config, error) {
+	c, err := ReadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ReadConfig parses a config file without validating it (for tools that
+// repair or upgrade configs they own, such as `grove up`).
+func ReadConfig(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -81,10 +102,16 @@ func LoadConfig(path string) (*Config, error) {
 	if err := toml.Unmarshal(b, c); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
 	return c, nil
+}
+
+// NewClusterKey returns a fresh random cluster key, in hex.
+func NewClusterKey() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // Write stores the config file durably.
@@ -108,6 +135,26 @@ func (c *Config) FDConfig() fd.Config {
 	return fd.Config{Interval: time.Duration(c.FD.Interval), GracePeriod: time.Duration(c.FD.GracePeriod), MaxDrift: c.FD.MaxDrift, Observers: obs}
 }
 
+// Keyring returns the failure detector's keys.
+func (c *Config) Keyring() (fd.Keyring, error) {
+	if c.ClusterKey == "" {
+		return fd.Keyring{}, errors.New("cluster_key is required: every node of a cluster shares one secret key (hex, 32 bytes recommended; `grove up` writes one, or generate one with `openssl rand -hex 32`)")
+	}
+	k, err := fd.ParseKey(c.ClusterKey)
+	if err != nil {
+		return fd.Keyring{}, fmt.Errorf("cluster_key: %v", err)
+	}
+	r := fd.Keyring{Sign: k}
+	for i, s := range c.AcceptClusterKeys {
+		a, err := fd.ParseKey(s)
+		if err != nil {
+			return fd.Keyring{}, fmt.Errorf("accept_cluster_keys[%d]: %v", i, err)
+		}
+		r.Accept = append(r.Accept, a)
+	}
+	return r, nil
+}
+
 // Validate rejects a config that cannot work, saying why.
 func (c *Config) Validate() error {
 	if c.ID == 0 {
@@ -120,6 +167,14 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("%s %q: %v", name, a, err)
 		}
+	}
+	// Observers accept a node's beacons only from its registered address
+	// and echo to it: it must be the address the node sends from.
+	if h, _, _ := net.SplitHostPort(c.BeaconAddr); h == "" || net.ParseIP(h).IsUnspecified() {
+		return fmt.Errorf("beacon_addr %q: give the node's own address, not an unspecified one: observers check that beacons come from it", c.BeaconAddr)
+	}
+	if _, err := c.Keyring(); err != nil {
+		return err
 	}
 	for _, r := range c.Roles {
 		if !slices.Contains(KnownRoles, r) {

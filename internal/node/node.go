@@ -9,12 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -41,8 +38,6 @@ type Node struct {
 	locks  *lock.Service
 	status *StatusService
 	fence  *Fence
-	inc    atomic.Uint64 // the newest incarnation, for registration
-	known  sync.Map      // fd.NodeID → true: membership as last seen
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -90,9 +85,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	var members []meta.Member
 	for _, m := range cfg.Members {
 		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
-		n.known.Store(fd.NodeID(m.ID), true)
 	}
-	n.known.Store(fd.NodeID(cfg.ID), true)
 	n.grpc = grpc.NewServer()
 	if cfg.Has(RoleMeta) {
 		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: filepath.Join(cfg.DataDir, "meta"), Members: members,
@@ -113,14 +106,21 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	lock.Register(n.grpc, n.locks)
 	go n.grpc.Serve(n.lis)
 
+	keys, err := cfg.Keyring()
+	if err != nil {
+		udp.Close()
+		return nil, err
+	}
 	n.fd, err = fd.StartDriver(fd.DriverConfig{
-		Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), ObserverAddrs: observerAddrs(cfg),
-		Conn: udp, Log: n.log, Observe: cfg.Has(RoleObserver), Known: n.isKnown,
-		TombstoneFile:  filepath.Join(cfg.DataDir, "fd-tombstones.json"),
-		NewIncarnation: func() (fd.Incarnation, error) { return nextIncarnation(disk.OS{}, cfg.DataDir) },
-		OnFence:        n.fence.trip,
+		Engine:        fd.EngineConfig{Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), Observe: cfg.Has(RoleObserver), Keys: keys},
+		ObserverAddrs: observerAddrs(cfg), Conn: udp, Log: n.log, Disk: disk.OS{},
+		IncarnationFile: filepath.Join(cfg.DataDir, "incarnation"),
+		TombstoneFile:   filepath.Join(cfg.DataDir, "fd-tombstones.json"),
+		Registered:      n.registered,
+		Register:        n.register,
+		OnFence:         n.fence.trip,
 		OnIncarnation: func(inc fd.Incarnation) {
-			n.register(inc)
+			n.log.Info("registered", "incarnation", inc)
 			n.locks.Start(uint64(inc))
 		},
 		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
@@ -142,42 +142,35 @@ func observerAddrs(cfg *Config) map[fd.NodeID]string {
 	return m
 }
 
-func (n *Node) isKnown(id fd.NodeID) bool { _, ok := n.known.Load(id); return ok }
-
-// register records incarnation inc in the membership namespace, retrying
-// until it succeeds, the node moves to a newer incarnation, or it closes.
-func (n *Node) register(inc fd.Incarnation) {
-	rec := &pb.Node{Id: n.cfg.ID, GrpcAddr: n.cfg.GRPCAddr, BeaconAddr: n.cfg.BeaconAddr, RaftAddr: n.cfg.RaftAddr,
-		Roles: n.cfg.Roles, Disks: n.cfg.Disks, Incarnation: uint64(inc)}
-	n.inc.Store(uint64(inc))
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		for n.ctx.Err() == nil {
-			if n.inc.Load() != uint64(inc) {
-				return // superseded by a newer incarnation
-			}
-			ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-			err := meta.RegisterNode(ctx, n.client, rec)
-			cancel()
-			if err == nil {
-				n.log.Info("registered", "incarnation", inc)
-				return
-			}
-			if errors.Is(err, meta.ErrOldIncarnation) {
-				n.log.Error("registration refused; a newer incarnation of this node exists (two processes on one node id?)", "err", err)
-				return
-			}
-			n.log.Warn("registration failed; retrying", "incarnation", inc, "err", err)
-			select {
-			case <-n.ctx.Done():
-			case <-time.After(500 * time.Millisecond):
-			}
-		}
-	}()
+// registered reads, linearizably, the incarnation the config service has
+// registered for this node: a new incarnation is taken above it, so that a
+// node whose data directory was lost never reuses one (nor a clerk id).
+func (n *Node) registered(ctx context.Context) (fd.Incarnation, error) {
+	ns, err := n.client.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return 0, err
+	}
+	r, err := meta.Registered(ns, n.cfg.ID)
+	if err != nil || r == nil {
+		return 0, err
+	}
+	return fd.Incarnation(r.Incarnation), nil
 }
 
-// watchMembership keeps the observer's set of known node ids current.
+// register records incarnation inc in the membership namespace. The failure
+// detector calls it before the incarnation beacons: observers echo only
+// registered incarnations.
+func (n *Node) register(ctx context.Context, inc fd.Incarnation) error {
+	rec := &pb.Node{Id: n.cfg.ID, GrpcAddr: n.cfg.GRPCAddr, BeaconAddr: n.cfg.BeaconAddr, RaftAddr: n.cfg.RaftAddr,
+		Roles: n.cfg.Roles, Disks: n.cfg.Disks, Incarnation: uint64(inc)}
+	err := meta.RegisterNode(ctx, n.client, rec)
+	if errors.Is(err, meta.ErrOldIncarnation) {
+		return errors.Join(fd.ErrIncarnationTaken, err)
+	}
+	return err
+}
+
+// watchMembership feeds the failure detector the registered nodes.
 func (n *Node) watchMembership() {
 	defer n.wg.Done()
 	for ns := range n.client.Watch(n.ctx, meta.NodesNamespace, 0) {
@@ -186,9 +179,11 @@ func (n *Node) watchMembership() {
 			n.log.Warn("membership does not decode", "err", err)
 			continue
 		}
+		regs := map[fd.NodeID]fd.Registration{}
 		for _, r := range nodes {
-			n.known.Store(fd.NodeID(r.Id), true)
+			regs[fd.NodeID(r.Id)] = fd.Registration{Incarnation: fd.Incarnation(r.Incarnation), BeaconAddr: r.BeaconAddr}
 		}
+		n.fd.SetMembership(ns.Version, regs)
 	}
 }
 
@@ -251,29 +246,6 @@ func lockDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// nextIncarnation reads the last incarnation from the data directory, adds
-// one and persists it (fsync) before returning it: an incarnation is never
-// used twice, even across crashes.
-func nextIncarnation(d disk.FS, dir string) (fd.Incarnation, error) {
-	path := filepath.Join(dir, "incarnation")
-	var last uint64
-	b, err := d.ReadFile(path)
-	switch {
-	case err == nil:
-		last, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("incarnation file %s is corrupt: %w", path, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return 0, err
-	}
-	next := last + 1
-	if err := d.WriteFileSync(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
-		return 0, fmt.Errorf("persist incarnation: %w", err)
-	}
-	return fd.Incarnation(next), nil
-}
-
 // Fence is the node's self-fence: lease-protected services register a stop
 // function, and check Valid before acting. The failure detector trips it
 // when the node considers itself dead.
@@ -311,17 +283,18 @@ func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.
 	if len(req.Subjects) > MaxQuerySubjects {
 		return nil, status.Errorf(codes.InvalidArgument, "%d subjects > %d", len(req.Subjects), MaxQuerySubjects)
 	}
-	nodes := make([]fd.NodeID, len(req.Subjects))
-	incs := make([]fd.Incarnation, len(req.Subjects))
+	qs := make([]fd.Question, len(req.Subjects))
 	for i, s := range req.Subjects {
-		nodes[i], incs[i] = fd.NodeID(s.Node), fd.Incarnation(s.Incarnation)
+		qs[i] = fd.Question{Node: fd.NodeID(s.Node), Inc: fd.Incarnation(s.Incarnation)}
 	}
-	dead, err := o.n.fd.Query(nodes, incs)
-	if errors.Is(err, fd.ErrNotObserver) {
+	dead, err := o.n.fd.Query(ctx, qs)
+	switch {
+	case errors.Is(err, fd.ErrNotObserver):
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	}
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+	case errors.Is(err, fd.ErrNoMajority), errors.Is(err, fd.ErrVerdictNotDurable):
+		return nil, status.Error(codes.Unavailable, err.Error())
+	case err != nil:
+		return nil, status.FromContextError(err).Err()
 	}
 	return &pb.QueryResponse{Observer: o.n.cfg.ID, Dead: dead}, nil
 }

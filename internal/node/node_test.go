@@ -1,45 +1,15 @@
 package node
 
 import (
-	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/grovestore/grove/internal/disk"
 )
-
-// An incarnation is persisted before it is returned; a disk that cannot
-// persist it yields no incarnation at all.
-func TestNextIncarnation(t *testing.T) {
-	d := disk.NewMem()
-	for want := uint64(1); want <= 3; want++ {
-		inc, err := nextIncarnation(d, "/n")
-		if err != nil || uint64(inc) != want {
-			t.Fatalf("incarnation %d, %v; want %d", inc, err, want)
-		}
-		if b, _ := d.ReadFile("/n/incarnation"); strings.TrimSpace(string(b)) != strings.TrimSpace(string(rune('0'+want))) {
-			t.Fatalf("persisted %q, want %d", b, want)
-		}
-	}
-	d.FailWrites(disk.ErrFull)
-	if _, err := nextIncarnation(d, "/n"); !errors.Is(err, disk.ErrFull) {
-		t.Fatalf("full disk: %v", err)
-	}
-	d.FailWrites(nil)
-	if inc, _ := nextIncarnation(d, "/n"); inc != 4 {
-		t.Fatalf("after a failed write: %d, want 4 (3 is the last one used)", inc)
-	}
-	d.WriteFileSync("/n/incarnation", []byte("garbage"))
-	if _, err := nextIncarnation(d, "/n"); err == nil {
-		t.Fatal("corrupt incarnation file accepted")
-	}
-}
 
 func validConfig() *Config {
 	m := []MemberConfig{{ID: 1, GRPC: "127.0.0.1:1", Raft: "127.0.0.1:2", Beacon: "127.0.0.1:3"}}
 	return &Config{ID: 1, DataDir: "/d", GRPCAddr: "127.0.0.1:1", RaftAddr: "127.0.0.1:2", BeaconAddr: "127.0.0.1:3",
-		Roles: []string{RoleMeta, RoleObserver}, Members: m, FD: DefaultFD}
+		Roles: []string{RoleMeta, RoleObserver}, Members: m, FD: DefaultFD, ClusterKey: strings.Repeat("ab", 32)}
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -57,6 +27,12 @@ func TestConfigValidate(t *testing.T) {
 		"member mismatch":  func(c *Config) { c.Members[0].Raft = "127.0.0.1:9" },
 		"member w/o roles": func(c *Config) { c.Roles = []string{"store"} },
 		"short grace":      func(c *Config) { c.FD.GracePeriod = c.FD.Interval },
+		"no cluster key":   func(c *Config) { c.ClusterKey = "" },
+		"short key":        func(c *Config) { c.ClusterKey = "abcd" },
+		"bad accepted key": func(c *Config) { c.AcceptClusterKeys = []string{"xyz"} },
+		"any-address beacon": func(c *Config) {
+			c.BeaconAddr, c.Members[0].Beacon = "0.0.0.0:3", "0.0.0.0:3"
+		},
 	}
 	for name, mutate := range cases {
 		c := validConfig()

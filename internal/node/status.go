@@ -55,7 +55,7 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
 			Id: n.Id, Incarnation: n.Incarnation, Roles: n.Roles, GrpcAddr: n.GrpcAddr, BeaconAddr: n.BeaconAddr,
-			Alive: !fd.Verdict(dead[i], len(s.observers)), ObserversAnswered: uint32(answered), ObserversDead: uint32(dead[i]),
+			Alive: !fd.CombineVerdicts(dead[i], len(s.observers)), ObserversAnswered: uint32(answered), ObserversDead: uint32(dead[i]),
 		})
 	}
 	return out, nil
@@ -107,7 +107,7 @@ func (s *StatusService) Dead(ctx context.Context, node, inc uint64) (bool, error
 	if answered == 0 {
 		return false, errors.New("no observer answered")
 	}
-	return fd.Verdict(dead[0], len(s.observers)), nil
+	return fd.CombineVerdicts(dead[0], len(s.observers)), nil
 }
 
 // Close drops the service's connections.

@@ -76,6 +76,9 @@ type Network struct {
 	nextSession uint64
 	Sent        int
 	Dropped     int
+	// Tap, if set, sees every datagram sent (a rogue host capturing
+	// traffic for replay).
+	Tap func(from, to uint64, payload any)
 }
 
 // NewNetwork returns a fault-free network with LAN-like delays.
@@ -90,6 +93,9 @@ func (n *Network) Attach(p *Process) { n.procs[p.ID] = p }
 // reuse it; other payloads are shared and must not be modified.
 func (n *Network) Send(from, to uint64, payload any) {
 	n.Sent++
+	if n.Tap != nil {
+		n.Tap(from, to, payload)
+	}
 	if n.blocked[[2]uint64{from, to}] || n.w.Rand.Float64() < n.DropRate {
 		n.Dropped++
 		return
