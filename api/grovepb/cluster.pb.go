@@ -216,9 +216,12 @@ func (x *QueryRequest) GetSubjects() []*Subject {
 // QueryResponse holds, for each subject in order, whether this observer
 // considers that incarnation dead. A "dead" answer is permanent.
 type QueryResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Observer      uint64                 `protobuf:"varint,1,opt,name=observer,proto3" json:"observer,omitempty"`
-	Dead          []bool                 `protobuf:"varint,2,rep,packed,name=dead,proto3" json:"dead,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Observer uint64                 `protobuf:"varint,1,opt,name=observer,proto3" json:"observer,omitempty"`
+	Dead     []bool                 `protobuf:"varint,2,rep,packed,name=dead,proto3" json:"dead,omitempty"`
+	// For each subject: this observer has heard a beacon of that very
+	// incarnation within the grace period (it acknowledges it).
+	Heard         []bool `protobuf:"varint,3,rep,packed,name=heard,proto3" json:"heard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +266,13 @@ func (x *QueryResponse) GetObserver() uint64 {
 func (x *QueryResponse) GetDead() []bool {
 	if x != nil {
 		return x.Dead
+	}
+	return nil
+}
+
+func (x *QueryResponse) GetHeard() []bool {
+	if x != nil {
+		return x.Heard
 	}
 	return nil
 }
@@ -314,8 +324,11 @@ type NodeStatus struct {
 	// How many observers answered, and how many of them said dead.
 	ObserversAnswered uint32 `protobuf:"varint,7,opt,name=observers_answered,json=observersAnswered,proto3" json:"observers_answered,omitempty"`
 	ObserversDead     uint32 `protobuf:"varint,8,opt,name=observers_dead,json=observersDead,proto3" json:"observers_dead,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// How many observers hear this incarnation's beacons (a majority: the
+	// node is up, acknowledged, not merely "not yet declared dead").
+	ObserversHeard uint32 `protobuf:"varint,9,opt,name=observers_heard,json=observersHeard,proto3" json:"observers_heard,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -404,6 +417,13 @@ func (x *NodeStatus) GetObserversDead() uint32 {
 	return 0
 }
 
+func (x *NodeStatus) GetObserversHeard() uint32 {
+	if x != nil {
+		return x.ObserversHeard
+	}
+	return 0
+}
+
 type StatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Leader        uint64                 `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`
@@ -482,11 +502,12 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"=\n" +
 	"\fQueryRequest\x12-\n" +
-	"\bsubjects\x18\x01 \x03(\v2\x11.grove.v1.SubjectR\bsubjects\"?\n" +
+	"\bsubjects\x18\x01 \x03(\v2\x11.grove.v1.SubjectR\bsubjects\"U\n" +
 	"\rQueryResponse\x12\x1a\n" +
 	"\bobserver\x18\x01 \x01(\x04R\bobserver\x12\x12\n" +
-	"\x04dead\x18\x02 \x03(\bR\x04dead\"\x0f\n" +
-	"\rStatusRequest\"\xfe\x01\n" +
+	"\x04dead\x18\x02 \x03(\bR\x04dead\x12\x14\n" +
+	"\x05heard\x18\x03 \x03(\bR\x05heard\"\x0f\n" +
+	"\rStatusRequest\"\xa7\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
@@ -497,7 +518,8 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"\vbeacon_addr\x18\x06 \x01(\tR\n" +
 	"beaconAddr\x12-\n" +
 	"\x12observers_answered\x18\a \x01(\rR\x11observersAnswered\x12%\n" +
-	"\x0eobservers_dead\x18\b \x01(\rR\robserversDead\"\x80\x01\n" +
+	"\x0eobservers_dead\x18\b \x01(\rR\robserversDead\x12'\n" +
+	"\x0fobservers_heard\x18\t \x01(\rR\x0eobserversHeard\"\x80\x01\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\x04R\x06leader\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12*\n" +

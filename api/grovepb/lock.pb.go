@@ -119,7 +119,7 @@ func (x HoldResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HoldResponse_Kind.Descriptor instead.
 func (HoldResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{18, 0}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{20, 0}
 }
 
 type ClerkId struct {
@@ -182,18 +182,73 @@ func (x *ClerkId) GetSeq() uint32 {
 	return 0
 }
 
+// Token is a grant's fencing token: (master epoch, grant number in that
+// epoch), ordered lexicographically. Every grant of a lock gets a larger
+// token than every earlier grant of it, across master failovers.
+type Token struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_grovepb_lock_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Token) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Token) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type HeldLease struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Mode          LockMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=grove.v1.LockMode" json:"mode,omitempty"`
-	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeldLease) Reset() {
 	*x = HeldLease{}
-	mi := &file_grovepb_lock_proto_msgTypes[1]
+	mi := &file_grovepb_lock_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +260,7 @@ func (x *HeldLease) String() string {
 func (*HeldLease) ProtoMessage() {}
 
 func (x *HeldLease) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[1]
+	mi := &file_grovepb_lock_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +273,7 @@ func (x *HeldLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldLease.ProtoReflect.Descriptor instead.
 func (*HeldLease) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{1}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HeldLease) GetName() []byte {
@@ -235,11 +290,65 @@ func (x *HeldLease) GetMode() LockMode {
 	return LockMode_LOCK_MODE_UNSPECIFIED
 }
 
-func (x *HeldLease) GetSeq() uint64 {
+func (x *HeldLease) GetToken() *Token {
 	if x != nil {
-		return x.Seq
+		return x.Token
 	}
-	return 0
+	return nil
+}
+
+// A recovery a clerk is running (in a hello: the master must not start
+// another run for the same dead clerk until this one ends).
+type RunningRecovery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
+	Token         *Token                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunningRecovery) Reset() {
+	*x = RunningRecovery{}
+	mi := &file_grovepb_lock_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunningRecovery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunningRecovery) ProtoMessage() {}
+
+func (x *RunningRecovery) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunningRecovery.ProtoReflect.Descriptor instead.
+func (*RunningRecovery) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RunningRecovery) GetDead() *ClerkId {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+func (x *RunningRecovery) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
 }
 
 type WantedLease struct {
@@ -252,7 +361,7 @@ type WantedLease struct {
 
 func (x *WantedLease) Reset() {
 	*x = WantedLease{}
-	mi := &file_grovepb_lock_proto_msgTypes[2]
+	mi := &file_grovepb_lock_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +373,7 @@ func (x *WantedLease) String() string {
 func (*WantedLease) ProtoMessage() {}
 
 func (x *WantedLease) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[2]
+	mi := &file_grovepb_lock_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +386,7 @@ func (x *WantedLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WantedLease.ProtoReflect.Descriptor instead.
 func (*WantedLease) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{2}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WantedLease) GetName() []byte {
@@ -301,13 +410,14 @@ type LockHello struct {
 	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Held          []*HeldLease           `protobuf:"bytes,4,rep,name=held,proto3" json:"held,omitempty"`
 	Want          []*WantedLease         `protobuf:"bytes,5,rep,name=want,proto3" json:"want,omitempty"`
+	Recovering    []*RunningRecovery     `protobuf:"bytes,6,rep,name=recovering,proto3" json:"recovering,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockHello) Reset() {
 	*x = LockHello{}
-	mi := &file_grovepb_lock_proto_msgTypes[3]
+	mi := &file_grovepb_lock_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +429,7 @@ func (x *LockHello) String() string {
 func (*LockHello) ProtoMessage() {}
 
 func (x *LockHello) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[3]
+	mi := &file_grovepb_lock_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +442,7 @@ func (x *LockHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHello.ProtoReflect.Descriptor instead.
 func (*LockHello) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{3}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LockHello) GetClerk() *ClerkId {
@@ -370,6 +480,13 @@ func (x *LockHello) GetWant() []*WantedLease {
 	return nil
 }
 
+func (x *LockHello) GetRecovering() []*RunningRecovery {
+	if x != nil {
+		return x.Recovering
+	}
+	return nil
+}
+
 type LockAcquire struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -380,7 +497,7 @@ type LockAcquire struct {
 
 func (x *LockAcquire) Reset() {
 	*x = LockAcquire{}
-	mi := &file_grovepb_lock_proto_msgTypes[4]
+	mi := &file_grovepb_lock_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +509,7 @@ func (x *LockAcquire) String() string {
 func (*LockAcquire) ProtoMessage() {}
 
 func (x *LockAcquire) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[4]
+	mi := &file_grovepb_lock_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +522,7 @@ func (x *LockAcquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockAcquire.ProtoReflect.Descriptor instead.
 func (*LockAcquire) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{4}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LockAcquire) GetName() []byte {
@@ -426,14 +543,14 @@ type LockRelease struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Mode          LockMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=grove.v1.LockMode" json:"mode,omitempty"` // the mode kept: unspecified (none) or shared
-	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`                       // the token of the grant given up
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockRelease) Reset() {
 	*x = LockRelease{}
-	mi := &file_grovepb_lock_proto_msgTypes[5]
+	mi := &file_grovepb_lock_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +562,7 @@ func (x *LockRelease) String() string {
 func (*LockRelease) ProtoMessage() {}
 
 func (x *LockRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[5]
+	mi := &file_grovepb_lock_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +575,7 @@ func (x *LockRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRelease.ProtoReflect.Descriptor instead.
 func (*LockRelease) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{5}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LockRelease) GetName() []byte {
@@ -475,24 +592,25 @@ func (x *LockRelease) GetMode() LockMode {
 	return LockMode_LOCK_MODE_UNSPECIFIED
 }
 
-func (x *LockRelease) GetSeq() uint64 {
+func (x *LockRelease) GetToken() *Token {
 	if x != nil {
-		return x.Seq
+		return x.Token
 	}
-	return 0
+	return nil
 }
 
 type LockRecoveryDone struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
 	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Token         *Token                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"` // the token of the run that ended
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockRecoveryDone) Reset() {
 	*x = LockRecoveryDone{}
-	mi := &file_grovepb_lock_proto_msgTypes[6]
+	mi := &file_grovepb_lock_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +622,7 @@ func (x *LockRecoveryDone) String() string {
 func (*LockRecoveryDone) ProtoMessage() {}
 
 func (x *LockRecoveryDone) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[6]
+	mi := &file_grovepb_lock_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +635,7 @@ func (x *LockRecoveryDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecoveryDone.ProtoReflect.Descriptor instead.
 func (*LockRecoveryDone) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{6}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LockRecoveryDone) GetDead() *ClerkId {
@@ -532,6 +650,13 @@ func (x *LockRecoveryDone) GetOk() bool {
 		return x.Ok
 	}
 	return false
+}
+
+func (x *LockRecoveryDone) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
 }
 
 // SessionRequest is what a clerk sends on its session; the first is a hello.
@@ -550,7 +675,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[7]
+	mi := &file_grovepb_lock_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +687,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[7]
+	mi := &file_grovepb_lock_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +700,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{7}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SessionRequest) GetMsg() isSessionRequest_Msg {
@@ -658,7 +783,7 @@ type LockWelcome struct {
 
 func (x *LockWelcome) Reset() {
 	*x = LockWelcome{}
-	mi := &file_grovepb_lock_proto_msgTypes[8]
+	mi := &file_grovepb_lock_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +795,7 @@ func (x *LockWelcome) String() string {
 func (*LockWelcome) ProtoMessage() {}
 
 func (x *LockWelcome) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[8]
+	mi := &file_grovepb_lock_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +808,7 @@ func (x *LockWelcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWelcome.ProtoReflect.Descriptor instead.
 func (*LockWelcome) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{8}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LockWelcome) GetEpoch() uint64 {
@@ -703,7 +828,7 @@ type LockReject struct {
 
 func (x *LockReject) Reset() {
 	*x = LockReject{}
-	mi := &file_grovepb_lock_proto_msgTypes[9]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +840,7 @@ func (x *LockReject) String() string {
 func (*LockReject) ProtoMessage() {}
 
 func (x *LockReject) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[9]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +853,7 @@ func (x *LockReject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReject.ProtoReflect.Descriptor instead.
 func (*LockReject) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LockReject) GetReason() string {
@@ -749,14 +874,14 @@ type LockGrant struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Mode          LockMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=grove.v1.LockMode" json:"mode,omitempty"`
-	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockGrant) Reset() {
 	*x = LockGrant{}
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +893,7 @@ func (x *LockGrant) String() string {
 func (*LockGrant) ProtoMessage() {}
 
 func (x *LockGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +906,7 @@ func (x *LockGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGrant.ProtoReflect.Descriptor instead.
 func (*LockGrant) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LockGrant) GetName() []byte {
@@ -798,11 +923,11 @@ func (x *LockGrant) GetMode() LockMode {
 	return LockMode_LOCK_MODE_UNSPECIFIED
 }
 
-func (x *LockGrant) GetSeq() uint64 {
+func (x *LockGrant) GetToken() *Token {
 	if x != nil {
-		return x.Seq
+		return x.Token
 	}
-	return 0
+	return nil
 }
 
 type LockRevoke struct {
@@ -815,7 +940,7 @@ type LockRevoke struct {
 
 func (x *LockRevoke) Reset() {
 	*x = LockRevoke{}
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +952,7 @@ func (x *LockRevoke) String() string {
 func (*LockRevoke) ProtoMessage() {}
 
 func (x *LockRevoke) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +965,7 @@ func (x *LockRevoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRevoke.ProtoReflect.Descriptor instead.
 func (*LockRevoke) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LockRevoke) GetName() []byte {
@@ -862,13 +987,14 @@ type LockRecover struct {
 	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
 	Names         [][]byte               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
 	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"` // the run's fencing token, for its writes
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockRecover) Reset() {
 	*x = LockRecover{}
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1006,7 @@ func (x *LockRecover) String() string {
 func (*LockRecover) ProtoMessage() {}
 
 func (x *LockRecover) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1019,7 @@ func (x *LockRecover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecover.ProtoReflect.Descriptor instead.
 func (*LockRecover) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LockRecover) GetDead() *ClerkId {
@@ -917,6 +1043,13 @@ func (x *LockRecover) GetAll() bool {
 	return false
 }
 
+func (x *LockRecover) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 // SessionResponse is what the master sends on a clerk's session.
 type SessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -934,7 +1067,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1079,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1092,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -1061,7 +1194,7 @@ type LockMasterRecord struct {
 
 func (x *LockMasterRecord) Reset() {
 	*x = LockMasterRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1206,7 @@ func (x *LockMasterRecord) String() string {
 func (*LockMasterRecord) ProtoMessage() {}
 
 func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1219,7 @@ func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockMasterRecord.ProtoReflect.Descriptor instead.
 func (*LockMasterRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LockMasterRecord) GetNode() uint64 {
@@ -1127,7 +1260,7 @@ type LockClerkRecord struct {
 
 func (x *LockClerkRecord) Reset() {
 	*x = LockClerkRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1272,7 @@ func (x *LockClerkRecord) String() string {
 func (*LockClerkRecord) ProtoMessage() {}
 
 func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1285,7 @@ func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockClerkRecord.ProtoReflect.Descriptor instead.
 func (*LockClerkRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LockClerkRecord) GetId() *ClerkId {
@@ -1173,15 +1306,16 @@ type LockRecoveryRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
 	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Names         [][]byte               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
+	Names         [][]byte               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"` // written by older versions: held exclusive
 	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	Leases        []*HeldLease           `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"` // what the dead clerk held, with modes
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockRecoveryRecord) Reset() {
 	*x = LockRecoveryRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1327,7 @@ func (x *LockRecoveryRecord) String() string {
 func (*LockRecoveryRecord) ProtoMessage() {}
 
 func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1340,7 @@ func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecoveryRecord.ProtoReflect.Descriptor instead.
 func (*LockRecoveryRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LockRecoveryRecord) GetDead() *ClerkId {
@@ -1237,6 +1371,13 @@ func (x *LockRecoveryRecord) GetAll() bool {
 	return false
 }
 
+func (x *LockRecoveryRecord) GetLeases() []*HeldLease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
 type HoldRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1249,7 +1390,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1402,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1415,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HoldRequest) GetName() []byte {
@@ -1303,13 +1444,14 @@ type HoldResponse struct {
 	Kind          HoldResponse_Kind      `protobuf:"varint,1,opt,name=kind,proto3,enum=grove.v1.HoldResponse_Kind" json:"kind,omitempty"`
 	Clerk         *ClerkId               `protobuf:"bytes,2,opt,name=clerk,proto3" json:"clerk,omitempty"`
 	WaitedMicros  uint64                 `protobuf:"varint,3,opt,name=waited_micros,json=waitedMicros,proto3" json:"waited_micros,omitempty"`
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"` // the grant's fencing token
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1463,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1476,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HoldResponse) GetKind() HoldResponse_Kind {
@@ -1358,6 +1500,13 @@ func (x *HoldResponse) GetWaitedMicros() uint64 {
 	return 0
 }
 
+func (x *HoldResponse) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1366,7 +1515,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1527,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,20 +1540,21 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
 }
 
 type LockHolder struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Clerk         *ClerkId               `protobuf:"bytes,1,opt,name=clerk,proto3" json:"clerk,omitempty"`
 	Mode          LockMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=grove.v1.LockMode" json:"mode,omitempty"`
+	Token         *Token                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1566,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1579,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockHolder) GetClerk() *ClerkId {
@@ -1446,6 +1596,13 @@ func (x *LockHolder) GetMode() LockMode {
 	return LockMode_LOCK_MODE_UNSPECIFIED
 }
 
+func (x *LockHolder) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 type LockEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1457,7 +1614,7 @@ type LockEntry struct {
 
 func (x *LockEntry) Reset() {
 	*x = LockEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1626,7 @@ func (x *LockEntry) String() string {
 func (*LockEntry) ProtoMessage() {}
 
 func (x *LockEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1639,7 @@ func (x *LockEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockEntry.ProtoReflect.Descriptor instead.
 func (*LockEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LockEntry) GetName() []byte {
@@ -1519,7 +1676,7 @@ type ClerkEntry struct {
 
 func (x *ClerkEntry) Reset() {
 	*x = ClerkEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1688,7 @@ func (x *ClerkEntry) String() string {
 func (*ClerkEntry) ProtoMessage() {}
 
 func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1701,7 @@ func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClerkEntry.ProtoReflect.Descriptor instead.
 func (*ClerkEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ClerkEntry) GetId() *ClerkId {
@@ -1595,7 +1752,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1764,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1777,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResponse) GetMaster() *LockMasterRecord {
@@ -1666,30 +1823,40 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\aClerkId\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\rR\x03seq\"Y\n" +
+	"\x03seq\x18\x03 \x01(\rR\x03seq\"/\n" +
+	"\x05Token\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"t\n" +
 	"\tHeldLease\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\"I\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12%\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05tokenJ\x04\b\x03\x10\x04\"_\n" +
+	"\x0fRunningRecovery\x12%\n" +
+	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12%\n" +
+	"\x05token\x18\x02 \x01(\v2\x0f.grove.v1.TokenR\x05token\"I\n" +
 	"\vWantedLease\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\"\xb2\x01\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\"\xed\x01\n" +
 	"\tLockHello\x12'\n" +
 	"\x05clerk\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x05clerk\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12'\n" +
 	"\x04held\x18\x04 \x03(\v2\x13.grove.v1.HeldLeaseR\x04held\x12)\n" +
-	"\x04want\x18\x05 \x03(\v2\x15.grove.v1.WantedLeaseR\x04want\"I\n" +
+	"\x04want\x18\x05 \x03(\v2\x15.grove.v1.WantedLeaseR\x04want\x129\n" +
+	"\n" +
+	"recovering\x18\x06 \x03(\v2\x19.grove.v1.RunningRecoveryR\n" +
+	"recovering\"I\n" +
 	"\vLockAcquire\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\"[\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\"v\n" +
 	"\vLockRelease\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\"I\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12%\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05tokenJ\x04\b\x03\x10\x04\"p\n" +
 	"\x10LockRecoveryDone\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x0e\n" +
-	"\x02ok\x18\x02 \x01(\bR\x02ok\"\xed\x01\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12%\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xed\x01\n" +
 	"\x0eSessionRequest\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.grove.v1.LockHelloH\x00R\x05hello\x121\n" +
 	"\aacquire\x18\x02 \x01(\v2\x15.grove.v1.LockAcquireH\x00R\aacquire\x121\n" +
@@ -1701,19 +1868,20 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\n" +
 	"LockReject\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x12\n" +
-	"\x04dead\x18\x02 \x01(\bR\x04dead\"Y\n" +
+	"\x04dead\x18\x02 \x01(\bR\x04dead\"t\n" +
 	"\tLockGrant\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\"H\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12%\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05tokenJ\x04\b\x03\x10\x04\"H\n" +
 	"\n" +
 	"LockRevoke\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04keep\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04keep\"\\\n" +
+	"\x04keep\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04keep\"\x83\x01\n" +
 	"\vLockRecover\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\fR\x05names\x12\x10\n" +
-	"\x03all\x18\x03 \x01(\bR\x03all\"\x8b\x02\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12%\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\x8b\x02\n" +
 	"\x0fSessionResponse\x121\n" +
 	"\awelcome\x18\x01 \x01(\v2\x15.grove.v1.LockWelcomeH\x00R\awelcome\x12.\n" +
 	"\x06reject\x18\x02 \x01(\v2\x14.grove.v1.LockRejectH\x00R\x06reject\x12+\n" +
@@ -1728,30 +1896,33 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\"H\n" +
 	"\x0fLockClerkRecord\x12!\n" +
 	"\x02id\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x02id\x12\x12\n" +
-	"\x04kind\x18\x02 \x01(\tR\x04kind\"w\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\"\xa4\x01\n" +
 	"\x12LockRecoveryRecord\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05names\x18\x03 \x03(\fR\x05names\x12\x10\n" +
-	"\x03all\x18\x04 \x01(\bR\x03all\"j\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12+\n" +
+	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\"j\n" +
 	"\vHoldRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x1f\n" +
 	"\vhold_millis\x18\x03 \x01(\x04R\n" +
-	"holdMillis\"\xd0\x01\n" +
+	"holdMillis\"\xf7\x01\n" +
 	"\fHoldResponse\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.grove.v1.HoldResponse.KindR\x04kind\x12'\n" +
 	"\x05clerk\x18\x02 \x01(\v2\x11.grove.v1.ClerkIdR\x05clerk\x12#\n" +
-	"\rwaited_micros\x18\x03 \x01(\x04R\fwaitedMicros\"A\n" +
+	"\rwaited_micros\x18\x03 \x01(\x04R\fwaitedMicros\x12%\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05token\"A\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_GRANTED\x10\x01\x12\x11\n" +
 	"\rKIND_RELEASED\x10\x02\"\r\n" +
-	"\vListRequest\"]\n" +
+	"\vListRequest\"\x84\x01\n" +
 	"\n" +
 	"LockHolder\x12'\n" +
 	"\x05clerk\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x05clerk\x12&\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\"|\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12%\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"|\n" +
 	"\tLockEntry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.grove.v1.LockHolderR\aholders\x12+\n" +
@@ -1793,81 +1964,94 @@ func file_grovepb_lock_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_grovepb_lock_proto_goTypes = []any{
 	(LockMode)(0),              // 0: grove.v1.LockMode
 	(HoldResponse_Kind)(0),     // 1: grove.v1.HoldResponse.Kind
 	(*ClerkId)(nil),            // 2: grove.v1.ClerkId
-	(*HeldLease)(nil),          // 3: grove.v1.HeldLease
-	(*WantedLease)(nil),        // 4: grove.v1.WantedLease
-	(*LockHello)(nil),          // 5: grove.v1.LockHello
-	(*LockAcquire)(nil),        // 6: grove.v1.LockAcquire
-	(*LockRelease)(nil),        // 7: grove.v1.LockRelease
-	(*LockRecoveryDone)(nil),   // 8: grove.v1.LockRecoveryDone
-	(*SessionRequest)(nil),     // 9: grove.v1.SessionRequest
-	(*LockWelcome)(nil),        // 10: grove.v1.LockWelcome
-	(*LockReject)(nil),         // 11: grove.v1.LockReject
-	(*LockGrant)(nil),          // 12: grove.v1.LockGrant
-	(*LockRevoke)(nil),         // 13: grove.v1.LockRevoke
-	(*LockRecover)(nil),        // 14: grove.v1.LockRecover
-	(*SessionResponse)(nil),    // 15: grove.v1.SessionResponse
-	(*LockMasterRecord)(nil),   // 16: grove.v1.LockMasterRecord
-	(*LockClerkRecord)(nil),    // 17: grove.v1.LockClerkRecord
-	(*LockRecoveryRecord)(nil), // 18: grove.v1.LockRecoveryRecord
-	(*HoldRequest)(nil),        // 19: grove.v1.HoldRequest
-	(*HoldResponse)(nil),       // 20: grove.v1.HoldResponse
-	(*ListRequest)(nil),        // 21: grove.v1.ListRequest
-	(*LockHolder)(nil),         // 22: grove.v1.LockHolder
-	(*LockEntry)(nil),          // 23: grove.v1.LockEntry
-	(*ClerkEntry)(nil),         // 24: grove.v1.ClerkEntry
-	(*ListResponse)(nil),       // 25: grove.v1.ListResponse
+	(*Token)(nil),              // 3: grove.v1.Token
+	(*HeldLease)(nil),          // 4: grove.v1.HeldLease
+	(*RunningRecovery)(nil),    // 5: grove.v1.RunningRecovery
+	(*WantedLease)(nil),        // 6: grove.v1.WantedLease
+	(*LockHello)(nil),          // 7: grove.v1.LockHello
+	(*LockAcquire)(nil),        // 8: grove.v1.LockAcquire
+	(*LockRelease)(nil),        // 9: grove.v1.LockRelease
+	(*LockRecoveryDone)(nil),   // 10: grove.v1.LockRecoveryDone
+	(*SessionRequest)(nil),     // 11: grove.v1.SessionRequest
+	(*LockWelcome)(nil),        // 12: grove.v1.LockWelcome
+	(*LockReject)(nil),         // 13: grove.v1.LockReject
+	(*LockGrant)(nil),          // 14: grove.v1.LockGrant
+	(*LockRevoke)(nil),         // 15: grove.v1.LockRevoke
+	(*LockRecover)(nil),        // 16: grove.v1.LockRecover
+	(*SessionResponse)(nil),    // 17: grove.v1.SessionResponse
+	(*LockMasterRecord)(nil),   // 18: grove.v1.LockMasterRecord
+	(*LockClerkRecord)(nil),    // 19: grove.v1.LockClerkRecord
+	(*LockRecoveryRecord)(nil), // 20: grove.v1.LockRecoveryRecord
+	(*HoldRequest)(nil),        // 21: grove.v1.HoldRequest
+	(*HoldResponse)(nil),       // 22: grove.v1.HoldResponse
+	(*ListRequest)(nil),        // 23: grove.v1.ListRequest
+	(*LockHolder)(nil),         // 24: grove.v1.LockHolder
+	(*LockEntry)(nil),          // 25: grove.v1.LockEntry
+	(*ClerkEntry)(nil),         // 26: grove.v1.ClerkEntry
+	(*ListResponse)(nil),       // 27: grove.v1.ListResponse
 }
 var file_grovepb_lock_proto_depIdxs = []int32{
 	0,  // 0: grove.v1.HeldLease.mode:type_name -> grove.v1.LockMode
-	0,  // 1: grove.v1.WantedLease.mode:type_name -> grove.v1.LockMode
-	2,  // 2: grove.v1.LockHello.clerk:type_name -> grove.v1.ClerkId
-	3,  // 3: grove.v1.LockHello.held:type_name -> grove.v1.HeldLease
-	4,  // 4: grove.v1.LockHello.want:type_name -> grove.v1.WantedLease
-	0,  // 5: grove.v1.LockAcquire.mode:type_name -> grove.v1.LockMode
-	0,  // 6: grove.v1.LockRelease.mode:type_name -> grove.v1.LockMode
-	2,  // 7: grove.v1.LockRecoveryDone.dead:type_name -> grove.v1.ClerkId
-	5,  // 8: grove.v1.SessionRequest.hello:type_name -> grove.v1.LockHello
-	6,  // 9: grove.v1.SessionRequest.acquire:type_name -> grove.v1.LockAcquire
-	7,  // 10: grove.v1.SessionRequest.release:type_name -> grove.v1.LockRelease
-	8,  // 11: grove.v1.SessionRequest.recovery_done:type_name -> grove.v1.LockRecoveryDone
-	0,  // 12: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
-	0,  // 13: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
-	2,  // 14: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
-	10, // 15: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
-	11, // 16: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
-	12, // 17: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
-	13, // 18: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
-	14, // 19: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
-	2,  // 20: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
-	2,  // 21: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
-	0,  // 22: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
-	1,  // 23: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
-	2,  // 24: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
-	2,  // 25: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
-	0,  // 26: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
-	22, // 27: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
-	2,  // 28: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
-	2,  // 29: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
-	16, // 30: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
-	23, // 31: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
-	24, // 32: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
-	18, // 33: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
-	9,  // 34: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
-	21, // 35: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
-	19, // 36: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
-	15, // 37: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
-	25, // 38: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
-	20, // 39: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
-	37, // [37:40] is the sub-list for method output_type
-	34, // [34:37] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	3,  // 1: grove.v1.HeldLease.token:type_name -> grove.v1.Token
+	2,  // 2: grove.v1.RunningRecovery.dead:type_name -> grove.v1.ClerkId
+	3,  // 3: grove.v1.RunningRecovery.token:type_name -> grove.v1.Token
+	0,  // 4: grove.v1.WantedLease.mode:type_name -> grove.v1.LockMode
+	2,  // 5: grove.v1.LockHello.clerk:type_name -> grove.v1.ClerkId
+	4,  // 6: grove.v1.LockHello.held:type_name -> grove.v1.HeldLease
+	6,  // 7: grove.v1.LockHello.want:type_name -> grove.v1.WantedLease
+	5,  // 8: grove.v1.LockHello.recovering:type_name -> grove.v1.RunningRecovery
+	0,  // 9: grove.v1.LockAcquire.mode:type_name -> grove.v1.LockMode
+	0,  // 10: grove.v1.LockRelease.mode:type_name -> grove.v1.LockMode
+	3,  // 11: grove.v1.LockRelease.token:type_name -> grove.v1.Token
+	2,  // 12: grove.v1.LockRecoveryDone.dead:type_name -> grove.v1.ClerkId
+	3,  // 13: grove.v1.LockRecoveryDone.token:type_name -> grove.v1.Token
+	7,  // 14: grove.v1.SessionRequest.hello:type_name -> grove.v1.LockHello
+	8,  // 15: grove.v1.SessionRequest.acquire:type_name -> grove.v1.LockAcquire
+	9,  // 16: grove.v1.SessionRequest.release:type_name -> grove.v1.LockRelease
+	10, // 17: grove.v1.SessionRequest.recovery_done:type_name -> grove.v1.LockRecoveryDone
+	0,  // 18: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
+	3,  // 19: grove.v1.LockGrant.token:type_name -> grove.v1.Token
+	0,  // 20: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
+	2,  // 21: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
+	3,  // 22: grove.v1.LockRecover.token:type_name -> grove.v1.Token
+	12, // 23: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
+	13, // 24: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
+	14, // 25: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
+	15, // 26: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
+	16, // 27: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
+	2,  // 28: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
+	2,  // 29: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
+	4,  // 30: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
+	0,  // 31: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
+	1,  // 32: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
+	2,  // 33: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
+	3,  // 34: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
+	2,  // 35: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
+	0,  // 36: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
+	3,  // 37: grove.v1.LockHolder.token:type_name -> grove.v1.Token
+	24, // 38: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
+	2,  // 39: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
+	2,  // 40: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
+	18, // 41: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
+	25, // 42: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
+	26, // 43: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
+	20, // 44: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
+	11, // 45: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
+	23, // 46: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
+	21, // 47: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
+	17, // 48: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
+	27, // 49: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
+	22, // 50: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
+	48, // [48:51] is the sub-list for method output_type
+	45, // [45:48] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_lock_proto_init() }
@@ -1875,13 +2059,13 @@ func file_grovepb_lock_proto_init() {
 	if File_grovepb_lock_proto != nil {
 		return
 	}
-	file_grovepb_lock_proto_msgTypes[7].OneofWrappers = []any{
+	file_grovepb_lock_proto_msgTypes[9].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Acquire)(nil),
 		(*SessionRequest_Release)(nil),
 		(*SessionRequest_RecoveryDone)(nil),
 	}
-	file_grovepb_lock_proto_msgTypes[13].OneofWrappers = []any{
+	file_grovepb_lock_proto_msgTypes[15].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Reject)(nil),
 		(*SessionResponse_Grant)(nil),
@@ -1894,7 +2078,7 @@ func file_grovepb_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_lock_proto_rawDesc), len(file_grovepb_lock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

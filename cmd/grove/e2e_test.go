@@ -118,6 +118,7 @@ func TestUpRestartSameCluster(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		buf := make([]byte, 4096)
 		got := ""
 		for !contains(got, "ready") {

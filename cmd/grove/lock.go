@@ -89,7 +89,7 @@ func lockAcquireCmd() *cobra.Command {
 				}
 				switch ev.Kind {
 				case pb.HoldResponse_KIND_GRANTED:
-					fmt.Printf("granted %s mode=%s clerk=%s waited=%v\n", args[0], mode, clerkString(ev.Clerk), time.Since(start).Round(time.Millisecond))
+					fmt.Printf("granted %s mode=%s clerk=%s token=%s waited=%v\n", args[0], mode, clerkString(ev.Clerk), lock.TokenFromPB(ev.Token), time.Since(start).Round(time.Millisecond))
 				case pb.HoldResponse_KIND_RELEASED:
 					fmt.Printf("released %s\n", args[0])
 				}
@@ -115,7 +115,9 @@ type LockListJSON struct {
 type LockJSON struct {
 	Name    string            `json:"name"`
 	Holders map[string]string `json:"holders"` // clerk → mode
+	Tokens  map[string]string `json:"tokens"`  // clerk → fencing token (epoch.seq)
 	Waiters []string          `json:"waiters"`
+	order   []string          // holders in clerk order, for the table
 }
 
 type ClerkJSON struct {
@@ -136,9 +138,12 @@ type RecoveryJSON struct {
 func lockListJSON(r *pb.ListResponse) LockListJSON {
 	out := LockListJSON{Master: r.Master.GetNode(), Epoch: r.Master.GetEpoch(), Serving: r.Serving, Locks: []LockJSON{}, Clerks: []ClerkJSON{}, Recoveries: []RecoveryJSON{}}
 	for _, l := range r.Locks {
-		j := LockJSON{Name: string(l.Name), Holders: map[string]string{}, Waiters: []string{}}
-		for _, h := range l.Holders {
-			j.Holders[clerkString(h.Clerk)] = modeString(h.Mode)
+		j := LockJSON{Name: string(l.Name), Holders: map[string]string{}, Tokens: map[string]string{}, Waiters: []string{}}
+		for _, h := range l.Holders { // sorted by clerk id by the master
+			c := clerkString(h.Clerk)
+			j.Holders[c] = modeString(h.Mode)
+			j.Tokens[c] = lock.TokenFromPB(h.Token).String()
+			j.order = append(j.order, c)
 		}
 		for _, w := range l.Waiters {
 			j.Waiters = append(j.Waiters, clerkString(w))
@@ -152,6 +157,9 @@ func lockListJSON(r *pb.ListResponse) LockListJSON {
 		j := RecoveryJSON{Dead: clerkString(rc.Dead), Kind: rc.Kind, All: rc.All, Names: []string{}}
 		for _, n := range rc.Names {
 			j.Names = append(j.Names, string(n))
+		}
+		for _, l := range rc.Leases {
+			j.Names = append(j.Names, string(l.Name))
 		}
 		out.Recoveries = append(out.Recoveries, j)
 	}
@@ -192,8 +200,8 @@ func lockListCmd() *cobra.Command {
 			fmt.Fprintln(w, "LOCK\tHOLDERS\tWAITERS")
 			for _, l := range j.Locks {
 				var hs []string
-				for c, m := range l.Holders {
-					hs = append(hs, c+":"+m)
+				for _, c := range l.order {
+					hs = append(hs, c+":"+l.Holders[c]+"@"+l.Tokens[c])
 				}
 				fmt.Fprintf(w, "%q\t%s\t%s\n", l.Name, strings.Join(hs, " "), strings.Join(l.Waiters, " "))
 			}

@@ -43,6 +43,7 @@ type NodeJSON struct {
 	Beacon            string   `json:"beacon"`
 	ObserversDead     uint32   `json:"observers_dead"`
 	ObserversAnswered uint32   `json:"observers_answered"`
+	ObserversHeard    uint32   `json:"observers_heard"`
 }
 
 func toJSON(r *pb.StatusResponse) StatusJSON {
@@ -56,7 +57,7 @@ func toJSON(r *pb.StatusResponse) StatusJSON {
 			roles = []string{}
 		}
 		out.Nodes = append(out.Nodes, NodeJSON{ID: n.Id, Alive: n.Alive, Incarnation: n.Incarnation, Roles: roles, GRPC: n.GrpcAddr,
-			Beacon: n.BeaconAddr, ObserversDead: n.ObserversDead, ObserversAnswered: n.ObserversAnswered})
+			Beacon: n.BeaconAddr, ObserversDead: n.ObserversDead, ObserversAnswered: n.ObserversAnswered, ObserversHeard: n.ObserversHeard})
 	}
 	return out
 }
@@ -94,13 +95,16 @@ func statusCmd() *cobra.Command {
 			w.Flush()
 			fmt.Println()
 			w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tSTATE\tINCARNATION\tDEAD-VOTES\tGRPC\tBEACON\tROLES")
+			fmt.Fprintln(w, "NODE\tSTATE\tINCARNATION\tHEARD-BY\tDEAD-VOTES\tGRPC\tBEACON\tROLES")
 			for _, n := range r.Nodes {
 				state := "alive"
-				if !n.Alive {
+				switch {
+				case !n.Alive:
 					state = "dead"
+				case int(n.ObserversHeard) <= len(r.Members)/2:
+					state = "joining" // not declared dead, not acknowledged by a majority either
 				}
-				fmt.Fprintf(w, "%d\t%s\t%d\t%d/%d\t%s\t%s\t%s\n", n.Id, state, n.Incarnation, n.ObserversDead, n.ObserversAnswered, n.GrpcAddr, n.BeaconAddr, strings.Join(n.Roles, ","))
+				fmt.Fprintf(w, "%d\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", n.Id, state, n.Incarnation, n.ObserversHeard, len(r.Members), n.ObserversDead, n.ObserversAnswered, n.GrpcAddr, n.BeaconAddr, strings.Join(n.Roles, ","))
 			}
 			return w.Flush()
 		},

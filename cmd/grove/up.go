@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
+	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
@@ -202,6 +204,16 @@ func runUp(o upOptions) error {
 	defer logf.Close()
 	log := slog.New(slog.NewTextHandler(logf, nil))
 
+	// The incarnations of the last run: ready means every node registered a
+	// newer one and a majority of observers hear it.
+	before := map[uint64]uint64{}
+	for _, c := range cfgs {
+		inc, err := fd.LoadIncarnation(disk.OS{}, filepath.Join(c.DataDir, "incarnation"))
+		if err != nil {
+			return err
+		}
+		before[c.ID] = uint64(inc)
+	}
 	var stop func()
 	if o.processes {
 		stop, err = startProcesses(cfgs, paths, log)
@@ -241,7 +253,7 @@ func runUp(o upOptions) error {
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	if err := waitReady(status, len(cfgs), o.readyWait, sig); err != nil {
+	if err := waitReady(status, before, o.readyWait, sig); err != nil {
 		return err
 	}
 	s := <-sig
@@ -249,9 +261,11 @@ func runUp(o upOptions) error {
 	return nil
 }
 
-// waitReady polls until the config service has a leader and every node is
-// registered and alive, then prints the ready line.
-func waitReady(s *node.StatusService, n int, limit time.Duration, sig chan os.Signal) error {
+// waitReady polls until the config service has a leader and every node has
+// registered an incarnation newer than before[id] that a majority of
+// observers hear, then prints the ready line.
+func waitReady(s *node.StatusService, before map[uint64]uint64, limit time.Duration, sig chan os.Signal) error {
+	n := len(before)
 	deadline := time.Now().Add(limit)
 	var last string
 	for {
@@ -261,7 +275,7 @@ func waitReady(s *node.StatusService, n int, limit time.Duration, sig chan os.Si
 		if err == nil {
 			alive := 0
 			for _, nd := range r.Nodes {
-				if nd.Alive {
+				if nd.Alive && nd.Incarnation > before[nd.Id] && int(nd.ObserversHeard) > len(r.Members)/2 {
 					alive++
 				}
 			}

@@ -14,7 +14,7 @@ import (
 type FDTrial struct {
 	Node        uint64
 	ToDead      time.Duration // SIGKILL → status reports dead
-	ToAlive     time.Duration // restart → status reports alive, higher incarnation
+	ToAlive     time.Duration // restart → a majority of observers hear a higher incarnation
 	Incarnation uint64        // the incarnation it came back with
 }
 
@@ -22,7 +22,8 @@ type FDTrial struct {
 // node that is not the config-service leader (so that the time measured is
 // the failure detector's, not a raft election's), polls `grove status`
 // every 10 ms until the node is reported dead, restarts it with its printed
-// command, and polls until it is alive with a higher incarnation.
+// command, and polls until a majority of observers acknowledge it with a
+// higher incarnation.
 func FDFailover(ctx context.Context, u *UpCluster, trials int, progress io.Writer) ([]FDTrial, error) {
 	var out []FDTrial
 	for t := 0; t < trials; t++ {
@@ -50,8 +51,10 @@ func FDFailover(ctx context.Context, u *UpCluster, trials int, progress io.Write
 		if err := u.Restart(victim); err != nil {
 			return out, err
 		}
+		// Up means acknowledged: a majority of observers hear the new
+		// incarnation (not merely "not yet declared dead").
 		n, alive, err := u.WaitNode(ctx, victim, 10*time.Millisecond, func(n *pb.NodeStatus) bool {
-			return n.Alive && n.Incarnation > before.Incarnation
+			return n.Alive && n.Incarnation > before.Incarnation && int(n.ObserversHeard) > u.Observers/2
 		})
 		if err != nil {
 			return out, err

@@ -23,9 +23,10 @@ import (
 // UpCluster drives a real `grove up --processes` cluster: real processes,
 // real sockets, real fsync. The end-to-end tests and `grove bench fd` use it.
 type UpCluster struct {
-	Bin     string
-	Gateway string
-	Nodes   map[uint64]*UpNode
+	Bin       string
+	Gateway   string
+	Nodes     map[uint64]*UpNode
+	Observers int // config-service members (the failure detector's observers)
 	up      *exec.Cmd
 	conn    *grpc.ClientConn
 	mu      sync.Mutex
@@ -85,6 +86,12 @@ func StartUp(ctx context.Context, bin, dir string, port int, log io.Writer, extr
 					u.Close()
 					return nil, err
 				}
+				st, err := u.Status(ctx)
+				if err != nil {
+					u.Close()
+					return nil, err
+				}
+				u.Observers = len(st.Members)
 				return u, nil
 			}
 			if n, err := ParseNodeLine(l); err == nil {

@@ -328,7 +328,7 @@ func (d *Driver) SetMembership(version uint64, regs map[NodeID]Registration) {
 // Query answers "is (node, inc) dead?" for each subject. A new "dead" answer
 // is returned only once its tombstone is durable (the durability contract of
 // Observer.Query); ErrNoMajority means this observer does not answer.
-func (d *Driver) Query(ctx context.Context, qs []Question) ([]bool, error) {
+func (d *Driver) Query(ctx context.Context, qs []Question) (dead, heard []bool, err error) {
 	ch := make(chan Answer, 1)
 	d.mu.Lock()
 	d.mu.nextQID++
@@ -338,15 +338,15 @@ func (d *Driver) Query(ctx context.Context, qs []Question) ([]bool, error) {
 	d.step(func(e *Engine, now time.Time) []any { return e.Query(now, id, qs) })
 	select {
 	case a := <-ch:
-		return a.Dead, a.Err
+		return a.Dead, a.Heard, a.Err
 	case <-ctx.Done():
 		d.mu.Lock()
 		delete(d.mu.answers, id)
 		d.mu.e.CancelQuery(id)
 		d.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-d.done:
-		return nil, errors.New("fd: driver stopped")
+		return nil, nil, errors.New("fd: driver stopped")
 	}
 }
 

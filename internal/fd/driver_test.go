@@ -173,7 +173,7 @@ func allAlive(nodes []*realNode) func() bool {
 func query(d *Driver, n NodeID, inc Incarnation) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	dead, err := d.Query(ctx, []Question{{n, inc}})
+	dead, _, err := d.Query(ctx, []Question{{n, inc}})
 	if err != nil {
 		return false, err
 	}

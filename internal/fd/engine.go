@@ -36,6 +36,7 @@ type (
 	Answer struct {
 		Query QueryID
 		Dead  []bool
+		Heard []bool // the observer acknowledges that very incarnation
 		Err   error
 	}
 	// SelfFence: incarnation Inc is over (its deadline passed). Every
@@ -99,7 +100,7 @@ const (
 // be down for a while; the node stays down until they are back).
 const (
 	minRetry = 200 * time.Millisecond
-	maxRetry = 5 * time.Second
+	maxRetry = time.Second
 )
 
 // Engine is one node's failure detector: the subject of its current
@@ -127,9 +128,10 @@ type Engine struct {
 }
 
 type pendingQuery struct {
-	id   QueryID
-	dead []bool
-	need uint64 // the observer version that must be durable first
+	id    QueryID
+	dead  []bool
+	heard []bool
+	need  uint64 // the observer version that must be durable first
 }
 
 // NewEngine returns an engine that has persisted incarnations up to lastInc
@@ -321,17 +323,18 @@ func (e *Engine) Query(now time.Time, id QueryID, qs []Question) []any {
 	if !ok {
 		return []any{Answer{Query: id, Err: ErrNoMajority}}
 	}
-	dead := make([]bool, len(qs))
+	dead, heard := make([]bool, len(qs)), make([]bool, len(qs))
 	condemned := false
 	for i, q := range qs {
 		v := e.obs.Query(now, contact, q.Node, q.Inc)
 		dead[i] = v == VerdictDead || v == VerdictCondemned
+		heard[i] = !dead[i] && e.obs.Heard(now, q.Node, q.Inc)
 		condemned = condemned || v == VerdictCondemned
 	}
 	if !condemned {
-		return []any{Answer{Query: id, Dead: dead}}
+		return []any{Answer{Query: id, Dead: dead, Heard: heard}}
 	}
-	e.pending = append(e.pending, &pendingQuery{id: id, dead: dead, need: e.obs.Version()})
+	e.pending = append(e.pending, &pendingQuery{id: id, dead: dead, heard: heard, need: e.obs.Version()})
 	return e.maybePersist()
 }
 
@@ -367,7 +370,7 @@ func (e *Engine) TombstonesPersisted(now time.Time, p PersistTombstones, err err
 	for _, q := range e.pending {
 		switch {
 		case err == nil && q.need <= e.persistedVersion:
-			out = append(out, Answer{Query: q.id, Dead: q.dead})
+			out = append(out, Answer{Query: q.id, Dead: q.dead, Heard: q.heard})
 		case err != nil && q.need <= p.Version:
 			out = append(out, Answer{Query: q.id, Err: fmt.Errorf("%w: %v", ErrVerdictNotDurable, err)})
 		default:

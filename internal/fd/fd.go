@@ -477,6 +477,13 @@ func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verd
 	return VerdictCondemned
 }
 
+// Heard reports whether the observer has heard a beacon of incarnation inc
+// of node n within GracePeriod: it acknowledges that incarnation.
+func (o *Observer) Heard(now time.Time, n NodeID, inc Incarnation) bool {
+	m := o.members[n]
+	return m != nil && m.inc == inc && m.heard && inc > o.tombstone(n) && now.Sub(m.lastHeard) <= o.grace
+}
+
 // Tombstones returns every verdict, durable or not, for persisting, and the
 // version it covers (for Durable).
 func (o *Observer) Tombstones() (map[NodeID]Incarnation, uint64) {
@@ -496,8 +503,7 @@ func (o *Observer) Durable(t map[NodeID]Incarnation) {
 	}
 }
 
-// Version counts condemnations; DurableCovers tells whether every
-// condemnation up to a version is durable.
+// Version counts condemnations.
 func (o *Observer) Version() uint64 { return o.version }
 
 // View is an observer's opinion of one node's registered incarnation.

@@ -2,6 +2,7 @@ package fd_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -325,7 +326,7 @@ func (s *fdSim) liveness() {
 	w, net := s.w, s.net
 	s.heal()
 	net.DropRate, net.DupRate = 0, 0
-	s.svc.StallFor(0)
+	s.svc.EndStall()
 	permDead := map[fd.NodeID]bool{}
 	deadObservers := 0
 	for id := fd.NodeID(1); id <= simNodes; id++ {
@@ -347,7 +348,20 @@ func (s *fdSim) liveness() {
 	// tombstoned it during the faults refuses it, and with one observer
 	// down it loses its majority), so the check is repeated until no
 	// incarnation changed while it ran.
+	settled := func(incs map[fd.NodeID]fd.Incarnation) bool {
+		for id := fd.NodeID(1); id <= simNodes; id++ {
+			inc := s.c.Registered(id)
+			if incs != nil && inc != incs[id] || !permDead[id] && !s.c.Alive(id, inc) {
+				return false
+			}
+		}
+		return true
+	}
 	for attempt := 0; ; attempt++ {
+		if !settled(nil) && attempt < 5 {
+			w.RunUntil(w.Now() + 2*s.c.Cfg.GracePeriod)
+			continue
+		}
 		incs := map[fd.NodeID]fd.Incarnation{}
 		for id := fd.NodeID(1); id <= simNodes; id++ {
 			incs[id] = s.c.Registered(id)
@@ -356,11 +370,7 @@ func (s *fdSim) liveness() {
 			}
 		}
 		w.RunUntil(w.Now() + 2*fdsim.QueryTimeout)
-		stable := true
-		for id := fd.NodeID(1); id <= simNodes; id++ {
-			stable = stable && s.c.Registered(id) == incs[id] && (permDead[id] || s.c.Alive(id, incs[id]))
-		}
-		if !stable && attempt < 5 {
+		if !settled(incs) && attempt < 5 {
 			w.RunUntil(w.Now() + 2*s.c.Cfg.GracePeriod)
 			continue
 		}
@@ -389,6 +399,9 @@ func (s *fdSim) lastVerdict(k simKey) *verdictEvent {
 
 func reportFD(t *testing.T, test string, seed int64, s *fdSim, fails []string) {
 	t.Helper()
+	if path := os.Getenv("GROVE_TRACE"); path != "" {
+		os.WriteFile(path, []byte(strings.Join(s.chk.trace, "\n")+"\n"), 0o644)
+	}
 	tail := s.chk.trace
 	if len(tail) > 80 {
 		tail = tail[len(tail)-80:]

@@ -38,11 +38,12 @@ type Clerk struct {
 	connected bool // welcomed in the current session
 	fenced    bool
 	leases    map[string]*lease
+	changes   uint64 // counts changes of granted modes (for observers)
 }
 
 type lease struct {
 	granted   Mode
-	seq       uint64 // sequence number of the newest grant received
+	token     Token // token of the newest grant received
 	want      Mode   // asked of the master and not yet granted
 	shared    int    // local shared holders
 	exclusive bool   // a local exclusive holder
@@ -71,6 +72,17 @@ func (c *Clerk) Held(name string) Mode {
 	return None
 }
 
+// Lease returns the mode and token of the cached lease on name.
+func (c *Clerk) Lease(name string) (Mode, Token) {
+	if l := c.leases[name]; l != nil {
+		return l.granted, l.token
+	}
+	return None, Token{}
+}
+
+// Names lists the locks the clerk has state for (held, wanted or waited on).
+func (c *Clerk) Names() []string { return sortedKeys(c.leases) }
+
 func (c *Clerk) lease(name string) *lease {
 	l := c.leases[name]
 	if l == nil {
@@ -81,16 +93,15 @@ func (c *Clerk) lease(name string) *lease {
 }
 
 // Connect starts a session with the master of epoch e: it returns the Hello
-// that reports everything the clerk holds and wants.
+// that reports everything the clerk holds and wants (the caller adds the
+// recoveries it runs).
 func (c *Clerk) Connect(e Epoch) Hello {
 	c.epoch, c.connected = e, false
-	h := Hello{Clerk: c.id, Kind: c.kind, Epoch: e, Held: map[string]Mode{}, Seqs: map[string]uint64{}, Want: map[string]Mode{}}
+	h := Hello{Clerk: c.id, Kind: c.kind, Epoch: e, Held: map[string]Mode{}, Tokens: map[string]Token{}, Want: map[string]Mode{}, Recovering: map[ClerkID]Token{}}
 	for name, l := range c.leases {
 		if l.granted != None {
 			h.Held[name] = l.granted
-		}
-		if l.seq != 0 {
-			h.Seqs[name] = l.seq
+			h.Tokens[name] = l.token
 		}
 		if l.want > l.granted {
 			h.Want[name] = l.want
@@ -180,7 +191,10 @@ func (c *Clerk) Drop(name string) []any {
 		return nil
 	}
 	l.granted, l.revoking = None, false
-	return []any{ToMaster{Release{Name: name, Mode: None, Seq: l.seq}}}
+	c.changes++
+	out := []any{ToMaster{Release{Name: name, Mode: None, Token: l.token}}}
+	c.gc(name, l)
+	return out
 }
 
 // Handle applies a message from the master on the current session.
@@ -196,22 +210,28 @@ func (c *Clerk) Handle(msg any) []any {
 		}
 	case Grant:
 		l := c.lease(x.Name)
-		if x.Seq > l.seq {
-			l.seq = x.Seq
+		if l.token.Less(x.Token) {
+			l.token = x.Token
 		}
 		if x.Mode > l.granted {
 			l.granted = x.Mode
+			c.changes++
 		}
 		if l.granted >= l.want {
 			l.want = None
 		}
 		c.admit(x.Name, l, &out)
 	case Revoke:
-		l := c.lease(x.Name)
-		if l.granted <= x.Keep {
+		l := c.leases[x.Name]
+		if l == nil || l.granted <= x.Keep {
 			// Already at or below what the master wants (a release crossed
-			// the revocation): say so again, harmlessly.
-			out = append(out, ToMaster{Release{Name: x.Name, Mode: l.granted, Seq: l.seq}})
+			// the revocation, or the name is unknown here): say so again,
+			// harmlessly, without keeping state for it.
+			if l == nil {
+				out = append(out, ToMaster{Release{Name: x.Name, Mode: None}})
+			} else {
+				out = append(out, ToMaster{Release{Name: x.Name, Mode: l.granted, Token: l.token}})
+			}
 			break
 		}
 		if !l.revoking || x.Keep < l.keep {
@@ -224,17 +244,21 @@ func (c *Clerk) Handle(msg any) []any {
 	return out
 }
 
-// RecoveryDone reports the outcome of a RunRecovery.
-func (c *Clerk) RecoveryDone(dead ClerkID, ok bool) []any {
+// RecoveryDone reports the end of a recovery run.
+func (c *Clerk) RecoveryDone(dead ClerkID, ok bool, token Token) []any {
 	if c.fenced {
 		return nil
 	}
-	return []any{ToMaster{RecoveryDone{Dead: dead, OK: ok}}}
+	return []any{ToMaster{RecoveryDone{Dead: dead, OK: ok, Token: token}}}
 }
+
+// Changes counts the changes of the clerk's granted modes so far.
+func (c *Clerk) Changes() uint64 { return c.changes }
 
 // Fence drops every lease and fails every waiter: the node fenced itself.
 func (c *Clerk) Fence() []*Waiter {
 	c.fenced = true
+	c.changes++
 	var failed []*Waiter
 	names := make([]string, 0, len(c.leases))
 	for n := range c.leases {
@@ -259,7 +283,8 @@ func (c *Clerk) admit(name string, l *lease, out *[]any) {
 		ok := l.keep == Shared && !l.exclusive || l.keep == None && !l.exclusive && l.shared == 0
 		if ok {
 			l.granted, l.revoking = l.keep, false
-			*out = append(*out, ToMaster{Release{Name: name, Mode: l.keep, Seq: l.seq}})
+			c.changes++
+			*out = append(*out, ToMaster{Release{Name: name, Mode: l.keep, Token: l.token}})
 		}
 	}
 	var woken []*Waiter
@@ -288,5 +313,14 @@ func (c *Clerk) admit(name string, l *lease, out *[]any) {
 	}
 	if len(woken) > 0 {
 		*out = append(*out, Woken{woken})
+	}
+	c.gc(name, l)
+}
+
+// gc drops the state of a lock the clerk neither holds, wants nor uses, so
+// that a clerk's memory stays bounded by what it uses.
+func (c *Clerk) gc(name string, l *lease) {
+	if l.granted == None && l.want == None && !l.revoking && l.shared == 0 && !l.exclusive && len(l.waiters) == 0 {
+		delete(c.leases, name)
 	}
 }

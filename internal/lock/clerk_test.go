@@ -22,7 +22,7 @@ func TestClerkCacheRevokeFence(t *testing.T) {
 	if w.Granted || len(toMaster(out)) != 1 {
 		t.Fatalf("first acquire: granted=%v out=%v", w.Granted, out)
 	}
-	if _, ok := has[Woken](c.Handle(Grant{"x", Exclusive, 1})); !ok || !w.Granted {
+	if _, ok := find[Woken](c.Handle(Grant{"x", Exclusive, Token{1, 1}})); !ok || !w.Granted {
 		t.Fatal("grant did not wake the waiter")
 	}
 	c.Release(w)
@@ -32,7 +32,7 @@ func TestClerkCacheRevokeFence(t *testing.T) {
 	}
 	// Revoke to shared while a shared holder is inside: immediate downgrade.
 	out = c.Handle(Revoke{"x", Shared})
-	if r, ok := has[Release](toMaster(out)); !ok || r.Mode != Shared || r.Seq != 1 {
+	if r, ok := find[Release](toMaster(out)); !ok || r.Mode != Shared || r.Token != (Token{1, 1}) {
 		t.Fatalf("downgrade: %v", out)
 	}
 	// Revoke to none: waits for the holder.
@@ -44,10 +44,10 @@ func TestClerkCacheRevokeFence(t *testing.T) {
 		t.Fatal("new holder admitted past a pending revocation")
 	}
 	out, _ = c.Release(w2)
-	if r, ok := has[Release](toMaster(out)); !ok || r.Mode != None {
+	if r, ok := find[Release](toMaster(out)); !ok || r.Mode != None {
 		t.Fatalf("release after last holder: %v", out)
 	}
-	if a, ok := has[Acquire](toMaster(out)); !ok || a.Mode != Shared {
+	if a, ok := find[Acquire](toMaster(out)); !ok || a.Mode != Shared {
 		t.Fatalf("waiter not re-requested: %v", out)
 	}
 	if c.Held("x") != None {
@@ -62,14 +62,14 @@ func TestClerkCacheRevokeFence(t *testing.T) {
 	}
 }
 
-// Hello reports what is held and wanted, with grant sequence numbers.
+// Hello reports what is held and wanted, with grant tokens.
 func TestClerkHello(t *testing.T) {
 	c := NewClerk(cA, "wal")
 	c.Connect(1)
-	c.Handle(Grant{"x", Shared, 4})
+	c.Handle(Grant{"x", Shared, Token{1, 4}})
 	c.Acquire("y", Exclusive)
 	h := c.Connect(2)
-	if h.Held["x"] != Shared || h.Seqs["x"] != 4 || h.Want["y"] != Exclusive || h.Kind != "wal" || h.Epoch != 2 {
+	if h.Held["x"] != Shared || h.Tokens["x"] != (Token{1, 4}) || h.Want["y"] != Exclusive || h.Kind != "wal" || h.Epoch != 2 {
 		t.Fatalf("hello %+v", h)
 	}
 }

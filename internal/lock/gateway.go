@@ -27,7 +27,7 @@ type Gateway struct {
 func (g *Gateway) Close() { g.conns.close() }
 
 func (g *Gateway) List(ctx context.Context, _ *pb.ListRequest) (*pb.ListResponse, error) {
-	return ListFromMaster(ctx, g.Meta, &g.conns)
+	return ListFromMaster(ctx, g.Meta, &g.conns, "")
 }
 
 func (g *Gateway) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb.HoldResponse]) error {

@@ -44,9 +44,9 @@ func (m Mode) String() string {
 // ParseMode reads "shared" or "exclusive".
 func ParseMode(s string) (Mode, error) {
 	switch s {
-	case "shared", "s", "read":
+	case "shared":
 		return Shared, nil
-	case "exclusive", "x", "write":
+	case "exclusive":
 		return Exclusive, nil
 	}
 	return None, fmt.Errorf("lock: unknown mode %q (want shared or exclusive)", s)
@@ -83,6 +83,32 @@ func (c ClerkID) Less(o ClerkID) bool {
 // Epoch numbers masters: each takeover decree increments it.
 type Epoch uint64
 
+// Token is a fencing token: every grant of a lock (and every recovery run)
+// gets one, larger than every token of any earlier grant of that lock, across
+// master failovers: the master's epoch first, then a counter of the master's
+// grants. A storage server that a lease protects remembers the largest
+// token it has accepted a write with, per lock name, and refuses a write
+// that carries a smaller one (TokenGuard): a holder that was paused, or
+// whose message was delayed, past the moment its lease moved on cannot
+// overwrite what the next holder wrote.
+type Token struct {
+	Epoch Epoch
+	Seq   uint64
+}
+
+// Less orders tokens.
+func (t Token) Less(o Token) bool {
+	if t.Epoch != o.Epoch {
+		return t.Epoch < o.Epoch
+	}
+	return t.Seq < o.Seq
+}
+
+// IsZero reports whether t is the zero token (no grant).
+func (t Token) IsZero() bool { return t == Token{} }
+
+func (t Token) String() string { return fmt.Sprintf("%d.%d", t.Epoch, t.Seq) }
+
 // Errors. They are values; each says what the caller should do.
 var (
 	ErrBadName      = fmt.Errorf("lock: name must be 1..%d bytes", MaxNameLen)
@@ -91,6 +117,7 @@ var (
 	ErrUnregistered = errors.New("lock: clerk is not registered with the lock service")
 	ErrDeadClerk    = errors.New("lock: clerk was declared dead; it must not come back")
 	ErrNotHeld      = errors.New("lock: release of a lock this holder does not hold")
+	ErrNotAlive     = errors.New("lock: this node is not alive (yet): it is joining, or fenced")
 )
 
 // ValidName checks a lock name against the limits.
@@ -104,14 +131,16 @@ func ValidName(name string) error {
 // Messages from clerk to master.
 
 // Hello opens a session: the clerk's identity and everything it holds and
-// wants. The master replaces what it knew of the clerk with this report.
+// wants, and the recoveries it is still running. The master replaces what it
+// knew of the clerk with this report.
 type Hello struct {
-	Clerk ClerkID
-	Kind  string // recovery kind ("" = none)
-	Epoch Epoch  // the master epoch the clerk is talking to
-	Held  map[string]Mode
-	Seqs  map[string]uint64 // the grant sequence number of each held lease
-	Want  map[string]Mode
+	Clerk      ClerkID
+	Kind       string // recovery kind ("" = none)
+	Epoch      Epoch  // the master epoch the clerk is talking to
+	Held       map[string]Mode
+	Tokens     map[string]Token // the token of the grant of each held lease
+	Want       map[string]Mode
+	Recovering map[ClerkID]Token // dead clerk → token of the run in progress
 }
 
 // Acquire asks for a lease in a mode.
@@ -120,20 +149,23 @@ type Acquire struct {
 	Mode Mode
 }
 
-// Release gives a lease up (Mode None) or downgrades it to Shared. Seq is
-// the sequence number of the newest grant the clerk had received: a release
-// that crossed a newer grant on the wire refers to an older one, and the
-// master ignores it (otherwise it would free a lease the clerk now holds).
+// Release gives a lease up (Mode None) or downgrades it to Shared. Token is
+// the token of the newest grant the clerk had received: a release that
+// crossed a newer grant on the wire refers to an older one, and the master
+// ignores it (otherwise it would free a lease the clerk now holds).
 type Release struct {
-	Name string
-	Mode Mode // the mode the clerk keeps
-	Seq  uint64
+	Name  string
+	Mode  Mode // the mode the clerk keeps
+	Token Token
 }
 
-// RecoveryDone reports a recovery run for a dead clerk.
+// RecoveryDone reports the end of a recovery run for a dead clerk: OK if it
+// succeeded, and the run's token (a report of an older run, from before a
+// failover, must not complete the current one).
 type RecoveryDone struct {
-	Dead ClerkID
-	OK   bool
+	Dead  ClerkID
+	OK    bool
+	Token Token
 }
 
 // Messages from master to clerk.
@@ -148,11 +180,11 @@ type Reject struct {
 	Dead   bool
 }
 
-// Grant gives a lease. Seq grows with every grant of one lock to one clerk.
+// Grant gives a lease with its fencing token.
 type Grant struct {
-	Name string
-	Mode Mode
-	Seq  uint64
+	Name  string
+	Mode  Mode
+	Token Token
 }
 
 // Revoke asks the clerk to come down to Keep (None or Shared) once its local
@@ -164,9 +196,12 @@ type Revoke struct {
 
 // Recover asks the clerk to run its kind's recovery for a dead clerk. Names
 // lists the leases the dead clerk held; All means they are unknown (a master
-// failover lost them) and recovery must cover everything.
+// failover lost them) and recovery must cover everything. Token fences the
+// run's writes: it is larger than the dead clerk's tokens and smaller than
+// any grant made after the recovery.
 type Recover struct {
 	Dead  ClerkID
 	Names []string
 	All   bool
+	Token Token
 }

@@ -18,11 +18,14 @@ type ClerkInfo struct {
 // RecoveryRecord is a recovery obligation, recorded in the config service
 // so that a new master keeps the dead clerk's leases held.
 type RecoveryRecord struct {
-	Dead  ClerkID
-	Kind  string
-	Names []string
-	All   bool // the names are unknown: nothing may be granted until it is done
+	Dead ClerkID
+	Kind string
+	Held map[string]Mode // the dead clerk's leases
+	All  bool            // they are unknown: nothing may be granted until it is done
 }
+
+// Names lists the record's lock names in order.
+func (r RecoveryRecord) Names() []string { return sortedKeys(r.Held) }
 
 // Master outputs.
 
@@ -38,9 +41,16 @@ type Drop struct{ Clerk ClerkID }
 // Persist records a recovery obligation in the config service.
 type Persist struct{ Record RecoveryRecord }
 
-// Forget removes a dead clerk (and its recovery record, if any) from the
-// config service: its leases are resolved.
+// Forget removes a dead clerk whose leases are resolved: its clerk record
+// and its recovery record go in one decree. The leases stay held until the
+// runtime reports the decree committed (Master.Forgotten): otherwise a new
+// master, finding the records, would run the recovery again while the next
+// holder uses the lease.
 type Forget struct{ Clerk ClerkID }
+
+// Anomaly reports a state the protocol should make impossible; the runtime
+// logs it loudly. The master has already refused to act on it.
+type Anomaly struct{ Text string }
 
 // Master is the lock master's state machine for one epoch. Not safe for
 // concurrent use. It acts only while its node is alive: the driver stops it
@@ -51,10 +61,18 @@ type Master struct {
 	clerks map[ClerkID]*clerkState
 	locks  map[string]*lockState
 	recov  map[ClerkID]*recovery
+	// deadBelow[n] is the newest incarnation of node n a verdict declared
+	// dead: every clerk of it or an older one is dead.
+	deadBelow map[uint64]uint64
 	// serving is false after a takeover until every clerk in the list has
 	// reported its leases or been declared dead.
-	serving bool
-	out     []any
+	serving  bool
+	tokenSeq uint64 // grants and recovery runs of this epoch so far
+	out      []any
+	// unsafeFreeBeforeForget restores the order of the defect found in
+	// review (free the leases when recovery reports, before the records
+	// are gone), for the simulator's teeth test only.
+	unsafeFreeBeforeForget bool
 }
 
 type clerkState struct {
@@ -63,9 +81,9 @@ type clerkState struct {
 	reported  bool // has said Hello in this epoch: held is authoritative
 	dead      bool
 	held      map[string]Mode
-	seq       map[string]uint64 // sequence number of the newest grant per lock
-	revoking  map[string]Mode   // revocations sent and not yet answered
-	since     int               // master ticks since a revocation went out
+	token     map[string]Token // token of the newest grant per lock
+	revoking  map[string]Mode  // revocations sent and not yet answered
+	since     int              // master ticks since a revocation went out
 }
 
 type lockState struct {
@@ -78,27 +96,40 @@ type waiter struct {
 	mode  Mode
 }
 
+// recovery is one dead clerk's pending obligation. Invariant: while it
+// exists, the dead clerk's leases are held (nothing conflicting is granted).
 type recovery struct {
-	rec      RecoveryRecord
+	rec RecoveryRecord
+	// assigned is the clerk running (or asked to run) the recovery, with
+	// the run's token; nil while nobody runs it. A clerk keeps its
+	// assignment across a broken session: its run may still be going, and
+	// only its report (RecoveryDone, or a Hello without it) ends it.
 	assigned *ClerkID
+	token    Token
+	// forgetting: recovery succeeded and the Forget decree is in flight.
+	forgetting bool
 }
 
 // NewMaster starts epoch e with the clerk list and the recovery records read
-// from the config service. Fresh is true for the very first master of a
-// cluster (no clerk can hold anything yet): it serves at once.
+// from the config service in the decree that made it master.
 func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
-	m := &Master{epoch: e, clerks: map[ClerkID]*clerkState{}, locks: map[string]*lockState{}, recov: map[ClerkID]*recovery{}}
+	m := &Master{epoch: e, clerks: map[ClerkID]*clerkState{}, locks: map[string]*lockState{}, recov: map[ClerkID]*recovery{}, deadBelow: map[uint64]uint64{}}
 	for _, c := range clerks {
 		m.clerks[c.ID] = newClerkState(c)
 	}
 	for _, r := range records {
 		m.recov[r.Dead] = &recovery{rec: r}
-		if c := m.clerks[r.Dead]; c != nil {
-			c.dead = true
-			for _, n := range r.Names {
-				c.held[n] = Exclusive // held by recovery: conflicts with everything
-				m.lock(n).holders[r.Dead] = Exclusive
-			}
+		c := m.clerks[r.Dead]
+		if c == nil {
+			// The record outlived the clerk record (written by an older
+			// version in two decrees): the leases are still pending.
+			c = newClerkState(ClerkInfo{ID: r.Dead, Kind: r.Kind})
+			m.clerks[r.Dead] = c
+		}
+		c.dead = true
+		for n, mode := range r.Held {
+			c.held[n] = mode
+			m.lock(n).holders[r.Dead] = mode
 		}
 	}
 	m.checkServing()
@@ -121,6 +152,14 @@ func (m *Master) lock(name string) *lockState {
 	return l
 }
 
+// gc drops the entry of a lock nobody holds or wants (memory stays bounded
+// by what is in use).
+func (m *Master) gc(name string) {
+	if l := m.locks[name]; l != nil && len(l.holders) == 0 && len(l.queue) == 0 {
+		delete(m.locks, name)
+	}
+}
+
 func (m *Master) emit(o any) { m.out = append(m.out, o) }
 
 func (m *Master) flush() []any {
@@ -129,14 +168,28 @@ func (m *Master) flush() []any {
 	return o
 }
 
-func newClerkState(ci ClerkInfo) *clerkState {
-	return &clerkState{info: ci, held: map[string]Mode{}, seq: map[string]uint64{}, revoking: map[string]Mode{}}
+func (m *Master) nextToken() Token {
+	m.tokenSeq++
+	return Token{Epoch: m.epoch, Seq: m.tokenSeq}
 }
+
+func newClerkState(ci ClerkInfo) *clerkState {
+	return &clerkState{info: ci, held: map[string]Mode{}, token: map[string]Token{}, revoking: map[string]Mode{}}
+}
+
+func (m *Master) knownDead(id ClerkID) bool { return id.Inc <= m.deadBelow[id.Node] }
 
 // ClerkRegistered adds a clerk that registered after the master started.
 func (m *Master) ClerkRegistered(ci ClerkInfo) []any {
 	if m.clerks[ci.ID] == nil {
-		m.clerks[ci.ID] = newClerkState(ci)
+		c := newClerkState(ci)
+		m.clerks[ci.ID] = c
+		if m.knownDead(ci.ID) {
+			// Its node incarnation was declared dead: it holds nothing
+			// and must leave the list.
+			c.dead = true
+			m.emit(Forget{ci.ID})
+		}
 		m.checkServing()
 	}
 	return m.flush()
@@ -146,12 +199,12 @@ func (m *Master) ClerkRegistered(ci ClerkInfo) []any {
 func (m *Master) Hello(h Hello) []any {
 	c := m.clerks[h.Clerk]
 	switch {
-	case c == nil:
-		m.emit(Send{h.Clerk, Reject{Reason: ErrUnregistered.Error()}})
+	case c == nil && m.knownDead(h.Clerk), c != nil && c.dead:
+		m.emit(Send{h.Clerk, Reject{Reason: ErrDeadClerk.Error(), Dead: true}})
 		m.emit(Drop{h.Clerk})
 		return m.flush()
-	case c.dead:
-		m.emit(Send{h.Clerk, Reject{Reason: ErrDeadClerk.Error(), Dead: true}})
+	case c == nil:
+		m.emit(Send{h.Clerk, Reject{Reason: ErrUnregistered.Error()}})
 		m.emit(Drop{h.Clerk})
 		return m.flush()
 	case h.Epoch != m.epoch:
@@ -164,23 +217,32 @@ func (m *Master) Hello(h Hello) []any {
 	for name := range c.held {
 		if l := m.locks[name]; l != nil {
 			delete(l.holders, h.Clerk)
+			m.gc(name)
 		}
 	}
 	m.removeWaiters(h.Clerk)
-	c.held, c.revoking = map[string]Mode{}, map[string]Mode{}
+	c.held, c.token, c.revoking = map[string]Mode{}, map[string]Token{}, map[string]Mode{}
 	for name, mode := range h.Held {
 		if ValidName(name) != nil || mode == None || mode > Exclusive {
 			continue
 		}
 		c.held[name] = mode
+		c.token[name] = h.Tokens[name]
 		m.lock(name).holders[h.Clerk] = mode
 	}
-	// Sequence numbers continue from what the clerk has seen. Grants lost
-	// with the old session must not count: a release refers to the newest
-	// grant the clerk received, and nothing of the old session can arrive.
-	c.seq = map[string]uint64{}
-	for name, seq := range h.Seqs {
-		c.seq[name] = seq
+	// Recoveries: a run the clerk reports is the one in progress (this
+	// master waits for its end before starting another); a run assigned to
+	// this clerk that it no longer reports has ended without a report that
+	// reached us: it is free to be assigned again.
+	for d, r := range m.recov {
+		if tok, ok := h.Recovering[d]; ok {
+			if r.assigned == nil || *r.assigned == h.Clerk {
+				id := h.Clerk
+				r.assigned, r.token = &id, tok
+			}
+		} else if r.assigned != nil && *r.assigned == h.Clerk && !r.forgetting {
+			r.assigned = nil
+		}
 	}
 	c.connected, c.reported = true, true
 	m.emit(Send{h.Clerk, Welcome{Epoch: m.epoch}})
@@ -190,16 +252,19 @@ func (m *Master) Hello(h Hello) []any {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		m.acquire(h.Clerk, name, h.Want[name])
+		if ValidName(name) == nil && (h.Want[name] == Shared || h.Want[name] == Exclusive) {
+			m.acquire(h.Clerk, name, h.Want[name])
+		}
 	}
-	m.assignRecoveries()
 	m.checkServing()
+	m.assignRecoveries()
 	m.tryAll()
 	return m.flush()
 }
 
 // Disconnected handles a clerk's session breaking. Its leases stay held: it
-// may reconnect, and only the failure detector can free them.
+// may reconnect, and only the failure detector can free them. A recovery it
+// runs stays assigned to it for the same reason.
 func (m *Master) Disconnected(id ClerkID) []any {
 	c := m.clerks[id]
 	if c == nil || !c.connected {
@@ -208,12 +273,6 @@ func (m *Master) Disconnected(id ClerkID) []any {
 	c.connected = false
 	c.revoking = map[string]Mode{}
 	m.removeWaiters(id)
-	for _, r := range m.recov {
-		if r.assigned != nil && *r.assigned == id {
-			r.assigned = nil
-		}
-	}
-	m.assignRecoveries()
 	return m.flush()
 }
 
@@ -234,7 +293,7 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		if ValidName(x.Name) != nil || x.Mode > Shared {
 			return nil
 		}
-		if x.Seq != c.seq[x.Name] {
+		if x.Token != c.token[x.Name] {
 			return nil // it crossed a newer grant: it does not release that one
 		}
 		if cur := c.held[x.Name]; x.Mode < cur {
@@ -242,14 +301,17 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		}
 		delete(c.revoking, x.Name)
 		m.try(x.Name)
+		m.gc(x.Name)
 	case RecoveryDone:
 		r := m.recov[x.Dead]
-		if r == nil || r.assigned == nil || *r.assigned != from {
+		if r == nil || r.assigned == nil || *r.assigned != from || r.forgetting {
 			return nil // a stale report: the recovery was reassigned or done
 		}
 		r.assigned = nil
-		if !x.OK {
-			m.assignRecoveries() // try again (recovery is idempotent)
+		if !x.OK || x.Token != r.token {
+			// It failed, or it was a run of an older master that ended
+			// (cancelled): run it again (recovery is idempotent).
+			m.assignRecoveries()
 			break
 		}
 		m.finishRecovery(x.Dead)
@@ -290,6 +352,9 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	if !dead || c == nil || c.dead {
 		return nil
 	}
+	if id.Inc > m.deadBelow[id.Node] {
+		m.deadBelow[id.Node] = id.Inc
+	}
 	c.dead, c.connected = true, false
 	m.emit(Drop{id})
 	m.removeWaiters(id)
@@ -307,43 +372,80 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 		m.emit(Persist{r})
 	case len(c.held) > 0:
 		// Leases stay held until recovery has run on a live clerk of its kind.
-		r := RecoveryRecord{Dead: id, Kind: c.info.Kind}
-		for name := range c.held {
-			r.Names = append(r.Names, name)
+		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, Held: map[string]Mode{}}
+		for name, mode := range c.held {
+			r.Held[name] = mode
 		}
-		sort.Strings(r.Names)
 		m.recov[id] = &recovery{rec: r}
 		m.emit(Persist{r})
 	default:
 		m.emit(Forget{id})
 	}
+	// A run the dead clerk had is over (its node fenced; its writes carry
+	// an older token than the next run's).
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id {
 			r.assigned = nil
 		}
 	}
+	m.checkServing()
 	m.assignRecoveries()
+	m.tryAll()
+	return m.flush()
+}
+
+// finishRecovery: the recovery succeeded. The leases stay held until the
+// removal of the records has committed (Forgotten).
+func (m *Master) finishRecovery(dead ClerkID) {
+	r := m.recov[dead]
+	r.forgetting = true
+	m.emit(Forget{dead})
+	if m.unsafeFreeBeforeForget {
+		delete(m.recov, dead)
+		if c := m.clerks[dead]; c != nil {
+			for name := range c.held {
+				m.setHeld(c, name, None)
+			}
+		}
+		m.checkServing()
+		m.tryAll()
+	}
+}
+
+// Forgotten reports that the Forget decree for a dead clerk committed: its
+// records are gone, so no later master can run its recovery again, and its
+// leases are free.
+func (m *Master) Forgotten(dead ClerkID) []any {
+	if r := m.recov[dead]; r != nil {
+		if !r.forgetting {
+			return nil // a Forget from before a new obligation; not this one
+		}
+		delete(m.recov, dead)
+	}
+	if c := m.clerks[dead]; c != nil {
+		if !c.dead {
+			return nil
+		}
+		for name := range c.held {
+			m.setHeld(c, name, None)
+			m.gc(name)
+		}
+		delete(m.clerks, dead)
+	}
 	m.checkServing()
 	m.tryAll()
 	return m.flush()
 }
 
-func (m *Master) finishRecovery(dead ClerkID) {
-	delete(m.recov, dead)
-	if c := m.clerks[dead]; c != nil {
-		for name := range c.held {
-			m.setHeld(c, name, None)
-		}
-	}
-	m.emit(Forget{dead})
-	m.checkServing()
-	m.tryAll()
-}
-
 // assignRecoveries hands each unassigned recovery to a live, connected,
 // reported clerk of its kind, if there is one; otherwise it waits (the
-// deferred case) and the leases stay held.
+// deferred case) and the leases stay held. A new master assigns nothing
+// until every live clerk has reported: one of them may still be running
+// the recovery for an older master.
 func (m *Master) assignRecoveries() {
+	if !m.serving {
+		return
+	}
 	var deads []ClerkID
 	for d := range m.recov {
 		deads = append(deads, d)
@@ -351,7 +453,11 @@ func (m *Master) assignRecoveries() {
 	sort.Slice(deads, func(i, j int) bool { return deads[i].Less(deads[j]) })
 	for _, d := range deads {
 		r := m.recov[d]
-		if r.assigned != nil {
+		if r.assigned != nil || r.forgetting {
+			continue
+		}
+		if h, ok := m.conflict(r); ok {
+			m.emit(Anomaly{fmt.Sprintf("recovery of %s not started: live clerk %s holds a conflicting lease on %q", d, h.clerk, h.name)})
 			continue
 		}
 		var best *ClerkID
@@ -364,9 +470,36 @@ func (m *Master) assignRecoveries() {
 		if best == nil {
 			continue
 		}
-		r.assigned = best
-		m.emit(Send{*best, Recover{Dead: d, Names: r.rec.Names, All: r.rec.All}})
+		r.assigned, r.token = best, m.nextToken()
+		m.emit(Send{*best, Recover{Dead: d, Names: r.rec.Names(), All: r.rec.All, Token: r.token}})
 	}
+}
+
+type holding struct {
+	clerk ClerkID
+	name  string
+}
+
+// conflict finds a live clerk holding a lease that conflicts with one the
+// dead clerk held. The protocol makes it impossible (the dead clerk's leases
+// stay held until its records are gone); if it ever happens, recovery must
+// not run over the live holder's work.
+func (m *Master) conflict(r *recovery) (holding, bool) {
+	for _, name := range r.rec.Names() {
+		l := m.locks[name]
+		if l == nil {
+			continue
+		}
+		for h, mode := range l.holders {
+			if h == r.rec.Dead {
+				continue
+			}
+			if c := m.clerks[h]; c != nil && !c.dead && !Compatible(mode, r.rec.Held[name]) {
+				return holding{h, name}, true
+			}
+		}
+	}
+	return holding{}, false
 }
 
 func (m *Master) blockedAll() bool {
@@ -389,12 +522,14 @@ func (m *Master) checkServing() {
 		}
 	}
 	m.serving = true
+	m.assignRecoveries()
 }
 
 func (m *Master) setHeld(c *clerkState, name string, mode Mode) {
 	l := m.lock(name)
 	if mode == None {
 		delete(c.held, name)
+		delete(c.token, name)
 		delete(l.holders, c.info.ID)
 	} else {
 		c.held[name] = mode
@@ -416,7 +551,7 @@ func (m *Master) acquire(id ClerkID, name string, mode Mode) {
 }
 
 func (m *Master) removeWaiters(id ClerkID) {
-	for _, l := range m.locks {
+	for name, l := range m.locks {
 		q := l.queue[:0]
 		for _, w := range l.queue {
 			if w.clerk != id {
@@ -424,6 +559,7 @@ func (m *Master) removeWaiters(id ClerkID) {
 			}
 		}
 		l.queue = q
+		m.gc(name)
 	}
 }
 
@@ -468,12 +604,13 @@ func (m *Master) try(name string) {
 			if w.mode > c.held[name] {
 				m.setHeld(c, name, w.mode)
 			}
-			c.seq[name]++
-			m.emit(Send{w.clerk, Grant{Name: name, Mode: c.held[name], Seq: c.seq[name]}})
+			tok := m.nextToken()
+			c.token[name] = tok
+			m.emit(Send{w.clerk, Grant{Name: name, Mode: c.held[name], Token: tok}})
 			// A newer grant voids a revocation in flight: the clerk's answer
-			// to it will carry the older sequence number and be ignored, so
-			// the revocation must be sent again (after the grant, on the
-			// same ordered session) if the lock is still wanted elsewhere.
+			// to it will carry the older token and be ignored, so the
+			// revocation must be sent again (after the grant, on the same
+			// ordered session) if the lock is still wanted elsewhere.
 			delete(c.revoking, name)
 			l.queue = l.queue[1:]
 			continue
@@ -502,6 +639,7 @@ func (m *Master) try(name string) {
 type LockView struct {
 	Name    string
 	Holders map[ClerkID]Mode
+	Tokens  map[ClerkID]Token
 	Waiters []ClerkID
 }
 
@@ -520,9 +658,12 @@ func (m *Master) Locks() []LockView {
 		if len(l.holders) == 0 && len(l.queue) == 0 {
 			continue
 		}
-		v := LockView{Name: n, Holders: map[ClerkID]Mode{}}
+		v := LockView{Name: n, Holders: map[ClerkID]Mode{}, Tokens: map[ClerkID]Token{}}
 		for h, md := range l.holders {
 			v.Holders[h] = md
+			if c := m.clerks[h]; c != nil {
+				v.Tokens[h] = c.token[n]
+			}
 		}
 		for _, w := range l.queue {
 			v.Waiters = append(v.Waiters, w.clerk)

@@ -23,7 +23,7 @@ func sends(out []any, to ClerkID) []any {
 	return r
 }
 
-func has[T any](out []any) (T, bool) {
+func find[T any](out []any) (T, bool) {
 	for _, o := range out {
 		if v, ok := o.(T); ok {
 			return v, true
@@ -47,20 +47,20 @@ func TestGrantRevokeDowngrade(t *testing.T) {
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	out := m.Handle(cA, Acquire{"x", Exclusive})
-	g, ok := has[Grant](sends(out, cA))
-	if !ok || g.Mode != Exclusive || g.Seq != 1 {
+	g, ok := find[Grant](sends(out, cA))
+	if !ok || g.Mode != Exclusive || g.Token != (Token{1, 1}) {
 		t.Fatalf("A's grant: %v", out)
 	}
 	// B wants shared: A is asked to come down to shared, B waits.
 	out = m.Handle(cB, Acquire{"x", Shared})
-	if r, ok := has[Revoke](sends(out, cA)); !ok || r.Keep != Shared {
+	if r, ok := find[Revoke](sends(out, cA)); !ok || r.Keep != Shared {
 		t.Fatalf("revoke to A: %v", out)
 	}
-	if _, ok := has[Grant](sends(out, cB)); ok {
+	if _, ok := find[Grant](sends(out, cB)); ok {
 		t.Fatal("B granted shared while A holds exclusive")
 	}
-	out = m.Handle(cA, Release{"x", Shared, 1})
-	if g, ok := has[Grant](sends(out, cB)); !ok || g.Mode != Shared {
+	out = m.Handle(cA, Release{"x", Shared, g.Token})
+	if g, ok := find[Grant](sends(out, cB)); !ok || g.Mode != Shared {
 		t.Fatalf("B not granted after A downgraded: %v", out)
 	}
 	if got := m.Locks()[0].Holders; !reflect.DeepEqual(got, map[ClerkID]Mode{cA: Shared, cB: Shared}) {
@@ -73,15 +73,18 @@ func TestStaleReleaseIgnored(t *testing.T) {
 	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
-	m.Handle(cA, Acquire{"x", Shared})    // grant seq 1
-	m.Handle(cA, Acquire{"x", Exclusive}) // upgrade: grant seq 2
-	m.Handle(cA, Release{"x", None, 1})   // refers to grant 1: stale
+	g1, _ := find[Grant](m.Handle(cA, Acquire{"x", Shared}))    // token 1
+	g2, _ := find[Grant](m.Handle(cA, Acquire{"x", Exclusive})) // upgrade: token 2
+	if !g1.Token.Less(g2.Token) {
+		t.Fatalf("tokens do not grow: %v then %v", g1.Token, g2.Token)
+	}
+	m.Handle(cA, Release{"x", None, g1.Token}) // refers to grant 1: stale
 	out := m.Handle(cB, Acquire{"x", Exclusive})
-	if _, ok := has[Grant](sends(out, cB)); ok {
+	if _, ok := find[Grant](sends(out, cB)); ok {
 		t.Fatal("stale release freed A's newer exclusive grant")
 	}
-	out = m.Handle(cA, Release{"x", None, 2})
-	if _, ok := has[Grant](sends(out, cB)); !ok {
+	out = m.Handle(cA, Release{"x", None, g2.Token})
+	if _, ok := find[Grant](sends(out, cB)); !ok {
 		t.Fatalf("current release did not free the lock: %v", out)
 	}
 }
@@ -96,29 +99,35 @@ func TestRecoveryBeforeRegrant(t *testing.T) {
 	m.Handle(cA, Acquire{"x", Exclusive})
 	m.Handle(cB, Acquire{"x", Exclusive}) // waits; A is revoked but is dying
 	out := m.Verdict(cA, true)
-	if p, ok := has[Persist](out); !ok || !reflect.DeepEqual(p.Record.Names, []string{"x"}) {
+	if p, ok := find[Persist](out); !ok || !reflect.DeepEqual(p.Record.Held, map[string]Mode{"x": Exclusive}) {
 		t.Fatalf("no recovery record: %v", out)
 	}
-	r, ok := has[Recover](sends(out, cC))
-	if !ok || r.Dead != cA {
-		t.Fatalf("recovery not sent to C: %v", out)
+	r, ok := find[Recover](sends(out, cC))
+	if !ok || r.Dead != cA || r.Token.IsZero() {
+		t.Fatalf("recovery not sent to C with a token: %v", out)
 	}
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted before recovery")
 	}
-	out = m.Handle(cC, RecoveryDone{cA, false})
-	if _, ok := has[Recover](sends(out, cC)); !ok {
-		t.Fatalf("failed recovery not retried: %v", out)
+	out = m.Handle(cC, RecoveryDone{cA, false, r.Token})
+	r2, ok := find[Recover](sends(out, cC))
+	if !ok || !r.Token.Less(r2.Token) {
+		t.Fatalf("failed recovery not retried with a newer token: %v", out)
 	}
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted after a failed recovery")
 	}
-	out = m.Handle(cC, RecoveryDone{cA, true})
-	if _, ok := has[Forget](out); !ok {
+	out = m.Handle(cC, RecoveryDone{cA, true, r2.Token})
+	if _, ok := find[Forget](out); !ok {
 		t.Fatalf("dead clerk not forgotten: %v", out)
 	}
-	if _, ok := has[Grant](sends(out, cB)); !ok {
-		t.Fatalf("B not granted after recovery: %v", out)
+	if _, ok := find[Grant](out); ok {
+		t.Fatal("granted before the removal of the records committed")
+	}
+	out = m.Forgotten(cA)
+	g, ok := find[Grant](sends(out, cB))
+	if !ok || !r2.Token.Less(g.Token) {
+		t.Fatalf("B not granted (with a token above the recovery's) after recovery: %v", out)
 	}
 }
 
@@ -131,22 +140,24 @@ func TestDeferredRecovery(t *testing.T) {
 	m.Handle(cA, Acquire{"x", Shared})
 	m.Verdict(cA, true)
 	out := m.Handle(cB, Acquire{"x", Exclusive})
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted with recovery deferred")
 	}
-	if _, ok := has[Recover](out); ok {
+	if _, ok := find[Recover](out); ok {
 		t.Fatal("recovery sent to a clerk of another kind")
 	}
 	m.ClerkRegistered(ClerkInfo{cD, "wal"})
 	out = hello(m, cD, "wal", nil)
-	if r, ok := has[Recover](sends(out, cD)); !ok || r.Dead != cA {
+	if r, ok := find[Recover](sends(out, cD)); !ok || r.Dead != cA {
 		t.Fatalf("recovery not run on the new clerk: %v", out)
 	}
-	if _, ok := has[Grant](sends(out, cB)); ok {
+	if _, ok := find[Grant](sends(out, cB)); ok {
 		t.Fatal("granted before the deferred recovery finished")
 	}
-	out = m.Handle(cD, RecoveryDone{cA, true})
-	if _, ok := has[Grant](sends(out, cB)); !ok {
+	r, _ := find[Recover](sends(out, cD))
+	m.Handle(cD, RecoveryDone{cA, true, r.Token})
+	out = m.Forgotten(cA)
+	if _, ok := find[Grant](sends(out, cB)); !ok {
 		t.Fatalf("B not granted after deferred recovery: %v", out)
 	}
 }
@@ -159,10 +170,10 @@ func TestNoRecoveryFreesAtOnce(t *testing.T) {
 	m.Handle(cA, Acquire{"x", Exclusive})
 	m.Handle(cB, Acquire{"x", Exclusive})
 	out := m.Verdict(cA, true)
-	if _, ok := has[Grant](sends(out, cB)); !ok {
+	if _, ok := find[Grant](sends(out, cB)); !ok {
 		t.Fatalf("B not granted when A died: %v", out)
 	}
-	if _, ok := has[Persist](out); ok {
+	if _, ok := find[Persist](out); ok {
 		t.Fatal("recovery record for a clerk without a kind")
 	}
 }
@@ -176,68 +187,70 @@ func TestFailoverRebuild(t *testing.T) {
 		t.Fatal("serving before clerks reported")
 	}
 	out := hello(m, cA, "", map[string]Mode{"x": Exclusive})
-	if _, ok := has[Welcome](sends(out, cA)); !ok {
+	if _, ok := find[Welcome](sends(out, cA)); !ok {
 		t.Fatalf("no welcome: %v", out)
 	}
 	hello(m, cB, "wal", nil)
 	out = m.Handle(cB, Acquire{"x", Shared})
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted before C reported or died")
 	}
 	out = m.Verdict(cC, true) // C never reported: its leases are unknown
-	if p, ok := has[Persist](out); !ok || !p.Record.All {
+	if p, ok := find[Persist](out); !ok || !p.Record.All {
 		t.Fatalf("no all-recovery for unknown leases: %v", out)
 	}
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted with an all-recovery pending")
 	}
-	if r, ok := has[Recover](sends(out, cB)); !ok || !r.All {
+	if r, ok := find[Recover](sends(out, cB)); !ok || !r.All {
 		t.Fatalf("all-recovery not sent to B: %v", out)
 	}
-	out = m.Handle(cB, RecoveryDone{cC, true})
+	r, _ := find[Recover](sends(out, cB))
+	m.Handle(cB, RecoveryDone{cC, true, r.Token})
+	out = m.Forgotten(cC)
 	// A's reported exclusive lease survived the failover: B must wait for it.
-	if _, ok := has[Grant](sends(out, cB)); ok {
+	if _, ok := find[Grant](sends(out, cB)); ok {
 		t.Fatal("new master granted over a lease the old master granted")
 	}
-	if _, ok := has[Revoke](sends(out, cA)); !ok {
+	if _, ok := find[Revoke](sends(out, cA)); !ok {
 		t.Fatalf("A not revoked: %v", out)
 	}
 }
 
 // A new master keeps a dead clerk's recorded leases held.
 func TestFailoverKeepsRecordedRecovery(t *testing.T) {
-	rec := RecoveryRecord{Dead: cC, Kind: "wal", Names: []string{"x"}}
+	rec := RecoveryRecord{Dead: cC, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
 	m := NewMaster(3, []ClerkInfo{{cB, "wal"}, {cC, "wal"}}, []RecoveryRecord{rec})
 	out := hello(m, cB, "wal", nil)
-	if r, ok := has[Recover](sends(out, cB)); !ok || r.Dead != cC {
+	if r, ok := find[Recover](sends(out, cB)); !ok || r.Dead != cC {
 		t.Fatalf("recorded recovery not resumed: %v", out)
 	}
 	out = m.Handle(cB, Acquire{"x", Shared})
-	if _, ok := has[Grant](out); ok {
+	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted a lease held by a pending recovery")
 	}
 	out = m.Handle(cB, Acquire{"y", Shared})
-	if _, ok := has[Grant](out); !ok {
+	if _, ok := find[Grant](out); !ok {
 		t.Fatal("an unrelated lock was blocked by a named recovery")
 	}
 }
 
 func TestRejects(t *testing.T) {
 	m := NewMaster(1, []ClerkInfo{{cA, ""}}, nil)
-	if r, ok := has[Reject](hello(m, cB, "", nil)); !ok || r.Dead {
+	if r, ok := find[Reject](hello(m, cB, "", nil)); !ok || r.Dead {
 		t.Fatal("unregistered clerk accepted")
 	}
-	if r, ok := has[Reject](m.Hello(Hello{Clerk: cA, Epoch: 7})); !ok || r.Dead {
+	if r, ok := find[Reject](m.Hello(Hello{Clerk: cA, Epoch: 7})); !ok || r.Dead {
 		t.Fatal("hello to the wrong epoch accepted")
 	}
 	hello(m, cA, "", nil)
-	for _, bad := range []any{Acquire{"", Shared}, Acquire{string(make([]byte, MaxNameLen+1)), Shared}, Acquire{"x", None}, Acquire{"x", 9}, Release{"x", Exclusive, 0}} {
+	for _, bad := range []any{Acquire{"", Shared}, Acquire{string(make([]byte, MaxNameLen+1)), Shared}, Acquire{"x", None}, Acquire{"x", 9}, Release{"x", Exclusive, Token{}}} {
 		if out := m.Handle(cA, bad); len(out) != 0 || len(m.Locks()) != 0 {
 			t.Fatalf("bad message %v changed state: %v", bad, out)
 		}
 	}
 	m.Verdict(cA, true)
-	if r, ok := has[Reject](hello(m, cA, "", nil)); !ok || !r.Dead {
+	if r, ok := find[Reject](hello(m, cA, "", nil)); !ok || !r.Dead {
 		t.Fatal("dead clerk accepted back")
 	}
 	if out := m.Handle(cB, Acquire{"x", Shared}); out != nil {
@@ -254,24 +267,24 @@ func TestRevokeVoidedByNewerGrant(t *testing.T) {
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	hello(m, cC, "", nil)
-	m.Handle(cA, Acquire{"x", Shared}) // seq 1
+	g1, _ := find[Grant](m.Handle(cA, Acquire{"x", Shared}))
 	out := m.Handle(cB, Acquire{"x", Exclusive})
-	if _, ok := has[Revoke](sends(out, cA)); !ok {
+	if _, ok := find[Revoke](sends(out, cA)); !ok {
 		t.Fatalf("no revoke to A: %v", out)
 	}
 	m.Handle(cA, Acquire{"x", Exclusive}) // A wants to upgrade: queued behind B
-	out = m.Disconnected(cB)              // B goes away: A is at the head
-	out = append(out, m.Handle(cA, Acquire{"x", Exclusive})...)
-	m.Handle(cA, Release{"x", None, 1}) // A's answer to the old revoke: stale
+	m.Disconnected(cB) // B goes away: A is at the head
+	g2, _ := find[Grant](m.Handle(cA, Acquire{"x", Exclusive}))
+	m.Handle(cA, Release{"x", None, g1.Token}) // A's answer to the old revoke: stale
 	out = m.Handle(cC, Acquire{"x", Exclusive})
-	if _, ok := has[Revoke](sends(out, cA)); !ok {
+	if _, ok := find[Revoke](sends(out, cA)); !ok {
 		t.Fatalf("C's request does not revoke A's newer grant: %v", out)
 	}
 	if got := m.Locks()[0].Holders[cA]; got != Exclusive {
 		t.Fatalf("A holds %v, want exclusive (granted after B left)", got)
 	}
-	out = m.Handle(cA, Release{"x", None, 2})
-	if _, ok := has[Grant](sends(out, cC)); !ok {
+	out = m.Handle(cA, Release{"x", None, g2.Token})
+	if _, ok := find[Grant](sends(out, cC)); !ok {
 		t.Fatalf("C starves: %v", out)
 	}
 }
@@ -288,8 +301,144 @@ func TestDeadIdleClerkForgotten(t *testing.T) {
 		t.Fatalf("suspects %v, want both idle disconnected clerks", got)
 	}
 	for _, c := range []ClerkID{cA, cB} {
-		if _, ok := has[Forget](m.Verdict(c, true)); !ok {
+		if _, ok := find[Forget](m.Verdict(c, true)); !ok {
 			t.Fatalf("dead idle clerk %v not forgotten", c)
 		}
+	}
+}
+
+// Defect 1 of the safety review: a recovered clerk's leases are freed only
+// after the decree removing its records commits. A master that dies in
+// between leaves the records; the next master keeps the leases held and
+// recovers again; nobody held them meanwhile.
+func TestRecoveryOrderingAcrossFailover(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, nil)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "", nil)
+	hello(m, cC, "wal", nil)
+	m.Handle(cA, Acquire{"x", Exclusive})
+	m.Handle(cB, Acquire{"x", Exclusive})
+	out := m.Verdict(cA, true)
+	p, _ := find[Persist](out)
+	r, _ := find[Recover](sends(out, cC))
+	out = m.Handle(cC, RecoveryDone{cA, true, r.Token})
+	if _, ok := find[Grant](out); ok {
+		t.Fatal("lease re-granted before the Forget decree committed")
+	}
+	// The master dies now: the Forget never committed. The new master finds
+	// the clerk record and the recovery record.
+	m2 := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, []RecoveryRecord{p.Record})
+	out = hello(m2, cB, "", nil)
+	out = append(out, m2.Handle(cB, Acquire{"x", Exclusive})...)
+	if _, ok := find[Grant](out); ok {
+		t.Fatal("new master granted a name covered by a pending recovery record")
+	}
+	out = hello(m2, cC, "wal", nil)
+	r2, ok := find[Recover](sends(out, cC))
+	if !ok || !r.Token.Less(r2.Token) || r2.Token.Epoch != 2 {
+		t.Fatalf("recovery not run again under the new epoch: %v", out)
+	}
+	m2.Handle(cC, RecoveryDone{cA, true, r2.Token})
+	if _, ok := find[Grant](sends(m2.Forgotten(cA), cB)); !ok {
+		t.Fatal("waiter not granted after the second recovery's records went")
+	}
+}
+
+// A recovery record whose clerk record is gone (an older version removed
+// them in two decrees) still keeps its names held.
+func TestRecordWithoutClerkKeepsNamesHeld(t *testing.T) {
+	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Shared}}
+	m := NewMaster(2, []ClerkInfo{{cB, ""}, {cC, "wal"}}, []RecoveryRecord{rec})
+	hello(m, cB, "", nil)
+	hello(m, cC, "wal", nil)
+	out := m.Handle(cB, Acquire{"x", Exclusive})
+	if _, ok := find[Grant](out); ok {
+		t.Fatal("granted a name of a recovery record without a clerk record")
+	}
+	if _, ok := find[Grant](m.Handle(cB, Acquire{"y", Exclusive})); !ok {
+		t.Fatal("unrelated name blocked")
+	}
+}
+
+// A new master starts no recovery until every live clerk has reported: one
+// of them may still be running it for the old master; a run a clerk reports
+// in its Hello is adopted, and only its end (with the old token) lets a
+// fresh run start.
+func TestRecoveryRunsOneAtATimeAcrossFailover(t *testing.T) {
+	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
+	m := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cC, "wal"}}, []RecoveryRecord{rec})
+	out := hello(m, cB, "wal", nil)
+	if _, ok := find[Recover](out); ok {
+		t.Fatal("recovery started before every live clerk reported")
+	}
+	old := Token{1, 7}
+	out = m.Hello(Hello{Clerk: cC, Kind: "wal", Epoch: 2, Recovering: map[ClerkID]Token{cA: old}})
+	if _, ok := find[Recover](out); ok {
+		t.Fatalf("second run started while C runs the old master's: %v", out)
+	}
+	out = m.Handle(cC, RecoveryDone{cA, false, old}) // cancelled by the new epoch
+	r, ok := find[Recover](out)
+	if !ok || r.Token.Epoch != 2 {
+		t.Fatalf("no fresh run after the old one ended: %v", out)
+	}
+	// The assignee's session breaks: the run may go on, so it is not given
+	// to anyone else...
+	var to ClerkID
+	for _, o := range out {
+		if s, ok := o.(Send); ok {
+			to = s.To
+		}
+	}
+	other := cB
+	if to == cB {
+		other = cC
+	}
+	m.Disconnected(to)
+	if _, ok := find[Recover](hello(m, other, "wal", nil)); ok {
+		t.Fatal("recovery given to another clerk while the assignee may still run it")
+	}
+	// ...until the assignee comes back without it (it ended unreported).
+	if _, ok := find[Recover](sends(hello(m, to, "wal", nil), to)); !ok {
+		t.Fatal("a run that ended unreported is not started again")
+	}
+}
+
+// The master never starts a recovery over a live holder of a conflicting
+// lease (the state defect 1 could produce); it reports the anomaly.
+func TestRecoveryRefusedOverConflictingHolder(t *testing.T) {
+	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
+	m := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, []RecoveryRecord{rec})
+	hello(m, cB, "", map[string]Mode{"x": Exclusive})
+	out := hello(m, cC, "wal", nil)
+	if _, ok := find[Recover](out); ok {
+		t.Fatal("recovery started while a live clerk holds a conflicting lease")
+	}
+	if _, ok := find[Anomaly](out); !ok {
+		t.Fatalf("anomaly not reported: %v", out)
+	}
+}
+
+// Tokens of a newer epoch are above every token of an older one.
+func TestTokensGrowAcrossEpochs(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, ""}}, nil)
+	hello(m, cA, "", nil)
+	var last Token
+	for i := 0; i < 5; i++ {
+		g, _ := find[Grant](m.Handle(cA, Acquire{"x", Exclusive}))
+		if !last.Less(g.Token) {
+			t.Fatalf("token %v not above %v", g.Token, last)
+		}
+		last = g.Token
+		m.Handle(cA, Release{"x", None, g.Token})
+	}
+	m2 := NewMaster(2, []ClerkInfo{{cA, ""}}, nil)
+	hello(m2, cA, "", nil)
+	g, _ := find[Grant](m2.Handle(cA, Acquire{"x", Exclusive}))
+	if !last.Less(g.Token) {
+		t.Fatalf("new epoch's token %v not above %v", g.Token, last)
+	}
+	var guard TokenGuard
+	if guard.Admit("x", g.Token) != nil || guard.Admit("x", last) == nil || guard.Admit("x", Token{}) == nil {
+		t.Fatal("TokenGuard does not refuse older tokens")
 	}
 }

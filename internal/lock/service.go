@@ -5,43 +5,51 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/transport"
 )
 
-// Namespace is the lock service's namespace in the config service:
-//
-//	master            LockMasterRecord: who is master, in which epoch
-//	clerk/<id>        LockClerkRecord: the clerk list
-//	recovery/<id>     LockRecoveryRecord: pending recovery obligations
-const Namespace = "lock"
-
 // Detector is the failure-detector service as the lock service uses it:
-// whether a node incarnation is dead (a majority of observers say so; final).
+// which node incarnations are dead (a majority of observers say so; final).
 type Detector interface {
-	Dead(ctx context.Context, node, inc uint64) (bool, error)
+	Dead(ctx context.Context, subjects []Subject) ([]bool, error)
 }
 
-// Liveness is the node's own view of itself (the self-fence): every
-// lease-protected action checks it against the clock first.
-type Liveness interface{ Alive() bool }
+// Liveness is the node's own view of itself (the self-fence), per
+// incarnation: leases are bound to the incarnation that acquired them.
+type Liveness interface {
+	// AliveAs reports whether inc is the node's running incarnation and
+	// alive now.
+	AliveAs(inc uint64) bool
+	// Deadline returns the local time until which inc is guaranteed alive
+	// (no dead verdict on it can come earlier), if AliveAs(inc).
+	Deadline(inc uint64) (time.Time, bool)
+}
+
+// Recovery is one recovery run's assignment.
+type Recovery struct {
+	Dead  ClerkID  // the dead clerk whose state is to be recovered
+	Names []string // the leases it held (empty if All)
+	All   bool     // its leases are unknown: recover everything of its kind
+	// Token fences the run's writes: storage must accept them over the
+	// dead clerk's and refuse them once a later grant's writes landed.
+	Token Token
+}
 
 // RecoveryFunc recovers the state a dead clerk of the same kind left behind
-// (for example, replays its write-ahead log). It must be idempotent: it may
-// run more than once for one dead clerk. all means the dead clerk's leases
-// are unknown (names is then empty).
-type RecoveryFunc func(ctx context.Context, dead ClerkID, names []string, all bool) error
+// (for example, replays its write-ahead log). It must be idempotent (it may
+// run again for one dead clerk) and stop when ctx ends (the run was
+// cancelled: the node fenced itself, or a newer master took over); at most
+// one run per dead clerk is in progress at a time.
+type RecoveryFunc func(ctx context.Context, r Recovery) error
 
 // ServiceConfig wires the lock service into a node.
 type ServiceConfig struct {
@@ -57,8 +65,17 @@ type ServiceConfig struct {
 	Tick time.Duration
 }
 
-// Service is a node's lock service: its clerks and, on candidates, the
-// master or standby. It implements pb.LockServiceServer.
+// SessionQueue bounds the messages waiting to go out on one session. A full
+// queue breaks the session: the next Hello carries the whole state, so
+// nothing is lost but time.
+const SessionQueue = 4096
+
+// Service is a node's lock service: the thin driver of one Engine per node
+// incarnation. It carries out the engine's effects (gRPC streams, config
+// service calls, failure-detector queries, recovery runs) and feeds it
+// their completions, ticks and the watched lock namespace. All decisions
+// are the engine's; the simulator drives the same engine.
+// It implements pb.LockServiceServer.
 type Service struct {
 	pb.UnimplementedLockServiceServer
 	cfg   ServiceConfig
@@ -66,22 +83,32 @@ type Service struct {
 	conns connCache
 	ctx   context.Context
 	stop  context.CancelFunc
+	wg    sync.WaitGroup
 	mu    struct {
 		sync.Mutex
-		inc     uint64
-		clerks  []*ClerkRT
-		nextSeq uint32
-		master  *masterRT
-		def     *ClerkRT // the default clerk (kind ""), used by Hold
-		// hint is the lock namespace as last seen through a watch (served by
-		// any config-service member from its local copy): standbys and
-		// clerks use it without loading the leader, and refresh it with a
-		// linearizable read when it proves stale.
-		hint   *state
-		hintCh chan struct{} // closed and replaced when hint changes
+		eng    *Engine // the current incarnation's (nil between a fence and the next start)
+		inc    uint64
+		hint   *State
+		def    *ClerkRT
+		clerks map[ClerkID]*ClerkRT
+		waits  map[*Waiter]chan struct{}
+		out    map[uint64]*clerkSession  // clerk sessions, by engine session id
+		acc    map[uint64]*masterSession // sessions accepted by the master
+		nextAc uint64
+		runs   map[uint64]context.CancelFunc
 	}
-	watchOnce sync.Once
-	wg        sync.WaitGroup
+	started sync.Once
+}
+
+type clerkSession struct {
+	out    chan *pb.SessionRequest
+	cancel context.CancelFunc
+	hungUp bool
+}
+
+type masterSession struct {
+	out    chan *pb.SessionResponse
+	closed bool
 }
 
 // NewService returns a stopped service; Start begins each incarnation.
@@ -94,206 +121,421 @@ func NewService(cfg ServiceConfig) *Service {
 	}
 	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "lock")}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	s.mu.hintCh = make(chan struct{})
+	s.mu.clerks = map[ClerkID]*ClerkRT{}
+	s.mu.waits = map[*Waiter]chan struct{}{}
+	s.mu.out = map[uint64]*clerkSession{}
+	s.mu.acc = map[uint64]*masterSession{}
+	s.mu.runs = map[uint64]context.CancelFunc{}
 	return s
 }
 
-// watch keeps the hint of the lock namespace current.
-func (s *Service) watch() {
-	defer s.wg.Done()
-	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
-		st, err := decodeState(ns)
-		if err != nil {
-			s.log.Warn("lock namespace does not decode", "err", err)
-			continue
-		}
-		s.setHint(st)
-	}
+// envLocked is the engine's view of now: the time and whether its
+// incarnation is alive.
+func (s *Service) env(e *Engine) Env {
+	return Env{Now: time.Now(), Alive: s.cfg.Live.AliveAs(e.Incarnation())}
 }
 
-func (s *Service) setHint(st *state) {
+// do runs fn on engine e under the lock and carries out its effects.
+func (s *Service) do(e *Engine, fn func(Env) []any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mu.hint != nil && s.mu.hint.version >= st.version {
-		return
-	}
-	s.mu.hint = st
-	close(s.mu.hintCh)
-	s.mu.hintCh = make(chan struct{})
+	s.execLocked(e, fn(s.env(e)))
 }
 
-// hint returns the cached lock namespace (nil before the first) and a
-// channel closed at its next change.
-func (s *Service) hint() (*state, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.mu.hint, s.mu.hintCh
-}
-
-// Start begins incarnation inc of the node: a fresh default clerk (a
-// restarted node holds nothing and registers afresh) and, on candidates, the
-// standby loop.
+// Start begins incarnation inc of the node: a new engine with a fresh
+// default clerk (a restarted node holds nothing and registers afresh) and,
+// on candidates, a standby.
 func (s *Service) Start(inc uint64) {
+	s.started.Do(func() {
+		s.wg.Add(2)
+		go s.watch()
+		go s.ticker()
+	})
 	s.mu.Lock()
 	if inc <= s.mu.inc {
 		s.mu.Unlock()
 		return
 	}
-	s.mu.inc, s.mu.nextSeq = inc, 0
-	s.mu.Unlock()
-	s.watchOnce.Do(func() {
-		s.wg.Add(1)
-		go s.watch()
-	})
-	def, err := s.NewClerk("", nil)
+	if old := s.mu.eng; old != nil {
+		s.execLocked(old, old.Fence(s.env(old))) // a missed fence: the old incarnation is over
+	}
+	e := NewEngine(EngineConfig{Node: s.cfg.Node, Inc: inc, Addr: s.cfg.GRPCAddr, Candidate: s.cfg.Candidate, Tick: s.cfg.Tick})
+	s.mu.eng, s.mu.inc = e, inc
+	if s.mu.hint != nil {
+		s.execLocked(e, e.LockNamespace(s.env(e), s.mu.hint))
+	}
+	def, err := s.newClerkLocked(e, "", nil)
 	if err != nil {
 		s.log.Error("default clerk", "err", err)
-		return
 	}
-	s.mu.Lock()
 	s.mu.def = def
 	s.mu.Unlock()
-	if s.cfg.Candidate {
-		s.wg.Add(1)
-		go s.standby(inc)
-	}
 }
 
 // Fence ends incarnation inc: every clerk drops its leases and fails its
 // waiters, and a master stops granting. Called synchronously by the node's
 // self-fence, before the next incarnation starts.
 func (s *Service) Fence(inc uint64) {
-	s.stopIncarnation()
-	s.log.Warn("lock service fenced", "incarnation", inc)
-}
-
-// stopIncarnation drops the current incarnation's clerks and master.
-func (s *Service) stopIncarnation() {
 	s.mu.Lock()
-	clerks, m := s.mu.clerks, s.mu.master
-	s.mu.clerks, s.mu.master, s.mu.def = nil, nil, nil
-	s.mu.Unlock()
-	for _, c := range clerks {
-		c.fence()
+	defer s.mu.Unlock()
+	e := s.mu.eng
+	if e == nil || e.Incarnation() != inc {
+		return
 	}
-	if m != nil {
-		m.halt("node fenced itself or stopped")
-	}
+	s.execLocked(e, e.Fence(s.env(e)))
+	s.mu.eng, s.mu.def = nil, nil
+	s.log.Warn("lock service fenced", "incarnation", inc)
 }
 
 // Close stops everything (graceful shutdown: leases are not released; the
 // failure detector will declare the node dead and the master resolves them).
 func (s *Service) Close() {
+	s.mu.Lock()
+	if e := s.mu.eng; e != nil {
+		s.execLocked(e, e.Fence(s.env(e)))
+		s.mu.eng, s.mu.def = nil, nil
+	}
+	s.mu.Unlock()
 	s.stop()
-	s.stopIncarnation()
 	s.wg.Wait()
 	s.conns.close()
 }
 
 // NewClerk creates a clerk of a kind for the current incarnation and
 // registers it in the config service. recover is required when kind != "".
+// It fails with ErrFenced between a fence and the next incarnation: a clerk
+// belongs to exactly one incarnation.
 func (s *Service) NewClerk(kind string, recover RecoveryFunc) (*ClerkRT, error) {
-	if (kind == "") != (recover == nil) || len(kind) > MaxKindLen {
+	if (kind == "") != (recover == nil) {
 		return nil, errors.New("lock: a clerk has a recovery function exactly when it has a kind")
 	}
 	s.mu.Lock()
-	s.mu.nextSeq++
-	id := ClerkID{Node: s.cfg.Node, Inc: s.mu.inc, Seq: s.mu.nextSeq}
-	c := &ClerkRT{s: s, core: NewClerk(id, kind), recover: recover, waits: map[*Waiter]chan struct{}{}}
-	c.ctx, c.cancel = context.WithCancel(s.ctx)
-	s.mu.clerks = append(s.mu.clerks, c)
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go c.run()
+	defer s.mu.Unlock()
+	if s.mu.eng == nil {
+		return nil, ErrFenced
+	}
+	return s.newClerkLocked(s.mu.eng, kind, recover)
+}
+
+func (s *Service) newClerkLocked(e *Engine, kind string, recover RecoveryFunc) (*ClerkRT, error) {
+	id, out, err := e.NewClerk(s.env(e), kind)
+	if err != nil {
+		return nil, err
+	}
+	c := &ClerkRT{s: s, e: e, id: id, recover: recover, lost: make(chan struct{})}
+	s.mu.clerks[id] = c
+	s.execLocked(e, out)
 	return c, nil
 }
 
-// DefaultClerk is the node's clerk without a recovery kind.
+// DefaultClerk is the current incarnation's clerk without a recovery kind
+// (nil between a fence and the next incarnation).
 func (s *Service) DefaultClerk() *ClerkRT {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.def
 }
 
-func clerkKey(id ClerkID) string    { return "clerk/" + id.String() }
-func recoveryKey(id ClerkID) string { return "recovery/" + id.String() }
-
-// state is the lock namespace decoded.
-type state struct {
-	version uint64
-	master  *pb.LockMasterRecord
-	clerks  []ClerkInfo
-	records []RecoveryRecord
+// watch keeps the engines' hint of the lock namespace current.
+func (s *Service) watch() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
+		st, err := DecodeState(ns)
+		if err != nil {
+			s.log.Warn("lock namespace does not decode", "err", err)
+			continue
+		}
+		s.mu.Lock()
+		if s.mu.hint == nil || st.Version > s.mu.hint.Version {
+			s.mu.hint = st
+		}
+		if e := s.mu.eng; e != nil {
+			s.execLocked(e, e.LockNamespace(s.env(e), st))
+		}
+		s.mu.Unlock()
+	}
 }
 
-func decodeState(ns *pb.Namespace) (*state, error) {
-	st := &state{version: ns.Version}
-	for _, e := range ns.Entries {
-		switch {
-		case e.Key == "master":
-			m := &pb.LockMasterRecord{}
-			if err := proto.Unmarshal(e.Value, m); err != nil {
-				return nil, fmt.Errorf("lock: master record: %w", err)
+func (s *Service) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if e := s.mu.eng; e != nil {
+			s.execLocked(e, e.Tick(s.env(e)))
+		}
+		s.mu.Unlock()
+	}
+}
+
+// async runs io off the lock; its completion goes to engine e.
+func (s *Service) async(e *Engine, timeout time.Duration, io func(ctx context.Context) func(Env) []any) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, timeout)
+		k := io(ctx)
+		cancel()
+		if s.ctx.Err() == nil {
+			s.do(e, k)
+		}
+	}()
+}
+
+// execLocked carries out engine e's effects, in order. Holds s.mu; nothing
+// here blocks (I/O runs on goroutines).
+func (s *Service) execLocked(e *Engine, out []any) {
+	for _, o := range out {
+		switch x := o.(type) {
+		case Note:
+			s.log.Log(context.Background(), slog.Level(x.Level), x.Msg, append([]any{"incarnation", e.Incarnation()}, x.Args...)...)
+		case Wake:
+			for _, w := range x.Waiters {
+				if ch := s.mu.waits[w]; ch != nil {
+					delete(s.mu.waits, w)
+					close(ch)
+				}
 			}
-			st.master = m
-		case strings.HasPrefix(e.Key, "clerk/"):
-			r := &pb.LockClerkRecord{}
-			if err := proto.Unmarshal(e.Value, r); err != nil {
-				return nil, fmt.Errorf("lock: clerk record %s: %w", e.Key, err)
+		case LeasesLost:
+			if c := s.mu.clerks[x.Clerk]; c != nil {
+				c.loseOnce.Do(func() { c.reason = x.Reason; close(c.lost) })
+				if x.Reason == ErrFenced {
+					delete(s.mu.clerks, x.Clerk)
+				}
 			}
-			id, err := ClerkIDFromPB(r.Id)
-			if err != nil {
-				return nil, err
+		case ReadLock:
+			s.async(e, 5*time.Second, func(ctx context.Context) func(Env) []any {
+				st, err := s.read(ctx)
+				return func(env Env) []any { return e.LockRead(env, x.ID, st, err) }
+			})
+		case Propose:
+			s.async(e, 5*time.Second, func(ctx context.Context) func(Env) []any {
+				v, err := s.cfg.Meta.Propose(ctx, x.Decree)
+				return func(env Env) []any { return e.Proposed(env, x.ID, v, err) }
+			})
+		case Update:
+			s.async(e, 10*time.Second, func(ctx context.Context) func(Env) []any {
+				v, err := s.cfg.Meta.Update(ctx, Namespace, x.Origin, x.Build)
+				return func(env Env) []any { return e.Updated(env, x.ID, v, err) }
+			})
+		case QueryFD:
+			s.async(e, 2*time.Second, func(ctx context.Context) func(Env) []any {
+				dead, err := s.cfg.Detector.Dead(ctx, x.Subjects)
+				return func(env Env) []any { return e.FDAnswer(env, x.ID, dead, err) }
+			})
+		case Dial:
+			s.dialLocked(e, x)
+		case SessionSend:
+			cs := s.mu.out[x.Session]
+			if cs == nil || cs.hungUp {
+				continue
 			}
-			st.clerks = append(st.clerks, ClerkInfo{ID: id, Kind: r.Kind})
-		case strings.HasPrefix(e.Key, "recovery/"):
-			r := &pb.LockRecoveryRecord{}
-			if err := proto.Unmarshal(e.Value, r); err != nil {
-				return nil, fmt.Errorf("lock: recovery record %s: %w", e.Key, err)
+			select {
+			case cs.out <- EncodeClerkMessage(x.Msg):
+			default:
+				cs.cancel() // the queue is full: break the session (the next Hello carries the state)
 			}
-			id, err := ClerkIDFromPB(r.Dead)
-			if err != nil {
-				return nil, err
+		case HangUp:
+			if cs := s.mu.out[x.Session]; cs != nil {
+				cs.hungUp = true
+				cs.cancel()
+				delete(s.mu.out, x.Session)
 			}
-			rec := RecoveryRecord{Dead: id, Kind: r.Kind, All: r.All}
-			for _, n := range r.Names {
-				rec.Names = append(rec.Names, string(n))
+		case ClerkSend:
+			ms := s.mu.acc[x.Session]
+			if ms == nil || ms.closed {
+				continue
 			}
-			st.records = append(st.records, rec)
+			select {
+			case ms.out <- EncodeMasterMessage(x.Msg):
+			default:
+				ms.closed = true // full: the clerk reconnects with a Hello
+				close(ms.out)
+			}
+		case ClerkClose:
+			if ms := s.mu.acc[x.Session]; ms != nil && !ms.closed {
+				ms.closed = true
+				close(ms.out)
+			}
+		case StartRecovery:
+			c := s.mu.clerks[x.Clerk]
+			if c == nil || c.recover == nil {
+				s.async(e, time.Second, func(context.Context) func(Env) []any {
+					return func(env Env) []any {
+						return e.RecoveryFinished(env, x.Run, errors.New("lock: this clerk has no recovery function"))
+					}
+				})
+				continue
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
+			s.mu.runs[x.Run] = cancel
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				log := s.log.With("clerk", x.Clerk, "dead", x.Req.Dead, "token", x.Req.Token)
+				log.Info("running recovery", "all", x.Req.All, "names", len(x.Req.Names))
+				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Token: x.Req.Token})
+				if err != nil {
+					log.Warn("recovery failed or was cancelled; the master decides again", "err", err)
+				} else {
+					log.Info("recovery done")
+				}
+				s.mu.Lock()
+				delete(s.mu.runs, x.Run)
+				cancel()
+				s.execLocked(e, e.RecoveryFinished(s.env(e), x.Run, err))
+				s.mu.Unlock()
+			}()
+		case CancelRecovery:
+			if cancel := s.mu.runs[x.Run]; cancel != nil {
+				cancel()
+			}
 		}
 	}
-	sort.Slice(st.clerks, func(i, j int) bool { return st.clerks[i].ID.Less(st.clerks[j].ID) })
-	return st, nil
 }
 
-// read is a linearizable read of the lock namespace; it refreshes the hint.
-func (s *Service) read(ctx context.Context) (*state, error) {
+// dialLocked opens a clerk's session: a gRPC stream to the master. The send
+// queue exists at once, so that the Hello (the next effect) goes first.
+func (s *Service) dialLocked(e *Engine, d Dial) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	cs := &clerkSession{out: make(chan *pb.SessionRequest, SessionQueue), cancel: cancel}
+	s.mu.out[d.Session] = cs
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		err := s.runClerkSession(ctx, e, d, cs)
+		s.mu.Lock()
+		hungUp := cs.hungUp
+		delete(s.mu.out, d.Session)
+		if !hungUp {
+			s.execLocked(e, e.SessionClosed(s.env(e), d.Session))
+		}
+		s.mu.Unlock()
+		if err != nil && !hungUp && s.ctx.Err() == nil {
+			s.log.Debug("clerk session ended", "clerk", d.Clerk, "master", d.Master.Addr, "err", err)
+		}
+	}()
+}
+
+func (s *Service) runClerkSession(ctx context.Context, e *Engine, d Dial, cs *clerkSession) error {
+	cl, err := s.conns.get(d.Master.Addr)
+	if err != nil {
+		return err
+	}
+	stream, err := cl.Session(ctx)
+	if err != nil {
+		return err
+	}
+	go func() { // the one goroutine that writes on the stream
+		for {
+			select {
+			case m := <-cs.out:
+				if stream.Send(m) != nil {
+					cs.cancel()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		msg, err := DecodeMasterMessage(m)
+		if err != nil {
+			s.log.Warn("clerk dropped a malformed message from the master; closing the session", "clerk", d.Clerk, "err", err)
+			return err
+		}
+		s.do(e, func(env Env) []any { return e.SessionRecv(env, d.Session, msg) })
+	}
+}
+
+// Session implements the master side of a clerk's session.
+func (s *Service) Session(stream grpc.BidiStreamingServer[pb.SessionRequest, pb.SessionResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	msg, err := DecodeClerkMessage(first)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	h, ok := msg.(Hello)
+	if !ok {
+		return status.Error(codes.InvalidArgument, "lock: a session starts with a hello")
+	}
+	s.mu.Lock()
+	e := s.mu.eng
+	if e == nil {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "lock: this node is not the lock master")
+	}
+	s.mu.nextAc++
+	id := s.mu.nextAc
+	ms := &masterSession{out: make(chan *pb.SessionResponse, SessionQueue)}
+	s.mu.acc[id] = ms
+	s.execLocked(e, e.Accept(s.env(e), id, h))
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.acc, id)
+		if !ms.closed {
+			ms.closed = true
+			s.execLocked(e, e.MasterClosed(s.env(e), id))
+		}
+		s.mu.Unlock()
+	}()
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			msg, err := DecodeClerkMessage(req)
+			if err != nil {
+				s.log.Warn("lock master dropped a malformed message; closing the session", "clerk", h.Clerk, "err", err)
+				recvErr <- status.Error(codes.InvalidArgument, err.Error())
+				return
+			}
+			s.do(e, func(env Env) []any { return e.MasterRecv(env, id, msg) })
+		}
+	}()
+	for {
+		select {
+		case r, ok := <-ms.out:
+			if !ok {
+				return status.Error(codes.Unavailable, "lock: session closed by the master")
+			}
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			return err
+		case <-stream.Context().Done():
+			return status.Error(codes.Unavailable, "lock: session closed")
+		}
+	}
+}
+
+// read is a linearizable read of the lock namespace.
+func (s *Service) read(ctx context.Context) (*State, error) {
 	ns, err := s.cfg.Meta.Read(ctx, Namespace)
 	if err != nil {
 		return nil, err
 	}
-	st, err := decodeState(ns)
-	if err == nil {
-		s.setHint(st)
-	}
-	return st, err
-}
-
-func put(key string, m proto.Message) *pb.Op {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		panic(err)
-	}
-	return &pb.Op{Kind: pb.Op_KIND_PUT, Key: key, Value: b}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
-	}
+	return DecodeState(ns)
 }
 
 // connCache hands out lock-service clients over a shared connection pool.
@@ -309,51 +551,81 @@ func (c *connCache) get(addr string) (pb.LockServiceClient, error) {
 
 func (c *connCache) close() { c.pool.Close() }
 
-// Session implements the master side of a clerk's session.
-func (s *Service) Session(stream grpc.BidiStreamingServer[pb.SessionRequest, pb.SessionResponse]) error {
-	s.mu.Lock()
-	m := s.mu.master
-	s.mu.Unlock()
-	if m == nil {
-		return status.Error(codes.Unavailable, "lock: this node is not the lock master")
-	}
-	return m.serve(stream)
-}
-
 // List implements pb.LockServiceServer: the master answers; other nodes
 // forward to it.
 func (s *Service) List(ctx context.Context, _ *pb.ListRequest) (*pb.ListResponse, error) {
 	s.mu.Lock()
-	m := s.mu.master
-	s.mu.Unlock()
-	if m != nil {
-		return m.list(), nil
+	var r *pb.ListResponse
+	if e := s.mu.eng; e != nil {
+		if m, rec := e.Master(); m != nil {
+			r = listView(m, rec)
+		}
 	}
-	return ListFromMaster(ctx, s.cfg.Meta, &s.conns)
+	s.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	return ListFromMaster(ctx, s.cfg.Meta, &s.conns, s.cfg.GRPCAddr)
 }
 
 // ListFromMaster finds the master through the config service and asks it.
-func ListFromMaster(ctx context.Context, mc *meta.Client, conns *connCache) (*pb.ListResponse, error) {
+// self is the caller's own address: a record naming it while the caller
+// runs no master is answered "unavailable", not forwarded to itself.
+func ListFromMaster(ctx context.Context, mc *meta.Client, conns *connCache, self string) (*pb.ListResponse, error) {
 	ns, err := mc.Read(ctx, Namespace)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "config service: %v", err)
 	}
-	st, err := decodeState(ns)
+	st, err := DecodeState(ns)
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if st.master == nil {
+	if st.Master == nil {
 		return nil, status.Error(codes.Unavailable, "lock: no master yet")
 	}
-	cl, err := conns.get(st.master.GrpcAddr)
+	if st.Master.Addr == self {
+		return nil, status.Errorf(codes.Unavailable, "lock: the master of epoch %d (this node) is not running; a standby will take over", st.Master.Epoch)
+	}
+	cl, err := conns.get(st.Master.Addr)
 	if err != nil {
 		return nil, err
 	}
 	r, err := cl.List(ctx, &pb.ListRequest{})
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "lock master on node %d (%s): %v", st.master.Node, st.master.GrpcAddr, err)
+		return nil, status.Errorf(codes.Unavailable, "lock master on node %d (%s): %v", st.Master.Node, st.Master.Addr, err)
 	}
 	return r, nil
+}
+
+// listView is the master's view for `grove lock list`.
+func listView(m *Master, rec MasterRecord) *pb.ListResponse {
+	out := &pb.ListResponse{Master: &pb.LockMasterRecord{Node: rec.Node, Incarnation: rec.Inc, Epoch: uint64(rec.Epoch), GrpcAddr: rec.Addr}, Serving: m.Serving()}
+	for _, l := range m.Locks() {
+		e := &pb.LockEntry{Name: []byte(l.Name)}
+		var hs []ClerkID
+		for h := range l.Holders {
+			hs = append(hs, h)
+		}
+		sortIDs(hs)
+		for _, h := range hs {
+			e.Holders = append(e.Holders, &pb.LockHolder{Clerk: ClerkIDToPB(h), Mode: modeToPB(l.Holders[h]), Token: TokenToPB(l.Tokens[h])})
+		}
+		for _, w := range l.Waiters {
+			e.Waiters = append(e.Waiters, ClerkIDToPB(w))
+		}
+		out.Locks = append(out.Locks, e)
+	}
+	for _, c := range m.Clerks() {
+		out.Clerks = append(out.Clerks, &pb.ClerkEntry{Id: ClerkIDToPB(c.Info.ID), Kind: c.Info.Kind, Connected: c.Connected, Dead: c.Dead, Held: uint32(c.Held)})
+	}
+	for _, r := range m.Recoveries() {
+		rr := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All}
+		for _, n := range r.Names() {
+			rr.Leases = append(rr.Leases, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(r.Held[n])})
+		}
+		out.Recoveries = append(out.Recoveries, rr)
+	}
+	return out
 }
 
 // Hold implements pb.LockServiceServer through this node's default clerk.
@@ -372,10 +644,14 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	start := time.Now()
 	h, err := c.Acquire(stream.Context(), string(req.Name), mode)
 	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return status.FromContextError(err).Err()
+		}
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	defer h.Release()
-	if err := stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_GRANTED, Clerk: ClerkIDToPB(c.ID()), WaitedMicros: uint64(time.Since(start).Microseconds())}); err != nil {
+	if err := stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_GRANTED, Clerk: ClerkIDToPB(c.ID()),
+		WaitedMicros: uint64(time.Since(start).Microseconds()), Token: TokenToPB(h.Token())}); err != nil {
 		return err
 	}
 	var timer <-chan time.Time
@@ -386,7 +662,7 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	case <-stream.Context().Done():
 	case <-timer:
 	case <-h.Lost():
-		return status.Error(codes.Aborted, "lock: lease lost: this node fenced itself or is shutting down")
+		return status.Error(codes.Aborted, fmt.Sprintf("lock: lease on %q lost: %v", req.Name, h.LostReason()))
 	}
 	h.Release()
 	return stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_RELEASED, Clerk: ClerkIDToPB(c.ID())})

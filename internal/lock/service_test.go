@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,10 +26,14 @@ type fakeDetector struct {
 	dead map[[2]uint64]bool
 }
 
-func (d *fakeDetector) Dead(_ context.Context, node, inc uint64) (bool, error) {
+func (d *fakeDetector) Dead(_ context.Context, subjects []Subject) ([]bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.dead[[2]uint64{node, inc}], nil
+	out := make([]bool, len(subjects))
+	for i, x := range subjects {
+		out[i] = d.dead[[2]uint64{x.Node, x.Inc}]
+	}
+	return out, nil
 }
 
 func (d *fakeDetector) kill(node, inc uint64) {
@@ -37,9 +42,20 @@ func (d *fakeDetector) kill(node, inc uint64) {
 	d.mu.Unlock()
 }
 
-type fakeLive struct{ dead atomic.Bool }
+// fakeLive is a node's self-view: incarnation inc alive unless fenced.
+type fakeLive struct {
+	dead atomic.Bool
+	inc  atomic.Uint64
+}
 
-func (l *fakeLive) Alive() bool { return !l.dead.Load() }
+func (l *fakeLive) AliveAs(inc uint64) bool { return !l.dead.Load() && l.inc.Load() == inc }
+
+func (l *fakeLive) Deadline(inc uint64) (time.Time, bool) {
+	if !l.AliveAs(inc) {
+		return time.Time{}, false
+	}
+	return time.Now().Add(time.Second), true
+}
 
 type testNode struct {
 	svc  *Service
@@ -78,6 +94,7 @@ func startServices(t *testing.T, n int, det *fakeDetector) []*testNode {
 			l, _ = net.Listen("tcp", "127.0.0.1:0")
 		}
 		live := &fakeLive{}
+		live.inc.Store(1)
 		svc := NewService(ServiceConfig{Node: uint64(i + 1), GRPCAddr: l.Addr().String(), Candidate: i == 0 || i == 1,
 			Meta: meta.NewClient(members), Detector: det, Live: live, Log: quiet, Tick: 50 * time.Millisecond})
 		Register(gs, svc)
@@ -112,14 +129,14 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	}
 	calls := make(chan call, 10)
 	release := make(chan struct{})
-	walA, err := nodes[2].svc.NewClerk("wal", func(ctx context.Context, dead ClerkID, names []string, all bool) error {
+	walA, err := nodes[2].svc.NewClerk("wal", func(ctx context.Context, r Recovery) error {
 		return fmt.Errorf("node 3's wal clerk must not be asked to recover itself")
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = nodes[3].svc.NewClerk("wal", func(ctx context.Context, dead ClerkID, names []string, all bool) error {
-		calls <- call{dead, names}
+	_, err = nodes[3].svc.NewClerk("wal", func(ctx context.Context, r Recovery) error {
+		calls <- call{r.Dead, r.Names}
 		<-release
 		return nil
 	})
@@ -176,6 +193,21 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	case h2 = <-got:
 	case <-ctx.Done():
 		t.Fatal("waiter never granted after recovery")
+	}
+	// The lease moved only after the decree removing the dead clerk's
+	// records committed (otherwise a new master would run its recovery
+	// again under the new holder).
+	ns, err := nodes[0].svc.cfg.Meta.Read(ctx, Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ns.Entries {
+		if e.Key == clerkKey(walA.ID()) || e.Key == recoveryKey(walA.ID()) {
+			t.Fatalf("waiter granted while %s is still in the config service", e.Key)
+		}
+	}
+	if !h.Token().Less(h2.Token()) {
+		t.Fatalf("waiter's token %v not above the dead holder's %v", h2.Token(), h.Token())
 	}
 
 	// The master (node 1 or 2, whichever won) dies; the other takes over
@@ -240,5 +272,48 @@ func TestHoldRejectsBadInput(t *testing.T) {
 		if _, err := c.Acquire(ctx, "x", None); err != ErrBadMode {
 			t.Errorf("mode none: %v", err)
 		}
+	}
+}
+
+// Defect 2 of the safety review: leases are bound to the incarnation that
+// acquired them. A clerk cannot be made between a fence and the next
+// incarnation; a hold of the fenced incarnation never becomes valid again,
+// even when the node is alive in its next incarnation; its Lost channel
+// says why.
+func TestLeaseBoundToIncarnation(t *testing.T) {
+	det := &fakeDetector{dead: map[[2]uint64]bool{}}
+	nodes := startServices(t, 3, det)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n := nodes[2]
+	h, err := n.svc.DefaultClerk().Acquire(ctx, "x", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Valid() || h.ValidUntil().IsZero() || h.Token().IsZero() {
+		t.Fatalf("fresh hold: valid=%v until=%v token=%v", h.Valid(), h.ValidUntil(), h.Token())
+	}
+	n.live.dead.Store(true)
+	n.svc.Fence(1)
+	if _, err := n.svc.NewClerk("", nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("clerk made between a fence and the next incarnation: %v", err)
+	}
+	select {
+	case <-h.Lost():
+	default:
+		t.Fatal("Lost not closed at the fence")
+	}
+	if !errors.Is(h.LostReason(), ErrFenced) {
+		t.Fatalf("lost reason %v", h.LostReason())
+	}
+	// The node comes back as incarnation 2: the old hold stays invalid.
+	n.live.inc.Store(2)
+	n.live.dead.Store(false)
+	n.svc.Start(2)
+	if h.Valid() || !h.ValidUntil().IsZero() {
+		t.Fatal("a hold of the fenced incarnation is valid in the next one")
+	}
+	if _, err := n.svc.DefaultClerk().Acquire(ctx, "y", Shared); err != nil {
+		t.Fatalf("the new incarnation's clerk: %v", err)
 	}
 }

@@ -61,29 +61,42 @@ func name(b []byte) (string, error) {
 	return string(b), nil
 }
 
+// TokenToPB and TokenFromPB convert fencing tokens.
+func TokenToPB(t Token) *pb.Token {
+	if t.IsZero() {
+		return nil
+	}
+	return &pb.Token{Epoch: uint64(t.Epoch), Seq: t.Seq}
+}
+
+func TokenFromPB(t *pb.Token) Token { return Token{Epoch: Epoch(t.GetEpoch()), Seq: t.GetSeq()} }
+
 // EncodeClerkMessage converts a clerk-to-master message to protobuf.
 func EncodeClerkMessage(msg any) *pb.SessionRequest {
 	switch x := msg.(type) {
 	case Hello:
 		h := &pb.LockHello{Clerk: ClerkIDToPB(x.Clerk), Kind: x.Kind, Epoch: uint64(x.Epoch)}
 		for _, n := range sortedKeys(x.Held) {
-			h.Held = append(h.Held, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(x.Held[n]), Seq: x.Seqs[n]})
-		}
-		for _, n := range sortedKeys(x.Seqs) { // released leases still carry a sequence number
-			if _, held := x.Held[n]; !held {
-				h.Held = append(h.Held, &pb.HeldLease{Name: []byte(n), Seq: x.Seqs[n]})
-			}
+			h.Held = append(h.Held, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(x.Held[n]), Token: TokenToPB(x.Tokens[n])})
 		}
 		for _, n := range sortedKeys(x.Want) {
 			h.Want = append(h.Want, &pb.WantedLease{Name: []byte(n), Mode: modeToPB(x.Want[n])})
+		}
+		dead := make([]ClerkID, 0, len(x.Recovering))
+		for d := range x.Recovering {
+			dead = append(dead, d)
+		}
+		sortIDs(dead)
+		for _, d := range dead {
+			h.Recovering = append(h.Recovering, &pb.RunningRecovery{Dead: ClerkIDToPB(d), Token: TokenToPB(x.Recovering[d])})
 		}
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Hello{Hello: h}}
 	case Acquire:
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Acquire{Acquire: &pb.LockAcquire{Name: []byte(x.Name), Mode: modeToPB(x.Mode)}}}
 	case Release:
-		return &pb.SessionRequest{Msg: &pb.SessionRequest_Release{Release: &pb.LockRelease{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Seq: x.Seq}}}
+		return &pb.SessionRequest{Msg: &pb.SessionRequest_Release{Release: &pb.LockRelease{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Token: TokenToPB(x.Token)}}}
 	case RecoveryDone:
-		return &pb.SessionRequest{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{Dead: ClerkIDToPB(x.Dead), Ok: x.OK}}}
+		return &pb.SessionRequest{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{Dead: ClerkIDToPB(x.Dead), Ok: x.OK, Token: TokenToPB(x.Token)}}}
 	}
 	panic(fmt.Sprintf("lock: not a clerk message: %T", msg))
 }
@@ -97,26 +110,24 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(h.Kind) > MaxKindLen || len(h.Held) > MaxHelloLeases || len(h.Want) > MaxHelloLeases {
+		if len(h.Kind) > MaxKindLen || len(h.Held) > MaxHelloLeases || len(h.Want) > MaxHelloLeases || len(h.Recovering) > MaxHelloLeases {
 			return nil, bad("hello over limits")
 		}
-		out := Hello{Clerk: id, Kind: h.Kind, Epoch: Epoch(h.Epoch), Held: map[string]Mode{}, Seqs: map[string]uint64{}, Want: map[string]Mode{}}
+		out := Hello{Clerk: id, Kind: h.Kind, Epoch: Epoch(h.Epoch), Held: map[string]Mode{}, Tokens: map[string]Token{}, Want: map[string]Mode{}, Recovering: map[ClerkID]Token{}}
 		for _, l := range h.Held {
 			n, err := name(l.Name)
 			if err != nil {
 				return nil, err
 			}
-			md, err := modeFromPB(l.Mode, true)
+			md, err := modeFromPB(l.Mode, false)
 			if err != nil {
 				return nil, err
 			}
-			if _, dup := out.Seqs[n]; dup {
+			if _, dup := out.Held[n]; dup {
 				return nil, bad("lease %q reported twice", n)
 			}
-			if md != None {
-				out.Held[n] = md
-			}
-			out.Seqs[n] = l.Seq
+			out.Held[n] = md
+			out.Tokens[n] = TokenFromPB(l.Token)
 		}
 		for _, l := range h.Want {
 			n, err := name(l.Name)
@@ -128,6 +139,13 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 				return nil, err
 			}
 			out.Want[n] = md
+		}
+		for _, r := range h.Recovering {
+			d, err := ClerkIDFromPB(r.Dead)
+			if err != nil {
+				return nil, err
+			}
+			out.Recovering[d] = TokenFromPB(r.Token)
 		}
 		return out, nil
 	case *pb.SessionRequest_Acquire:
@@ -149,13 +167,13 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 		if err != nil || md == Exclusive {
 			return nil, bad("release keeps mode %v", x.Release.Mode)
 		}
-		return Release{Name: n, Mode: md, Seq: x.Release.Seq}, nil
+		return Release{Name: n, Mode: md, Token: TokenFromPB(x.Release.Token)}, nil
 	case *pb.SessionRequest_RecoveryDone:
 		id, err := ClerkIDFromPB(x.RecoveryDone.Dead)
 		if err != nil {
 			return nil, err
 		}
-		return RecoveryDone{Dead: id, OK: x.RecoveryDone.Ok}, nil
+		return RecoveryDone{Dead: id, OK: x.RecoveryDone.Ok, Token: TokenFromPB(x.RecoveryDone.Token)}, nil
 	}
 	return nil, bad("empty or unknown clerk message")
 }
@@ -168,11 +186,11 @@ func EncodeMasterMessage(msg any) *pb.SessionResponse {
 	case Reject:
 		return &pb.SessionResponse{Msg: &pb.SessionResponse_Reject{Reject: &pb.LockReject{Reason: x.Reason, Dead: x.Dead}}}
 	case Grant:
-		return &pb.SessionResponse{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Seq: x.Seq}}}
+		return &pb.SessionResponse{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Token: TokenToPB(x.Token)}}}
 	case Revoke:
 		return &pb.SessionResponse{Msg: &pb.SessionResponse_Revoke{Revoke: &pb.LockRevoke{Name: []byte(x.Name), Keep: modeToPB(x.Keep)}}}
 	case Recover:
-		r := &pb.LockRecover{Dead: ClerkIDToPB(x.Dead), All: x.All}
+		r := &pb.LockRecover{Dead: ClerkIDToPB(x.Dead), All: x.All, Token: TokenToPB(x.Token)}
 		for _, n := range x.Names {
 			r.Names = append(r.Names, []byte(n))
 		}
@@ -197,7 +215,11 @@ func DecodeMasterMessage(m *pb.SessionResponse) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return Grant{Name: n, Mode: md, Seq: x.Grant.Seq}, nil
+		t := TokenFromPB(x.Grant.Token)
+		if t.IsZero() {
+			return nil, bad("grant of %q without a token", n)
+		}
+		return Grant{Name: n, Mode: md, Token: t}, nil
 	case *pb.SessionResponse_Revoke:
 		n, err := name(x.Revoke.Name)
 		if err != nil {
@@ -216,7 +238,10 @@ func DecodeMasterMessage(m *pb.SessionResponse) (any, error) {
 		if len(x.Recover.Names) > MaxRecoverNames {
 			return nil, bad("recover lists %d names", len(x.Recover.Names))
 		}
-		r := Recover{Dead: id, All: x.Recover.All}
+		r := Recover{Dead: id, All: x.Recover.All, Token: TokenFromPB(x.Recover.Token)}
+		if r.Token.IsZero() {
+			return nil, bad("recover without a token")
+		}
 		for _, b := range x.Recover.Names {
 			n, err := name(b)
 			if err != nil {
@@ -251,6 +276,10 @@ func DecodeSessionResponse(b []byte) (any, error) {
 		return nil, bad("%v", err)
 	}
 	return DecodeMasterMessage(m)
+}
+
+func sortIDs(ids []ClerkID) {
+	sort.Slice(ids, func(i, j int) bool { return ids[i].Less(ids[j]) })
 }
 
 func sortedKeys[V any](m map[string]V) []string {

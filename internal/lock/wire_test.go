@@ -12,8 +12,9 @@ import (
 
 func TestWireRoundTrip(t *testing.T) {
 	clerkMsgs := []any{
-		Hello{Clerk: cA, Kind: "wal", Epoch: 3, Held: map[string]Mode{"a": Shared, "b\x00c": Exclusive}, Seqs: map[string]uint64{"a": 2, "b\x00c": 5, "gone": 9}, Want: map[string]Mode{"d": Exclusive}},
-		Acquire{"x", Shared}, Release{"x", None, 4}, Release{"x", Shared, 5}, RecoveryDone{cB, true},
+		Hello{Clerk: cA, Kind: "wal", Epoch: 3, Held: map[string]Mode{"a": Shared, "b\x00c": Exclusive}, Tokens: map[string]Token{"a": {1, 2}, "b\x00c": {3, 5}},
+			Want: map[string]Mode{"d": Exclusive}, Recovering: map[ClerkID]Token{cC: {2, 9}}},
+		Acquire{"x", Shared}, Release{"x", None, Token{1, 4}}, Release{"x", Shared, Token{2, 5}}, RecoveryDone{cB, true, Token{3, 1}},
 	}
 	for _, m := range clerkMsgs {
 		b, _ := proto.Marshal(EncodeClerkMessage(m))
@@ -22,7 +23,7 @@ func TestWireRoundTrip(t *testing.T) {
 			t.Fatalf("%#v → %#v, %v", m, got, err)
 		}
 	}
-	masterMsgs := []any{Welcome{2}, Reject{"no", true}, Grant{"x", Exclusive, 7}, Revoke{"x", Shared}, Recover{Dead: cC, Names: []string{"p", "q"}}, Recover{Dead: cC, All: true}}
+	masterMsgs := []any{Welcome{2}, Reject{"no", true}, Grant{"x", Exclusive, Token{2, 7}}, Revoke{"x", Shared}, Recover{Dead: cC, Names: []string{"p", "q"}, Token: Token{1, 1}}, Recover{Dead: cC, All: true, Token: Token{4, 2}}}
 	for _, m := range masterMsgs {
 		b, _ := proto.Marshal(EncodeMasterMessage(m))
 		got, err := DecodeSessionResponse(b)
@@ -45,6 +46,8 @@ func TestWireRejects(t *testing.T) {
 		{Msg: &pb.SessionRequest_Hello{Hello: &pb.LockHello{Clerk: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1},
 			Held: []*pb.HeldLease{{Name: []byte("a"), Mode: 1}, {Name: []byte("a"), Mode: 2}}}}},
 		{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{}}},
+		{Msg: &pb.SessionRequest_Hello{Hello: &pb.LockHello{Clerk: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1},
+			Recovering: []*pb.RunningRecovery{{Dead: &pb.ClerkId{}}}}}},
 	}
 	for i, m := range bads {
 		if _, err := DecodeClerkMessage(m); !errors.Is(err, ErrBadMessage) {
@@ -54,12 +57,24 @@ func TestWireRejects(t *testing.T) {
 	if _, err := DecodeSessionRequest([]byte{0xff, 0xff}); !errors.Is(err, ErrBadMessage) {
 		t.Errorf("garbage accepted: %v", err)
 	}
+	badResponses := []*pb.SessionResponse{
+		{},
+		{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte("x"), Mode: pb.LockMode_LOCK_MODE_SHARED}}}, // no token
+		{Msg: &pb.SessionResponse_Recover{Recover: &pb.LockRecover{Dead: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1}}}}, // no token
+		{Msg: &pb.SessionResponse_Revoke{Revoke: &pb.LockRevoke{Name: []byte("x"), Keep: pb.LockMode_LOCK_MODE_EXCLUSIVE}}},
+	}
+	for i, m := range badResponses {
+		if _, err := DecodeMasterMessage(m); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("bad master message %d accepted: %v", i, err)
+		}
+	}
 }
 
 // FuzzDecodeSessionRequest: no input panics the decoder or, once decoded,
 // the master; whatever decodes re-encodes to an equal message.
 func FuzzDecodeSessionRequest(f *testing.F) {
-	for _, m := range []any{Hello{Clerk: cA, Epoch: 1, Held: map[string]Mode{"a": Shared}, Seqs: map[string]uint64{"a": 1}, Want: map[string]Mode{}}, Acquire{"x", Exclusive}, Release{"x", None, 1}, RecoveryDone{cB, true}} {
+	for _, m := range []any{Hello{Clerk: cA, Epoch: 1, Held: map[string]Mode{"a": Shared}, Tokens: map[string]Token{"a": {1, 1}}, Want: map[string]Mode{}, Recovering: map[ClerkID]Token{}},
+		Acquire{"x", Exclusive}, Release{"x", None, Token{1, 1}}, RecoveryDone{cB, true, Token{1, 2}}} {
 		b, _ := proto.Marshal(EncodeClerkMessage(m))
 		f.Add(b)
 	}
@@ -84,7 +99,7 @@ func FuzzDecodeSessionRequest(f *testing.F) {
 
 // FuzzDecodeSessionResponse: the same for what a clerk receives.
 func FuzzDecodeSessionResponse(f *testing.F) {
-	for _, m := range []any{Welcome{1}, Grant{"x", Shared, 1}, Revoke{"x", None}, Recover{Dead: cB, Names: []string{"x"}}} {
+	for _, m := range []any{Welcome{1}, Grant{"x", Shared, Token{1, 1}}, Revoke{"x", None}, Recover{Dead: cB, Names: []string{"x"}, Token: Token{1, 2}}} {
 		b, _ := proto.Marshal(EncodeMasterMessage(m))
 		f.Add(b)
 	}

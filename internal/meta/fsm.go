@@ -139,6 +139,16 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return ApplyResult{Version: ns.version}
 }
 
+// Version returns a namespace's version (0 if it was never written).
+func (f *FSM) Version(name string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ns := f.mu.ns[name]; ns != nil {
+		return ns.version
+	}
+	return 0
+}
+
 // Namespace returns a copy of one namespace (version 0 and no entries if it
 // was never written) and a channel closed at the next applied decree.
 func (f *FSM) Namespace(name string) (*pb.Namespace, <-chan struct{}) {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -199,6 +200,23 @@ func (n *Node) Alive() bool {
 	return d != nil && d.Alive()
 }
 
+// AliveAs reports whether inc is the node's running incarnation and alive
+// now (lock.Liveness): leases are bound to their incarnation.
+func (n *Node) AliveAs(inc uint64) bool {
+	d := n.fdp.Load()
+	return d != nil && d.AliveAs(fd.Incarnation(inc))
+}
+
+// Deadline is the local time until which incarnation inc is guaranteed
+// alive, if it is running and alive now (lock.Liveness).
+func (n *Node) Deadline(inc uint64) (time.Time, bool) {
+	d := n.fdp.Load()
+	if d == nil {
+		return time.Time{}, false
+	}
+	return d.Deadline(fd.Incarnation(inc))
+}
+
 // Locks is the node's lock service.
 func (n *Node) Locks() *lock.Service { return n.locks }
 
@@ -287,7 +305,7 @@ func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.
 	for i, s := range req.Subjects {
 		qs[i] = fd.Question{Node: fd.NodeID(s.Node), Inc: fd.Incarnation(s.Incarnation)}
 	}
-	dead, err := o.n.fd.Query(ctx, qs)
+	dead, heard, err := o.n.fd.Query(ctx, qs)
 	switch {
 	case errors.Is(err, fd.ErrNotObserver):
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
@@ -296,5 +314,5 @@ func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.
 	case err != nil:
 		return nil, status.FromContextError(err).Err()
 	}
-	return &pb.QueryResponse{Observer: o.n.cfg.ID, Dead: dead}, nil
+	return &pb.QueryResponse{Observer: o.n.cfg.ID, Dead: dead, Heard: heard}, nil
 }

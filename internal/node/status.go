@@ -11,6 +11,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -51,11 +52,12 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 	if m, err := s.client.Members(ctx); err == nil {
 		out.Leader, out.Members = m.LeaderId, m.Members
 	}
-	dead, answered := s.Query(ctx, nodes)
+	dead, heard, answered := s.query(ctx, nodes)
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
 			Id: n.Id, Incarnation: n.Incarnation, Roles: n.Roles, GrpcAddr: n.GrpcAddr, BeaconAddr: n.BeaconAddr,
 			Alive: !fd.CombineVerdicts(dead[i], len(s.observers)), ObserversAnswered: uint32(answered), ObserversDead: uint32(dead[i]),
+			ObserversHeard: uint32(heard[i]),
 		})
 	}
 	return out, nil
@@ -65,11 +67,16 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 // and returns, per node, how many observers said dead, and how many
 // observers answered at all.
 func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int, answered int) {
+	dead, _, answered = s.query(ctx, nodes)
+	return dead, answered
+}
+
+func (s *StatusService) query(ctx context.Context, nodes []*pb.Node) (dead, heard []int, answered int) {
 	req := &pb.QueryRequest{}
 	for _, n := range nodes {
 		req.Subjects = append(req.Subjects, &pb.Subject{Node: n.Id, Incarnation: n.Incarnation})
 	}
-	dead = make([]int, len(nodes))
+	dead, heard = make([]int, len(nodes)), make([]int, len(nodes))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, o := range s.observers {
@@ -93,21 +100,33 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int
 				if d {
 					dead[i]++
 				}
+				if i < len(r.Heard) && r.Heard[i] {
+					heard[i]++
+				}
 			}
 		}()
 	}
 	wg.Wait()
-	return dead, answered
+	return dead, heard, answered
 }
 
 // Dead implements lock.Detector: the failure-detector service's verdict on
-// one node incarnation (dead only if a majority of observers say so).
-func (s *StatusService) Dead(ctx context.Context, node, inc uint64) (bool, error) {
-	dead, answered := s.Query(ctx, []*pb.Node{{Id: node, Incarnation: inc}})
-	if answered == 0 {
-		return false, errors.New("no observer answered")
+// node incarnations (dead only if a majority of observers say so), asked of
+// every observer in one batch.
+func (s *StatusService) Dead(ctx context.Context, subjects []lock.Subject) ([]bool, error) {
+	nodes := make([]*pb.Node, len(subjects))
+	for i, x := range subjects {
+		nodes[i] = &pb.Node{Id: x.Node, Incarnation: x.Inc}
 	}
-	return fd.CombineVerdicts(dead[0], len(s.observers)), nil
+	dead, answered := s.Query(ctx, nodes)
+	if answered == 0 {
+		return nil, errors.New("no observer answered")
+	}
+	out := make([]bool, len(subjects))
+	for i := range out {
+		out[i] = fd.CombineVerdicts(dead[i], len(s.observers))
+	}
+	return out, nil
 }
 
 // Close drops the service's connections.

@@ -45,6 +45,18 @@ func (p *Process) Go(d time.Duration, fn func()) {
 	p.w.After(d, run)
 }
 
+// Bind returns fn wrapped to run only in the process's current life: a
+// completion of a request made before a crash must not reach the process
+// restarted after it.
+func (p *Process) Bind(fn func()) func() {
+	life := p.life
+	return func() {
+		if p.up && p.life == life {
+			fn()
+		}
+	}
+}
+
 // Crash stops the process at once; nothing scheduled in this life runs.
 func (p *Process) Crash() { p.up = false; p.life++ }
 

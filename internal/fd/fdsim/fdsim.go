@@ -327,7 +327,9 @@ func (c *Cluster) AttachQuerier(p *sim.Process) {
 func (c *Cluster) Query(from *sim.Process, node fd.NodeID, inc fd.Incarnation, cb func(dead bool)) {
 	c.nextQID++
 	qid := c.nextQID
-	q := &query{dead: map[uint64]bool{}, cb: cb}
+	var verdict bool
+	bound := from.Bind(func() { cb(verdict) }) // only to the life that asked
+	q := &query{dead: map[uint64]bool{}, cb: func(d bool) { verdict = d; bound() }}
 	c.pending[qid] = q
 	for _, o := range c.Cfg.Observers {
 		c.Net.Send(from.ID, uint64(o), QueryMsg{QID: qid, Node: node, Inc: inc})

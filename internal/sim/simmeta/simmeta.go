@@ -61,6 +61,9 @@ func (s *Service) StallFor(d time.Duration) {
 	}
 }
 
+// EndStall ends a stall now (the liveness phase of a test).
+func (s *Service) EndStall() { s.stalledUntil = 0 }
+
 // Stalled reports whether the service is stalled now.
 func (s *Service) Stalled() bool { return s.w.Now() < s.stalledUntil }
 
@@ -94,11 +97,11 @@ func (s *Service) Read(p *sim.Process, name string, done func(*pb.Namespace, err
 		p.Go(s.Timeout, func() { done(nil, ErrTimeout) })
 		return
 	}
-	s.w.At(at, func() {
-		ns := s.Current(name) // the linearization point
-		back := s.w.Between(s.MinLatency/2, s.MaxLatency/2)
-		p.Go(back, func() { done(ns, nil) })
-	})
+	var ns *pb.Namespace
+	s.w.At(at, func() { ns = s.Current(name) }) // the linearization point
+	// The answer goes to the life that asked (scheduled now, in it).
+	back := s.w.Between(s.MinLatency/2, s.MaxLatency/2) + 1
+	p.Go(at-s.w.Now()+back, func() { done(ns, nil) })
 }
 
 // Propose passes a decree on behalf of p. done gets the new version, or
@@ -126,18 +129,18 @@ func (s *Service) Propose(p *sim.Process, d *pb.Decree, done func(uint64, error)
 		s.Ambiguous++
 		p.Go(s.Timeout, func() { done(0, ErrTimeout) })
 	}
+	var res meta.ApplyResult
 	s.w.At(at, func() {
 		s.index++
-		res := s.fsm.Apply(&raft.Log{Index: s.index, Type: raft.LogCommand, Data: b}).(meta.ApplyResult)
+		res = s.fsm.Apply(&raft.Log{Index: s.index, Type: raft.LogCommand, Data: b}).(meta.ApplyResult)
 		if res.Err == nil {
 			s.Decrees++
 		}
-		if late {
-			return
-		}
-		back := s.w.Between(s.MinLatency/2, s.MaxLatency/2)
-		p.Go(back, func() { done(res.Version, res.Err) })
 	})
+	if !late {
+		back := s.w.Between(s.MinLatency/2, s.MaxLatency/2) + 1
+		p.Go(at-s.w.Now()+back, func() { done(res.Version, res.Err) })
+	}
 }
 
 // Update is meta.Client.Update: read, compute ops, propose conditional on
@@ -167,18 +170,22 @@ func (s *Service) Update(p *sim.Process, name, origin string, fn func(*pb.Namesp
 // Watch delivers namespace name to fn, in p's current life, whenever a newer
 // version than the last delivered one exists and p can reach the service,
 // after a lag (a replica's local copy trails the leader). Versions never go
-// backwards. It ends when p crashes.
-func (s *Service) Watch(p *sim.Process, name string, fn func(*pb.Namespace)) {
+// backwards. It ends when p crashes or stop is called.
+func (s *Service) Watch(p *sim.Process, name string, fn func(*pb.Namespace)) (stop func()) {
 	var delivered uint64
+	stopped := false
 	var poll func()
 	poll = func() {
-		if s.reachable(p) && !s.Stalled() {
-			if ns := s.Current(name); ns.Version > delivered {
-				delivered = ns.Version
-				fn(ns)
-			}
+		if stopped {
+			return
 		}
-		p.Go(s.w.Between(5*time.Millisecond, 40*time.Millisecond), poll)
+		if s.reachable(p) && !s.Stalled() && s.fsm.Version(name) > delivered {
+			ns := s.Current(name)
+			delivered = ns.Version
+			fn(ns)
+		}
+		p.Go(s.w.Between(10*time.Millisecond, 50*time.Millisecond), poll)
 	}
 	p.Go(s.w.Between(s.MinLatency, s.MaxLatency), poll)
+	return func() { stopped = true }
 }
