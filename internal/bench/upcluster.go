@@ -27,12 +27,12 @@ type UpCluster struct {
 	Gateway   string
 	Nodes     map[uint64]*UpNode
 	Observers int // config-service members (the failure detector's observers)
-	up      *exec.Cmd
-	conn    *grpc.ClientConn
-	mu      sync.Mutex
-	extra   []*exec.Cmd // nodes restarted by hand with `grove server`
-	lines   chan string
-	Log     io.Writer // up's stdout lines are copied here (nil: dropped)
+	up        *exec.Cmd
+	conn      *grpc.ClientConn
+	mu        sync.Mutex
+	extra     []*exec.Cmd // nodes restarted by hand with `grove server`
+	lines     chan string
+	Log       io.Writer // up's stdout lines are copied here (nil: dropped)
 }
 
 // UpNode is one node as `grove up` printed it.

@@ -44,9 +44,9 @@ type Clerk struct {
 type lease struct {
 	granted   Mode
 	token     Token // token of the newest grant received
-	want      Mode   // asked of the master and not yet granted
-	shared    int    // local shared holders
-	exclusive bool   // a local exclusive holder
+	want      Mode  // asked of the master and not yet granted
+	shared    int   // local shared holders
+	exclusive bool  // a local exclusive holder
 	revoking  bool
 	keep      Mode
 	waiters   []*Waiter

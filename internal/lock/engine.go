@@ -775,8 +775,8 @@ func (e *Engine) FDAnswer(env Env, id uint64, dead []bool, err error) []any {
 type masterRun struct {
 	core     *Master
 	rec      MasterRecord
-	version  uint64            // the namespace version the takeover produced
-	seen     uint64            // the newest namespace version looked at
+	version  uint64             // the namespace version the takeover produced
+	seen     uint64             // the newest namespace version looked at
 	sessions map[uint64]ClerkID // accepted session → clerk
 	byClerk  map[ClerkID]uint64 // clerk → its current session
 	// decrees are the config-service writes the core asked for, in order;

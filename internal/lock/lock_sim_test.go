@@ -87,12 +87,12 @@ type oracle struct {
 	runs map[lock.ClerkID][]*simRun
 	// Lease generations per lock, in true-time order of exclusive grants
 	// and recovery runs; storage must accept writes in that order.
-	gen      map[string]int
-	clerkGen map[lock.ClerkID]map[string]int // the generation of a clerk's exclusive lease
-	accepted map[string]int                  // newest generation storage accepted
-	fails    []string
-	tracing  bool // on when replaying one seed (GROVE_SEED): costly
-	trace    []string
+	gen                                                       map[string]int
+	clerkGen                                                  map[lock.ClerkID]map[string]int // the generation of a clerk's exclusive lease
+	accepted                                                  map[string]int                  // newest generation storage accepted
+	fails                                                     []string
+	tracing                                                   bool // on when replaying one seed (GROVE_SEED): costly
+	trace                                                     []string
 	grants, recoveries, takeovers, writes, refused, anomalies int
 }
 

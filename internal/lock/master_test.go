@@ -273,7 +273,7 @@ func TestRevokeVoidedByNewerGrant(t *testing.T) {
 		t.Fatalf("no revoke to A: %v", out)
 	}
 	m.Handle(cA, Acquire{"x", Exclusive}) // A wants to upgrade: queued behind B
-	m.Disconnected(cB) // B goes away: A is at the head
+	m.Disconnected(cB)                    // B goes away: A is at the head
 	g2, _ := find[Grant](m.Handle(cA, Acquire{"x", Exclusive}))
 	m.Handle(cA, Release{"x", None, g1.Token}) // A's answer to the old revoke: stale
 	out = m.Handle(cC, Acquire{"x", Exclusive})

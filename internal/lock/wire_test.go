@@ -59,7 +59,7 @@ func TestWireRejects(t *testing.T) {
 	}
 	badResponses := []*pb.SessionResponse{
 		{},
-		{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte("x"), Mode: pb.LockMode_LOCK_MODE_SHARED}}}, // no token
+		{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte("x"), Mode: pb.LockMode_LOCK_MODE_SHARED}}},    // no token
 		{Msg: &pb.SessionResponse_Recover{Recover: &pb.LockRecover{Dead: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1}}}}, // no token
 		{Msg: &pb.SessionResponse_Revoke{Revoke: &pb.LockRevoke{Name: []byte("x"), Keep: pb.LockMode_LOCK_MODE_EXCLUSIVE}}},
 	}
