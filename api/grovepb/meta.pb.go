@@ -872,6 +872,143 @@ func (x *MembersResponse) GetCommitIndex() uint64 {
 	return 0
 }
 
+// ChangeMembersRequest adds or removes one config-service member.
+type ChangeMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           bool                   `protobuf:"varint,1,opt,name=add,proto3" json:"add,omitempty"`
+	Remove        bool                   `protobuf:"varint,2,opt,name=remove,proto3" json:"remove,omitempty"`
+	Id            uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr      string                 `protobuf:"bytes,4,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"` // for add: default is the address in the leader's member list
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeMembersRequest) Reset() {
+	*x = ChangeMembersRequest{}
+	mi := &file_grovepb_meta_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeMembersRequest) ProtoMessage() {}
+
+func (x *ChangeMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_meta_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeMembersRequest.ProtoReflect.Descriptor instead.
+func (*ChangeMembersRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ChangeMembersRequest) GetAdd() bool {
+	if x != nil {
+		return x.Add
+	}
+	return false
+}
+
+func (x *ChangeMembersRequest) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
+func (x *ChangeMembersRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ChangeMembersRequest) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+type ChangeMembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NotLeader     bool                   `protobuf:"varint,1,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	LeaderId      uint64                 `protobuf:"varint,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderAddr    string                 `protobuf:"bytes,3,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	Index         uint64                 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"` // the raft index of the configuration change
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeMembersResponse) Reset() {
+	*x = ChangeMembersResponse{}
+	mi := &file_grovepb_meta_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeMembersResponse) ProtoMessage() {}
+
+func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_meta_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeMembersResponse.ProtoReflect.Descriptor instead.
+func (*ChangeMembersResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ChangeMembersResponse) GetNotLeader() bool {
+	if x != nil {
+		return x.NotLeader
+	}
+	return false
+}
+
+func (x *ChangeMembersResponse) GetLeaderId() uint64 {
+	if x != nil {
+		return x.LeaderId
+	}
+	return 0
+}
+
+func (x *ChangeMembersResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+func (x *ChangeMembersResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_grovepb_meta_proto protoreflect.FileDescriptor
 
 const file_grovepb_meta_proto_rawDesc = "" +
@@ -936,12 +1073,25 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\tleader_id\x18\x01 \x01(\x04R\bleaderId\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x04R\x04term\x12!\n" +
-	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex2\x82\x02\n" +
+	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\"m\n" +
+	"\x14ChangeMembersRequest\x12\x10\n" +
+	"\x03add\x18\x01 \x01(\bR\x03add\x12\x16\n" +
+	"\x06remove\x18\x02 \x01(\bR\x06remove\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x12\x1b\n" +
+	"\traft_addr\x18\x04 \x01(\tR\braftAddr\"\x8a\x01\n" +
+	"\x15ChangeMembersResponse\x12\x1d\n" +
+	"\n" +
+	"not_leader\x18\x01 \x01(\bR\tnotLeader\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
+	"\vleader_addr\x18\x03 \x01(\tR\n" +
+	"leaderAddr\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index2\xd4\x02\n" +
 	"\rConfigService\x12>\n" +
 	"\aPropose\x12\x18.grove.v1.ProposeRequest\x1a\x19.grove.v1.ProposeResponse\x125\n" +
 	"\x04Read\x12\x15.grove.v1.ReadRequest\x1a\x16.grove.v1.ReadResponse\x12:\n" +
 	"\x05Watch\x12\x16.grove.v1.WatchRequest\x1a\x17.grove.v1.WatchResponse0\x01\x12>\n" +
-	"\aMembers\x12\x18.grove.v1.MembersRequest\x1a\x19.grove.v1.MembersResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\aMembers\x12\x18.grove.v1.MembersRequest\x1a\x19.grove.v1.MembersResponse\x12P\n" +
+	"\rChangeMembers\x12\x1e.grove.v1.ChangeMembersRequest\x1a\x1f.grove.v1.ChangeMembersResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_meta_proto_rawDescOnce sync.Once
@@ -956,23 +1106,25 @@ func file_grovepb_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_grovepb_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_grovepb_meta_proto_goTypes = []any{
-	(Op_Kind)(0),            // 0: grove.v1.Op.Kind
-	(*Entry)(nil),           // 1: grove.v1.Entry
-	(*Namespace)(nil),       // 2: grove.v1.Namespace
-	(*Op)(nil),              // 3: grove.v1.Op
-	(*Decree)(nil),          // 4: grove.v1.Decree
-	(*ConfigSnapshot)(nil),  // 5: grove.v1.ConfigSnapshot
-	(*ProposeRequest)(nil),  // 6: grove.v1.ProposeRequest
-	(*ProposeResponse)(nil), // 7: grove.v1.ProposeResponse
-	(*ReadRequest)(nil),     // 8: grove.v1.ReadRequest
-	(*ReadResponse)(nil),    // 9: grove.v1.ReadResponse
-	(*WatchRequest)(nil),    // 10: grove.v1.WatchRequest
-	(*WatchResponse)(nil),   // 11: grove.v1.WatchResponse
-	(*Member)(nil),          // 12: grove.v1.Member
-	(*MembersRequest)(nil),  // 13: grove.v1.MembersRequest
-	(*MembersResponse)(nil), // 14: grove.v1.MembersResponse
+	(Op_Kind)(0),                  // 0: grove.v1.Op.Kind
+	(*Entry)(nil),                 // 1: grove.v1.Entry
+	(*Namespace)(nil),             // 2: grove.v1.Namespace
+	(*Op)(nil),                    // 3: grove.v1.Op
+	(*Decree)(nil),                // 4: grove.v1.Decree
+	(*ConfigSnapshot)(nil),        // 5: grove.v1.ConfigSnapshot
+	(*ProposeRequest)(nil),        // 6: grove.v1.ProposeRequest
+	(*ProposeResponse)(nil),       // 7: grove.v1.ProposeResponse
+	(*ReadRequest)(nil),           // 8: grove.v1.ReadRequest
+	(*ReadResponse)(nil),          // 9: grove.v1.ReadResponse
+	(*WatchRequest)(nil),          // 10: grove.v1.WatchRequest
+	(*WatchResponse)(nil),         // 11: grove.v1.WatchResponse
+	(*Member)(nil),                // 12: grove.v1.Member
+	(*MembersRequest)(nil),        // 13: grove.v1.MembersRequest
+	(*MembersResponse)(nil),       // 14: grove.v1.MembersResponse
+	(*ChangeMembersRequest)(nil),  // 15: grove.v1.ChangeMembersRequest
+	(*ChangeMembersResponse)(nil), // 16: grove.v1.ChangeMembersResponse
 }
 var file_grovepb_meta_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.Namespace.entries:type_name -> grove.v1.Entry
@@ -987,12 +1139,14 @@ var file_grovepb_meta_proto_depIdxs = []int32{
 	8,  // 9: grove.v1.ConfigService.Read:input_type -> grove.v1.ReadRequest
 	10, // 10: grove.v1.ConfigService.Watch:input_type -> grove.v1.WatchRequest
 	13, // 11: grove.v1.ConfigService.Members:input_type -> grove.v1.MembersRequest
-	7,  // 12: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
-	9,  // 13: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
-	11, // 14: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
-	14, // 15: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
+	15, // 12: grove.v1.ConfigService.ChangeMembers:input_type -> grove.v1.ChangeMembersRequest
+	7,  // 13: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
+	9,  // 14: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
+	11, // 15: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
+	14, // 16: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
+	16, // 17: grove.v1.ConfigService.ChangeMembers:output_type -> grove.v1.ChangeMembersResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1009,7 +1163,7 @@ func file_grovepb_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_meta_proto_rawDesc), len(file_grovepb_meta_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,10 +22,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ConfigService_Propose_FullMethodName = "/grove.v1.ConfigService/Propose"
-	ConfigService_Read_FullMethodName    = "/grove.v1.ConfigService/Read"
-	ConfigService_Watch_FullMethodName   = "/grove.v1.ConfigService/Watch"
-	ConfigService_Members_FullMethodName = "/grove.v1.ConfigService/Members"
+	ConfigService_Propose_FullMethodName       = "/grove.v1.ConfigService/Propose"
+	ConfigService_Read_FullMethodName          = "/grove.v1.ConfigService/Read"
+	ConfigService_Watch_FullMethodName         = "/grove.v1.ConfigService/Watch"
+	ConfigService_Members_FullMethodName       = "/grove.v1.ConfigService/Members"
+	ConfigService_ChangeMembers_FullMethodName = "/grove.v1.ConfigService/ChangeMembers"
 )
 
 // ConfigServiceClient is the client API for ConfigService service.
@@ -41,6 +42,9 @@ type ConfigServiceClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// Members lists the consensus group as this member sees it.
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// ChangeMembers adds or removes one member (leader only; one change at
+	// a time).
+	ChangeMembers(ctx context.Context, in *ChangeMembersRequest, opts ...grpc.CallOption) (*ChangeMembersResponse, error)
 }
 
 type configServiceClient struct {
@@ -100,6 +104,16 @@ func (c *configServiceClient) Members(ctx context.Context, in *MembersRequest, o
 	return out, nil
 }
 
+func (c *configServiceClient) ChangeMembers(ctx context.Context, in *ChangeMembersRequest, opts ...grpc.CallOption) (*ChangeMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangeMembersResponse)
+	err := c.cc.Invoke(ctx, ConfigService_ChangeMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ConfigServiceServer is the server API for ConfigService service.
 // All implementations must embed UnimplementedConfigServiceServer
 // for forward compatibility.
@@ -113,6 +127,9 @@ type ConfigServiceServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// Members lists the consensus group as this member sees it.
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// ChangeMembers adds or removes one member (leader only; one change at
+	// a time).
+	ChangeMembers(context.Context, *ChangeMembersRequest) (*ChangeMembersResponse, error)
 	mustEmbedUnimplementedConfigServiceServer()
 }
 
@@ -134,6 +151,9 @@ func (UnimplementedConfigServiceServer) Watch(*WatchRequest, grpc.ServerStreamin
 }
 func (UnimplementedConfigServiceServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedConfigServiceServer) ChangeMembers(context.Context, *ChangeMembersRequest) (*ChangeMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ChangeMembers not implemented")
 }
 func (UnimplementedConfigServiceServer) mustEmbedUnimplementedConfigServiceServer() {}
 func (UnimplementedConfigServiceServer) testEmbeddedByValue()                       {}
@@ -221,6 +241,24 @@ func _ConfigService_Members_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ConfigService_ChangeMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConfigServiceServer).ChangeMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ConfigService_ChangeMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConfigServiceServer).ChangeMembers(ctx, req.(*ChangeMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ConfigService_ServiceDesc is the grpc.ServiceDesc for ConfigService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -239,6 +277,10 @@ var ConfigService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Members",
 			Handler:    _ConfigService_Members_Handler,
+		},
+		{
+			MethodName: "ChangeMembers",
+			Handler:    _ConfigService_ChangeMembers_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

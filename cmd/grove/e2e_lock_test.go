@@ -16,10 +16,12 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 )
 
-// cliHold runs `grove lock acquire NAME --addr ADDR` and reports its lines.
+// cliHold runs `grove lock acquire NAME --addr ADDR` and reports its lines
+// (stdout) and its error lines (stderr).
 type cliHold struct {
-	cmd   *exec.Cmd
-	lines chan string
+	cmd    *exec.Cmd
+	lines  chan string
+	errors chan string
 }
 
 func startHold(t *testing.T, bin, name, addr string) *cliHold {
@@ -29,11 +31,21 @@ func startHold(t *testing.T, bin, name, addr string) *cliHold {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = testWriter{t}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h := &cliHold{cmd: cmd, lines: make(chan string, 10)}
+	h := &cliHold{cmd: cmd, lines: make(chan string, 10), errors: make(chan string, 10)}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Logf("lock acquire --addr %s (stderr): %s", addr, sc.Text())
+			h.errors <- sc.Text()
+		}
+	}()
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -54,6 +66,61 @@ func (h *cliHold) granted(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// verdictPoller polls the failure-detector service about one node.
+type verdictPoller struct {
+	done  chan struct{}
+	out   chan verdictPolls
+	polls []verdictPoll
+}
+
+type verdictPoll struct {
+	start               time.Time
+	dead, conclusive    bool
+	deadVotes, answered uint32
+}
+
+type verdictPolls struct {
+	polls []verdictPoll
+	first time.Time // end of the first poll that found the node dead
+}
+
+func startVerdictPoller(ctx context.Context, u *bench.UpCluster, id uint64) *verdictPoller {
+	p := &verdictPoller{done: make(chan struct{}), out: make(chan verdictPolls, 1)}
+	go func() {
+		var r verdictPolls
+		for {
+			select {
+			case <-p.done:
+				p.out <- r
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			start := time.Now()
+			st, err := u.Status(ctx)
+			if err != nil {
+				continue
+			}
+			for _, n := range st.Nodes {
+				if n.Id != id {
+					continue
+				}
+				vp := verdictPoll{start: start, dead: !n.Alive, deadVotes: n.ObserversDead, answered: n.ObserversAnswered,
+					conclusive: !n.Alive || int(n.ObserversAnswered) > u.Observers/2}
+				r.polls = append(r.polls, vp)
+				if vp.dead && r.first.IsZero() {
+					r.first = time.Now() // the verdict existed by the time the answers came
+				}
+			}
+		}
+	}()
+	return p
+}
+
+func (p *verdictPoller) stop() verdictPolls {
+	close(p.done)
+	return <-p.out
 }
 
 // waitLockServing waits until the lock master serves with n clerks.
@@ -119,6 +186,9 @@ func TestEndToEndLock(t *testing.T) {
 	if waiter.granted(2 * time.Second) {
 		t.Fatal("waiter granted while the holder holds an exclusive lease")
 	}
+	// An independent observer of the verdict, started before the kill: it
+	// polls the failure detector's service (grove status) every 10 ms.
+	polls := startVerdictPoller(ctx, u, H)
 	killed := time.Now()
 	if err := u.Kill(H); err != nil {
 		t.Fatal(err)
@@ -126,23 +196,28 @@ func TestEndToEndLock(t *testing.T) {
 	if !waiter.granted(20 * time.Second) {
 		t.Fatal("waiter not granted after the holder's node died")
 	}
-	after := time.Since(killed)
-	// The lock may change hands only after the failure detector's verdict.
-	// Verdicts are permanent (a majority of observers tombstoned H), so the
-	// very next status query must already report H dead.
-	st, err := u.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range st.Nodes {
-		if n.Id == H && n.Alive {
-			t.Fatalf("lock handed to W %v after SIGKILL while the failure detector still reports H alive (%d/%d dead votes)", after, n.ObserversDead, n.ObserversAnswered)
+	granted := time.Now()
+	after := granted.Sub(killed)
+	time.Sleep(300 * time.Millisecond) // let the poller see past the grant
+	verdict := polls.stop()
+	// The lock may change hands only after the verdict. Verdicts are
+	// permanent, so a poll that started after the grant and still found H
+	// alive (with answers from a majority of observers) proves the grant
+	// came first.
+	for _, p := range verdict.polls {
+		if p.start.After(granted) && p.conclusive && !p.dead {
+			t.Fatalf("lock granted to W at +%v, but a status poll started at +%v still found H alive (%d/%d dead votes)",
+				after, p.start.Sub(killed), p.deadVotes, p.answered)
 		}
+	}
+	if verdict.first.IsZero() {
+		t.Fatal("the poller never saw H declared dead")
 	}
 	if after < fd.DefaultGracePeriod/2 {
 		t.Fatalf("lock handed over %v after SIGKILL: sooner than any verdict could come", after)
 	}
-	t.Logf("holder's node SIGKILLed → lock granted to the waiter in %v", after)
+	t.Logf("holder's node SIGKILLed → verdict seen at +%v, lock granted to the waiter at +%v", verdict.first.Sub(killed), after)
+
 
 	// Bring H back (the config service needs 2 of 3), then kill the master.
 	if err := u.Restart(H); err != nil {
@@ -246,14 +321,20 @@ func TestEndToEndPauseFences(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	// The holder learns its lease is gone (the node fenced itself).
+	// The holder learns that its lease is gone, and why: its node fenced
+	// itself (not just any end of the stream).
 	select {
-	case l, ok := <-holder.lines:
-		if ok && strings.HasPrefix(l, "released") {
-			t.Fatalf("paused holder reports an orderly release: %q", l)
+	case l := <-holder.errors:
+		if !strings.Contains(l, `lease on "P" lost`) || !strings.Contains(l, "fenced") {
+			t.Fatalf("paused holder's error does not say the lease was lost to a fence: %q", l)
 		}
+	case l := <-holder.lines:
+		t.Fatalf("paused holder printed %q instead of losing its lease", l)
 	case <-time.After(10 * time.Second):
 		t.Fatal("paused holder never learned that its lease was lost")
+	}
+	if err := holder.cmd.Wait(); err == nil {
+		t.Fatal("grove lock acquire exited 0 after losing its lease")
 	}
 	n, _, err := u.WaitNode(ctx, P, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive && n.Incarnation > before })
 	if err != nil {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,4 +158,80 @@ func TestUpRestartSameCluster(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// TestEndToEndWipedMember: a config-service member loses its data directory
+// (SIGKILL, then everything but its config is gone). Restarted, it refuses
+// to rejoin as a voter that forgot its vote and says how to replace it;
+// after `grove member remove`, it starts and waits; `grove member add`
+// brings it back, and it comes back with an incarnation above every one the
+// cluster registered for it (not 1 again).
+func TestEndToEndWipedMember(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	u, err := bench.StartUp(ctx, bin, t.TempDir(), 8100, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	const victim = 3
+	before, _, err := u.WaitNode(ctx, victim, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(u.Nodes[victim].Config)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Name() != "grove.toml" && e.Name() != "grove.log" {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	out, err := exec.CommandContext(ctx, bin, "server", "--config", u.Nodes[victim].Config).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "grove member remove 3") {
+		t.Fatalf("a wiped member started, or without saying how to replace it: err=%v\n%s", err, out)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("grove %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	run("member", "remove", "3", "--addr", u.Gateway)
+	if err := u.Restart(victim); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted member waits for a while to be added; add it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := exec.CommandContext(ctx, bin, "member", "add", "3", "--addr", u.Gateway).CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member add: %v\n%s", err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var ms []MemberJSON
+	if err := json.Unmarshal([]byte(run("member", "list", "--json", "--addr", u.Gateway)), &ms); err != nil || len(ms) != 3 {
+		t.Fatalf("member list after add: %v %v", ms, err)
+	}
+	n, took, err := u.WaitNode(ctx, victim, 50*time.Millisecond, func(n *pb.NodeStatus) bool {
+		return n.Alive && n.Incarnation > before.Incarnation && int(n.ObserversHeard) > u.Observers/2
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wiped member back as incarnation %d (was %d) in %v", n.Incarnation, before.Incarnation, took)
 }

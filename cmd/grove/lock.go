@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -84,6 +86,10 @@ func lockAcquireCmd() *cobra.Command {
 					if ctx.Err() != nil {
 						fmt.Printf("released %s (interrupted)\n", args[0])
 						return nil
+					}
+					if st, ok := status.FromError(err); ok && st.Code() == codes.Aborted {
+						// The node fenced itself (or was declared dead): say so.
+						return fmt.Errorf("%s", st.Message())
 					}
 					return fmt.Errorf("lock %s: %w", args[0], err)
 				}

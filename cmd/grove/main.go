@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(upCmd(), serverCmd(), statusCmd(), lockCmd(), benchCmd())
+	root.AddCommand(upCmd(), serverCmd(), statusCmd(), lockCmd(), memberCmd(), benchCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "grove:", err)
 		os.Exit(1)

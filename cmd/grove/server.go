@@ -14,6 +14,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	var path string
+	var bootstrap bool
 	cmd := &cobra.Command{
 		Use:   "server --config FILE",
 		Short: "Run one node of a Grove cluster",
@@ -24,7 +25,7 @@ func serverCmd() *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			n, err := node.Start(cfg, node.Options{Logger: log})
+			n, err := node.Start(cfg, node.Options{Logger: log, Bootstrap: bootstrap})
 			if err != nil {
 				return err
 			}
@@ -38,6 +39,7 @@ func serverCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "node config file (TOML)")
+	cmd.Flags().BoolVar(&bootstrap, "bootstrap", false, "create a brand-new config service (first start of a new cluster's members only; never for a member that lost its data)")
 	cmd.MarkFlagRequired("config")
 	return cmd
 }

@@ -66,23 +66,22 @@ func upCmd() *cobra.Command {
 // layout returns the node configs for the cluster under o.data, creating
 // them on first run and reading them back afterwards (same ids, same
 // addresses, same data directories).
-func layout(o upOptions) ([]*node.Config, []string, error) {
+func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err error) {
 	data, err := filepath.Abs(o.data)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	existing, _ := filepath.Glob(filepath.Join(data, "node-*", "grove.toml"))
 	if len(existing) > 0 {
 		sort.Slice(existing, func(i, j int) bool { return nodeNum(existing[i]) < nodeNum(existing[j]) })
 		if len(existing) != o.nodes {
-			return nil, nil, fmt.Errorf("%s holds a %d-node cluster; run with --nodes %d (or another --data)", data, len(existing), len(existing))
+			return nil, nil, false, fmt.Errorf("%s holds a %d-node cluster; run with --nodes %d (or another --data)", data, len(existing), len(existing))
 		}
-		var cfgs []*node.Config
 		key := ""
 		for _, p := range existing {
 			c, err := node.ReadConfig(p)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 			if c.ClusterKey != "" {
 				key = c.ClusterKey
@@ -98,17 +97,17 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 			if c.ClusterKey == "" {
 				c.ClusterKey = key
 				if err := c.Write(existing[i]); err != nil {
-					return nil, nil, err
+					return nil, nil, false, err
 				}
 			}
 			if err := c.Validate(); err != nil {
-				return nil, nil, fmt.Errorf("config %s: %w", existing[i], err)
+				return nil, nil, false, fmt.Errorf("config %s: %w", existing[i], err)
 			}
 		}
-		return cfgs, existing, nil
+		return cfgs, existing, false, nil
 	}
 	if o.nodes < 1 {
-		return nil, nil, errors.New("--nodes must be at least 1")
+		return nil, nil, false, errors.New("--nodes must be at least 1")
 	}
 	m := o.members
 	if m > o.nodes {
@@ -118,7 +117,7 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 		m--
 	}
 	if m < 1 {
-		return nil, nil, errors.New("--meta must be an odd number >= 1")
+		return nil, nil, false, errors.New("--meta must be an odd number >= 1")
 	}
 	addr := func(port int) string { return net.JoinHostPort(o.host, strconv.Itoa(port)) }
 	var members []node.MemberConfig
@@ -126,8 +125,6 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 		b := o.basePort + 10*i
 		members = append(members, node.MemberConfig{ID: uint64(i), GRPC: addr(b), Raft: addr(b + 1), Beacon: addr(b + 2)})
 	}
-	var cfgs []*node.Config
-	var paths []string
 	key := node.NewClusterKey() // every node of the cluster shares it
 	for i := 1; i <= o.nodes; i++ {
 		b := o.basePort + 10*i
@@ -137,19 +134,19 @@ func layout(o upOptions) ([]*node.Config, []string, error) {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
 		}
 		if err := c.Validate(); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		p := filepath.Join(c.DataDir, "grove.toml")
 		if err := c.Write(p); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		cfgs = append(cfgs, c)
 		paths = append(paths, p)
 	}
-	return cfgs, paths, nil
+	return cfgs, paths, true, nil
 }
 
 func nodeNum(p string) int {
@@ -188,7 +185,7 @@ func checkPorts(gateway string, cfgs []*node.Config) error {
 }
 
 func runUp(o upOptions) error {
-	cfgs, paths, err := layout(o)
+	cfgs, paths, created, err := layout(o)
 	if err != nil {
 		return err
 	}
@@ -216,9 +213,9 @@ func runUp(o upOptions) error {
 	}
 	var stop func()
 	if o.processes {
-		stop, err = startProcesses(cfgs, paths, log)
+		stop, err = startProcesses(cfgs, paths, log, created)
 	} else {
-		stop, err = startInProcess(cfgs, paths, log, logf)
+		stop, err = startInProcess(cfgs, paths, log, logf, created)
 	}
 	if err != nil {
 		return err
@@ -302,7 +299,7 @@ func printNode(c *node.Config, pid int, path string) {
 	fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s\n", c.ID, pid, c.GRPCAddr, c.BeaconAddr, path)
 }
 
-func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftLog *os.File) (func(), error) {
+func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftLog *os.File, bootstrap bool) (func(), error) {
 	var nodes []*node.Node
 	stop := func() {
 		var wg sync.WaitGroup
@@ -313,7 +310,7 @@ func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftL
 		wg.Wait()
 	}
 	for i, c := range cfgs {
-		n, err := node.Start(c, node.Options{Logger: log, RaftLog: raftLog})
+		n, err := node.Start(c, node.Options{Logger: log, RaftLog: raftLog, Bootstrap: bootstrap})
 		if err != nil {
 			stop()
 			return nil, err
@@ -326,7 +323,7 @@ func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftL
 
 // startProcesses runs each node as `grove server --config PATH`. A child that
 // dies is reported, not restarted: its printed command brings it back.
-func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger) (func(), error) {
+func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, bootstrap bool) (func(), error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -361,7 +358,11 @@ func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger) (func
 			stop()
 			return nil, err
 		}
-		cmd := exec.Command(self, "server", "--config", paths[i])
+		args := []string{"server", "--config", paths[i]}
+		if bootstrap && c.Has(node.RoleMeta) {
+			args = append(args, "--bootstrap") // a new cluster; the printed restart command has no --bootstrap
+		}
+		cmd := exec.Command(self, args...)
 		cmd.Stdout, cmd.Stderr = lf, lf
 		// Own process group: a Ctrl-C at the terminal reaches only grove up,
 		// which then stops the children in order.

@@ -125,7 +125,7 @@ func StartGroveConfigService(dir string, n int) (*GroveConfigService, error) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, m := range g.Members {
-		s, err := meta.Open(meta.Config{ID: m.ID, Dir: filepath.Join(dir, fmt.Sprint(m.ID)), Members: g.Members, Logger: quiet, RaftLog: io.Discard})
+		s, err := meta.Open(meta.Config{Bootstrap: true, ID: m.ID, Dir: filepath.Join(dir, fmt.Sprint(m.ID)), Members: g.Members, Logger: quiet, RaftLog: io.Discard})
 		if err != nil {
 			g.Close()
 			return nil, err

@@ -397,7 +397,7 @@ func (d *Driver) readLoop() {
 		switch {
 		case rerr == nil, errors.Is(rerr, ErrUnknownSeq), errors.Is(rerr, ErrStaleSeq):
 		case errors.Is(rerr, ErrUnknownNode), errors.Is(rerr, ErrUnregistered), errors.Is(rerr, ErrOldIncarnation),
-			errors.Is(rerr, ErrDeclaredDead), errors.Is(rerr, ErrNotMine):
+			errors.Is(rerr, ErrDeclaredDead), errors.Is(rerr, ErrNotMine), errors.Is(rerr, ErrPreexisting):
 			// Membership moves: a registration this observer has not seen
 			// yet, a life that just ended. Expected; not worth a warning.
 			d.log.Debug("datagram dropped", "from", from, "reason", rerr)

@@ -79,6 +79,11 @@ type EngineConfig struct {
 	Self    NodeID
 	Observe bool
 	Keys    Keyring
+	// Replacement: this node is a config-service member that lost its
+	// state and was re-added. Its observer lost its tombstones with it, so
+	// it acknowledges only incarnations registered after it started (the
+	// others' earlier verdicts may name them).
+	Replacement bool
 	// Ungated makes the observer answer even when its own node is not in
 	// recent contact with a majority. Only for tests that show why the gate
 	// exists; never set in a real node.
@@ -149,6 +154,7 @@ func NewEngine(cfg EngineConfig, now time.Time, lastInc Incarnation, tombstones 
 	e := &Engine{cfg: cfg, lastInc: lastInc}
 	if cfg.Observe {
 		e.obs = NewObserver(cfg.Self, cfg.GracePeriod, now, tombstones)
+		e.obs.fresh = cfg.Replacement
 	}
 	return e, nil
 }

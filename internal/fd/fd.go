@@ -349,6 +349,11 @@ type Observer struct {
 	durable   map[NodeID]Incarnation // tombstones on disk
 	condemned map[NodeID]Incarnation // decided dead, maybe not yet on disk
 	version   uint64                 // grows with every condemnation
+	// fresh: the observer lost its tombstones (a replaced member); it
+	// refuses incarnations already registered when it first learned the
+	// membership (preexisting), whose verdicts it cannot know.
+	fresh       bool
+	preexisting map[NodeID]Incarnation
 }
 
 // NewObserver starts an observer at local time now with the tombstones it
@@ -368,6 +373,12 @@ func NewObserver(id NodeID, grace time.Duration, now time.Time, tombstones map[N
 // registered incarnation never goes backwards; a node missing from regs is
 // no longer a member.
 func (o *Observer) SetRegistered(now time.Time, regs map[NodeID]Incarnation) {
+	if o.fresh && o.preexisting == nil {
+		o.preexisting = map[NodeID]Incarnation{}
+		for n, inc := range regs {
+			o.preexisting[n] = inc
+		}
+	}
 	for n := range o.members {
 		if _, ok := regs[n]; !ok {
 			delete(o.members, n)
@@ -400,6 +411,7 @@ var (
 	ErrUnregistered   = errors.New("fd: beacon from an incarnation not (yet) registered")
 	ErrDeclaredDead   = errors.New("fd: beacon from an incarnation this observer declared dead")
 	ErrStaleSeq       = errors.New("fd: beacon not newer than one already heard (duplicate, reordered or replayed)")
+	ErrPreexisting    = errors.New("fd: beacon from an incarnation registered before this (replaced) observer started; it lost the verdicts that might name it")
 )
 
 func (o *Observer) tombstone(n NodeID) Incarnation {
@@ -421,6 +433,8 @@ func (o *Observer) Beacon(now time.Time, p Packet) (Packet, error) {
 		return Packet{}, fmt.Errorf("%w: node %d incarnation %d < %d", ErrOldIncarnation, p.Subject, p.Incarnation, m.inc)
 	case p.Incarnation > m.inc:
 		return Packet{}, fmt.Errorf("%w: node %d incarnation %d > %d", ErrUnregistered, p.Subject, p.Incarnation, m.inc)
+	case p.Incarnation <= o.preexisting[p.Subject]:
+		return Packet{}, fmt.Errorf("%w: node %d incarnation %d", ErrPreexisting, p.Subject, p.Incarnation)
 	case m.heard && p.Seq <= m.maxSeq:
 		return Packet{}, ErrStaleSeq
 	}

@@ -52,9 +52,10 @@ type checker struct {
 }
 
 type verdictEvent struct {
-	at   time.Duration
-	key  simKey
-	dead bool
+	at    time.Duration
+	asked time.Duration
+	key   simKey
+	dead  bool
 }
 
 func (c *checker) logf(at time.Duration, format string, args ...any) {
@@ -71,8 +72,8 @@ func (c *checker) act(at time.Duration, k simKey) {
 	c.lastAct[k] = at
 }
 
-func (c *checker) verdict(at time.Duration, k simKey, dead bool) {
-	c.verdicts = append(c.verdicts, verdictEvent{at, k, dead})
+func (c *checker) verdict(at, asked time.Duration, k simKey, dead bool) {
+	c.verdicts = append(c.verdicts, verdictEvent{at, asked, k, dead})
 	c.logf(at, "verdict node %d inc %d dead=%v", k.node, k.inc, dead)
 }
 
@@ -210,8 +211,9 @@ func (s *fdSim) heal() {
 }
 
 func (s *fdSim) ask(p *sim.Process, k simKey) {
+	asked := s.w.Now()
 	s.c.Query(p, k.node, k.inc, func(dead bool) {
-		s.chk.verdict(s.w.Now(), k, dead)
+		s.chk.verdict(s.w.Now(), asked, k, dead)
 		// Direct check as well: the node itself must not believe it is alive.
 		if dead && s.c.Alive(k.node, k.inc) {
 			s.chk.fail(s.w.Now(), "node %d inc %d reported dead while alive", k.node, k.inc)
@@ -363,6 +365,7 @@ func (s *fdSim) liveness() {
 			continue
 		}
 		incs := map[fd.NodeID]fd.Incarnation{}
+		round := w.Now()
 		for id := fd.NodeID(1); id <= simNodes; id++ {
 			incs[id] = s.c.Registered(id)
 			for inc := fd.Incarnation(1); inc <= incs[id]; inc++ {
@@ -377,7 +380,7 @@ func (s *fdSim) liveness() {
 		for id := fd.NodeID(1); id <= simNodes; id++ {
 			for inc := fd.Incarnation(1); inc <= incs[id]; inc++ {
 				k := simKey{id, inc}
-				got := s.lastVerdict(k)
+				got := s.lastVerdict(k, round)
 				wantDead := permDead[id] || inc < incs[id]
 				if got == nil || got.dead != wantDead {
 					s.chk.fail(w.Now(), "liveness: node %d inc %d: verdict %v, want dead=%v", id, inc, got, wantDead)
@@ -388,9 +391,10 @@ func (s *fdSim) liveness() {
 	}
 }
 
-func (s *fdSim) lastVerdict(k simKey) *verdictEvent {
+// lastVerdict is the last verdict on k of a query asked at or after since.
+func (s *fdSim) lastVerdict(k simKey, since time.Duration) *verdictEvent {
 	for i := len(s.chk.verdicts) - 1; i >= 0; i-- {
-		if s.chk.verdicts[i].key == k {
+		if s.chk.verdicts[i].key == k && s.chk.verdicts[i].asked >= since {
 			return &s.chk.verdicts[i]
 		}
 	}

@@ -588,8 +588,9 @@ func (e *Engine) clerkDied(id ClerkID, c *clerkRun, why error) []any {
 
 // Fence ends the incarnation: every clerk drops its leases and fails its
 // waiters, every run is cancelled, every session closes, and the master
-// stops. Nothing works afterwards.
-func (e *Engine) Fence(env Env) []any {
+// stops. Nothing works afterwards. why is what holders are told
+// (ErrFenced for the node's self-fence, ErrShutdown for a graceful stop).
+func (e *Engine) Fence(env Env, why error) []any {
 	if e.fenced {
 		return nil
 	}
@@ -610,9 +611,9 @@ func (e *Engine) Fence(env Env) []any {
 			out = append(out, HangUp{c.sess})
 			c.sess = 0
 		}
-		out = append(out, LeasesLost{Clerk: id, Reason: ErrFenced})
+		out = append(out, LeasesLost{Clerk: id, Reason: why})
 	}
-	return append(out, e.halt("node fenced itself or stopped")...)
+	return append(out, e.halt(why.Error())...)
 }
 
 // ---------------------------------------------------------------- ticks

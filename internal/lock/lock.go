@@ -118,6 +118,7 @@ var (
 	ErrDeadClerk    = errors.New("lock: clerk was declared dead; it must not come back")
 	ErrNotHeld      = errors.New("lock: release of a lock this holder does not hold")
 	ErrNotAlive     = errors.New("lock: this node is not alive (yet): it is joining, or fenced")
+	ErrShutdown     = errors.New("lock: this node is shutting down; its leases are released when the failure detector declares it dead")
 )
 
 // ValidName checks a lock name against the limits.

@@ -475,7 +475,7 @@ func (s *lockSim) stopNode(id fd.NodeID, inc fd.Incarnation, why string) {
 	s.o.logf("node %d inc %d %s", id, inc, why)
 	s.o.died(id, inc)
 	if ln.n.Proc.Up() {
-		s.exec(ln, ln.eng.Fence(s.env(ln)))
+		s.exec(ln, ln.eng.Fence(s.env(ln), lock.ErrFenced))
 	}
 	ln.over = true
 	ln.stop()

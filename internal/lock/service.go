@@ -157,7 +157,7 @@ func (s *Service) Start(inc uint64) {
 		return
 	}
 	if old := s.mu.eng; old != nil {
-		s.execLocked(old, old.Fence(s.env(old))) // a missed fence: the old incarnation is over
+		s.execLocked(old, old.Fence(s.env(old), ErrFenced)) // a missed fence: the old incarnation is over
 	}
 	e := NewEngine(EngineConfig{Node: s.cfg.Node, Inc: inc, Addr: s.cfg.GRPCAddr, Candidate: s.cfg.Candidate, Tick: s.cfg.Tick})
 	s.mu.eng, s.mu.inc = e, inc
@@ -182,7 +182,7 @@ func (s *Service) Fence(inc uint64) {
 	if e == nil || e.Incarnation() != inc {
 		return
 	}
-	s.execLocked(e, e.Fence(s.env(e)))
+	s.execLocked(e, e.Fence(s.env(e), ErrFenced))
 	s.mu.eng, s.mu.def = nil, nil
 	s.log.Warn("lock service fenced", "incarnation", inc)
 }
@@ -192,7 +192,7 @@ func (s *Service) Fence(inc uint64) {
 func (s *Service) Close() {
 	s.mu.Lock()
 	if e := s.mu.eng; e != nil {
-		s.execLocked(e, e.Fence(s.env(e)))
+		s.execLocked(e, e.Fence(s.env(e), ErrShutdown))
 		s.mu.eng, s.mu.def = nil, nil
 	}
 	s.mu.Unlock()
@@ -305,7 +305,7 @@ func (s *Service) execLocked(e *Engine, out []any) {
 		case LeasesLost:
 			if c := s.mu.clerks[x.Clerk]; c != nil {
 				c.loseOnce.Do(func() { c.reason = x.Reason; close(c.lost) })
-				if x.Reason == ErrFenced {
+				if x.Reason == ErrFenced || x.Reason == ErrShutdown {
 					delete(s.mu.clerks, x.Clerk)
 				}
 			}
@@ -662,7 +662,7 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	case <-stream.Context().Done():
 	case <-timer:
 	case <-h.Lost():
-		return status.Error(codes.Aborted, fmt.Sprintf("lock: lease on %q lost: %v", req.Name, h.LostReason()))
+		return status.Error(codes.Aborted, fmt.Sprintf("lease on %q lost: %v", req.Name, h.LostReason()))
 	}
 	h.Release()
 	return stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_RELEASED, Clerk: ClerkIDToPB(c.ID())})

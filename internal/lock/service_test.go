@@ -83,7 +83,7 @@ func startServices(t *testing.T, n int, det *fakeDetector) []*testNode {
 		gs := grpc.NewServer()
 		var l net.Listener
 		if i < 3 {
-			s, err := meta.Open(meta.Config{ID: members[i].ID, Dir: t.TempDir(), Members: members, Timing: timing, Logger: quiet, RaftLog: io.Discard})
+			s, err := meta.Open(meta.Config{Bootstrap: true, ID: members[i].ID, Dir: t.TempDir(), Members: members, Timing: timing, Logger: quiet, RaftLog: io.Discard})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -210,6 +210,27 @@ func (c *Client) Members(ctx context.Context) (*pb.MembersResponse, error) {
 	return out, err
 }
 
+// ChangeMembers adds (add) or removes a config-service member, following
+// the leader. It returns the raft index of the change.
+func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAddr string) (uint64, error) {
+	var idx uint64
+	err := c.retry(ctx, func(ctx context.Context, cl pb.ConfigServiceClient) (string, bool, error) {
+		r, err := cl.ChangeMembers(ctx, &pb.ChangeMembersRequest{Add: add, Remove: !add, Id: id, RaftAddr: raftAddr})
+		if s, ok := status.FromError(err); ok && s.Code() == codes.FailedPrecondition {
+			return "", true, fmt.Errorf("%w: %s", ErrMembership, s.Message())
+		}
+		switch {
+		case err != nil:
+			return "", false, err
+		case r.NotLeader:
+			return r.LeaderAddr, false, nil
+		}
+		idx = r.Index
+		return "", true, nil
+	})
+	return idx, err
+}
+
 // Watch streams a namespace whenever its version grows past after, until
 // ctx ends. It reconnects to another member when a stream breaks; versions
 // delivered never go backwards.

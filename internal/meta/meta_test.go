@@ -51,7 +51,9 @@ func newGroup(t *testing.T, n int) *group {
 	return g
 }
 
-func (g *group) start(i int) {
+func (g *group) start(i int) { g.startWith(i, true) }
+
+func (g *group) startWith(i int, bootstrap bool) {
 	_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
 	g.trans[i] = tr
 	for j, other := range g.trans {
@@ -60,7 +62,7 @@ func (g *group) start(i int) {
 			other.Connect(tr.LocalAddr(), tr)
 		}
 	}
-	s, err := Open(Config{ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: fastTiming, Transport: tr,
+	s, err := Open(Config{Bootstrap: bootstrap, ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: fastTiming, Transport: tr,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
 	if err != nil {
 		g.t.Fatal(err)
@@ -334,7 +336,7 @@ func TestClientOverGRPC(t *testing.T) {
 		members = append(members, Member{ID: uint64(i), RaftAddr: raftAddr, GRPCAddr: l.Addr().String()})
 	}
 	for i, m := range members {
-		s, err := Open(Config{ID: m.ID, Dir: t.TempDir(), Members: members, Timing: fastTiming,
+		s, err := Open(Config{Bootstrap: true, ID: m.ID, Dir: t.TempDir(), Members: members, Timing: fastTiming,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
 		if err != nil {
 			t.Fatal(err)
@@ -410,5 +412,59 @@ func TestClientOverGRPC(t *testing.T) {
 	mr, err := c.Members(ctx(t))
 	if err != nil || len(mr.Members) != 3 || mr.LeaderId == 0 {
 		t.Fatalf("members: %v %v", mr, err)
+	}
+}
+
+// Defect 7 of the safety review: a member that lost its raft state must not
+// bootstrap a cluster of its own, and comes back only by being removed and
+// added again, catching up from the leader.
+func TestReplaceMemberThatLostItsState(t *testing.T) {
+	g := newGroup(t, 3)
+	l := g.leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := g.servers[l].Propose(ctx, &pb.Decree{Namespace: "n", Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "k", Value: []byte("v")}}}); err != nil {
+		t.Fatal(err)
+	}
+	victim := (l + 1) % 3
+	g.stop(victim)
+	g.dirs[victim] = t.TempDir() // its disk is gone
+	if has, err := HasState(g.dirs[victim]); err != nil || has {
+		t.Fatalf("HasState of an empty directory: %v %v", has, err)
+	}
+	// Without bootstrap it does not start a cluster of its own. (The node
+	// runtime also refuses to start it while the others still list it;
+	// here raft is cut off from them to show the replica alone.)
+	g.startWith(victim, false)
+	g.isolate(victim)
+	time.Sleep(500 * time.Millisecond)
+	if g.servers[victim].IsLeader() {
+		t.Fatal("a replica without state made itself leader")
+	}
+	g.stop(victim)
+	l = g.leader()
+	if _, err := g.servers[l].RemoveMember(g.members[victim].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.servers[l].RemoveMember(g.members[victim].ID); !errors.Is(err, ErrMembership) {
+		t.Fatalf("second removal: %v", err)
+	}
+	g.startWith(victim, false)
+	if _, err := g.servers[l].AddMember(g.members[victim].ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.servers[l].AddMember(g.members[victim].ID, ""); !errors.Is(err, ErrMembership) {
+		t.Fatalf("adding a member twice: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ns, _ := g.servers[victim].FSM().Namespace("n")
+		if len(ns.Entries) == 1 && string(ns.Entries[0].Value) == "v" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("re-added replica did not catch up: %v", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

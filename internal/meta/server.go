@@ -52,6 +52,11 @@ type Config struct {
 	Logger    *slog.Logger
 	// RaftLog receives hashicorp/raft's own log lines (io.Discard to drop).
 	RaftLog io.Writer
+	// Bootstrap creates a brand-new config service from Members if this
+	// replica has no raft state. Never set it for a replica of a cluster
+	// that exists: a replica that lost its state must be removed and added
+	// again (a voter that forgot its vote can elect a second leader).
+	Bootstrap bool
 }
 
 // Validate rejects configurations that cannot work.
@@ -91,8 +96,31 @@ type Server struct {
 	barrierTerm atomic.Uint64 // term in which this leader's Barrier completed
 }
 
-// Open starts a replica, bootstrapping the group on first start (every
-// member bootstraps with the identical configuration, which raft allows).
+// HasState reports whether a replica directory holds raft state (a log,
+// a stable store or a snapshot).
+func HasState(dir string) (bool, error) {
+	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db"), BoltOptions: nil})
+	if err != nil {
+		return false, err
+	}
+	defer store.Close()
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(dir, "snapshots"), 2, hclog.NewNullLogger())
+	if err != nil {
+		return false, err
+	}
+	return raft.HasExistingState(store, store, snaps)
+}
+
+// Open starts a replica. With Bootstrap and no raft state it creates the
+// group (every member of a new group bootstraps with the identical
+// configuration, which raft allows); without, a replica with no state waits
+// for the leader to add it (AddMember).
 func Open(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -156,7 +184,7 @@ func Open(cfg Config) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
-	if !has {
+	if !has && cfg.Bootstrap {
 		var servers []raft.Server
 		for _, m := range cfg.Members {
 			servers = append(servers, raft.Server{ID: serverID(m.ID), Address: raft.ServerAddress(m.RaftAddr), Suffrage: raft.Voter})
@@ -166,6 +194,9 @@ func Open(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("meta: bootstrap: %w", err)
 		}
 		log.Info("bootstrapped config service", "members", len(servers))
+	}
+	if !has && !cfg.Bootstrap {
+		log.Warn("config-service replica has no state: waiting for the leader to add it (grove member add)", "id", cfg.ID)
 	}
 	r, err := raft.NewRaft(rc, fsm, store, store, snaps, trans)
 	if err != nil {
@@ -262,6 +293,67 @@ func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 	return ns, nil
 }
 
+// ErrMembership wraps a refused membership change.
+var ErrMembership = errors.New("meta: membership change refused")
+
+// AddMember adds a voter (one change at a time: raft refuses a second one
+// until the first has committed). raftAddr defaults to the address in this
+// replica's member list.
+func (s *Server) AddMember(id uint64, raftAddr string) (uint64, error) {
+	if s.raft.State() != raft.Leader {
+		return 0, ErrNotLeader
+	}
+	if id == 0 {
+		return 0, fmt.Errorf("%w: member id must be positive", ErrMembership)
+	}
+	if raftAddr == "" {
+		raftAddr = s.member(id).RaftAddr
+	}
+	if raftAddr == "" {
+		return 0, fmt.Errorf("%w: member %d is not in this cluster's member list; give its raft address", ErrMembership, id)
+	}
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return 0, err
+	}
+	for _, sv := range f.Configuration().Servers {
+		if sv.ID == serverID(id) {
+			return 0, fmt.Errorf("%w: member %d is already in the configuration (remove it first if it lost its state)", ErrMembership, id)
+		}
+	}
+	af := s.raft.AddVoter(serverID(id), raft.ServerAddress(raftAddr), f.Index(), 10*time.Second)
+	if err := af.Error(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrMembership, err)
+	}
+	return af.Index(), nil
+}
+
+// RemoveMember removes a member from the configuration.
+func (s *Server) RemoveMember(id uint64) (uint64, error) {
+	if s.raft.State() != raft.Leader {
+		return 0, ErrNotLeader
+	}
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return 0, err
+	}
+	found := false
+	for _, sv := range f.Configuration().Servers {
+		found = found || sv.ID == serverID(id)
+	}
+	if !found {
+		return 0, fmt.Errorf("%w: member %d is not in the configuration", ErrMembership, id)
+	}
+	if len(f.Configuration().Servers) <= 1 {
+		return 0, fmt.Errorf("%w: cannot remove the last member", ErrMembership)
+	}
+	rf := s.raft.RemoveServer(serverID(id), f.Index(), 10*time.Second)
+	if err := rf.Error(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrMembership, err)
+	}
+	return rf.Index(), nil
+}
+
 // RegisterGRPC exposes the service on a gRPC server.
 func (s *Server) RegisterGRPC(g *grpc.Server) { pb.RegisterConfigServiceServer(g, &grpcService{s: s}) }
 
@@ -328,6 +420,29 @@ func (g *grpcService) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingSer
 			return nil
 		}
 	}
+}
+
+func (g *grpcService) ChangeMembers(ctx context.Context, req *pb.ChangeMembersRequest) (*pb.ChangeMembersResponse, error) {
+	var idx uint64
+	var err error
+	switch {
+	case req.GetAdd() && req.GetRemove(), !req.GetAdd() && !req.GetRemove():
+		return nil, status.Error(codes.InvalidArgument, "exactly one of add and remove")
+	case req.GetAdd():
+		idx, err = g.s.AddMember(req.Id, req.RaftAddr)
+	default:
+		idx, err = g.s.RemoveMember(req.Id)
+	}
+	switch {
+	case err == nil:
+		return &pb.ChangeMembersResponse{Index: idx}, nil
+	case errors.Is(err, ErrNotLeader):
+		id, addr := g.s.leaderHint()
+		return &pb.ChangeMembersResponse{NotLeader: true, LeaderId: id, LeaderAddr: addr}, nil
+	case errors.Is(err, ErrMembership):
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return nil, status.Error(codes.Unavailable, err.Error())
 }
 
 func (g *grpcService) Members(ctx context.Context, _ *pb.MembersRequest) (*pb.MembersResponse, error) {

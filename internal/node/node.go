@@ -49,6 +49,15 @@ type Options struct {
 	Logger     *slog.Logger
 	RaftLog    io.Writer
 	MetaTiming meta.Timing
+	// Bootstrap creates a brand-new config service if this node is a
+	// member without raft state (`grove up` sets it when it creates a
+	// cluster; `grove server --bootstrap`). A member without state and
+	// without it is a replacement: it starts only once the other members
+	// confirm it is not a voter any more, and waits to be added.
+	Bootstrap bool
+	// JoinTimeout bounds how long a member without state waits for another
+	// member to confirm it may join (default 30 s).
+	JoinTimeout time.Duration
 }
 
 // Start brings a node up: lock the data directory, open the config-service
@@ -88,8 +97,22 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
 	}
 	n.grpc = grpc.NewServer()
+	replacement := false
 	if cfg.Has(RoleMeta) {
-		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: filepath.Join(cfg.DataDir, "meta"), Members: members,
+		dir := filepath.Join(cfg.DataDir, "meta")
+		has, err := meta.HasState(dir)
+		if err != nil {
+			udp.Close()
+			return nil, fmt.Errorf("node %d: config-service state in %s: %w", cfg.ID, dir, err)
+		}
+		if !has && !opt.Bootstrap {
+			if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
+				udp.Close()
+				return nil, err
+			}
+			replacement = true
+		}
+		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: dir, Members: members, Bootstrap: opt.Bootstrap,
 			Timing: opt.MetaTiming, Logger: n.log, RaftLog: opt.RaftLog})
 		if err != nil {
 			udp.Close()
@@ -113,7 +136,8 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		return nil, err
 	}
 	n.fd, err = fd.StartDriver(fd.DriverConfig{
-		Engine:        fd.EngineConfig{Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), Observe: cfg.Has(RoleObserver), Keys: keys},
+		Engine: fd.EngineConfig{Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), Observe: cfg.Has(RoleObserver), Keys: keys,
+			Replacement: replacement},
 		ObserverAddrs: observerAddrs(cfg), Conn: udp, Log: n.log, Disk: disk.OS{},
 		IncarnationFile: filepath.Join(cfg.DataDir, "incarnation"),
 		TombstoneFile:   filepath.Join(cfg.DataDir, "fd-tombstones.json"),
@@ -133,6 +157,44 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.wg.Add(1)
 	go n.watchMembership()
 	return n, nil
+}
+
+// confirmNotVoter is the rule that keeps a config-service member that lost
+// its raft state from voting again in the cluster it was part of (a voter
+// that forgot its vote can help elect a second leader in a term): before it
+// starts, another member must confirm that the current configuration does
+// not list it. The operator removes it first (`grove member remove`), starts
+// it, and adds it back (`grove member add`).
+func confirmNotVoter(cfg *Config, members []meta.Member, timeout time.Duration) error {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	var others []meta.Member
+	for _, m := range members {
+		if m.ID != cfg.ID {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return fmt.Errorf("node %d: the only config-service member has no raft state; start it with --bootstrap to create a new cluster", cfg.ID)
+	}
+	c := meta.NewClient(others)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	r, err := c.Members(ctx)
+	if err != nil {
+		return fmt.Errorf("node %d: this config-service member has no raft state and no other member answered to confirm it may join (%v); "+
+			"if this is a brand-new cluster, start every member with --bootstrap (grove up does)", cfg.ID, err)
+	}
+	for _, m := range r.Members {
+		if m.Id == cfg.ID {
+			return fmt.Errorf("node %d: this config-service member has no raft state, but the cluster still lists it as a voter (it lost its data?). "+
+				"A voter that forgot its vote could elect a second leader, so it will not start: run `grove member remove %d` against the cluster, "+
+				"start this node again, then `grove member add %d`", cfg.ID, cfg.ID, cfg.ID)
+		}
+	}
+	return nil
 }
 
 func observerAddrs(cfg *Config) map[fd.NodeID]string {
