@@ -218,7 +218,6 @@ func TestEndToEndLock(t *testing.T) {
 	}
 	t.Logf("holder's node SIGKILLed → verdict seen at +%v, lock granted to the waiter at +%v", verdict.first.Sub(killed), after)
 
-
 	// Bring H back (the config service needs 2 of 3), then kill the master.
 	if err := u.Restart(H); err != nil {
 		t.Fatal(err)
