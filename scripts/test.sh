@@ -31,7 +31,9 @@ echo "== tests"
 go test -count=1 -timeout 20m ./...
 
 echo "== race detector (protocol packages, fewer simulation seeds)"
-GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -timeout 20m ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/...
+# -short: the oracles' teeth sweeps are single-threaded simulations; they
+# run once in the full suite above.
+GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -short -timeout 20m ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/...
 
 echo "== fuzz (short)"
 ft=${GROVE_FUZZTIME:-10s}

@@ -17,7 +17,7 @@ import (
 // cores are the files that must stay pure.
 var cores = []string{
 	"fd/fd.go", "fd/wire.go", "fd/engine.go",
-	"lock/lock.go", "lock/master.go", "lock/clerk.go", "lock/wire.go",
+	"lock/lock.go", "lock/master.go", "lock/clerk.go", "lock/wire.go", "lock/engine.go", "lock/state.go", "lock/token.go",
 	"meta/fsm.go",
 }
 

@@ -113,6 +113,10 @@ type EngineConfig struct {
 	// (a recovered clerk's leases freed before its records are removed).
 	// Only for the simulator's test that its oracle catches it.
 	UnsafeFreeBeforeForget bool
+	// UnsafeReassignOnDisconnect gives a recovery to another clerk when the
+	// assignee's session breaks, while its run may go on. Only for the
+	// simulator's test that its oracle catches two runs at once.
+	UnsafeReassignOnDisconnect bool
 }
 
 // Backoffs of the engine's retries.
@@ -445,9 +449,16 @@ func (e *Engine) LockNamespace(env Env, st *State) []any {
 }
 
 func (e *Engine) setHint(st *State) {
-	if st != nil && (e.hint == nil || st.Version > e.hint.Version) {
-		e.hint = st
+	if st == nil || e.hint != nil && st.Version <= e.hint.Version {
+		return
 	}
+	if st.Master != nil && (e.hint == nil || e.hint.Master == nil || e.hint.Master.Epoch != st.Master.Epoch) {
+		// A new master: clerks waiting out a backoff dial it at once.
+		for _, id := range e.order {
+			e.clerks[id].dialAt, e.clerks[id].fails = time.Time{}, 0
+		}
+	}
+	e.hint = st
 }
 
 // dial opens sessions for clerks that need one.
@@ -748,6 +759,7 @@ func (e *Engine) Proposed(env Env, id uint64, version uint64, err error) []any {
 	e.m = &masterRun{core: NewMaster(rec.Epoch, st.Clerks, st.Records), rec: rec, version: version,
 		sessions: map[uint64]ClerkID{}, byClerk: map[ClerkID]uint64{}}
 	e.m.core.unsafeFreeBeforeForget = e.cfg.UnsafeFreeBeforeForget
+	e.m.core.unsafeReassignOnDisconnect = e.cfg.UnsafeReassignOnDisconnect
 	out := []any{Note{levelInfo, "lock master takes over", []any{"epoch", rec.Epoch, "clerks", len(st.Clerks), "recoveries", len(st.Records), "version", version}}}
 	return append(out, e.step(env)...)
 }

@@ -67,6 +67,7 @@ type simOpts struct {
 	noGuard          bool // storage accepts writes whatever their token
 	freeBeforeForget bool // defect 1: leases freed before the records are gone
 	stormy           bool // only crashes, master kills and config stalls
+	reassign         bool // recovery given to another clerk when the assignee's session breaks
 }
 
 // ---------------------------------------------------------------- oracle
@@ -421,7 +422,7 @@ func (s *lockSim) onStart(n *fdsim.Node) {
 	ln := &lnode{s: s, n: n, inc: n.Inc, csess: map[uint64]*sim.End{}, hung: map[uint64]bool{}, msess: map[uint64]*sim.End{},
 		mclosed: map[uint64]bool{}, runs: map[uint64]*simRun{}}
 	ln.eng = lock.NewEngine(lock.EngineConfig{Node: uint64(n.ID), Inc: uint64(n.Inc), Addr: fmt.Sprint(n.ID), Candidate: n.ID <= lsCandidates,
-		UnsafeFreeBeforeForget: s.opts.freeBeforeForget})
+		UnsafeFreeBeforeForget: s.opts.freeBeforeForget, UnsafeReassignOnDisconnect: s.opts.reassign})
 	if old := s.nodes[n.ID]; old != nil {
 		old.over = true
 	}
@@ -937,6 +938,9 @@ func TestLockServiceSimulation(t *testing.T) {
 
 func expectCaught(t *testing.T, what string, opts simOpts, want string, seeds int) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("teeth sweeps run in the full suite (not under -short, e.g. the race run)")
+	}
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		s := runLockSim(t, seed, opts)
 		for _, f := range s.o.fails {
@@ -956,6 +960,19 @@ func TestLockOracleHasTeeth(t *testing.T) {
 	expectCaught(t, "a lying failure detector", simOpts{lyingFD: true}, "while live clerk", 20)
 }
 
+// TestActOracleHasTeeth: the holders of a clerk a lying master declared dead
+// go on acting; the oracle judges acts against verdicts, not against the
+// predicate the holders themselves check.
+func TestActOracleHasTeeth(t *testing.T) {
+	expectCaught(t, "a lying failure detector", simOpts{lyingFD: true}, "acts after the lock service acted on its incarnation's death", 20)
+}
+
+// TestConcurrentRunOracleHasTeeth: a master that gives a recovery to
+// another clerk when the assignee's session breaks runs it twice at once.
+func TestConcurrentRunOracleHasTeeth(t *testing.T) {
+	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, stormy: true}, "two recovery runs", 200)
+}
+
 // TestTokenOracleHasTeeth: storage that ignores tokens accepts delayed
 // writes from holders whose leases have moved on.
 func TestTokenOracleHasTeeth(t *testing.T) {
@@ -966,8 +983,5 @@ func TestTokenOracleHasTeeth(t *testing.T) {
 // recovery reports, before the decree removing the records commits) lets a
 // new master run the recovery again under the next holder.
 func TestRecoveryOrderingHasTeeth(t *testing.T) {
-	if testing.Short() {
-		t.Skip("seed sweep")
-	}
 	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true}, "recovery of", 100)
 }

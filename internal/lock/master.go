@@ -73,6 +73,10 @@ type Master struct {
 	// review (free the leases when recovery reports, before the records
 	// are gone), for the simulator's teeth test only.
 	unsafeFreeBeforeForget bool
+	// unsafeReassignOnDisconnect gives a recovery to another clerk as soon
+	// as the assignee's session breaks (while its run may go on), for the
+	// simulator's teeth test only.
+	unsafeReassignOnDisconnect bool
 }
 
 type clerkState struct {
@@ -273,6 +277,14 @@ func (m *Master) Disconnected(id ClerkID) []any {
 	c.connected = false
 	c.revoking = map[string]Mode{}
 	m.removeWaiters(id)
+	if m.unsafeReassignOnDisconnect {
+		for _, r := range m.recov {
+			if r.assigned != nil && *r.assigned == id && !r.forgetting {
+				r.assigned = nil
+			}
+		}
+		m.assignRecoveries()
+	}
 	return m.flush()
 }
 
