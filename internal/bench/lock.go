@@ -43,7 +43,7 @@ func StartInProcess(dir string, n int) (*InProcessCluster, error) {
 		if i < 3 {
 			cfg.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock}
 		}
-		nd, err := node.Start(cfg, node.Options{Logger: quiet, RaftLog: io.Discard})
+		nd, err := node.Start(cfg, node.Options{Logger: quiet, RaftLog: io.Discard, Bootstrap: true})
 		if err != nil {
 			c.Close()
 			return nil, err
