@@ -987,7 +987,8 @@ type LockRecover struct {
 	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
 	Names         [][]byte               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
 	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
-	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"` // the run's fencing token, for its writes
+	Token         *Token                 `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`     // the run's fencing token, for its writes
+	Exclude       [][]byte               `protobuf:"bytes,5,rep,name=exclude,proto3" json:"exclude,omitempty"` // with all: names live clerks hold; not to be touched
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1046,6 +1047,13 @@ func (x *LockRecover) GetAll() bool {
 func (x *LockRecover) GetToken() *Token {
 	if x != nil {
 		return x.Token
+	}
+	return nil
+}
+
+func (x *LockRecover) GetExclude() [][]byte {
+	if x != nil {
+		return x.Exclude
 	}
 	return nil
 }
@@ -1876,12 +1884,13 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\n" +
 	"LockRevoke\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
-	"\x04keep\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04keep\"\x83\x01\n" +
+	"\x04keep\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04keep\"\x9d\x01\n" +
 	"\vLockRecover\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\fR\x05names\x12\x10\n" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12%\n" +
-	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\x8b\x02\n" +
+	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05token\x12\x18\n" +
+	"\aexclude\x18\x05 \x03(\fR\aexclude\"\x8b\x02\n" +
 	"\x0fSessionResponse\x121\n" +
 	"\awelcome\x18\x01 \x01(\v2\x15.grove.v1.LockWelcomeH\x00R\awelcome\x12.\n" +
 	"\x06reject\x18\x02 \x01(\v2\x14.grove.v1.LockRejectH\x00R\x06reject\x12+\n" +

@@ -218,11 +218,12 @@ func TestEndToEndLock(t *testing.T) {
 	}
 	t.Logf("holder's node SIGKILLed → verdict seen at +%v, lock granted to the waiter at +%v", verdict.first.Sub(killed), after)
 
-	// Bring H back (the config service needs 2 of 3), then kill the master.
+	// Bring H back (the config service and the detector need 2 of 3), and
+	// wait until its observer hears W too, then kill the master.
 	if err := u.Restart(H); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := u.WaitNode(ctx, H, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive }); err != nil {
+	if err := u.WaitAllHeard(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := u.Kill(master); err != nil {

@@ -66,6 +66,9 @@ func TestEndToEndKillRestart(t *testing.T) {
 	}
 
 	// The leader's node: status must survive the election and agree.
+	if err := u.WaitAllHeard(ctx); err != nil {
+		t.Fatal(err)
+	}
 	leader, err := u.Leader(ctx)
 	if err != nil || leader == 0 {
 		t.Fatalf("leader: %d %v", leader, err)

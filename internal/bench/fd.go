@@ -27,6 +27,11 @@ type FDTrial struct {
 func FDFailover(ctx context.Context, u *UpCluster, trials int, progress io.Writer) ([]FDTrial, error) {
 	var out []FDTrial
 	for t := 0; t < trials; t++ {
+		// Every observer hears every node before each kill: a trial
+		// measures one failure, not the previous trial's aftermath.
+		if err := u.WaitAllHeard(ctx); err != nil {
+			return out, err
+		}
 		leader, err := u.Leader(ctx)
 		if err != nil {
 			return out, err

@@ -186,6 +186,29 @@ func (u *UpCluster) WaitNode(ctx context.Context, id uint64, every time.Duration
 	}
 }
 
+// WaitAllHeard waits until every node is alive and heard by every observer:
+// the cluster can then lose any one node without anyone losing its
+// majority of observers.
+func (u *UpCluster) WaitAllHeard(ctx context.Context) error {
+	for {
+		r, err := u.Status(ctx)
+		if err == nil {
+			ok := len(r.Nodes) == len(u.Nodes)
+			for _, n := range r.Nodes {
+				ok = ok && n.Alive && int(n.ObserversHeard) == u.Observers
+			}
+			if ok {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not every node is heard by every observer: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // Leader returns the config-service leader as the gateway reports it.
 func (u *UpCluster) Leader(ctx context.Context) (uint64, error) {
 	r, err := u.Status(ctx)

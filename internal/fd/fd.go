@@ -450,8 +450,8 @@ func (o *Observer) Beacon(now time.Time, p Packet) (Packet, error) {
 // the observer's own node that a majority of observers acknowledged; the
 // caller must not ask at all while its node is not alive.
 //
-// Dead if a tombstone covers it or a newer incarnation is registered;
-// condemned if the observer has heard nothing of it for GracePeriod (measured
+// Dead if a tombstone covers it or a newer incarnation has been registered
+// for GracePeriod; condemned if the observer has heard nothing of it for GracePeriod (measured
 // from the latest of: the observer's start, when it learned of the
 // registration, the last beacon) and its own contact with a majority came at
 // least GracePeriod/2 after it last heard from the node; abstain if only the
@@ -471,7 +471,15 @@ func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verd
 	case m == nil || inc > m.inc:
 		return VerdictAlive // not registered as far as this observer knows
 	case inc < m.inc:
-		return VerdictDead // superseded: the config service has a newer one
+		// Superseded: the config service has a newer incarnation, so this
+		// life is over; but say so only once this observer cannot have
+		// echoed it for GracePeriod (it stopped when it learned of the newer
+		// one). Were a second process running the node id elsewhere, the
+		// old one still alive, the invariant would otherwise break.
+		if now.Sub(m.learned) > o.grace {
+			return VerdictDead
+		}
+		return VerdictAlive
 	}
 	last := o.start
 	if m.learned.After(last) {

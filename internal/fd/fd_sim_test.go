@@ -365,9 +365,17 @@ func (s *fdSim) liveness() {
 			continue
 		}
 		incs := map[fd.NodeID]fd.Incarnation{}
-		round := w.Now()
 		for id := fd.NodeID(1); id <= simNodes; id++ {
 			incs[id] = s.c.Registered(id)
+		}
+		// A superseded incarnation is reported dead GracePeriod after the
+		// observers learn of the newer one.
+		w.RunUntil(w.Now() + s.c.Cfg.GracePeriod + 100*time.Millisecond)
+		if !settled(incs) && attempt < 5 {
+			continue
+		}
+		round := w.Now()
+		for id := fd.NodeID(1); id <= simNodes; id++ {
 			for inc := fd.Incarnation(1); inc <= incs[id]; inc++ {
 				s.ask(s.q[querierA], simKey{id, inc})
 			}

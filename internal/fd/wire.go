@@ -26,10 +26,13 @@ import (
 // nobody can make an observer believe a node is alive (a forged beacon), make
 // a node believe it is acknowledged (a forged echo), or announce an
 // incarnation (which would make observers report the real one dead).
-// Replays of captured datagrams are harmless: observers ignore a beacon whose
-// sequence number is not newer than the last one they heard from that
-// incarnation, and a subject takes an echo only for a beacon in its recent
-// window (see Observer.Beacon and Subject.Echo).
+// Replays of captured datagrams cannot break safety: a subject takes an echo
+// only for a beacon in its recent window (Subject.Echo), and observers ignore
+// a beacon whose sequence number is not newer than the last one they heard
+// from that incarnation (Observer.Beacon). That memory is not persisted: after
+// an observer restarts, a host that captured a node's beacons can replay them
+// to that observer and delay (never cause) a dead verdict for as long as its
+// capture lasts.
 const (
 	PacketSize = 53
 	macOffset  = 37

@@ -161,8 +161,13 @@ func TestObserverRejects(t *testing.T) {
 	if err := beacon(later, 2, 6, 1); err != nil {
 		t.Fatal(err)
 	}
-	if v := o.Query(later, later, 2, 4); v != VerdictDead {
-		t.Fatalf("superseded incarnation: %v", v)
+	o.SetRegistered(later, map[NodeID]Incarnation{1: 1, 2: 6, 3: 2})
+	if v := o.Query(later, later, 3, 1); v != VerdictAlive {
+		t.Fatalf("superseded incarnation, just now: %v", v)
+	}
+	after := later.Add(DefaultGracePeriod + time.Millisecond)
+	if v := o.Query(after, after, 3, 1); v != VerdictDead {
+		t.Fatalf("superseded incarnation, GracePeriod later: %v", v)
 	}
 }
 
@@ -203,7 +208,7 @@ func TestObserverNewIncarnationGraceAndGate(t *testing.T) {
 	if _, err := o.Beacon(later.Add(time.Millisecond), Packet{Kind: KindBeacon, Subject: 2, Incarnation: 2, Seq: 1}); err != nil {
 		t.Fatalf("its first beacon refused: %v", err)
 	}
-	if v := o.Query(later, later, 2, 1); v != VerdictDead {
+	if v := o.Query(later.Add(DefaultGracePeriod+time.Millisecond), later, 2, 1); v != VerdictDead {
 		t.Fatalf("the old incarnation: %v", v)
 	}
 	if v := o.Query(later, later, 2, 3); v != VerdictAlive {

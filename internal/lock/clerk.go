@@ -1,6 +1,9 @@
 package lock
 
-import "sort"
+import (
+	"errors"
+	"sort"
+)
 
 // Clerk outputs.
 
@@ -39,9 +42,40 @@ type Clerk struct {
 	fenced    bool
 	leases    map[string]*lease
 	changes   uint64 // counts changes of granted modes (for observers)
+	clock     uint64 // counts local acquires (lease.used)
+}
+
+// MaxCachedLeases bounds the locks one clerk keeps state for (held,
+// wanted or waited on): its Hello must stay a bounded message. Past it, an
+// acquire of a new name gives back the least recently used idle lease, or
+// fails with ErrTooManyLeases.
+const MaxCachedLeases = 16384
+
+// ErrTooManyLeases: the clerk uses MaxCachedLeases locks at once.
+var ErrTooManyLeases = errors.New("lock: this clerk holds or waits on too many locks at once")
+
+// Room makes room for state about a new lock name if the clerk is at its
+// bound: it gives back the least recently used idle lease (the Release to
+// send), or reports that nothing can be given back.
+func (c *Clerk) Room(name string) ([]any, error) {
+	if _, ok := c.leases[name]; ok || len(c.leases) < MaxCachedLeases {
+		return nil, nil
+	}
+	victim, oldest := "", uint64(0)
+	for n, l := range c.leases {
+		idle := l.granted != None && l.shared == 0 && !l.exclusive && len(l.waiters) == 0 && l.want == None && !l.revoking
+		if idle && (victim == "" || l.used < oldest) {
+			victim, oldest = n, l.used
+		}
+	}
+	if victim == "" {
+		return nil, ErrTooManyLeases
+	}
+	return c.Drop(victim), nil
 }
 
 type lease struct {
+	used      uint64 // when it was last acquired locally (clerk.clock): for eviction
 	granted   Mode
 	token     Token // token of the newest grant received
 	want      Mode  // asked of the master and not yet granted
@@ -130,6 +164,8 @@ func (c *Clerk) Acquire(name string, mode Mode) (*Waiter, []any) {
 		return w, nil
 	}
 	l := c.lease(name)
+	c.clock++
+	l.used = c.clock
 	l.waiters = append(l.waiters, w)
 	var out []any
 	c.admit(name, l, &out)
@@ -213,6 +249,9 @@ func (c *Clerk) Handle(msg any) []any {
 		if l.token.Less(x.Token) {
 			l.token = x.Token
 		}
+		// A newer grant voids a revocation still pending here: the master
+		// forgot it when it granted, and revokes again if it still must.
+		l.revoking = false
 		if x.Mode > l.granted {
 			l.granted = x.Mode
 			c.changes++

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -27,8 +28,19 @@ func (c *ClerkRT) ID() ClerkID { return c.id }
 func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, error) {
 	s := c.s
 	s.mu.Lock()
-	env := s.env(c.e)
-	w, out, err := c.e.Acquire(env, c.id, name, mode)
+	w, out, err := c.e.Acquire(s.env(c.e), c.id, name, mode)
+	for errors.Is(err, ErrNotAlive) && !c.e.Fenced() {
+		// The incarnation is still joining (not yet acknowledged by a
+		// majority of observers): wait for it rather than fail.
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		s.mu.Lock()
+		w, out, err = c.e.Acquire(s.env(c.e), c.id, name, mode)
+	}
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
@@ -74,16 +86,6 @@ func (c *ClerkRT) Drop(name string) {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
 	c.s.execLocked(c.e, c.e.Drop(c.s.env(c.e), c.id, name))
-}
-
-// Close retires the clerk (its session closes; a recovery it runs is
-// cancelled). Leases it still caches stay held until the failure detector
-// declares the incarnation dead: release and Drop first.
-func (c *ClerkRT) Close() {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	c.s.execLocked(c.e, c.e.CloseClerk(c.s.env(c.e), c.id))
-	delete(c.s.mu.clerks, c.id)
 }
 
 // Held is one granted local hold on a lock.

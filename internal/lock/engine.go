@@ -234,32 +234,6 @@ func (e *Engine) register(id ClerkID, c *clerkRun) []any {
 	}}}
 }
 
-// CloseClerk removes a clerk its owner no longer uses: its session closes
-// and its runs are cancelled. Its leases stay held (the master frees them
-// when the failure detector declares the incarnation dead, as for a crash);
-// callers should release and Drop first.
-func (e *Engine) CloseClerk(env Env, id ClerkID) []any {
-	c := e.clerks[id]
-	if c == nil {
-		return nil
-	}
-	var out []any
-	if c.sess != 0 {
-		out = append(out, HangUp{c.sess})
-	}
-	for _, r := range c.runs {
-		out = append(out, CancelRecovery{r.id})
-	}
-	delete(e.clerks, id)
-	for i, x := range e.order {
-		if x == id {
-			e.order = append(e.order[:i], e.order[i+1:]...)
-			break
-		}
-	}
-	return out
-}
-
 // usable checks that a clerk may take part in lease operations now.
 func (e *Engine) usable(env Env, id ClerkID) (*clerkRun, error) {
 	c := e.clerks[id]
@@ -290,8 +264,12 @@ func (e *Engine) Acquire(env Env, id ClerkID, name string, mode Mode) (*Waiter, 
 	if err != nil {
 		return nil, nil, err
 	}
+	room, err := c.core.Room(name)
+	if err != nil {
+		return nil, nil, err
+	}
 	w, out := c.core.Acquire(name, mode)
-	return w, e.clerkOut(env, id, c, out), nil
+	return w, e.clerkOut(env, id, c, append(room, out...)), nil
 }
 
 // Release ends a local holder's use of a lock.
@@ -800,6 +778,7 @@ type masterRun struct {
 	fails    int
 	query    uint64 // the suspects query in flight
 	suspects []ClerkID
+	asked    []Subject // the query's subjects (suspects' node incarnations)
 	lastTick time.Time
 }
 
@@ -950,6 +929,8 @@ func (e *Engine) decreeDone(env Env, version uint64, err error) []any {
 	var out []any
 	if d.forget != nil {
 		out = e.masterOut(env, m.core.Forgotten(*d.forget))
+	} else {
+		out = e.masterOut(env, m.core.Persisted(d.persist.Dead))
 	}
 	if e.m == m {
 		out = append(out, e.nextDecree(env)...)
@@ -983,26 +964,44 @@ func (e *Engine) masterTick(env Env) []any {
 	}
 	m.lastTick = env.Now
 	m.suspects = m.core.Tick()
-	if len(m.suspects) == 0 {
+	out = append(out, e.masterOut(env, m.core.Pending())...)
+	if e.m != m || len(m.suspects) == 0 {
 		return out
 	}
+	if len(m.suspects) > MaxSuspects {
+		m.suspects = m.suspects[:MaxSuspects] // the rest next tick
+	}
+	// One question per node incarnation, however many clerks it has.
 	m.query = e.id()
 	q := QueryFD{ID: m.query}
+	seen := map[Subject]bool{}
 	for _, c := range m.suspects {
-		q.Subjects = append(q.Subjects, Subject{c.Node, c.Inc})
+		if x := (Subject{c.Node, c.Inc}); !seen[x] {
+			seen[x] = true
+			q.Subjects = append(q.Subjects, x)
+		}
 	}
+	m.asked = q.Subjects
 	return append(out, q)
 }
+
+// MaxSuspects bounds the clerks a master asks about per tick (and so the
+// verdicts, and the decrees they cause, per tick).
+const MaxSuspects = 512
 
 func (e *Engine) verdicts(env Env, dead []bool, err error) []any {
 	m := e.m
 	m.query = 0
-	if err != nil || len(dead) != len(m.suspects) || !env.Alive {
+	if err != nil || len(dead) != len(m.asked) || !env.Alive {
 		return nil
 	}
+	isDead := map[Subject]bool{}
+	for i, x := range m.asked {
+		isDead[x] = dead[i]
+	}
 	var out []any
-	for i, c := range m.suspects {
-		if !dead[i] {
+	for _, c := range m.suspects {
+		if !isDead[Subject{c.Node, c.Inc}] {
 			continue
 		}
 		out = append(out, Note{levelInfo, "clerk declared dead", []any{"clerk", c}})

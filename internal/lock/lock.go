@@ -201,8 +201,9 @@ type Revoke struct {
 // run's writes: it is larger than the dead clerk's tokens and smaller than
 // any grant made after the recovery.
 type Recover struct {
-	Dead  ClerkID
-	Names []string
-	All   bool
-	Token Token
+	Dead    ClerkID
+	Names   []string
+	All     bool
+	Exclude []string // with All: names live clerks hold, which the run must not touch
+	Token   Token
 }

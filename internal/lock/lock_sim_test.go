@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -242,9 +243,20 @@ func (o *oracle) runStart(r *simRun) {
 	o.runs[d] = append(o.runs[d], r)
 	names := r.req.Names
 	if r.req.All {
-		names = lockNames
+		names = nil
+		for _, n := range lockNames {
+			if !slices.Contains(r.req.Exclude, n) { // names live clerks hold are not the dead one's
+				names = append(names, n)
+			}
+		}
 	}
+	// A recovery replays what the dead clerk wrote and did not flush: only
+	// names it held exclusive at death (a run that knows nothing more,
+	// "all", would find just those in its log).
 	for _, n := range names {
+		if o.deadHeld[d][n] != lock.Exclusive {
+			continue
+		}
 		o.gen[n]++
 		r.gen[n] = o.gen[n]
 	}
@@ -279,10 +291,10 @@ func (o *oracle) runEnd(r *simRun, ok bool) {
 }
 
 // accept: storage accepted a write of lease generation g on name.
-func (o *oracle) accept(name string, g int, from string) {
+func (o *oracle) accept(name string, g int, from string, tok lock.Token) {
 	o.writes++
 	if g < o.accepted[name] {
-		o.fail("storage accepted a write on %s from %s (generation %d) after one of generation %d: a stale token", name, from, g, o.accepted[name])
+		o.fail("storage accepted a write on %s from %s (generation %d, token %v) after one of generation %d: a stale token", name, from, g, tok, o.accepted[name])
 	}
 	if g > o.accepted[name] {
 		o.accepted[name] = g
@@ -670,6 +682,10 @@ func (s *lockSim) startRun(ln *lnode, x lock.StartRecovery) {
 	ln.runs[x.Run] = r
 	s.o.runStart(r)
 	steps := 1 + s.w.Rand.Intn(4)
+	gap := func() time.Duration { return s.w.Between(10*time.Millisecond, 60*time.Millisecond) }
+	if s.w.Rand.Intn(10) == 0 { // a long run (a big log to replay): it outlasts failovers
+		gap = func() time.Duration { return s.w.Between(300*time.Millisecond, time.Second) }
+	}
 	var step func()
 	step = func() {
 		if !s.current(ln) || !s.env(ln).Alive {
@@ -685,7 +701,7 @@ func (s *lockSim) startRun(ln *lnode, x lock.StartRecovery) {
 			s.write(ln, name, r.req.Token, g, "recovery of "+r.req.Dead.String())
 		}
 		if steps--; steps > 0 {
-			ln.n.Proc.Go(s.w.Between(10*time.Millisecond, 60*time.Millisecond), step)
+			ln.n.Proc.Go(gap(), step)
 			return
 		}
 		var err error
@@ -718,7 +734,7 @@ func (s *lockSim) write(ln *lnode, name string, tok lock.Token, g int, from stri
 				return
 			}
 		}
-		s.o.accept(name, g, from)
+		s.o.accept(name, g, from, tok)
 	})
 }
 

@@ -69,6 +69,10 @@ type Master struct {
 	serving  bool
 	tokenSeq uint64 // grants and recovery runs of this epoch so far
 	out      []any
+	// others records runs reported in clerks' Hellos that this master
+	// did not assign (dead clerk → clerk → run token): a run that an older
+	// master started. No other run of that recovery starts until they end.
+	others map[ClerkID]map[ClerkID]Token
 	// unsafeFreeBeforeForget restores the order of the defect found in
 	// review (free the leases when recovery reports, before the records
 	// are gone), for the simulator's teeth test only.
@@ -112,17 +116,28 @@ type recovery struct {
 	token    Token
 	// forgetting: recovery succeeded and the Forget decree is in flight.
 	forgetting bool
+	// persisted: the record is in the config service (its Persist decree
+	// committed, or it was read from there). No run starts before: a
+	// master that dies with the record in flight leaves nothing a new
+	// master would not know of, so no run of it can go on unseen.
+	persisted bool
+	// failed is the clerk whose run failed last; the next run goes to
+	// another clerk of the kind if there is one, and not before the next
+	// tick (no spinning on a clerk that always fails).
+	failed *ClerkID
+	wait   bool
 }
 
 // NewMaster starts epoch e with the clerk list and the recovery records read
 // from the config service in the decree that made it master.
 func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
-	m := &Master{epoch: e, clerks: map[ClerkID]*clerkState{}, locks: map[string]*lockState{}, recov: map[ClerkID]*recovery{}, deadBelow: map[uint64]uint64{}}
+	m := &Master{epoch: e, clerks: map[ClerkID]*clerkState{}, locks: map[string]*lockState{}, recov: map[ClerkID]*recovery{},
+		deadBelow: map[uint64]uint64{}, others: map[ClerkID]map[ClerkID]Token{}}
 	for _, c := range clerks {
 		m.clerks[c.ID] = newClerkState(c)
 	}
 	for _, r := range records {
-		m.recov[r.Dead] = &recovery{rec: r}
+		m.recov[r.Dead] = &recovery{rec: r, persisted: true}
 		c := m.clerks[r.Dead]
 		if c == nil {
 			// The record outlived the clerk record (written by an older
@@ -239,14 +254,33 @@ func (m *Master) Hello(h Hello) []any {
 	// this clerk that it no longer reports has ended without a report that
 	// reached us: it is free to be assigned again.
 	for d, r := range m.recov {
-		if tok, ok := h.Recovering[d]; ok {
-			if r.assigned == nil || *r.assigned == h.Clerk {
-				id := h.Clerk
-				r.assigned, r.token = &id, tok
-			}
-		} else if r.assigned != nil && *r.assigned == h.Clerk && !r.forgetting {
+		if _, ok := h.Recovering[d]; !ok && r.assigned != nil && *r.assigned == h.Clerk && !r.forgetting {
 			r.assigned = nil
 		}
+	}
+	for d := range m.others { // runs it reported before and no longer runs have ended
+		if _, ok := h.Recovering[d]; !ok {
+			delete(m.others[d], h.Clerk)
+			if len(m.others[d]) == 0 {
+				delete(m.others, d)
+			}
+		}
+	}
+	for d, tok := range h.Recovering {
+		if r := m.recov[d]; r != nil && (r.assigned == nil || *r.assigned == h.Clerk) && !r.forgetting {
+			id := h.Clerk
+			r.assigned, r.token = &id, tok
+			continue
+		}
+		if r := m.recov[d]; r != nil && r.assigned != nil && *r.assigned == h.Clerk {
+			continue
+		}
+		// A run this master did not assign (an older master's, for an
+		// obligation it has not met yet, or while another clerk runs it).
+		if m.others[d] == nil {
+			m.others[d] = map[ClerkID]Token{}
+		}
+		m.others[d][h.Clerk] = tok
 	}
 	c.connected, c.reported = true, true
 	m.emit(Send{h.Clerk, Welcome{Epoch: m.epoch}})
@@ -315,14 +349,26 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		m.try(x.Name)
 		m.gc(x.Name)
 	case RecoveryDone:
+		if _, ok := m.others[x.Dead][from]; ok {
+			delete(m.others[x.Dead], from)
+			if len(m.others[x.Dead]) == 0 {
+				delete(m.others, x.Dead)
+			}
+			m.assignRecoveries()
+		}
 		r := m.recov[x.Dead]
 		if r == nil || r.assigned == nil || *r.assigned != from || r.forgetting {
-			return nil // a stale report: the recovery was reassigned or done
+			return m.flush() // a stale report: the recovery was reassigned or done
 		}
 		r.assigned = nil
 		if !x.OK || x.Token != r.token {
 			// It failed, or it was a run of an older master that ended
-			// (cancelled): run it again (recovery is idempotent).
+			// (cancelled): run it again (recovery is idempotent), on
+			// another clerk of the kind if there is one, from the next tick.
+			if !x.OK && x.Token == r.token && x.Token.Epoch == m.epoch {
+				f := from
+				r.failed, r.wait = &f, true
+			}
 			m.assignRecoveries()
 			break
 		}
@@ -331,11 +377,17 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 	return m.flush()
 }
 
-// Tick is called by the driver every SuspectInterval. It returns the clerks
-// whose liveness the driver should ask the failure detector about now: those
-// without a session, and those that have left a revocation unanswered for
-// more than RevokePatience ticks (a paused or partitioned clerk).
+// Tick is called by the driver every suspect interval; it retries waiting
+// recoveries (outputs in Pending) and returns the clerks whose liveness the
+// driver should ask the failure detector about now: those without a
+// session, and those that have had revocations outstanding for more than
+// RevokePatience consecutive ticks (a paused or partitioned clerk, or one
+// under steady contention).
 func (m *Master) Tick() []ClerkID {
+	for _, r := range m.recov {
+		r.wait = false
+	}
+	m.assignRecoveries() // its outputs come with Pending
 	var out []ClerkID
 	for id, c := range m.clerks {
 		if c.dead {
@@ -354,6 +406,18 @@ func (m *Master) Tick() []ClerkID {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
 	return out
+}
+
+// Pending returns outputs produced outside a message (by Tick).
+func (m *Master) Pending() []any { return m.flush() }
+
+// Persisted reports that a recovery record's Persist decree committed.
+func (m *Master) Persisted(dead ClerkID) []any {
+	if r := m.recov[dead]; r != nil {
+		r.persisted = true
+		m.assignRecoveries()
+	}
+	return m.flush()
 }
 
 // Verdict applies the failure detector's answer about a clerk. A dead
@@ -398,6 +462,12 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id {
 			r.assigned = nil
+		}
+	}
+	for d := range m.others {
+		delete(m.others[d], id)
+		if len(m.others[d]) == 0 {
+			delete(m.others, d)
 		}
 	}
 	m.checkServing()
@@ -451,9 +521,10 @@ func (m *Master) Forgotten(dead ClerkID) []any {
 
 // assignRecoveries hands each unassigned recovery to a live, connected,
 // reported clerk of its kind, if there is one; otherwise it waits (the
-// deferred case) and the leases stay held. A new master assigns nothing
-// until every live clerk has reported: one of them may still be running
-// the recovery for an older master.
+// deferred case) and the leases stay held. A recovery starts only once its
+// record is in the config service, no run of it reported by a clerk is
+// still going, and (for a new master) every live clerk has reported: one of
+// them may still be running it for the old master.
 func (m *Master) assignRecoveries() {
 	if !m.serving {
 		return
@@ -465,26 +536,58 @@ func (m *Master) assignRecoveries() {
 	sort.Slice(deads, func(i, j int) bool { return deads[i].Less(deads[j]) })
 	for _, d := range deads {
 		r := m.recov[d]
-		if r.assigned != nil || r.forgetting {
+		if r.assigned != nil || r.forgetting || !r.persisted || r.wait || len(m.others[d]) > 0 {
 			continue
 		}
 		if h, ok := m.conflict(r); ok {
 			m.emit(Anomaly{fmt.Sprintf("recovery of %s not started: live clerk %s holds a conflicting lease on %q", d, h.clerk, h.name)})
 			continue
 		}
-		var best *ClerkID
+		var best, fallback *ClerkID
 		for id, c := range m.clerks {
-			if c.info.Kind == r.rec.Kind && !c.dead && c.connected && c.reported && id != d && (best == nil || id.Less(*best)) {
-				id := id
+			if c.info.Kind != r.rec.Kind || c.dead || !c.connected || !c.reported || id == d {
+				continue
+			}
+			id := id
+			if r.failed != nil && id == *r.failed {
+				fallback = &id
+				continue
+			}
+			if best == nil || id.Less(*best) {
 				best = &id
 			}
+		}
+		if best == nil {
+			best = fallback
 		}
 		if best == nil {
 			continue
 		}
 		r.assigned, r.token = best, m.nextToken()
-		m.emit(Send{*best, Recover{Dead: d, Names: r.rec.Names(), All: r.rec.All, Token: r.token}})
+		req := Recover{Dead: d, Names: r.rec.Names(), All: r.rec.All, Token: r.token}
+		if r.rec.All {
+			req.Exclude = m.liveNames(d)
+		}
+		m.emit(Send{*best, req})
 	}
+}
+
+// liveNames lists the names live clerks hold: an "all" recovery must not
+// touch them (the dead clerk cannot have held them in a conflicting mode,
+// and the run's token, newer than the live holders', would fence their
+// writes out).
+func (m *Master) liveNames(dead ClerkID) []string {
+	var out []string
+	for name, l := range m.locks {
+		for h := range l.holders {
+			if c := m.clerks[h]; h != dead && c != nil && !c.dead {
+				out = append(out, name)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 type holding struct {
@@ -619,9 +722,10 @@ func (m *Master) try(name string) {
 			tok := m.nextToken()
 			c.token[name] = tok
 			m.emit(Send{w.clerk, Grant{Name: name, Mode: c.held[name], Token: tok}})
-			// A newer grant voids a revocation in flight: the clerk's answer
-			// to it will carry the older token and be ignored, so the
-			// revocation must be sent again (after the grant, on the same
+			// A newer grant voids a revocation in flight (the clerk drops a
+			// pending revocation when a grant arrives, and an answer it
+			// already sent carries the older token and is ignored), so the
+			// revocation is sent again (after the grant, on the same
 			// ordered session) if the lock is still wanted elsewhere.
 			delete(c.revoking, name)
 			l.queue = l.queue[1:]

@@ -102,6 +102,10 @@ func TestRecoveryBeforeRegrant(t *testing.T) {
 	if p, ok := find[Persist](out); !ok || !reflect.DeepEqual(p.Record.Held, map[string]Mode{"x": Exclusive}) {
 		t.Fatalf("no recovery record: %v", out)
 	}
+	if _, ok := find[Recover](out); ok {
+		t.Fatal("recovery started before its record is in the config service")
+	}
+	out = m.Persisted(cA)
 	r, ok := find[Recover](sends(out, cC))
 	if !ok || r.Dead != cA || r.Token.IsZero() {
 		t.Fatalf("recovery not sent to C with a token: %v", out)
@@ -110,6 +114,11 @@ func TestRecoveryBeforeRegrant(t *testing.T) {
 		t.Fatal("granted before recovery")
 	}
 	out = m.Handle(cC, RecoveryDone{cA, false, r.Token})
+	if _, ok := find[Recover](out); ok {
+		t.Fatal("failed recovery retried at once, without waiting for a tick")
+	}
+	m.Tick()
+	out = m.Pending()
 	r2, ok := find[Recover](sends(out, cC))
 	if !ok || !r.Token.Less(r2.Token) {
 		t.Fatalf("failed recovery not retried with a newer token: %v", out)
@@ -139,6 +148,7 @@ func TestDeferredRecovery(t *testing.T) {
 	hello(m, cB, "", nil)
 	m.Handle(cA, Acquire{"x", Shared})
 	m.Verdict(cA, true)
+	m.Persisted(cA)
 	out := m.Handle(cB, Acquire{"x", Exclusive})
 	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted with recovery deferred")
@@ -202,8 +212,9 @@ func TestFailoverRebuild(t *testing.T) {
 	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted with an all-recovery pending")
 	}
-	if r, ok := find[Recover](sends(out, cB)); !ok || !r.All {
-		t.Fatalf("all-recovery not sent to B: %v", out)
+	out = m.Persisted(cC)
+	if r, ok := find[Recover](sends(out, cB)); !ok || !r.All || !reflect.DeepEqual(r.Exclude, []string{"x"}) {
+		t.Fatalf("all-recovery (excluding A's x) not sent to B: %v", out)
 	}
 	r, _ := find[Recover](sends(out, cB))
 	m.Handle(cB, RecoveryDone{cC, true, r.Token})
@@ -320,7 +331,7 @@ func TestRecoveryOrderingAcrossFailover(t *testing.T) {
 	m.Handle(cB, Acquire{"x", Exclusive})
 	out := m.Verdict(cA, true)
 	p, _ := find[Persist](out)
-	r, _ := find[Recover](sends(out, cC))
+	r, _ := find[Recover](sends(m.Persisted(cA), cC))
 	out = m.Handle(cC, RecoveryDone{cA, true, r.Token})
 	if _, ok := find[Grant](out); ok {
 		t.Fatal("lease re-granted before the Forget decree committed")
@@ -440,5 +451,49 @@ func TestTokensGrowAcrossEpochs(t *testing.T) {
 	var guard TokenGuard
 	if guard.Admit("x", g.Token) != nil || guard.Admit("x", last) == nil || guard.Admit("x", Token{}) == nil {
 		t.Fatal("TokenGuard does not refuse older tokens")
+	}
+}
+
+// Found by review: a master that dies with a recovery record in flight must
+// not have started a run of it (the next master would not know to wait for
+// it); a run reported for an obligation the new master has not met yet
+// holds back every other run of it until it ends.
+func TestNoRunBeforeRecordAndUnknownRunsWaitedFor(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "wal", nil)
+	hello(m, cD, "wal", map[string]Mode{"x": Exclusive})
+	if _, ok := find[Recover](m.Verdict(cD, true)); ok {
+		t.Fatal("run sent before the record committed")
+	}
+	// A new master without the record; B still runs an (impossible here,
+	// but reported) older run for D.
+	m2 := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	hello(m2, cA, "wal", nil)
+	m2.Hello(Hello{Clerk: cB, Kind: "wal", Epoch: 2, Recovering: map[ClerkID]Token{cD: {1, 2}}})
+	out := m2.Verdict(cD, true)
+	out = append(out, m2.Persisted(cD)...)
+	if _, ok := find[Recover](out); ok {
+		t.Fatalf("second run started while B reports one: %v", out)
+	}
+	out = m2.Handle(cB, RecoveryDone{cD, false, Token{1, 2}})
+	if r, ok := find[Recover](out); !ok || r.Token.Epoch != 2 {
+		t.Fatalf("no run after the reported one ended: %v", out)
+	}
+}
+
+// Found by review: a clerk whose run keeps failing does not get it back at
+// once, and another clerk of the kind gets it next.
+func TestFailedRecoveryRotates(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "wal", nil)
+	hello(m, cD, "wal", map[string]Mode{"x": Exclusive})
+	m.Verdict(cD, true)
+	r, _ := find[Recover](sends(m.Persisted(cD), cA))
+	m.Handle(cA, RecoveryDone{cD, false, r.Token})
+	m.Tick()
+	if _, ok := find[Recover](sends(m.Pending(), cB)); !ok {
+		t.Fatal("the retry did not go to the other clerk of the kind")
 	}
 }

@@ -38,7 +38,11 @@ type Liveness interface {
 type Recovery struct {
 	Dead  ClerkID  // the dead clerk whose state is to be recovered
 	Names []string // the leases it held (empty if All)
-	All   bool     // its leases are unknown: recover everything of its kind
+	All   bool     // its leases are unknown: recover everything of its kind...
+	// ...except these names, which live clerks hold (the dead clerk cannot
+	// have held them in a conflicting mode; touching them would overwrite a
+	// live holder's work, and the run's newer token would fence it out).
+	Exclude []string
 	// Token fences the run's writes: storage must accept them over the
 	// dead clerk's and refuse them once a later grant's writes landed.
 	Token Token
@@ -46,9 +50,12 @@ type Recovery struct {
 
 // RecoveryFunc recovers the state a dead clerk of the same kind left behind
 // (for example, replays its write-ahead log). It must be idempotent (it may
-// run again for one dead clerk) and stop when ctx ends (the run was
-// cancelled: the node fenced itself, or a newer master took over); at most
-// one run per dead clerk is in progress at a time.
+// run again for one dead clerk), carry r.Token on its writes, and stop when
+// ctx ends (the run was cancelled: the node fenced itself, or a newer master
+// took over). The master starts no other run for the same dead clerk until
+// this one has returned and its end reached the master (or its clerk's
+// incarnation was declared dead: then its late writes are fenced by the
+// next run's newer token).
 type RecoveryFunc func(ctx context.Context, r Recovery) error
 
 // ServiceConfig wires the lock service into a node.
@@ -355,8 +362,12 @@ func (s *Service) execLocked(e *Engine, out []any) {
 			select {
 			case ms.out <- EncodeMasterMessage(x.Msg):
 			default:
-				ms.closed = true // full: the clerk reconnects with a Hello
+				// Full: close it, and tell the engine (the clerk reconnects
+				// with a Hello; meanwhile it is a suspect like any clerk
+				// without a session).
+				ms.closed = true
 				close(ms.out)
+				s.execLocked(e, e.MasterClosed(s.env(e), x.Session))
 			}
 		case ClerkClose:
 			if ms := s.mu.acc[x.Session]; ms != nil && !ms.closed {
@@ -380,7 +391,7 @@ func (s *Service) execLocked(e *Engine, out []any) {
 				defer s.wg.Done()
 				log := s.log.With("clerk", x.Clerk, "dead", x.Req.Dead, "token", x.Req.Token)
 				log.Info("running recovery", "all", x.Req.All, "names", len(x.Req.Names))
-				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Token: x.Req.Token})
+				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Exclude: x.Req.Exclude, Token: x.Req.Token})
 				if err != nil {
 					log.Warn("recovery failed or was cancelled; the master decides again", "err", err)
 				} else {

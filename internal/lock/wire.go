@@ -12,10 +12,10 @@ import (
 
 // Limits on session messages, beyond MaxNameLen.
 const (
-	MaxHelloLeases   = 1 << 16 // leases one clerk may report holding or wanting
+	MaxHelloLeases   = MaxCachedLeases // leases one clerk may report holding or wanting
 	MaxRecoverNames  = 1 << 16
 	MaxKindLen       = 64
-	MaxSessionMsgLen = 8 << 20
+	MaxSessionMsgLen = 32 << 20 // a Hello of MaxCachedLeases leases of MaxNameLen bytes fits
 )
 
 // ErrBadMessage wraps every decoding failure: the message is dropped (and
@@ -194,6 +194,9 @@ func EncodeMasterMessage(msg any) *pb.SessionResponse {
 		for _, n := range x.Names {
 			r.Names = append(r.Names, []byte(n))
 		}
+		for _, n := range x.Exclude {
+			r.Exclude = append(r.Exclude, []byte(n))
+		}
 		return &pb.SessionResponse{Msg: &pb.SessionResponse_Recover{Recover: r}}
 	}
 	panic(fmt.Sprintf("lock: not a master message: %T", msg))
@@ -235,8 +238,8 @@ func DecodeMasterMessage(m *pb.SessionResponse) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(x.Recover.Names) > MaxRecoverNames {
-			return nil, bad("recover lists %d names", len(x.Recover.Names))
+		if len(x.Recover.Names) > MaxRecoverNames || len(x.Recover.Exclude) > MaxRecoverNames {
+			return nil, bad("recover lists %d names and %d exclusions", len(x.Recover.Names), len(x.Recover.Exclude))
 		}
 		r := Recover{Dead: id, All: x.Recover.All, Token: TokenFromPB(x.Recover.Token)}
 		if r.Token.IsZero() {
@@ -248,6 +251,13 @@ func DecodeMasterMessage(m *pb.SessionResponse) (any, error) {
 				return nil, err
 			}
 			r.Names = append(r.Names, n)
+		}
+		for _, b := range x.Recover.Exclude {
+			n, err := name(b)
+			if err != nil {
+				return nil, err
+			}
+			r.Exclude = append(r.Exclude, n)
 		}
 		return r, nil
 	}

@@ -96,7 +96,8 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	for _, m := range cfg.Members {
 		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
 	}
-	n.grpc = grpc.NewServer()
+	// A clerk's Hello can carry MaxCachedLeases names of up to 1 KiB.
+	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(lock.MaxSessionMsgLen + 1<<20))
 	replacement := false
 	if cfg.Has(RoleMeta) {
 		dir := filepath.Join(cfg.DataDir, "meta")
