@@ -236,6 +236,12 @@ func (s *Subject) Tick(now time.Time) (beacon Packet, send, fenced bool) {
 	}
 	s.sent = append(s.sent, sentBeacon{seq: s.seq, at: now})
 	s.nextBeacon = now.Add(s.cfg.Interval)
+	if s.phase == Joining {
+		// Until a majority acknowledges it, a new incarnation beacons four
+		// times as often: observers may learn of its registration only
+		// after its first beacon, and it should not wait a whole interval.
+		s.nextBeacon = now.Add(s.cfg.Interval / 4)
+	}
 	return Packet{Kind: KindBeacon, Subject: s.id, Incarnation: s.inc, Seq: s.seq}, true, false
 }
 

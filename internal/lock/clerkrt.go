@@ -60,7 +60,7 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 			delete(s.mu.waits, w)
 			granted := w.Granted
 			if !granted {
-				s.execLocked(c.e, c.e.Cancel(s.env(c.e), c.id, w))
+				s.execLocked(c.e, c.e.Cancel(Env{Now: time.Now()}, c.id, w)) // giving up needs no liveness
 			}
 			s.mu.Unlock()
 			if granted {
@@ -85,7 +85,7 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 func (c *ClerkRT) Drop(name string) {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
-	c.s.execLocked(c.e, c.e.Drop(c.s.env(c.e), c.id, name))
+	c.s.execLocked(c.e, c.e.Drop(Env{Now: time.Now()}, c.id, name))
 }
 
 // Held is one granted local hold on a lock.
@@ -154,6 +154,6 @@ func (h *Held) Release() {
 		s := h.c.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.execLocked(h.c.e, h.c.e.Release(s.env(h.c.e), h.c.id, h.w))
+		s.execLocked(h.c.e, h.c.e.Release(Env{Now: time.Now()}, h.c.id, h.w)) // releasing needs no liveness
 	})
 }

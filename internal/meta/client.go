@@ -89,8 +89,8 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 			}
 			if err == nil { // not the leader
 				c.redirect(hint)
-				if hint != "" && attempt%len(c.members) != len(c.members)-1 {
-					continue // follow the hint at once
+				if attempt%len(c.members) != len(c.members)-1 {
+					continue // follow the hint, or try the next member, at once
 				}
 			} else {
 				if s, ok := status.FromError(err); ok && s.Code() == codes.InvalidArgument {
@@ -238,15 +238,18 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 	out := make(chan *pb.Namespace, 1)
 	go func() {
 		defer close(out)
+		wait := time.Duration(0)
 		for ctx.Err() == nil {
 			addr := c.target()
 			cl, err := c.conn(addr)
+			healthy := false // the stream delivered something before it broke
 			if err == nil {
 				var st grpc.ServerStreamingClient[pb.WatchResponse]
 				st, err = cl.Watch(ctx, &pb.WatchRequest{Namespace: name, AfterVersion: after})
 				for err == nil {
 					var r *pb.WatchResponse
 					if r, err = st.Recv(); err == nil && r.Namespace.GetVersion() > after {
+						healthy = true
 						after = r.Namespace.Version
 						c.mu.Lock()
 						c.mu.hints[name] = r.Namespace
@@ -260,9 +263,20 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 				}
 			}
 			c.redirect("")
+			// A stream that worked and broke (its member died or was cut
+			// off) moves to the next member at once; members that fail to
+			// serve are retried with a growing pause.
+			switch {
+			case healthy:
+				wait = 0
+			case wait == 0:
+				wait = 20 * time.Millisecond
+			default:
+				wait = min(2*wait, time.Second)
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(wait):
 			}
 		}
 	}()
