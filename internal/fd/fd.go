@@ -174,8 +174,10 @@ func NewSubject(cfg Config, id NodeID, inc Incarnation, now time.Time) *Subject 
 	for _, o := range cfg.Observers {
 		s.obs[o] = true
 	}
-	// Keep enough sent beacons to match any echo that could still matter.
-	s.sent = make([]sentBeacon, 0, int(cfg.GracePeriod/cfg.Interval)+4)
+	// Keep enough sent beacons to match any echo that could still matter
+	// (an echo of a beacon sent more than SelfGrace ago moves nothing), at
+	// the joining rate of four per interval.
+	s.sent = make([]sentBeacon, 0, 4*int(cfg.GracePeriod/cfg.Interval)+4)
 	return s
 }
 
@@ -301,11 +303,35 @@ func (s *Subject) Echo(now time.Time, p Packet) error {
 
 // member is what an observer knows of one registered node.
 type member struct {
-	inc       Incarnation // the incarnation registered in the config service
-	learned   time.Time   // local time this observer learned of inc
-	heard     bool        // a beacon of inc has been received
-	lastHeard time.Time   // local receipt time of the newest beacon of inc
-	maxSeq    uint64      // newest beacon sequence number heard from inc
+	inc     Incarnation // the incarnation registered in the config service
+	learned time.Time   // local time this observer learned of inc
+	// history holds the last registrations learned (incarnation and
+	// when), inc's included: an older incarnation i stopped being echoed
+	// when the first registration newer than i was learned.
+	history   []learnedReg
+	heard     bool      // a beacon of inc has been received
+	lastHeard time.Time // local receipt time of the newest beacon of inc
+	maxSeq    uint64    // newest beacon sequence number heard from inc
+}
+
+type learnedReg struct {
+	inc Incarnation
+	at  time.Time
+}
+
+// maxHistory bounds member.history; for an incarnation older than every
+// entry, the oldest entry's time is used (later than the truth: safe).
+const maxHistory = 8
+
+// stoppedEchoing is when this observer stopped echoing incarnation i (older
+// than the registered one).
+func (m *member) stoppedEchoing(i Incarnation) time.Time {
+	for _, h := range m.history {
+		if h.inc > i {
+			return h.at
+		}
+	}
+	return m.learned
 }
 
 // Verdict is one observer's answer about one node incarnation.
@@ -395,7 +421,15 @@ func (o *Observer) SetRegistered(now time.Time, regs map[NodeID]Incarnation) {
 			continue
 		}
 		if m := o.members[n]; m == nil || inc > m.inc {
-			o.members[n] = &member{inc: inc, learned: now}
+			nm := &member{inc: inc, learned: now}
+			if m != nil {
+				nm.history = append(nm.history, m.history...)
+			}
+			nm.history = append(nm.history, learnedReg{inc, now})
+			if len(nm.history) > maxHistory {
+				nm.history = nm.history[len(nm.history)-maxHistory:]
+			}
+			o.members[n] = nm
 		}
 	}
 }
@@ -479,10 +513,10 @@ func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verd
 	case inc < m.inc:
 		// Superseded: the config service has a newer incarnation, so this
 		// life is over; but say so only once this observer cannot have
-		// echoed it for GracePeriod (it stopped when it learned of the newer
-		// one). Were a second process running the node id elsewhere, the
+		// echoed it for GracePeriod (it stopped when it learned of the first
+		// newer one; later registrations do not move that). Were a second process running the node id elsewhere, the
 		// old one still alive, the invariant would otherwise break.
-		if now.Sub(m.learned) > o.grace {
+		if now.Sub(m.stoppedEchoing(inc)) > o.grace {
 			return VerdictDead
 		}
 		return VerdictAlive

@@ -227,3 +227,45 @@ func TestObserverNewIncarnationGraceAndGate(t *testing.T) {
 		t.Fatalf("a silent incarnation: %v", v)
 	}
 }
+
+// Found by review: a node restarting once per GracePeriod must not keep its
+// older incarnations "alive" forever: an older incarnation is timed from
+// when the first registration newer than it was learned.
+func TestSupersededTimedFromFirstNewer(t *testing.T) {
+	now := simNow()
+	o := NewObserver(1, DefaultGracePeriod, now, nil)
+	o.SetRegistered(now, map[NodeID]Incarnation{2: 1})
+	step := DefaultGracePeriod * 9 / 10
+	for i := 2; i <= 5; i++ {
+		now = now.Add(step)
+		o.SetRegistered(now, map[NodeID]Incarnation{2: Incarnation(i)})
+	}
+	// Incarnation 1 stopped being echoed when 2 was learned, 3.6 s ago.
+	if v := o.Query(now, now, 2, 1); v != VerdictDead {
+		t.Fatalf("incarnation 1, long superseded: %v", v)
+	}
+	if v := o.Query(now, now, 2, 4); v != VerdictAlive {
+		t.Fatalf("incarnation 4, superseded just now: %v", v)
+	}
+}
+
+// Found by review: at the joining rate, an echo that takes up to SelfGrace
+// must still match a beacon in the subject's window.
+func TestJoiningEchoWindow(t *testing.T) {
+	cfg := Config{Interval: DefaultInterval, GracePeriod: DefaultGracePeriod, MaxDrift: DefaultMaxDrift, Observers: []NodeID{1, 2, 3}}
+	now := simNow()
+	s := NewSubject(cfg, 1, 1, now)
+	first, _, _ := s.Tick(now)
+	for t := now; t.Before(now.Add(700 * time.Millisecond)); t = t.Add(DefaultInterval / 8) {
+		s.Tick(t)
+	}
+	at := now.Add(700 * time.Millisecond) // a 700 ms round trip
+	for _, o := range []NodeID{1, 2} {
+		if err := s.Echo(at, Packet{Kind: KindEcho, Subject: 1, Incarnation: 1, Seq: first.Seq, Observer: o}); err != nil {
+			t.Fatalf("echo of the first beacon after 700 ms: %v", err)
+		}
+	}
+	if !s.Alive(at) {
+		t.Fatal("not alive after a majority echoed")
+	}
+}

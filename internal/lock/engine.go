@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/meta"
 )
 
 // Env is what every Engine input carries: the node's local time and whether
@@ -779,6 +780,7 @@ type masterRun struct {
 	query    uint64 // the suspects query in flight
 	suspects []ClerkID
 	asked    []Subject // the query's subjects (suspects' node incarnations)
+	rotate   int       // where the next capped round of suspects starts
 	lastTick time.Time
 }
 
@@ -918,6 +920,12 @@ func (e *Engine) decreeDone(env Env, version uint64, err error) []any {
 	if errors.Is(err, errSuperseded) {
 		return e.halt("a newer master took over")
 	}
+	if errors.Is(err, meta.ErrBadDecree) {
+		// It can never commit, and everything queued behind it would wait
+		// forever: stop; a successor recovers from what is recorded.
+		return append([]any{Note{levelError, "lock master: a config write was refused as malformed", []any{"err", err}}},
+			e.halt("a config write can never commit")...)
+	}
 	if err != nil {
 		m.fails++
 		m.retryAt = env.Now.Add(backoff(m.fails))
@@ -963,30 +971,44 @@ func (e *Engine) masterTick(env Env) []any {
 		return out
 	}
 	m.lastTick = env.Now
-	m.suspects = m.core.Tick()
+	all := m.core.Tick()
 	out = append(out, e.masterOut(env, m.core.Pending())...)
-	if e.m != m || len(m.suspects) == 0 {
+	if e.m != m || len(all) == 0 {
 		return out
 	}
-	if len(m.suspects) > MaxSuspects {
-		m.suspects = m.suspects[:MaxSuspects] // the rest next tick
-	}
-	// One question per node incarnation, however many clerks it has.
-	m.query = e.id()
-	q := QueryFD{ID: m.query}
+	// One question per node incarnation, however many clerks it has; at
+	// most MaxSuspects per tick, starting where the last tick stopped, so
+	// that suspects that never die cannot starve the others.
+	var subjects []Subject
 	seen := map[Subject]bool{}
-	for _, c := range m.suspects {
+	for _, c := range all {
 		if x := (Subject{c.Node, c.Inc}); !seen[x] {
 			seen[x] = true
-			q.Subjects = append(q.Subjects, x)
+			subjects = append(subjects, x)
 		}
 	}
-	m.asked = q.Subjects
-	return append(out, q)
+	if len(subjects) > MaxSuspects {
+		start := m.rotate % len(subjects)
+		subjects = append(subjects[start:], subjects[:start]...)[:MaxSuspects]
+		m.rotate += MaxSuspects
+	}
+	chosen := map[Subject]bool{}
+	for _, x := range subjects {
+		chosen[x] = true
+	}
+	m.suspects = m.suspects[:0]
+	for _, c := range all {
+		if chosen[Subject{c.Node, c.Inc}] {
+			m.suspects = append(m.suspects, c)
+		}
+	}
+	m.query = e.id()
+	m.asked = subjects
+	return append(out, QueryFD{ID: m.query, Subjects: subjects})
 }
 
-// MaxSuspects bounds the clerks a master asks about per tick (and so the
-// verdicts, and the decrees they cause, per tick).
+// MaxSuspects bounds the node incarnations a master asks about per tick (and
+// so the verdicts, and the decrees they cause, per tick).
 const MaxSuspects = 512
 
 func (e *Engine) verdicts(env Env, dead []bool, err error) []any {

@@ -5,6 +5,15 @@ import (
 	"sort"
 )
 
+// Bounds on recovery messages and records: a recovery record is one
+// config-service value (64 KiB, meta.MaxValueLen); a Recover message carries
+// its exclusions within a clerk's receive limit.
+const (
+	MaxRecordBytes  = 60 << 10
+	MaxRecoverNames = 16384
+	MaxRecoverBytes = 16 << 20
+)
+
 // RevokePatience is how many master ticks a revocation may go unanswered
 // before the master asks the failure detector about the clerk.
 const RevokePatience = 4
@@ -126,6 +135,8 @@ type recovery struct {
 	// tick (no spinning on a clerk that always fails).
 	failed *ClerkID
 	wait   bool
+	// reported: an anomaly about it was emitted (once is enough).
+	reported bool
 }
 
 // NewMaster starts epoch e with the clerk list and the recovery records read
@@ -449,8 +460,16 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	case len(c.held) > 0:
 		// Leases stay held until recovery has run on a live clerk of its kind.
 		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, Held: map[string]Mode{}}
+		size := 0
 		for name, mode := range c.held {
 			r.Held[name] = mode
+			size += len(name) + 8
+		}
+		if size > MaxRecordBytes {
+			// Too big for one config-service value: record "all" (the
+			// leases stay held, as the table still says; recovery covers
+			// everything of the kind).
+			r = RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true}
 		}
 		m.recov[id] = &recovery{rec: r}
 		m.emit(Persist{r})
@@ -540,7 +559,10 @@ func (m *Master) assignRecoveries() {
 			continue
 		}
 		if h, ok := m.conflict(r); ok {
-			m.emit(Anomaly{fmt.Sprintf("recovery of %s not started: live clerk %s holds a conflicting lease on %q", d, h.clerk, h.name)})
+			if !r.reported { // once per obligation: Tick retries every tick
+				r.reported = true
+				m.emit(Anomaly{fmt.Sprintf("recovery of %s not started: live clerk %s holds a conflicting lease on %q", d, h.clerk, h.name)})
+			}
 			continue
 		}
 		var best, fallback *ClerkID
@@ -563,31 +585,45 @@ func (m *Master) assignRecoveries() {
 		if best == nil {
 			continue
 		}
-		r.assigned, r.token = best, m.nextToken()
-		req := Recover{Dead: d, Names: r.rec.Names(), All: r.rec.All, Token: r.token}
+		req := Recover{Dead: d, Names: r.rec.Names(), All: r.rec.All}
 		if r.rec.All {
-			req.Exclude = m.liveNames(d)
+			var ok bool
+			if req.Exclude, ok = m.excluded(d, r.rec.Kind); !ok {
+				if !r.reported {
+					r.reported = true
+					m.emit(Anomaly{fmt.Sprintf("recovery of %s (all) not started: clerks of kind %q hold %d names, more than one message carries", d, r.rec.Kind, len(req.Exclude))})
+				}
+				continue
+			}
 		}
+		r.assigned, r.token = best, m.nextToken()
+		req.Token = r.token
 		m.emit(Send{*best, req})
 	}
 }
 
-// liveNames lists the names live clerks hold: an "all" recovery must not
-// touch them (the dead clerk cannot have held them in a conflicting mode,
-// and the run's token, newer than the live holders', would fence their
-// writes out).
-func (m *Master) liveNames(dead ClerkID) []string {
-	var out []string
+// excluded lists the names an "all" recovery of dead must not touch: those
+// held by any other clerk of its kind, live or dead (a live holder's work, or
+// another dead clerk's pending recovery; the dead clerk cannot have held them
+// in a conflicting mode, and the run's newer token would fence the others'
+// writes out). A recovery of kind K touches only names clerks of kind K lock
+// (names are the kind's namespace). ok is false if they are too many for one
+// message.
+func (m *Master) excluded(dead ClerkID, kind string) (names []string, ok bool) {
 	for name, l := range m.locks {
 		for h := range l.holders {
-			if c := m.clerks[h]; h != dead && c != nil && !c.dead {
-				out = append(out, name)
+			if c := m.clerks[h]; h != dead && c != nil && c.info.Kind == kind {
+				names = append(names, name)
 				break
 			}
 		}
 	}
-	sort.Strings(out)
-	return out
+	sort.Strings(names)
+	size := 0
+	for _, n := range names {
+		size += len(n) + 8
+	}
+	return names, len(names) <= MaxRecoverNames && size <= MaxRecoverBytes
 }
 
 type holding struct {

@@ -13,7 +13,6 @@ import (
 // Limits on session messages, beyond MaxNameLen.
 const (
 	MaxHelloLeases   = MaxCachedLeases // leases one clerk may report holding or wanting
-	MaxRecoverNames  = 1 << 16
 	MaxKindLen       = 64
 	MaxSessionMsgLen = 32 << 20 // a Hello of MaxCachedLeases leases of MaxNameLen bytes fits
 )

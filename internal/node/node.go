@@ -23,6 +23,7 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // Node is one running Grove server.
@@ -97,7 +98,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
 	}
 	// A clerk's Hello can carry MaxCachedLeases names of up to 1 KiB.
-	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(lock.MaxSessionMsgLen + 1<<20))
+	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(transport.MaxMessage))
 	replacement := false
 	if cfg.Has(RoleMeta) {
 		dir := filepath.Join(cfg.DataDir, "meta")

@@ -24,6 +24,10 @@ var ConnectParams = grpc.ConnectParams{
 	MinConnectTimeout: time.Second,
 }
 
+// MaxMessage is the largest message a cluster node receives (a clerk's
+// Hello, a recovery's exclusions): 33 MiB. Servers set the same limit.
+const MaxMessage = 33 << 20
+
 // Pool keeps one client connection per address. Safe for concurrent use.
 // The zero value is ready to use.
 type Pool struct {
@@ -40,7 +44,8 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 	if c := p.conns[addr]; c != nil {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(ConnectParams))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(ConnectParams),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)))
 	if err != nil {
 		return nil, err
 	}
