@@ -230,11 +230,17 @@ func TestEndToEndWipedMember(t *testing.T) {
 	if err := json.Unmarshal([]byte(run("member", "list", "--json", "--addr", u.Gateway)), &ms); err != nil || len(ms) != 3 {
 		t.Fatalf("member list after add: %v %v", ms, err)
 	}
-	n, took, err := u.WaitNode(ctx, victim, 50*time.Millisecond, func(n *pb.NodeStatus) bool {
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	n, took, err := u.WaitNode(wctx, victim, 50*time.Millisecond, func(n *pb.NodeStatus) bool {
 		return n.Alive && n.Incarnation > before.Incarnation && int(n.ObserversHeard) > u.Observers/2
 	})
 	if err != nil {
-		t.Fatal(err)
+		lg, _ := os.ReadFile(filepath.Join(dir, "grove.log"))
+		if len(lg) > 4000 {
+			lg = lg[len(lg)-4000:]
+		}
+		t.Fatalf("%v\nnode %d's log, tail:\n%s", err, victim, lg)
 	}
 	t.Logf("wiped member back as incarnation %d (was %d) in %v", n.Incarnation, before.Incarnation, took)
 }

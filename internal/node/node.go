@@ -184,19 +184,36 @@ func confirmNotVoter(cfg *Config, members []meta.Member, timeout time.Duration) 
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Members(ctx)
-	if err != nil {
-		return fmt.Errorf("node %d: this config-service member has no raft state and no other member answered to confirm it may join (%v); "+
-			"if this is a brand-new cluster, start every member with --bootstrap (grove up does)", cfg.ID, err)
-	}
-	for _, m := range r.Members {
-		if m.Id == cfg.ID {
+	// A removal just made may not have reached the member that answers:
+	// look again for a few seconds before refusing.
+	listed := time.Time{}
+	for {
+		r, err := c.Members(ctx)
+		if err != nil {
+			return fmt.Errorf("node %d: this config-service member has no raft state and no other member answered to confirm it may join (%v); "+
+				"if this is a brand-new cluster, start every member with --bootstrap (grove up does)", cfg.ID, err)
+		}
+		found := false
+		for _, m := range r.Members {
+			found = found || m.Id == cfg.ID
+		}
+		if !found {
+			return nil
+		}
+		if listed.IsZero() {
+			listed = time.Now()
+		}
+		if time.Since(listed) > 5*time.Second {
 			return fmt.Errorf("node %d: this config-service member has no raft state, but the cluster still lists it as a voter (it lost its data?). "+
 				"A voter that forgot its vote could elect a second leader, so it will not start: run `grove member remove %d` against the cluster, "+
 				"start this node again, then `grove member add %d`", cfg.ID, cfg.ID, cfg.ID)
 		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %d: the cluster still lists this member without raft state: %w", cfg.ID, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	return nil
 }
 
 func observerAddrs(cfg *Config) map[fd.NodeID]string {
