@@ -158,17 +158,7 @@ func lockList(t *testing.T, bin, addr string) LockListJSON {
 // restarted and the lock master's node is killed: a standby takes over and
 // `grove lock list` agrees that W holds the lock.
 func TestEndToEndLock(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	bin := buildGrove(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	u, err := bench.StartUp(ctx, bin, t.TempDir(), 8000, testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	bin, u, ctx := startCluster(t, 8000)
 	l := waitLockServing(t, bin, u.Gateway, 3)
 	master := l.Master
 	var others []uint64
@@ -265,17 +255,7 @@ func TestEndToEndLock(t *testing.T) {
 // the lock; when the node resumes it finds itself dead, fences (its holder is
 // told the lease is lost) and comes back with a higher incarnation.
 func TestEndToEndPauseFences(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	bin := buildGrove(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	u, err := bench.StartUp(ctx, bin, t.TempDir(), 8100, testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	bin, u, ctx := startCluster(t, 8100)
 	l := waitLockServing(t, bin, u.Gateway, 3)
 	r, err := u.Status(ctx)
 	if err != nil {

@@ -31,17 +31,7 @@ func buildGrove(t *testing.T) string {
 // with a higher incarnation. Then the same for the config-service leader's
 // node, which also forces a raft election.
 func TestEndToEndKillRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	bin := buildGrove(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	u, err := bench.StartUp(ctx, bin, t.TempDir(), 7800, testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	_, u, ctx := startCluster(t, 7800)
 	if len(u.Nodes) != 3 {
 		t.Fatalf("grove up printed %d node lines, want 3", len(u.Nodes))
 	}
@@ -170,17 +160,7 @@ func TestUpRestartSameCluster(t *testing.T) {
 // brings it back, and it comes back with an incarnation above every one the
 // cluster registered for it (not 1 again).
 func TestEndToEndWipedMember(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	bin := buildGrove(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	u, err := bench.StartUp(ctx, bin, t.TempDir(), 8100, testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	bin, u, ctx := startCluster(t, 8200)
 	const victim = 3
 	before, _, err := u.WaitNode(ctx, victim, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive })
 	if err != nil {

@@ -424,6 +424,3 @@ func (e *Engine) Views(now time.Time) []View {
 	}
 	return e.obs.Views(now)
 }
-
-// Observer exposes the observer core (nil if not observing), for tests.
-func (e *Engine) Observer() *Observer { return e.obs }

@@ -114,9 +114,6 @@ func (c *Clerk) Lease(name string) (Mode, Token) {
 	return None, Token{}
 }
 
-// Names lists the locks the clerk has state for (held, wanted or waited on).
-func (c *Clerk) Names() []string { return sortedKeys(c.leases) }
-
 func (c *Clerk) lease(name string) *lease {
 	l := c.leases[name]
 	if l == nil {

@@ -52,7 +52,7 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 	if m, err := s.client.Members(ctx); err == nil {
 		out.Leader, out.Members = m.LeaderId, m.Members
 	}
-	dead, heard, answered := s.query(ctx, nodes)
+	dead, heard, answered := s.Query(ctx, nodes)
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
 			Id: n.Id, Incarnation: n.Incarnation, Roles: n.Roles, GrpcAddr: n.GrpcAddr, BeaconAddr: n.BeaconAddr,
@@ -64,14 +64,9 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 }
 
 // Query asks every observer about the registered incarnation of each node
-// and returns, per node, how many observers said dead, and how many
-// observers answered at all.
-func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead []int, answered int) {
-	dead, _, answered = s.query(ctx, nodes)
-	return dead, answered
-}
-
-func (s *StatusService) query(ctx context.Context, nodes []*pb.Node) (dead, heard []int, answered int) {
+// and returns, per node, how many observers said dead and how many hear it,
+// and how many observers answered at all.
+func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead, heard []int, answered int) {
 	req := &pb.QueryRequest{}
 	for _, n := range nodes {
 		req.Subjects = append(req.Subjects, &pb.Subject{Node: n.Id, Incarnation: n.Incarnation})
@@ -118,7 +113,7 @@ func (s *StatusService) Dead(ctx context.Context, subjects []lock.Subject) ([]bo
 	for i, x := range subjects {
 		nodes[i] = &pb.Node{Id: x.Node, Incarnation: x.Inc}
 	}
-	dead, answered := s.Query(ctx, nodes)
+	dead, _, answered := s.Query(ctx, nodes)
 	if answered == 0 {
 		return nil, errors.New("no observer answered")
 	}
