@@ -119,7 +119,7 @@ func (x HoldResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HoldResponse_Kind.Descriptor instead.
 func (HoldResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{20, 0}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{21, 0}
 }
 
 type ClerkId struct {
@@ -668,6 +668,7 @@ type SessionRequest struct {
 	//	*SessionRequest_Acquire
 	//	*SessionRequest_Release
 	//	*SessionRequest_RecoveryDone
+	//	*SessionRequest_Goodbye
 	Msg           isSessionRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -746,6 +747,15 @@ func (x *SessionRequest) GetRecoveryDone() *LockRecoveryDone {
 	return nil
 }
 
+func (x *SessionRequest) GetGoodbye() *LockGoodbye {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_Goodbye); ok {
+			return x.Goodbye
+		}
+	}
+	return nil
+}
+
 type isSessionRequest_Msg interface {
 	isSessionRequest_Msg()
 }
@@ -766,6 +776,10 @@ type SessionRequest_RecoveryDone struct {
 	RecoveryDone *LockRecoveryDone `protobuf:"bytes,4,opt,name=recovery_done,json=recoveryDone,proto3,oneof"`
 }
 
+type SessionRequest_Goodbye struct {
+	Goodbye *LockGoodbye `protobuf:"bytes,5,opt,name=goodbye,proto3,oneof"`
+}
+
 func (*SessionRequest_Hello) isSessionRequest_Msg() {}
 
 func (*SessionRequest_Acquire) isSessionRequest_Msg() {}
@@ -773,6 +787,46 @@ func (*SessionRequest_Acquire) isSessionRequest_Msg() {}
 func (*SessionRequest_Release) isSessionRequest_Msg() {}
 
 func (*SessionRequest_RecoveryDone) isSessionRequest_Msg() {}
+
+func (*SessionRequest_Goodbye) isSessionRequest_Msg() {}
+
+// A clerk leaves the lock service: it holds nothing and wants nothing any
+// more; the master frees what it held and removes its record.
+type LockGoodbye struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockGoodbye) Reset() {
+	*x = LockGoodbye{}
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockGoodbye) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockGoodbye) ProtoMessage() {}
+
+func (x *LockGoodbye) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockGoodbye.ProtoReflect.Descriptor instead.
+func (*LockGoodbye) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+}
 
 type LockWelcome struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -783,7 +837,7 @@ type LockWelcome struct {
 
 func (x *LockWelcome) Reset() {
 	*x = LockWelcome{}
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +849,7 @@ func (x *LockWelcome) String() string {
 func (*LockWelcome) ProtoMessage() {}
 
 func (x *LockWelcome) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +862,7 @@ func (x *LockWelcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWelcome.ProtoReflect.Descriptor instead.
 func (*LockWelcome) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LockWelcome) GetEpoch() uint64 {
@@ -828,7 +882,7 @@ type LockReject struct {
 
 func (x *LockReject) Reset() {
 	*x = LockReject{}
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +894,7 @@ func (x *LockReject) String() string {
 func (*LockReject) ProtoMessage() {}
 
 func (x *LockReject) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +907,7 @@ func (x *LockReject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReject.ProtoReflect.Descriptor instead.
 func (*LockReject) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LockReject) GetReason() string {
@@ -881,7 +935,7 @@ type LockGrant struct {
 
 func (x *LockGrant) Reset() {
 	*x = LockGrant{}
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +947,7 @@ func (x *LockGrant) String() string {
 func (*LockGrant) ProtoMessage() {}
 
 func (x *LockGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +960,7 @@ func (x *LockGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGrant.ProtoReflect.Descriptor instead.
 func (*LockGrant) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LockGrant) GetName() []byte {
@@ -940,7 +994,7 @@ type LockRevoke struct {
 
 func (x *LockRevoke) Reset() {
 	*x = LockRevoke{}
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1006,7 @@ func (x *LockRevoke) String() string {
 func (*LockRevoke) ProtoMessage() {}
 
 func (x *LockRevoke) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1019,7 @@ func (x *LockRevoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRevoke.ProtoReflect.Descriptor instead.
 func (*LockRevoke) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LockRevoke) GetName() []byte {
@@ -995,7 +1049,7 @@ type LockRecover struct {
 
 func (x *LockRecover) Reset() {
 	*x = LockRecover{}
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1061,7 @@ func (x *LockRecover) String() string {
 func (*LockRecover) ProtoMessage() {}
 
 func (x *LockRecover) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1074,7 @@ func (x *LockRecover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecover.ProtoReflect.Descriptor instead.
 func (*LockRecover) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LockRecover) GetDead() *ClerkId {
@@ -1075,7 +1129,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1141,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1154,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -1202,7 +1256,7 @@ type LockMasterRecord struct {
 
 func (x *LockMasterRecord) Reset() {
 	*x = LockMasterRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1268,7 @@ func (x *LockMasterRecord) String() string {
 func (*LockMasterRecord) ProtoMessage() {}
 
 func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1281,7 @@ func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockMasterRecord.ProtoReflect.Descriptor instead.
 func (*LockMasterRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LockMasterRecord) GetNode() uint64 {
@@ -1268,7 +1322,7 @@ type LockClerkRecord struct {
 
 func (x *LockClerkRecord) Reset() {
 	*x = LockClerkRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1334,7 @@ func (x *LockClerkRecord) String() string {
 func (*LockClerkRecord) ProtoMessage() {}
 
 func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1347,7 @@ func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockClerkRecord.ProtoReflect.Descriptor instead.
 func (*LockClerkRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LockClerkRecord) GetId() *ClerkId {
@@ -1323,7 +1377,7 @@ type LockRecoveryRecord struct {
 
 func (x *LockRecoveryRecord) Reset() {
 	*x = LockRecoveryRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1389,7 @@ func (x *LockRecoveryRecord) String() string {
 func (*LockRecoveryRecord) ProtoMessage() {}
 
 func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1402,7 @@ func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecoveryRecord.ProtoReflect.Descriptor instead.
 func (*LockRecoveryRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LockRecoveryRecord) GetDead() *ClerkId {
@@ -1398,7 +1452,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1464,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1477,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HoldRequest) GetName() []byte {
@@ -1459,7 +1513,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1525,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1538,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HoldResponse) GetKind() HoldResponse_Kind {
@@ -1523,7 +1577,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1589,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1602,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
 }
 
 type LockHolder struct {
@@ -1562,7 +1616,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1628,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1641,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LockHolder) GetClerk() *ClerkId {
@@ -1622,7 +1676,7 @@ type LockEntry struct {
 
 func (x *LockEntry) Reset() {
 	*x = LockEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1688,7 @@ func (x *LockEntry) String() string {
 func (*LockEntry) ProtoMessage() {}
 
 func (x *LockEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1701,7 @@ func (x *LockEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockEntry.ProtoReflect.Descriptor instead.
 func (*LockEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LockEntry) GetName() []byte {
@@ -1684,7 +1738,7 @@ type ClerkEntry struct {
 
 func (x *ClerkEntry) Reset() {
 	*x = ClerkEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1750,7 @@ func (x *ClerkEntry) String() string {
 func (*ClerkEntry) ProtoMessage() {}
 
 func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1763,7 @@ func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClerkEntry.ProtoReflect.Descriptor instead.
 func (*ClerkEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ClerkEntry) GetId() *ClerkId {
@@ -1760,7 +1814,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1826,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1839,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListResponse) GetMaster() *LockMasterRecord {
@@ -1864,13 +1918,15 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x10LockRecoveryDone\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12%\n" +
-	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xed\x01\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xa0\x02\n" +
 	"\x0eSessionRequest\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.grove.v1.LockHelloH\x00R\x05hello\x121\n" +
 	"\aacquire\x18\x02 \x01(\v2\x15.grove.v1.LockAcquireH\x00R\aacquire\x121\n" +
 	"\arelease\x18\x03 \x01(\v2\x15.grove.v1.LockReleaseH\x00R\arelease\x12A\n" +
-	"\rrecovery_done\x18\x04 \x01(\v2\x1a.grove.v1.LockRecoveryDoneH\x00R\frecoveryDoneB\x05\n" +
-	"\x03msg\"#\n" +
+	"\rrecovery_done\x18\x04 \x01(\v2\x1a.grove.v1.LockRecoveryDoneH\x00R\frecoveryDone\x121\n" +
+	"\agoodbye\x18\x05 \x01(\v2\x15.grove.v1.LockGoodbyeH\x00R\agoodbyeB\x05\n" +
+	"\x03msg\"\r\n" +
+	"\vLockGoodbye\"#\n" +
 	"\vLockWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"8\n" +
 	"\n" +
@@ -1973,7 +2029,7 @@ func file_grovepb_lock_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_grovepb_lock_proto_goTypes = []any{
 	(LockMode)(0),              // 0: grove.v1.LockMode
 	(HoldResponse_Kind)(0),     // 1: grove.v1.HoldResponse.Kind
@@ -1987,22 +2043,23 @@ var file_grovepb_lock_proto_goTypes = []any{
 	(*LockRelease)(nil),        // 9: grove.v1.LockRelease
 	(*LockRecoveryDone)(nil),   // 10: grove.v1.LockRecoveryDone
 	(*SessionRequest)(nil),     // 11: grove.v1.SessionRequest
-	(*LockWelcome)(nil),        // 12: grove.v1.LockWelcome
-	(*LockReject)(nil),         // 13: grove.v1.LockReject
-	(*LockGrant)(nil),          // 14: grove.v1.LockGrant
-	(*LockRevoke)(nil),         // 15: grove.v1.LockRevoke
-	(*LockRecover)(nil),        // 16: grove.v1.LockRecover
-	(*SessionResponse)(nil),    // 17: grove.v1.SessionResponse
-	(*LockMasterRecord)(nil),   // 18: grove.v1.LockMasterRecord
-	(*LockClerkRecord)(nil),    // 19: grove.v1.LockClerkRecord
-	(*LockRecoveryRecord)(nil), // 20: grove.v1.LockRecoveryRecord
-	(*HoldRequest)(nil),        // 21: grove.v1.HoldRequest
-	(*HoldResponse)(nil),       // 22: grove.v1.HoldResponse
-	(*ListRequest)(nil),        // 23: grove.v1.ListRequest
-	(*LockHolder)(nil),         // 24: grove.v1.LockHolder
-	(*LockEntry)(nil),          // 25: grove.v1.LockEntry
-	(*ClerkEntry)(nil),         // 26: grove.v1.ClerkEntry
-	(*ListResponse)(nil),       // 27: grove.v1.ListResponse
+	(*LockGoodbye)(nil),        // 12: grove.v1.LockGoodbye
+	(*LockWelcome)(nil),        // 13: grove.v1.LockWelcome
+	(*LockReject)(nil),         // 14: grove.v1.LockReject
+	(*LockGrant)(nil),          // 15: grove.v1.LockGrant
+	(*LockRevoke)(nil),         // 16: grove.v1.LockRevoke
+	(*LockRecover)(nil),        // 17: grove.v1.LockRecover
+	(*SessionResponse)(nil),    // 18: grove.v1.SessionResponse
+	(*LockMasterRecord)(nil),   // 19: grove.v1.LockMasterRecord
+	(*LockClerkRecord)(nil),    // 20: grove.v1.LockClerkRecord
+	(*LockRecoveryRecord)(nil), // 21: grove.v1.LockRecoveryRecord
+	(*HoldRequest)(nil),        // 22: grove.v1.HoldRequest
+	(*HoldResponse)(nil),       // 23: grove.v1.HoldResponse
+	(*ListRequest)(nil),        // 24: grove.v1.ListRequest
+	(*LockHolder)(nil),         // 25: grove.v1.LockHolder
+	(*LockEntry)(nil),          // 26: grove.v1.LockEntry
+	(*ClerkEntry)(nil),         // 27: grove.v1.ClerkEntry
+	(*ListResponse)(nil),       // 28: grove.v1.ListResponse
 }
 var file_grovepb_lock_proto_depIdxs = []int32{
 	0,  // 0: grove.v1.HeldLease.mode:type_name -> grove.v1.LockMode
@@ -2023,44 +2080,45 @@ var file_grovepb_lock_proto_depIdxs = []int32{
 	8,  // 15: grove.v1.SessionRequest.acquire:type_name -> grove.v1.LockAcquire
 	9,  // 16: grove.v1.SessionRequest.release:type_name -> grove.v1.LockRelease
 	10, // 17: grove.v1.SessionRequest.recovery_done:type_name -> grove.v1.LockRecoveryDone
-	0,  // 18: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
-	3,  // 19: grove.v1.LockGrant.token:type_name -> grove.v1.Token
-	0,  // 20: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
-	2,  // 21: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
-	3,  // 22: grove.v1.LockRecover.token:type_name -> grove.v1.Token
-	12, // 23: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
-	13, // 24: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
-	14, // 25: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
-	15, // 26: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
-	16, // 27: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
-	2,  // 28: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
-	2,  // 29: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
-	4,  // 30: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
-	0,  // 31: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
-	1,  // 32: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
-	2,  // 33: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
-	3,  // 34: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
-	2,  // 35: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
-	0,  // 36: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
-	3,  // 37: grove.v1.LockHolder.token:type_name -> grove.v1.Token
-	24, // 38: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
-	2,  // 39: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
-	2,  // 40: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
-	18, // 41: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
-	25, // 42: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
-	26, // 43: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
-	20, // 44: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
-	11, // 45: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
-	23, // 46: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
-	21, // 47: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
-	17, // 48: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
-	27, // 49: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
-	22, // 50: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
-	48, // [48:51] is the sub-list for method output_type
-	45, // [45:48] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	12, // 18: grove.v1.SessionRequest.goodbye:type_name -> grove.v1.LockGoodbye
+	0,  // 19: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
+	3,  // 20: grove.v1.LockGrant.token:type_name -> grove.v1.Token
+	0,  // 21: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
+	2,  // 22: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
+	3,  // 23: grove.v1.LockRecover.token:type_name -> grove.v1.Token
+	13, // 24: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
+	14, // 25: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
+	15, // 26: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
+	16, // 27: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
+	17, // 28: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
+	2,  // 29: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
+	2,  // 30: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
+	4,  // 31: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
+	0,  // 32: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
+	1,  // 33: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
+	2,  // 34: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
+	3,  // 35: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
+	2,  // 36: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
+	0,  // 37: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
+	3,  // 38: grove.v1.LockHolder.token:type_name -> grove.v1.Token
+	25, // 39: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
+	2,  // 40: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
+	2,  // 41: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
+	19, // 42: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
+	26, // 43: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
+	27, // 44: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
+	21, // 45: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
+	11, // 46: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
+	24, // 47: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
+	22, // 48: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
+	18, // 49: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
+	28, // 50: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
+	23, // 51: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
+	49, // [49:52] is the sub-list for method output_type
+	46, // [46:49] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_lock_proto_init() }
@@ -2073,8 +2131,9 @@ func file_grovepb_lock_proto_init() {
 		(*SessionRequest_Acquire)(nil),
 		(*SessionRequest_Release)(nil),
 		(*SessionRequest_RecoveryDone)(nil),
+		(*SessionRequest_Goodbye)(nil),
 	}
-	file_grovepb_lock_proto_msgTypes[15].OneofWrappers = []any{
+	file_grovepb_lock_proto_msgTypes[16].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Reject)(nil),
 		(*SessionResponse_Grant)(nil),
@@ -2087,7 +2146,7 @@ func file_grovepb_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_lock_proto_rawDesc), len(file_grovepb_lock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -656,9 +656,17 @@ func (x *WatchRequest) GetAfterVersion() uint64 {
 	return 0
 }
 
+// A watch sends the whole namespace first (or when the replica no longer
+// has the decrees since the watcher's version), then only the ops of each
+// new decree; and, while nothing changes, a progress message every
+// heartbeat so that a watcher notices a silent or isolated replica.
 type WatchResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     *Namespace             `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace     *Namespace             `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`                         // the whole namespace at namespace.version, or unset
+	BaseVersion   uint64                 `protobuf:"varint,2,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"` // ops apply on top of this version...
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`                            // ...and give this one (base_version + decrees)
+	Ops           []*Op                  `protobuf:"bytes,4,rep,name=ops,proto3" json:"ops,omitempty"`                                     // the ops of decrees base_version+1..version, in order
+	Progress      bool                   `protobuf:"varint,5,opt,name=progress,proto3" json:"progress,omitempty"`                          // nothing new: the replica is in contact with the leader at version
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -698,6 +706,34 @@ func (x *WatchResponse) GetNamespace() *Namespace {
 		return x.Namespace
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetBaseVersion() uint64 {
+	if x != nil {
+		return x.BaseVersion
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetOps() []*Op {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
 }
 
 type Member struct {
@@ -1060,9 +1096,13 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\tnamespace\x18\x04 \x01(\v2\x13.grove.v1.NamespaceR\tnamespace\"Q\n" +
 	"\fWatchRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12#\n" +
-	"\rafter_version\x18\x02 \x01(\x04R\fafterVersion\"B\n" +
+	"\rafter_version\x18\x02 \x01(\x04R\fafterVersion\"\xbb\x01\n" +
 	"\rWatchResponse\x121\n" +
-	"\tnamespace\x18\x01 \x01(\v2\x13.grove.v1.NamespaceR\tnamespace\"h\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x13.grove.v1.NamespaceR\tnamespace\x12!\n" +
+	"\fbase_version\x18\x02 \x01(\x04R\vbaseVersion\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1e\n" +
+	"\x03ops\x18\x04 \x03(\v2\f.grove.v1.OpR\x03ops\x12\x1a\n" +
+	"\bprogress\x18\x05 \x01(\bR\bprogress\"h\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
@@ -1134,22 +1174,23 @@ var file_grovepb_meta_proto_depIdxs = []int32{
 	4,  // 4: grove.v1.ProposeRequest.decree:type_name -> grove.v1.Decree
 	2,  // 5: grove.v1.ReadResponse.namespace:type_name -> grove.v1.Namespace
 	2,  // 6: grove.v1.WatchResponse.namespace:type_name -> grove.v1.Namespace
-	12, // 7: grove.v1.MembersResponse.members:type_name -> grove.v1.Member
-	6,  // 8: grove.v1.ConfigService.Propose:input_type -> grove.v1.ProposeRequest
-	8,  // 9: grove.v1.ConfigService.Read:input_type -> grove.v1.ReadRequest
-	10, // 10: grove.v1.ConfigService.Watch:input_type -> grove.v1.WatchRequest
-	13, // 11: grove.v1.ConfigService.Members:input_type -> grove.v1.MembersRequest
-	15, // 12: grove.v1.ConfigService.ChangeMembers:input_type -> grove.v1.ChangeMembersRequest
-	7,  // 13: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
-	9,  // 14: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
-	11, // 15: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
-	14, // 16: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
-	16, // 17: grove.v1.ConfigService.ChangeMembers:output_type -> grove.v1.ChangeMembersResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 7: grove.v1.WatchResponse.ops:type_name -> grove.v1.Op
+	12, // 8: grove.v1.MembersResponse.members:type_name -> grove.v1.Member
+	6,  // 9: grove.v1.ConfigService.Propose:input_type -> grove.v1.ProposeRequest
+	8,  // 10: grove.v1.ConfigService.Read:input_type -> grove.v1.ReadRequest
+	10, // 11: grove.v1.ConfigService.Watch:input_type -> grove.v1.WatchRequest
+	13, // 12: grove.v1.ConfigService.Members:input_type -> grove.v1.MembersRequest
+	15, // 13: grove.v1.ConfigService.ChangeMembers:input_type -> grove.v1.ChangeMembersRequest
+	7,  // 14: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
+	9,  // 15: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
+	11, // 16: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
+	14, // 17: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
+	16, // 18: grove.v1.ConfigService.ChangeMembers:output_type -> grove.v1.ChangeMembersResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_meta_proto_init() }

@@ -308,7 +308,20 @@ func TestEndToEndPauseFences(t *testing.T) {
 		if !strings.Contains(l, `lease on "P" lost`) || !strings.Contains(l, "fenced") {
 			t.Fatalf("paused holder's error does not say the lease was lost to a fence: %q", l)
 		}
-	case l := <-holder.lines:
+	case l, ok := <-holder.lines:
+		if !ok {
+			// stdout closed as the process exited: its error line is on
+			// stderr, read by another goroutine.
+			select {
+			case l := <-holder.errors:
+				if !strings.Contains(l, `lease on "P" lost`) || !strings.Contains(l, "fenced") {
+					t.Fatalf("paused holder's error does not say the lease was lost to a fence: %q", l)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("paused holder exited without saying why")
+			}
+			break
+		}
 		t.Fatalf("paused holder printed %q instead of losing its lease", l)
 	case <-time.After(10 * time.Second):
 		t.Fatal("paused holder never learned that its lease was lost")

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +99,50 @@ func TestEndToEndKillRestart(t *testing.T) {
 			t.Fatalf("node %d dead at the end: %v", n.Id, n)
 		}
 	}
+	// Every node serves its metrics at its gRPC port + 3; the observers
+	// counted the verdicts the test saw, the nodes their beacons.
+	deadAnswers := 0.0
+	for _, n := range u.Nodes {
+		m := scrapeMetrics(t, n.GRPC)
+		if m[`grove_fd_datagrams_sent_total{kind="beacon"}`] == 0 || m["grove_fd_incarnation"] == 0 {
+			t.Fatalf("node %d metrics: no beacons or no incarnation: %v", n.ID, m)
+		}
+		deadAnswers += m[`grove_fd_answers_total{answer="dead"}`]
+	}
+	if deadAnswers == 0 {
+		t.Fatal("no observer counted a dead answer, though two nodes were declared dead")
+	}
+}
+
+// scrapeMetrics reads a node's /metrics (at its gRPC port + 3) into
+// "name{labels}" -> value, without the node label.
+func scrapeMetrics(t *testing.T, grpcAddr string) map[string]float64 {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(grpcAddr)
+	p, _ := strconv.Atoi(port)
+	resp, err := http.Get("http://" + net.JoinHostPort(host, strconv.Itoa(p+3)) + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	nodeLabel := regexp.MustCompile(`node="[0-9]+"`)
+	tidy := strings.NewReplacer("{,", "{", ",}", "}", ",,", ",", "{}", "")
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		name := tidy.Replace(nodeLabel.ReplaceAllString(line[:i], ""))
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[name] = v
+		}
+	}
+	return out
 }
 
 // TestUpRestartSameCluster: `grove up` (in one process) twice on the same

@@ -15,11 +15,11 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 func lockCmd() *cobra.Command {
@@ -29,7 +29,7 @@ func lockCmd() *cobra.Command {
 }
 
 func dialLock(addr string) (pb.LockServiceClient, func(), error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, transport.DialOptions()...)
 	if err != nil {
 		return nil, nil, err
 	}

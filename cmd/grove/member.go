@@ -11,10 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 func memberCmd() *cobra.Command {
@@ -37,7 +37,7 @@ add it back; it catches up from the leader.
 
 // membersVia asks a node (or the gateway) for the cluster's members.
 func membersVia(ctx context.Context, addr string) (*pb.StatusResponse, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, transport.DialOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // DefaultAddr is where `grove up` serves the cluster gateway and where the
@@ -70,7 +70,7 @@ func statusCmd() *cobra.Command {
 		Short: "Show config-service members and leader, and every node's incarnation, liveness and roles",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			cc, err := grpc.NewClient(addr, transport.DialOptions()...)
 			if err != nil {
 				return err
 			}

@@ -26,6 +26,7 @@ import (
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // Port layout of `grove up` from --base-port B (default 7400):
@@ -94,8 +95,20 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err
 			key = node.NewClusterKey()
 		}
 		for i, c := range cfgs {
+			// Directories made before a setting existed get it now: the
+			// same cluster key everywhere, metrics at the gRPC port + 3.
+			changed := false
 			if c.ClusterKey == "" {
-				c.ClusterKey = key
+				c.ClusterKey, changed = key, true
+			}
+			if c.MetricsAddr == "" {
+				if h, p, err := net.SplitHostPort(c.GRPCAddr); err == nil {
+					if port, err := strconv.Atoi(p); err == nil && port+3 <= 65535 {
+						c.MetricsAddr, changed = net.JoinHostPort(h, strconv.Itoa(port+3)), true
+					}
+				}
+			}
+			if changed {
 				if err := c.Write(existing[i]); err != nil {
 					return nil, nil, false, err
 				}
@@ -129,7 +142,7 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err
 	for i := 1; i <= o.nodes; i++ {
 		b := o.basePort + 10*i
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
-			BeaconAddr: addr(b + 2), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
+			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
 		if i <= m {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
 		}
@@ -162,6 +175,9 @@ func checkPorts(gateway string, cfgs []*node.Config) error {
 		ws = append(ws, want{fmt.Sprintf("node %d gRPC", c.ID), "tcp", c.GRPCAddr}, want{fmt.Sprintf("node %d beacon", c.ID), "udp", c.BeaconAddr})
 		if c.Has(node.RoleMeta) {
 			ws = append(ws, want{fmt.Sprintf("node %d raft", c.ID), "tcp", c.RaftAddr})
+		}
+		if c.MetricsAddr != "" {
+			ws = append(ws, want{fmt.Sprintf("node %d metrics", c.ID), "tcp", c.MetricsAddr})
 		}
 	}
 	for _, w := range ws {
@@ -232,7 +248,7 @@ func runUp(o upOptions) error {
 	defer client.Close()
 	status := node.NewStatusService(client, members)
 	defer status.Close()
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(transport.ServerOptions()...)
 	pb.RegisterClusterServiceServer(gs, status)
 	var nodeAddrs []string
 	for _, c := range cfgs {
@@ -241,7 +257,7 @@ func runUp(o upOptions) error {
 	locks := &lock.Gateway{Meta: client, Nodes: nodeAddrs}
 	defer locks.Close()
 	pb.RegisterLockServiceServer(gs, locks)
-	lis, err := net.Listen("tcp", gateway)
+	lis, err := transport.Listen(gateway)
 	if err != nil {
 		return fmt.Errorf("gateway %s: %w", gateway, err)
 	}

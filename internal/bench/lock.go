@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/node"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // InProcessCluster is n nodes in this process on loopback (as `grove up`).
@@ -262,7 +262,7 @@ type lockConn struct {
 }
 
 func dialLockService(addr string) (*lockConn, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, transport.DialOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // UpCluster drives a real `grove up --processes` cluster: real processes,
@@ -81,7 +81,7 @@ func StartUp(ctx context.Context, bin, dir string, port int, log io.Writer, extr
 				return nil, fmt.Errorf("grove up exited before ready")
 			}
 			if strings.HasPrefix(l, "ready") {
-				u.conn, err = grpc.NewClient(u.Gateway, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				u.conn, err = grpc.NewClient(u.Gateway, transport.DialOptions()...)
 				if err != nil {
 					u.Close()
 					return nil, err
@@ -133,9 +133,35 @@ func (u *UpCluster) Status(ctx context.Context) (*pb.StatusResponse, error) {
 	return pb.NewClusterServiceClient(u.conn).Status(c, &pb.StatusRequest{})
 }
 
-// Kill sends SIGKILL to a node's process.
+// Kill sends SIGKILL to a node's process and waits until it has exited
+// (its sockets are closed then; a restart on the same ports right after
+// would otherwise find them taken on a loaded machine).
 func (u *UpCluster) Kill(id uint64) error {
-	return syscall.Kill(u.Nodes[id].PID, syscall.SIGKILL)
+	pid := u.Nodes[id].PID
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if exited(pid) {
+			return nil
+		}
+	}
+	return fmt.Errorf("node %d (pid %d) still running 10 s after SIGKILL", id, pid)
+}
+
+// exited reports whether a process is gone or a zombie (it has exited and
+// released its resources, but its parent has not reaped it yet).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// The state follows the command name, which is in parentheses.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
 }
 
 // Restart runs the node's printed command, `grove server --config PATH`.

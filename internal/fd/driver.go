@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/disk"
+	"github.com/grovestore/grove/internal/metrics"
+	"github.com/grovestore/grove/internal/ratelog"
 )
 
 // Clock is the driver's time source. Real nodes use the monotonic clock
@@ -54,6 +56,22 @@ type DriverConfig struct {
 	// OnDriver receives the driver before the first incarnation starts, so
 	// that callbacks can reach it (for Alive) before StartDriver returns.
 	OnDriver func(*Driver)
+	// Metrics counts datagrams, fences, answers and tombstone writes (nil:
+	// none).
+	Metrics *metrics.Node
+}
+
+// kindLabel names a datagram's kind for metrics (byte 4 of the format).
+func kindLabel(b []byte) string {
+	if len(b) > 4 {
+		switch Kind(b[4]) {
+		case KindBeacon:
+			return "beacon"
+		case KindEcho:
+			return "echo"
+		}
+	}
+	return "other"
 }
 
 // Registration is what the driver needs to know of one registered node.
@@ -67,17 +85,13 @@ type Registration struct {
 // and completions. Beacon and echo handling never waits for the disk or the
 // config service: those run on their own goroutines.
 type Driver struct {
-	cfg  DriverConfig
-	log  *slog.Logger
-	done chan struct{}
-	wg   sync.WaitGroup
-	// rejected rate-limits "rejected datagram" log lines per reason.
-	rejected struct {
-		sync.Mutex
-		last map[string]time.Time
-	}
-	writes chan PersistTombstones // the tombstone writer's queue (one in flight)
-	mu     struct {
+	cfg      DriverConfig
+	log      *slog.Logger
+	done     chan struct{}
+	wg       sync.WaitGroup
+	rejected *ratelog.Limiter       // "datagram dropped" lines, per reason
+	writes   chan PersistTombstones // the tombstone writer's queue (one in flight)
+	mu       struct {
 		sync.Mutex
 		e       *Engine
 		addrs   map[NodeID]*net.UDPAddr // where to send: observers and registered nodes
@@ -116,7 +130,8 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Engine.Self), done: make(chan struct{}), writes: make(chan PersistTombstones, 1)}
+	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Engine.Self), done: make(chan struct{}), writes: make(chan PersistTombstones, 1),
+		rejected: ratelog.New(time.Second)}
 	d.mu.e = e
 	d.mu.addrs = map[NodeID]*net.UDPAddr{}
 	d.mu.byAddr = map[string]NodeID{}
@@ -180,6 +195,9 @@ func (d *Driver) exec(out []any) {
 			d.mu.Unlock()
 			if a != nil {
 				d.cfg.Conn.WriteTo(x.Bytes, a)
+				if m := d.cfg.Metrics; m != nil {
+					metrics.IncL(m.FDSent, kindLabel(x.Bytes))
+				}
 			}
 		case Answer:
 			d.mu.Lock()
@@ -189,16 +207,37 @@ func (d *Driver) exec(out []any) {
 			if ch != nil {
 				ch <- x
 			}
+			if m := d.cfg.Metrics; m != nil {
+				switch {
+				case x.Err != nil:
+					metrics.IncL(m.FDVerdicts, "refused")
+				default:
+					for _, dead := range x.Dead {
+						if dead {
+							metrics.IncL(m.FDVerdicts, "dead")
+						} else {
+							metrics.IncL(m.FDVerdicts, "alive")
+						}
+					}
+				}
+			}
 		case PersistTombstones:
 			d.writes <- x // the engine has at most one in flight: never blocks
 		case SelfFence:
 			// The subject is fenced already, so Alive is false throughout.
 			d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", x.Inc)
+			if m := d.cfg.Metrics; m != nil {
+				metrics.Inc(m.FDSelfFences)
+				metrics.Set(m.FDIncarnation, 0)
+			}
 			if d.cfg.OnFence != nil {
 				d.cfg.OnFence(x.Inc)
 			}
 		case Started:
 			d.log.Info("incarnation registered and beaconing", "incarnation", x.Inc)
+			if m := d.cfg.Metrics; m != nil {
+				metrics.Set(m.FDIncarnation, float64(x.Inc))
+			}
 			if d.cfg.OnIncarnation != nil {
 				d.cfg.OnIncarnation(x.Inc)
 			}
@@ -261,6 +300,9 @@ func (d *Driver) writer() {
 			return
 		case p := <-d.writes:
 			err := saveTombstones(d.cfg.Disk, d.cfg.TombstoneFile, p.Tombstones)
+			if m := d.cfg.Metrics; m != nil && err == nil {
+				metrics.Inc(m.FDTombstones)
+			}
 			if err != nil {
 				d.log.Error("cannot persist a verdict; not answering dead until it is durable", "err", err)
 			}
@@ -394,6 +436,13 @@ func (d *Driver) readLoop() {
 			rerr = err
 			return out
 		})
+		if m := d.cfg.Metrics; m != nil {
+			if rerr == nil {
+				metrics.IncL(m.FDReceived, kindLabel(b))
+			} else {
+				metrics.IncL(m.FDDropped, rootError(rerr))
+			}
+		}
 		switch {
 		case rerr == nil, errors.Is(rerr, ErrUnknownSeq), errors.Is(rerr, ErrStaleSeq):
 		case errors.Is(rerr, ErrUnknownNode), errors.Is(rerr, ErrUnregistered), errors.Is(rerr, ErrOldIncarnation),
@@ -410,23 +459,18 @@ func (d *Driver) readLoop() {
 // reject logs a rejected datagram with its reason, at most once a second
 // per reason, so that a flood of bad packets cannot flood the log.
 func (d *Driver) reject(from net.Addr, err error) {
-	root := err // rate-limit by the innermost (sentinel) error
-	for u := errors.Unwrap(root); u != nil; u = errors.Unwrap(root) {
-		root = u
+	if ok, n := d.rejected.Allow(rootError(err)); ok { // by the innermost (sentinel) error
+		d.log.Warn("datagram dropped", "from", from, "reason", err, "suppressed", n)
 	}
-	key := root.Error()
-	d.rejected.Lock()
-	if d.rejected.last == nil {
-		d.rejected.last = map[string]time.Time{}
+}
+
+// rootError is the innermost error's text: the sentinel that names a
+// datagram's rejection reason (a small, fixed set, fit for a metric label).
+func rootError(err error) string {
+	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(err) {
+		err = u
 	}
-	now := time.Now()
-	if now.Sub(d.rejected.last[key]) < time.Second {
-		d.rejected.Unlock()
-		return
-	}
-	d.rejected.last[key] = now
-	d.rejected.Unlock()
-	d.log.Warn("datagram dropped", "from", from, "reason", err)
+	return err.Error()
 }
 
 // LoadIncarnation reads the last persisted incarnation (0 if none).

@@ -40,6 +40,7 @@ type Clerk struct {
 	epoch     Epoch
 	connected bool // welcomed in the current session
 	fenced    bool
+	closed    bool // Close: holds, wants and uses nothing, ever again
 	leases    map[string]*lease
 	changes   uint64 // counts changes of granted modes (for observers)
 	clock     uint64 // counts local acquires (lease.used)
@@ -156,7 +157,7 @@ func (c *Clerk) Epoch() Epoch { return c.epoch }
 // later Woken output.
 func (c *Clerk) Acquire(name string, mode Mode) (*Waiter, []any) {
 	w := &Waiter{Name: name, Mode: mode}
-	if c.fenced {
+	if c.fenced || c.closed {
 		w.Failed = true
 		return w, nil
 	}
@@ -220,7 +221,7 @@ func (c *Clerk) Cancel(w *Waiter) []any {
 // know they are done with a lock, and for benchmarks).
 func (c *Clerk) Drop(name string) []any {
 	l := c.leases[name]
-	if c.fenced || l == nil || l.granted == None || l.shared > 0 || l.exclusive || len(l.waiters) > 0 {
+	if c.fenced || c.closed || l == nil || l.granted == None || l.shared > 0 || l.exclusive || len(l.waiters) > 0 {
 		return nil
 	}
 	l.granted, l.revoking = None, false
@@ -230,10 +231,37 @@ func (c *Clerk) Drop(name string) []any {
 	return out
 }
 
+// Close ends the clerk's use of the lock service: it fails its waiters and
+// forgets every lease (the caller then says Goodbye to the master, which
+// frees them). It refuses while a local holder still holds a lock: the
+// holder's work must end (and be made durable) first.
+func (c *Clerk) Close() ([]*Waiter, error) {
+	if c.fenced || c.closed {
+		return nil, nil
+	}
+	for _, l := range c.leases {
+		if l.shared > 0 || l.exclusive {
+			return nil, ErrStillHeld
+		}
+	}
+	failed := c.Fence() // the same as a fence, locally: nothing held, every waiter failed
+	c.fenced, c.closed = false, true
+	return failed, nil
+}
+
+// Closed reports whether Close ran.
+func (c *Clerk) Closed() bool { return c.closed }
+
 // Handle applies a message from the master on the current session.
 func (c *Clerk) Handle(msg any) []any {
 	if c.fenced {
 		return nil
+	}
+	if c.closed {
+		if w, ok := msg.(Welcome); ok && w.Epoch == c.epoch {
+			c.connected = true
+		}
+		return nil // the Goodbye settles everything else
 	}
 	var out []any
 	switch x := msg.(type) {
@@ -282,7 +310,7 @@ func (c *Clerk) Handle(msg any) []any {
 
 // RecoveryDone reports the end of a recovery run.
 func (c *Clerk) RecoveryDone(dead ClerkID, ok bool, token Token) []any {
-	if c.fenced {
+	if c.fenced { // a closing clerk still reports its runs' ends (before its Goodbye)
 		return nil
 	}
 	return []any{ToMaster{RecoveryDone{Dead: dead, OK: ok, Token: token}}}

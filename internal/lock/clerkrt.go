@@ -16,6 +16,7 @@ type ClerkRT struct {
 	id       ClerkID
 	recover  RecoveryFunc
 	lost     chan struct{} // closed when the leases are lost
+	closed   chan struct{} // closed when Close completed
 	loseOnce sync.Once
 	reason   error // why (under s.mu once lost is closed)
 }
@@ -79,6 +80,47 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 	}
 	_, tok := c.e.Lease(c.id, name)
 	return &Held{c: c, w: w, token: tok}, nil
+}
+
+// Close ends the clerk: it fails its waiters, gives up every lease, cancels
+// the recovery runs it was asked for, and removes its record from the lock
+// service, so that nothing of it stays behind (a layer that makes a clerk
+// per session or per mount closes it when done). It refuses with
+// ErrStillHeld while a hold is not released: the holder's work must be done
+// (and durable) first, as before a release. It returns once the master has
+// taken its Goodbye and its record is gone, or when ctx ends (the close
+// then goes on in the background), or with the reason if the node fenced
+// first (the master then resolves its leases as a dead clerk's).
+func (c *ClerkRT) Close(ctx context.Context) error {
+	s := c.s
+	s.mu.Lock()
+	if s.mu.def == c {
+		s.mu.Unlock()
+		return errors.New("lock: the node's default clerk is not closed (it lives as long as its incarnation)")
+	}
+	out, err := c.e.CloseClerk(Env{Now: time.Now(), Alive: s.cfg.Live.AliveAs(c.e.Incarnation())}, c.id)
+	if err == nil {
+		s.execLocked(c.e, out)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.closed:
+		return nil
+	case <-c.lost:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		select {
+		case <-c.closed:
+			return nil
+		default:
+		}
+		return c.reason
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Drop gives the cached lease on name back to the master if unused.

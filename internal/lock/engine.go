@@ -1,8 +1,10 @@
 package lock
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"time"
 
@@ -83,6 +85,9 @@ type (
 		Clerk  ClerkID
 		Reason error
 	}
+	// ClerkClosed: Clerk's Close is complete (its record is gone from the
+	// lock namespace); the engine has forgotten it.
+	ClerkClosed struct{ Clerk ClerkID }
 	// Note is a line for the node's log (Level: slog's levels).
 	Note struct {
 		Level int
@@ -126,13 +131,27 @@ const (
 	maxBackoff = 2 * time.Second
 )
 
-func backoff(failures int) time.Duration {
+// backoff is the pause after failures failures in a row: doubling from
+// minBackoff to maxBackoff, then jittered into [d, 3d/2) by salt (a clerk's
+// or master's identity), so that the clerks of a cluster that all lost
+// their master at once do not retry in step. The jitter is a hash, not a
+// random draw: engines stay deterministic for the simulator.
+func backoff(failures int, salt uint64) time.Duration {
 	d := minBackoff
 	for i := 1; i < failures && d < maxBackoff; i++ {
 		d *= 2
 	}
-	return min(d, maxBackoff)
+	d = min(d, maxBackoff)
+	h := fnv.New64a()
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], salt)
+	binary.LittleEndian.PutUint64(b[8:], uint64(failures))
+	h.Write(b[:])
+	return d + time.Duration(h.Sum64()%uint64(d/2))
 }
+
+// salt identifies a clerk for backoff jitter.
+func (id ClerkID) salt() uint64 { return id.Node<<40 ^ id.Inc<<20 ^ uint64(id.Seq) }
 
 // Engine is the lock service of one node incarnation as a state machine:
 // its clerks' registration, sessions with the master and recovery runs; its
@@ -165,7 +184,13 @@ type Engine struct {
 type clerkRun struct {
 	core        *Clerk
 	registered  bool
+	regVersion  uint64 // lock namespace version that had its registration
 	registering uint64 // Update in flight
+	// closing: Close ran. The clerk keeps (re)connecting until its
+	// Goodbye reached a master and a namespace at or after regVersion no
+	// longer lists it; then the engine forgets it (ClerkClosed).
+	closing     bool
+	goodbyeSent bool // on the current session
 	regRetry    time.Time
 	regFails    int
 	dead        bool // the master said its incarnation is dead
@@ -245,6 +270,8 @@ func (e *Engine) usable(env Env, id ClerkID) (*clerkRun, error) {
 		return nil, ErrUnregistered
 	case c.dead:
 		return nil, ErrDeadClerk
+	case c.closing:
+		return nil, ErrClosed
 	case !env.Alive:
 		return nil, ErrNotAlive
 	}
@@ -386,10 +413,10 @@ func (e *Engine) Updated(env Env, id uint64, version uint64, err error) []any {
 			c.registering = 0
 			if err != nil {
 				c.regFails++
-				c.regRetry = env.Now.Add(backoff(c.regFails))
+				c.regRetry = env.Now.Add(backoff(c.regFails, cid.salt()))
 				return []any{Note{levelWarn, "clerk registration failed; retrying", []any{"clerk", cid, "err", err}}}
 			}
-			c.registered, c.regFails = true, 0
+			c.registered, c.regFails, c.regVersion = true, 0, version
 			return e.step(env)
 		}
 	}
@@ -489,8 +516,8 @@ func (e *Engine) sessionEnded(env Env, c *clerkRun) []any {
 		c.fails++
 		e.hintStale = true // the hint led nowhere: read the namespace
 	}
-	c.sess, c.welcomed = 0, false
-	c.dialAt = env.Now.Add(backoff(c.fails))
+	c.sess, c.welcomed, c.goodbyeSent = 0, false, false
+	c.dialAt = env.Now.Add(backoff(c.fails, c.core.ID().salt()))
 	return nil
 }
 
@@ -524,6 +551,12 @@ func (e *Engine) SessionRecv(env Env, session uint64, msg any) []any {
 	switch x := msg.(type) {
 	case Reject:
 		out := []any{HangUp{session}}
+		if c.closing {
+			// Told it is gone (its Goodbye was taken) or unknown: the
+			// namespace decides when it is closed; look at it afresh.
+			e.hintStale = true
+			return append(out, e.sessionEnded(env, c)...)
+		}
 		if x.Dead {
 			return append(out, e.clerkDied(id, c, fmt.Errorf("%w: %s", ErrDeadClerk, x.Reason))...)
 		}
@@ -545,9 +578,72 @@ func (e *Engine) SessionRecv(env Env, session uint64, msg any) []any {
 				out = append(out, CancelRecovery{r.id})
 			}
 		}
-		return append(out, e.clerkOut(env, id, c, c.core.Handle(msg))...)
+		out = append(out, e.clerkOut(env, id, c, c.core.Handle(msg))...)
+		return append(out, e.closeStep(id, c)...)
 	}
 	return e.clerkOut(env, id, c, c.core.Handle(msg))
+}
+
+// CloseClerk starts closing a clerk (ClerkRT.Close): it fails its waiters,
+// forgets its leases, cancels its recovery runs, and says Goodbye to the
+// master once its runs have reported their ends; ClerkClosed follows when
+// the clerk's record is gone from the lock namespace. It refuses while a
+// local holder still holds a lock (ErrStillHeld).
+func (e *Engine) CloseClerk(env Env, id ClerkID) ([]any, error) {
+	c := e.clerks[id]
+	switch {
+	case c == nil:
+		return nil, ErrUnregistered
+	case e.fenced || c.dead:
+		return nil, nil // gone already: LeasesLost said so
+	case c.closing:
+		return nil, nil
+	}
+	failed, err := c.core.Close()
+	if err != nil {
+		return nil, err
+	}
+	c.closing = true
+	var out []any
+	if len(failed) > 0 {
+		out = append(out, Wake{failed})
+	}
+	for _, r := range c.runs {
+		if !r.cancelled {
+			r.cancelled = true
+			out = append(out, CancelRecovery{r.id})
+		}
+	}
+	return append(out, e.step(env)...), nil
+}
+
+// closeStep moves a closing clerk on: Goodbye on a welcomed session once no
+// run of it is going; done once a namespace that had its registration no
+// longer lists it.
+func (e *Engine) closeStep(id ClerkID, c *clerkRun) []any {
+	if !c.closing {
+		return nil
+	}
+	if c.registered && e.hint != nil && e.hint.Version >= c.regVersion && !e.hint.hasClerk(id) {
+		var out []any
+		if c.sess != 0 {
+			out = append(out, HangUp{c.sess})
+			c.sess = 0
+		}
+		delete(e.clerks, id)
+		for i, x := range e.order {
+			if x == id {
+				e.order = append(e.order[:i], e.order[i+1:]...)
+				break
+			}
+		}
+		return append(out, ClerkClosed{id})
+	}
+	if c.welcomed && !c.goodbyeSent && len(c.runs) == 0 {
+		c.goodbyeSent = true
+		return []any{SessionSend{c.sess, Goodbye{}}}
+	}
+	return nil
 }
 
 // clerkDied: the master says this clerk's incarnation was declared dead.
@@ -638,6 +734,9 @@ func (e *Engine) step(env Env) []any {
 	}
 	out = append(out, e.hangUpStale(env)...)
 	out = append(out, e.dialAll(env)...)
+	for _, id := range append([]ClerkID(nil), e.order...) {
+		out = append(out, e.closeStep(id, e.clerks[id])...)
+	}
 	out = append(out, e.standbyTick(env)...)
 	out = append(out, e.masterTick(env)...)
 	return out
@@ -730,6 +829,9 @@ func (e *Engine) Proposed(env Env, id uint64, version uint64, err error) []any {
 		// A stale version: someone moved first. A timeout: the decree may
 		// still commit; then the record names this incarnation without a
 		// running master and the next tick takes over again.
+		if err != nil && !errors.Is(err, meta.ErrStaleVersion) {
+			return []any{Note{levelWarn, "lock standby: takeover decree failed; retrying", []any{"err", err}}}
+		}
 		return nil
 	}
 	st, rec := e.sb.read, *e.sb.rec
@@ -928,7 +1030,7 @@ func (e *Engine) decreeDone(env Env, version uint64, err error) []any {
 	}
 	if err != nil {
 		m.fails++
-		m.retryAt = env.Now.Add(backoff(m.fails))
+		m.retryAt = env.Now.Add(backoff(m.fails, e.cfg.Node<<32^e.cfg.Inc))
 		return []any{Note{levelWarn, "lock master: config write failed; retrying", []any{"err", err}}}
 	}
 	m.fails = 0

@@ -117,6 +117,8 @@ var (
 	ErrUnregistered = errors.New("lock: clerk is not registered with the lock service")
 	ErrDeadClerk    = errors.New("lock: clerk was declared dead; it must not come back")
 	ErrNotHeld      = errors.New("lock: release of a lock this holder does not hold")
+	ErrClosed       = errors.New("lock: the clerk was closed")
+	ErrStillHeld    = errors.New("lock: the clerk still has holders; release them before closing it")
 	ErrNotAlive     = errors.New("lock: this node is not alive (yet): it is joining, or fenced")
 	ErrShutdown     = errors.New("lock: this node is shutting down; its leases are released when the failure detector declares it dead")
 )
@@ -168,6 +170,13 @@ type RecoveryDone struct {
 	OK    bool
 	Token Token
 }
+
+// Goodbye ends a clerk: it holds, wants and runs nothing any more and will
+// never act again. The master frees its leases at once and removes its
+// record; once that decree commits it tells the clerk so (a Reject, Dead).
+// A clerk closes only with no local holders: its users must have made their
+// work durable first, as they would before releasing.
+type Goodbye struct{}
 
 // Messages from master to clerk.
 

@@ -64,6 +64,7 @@ var lockNames = func() []string {
 
 // simOpts break the system on purpose, for the oracle's teeth tests.
 type simOpts struct {
+	noClose          bool // no transient clerks that close (the older teeth tests' setting)
 	lyingFD          bool // masters take every suspect for dead without asking
 	noGuard          bool // storage accepts writes whatever their token
 	freeBeforeForget bool // defect 1: leases freed before the records are gone
@@ -89,13 +90,13 @@ type oracle struct {
 	runs map[lock.ClerkID][]*simRun
 	// Lease generations per lock, in true-time order of exclusive grants
 	// and recovery runs; storage must accept writes in that order.
-	gen                                                       map[string]int
-	clerkGen                                                  map[lock.ClerkID]map[string]int // the generation of a clerk's exclusive lease
-	accepted                                                  map[string]int                  // newest generation storage accepted
-	fails                                                     []string
-	tracing                                                   bool // on when replaying one seed (GROVE_SEED): costly
-	trace                                                     []string
-	grants, recoveries, takeovers, writes, refused, anomalies int
+	gen                                                               map[string]int
+	clerkGen                                                          map[lock.ClerkID]map[string]int // the generation of a clerk's exclusive lease
+	accepted                                                          map[string]int                  // newest generation storage accepted
+	fails                                                             []string
+	tracing                                                           bool // on when replaying one seed (GROVE_SEED): costly
+	trace                                                             []string
+	grants, recoveries, takeovers, writes, refused, anomalies, closes int
 }
 
 func (o *oracle) logf(format string, args ...any) {
@@ -349,10 +350,15 @@ type sclerk struct {
 	kind    string
 	lost    bool
 	changes uint64 // the engine's lease-change count last synced
+	// A transient clerk closes after a few uses (ClerkRT.Close's protocol).
+	transient bool
+	closing   time.Duration // when Close started (0: not closing)
+	closed    bool
 }
 
 type holder struct {
 	clerk *sclerk
+	uses  int // a transient clerk's holder: acquires left before the close
 }
 
 type simRun struct {
@@ -466,7 +472,44 @@ func (s *lockSim) onStart(n *fdsim.Node) {
 			n.Proc.Go(s.w.Between(0, 100*time.Millisecond), func() { s.holderLoop(ln, hd) })
 		}
 	}
+	if !s.opts.noClose {
+		n.Proc.Go(s.w.Between(0, 500*time.Millisecond), func() { s.transientClerk(ln) })
+	}
 	s.tick(ln)
+}
+
+// transientClerk makes a "wal" clerk whose one holder takes a few locks in
+// turn, then closes it (a layer that makes a clerk per session), and starts
+// the next one once the close completes.
+func (s *lockSim) transientClerk(ln *lnode) {
+	if !s.current(ln) {
+		return
+	}
+	id, out, err := ln.eng.NewClerk(s.env(ln), "wal")
+	if err != nil {
+		return // fenced
+	}
+	c := &sclerk{id: id, kind: "wal", transient: true}
+	s.o.kinds[id] = "wal"
+	ln.clerks = append(ln.clerks, c)
+	s.exec(ln, out)
+	hd := &holder{clerk: c, uses: 1 + s.w.Rand.Intn(4)}
+	ln.n.Proc.Go(s.w.Between(0, 50*time.Millisecond), func() { s.holderLoop(ln, hd) })
+}
+
+// closeClerk closes a transient clerk once its holder is done with it.
+func (s *lockSim) closeClerk(ln *lnode, c *sclerk) {
+	if !s.current(ln) || c.lost {
+		return
+	}
+	out, err := ln.eng.CloseClerk(s.env(ln), c.id)
+	if err != nil {
+		s.o.fail("close of %v with no holder refused: %v", c.id, err)
+		return
+	}
+	c.closing = s.w.Now()
+	s.o.logf("node %d inc %d: closing clerk %v", ln.n.ID, ln.inc, c.id)
+	s.exec(ln, out)
 }
 
 func (s *lockSim) tick(ln *lnode) {
@@ -523,6 +566,12 @@ func (s *lockSim) exec(ln *lnode, out []any) {
 					c.lost = true
 				}
 			}
+		case lock.ClerkClosed:
+			for _, c := range ln.clerks {
+				if c.id == x.Clerk {
+					s.clerkClosed(ln, c)
+				}
+			}
 		case lock.ReadLock:
 			s.svc.Read(ln.n.Proc, lock.Namespace, func(ns *pb.Namespace, err error) {
 				var st *lock.State
@@ -570,6 +619,27 @@ func (s *lockSim) exec(ln *lnode, out []any) {
 			}
 		}
 	}
+}
+
+// clerkClosed: the engine says a Close completed. The oracle checks that the
+// clerk's record is gone from the config service's committed state (a clerk
+// that still had a record would be waited for, or recovered, by a future
+// master), and a new transient clerk starts.
+func (s *lockSim) clerkClosed(ln *lnode, c *sclerk) {
+	if c.closing == 0 || c.closed {
+		s.o.fail("clerk %v reported closed without a Close", c.id)
+	}
+	c.closed = true
+	s.o.closes++
+	if st, err := lock.DecodeState(s.svc.Current(lock.Namespace)); err == nil {
+		for _, ci := range st.Clerks {
+			if ci.ID == c.id {
+				s.o.fail("clerk %v closed while its record is still in the lock namespace", c.id)
+			}
+		}
+	}
+	s.o.logf("node %d inc %d: clerk %v closed after %v", ln.n.ID, ln.inc, c.id, s.w.Now()-c.closing)
+	ln.n.Proc.Go(s.w.Between(0, 200*time.Millisecond), func() { s.transientClerk(ln) })
 }
 
 // syncLeases tells the oracle about every change of ln's clerks' leases.
@@ -743,8 +813,15 @@ func (s *lockSim) write(ln *lnode, name string, tok lock.Token, g int, from stri
 // also writes to storage with its token), release, repeat.
 func (s *lockSim) holderLoop(ln *lnode, h *holder) {
 	c := h.clerk
-	if !s.current(ln) || c.lost {
+	if !s.current(ln) || c.lost || c.closing != 0 {
 		return
+	}
+	if c.transient {
+		if h.uses == 0 {
+			s.closeClerk(ln, c)
+			return
+		}
+		h.uses--
 	}
 	name := lockNames[s.w.Rand.Intn(lsLocks)]
 	mode := lock.Shared
@@ -903,6 +980,13 @@ func runLockSim(t *testing.T, seed int64, opts simOpts) *lockSim {
 			s.o.fail("liveness: %s %s at clerk %s waiting since %v, not granted by %v", p.w.Name, p.w.Mode, p.c.id, p.since, end)
 		}
 	}
+	for _, ln := range s.nodes {
+		for _, c := range ln.clerks {
+			if c.closing != 0 && !c.closed && !c.lost && s.current(ln) && c.closing < end-livenessBound {
+				s.o.fail("liveness: close of clerk %v started at %v did not complete by %v", c.id, c.closing, end)
+			}
+		}
+	}
 	return s
 }
 
@@ -924,7 +1008,7 @@ func reportLock(t *testing.T, test string, seed int64, s *lockSim) {
 
 func TestLockServiceSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 500)
-	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees int
+	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes int
 	for _, seed := range seeds {
 		// Every fourth seed is a storm of crashes, master kills and
 		// config-service stalls (the conditions of the recovery ordering).
@@ -942,12 +1026,13 @@ func TestLockServiceSimulation(t *testing.T) {
 		refused += s.o.refused
 		ambiguous += s.svc.Ambiguous
 		decrees += s.svc.Decrees
+		closes += s.o.closes
 	}
-	if len(seeds) >= 20 && (recoveries == 0 || takeovers <= len(seeds) || refused == 0 || ambiguous == 0) {
-		t.Fatalf("faults did not bite: %d recoveries, %d takeovers, %d stale writes refused, %d ambiguous decrees in %d seeds", recoveries, takeovers, refused, ambiguous, len(seeds))
+	if len(seeds) >= 20 && (recoveries == 0 || takeovers <= len(seeds) || refused == 0 || ambiguous == 0 || closes == 0) {
+		t.Fatalf("faults did not bite: %d recoveries, %d takeovers, %d stale writes refused, %d ambiguous decrees, %d clerk closes in %d seeds", recoveries, takeovers, refused, ambiguous, closes, len(seeds))
 	}
-	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries, %d master takeovers, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused; no violations",
-		len(seeds), seeds[0], grants, recoveries, takeovers, decrees, ambiguous, writes, refused)
+	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries, %d master takeovers, %d clerks closed, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused; no violations",
+		len(seeds), seeds[0], grants, recoveries, takeovers, closes, decrees, ambiguous, writes, refused)
 }
 
 // The oracle's teeth: each broken variant must be caught.
@@ -986,7 +1071,7 @@ func TestActOracleHasTeeth(t *testing.T) {
 // TestConcurrentRunOracleHasTeeth: a master that gives a recovery to
 // another clerk when the assignee's session breaks runs it twice at once.
 func TestConcurrentRunOracleHasTeeth(t *testing.T) {
-	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, stormy: true}, "two recovery runs", 200)
+	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, stormy: true, noClose: true}, "two recovery runs", 200)
 }
 
 // TestTokenOracleHasTeeth: storage that ignores tokens accepts delayed
@@ -999,5 +1084,5 @@ func TestTokenOracleHasTeeth(t *testing.T) {
 // recovery reports, before the decree removing the records commits) lets a
 // new master run the recovery again under the next holder.
 func TestRecoveryOrderingHasTeeth(t *testing.T) {
-	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true}, "recovery of", 100)
+	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true}, "recovery of", 100)
 }

@@ -94,6 +94,7 @@ type Master struct {
 
 type clerkState struct {
 	info      ClerkInfo
+	leaving   bool // said Goodbye: dead for the master, record being removed
 	connected bool // has a session in this epoch
 	reported  bool // has said Hello in this epoch: held is authoritative
 	dead      bool
@@ -359,6 +360,8 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		delete(c.revoking, x.Name)
 		m.try(x.Name)
 		m.gc(x.Name)
+	case Goodbye:
+		m.goodbye(from, c)
 	case RecoveryDone:
 		if _, ok := m.others[x.Dead][from]; ok {
 			delete(m.others[x.Dead], from)
@@ -495,6 +498,38 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	return m.flush()
 }
 
+// goodbye: a live clerk leaves. Its leases are free at once (it holds and
+// uses nothing; its own report is as good as a release of each), it waits
+// for nothing, the runs it was asked for are over (their ends were reported
+// before the Goodbye on the same ordered session, or they are abandoned and
+// run again elsewhere), and its record goes with a Forget decree. Until that
+// commits it counts as dead here, so no liveness question is asked about it
+// and a Hello from it is told so.
+func (m *Master) goodbye(id ClerkID, c *clerkState) {
+	c.leaving, c.dead = true, true
+	m.removeWaiters(id)
+	c.revoking = map[string]Mode{}
+	for name := range c.held {
+		m.setHeld(c, name, None)
+		m.gc(name)
+	}
+	for _, r := range m.recov {
+		if r.assigned != nil && *r.assigned == id && !r.forgetting {
+			r.assigned = nil
+		}
+	}
+	for d := range m.others {
+		delete(m.others[d], id)
+		if len(m.others[d]) == 0 {
+			delete(m.others, d)
+		}
+	}
+	m.emit(Forget{id})
+	m.checkServing()
+	m.assignRecoveries()
+	m.tryAll()
+}
+
 // finishRecovery: the recovery succeeded. The leases stay held until the
 // removal of the records has committed (Forgotten).
 func (m *Master) finishRecovery(dead ClerkID) {
@@ -532,6 +567,11 @@ func (m *Master) Forgotten(dead ClerkID) []any {
 			m.gc(name)
 		}
 		delete(m.clerks, dead)
+		if c.leaving {
+			// Its record is gone: tell it, and close its session.
+			m.emit(Send{dead, Reject{Reason: ErrClosed.Error(), Dead: true}})
+			m.emit(Drop{dead})
+		}
 	}
 	m.checkServing()
 	m.tryAll()

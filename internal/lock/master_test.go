@@ -526,3 +526,61 @@ func TestBigRecordBecomesAllAndExclusions(t *testing.T) {
 		t.Fatalf("all-recovery exclusions %v, want [b c] (dead B's and live C's, not D's of another kind): %v", r.Exclude, out)
 	}
 }
+
+// A Goodbye frees the clerk's leases at once (a waiter is granted), takes
+// back a recovery assigned to it, forgets the clerk by decree, asks no
+// liveness question about it meanwhile, and closes its session once the
+// decree committed.
+func TestGoodbyeFreesAndForgets(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cC, "wal"}}, nil)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "wal", nil)
+	hello(m, cC, "wal", nil)
+	m.Handle(cA, Acquire{"x", Exclusive})
+	m.Handle(cC, Acquire{"y", Exclusive})
+	out := m.Handle(cB, Acquire{"x", Exclusive}) // A is asked to give x back
+	if _, ok := find[Revoke](sends(out, cA)); !ok {
+		t.Fatalf("no revoke to A: %v", out)
+	}
+	// C dies holding y: once its record is persisted, its recovery goes
+	// to the first live clerk of the kind, A.
+	m.Verdict(cC, true)
+	var assigned ClerkID
+	for _, o := range m.Persisted(cC) {
+		if s, ok := o.(Send); ok {
+			if _, ok := s.Msg.(Recover); ok {
+				assigned = s.To
+			}
+		}
+	}
+	if assigned != cA {
+		t.Fatalf("C's recovery went to %v, want A", assigned)
+	}
+	out = m.Handle(cA, Goodbye{})
+	if g, ok := find[Grant](sends(out, cB)); !ok || g.Name != "x" {
+		t.Fatalf("B not granted x after A's goodbye: %v", out)
+	}
+	if f, ok := find[Forget](out); !ok || f.Clerk != cA {
+		t.Fatalf("no Forget of A: %v", out)
+	}
+	if r, ok := find[Recover](sends(out, cB)); !ok || r.Dead != cC {
+		t.Fatalf("C's recovery not handed to B after A left: %v", out)
+	}
+	for _, id := range m.Tick() {
+		if id == cA {
+			t.Fatal("a clerk that said goodbye is a liveness suspect")
+		}
+	}
+	if out := m.Handle(cA, Acquire{"z", Shared}); len(out) != 0 {
+		t.Fatalf("a departed clerk's acquire was served: %v", out)
+	}
+	out = m.Forgotten(cA)
+	if _, ok := find[Drop](out); !ok {
+		t.Fatalf("A's session not closed once forgotten: %v", out)
+	}
+	for _, c := range m.Clerks() {
+		if c.Info.ID == cA {
+			t.Fatal("A still in the clerk list after Forgotten")
+		}
+	}
+}

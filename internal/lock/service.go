@@ -14,6 +14,8 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
+	"github.com/grovestore/grove/internal/ratelog"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -70,6 +72,9 @@ type ServiceConfig struct {
 	// Tick is how often the master asks about suspects and standbys check
 	// the master (default 250 ms).
 	Tick time.Duration
+	// Metrics counts grants, revocations, recoveries and sessions (nil:
+	// none).
+	Metrics *metrics.Node
 }
 
 // SessionQueue bounds the messages waiting to go out on one session. A full
@@ -105,6 +110,7 @@ type Service struct {
 		runs   map[uint64]context.CancelFunc
 	}
 	started sync.Once
+	quiet   *ratelog.Limiter // "session ended" lines and the engines' notes
 }
 
 type clerkSession struct {
@@ -126,14 +132,53 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.Tick == 0 {
 		cfg.Tick = 250 * time.Millisecond
 	}
-	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "lock")}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "lock"), quiet: ratelog.New(5 * time.Second)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.clerks = map[ClerkID]*ClerkRT{}
 	s.mu.waits = map[*Waiter]chan struct{}{}
 	s.mu.out = map[uint64]*clerkSession{}
 	s.mu.acc = map[uint64]*masterSession{}
 	s.mu.runs = map[uint64]context.CancelFunc{}
+	s.registerGauges()
 	return s
+}
+
+// registerGauges exposes the master's epoch and the session queues at
+// scrape time.
+func (s *Service) registerGauges() {
+	m := s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	m.GaugeFunc("grove_lock_master_epoch", "Epoch of the lock master running on this node (0: none here).", nil, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if e := s.mu.eng; e != nil {
+			if mr, rec := e.Master(); mr != nil {
+				return float64(rec.Epoch)
+			}
+		}
+		return 0
+	})
+	m.GaugeFunc("grove_lock_queued_messages", "Messages waiting on this node's lock sessions (clerk and master sides).", nil, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		n := 0
+		for _, cs := range s.mu.out {
+			n += len(cs.out)
+		}
+		for _, ms := range s.mu.acc {
+			if !ms.closed {
+				n += len(ms.out)
+			}
+		}
+		return float64(n)
+	})
+	m.GaugeFunc("grove_lock_clerks", "Clerks of this node's running incarnation.", nil, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(len(s.mu.clerks))
+	})
 }
 
 // envLocked is the engine's view of now: the time and whether its
@@ -229,7 +274,7 @@ func (s *Service) newClerkLocked(e *Engine, kind string, recover RecoveryFunc) (
 	if err != nil {
 		return nil, err
 	}
-	c := &ClerkRT{s: s, e: e, id: id, recover: recover, lost: make(chan struct{})}
+	c := &ClerkRT{s: s, e: e, id: id, recover: recover, lost: make(chan struct{}), closed: make(chan struct{})}
 	s.mu.clerks[id] = c
 	s.execLocked(e, out)
 	return c, nil
@@ -301,7 +346,13 @@ func (s *Service) execLocked(e *Engine, out []any) {
 	for _, o := range out {
 		switch x := o.(type) {
 		case Note:
-			s.log.Log(context.Background(), slog.Level(x.Level), x.Msg, append([]any{"incarnation", e.Incarnation()}, x.Args...)...)
+			if n := s.noteQuiet(x); n >= 0 {
+				args := append([]any{"incarnation", e.Incarnation()}, x.Args...)
+				if n > 0 {
+					args = append(args, "suppressed", n)
+				}
+				s.log.Log(context.Background(), slog.Level(x.Level), x.Msg, args...)
+			}
 		case Wake:
 			for _, w := range x.Waiters {
 				if ch := s.mu.waits[w]; ch != nil {
@@ -314,6 +365,14 @@ func (s *Service) execLocked(e *Engine, out []any) {
 				c.loseOnce.Do(func() { c.reason = x.Reason; close(c.lost) })
 				if x.Reason == ErrFenced || x.Reason == ErrShutdown {
 					delete(s.mu.clerks, x.Clerk)
+				}
+			}
+		case ClerkClosed:
+			if c := s.mu.clerks[x.Clerk]; c != nil {
+				close(c.closed)
+				delete(s.mu.clerks, x.Clerk)
+				if s.mu.def == c {
+					s.mu.def = nil
 				}
 			}
 		case ReadLock:
@@ -359,6 +418,14 @@ func (s *Service) execLocked(e *Engine, out []any) {
 			if ms == nil || ms.closed {
 				continue
 			}
+			if m := s.cfg.Metrics; m != nil {
+				switch x.Msg.(type) {
+				case Grant:
+					m.LockGrants.Inc()
+				case Revoke:
+					m.LockRevocations.Inc()
+				}
+			}
 			select {
 			case ms.out <- EncodeMasterMessage(x.Msg):
 			default:
@@ -386,6 +453,7 @@ func (s *Service) execLocked(e *Engine, out []any) {
 			}
 			ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
 			s.mu.runs[x.Run] = cancel
+			s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("started").Inc() })
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
@@ -394,8 +462,10 @@ func (s *Service) execLocked(e *Engine, out []any) {
 				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Exclude: x.Req.Exclude, Token: x.Req.Token})
 				if err != nil {
 					log.Warn("recovery failed or was cancelled; the master decides again", "err", err)
+					s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("failed").Inc() })
 				} else {
 					log.Info("recovery done")
+					s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("done").Inc() })
 				}
 				s.mu.Lock()
 				delete(s.mu.runs, x.Run)
@@ -414,6 +484,7 @@ func (s *Service) execLocked(e *Engine, out []any) {
 // dialLocked opens a clerk's session: a gRPC stream to the master. The send
 // queue exists at once, so that the Hello (the next effect) goes first.
 func (s *Service) dialLocked(e *Engine, d Dial) {
+	s.count(func(m *metrics.Node) { m.LockSessions.WithLabelValues("dialed").Inc() })
 	ctx, cancel := context.WithCancel(s.ctx)
 	cs := &clerkSession{out: make(chan *pb.SessionRequest, SessionQueue), cancel: cancel}
 	s.mu.out[d.Session] = cs
@@ -430,7 +501,8 @@ func (s *Service) dialLocked(e *Engine, d Dial) {
 		}
 		s.mu.Unlock()
 		if err != nil && !hungUp && s.ctx.Err() == nil {
-			s.log.Debug("clerk session ended", "clerk", d.Clerk, "master", d.Master.Addr, "err", err)
+			s.count(func(m *metrics.Node) { m.LockSessions.WithLabelValues("broken").Inc() })
+			s.logSessionEnd(d, err)
 		}
 	}()
 }
@@ -464,6 +536,7 @@ func (s *Service) runClerkSession(ctx context.Context, e *Engine, d Dial, cs *cl
 		}
 		msg, err := DecodeMasterMessage(m)
 		if err != nil {
+			s.count(func(m *metrics.Node) { m.LockMalformed.Inc() })
 			s.log.Warn("clerk dropped a malformed message from the master; closing the session", "clerk", d.Clerk, "err", err)
 			return err
 		}
@@ -516,6 +589,7 @@ func (s *Service) Session(stream grpc.BidiStreamingServer[pb.SessionRequest, pb.
 			}
 			msg, err := DecodeClerkMessage(req)
 			if err != nil {
+				s.count(func(m *metrics.Node) { m.LockMalformed.Inc() })
 				s.log.Warn("lock master dropped a malformed message; closing the session", "clerk", h.Clerk, "err", err)
 				recvErr <- status.Error(codes.InvalidArgument, err.Error())
 				return
@@ -537,6 +611,37 @@ func (s *Service) Session(stream grpc.BidiStreamingServer[pb.SessionRequest, pb.
 		case <-stream.Context().Done():
 			return status.Error(codes.Unavailable, "lock: session closed")
 		}
+	}
+}
+
+// noteQuiet rate-limits the engine's notes below error level: one line per
+// message every 5 s (a config service that is down makes every retry fail
+// the same way). It returns -1 to drop the note, else how many were dropped
+// since the last one logged.
+func (s *Service) noteQuiet(x Note) int {
+	if slog.Level(x.Level) >= slog.LevelError {
+		return 0
+	}
+	if ok, n := s.quiet.Allow("note:" + x.Msg); ok {
+		return n
+	}
+	return -1
+}
+
+// count updates the metrics, if any.
+func (s *Service) count(f func(*metrics.Node)) {
+	if s.cfg.Metrics != nil {
+		f(s.cfg.Metrics)
+	}
+}
+
+// logSessionEnd reports a clerk session that broke: at info level, at most
+// once every 5 s per master address (a master failover breaks every
+// clerk's session at once), with the number suppressed.
+func (s *Service) logSessionEnd(d Dial, err error) {
+	if ok, n := s.quiet.Allow("session:" + d.Master.Addr); ok {
+		s.log.Info("clerk session to the lock master ended; reconnecting", "clerk", d.Clerk, "master", d.Master.Addr, "epoch", d.Master.Epoch,
+			"err", err, "suppressed", n)
 	}
 }
 

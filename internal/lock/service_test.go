@@ -317,3 +317,91 @@ func TestLeaseBoundToIncarnation(t *testing.T) {
 		t.Fatalf("the new incarnation's clerk: %v", err)
 	}
 }
+
+// TestClerkClose: a clerk of a kind that caches an exclusive lease closes:
+// the master frees the lease at once (no failure-detector verdict, no
+// recovery), the clerk's record leaves the lock namespace and the master's
+// clerk list, and the closed clerk can no longer acquire. A clerk with a
+// hold that is not released refuses to close; the default clerk is never
+// closed.
+func TestClerkClose(t *testing.T) {
+	det := &fakeDetector{dead: map[[2]uint64]bool{}}
+	nodes := startServices(t, 3, det)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recovered := make(chan ClerkID, 1)
+	wal, err := nodes[2].svc.NewClerk("wal", func(ctx context.Context, r Recovery) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes[1].svc.NewClerk("wal", func(ctx context.Context, r Recovery) error { recovered <- r.Dead; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	h, err := wal.Acquire(ctx, "x", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wal.Close(ctx); !errors.Is(err, ErrStillHeld) {
+		t.Fatalf("close with a hold: %v, want ErrStillHeld", err)
+	}
+	h.Release() // the lease stays cached at the clerk
+	holders := func() map[ClerkID]bool {
+		r, err := nodes[0].svc.List(ctx, &pb.ListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[ClerkID]bool{}
+		for _, l := range r.Locks {
+			for _, hd := range l.Holders {
+				id, _ := ClerkIDFromPB(hd.Clerk)
+				out[id] = true
+			}
+		}
+		for _, c := range r.Clerks {
+			if id, _ := ClerkIDFromPB(c.Id); id == wal.ID() {
+				out[ClerkID{}] = true // listed as a clerk
+			}
+		}
+		return out
+	}
+	if hs := holders(); !hs[wal.ID()] {
+		t.Fatalf("the master does not show the cached lease of %v: %v", wal.ID(), hs)
+	}
+	start := time.Now()
+	if err := wal.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("closed in %v", time.Since(start).Round(time.Millisecond))
+	// The master forgets the clerk when its own Forget decree returns,
+	// which may be just after the clerk saw its record go.
+	for hs := holders(); hs[wal.ID()] || hs[ClerkID{}]; hs = holders() {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("after Close the master still has the clerk or its lease: %v", hs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ns, err := nodes[0].svc.cfg.Meta.Read(ctx, Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := DecodeState(ns)
+	if st.hasClerk(wal.ID()) {
+		t.Fatalf("closed clerk %v still registered", wal.ID())
+	}
+	if _, err := wal.Acquire(ctx, "y", Shared); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrUnregistered) {
+		t.Fatalf("acquire on a closed clerk: %v", err)
+	}
+	h2, err := nodes[0].svc.DefaultClerk().Acquire(ctx, "x", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Release()
+	select {
+	case d := <-recovered:
+		t.Fatalf("a recovery ran for %v: a closed clerk is not a dead one", d)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := nodes[0].svc.DefaultClerk().Close(ctx); err == nil {
+		t.Fatal("the default clerk closed")
+	}
+}

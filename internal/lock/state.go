@@ -34,6 +34,12 @@ type State struct {
 	Records []RecoveryRecord
 }
 
+// hasClerk reports whether the namespace lists clerk id.
+func (s *State) hasClerk(id ClerkID) bool {
+	i := sort.Search(len(s.Clerks), func(i int) bool { return !s.Clerks[i].ID.Less(id) })
+	return i < len(s.Clerks) && s.Clerks[i].ID == id
+}
+
 func clerkKey(id ClerkID) string    { return "clerk/" + id.String() }
 func recoveryKey(id ClerkID) string { return "recovery/" + id.String() }
 

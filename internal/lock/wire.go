@@ -96,6 +96,8 @@ func EncodeClerkMessage(msg any) *pb.SessionRequest {
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Release{Release: &pb.LockRelease{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Token: TokenToPB(x.Token)}}}
 	case RecoveryDone:
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{Dead: ClerkIDToPB(x.Dead), Ok: x.OK, Token: TokenToPB(x.Token)}}}
+	case Goodbye:
+		return &pb.SessionRequest{Msg: &pb.SessionRequest_Goodbye{Goodbye: &pb.LockGoodbye{}}}
 	}
 	panic(fmt.Sprintf("lock: not a clerk message: %T", msg))
 }
@@ -167,6 +169,8 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 			return nil, bad("release keeps mode %v", x.Release.Mode)
 		}
 		return Release{Name: n, Mode: md, Token: TokenFromPB(x.Release.Token)}, nil
+	case *pb.SessionRequest_Goodbye:
+		return Goodbye{}, nil
 	case *pb.SessionRequest_RecoveryDone:
 		id, err := ClerkIDFromPB(x.RecoveryDone.Dead)
 		if err != nil {

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -68,6 +68,20 @@ func (c *Client) redirect(addr string) {
 	c.mu.Unlock()
 }
 
+// attemptTimeout bounds one call to one member in the round-th pass over the
+// members: short at first, so that a leader that went silent (its host cut
+// off, its process stopped) costs half a second before the next member is
+// asked and names the new leader; longer in later passes, so that a leader
+// that is merely slow (a Barrier after an election, a slow disk) is still
+// waited for.
+func attemptTimeout(round int) time.Duration {
+	d := 500 * time.Millisecond
+	for i := 0; i < round && d < 4*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 4*time.Second)
+}
+
 // retry runs call against members until it reports done, the error is
 // final, or ctx ends.
 func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb.ConfigServiceClient) (leaderHint string, done bool, err error)) error {
@@ -79,7 +93,7 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 		addr := c.target()
 		cl, err := c.conn(addr)
 		if err == nil {
-			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, attemptTimeout(attempt/len(c.members)))
 			var hint string
 			var done bool
 			hint, done, err = call(cctx, cl)
@@ -232,36 +246,104 @@ func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAdd
 }
 
 // Watch streams a namespace whenever its version grows past after, until
-// ctx ends. It reconnects to another member when a stream breaks; versions
-// delivered never go backwards.
+// ctx ends. It reconnects to another member when a stream breaks, is
+// refused (a replica out of contact with the leader), or stays silent for
+// WatchTimeout (its host was cut off silently, or its process stopped);
+// versions delivered never go backwards. The server sends the whole
+// namespace once and then each decree's ops, which the watch applies to
+// its own copy.
 func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *pb.Namespace {
 	out := make(chan *pb.Namespace, 1)
 	go func() {
 		defer close(out)
+		var cur map[string][]byte // the namespace at version have (nil: not known)
+		var have uint64
 		wait := time.Duration(0)
 		for ctx.Err() == nil {
 			addr := c.target()
-			cl, err := c.conn(addr)
 			healthy := false // the stream delivered something before it broke
-			if err == nil {
-				var st grpc.ServerStreamingClient[pb.WatchResponse]
-				st, err = cl.Watch(ctx, &pb.WatchRequest{Namespace: name, AfterVersion: after})
-				for err == nil {
-					var r *pb.WatchResponse
-					if r, err = st.Recv(); err == nil && r.Namespace.GetVersion() > after {
-						healthy = true
-						after = r.Namespace.Version
-						c.mu.Lock()
-						c.mu.hints[name] = r.Namespace
-						c.mu.Unlock()
+			err := func() error {
+				cl, err := c.conn(addr)
+				if err != nil {
+					return err
+				}
+				sctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				st, err := cl.Watch(sctx, &pb.WatchRequest{Namespace: name, AfterVersion: have})
+				if err != nil {
+					return err
+				}
+				// A watchdog ends a stream silent for WatchTimeout.
+				heard := make(chan struct{}, 1)
+				go func() {
+					t := time.NewTimer(WatchTimeout)
+					defer t.Stop()
+					for {
 						select {
-						case out <- r.Namespace:
-						case <-ctx.Done():
+						case <-heard:
+							t.Reset(WatchTimeout)
+						case <-t.C:
+							cancel()
+							return
+						case <-sctx.Done():
 							return
 						}
 					}
+				}()
+				for {
+					r, err := st.Recv()
+					if err != nil {
+						return err
+					}
+					select {
+					case heard <- struct{}{}:
+					default:
+					}
+					healthy = true
+					var ns *pb.Namespace
+					switch {
+					case r.Progress:
+						continue
+					case r.Namespace != nil && r.Namespace.Version > have:
+						cur = map[string][]byte{}
+						for _, e := range r.Namespace.Entries {
+							cur[e.Key] = e.Value
+						}
+						ns = r.Namespace
+					case r.Namespace == nil && cur != nil && r.BaseVersion == have && r.Version > have:
+						for _, op := range r.Ops {
+							if op.Kind == pb.Op_KIND_PUT {
+								cur[op.Key] = op.Value
+							} else {
+								delete(cur, op.Key)
+							}
+						}
+						ns = materialize(name, r.Version, cur)
+					default:
+						// Not on top of what we have (cannot happen with a
+						// correct server): start over with the whole namespace.
+						cur, have = nil, 0
+						return errors.New("meta: watch message does not apply")
+					}
+					have = ns.Version
+					if have <= after {
+						continue // a replica behind the one we came from
+					}
+					after = have
+					c.mu.Lock()
+					c.mu.hints[name] = ns
+					c.mu.Unlock()
+					select {
+					case out <- ns:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 				}
+			}()
+			if ctx.Err() != nil {
+				return
 			}
+			_ = err
 			c.redirect("")
 			// A stream that worked and broke (its member died or was cut
 			// off) moves to the next member at once; members that fail to
@@ -281,4 +363,19 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 		}
 	}()
 	return out
+}
+
+// materialize builds a namespace message from a watcher's copy, entries
+// in key order as the server sends them.
+func materialize(name string, version uint64, entries map[string][]byte) *pb.Namespace {
+	ns := &pb.Namespace{Name: name, Version: version, Entries: make([]*pb.Entry, 0, len(entries))}
+	keys := make([]string, 0, len(entries))
+	for k := range entries {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ns.Entries = append(ns.Entries, &pb.Entry{Key: k, Value: entries[k]})
+	}
+	return ns
 }

@@ -41,28 +41,68 @@ type ApplyResult struct {
 	Err     error  // nil, ErrStaleVersion, or ErrBadDecree-wrapped
 }
 
+// History bounds the recent decrees an FSM keeps per namespace so that a
+// watch can send each change as its ops rather than the whole namespace: at
+// most HistoryDecrees decrees and HistoryBytes of ops. A watcher further
+// behind gets the whole namespace again.
+const (
+	HistoryDecrees = 256
+	HistoryBytes   = 4 << 20
+)
+
 // FSM is the replicated state machine. Apply runs on raft's goroutine;
 // readers take the lock.
 type FSM struct {
 	log *slog.Logger
 	mu  struct {
 		sync.Mutex
-		ns      map[string]*nsState
-		changed chan struct{} // closed and replaced on every applied decree
+		ns map[string]*nsState
+		// changed: per namespace, closed and removed at the namespace's
+		// next applied decree (or a restore). Only namespaces someone
+		// waits on have one, so a decree wakes only its own watchers.
+		changed map[string]chan struct{}
 	}
 }
 
 type nsState struct {
 	version uint64
 	entries map[string][]byte
+	// history holds the ops of decrees version-len(history)+1..version.
+	history      [][]*pb.Op
+	historyBytes int
 }
 
 // NewFSM returns an empty state machine.
 func NewFSM(log *slog.Logger) *FSM {
 	f := &FSM{log: log}
 	f.mu.ns = map[string]*nsState{}
-	f.mu.changed = make(chan struct{})
+	f.mu.changed = map[string]chan struct{}{}
 	return f
+}
+
+func opsSize(ops []*pb.Op) int {
+	n := 0
+	for _, op := range ops {
+		n += len(op.Key) + len(op.Value) + 8
+	}
+	return n
+}
+
+// signalLocked wakes the watchers of one namespace.
+func (f *FSM) signalLocked(name string) {
+	if ch := f.mu.changed[name]; ch != nil {
+		close(ch)
+		delete(f.mu.changed, name)
+	}
+}
+
+func (f *FSM) changedLocked(name string) <-chan struct{} {
+	ch := f.mu.changed[name]
+	if ch == nil {
+		ch = make(chan struct{})
+		f.mu.changed[name] = ch
+	}
+	return ch
 }
 
 // DecodeDecree parses and validates a decree as it comes out of the log.
@@ -133,9 +173,15 @@ func (f *FSM) Apply(l *raft.Log) any {
 		}
 	}
 	ns.version++
+	ns.history = append(ns.history, d.Ops)
+	ns.historyBytes += opsSize(d.Ops)
+	for len(ns.history) > HistoryDecrees || ns.historyBytes > HistoryBytes && len(ns.history) > 1 {
+		ns.historyBytes -= opsSize(ns.history[0])
+		ns.history[0] = nil
+		ns.history = ns.history[1:]
+	}
 	f.mu.ns[d.Namespace] = ns
-	close(f.mu.changed)
-	f.mu.changed = make(chan struct{})
+	f.signalLocked(d.Namespace)
 	return ApplyResult{Version: ns.version}
 }
 
@@ -150,11 +196,37 @@ func (f *FSM) Version(name string) uint64 {
 }
 
 // Namespace returns a copy of one namespace (version 0 and no entries if it
-// was never written) and a channel closed at the next applied decree.
+// was never written) and a channel closed at its next applied decree.
 func (f *FSM) Namespace(name string) (*pb.Namespace, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.copyLocked(name), f.mu.changed
+	return f.copyLocked(name), f.changedLocked(name)
+}
+
+// Since returns what a watcher at version after needs to reach the
+// namespace's current version: the ops of the decrees since (delta, with
+// the current version), or, when the history no longer reaches back to
+// after (or after is 0), the whole namespace (full). Both are nil when
+// nothing is new. changed is closed at the namespace's next decree.
+func (f *FSM) Since(name string, after uint64) (version uint64, delta []*pb.Op, full *pb.Namespace, changed <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	changed = f.changedLocked(name)
+	ns := f.mu.ns[name]
+	switch {
+	case ns == nil:
+		return 0, nil, nil, changed
+	case ns.version <= after:
+		// Nothing new (a watcher that comes from a replica further ahead
+		// waits until this one catches up: versions never go backwards).
+		return ns.version, nil, nil, changed
+	case after == 0 || ns.version-after > uint64(len(ns.history)):
+		return ns.version, nil, f.copyLocked(name), changed
+	}
+	for _, ops := range ns.history[uint64(len(ns.history))-(ns.version-after):] {
+		delta = append(delta, ops...)
+	}
+	return ns.version, delta, nil, changed
 }
 
 func (f *FSM) copyLocked(name string) *pb.Namespace {
@@ -217,8 +289,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mu.ns = m
-	close(f.mu.changed)
-	f.mu.changed = make(chan struct{})
+	for name, ch := range f.mu.changed {
+		close(ch)
+		delete(f.mu.changed, name)
+	}
 	return nil
 }
 

@@ -30,10 +30,15 @@ type group struct {
 }
 
 func newGroup(t *testing.T, n int) *group {
+	return newGroupWith(t, n, func(int) string { return "" })
+}
+
+// newGroupWith names replica i's gRPC address grpcAddr(i) in the members.
+func newGroupWith(t *testing.T, n int, grpcAddr func(i int) string) *group {
 	g := &group{t: t}
 	for i := 1; i <= n; i++ {
 		g.dirs = append(g.dirs, t.TempDir())
-		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
+		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i), GRPCAddr: grpcAddr(i - 1)})
 	}
 	g.servers = make([]*Server, n)
 	g.trans = make([]*raft.InmemTransport, n)

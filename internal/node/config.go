@@ -12,12 +12,14 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/meta"
 )
 
 // Roles a node can host. A small cluster runs every role everywhere.
@@ -57,16 +59,43 @@ type FDConfig struct {
 	MaxDrift    float64  `toml:"max_drift"`
 }
 
+// RaftConfig holds the config service's raft timing (members only; empty
+// fields take meta.DefaultTiming's values).
+type RaftConfig struct {
+	Heartbeat   Duration `toml:"heartbeat"`    // a follower without contact this long (to 2x) starts an election
+	Election    Duration `toml:"election"`     // a candidate's election timeout
+	LeaderLease Duration `toml:"leader_lease"` // a leader without a majority's contact this long steps down
+}
+
+// Timing returns the raft timing with defaults filled in.
+func (r RaftConfig) Timing() meta.Timing {
+	t := meta.DefaultTiming
+	if r.Heartbeat != 0 {
+		t.Heartbeat = time.Duration(r.Heartbeat)
+	}
+	if r.Election != 0 {
+		t.Election = time.Duration(r.Election)
+	}
+	if r.LeaderLease != 0 {
+		t.LeaderLease = time.Duration(r.LeaderLease)
+	}
+	return t
+}
+
 // Config is one node's config file (grove server --config FILE).
 type Config struct {
-	ID         uint64   `toml:"id"`
-	DataDir    string   `toml:"data_dir"`
-	GRPCAddr   string   `toml:"grpc_addr"`
-	RaftAddr   string   `toml:"raft_addr"`
-	BeaconAddr string   `toml:"beacon_addr"`
-	Roles      []string `toml:"roles"`
-	Disks      []string `toml:"disks"`
-	FD         FDConfig `toml:"fd"`
+	ID         uint64 `toml:"id"`
+	DataDir    string `toml:"data_dir"`
+	GRPCAddr   string `toml:"grpc_addr"`
+	RaftAddr   string `toml:"raft_addr"`
+	BeaconAddr string `toml:"beacon_addr"`
+	// MetricsAddr serves Prometheus metrics over HTTP at /metrics (empty:
+	// off). `grove up` uses the node's gRPC port + 3.
+	MetricsAddr string     `toml:"metrics_addr"`
+	Roles       []string   `toml:"roles"`
+	Disks       []string   `toml:"disks"`
+	FD          FDConfig   `toml:"fd"`
+	Raft        RaftConfig `toml:"raft"`
 	// ClusterKey authenticates failure-detector datagrams (hex, at least
 	// 16 bytes; `grove up` generates 32). Every node of a cluster has the
 	// same one. AcceptClusterKeys are also accepted on incoming datagrams,
@@ -163,8 +192,17 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return errors.New("data_dir is required")
 	}
-	for name, a := range map[string]string{"grpc_addr": c.GRPCAddr, "beacon_addr": c.BeaconAddr} {
-		if _, _, err := net.SplitHostPort(a); err != nil {
+	for name, a := range map[string]string{"grpc_addr": c.GRPCAddr, "beacon_addr": c.BeaconAddr, "metrics_addr": c.MetricsAddr} {
+		if a == "" && name == "metrics_addr" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(a)
+		if err == nil {
+			if p, perr := strconv.Atoi(port); perr != nil || p < 0 || p > 65535 {
+				err = fmt.Errorf("port %q is not a number in 0..65535", port)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("%s %q: %v", name, a, err)
 		}
 	}
@@ -201,6 +239,9 @@ func (c *Config) Validate() error {
 	}
 	if self && (!c.Has(RoleMeta) || !c.Has(RoleObserver)) {
 		return fmt.Errorf("node %d is a member: it must have roles %q and %q", c.ID, RoleMeta, RoleObserver)
+	}
+	if err := c.Raft.Timing().Validate(); err != nil {
+		return fmt.Errorf("[raft]: %w", err)
 	}
 	if c.FD == (FDConfig{}) {
 		c.FD = DefaultFD

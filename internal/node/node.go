@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +25,8 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
+	"github.com/grovestore/grove/internal/ratelog"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -40,6 +44,8 @@ type Node struct {
 	locks  *lock.Service
 	status *StatusService
 	fence  *Fence
+	mx     *metrics.Node
+	web    *http.Server // metrics (nil if off)
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -72,7 +78,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	n := &Node{cfg: cfg, log: log.With("node", cfg.ID), fence: &Fence{}}
+	n := &Node{cfg: cfg, log: log.With("node", cfg.ID), fence: &Fence{}, mx: metrics.New(cfg.ID)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -86,19 +92,38 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		return nil, err
 	}
 	// Sockets first, so that a taken port fails fast with a clear message.
-	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+	lis, err := transport.Listen(cfg.GRPCAddr)
+	if err != nil {
 		return nil, fmt.Errorf("node %d: gRPC address: %w", cfg.ID, err)
 	}
+	garbage := ratelog.New(5 * time.Second)
+	n.lis = transport.Guard(lis, func(from net.Addr, reason string) {
+		n.mx.Garbage.WithLabelValues("grpc", reason).Inc()
+		if ok, k := garbage.Allow(reason); ok {
+			n.log.Warn("gRPC port: connection dropped", "from", from, "reason", reason, "suppressed", k)
+		}
+	})
 	udp, err := net.ListenPacket("udp", cfg.BeaconAddr)
 	if err != nil {
 		return nil, fmt.Errorf("node %d: beacon address: %w", cfg.ID, err)
+	}
+	if cfg.MetricsAddr != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			udp.Close()
+			return nil, fmt.Errorf("node %d: metrics address: %w", cfg.ID, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", n.mx.Handler())
+		n.web = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go n.web.Serve(ml)
 	}
 	var members []meta.Member
 	for _, m := range cfg.Members {
 		members = append(members, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
 	}
 	// A clerk's Hello can carry MaxCachedLeases names of up to 1 KiB.
-	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(transport.MaxMessage))
+	n.grpc = grpc.NewServer(transport.ServerOptions()...)
 	replacement := false
 	if cfg.Has(RoleMeta) {
 		dir := filepath.Join(cfg.DataDir, "meta")
@@ -114,8 +139,19 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			}
 			replacement = true
 		}
+		raftLog := opt.RaftLog
+		if raftLog == nil {
+			raftLog = os.Stderr
+		}
+		// raft logs one line per bad connection on its port: rate-limit
+		// them, and count garbage.
+		raftLog = ratelog.Writer(raftLog, ratelog.New(5*time.Second), func(key string) {
+			if strings.Contains(key, "failed to decode incoming command") {
+				n.mx.Garbage.WithLabelValues("raft", "undecodable command").Inc()
+			}
+		})
 		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: dir, Members: members, Bootstrap: opt.Bootstrap,
-			Timing: opt.MetaTiming, Logger: n.log, RaftLog: opt.RaftLog})
+			Timing: metaTiming(cfg, opt), Logger: n.log, RaftLog: raftLog, Metrics: n.mx})
 		if err != nil {
 			udp.Close()
 			return nil, err
@@ -125,7 +161,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.client = meta.NewClient(members)
 	n.status = NewStatusService(n.client, cfg.Members)
 	n.locks = lock.NewService(lock.ServiceConfig{Node: cfg.ID, GRPCAddr: cfg.GRPCAddr, Candidate: cfg.Has(RoleLock),
-		Meta: n.client, Detector: n.status, Live: n, Log: n.log})
+		Meta: n.client, Detector: n.status, Live: n, Log: n.log, Metrics: n.mx})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.locks.Fence(uint64(inc)) })
 	pb.RegisterObserverServiceServer(n.grpc, &observerService{n: n})
 	pb.RegisterClusterServiceServer(n.grpc, n.status)
@@ -140,7 +176,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.fd, err = fd.StartDriver(fd.DriverConfig{
 		Engine: fd.EngineConfig{Config: cfg.FDConfig(), Self: fd.NodeID(cfg.ID), Observe: cfg.Has(RoleObserver), Keys: keys,
 			Replacement: replacement},
-		ObserverAddrs: observerAddrs(cfg), Conn: udp, Log: n.log, Disk: disk.OS{},
+		ObserverAddrs: observerAddrs(cfg), Conn: udp, Log: n.log, Disk: disk.OS{}, Metrics: n.mx,
 		IncarnationFile: filepath.Join(cfg.DataDir, "incarnation"),
 		TombstoneFile:   filepath.Join(cfg.DataDir, "fd-tombstones.json"),
 		Registered:      n.registered,
@@ -159,6 +195,14 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.wg.Add(1)
 	go n.watchMembership()
 	return n, nil
+}
+
+// metaTiming: the options' timing (tests) over the config file's.
+func metaTiming(cfg *Config, opt Options) meta.Timing {
+	if opt.MetaTiming != (meta.Timing{}) {
+		return opt.MetaTiming
+	}
+	return cfg.Raft.Timing()
 }
 
 // confirmNotVoter is the rule that keeps a config-service member that lost
@@ -298,6 +342,9 @@ func (n *Node) Deadline(inc uint64) (time.Time, bool) {
 	return d.Deadline(fd.Incarnation(inc))
 }
 
+// Metrics is the node's metrics, for the layers to come.
+func (n *Node) Metrics() *metrics.Node { return n.mx }
+
 // Locks is the node's lock service.
 func (n *Node) Locks() *lock.Service { return n.locks }
 
@@ -312,6 +359,9 @@ func (n *Node) Close() {
 	}
 	if n.grpc != nil {
 		n.grpc.Stop()
+	}
+	if n.web != nil {
+		n.web.Close()
 	}
 	if n.meta != nil {
 		if err := n.meta.Close(); err != nil {

@@ -1,16 +1,22 @@
 // Package transport is how Grove processes reach each other: a pool of gRPC
-// client connections, one per address, shared by the layers of a process.
+// client connections, one per address, shared by the layers of a process,
+// and the connection settings every client and server of the cluster uses.
 // (Listening stays with the node; the simulator replaces this layer with its
 // own sessions and datagrams.)
 package transport
 
 import (
+	"context"
+	"net"
 	"sync"
+	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // ConnectParams bound how long a connection to a restarted peer stays in
@@ -19,14 +25,90 @@ import (
 // failure-detector verdicts long after it is back (measured: verdicts
 // delayed by 1-3 s under `grove bench fd`). Retrying at most every second
 // costs a SYN per second to a peer that is really down.
+// MinConnectTimeout also bounds one connection attempt: a SYN dropped by a
+// partition is not left in the kernel's exponential SYN retransmission
+// (1, 3, 7, 15 s...), so a healed peer is reached within about a second.
 var ConnectParams = grpc.ConnectParams{
 	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 	MinConnectTimeout: time.Second,
 }
 
+// Dead-peer detection. A silent partition (packets dropped, no RST) leaves
+// a TCP connection open for as long as nothing is sent on it, and one with
+// unacknowledged data in exponential retransmission for up to ~15 minutes;
+// a stream on it (a lock session, a config watch) would wait for the whole
+// partition and then for the retransmission timer after the heal. So every
+// cluster connection (1) sends kernel keepalive probes after KeepAliveIdle
+// of silence, and (2) is closed by the kernel when sent data or probes stay
+// unacknowledged for UserTimeout (TCP_USER_TIMEOUT, which also governs the
+// keepalive's verdict). gRPC then fails the streams on it with Unavailable
+// and reconnects (ConnectParams). gRPC's own client pings cannot go below
+// 10 s, hence the kernel's.
+const (
+	KeepAliveIdle     = time.Second
+	KeepAliveInterval = time.Second
+	UserTimeout       = 2500 * time.Millisecond
+)
+
 // MaxMessage is the largest message a cluster node receives (a clerk's
 // Hello, a recovery's exclusions): 33 MiB. Servers set the same limit.
 const MaxMessage = 33 << 20
+
+// dialer opens TCP connections with the dead-peer detection above.
+var dialer = &net.Dialer{
+	KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: KeepAliveIdle, Interval: KeepAliveInterval, Count: 2},
+	Control:         func(_, _ string, c syscall.RawConn) error { return setUserTimeout(c) },
+}
+
+func setUserTimeout(c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(UserTimeout/time.Millisecond))
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// DialOptions are the options of every gRPC client connection between
+// cluster nodes and from tools to nodes.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(ConnectParams),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", addr)
+		}),
+		// gRPC pings too (its floor is 10 s): a peer whose kernel answers
+		// but whose process is stopped (SIGSTOP) is caught by these.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: UserTimeout, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)),
+	}
+}
+
+// Listen opens a TCP listener whose accepted connections have the same
+// dead-peer detection as dialed ones, so that a server (a lock master) also
+// drops the streams of a client cut off from it.
+func Listen(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: KeepAliveIdle, Interval: KeepAliveInterval, Count: 2},
+		Control:         func(_, _ string, c syscall.RawConn) error { return setUserTimeout(c) },
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+// ServerOptions are the options of every node's gRPC server: the message
+// limit, server pings every second of inactivity (they catch a client
+// process that is stopped while its kernel still acknowledges), and a
+// policy that admits the clients' 10 s pings.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessage),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Second, Timeout: UserTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+}
 
 // Pool keeps one client connection per address. Safe for concurrent use.
 // The zero value is ready to use.
@@ -44,8 +126,7 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 	if c := p.conns[addr]; c != nil {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(ConnectParams),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)))
+	c, err := grpc.NewClient(addr, DialOptions()...)
 	if err != nil {
 		return nil, err
 	}

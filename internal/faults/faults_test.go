@@ -1,0 +1,127 @@
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFaults runs the multi-host fault suite (README "Fault suite"): three
+// grove server processes and a client, each in its own network namespace,
+// joined by a bridge in another; faults are nftables rules on the bridge,
+// SIGSTOP, and noise from the client. GROVE_FAULTS=short (CI, a few
+// minutes) or full (the README's figures); scripts/faults.sh runs it.
+func TestFaults(t *testing.T) {
+	name := os.Getenv("GROVE_FAULTS")
+	if name == "" {
+		t.Skip("GROVE_FAULTS is not set: GROVE_FAULTS=short (CI) or full runs the multi-host fault suite (root, ip, nft; scripts/faults.sh)")
+	}
+	mode, ok := Modes[name]
+	if !ok {
+		t.Fatalf("GROVE_FAULTS=%q: want short or full", name)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the fault suite creates network namespaces: it needs root")
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is missing (scripts/faults.sh installs iproute2 and nftables)", tool)
+		}
+	}
+	start := time.Now()
+	if err := CleanStale(t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin, err := Build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Setup(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	c, err := StartCluster(bin, dir, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close) // before the namespaces go (cleanups run last first)
+	agentLog, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agentLog.Close()
+	cfg := AgentConfig{StatusEveryMS: 150, VerdictEvery: 20}
+	for i := 1; i <= 3; i++ {
+		cfg.Nodes = append(cfg.Nodes, AgentNode{ID: uint64(i), GRPC: GRPC(i), Raft: Raft(i), Beacon: Beacon(i)})
+	}
+	a, err := StartAgent(cfg, "^TestFaultAgent$", agentLog, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close) // before the cluster and the namespaces
+	s := &Suite{Mode: mode, Net: n, Cluster: c, Agent: a, Logf: t.Logf}
+	if _, err := s.healthy(90*time.Second, true); err != nil {
+		dumpLogs(t, c, agentLog.Name())
+		t.Fatalf("the cluster did not come up: %v", err)
+	}
+	t.Logf("cluster up after %v; `grove status` from the client namespace:\n%s", time.Since(start).Round(time.Second), cliStatus(bin))
+	s.Run()
+	table := s.Table()
+	t.Logf("results (%s run, %v):\n%s", mode.Name, time.Since(start).Round(time.Second), table)
+	fmt.Printf("\nfault suite results (%s run, %v):\n%s\n", mode.Name, time.Since(start).Round(time.Second), table)
+	failed := false
+	for _, r := range s.Results {
+		for _, v := range r.Violations {
+			t.Errorf("%s: %s", r.Name, v)
+			failed = true
+		}
+	}
+	if failed {
+		dumpLogs(t, c, agentLog.Name())
+	}
+}
+
+// cliStatus runs `grove status` inside the client namespace, as an operator
+// on the client host would.
+func cliStatus(bin string) string {
+	out, err := Exec(clientNS, bin, "status", "--addr", GRPC(1)).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("grove status: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+func dumpLogs(t *testing.T, c *Cluster, agentLog string) {
+	for _, x := range c.Nodes {
+		t.Logf("n%d's log, tail:\n%s", x.ID, x.Tail(6000))
+	}
+	if b, err := os.ReadFile(agentLog); err == nil {
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		t.Logf("agent's stderr, tail:\n%s", b)
+	}
+}
+
+// TestFaultAgent is the agent (agent.go) when TestFaults re-executes the
+// test binary inside the client namespace; otherwise it does nothing.
+func TestFaultAgent(t *testing.T) {
+	env := os.Getenv(AgentEnv)
+	if env == "" {
+		t.Skip("runs only as TestFaults' agent")
+	}
+	var cfg AgentConfig
+	if err := json.NewDecoder(strings.NewReader(env)).Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := RunAgent(cfg, os.Stdin, os.Stdout); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,203 @@
+// Package metrics is a node's Prometheus metrics: one registry per node (an
+// in-process cluster runs several nodes in one process), the counters and
+// gauges the layers update, and the HTTP handler that serves them on the
+// node's metrics address. Every method is safe on a nil *Node, so that
+// layers and tests without metrics need no special case.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Node holds one node's metrics.
+type Node struct {
+	reg *prometheus.Registry
+
+	// Failure detector.
+	FDSent        *prometheus.CounterVec // kind: beacon, echo
+	FDReceived    *prometheus.CounterVec // kind: beacon, echo
+	FDDropped     *prometheus.CounterVec // reason
+	FDSelfFences  prometheus.Counter
+	FDVerdicts    *prometheus.CounterVec // answer: dead, alive, abstain, error
+	FDTombstones  prometheus.Counter     // tombstone files written
+	FDIncarnation prometheus.Gauge
+
+	// Config service.
+	MetaDecrees  *prometheus.CounterVec // result: ok, stale, bad, not_leader, error
+	MetaDecreeS  prometheus.Histogram
+	MetaWatches  prometheus.Gauge
+	MetaRejected *prometheus.CounterVec // why a watch or read was refused
+
+	// Lock service.
+	LockGrants      prometheus.Counter
+	LockRevocations prometheus.Counter
+	LockRecoveries  *prometheus.CounterVec // outcome: started, done, failed
+	LockSessions    *prometheus.CounterVec // event: opened, closed, refused
+	LockMalformed   prometheus.Counter
+
+	// Garbage: connections and lines dropped on the node's ports, by port
+	// (grpc, raft) and reason.
+	Garbage *prometheus.CounterVec
+}
+
+// New creates the metrics of node id on a registry of their own, with the
+// process's Go runtime metrics.
+func New(id uint64) *Node {
+	reg := prometheus.NewRegistry()
+	f := promauto{reg: reg, labels: prometheus.Labels{"node": strconv.FormatUint(id, 10)}}
+	m := &Node{reg: reg}
+	m.FDSent = f.counterVec("grove_fd_datagrams_sent_total", "Failure-detector datagrams sent, by kind (beacon, echo).", "kind")
+	m.FDReceived = f.counterVec("grove_fd_datagrams_accepted_total", "Authenticated failure-detector datagrams accepted, by kind.", "kind")
+	m.FDDropped = f.counterVec("grove_fd_datagrams_dropped_total", "Failure-detector datagrams dropped, by reason (malformed, forged, replayed, wrong address, membership moving...).", "reason")
+	m.FDSelfFences = f.counter("grove_fd_self_fences_total", "Incarnations of this node that fenced themselves (no majority of observers acknowledged within the grace period).")
+	m.FDVerdicts = f.counterVec("grove_fd_answers_total", "Answers this observer gave about node incarnations, by answer.", "answer")
+	m.FDTombstones = f.counter("grove_fd_tombstone_writes_total", "Durable writes of this observer's verdict file.")
+	m.FDIncarnation = f.gauge("grove_fd_incarnation", "This node's running incarnation (0 while fenced or joining).")
+	m.MetaDecrees = f.counterVec("grove_meta_decrees_total", "Decrees proposed to this config-service replica, by result.", "result")
+	m.MetaDecreeS = f.histogram("grove_meta_decree_seconds", "Time from proposal to commit and apply of a decree on the leader.")
+	m.MetaWatches = f.gauge("grove_meta_watch_streams", "Open watch streams served by this replica.")
+	m.MetaRejected = f.counterVec("grove_meta_refused_total", "Reads and watches this replica refused, by reason.", "reason")
+	m.LockGrants = f.counter("grove_lock_grants_total", "Leases granted by the lock master on this node.")
+	m.LockRevocations = f.counter("grove_lock_revocations_total", "Revocations sent by the lock master on this node.")
+	m.LockRecoveries = f.counterVec("grove_lock_recoveries_total", "Recovery runs of this node's clerks, by outcome.", "outcome")
+	m.LockSessions = f.counterVec("grove_lock_sessions_total", "Sessions of this node's clerks to the lock master, by event (dialed, broken).", "event")
+	m.LockMalformed = f.counter("grove_lock_malformed_messages_total", "Malformed lock-session messages dropped (the session is closed).")
+	m.Garbage = f.counterVec("grove_garbage_dropped_total", "Garbage dropped on this node's gRPC and raft ports, by port and reason (failure-detector datagrams are counted in grove_fd_datagrams_dropped_total).", "port", "reason")
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Register adds collectors (for example gauges read at scrape time) to the
+// node's registry.
+func (m *Node) Register(cs ...prometheus.Collector) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(cs...)
+}
+
+// GaugeFunc registers a gauge whose value is read at scrape time.
+func (m *Node) GaugeFunc(name, help string, labels prometheus.Labels, fn func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, fn))
+}
+
+// Handler serves the node's metrics in the Prometheus text format.
+func (m *Node) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Timeout: 5 * time.Second})
+}
+
+// Gather returns the current values (tests).
+func (m *Node) Gather() (map[string]float64, error) {
+	fams, err := m.reg.Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range mt.GetLabel() {
+				if l.GetName() != "node" {
+					key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+				}
+			}
+			switch {
+			case mt.Counter != nil:
+				out[key] = mt.Counter.GetValue()
+			case mt.Gauge != nil:
+				out[key] = mt.Gauge.GetValue()
+			case mt.Histogram != nil:
+				out[key+"_count"] = float64(mt.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return out, nil
+}
+
+// Decree counts a decree's result on the config-service leader.
+func (m *Node) Decree(result string) {
+	if m != nil {
+		m.MetaDecrees.WithLabelValues(result).Inc()
+	}
+}
+
+// DecreeLatency records a committed decree's time from proposal to apply.
+func (m *Node) DecreeLatency(d time.Duration) {
+	if m != nil {
+		m.MetaDecreeS.Observe(d.Seconds())
+	}
+}
+
+// Inc adds one to c; nothing if c is nil (metrics off).
+func Inc(c prometheus.Counter) {
+	if c != nil {
+		c.Inc()
+	}
+}
+
+// IncL adds one to v's series for label value l.
+func IncL(v *prometheus.CounterVec, l string) {
+	if v != nil {
+		v.WithLabelValues(l).Inc()
+	}
+}
+
+// Set sets g.
+func Set(g prometheus.Gauge, x float64) {
+	if g != nil {
+		g.Set(x)
+	}
+}
+
+// Add adds x to g.
+func Add(g prometheus.Gauge, x float64) {
+	if g != nil {
+		g.Add(x)
+	}
+}
+
+// Observe records x in h.
+func Observe(h prometheus.Histogram, x float64) {
+	if h != nil {
+		h.Observe(x)
+	}
+}
+
+type promauto struct {
+	reg    *prometheus.Registry
+	labels prometheus.Labels
+}
+
+func (f promauto) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: f.labels})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f promauto) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: f.labels}, labels)
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f promauto) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: f.labels})
+	f.reg.MustRegister(g)
+	return g
+}
+
+func (f promauto) histogram(name, help string) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: f.labels,
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+	f.reg.MustRegister(h)
+	return h
+}

@@ -1,0 +1,130 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// http2Preface is what every HTTP/2 client, hence every gRPC client, sends
+// first on a connection.
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// Guard limits: a connection has PrefaceTimeout to send the preface, and at
+// most MaxHandshakes connections wait for theirs at once (more are closed:
+// a flood of idle connections must not pin memory or file descriptors).
+const (
+	PrefaceTimeout = 10 * time.Second
+	MaxHandshakes  = 256
+)
+
+// Guard wraps a gRPC listener so that a connection that does not open with
+// the HTTP/2 preface (garbage, a port scan, a client of another protocol)
+// is closed before gRPC sees it, and reported to bad with the reason. gRPC
+// itself drops such connections without a word.
+func Guard(l net.Listener, bad func(remote net.Addr, reason string)) net.Listener {
+	g := &guarded{Listener: l, conns: make(chan net.Conn), done: make(chan struct{}), bad: bad, sem: make(chan struct{}, MaxHandshakes)}
+	go g.acceptLoop()
+	return g
+}
+
+type guarded struct {
+	net.Listener
+	conns chan net.Conn
+	done  chan struct{}
+	bad   func(remote net.Addr, reason string)
+	sem   chan struct{}
+	mu    sync.Mutex
+	err   error // the underlying Accept's error, once it failed for good
+	once  sync.Once
+}
+
+func (g *guarded) acceptLoop() {
+	for {
+		c, err := g.Listener.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			g.mu.Lock()
+			g.err = err
+			g.mu.Unlock()
+			g.Close()
+			return
+		}
+		select {
+		case g.sem <- struct{}{}:
+		default:
+			g.bad(c.RemoteAddr(), "too many connections waiting for their preface")
+			c.Close()
+			continue
+		}
+		go g.handshake(c)
+	}
+}
+
+func (g *guarded) handshake(c net.Conn) {
+	defer func() { <-g.sem }()
+	buf := make([]byte, len(http2Preface))
+	c.SetReadDeadline(time.Now().Add(PrefaceTimeout))
+	n, err := io.ReadFull(c, buf)
+	switch {
+	case err != nil && n == 0:
+		g.bad(c.RemoteAddr(), "closed or idle before sending anything")
+		c.Close()
+		return
+	case err != nil || !bytes.Equal(buf, []byte(http2Preface)):
+		g.bad(c.RemoteAddr(), "not a gRPC client (no HTTP/2 preface)")
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	select {
+	case g.conns <- &prefixConn{Conn: c, prefix: buf}:
+	case <-g.done:
+		c.Close()
+	}
+}
+
+// Accept returns the next connection that sent the preface.
+func (g *guarded) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.conns:
+		return c, nil
+	case <-g.done:
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.err != nil {
+			return nil, g.err
+		}
+		return nil, net.ErrClosed
+	}
+}
+
+func (g *guarded) Close() error {
+	var err error
+	g.once.Do(func() {
+		close(g.done)
+		err = g.Listener.Close()
+	})
+	return err
+}
+
+// prefixConn gives back the bytes the guard read.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(b, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}

@@ -1,0 +1,71 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// A guarded gRPC port serves real gRPC clients and drops, with a reason,
+// connections that send garbage or close without a word.
+func TestGuardDropsGarbageAndServesGRPC(t *testing.T) {
+	l, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var reasons []string
+	g := Guard(l, func(_ net.Addr, reason string) {
+		mu.Lock()
+		reasons = append(reasons, reason)
+		mu.Unlock()
+	})
+	gs := grpc.NewServer(ServerOptions()...)
+	go gs.Serve(g)
+	defer gs.Stop()
+
+	for _, junk := range []string{"GET / HTTP/1.1\r\nHost: x\r\n\r\n", strings.Repeat("\x00\xff", 20), ""} {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(junk))
+		c.Close()
+	}
+	cc, err := grpc.NewClient(l.Addr().String(), DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = cc.Invoke(ctx, "/grove.Nothing/Here", &emptypb.Empty{}, &emptypb.Empty{})
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("a real gRPC call through the guard: %v (want Unimplemented from the server)", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(reasons)
+		got := append([]string(nil), reasons...)
+		mu.Unlock()
+		if n == 3 {
+			if strings.Count(strings.Join(got, "|"), "no HTTP/2 preface") != 2 || strings.Count(strings.Join(got, "|"), "before sending anything") != 1 {
+				t.Fatalf("reasons: %q", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("garbage reported %d times, want 3: %q", n, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
