@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +16,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/metrics"
 )
 
 // buildGrove compiles the binary once per test run.
@@ -104,18 +103,17 @@ func TestEndToEndKillRestart(t *testing.T) {
 	deadAnswers := 0.0
 	for _, n := range u.Nodes {
 		m := scrapeMetrics(t, n.GRPC)
-		if m[`grove_fd_datagrams_sent_total{kind="beacon"}`] == 0 || m["grove_fd_incarnation"] == 0 {
+		if m["grove_fd_datagrams_sent_total{kind=beacon}"] == 0 || m["grove_fd_incarnation"] == 0 {
 			t.Fatalf("node %d metrics: no beacons or no incarnation: %v", n.ID, m)
 		}
-		deadAnswers += m[`grove_fd_answers_total{answer="dead"}`]
+		deadAnswers += m["grove_fd_answers_total{answer=dead}"]
 	}
 	if deadAnswers == 0 {
 		t.Fatal("no observer counted a dead answer, though two nodes were declared dead")
 	}
 }
 
-// scrapeMetrics reads a node's /metrics (at its gRPC port + 3) into
-// "name{labels}" -> value, without the node label.
+// scrapeMetrics reads a node's /metrics (at its gRPC port + 3).
 func scrapeMetrics(t *testing.T, grpcAddr string) map[string]float64 {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(grpcAddr)
@@ -125,24 +123,11 @@ func scrapeMetrics(t *testing.T, grpcAddr string) map[string]float64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	nodeLabel := regexp.MustCompile(`node="[0-9]+"`)
-	tidy := strings.NewReplacer("{,", "{", ",}", "}", ",,", ",", "{}", "")
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		name := tidy.Replace(nodeLabel.ReplaceAllString(line[:i], ""))
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[name] = v
-		}
+	m, err := metrics.Scrape(resp.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return m
 }
 
 // TestUpRestartSameCluster: `grove up` (in one process) twice on the same

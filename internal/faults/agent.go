@@ -11,6 +11,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"net/http"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -41,15 +43,16 @@ type AgentConfig struct {
 
 // AgentNode is one node's addresses.
 type AgentNode struct {
-	ID     uint64 `json:"id"`
-	GRPC   string `json:"grpc"`
-	Raft   string `json:"raft"`
-	Beacon string `json:"beacon"`
+	ID      uint64 `json:"id"`
+	GRPC    string `json:"grpc"`
+	Raft    string `json:"raft"`
+	Beacon  string `json:"beacon"`
+	Metrics string `json:"metrics"` // its Prometheus address (HTTP)
 }
 
 // Command is one request to the agent.
 type Command struct {
-	Op        string `json:"op"` // hold, release, list, decrees, decrees-stop, garbage, forge
+	Op        string `json:"op"` // hold, release, list, decrees, decrees-stop, garbage, forge, metrics
 	ID        string `json:"id,omitempty"`
 	Addr      string `json:"addr,omitempty"`      // hold, list: the node asked
 	Name      string `json:"name,omitempty"`      // hold: the lock; list: a lock to describe
@@ -61,7 +64,7 @@ type Command struct {
 // what it reports: a poll's start and the arrival of its answer, or the
 // instant something was seen (T0 == T1).
 type Event struct {
-	Ev  string `json:"ev"`           // status, verdict, granted, ended, list, decree, decree-check, garbage-done, forge-done, error
+	Ev  string `json:"ev"`           // status, verdict, granted, ended, list, decree, decree-check, garbage-done, forge-done, metrics, error
 	ID  string `json:"id,omitempty"` // the command's id; the namespace for decree and decree-check
 	T0  int64  `json:"t0"`
 	T1  int64  `json:"t1"`
@@ -90,6 +93,8 @@ type Event struct {
 	Missing []string `json:"missing,omitempty"`
 	// garbage-done, forge-done
 	Sent int `json:"sent,omitempty"`
+	// metrics: node Via's /metrics (metrics.Scrape's keys)
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
 // NodeState is one node as a status answer gave it.
@@ -213,6 +218,10 @@ func (a *agent) do(ctx context.Context, c Command) {
 		go a.garbage(time.Duration(c.Millis) * time.Millisecond)
 	case "forge":
 		go a.forge(time.Duration(c.Millis) * time.Millisecond)
+	case "metrics":
+		for _, n := range a.cfg.Nodes {
+			go a.scrape(ctx, c.ID, n)
+		}
 	default:
 		a.emit(Event{Ev: "error", T0: now(), Err: "unknown op " + c.Op})
 	}
@@ -393,6 +402,35 @@ func (a *agent) list(ctx context.Context, c Command) {
 			}
 		}
 	}
+	if err != nil {
+		e.Err = err.Error()
+	}
+	e.T1 = now()
+	a.emit(e)
+}
+
+// scrape reads node n's /metrics and reports it (one event per node, with
+// the command's id).
+func (a *agent) scrape(ctx context.Context, id string, n AgentNode) {
+	e := Event{Ev: "metrics", ID: id, Via: n.ID, T0: now()}
+	err := func() error {
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+n.Metrics+"/metrics", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", n.Metrics, resp.Status)
+		}
+		e.Metrics, err = metrics.Scrape(resp.Body)
+		return err
+	}()
 	if err != nil {
 		e.Err = err.Error()
 	}

@@ -21,9 +21,10 @@ import (
 
 // Ports every node uses on its own address (each node has a namespace).
 const (
-	grpcPort   = 7410
-	raftPort   = 7411
-	beaconPort = 7412
+	grpcPort    = 7410
+	raftPort    = 7411
+	beaconPort  = 7412
+	metricsPort = 7413
 )
 
 // Build compiles the grove binary into dir once per run: the suite tests
@@ -68,6 +69,9 @@ func GRPC(i int) string   { return fmt.Sprintf("%s:%d", NodeAddr(i), grpcPort) }
 func Raft(i int) string   { return fmt.Sprintf("%s:%d", NodeAddr(i), raftPort) }
 func Beacon(i int) string { return fmt.Sprintf("%s:%d", NodeAddr(i), beaconPort) }
 
+// Metrics is node i's Prometheus address.
+func Metrics(i int) string { return fmt.Sprintf("%s:%d", NodeAddr(i), metricsPort) }
+
 // StartCluster writes n node configs under dir (one fresh cluster key, the
 // README's failure-detector settings) and starts every node with
 // --bootstrap inside its namespace. The suite never restarts a node, so
@@ -84,7 +88,7 @@ func StartCluster(bin, dir string, n int) (*Cluster, error) {
 		if err := os.MkdirAll(nd, 0o755); err != nil {
 			return nil, err
 		}
-		cfg := &node.Config{ID: uint64(i), DataDir: filepath.Join(nd, "data"), GRPCAddr: GRPC(i), RaftAddr: Raft(i), BeaconAddr: Beacon(i),
+		cfg := &node.Config{ID: uint64(i), DataDir: filepath.Join(nd, "data"), GRPCAddr: GRPC(i), RaftAddr: Raft(i), BeaconAddr: Beacon(i), MetricsAddr: Metrics(i),
 			Roles: []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}, Disks: []string{}, FD: c.FD,
 			ClusterKey: key, AcceptClusterKeys: []string{}, Members: members}
 		if err := cfg.Validate(); err != nil {
@@ -160,17 +164,38 @@ func (x *Node) Pause() (time.Time, error) {
 	if err := x.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		return time.Time{}, err
 	}
+	// The signal is delivered asynchronously: the pause counts from when
+	// the process is seen stopped, so that the checks that rely on "it did
+	// nothing while stopped" never cover a moment it still ran.
+	for deadline := time.Now().Add(5 * time.Second); !stopped(x.cmd.Process.Pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("n%d not stopped 5 s after SIGSTOP", x.ID)
+		}
+	}
 	now := time.Now()
 	x.pauses = append(x.pauses, span{from: now})
 	return now, nil
+}
+
+// stopped reports whether process pid is in the stopped state.
+func stopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] == 'T'
 }
 
 // Resume continues a paused node (SIGCONT).
 func (x *Node) Resume() (time.Time, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	err := x.cmd.Process.Signal(syscall.SIGCONT)
+	// The pause ends when SIGCONT is sent (the process may run at once,
+	// before this goroutine reads the clock again).
 	now := time.Now()
+	err := x.cmd.Process.Signal(syscall.SIGCONT)
 	if n := len(x.pauses); n > 0 && x.pauses[n-1].to.IsZero() {
 		x.pauses[n-1].to = now
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,13 @@ func TestFaults(t *testing.T) {
 	mode, ok := Modes[name]
 	if !ok {
 		t.Fatalf("GROVE_FAULTS=%q: want short or full", name)
+	}
+	if v := os.Getenv("GROVE_FAULTS_TRIALS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("GROVE_FAULTS_TRIALS=%q: want a positive number", v)
+		}
+		mode.Trials = n
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("the fault suite creates network namespaces: it needs root")
@@ -59,14 +68,19 @@ func TestFaults(t *testing.T) {
 	defer agentLog.Close()
 	cfg := AgentConfig{StatusEveryMS: 150, VerdictEvery: 20}
 	for i := 1; i <= 3; i++ {
-		cfg.Nodes = append(cfg.Nodes, AgentNode{ID: uint64(i), GRPC: GRPC(i), Raft: Raft(i), Beacon: Beacon(i)})
+		cfg.Nodes = append(cfg.Nodes, AgentNode{ID: uint64(i), GRPC: GRPC(i), Raft: Raft(i), Beacon: Beacon(i), Metrics: Metrics(i)})
 	}
 	a, err := StartAgent(cfg, "^TestFaultAgent$", agentLog, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close) // before the cluster and the namespaces
-	s := &Suite{Mode: mode, Net: n, Cluster: c, Agent: a, Logf: t.Logf}
+	s := &Suite{Mode: mode, Net: n, Cluster: c, Agent: a, Logf: t.Logf, Trace: os.Getenv("GROVE_FAULTS_TRACE") != ""}
+	if only := os.Getenv("GROVE_FAULTS_ONLY"); only != "" {
+		if s.Only, err = regexp.Compile(only); err != nil {
+			t.Fatalf("GROVE_FAULTS_ONLY: %v", err)
+		}
+	}
 	if _, err := s.healthy(90*time.Second, true); err != nil {
 		dumpLogs(t, c, agentLog.Name())
 		t.Fatalf("the cluster did not come up: %v", err)

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -59,16 +60,22 @@ var columns = []string{"fence", "verdict", "grant", "fresh", "leader", "decree",
 
 // Result is one scenario run.
 type Result struct {
-	Name       string
-	Victim     string
-	M          map[string]time.Duration // measured columns
-	Expected   map[string]bool          // columns that must have been measured ("none" if not)
-	Targets    map[string]time.Duration // columns with a target in this scenario
-	Fences     map[int]int              // self-fences per node during the scenario
-	Rate       float64                  // self-fences per node-minute (loss scenarios), else -1
-	Violations []string                 // safety: hard failures
-	Notes      []string
-	broken     bool // the cluster did not recover: later scenarios cannot run
+	Name     string
+	Victim   string
+	M        map[string]time.Duration // measured columns
+	Expected map[string]bool          // columns that must have been measured ("none" if not)
+	Targets  map[string]time.Duration // columns with a target in this scenario
+	Fences   map[int]int              // self-fences per node during the scenario
+	Rate     float64                  // self-fences per node-minute (loss scenarios), else -1
+	// From the nodes' metrics, scraped before the fault and after the
+	// heal (-1: not scraped): raft elections (the largest term increase
+	// of any replica), self-fences, failure-detector datagrams and
+	// garbage (gRPC, raft) the nodes dropped.
+	Elections, MetricFences, Dropped, Garbage int
+	Length                                    time.Duration // from the fault to the heal
+	Violations                                []string      // safety: hard failures
+	Notes                                     []string
+	broken                                    bool // the cluster did not recover: later scenarios cannot run
 }
 
 func (r *Result) violate(format string, args ...any) {
@@ -86,6 +93,11 @@ type Suite struct {
 	Cluster *Cluster
 	Agent   *Agent
 	Logf    func(string, ...any)
+	// Only, if set, runs only the scenarios whose names it matches
+	// (GROVE_FAULTS_ONLY); Trace logs every status answer during each
+	// fault (GROVE_FAULTS_TRACE=1), to see where time goes.
+	Only    *regexp.Regexp
+	Trace   bool
 	Results []*Result
 	runs    int
 	holds   map[string]hold
@@ -155,6 +167,9 @@ func (s *Suite) Run() {
 		list = append(list, s.oneWay(m.OneWay)) // last: it leaves a node heard by fewer observers (fullCoverage)
 	}
 	for _, sc := range list {
+		if s.Only != nil && !s.Only.MatchString(sc.name) {
+			continue
+		}
 		if r := s.run(sc); r.broken {
 			s.Logf("the cluster did not recover: the remaining scenarios are skipped")
 			break
@@ -321,6 +336,16 @@ func (s *Suite) newVerdictsOnLive(r *Result, sn snapshot) {
 	}
 }
 
+func describeEvent(e Event) string {
+	switch e.Ev {
+	case "status":
+		return describeStatus(e)
+	case "decree":
+		return fmt.Sprintf("%s %s err=%q", e.ID, e.Key, e.Err)
+	}
+	return fmt.Sprintf("%s %s", e.ID, e.Clerk)
+}
+
 func describeStatus(e Event) string {
 	if e.Err != "" {
 		return fmt.Sprintf("status via n%d: %s", e.Via, e.Err)
@@ -359,7 +384,7 @@ func (s *Suite) granted(id string, d time.Duration) (Event, bool) {
 func (s *Suite) run(sc scenario) *Result {
 	s.runs++
 	r := &Result{Name: sc.name, M: map[string]time.Duration{}, Expected: map[string]bool{}, Targets: map[string]time.Duration{},
-		Fences: map[int]int{}, Rate: -1}
+		Fences: map[int]int{}, Rate: -1, Elections: -1, MetricFences: -1, Dropped: -1, Garbage: -1}
 	s.Results = append(s.Results, r)
 	s.Logf("== %s", sc.name)
 	snap, err := s.fullCoverage(r)
@@ -395,6 +420,7 @@ func (s *Suite) run(sc scenario) *Result {
 	}
 	time.Sleep(300 * time.Millisecond) // the waiter's request reaches the master before the fault
 	s.Logf("fault on %s; lock %q held on n%d, waited for on n%d", r.Victim, lock, holder, rest[0])
+	m0 := s.scrape()
 	tCut, err := sc.inject(victim)
 	if err != nil {
 		r.violate("injecting the fault: %v", err)
@@ -419,6 +445,14 @@ func (s *Suite) run(sc scenario) *Result {
 		}
 		s.newVerdictsOnLive(r, after)
 	}
+	m1 := s.scrape()
+	r.Elections = int(deltaMax(m0, m1, "grove_meta_raft_term"))
+	r.MetricFences = int(deltaSum(m0, m1, "grove_fd_self_fences_total"))
+	r.Dropped = int(deltaSum(m0, m1, "grove_fd_datagrams_dropped_total"))
+	r.Garbage = int(deltaSum(m0, m1, "grove_garbage_dropped_total"))
+	if len(m0) < s.nodes() || len(m1) < s.nodes() {
+		r.note("metrics from %d nodes before the fault and %d after (of %d): counts are partial", len(m0), len(m1), s.nodes())
+	}
 	tRel := time.Now()
 	s.release(h)
 	if _, ok := s.granted(w, 20*time.Second); !ok {
@@ -439,6 +473,13 @@ func (s *Suite) run(sc scenario) *Result {
 		r.violate("lost decrees: %d acknowledged, missing %v", chk.Acked, chk.Missing)
 	}
 	tEnd := time.Now()
+	if s.Trace {
+		for _, e := range s.Agent.Events(func(e Event) bool {
+			return (e.Ev == "status" || e.Ev == "decree" || e.Ev == "granted") && !e.At().Before(tCut.Add(-time.Second)) && e.At().Before(tHeal)
+		}) {
+			s.Logf("trace %+.3f..%+.3f %s via n%d: %s", e.At().Sub(tCut).Seconds(), e.End().Sub(tCut).Seconds(), e.Ev, e.Via, describeEvent(e))
+		}
+	}
 	s.analyse(r, sc, snap, victim, window{cut: tCut, heal: tHeal, release: tRel, end: tEnd}, []string{h, w, fresh})
 	s.report(r)
 	return r
@@ -515,8 +556,12 @@ func (s *Suite) analyse(r *Result, sc scenario, snap snapshot, victim int, t win
 			fencedInc[e.Node] = max(fencedInc[e.Node], e.Inc)
 		}
 	}
+	r.Length = t.heal.Sub(t.cut)
 	if sc.loss {
-		r.Rate = float64(sum(r.Fences)) / (float64(s.nodes()) * t.heal.Sub(t.cut).Minutes())
+		r.Rate = float64(sum(r.Fences)) / (float64(s.nodes()) * r.Length.Minutes())
+	}
+	if r.MetricFences >= 0 && r.MetricFences != sum(r.Fences) {
+		r.note("self-fences: %d in the nodes' logs during the fault, %d in their metrics from before it to after the heal", sum(r.Fences), r.MetricFences)
 	}
 	if sc.cutOff {
 		for _, c := range []string{"fence", "verdict", "grant", "fresh", "heal"} {
@@ -585,7 +630,7 @@ func (s *Suite) analyse(r *Result, sc scenario, snap snapshot, victim int, t win
 				}
 			}
 		}
-		s.countDropped(r, lg, t)
+		s.countDropped(r, sc.name)
 	}
 	if !sc.cutOff && !sc.quiet && !sc.loss && sum(r.Fences) > 0 {
 		r.note("false self-fences (every node kept a majority of observers): %s", r.fences())
@@ -810,16 +855,73 @@ func (s *Suite) checkVerdicts(r *Result, lg logs) {
 	}
 }
 
-// countDropped notes how many bad datagrams the nodes logged (rate-limited
-// lines: a lower bound), which shows the noise reached them.
-func (s *Suite) countDropped(r *Result, lg logs, t window) {
-	n := 0
-	for _, e := range lg {
-		if e.Kind == "dropped" && !e.At.Before(t.cut) && !e.At.After(t.end) {
-			n++
+// countDropped checks, from the nodes' metrics, that the noise reached
+// them and was dropped: a noise scenario whose datagrams and connections
+// never arrived would pass without testing anything.
+func (s *Suite) countDropped(r *Result, name string) {
+	r.note("the nodes dropped %d failure-detector datagrams and %d gRPC/raft connections or commands (metrics)", r.Dropped, r.Garbage)
+	switch {
+	case r.Dropped < 0:
+		r.violate("no metrics: cannot tell whether the %s reached the nodes", name)
+	case r.Dropped == 0:
+		r.violate("the nodes dropped no datagram during %s: the noise did not reach them", name)
+	case strings.HasPrefix(name, "garbage") && r.Garbage <= 0:
+		r.violate("the nodes dropped no gRPC or raft garbage during %s", name)
+	}
+}
+
+// scrape asks the agent for every node's metrics; a node that does not
+// answer within 5 s is left out.
+func (s *Suite) scrape() map[int]map[string]float64 {
+	id, err := s.Agent.Send(Command{Op: "metrics"})
+	out := map[int]map[string]float64{}
+	if err != nil {
+		return out
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(out) < s.nodes() && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, e := range s.Agent.Events(func(e Event) bool { return e.Ev == "metrics" && e.ID == id && e.Err == "" }) {
+			out[int(e.Via)] = e.Metrics
 		}
 	}
-	r.note("%d \"datagram dropped\" log lines (rate-limited)", n)
+	return out
+}
+
+// metricDeltas returns, per node scraped both times, how much the series
+// named name (all its label sets together) grew.
+func metricDeltas(m0, m1 map[int]map[string]float64, name string) []float64 {
+	var out []float64
+	for n, after := range m1 {
+		before, ok := m0[n]
+		if !ok {
+			continue
+		}
+		d := 0.0
+		for k, v := range after {
+			if k == name || strings.HasPrefix(k, name+"{") {
+				d += v - before[k]
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func deltaSum(m0, m1 map[int]map[string]float64, name string) float64 {
+	if len(m0) == 0 || len(m1) == 0 {
+		return -1
+	}
+	t := 0.0
+	for _, d := range metricDeltas(m0, m1, name) {
+		t += d
+	}
+	return t
+}
+
+func deltaMax(m0, m1 map[int]map[string]float64, name string) float64 {
+	if len(m0) == 0 || len(m1) == 0 {
+		return -1
+	}
+	return slices.Max(append(metricDeltas(m0, m1, name), 0))
 }
 
 func (s *Suite) report(r *Result) {
@@ -833,6 +935,7 @@ func (s *Suite) report(r *Result) {
 			parts = append(parts, c+"="+v)
 		}
 	}
+	parts = append(parts, "self-fences="+r.fences(), "elections="+r.elections())
 	s.Logf("%s: %s; %s", r.Name, verdict, strings.Join(parts, " "))
 	for _, v := range r.Violations {
 		s.Logf("  VIOLATION: %s", v)
@@ -857,6 +960,18 @@ func (r *Result) cell(c string) string {
 		return "none"
 	}
 	return "—"
+}
+
+// elections formats the raft elections during the scenario (per minute of
+// fault for loss scenarios).
+func (r *Result) elections() string {
+	switch {
+	case r.Elections < 0:
+		return "?"
+	case r.Rate >= 0 && r.Length > 0:
+		return fmt.Sprintf("%d (%.1f/min)", r.Elections, float64(r.Elections)/r.Length.Minutes())
+	}
+	return strconv.Itoa(r.Elections)
 }
 
 func (r *Result) fences() string {
@@ -884,7 +999,7 @@ func (r *Result) fences() string {
 func (s *Suite) Table() string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tVICTIM\tFENCE\tVERDICT\tGRANT\tFRESH\tLEADER\tDECREE\tHEAL\tSELF-FENCES\tSAFETY")
+	fmt.Fprintln(tw, "SCENARIO\tVICTIM\tFENCE\tVERDICT\tGRANT\tFRESH\tLEADER\tDECREE\tHEAL\tSELF-FENCES\tELECTIONS\tSAFETY")
 	for _, r := range s.Results {
 		safety := "PASS"
 		if len(r.Violations) > 0 {
@@ -894,7 +1009,7 @@ func (s *Suite) Table() string {
 		for _, c := range columns {
 			cells = append(cells, r.cell(c))
 		}
-		cells = append(cells, r.fences(), safety)
+		cells = append(cells, r.fences(), r.elections(), safety)
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	tw.Flush()

@@ -319,12 +319,13 @@ func (e *Engine) Query(now time.Time, id QueryID, qs []Question) []any {
 	if e.obs == nil {
 		return []any{Answer{Query: id, Err: ErrNotObserver}}
 	}
-	contact, ok := time.Time{}, false
+	var contact, since time.Time
+	ok := false
 	if e.subj != nil {
-		contact, ok = e.subj.Contact(now)
+		contact, since, ok = e.subj.Contact(now)
 	}
 	if e.cfg.Ungated {
-		contact, ok = now, true
+		contact, since, ok = now, time.Time{}, true
 	}
 	if !ok {
 		return []any{Answer{Query: id, Err: ErrNoMajority}}
@@ -332,7 +333,7 @@ func (e *Engine) Query(now time.Time, id QueryID, qs []Question) []any {
 	dead, heard := make([]bool, len(qs)), make([]bool, len(qs))
 	condemned := false
 	for i, q := range qs {
-		v := e.obs.Query(now, contact, q.Node, q.Inc)
+		v := e.obs.QueryConnected(now, contact, since, q.Node, q.Inc)
 		dead[i] = v == VerdictDead || v == VerdictCondemned
 		heard[i] = !dead[i] && e.obs.Heard(now, q.Node, q.Inc)
 		condemned = condemned || v == VerdictCondemned

@@ -154,6 +154,10 @@ type Subject struct {
 	started    time.Time // local time the incarnation began
 	deadline   time.Time // valid when phase == Alive
 	nextBeacon time.Time
+	// connected is the local send time of the first beacon of the current
+	// unbroken run of majority contact: consecutive contacts (Contact)
+	// less than GracePeriod/2 apart. Valid when phase == Alive.
+	connected time.Time
 }
 
 type sentBeacon struct {
@@ -202,12 +206,15 @@ func (s *Subject) Alive(now time.Time) bool { return s.Phase(now) == Alive }
 
 // Contact returns the local send time of the newest beacon a majority of
 // observers acknowledged, if the subject is alive at now: the node was in
-// contact with a majority then.
-func (s *Subject) Contact(now time.Time) (time.Time, bool) {
+// contact with a majority then. since is when the node's current unbroken
+// run of majority contact began (no two contacts GracePeriod/2 apart or
+// more in between): the node has been demonstrably connected from since to
+// contact.
+func (s *Subject) Contact(now time.Time) (contact, since time.Time, ok bool) {
 	if !s.Alive(now) {
-		return time.Time{}, false
+		return time.Time{}, time.Time{}, false
 	}
-	return s.deadline.Add(-s.cfg.SelfGrace()), true
+	return s.deadline.Add(-s.cfg.SelfGrace()), s.connected, true
 }
 
 func (s *Subject) expire(now time.Time) {
@@ -296,6 +303,9 @@ func (s *Subject) Echo(now time.Time, p Packet) error {
 	}
 	if s.phase == Alive && d.Before(s.deadline) {
 		panic("fd: deadline moved backwards") // invariant: lastAck only grows
+	}
+	if c := acks[q-1]; s.phase != Alive || c.Sub(s.deadline.Add(-s.cfg.SelfGrace())) >= s.cfg.GracePeriod/2 {
+		s.connected = c // the first contact, or the first after a gap
 	}
 	s.phase, s.deadline = Alive, d
 	return nil
@@ -500,6 +510,19 @@ func (o *Observer) Beacon(now time.Time, p Packet) (Packet, error) {
 // Durability contract: on VerdictCondemned, the caller must persist
 // Tombstones() and call Durable with it before any "dead" answer leaves.
 func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verdict {
+	return o.QueryConnected(now, contact, time.Time{}, n, inc)
+}
+
+// QueryConnected is Query with since, the start of the observer's node's
+// current unbroken run of majority contact (Subject.Contact): the node's
+// silence counts against it only from since. An observer whose own node was
+// cut off with the suspect, and has just regained contact (a healed
+// partition, a resumed pause), has not yet had time to hear the suspect's
+// next beacon; without since it would condemn every node it is asked about
+// in that instant, and each such verdict, though not a majority's, is
+// permanent: the node is heard by one observer fewer for the rest of its
+// incarnation.
+func (o *Observer) QueryConnected(now, contact, since time.Time, n NodeID, inc Incarnation) Verdict {
 	if inc <= o.durable[n] {
 		return VerdictDead
 	}
@@ -531,7 +554,7 @@ func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verd
 	if now.Sub(last) <= o.grace {
 		return VerdictAlive
 	}
-	if contact.Sub(last) < o.grace/2 {
+	if contact.Sub(last) < o.grace/2 || contact.Sub(since) < o.grace/2 {
 		return VerdictAbstain
 	}
 	o.condemned[n] = inc

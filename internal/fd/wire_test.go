@@ -269,3 +269,64 @@ func TestJoiningEchoWindow(t *testing.T) {
 		t.Fatal("not alive after a majority echoed")
 	}
 }
+
+// Found by the fault suite: an observer cut off together from every node
+// (its host isolated) regains contact with a majority when the partition
+// heals, and was asked at once about a node whose next beacon had not
+// arrived yet: it condemned a live incarnation, permanently. Silence counts
+// only from the start of the observer's current run of contact.
+func TestObserverSilenceCountsFromReconnection(t *testing.T) {
+	now := simNow()
+	o := NewObserver(1, DefaultGracePeriod, now, nil)
+	o.SetRegistered(now, map[NodeID]Incarnation{2: 1})
+	o.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 1, Seq: 1})
+	healed := now.Add(4 * time.Second) // cut off from now until healed
+	contact := healed.Add(5 * time.Millisecond)
+	if v := o.QueryConnected(contact, contact, healed, 2, 1); v != VerdictAbstain {
+		t.Fatalf("asked right after the heal: %v, want abstain", v)
+	}
+	if v := o.QueryConnected(contact, contact, time.Time{}, 2, 1); v != VerdictCondemned {
+		t.Fatalf("teeth: without the run's start the same question condemns: %v", v)
+	}
+	o2 := NewObserver(1, DefaultGracePeriod, now, nil)
+	o2.SetRegistered(now, map[NodeID]Incarnation{2: 1})
+	o2.Beacon(now, Packet{Kind: KindBeacon, Subject: 2, Incarnation: 1, Seq: 1})
+	later := healed.Add(DefaultGracePeriod / 2)
+	if v := o2.QueryConnected(later, later, healed, 2, 1); v != VerdictCondemned {
+		t.Fatalf("still silent GracePeriod/2 into the observer's contact: %v, want condemned", v)
+	}
+}
+
+// The Subject's run of contact: it starts at the first majority contact and
+// again after a gap of GracePeriod/2 or more between contacts.
+func TestSubjectContactRun(t *testing.T) {
+	cfg := Config{Interval: DefaultInterval, GracePeriod: DefaultGracePeriod, Observers: []NodeID{1, 2, 3}}
+	now := simNow()
+	s := NewSubject(cfg, 1, 1, now)
+	ack := func(at time.Time) {
+		t.Helper()
+		b, send, _ := s.Tick(at)
+		if !send {
+			t.Fatalf("no beacon due at %v", at.Sub(now))
+		}
+		for _, o := range []NodeID{1, 2} {
+			if err := s.Echo(at, Packet{Kind: KindEcho, Subject: 1, Incarnation: 1, Seq: b.Seq, Observer: o}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ack(now)
+	if c, since, ok := s.Contact(now); !ok || !c.Equal(now) || !since.Equal(now) {
+		t.Fatalf("first contact: %v %v %v", c.Sub(now), since.Sub(now), ok)
+	}
+	t1 := now.Add(DefaultInterval)
+	ack(t1)
+	if _, since, _ := s.Contact(t1); !since.Equal(now) {
+		t.Fatalf("contact one interval later restarted the run at %v", since.Sub(now))
+	}
+	t2 := t1.Add(DefaultGracePeriod / 2) // a gap, but within SelfGrace: still alive
+	ack(t2)
+	if c, since, ok := s.Contact(t2); !ok || !c.Equal(t2) || !since.Equal(t2) {
+		t.Fatalf("after a gap of GracePeriod/2: contact %v since %v ok %v", c.Sub(now), since.Sub(now), ok)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -27,45 +28,95 @@ type Client struct {
 		leader string // cached leader gRPC address ("" if unknown)
 		next   int    // round-robin position when the leader is unknown
 		hints  map[string]*pb.Namespace
+		// failed: members whose last call failed (timed out, refused,
+		// out of contact) and when. While the leader is unknown they are
+		// passed over for AvoidFailed.
+		failed map[string]time.Time
 	}
 }
+
+// AvoidFailed is how long a member whose call failed is passed over, while
+// the leader is unknown and another member has not failed: a leader cut
+// off silently costs one attempt (attemptTimeout), not one per pass over
+// the members; they elect a new leader within about two raft heartbeat
+// timeouts.
+const AvoidFailed = 2 * time.Second
 
 // NewClient returns a client for the given members (only GRPCAddr is used).
 func NewClient(members []Member) *Client {
 	c := &Client{members: members}
 	c.mu.hints = map[string]*pb.Namespace{}
+	c.mu.failed = map[string]time.Time{}
 	return c
 }
 
 // Close drops every connection.
 func (c *Client) Close() { c.conns.Close() }
 
-func (c *Client) conn(addr string) (pb.ConfigServiceClient, error) {
+func (c *Client) conn(addr string) (pb.ConfigServiceClient, *grpc.ClientConn, error) {
 	cc, err := c.conns.Get(addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pb.NewConfigServiceClient(cc), nil
+	return pb.NewConfigServiceClient(cc), cc, nil
 }
 
 // target picks where to send the next call: the cached leader, else the
-// next member in turn.
+// next member in turn that has not failed recently (any member if all
+// have).
 func (c *Client) target() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.mu.leader != "" {
 		return c.mu.leader
 	}
+	now := time.Now()
+	for range c.members {
+		m := c.members[c.mu.next%len(c.members)]
+		c.mu.next++
+		if !c.failedLocked(m.GRPCAddr, now) {
+			return m.GRPCAddr
+		}
+	}
 	m := c.members[c.mu.next%len(c.members)]
 	c.mu.next++
 	return m.GRPCAddr
 }
 
+func (c *Client) failedLocked(addr string, now time.Time) bool {
+	at, ok := c.mu.failed[addr]
+	if ok && now.Sub(at) >= AvoidFailed {
+		delete(c.mu.failed, addr)
+		return false
+	}
+	return ok
+}
+
 // redirect records a leader hint (or forgets the leader if there is none).
+// Hints are followed even to a member that failed recently: a member names
+// a leader only while it hears from it (Server.KnownLeader), so a hint to a
+// failed member means it is back (a healed partition).
 func (c *Client) redirect(addr string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.mu.leader = addr
-	c.mu.Unlock()
+}
+
+// failed records that a call to addr failed, and forgets it as leader.
+func (c *Client) failed(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.failed[addr] = time.Now()
+	if c.mu.leader == addr {
+		c.mu.leader = ""
+	}
+}
+
+// succeeded clears addr's failure.
+func (c *Client) succeeded(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.mu.failed, addr)
 }
 
 // attemptTimeout bounds one call to one member in the round-th pass over the
@@ -91,7 +142,7 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 	var last error
 	for attempt := 0; ; attempt++ {
 		addr := c.target()
-		cl, err := c.conn(addr)
+		cl, cc, err := c.conn(addr)
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, attemptTimeout(attempt/len(c.members)))
 			var hint string
@@ -99,9 +150,11 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 			hint, done, err = call(cctx, cl)
 			cancel()
 			if done {
+				c.succeeded(addr)
 				return err
 			}
 			if err == nil { // not the leader
+				c.succeeded(addr)
 				c.redirect(hint)
 				if attempt%len(c.members) != len(c.members)-1 {
 					continue // follow the hint, or try the next member, at once
@@ -111,7 +164,13 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 					return fmt.Errorf("%w: %s", ErrBadDecree, s.Message())
 				}
 				last = err
-				c.redirect("")
+				c.failed(addr)
+				if status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+					// Silent: the connection may be stuck in TCP
+					// retransmission backoff (a healed partition);
+					// the next attempt to addr dials afresh.
+					c.conns.Reset(addr, cc)
+				}
 			}
 		}
 		select {
@@ -263,7 +322,7 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 			addr := c.target()
 			healthy := false // the stream delivered something before it broke
 			err := func() error {
-				cl, err := c.conn(addr)
+				cl, cc, err := c.conn(addr)
 				if err != nil {
 					return err
 				}
@@ -283,7 +342,10 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 						case <-heard:
 							t.Reset(WatchTimeout)
 						case <-t.C:
+							// Silent: the connection may be stuck
+							// (see retry); the next stream dials afresh.
 							cancel()
+							c.conns.Reset(addr, cc)
 							return
 						case <-sctx.Done():
 							return
@@ -344,7 +406,7 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 				return
 			}
 			_ = err
-			c.redirect("")
+			c.failed(addr) // broken, refused (out of contact) or silent
 			// A stream that worked and broke (its member died or was cut
 			// off) moves to the next member at once; members that fail to
 			// serve are retried with a growing pause.

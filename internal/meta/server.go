@@ -56,7 +56,7 @@ func (t Timing) Validate() error {
 }
 
 // DefaultTiming suits a LAN: elections within a second or two of a loss.
-var DefaultTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 250 * time.Millisecond}
+var DefaultTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond}
 
 // Config configures one replica.
 type Config struct {
@@ -513,8 +513,26 @@ func (s *Server) RemoveMember(id uint64) (uint64, error) {
 func (s *Server) RegisterGRPC(g *grpc.Server) { pb.RegisterConfigServiceServer(g, &grpcService{s: s}) }
 
 func (s *Server) leaderHint() (uint64, string) {
-	id := s.Leader()
+	id := s.KnownLeader()
 	return id, s.member(id).GRPCAddr
+}
+
+// KnownLeader is the leader this replica can vouch for (0 if none): itself
+// while it leads, or the leader of a follower that heard from it within half
+// a heartbeat timeout (leaders send heartbeats ten times per timeout). A
+// follower that has not noticed yet that its leader is gone (it waits a
+// whole heartbeat timeout) would otherwise send every client to the lost
+// leader, where each loses an attempt; `grove status` would name it.
+func (s *Server) KnownLeader() uint64 {
+	switch s.raft.State() {
+	case raft.Leader:
+		return s.cfg.ID
+	case raft.Follower:
+		if time.Since(s.raft.LastContact()) <= s.cfg.Timing.Heartbeat/2 {
+			return s.Leader()
+		}
+	}
+	return 0
 }
 
 type grpcService struct {
@@ -639,7 +657,7 @@ func (g *grpcService) Members(ctx context.Context, _ *pb.MembersRequest) (*pb.Me
 	if err := f.Error(); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	out := &pb.MembersResponse{LeaderId: g.s.Leader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex()}
+	out := &pb.MembersResponse{LeaderId: g.s.KnownLeader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex()}
 	for _, sv := range f.Configuration().Servers {
 		id, _ := strconv.ParseUint(string(sv.ID), 10, 64)
 		out.Members = append(out.Members, &pb.Member{Id: id, RaftAddr: string(sv.Address), GrpcAddr: g.s.member(id).GRPCAddr, Voter: sv.Suffrage == raft.Voter})

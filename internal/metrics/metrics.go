@@ -6,8 +6,12 @@
 package metrics
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -200,4 +204,43 @@ func (f promauto) histogram(name, help string) prometheus.Histogram {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	f.reg.MustRegister(h)
 	return h
+}
+
+// Scrape reads the Prometheus text format (a node's /metrics) into
+// "name{label=value,...}" → value, leaving out the node label, comments and
+// the Go runtime's and process's own series (go_*, process_*), so that
+// keys read the same on every node. Tests and the fault suite use it.
+func Scrape(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' || strings.HasPrefix(line, "go_") || strings.HasPrefix(line, "process_") || strings.HasPrefix(line, "promhttp_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			return nil, fmt.Errorf("metrics: no value in %q", line)
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: value in %q: %v", line, err)
+		}
+		name, labels := line[:i], ""
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			name, labels = name[:j], strings.TrimSuffix(name[j+1:], "}")
+		}
+		var keep []string
+		for _, l := range strings.Split(labels, ",") {
+			if l != "" && !strings.HasPrefix(l, "node=") {
+				keep = append(keep, strings.ReplaceAll(l, `"`, ""))
+			}
+		}
+		if len(keep) > 0 {
+			name += "{" + strings.Join(keep, ",") + "}"
+		}
+		out[name] = v
+	}
+	return out, sc.Err()
 }

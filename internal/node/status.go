@@ -34,8 +34,15 @@ func NewStatusService(c *meta.Client, observers []MemberConfig) *StatusService {
 	return &StatusService{client: c, observers: observers}
 }
 
-// ObserverTimeout bounds how long a status query waits for observers.
-const ObserverTimeout = 500 * time.Millisecond
+// ObserverTimeout bounds how long a status query waits for observers;
+// once a majority has answered it waits at most ObserverStraggler more for
+// the others (an observer cut off silently would otherwise cost every query
+// the whole ObserverTimeout, and `grove status` and the lock master's
+// suspect polls would slow down exactly when they matter).
+const (
+	ObserverTimeout   = 500 * time.Millisecond
+	ObserverStraggler = 100 * time.Millisecond
+)
 
 func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -72,8 +79,11 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead, hear
 		req.Subjects = append(req.Subjects, &pb.Subject{Node: n.Id, Incarnation: n.Incarnation})
 	}
 	dead, heard = make([]int, len(nodes)), make([]int, len(nodes))
+	qctx, cancel := context.WithTimeout(ctx, ObserverTimeout)
+	defer cancel()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	majority := len(s.observers)/2 + 1
 	for _, o := range s.observers {
 		wg.Add(1)
 		go func() {
@@ -82,8 +92,6 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead, hear
 			if err != nil {
 				return
 			}
-			qctx, cancel := context.WithTimeout(ctx, ObserverTimeout)
-			defer cancel()
 			r, err := pb.NewObserverServiceClient(cl).Query(qctx, req)
 			if err != nil || len(r.Dead) != len(nodes) {
 				return
@@ -98,6 +106,9 @@ func (s *StatusService) Query(ctx context.Context, nodes []*pb.Node) (dead, hear
 				if i < len(r.Heard) && r.Heard[i] {
 					heard[i]++
 				}
+			}
+			if answered == majority && answered < len(s.observers) {
+				time.AfterFunc(ObserverStraggler, cancel)
 			}
 		}()
 	}

@@ -137,6 +137,21 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
+// Reset closes the connection to addr, if it is still c, so that the next
+// Get dials afresh. For a call that timed out on a connection that may be
+// stuck: after a silent partition heals, a TCP connection can sit in
+// exponential retransmission backoff for seconds more (until the next
+// retransmission, or TCP_USER_TIMEOUT), while a new one is up in a round
+// trip. Calls and streams still on c fail and are retried by their owners.
+func (p *Pool) Reset(addr string, c *grpc.ClientConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur := p.conns[addr]; cur != nil && cur == c {
+		delete(p.conns, addr)
+		c.Close()
+	}
+}
+
 // Close closes every connection; the pool may be used again afterwards.
 func (p *Pool) Close() {
 	p.mu.Lock()
