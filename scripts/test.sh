@@ -6,7 +6,8 @@
 # detector on the protocol packages, and a short fuzz run of every decoder.
 #
 # Knobs: GROVE_SEEDS=N (seeds per simulation), GROVE_SEED=S (replay one
-# seed), GROVE_FUZZTIME=30s (per fuzz target).
+# seed), GROVE_FUZZTIME=30s (per fuzz target), GROVE_FAULTS=short|full|off
+# (the multi-host fault suite; short by default, as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,5 +46,17 @@ fuzz FuzzDecode ./internal/fd
 fuzz FuzzDecodeDecree ./internal/meta
 fuzz FuzzDecodeSessionRequest ./internal/lock
 fuzz FuzzDecodeSessionResponse ./internal/lock
+
+echo "== fault suite (short): three grove servers and a client in network namespaces"
+# Real processes on a bridged test network with nftables faults; needs root
+# and the kernel's network namespaces (CI runs as root). GROVE_FAULTS=off
+# skips it; scripts/faults.sh runs the full version.
+if [ "${GROVE_FAULTS:-short}" = off ]; then
+  echo "skipped (GROVE_FAULTS=off)"
+elif [ "$(id -u)" != 0 ]; then
+  echo "skipped: not root (the suite creates network namespaces)"
+else
+  bash scripts/faults.sh "${GROVE_FAULTS:-short}"
+fi
 
 echo "== all tests passed"

@@ -405,8 +405,11 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 			if ctx.Err() != nil {
 				return
 			}
-			_ = err
-			c.failed(addr) // broken, refused (out of contact) or silent
+			if status.Code(err) == codes.FailedPrecondition {
+				c.redirect("") // refused: out of contact, but it answers
+			} else {
+				c.failed(addr) // broken or silent
+			}
 			// A stream that worked and broke (its member died or was cut
 			// off) moves to the next member at once; members that fail to
 			// serve are retried with a growing pause.

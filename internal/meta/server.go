@@ -56,7 +56,7 @@ func (t Timing) Validate() error {
 }
 
 // DefaultTiming suits a LAN: elections within a second or two of a loss.
-var DefaultTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, LeaderLease: 500 * time.Millisecond}
+var DefaultTiming = Timing{Heartbeat: 400 * time.Millisecond, Election: 400 * time.Millisecond, LeaderLease: 400 * time.Millisecond}
 
 // Config configures one replica.
 type Config struct {
@@ -315,6 +315,12 @@ func (s *Server) Leader() uint64 {
 	n, _ := strconv.ParseUint(string(id), 10, 64)
 	return n
 }
+
+// ErrOutOfContact is a watch refused by a replica that has not heard from a
+// leader lately (cut off, or an election is going on): it would serve a
+// namespace that no longer moves. The replica itself answers: the watcher
+// tries another member, without counting this one as failed.
+var ErrOutOfContact = errors.New("meta: this replica is out of contact with the config-service leader")
 
 // WatchHeartbeat is how often a watch stream with nothing new says so.
 // Watchers give up on a stream silent for WatchTimeout.
@@ -598,7 +604,7 @@ func (g *grpcService) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingSer
 			if m := g.s.cfg.Metrics; m != nil {
 				metrics.IncL(m.MetaRejected, "watch_out_of_contact")
 			}
-			return status.Error(codes.Unavailable, "meta: this replica is out of contact with the config-service leader")
+			return status.Error(codes.FailedPrecondition, ErrOutOfContact.Error())
 		}
 		version, delta, full, changed := g.s.fsm.Since(req.Namespace, after)
 		var r *pb.WatchResponse
