@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -352,7 +353,9 @@ func (a *agent) hold(ctx context.Context, c Command) {
 		end(err)
 		return
 	}
-	stream, err := pb.NewLockServiceClient(cc).Hold(ctx, &pb.HoldRequest{Name: []byte(c.Name), Mode: pb.LockMode_LOCK_MODE_EXCLUSIVE})
+	// WaitForReady: a connection still reconnecting after an earlier
+	// fault (gRPC backs off up to 1 s) must delay the hold, not fail it.
+	stream, err := pb.NewLockServiceClient(cc).Hold(ctx, &pb.HoldRequest{Name: []byte(c.Name), Mode: pb.LockMode_LOCK_MODE_EXCLUSIVE}, grpc.WaitForReady(true))
 	if err != nil {
 		end(err)
 		return

@@ -255,8 +255,8 @@ func (c *Cluster) Close() {
 type LogEvent struct {
 	Node int
 	At   time.Time
-	Kind string // "fence", "registered" or "dropped"
-	Inc  uint64 // for fence and registered
+	Kind string // "fence", "registered", "alive" or "dropped"
+	Inc  uint64 // for fence, registered and alive
 }
 
 var (
@@ -268,7 +268,9 @@ var (
 // detector's driver logs "self-fence: ..." with the incarnation when the
 // node fences itself (internal/fd/driver.go), the node logs "registered"
 // with the incarnation when a new one is registered and starts its
-// services (internal/node/node.go), and bad datagrams are logged as
+// services (internal/node/node.go), the driver logs "incarnation
+// acknowledged ..." when a majority of observers first acknowledge an
+// incarnation (from then on it may act), and bad datagrams are logged as
 // "datagram dropped" (rate-limited). The timestamps are slog's, in
 // milliseconds, from the host's clock that every process shares.
 func (x *Node) Events() ([]LogEvent, error) {
@@ -288,6 +290,8 @@ func (x *Node) Events() ([]LogEvent, error) {
 			kind = "fence"
 		case strings.Contains(line, "msg=registered "):
 			kind = "registered"
+		case strings.Contains(line, `msg="incarnation acknowledged`):
+			kind = "alive"
 		case strings.Contains(line, `msg="datagram dropped"`):
 			kind = "dropped"
 		default:

@@ -233,6 +233,8 @@ func (d *Driver) exec(out []any) {
 			if d.cfg.OnFence != nil {
 				d.cfg.OnFence(x.Inc)
 			}
+		case Acknowledged:
+			d.log.Info("incarnation acknowledged by a majority of observers", "incarnation", x.Inc)
 		case Started:
 			d.log.Info("incarnation registered and beaconing", "incarnation", x.Inc)
 			if m := d.cfg.Metrics; m != nil {

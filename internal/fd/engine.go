@@ -46,6 +46,11 @@ type (
 	SelfFence struct{ Inc Incarnation }
 	// Started: incarnation Inc is persisted, registered and beaconing.
 	Started struct{ Inc Incarnation }
+	// Acknowledged: a majority of observers acknowledged incarnation Inc
+	// for the first time: it is alive, and may act under its leases.
+	// (Only for logs: Alive reads the clock; an incarnation declared dead
+	// before it was ever acknowledged never acted.)
+	Acknowledged struct{ Inc Incarnation }
 	// ReadRegistered asks the config service (linearizably) for the
 	// incarnation registered for this node; report with RegisteredRead.
 	ReadRegistered struct{}
@@ -295,7 +300,14 @@ func (e *Engine) Receive(now time.Time, from NodeID, b []byte) ([]any, error) {
 		if e.subj == nil {
 			return nil, ErrNotMine
 		}
-		return nil, e.subj.Echo(now, p)
+		joining := e.subj.Phase(now) == Joining
+		if err := e.subj.Echo(now, p); err != nil {
+			return nil, err
+		}
+		if joining && e.subj.Phase(now) == Alive {
+			return []any{Acknowledged{Inc: e.subj.Incarnation()}}, nil
+		}
+		return nil, nil
 	}
 	return nil, ErrBadKind
 }

@@ -154,9 +154,9 @@ type Subject struct {
 	started    time.Time // local time the incarnation began
 	deadline   time.Time // valid when phase == Alive
 	nextBeacon time.Time
-	// connected is the local send time of the first beacon of the current
-	// unbroken run of majority contact: consecutive contacts (Contact)
-	// less than GracePeriod/2 apart. Valid when phase == Alive.
+	// connected is the local send time of the first beacon a majority
+	// acknowledged: when this incarnation's contact with the observers
+	// began. Valid when phase == Alive.
 	connected time.Time
 }
 
@@ -206,10 +206,11 @@ func (s *Subject) Alive(now time.Time) bool { return s.Phase(now) == Alive }
 
 // Contact returns the local send time of the newest beacon a majority of
 // observers acknowledged, if the subject is alive at now: the node was in
-// contact with a majority then. since is when the node's current unbroken
-// run of majority contact began (no two contacts GracePeriod/2 apart or
-// more in between): the node has been demonstrably connected from since to
-// contact.
+// contact with a majority then. since is when that contact began: the
+// first beacon of the incarnation a majority acknowledged. (A node cut off
+// for longer than SelfGrace fences, so after a long isolation or pause
+// since is the reconnection; shorter gaps in contact do not move it, so
+// that a node on a bursty link is not kept from ever condemning.)
 func (s *Subject) Contact(now time.Time) (contact, since time.Time, ok bool) {
 	if !s.Alive(now) {
 		return time.Time{}, time.Time{}, false
@@ -304,8 +305,8 @@ func (s *Subject) Echo(now time.Time, p Packet) error {
 	if s.phase == Alive && d.Before(s.deadline) {
 		panic("fd: deadline moved backwards") // invariant: lastAck only grows
 	}
-	if c := acks[q-1]; s.phase != Alive || c.Sub(s.deadline.Add(-s.cfg.SelfGrace())) >= s.cfg.GracePeriod/2 {
-		s.connected = c // the first contact, or the first after a gap
+	if s.phase != Alive {
+		s.connected = acks[q-1] // the first contact
 	}
 	s.phase, s.deadline = Alive, d
 	return nil
@@ -513,9 +514,9 @@ func (o *Observer) Query(now, contact time.Time, n NodeID, inc Incarnation) Verd
 	return o.QueryConnected(now, contact, time.Time{}, n, inc)
 }
 
-// QueryConnected is Query with since, the start of the observer's node's
-// current unbroken run of majority contact (Subject.Contact): the node's
-// silence counts against it only from since. An observer whose own node was
+// QueryConnected is Query with since, when the observer's node's contact
+// with a majority began (Subject.Contact): a node's silence counts against
+// it only from since. An observer whose own node was
 // cut off with the suspect, and has just regained contact (a healed
 // partition, a resumed pause), has not yet had time to hear the suspect's
 // next beacon; without since it would condemn every node it is asked about

@@ -231,22 +231,31 @@ func (c *Clerk) Drop(name string) []any {
 	return out
 }
 
-// Close ends the clerk's use of the lock service: it fails its waiters and
-// forgets every lease (the caller then says Goodbye to the master, which
-// frees them). It refuses while a local holder still holds a lock: the
-// holder's work must end (and be made durable) first.
-func (c *Clerk) Close() ([]*Waiter, error) {
+// Close ends the clerk's use of the lock service: it fails its waiters,
+// gives every cached lease back (out: releases for the master; the caller
+// then says Goodbye, which settles anything still in flight) and forgets
+// them. It refuses while a local holder still holds a lock: the holder's
+// work must end (and be made durable) first.
+func (c *Clerk) Close() (failed []*Waiter, out []any, err error) {
 	if c.fenced || c.closed {
-		return nil, nil
+		return nil, nil, nil
 	}
-	for _, l := range c.leases {
+	names := make([]string, 0, len(c.leases))
+	for n, l := range c.leases {
 		if l.shared > 0 || l.exclusive {
-			return nil, ErrStillHeld
+			return nil, nil, ErrStillHeld
+		}
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if l := c.leases[n]; l.granted != None {
+			out = append(out, ToMaster{Release{Name: n, Mode: None, Token: l.token}})
 		}
 	}
-	failed := c.Fence() // the same as a fence, locally: nothing held, every waiter failed
+	failed = c.Fence() // the same as a fence, locally: nothing held, every waiter failed
 	c.fenced, c.closed = false, true
-	return failed, nil
+	return failed, out, nil
 }
 
 // Closed reports whether Close ran.
@@ -258,10 +267,20 @@ func (c *Clerk) Handle(msg any) []any {
 		return nil
 	}
 	if c.closed {
-		if w, ok := msg.(Welcome); ok && w.Epoch == c.epoch {
-			c.connected = true
+		// Until its Goodbye is taken, a closed clerk gives back what still
+		// reaches it, so that nobody waits on it meanwhile (a revocation
+		// needs nothing: its leases were released at Close).
+		switch x := msg.(type) {
+		case Welcome:
+			if x.Epoch == c.epoch {
+				c.connected = true
+			}
+		case Grant: // asked for before the close
+			return []any{ToMaster{Release{Name: x.Name, Mode: None, Token: x.Token}}}
+		case Recover: // the master gives the run to another clerk of the kind
+			return []any{ToMaster{RecoveryDone{Dead: x.Dead, OK: false, Token: x.Token}}}
 		}
-		return nil // the Goodbye settles everything else
+		return nil
 	}
 	var out []any
 	switch x := msg.(type) {

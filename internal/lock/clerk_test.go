@@ -73,3 +73,41 @@ func TestClerkHello(t *testing.T) {
 		t.Fatalf("hello %+v", h)
 	}
 }
+
+// Close refuses under a holder; then it gives every cached lease back with
+// its token and fails the waiters; until its Goodbye is taken a closed
+// clerk gives back a grant that still reaches it and declines a recovery
+// (found by review: it ignored both, and the master waited on it).
+func TestClerkCloseGivesBack(t *testing.T) {
+	c := NewClerk(cA, "wal")
+	c.Connect(1)
+	c.Handle(Welcome{1})
+	w, _ := c.Acquire("x", Exclusive)
+	c.Handle(Grant{"x", Exclusive, Token{1, 4}})
+	if _, _, err := c.Close(); err != ErrStillHeld {
+		t.Fatalf("close under a holder: %v", err)
+	}
+	c.Release(w)
+	wy, _ := c.Acquire("y", Shared) // waits: the master has not granted y
+	failed, out, err := c.Close()
+	if err != nil || len(failed) != 1 || failed[0] != wy || !wy.Failed {
+		t.Fatalf("close: failed %v err %v", failed, err)
+	}
+	if r, ok := find[Release](toMaster(out)); !ok || r.Name != "x" || r.Mode != None || r.Token != (Token{1, 4}) {
+		t.Fatalf("close did not give x back with its token: %v", out)
+	}
+	out = c.Handle(Grant{"y", Shared, Token{1, 5}})
+	if r, ok := find[Release](toMaster(out)); !ok || r.Name != "y" || r.Mode != None || r.Token != (Token{1, 5}) {
+		t.Fatalf("a grant after the close was kept: %v", out)
+	}
+	out = c.Handle(Recover{Dead: cB, Names: []string{"z"}, Token: Token{1, 6}})
+	if d, ok := find[RecoveryDone](toMaster(out)); !ok || d.OK || d.Dead != cB || d.Token != (Token{1, 6}) {
+		t.Fatalf("a recovery asked of a closed clerk: %v", out)
+	}
+	if _, ok := find[RunRecovery](out); ok {
+		t.Fatal("a closed clerk started a recovery")
+	}
+	if w, _ := c.Acquire("z", Shared); !w.Failed {
+		t.Fatal("a closed clerk accepted an acquire")
+	}
+}

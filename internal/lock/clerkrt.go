@@ -28,6 +28,9 @@ func (c *ClerkRT) ID() ClerkID { return c.id }
 // once, without a message), ctx ends, or the clerk's leases are lost.
 func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, error) {
 	s := c.s
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
 	s.mu.Lock()
 	w, out, err := c.e.Acquire(s.env(c.e), c.id, name, mode)
 	for errors.Is(err, ErrNotAlive) && !c.e.Fenced() {
@@ -73,8 +76,11 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.Failed || !w.Granted {
-		if c.reason != nil {
+		switch {
+		case c.reason != nil:
 			return nil, c.reason
+		case c.e.Closing(c.id) || c.isClosed():
+			return nil, ErrClosed
 		}
 		return nil, ErrFenced
 	}
@@ -93,6 +99,9 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 // first (the master then resolves its leases as a dead clerk's).
 func (c *ClerkRT) Close(ctx context.Context) error {
 	s := c.s
+	if c.isClosed() {
+		return nil
+	}
 	s.mu.Lock()
 	if s.mu.def == c {
 		s.mu.Unlock()
@@ -120,6 +129,16 @@ func (c *ClerkRT) Close(ctx context.Context) error {
 		return c.reason
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// isClosed reports whether Close completed.
+func (c *ClerkRT) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
 	}
 }
 

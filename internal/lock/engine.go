@@ -585,7 +585,7 @@ func (e *Engine) SessionRecv(env Env, session uint64, msg any) []any {
 }
 
 // CloseClerk starts closing a clerk (ClerkRT.Close): it fails its waiters,
-// forgets its leases, cancels its recovery runs, and says Goodbye to the
+// gives its cached leases back, cancels its recovery runs, and says Goodbye to the
 // master once its runs have reported their ends; ClerkClosed follows when
 // the clerk's record is gone from the lock namespace. It refuses while a
 // local holder still holds a lock (ErrStillHeld).
@@ -599,12 +599,12 @@ func (e *Engine) CloseClerk(env Env, id ClerkID) ([]any, error) {
 	case c.closing:
 		return nil, nil
 	}
-	failed, err := c.core.Close()
+	failed, releases, err := c.core.Close()
 	if err != nil {
 		return nil, err
 	}
 	c.closing = true
-	var out []any
+	out := e.clerkOut(env, id, c, releases)
 	if len(failed) > 0 {
 		out = append(out, Wake{failed})
 	}
@@ -615,6 +615,12 @@ func (e *Engine) CloseClerk(env Env, id ClerkID) ([]any, error) {
 		}
 	}
 	return append(out, e.step(env)...), nil
+}
+
+// Closing reports whether clerk id is closing (a closed clerk is unknown).
+func (e *Engine) Closing(id ClerkID) bool {
+	c := e.clerks[id]
+	return c != nil && c.closing
 }
 
 // closeStep moves a closing clerk on: Goodbye on a welcomed session once no
@@ -867,10 +873,17 @@ func (e *Engine) FDAnswer(env Env, id uint64, dead []bool, err error) []any {
 
 // masterRun runs a Master core for one epoch.
 type masterRun struct {
-	core     *Master
-	rec      MasterRecord
-	version  uint64             // the namespace version the takeover produced
-	seen     uint64             // the newest namespace version looked at
+	core    *Master
+	rec     MasterRecord
+	version uint64 // the namespace version the takeover produced
+	seen    uint64 // the newest namespace version looked at
+	// forgotAt is the version the newest Forget decree produced: a hint
+	// older than it may still list the forgotten clerk (a watch or read
+	// already under way), which the core would take for a live clerk that
+	// has not reported (a closed clerk never will: the master would wait
+	// for it forever). Such hints are skipped; a clerk registered in them
+	// is listed again by every later version.
+	forgotAt uint64
 	sessions map[uint64]ClerkID // accepted session → clerk
 	byClerk  map[ClerkID]uint64 // clerk → its current session
 	// decrees are the config-service writes the core asked for, in order;
@@ -1038,6 +1051,7 @@ func (e *Engine) decreeDone(env Env, version uint64, err error) []any {
 	m.decrees = m.decrees[1:]
 	var out []any
 	if d.forget != nil {
+		m.forgotAt = max(m.forgotAt, version)
 		out = e.masterOut(env, m.core.Forgotten(*d.forget))
 	} else {
 		out = e.masterOut(env, m.core.Persisted(d.persist.Dead))
@@ -1059,7 +1073,7 @@ func (e *Engine) masterTick(env Env) []any {
 		return e.halt("a newer master took over")
 	}
 	var out []any
-	if h := e.hint; h != nil && h.Version > max(m.version, m.seen) {
+	if h := e.hint; h != nil && h.Version > max(m.version, m.seen) && h.Version >= m.forgotAt {
 		m.seen = h.Version
 		for _, ci := range h.Clerks {
 			out = append(out, e.masterOut(env, m.core.ClerkRegistered(ci))...)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -332,8 +333,11 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 				if err != nil {
 					return err
 				}
-				// A watchdog ends a stream silent for WatchTimeout.
+				// A watchdog ends a stream silent for WatchTimeout (time
+				// spent handing a namespace to a slow consumer does not
+				// count: the stream is not silent then).
 				heard := make(chan struct{}, 1)
+				var delivering atomic.Bool
 				go func() {
 					t := time.NewTimer(WatchTimeout)
 					defer t.Stop()
@@ -342,6 +346,10 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 						case <-heard:
 							t.Reset(WatchTimeout)
 						case <-t.C:
+							if delivering.Load() {
+								t.Reset(WatchTimeout)
+								continue
+							}
 							// Silent: the connection may be stuck
 							// (see retry); the next stream dials afresh.
 							cancel()
@@ -395,10 +403,16 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64) <-chan *p
 					c.mu.Lock()
 					c.mu.hints[name] = ns
 					c.mu.Unlock()
+					delivering.Store(true)
 					select {
 					case out <- ns:
 					case <-ctx.Done():
 						return ctx.Err()
+					}
+					delivering.Store(false)
+					select {
+					case heard <- struct{}{}:
+					default:
 					}
 				}
 			}()

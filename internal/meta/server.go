@@ -624,7 +624,10 @@ func (g *grpcService) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingSer
 		select {
 		case <-changed:
 		case <-tick.C:
-			if g.s.InContact() {
+			// No progress from a replica behind the watcher (one that
+			// came from a replica further ahead): its silence makes the
+			// watcher move on rather than wait here for it to catch up.
+			if g.s.InContact() && version >= after {
 				if err := stream.Send(&pb.WatchResponse{Progress: true, Version: after}); err != nil {
 					return err
 				}

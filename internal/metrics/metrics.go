@@ -28,7 +28,7 @@ type Node struct {
 	FDReceived    *prometheus.CounterVec // kind: beacon, echo
 	FDDropped     *prometheus.CounterVec // reason
 	FDSelfFences  prometheus.Counter
-	FDVerdicts    *prometheus.CounterVec // answer: dead, alive, abstain, error
+	FDVerdicts    *prometheus.CounterVec // answer: dead, alive (per subject), refused (per query)
 	FDTombstones  prometheus.Counter     // tombstone files written
 	FDIncarnation prometheus.Gauge
 
@@ -42,7 +42,7 @@ type Node struct {
 	LockGrants      prometheus.Counter
 	LockRevocations prometheus.Counter
 	LockRecoveries  *prometheus.CounterVec // outcome: started, done, failed
-	LockSessions    *prometheus.CounterVec // event: opened, closed, refused
+	LockSessions    *prometheus.CounterVec // event: dialed, broken
 	LockMalformed   prometheus.Counter
 
 	// Garbage: connections and lines dropped on the node's ports, by port
