@@ -34,6 +34,13 @@ func TestFaults(t *testing.T) {
 		}
 		mode.Trials = n
 	}
+	if v := os.Getenv("GROVE_FAULTS_LOSS_FOR"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("GROVE_FAULTS_LOSS_FOR=%q: want a duration", v)
+		}
+		mode.LossFor = d
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("the fault suite creates network namespaces: it needs root")
 	}
