@@ -228,27 +228,66 @@ func (x *Node) stoppedWithin(from, to time.Time) (stop, resumed time.Time, ok bo
 	return time.Time{}, time.Time{}, false
 }
 
-// Close stops every node: SIGCONT (a paused node cannot handle SIGTERM),
-// SIGTERM, and SIGKILL for any still running after 10 s.
-func (c *Cluster) Close() {
+// StopTimeout is how long a node has to stop after SIGTERM (graceful
+// shutdown) before the suite dumps its goroutines and kills it.
+const StopTimeout = 10 * time.Second
+
+// Close stops every node: SIGCONT (a paused node cannot handle SIGTERM)
+// and SIGTERM. A node still running StopTimeout later gets SIGQUIT (the Go
+// runtime writes every goroutine's stack to its log and exits), then
+// SIGKILL; Close names those nodes: a node that does not stop when asked
+// is a defect an operator meets.
+func (c *Cluster) Close() (stuck []string) {
 	for _, x := range c.Nodes {
 		if x.cmd != nil && x.cmd.Process != nil && !x.Exited() {
 			x.cmd.Process.Signal(syscall.SIGCONT)
 			x.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
-	deadline := time.After(10 * time.Second)
+	deadline := time.Now().Add(StopTimeout)
 	for _, x := range c.Nodes {
 		if x.cmd == nil || x.cmd.Process == nil {
 			continue
 		}
 		select {
 		case <-x.exited:
-		case <-deadline:
+			continue
+		case <-time.After(time.Until(deadline)):
+		}
+		x.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-x.exited:
+		case <-time.After(3 * time.Second):
 			x.cmd.Process.Kill()
 			<-x.exited
 		}
+		stuck = append(stuck, fmt.Sprintf("n%d did not stop within %v of SIGTERM; its goroutines in Grove's code and raft's (SIGQUIT):\n%s", x.ID, StopTimeout, x.ownGoroutines()))
 	}
+	return stuck
+}
+
+// ownGoroutines returns the goroutine stacks of the node's last SIGQUIT
+// dump (the end of its log) that pass through Grove's own code or raft's
+// state machine: the ones that say why it did not stop.
+func (x *Node) ownGoroutines() string {
+	b, err := os.ReadFile(x.Log)
+	if err != nil {
+		return err.Error()
+	}
+	s := string(b)
+	if i := strings.LastIndex(s, "SIGQUIT: quit"); i >= 0 {
+		s = s[i:]
+	}
+	var keep []string
+	for _, g := range strings.Split(s, "\ngoroutine ") {
+		if strings.Contains(g, "grovestore/grove/") || strings.Contains(g, "raft.(*Raft)") || strings.Contains(g, "raft-wal") {
+			keep = append(keep, "goroutine "+g)
+		}
+	}
+	if len(keep) == 0 {
+		return "(no goroutine in Grove's code; log tail:)\n" + x.Tail(4000)
+	}
+	return strings.Join(keep, "\n")
 }
 
 // LogEvent is one line of a node's log that the suite cares about.

@@ -67,7 +67,11 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close) // before the namespaces go (cleanups run last first)
+	t.Cleanup(func() { // before the namespaces go (cleanups run last first)
+		for _, msg := range c.Close() {
+			t.Error(msg)
+		}
+	})
 	agentLog, err := os.Create(filepath.Join(dir, "agent.log"))
 	if err != nil {
 		t.Fatal(err)

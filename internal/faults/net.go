@@ -81,8 +81,8 @@ func CleanStale(logf func(string, ...any)) error {
 			}
 		}
 		logf("stale run: deleting namespace %s", ns)
-		if err := sh("ip", "netns", "del", ns); err != nil {
-			return err
+		if err := sh("ip", "netns", "del", ns); err != nil && !strings.Contains(err.Error(), "No such file") {
+			return err // (a namespace that vanished meanwhile is gone: fine)
 		}
 	}
 	return nil
