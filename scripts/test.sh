@@ -7,7 +7,8 @@
 #
 # Knobs: GROVE_SEEDS=N (seeds per simulation), GROVE_SEED=S (replay one
 # seed), GROVE_FUZZTIME=30s (per fuzz target), GROVE_FAULTS=short|full|off
-# (the multi-host fault suite; short by default, as root).
+# (the multi-host fault suite; short by default, as root), GROVE_DOCKER=0|1
+# (the container test; on where docker answers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,15 @@ fi
 go vet ./...
 
 echo "== tests"
+# The container test (cmd/grove.TestDockerCompose) runs where a docker
+# engine and docker-compose answer; GROVE_DOCKER=0 skips it.
+if [ -z "${GROVE_DOCKER:-}" ]; then
+  if command -v docker-compose >/dev/null && docker info >/dev/null 2>&1; then
+    export GROVE_DOCKER=1
+  else
+    echo "(no docker engine or docker-compose here: the container test is skipped)"
+  fi
+fi
 go test -count=1 -timeout 20m ./...
 
 echo "== race detector (protocol packages, fewer simulation seeds)"

@@ -425,10 +425,19 @@ func (x *NodeStatus) GetObserversHeard() uint32 {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Leader        uint64                 `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`
-	Members       []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
-	Nodes         []*NodeStatus          `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Leader  uint64                 `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`  // the config-service leader now (0: none)
+	Members []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"` // the configuration, as the leader (or the most advanced member that answered) sees it
+	Nodes   []*NodeStatus          `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The node list is a cached copy: the config service could not be read
+	// linearizably (no quorum, no leader); config_error says why. Status
+	// still reports what it can rather than nothing.
+	Stale       bool   `protobuf:"varint,4,opt,name=stale,proto3" json:"stale,omitempty"`
+	ConfigError string `protobuf:"bytes,5,opt,name=config_error,json=configError,proto3" json:"config_error,omitempty"`
+	// Each member asked directly: does it answer, and what does it see.
+	MemberHealth []*MemberHealth `protobuf:"bytes,6,rep,name=member_health,json=memberHealth,proto3" json:"member_health,omitempty"`
+	// The last leader this service saw, when there is none now.
+	LastLeader    uint64 `protobuf:"varint,7,opt,name=last_leader,json=lastLeader,proto3" json:"last_leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -484,6 +493,136 @@ func (x *StatusResponse) GetNodes() []*NodeStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *StatusResponse) GetConfigError() string {
+	if x != nil {
+		return x.ConfigError
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetMemberHealth() []*MemberHealth {
+	if x != nil {
+		return x.MemberHealth
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLastLeader() uint64 {
+	if x != nil {
+		return x.LastLeader
+	}
+	return 0
+}
+
+// MemberHealth is one config-service member's own view, asked of it
+// directly (a member that does not answer has only error set).
+type MemberHealth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Answered      bool                   `protobuf:"varint,2,opt,name=answered,proto3" json:"answered,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	RaftState     string                 `protobuf:"bytes,4,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"` // leader, follower, candidate, shutdown
+	Leader        uint64                 `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`                       // the leader it hears (0: none)
+	Term          uint64                 `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
+	CommitIndex   uint64                 `protobuf:"varint,7,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	LastContactMs uint64                 `protobuf:"varint,8,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"` // a follower: since it last heard a leader
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberHealth) Reset() {
+	*x = MemberHealth{}
+	mi := &file_grovepb_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberHealth) ProtoMessage() {}
+
+func (x *MemberHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberHealth.ProtoReflect.Descriptor instead.
+func (*MemberHealth) Descriptor() ([]byte, []int) {
+	return file_grovepb_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MemberHealth) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *MemberHealth) GetAnswered() bool {
+	if x != nil {
+		return x.Answered
+	}
+	return false
+}
+
+func (x *MemberHealth) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *MemberHealth) GetRaftState() string {
+	if x != nil {
+		return x.RaftState
+	}
+	return ""
+}
+
+func (x *MemberHealth) GetLeader() uint64 {
+	if x != nil {
+		return x.Leader
+	}
+	return 0
+}
+
+func (x *MemberHealth) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *MemberHealth) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *MemberHealth) GetLastContactMs() uint64 {
+	if x != nil {
+		return x.LastContactMs
+	}
+	return 0
+}
+
 var File_grovepb_cluster_proto protoreflect.FileDescriptor
 
 const file_grovepb_cluster_proto_rawDesc = "" +
@@ -519,11 +658,26 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"beaconAddr\x12-\n" +
 	"\x12observers_answered\x18\a \x01(\rR\x11observersAnswered\x12%\n" +
 	"\x0eobservers_dead\x18\b \x01(\rR\robserversDead\x12'\n" +
-	"\x0fobservers_heard\x18\t \x01(\rR\x0eobserversHeard\"\x80\x01\n" +
+	"\x0fobservers_heard\x18\t \x01(\rR\x0eobserversHeard\"\x97\x02\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\x04R\x06leader\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12*\n" +
-	"\x05nodes\x18\x03 \x03(\v2\x14.grove.v1.NodeStatusR\x05nodes2K\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x14.grove.v1.NodeStatusR\x05nodes\x12\x14\n" +
+	"\x05stale\x18\x04 \x01(\bR\x05stale\x12!\n" +
+	"\fconfig_error\x18\x05 \x01(\tR\vconfigError\x12;\n" +
+	"\rmember_health\x18\x06 \x03(\v2\x16.grove.v1.MemberHealthR\fmemberHealth\x12\x1f\n" +
+	"\vlast_leader\x18\a \x01(\x04R\n" +
+	"lastLeader\"\xe6\x01\n" +
+	"\fMemberHealth\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
+	"\banswered\x18\x02 \x01(\bR\banswered\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"raft_state\x18\x04 \x01(\tR\traftState\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\x04R\x06leader\x12\x12\n" +
+	"\x04term\x18\x06 \x01(\x04R\x04term\x12!\n" +
+	"\fcommit_index\x18\a \x01(\x04R\vcommitIndex\x12&\n" +
+	"\x0flast_contact_ms\x18\b \x01(\x04R\rlastContactMs2K\n" +
 	"\x0fObserverService\x128\n" +
 	"\x05Query\x12\x16.grove.v1.QueryRequest\x1a\x17.grove.v1.QueryResponse2M\n" +
 	"\x0eClusterService\x12;\n" +
@@ -541,7 +695,7 @@ func file_grovepb_cluster_proto_rawDescGZIP() []byte {
 	return file_grovepb_cluster_proto_rawDescData
 }
 
-var file_grovepb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_grovepb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_grovepb_cluster_proto_goTypes = []any{
 	(*Node)(nil),           // 0: grove.v1.Node
 	(*Subject)(nil),        // 1: grove.v1.Subject
@@ -550,21 +704,23 @@ var file_grovepb_cluster_proto_goTypes = []any{
 	(*StatusRequest)(nil),  // 4: grove.v1.StatusRequest
 	(*NodeStatus)(nil),     // 5: grove.v1.NodeStatus
 	(*StatusResponse)(nil), // 6: grove.v1.StatusResponse
-	(*Member)(nil),         // 7: grove.v1.Member
+	(*MemberHealth)(nil),   // 7: grove.v1.MemberHealth
+	(*Member)(nil),         // 8: grove.v1.Member
 }
 var file_grovepb_cluster_proto_depIdxs = []int32{
 	1, // 0: grove.v1.QueryRequest.subjects:type_name -> grove.v1.Subject
-	7, // 1: grove.v1.StatusResponse.members:type_name -> grove.v1.Member
+	8, // 1: grove.v1.StatusResponse.members:type_name -> grove.v1.Member
 	5, // 2: grove.v1.StatusResponse.nodes:type_name -> grove.v1.NodeStatus
-	2, // 3: grove.v1.ObserverService.Query:input_type -> grove.v1.QueryRequest
-	4, // 4: grove.v1.ClusterService.Status:input_type -> grove.v1.StatusRequest
-	3, // 5: grove.v1.ObserverService.Query:output_type -> grove.v1.QueryResponse
-	6, // 6: grove.v1.ClusterService.Status:output_type -> grove.v1.StatusResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 3: grove.v1.StatusResponse.member_health:type_name -> grove.v1.MemberHealth
+	2, // 4: grove.v1.ObserverService.Query:input_type -> grove.v1.QueryRequest
+	4, // 5: grove.v1.ClusterService.Status:input_type -> grove.v1.StatusRequest
+	3, // 6: grove.v1.ObserverService.Query:output_type -> grove.v1.QueryResponse
+	6, // 7: grove.v1.ClusterService.Status:output_type -> grove.v1.StatusResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_cluster_proto_init() }
@@ -579,7 +735,7 @@ func file_grovepb_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_cluster_proto_rawDesc), len(file_grovepb_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -119,7 +119,7 @@ func (x HoldResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HoldResponse_Kind.Descriptor instead.
 func (HoldResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{21, 0}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type ClerkId struct {
@@ -669,6 +669,7 @@ type SessionRequest struct {
 	//	*SessionRequest_Release
 	//	*SessionRequest_RecoveryDone
 	//	*SessionRequest_Goodbye
+	//	*SessionRequest_Withdraw
 	Msg           isSessionRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -756,6 +757,15 @@ func (x *SessionRequest) GetGoodbye() *LockGoodbye {
 	return nil
 }
 
+func (x *SessionRequest) GetWithdraw() *LockWithdraw {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_Withdraw); ok {
+			return x.Withdraw
+		}
+	}
+	return nil
+}
+
 type isSessionRequest_Msg interface {
 	isSessionRequest_Msg()
 }
@@ -780,6 +790,10 @@ type SessionRequest_Goodbye struct {
 	Goodbye *LockGoodbye `protobuf:"bytes,5,opt,name=goodbye,proto3,oneof"`
 }
 
+type SessionRequest_Withdraw struct {
+	Withdraw *LockWithdraw `protobuf:"bytes,6,opt,name=withdraw,proto3,oneof"`
+}
+
 func (*SessionRequest_Hello) isSessionRequest_Msg() {}
 
 func (*SessionRequest_Acquire) isSessionRequest_Msg() {}
@@ -789,6 +803,55 @@ func (*SessionRequest_Release) isSessionRequest_Msg() {}
 func (*SessionRequest_RecoveryDone) isSessionRequest_Msg() {}
 
 func (*SessionRequest_Goodbye) isSessionRequest_Msg() {}
+
+func (*SessionRequest_Withdraw) isSessionRequest_Msg() {}
+
+// A clerk no longer wants the lock it asked for (its local waiter gave up
+// before a grant): the master drops the clerk's request from the queue. A
+// grant already on its way is kept by the clerk as a cached lease.
+type LockWithdraw struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockWithdraw) Reset() {
+	*x = LockWithdraw{}
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockWithdraw) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockWithdraw) ProtoMessage() {}
+
+func (x *LockWithdraw) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockWithdraw.ProtoReflect.Descriptor instead.
+func (*LockWithdraw) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LockWithdraw) GetName() []byte {
+	if x != nil {
+		return x.Name
+	}
+	return nil
+}
 
 // A clerk leaves the lock service: it holds nothing and wants nothing any
 // more; the master frees what it held and removes its record.
@@ -800,7 +863,7 @@ type LockGoodbye struct {
 
 func (x *LockGoodbye) Reset() {
 	*x = LockGoodbye{}
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +875,7 @@ func (x *LockGoodbye) String() string {
 func (*LockGoodbye) ProtoMessage() {}
 
 func (x *LockGoodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +888,7 @@ func (x *LockGoodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGoodbye.ProtoReflect.Descriptor instead.
 func (*LockGoodbye) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
 }
 
 type LockWelcome struct {
@@ -837,7 +900,7 @@ type LockWelcome struct {
 
 func (x *LockWelcome) Reset() {
 	*x = LockWelcome{}
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +912,7 @@ func (x *LockWelcome) String() string {
 func (*LockWelcome) ProtoMessage() {}
 
 func (x *LockWelcome) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +925,7 @@ func (x *LockWelcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWelcome.ProtoReflect.Descriptor instead.
 func (*LockWelcome) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LockWelcome) GetEpoch() uint64 {
@@ -882,7 +945,7 @@ type LockReject struct {
 
 func (x *LockReject) Reset() {
 	*x = LockReject{}
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +957,7 @@ func (x *LockReject) String() string {
 func (*LockReject) ProtoMessage() {}
 
 func (x *LockReject) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +970,7 @@ func (x *LockReject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReject.ProtoReflect.Descriptor instead.
 func (*LockReject) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LockReject) GetReason() string {
@@ -935,7 +998,7 @@ type LockGrant struct {
 
 func (x *LockGrant) Reset() {
 	*x = LockGrant{}
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1010,7 @@ func (x *LockGrant) String() string {
 func (*LockGrant) ProtoMessage() {}
 
 func (x *LockGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1023,7 @@ func (x *LockGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGrant.ProtoReflect.Descriptor instead.
 func (*LockGrant) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LockGrant) GetName() []byte {
@@ -994,7 +1057,7 @@ type LockRevoke struct {
 
 func (x *LockRevoke) Reset() {
 	*x = LockRevoke{}
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1069,7 @@ func (x *LockRevoke) String() string {
 func (*LockRevoke) ProtoMessage() {}
 
 func (x *LockRevoke) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1082,7 @@ func (x *LockRevoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRevoke.ProtoReflect.Descriptor instead.
 func (*LockRevoke) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LockRevoke) GetName() []byte {
@@ -1049,7 +1112,7 @@ type LockRecover struct {
 
 func (x *LockRecover) Reset() {
 	*x = LockRecover{}
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1124,7 @@ func (x *LockRecover) String() string {
 func (*LockRecover) ProtoMessage() {}
 
 func (x *LockRecover) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1137,7 @@ func (x *LockRecover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecover.ProtoReflect.Descriptor instead.
 func (*LockRecover) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LockRecover) GetDead() *ClerkId {
@@ -1129,7 +1192,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1204,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1217,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -1256,7 +1319,7 @@ type LockMasterRecord struct {
 
 func (x *LockMasterRecord) Reset() {
 	*x = LockMasterRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1331,7 @@ func (x *LockMasterRecord) String() string {
 func (*LockMasterRecord) ProtoMessage() {}
 
 func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1344,7 @@ func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockMasterRecord.ProtoReflect.Descriptor instead.
 func (*LockMasterRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LockMasterRecord) GetNode() uint64 {
@@ -1322,7 +1385,7 @@ type LockClerkRecord struct {
 
 func (x *LockClerkRecord) Reset() {
 	*x = LockClerkRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1397,7 @@ func (x *LockClerkRecord) String() string {
 func (*LockClerkRecord) ProtoMessage() {}
 
 func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1410,7 @@ func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockClerkRecord.ProtoReflect.Descriptor instead.
 func (*LockClerkRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LockClerkRecord) GetId() *ClerkId {
@@ -1377,7 +1440,7 @@ type LockRecoveryRecord struct {
 
 func (x *LockRecoveryRecord) Reset() {
 	*x = LockRecoveryRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1452,7 @@ func (x *LockRecoveryRecord) String() string {
 func (*LockRecoveryRecord) ProtoMessage() {}
 
 func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1465,7 @@ func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecoveryRecord.ProtoReflect.Descriptor instead.
 func (*LockRecoveryRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockRecoveryRecord) GetDead() *ClerkId {
@@ -1452,7 +1515,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1527,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1540,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HoldRequest) GetName() []byte {
@@ -1513,7 +1576,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1588,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1601,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HoldResponse) GetKind() HoldResponse_Kind {
@@ -1577,7 +1640,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1652,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1665,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
 }
 
 type LockHolder struct {
@@ -1616,7 +1679,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1691,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1704,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LockHolder) GetClerk() *ClerkId {
@@ -1676,7 +1739,7 @@ type LockEntry struct {
 
 func (x *LockEntry) Reset() {
 	*x = LockEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1751,7 @@ func (x *LockEntry) String() string {
 func (*LockEntry) ProtoMessage() {}
 
 func (x *LockEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1764,7 @@ func (x *LockEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockEntry.ProtoReflect.Descriptor instead.
 func (*LockEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LockEntry) GetName() []byte {
@@ -1738,7 +1801,7 @@ type ClerkEntry struct {
 
 func (x *ClerkEntry) Reset() {
 	*x = ClerkEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1813,7 @@ func (x *ClerkEntry) String() string {
 func (*ClerkEntry) ProtoMessage() {}
 
 func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +1826,7 @@ func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClerkEntry.ProtoReflect.Descriptor instead.
 func (*ClerkEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClerkEntry) GetId() *ClerkId {
@@ -1814,7 +1877,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[26]
+	mi := &file_grovepb_lock_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1889,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[26]
+	mi := &file_grovepb_lock_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1902,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{26}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetMaster() *LockMasterRecord {
@@ -1918,14 +1981,17 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x10LockRecoveryDone\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12%\n" +
-	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xa0\x02\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xd6\x02\n" +
 	"\x0eSessionRequest\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.grove.v1.LockHelloH\x00R\x05hello\x121\n" +
 	"\aacquire\x18\x02 \x01(\v2\x15.grove.v1.LockAcquireH\x00R\aacquire\x121\n" +
 	"\arelease\x18\x03 \x01(\v2\x15.grove.v1.LockReleaseH\x00R\arelease\x12A\n" +
 	"\rrecovery_done\x18\x04 \x01(\v2\x1a.grove.v1.LockRecoveryDoneH\x00R\frecoveryDone\x121\n" +
-	"\agoodbye\x18\x05 \x01(\v2\x15.grove.v1.LockGoodbyeH\x00R\agoodbyeB\x05\n" +
-	"\x03msg\"\r\n" +
+	"\agoodbye\x18\x05 \x01(\v2\x15.grove.v1.LockGoodbyeH\x00R\agoodbye\x124\n" +
+	"\bwithdraw\x18\x06 \x01(\v2\x16.grove.v1.LockWithdrawH\x00R\bwithdrawB\x05\n" +
+	"\x03msg\"\"\n" +
+	"\fLockWithdraw\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\fR\x04name\"\r\n" +
 	"\vLockGoodbye\"#\n" +
 	"\vLockWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"8\n" +
@@ -2029,7 +2095,7 @@ func file_grovepb_lock_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_grovepb_lock_proto_goTypes = []any{
 	(LockMode)(0),              // 0: grove.v1.LockMode
 	(HoldResponse_Kind)(0),     // 1: grove.v1.HoldResponse.Kind
@@ -2043,23 +2109,24 @@ var file_grovepb_lock_proto_goTypes = []any{
 	(*LockRelease)(nil),        // 9: grove.v1.LockRelease
 	(*LockRecoveryDone)(nil),   // 10: grove.v1.LockRecoveryDone
 	(*SessionRequest)(nil),     // 11: grove.v1.SessionRequest
-	(*LockGoodbye)(nil),        // 12: grove.v1.LockGoodbye
-	(*LockWelcome)(nil),        // 13: grove.v1.LockWelcome
-	(*LockReject)(nil),         // 14: grove.v1.LockReject
-	(*LockGrant)(nil),          // 15: grove.v1.LockGrant
-	(*LockRevoke)(nil),         // 16: grove.v1.LockRevoke
-	(*LockRecover)(nil),        // 17: grove.v1.LockRecover
-	(*SessionResponse)(nil),    // 18: grove.v1.SessionResponse
-	(*LockMasterRecord)(nil),   // 19: grove.v1.LockMasterRecord
-	(*LockClerkRecord)(nil),    // 20: grove.v1.LockClerkRecord
-	(*LockRecoveryRecord)(nil), // 21: grove.v1.LockRecoveryRecord
-	(*HoldRequest)(nil),        // 22: grove.v1.HoldRequest
-	(*HoldResponse)(nil),       // 23: grove.v1.HoldResponse
-	(*ListRequest)(nil),        // 24: grove.v1.ListRequest
-	(*LockHolder)(nil),         // 25: grove.v1.LockHolder
-	(*LockEntry)(nil),          // 26: grove.v1.LockEntry
-	(*ClerkEntry)(nil),         // 27: grove.v1.ClerkEntry
-	(*ListResponse)(nil),       // 28: grove.v1.ListResponse
+	(*LockWithdraw)(nil),       // 12: grove.v1.LockWithdraw
+	(*LockGoodbye)(nil),        // 13: grove.v1.LockGoodbye
+	(*LockWelcome)(nil),        // 14: grove.v1.LockWelcome
+	(*LockReject)(nil),         // 15: grove.v1.LockReject
+	(*LockGrant)(nil),          // 16: grove.v1.LockGrant
+	(*LockRevoke)(nil),         // 17: grove.v1.LockRevoke
+	(*LockRecover)(nil),        // 18: grove.v1.LockRecover
+	(*SessionResponse)(nil),    // 19: grove.v1.SessionResponse
+	(*LockMasterRecord)(nil),   // 20: grove.v1.LockMasterRecord
+	(*LockClerkRecord)(nil),    // 21: grove.v1.LockClerkRecord
+	(*LockRecoveryRecord)(nil), // 22: grove.v1.LockRecoveryRecord
+	(*HoldRequest)(nil),        // 23: grove.v1.HoldRequest
+	(*HoldResponse)(nil),       // 24: grove.v1.HoldResponse
+	(*ListRequest)(nil),        // 25: grove.v1.ListRequest
+	(*LockHolder)(nil),         // 26: grove.v1.LockHolder
+	(*LockEntry)(nil),          // 27: grove.v1.LockEntry
+	(*ClerkEntry)(nil),         // 28: grove.v1.ClerkEntry
+	(*ListResponse)(nil),       // 29: grove.v1.ListResponse
 }
 var file_grovepb_lock_proto_depIdxs = []int32{
 	0,  // 0: grove.v1.HeldLease.mode:type_name -> grove.v1.LockMode
@@ -2080,45 +2147,46 @@ var file_grovepb_lock_proto_depIdxs = []int32{
 	8,  // 15: grove.v1.SessionRequest.acquire:type_name -> grove.v1.LockAcquire
 	9,  // 16: grove.v1.SessionRequest.release:type_name -> grove.v1.LockRelease
 	10, // 17: grove.v1.SessionRequest.recovery_done:type_name -> grove.v1.LockRecoveryDone
-	12, // 18: grove.v1.SessionRequest.goodbye:type_name -> grove.v1.LockGoodbye
-	0,  // 19: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
-	3,  // 20: grove.v1.LockGrant.token:type_name -> grove.v1.Token
-	0,  // 21: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
-	2,  // 22: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
-	3,  // 23: grove.v1.LockRecover.token:type_name -> grove.v1.Token
-	13, // 24: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
-	14, // 25: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
-	15, // 26: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
-	16, // 27: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
-	17, // 28: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
-	2,  // 29: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
-	2,  // 30: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
-	4,  // 31: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
-	0,  // 32: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
-	1,  // 33: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
-	2,  // 34: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
-	3,  // 35: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
-	2,  // 36: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
-	0,  // 37: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
-	3,  // 38: grove.v1.LockHolder.token:type_name -> grove.v1.Token
-	25, // 39: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
-	2,  // 40: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
-	2,  // 41: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
-	19, // 42: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
-	26, // 43: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
-	27, // 44: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
-	21, // 45: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
-	11, // 46: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
-	24, // 47: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
-	22, // 48: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
-	18, // 49: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
-	28, // 50: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
-	23, // 51: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
-	49, // [49:52] is the sub-list for method output_type
-	46, // [46:49] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	13, // 18: grove.v1.SessionRequest.goodbye:type_name -> grove.v1.LockGoodbye
+	12, // 19: grove.v1.SessionRequest.withdraw:type_name -> grove.v1.LockWithdraw
+	0,  // 20: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
+	3,  // 21: grove.v1.LockGrant.token:type_name -> grove.v1.Token
+	0,  // 22: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
+	2,  // 23: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
+	3,  // 24: grove.v1.LockRecover.token:type_name -> grove.v1.Token
+	14, // 25: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
+	15, // 26: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
+	16, // 27: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
+	17, // 28: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
+	18, // 29: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
+	2,  // 30: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
+	2,  // 31: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
+	4,  // 32: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
+	0,  // 33: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
+	1,  // 34: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
+	2,  // 35: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
+	3,  // 36: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
+	2,  // 37: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
+	0,  // 38: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
+	3,  // 39: grove.v1.LockHolder.token:type_name -> grove.v1.Token
+	26, // 40: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
+	2,  // 41: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
+	2,  // 42: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
+	20, // 43: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
+	27, // 44: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
+	28, // 45: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
+	22, // 46: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
+	11, // 47: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
+	25, // 48: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
+	23, // 49: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
+	19, // 50: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
+	29, // 51: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
+	24, // 52: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
+	50, // [50:53] is the sub-list for method output_type
+	47, // [47:50] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_lock_proto_init() }
@@ -2132,8 +2200,9 @@ func file_grovepb_lock_proto_init() {
 		(*SessionRequest_Release)(nil),
 		(*SessionRequest_RecoveryDone)(nil),
 		(*SessionRequest_Goodbye)(nil),
+		(*SessionRequest_Withdraw)(nil),
 	}
-	file_grovepb_lock_proto_msgTypes[16].OneofWrappers = []any{
+	file_grovepb_lock_proto_msgTypes[17].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Reject)(nil),
 		(*SessionResponse_Grant)(nil),
@@ -2146,7 +2215,7 @@ func file_grovepb_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_lock_proto_rawDesc), len(file_grovepb_lock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -846,6 +846,8 @@ type MembersResponse struct {
 	Members       []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
 	Term          uint64                 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
 	CommitIndex   uint64                 `protobuf:"varint,4,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	RaftState     string                 `protobuf:"bytes,5,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`                // this member's raft state: leader, follower, candidate, shutdown
+	LastContactMs uint64                 `protobuf:"varint,6,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"` // a follower: milliseconds since it last heard from a leader
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -904,6 +906,20 @@ func (x *MembersResponse) GetTerm() uint64 {
 func (x *MembersResponse) GetCommitIndex() uint64 {
 	if x != nil {
 		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *MembersResponse) GetRaftState() string {
+	if x != nil {
+		return x.RaftState
+	}
+	return ""
+}
+
+func (x *MembersResponse) GetLastContactMs() uint64 {
+	if x != nil {
+		return x.LastContactMs
 	}
 	return 0
 }
@@ -1108,12 +1124,15 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x14\n" +
 	"\x05voter\x18\x04 \x01(\bR\x05voter\"\x10\n" +
-	"\x0eMembersRequest\"\x91\x01\n" +
+	"\x0eMembersRequest\"\xd8\x01\n" +
 	"\x0fMembersResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\x04R\bleaderId\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x04R\x04term\x12!\n" +
-	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\"m\n" +
+	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\x12\x1d\n" +
+	"\n" +
+	"raft_state\x18\x05 \x01(\tR\traftState\x12&\n" +
+	"\x0flast_contact_ms\x18\x06 \x01(\x04R\rlastContactMs\"m\n" +
 	"\x14ChangeMembersRequest\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\bR\x03add\x12\x16\n" +
 	"\x06remove\x18\x02 \x01(\bR\x06remove\x12\x0e\n" +

@@ -3,17 +3,28 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/fd"
 )
 
 func benchCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "bench", Short: "Benchmarks that re-run the papers' experiments next to peers"}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks that re-run the papers' experiments next to peers",
+		Long: `Benchmarks that re-run the papers' experiments next to a peer on this machine,
+in the same run. Progress goes to standard error, results to standard output
+(-o json for scripts). README "Benchmarks" quotes their figures.`,
+		Example: `  grove bench decree --concurrency 1,16,64
+  grove bench fd --trials 7
+  grove bench lock --rounds 3 --trials 7 -o json`,
+	}
 	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd())
 	return cmd
 }
@@ -22,12 +33,20 @@ func benchDecreeCmd() *cobra.Command {
 	var conc []int
 	var ops, rounds int
 	var withEtcd bool
+	var out cli.Output
 	cmd := &cobra.Command{
-		Use:   "decree",
-		Short: "Config-service decree commit latency and throughput, next to etcd puts (3 members on loopback each)",
-		Args:  cobra.NoArgs,
+		Use:     "decree",
+		Short:   "Config-service decree commit latency and throughput, next to etcd puts (3 members on loopback each)",
+		Example: "  grove bench decree\n  grove bench decree --concurrency 1,16,64 --ops 2000 --rounds 3 --etcd=false",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			if len(conc) == 0 || ops < 1 || rounds < 1 {
+				return cli.Usagef("--concurrency, --ops and --rounds must be positive")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Minute)
 			defer cancel()
 			dir, err := os.MkdirTemp("", "grove-bench-decree-")
 			if err != nil {
@@ -46,7 +65,10 @@ func benchDecreeCmd() *cobra.Command {
 				}
 				defer e.Close()
 			}
-			fmt.Printf("%d rounds of %d ops per concurrency; 64-byte values; figures are medians over rounds\n", rounds, ops)
+			fmt.Fprintf(os.Stderr, "%d rounds of %d ops per concurrency; 64-byte values; figures are medians over rounds\n", rounds, ops)
+			d := &cli.Doc{}
+			rt := d.Table("results", "SYSTEM", "CONCURRENCY", "OPS-PER-SEC", "P50-US", "P99-US")
+			ratios := d.Table("ratios", "CONCURRENCY", "THROUGHPUT", "P50", "P99")
 			for _, c := range conc {
 				var gr, er []bench.Result
 				for r := 0; r < rounds; r++ {
@@ -66,23 +88,31 @@ func benchDecreeCmd() *cobra.Command {
 					}
 				}
 				gm := medianResult(gr)
-				fmt.Println(gm)
+				resultRow(rt, gm)
 				if e != nil {
 					em := medianResult(er)
-					fmt.Println(em)
-					fmt.Printf("ratio grove/etcd conc=%d: throughput %.2f, p50 %.2f, p99 %.2f\n", c,
-						gm.PerSec()/em.PerSec(), float64(gm.P50)/float64(em.P50), float64(gm.P99)/float64(em.P99))
+					resultRow(rt, em)
+					ratios.Row(c, ratio(gm.PerSec()/em.PerSec()), ratio(float64(gm.P50)/float64(em.P50)), ratio(float64(gm.P99)/float64(em.P99)))
 				}
 			}
-			return nil
+			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntSliceVar(&conc, "concurrency", []int{1, 16}, "client concurrency levels")
-	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per round")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per concurrency (medians are reported)")
+	cmd.Flags().IntSliceVar(&conc, "concurrency", []int{1, 16}, "client concurrency levels (`N,...`)")
+	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per round (`N`)")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per concurrency, medians reported (`N`)")
 	cmd.Flags().BoolVar(&withEtcd, "etcd", true, "also run etcd (needs the etcd binary: apt-get install etcd-server)")
+	out.Register(cmd)
 	return cmd
 }
+
+// resultRow adds a benchmark result to a results table.
+func resultRow(t *cli.Table, r bench.Result) {
+	t.Row(r.System, r.Concurrency, cli.C(fmt.Sprintf("%.0f", r.PerSec()), math.Round(r.PerSec())),
+		cli.C(fmt.Sprint(r.P50.Microseconds()), r.P50.Microseconds()), cli.C(fmt.Sprint(r.P99.Microseconds()), r.P99.Microseconds()))
+}
+
+func ratio(x float64) cli.Cell { return cli.C(fmt.Sprintf("%.2f", x), math.Round(x*100)/100) }
 
 // medianResult takes the round with the median throughput.
 func medianResult(rs []bench.Result) bench.Result {
@@ -103,12 +133,20 @@ func medianResult(rs []bench.Result) bench.Result {
 
 func benchFDCmd() *cobra.Command {
 	var trials, port int
+	var out cli.Output
 	cmd := &cobra.Command{
-		Use:   "fd",
-		Short: "Time from SIGKILL to a dead verdict and from restart to alive, on a real `grove up --processes` cluster",
-		Args:  cobra.NoArgs,
+		Use:     "fd",
+		Short:   "Time from SIGKILL to a dead verdict and from restart to alive, on a real grove up --processes cluster",
+		Example: "  grove bench fd --trials 7",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			if trials < 1 {
+				return cli.Usagef("--trials %d: want at least 1", trials)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 			defer cancel()
 			bin, err := os.Executable()
 			if err != nil {
@@ -133,14 +171,23 @@ func benchFDCmd() *cobra.Command {
 				dead, alive = append(dead, t.ToDead), append(alive, t.ToAlive)
 			}
 			target := fd.DefaultGracePeriod + 2*fd.DefaultInterval
-			fmt.Printf("SIGKILL→dead: median %v, max %v (target GracePeriod+2ΔT = %v)\n", bench.Median(dead).Round(time.Millisecond), maxDur(dead).Round(time.Millisecond), target)
-			fmt.Printf("restart→alive: median %v, max %v\n", bench.Median(alive).Round(time.Millisecond), maxDur(alive).Round(time.Millisecond))
-			return nil
+			d := &cli.Doc{}
+			t := d.Table("results", "MEASURE", "MEDIAN-MS", "MAX-MS", "TARGET-MS", "TRIALS")
+			t.Row("sigkill_to_dead", ms(bench.Median(dead)), ms(maxDur(dead)), ms(target), len(dead))
+			t.Row("restart_to_alive", ms(bench.Median(alive)), ms(maxDur(alive)), cli.C("-", nil), len(alive))
+			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntVar(&trials, "trials", 5, "kill/restart trials")
-	cmd.Flags().IntVar(&port, "base-port", 7700, "base port for the benchmark's cluster")
+	cmd.Flags().IntVar(&trials, "trials", 5, "kill/restart trials (`N`)")
+	cmd.Flags().IntVar(&port, "base-port", 7700, "base `PORT` for the benchmark's cluster")
+	out.Register(cmd)
 	return cmd
+}
+
+// ms is a duration in milliseconds, to the microsecond.
+func ms(d time.Duration) cli.Cell {
+	v := float64(d.Microseconds()) / 1000
+	return cli.C(fmt.Sprintf("%.1f", v), v)
 }
 
 func maxDur(d []time.Duration) time.Duration {
@@ -153,12 +200,20 @@ func maxDur(d []time.Duration) time.Duration {
 
 func benchLockCmd() *cobra.Command {
 	var ops, trials, port, rounds int
+	var out cli.Output
 	cmd := &cobra.Command{
-		Use:   "lock",
-		Short: "Lock service: uncontended acquire+release RTTs to a remote master, cached re-acquires, exclusive hand-off latency, SIGKILL-to-grant",
-		Args:  cobra.NoArgs,
+		Use:     "lock",
+		Short:   "Lock service: uncontended acquire+release RTTs to a remote master, cached re-acquires, exclusive hand-off latency, SIGKILL-to-grant",
+		Example: "  grove bench lock --ops 1000 --rounds 3 --trials 7",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			if ops < 1 || rounds < 1 || trials < 0 {
+				return cli.Usagef("--ops and --rounds must be positive, --trials at least 0")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Minute)
 			defer cancel()
 			dir, err := os.MkdirTemp("", "grove-bench-lock-")
 			if err != nil {
@@ -180,38 +235,45 @@ func benchLockCmd() *cobra.Command {
 				un, ca, ho = append(un, res.Uncontended), append(ca, res.Cached), append(ho, res.Handoff)
 			}
 			c.Close()
-			fmt.Printf("clerk on a node that is not the master; %d rounds, medians:\n", rounds)
-			fmt.Printf("uncontended acquire+release (2 messages, 1 round trip): %v\n", medianResult(un))
-			fmt.Printf("cached re-acquire (no RPC):                             %v\n", medianResult(ca))
-			fmt.Printf("exclusive hand-off between two nodes:                   %v\n", medianResult(ho))
-			if trials == 0 {
-				return nil
+			fmt.Fprintf(os.Stderr, "clerk on a node that is not the master; %d rounds, medians:\n", rounds)
+			d := &cli.Doc{}
+			t := d.Table("results", "SYSTEM", "CONCURRENCY", "OPS-PER-SEC", "P50-US", "P99-US")
+			for _, x := range []struct {
+				name string
+				rs   []bench.Result
+			}{{"uncontended", un}, {"cached", ca}, {"handoff", ho}} {
+				m := medianResult(x.rs)
+				m.System = x.name
+				resultRow(t, m)
 			}
-			bin, err := os.Executable()
-			if err != nil {
-				return err
+			if trials > 0 {
+				bin, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				u, err := bench.StartUp(ctx, bin, dir+"/procs", port, nil)
+				if err != nil {
+					return err
+				}
+				defer u.Close()
+				ts, err := bench.LockFailover(ctx, u, trials, os.Stderr)
+				if err != nil {
+					return err
+				}
+				var ds []time.Duration
+				for _, t := range ts {
+					ds = append(ds, t.ToGrant)
+				}
+				ft := d.Table("failover", "MEASURE", "MEDIAN-MS", "MAX-MS", "GRACE-PERIOD-MS", "TRIALS")
+				ft.Row("sigkill_to_grant", ms(bench.Median(ds)), ms(maxDur(ds)), ms(fd.DefaultGracePeriod), len(ds))
 			}
-			u, err := bench.StartUp(ctx, bin, dir+"/procs", port, nil)
-			if err != nil {
-				return err
-			}
-			defer u.Close()
-			ts, err := bench.LockFailover(ctx, u, trials, os.Stderr)
-			if err != nil {
-				return err
-			}
-			var d []time.Duration
-			for _, t := range ts {
-				d = append(d, t.ToGrant)
-			}
-			fmt.Printf("holder SIGKILL → waiter granted: median %v, max %v over %d trials (GracePeriod %v)\n",
-				bench.Median(d).Round(time.Millisecond), maxDur(d).Round(time.Millisecond), len(d), fd.DefaultGracePeriod)
-			return nil
+			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per measurement")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds (medians are reported)")
-	cmd.Flags().IntVar(&trials, "trials", 5, "SIGKILL trials on a real `grove up --processes` cluster (0: skip)")
-	cmd.Flags().IntVar(&port, "base-port", 7700, "base port for the SIGKILL trials' cluster")
+	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per measurement (`N`)")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds, medians reported (`N`)")
+	cmd.Flags().IntVar(&trials, "trials", 5, "SIGKILL trials on a real grove up --processes cluster (`N`, 0: skip)")
+	cmd.Flags().IntVar(&port, "base-port", 7700, "base `PORT` for the SIGKILL trials' cluster")
+	out.Register(cmd)
 	return cmd
 }

@@ -232,11 +232,11 @@ func TestEndToEndLock(t *testing.T) {
 	t.Logf("standby on node %d took over (epoch %d)", l.Master, l.Epoch)
 	found := false
 	for _, lk := range l.Locks {
-		if lk.Name != "L" {
+		if lk.Lock != "L" {
 			continue
 		}
-		for c, m := range lk.Holders {
-			if strings.HasPrefix(c, strconv.FormatUint(W, 10)+".") && m == "exclusive" && len(lk.Holders) == 1 {
+		for _, h := range lk.Holders {
+			if strings.HasPrefix(h.Clerk, strconv.FormatUint(W, 10)+".") && h.Mode == "exclusive" && len(lk.Holders) == 1 {
 				found = true
 			}
 		}

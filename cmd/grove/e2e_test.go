@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,15 +21,42 @@ import (
 	"github.com/grovestore/grove/internal/metrics"
 )
 
-// buildGrove compiles the binary once per test run.
+// buildGrove compiles the binary once per test run (TestMain removes it).
 func buildGrove(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "grove")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	builtOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "grove-test-bin-")
+		if err != nil {
+			builtErr = err
+			return
+		}
+		builtDir = dir
+		bin := filepath.Join(dir, "grove")
+		out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+		if err != nil {
+			builtErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		builtBin = bin
+	})
+	if builtErr != nil {
+		t.Fatal(builtErr)
 	}
-	return bin
+	return builtBin
+}
+
+var (
+	builtOnce          sync.Once
+	builtBin, builtDir string
+	builtErr           error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
 }
 
 // TestEndToEndKillRestart: `grove up --processes`, SIGKILL one node, `grove
@@ -174,10 +203,10 @@ func TestUpRestartSameCluster(t *testing.T) {
 			}
 		}
 		for _, n := range s.Nodes {
-			if run == 1 && n.Incarnation <= incs[n.ID] {
-				t.Fatalf("node %d incarnation %d not above %d after restart", n.ID, n.Incarnation, incs[n.ID])
+			if run == 1 && n.Incarnation <= incs[n.Node] {
+				t.Fatalf("node %d incarnation %d not above %d after restart", n.Node, n.Incarnation, incs[n.Node])
 			}
-			incs[n.ID] = n.Incarnation
+			incs[n.Node] = n.Incarnation
 		}
 		cmd.Process.Signal(os.Interrupt)
 		if err := cmd.Wait(); err != nil {
@@ -240,8 +269,8 @@ func TestEndToEndWipedMember(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	var ms []MemberJSON
-	if err := json.Unmarshal([]byte(run("member", "list", "--json", "--addr", u.Gateway)), &ms); err != nil || len(ms) != 3 {
+	var ms MemberListJSON
+	if err := json.Unmarshal([]byte(run("member", "list", "--json", "--addr", u.Gateway)), &ms); err != nil || len(ms.Members) != 3 {
 		t.Fatalf("member list after add: %v %v", ms, err)
 	}
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)

@@ -19,6 +19,59 @@ func (w testWriter) Write(b []byte) (int, error) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
+// StatusJSON is `grove status -o json` as the tests read it: the keys are
+// the table's headers.
+type StatusJSON struct {
+	Healthy    bool   `json:"healthy"`
+	Leader     uint64 `json:"leader"`
+	LastLeader uint64 `json:"last_leader"`
+	Stale      bool   `json:"stale"`
+	Members    []struct {
+		Member    uint64 `json:"member"`
+		Raft      string `json:"raft"`
+		GRPC      string `json:"grpc"`
+		Voter     bool   `json:"voter"`
+		RaftState string `json:"raft_state"`
+	} `json:"members"`
+	Nodes []struct {
+		Node        uint64   `json:"node"`
+		State       string   `json:"state"`
+		Incarnation uint64   `json:"incarnation"`
+		HeardBy     int      `json:"heard_by"`
+		DeadVotes   int      `json:"dead_votes"`
+		Answered    int      `json:"answered"`
+		GRPC        string   `json:"grpc"`
+		Roles       []string `json:"roles"`
+	} `json:"nodes"`
+	Problems []string `json:"problems"`
+}
+
+// LockListJSON is `grove lock list -o json`.
+type LockListJSON struct {
+	Master  uint64 `json:"master"`
+	Epoch   uint64 `json:"epoch"`
+	Serving bool   `json:"serving"`
+	Locks   []struct {
+		Lock    string       `json:"lock"`
+		Holders []HolderJSON `json:"holders"`
+		Waiters []string     `json:"waiters"`
+	} `json:"locks"`
+	Clerks []struct {
+		Clerk     string `json:"clerk"`
+		Connected bool   `json:"connected"`
+		Dead      bool   `json:"dead"`
+		Leases    int    `json:"leases"`
+	} `json:"clerks"`
+}
+
+// MemberListJSON is `grove member list -o json`.
+type MemberListJSON struct {
+	Members []struct {
+		Member uint64 `json:"member"`
+		Leader bool   `json:"leader"`
+	} `json:"members"`
+}
+
 func parseStatus(t *testing.T, b []byte) StatusJSON {
 	t.Helper()
 	var s StatusJSON

@@ -2,19 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
-	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/meta"
-	"github.com/grovestore/grove/internal/transport"
 )
 
 func memberCmd() *cobra.Command {
@@ -24,9 +20,8 @@ func memberCmd() *cobra.Command {
 		Long: `The config service is a raft group of the nodes listed as [[members]] in the
 node configs. A member that lost its data directory must not vote again with
 a blank memory: remove it, start it again (it waits, without raft state), and
-add it back; it catches up from the leader.
-
-  grove member list
+add it back; it catches up from the leader.`,
+		Example: `  grove member list
   grove member remove 3
   grove server --config node-3/grove.toml     # on node 3's machine
   grove member add 3`,
@@ -35,84 +30,89 @@ add it back; it catches up from the leader.
 	return cmd
 }
 
-// membersVia asks a node (or the gateway) for the cluster's members.
-func membersVia(ctx context.Context, addr string) (*pb.StatusResponse, error) {
-	cc, err := grpc.NewClient(addr, transport.DialOptions()...)
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Close()
-	r, err := pb.NewClusterServiceClient(cc).Status(ctx, &pb.StatusRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("status from %s: %w (is the cluster running? use --addr for another node)", addr, err)
-	}
-	return r, nil
-}
-
 func memberListCmd() *cobra.Command {
-	var addr string
-	var asJSON bool
+	var c cli.Client
+	var out cli.Output
 	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the config-service members and the leader",
-		Args:  cobra.NoArgs,
+		Use:     "list",
+		Short:   "List the config-service members and the leader",
+		Example: "  grove member list\n  grove member list -o json --endpoints 10.0.0.1:7410",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			r, err := membersVia(ctx, addr)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			r, _, err := fetchStatus(cmd.Context(), &c, "member list")
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(toJSON(r).Members)
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "MEMBER\tRAFT\tGRPC\tVOTER\tLEADER")
+			d := &cli.Doc{}
+			t := d.Table("members", "MEMBER", "RAFT", "GRPC", "VOTER", "LEADER")
 			for _, m := range r.Members {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%v\t%v\n", m.Id, m.RaftAddr, m.GrpcAddr, m.Voter, m.Id == r.Leader)
+				t.Row(m.Id, m.RaftAddr, m.GrpcAddr, m.Voter, m.Id == r.Leader)
 			}
-			return w.Flush()
+			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", DefaultAddr, "gRPC address of any node, or of `grove up`'s gateway")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: [{id, raft, grpc, voter}]")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
 	return cmd
 }
 
 func memberChangeCmd(add bool) *cobra.Command {
-	var addr, raftAddr string
-	use, short := "remove ID", "Remove a member from the config service"
+	var c cli.Client
+	var raftAddr string
+	use, short, op := "remove ID", "Remove a member from the config service", "member remove"
+	example := "  grove member remove 3"
 	if add {
-		use, short = "add ID", "Add a member (back) to the config service; it must be running, without raft state"
+		use, short, op = "add ID", "Add a member (back) to the config service; it must be running, without raft state", "member add"
+		example = "  grove member add 3\n  grove member add 4 --raft 10.0.0.4:7411"
 	}
 	cmd := &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  cobra.ExactArgs(1),
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := strconv.ParseUint(args[0], 10, 64)
 			if err != nil || id == 0 {
-				return fmt.Errorf("member id %q: want a positive integer", args[0])
+				return cli.Usagef("member id %q: want a positive integer", args[0])
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			r, err := membersVia(ctx, addr)
+			if raftAddr != "" {
+				if err := cli.CheckHostPort(raftAddr); err != nil {
+					return cli.Usagef("--raft %q: %v", raftAddr, err)
+				}
+			}
+			r, _, err := fetchStatus(cmd.Context(), &c, op)
 			if err != nil {
 				return err
 			}
 			var ms []meta.Member
+			listed := false
 			for _, m := range r.Members {
+				listed = listed || m.Id == id
 				if m.GrpcAddr != "" {
 					ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
 				}
 			}
-			c := meta.NewClient(ms)
-			defer c.Close()
-			idx, err := c.ChangeMembers(ctx, add, id, raftAddr)
+			switch {
+			case !add && !listed:
+				return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: fmt.Sprintf("member %d is not in the configuration", id), Hint: "grove member list shows the members"}
+			case add && listed:
+				return cli.Failf(op, "member %d is already in the configuration (remove it first if it lost its state)", id)
+			case len(ms) == 0:
+				return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: "no config-service member is known", Hint: "is the cluster running?"}
+			}
+			mc := meta.NewClient(ms)
+			defer mc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			if c.CommandTimeout > 0 {
+				ctx, cancel = context.WithTimeout(cmd.Context(), c.CommandTimeout)
+			}
+			defer cancel()
+			idx, err := mc.ChangeMembers(ctx, add, id, raftAddr)
 			if err != nil {
-				return err
+				return cli.FromRPC(op, "", c.CommandTimeout, err)
 			}
 			verb := "removed"
 			if add {
@@ -122,9 +122,9 @@ func memberChangeCmd(add bool) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", DefaultAddr, "gRPC address of any node, or of `grove up`'s gateway")
+	c.Register(cmd, 30*time.Second)
 	if add {
-		cmd.Flags().StringVar(&raftAddr, "raft", "", "the new member's raft address (default: the one in the members' configs)")
+		cmd.Flags().StringVar(&raftAddr, "raft", "", "the new member's raft address, `HOST:PORT` (default: the one in the members' configs)")
 	}
 	return cmd
 }

@@ -2,44 +2,85 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/logging"
 	"github.com/grovestore/grove/internal/node"
 )
 
 func serverCmd() *cobra.Command {
-	var path string
-	var bootstrap bool
+	var path, logFile, logLevel, logFormat string
+	var bootstrap, bootstrapIfNew bool
 	cmd := &cobra.Command{
 		Use:   "server --config FILE",
 		Short: "Run one node of a Grove cluster",
-		Args:  cobra.NoArgs,
+		Long: `Run one node of a Grove cluster from its TOML config file (README: "grove
+server"). The node logs to DATA_DIR/grove.log unless --log-file says otherwise
+("-" for standard error); standard output gets its start line and rare events
+(a self-fence). SIGINT, SIGTERM or SIGHUP stops it cleanly (exit 0).
+
+--bootstrap creates a brand-new config service: give it only on the very first
+start of a new cluster's members, never to a member that lost its data.
+--bootstrap-if-new does so only if no other member answers with a cluster that
+has committed anything (for deployments whose members always start with the
+same command line; a member that lost its data while every other member was
+down would bootstrap alone, so use it only where data is lost all together).`,
+		Example: `  grove server --config /etc/grove/grove.toml
+  grove server --config node-1/grove.toml --log-file - --log-format json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if path == "" {
+				return cli.Usagef("--config FILE is required")
+			}
+			if _, err := logging.ParseLevel(logLevel); err != nil {
+				return cli.Usagef("--log-level: %v", err)
+			}
+			if err := logging.CheckFormat(logFormat); err != nil {
+				return cli.Usagef("--log-format: %v", err)
+			}
 			cfg, err := node.LoadConfig(path)
 			if err != nil {
-				return err
+				return cli.WithCode(cli.ExitUsage, "", err)
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			n, err := node.Start(cfg, node.Options{Logger: log, Bootstrap: bootstrap})
+			if logFile == "" {
+				logFile = filepath.Join(cfg.DataDir, "grove.log")
+			}
+			lf, err := logging.OpenFile(logFile)
 			if err != nil {
-				return err
+				return cli.Failf("server", "log file: %v", err)
 			}
-			fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s\n", cfg.ID, os.Getpid(), cfg.GRPCAddr, cfg.BeaconAddr, path)
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			s := <-sig
-			log.Info("stopping", "signal", s.String())
+			defer lf.Close()
+			log, _ := logging.New(lf, logFormat, logLevel)
+			// Standard output may be a pipe to grove up, which can go away
+			// first: a write then fails (EPIPE) instead of killing the node.
+			signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+			n, err := node.Start(cfg, node.Options{Logger: log, Bootstrap: bootstrap, BootstrapIfNew: bootstrapIfNew})
+			if err != nil {
+				log.Error("start failed", "err", err)
+				return cli.Failf("", "%v", err)
+			}
+			n.Fence().OnFence(func(inc fd.Incarnation) {
+				fmt.Printf("node %d fenced itself (incarnation %d lost contact with a majority of observers); it comes back as a new incarnation\n", cfg.ID, inc)
+			})
+			fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s logs=%s\n", cfg.ID, os.Getpid(), cfg.GRPCAddr, cfg.BeaconAddr, path, logFile)
+			<-cmd.Context().Done()
+			log.Info("stopping")
 			n.Close()
+			log.Info("stopped")
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "config", "", "node config file (TOML)")
+	cmd.Flags().StringVar(&path, "config", "", "node config file (`FILE`, TOML)")
 	cmd.Flags().BoolVar(&bootstrap, "bootstrap", false, "create a brand-new config service (first start of a new cluster's members only; never for a member that lost its data)")
-	cmd.MarkFlagRequired("config")
+	cmd.Flags().BoolVar(&bootstrapIfNew, "bootstrap-if-new", false, "bootstrap only if no other member reports a cluster that has run (one command line for every start, as in deploy/compose.yaml; see README)")
+	cmd.Flags().StringVar(&logFile, "log-file", "", "log to `FILE` (default DATA_DIR/grove.log; - for standard error)")
+	addLogFlags(cmd, &logLevel, &logFormat)
 	return cmd
 }

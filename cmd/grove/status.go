@@ -2,114 +2,253 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
-	"github.com/grovestore/grove/internal/transport"
+	"github.com/grovestore/grove/internal/cli"
 )
 
-// DefaultAddr is where `grove up` serves the cluster gateway and where the
-// operator tools look when given no --addr.
-const DefaultAddr = "127.0.0.1:7400"
-
-// StatusJSON is the stable output of `grove status --json`.
-type StatusJSON struct {
-	Leader  uint64       `json:"leader"`
-	Members []MemberJSON `json:"members"`
-	Nodes   []NodeJSON   `json:"nodes"`
-}
-
-type MemberJSON struct {
-	ID    uint64 `json:"id"`
-	Raft  string `json:"raft"`
-	GRPC  string `json:"grpc"`
-	Voter bool   `json:"voter"`
-}
-
-type NodeJSON struct {
-	ID                uint64   `json:"id"`
-	Alive             bool     `json:"alive"`
-	Incarnation       uint64   `json:"incarnation"`
-	Roles             []string `json:"roles"`
-	GRPC              string   `json:"grpc"`
-	Beacon            string   `json:"beacon"`
-	ObserversDead     uint32   `json:"observers_dead"`
-	ObserversAnswered uint32   `json:"observers_answered"`
-	ObserversHeard    uint32   `json:"observers_heard"`
-}
-
-func toJSON(r *pb.StatusResponse) StatusJSON {
-	out := StatusJSON{Leader: r.Leader, Members: []MemberJSON{}, Nodes: []NodeJSON{}}
-	for _, m := range r.Members {
-		out.Members = append(out.Members, MemberJSON{ID: m.Id, Raft: m.RaftAddr, GRPC: m.GrpcAddr, Voter: m.Voter})
+// fetchStatus asks the endpoints, in order, for the cluster's status.
+func fetchStatus(ctx context.Context, c *cli.Client, op string) (*pb.StatusResponse, string, error) {
+	var r *pb.StatusResponse
+	var via string
+	err := c.Do(ctx, op, func(ctx context.Context, conn *cli.Conn) error {
+		var err error
+		r, err = pb.NewClusterServiceClient(conn).Status(ctx, &pb.StatusRequest{})
+		via = conn.Endpoint
+		return err
+	})
+	if err != nil {
+		return nil, "", err
 	}
+	sort.Slice(r.Nodes, func(i, j int) bool { return r.Nodes[i].Id < r.Nodes[j].Id })
+	sort.Slice(r.Members, func(i, j int) bool { return r.Members[i].Id < r.Members[j].Id })
+	return r, via, nil
+}
+
+// nodeState is a node's STATE: dead (a majority of all observers said so),
+// alive (a majority hears its registered incarnation), or joining (neither:
+// just restarted, or cut off and not yet declared dead).
+func nodeState(n *pb.NodeStatus, observers int) string {
+	switch {
+	case !n.Alive:
+		return "dead"
+	case int(n.ObserversHeard) <= observers/2:
+		return "joining"
+	}
+	return "alive"
+}
+
+// problems lists what keeps the cluster from being healthy; none means
+// every node is alive and the config service has a leader that answers.
+func problems(r *pb.StatusResponse) []string {
+	var out []string
+	if r.Leader == 0 {
+		p := "the config service has no leader"
+		if r.LastLeader != 0 {
+			p += fmt.Sprintf(" (last known: member %d)", r.LastLeader)
+		}
+		out = append(out, p)
+	}
+	if r.Stale {
+		out = append(out, "the node list is a cached copy: the config service could not be read ("+r.ConfigError+")")
+	}
+	for _, h := range r.MemberHealth {
+		if !h.Answered {
+			out = append(out, fmt.Sprintf("member %d does not answer (%s)", h.Id, h.Error))
+		}
+	}
+	obs := len(r.MemberHealth)
+	if obs == 0 {
+		obs = len(r.Members)
+	}
+	for _, n := range r.Nodes {
+		switch nodeState(n, obs) {
+		case "dead":
+			out = append(out, fmt.Sprintf("node %d is dead (incarnation %d)", n.Id, n.Incarnation))
+		case "joining":
+			out = append(out, fmt.Sprintf("node %d is joining: heard by %d of %d observers", n.Id, n.ObserversHeard, obs))
+		}
+	}
+	return out
+}
+
+func statusDoc(r *pb.StatusResponse) *cli.Doc {
+	d := &cli.Doc{}
+	ps := problems(r)
+	d.Field("healthy", len(ps) == 0)
+	leaderText := fmt.Sprint(r.Leader)
+	if r.Leader == 0 {
+		leaderText = "none"
+		if r.LastLeader != 0 {
+			leaderText = fmt.Sprintf("none (last known: %d)", r.LastLeader)
+		}
+	}
+	d.FieldText("leader", r.Leader, leaderText)
+	d.Field("last_leader", r.LastLeader)
+	d.Field("stale", r.Stale)
+
+	health := map[uint64]*pb.MemberHealth{}
+	for _, h := range r.MemberHealth {
+		health[h.Id] = h
+	}
+	mt := d.Table("members", "MEMBER", "RAFT", "GRPC", "VOTER", "RAFT-STATE", "TERM", "COMMIT-INDEX")
+	seen := map[uint64]bool{}
+	for _, m := range r.Members {
+		seen[m.Id] = true
+		h := health[m.Id]
+		state, term, commit := "unknown", uint64(0), uint64(0)
+		if h != nil {
+			state, term, commit = memberState(h), h.Term, h.CommitIndex
+		}
+		mt.Row(m.Id, m.RaftAddr, m.GrpcAddr, m.Voter, state, term, commit)
+	}
+	for _, h := range r.MemberHealth { // configured but not in the raft configuration (removed)
+		if !seen[h.Id] {
+			mt.Row(h.Id, "", "", false, memberState(h), h.Term, h.CommitIndex)
+		}
+	}
+	obs := len(r.MemberHealth)
+	if obs == 0 {
+		obs = len(r.Members)
+	}
+	nt := d.Table("nodes", "NODE", "STATE", "INCARNATION", "HEARD-BY", "DEAD-VOTES", "ANSWERED", "GRPC", "BEACON", "ROLES")
 	for _, n := range r.Nodes {
 		roles := n.Roles
 		if roles == nil {
 			roles = []string{}
 		}
-		out.Nodes = append(out.Nodes, NodeJSON{ID: n.Id, Alive: n.Alive, Incarnation: n.Incarnation, Roles: roles, GRPC: n.GrpcAddr,
-			Beacon: n.BeaconAddr, ObserversDead: n.ObserversDead, ObserversAnswered: n.ObserversAnswered, ObserversHeard: n.ObserversHeard})
+		nt.Row(n.Id, nodeState(n, obs), n.Incarnation,
+			cli.C(fmt.Sprintf("%d/%d", n.ObserversHeard, obs), n.ObserversHeard),
+			cli.C(fmt.Sprintf("%d/%d", n.ObserversDead, n.ObserversAnswered), n.ObserversDead),
+			n.ObserversAnswered, n.GrpcAddr, n.BeaconAddr, roles)
 	}
-	return out
+	if ps == nil {
+		ps = []string{}
+	}
+	d.FieldText("problems", ps, problemText(ps))
+	return d
+}
+
+func memberState(h *pb.MemberHealth) string {
+	if !h.Answered {
+		return "unreachable"
+	}
+	return h.RaftState
+}
+
+func problemText(ps []string) string {
+	if len(ps) == 0 {
+		return "none"
+	}
+	return strings.Join(ps, "; ")
 }
 
 func statusCmd() *cobra.Command {
-	var addr string
-	var asJSON bool
+	var c cli.Client
+	var out cli.Output
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show config-service members and leader, and every node's incarnation, liveness and roles",
-		Args:  cobra.NoArgs,
+		Long: `Show the config-service members (each asked directly: does it answer, its raft
+state and term), the leader, and every registered node with its incarnation and
+the failure detector's verdict. When the config service has no quorum, status
+still shows what it can: which members answer, the last known leader, and the
+last node list read (marked stale).
+
+Exits 0 when the cluster is healthy, 6 when it answered but is degraded (a node
+dead or joining, a member not answering, no leader), 3 when no endpoint could
+be reached.`,
+		Example: `  grove status
+  grove status -o json
+  grove status --endpoints 10.0.0.1:7410,10.0.0.2:7410`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cc, err := grpc.NewClient(addr, transport.DialOptions()...)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			r, _, err := fetchStatus(cmd.Context(), &c, "status")
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			r, err := pb.NewClusterServiceClient(cc).Status(ctx, &pb.StatusRequest{})
-			if err != nil {
-				return fmt.Errorf("status from %s: %w (is `grove up` running? use --addr for another node)", addr, err)
+			if err := out.Print(os.Stdout, statusDoc(r)); err != nil {
+				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(toJSON(r))
+			if ps := problems(r); len(ps) > 0 {
+				return &cli.Error{Code: cli.ExitDegraded, Op: "status", Msg: "the cluster is degraded: " + problemText(ps)}
 			}
-			fmt.Printf("config service: leader %d\n", r.Leader)
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "MEMBER\tRAFT\tGRPC\tVOTER")
-			for _, m := range r.Members {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%v\n", m.Id, m.RaftAddr, m.GrpcAddr, m.Voter)
-			}
-			w.Flush()
-			fmt.Println()
-			w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tSTATE\tINCARNATION\tHEARD-BY\tDEAD-VOTES\tGRPC\tBEACON\tROLES")
-			for _, n := range r.Nodes {
-				state := "alive"
-				switch {
-				case !n.Alive:
-					state = "dead"
-				case int(n.ObserversHeard) <= len(r.Members)/2:
-					state = "joining" // not declared dead, not acknowledged by a majority either
-				}
-				fmt.Fprintf(w, "%d\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", n.Id, state, n.Incarnation, n.ObserversHeard, len(r.Members), n.ObserversDead, n.ObserversAnswered, n.GrpcAddr, n.BeaconAddr, strings.Join(n.Roles, ","))
-			}
-			return w.Flush()
+			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", DefaultAddr, "gRPC address of any node, or of `grove up`'s gateway")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {leader, members[], nodes[{id, alive, incarnation, roles, ...}]}")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
+	return cmd
+}
+
+func healthCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	cmd := &cobra.Command{
+		Use:   "health",
+		Short: "Exit 0 only if every node is alive and the config service has a leader",
+		Long: `Check the cluster's health for scripts and container health checks: exit 0 only
+if the config service has a leader and every registered node is alive (heard by
+a majority of observers); 6 if the cluster answered but is degraded, with the
+reasons; 3 if no endpoint could be reached; 4 on a timeout.`,
+		Example: `  grove health && echo ok
+  grove health --endpoints 10.0.0.1:7410 --command-timeout 3s
+  grove health -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			r, via, err := fetchStatus(cmd.Context(), &c, "health")
+			if err != nil {
+				return err
+			}
+			ps := problems(r)
+			alive := 0
+			obs := len(r.MemberHealth)
+			for _, n := range r.Nodes {
+				if nodeState(n, obs) == "alive" {
+					alive++
+				}
+			}
+			d := &cli.Doc{}
+			text := fmt.Sprintf("healthy: %d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes), r.Leader, via)
+			if len(ps) > 0 {
+				text = fmt.Sprintf("unhealthy: %s (asked %s)", problemText(ps), via)
+			}
+			d.FieldText("healthy", len(ps) == 0, text)
+			d.Field("leader", r.Leader)
+			d.Field("nodes", len(r.Nodes))
+			d.Field("alive", alive)
+			d.Field("endpoint", via)
+			if ps == nil {
+				ps = []string{}
+			}
+			d.Field("problems", ps)
+			if out.JSON() {
+				err = out.Print(os.Stdout, d)
+			} else {
+				_, err = fmt.Println(text)
+			}
+			if err != nil {
+				return err
+			}
+			if len(ps) > 0 {
+				return cli.ExitStatus(cli.ExitDegraded) // the reasons are printed already
+			}
+			return nil
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
 	return cmd
 }

@@ -1,15 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,13 +19,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pelletier/go-toml/v2"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/logging"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
 	"github.com/grovestore/grove/internal/transport"
@@ -31,10 +36,11 @@ import (
 
 // Port layout of `grove up` from --base-port B (default 7400):
 //
-//	B          gateway (grove status with no --addr)
+//	B          gateway (what client commands talk to by default)
 //	B+10·i     node i gRPC
 //	B+10·i+1   node i raft
 //	B+10·i+2   node i beacon (UDP)
+//	B+10·i+3   node i metrics (HTTP)
 type upOptions struct {
 	nodes     int
 	members   int
@@ -43,6 +49,22 @@ type upOptions struct {
 	basePort  int
 	host      string
 	readyWait time.Duration
+	logLevel  string
+	logFormat string
+	changed   func(flag string) bool // set on the command line
+}
+
+// MaxUpNodes bounds --nodes: an embedded cluster is for one machine.
+const MaxUpNodes = 64
+
+// upRecord is DIR/cluster.toml: the settings a data directory was created
+// with. Node addresses are fixed in the node configs, so a later run with
+// other settings is refused rather than half applied.
+type upRecord struct {
+	Nodes    int    `toml:"nodes"`
+	Meta     int    `toml:"meta"`
+	BasePort int    `toml:"base_port"`
+	Host     string `toml:"host"`
 }
 
 func upCmd() *cobra.Command {
@@ -50,44 +72,151 @@ func upCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run an embedded cluster on loopback (3 nodes, data under ./grove-data)",
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return runUp(o) },
+		Long: `Run an embedded cluster on this machine: --nodes nodes (default 3), the first
+--meta of them config-service members and failure-detector observers, data under
+--data. The first run creates the cluster; later runs on the same --data bring
+the same cluster back (same ids and addresses, higher incarnations).
+
+grove up manages: its nodes (in its own process, or with --processes one child
+'grove server' each), the gateway at --base-port, and the lock file DIR/up.lock.
+Ctrl-C, SIGTERM or SIGHUP stops all of them, including nodes of DIR you
+restarted by hand; children also die if grove up itself is killed. 'grove down
+--data DIR' does the same from another terminal. A child that dies is reported
+and not restarted: run the printed 'grove server --config ...' to bring it
+back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
+		Example: `  grove up
+  grove up --processes --data /tmp/g --base-port 8400
+  grove up --nodes 5 --meta 3 --log-level debug`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.changed = cmd.Flags().Changed
+			return runUp(cmd.Context(), o)
+		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.nodes, "nodes", 3, "number of nodes")
-	f.IntVar(&o.members, "meta", 3, "config-service members (odd; also the failure detector's observers)")
-	f.StringVar(&o.data, "data", "grove-data", "data directory; running again on it brings back the same cluster")
+	f.IntVar(&o.nodes, "nodes", 3, "number of nodes (`N`)")
+	f.IntVar(&o.members, "meta", 3, "config-service members, also the failure detector's observers (`M`, odd, at most --nodes)")
+	f.StringVar(&o.data, "data", "grove-data", "data directory (`DIR`); running again on it brings back the same cluster")
 	f.BoolVar(&o.processes, "processes", false, "run each node as a child process (grove server --config ...)")
-	f.IntVar(&o.basePort, "base-port", 7400, "gateway port; node i uses base+10i (gRPC), +1 (raft), +2 (beacon, UDP)")
-	f.StringVar(&o.host, "host", "127.0.0.1", "loopback address to listen on")
-	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready")
+	f.IntVar(&o.basePort, "base-port", 7400, "gateway `PORT`; node i uses PORT+10i (gRPC), +1 (raft), +2 (beacon, UDP), +3 (metrics)")
+	f.StringVar(&o.host, "host", "127.0.0.1", "`IP` address to listen on")
+	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready (`DURATION`)")
+	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
+}
+
+func addLogFlags(cmd *cobra.Command, level, format *string) {
+	cmd.Flags().StringVar(level, "log-level", "info", "least level logged: `debug|info|warn|error`")
+	cmd.Flags().StringVar(format, "log-format", "text", "log line format: `text|json`")
+}
+
+// checkUpFlags validates the flags before anything is written.
+func checkUpFlags(o upOptions) error {
+	if o.nodes < 1 || o.nodes > MaxUpNodes {
+		return cli.Usagef("--nodes %d: want 1..%d", o.nodes, MaxUpNodes)
+	}
+	if o.members < 1 || o.members%2 == 0 {
+		return cli.Usagef("--meta %d: want an odd number >= 1 (a majority of 2k+1 members survives k failures)", o.members)
+	}
+	if o.members > o.nodes {
+		return cli.Usagef("--meta %d: more members than --nodes %d", o.members, o.nodes)
+	}
+	last := o.basePort + 10*o.nodes + 3
+	if o.basePort < 1 || last > 65535 {
+		return cli.Usagef("--base-port %d: want 1..%d for %d nodes (node ports run to --base-port + %d)", o.basePort, 65535-10*o.nodes-3, o.nodes, 10*o.nodes+3)
+	}
+	ip := net.ParseIP(o.host)
+	if ip == nil {
+		return cli.Usagef("--host %q: want an IP address", o.host)
+	}
+	if ip.IsUnspecified() {
+		return cli.Usagef("--host %s: give an address the nodes can be reached at, not an unspecified one (observers check where beacons come from)", o.host)
+	}
+	if o.readyWait <= 0 {
+		return cli.Usagef("--ready-timeout %v: want a positive duration", o.readyWait)
+	}
+	if _, err := logging.ParseLevel(o.logLevel); err != nil {
+		return cli.Usagef("--log-level: %v", err)
+	}
+	if err := logging.CheckFormat(o.logFormat); err != nil {
+		return cli.Usagef("--log-format: %v", err)
+	}
+	return nil
+}
+
+// readRecord reads DIR/cluster.toml; for a directory made before it
+// existed, the settings are derived from the node configs (and written).
+func readRecord(data string, cfgs []*node.Config) (upRecord, error) {
+	var r upRecord
+	b, err := os.ReadFile(filepath.Join(data, "cluster.toml"))
+	if err == nil {
+		if err := toml.Unmarshal(b, &r); err != nil {
+			return r, fmt.Errorf("%s: %w", filepath.Join(data, "cluster.toml"), err)
+		}
+		return r, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return r, err
+	}
+	r.Nodes, r.Meta = len(cfgs), len(cfgs[0].Members)
+	h, p, err := net.SplitHostPort(cfgs[0].GRPCAddr)
+	if err != nil {
+		return r, err
+	}
+	port, _ := strconv.Atoi(p)
+	r.Host, r.BasePort = h, port-10*int(cfgs[0].ID)
+	return r, writeRecord(data, r)
+}
+
+func writeRecord(data string, r upRecord) error {
+	b, err := toml.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return disk.OS{}.WriteFileSync(filepath.Join(data, "cluster.toml"), b)
 }
 
 // layout returns the node configs for the cluster under o.data, creating
 // them on first run and reading them back afterwards (same ids, same
-// addresses, same data directories).
-func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err error) {
+// addresses, same data directories). Flags that contradict an existing
+// directory are refused before anything is written.
+func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, created bool, err error) {
 	data, err := filepath.Abs(o.data)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, rec, false, err
 	}
 	existing, _ := filepath.Glob(filepath.Join(data, "node-*", "grove.toml"))
 	if len(existing) > 0 {
 		sort.Slice(existing, func(i, j int) bool { return nodeNum(existing[i]) < nodeNum(existing[j]) })
-		if len(existing) != o.nodes {
-			return nil, nil, false, fmt.Errorf("%s holds a %d-node cluster; run with --nodes %d (or another --data)", data, len(existing), len(existing))
-		}
 		key := ""
 		for _, p := range existing {
 			c, err := node.ReadConfig(p)
 			if err != nil {
-				return nil, nil, false, err
+				return nil, nil, rec, false, err
 			}
 			if c.ClusterKey != "" {
 				key = c.ClusterKey
 			}
 			cfgs = append(cfgs, c)
+		}
+		if rec, err = readRecord(data, cfgs); err != nil {
+			return nil, nil, rec, false, err
+		}
+		var conflicts []string
+		for _, x := range []struct {
+			flag      string
+			want, got any
+		}{{"nodes", rec.Nodes, o.nodes}, {"meta", rec.Meta, o.members}, {"base-port", rec.BasePort, o.basePort}, {"host", rec.Host, o.host}} {
+			if o.changed != nil && o.changed(x.flag) && fmt.Sprint(x.want) != fmt.Sprint(x.got) {
+				conflicts = append(conflicts, fmt.Sprintf("--%s %v (it has %v)", x.flag, x.got, x.want))
+			}
+		}
+		if len(conflicts) > 0 {
+			return nil, nil, rec, false, cli.Usagef("%s holds a cluster created with --nodes %d --meta %d --base-port %d --host %s, and its node addresses are fixed in its node configs: "+
+				"%s cannot apply; run without them, or use another --data", data, rec.Nodes, rec.Meta, rec.BasePort, rec.Host, strings.Join(conflicts, ", "))
+		}
+		if len(cfgs) != rec.Nodes {
+			return nil, nil, rec, false, fmt.Errorf("%s: %d node configs, but cluster.toml says %d nodes", data, len(cfgs), rec.Nodes)
 		}
 		// A directory made before failure-detector datagrams were
 		// authenticated has no cluster key: give every node the same one.
@@ -110,31 +239,19 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err
 			}
 			if changed {
 				if err := c.Write(existing[i]); err != nil {
-					return nil, nil, false, err
+					return nil, nil, rec, false, err
 				}
 			}
 			if err := c.Validate(); err != nil {
-				return nil, nil, false, fmt.Errorf("config %s: %w", existing[i], err)
+				return nil, nil, rec, false, fmt.Errorf("config %s: %w", existing[i], err)
 			}
 		}
-		return cfgs, existing, false, nil
+		return cfgs, existing, rec, false, nil
 	}
-	if o.nodes < 1 {
-		return nil, nil, false, errors.New("--nodes must be at least 1")
-	}
-	m := o.members
-	if m > o.nodes {
-		m = o.nodes
-	}
-	if m%2 == 0 {
-		m--
-	}
-	if m < 1 {
-		return nil, nil, false, errors.New("--meta must be an odd number >= 1")
-	}
+	rec = upRecord{Nodes: o.nodes, Meta: o.members, BasePort: o.basePort, Host: o.host}
 	addr := func(port int) string { return net.JoinHostPort(o.host, strconv.Itoa(port)) }
 	var members []node.MemberConfig
-	for i := 1; i <= m; i++ {
+	for i := 1; i <= o.members; i++ {
 		b := o.basePort + 10*i
 		members = append(members, node.MemberConfig{ID: uint64(i), GRPC: addr(b), Raft: addr(b + 1), Beacon: addr(b + 2)})
 	}
@@ -143,23 +260,30 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, created bool, err
 		b := o.basePort + 10*i
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
 			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
-		if i <= m {
+		if i <= o.members {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
 		}
 		if err := c.Validate(); err != nil {
-			return nil, nil, false, err
+			return nil, nil, rec, false, err
 		}
+		cfgs = append(cfgs, c)
+	}
+	// Ports are checked before anything is written (a taken port would
+	// otherwise leave a directory that cannot start).
+	if err := checkPorts(addr(o.basePort), cfgs, false, ""); err != nil {
+		return nil, nil, rec, false, err
+	}
+	for _, c := range cfgs {
 		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
-			return nil, nil, false, err
+			return nil, nil, rec, false, err
 		}
 		p := filepath.Join(c.DataDir, "grove.toml")
 		if err := c.Write(p); err != nil {
-			return nil, nil, false, err
+			return nil, nil, rec, false, err
 		}
-		cfgs = append(cfgs, c)
 		paths = append(paths, p)
 	}
-	return cfgs, paths, true, nil
+	return cfgs, paths, rec, true, writeRecord(data, rec)
 }
 
 func nodeNum(p string) int {
@@ -168,7 +292,7 @@ func nodeNum(p string) int {
 }
 
 // checkPorts fails with a clear message if any address is taken.
-func checkPorts(gateway string, cfgs []*node.Config) error {
+func checkPorts(gateway string, cfgs []*node.Config, existing bool, data string) error {
 	type want struct{ what, network, addr string }
 	ws := []want{{"gateway", "tcp", gateway}}
 	for _, c := range cfgs {
@@ -194,28 +318,61 @@ func checkPorts(gateway string, cfgs []*node.Config) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("%s address %s is taken (%v): is another `grove up` running? stop it, or pass --base-port", w.what, w.addr, err)
+			hint := "is another grove up running? stop it (grove down), or pass --base-port for another range"
+			if existing {
+				hint = fmt.Sprintf("this directory's addresses are fixed; stop what holds the port (grove down --data %s, if it is another grove), or use another --data", data)
+			}
+			return &cli.Error{Code: cli.ExitFailed, Op: "up", Msg: fmt.Sprintf("%s address %s is taken (%v)", w.what, w.addr, errors.Unwrap(err)), Hint: hint}
 		}
 	}
 	return nil
 }
 
-func runUp(o upOptions) error {
-	cfgs, paths, created, err := layout(o)
+// checkNotRunning refuses to start a cluster any of whose nodes is running
+// already (one restarted by hand; a second grove up is refused by up.lock).
+func checkNotRunning(data string, cfgs []*node.Config) error {
+	for _, c := range cfgs {
+		if pid, err := node.LockHolder(filepath.Join(c.DataDir, "LOCK")); err == nil && pid > 0 {
+			return cli.Failf("up", "node %d of %s is already running (pid %d, started by hand?); stop it with: grove down --data %s", c.ID, data, pid, data)
+		}
+	}
+	return nil
+}
+
+func runUp(ctx context.Context, o upOptions) error {
+	if err := checkUpFlags(o); err != nil {
+		return err
+	}
+	data, err := filepath.Abs(o.data)
 	if err != nil {
 		return err
 	}
-	gateway := net.JoinHostPort(o.host, strconv.Itoa(o.basePort))
-	if err := checkPorts(gateway, cfgs); err != nil {
+	if err := os.MkdirAll(data, 0o755); err != nil {
 		return err
 	}
-	data, _ := filepath.Abs(o.data)
-	logf, err := os.OpenFile(filepath.Join(data, "grove.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	upLock, err := node.LockFile(filepath.Join(data, "up.lock"))
+	if err != nil {
+		return cli.Failf("up", "grove up is already running on %s (%v); stop it with: grove down --data %s", data, err, data)
+	}
+	defer upLock.Close()
+	cfgs, paths, rec, created, err := layout(o)
+	if err != nil {
+		return err
+	}
+	if err := checkNotRunning(data, cfgs); err != nil {
+		return err
+	}
+	gateway := net.JoinHostPort(rec.Host, strconv.Itoa(rec.BasePort))
+	if err := checkPorts(gateway, cfgs, !created, data); err != nil {
+		return err
+	}
+	logf, err := logging.OpenFile(filepath.Join(data, "grove.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	log := slog.New(slog.NewTextHandler(logf, nil))
+	log, _ := logging.New(logf, o.logFormat, o.logLevel)
+	log = log.With("process", "up")
 
 	// The incarnations of the last run: ready means every node registered a
 	// newer one and a majority of observers hear it.
@@ -227,18 +384,25 @@ func runUp(o upOptions) error {
 		}
 		before[c.ID] = uint64(inc)
 	}
+	bin, err := stableBinary(data)
+	if err != nil {
+		return err
+	}
 	var stop func()
 	if o.processes {
-		stop, err = startProcesses(cfgs, paths, log, created)
+		stop, err = startProcesses(bin, cfgs, paths, log, created, o)
 	} else {
-		stop, err = startInProcess(cfgs, paths, log, logf, created)
+		stop, err = startInProcess(cfgs, paths, log, created, o)
 	}
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() {
+		stop()
+		stopStrays(data, cfgs)
+	}()
 
-	// The gateway: status for the whole cluster at a fixed address.
+	// The gateway: status and locks for the whole cluster at one address.
 	members := cfgs[0].Members
 	var mm []meta.Member
 	for _, m := range members {
@@ -264,26 +428,38 @@ func runUp(o upOptions) error {
 	go gs.Serve(lis)
 	defer gs.Stop()
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	if err := waitReady(status, before, o.readyWait, sig); err != nil {
+	fmt.Printf("restart a node that exits with: %s server --config %s\n", bin, filepath.Join(data, "node-N", "grove.toml"))
+	if err := waitReady(ctx, status, before, o.readyWait); err != nil {
 		return err
 	}
-	s := <-sig
-	fmt.Printf("stopping (%s)\n", s)
+	fmt.Printf("ready: %d nodes alive, config-service leader %s; gateway %s; logs in %s; stop with Ctrl-C or: grove down --data %s\n",
+		len(cfgs), leaderOf(ctx, status), gateway, filepath.Join(data, "node-*", "grove.log"), data)
+	<-ctx.Done()
+	fmt.Println("stopping")
+	log.Info("stopping")
 	return nil
+}
+
+func leaderOf(ctx context.Context, s *node.StatusService) string {
+	c, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	r, err := s.Status(c, &pb.StatusRequest{})
+	if err != nil || r.Leader == 0 {
+		return "unknown"
+	}
+	return strconv.FormatUint(r.Leader, 10)
 }
 
 // waitReady polls until the config service has a leader and every node has
 // registered an incarnation newer than before[id] that a majority of
-// observers hear, then prints the ready line.
-func waitReady(s *node.StatusService, before map[uint64]uint64, limit time.Duration, sig chan os.Signal) error {
+// observers hear.
+func waitReady(ctx context.Context, s *node.StatusService, before map[uint64]uint64, limit time.Duration) error {
 	n := len(before)
 	deadline := time.Now().Add(limit)
 	var last string
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		r, err := s.Status(ctx, &pb.StatusRequest{})
+		c, cancel := context.WithTimeout(ctx, 3*time.Second)
+		r, err := s.Status(c, &pb.StatusRequest{})
 		cancel()
 		if err == nil {
 			alive := 0
@@ -292,8 +468,7 @@ func waitReady(s *node.StatusService, before map[uint64]uint64, limit time.Durat
 					alive++
 				}
 			}
-			if r.Leader != 0 && len(r.Nodes) == n && alive == n {
-				fmt.Printf("ready: %d nodes alive, config-service leader %d; `grove status` for details\n", n, r.Leader)
+			if r.Leader != 0 && !r.Stale && len(r.Nodes) == n && alive == n {
 				return nil
 			}
 			last = fmt.Sprintf("leader %d, %d/%d nodes registered, %d alive", r.Leader, len(r.Nodes), n, alive)
@@ -301,11 +476,11 @@ func waitReady(s *node.StatusService, before map[uint64]uint64, limit time.Durat
 			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("cluster not ready after %v: %s (see grove.log in the data directory)", limit, last)
+			return cli.Failf("up", "cluster not ready after %v: %s (see the logs: DIR/node-*/grove.log)", limit, last)
 		}
 		select {
-		case s := <-sig:
-			return fmt.Errorf("interrupted (%s) before the cluster was ready", s)
+		case <-ctx.Done():
+			return cli.Interrupted{Signal: "interrupt"}
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -315,8 +490,57 @@ func printNode(c *node.Config, pid int, path string) {
 	fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s\n", c.ID, pid, c.GRPCAddr, c.BeaconAddr, path)
 }
 
-func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftLog *os.File, bootstrap bool) (func(), error) {
+// stableBinary is the grove binary that printed commands and child
+// processes use. A binary run by `go run` lives in Go's build cache and
+// disappears: it is copied to DIR/bin/grove so that the restart commands
+// grove up prints keep working.
+func stableBinary(data string) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	if r, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = r
+	}
+	if !strings.Contains(exe, string(filepath.Separator)+"go-build") {
+		return exe, nil
+	}
+	dst := filepath.Join(data, "bin", "grove")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		return "", err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(os.Stderr, "note: grove runs from go run's build cache; copied it to %s for the commands printed below (install grove: go install ./cmd/grove)\n", dst)
+	return dst, nil
+}
+
+// nodeLogger opens node c's log file, DATA_DIR/grove.log.
+func nodeLogger(c *node.Config, o upOptions) (*slog.Logger, io.Closer, error) {
+	f, err := logging.OpenFile(filepath.Join(c.DataDir, "grove.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := logging.New(f, o.logFormat, o.logLevel)
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return l, f, nil
+}
+
+func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, bootstrap bool, o upOptions) (func(), error) {
 	var nodes []*node.Node
+	var files []io.Closer
 	stop := func() {
 		var wg sync.WaitGroup
 		for _, n := range nodes {
@@ -324,26 +548,66 @@ func startInProcess(cfgs []*node.Config, paths []string, log *slog.Logger, raftL
 			go func() { defer wg.Done(); n.Close() }()
 		}
 		wg.Wait()
+		for _, f := range files {
+			f.Close()
+		}
 	}
 	for i, c := range cfgs {
-		n, err := node.Start(c, node.Options{Logger: log, RaftLog: raftLog, Bootstrap: bootstrap})
+		l, f, err := nodeLogger(c, o)
 		if err != nil {
 			stop()
 			return nil, err
 		}
+		files = append(files, f)
+		n, err := node.Start(c, node.Options{Logger: l, Bootstrap: bootstrap})
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		id := c.ID
+		n.Fence().OnFence(func(inc fd.Incarnation) {
+			// Rare and important: worth a line on the terminal.
+			fmt.Printf("node %d fenced itself (incarnation %d lost contact with a majority of observers); it comes back as a new incarnation\n", id, inc)
+		})
 		nodes = append(nodes, n)
 		printNode(c, os.Getpid(), paths[i])
 	}
 	return stop, nil
 }
 
+// spawner starts child processes from one OS thread that lives as long as
+// the process: a child's parent-death signal (Pdeathsig) fires when the
+// thread that forked it exits, not the process, and Go may end threads.
+type spawner struct{ reqs chan spawnReq }
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var spawnerOnce = sync.OnceValue(func() *spawner {
+	s := &spawner{reqs: make(chan spawnReq)}
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the process
+		for r := range s.reqs {
+			r.done <- r.cmd.Start()
+		}
+	}()
+	return s
+})
+
+func (s *spawner) start(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	s.reqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
 // startProcesses runs each node as `grove server --config PATH`. A child that
 // dies is reported, not restarted: its printed command brings it back.
-func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, bootstrap bool) (func(), error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
+// Children are in their own process group (a Ctrl-C at the terminal reaches
+// only grove up, which stops them in order) and get SIGTERM if grove up
+// dies (Pdeathsig), so they never outlive it holding ports and locks.
+func startProcesses(bin string, cfgs []*node.Config, paths []string, log *slog.Logger, bootstrap bool, o upOptions) (func(), error) {
 	var mu sync.Mutex
 	var cmds []*exec.Cmd
 	var wg sync.WaitGroup
@@ -362,6 +626,7 @@ func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, boots
 		case <-time.After(10 * time.Second):
 			mu.Lock()
 			for _, c := range cmds {
+				fmt.Fprintf(os.Stderr, "node process %d did not stop within 10 s of SIGTERM: killing it\n", c.Process.Pid)
 				c.Process.Kill()
 			}
 			mu.Unlock()
@@ -369,21 +634,25 @@ func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, boots
 		}
 	}
 	for i, c := range cfgs {
-		lf, err := os.OpenFile(filepath.Join(c.DataDir, "grove.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		lf, err := logging.OpenFile(filepath.Join(c.DataDir, "grove.log"))
 		if err != nil {
 			stop()
 			return nil, err
 		}
-		args := []string{"server", "--config", paths[i]}
+		args := []string{"server", "--config", paths[i], "--log-level", o.logLevel, "--log-format", o.logFormat}
 		if bootstrap && c.Has(node.RoleMeta) {
 			args = append(args, "--bootstrap") // a new cluster; the printed restart command has no --bootstrap
 		}
-		cmd := exec.Command(self, args...)
-		cmd.Stdout, cmd.Stderr = lf, lf
-		// Own process group: a Ctrl-C at the terminal reaches only grove up,
-		// which then stops the children in order.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
+		cmd := exec.Command(bin, args...)
+		cmd.Stderr = lf // a crash's stack trace lands in the node's log
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			lf.Close()
+			stop()
+			return nil, err
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+		if err := spawnerOnce().start(cmd); err != nil {
 			lf.Close()
 			stop()
 			return nil, err
@@ -395,6 +664,16 @@ func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, boots
 		wg.Add(1)
 		go func(c *node.Config, path string) {
 			defer wg.Done()
+			// The child's standard output carries its events (a
+			// self-fence): relay them, after its start line.
+			sc := bufio.NewScanner(out)
+			first := true
+			for sc.Scan() {
+				if !first {
+					fmt.Println(sc.Text())
+				}
+				first = false
+			}
 			err := cmd.Wait()
 			lf.Close()
 			log.Warn("node process exited", "node", c.ID, "pid", cmd.Process.Pid, "err", err)
@@ -404,8 +683,55 @@ func startProcesses(cfgs []*node.Config, paths []string, log *slog.Logger, boots
 			if quiet {
 				return
 			}
-			fmt.Fprintf(os.Stderr, "node %d (pid %d) exited: %v; restart it with: %s server --config %s\n", c.ID, cmd.Process.Pid, err, self, path)
+			fmt.Fprintf(os.Stderr, "node %d (pid %d) exited: %v; restart it with: %s server --config %s\n", c.ID, cmd.Process.Pid, err, bin, path)
 		}(c, paths[i])
 	}
 	return stop, nil
+}
+
+// stopStrays stops nodes of the directory that grove up did not start (a
+// node restarted by hand after its child died): grove up stops the whole
+// cluster of its directory.
+func stopStrays(data string, cfgs []*node.Config) {
+	for _, c := range cfgs {
+		pid, err := node.LockHolder(filepath.Join(c.DataDir, "LOCK"))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := stopPID(pid, filepath.Join(c.DataDir, "LOCK"), 15*time.Second); err != nil {
+			fmt.Fprintf(os.Stderr, "node %d (pid %d): %v\n", c.ID, pid, err)
+			continue
+		}
+		fmt.Printf("stopped node %d (pid %d, started by hand)\n", c.ID, pid)
+	}
+}
+
+// stopPID sends SIGTERM to pid, which holds the lock file lockPath, and
+// waits until the lock is free (the process has exited); after timeout it
+// sends SIGKILL and waits again.
+func stopPID(pid int, lockPath string, timeout time.Duration) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		return err
+	}
+	if waitUnlocked(lockPath, timeout) {
+		return nil
+	}
+	fmt.Fprintf(os.Stderr, "pid %d did not stop within %v of SIGTERM: killing it\n", pid, timeout)
+	syscall.Kill(pid, syscall.SIGKILL)
+	if waitUnlocked(lockPath, 10*time.Second) {
+		return nil
+	}
+	return fmt.Errorf("still running after SIGKILL")
+}
+
+func waitUnlocked(lockPath string, timeout time.Duration) bool {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if pid, err := node.LockHolder(lockPath); err == nil && pid == 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -24,6 +24,7 @@ import (
 // real sockets, real fsync. The end-to-end tests and `grove bench fd` use it.
 type UpCluster struct {
 	Bin       string
+	Dir       string // --data
 	Gateway   string
 	Nodes     map[uint64]*UpNode
 	Observers int // config-service members (the failure detector's observers)
@@ -56,7 +57,7 @@ func StartUp(ctx context.Context, bin, dir string, port int, log io.Writer, extr
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	u := &UpCluster{Bin: bin, Gateway: fmt.Sprintf("127.0.0.1:%d", port), Nodes: map[uint64]*UpNode{}, up: cmd, lines: make(chan string, 100), Log: log}
+	u := &UpCluster{Bin: bin, Dir: dir, Gateway: fmt.Sprintf("127.0.0.1:%d", port), Nodes: map[uint64]*UpNode{}, up: cmd, lines: make(chan string, 100), Log: log}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -126,6 +127,9 @@ func ParseNodeLine(l string) (*UpNode, error) {
 	return &UpNode{ID: id, PID: pid, GRPC: kv["grpc"], Config: kv["config"]}, nil
 }
 
+// Up is the `grove up` process (tests signal it).
+func (u *UpCluster) Up() *exec.Cmd { return u.up }
+
 // Status asks the gateway.
 func (u *UpCluster) Status(ctx context.Context) (*pb.StatusResponse, error) {
 	c, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -142,16 +146,16 @@ func (u *UpCluster) Kill(id uint64) error {
 		return err
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if exited(pid) {
+		if Exited(pid) {
 			return nil
 		}
 	}
 	return fmt.Errorf("node %d (pid %d) still running 10 s after SIGKILL", id, pid)
 }
 
-// exited reports whether a process is gone or a zombie (it has exited and
+// Exited reports whether a process is gone or a zombie (it has exited and
 // released its resources, but its parent has not reaped it yet).
-func exited(pid int) bool {
+func Exited(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return true

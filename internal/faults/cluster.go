@@ -117,7 +117,7 @@ func (x *Node) start(bin string) error {
 	}
 	// `ip netns exec` enters the namespace and execs grove: the pid is
 	// grove's own, so signals reach the node itself.
-	x.cmd = Exec(NodeNS(x.ID), bin, "server", "--config", x.Config, "--bootstrap")
+	x.cmd = Exec(NodeNS(x.ID), bin, "server", "--config", x.Config, "--bootstrap", "--log-file", x.Log)
 	x.cmd.Stdout, x.cmd.Stderr = lf, lf
 	x.exited = make(chan struct{})
 	if err := x.cmd.Start(); err != nil {

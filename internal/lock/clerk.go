@@ -212,6 +212,16 @@ func (c *Clerk) Cancel(w *Waiter) []any {
 	}
 	w.Failed = true
 	var out []any
+	// Withdraw a request to the master that no remaining local waiter
+	// needs (admit asks again for what the first remaining one needs).
+	need := None
+	for _, x := range l.waiters {
+		need = max(need, x.Mode)
+	}
+	if l.want > l.granted && need < l.want {
+		l.want = None
+		out = append(out, ToMaster{Withdraw{Name: w.Name}})
+	}
 	c.admit(w.Name, l, &out) // the next waiter may now be admissible
 	return out
 }

@@ -162,6 +162,16 @@ type Release struct {
 	Token Token
 }
 
+// Withdraw takes back a clerk's pending Acquire of Name: its local waiters
+// gave up before a grant (a caller's context ended). The master drops the
+// clerk's place in the lock's queue; a grant it already sent crosses the
+// withdrawal on the wire and the clerk caches it like any other lease.
+// Without it, an abandoned request would be granted later to nobody (found
+// by the operator-conventions review: Ctrl-C on `grove lock acquire`).
+type Withdraw struct {
+	Name string
+}
+
 // RecoveryDone reports the end of a recovery run for a dead clerk: OK if it
 // succeeded, and the run's token (a report of an older run, from before a
 // failover, must not complete the current one).

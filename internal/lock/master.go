@@ -360,6 +360,21 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		delete(c.revoking, x.Name)
 		m.try(x.Name)
 		m.gc(x.Name)
+	case Withdraw:
+		if ValidName(x.Name) != nil {
+			return nil
+		}
+		if l := m.locks[x.Name]; l != nil {
+			q := l.queue[:0]
+			for _, w := range l.queue {
+				if w.clerk != from {
+					q = append(q, w)
+				}
+			}
+			l.queue = q
+		}
+		m.try(x.Name) // the next waiter may be grantable now
+		m.gc(x.Name)
 	case Goodbye:
 		m.goodbye(from, c)
 	case RecoveryDone:

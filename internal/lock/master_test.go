@@ -584,3 +584,59 @@ func TestGoodbyeFreesAndForgets(t *testing.T) {
 		}
 	}
 }
+
+// A clerk whose only local waiter gave up withdraws its request: the
+// master drops it from the queue, and the lock goes to the next waiter
+// when the holder releases (not to the clerk that gave up).
+func TestWithdrawnRequestNotGranted(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}, {cC, ""}}, nil)
+	hello(m, cA, "", nil)
+	hello(m, cB, "", nil)
+	hello(m, cC, "", nil)
+	g, _ := find[Grant](m.Handle(cA, Acquire{"x", Exclusive}))
+
+	// The clerk side: B's only waiter gives up, and B says so.
+	b := NewClerk(cB, "")
+	b.Connect(1)
+	b.Handle(Welcome{Epoch: 1})
+	w, out := b.Acquire("x", Exclusive)
+	if a, ok := find[ToMaster](out); !ok || a.Msg != (Acquire{"x", Exclusive}) {
+		t.Fatalf("B's acquire: %v", out)
+	}
+	m.Handle(cB, Acquire{"x", Exclusive})
+	m.Handle(cC, Acquire{"x", Shared})
+	out = b.Cancel(w)
+	wd, ok := find[ToMaster](out)
+	if !ok || wd.Msg != (Withdraw{"x"}) || !w.Failed {
+		t.Fatalf("B's cancel: %v", out)
+	}
+	m.Handle(cB, wd.Msg)
+	if q := m.Locks()[0].Waiters; !reflect.DeepEqual(q, []ClerkID{cC}) {
+		t.Fatalf("queue after the withdrawal: %v, want only C", q)
+	}
+	out = m.Handle(cA, Release{"x", None, g.Token})
+	if _, ok := find[Grant](sends(out, cB)); ok {
+		t.Fatalf("the withdrawn request was granted: %v", out)
+	}
+	if g, ok := find[Grant](sends(out, cC)); !ok || g.Mode != Shared {
+		t.Fatalf("C not granted: %v", out)
+	}
+	// An exclusive waiter gives up while a shared one waits behind it: the
+	// exclusive request is withdrawn and a shared one made in its place.
+	w1, _ := b.Acquire("y", Exclusive)
+	b.Acquire("y", Shared)
+	out = b.Cancel(w1)
+	var msgs []any
+	for _, o := range out {
+		if tm, ok := o.(ToMaster); ok {
+			msgs = append(msgs, tm.Msg)
+		}
+	}
+	if !reflect.DeepEqual(msgs, []any{Withdraw{"y"}, Acquire{"y", Shared}}) {
+		t.Fatalf("cancel of the exclusive waiter: %v", msgs)
+	}
+	// A second cancel of the same waiter changes nothing.
+	if out := b.Cancel(w1); len(out) != 0 {
+		t.Fatalf("a second cancel: %v", out)
+	}
+}

@@ -98,6 +98,8 @@ func EncodeClerkMessage(msg any) *pb.SessionRequest {
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{Dead: ClerkIDToPB(x.Dead), Ok: x.OK, Token: TokenToPB(x.Token)}}}
 	case Goodbye:
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Goodbye{Goodbye: &pb.LockGoodbye{}}}
+	case Withdraw:
+		return &pb.SessionRequest{Msg: &pb.SessionRequest_Withdraw{Withdraw: &pb.LockWithdraw{Name: []byte(x.Name)}}}
 	}
 	panic(fmt.Sprintf("lock: not a clerk message: %T", msg))
 }
@@ -171,6 +173,12 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 		return Release{Name: n, Mode: md, Token: TokenFromPB(x.Release.Token)}, nil
 	case *pb.SessionRequest_Goodbye:
 		return Goodbye{}, nil
+	case *pb.SessionRequest_Withdraw:
+		n, err := name(x.Withdraw.GetName())
+		if err != nil {
+			return nil, err
+		}
+		return Withdraw{Name: n}, nil
 	case *pb.SessionRequest_RecoveryDone:
 		id, err := ClerkIDFromPB(x.RecoveryDone.Dead)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -67,7 +68,11 @@ type Config struct {
 	// Transport overrides the TCP transport (tests use raft's in-memory one).
 	Transport raft.Transport
 	Logger    *slog.Logger
-	// RaftLog receives hashicorp/raft's own log lines (io.Discard to drop).
+	// RaftLogger receives hashicorp/raft's own log lines (the node routes
+	// them into its log: logging.HCLog). If nil, RaftLog is used.
+	RaftLogger hclog.Logger
+	// RaftLog receives hashicorp/raft's lines as text when RaftLogger is
+	// nil (io.Discard to drop; nil: standard error).
 	RaftLog io.Writer
 	// Metrics counts decrees, watches and refusals (nil: none).
 	Metrics *metrics.Node
@@ -210,7 +215,10 @@ func Open(cfg Config) (*Server, error) {
 			self = m
 		}
 	}
-	hl := hclog.New(&hclog.LoggerOptions{Name: "raft-" + strconv.FormatUint(cfg.ID, 10), Level: hclog.Warn, Output: cfg.RaftLog})
+	hl := cfg.RaftLogger
+	if hl == nil {
+		hl = hclog.New(&hclog.LoggerOptions{Name: "raft-" + strconv.FormatUint(cfg.ID, 10), Level: hclog.Warn, Output: cfg.RaftLog})
+	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = serverID(cfg.ID)
 	rc.HeartbeatTimeout = cfg.Timing.Heartbeat
@@ -681,7 +689,13 @@ func (g *grpcService) Members(ctx context.Context, _ *pb.MembersRequest) (*pb.Me
 	if err := f.Error(); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	out := &pb.MembersResponse{LeaderId: g.s.KnownLeader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex()}
+	out := &pb.MembersResponse{LeaderId: g.s.KnownLeader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex(),
+		RaftState: strings.ToLower(g.s.raft.State().String())}
+	if out.RaftState == "follower" {
+		if lc := g.s.raft.LastContact(); !lc.IsZero() {
+			out.LastContactMs = uint64(time.Since(lc).Milliseconds())
+		}
+	}
 	for _, sv := range f.Configuration().Servers {
 		id, _ := strconv.ParseUint(string(sv.ID), 10, 64)
 		out.Members = append(out.Members, &pb.Member{Id: id, RaftAddr: string(sv.Address), GrpcAddr: g.s.member(id).GRPCAddr, Voter: sv.Suffrage == raft.Voter})

@@ -5,14 +5,18 @@
 package node
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
@@ -100,9 +104,15 @@ type Config struct {
 	// 16 bytes; `grove up` generates 32). Every node of a cluster has the
 	// same one. AcceptClusterKeys are also accepted on incoming datagrams,
 	// for a rotation (README: "Cluster key").
-	ClusterKey        string         `toml:"cluster_key"`
+	ClusterKey string `toml:"cluster_key"`
+	// ClusterKeyFile names a file holding the cluster key instead (a
+	// container secret, kept out of the config file); relative to the
+	// config file's directory.
+	ClusterKeyFile    string         `toml:"cluster_key_file,omitempty"`
 	AcceptClusterKeys []string       `toml:"accept_cluster_keys"`
 	Members           []MemberConfig `toml:"members"`
+
+	fdGiven map[string]bool // [fd] keys present in the file (nil: not read from a file)
 }
 
 // DefaultFD is Boxwood's setting: ΔT 200 ms, GracePeriod 1 s.
@@ -121,17 +131,159 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 // ReadConfig parses a config file without validating it (for tools that
-// repair or upgrade configs they own, such as `grove up`).
+// repair or upgrade configs they own, such as `grove up`). Decoding is
+// strict: an unknown key is an error naming it, its line and column, and
+// the known key it most resembles. A relative data_dir is taken relative to
+// the file's directory; fields left out of [fd] and [raft] take their
+// defaults (Validate fills them).
 func ReadConfig(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	c := &Config{}
-	if err := toml.Unmarshal(b, c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+	dec := toml.NewDecoder(bytes.NewReader(b)).DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, configError(path, err)
+	}
+	// Which [fd] fields were given: max_drift = 0 is a setting, not an
+	// omission.
+	var raw struct {
+		FD map[string]any `toml:"fd"`
+	}
+	if err := toml.Unmarshal(b, &raw); err == nil {
+		c.fdGiven = map[string]bool{}
+		for k := range raw.FD {
+			c.fdGiven[k] = true
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	if c.DataDir != "" && !filepath.IsAbs(c.DataDir) {
+		c.DataDir = filepath.Join(filepath.Dir(abs), c.DataDir)
+	}
+	if c.ClusterKeyFile != "" && !filepath.IsAbs(c.ClusterKeyFile) {
+		c.ClusterKeyFile = filepath.Join(filepath.Dir(abs), c.ClusterKeyFile)
 	}
 	return c, nil
+}
+
+// configError turns go-toml's errors into messages that name the file,
+// line and column, and the key as it is written in TOML.
+func configError(path string, err error) error {
+	var sm *toml.StrictMissingError
+	if errors.As(err, &sm) {
+		var msgs []string
+		for _, e := range sm.Errors {
+			row, col := e.Position()
+			key := []string(e.Key())
+			msg := fmt.Sprintf("config %s:%d:%d: unknown key %q", path, row, col, strings.Join(key, "."))
+			if len(key) > 1 {
+				msg += fmt.Sprintf(" in [%s]", strings.Join(key[:len(key)-1], "."))
+			}
+			if s := suggestKey(key); s != "" {
+				msg += fmt.Sprintf("; did you mean %q?", s)
+			} else if known := knownKeys(key[:len(key)-1]); len(known) > 0 {
+				msg += fmt.Sprintf(" (known: %s)", strings.Join(known, ", "))
+			}
+			msgs = append(msgs, msg)
+		}
+		return errors.New(strings.Join(msgs, "\n"))
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, col := de.Position()
+		msg := strings.TrimPrefix(de.Error(), "toml: ")
+		if k := []string(de.Key()); len(k) > 0 {
+			msg = fmt.Sprintf("%s: %s", strings.Join(k, "."), msg)
+		}
+		return fmt.Errorf("config %s:%d:%d: %s", path, row, col, msg)
+	}
+	return fmt.Errorf("config %s: %w", path, err)
+}
+
+// knownKeys lists the TOML keys of the table at path in Config.
+func knownKeys(path []string) []string {
+	t := reflect.TypeOf(Config{})
+	for _, p := range path {
+		f, ok := fieldByKey(t, p)
+		if !ok {
+			return nil
+		}
+		t = f.Type
+		for t.Kind() == reflect.Slice || t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+	}
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		if k := tomlKey(t.Field(i)); k != "" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func tomlKey(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	k, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+	if k == "-" {
+		return ""
+	}
+	return k
+}
+
+func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := 0; i < t.NumField(); i++ {
+		if tomlKey(t.Field(i)) == key {
+			return t.Field(i), true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// suggestKey returns the known key nearest to an unknown one (edit
+// distance at most 3, or one containing the other), or "".
+func suggestKey(key []string) string {
+	bad := key[len(key)-1]
+	best, bestD := "", 4
+	for _, k := range knownKeys(key[:len(key)-1]) {
+		d := editDistance(bad, k)
+		if strings.Contains(k, bad) || strings.Contains(bad, k) {
+			d = min(d, 2)
+		}
+		if d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // NewClusterKey returns a fresh random cluster key, in hex.
@@ -166,10 +318,21 @@ func (c *Config) FDConfig() fd.Config {
 
 // Keyring returns the failure detector's keys.
 func (c *Config) Keyring() (fd.Keyring, error) {
-	if c.ClusterKey == "" {
+	key := c.ClusterKey
+	if key == "" && c.ClusterKeyFile != "" {
+		b, err := os.ReadFile(c.ClusterKeyFile)
+		if err != nil {
+			return fd.Keyring{}, fmt.Errorf("cluster_key_file: %v", err)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	if c.ClusterKey != "" && c.ClusterKeyFile != "" {
+		return fd.Keyring{}, errors.New("give cluster_key or cluster_key_file, not both")
+	}
+	if key == "" {
 		return fd.Keyring{}, errors.New("cluster_key is required: every node of a cluster shares one secret key (hex, 32 bytes recommended; `grove up` writes one, or generate one with `openssl rand -hex 32`)")
 	}
-	k, err := fd.ParseKey(c.ClusterKey)
+	k, err := fd.ParseKey(key)
 	if err != nil {
 		return fd.Keyring{}, fmt.Errorf("cluster_key: %v", err)
 	}
@@ -184,26 +347,32 @@ func (c *Config) Keyring() (fd.Keyring, error) {
 	return r, nil
 }
 
+// checkAddr checks a HOST:PORT setting.
+func checkAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("want HOST:PORT")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("port %q is not a number in 1..65535", port)
+	}
+	return nil
+}
+
 // Validate rejects a config that cannot work, saying why.
 func (c *Config) Validate() error {
 	if c.ID == 0 {
-		return errors.New("id must be a positive integer")
+		return errors.New("id: want a positive integer")
 	}
 	if c.DataDir == "" {
-		return errors.New("data_dir is required")
+		return errors.New("data_dir: required")
 	}
-	for name, a := range map[string]string{"grpc_addr": c.GRPCAddr, "beacon_addr": c.BeaconAddr, "metrics_addr": c.MetricsAddr} {
-		if a == "" && name == "metrics_addr" {
-			continue
+	for _, x := range []struct{ name, addr string }{{"grpc_addr", c.GRPCAddr}, {"raft_addr", c.RaftAddr}, {"beacon_addr", c.BeaconAddr}, {"metrics_addr", c.MetricsAddr}} {
+		if x.addr == "" && (x.name == "metrics_addr" || (x.name == "raft_addr" && !c.Has(RoleMeta))) {
+			continue // optional
 		}
-		_, port, err := net.SplitHostPort(a)
-		if err == nil {
-			if p, perr := strconv.Atoi(port); perr != nil || p < 0 || p > 65535 {
-				err = fmt.Errorf("port %q is not a number in 0..65535", port)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("%s %q: %v", name, a, err)
+		if err := checkAddr(x.addr); err != nil {
+			return fmt.Errorf("%s = %q: %v", x.name, x.addr, err)
 		}
 	}
 	// Observers accept a node's beacons only from its registered address
@@ -216,35 +385,91 @@ func (c *Config) Validate() error {
 	}
 	for _, r := range c.Roles {
 		if !slices.Contains(KnownRoles, r) {
-			return fmt.Errorf("unknown role %q (known: %v)", r, KnownRoles)
+			return fmt.Errorf("roles: unknown role %q (known: %s)", r, strings.Join(KnownRoles, ", "))
 		}
 	}
 	if len(c.Members) == 0 || len(c.Members)%2 == 0 {
-		return fmt.Errorf("members: %d config-service members; need an odd number (2k+1)", len(c.Members))
+		return fmt.Errorf("[[members]]: %d config-service members; need an odd number (2k+1)", len(c.Members))
 	}
 	self := false
 	for _, m := range c.Members {
 		if m.ID == 0 || m.GRPC == "" || m.Raft == "" || m.Beacon == "" {
-			return fmt.Errorf("member %d: id, grpc, raft and beacon are all required", m.ID)
+			return fmt.Errorf("[[members]] id = %d: id, grpc, raft and beacon are all required", m.ID)
+		}
+		for _, x := range []struct{ name, addr string }{{"grpc", m.GRPC}, {"raft", m.Raft}, {"beacon", m.Beacon}} {
+			if err := checkAddr(x.addr); err != nil {
+				return fmt.Errorf("[[members]] id = %d: %s = %q: %v", m.ID, x.name, x.addr, err)
+			}
 		}
 		if m.ID == c.ID {
 			self = true
 			if m.GRPC != c.GRPCAddr || m.Raft != c.RaftAddr || m.Beacon != c.BeaconAddr {
-				return fmt.Errorf("member %d: addresses differ from this node's own", m.ID)
+				return fmt.Errorf("[[members]] id = %d: its grpc, raft and beacon must be this node's grpc_addr, raft_addr and beacon_addr", m.ID)
 			}
 		}
 	}
 	if c.Has(RoleMeta) && !self {
-		return fmt.Errorf("role %q but node %d is not in members", RoleMeta, c.ID)
+		return fmt.Errorf("roles: %q, but id = %d is not in [[members]]", RoleMeta, c.ID)
 	}
 	if self && (!c.Has(RoleMeta) || !c.Has(RoleObserver)) {
-		return fmt.Errorf("node %d is a member: it must have roles %q and %q", c.ID, RoleMeta, RoleObserver)
+		return fmt.Errorf("roles: id = %d is in [[members]]: it must have roles %q and %q", c.ID, RoleMeta, RoleObserver)
 	}
-	if err := c.Raft.Timing().Validate(); err != nil {
-		return fmt.Errorf("[raft]: %w", err)
+	c.fillFD()
+	if err := c.checkTiming(); err != nil {
+		return err
 	}
-	if c.FD == (FDConfig{}) {
-		c.FD = DefaultFD
+	if err := c.FDConfig().Validate(); err != nil {
+		return fmt.Errorf("[fd]: %w", err) // not reached: checkTiming covers it
 	}
-	return c.FDConfig().Validate()
+	return nil
+}
+
+// fillFD gives every [fd] setting the file left out its default (a
+// partial [fd] section is completed, not rejected).
+func (c *Config) fillFD() {
+	if c.fdGiven == nil { // built in code, not read from a file
+		if c.FD == (FDConfig{}) {
+			c.FD = DefaultFD
+		}
+		c.fdGiven = map[string]bool{"max_drift": true} // a zero drift set in code stays zero
+	}
+	if !c.fdGiven["interval"] && c.FD.Interval == 0 {
+		c.FD.Interval = DefaultFD.Interval
+	}
+	if !c.fdGiven["grace_period"] && c.FD.GracePeriod == 0 {
+		c.FD.GracePeriod = DefaultFD.GracePeriod
+	}
+	if !c.fdGiven["max_drift"] && c.FD.MaxDrift == 0 {
+		c.FD.MaxDrift = DefaultFD.MaxDrift
+	}
+}
+
+// checkTiming checks [fd] and [raft], naming settings as the file does.
+func (c *Config) checkTiming() error {
+	iv, gp, drift := time.Duration(c.FD.Interval), time.Duration(c.FD.GracePeriod), c.FD.MaxDrift
+	switch {
+	case iv <= 0:
+		return fmt.Errorf("[fd] interval = %q: want a positive duration", iv)
+	case gp < fd.MinGraceIntervals*iv:
+		return fmt.Errorf("[fd] grace_period = %q: must be at least %d × interval (%v)", gp, fd.MinGraceIntervals, fd.MinGraceIntervals*iv)
+	case drift < 0 || drift > 0.1:
+		return fmt.Errorf("[fd] max_drift = %v: want 0 to 0.1", drift)
+	}
+	if fc := c.FDConfig(); fc.SelfGrace() < 2*iv {
+		return fmt.Errorf("[fd] grace_period = %q is too short for max_drift = %v (a node's own grace would be under 2 × interval)", gp, drift)
+	}
+	t := c.Raft.Timing()
+	switch {
+	case t.Heartbeat < 5*time.Millisecond:
+		return fmt.Errorf("[raft] heartbeat = %q: want at least 5ms", t.Heartbeat)
+	case t.Election < 5*time.Millisecond:
+		return fmt.Errorf("[raft] election = %q: want at least 5ms", t.Election)
+	case t.LeaderLease < 5*time.Millisecond:
+		return fmt.Errorf("[raft] leader_lease = %q: want at least 5ms", t.LeaderLease)
+	case t.LeaderLease > t.Heartbeat:
+		return fmt.Errorf("[raft] leader_lease = %q must not exceed heartbeat = %q", t.LeaderLease, t.Heartbeat)
+	case t.Heartbeat > time.Minute || t.Election > time.Minute:
+		return fmt.Errorf("[raft] heartbeat and election must be at most 1m")
+	}
+	return t.Validate()
 }

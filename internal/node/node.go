@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,6 +26,7 @@ import (
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/logging"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/ratelog"
@@ -53,7 +56,10 @@ type Node struct {
 
 // Options tune a node beyond its config file.
 type Options struct {
-	Logger     *slog.Logger
+	// Logger is the node's log (default: slog.Default()); hashicorp/raft's
+	// lines go into it too.
+	Logger *slog.Logger
+	// RaftLog, if set, receives raft's lines as text instead (tests).
 	RaftLog    io.Writer
 	MetaTiming meta.Timing
 	// Bootstrap creates a brand-new config service if this node is a
@@ -62,6 +68,12 @@ type Options struct {
 	// without it is a replacement: it starts only once the other members
 	// confirm it is not a voter any more, and waits to be added.
 	Bootstrap bool
+	// BootstrapIfNew bootstraps like Bootstrap, but only if no other
+	// member reports a cluster that has committed anything (for deployments
+	// that start every member with one command line, such as
+	// deploy/compose.yaml). A member that lost its state while the others
+	// are unreachable would bootstrap alone; see clusterIsNew.
+	BootstrapIfNew bool
 	// JoinTimeout bounds how long a member without state waits for another
 	// member to confirm it may join (default 30 s).
 	JoinTimeout time.Duration
@@ -132,26 +144,34 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			udp.Close()
 			return nil, fmt.Errorf("node %d: config-service state in %s: %w", cfg.ID, dir, err)
 		}
-		if !has && !opt.Bootstrap {
+		bootstrap := opt.Bootstrap
+		if !has && !bootstrap && opt.BootstrapIfNew {
+			bootstrap = clusterIsNew(cfg, members, n.log)
+		}
+		if !has && !bootstrap {
 			if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
 				udp.Close()
 				return nil, err
 			}
 			replacement = true
 		}
-		raftLog := opt.RaftLog
-		if raftLog == nil {
-			raftLog = os.Stderr
-		}
 		// raft logs one line per bad connection on its port: rate-limit
-		// them, and count garbage.
-		raftLog = ratelog.Writer(raftLog, ratelog.New(5*time.Second), func(key string) {
-			if strings.Contains(key, "failed to decode incoming command") {
+		// them, and count garbage. Its lines go into the node's log
+		// (warnings and errors; everything at debug level).
+		raftLevel := hclog.Warn
+		if n.log.Enabled(context.Background(), slog.LevelDebug) {
+			raftLevel = hclog.Debug
+		}
+		raftLogger := logging.HCLog(n.log, "raft", raftLevel, ratelog.New(5*time.Second), func(msg string) {
+			if strings.Contains(msg, "failed to decode incoming command") {
 				n.mx.Garbage.WithLabelValues("raft", "undecodable command").Inc()
 			}
 		})
-		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: dir, Members: members, Bootstrap: opt.Bootstrap,
-			Timing: metaTiming(cfg, opt), Logger: n.log, RaftLog: raftLog, Metrics: n.mx})
+		if opt.RaftLog != nil { // tests: raft's lines as text to a writer of their own
+			raftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: ratelog.Writer(opt.RaftLog, ratelog.New(5*time.Second), nil)})
+		}
+		n.meta, err = meta.Open(meta.Config{ID: cfg.ID, Dir: dir, Members: members, Bootstrap: bootstrap,
+			Timing: metaTiming(cfg, opt), Logger: n.log, RaftLogger: raftLogger, Metrics: n.mx})
 		if err != nil {
 			udp.Close()
 			return nil, err
@@ -203,6 +223,59 @@ func metaTiming(cfg *Config, opt Options) meta.Timing {
 		return opt.MetaTiming
 	}
 	return cfg.Raft.Timing()
+}
+
+// clusterIsNew decides --bootstrap-if-new for a member without raft state:
+// the cluster is new unless another member answers with a configuration
+// and a commit index past the bootstrap entry (index 1: some leader has
+// committed something, so the cluster has run, and this member, if it was
+// part of it, has lost its state and must be replaced, not bootstrapped).
+// Members that do not answer (not started yet) or answer without state
+// count as new; so do members that bootstrapped moments ago and have not
+// yet elected a leader. The rule cannot tell a member that lost its state
+// while every other member was unreachable from a new one: that member
+// bootstraps and may vote again in a term it voted in before. Use it only
+// where volumes are lost all together (a compose project's `down -v`).
+func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var p transport.Pool
+	defer p.Close()
+	type answer struct {
+		id     uint64
+		commit uint64
+		state  bool
+	}
+	ch := make(chan answer, len(members))
+	asked := 0
+	for _, m := range members {
+		if m.ID == cfg.ID {
+			continue
+		}
+		asked++
+		go func() {
+			cc, err := p.Get(m.GRPCAddr)
+			if err != nil {
+				ch <- answer{id: m.ID}
+				return
+			}
+			r, err := pb.NewConfigServiceClient(cc).Members(ctx, &pb.MembersRequest{})
+			if err != nil {
+				ch <- answer{id: m.ID}
+				return
+			}
+			ch <- answer{id: m.ID, commit: r.CommitIndex, state: len(r.Members) > 0}
+		}()
+	}
+	for i := 0; i < asked; i++ {
+		a := <-ch
+		if a.state && a.commit > 1 {
+			log.Info("not bootstrapping: another member's cluster has run", "member", a.id, "commit_index", a.commit)
+			return false
+		}
+	}
+	log.Info("bootstrapping a new config service (--bootstrap-if-new): no other member has a cluster that has run")
+	return true
 }
 
 // confirmNotVoter is the rule that keeps a config-service member that lost
@@ -382,17 +455,70 @@ func (n *Node) Close() {
 }
 
 // lockDir takes an exclusive lock on the data directory, so that two
-// processes never run one node.
+// processes never run one node, and writes this process's pid into the
+// lock file (`grove down` reads it, and trusts it only while the lock is
+// held: a stale pid of a process long gone is never signalled).
 func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := LockFile(filepath.Join(dir, "LOCK"))
+	if err != nil {
+		return nil, fmt.Errorf("data directory %s is in use by another grove process: %w", dir, err)
+	}
+	return f, nil
+}
+
+// ErrLocked is LockFile's error when another process holds the lock.
+var ErrLocked = errors.New("locked by another process")
+
+// LockFile takes an exclusive flock on path (created if missing) and
+// writes this process's pid into it. The lock lasts until the file is
+// closed or the process exits.
+func LockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("data directory %s is in use by another grove process", dir)
+		if pid, _ := readPID(path); pid > 0 {
+			return nil, fmt.Errorf("%w (pid %d)", ErrLocked, pid)
+		}
+		return nil, ErrLocked
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// LockHolder reports the pid of the process holding the lock file at path,
+// or 0 if no process holds it (the file may be missing, or left by a
+// process that is gone). It never takes the lock for longer than the test.
+func LockHolder(path string) (int, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		return 0, nil // nobody holds it
+	}
+	pid, err := readPID(path)
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("%s is locked but names no pid", path)
+	}
+	return pid, nil
+}
+
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // Fence is the node's self-fence: lease-protected services register a stop

@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +28,10 @@ type StatusService struct {
 	client    *meta.Client
 	observers []MemberConfig
 	conns     transport.Pool
+	mu        struct {
+		sync.Mutex
+		lastLeader uint64 // the last leader a status saw (reported while there is none)
+	}
 }
 
 // NewStatusService returns a status service over the given config-service
@@ -44,21 +50,65 @@ const (
 	ObserverStraggler = 100 * time.Millisecond
 )
 
+// Bounds of one status query. A cluster without quorum must still get an
+// answer quickly (what answers, what does not, the last known leader), so
+// the linearizable read of the node list is bounded well inside the CLI's
+// default --command-timeout, and members are probed directly in parallel.
+const (
+	StatusReadTimeout  = 2 * time.Second
+	MemberProbeTimeout = time.Second
+)
+
 func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ns, err := s.client.Read(ctx, meta.NodesNamespace)
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "config service: %v", err)
-	}
-	nodes, err := meta.DecodeNodes(ns)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
 	out := &pb.StatusResponse{}
-	if m, err := s.client.Members(ctx); err == nil {
-		out.Leader, out.Members = m.LeaderId, m.Members
+	probes := make(chan []*pb.MemberHealth, 1)
+	views := make(chan []*pb.MembersResponse, 1)
+	go func() {
+		h, v := s.probeMembers(ctx)
+		probes <- h
+		views <- v
+	}()
+	rctx, rcancel := context.WithTimeout(ctx, StatusReadTimeout)
+	ns, err := s.client.Read(rctx, meta.NodesNamespace)
+	rcancel()
+	if err != nil {
+		// Report what can be known: the last copy read, marked stale.
+		out.Stale, out.ConfigError = true, fmt.Sprintf("no config-service leader answered within %v (%s)", StatusReadTimeout, Describe(err))
+		ns = s.client.Hint(meta.NodesNamespace)
 	}
+	var nodes []*pb.Node
+	if ns != nil {
+		if nodes, err = meta.DecodeNodes(ns); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	out.MemberHealth = <-probes
+	view := bestView(<-views)
+	if view != nil {
+		out.Leader, out.Members = view.LeaderId, view.Members
+	} else {
+		// Nobody answered: the configured members, so that the operator
+		// sees which ones were asked.
+		for _, m := range s.observers {
+			out.Members = append(out.Members, &pb.Member{Id: m.ID, RaftAddr: m.Raft, GrpcAddr: m.GRPC, Voter: true})
+		}
+	}
+	s.mu.Lock()
+	if out.Stale && out.Leader != 0 {
+		// A member still calls itself leader, but no linearizable read
+		// went through: it has lost its majority and not yet noticed
+		// (it steps down within its leader lease). It is the last leader,
+		// not a leader that serves.
+		s.mu.lastLeader, out.Leader = out.Leader, 0
+	}
+	if out.Leader != 0 {
+		s.mu.lastLeader = out.Leader
+	} else {
+		out.LastLeader = s.mu.lastLeader
+	}
+	s.mu.Unlock()
 	dead, heard, answered := s.Query(ctx, nodes)
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
@@ -68,6 +118,90 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 		})
 	}
 	return out, nil
+}
+
+// probeMembers asks every configured member for its own view, in parallel,
+// in member order. Like Query it does not wait for stragglers: once a
+// majority answered, a member silent ObserverStraggler later is reported
+// as not answering (a member cut off silently would otherwise cost every
+// status the whole MemberProbeTimeout).
+func (s *StatusService) probeMembers(ctx context.Context) ([]*pb.MemberHealth, []*pb.MembersResponse) {
+	ctx, cancel := context.WithTimeout(ctx, MemberProbeTimeout)
+	defer cancel()
+	health := make([]*pb.MemberHealth, len(s.observers))
+	views := make([]*pb.MembersResponse, len(s.observers))
+	var mu sync.Mutex
+	answered, majority := 0, len(s.observers)/2+1
+	var wg sync.WaitGroup
+	for i, m := range s.observers {
+		health[i] = &pb.MemberHealth{Id: m.ID}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cc, err := s.conns.Get(m.GRPC)
+			var r *pb.MembersResponse
+			if err == nil {
+				r, err = pb.NewConfigServiceClient(cc).Members(ctx, &pb.MembersRequest{})
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			h := health[i]
+			if err != nil {
+				h.Error = Describe(err)
+				return
+			}
+			views[i] = r
+			h.Answered, h.RaftState, h.Leader, h.Term, h.CommitIndex, h.LastContactMs = true, r.RaftState, r.LeaderId, r.Term, r.CommitIndex, r.LastContactMs
+			answered++
+			if answered == majority && answered < len(s.observers) {
+				time.AfterFunc(ObserverStraggler, cancel)
+			}
+		}()
+	}
+	wg.Wait()
+	return health, views
+}
+
+// Describe says in words why a call to a node failed, for operators
+// (status output): not a raw gRPC status.
+func Describe(err error) string {
+	msg := err.Error()
+	switch c := status.Code(err); {
+	case strings.Contains(msg, "connection refused"):
+		return "refused the connection"
+	case strings.Contains(msg, "no route to host"), strings.Contains(msg, "network is unreachable"):
+		return "unreachable"
+	case strings.Contains(msg, "i/o timeout"):
+		return "did not accept a connection in time"
+	case c == codes.DeadlineExceeded || c == codes.Canceled || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return "no answer in time"
+	case c == codes.Unavailable || c == codes.FailedPrecondition:
+		return status.Convert(err).Message()
+	}
+	return msg
+}
+
+// bestView picks the members' view to report: a leader's own (the highest
+// term, if an isolated old leader still answers), else the answer with the
+// highest term and commit index.
+func bestView(vs []*pb.MembersResponse) *pb.MembersResponse {
+	var best *pb.MembersResponse
+	better := func(a, b *pb.MembersResponse) bool {
+		al, bl := a.RaftState == "leader", b.RaftState == "leader"
+		if al != bl {
+			return al
+		}
+		if a.Term != b.Term {
+			return a.Term > b.Term
+		}
+		return a.CommitIndex > b.CommitIndex
+	}
+	for _, v := range vs {
+		if v != nil && (best == nil || better(v, best)) {
+			best = v
+		}
+	}
+	return best
 }
 
 // Query asks every observer about the registered incarnation of each node

@@ -77,6 +77,13 @@ func setUserTimeout(c syscall.RawConn) error {
 	return serr
 }
 
+// DialContext opens a TCP connection with the cluster's dead-peer
+// detection (for callers that wrap the dialer, such as the CLI, which
+// records why a connection failed).
+func DialContext(ctx context.Context, addr string) (net.Conn, error) {
+	return dialer.DialContext(ctx, "tcp", addr)
+}
+
 // DialOptions are the options of every gRPC client connection between
 // cluster nodes and from tools to nodes.
 func DialOptions() []grpc.DialOption {

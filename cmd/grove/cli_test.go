@@ -1,0 +1,484 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// ran is one run of the grove binary.
+type ran struct {
+	stdout, stderr string
+	code           int
+	took           time.Duration
+}
+
+func (r ran) String() string {
+	return fmt.Sprintf("exit %d after %v\nstdout:\n%s\nstderr:\n%s", r.code, r.took.Round(time.Millisecond), r.stdout, r.stderr)
+}
+
+// grove runs the binary with GROVE_ENDPOINTS cleared (plus env) and
+// returns its outputs and exit code; a run longer than 90 s fails the test.
+func grove(t *testing.T, bin string, env []string, args ...string) ran {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(append(os.Environ(), "GROVE_ENDPOINTS="), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	start := time.Now()
+	err := cmd.Run()
+	r := ran{stdout: o.String(), stderr: e.String(), took: time.Since(start)}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("grove %v: %v", args, err)
+	}
+	return r
+}
+
+// TestCLIUsageAndExitCodes: bad usage exits 2 with the usage printed and
+// writes nothing; unknown commands are refused at every level; invalid
+// flags of grove up are refused before a directory is made.
+func TestCLIUsageAndExitCodes(t *testing.T) {
+	bin := buildGrove(t)
+	dir := t.TempDir()
+	badCfg := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(badCfg, []byte("id = 1\ndata_dir = \"d\"\n[fd]\ngrace = \"2s\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		code int
+		want []string // in stderr (stdout for exit 0)
+	}{
+		{[]string{"nosuch"}, 2, []string{`unknown command "nosuch" for "grove"`}},
+		{[]string{"lock", "nosuch"}, 2, []string{`unknown command "nosuch" for "grove lock"`, "grove lock nosuch -- COMMAND"}},
+		{[]string{"bench", "nosuch"}, 2, []string{`unknown command "nosuch" for "grove bench"`}},
+		{[]string{"member", "lsit"}, 2, []string{"did you mean list"}},
+		{[]string{"lock", "acquire"}, 2, []string{"missing NAME", "Usage:", "grove lock acquire NAME"}},
+		{[]string{"lock", "acquire", "x", "--hold", "-1s"}, 2, []string{"--hold -1s"}},
+		{[]string{"lock", "acquire", "x", "--mode", "write"}, 2, []string{`--mode "write"`}},
+		{[]string{"lock", "x", "--", "/nonexistent/command"}, 127, []string{"not found"}},
+		{[]string{"status", "-o", "yaml"}, 2, []string{`-o "yaml"`}},
+		{[]string{"status", "--endpoints", "nohost"}, 2, []string{"want HOST:PORT"}},
+		{[]string{"status", "--bogus"}, 2, []string{"unknown flag: --bogus"}},
+		{[]string{"status", "--addr", "127.0.0.1:1", "--endpoints", "127.0.0.1:2"}, 2, []string{"not both"}},
+		{[]string{"up", "--meta", "2", "--data", filepath.Join(dir, "m2")}, 2, []string{"--meta 2: want an odd number"}},
+		{[]string{"up", "--base-port", "70000", "--data", filepath.Join(dir, "p")}, 2, []string{"--base-port 70000"}},
+		{[]string{"up", "--nodes", "2", "--meta", "3", "--data", filepath.Join(dir, "n2")}, 2, []string{"more members than --nodes 2"}},
+		{[]string{"up", "--log-level", "loud", "--data", filepath.Join(dir, "l")}, 2, []string{"--log-level"}},
+		{[]string{"down", "--data", empty}, 5, []string{"not a grove up data directory"}},
+		{[]string{"server"}, 2, []string{"--config FILE is required"}},
+		{[]string{"server", "--config", badCfg}, 2, []string{"bad.toml:4:1: unknown key \"fd.grace\" in [fd]; did you mean \"grace_period\"?"}},
+		{[]string{"version"}, 0, []string{"grove ", "go1."}},
+		{[]string{"--version"}, 0, []string{"grove "}},
+		{[]string{"lock"}, 0, []string{"Usage:", "grove lock [NAME -- COMMAND [ARGS...]]"}},
+		{[]string{"completion", "bash"}, 0, []string{"bash completion"}},
+	} {
+		r := grove(t, bin, nil, c.args...)
+		out := r.stderr
+		if c.code == 0 {
+			out = r.stdout
+		}
+		ok := r.code == c.code
+		for _, w := range c.want {
+			ok = ok && strings.Contains(out, w)
+		}
+		if !ok {
+			t.Errorf("grove %s: want exit %d and %q; got %v", strings.Join(c.args, " "), c.code, c.want, r)
+		}
+	}
+	for _, d := range []string{"m2", "p", "n2", "l"} {
+		if _, err := os.Stat(filepath.Join(dir, d, "node-1")); err == nil {
+			t.Errorf("grove up with bad flags wrote %s", filepath.Join(dir, d))
+		}
+	}
+	// Help texts: placeholders name the value, every command has an example.
+	r := grove(t, bin, nil, "status", "--help")
+	for _, w := range []string{"--endpoints HOST:PORT,...", "--addr HOST:PORT", "--dial-timeout DURATION", "-o, --output table|json", "Examples:"} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("grove status --help lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	var v map[string]string
+	r = grove(t, bin, nil, "version", "-o", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["version"] == "" || !strings.HasPrefix(v["go"], "go1.") {
+		t.Errorf("version -o json: %v %v", v, r)
+	}
+}
+
+// hangingStatus is a gRPC server whose Status never answers.
+type hangingStatus struct {
+	pb.UnimplementedClusterServiceServer
+}
+
+func (hangingStatus) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestCLIUnreachable: a closed port fails at once (3, "refused"); a
+// listener that accepts and never answers fails when --dial-timeout
+// elapses (4); a server that never finishes a call fails when
+// --command-timeout elapses (4); endpoints are tried in order and every
+// failure is named.
+func TestCLIUnreachable(t *testing.T) {
+	bin := buildGrove(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // never read, never answered
+		}
+	}()
+	hl, err := transport.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	pb.RegisterClusterServiceServer(gs, hangingStatus{})
+	go gs.Serve(hl)
+	defer gs.Stop()
+	hang := hl.Addr().String()
+
+	for _, c := range []struct {
+		name    string
+		env     []string
+		args    []string
+		code    int
+		want    []string
+		maxTook time.Duration
+	}{
+		{"closed port", nil, []string{"status", "--endpoints", closed}, 3,
+			[]string{"status: " + closed + " refused the connection; is the cluster running? (grove up)"}, 3 * time.Second},
+		{"silent listener", nil, []string{"status", "--addr", silent.Addr().String(), "--dial-timeout", "500ms"}, 4,
+			[]string{silent.Addr().String() + " accepted the connection but did not answer within 500ms"}, 4 * time.Second},
+		{"hanging call", nil, []string{"health", "--endpoints", hang, "--command-timeout", "1s"}, 4,
+			[]string{"health: " + hang + " did not finish within 1s"}, 5 * time.Second},
+		{"environment, in order", []string{"GROVE_ENDPOINTS=" + closed + "," + hang}, []string{"status", "--command-timeout", "1s"}, 4,
+			[]string{closed + " refused the connection", hang}, 5 * time.Second},
+		{"lock acquire", nil, []string{"lock", "acquire", "x", "--endpoints", closed}, 3, []string{"refused the connection"}, 3 * time.Second},
+		{"lock list", nil, []string{"lock", "list", "--endpoints", closed + "," + silent.Addr().String(), "--dial-timeout", "300ms"}, 3,
+			[]string{"no endpoint could serve", closed, silent.Addr().String()}, 4 * time.Second},
+	} {
+		r := grove(t, bin, c.env, c.args...)
+		ok := r.code == c.code && r.took <= c.maxTook && !strings.Contains(r.stderr, "rpc error")
+		for _, w := range c.want {
+			ok = ok && strings.Contains(r.stderr, w)
+		}
+		if !ok {
+			t.Errorf("%s: want exit %d within %v and %q; got %v", c.name, c.code, c.maxTook, c.want, r)
+		}
+	}
+}
+
+// TestCLIOnCluster: the operator commands against a real `grove up
+// --processes` cluster: JSON keys are the table's headers, lists are in a
+// stable order; `grove lock NAME -- COMMAND` passes the command's status
+// through and hands it its fencing token; Ctrl-C on an acquire that was not
+// granted withdraws the request; a node killed mid-command ends a command
+// running under its lease (exit 7, the command stopped); health and status
+// exit 6 when a node is dead and, without quorum, status still says what it
+// can; grove down stops everything.
+func TestCLIOnCluster(t *testing.T) {
+	bin, u, ctx := startCluster(t, 8400)
+	if err := u.WaitAllHeard(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gw := []string{"--endpoints", u.Gateway}
+
+	// Healthy: status and health exit 0; JSON mirrors the table.
+	r := grove(t, bin, nil, append([]string{"status"}, gw...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "NODE  STATE  INCARNATION  HEARD-BY  DEAD-VOTES  ANSWERED  GRPC") {
+		t.Fatalf("status: %v", r)
+	}
+	r = grove(t, bin, nil, append([]string{"status", "-o", "json"}, gw...)...)
+	s := parseStatus(t, []byte(r.stdout))
+	if r.code != 0 || !s.Healthy || s.Leader == 0 || len(s.Nodes) != 3 || len(s.Members) != 3 || s.Nodes[0].Node != 1 || s.Nodes[2].Node != 3 {
+		t.Fatalf("status -o json: %v", r)
+	}
+	var raw map[string][]map[string]any
+	json.Unmarshal([]byte(strings.Replace(r.stdout, `"healthy"`, `"_"`, 1)), &raw) // tables only
+	for _, k := range []string{"node", "state", "incarnation", "heard_by", "dead_votes", "answered", "grpc", "beacon", "roles"} {
+		if _, ok := raw["nodes"][0][k]; !ok {
+			t.Errorf("status -o json: nodes lack %q: %v", k, raw["nodes"][0])
+		}
+	}
+	if r = grove(t, bin, nil, append([]string{"health"}, gw...)...); r.code != 0 || !strings.HasPrefix(r.stdout, "healthy: 3/3 nodes alive") {
+		t.Fatalf("health: %v", r)
+	}
+	leader := s.Leader
+	l := waitLockServing(t, bin, u.Gateway, 3)
+	var victim uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != leader && id != l.Master {
+			victim = id
+			break
+		}
+	}
+	if victim == 0 {
+		victim = 1 + l.Master%3
+		if victim == leader {
+			victim = 1 + victim%3
+		}
+	}
+	other := uint64(0)
+	for id := uint64(1); id <= 3; id++ {
+		if id != victim && id != l.Master {
+			other = id
+		}
+	}
+	t.Logf("leader %d, lock master %d, victim %d, other %d", leader, l.Master, victim, other)
+
+	// grove lock NAME -- COMMAND: the command's status, its token.
+	r = grove(t, bin, nil, "lock", "run-status", "--endpoints", u.Nodes[other].GRPC, "--", "sh", "-c", `echo "token=$GROVE_LOCK_TOKEN mode=$GROVE_LOCK_MODE"; exit 3`)
+	if r.code != 3 || !strings.Contains(r.stdout, "mode=exclusive") || !strings.Contains(r.stdout, "token=") || strings.Contains(r.stdout, "token= ") {
+		t.Fatalf("lock -- sh exit 3: %v", r)
+	}
+
+	// Ctrl-C on an acquire that was never granted withdraws the request.
+	holder := startHold(t, bin, "contended", u.Nodes[other].GRPC)
+	if !holder.granted(20 * time.Second) {
+		t.Fatal("holder not granted")
+	}
+	waiter := exec.Command(bin, "lock", "acquire", "contended", "--endpoints", u.Nodes[victim].GRPC)
+	var wout, werr bytes.Buffer
+	waiter.Stdout, waiter.Stderr = &wout, &werr
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the waiter queued at the master", func() bool {
+		for _, lk := range lockList(t, bin, u.Gateway).Locks {
+			if lk.Lock == "contended" && len(lk.Waiters) == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	waiter.Process.Signal(syscall.SIGINT)
+	err := waiter.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 || !strings.Contains(werr.String(), "withdrawn") || strings.Contains(wout.String(), "released") {
+		t.Fatalf("interrupted waiter: %v\nstdout %s\nstderr %s", err, wout.String(), werr.String())
+	}
+	waitFor(t, 10*time.Second, "the withdrawn request gone from the queue", func() bool {
+		for _, lk := range lockList(t, bin, u.Gateway).Locks {
+			if lk.Lock == "contended" && len(lk.Waiters) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	holder.cmd.Process.Signal(syscall.SIGINT)
+	if err := holder.cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("interrupted holder: %v, want exit 130", err)
+	}
+
+	// A node killed mid-command: the command running under its lease is
+	// stopped and grove exits 7.
+	run := exec.Command(bin, "lock", "doomed", "--endpoints", u.Nodes[victim].GRPC, "--", "sh", "-c", "echo child $$; exec sleep 60")
+	rout, err := run.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rerr bytes.Buffer
+	run.Stderr = &rerr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(rout)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "child ") {
+		t.Fatalf("command under lock did not start: %q %s", sc.Text(), rerr.String())
+	}
+	child, _ := strconv.Atoi(strings.TrimPrefix(sc.Text(), "child "))
+	if err := u.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		run.Process.Kill()
+		t.Fatalf("grove lock -- sleep still running 30 s after its node was killed; stderr %s", rerr.String())
+	}
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 || !strings.Contains(rerr.String(), "lease on \"doomed\"") {
+		t.Fatalf("command under a lost lease: %v, stderr %s", err, rerr.String())
+	}
+	if syscall.Kill(child, 0) == nil && !bench.Exited(child) {
+		t.Fatalf("the command (pid %d) outlived its lease", child)
+	}
+
+	// A dead node: health and status exit 6, naming it; status still prints.
+	waitFor(t, 15*time.Second, "health to report the dead node", func() bool {
+		r = grove(t, bin, nil, append([]string{"health"}, gw...)...)
+		return r.code == 6 && strings.Contains(r.stdout, fmt.Sprintf("node %d is dead", victim))
+	})
+	r = grove(t, bin, nil, append([]string{"status"}, gw...)...)
+	if r.code != 6 || !strings.Contains(r.stdout, "dead") || !strings.Contains(r.stderr, "degraded") {
+		t.Fatalf("status with a dead node: %v", r)
+	}
+
+	// No quorum: status answers within its timeout with what it knows.
+	var second uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != victim && second == 0 {
+			second = id
+		}
+	}
+	if err := u.Kill(second); err != nil {
+		t.Fatal(err)
+	}
+	r = grove(t, bin, nil, append([]string{"status", "-o", "json", "--command-timeout", "8s"}, gw...)...)
+	s = parseStatus(t, []byte(r.stdout))
+	unreachable := 0
+	for _, m := range s.Members {
+		if m.RaftState == "unreachable" {
+			unreachable++
+		}
+	}
+	if r.code != 6 || s.Leader != 0 || s.LastLeader == 0 || !s.Stale || unreachable != 2 || len(s.Nodes) != 3 || r.took > 8*time.Second {
+		t.Fatalf("status without quorum: %v", r)
+	}
+
+	// grove down stops grove up, and with it every node.
+	r = grove(t, bin, nil, "down", "--data", u.Dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "stopped grove up") {
+		t.Fatalf("grove down: %v", r)
+	}
+	for id, n := range u.Nodes {
+		if !bench.Exited(n.PID) {
+			t.Errorf("node %d (pid %d) still running after grove down", id, n.PID)
+		}
+	}
+	if r = grove(t, bin, nil, "down", "--data", u.Dir); r.code != 0 || !strings.Contains(r.stdout, "nothing running") {
+		t.Fatalf("second grove down: %v", r)
+	}
+}
+
+// TestUpStopsItsNodes: the children of `grove up --processes` never outlive
+// it: SIGHUP (a closed terminal) stops them cleanly; SIGKILL of grove up
+// stops them too (parent-death signal); a node restarted by hand is stopped
+// with the cluster by grove down. A running cluster is not started twice,
+// and flags that contradict an existing directory are refused.
+func TestUpStopsItsNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	dir := t.TempDir()
+	const port = 8500
+	start := func() *bench.UpCluster {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		u, err := bench.StartUp(ctx, bin, dir, port, testWriter{t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(u.Close)
+		return u
+	}
+	allGone := func(what string, pids ...int) {
+		t.Helper()
+		waitFor(t, 20*time.Second, what, func() bool {
+			for _, p := range pids {
+				if !bench.Exited(p) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	childPIDs := func(u *bench.UpCluster) []int {
+		var ps []int
+		for _, n := range u.Nodes {
+			ps = append(ps, n.PID)
+		}
+		return ps
+	}
+
+	u := start()
+	u.Up().Process.Signal(syscall.SIGHUP)
+	if err := u.Up().Wait(); err != nil {
+		t.Fatalf("grove up on SIGHUP: %v, want a clean stop", err)
+	}
+	allGone("children stopped on SIGHUP", childPIDs(u)...)
+
+	u = start()
+	u.Up().Process.Kill()
+	u.Up().Wait()
+	allGone("children stopped when grove up was killed", childPIDs(u)...)
+
+	u = start()
+	if r := grove(t, bin, nil, "up", "--processes", "--data", dir, "--base-port", strconv.Itoa(port)); r.code != 1 || !strings.Contains(r.stderr, "already running") {
+		t.Fatalf("second grove up on a running directory: %v", r)
+	}
+	if err := u.Kill(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Restart(2); err != nil { // by hand, with the printed command
+		t.Fatal(err)
+	}
+	hand := u.Nodes[2].PID
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, _, err := u.WaitNode(ctx, 2, 50*time.Millisecond, func(n *pb.NodeStatus) bool { return n.Alive && n.ObserversHeard >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	r := grove(t, bin, nil, "down", "--data", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "stopped grove up") {
+		t.Fatalf("grove down: %v", r)
+	}
+	allGone("every node, the hand-started one too, stopped by grove down", append(childPIDs(u), hand, u.Up().Process.Pid)...)
+
+	if r := grove(t, bin, nil, "up", "--data", dir, "--base-port", "9990"); r.code != 2 || !strings.Contains(r.stderr, "holds a cluster created with") || !strings.Contains(r.stderr, "--base-port 9990 (it has 8500)") {
+		t.Fatalf("grove up with a contradicting --base-port: %v", r)
+	}
+}
+
+// waitFor polls cond every 100 ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+	}
+}

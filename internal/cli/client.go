@@ -1,0 +1,319 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// DefaultEndpoint is the gateway `grove up` serves with its default
+// --base-port: what every client command talks to when told nothing else.
+const DefaultEndpoint = "127.0.0.1:7400"
+
+// EndpointsEnv names the environment variable read when neither
+// --endpoints nor --addr is given (comma-separated HOST:PORT list).
+const EndpointsEnv = "GROVE_ENDPOINTS"
+
+// Default timeouts (etcdctl's model: a short bound on reaching an endpoint,
+// a longer one on the whole command).
+const (
+	DefaultDialTimeout    = 2 * time.Second
+	DefaultCommandTimeout = 10 * time.Second
+)
+
+// Client is the connection settings of a command that talks to the
+// cluster: the endpoints to try, in order, and the two timeouts. Register
+// adds its flags to a command; Do runs a call.
+type Client struct {
+	Endpoints      []string
+	DialTimeout    time.Duration
+	CommandTimeout time.Duration // 0: none (long-running commands such as lock acquire)
+	// TimeoutHelp replaces --command-timeout's help text, for a command
+	// where it bounds something more specific (the wait for a lock grant).
+	TimeoutHelp string
+
+	endpoints []string
+	addr      string
+}
+
+// Register adds --endpoints, --addr (an alias kept for scripts that use
+// it), --dial-timeout and --command-timeout to cmd. commandTimeout is the
+// default of --command-timeout (0 for commands that wait for as long as
+// they are asked to, such as a lock acquisition).
+func (c *Client) Register(cmd *cobra.Command, commandTimeout time.Duration) {
+	f := cmd.Flags()
+	f.StringSliceVar(&c.endpoints, "endpoints", nil, "cluster endpoints to try in order: `HOST:PORT,...` of nodes or of grove up's gateway (default $"+EndpointsEnv+", else "+DefaultEndpoint+")")
+	f.StringVar(&c.addr, "addr", "", "one endpoint: `HOST:PORT` (same as --endpoints with one address)")
+	f.DurationVar(&c.DialTimeout, "dial-timeout", DefaultDialTimeout, "how long to wait for one endpoint to accept and answer (`DURATION`)")
+	help := "bound on the whole command (`DURATION`; 0: none)"
+	if commandTimeout == 0 {
+		help = "give up if not done within `DURATION` (default: wait until done or interrupted)"
+	}
+	if c.TimeoutHelp != "" {
+		help = c.TimeoutHelp
+	}
+	f.DurationVar(&c.CommandTimeout, "command-timeout", commandTimeout, help)
+}
+
+// Resolve fills Endpoints from the flags, then $GROVE_ENDPOINTS, then the
+// default, and checks them. Do calls it; commands that need the list
+// before calling anything call it themselves.
+func (c *Client) Resolve() error {
+	if c.DialTimeout <= 0 {
+		return Usagef("--dial-timeout %v: want a positive duration", c.DialTimeout)
+	}
+	if c.CommandTimeout < 0 {
+		return Usagef("--command-timeout %v: want a positive duration (or 0 for none)", c.CommandTimeout)
+	}
+	var list []string
+	switch {
+	case len(c.endpoints) > 0 && c.addr != "":
+		return Usagef("give --endpoints or --addr, not both")
+	case len(c.endpoints) > 0:
+		list = c.endpoints
+	case c.addr != "":
+		list = []string{c.addr}
+	case os.Getenv(EndpointsEnv) != "":
+		list = strings.Split(os.Getenv(EndpointsEnv), ",")
+	case len(c.Endpoints) > 0:
+		list = c.Endpoints // set by the program (tests, grove up's own calls)
+	default:
+		list = []string{DefaultEndpoint}
+	}
+	var out []string
+	for _, e := range list {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if err := CheckHostPort(e); err != nil {
+			return Usagef("endpoint %q: %v", e, err)
+		}
+		out = append(out, e)
+	}
+	if len(out) == 0 {
+		return Usagef("no endpoint given (--endpoints HOST:PORT,...)")
+	}
+	c.Endpoints = out
+	return nil
+}
+
+// CheckHostPort checks a HOST:PORT address (port 1..65535).
+func CheckHostPort(a string) error {
+	h, p, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("want HOST:PORT")
+	}
+	if h == "" {
+		return errors.New("want HOST:PORT (the host is missing)")
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number in 1..65535", p)
+	}
+	return nil
+}
+
+// Conn is a connection to one endpoint that answered.
+type Conn struct {
+	*grpc.ClientConn
+	Endpoint string
+}
+
+// Do runs call against the endpoints in order: it connects to one (within
+// --dial-timeout), runs call on it, and moves on to the next endpoint if
+// the endpoint cannot be reached or answers Unavailable (a node cut off
+// from the config service may still accept connections). It stops at the
+// first other answer. The whole command is bounded by --command-timeout.
+// The error names op and the endpoints that failed, with an exit code.
+func (c *Client) Do(ctx context.Context, op string, call func(ctx context.Context, conn *Conn) error) error {
+	if err := c.Resolve(); err != nil {
+		return err
+	}
+	if c.CommandTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
+		defer cancel()
+	}
+	var fails []*Error
+	for _, ep := range c.Endpoints {
+		if ctx.Err() != nil {
+			break
+		}
+		conn, err := c.Connect(ctx, ep)
+		if err != nil {
+			fails = append(fails, err.(*Error))
+			continue
+		}
+		err = call(ctx, conn)
+		conn.Close()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
+			return Interrupted{Signal: "interrupt"}
+		}
+		if status.Code(err) == codes.Unavailable && !isCLIError(err) {
+			fails = append(fails, FromRPC("", ep, c.CommandTimeout, err).(*Error))
+			continue
+		}
+		ferr := FromRPC(op, ep, c.CommandTimeout, err)
+		var fe *Error
+		if len(fails) > 0 && errors.As(ferr, &fe) {
+			e := *fe
+			var before []string
+			for _, f := range fails {
+				f2 := *f
+				f2.Op, f2.Hint = "", ""
+				before = append(before, f2.Error())
+			}
+			e.Msg += " (endpoints tried before it: " + strings.Join(before, "; ") + ")"
+			return &e
+		}
+		return ferr
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return Interrupted{Signal: "interrupt"}
+	}
+	return combine(op, fails, ctx.Err() != nil, c.CommandTimeout)
+}
+
+func isCLIError(err error) bool {
+	var ce *Error
+	return errors.As(err, &ce)
+}
+
+// combine reports every endpoint's failure in one error.
+func combine(op string, fails []*Error, timedOut bool, timeout time.Duration) error {
+	if len(fails) == 0 {
+		return &Error{Code: ExitTimeout, Op: op, Msg: fmt.Sprintf("did not finish within %v", timeout), Hint: "raise --command-timeout"}
+	}
+	if len(fails) == 1 && !timedOut {
+		f := *fails[0]
+		f.Op = op
+		return &f
+	}
+	code := ExitTimeout
+	var parts []string
+	hint := ""
+	for _, f := range fails {
+		if f.Code != ExitTimeout {
+			code = ExitUnavailable
+		}
+		f2 := *f
+		f2.Op, f2.Hint = "", ""
+		parts = append(parts, f2.Error())
+		if hint == "" {
+			hint = f.Hint
+		}
+	}
+	msg := "no endpoint could serve: " + strings.Join(parts, "; ")
+	if timedOut {
+		code = ExitTimeout
+		msg += fmt.Sprintf("; gave up after %v (--command-timeout)", timeout)
+	}
+	return &Error{Code: code, Op: op, Msg: msg, Hint: hint}
+}
+
+// Connect opens a connection to one endpoint and waits, at most
+// --dial-timeout, until it is ready to carry calls: a closed port fails at
+// once, and a listener that accepts but never speaks gRPC (not a grove
+// node, or a stopped process) fails when the timeout elapses rather than
+// hanging the command. The error is an *Error naming the endpoint.
+func (c *Client) Connect(ctx context.Context, ep string) (*Conn, error) {
+	var mu sync.Mutex
+	var dialErr error
+	opts := append(transport.DialOptions(), grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		conn, err := transport.DialContext(ctx, addr)
+		mu.Lock()
+		dialErr = err
+		mu.Unlock()
+		return conn, err
+	}))
+	cc, err := grpc.NewClient(ep, opts...)
+	if err != nil {
+		return nil, &Error{Code: ExitUsage, Endpoint: ep, Msg: "is not a usable address: " + err.Error(), Err: err}
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+	defer cancel()
+	cc.Connect()
+	for {
+		s := cc.GetState()
+		if s == connectivity.Ready {
+			return &Conn{ClientConn: cc, Endpoint: ep}, nil
+		}
+		mu.Lock()
+		derr := dialErr
+		mu.Unlock()
+		if s == connectivity.TransientFailure && derr != nil && refusedOrUnreachable(derr) {
+			cc.Close()
+			return nil, dialFailure(ep, derr, c.DialTimeout)
+		}
+		if !cc.WaitForStateChange(dctx, s) {
+			cc.Close()
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, &Error{Code: ExitInterrupted, Endpoint: ep, Msg: "interrupted", Err: ctx.Err()}
+			}
+			mu.Lock()
+			derr = dialErr
+			mu.Unlock()
+			return nil, dialFailure(ep, derr, c.DialTimeout)
+		}
+	}
+}
+
+func refusedOrUnreachable(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
+		isDNS(err)
+}
+
+func isDNS(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de)
+}
+
+// dialFailure says, in words, why an endpoint could not be reached.
+func dialFailure(ep string, err error, timeout time.Duration) *Error {
+	e := &Error{Code: ExitUnavailable, Endpoint: ep, Err: err}
+	switch {
+	case err == nil:
+		// TCP connected, but no gRPC answer (HTTP/2 settings) came back.
+		e.Code = ExitTimeout
+		e.Msg = fmt.Sprintf("accepted the connection but did not answer within %v", timeout)
+		e.Hint = "is it a grove node, and is it running (not stopped)? (--dial-timeout to wait longer)"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		e.Msg = "refused the connection"
+		e.Hint = "is the cluster running? (grove up)"
+	case isDNS(err):
+		e.Msg = "cannot be resolved: " + err.Error()
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		e.Msg = "is unreachable: " + err.Error()
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		e.Code = ExitTimeout
+		e.Msg = fmt.Sprintf("did not accept a connection within %v", timeout)
+		e.Hint = "is the address right and the host up? (--dial-timeout to wait longer)"
+	default:
+		e.Msg = "cannot be reached: " + err.Error()
+	}
+	return e
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
