@@ -98,9 +98,9 @@ func benchDecreeCmd() *cobra.Command {
 			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntSliceVar(&conc, "concurrency", []int{1, 16}, "client concurrency levels (`N,...`)")
-	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per round (`N`)")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per concurrency, medians reported (`N`)")
+	cmd.Flags().IntSliceVar(&conc, "concurrency", []int{1, 16}, "run at each of these client concurrencies: `N,...`")
+	cmd.Flags().IntVar(&ops, "ops", 2000, "run `N` operations per round")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "run `N` rounds per concurrency and report medians")
 	cmd.Flags().BoolVar(&withEtcd, "etcd", true, "also run etcd (needs the etcd binary: apt-get install etcd-server)")
 	out.Register(cmd)
 	return cmd
@@ -178,8 +178,8 @@ func benchFDCmd() *cobra.Command {
 			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntVar(&trials, "trials", 5, "kill/restart trials (`N`)")
-	cmd.Flags().IntVar(&port, "base-port", 7700, "base `PORT` for the benchmark's cluster")
+	cmd.Flags().IntVar(&trials, "trials", 5, "run `N` kill/restart trials")
+	cmd.Flags().IntVar(&port, "base-port", 7700, "start the benchmark's cluster at base `PORT`")
 	out.Register(cmd)
 	return cmd
 }
@@ -270,10 +270,10 @@ func benchLockCmd() *cobra.Command {
 			return out.Print(os.Stdout, d)
 		},
 	}
-	cmd.Flags().IntVar(&ops, "ops", 2000, "operations per measurement (`N`)")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds, medians reported (`N`)")
-	cmd.Flags().IntVar(&trials, "trials", 5, "SIGKILL trials on a real grove up --processes cluster (`N`, 0: skip)")
-	cmd.Flags().IntVar(&port, "base-port", 7700, "base `PORT` for the SIGKILL trials' cluster")
+	cmd.Flags().IntVar(&ops, "ops", 2000, "run `N` operations per measurement")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "run `N` rounds and report medians")
+	cmd.Flags().IntVar(&trials, "trials", 5, "run `N` SIGKILL trials on a real grove up --processes cluster (0: none)")
+	cmd.Flags().IntVar(&port, "base-port", 7700, "start the SIGKILL trials' cluster at base `PORT`")
 	out.Register(cmd)
 	return cmd
 }

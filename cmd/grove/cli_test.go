@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -95,7 +97,7 @@ func TestCLIUsageAndExitCodes(t *testing.T) {
 		{[]string{"server", "--config", badCfg}, 2, []string{"bad.toml:4:1: unknown key \"fd.grace\" in [fd]; did you mean \"grace_period\"?"}},
 		{[]string{"version"}, 0, []string{"grove ", "go1."}},
 		{[]string{"--version"}, 0, []string{"grove "}},
-		{[]string{"lock"}, 0, []string{"Usage:", "grove lock [NAME -- COMMAND [ARGS...]]"}},
+		{[]string{"lock"}, 0, []string{"Usage:", "grove lock [flags] [NAME -- COMMAND [ARGS...]]"}},
 		{[]string{"completion", "bash"}, 0, []string{"bash completion"}},
 	} {
 		r := grove(t, bin, nil, c.args...)
@@ -195,6 +197,11 @@ func TestCLIUnreachable(t *testing.T) {
 		{"environment, in order", []string{"GROVE_ENDPOINTS=" + closed + "," + hang}, []string{"status", "--command-timeout", "1s"}, 4,
 			[]string{closed + " refused the connection", hang}, 5 * time.Second},
 		{"lock acquire", nil, []string{"lock", "acquire", "x", "--endpoints", closed}, 3, []string{"refused the connection"}, 3 * time.Second},
+		{"a name that does not resolve", nil, []string{"status", "--endpoints", "nohost.invalid:12"}, 3,
+			[]string{"status: nohost.invalid:12 cannot be resolved"}, 5 * time.Second},
+		{"command timeout while connecting", nil, []string{"health", "--endpoints", silent.Addr().String(), "--dial-timeout", "30s", "--command-timeout", "1s"}, 4,
+			[]string{silent.Addr().String() + " was still connecting after", "--command-timeout"}, 5 * time.Second},
+		{"bad environment", []string{"GROVE_ENDPOINTS=nohost"}, []string{"status"}, 2, []string{"$GROVE_ENDPOINTS: endpoint \"nohost\""}, 3 * time.Second},
 		{"lock list", nil, []string{"lock", "list", "--endpoints", closed + "," + silent.Addr().String(), "--dial-timeout", "300ms"}, 3,
 			[]string{"no endpoint could serve", closed, silent.Addr().String()}, 4 * time.Second},
 	} {
@@ -377,6 +384,16 @@ func TestCLIOnCluster(t *testing.T) {
 	if r.code != 6 || s.Leader != 0 || s.LastLeader == 0 || !s.Stale || unreachable != 2 || len(s.Nodes) != 3 || r.took > 8*time.Second {
 		t.Fatalf("status without quorum: %v", r)
 	}
+	if r = grove(t, bin, nil, append([]string{"health"}, gw...)...); r.code != 6 || !strings.Contains(r.stdout, "no leader") {
+		t.Fatalf("health without quorum: %v", r)
+	}
+	// The lock master's node was not killed, but finding it takes the
+	// config service: through another node's endpoint, lock list says
+	// "unavailable" in seconds, not after the command's timeout.
+	r = grove(t, bin, nil, "lock", "list", "--endpoints", u.Gateway)
+	if r.code != 3 && r.code != 0 || r.took > 6*time.Second {
+		t.Fatalf("lock list without quorum: %v", r)
+	}
 
 	// grove down stops grove up, and with it every node.
 	r = grove(t, bin, nil, "down", "--data", u.Dir)
@@ -481,4 +498,172 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("%s: not within %v", what, d)
 		}
 	}
+}
+
+// TestLockCommandGroup: `grove lock NAME -- COMMAND` stops COMMAND's whole
+// process group, not only COMMAND, when grove is interrupted: a background
+// job COMMAND started must not go on after the lock is released; the
+// signal grove got is passed on (exit 130 for SIGINT).
+func TestLockCommandGroup(t *testing.T) {
+	bin, u, _ := startCluster(t, 8600)
+	run := exec.Command(bin, "lock", "grp", "--endpoints", u.Gateway, "--", "sh", "-c", "sleep 60 & echo $!; wait")
+	out, err := run.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	run.Stderr = &stderr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		t.Fatalf("no output from the command: %s", stderr.String())
+	}
+	grandchild, err := strconv.Atoi(strings.TrimSpace(sc.Text()))
+	if err != nil {
+		t.Fatalf("%q: %v", sc.Text(), err)
+	}
+	run.Process.Signal(syscall.SIGINT)
+	err = run.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("grove lock -- sh after SIGINT: %v, want exit 130; stderr %s", err, stderr.String())
+	}
+	waitFor(t, 5*time.Second, "the command's background job stopped with it", func() bool { return bench.Exited(grandchild) })
+	// The lock is free again: another holder gets it at once.
+	r := grove(t, bin, nil, "lock", "grp", "--endpoints", u.Gateway, "--command-timeout", "10s", "--", "true")
+	if r.code != 0 {
+		t.Fatalf("lock after the interrupted command: %v", r)
+	}
+}
+
+// TestLogsAndHandStartedNode: `grove up --processes --log-format json`
+// writes one JSON log per node, raft's lines included, and prints restart
+// commands that keep the format; a node started by hand from a config file
+// with a relative data_dir and a partial [fd] logs to its data_dir, prints
+// where, serves, and stops cleanly on SIGTERM.
+func TestLogsAndHandStartedNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var lines bytes.Buffer
+	u, err := bench.StartUp(ctx, bin, dir, 8700, &lines, "--log-format", "json", "--log-level", "debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(lines.String(), "--log-format json --log-level debug") || !strings.Contains(lines.String(), "logs in "+filepath.Join(dir, "node-*", "grove.log")) {
+		t.Errorf("grove up's restart command or ready line: %s", lines.String())
+	}
+	u.Close()
+	for i := 1; i <= 3; i++ {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("node-%d", i), "grove.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raft := 0
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("node %d's log has a line that is not JSON: %q", i, l)
+			}
+			if m["component"] == "raft" {
+				raft++
+			}
+		}
+		if raft == 0 {
+			t.Errorf("node %d's log has no line of raft's", i)
+		}
+	}
+
+	// A node by hand: relative data_dir, partial [fd], its own log.
+	nd := t.TempDir()
+	cfg := fmt.Sprintf(`id = 1
+data_dir = "data"
+grpc_addr = "127.0.0.1:8760"
+raft_addr = "127.0.0.1:8761"
+beacon_addr = "127.0.0.1:8762"
+roles = ["meta", "observer", "lock"]
+cluster_key = "%s"
+
+[fd]
+grace_period = "1500ms"
+
+[[members]]
+id = 1
+grpc = "127.0.0.1:8760"
+raft = "127.0.0.1:8761"
+beacon = "127.0.0.1:8762"
+`, strings.Repeat("ab", 32))
+	if err := os.WriteFile(filepath.Join(nd, "node.toml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(bin, "server", "--config", "node.toml", "--bootstrap")
+	srv.Dir = nd
+	sout, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(sout)
+		if sc.Scan() {
+			first <- sc.Text()
+		}
+		close(first)
+	}()
+	select {
+	case l := <-first:
+		if want := "logs=" + filepath.Join(nd, "data", "grove.log"); !strings.Contains(l, want) {
+			t.Fatalf("start line %q lacks %q", l, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no start line from grove server")
+	}
+	waitFor(t, 30*time.Second, "the hand-started node healthy", func() bool {
+		return grove(t, bin, nil, "health", "--endpoints", "127.0.0.1:8760").code == 0
+	})
+	srv.Process.Signal(syscall.SIGTERM)
+	if err := srv.Wait(); err != nil {
+		t.Fatalf("grove server on SIGTERM: %v, want exit 0", err)
+	}
+	b, err := os.ReadFile(filepath.Join(nd, "data", "grove.log"))
+	if err != nil || !strings.Contains(string(b), "msg=registered") || !strings.Contains(string(b), "msg=stopped") {
+		t.Fatalf("the node's own log (relative data_dir): %v\n%s", err, b)
+	}
+}
+
+// TestHelpTexts: every command has an example, and every flag that takes a
+// value names it with a placeholder (`--addr HOST:PORT`, not `--addr
+// string`).
+func TestHelpTexts(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if !c.Hidden && c.Example == "" {
+			t.Errorf("%s has no example", c.CommandPath())
+		}
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Value.Type() == "bool" || f.Name == "help" {
+				return
+			}
+			// Without a backquoted word in the usage, pflag shows the
+			// value's Go type ("string", "duration").
+			name, _ := pflag.UnquoteUsage(f)
+			if name == "" || name == f.Value.Type() || strings.Contains("stringsintsuintsdurationfloat64", name) {
+				t.Errorf("%s --%s: placeholder %q, want one naming the value (HOST:PORT, DURATION, table|json)", c.CommandPath(), f.Name, name)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(rootCmd())
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -71,7 +72,7 @@ is never signalled. SIGTERM first; SIGKILL after --timeout.`,
 				stopped++
 			}
 			if len(failed) > 0 {
-				return cli.Failf("down", "%v", failed)
+				return cli.Failf("down", "%s", strings.Join(failed, "; "))
 			}
 			if stopped == 0 {
 				fmt.Printf("nothing running in %s\n", dir)
@@ -79,7 +80,7 @@ is never signalled. SIGTERM first; SIGKILL after --timeout.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "grove-data", "grove up's data directory (`DIR`)")
-	cmd.Flags().DurationVar(&timeout, "timeout", 15*time.Second, "how long each process has to stop after SIGTERM before SIGKILL (`DURATION`)")
+	cmd.Flags().StringVar(&data, "data", "grove-data", "stop the cluster whose grove up data directory is `DIR`")
+	cmd.Flags().DurationVar(&timeout, "timeout", 15*time.Second, "give each process `DURATION` to stop after SIGTERM, then SIGKILL it")
 	return cmd
 }

@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,17 +31,20 @@ func lockCmd() *cobra.Command {
 	var c cli.Client
 	var modeName string
 	cmd := &cobra.Command{
-		Use:   "lock [NAME -- COMMAND [ARGS...]]",
+		Use:   "lock [flags] [NAME -- COMMAND [ARGS...]]",
 		Short: "Run a command while holding a lock, or operate the lock service (Boxwood §3.3)",
 		Long: `grove lock NAME -- COMMAND [ARGS...] acquires lock NAME through a node's clerk,
 runs COMMAND while holding it, releases it when COMMAND exits, and exits with
 COMMAND's status. COMMAND gets GROVE_LOCK_NAME, GROVE_LOCK_MODE and
 GROVE_LOCK_TOKEN (the grant's fencing token, epoch.seq: pass it with writes to
-storage that checks tokens). If the lease is lost while COMMAND runs (its node
-fenced itself), COMMAND gets SIGTERM (SIGKILL 10 s later) and grove exits 7.
+storage that checks tokens). COMMAND runs in a process group of its own (in
+the terminal's foreground when there is one): if the lease is lost while it runs
+(its node fenced itself, or the connection to it broke), the group gets SIGTERM
+(SIGKILL 10 s later) and grove exits 7; a signal sent to grove is passed on to
+the group, and anything of the group left when COMMAND is stopped is killed.
 
 A lock named like a subcommand (acquire, list) cannot be used this way.`,
-		Example: `  grove lock db -- ./migrate.sh --to v7       # exclusive by default
+		Example: `  grove lock db -- sh -c 'echo "holding db, token $GROVE_LOCK_TOKEN"'   # exclusive by default
   grove lock reports --mode shared -- make report
   grove lock acquire db --hold 30s
   grove lock list`,
@@ -67,7 +73,7 @@ A lock named like a subcommand (acquire, list) cannot be used this way.`,
 	}
 	c.TimeoutHelp = lockTimeoutHelp
 	c.Register(cmd, 0)
-	cmd.Flags().StringVar(&modeName, "mode", "exclusive", "lock mode: `shared|exclusive`")
+	cmd.Flags().StringVar(&modeName, "mode", "exclusive", "take the lock in `shared|exclusive` mode")
 	cmd.AddCommand(lockAcquireCmd(), lockListCmd())
 	return cmd
 }
@@ -93,7 +99,7 @@ func holdRequest(name, modeName string, hold time.Duration) (*pb.HoldRequest, lo
 		return nil, 0, cli.Usagef("--mode %q: want shared or exclusive", modeName)
 	}
 	if err := lock.ValidName(name); err != nil {
-		return nil, 0, cli.Usagef("lock name: %v", err)
+		return nil, 0, cli.Usagef("lock name %q: %s", name, strings.TrimPrefix(err.Error(), "lock: "))
 	}
 	if hold < 0 {
 		return nil, 0, cli.Usagef("--hold %v: want a positive duration (or 0: until interrupted)", hold)
@@ -186,20 +192,32 @@ func acquireHold(ctx context.Context, c *cli.Client, req *pb.HoldRequest) (*hold
 }
 
 // lostError is the error of a hold whose stream ended with err after the
-// grant: a lost lease (Aborted, the node fenced itself) or a broken stream.
-func lostError(name string, err error) error {
+// grant: a lost lease (Aborted: the node fenced itself, or was declared
+// dead) or a connection to the clerk's node that broke, after which nothing
+// vouches for the lease (the lock service frees it once the node is
+// declared dead).
+func lostError(name, endpoint string, err error) error {
 	if st, ok := status.FromError(err); ok && st.Code() == codes.Aborted {
 		return &cli.Error{Code: cli.ExitLeaseLost, Op: "lock " + name, Msg: st.Message()}
 	}
-	// The stream to the clerk's node broke: the node may have died, and
-	// with it the lease (the lock service frees it once the node is
-	// declared dead). Nothing guarantees the lease any more.
 	return &cli.Error{Code: cli.ExitLeaseLost, Op: "lock " + name,
-		Msg: fmt.Sprintf("lease on %q can no longer be vouched for: the connection to the clerk's node broke (%s)", name, status.Convert(err).Message())}
+		Msg: fmt.Sprintf("lease on %q can no longer be vouched for: the connection to %s broke (the node, or the gateway, went away)", name, endpoint)}
+}
+
+// HoldEvent is one line of `grove lock acquire -o json` (JSON Lines: an
+// object per event, as the hold goes on).
+type HoldEvent struct {
+	Event    string  `json:"event"` // granted, released
+	Lock     string  `json:"lock"`
+	Mode     string  `json:"mode,omitempty"`
+	Clerk    string  `json:"clerk,omitempty"`
+	Token    string  `json:"token,omitempty"`
+	WaitedMS float64 `json:"waited_ms,omitempty"`
 }
 
 func lockAcquireCmd() *cobra.Command {
 	var c cli.Client
+	var out cli.Output
 	var modeName string
 	var hold time.Duration
 	cmd := &cobra.Command{
@@ -214,6 +232,9 @@ the grant withdraws the request. Exits 0 after --hold, 130 when interrupted,
   grove lock acquire orders --endpoints 127.0.0.1:7430 --command-timeout 5s`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
 			req, mode, err := holdRequest(args[0], modeName, hold)
 			if err != nil {
 				return err
@@ -223,40 +244,58 @@ the grant withdraws the request. Exits 0 after --hold, 130 when interrupted,
 				return err
 			}
 			defer h.release()
-			fmt.Printf("granted %s mode=%s clerk=%s token=%s waited=%v\n", args[0], mode, clerkString(h.grant.Clerk),
-				lock.TokenFromPB(h.grant.Token), h.waited.Round(time.Millisecond))
+			event := func(e HoldEvent, text string) {
+				if out.JSON() {
+					b, _ := json.Marshal(e)
+					fmt.Println(string(b))
+				} else {
+					fmt.Println(text)
+				}
+			}
+			clerk, token := clerkString(h.grant.Clerk), lock.TokenFromPB(h.grant.Token).String()
+			event(HoldEvent{Event: "granted", Lock: args[0], Mode: mode.String(), Clerk: clerk, Token: token, WaitedMS: float64(h.waited.Microseconds()) / 1000},
+				fmt.Sprintf("granted %s mode=%s clerk=%s token=%s waited=%v", args[0], mode, clerk, token, h.waited.Round(time.Millisecond)))
 			for {
 				ev, err := h.stream.Recv()
 				switch {
 				case cmd.Context().Err() != nil:
-					fmt.Printf("released %s (interrupted)\n", args[0])
+					event(HoldEvent{Event: "released", Lock: args[0]}, fmt.Sprintf("released %s (interrupted)", args[0]))
 					return cli.Interrupted{Signal: "interrupt"}
 				case err == io.EOF:
 					return nil
 				case err != nil:
-					return lostError(args[0], err)
+					return lostError(args[0], h.endpoint, err)
 				case ev.Kind == pb.HoldResponse_KIND_RELEASED:
-					fmt.Printf("released %s\n", args[0])
+					event(HoldEvent{Event: "released", Lock: args[0]}, fmt.Sprintf("released %s", args[0]))
 				}
 			}
 		},
 	}
 	c.TimeoutHelp = lockTimeoutHelp
 	c.Register(cmd, 0)
-	cmd.Flags().StringVar(&modeName, "mode", "exclusive", "lock mode: `shared|exclusive`")
+	cmd.Flags().StringVar(&modeName, "mode", "exclusive", "take the lock in `shared|exclusive` mode")
 	cmd.Flags().DurationVar(&hold, "hold", 0, "release after `DURATION` (0: hold until interrupted)")
+	out.Register(cmd)
 	return cmd
 }
 
 // runUnderLock is `grove lock NAME -- COMMAND...`.
+//
+// COMMAND runs in a process group of its own, so that everything it starts
+// is stopped with it: a lost lease must not leave a grandchild working
+// without the lock. At a terminal that group is put in the foreground, as
+// a shell does (COMMAND reads the terminal, and Ctrl-C reaches it and not
+// grove); grove takes the terminal back when COMMAND exits. A signal sent
+// to grove itself is passed on to COMMAND's group.
 func runUnderLock(ctx context.Context, c *cli.Client, name, modeName string, argv []string) error {
+	op := "lock " + name
 	req, mode, err := holdRequest(name, modeName, 0)
 	if err != nil {
 		return err
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return &cli.Error{Code: 127, Op: "lock " + name, Msg: fmt.Sprintf("command %q not found", argv[0])}
+		return &cli.Error{Code: 127, Op: op, Msg: fmt.Sprintf("command %q not found", argv[0])}
 	}
 	h, err := acquireHold(ctx, c, req)
 	if err != nil {
@@ -267,57 +306,75 @@ func runUnderLock(ctx context.Context, c *cli.Client, name, modeName string, arg
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 	child.Env = append(os.Environ(), "GROVE_LOCK_NAME="+name, "GROVE_LOCK_MODE="+mode.String(),
 		"GROVE_LOCK_TOKEN="+lock.TokenFromPB(h.grant.Token).String())
-	if err := child.Start(); err != nil {
-		return cli.Failf("lock "+name, "starting %s: %v", argv[0], err)
+	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if isTerminal(os.Stdin) {
+		// Put COMMAND's group in the foreground; grove, in the background
+		// meanwhile, must not be stopped for taking the terminal back.
+		signal.Ignore(syscall.SIGTTOU, syscall.SIGTTIN)
+		child.SysProcAttr.Foreground, child.SysProcAttr.Ctty = true, int(os.Stdin.Fd())
+		defer unix.IoctlSetPointerInt(int(os.Stdin.Fd()), unix.TIOCSPGRP, syscall.Getpgrp())
 	}
+	if err := child.Start(); err != nil {
+		return cli.Failf(op, "starting %s: %v", argv[0], err)
+	}
+	group := child.Process.Pid
+	sigs.onForcedExit(func() { syscall.Kill(-group, syscall.SIGKILL) })
+	defer sigs.onForcedExit(nil)
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
+	// After the grant the hold's stream carries nothing until it ends: any
+	// end, or event, while COMMAND runs means the lease is gone (Aborted:
+	// the node fenced itself) or can no longer be vouched for.
 	lost := make(chan error, 1)
 	go func() {
-		for {
-			ev, err := h.stream.Recv()
-			if err != nil || ev == nil {
-				lost <- err
-				return
-			}
+		ev, err := h.stream.Recv()
+		if err == nil {
+			err = fmt.Errorf("the node ended the hold (%v)", ev.Kind)
 		}
+		lost <- err
 	}()
 	select {
 	case err := <-exited:
 		h.release()
 		return childStatus(err)
 	case err := <-lost:
-		if ctx.Err() == nil && err != nil && err != io.EOF {
-			lerr := lostError(name, err)
-			fmt.Fprintf(os.Stderr, "grove: %v; stopping %s\n", lerr, argv[0])
-			stopChild(child, exited, syscall.SIGTERM)
+		if ctx.Err() == nil {
+			stopGroup(group, exited, syscall.SIGTERM)
+			lerr := lostError(name, h.endpoint, err).(*cli.Error)
+			lerr.Msg += fmt.Sprintf("; %s was stopped", argv[0])
 			return lerr
 		}
-		// The stream ended because we were interrupted: as below.
-		<-ctx.Done()
+		// The stream ended because grove was interrupted: as below.
 	case <-ctx.Done():
 	}
-	// Interrupted. A Ctrl-C at the terminal reached the command too (same
-	// process group); a signal sent to grove alone is passed on to it.
-	select {
-	case err := <-exited:
-		return childStatus(err)
-	case <-time.After(200 * time.Millisecond):
+	sig := syscall.SIGTERM
+	if s, ok := sigs.first().(syscall.Signal); ok {
+		sig = s
 	}
-	return childStatus(stopChild(child, exited, syscall.SIGTERM))
+	return childStatus(stopGroup(group, exited, sig))
 }
 
-// stopChild signals the command and waits for it, killing it if it is
-// still running 10 s later; it returns the command's Wait error.
-func stopChild(child *exec.Cmd, exited chan error, sig syscall.Signal) error {
-	child.Process.Signal(sig)
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// stopGroup signals COMMAND's process group and waits for COMMAND,
+// killing the group if COMMAND is still running 10 s later; whatever of
+// the group outlives COMMAND is killed too (it would go on without the
+// lock). It returns COMMAND's Wait error.
+func stopGroup(group int, exited chan error, sig syscall.Signal) error {
+	syscall.Kill(-group, sig)
+	var err error
 	select {
-	case err := <-exited:
-		return err
+	case err = <-exited:
 	case <-time.After(10 * time.Second):
-		child.Process.Kill()
-		return <-exited
+		syscall.Kill(-group, syscall.SIGKILL)
+		err = <-exited
 	}
+	syscall.Kill(-group, syscall.SIGKILL)
+	return err
 }
 
 // childStatus turns a command's Wait error into grove's exit status: the

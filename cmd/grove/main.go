@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -29,8 +30,10 @@ func main() {
 // context (commands stop cleanly: up and server stop their nodes, an
 // acquire that was not granted is cancelled), a second one exits at once.
 type signals struct {
-	mu  sync.Mutex
-	got os.Signal
+	mu     sync.Mutex
+	got    os.Signal
+	at     time.Time
+	forced func() // run before a second signal exits the process
 }
 
 func (s *signals) first() os.Signal {
@@ -39,25 +42,49 @@ func (s *signals) first() os.Signal {
 	return s.got
 }
 
+// onForcedExit sets what a second signal does before exiting (grove lock
+// NAME -- COMMAND kills COMMAND's group: it must not outlive the lock).
+func (s *signals) onForcedExit(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forced = fn
+}
+
 func (s *signals) watch(cancel context.CancelFunc) {
-	ch := make(chan os.Signal, 2)
+	ch := make(chan os.Signal, 4)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		sig := <-ch
 		s.mu.Lock()
-		s.got = sig
+		s.got, s.at = sig, time.Now()
 		s.mu.Unlock()
 		cancel()
-		sig = <-ch
-		fmt.Fprintf(os.Stderr, "grove: second %s: exiting now\n", sig)
-		os.Exit(128 + int(sig.(syscall.Signal)))
+		for sig2 := range ch {
+			// The same signal again within a second is one event sent
+			// twice (timeout(1) and some supervisors signal the process
+			// and its group), not an operator insisting.
+			if sig2 == sig && time.Since(s.at) < time.Second {
+				continue
+			}
+			s.mu.Lock()
+			forced := s.forced
+			s.mu.Unlock()
+			if forced != nil {
+				forced()
+			}
+			fmt.Fprintf(os.Stderr, "grove: second signal (%s): exiting now\n", sig2)
+			os.Exit(128 + int(sig2.(syscall.Signal)))
+		}
 	}()
 }
+
+// sigs is the process's first stop signal (grove lock NAME -- COMMAND
+// passes it on to COMMAND).
+var sigs = &signals{}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sigs := &signals{}
 	sigs.watch(cancel)
 
 	root := rootCmd()
@@ -72,7 +99,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			code = 128 + int(sig.(syscall.Signal))
 			var ce *cli.Error
 			if !errors.As(err, &ce) || ce.Code != cli.ExitInterrupted {
-				err = cli.Interrupted{Signal: sig.String()} // what it said was a symptom of the signal
+				// What it said was a symptom of the signal.
+				op := ""
+				if cmd != nil {
+					op = strings.TrimPrefix(cmd.CommandPath(), "grove ")
+				}
+				err = &cli.Error{Code: code, Op: op, Msg: "interrupted (" + sig.String() + ")"}
 			}
 		}
 	}
@@ -110,6 +142,30 @@ $GROVE_ENDPOINTS. Exit codes: 0 ok, 1 failed, 2 usage, 3 unavailable,
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(upCmd(), downCmd(), serverCmd(), statusCmd(), healthCmd(), lockCmd(), memberCmd(), benchCmd(), versionCmd(), keygenCmd())
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return cli.Usagef("%v", err) })
+	root.SetHelpCommand(&cobra.Command{
+		Use:     "help [COMMAND...]",
+		Short:   "Help about any command",
+		Example: "  grove help\n  grove help lock acquire",
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return cli.Usagef("unknown help topic %q (grove --help lists the commands)", strings.Join(args, " "))
+			}
+			return cmd.Help()
+		},
+	})
+	// Cobra adds these on Execute; add them now so that they follow the
+	// conventions below (an unknown `grove completion nosuch` fails).
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Example = "  source <(grove completion bash)\n  grove completion bash > /etc/bash_completion.d/grove\n  grove completion zsh > \"${fpath[1]}/_grove\""
+			for _, s := range c.Commands() {
+				s.Example = "  grove completion " + s.Name() + " --help"
+			}
+		}
+	}
 	conventions(root)
 	return root
 }

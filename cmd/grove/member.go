@@ -51,7 +51,17 @@ func memberListCmd() *cobra.Command {
 			for _, m := range r.Members {
 				t.Row(m.Id, m.RaftAddr, m.GrpcAddr, m.Voter, m.Id == r.Leader)
 			}
-			return out.Print(os.Stdout, d)
+			if err := out.Print(os.Stdout, d); err != nil {
+				return err
+			}
+			if r.Leader == 0 {
+				msg := "the config service has no leader: the list may be stale"
+				if r.LastLeader != 0 {
+					msg += fmt.Sprintf(" (last known leader: %d)", r.LastLeader)
+				}
+				return &cli.Error{Code: cli.ExitDegraded, Op: "member list", Msg: msg}
+			}
+			return nil
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)
@@ -61,6 +71,7 @@ func memberListCmd() *cobra.Command {
 
 func memberChangeCmd(add bool) *cobra.Command {
 	var c cli.Client
+	var out cli.Output
 	var raftAddr string
 	use, short, op := "remove ID", "Remove a member from the config service", "member remove"
 	example := "  grove member remove 3"
@@ -83,7 +94,19 @@ func memberChangeCmd(add bool) *cobra.Command {
 					return cli.Usagef("--raft %q: %v", raftAddr, err)
 				}
 			}
-			r, _, err := fetchStatus(cmd.Context(), &c, op)
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			// One bound for the whole command: the status read and the
+			// change (raft commits it, and an add first waits for the
+			// member to answer).
+			ctx := cmd.Context()
+			if c.CommandTimeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
+				defer cancel()
+			}
+			r, _, err := fetchStatus(ctx, &c, op)
 			if err != nil {
 				return err
 			}
@@ -105,11 +128,6 @@ func memberChangeCmd(add bool) *cobra.Command {
 			}
 			mc := meta.NewClient(ms)
 			defer mc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			if c.CommandTimeout > 0 {
-				ctx, cancel = context.WithTimeout(cmd.Context(), c.CommandTimeout)
-			}
-			defer cancel()
 			idx, err := mc.ChangeMembers(ctx, add, id, raftAddr)
 			if err != nil {
 				return cli.FromRPC(op, "", c.CommandTimeout, err)
@@ -118,11 +136,19 @@ func memberChangeCmd(add bool) *cobra.Command {
 			if add {
 				verb = "added"
 			}
-			fmt.Printf("member %d %s (raft index %d)\n", id, verb, idx)
-			return nil
+			d := &cli.Doc{}
+			d.FieldText("member", id, fmt.Sprintf("%d %s (raft index %d)", id, verb, idx))
+			d.Field("change", verb)
+			d.Field("raft_index", idx)
+			if out.JSON() {
+				return out.Print(os.Stdout, d)
+			}
+			_, err = fmt.Printf("member %d %s (raft index %d)\n", id, verb, idx)
+			return err
 		},
 	}
 	c.Register(cmd, 30*time.Second)
+	out.Register(cmd)
 	if add {
 		cmd.Flags().StringVar(&raftAddr, "raft", "", "the new member's raft address, `HOST:PORT` (default: the one in the members' configs)")
 	}

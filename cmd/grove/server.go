@@ -77,7 +77,7 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "config", "", "node config file (`FILE`, TOML)")
+	cmd.Flags().StringVar(&path, "config", "", "read the node's config from `FILE` (TOML)")
 	cmd.Flags().BoolVar(&bootstrap, "bootstrap", false, "create a brand-new config service (first start of a new cluster's members only; never for a member that lost its data)")
 	cmd.Flags().BoolVar(&bootstrapIfNew, "bootstrap-if-new", false, "bootstrap only if no other member reports a cluster that has run (one command line for every start, as in deploy/compose.yaml; see README)")
 	cmd.Flags().StringVar(&logFile, "log-file", "", "log to `FILE` (default DATA_DIR/grove.log; - for standard error)")

@@ -58,9 +58,18 @@ func problems(r *pb.StatusResponse) []string {
 	if r.Stale {
 		out = append(out, "the node list is a cached copy: the config service could not be read ("+r.ConfigError+")")
 	}
+	asked := map[uint64]bool{}
 	for _, h := range r.MemberHealth {
+		asked[h.Id] = true
 		if !h.Answered {
 			out = append(out, fmt.Sprintf("member %d does not answer (%s)", h.Id, h.Error))
+		}
+	}
+	for _, m := range r.Members {
+		if !asked[m.Id] && len(r.MemberHealth) > 0 {
+			// A voter added by hand that the node configs do not list
+			// counts in every majority, but nothing watches it.
+			out = append(out, fmt.Sprintf("member %d is a voter the nodes' [[members]] do not list: its state is unknown (majority: %d of %d voters)", m.Id, len(r.Members)/2+1, len(r.Members)))
 		}
 	}
 	obs := len(r.MemberHealth)
@@ -92,6 +101,11 @@ func statusDoc(r *pb.StatusResponse) *cli.Doc {
 	d.FieldText("leader", r.Leader, leaderText)
 	d.Field("last_leader", r.LastLeader)
 	d.Field("stale", r.Stale)
+	obsN := len(r.MemberHealth)
+	if obsN == 0 {
+		obsN = len(r.Members)
+	}
+	d.Field("observers", obsN) // HEARD-BY's denominator
 
 	health := map[uint64]*pb.MemberHealth{}
 	for _, h := range r.MemberHealth {
@@ -221,25 +235,20 @@ reasons; 3 if no endpoint could be reached; 4 on a timeout.`,
 				}
 			}
 			d := &cli.Doc{}
-			text := fmt.Sprintf("healthy: %d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes), r.Leader, via)
+			text := fmt.Sprintf("%d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes), r.Leader, via)
 			if len(ps) > 0 {
-				text = fmt.Sprintf("unhealthy: %s (asked %s)", problemText(ps), via)
+				text = fmt.Sprintf("no: %s (asked %s)", problemText(ps), via)
 			}
 			d.FieldText("healthy", len(ps) == 0, text)
+			if ps == nil {
+				ps = []string{}
+			}
 			d.Field("leader", r.Leader)
 			d.Field("nodes", len(r.Nodes))
 			d.Field("alive", alive)
 			d.Field("endpoint", via)
-			if ps == nil {
-				ps = []string{}
-			}
-			d.Field("problems", ps)
-			if out.JSON() {
-				err = out.Print(os.Stdout, d)
-			} else {
-				_, err = fmt.Println(text)
-			}
-			if err != nil {
+			d.FieldText("problems", ps, problemText(ps))
+			if err := out.Print(os.Stdout, d); err != nil {
 				return err
 			}
 			if len(ps) > 0 {

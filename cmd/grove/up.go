@@ -65,6 +65,8 @@ type upRecord struct {
 	Meta     int    `toml:"meta"`
 	BasePort int    `toml:"base_port"`
 	Host     string `toml:"host"`
+	// LogFormat keeps every node's log file in one format across runs.
+	LogFormat string `toml:"log_format"`
 }
 
 func upCmd() *cobra.Command {
@@ -94,20 +96,20 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.nodes, "nodes", 3, "number of nodes (`N`)")
-	f.IntVar(&o.members, "meta", 3, "config-service members, also the failure detector's observers (`M`, odd, at most --nodes)")
-	f.StringVar(&o.data, "data", "grove-data", "data directory (`DIR`); running again on it brings back the same cluster")
+	f.IntVar(&o.nodes, "nodes", 3, "run `N` nodes")
+	f.IntVar(&o.members, "meta", 3, "make the first `M` nodes config-service members and failure-detector observers (odd; default 3, or fewer if --nodes is)")
+	f.StringVar(&o.data, "data", "grove-data", "keep the cluster in `DIR`; running again on it brings back the same cluster")
 	f.BoolVar(&o.processes, "processes", false, "run each node as a child process (grove server --config ...)")
-	f.IntVar(&o.basePort, "base-port", 7400, "gateway `PORT`; node i uses PORT+10i (gRPC), +1 (raft), +2 (beacon, UDP), +3 (metrics)")
-	f.StringVar(&o.host, "host", "127.0.0.1", "`IP` address to listen on")
-	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready (`DURATION`)")
+	f.IntVar(&o.basePort, "base-port", 7400, "serve the gateway at `PORT`; node i uses PORT+10i (gRPC), +1 (raft), +2 (beacon, UDP), +3 (metrics)")
+	f.StringVar(&o.host, "host", "127.0.0.1", "listen on address `IP`")
+	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "give the cluster `DURATION` to become ready")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
 }
 
 func addLogFlags(cmd *cobra.Command, level, format *string) {
-	cmd.Flags().StringVar(level, "log-level", "info", "least level logged: `debug|info|warn|error`")
-	cmd.Flags().StringVar(format, "log-format", "text", "log line format: `text|json`")
+	cmd.Flags().StringVar(level, "log-level", "info", "log lines of `debug|info|warn|error` level and above")
+	cmd.Flags().StringVar(format, "log-format", "text", "write log lines as `text|json`")
 }
 
 // checkUpFlags validates the flags before anything is written.
@@ -153,6 +155,9 @@ func readRecord(data string, cfgs []*node.Config) (upRecord, error) {
 		if err := toml.Unmarshal(b, &r); err != nil {
 			return r, fmt.Errorf("%s: %w", filepath.Join(data, "cluster.toml"), err)
 		}
+		if r.LogFormat == "" {
+			r.LogFormat = "text"
+		}
 		return r, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
@@ -164,7 +169,7 @@ func readRecord(data string, cfgs []*node.Config) (upRecord, error) {
 		return r, err
 	}
 	port, _ := strconv.Atoi(p)
-	r.Host, r.BasePort = h, port-10*int(cfgs[0].ID)
+	r.Host, r.BasePort, r.LogFormat = h, port-10*int(cfgs[0].ID), "text"
 	return r, writeRecord(data, r)
 }
 
@@ -206,14 +211,14 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 		for _, x := range []struct {
 			flag      string
 			want, got any
-		}{{"nodes", rec.Nodes, o.nodes}, {"meta", rec.Meta, o.members}, {"base-port", rec.BasePort, o.basePort}, {"host", rec.Host, o.host}} {
+		}{{"nodes", rec.Nodes, o.nodes}, {"meta", rec.Meta, o.members}, {"base-port", rec.BasePort, o.basePort}, {"host", rec.Host, o.host}, {"log-format", rec.LogFormat, o.logFormat}} {
 			if o.changed != nil && o.changed(x.flag) && fmt.Sprint(x.want) != fmt.Sprint(x.got) {
 				conflicts = append(conflicts, fmt.Sprintf("--%s %v (it has %v)", x.flag, x.got, x.want))
 			}
 		}
 		if len(conflicts) > 0 {
-			return nil, nil, rec, false, cli.Usagef("%s holds a cluster created with --nodes %d --meta %d --base-port %d --host %s, and its node addresses are fixed in its node configs: "+
-				"%s cannot apply; run without them, or use another --data", data, rec.Nodes, rec.Meta, rec.BasePort, rec.Host, strings.Join(conflicts, ", "))
+			return nil, nil, rec, false, cli.Usagef("%s holds a cluster created with --nodes %d --meta %d --base-port %d --host %s --log-format %s, and its node addresses (and log files) are fixed: "+
+				"%s cannot apply; run without them, or use another --data", data, rec.Nodes, rec.Meta, rec.BasePort, rec.Host, rec.LogFormat, strings.Join(conflicts, ", "))
 		}
 		if len(cfgs) != rec.Nodes {
 			return nil, nil, rec, false, fmt.Errorf("%s: %d node configs, but cluster.toml says %d nodes", data, len(cfgs), rec.Nodes)
@@ -248,30 +253,12 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 		}
 		return cfgs, existing, rec, false, nil
 	}
-	rec = upRecord{Nodes: o.nodes, Meta: o.members, BasePort: o.basePort, Host: o.host}
-	addr := func(port int) string { return net.JoinHostPort(o.host, strconv.Itoa(port)) }
-	var members []node.MemberConfig
-	for i := 1; i <= o.members; i++ {
-		b := o.basePort + 10*i
-		members = append(members, node.MemberConfig{ID: uint64(i), GRPC: addr(b), Raft: addr(b + 1), Beacon: addr(b + 2)})
-	}
-	key := node.NewClusterKey() // every node of the cluster shares it
-	for i := 1; i <= o.nodes; i++ {
-		b := o.basePort + 10*i
-		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
-			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
-		if i <= o.members {
-			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
-		}
+	rec = upRecord{Nodes: o.nodes, Meta: o.members, BasePort: o.basePort, Host: o.host, LogFormat: o.logFormat}
+	cfgs = newConfigs(o, data, node.NewClusterKey()) // every node of the cluster shares the key
+	for _, c := range cfgs {
 		if err := c.Validate(); err != nil {
 			return nil, nil, rec, false, err
 		}
-		cfgs = append(cfgs, c)
-	}
-	// Ports are checked before anything is written (a taken port would
-	// otherwise leave a directory that cannot start).
-	if err := checkPorts(addr(o.basePort), cfgs, false, ""); err != nil {
-		return nil, nil, rec, false, err
 	}
 	for _, c := range cfgs {
 		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
@@ -284,6 +271,32 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 		paths = append(paths, p)
 	}
 	return cfgs, paths, rec, true, writeRecord(data, rec)
+}
+
+// newGateway is a new cluster's gateway address.
+func newGateway(o upOptions) string {
+	return net.JoinHostPort(o.host, strconv.Itoa(o.basePort))
+}
+
+// newConfigs lays out a new cluster's node configs from the flags.
+func newConfigs(o upOptions, data, key string) []*node.Config {
+	addr := func(port int) string { return net.JoinHostPort(o.host, strconv.Itoa(port)) }
+	var members []node.MemberConfig
+	for i := 1; i <= o.members; i++ {
+		b := o.basePort + 10*i
+		members = append(members, node.MemberConfig{ID: uint64(i), GRPC: addr(b), Raft: addr(b + 1), Beacon: addr(b + 2)})
+	}
+	var cfgs []*node.Config
+	for i := 1; i <= o.nodes; i++ {
+		b := o.basePort + 10*i
+		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
+			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
+		if i <= o.members {
+			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
+		}
+		cfgs = append(cfgs, c)
+	}
+	return cfgs
 }
 
 func nodeNum(p string) int {
@@ -318,9 +331,9 @@ func checkPorts(gateway string, cfgs []*node.Config, existing bool, data string)
 			}
 		}
 		if err != nil {
-			hint := "is another grove up running? stop it (grove down), or pass --base-port for another range"
+			hint := fmt.Sprintf("is another grove up running? stop it (%s down), or pass --base-port for another range", selfName())
 			if existing {
-				hint = fmt.Sprintf("this directory's addresses are fixed; stop what holds the port (grove down --data %s, if it is another grove), or use another --data", data)
+				hint = fmt.Sprintf("this directory's addresses are fixed; stop what holds the port (%s down --data %s, if it is another grove), or use another --data", selfName(), data)
 			}
 			return &cli.Error{Code: cli.ExitFailed, Op: "up", Msg: fmt.Sprintf("%s address %s is taken (%v)", w.what, w.addr, errors.Unwrap(err)), Hint: hint}
 		}
@@ -333,13 +346,42 @@ func checkPorts(gateway string, cfgs []*node.Config, existing bool, data string)
 func checkNotRunning(data string, cfgs []*node.Config) error {
 	for _, c := range cfgs {
 		if pid, err := node.LockHolder(filepath.Join(c.DataDir, "LOCK")); err == nil && pid > 0 {
-			return cli.Failf("up", "node %d of %s is already running (pid %d, started by hand?); stop it with: grove down --data %s", c.ID, data, pid, data)
+			return cli.Failf("up", "node %d of %s is already running (pid %d, started by hand?); stop it with: %s down --data %s", c.ID, data, pid, selfName(), data)
 		}
 	}
 	return nil
 }
 
+// selfName is how messages name this binary before its stable path is
+// known: as it was invoked if that was a path (bin/grove), else "grove".
+func selfName() string {
+	if strings.ContainsRune(os.Args[0], filepath.Separator) {
+		return os.Args[0]
+	}
+	return "grove"
+}
+
+// restartCommand is the command that brings node config path back, with
+// the cluster's log settings (its log file stays in one format).
+func restartCommand(bin, path string, o upOptions) string {
+	c := bin + " server --config " + path
+	if o.logFormat != "text" {
+		c += " --log-format " + o.logFormat
+	}
+	if o.logLevel != "info" {
+		c += " --log-level " + o.logLevel
+	}
+	return c
+}
+
 func runUp(ctx context.Context, o upOptions) error {
+	if o.changed != nil && !o.changed("meta") {
+		// Up to 3 members, odd, at most --nodes: `--nodes 1` just works.
+		o.members = min(3, o.nodes)
+		if o.members%2 == 0 {
+			o.members--
+		}
+	}
 	if err := checkUpFlags(o); err != nil {
 		return err
 	}
@@ -347,18 +389,25 @@ func runUp(ctx context.Context, o upOptions) error {
 	if err != nil {
 		return err
 	}
+	if existing, _ := filepath.Glob(filepath.Join(data, "node-*", "grove.toml")); len(existing) == 0 {
+		// A new cluster: its ports are checked before anything is written.
+		if err := checkPorts(newGateway(o), newConfigs(o, data, ""), false, data); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		return err
 	}
 	upLock, err := node.LockFile(filepath.Join(data, "up.lock"))
 	if err != nil {
-		return cli.Failf("up", "grove up is already running on %s (%v); stop it with: grove down --data %s", data, err, data)
+		return cli.Failf("up", "grove up is already running on %s (%v); stop it with: %s down --data %s", data, err, selfName(), data)
 	}
 	defer upLock.Close()
 	cfgs, paths, rec, created, err := layout(o)
 	if err != nil {
 		return err
 	}
+	o.logFormat = rec.LogFormat // the directory's, whatever the flag's default
 	if err := checkNotRunning(data, cfgs); err != nil {
 		return err
 	}
@@ -428,12 +477,14 @@ func runUp(ctx context.Context, o upOptions) error {
 	go gs.Serve(lis)
 	defer gs.Stop()
 
-	fmt.Printf("restart a node that exits with: %s server --config %s\n", bin, filepath.Join(data, "node-N", "grove.toml"))
+	if o.processes {
+		fmt.Printf("restart a node that exits with: %s\n", restartCommand(bin, filepath.Join(data, "node-N", "grove.toml"), o))
+	}
 	if err := waitReady(ctx, status, before, o.readyWait); err != nil {
 		return err
 	}
-	fmt.Printf("ready: %d nodes alive, config-service leader %s; gateway %s; logs in %s; stop with Ctrl-C or: grove down --data %s\n",
-		len(cfgs), leaderOf(ctx, status), gateway, filepath.Join(data, "node-*", "grove.log"), data)
+	fmt.Printf("ready: %d nodes alive, config-service leader %s; gateway %s; logs in %s; stop with Ctrl-C or: %s down --data %s\n",
+		len(cfgs), leaderOf(ctx, status), gateway, filepath.Join(data, "node-*", "grove.log"), bin, data)
 	<-ctx.Done()
 	fmt.Println("stopping")
 	log.Info("stopping")
@@ -683,7 +734,11 @@ func startProcesses(bin string, cfgs []*node.Config, paths []string, log *slog.L
 			if quiet {
 				return
 			}
-			fmt.Fprintf(os.Stderr, "node %d (pid %d) exited: %v; restart it with: %s server --config %s\n", c.ID, cmd.Process.Pid, err, bin, path)
+			how := "with status 0"
+			if err != nil {
+				how = err.Error()
+			}
+			fmt.Fprintf(os.Stderr, "node %d (pid %d) exited (%s); restart it with: %s\n", c.ID, cmd.Process.Pid, how, restartCommand(bin, path, o))
 		}(c, paths[i])
 	}
 	return stop, nil

@@ -57,10 +57,10 @@ type Client struct {
 // they are asked to, such as a lock acquisition).
 func (c *Client) Register(cmd *cobra.Command, commandTimeout time.Duration) {
 	f := cmd.Flags()
-	f.StringSliceVar(&c.endpoints, "endpoints", nil, "cluster endpoints to try in order: `HOST:PORT,...` of nodes or of grove up's gateway (default $"+EndpointsEnv+", else "+DefaultEndpoint+")")
-	f.StringVar(&c.addr, "addr", "", "one endpoint: `HOST:PORT` (same as --endpoints with one address)")
-	f.DurationVar(&c.DialTimeout, "dial-timeout", DefaultDialTimeout, "how long to wait for one endpoint to accept and answer (`DURATION`)")
-	help := "bound on the whole command (`DURATION`; 0: none)"
+	f.StringSliceVar(&c.endpoints, "endpoints", nil, "try these nodes or grove up gateways in order, `HOST:PORT,...` (default $"+EndpointsEnv+", else "+DefaultEndpoint+")")
+	f.StringVar(&c.addr, "addr", "", "talk to the node or gateway at `HOST:PORT` (--endpoints with one address)")
+	f.DurationVar(&c.DialTimeout, "dial-timeout", DefaultDialTimeout, "give one endpoint `DURATION` to accept and answer")
+	help := "give the whole command `DURATION` (0: no bound)"
 	if commandTimeout == 0 {
 		help = "give up if not done within `DURATION` (default: wait until done or interrupted)"
 	}
@@ -81,15 +81,16 @@ func (c *Client) Resolve() error {
 		return Usagef("--command-timeout %v: want a positive duration (or 0 for none)", c.CommandTimeout)
 	}
 	var list []string
+	source := "--endpoints"
 	switch {
 	case len(c.endpoints) > 0 && c.addr != "":
 		return Usagef("give --endpoints or --addr, not both")
 	case len(c.endpoints) > 0:
 		list = c.endpoints
 	case c.addr != "":
-		list = []string{c.addr}
+		list, source = []string{c.addr}, "--addr"
 	case os.Getenv(EndpointsEnv) != "":
-		list = strings.Split(os.Getenv(EndpointsEnv), ",")
+		list, source = strings.Split(os.Getenv(EndpointsEnv), ","), "$"+EndpointsEnv
 	case len(c.Endpoints) > 0:
 		list = c.Endpoints // set by the program (tests, grove up's own calls)
 	default:
@@ -102,7 +103,7 @@ func (c *Client) Resolve() error {
 			continue
 		}
 		if err := CheckHostPort(e); err != nil {
-			return Usagef("endpoint %q: %v", e, err)
+			return Usagef("%s: endpoint %q: %v", source, e, err)
 		}
 		out = append(out, e)
 	}
@@ -238,19 +239,29 @@ func combine(op string, fails []*Error, timedOut bool, timeout time.Duration) er
 func (c *Client) Connect(ctx context.Context, ep string) (*Conn, error) {
 	var mu sync.Mutex
 	var dialErr error
+	connected := false // TCP connected at least once
 	opts := append(transport.DialOptions(), grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 		conn, err := transport.DialContext(ctx, addr)
 		mu.Lock()
 		dialErr = err
+		connected = connected || err == nil
 		mu.Unlock()
 		return conn, err
 	}))
-	cc, err := grpc.NewClient(ep, opts...)
+	// passthrough: the dialer above resolves the name, so that a name that
+	// does not resolve is reported as such (gRPC's own resolver would only
+	// leave the connection waiting).
+	cc, err := grpc.NewClient("passthrough:///"+ep, opts...)
 	if err != nil {
 		return nil, &Error{Code: ExitUsage, Endpoint: ep, Msg: "is not a usable address: " + err.Error(), Err: err}
 	}
-	dctx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+	wait := c.DialTimeout
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < wait {
+		wait = time.Until(d) // the command's own bound comes first
+	}
+	dctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	start := time.Now()
 	cc.Connect()
 	for {
 		s := cc.GetState()
@@ -262,7 +273,7 @@ func (c *Client) Connect(ctx context.Context, ep string) (*Conn, error) {
 		mu.Unlock()
 		if s == connectivity.TransientFailure && derr != nil && refusedOrUnreachable(derr) {
 			cc.Close()
-			return nil, dialFailure(ep, derr, c.DialTimeout)
+			return nil, dialFailure(ep, derr, false, c.DialTimeout)
 		}
 		if !cc.WaitForStateChange(dctx, s) {
 			cc.Close()
@@ -270,9 +281,13 @@ func (c *Client) Connect(ctx context.Context, ep string) (*Conn, error) {
 				return nil, &Error{Code: ExitInterrupted, Endpoint: ep, Msg: "interrupted", Err: ctx.Err()}
 			}
 			mu.Lock()
-			derr = dialErr
+			derr, conn := dialErr, connected
 			mu.Unlock()
-			return nil, dialFailure(ep, derr, c.DialTimeout)
+			if ctx.Err() != nil { // the command's bound, not the dial's
+				return nil, &Error{Code: ExitTimeout, Endpoint: ep, Err: ctx.Err(),
+					Msg: fmt.Sprintf("was still connecting after %v when --command-timeout elapsed", time.Since(start).Round(time.Millisecond))}
+			}
+			return nil, dialFailure(ep, derr, conn, c.DialTimeout)
 		}
 	}
 }
@@ -287,23 +302,25 @@ func isDNS(err error) bool {
 	return errors.As(err, &de)
 }
 
-// dialFailure says, in words, why an endpoint could not be reached.
-func dialFailure(ep string, err error, timeout time.Duration) *Error {
+// dialFailure says, in words, why an endpoint could not be reached:
+// err is the last connection attempt's error (nil if none failed), and
+// connected whether a TCP connection was made at all.
+func dialFailure(ep string, err error, connected bool, timeout time.Duration) *Error {
 	e := &Error{Code: ExitUnavailable, Endpoint: ep, Err: err}
 	switch {
-	case err == nil:
-		// TCP connected, but no gRPC answer (HTTP/2 settings) came back.
-		e.Code = ExitTimeout
-		e.Msg = fmt.Sprintf("accepted the connection but did not answer within %v", timeout)
-		e.Hint = "is it a grove node, and is it running (not stopped)? (--dial-timeout to wait longer)"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		e.Msg = "refused the connection"
 		e.Hint = "is the cluster running? (grove up)"
 	case isDNS(err):
-		e.Msg = "cannot be resolved: " + err.Error()
+		e.Msg = "cannot be resolved (" + dnsReason(err) + ")"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
-		e.Msg = "is unreachable: " + err.Error()
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		e.Msg = "is unreachable (no route)"
+	case connected && (err == nil || isTimeout(err) || errors.Is(err, context.DeadlineExceeded)):
+		// TCP connected, but no gRPC answer (HTTP/2 settings) came back.
+		e.Code = ExitTimeout
+		e.Msg = fmt.Sprintf("accepted the connection but did not answer within %v", timeout)
+		e.Hint = "is it a grove node's gRPC port, and is the node running (not stopped)? (--dial-timeout to wait longer)"
+	case err == nil || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		e.Code = ExitTimeout
 		e.Msg = fmt.Sprintf("did not accept a connection within %v", timeout)
 		e.Hint = "is the address right and the host up? (--dial-timeout to wait longer)"
@@ -311,6 +328,17 @@ func dialFailure(ep string, err error, timeout time.Duration) *Error {
 		e.Msg = "cannot be reached: " + err.Error()
 	}
 	return e
+}
+
+func dnsReason(err error) string {
+	var de *net.DNSError
+	if errors.As(err, &de) {
+		if de.IsNotFound {
+			return "no such host"
+		}
+		return de.Err
+	}
+	return err.Error()
 }
 
 func isTimeout(err error) bool {

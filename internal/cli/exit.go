@@ -160,7 +160,10 @@ func FromRPC(op, endpoint string, timeout time.Duration, err error) error {
 	case codes.Canceled:
 		e.Code, e.Msg = ExitInterrupted, "cancelled"
 	case codes.Unimplemented:
-		e.Msg, e.Hint = "does not serve this call: "+msg, "is it a grove node of the same version? (grove version)"
+		e.Msg, e.Hint = "does not serve this call", "is it a grove node of the same version? (grove version)"
+		if strings.Contains(msg, "HTTP status code") || strings.Contains(msg, "content-type") {
+			e.Msg, e.Hint = "answered HTTP, not gRPC", "is it a grove node's gRPC port?"
+		}
 	default:
 		e.Msg = msg
 	}

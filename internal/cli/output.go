@@ -20,7 +20,7 @@ type Output struct {
 
 // Register adds -o/--output and --json (an alias of -o json) to cmd.
 func (o *Output) Register(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&o.Format, "output", "o", "table", "output format: `table|json`")
+	cmd.Flags().StringVarP(&o.Format, "output", "o", "table", "print as a `table|json`")
 	cmd.Flags().BoolVar(&o.json, "json", false, "same as -o json")
 }
 
@@ -182,9 +182,10 @@ func (d *Doc) WriteTable(w io.Writer) error {
 	return tw.Flush()
 }
 
-// WriteJSON prints the document as one JSON object (two-space indent):
-// fields as values, tables as lists of objects keyed by Key(header).
-// Empty tables are [] (never null).
+// WriteJSON prints the document as one JSON object: a field per line, a
+// table as a list of objects keyed by Key(header), one compact object per
+// line (so that line tools still work on it). Empty tables are [] (never
+// null).
 func (d *Doc) WriteJSON(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("{")
@@ -216,11 +217,11 @@ func (d *Doc) WriteJSON(w io.Writer) error {
 			b.WriteString("\n    {")
 			for c, cell := range r {
 				if c > 0 {
-					b.WriteString(", ")
+					b.WriteString(",")
 				}
 				k, _ := json.Marshal(Key(it.table.headers[c]))
 				b.Write(k)
-				b.WriteString(": ")
+				b.WriteString(":")
 				v, err := json.Marshal(cell.Value)
 				if err != nil {
 					return err

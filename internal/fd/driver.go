@@ -130,7 +130,7 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd", "node", cfg.Engine.Self), done: make(chan struct{}), writes: make(chan PersistTombstones, 1),
+	d := &Driver{cfg: cfg, log: cfg.Log.With("layer", "fd"), done: make(chan struct{}), writes: make(chan PersistTombstones, 1),
 		rejected: ratelog.New(time.Second)}
 	d.mu.e = e
 	d.mu.addrs = map[NodeID]*net.UDPAddr{}

@@ -323,6 +323,7 @@ func (m *Master) Disconnected(id ClerkID) []any {
 	c.connected = false
 	c.revoking = map[string]Mode{}
 	m.removeWaiters(id)
+	m.tryAll() // a waiter behind the departed one may be grantable now
 	if m.unsafeReassignOnDisconnect {
 		for _, r := range m.recov {
 			if r.assigned != nil && *r.assigned == id && !r.forgetting {

@@ -684,13 +684,20 @@ func (s *Service) List(ctx context.Context, _ *pb.ListRequest) (*pb.ListResponse
 	return ListFromMaster(ctx, s.cfg.Meta, &s.conns, s.cfg.GRPCAddr)
 }
 
+// ListReadTimeout bounds ListFromMaster's read of the master record.
+const ListReadTimeout = 2 * time.Second
+
 // ListFromMaster finds the master through the config service and asks it.
 // self is the caller's own address: a record naming it while the caller
 // runs no master is answered "unavailable", not forwarded to itself.
 func ListFromMaster(ctx context.Context, mc *meta.Client, conns *connCache, self string) (*pb.ListResponse, error) {
-	ns, err := mc.Read(ctx, Namespace)
+	// Bounded well inside a client's default timeout: without a quorum the
+	// answer is "unavailable" in seconds, not a client's timeout.
+	rctx, cancel := context.WithTimeout(ctx, ListReadTimeout)
+	ns, err := mc.Read(rctx, Namespace)
+	cancel()
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "config service: %v", err)
+		return nil, status.Errorf(codes.Unavailable, "the config service did not answer within %v (no quorum?), so the lock master cannot be found", ListReadTimeout)
 	}
 	st, err := DecodeState(ns)
 	if err != nil {

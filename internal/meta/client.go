@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -299,7 +300,8 @@ func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAdd
 	err := c.retry(ctx, func(ctx context.Context, cl pb.ConfigServiceClient) (string, bool, error) {
 		r, err := cl.ChangeMembers(ctx, &pb.ChangeMembersRequest{Add: add, Remove: !add, Id: id, RaftAddr: raftAddr})
 		if s, ok := status.FromError(err); ok && s.Code() == codes.FailedPrecondition {
-			return "", true, fmt.Errorf("%w: %s", ErrMembership, s.Message())
+			// The server's message already names ErrMembership.
+			return "", true, fmt.Errorf("%w: %s", ErrMembership, strings.TrimPrefix(s.Message(), ErrMembership.Error()+": "))
 		}
 		switch {
 		case err != nil:

@@ -459,7 +459,7 @@ func (s *Server) AddMember(id uint64, raftAddr string) (uint64, error) {
 		raftAddr = s.member(id).RaftAddr
 	}
 	if raftAddr == "" {
-		return 0, fmt.Errorf("%w: member %d is not in this cluster's member list; give its raft address", ErrMembership, id)
+		return 0, fmt.Errorf("%w: member %d is not in the nodes' [[members]] list; give its raft address (grove member add %d --raft HOST:PORT)", ErrMembership, id, id)
 	}
 	f := s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {

@@ -139,7 +139,11 @@ func LoadConfig(path string) (*Config, error) {
 func ReadConfig(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // "no such file or directory", without the path twice
+		}
+		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	c := &Config{}
 	dec := toml.NewDecoder(bytes.NewReader(b)).DisallowUnknownFields()
@@ -149,12 +153,28 @@ func ReadConfig(path string) (*Config, error) {
 	// Which [fd] fields were given: max_drift = 0 is a setting, not an
 	// omission.
 	var raw struct {
-		FD map[string]any `toml:"fd"`
+		FD   map[string]any `toml:"fd"`
+		Raft map[string]any `toml:"raft"`
 	}
 	if err := toml.Unmarshal(b, &raw); err == nil {
 		c.fdGiven = map[string]bool{}
 		for k := range raw.FD {
 			c.fdGiven[k] = true
+		}
+		// A bare number would decode as nanoseconds: `interval = 200`
+		// meant as milliseconds must be an error, not a 200 ns beacon.
+		for _, x := range []struct {
+			table string
+			keys  []string
+			m     map[string]any
+		}{{"fd", []string{"interval", "grace_period"}, raw.FD}, {"raft", []string{"heartbeat", "election", "leader_lease"}, raw.Raft}} {
+			for _, k := range x.keys {
+				if v, ok := x.m[k]; ok {
+					if _, isString := v.(string); !isString {
+						return nil, fmt.Errorf("config %s: [%s] %s = %v: want a duration string such as \"200ms\" (a bare number has no unit)", path, x.table, k, v)
+					}
+				}
+			}
 		}
 	}
 	abs, err := filepath.Abs(path)
@@ -196,12 +216,53 @@ func configError(path string, err error) error {
 	if errors.As(err, &de) {
 		row, col := de.Position()
 		msg := strings.TrimPrefix(de.Error(), "toml: ")
-		if k := []string(de.Key()); len(k) > 0 {
+		k := []string(de.Key())
+		if i := strings.Index(msg, " into struct field"); i >= 0 {
+			// go-toml names the Go field and type; say what the file
+			// should hold instead.
+			msg = msg[:i] + "; want " + wantOf(k)
+		}
+		if len(k) > 0 {
 			msg = fmt.Sprintf("%s: %s", strings.Join(k, "."), msg)
 		}
 		return fmt.Errorf("config %s:%d:%d: %s", path, row, col, msg)
 	}
 	return fmt.Errorf("config %s: %w", path, err)
+}
+
+// wantOf describes the value the setting at key path takes.
+func wantOf(path []string) string {
+	t := reflect.TypeOf(Config{})
+	for _, p := range path {
+		for t.Kind() == reflect.Slice || t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			break
+		}
+		f, ok := fieldByKey(t, p)
+		if !ok {
+			return "a value of another type"
+		}
+		t = f.Type
+	}
+	switch {
+	case t == reflect.TypeOf(Duration(0)):
+		return `a duration string such as "200ms"`
+	case t.Kind() == reflect.String:
+		return "a string"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return "an integer"
+	case t.Kind() == reflect.Float64:
+		return "a number"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		return "a list of strings"
+	case t.Kind() == reflect.Slice:
+		return "an array of tables"
+	case t.Kind() == reflect.Struct:
+		return "a table"
+	}
+	return "a value of another type"
 }
 
 // knownKeys lists the TOML keys of the table at path in Config.
@@ -330,7 +391,7 @@ func (c *Config) Keyring() (fd.Keyring, error) {
 		return fd.Keyring{}, errors.New("give cluster_key or cluster_key_file, not both")
 	}
 	if key == "" {
-		return fd.Keyring{}, errors.New("cluster_key is required: every node of a cluster shares one secret key (hex, 32 bytes recommended; `grove up` writes one, or generate one with `openssl rand -hex 32`)")
+		return fd.Keyring{}, errors.New("cluster_key is required: every node of a cluster shares one secret key (hex, 32 bytes recommended; `grove up` writes one, or generate one with `grove keygen`)")
 	}
 	k, err := fd.ParseKey(key)
 	if err != nil {
