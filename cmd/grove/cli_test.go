@@ -667,3 +667,44 @@ func TestHelpTexts(t *testing.T) {
 	}
 	walk(rootCmd())
 }
+
+// TestUpUnderGoRun: `go run ./cmd/grove up --processes` runs a binary from
+// Go's build cache, which goes away; grove up copies itself to DIR/bin and
+// prints restart commands that use the copy.
+func TestUpUnderGoRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	bin := buildGrove(t) // for grove down
+	dir := t.TempDir()
+	cmd := exec.Command("go", "run", ".", "up", "--processes", "--data", dir, "--base-port", "8800")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		grove(t, bin, nil, "down", "--data", dir)
+		cmd.Wait()
+	}()
+	var got []string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		got = append(got, sc.Text())
+		if strings.HasPrefix(sc.Text(), "ready") {
+			break
+		}
+	}
+	copyPath := filepath.Join(dir, "bin", "grove")
+	want := "restart a node that exits with: " + copyPath + " server --config "
+	if !strings.Contains(strings.Join(got, "\n"), want) || !strings.Contains(stderr.String(), "copied it to "+copyPath) {
+		t.Fatalf("grove up under go run: want %q; stdout:\n%s\nstderr:\n%s", want, strings.Join(got, "\n"), stderr.String())
+	}
+	if r := grove(t, copyPath, nil, "version"); r.code != 0 {
+		t.Fatalf("the copied binary: %v", r)
+	}
+}

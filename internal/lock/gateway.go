@@ -11,6 +11,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // Gateway serves the lock service's operator calls at an address that is not
@@ -67,5 +68,5 @@ func (g *Gateway) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 			}
 		}
 	}
-	return status.Errorf(codes.Unavailable, "lock: no node could take the hold: %v", last)
+	return status.Errorf(codes.Unavailable, "lock: no node could take the hold (last: %s)", transport.Describe(last))
 }

@@ -715,7 +715,7 @@ func ListFromMaster(ctx context.Context, mc *meta.Client, conns *connCache, self
 	}
 	r, err := cl.List(ctx, &pb.ListRequest{})
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "lock master on node %d (%s): %v", st.Master.Node, st.Master.Addr, err)
+		return nil, status.Errorf(codes.Unavailable, "lock master on node %d (%s): %s", st.Master.Node, st.Master.Addr, transport.Describe(err))
 	}
 	return r, nil
 }

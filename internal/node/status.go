@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +74,7 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 	rcancel()
 	if err != nil {
 		// Report what can be known: the last copy read, marked stale.
-		out.Stale, out.ConfigError = true, fmt.Sprintf("no config-service leader answered within %v (%s)", StatusReadTimeout, Describe(err))
+		out.Stale, out.ConfigError = true, fmt.Sprintf("no config-service leader answered within %v (%s)", StatusReadTimeout, transport.Describe(err))
 		ns = s.client.Hint(meta.NodesNamespace)
 	}
 	var nodes []*pb.Node
@@ -147,7 +146,7 @@ func (s *StatusService) probeMembers(ctx context.Context) ([]*pb.MemberHealth, [
 			defer mu.Unlock()
 			h := health[i]
 			if err != nil {
-				h.Error = Describe(err)
+				h.Error = transport.Describe(err)
 				return
 			}
 			views[i] = r
@@ -160,25 +159,6 @@ func (s *StatusService) probeMembers(ctx context.Context) ([]*pb.MemberHealth, [
 	}
 	wg.Wait()
 	return health, views
-}
-
-// Describe says in words why a call to a node failed, for operators
-// (status output): not a raw gRPC status.
-func Describe(err error) string {
-	msg := err.Error()
-	switch c := status.Code(err); {
-	case strings.Contains(msg, "connection refused"):
-		return "refused the connection"
-	case strings.Contains(msg, "no route to host"), strings.Contains(msg, "network is unreachable"):
-		return "unreachable"
-	case strings.Contains(msg, "i/o timeout"):
-		return "did not accept a connection in time"
-	case c == codes.DeadlineExceeded || c == codes.Canceled || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		return "no answer in time"
-	case c == codes.Unavailable || c == codes.FailedPrecondition:
-		return status.Convert(err).Message()
-	}
-	return msg
 }
 
 // bestView picks the members' view to report: a leader's own (the highest

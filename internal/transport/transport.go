@@ -7,7 +7,9 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -15,8 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // ConnectParams bound how long a connection to a restarted peer stays in
@@ -173,4 +177,23 @@ func (p *Pool) Close() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// Describe says in words why a call to a node failed, for operators (status
+// output, errors that travel on to a CLI): not a raw gRPC status.
+func Describe(err error) string {
+	msg := err.Error()
+	switch c := status.Code(err); {
+	case strings.Contains(msg, "connection refused"):
+		return "refused the connection"
+	case strings.Contains(msg, "no route to host"), strings.Contains(msg, "network is unreachable"):
+		return "unreachable"
+	case strings.Contains(msg, "i/o timeout"):
+		return "did not accept a connection in time"
+	case c == codes.DeadlineExceeded || c == codes.Canceled || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return "no answer in time"
+	case c == codes.Unavailable || c == codes.FailedPrecondition:
+		return status.Convert(err).Message()
+	}
+	return msg
 }
