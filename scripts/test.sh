@@ -35,6 +35,7 @@ echo "== tests"
 if [ -z "${GROVE_DOCKER:-}" ]; then
   if command -v docker-compose >/dev/null && docker info >/dev/null 2>&1; then
     export GROVE_DOCKER=1
+    echo "(docker answers: the container test runs)"
   else
     echo "(no docker engine or docker-compose here: the container test is skipped)"
   fi
