@@ -1,0 +1,156 @@
+package disk
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Device is a block device: a fixed-size array of bytes, read and written
+// at offsets and lengths that are multiples of SectorSize. It is what an
+// RLDev segment lives on (a file or a block device named in a node's
+// config, or a simulated disk).
+//
+// Durability contract: a WriteAt that returned nil is visible to later
+// reads at once, but survives a crash only once a Sync that started after
+// it has returned nil. A crash may keep any subset of the sectors written
+// since the last Sync, in any order (so a multi-sector write can be torn);
+// sectors are atomic. A Sync that fails leaves the state of every write
+// since the previous successful Sync unknown: the caller must not
+// acknowledge any of them.
+//
+// Safe for concurrent use; concurrent writes to the same sectors are
+// ordered by the caller, not by the device.
+type Device interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	// Sync makes durable every write that returned before Sync began.
+	Sync() error
+	// Size is the device's size in bytes (a multiple of SectorSize).
+	Size() int64
+	Close() error
+}
+
+// SectorSize is the unit of atomicity and alignment of a Device.
+const SectorSize = 512
+
+// ErrUnaligned: an offset or a length that is not a multiple of SectorSize.
+var ErrUnaligned = errors.New("disk: offset or length not a multiple of the sector size")
+
+// ErrOutOfRange: an access past the end of the device.
+var ErrOutOfRange = errors.New("disk: access past the end of the device")
+
+// CheckAccess validates an access of n bytes at off on a device of size.
+func CheckAccess(off int64, n int, size int64) error {
+	if off%SectorSize != 0 || n%SectorSize != 0 {
+		return fmt.Errorf("%w (offset %d, length %d)", ErrUnaligned, off, n)
+	}
+	if off < 0 || off+int64(n) > size {
+		return fmt.Errorf("%w (offset %d, length %d, size %d)", ErrOutOfRange, off, n, size)
+	}
+	return nil
+}
+
+// FileDevice is a Device on a file (sparse: space is taken as it is
+// written) or on a block device. Sync is fdatasync(2): data and the
+// metadata needed to read it back, not timestamps.
+type FileDevice struct {
+	f    *os.File
+	size int64
+}
+
+var _ Device = (*FileDevice)(nil)
+
+// OpenFile opens the device at path. If the file does not exist and size is
+// positive, it is created as a sparse file of that size (and the directory
+// entry made durable); an existing file keeps its size, and a smaller one
+// than size is refused (a device never shrinks under its segments).
+func OpenFile(path string, size int64) (*FileDevice, error) {
+	if size%SectorSize != 0 {
+		return nil, fmt.Errorf("disk %s: size %d is not a multiple of %d", path, size, SectorSize)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) && size > 0 {
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			if err = f.Truncate(size); err == nil {
+				err = f.Sync()
+			}
+			if err == nil {
+				err = syncDir(path)
+			}
+			if err != nil {
+				f.Close()
+				os.Remove(path)
+				return nil, fmt.Errorf("disk %s: create: %w", path, err)
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("disk %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	got := st.Size()
+	if st.Mode()&os.ModeDevice != 0 {
+		// A block device reports size 0 in stat: ask it.
+		if got, err = f.Seek(0, 2); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	if got < size {
+		f.Close()
+		return nil, fmt.Errorf("disk %s: %d bytes, smaller than the %d configured", path, got, size)
+	}
+	if got%SectorSize != 0 {
+		got -= got % SectorSize
+	}
+	return &FileDevice{f: f, size: got}, nil
+}
+
+func syncDir(path string) error {
+	d, err := os.Open(dirOf(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func dirOf(path string) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if path[i] == '/' {
+			if i == 0 {
+				return "/"
+			}
+			return path[:i]
+		}
+	}
+	return "."
+}
+
+func (d *FileDevice) ReadAt(p []byte, off int64) (int, error) {
+	if err := CheckAccess(off, len(p), d.size); err != nil {
+		return 0, err
+	}
+	return d.f.ReadAt(p, off)
+}
+
+func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
+	if err := CheckAccess(off, len(p), d.size); err != nil {
+		return 0, err
+	}
+	return d.f.WriteAt(p, off)
+}
+
+// Sync is fdatasync(2).
+func (d *FileDevice) Sync() error { return unix.Fdatasync(int(d.f.Fd())) }
+
+func (d *FileDevice) Size() int64  { return d.size }
+func (d *FileDevice) Close() error { return d.f.Close() }

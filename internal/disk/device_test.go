@@ -1,0 +1,125 @@
+package disk
+
+import (
+	"bytes"
+	"errors"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+func TestFileDevice(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "disk")
+	d, err := OpenFile(p, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Size() != 1<<20 {
+		t.Fatalf("size %d", d.Size())
+	}
+	if st, _ := os.Stat(p); st.Size() != 1<<20 {
+		t.Fatalf("file size %d", st.Size())
+	}
+	buf := bytes.Repeat([]byte{7}, 4096)
+	if _, err := d.WriteAt(buf, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		off int64
+		n   int
+		err error
+	}{{100, 512, ErrUnaligned}, {0, 100, ErrUnaligned}, {1 << 20, 512, ErrOutOfRange}, {-512, 512, ErrOutOfRange}} {
+		if _, err := d.WriteAt(make([]byte, bad.n), bad.off); !errors.Is(err, bad.err) {
+			t.Errorf("write %d at %d: %v, want %v", bad.n, bad.off, err, bad.err)
+		}
+	}
+	d.Close()
+	// Reopened: same size, the data is there; a larger configured size is
+	// refused (a device never shrinks under its segments).
+	d, err = OpenFile(p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	if _, err := d.ReadAt(got, 8192); err != nil || !bytes.Equal(got, buf) {
+		t.Fatalf("read back: %v", err)
+	}
+	d.Close()
+	if _, err := OpenFile(p, 2<<20); err == nil {
+		t.Fatal("a device smaller than configured was accepted")
+	}
+}
+
+// A crash keeps what was synced; of what was not, whole writes or (torn)
+// sectors of them, never anything else.
+func TestMemDeviceCrash(t *testing.T) {
+	for seed := int64(1); seed <= 50; seed++ {
+		r := rand.New(rand.NewSource(seed))
+		d := NewMemDevice(64*SectorSize, nil)
+		old := bytes.Repeat([]byte{1}, 8*SectorSize)
+		d.WriteAt(old, 0)
+		d.Sync()
+		next := bytes.Repeat([]byte{2}, 8*SectorSize)
+		d.WriteAt(next, 0)
+		d.Crash(r, true)
+		got := make([]byte, 8*SectorSize)
+		d.ReadAt(got, 0)
+		for s := 0; s < 8; s++ {
+			sec := got[s*SectorSize : (s+1)*SectorSize]
+			if !bytes.Equal(sec, old[:SectorSize]) && !bytes.Equal(sec, next[:SectorSize]) {
+				t.Fatalf("seed %d: sector %d is neither the old nor the new data", seed, s)
+			}
+		}
+	}
+	d := NewMemDevice(8*SectorSize, nil)
+	d.WriteAt(bytes.Repeat([]byte{3}, SectorSize), 0)
+	d.Crash(nil, false)
+	got := make([]byte, SectorSize)
+	d.ReadAt(got, 0)
+	if got[0] != 0 {
+		t.Fatal("an unsynced write survived a crash that keeps nothing unsynced")
+	}
+}
+
+func TestMemDeviceFaults(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	d := NewMemDevice(64*SectorSize, r)
+	d.SetFaults(MemFaults{Full: true})
+	if _, err := d.WriteAt(make([]byte, SectorSize), 0); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("full: %v", err)
+	}
+	d.SetFaults(MemFaults{WriteEIO: 1})
+	if _, err := d.WriteAt(make([]byte, SectorSize), 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("EIO: %v", err)
+	}
+	d.SetFaults(MemFaults{Lying: true})
+	d.WriteAt(bytes.Repeat([]byte{9}, SectorSize), 0)
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	d.Crash(nil, false)
+	b := make([]byte, SectorSize)
+	d.ReadAt(b, 0)
+	if b[0] == 9 {
+		t.Fatal("a lying device's write survived the crash")
+	}
+	d.SetFaults(MemFaults{Misdirect: 1, MisdirectStride: 4 * SectorSize})
+	d.WriteAt(bytes.Repeat([]byte{5}, SectorSize), 0)
+	d.ReadAt(b, 0)
+	if b[0] == 5 || d.Misdirected() != 1 {
+		t.Fatalf("misdirected write landed where it was sent (misdirected %d)", d.Misdirected())
+	}
+	d.SetFaults(MemFaults{})
+	d.WriteAt(bytes.Repeat([]byte{4}, SectorSize), 0)
+	d.Sync()
+	d.FlipBit(3, 0)
+	d.ReadAt(b, 0)
+	if b[3] != 5 {
+		t.Fatalf("flipped byte: %d", b[3])
+	}
+}

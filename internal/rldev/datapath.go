@@ -1,0 +1,606 @@
+package rldev
+
+import (
+	"fmt"
+	"time"
+)
+
+// writeOp is a write in progress on the replica that orders it: the
+// primary (or, for WriteReplica, the named replica alone). It holds its
+// block range exclusively from start to acknowledgement, and progresses
+// through what the current epoch requires (progress): the fence admitted;
+// the dirty regions durable (normal state, before anything is written or
+// forwarded); the local copy durable; the peer's acknowledgement in this
+// epoch (normal: the secondary; resyncing: the target); the degraded-mode
+// log durable (degraded and resyncing). When the epoch changes mid-way
+// (the peer declared dead, a resync starting), the requirements are
+// evaluated again.
+type writeOp struct {
+	r        *replica
+	req      ReqID
+	block, n uint64
+	data     []byte
+	fence    *Fence
+	only     bool // WriteReplica: this replica alone
+	lock     *rangeLock
+	locked   bool
+
+	admitted, admitting bool
+	drlDone, drlWaiting bool
+	degDone, degWaiting bool
+	gen                 uint64
+	genWaiting          bool
+	local               int // 0 not started, 1 writing, 2 durable
+
+	peerEpoch uint64 // epoch of the forward in flight (0: none)
+	peerAcked bool
+	seq       uint64
+	sentAt    time.Time
+
+	done bool
+}
+
+// regions of the two logs the write touches.
+func (w *writeOp) drlSpan() (uint64, uint64) { return w.r.drl.durable.Span(w.block, w.n) }
+func (w *writeOp) degSpan() (uint64, uint64) { return w.r.deg.durable.Span(w.block, w.n) }
+
+func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fence *Fence, only bool) []any {
+	w := &writeOp{r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only}
+	r.writes[w] = true
+	var out []any
+	w.lock, out = r.locks.acquire(block, w.n, true, func(lk *rangeLock) []any {
+		if w.done {
+			return r.locks.release(lk)
+		}
+		w.lock, w.locked = lk, true
+		a, b := w.drlSpan()
+		for x := a; x <= b; x++ {
+			r.inflight[x]++
+		}
+		c, d := w.degSpan()
+		for x := c; x <= d; x++ {
+			r.inflightDeg(x, 1)
+		}
+		return w.progress(r.e.env)
+	})
+	return out
+}
+
+func (r *replica) inflightDeg(x uint64, d int) {
+	// Degraded-mode regions are tracked in the same map, offset past the
+	// dirty-region ids (a region id space per log).
+	k := 1<<62 | x
+	r.inflight[k] += d
+	if r.inflight[k] == 0 {
+		delete(r.inflight, k)
+	}
+}
+
+// progress does the next steps the write needs, or finishes it.
+func (w *writeOp) progress(env Env) []any {
+	r := w.r
+	if w.done || !w.locked {
+		return nil
+	}
+	rec := r.rec
+	switch {
+	case r.state != repReady:
+		return w.finish(fmt.Errorf("%w: replica not ready", ErrNotServing))
+	case r.stale():
+		return w.finish(fmt.Errorf("%w: this replica is stale", ErrNotServing))
+	case !w.only && !r.isPrimary():
+		return w.finish(fmt.Errorf("%w (rldev %d)", ErrNotPrimary, rec.ID))
+	}
+	// The fence first: a write with a stale token must never land.
+	if !w.admitted {
+		if w.admitting {
+			return nil
+		}
+		w.admitting = true
+		return r.admit(w.fence, func(err error) []any {
+			w.admitting = false
+			if err != nil {
+				return w.finish(err)
+			}
+			w.admitted = true
+			return w.progress(r.e.env)
+		})
+	}
+	needDRL := !w.only && rec.State == Normal && !rec.DRLOff
+	needPeer := !w.only && (rec.State == Normal || rec.State == Resyncing)
+	needDeg := !w.only && (rec.State == Degraded || rec.State == Resyncing)
+	var out []any
+	// Dirty regions durable before anything is written or forwarded: after
+	// a crash the replica finds them and pulls them from its peer.
+	if needDRL && !w.drlDone {
+		if !w.drlWaiting {
+			w.drlWaiting = true
+			a, b := w.drlSpan()
+			out = append(out, r.drl.mark(a, b, func(err error) []any {
+				w.drlWaiting = false
+				if err != nil {
+					return w.finish(err)
+				}
+				w.drlDone = true
+				return w.progress(r.e.env)
+			})...)
+		}
+		return out
+	}
+	if needDeg && !w.degDone && !w.degWaiting {
+		w.degWaiting = true
+		a, b := w.degSpan()
+		out = append(out, r.deg.mark(a, b, func(err error) []any {
+			w.degWaiting = false
+			if err != nil {
+				return w.finish(err)
+			}
+			w.degDone = true
+			return w.progress(r.e.env)
+		})...)
+	}
+	if w.gen == 0 {
+		if !w.genWaiting {
+			w.genWaiting = true
+			out = append(out, r.gen(func(g uint64, err error) []any {
+				w.genWaiting = false
+				if err != nil {
+					return w.finish(err)
+				}
+				w.gen = g
+				return w.progress(r.e.env)
+			})...)
+		}
+		return out
+	}
+	if w.local == 0 {
+		w.local = 1
+		out = append(out, r.e.writeDurable(r.disk, r.base+blockOff(w.block), r.encodeRun(w.block, w.data, nil, w.gen), func(err error) []any {
+			if err != nil {
+				return r.fail(err) // aborts this write with the others
+			}
+			w.local = 2
+			return w.progress(r.e.env)
+		})...)
+	}
+	if needPeer && w.peerEpoch != rec.Epoch {
+		out = append(out, w.forward(env)...)
+	}
+	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needDeg || w.degDone) && (!needDRL || w.drlDone) {
+		out = append(out, w.finish(nil)...)
+	}
+	return out
+}
+
+// forward sends the write to the peer in the current epoch.
+func (w *writeOp) forward(env Env) []any {
+	r := w.r
+	if w.seq != 0 {
+		delete(r.fwd, w.seq)
+	}
+	w.seq = r.nextSeq()
+	w.peerEpoch, w.peerAcked, w.sentAt = r.rec.Epoch, false, env.Now
+	r.fwd[w.seq] = w
+	r.e.stats.Forwards++
+	if !r.peerReachable() {
+		return nil // sent again when the peer is back (retry), or dropped by degraded mode
+	}
+	return []any{Send{To: r.peerNode(), Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.seq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence}}}
+}
+
+// acked handles the peer's answer to a forward.
+func (w *writeOp) acked(env Env, a Ack) []any {
+	r := w.r
+	switch a.Code {
+	case OK:
+		if w.peerEpoch == r.rec.Epoch {
+			w.peerAcked = true
+		}
+		return w.progress(env)
+	case StaleToken:
+		// The peer admitted a newer token than this replica knows of: the
+		// write must not be acknowledged, and this replica's copy of the
+		// range (already written) is pulled back from the peer.
+		out := w.finish(fmt.Errorf("%w (refused by the peer)", ErrStaleToken))
+		return append(out, r.startRecoveryOf(env, w.block, w.n)...)
+	case WrongEpoch:
+		w.peerEpoch = 0 // sent again on the next retry
+		if a.Epoch > r.rec.Epoch {
+			return []any{Refresh{}}
+		}
+		return nil
+	}
+	// Not ready there yet, or its disk failed (it leaves by decree):
+	// sent again on the next retry.
+	w.peerEpoch = 0
+	return nil
+}
+
+// finish ends the write (once): reply, release.
+func (w *writeOp) finish(err error) []any {
+	if w.done {
+		return nil
+	}
+	w.done = true
+	r := w.r
+	delete(r.writes, w)
+	if w.seq != 0 {
+		delete(r.fwd, w.seq)
+	}
+	if w.locked {
+		a, b := w.drlSpan()
+		for x := a; x <= b; x++ {
+			if r.inflight[x]--; r.inflight[x] <= 0 {
+				delete(r.inflight, x)
+			}
+		}
+		c, d := w.degSpan()
+		for x := c; x <= d; x++ {
+			r.inflightDeg(x, -1)
+		}
+	}
+	out := r.e.reply(w.req, nil, err)
+	return append(out, r.locks.release(w.lock)...)
+}
+
+// onForward applies a write forwarded by the replica that orders writes
+// (the primary; a resync's source to its target), in that replica's epoch.
+func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
+	ack := func(c Code) []any {
+		return []any{Send{To: from, Msg: Ack{RLDev: m.RLDev, Seq: m.Seq, Code: c, Epoch: r.rec.Epoch}}}
+	}
+	if c, out := r.epochCheck(m.Epoch); c != OK {
+		return append(out, ack(c)...)
+	}
+	rec := r.rec
+	switch {
+	case r.state != repReady:
+		return ack(NotServing)
+	case from != r.peerNode() || r.isPrimary():
+		return ack(NotServing)
+	case rec.State == Degraded:
+		return ack(NotServing) // nobody forwards in degraded state
+	case rec.State == Normal && r.stale():
+		return ack(NotServing)
+	}
+	n := uint64(len(m.Data)) / BlockSize
+	if len(m.Data)%BlockSize != 0 || n == 0 || r.checkRange(m.Block, n) != nil {
+		return ack(BadRequest)
+	}
+	var out []any
+	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
+		return r.admit(m.Fence, func(err error) []any {
+			if err != nil {
+				return append(ack(CodeOf(err)), r.locks.release(lk)...)
+			}
+			return r.e.writeDurable(r.disk, r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, nil, m.Gen), func(err error) []any {
+				out := r.locks.release(lk)
+				if err != nil {
+					out = append(out, r.fail(err)...)
+					return append(out, ack(DiskFailed)...)
+				}
+				return append(out, ack(OK)...)
+			})
+		})
+	})
+	return out
+}
+
+// ------------------------------------------------------------------ reads
+
+func (r *replica) clientRead(env Env, req ReqID, block, n uint64) []any {
+	return r.readServed(block, n, false, func(data []byte, err error) []any {
+		return r.e.reply(req, data, err)
+	})
+}
+
+// readServed reads blocks as a serving replica: under a shared range lock
+// (no write in progress on them here), checked, repaired from the peer if
+// a block fails its check (once), and only while this replica may serve.
+func (r *replica) readServed(block, n uint64, repaired bool, then func([]byte, error) []any) []any {
+	var out []any
+	_, out = r.locks.acquire(block, n, false, func(lk *rangeLock) []any {
+		return r.readRun(block, n, func(data []byte, _ []uint64, bad []uint64, err error) []any {
+			out := r.locks.release(lk)
+			switch {
+			case err != nil:
+				out = append(out, r.fail(err)...)
+				return append(out, then(nil, fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
+			case r.state != repReady || r.stale() || !r.e.env.alive():
+				return append(out, then(nil, fmt.Errorf("%w (rldev %d)", ErrNotServing, r.rec.ID))...)
+			case len(bad) > 0 && repaired:
+				return append(out, then(nil, fmt.Errorf("%w: blocks %v of rldev %d", ErrCorrupt, bad, r.rec.ID))...)
+			case len(bad) > 0:
+				return append(out, r.repair(bad, func(err error) []any {
+					if err != nil {
+						return then(nil, err)
+					}
+					return r.readServed(block, n, true, then)
+				})...)
+			}
+			return append(out, then(data, nil)...)
+		})
+	})
+	return out
+}
+
+// ------------------------------------------------------------------ repair
+
+// repair rewrites blocks that failed their check with the peer's copy
+// (read repair, the scrubber). A block is rewritten only if it still fails
+// when the range is held: one that a write replaced meanwhile is newer
+// than the peer's copy was.
+func (r *replica) repair(bad []uint64, then func(error) []any) []any {
+	if r.peerStale() {
+		return then(fmt.Errorf("%w: blocks %v of rldev %d on node %d, the only up-to-date copy", ErrCorrupt, bad, r.rec.ID, r.e.cfg.Node))
+	}
+	runs := toRuns(bad)
+	left := len(runs)
+	var failed error
+	var out []any
+	for _, run := range runs {
+		run := run
+		out = append(out, r.pull(run.first, run.n, func(pd PullData) []any {
+			finish := func(err error) []any {
+				if err != nil && failed == nil {
+					failed = err
+				}
+				if left--; left > 0 {
+					return nil
+				}
+				return then(failed)
+			}
+			if pd.Code != OK {
+				return finish(fmt.Errorf("%w: blocks [%d, %d) of rldev %d: the peer's copy: %v", ErrCorrupt, run.first, run.first+run.n, r.rec.ID, pd.Code.Err()))
+			}
+			return r.rewriteBad(run.first, run.n, pd.Data, pd.Gens, finish)
+		})...)
+	}
+	return out
+}
+
+// rewriteBad writes, under an exclusive range lock, the blocks of
+// [first, first+n) that still fail their check, from data and gens.
+func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, then func(error) []any) []any {
+	var out []any
+	_, out = r.locks.acquire(first, n, true, func(lk *rangeLock) []any {
+		return r.readRun(first, n, func(_ []byte, _ []uint64, bad []uint64, err error) []any {
+			if err != nil {
+				out := r.locks.release(lk)
+				out = append(out, r.fail(err)...)
+				return append(out, then(err)...)
+			}
+			if len(bad) == 0 {
+				return append(r.locks.release(lk), then(nil)...)
+			}
+			left := len(bad)
+			var werr error
+			var out []any
+			for _, b := range bad {
+				i := b - first
+				phys := r.encodeRun(b, data[i*BlockSize:(i+1)*BlockSize], gens[i:i+1], 0)
+				r.e.stats.Repairs++
+				out = append(out, r.e.writeDurable(r.disk, r.base+blockOff(b), phys, func(err error) []any {
+					if err != nil && werr == nil {
+						werr = err
+					}
+					if left--; left > 0 {
+						return nil
+					}
+					out := r.locks.release(lk)
+					if werr != nil {
+						out = append(out, r.fail(werr)...)
+					} else {
+						out = append(out, r.e.logf(2, "rldev blocks repaired from the peer", "rldev", r.rec.ID, "blocks", bad))
+					}
+					return append(out, then(werr)...)
+				})...)
+			}
+			return out
+		})
+	})
+	return out
+}
+
+type run struct{ first, n uint64 }
+
+// toRuns groups sorted block numbers into contiguous runs.
+func toRuns(blocks []uint64) []run {
+	var out []run
+	for _, b := range blocks {
+		if len(out) > 0 && out[len(out)-1].first+out[len(out)-1].n == b {
+			out[len(out)-1].n++
+			continue
+		}
+		out = append(out, run{b, 1})
+	}
+	return out
+}
+
+// ------------------------------------------------------------------ pulls
+
+// pullWait is a Pull awaiting its data.
+type pullWait struct {
+	first, n uint64
+	then     func(PullData) []any
+	sentAt   time.Time
+}
+
+// pull asks the peer for its copy of blocks; then runs with the answer.
+func (r *replica) pull(first, n uint64, then func(PullData) []any) []any {
+	return r.sendPull(r.e.env, &pullWait{first: first, n: n, then: then})
+}
+
+func (r *replica) sendPull(env Env, p *pullWait) []any {
+	seq := r.nextSeq()
+	p.sentAt = env.Now
+	r.pulls[seq] = p
+	r.e.stats.PulledBlocks += p.n
+	if !r.peerReachable() {
+		return nil // sent again when the peer is back (retry)
+	}
+	return []any{Send{To: r.peerNode(), Msg: Pull{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: p.first, Count: p.n}}}
+}
+
+// onPull serves the peer this replica's copy of blocks, as a serving
+// replica serves a read (a copy that fails its check here is refused:
+// never repaired from the one asking).
+func (r *replica) onPull(env Env, from NodeID, m Pull) []any {
+	reply := func(pd PullData) []any {
+		pd.RLDev, pd.Seq = m.RLDev, m.Seq
+		return []any{Send{To: from, Msg: pd}}
+	}
+	if c, out := r.epochCheck(m.Epoch); c != OK {
+		return append(out, reply(PullData{Code: c})...)
+	}
+	if r.state != repReady || r.stale() || from != r.peerNode() {
+		return reply(PullData{Code: NotServing})
+	}
+	if m.Count == 0 || m.Count > 4096 || r.checkRange(m.Block, m.Count) != nil {
+		return reply(PullData{Code: BadRequest})
+	}
+	var out []any
+	_, out = r.locks.acquire(m.Block, m.Count, false, func(lk *rangeLock) []any {
+		return r.readRun(m.Block, m.Count, func(data []byte, gens []uint64, bad []uint64, err error) []any {
+			out := r.locks.release(lk)
+			switch {
+			case err != nil:
+				out = append(out, r.fail(err)...)
+				return append(out, reply(PullData{Code: DiskFailed})...)
+			case len(bad) > 0:
+				return append(out, reply(PullData{Code: Corrupt})...)
+			}
+			return append(out, reply(PullData{Code: OK, Data: data, Gens: gens})...)
+		})
+	})
+	return out
+}
+
+// ------------------------------------------------------------------ recovery after a crash
+
+// recover is a dirty region pulled from the peer after a crash.
+type recover struct {
+	x        uint64 // its dirty-region id (-1: not a region of the log)
+	first, n uint64
+	lock     *rangeLock
+	pulling  bool
+}
+
+const noRegion = ^uint64(0)
+
+// startRecovery holds every dirty region of the log at once (nothing is
+// served from them meanwhile), then pulls them from the peer.
+func (r *replica) startRecovery(env Env) []any {
+	rb := r.drl.durable.RegionBlocks
+	var out []any
+	for _, x := range r.drl.durable.List() {
+		first := x * rb
+		if first >= r.rec.Blocks {
+			r.drl.unmark(x)
+			continue
+		}
+		n := min(rb, r.rec.Blocks-first)
+		q := &recover{x: x, first: first, n: n}
+		var o []any
+		q.lock, o = r.locks.acquire(first, n, true, func(*rangeLock) []any { return nil })
+		out = append(out, o...)
+		r.recoverQ = append(r.recoverQ, q)
+		r.recovering++
+	}
+	out = append(out, r.e.logf(2, "rldev pulling dirty regions from the peer after a crash", "rldev", r.rec.ID, "regions", r.recovering))
+	return append(out, r.pumpRecovery(env)...)
+}
+
+// startRecoveryOf pulls one range back from the peer (a write the peer
+// refused landed here).
+func (r *replica) startRecoveryOf(env Env, block, n uint64) []any {
+	q := &recover{x: noRegion, first: block, n: n}
+	var out []any
+	q.lock, out = r.locks.acquire(block, n, true, func(lk *rangeLock) []any { q.lock = lk; return r.pumpRecovery(r.e.env) })
+	r.recoverQ = append(r.recoverQ, q)
+	r.recovering++
+	return out
+}
+
+func (r *replica) pumpRecovery(env Env) []any {
+	var out []any
+	for _, q := range r.recoverQ {
+		if q.pulling || !r.heldNow(q.lock) {
+			continue
+		}
+		q.pulling = true
+		out = append(out, r.pull(q.first, q.n, func(pd PullData) []any {
+			if pd.Code != OK {
+				// The peer's copy is unreadable: this one is all there is.
+				return append([]any{r.e.logf(3, "rldev dirty region not pulled: keeping this copy", "rldev", r.rec.ID,
+					"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", pd.Code.Err())}, r.recovered(q)...)
+			}
+			return r.e.writeDurable(r.disk, r.base+blockOff(q.first), r.encodeRun(q.first, pd.Data, pd.Gens, 0), func(err error) []any {
+				if err != nil {
+					return r.fail(err)
+				}
+				return r.recovered(q)
+			})
+		})...)
+	}
+	return out
+}
+
+func (r *replica) heldNow(lk *rangeLock) bool {
+	for _, h := range r.locks.held {
+		if h == lk {
+			return true
+		}
+	}
+	return false
+}
+
+// recovered ends one region's recovery.
+func (r *replica) recovered(q *recover) []any {
+	for i, x := range r.recoverQ {
+		if x == q {
+			r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
+			break
+		}
+	}
+	r.recovering--
+	if q.x != noRegion {
+		r.drl.unmark(q.x)
+	}
+	out := r.locks.release(q.lock)
+	if r.recovering == 0 {
+		out = append(out, r.drl.flush()...)
+		out = append(out, r.e.logf(1, "rldev dirty regions recovered from the peer", "rldev", r.rec.ID))
+	}
+	return out
+}
+
+// ------------------------------------------------------------------ lazy clearing
+
+// lazyClear clears dirty regions with no write in flight (and, once the
+// RLDev is normal again, degraded-mode regions), in one log write each.
+func (r *replica) lazyClear(env Env) []any {
+	if r.state != repReady {
+		return nil
+	}
+	held := map[uint64]bool{}
+	for _, q := range r.recoverQ {
+		if q.x != noRegion {
+			held[q.x] = true
+		}
+	}
+	for _, x := range r.drl.durable.List() {
+		if r.inflight[x] == 0 && !held[x] {
+			r.drl.unmark(x)
+		}
+	}
+	if r.rec.State == Normal && !r.stale() {
+		for _, x := range r.deg.durable.List() {
+			if r.inflight[1<<62|x] == 0 {
+				r.deg.unmark(x)
+			}
+		}
+	}
+	out := r.drl.flush()
+	return append(out, r.deg.flush()...)
+}

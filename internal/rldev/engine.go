@@ -1,0 +1,647 @@
+package rldev
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
+)
+
+// NodeID names a node.
+type NodeID = uint64
+
+// OpID names a disk operation the engine asked for; ReqID a client request
+// the driver handed it.
+type (
+	OpID  uint64
+	ReqID uint64
+)
+
+// Env is what the engine knows of the world at one step: the local time
+// and the deadline until which this node incarnation is guaranteed alive
+// (the failure detector's self-fence deadline; zero: not alive). A replica
+// serves only before the deadline: no dead verdict, and so no decree
+// making it stale, can come earlier.
+type Env struct {
+	Now      time.Time
+	Deadline time.Time
+}
+
+func (env Env) alive() bool { return !env.Deadline.IsZero() && env.Now.Before(env.Deadline) }
+
+// Effects the driver carries out, in order.
+type (
+	// DiskRead reads Len bytes at Off of local disk Disk; the driver calls
+	// DiskDone(Op, data, err).
+	DiskRead struct {
+		Op   OpID
+		Disk uint32
+		Off  int64
+		Len  int
+	}
+	// DiskWrite writes Data at Off; DiskDone(Op, nil, err) when WriteAt
+	// returned (not yet durable).
+	DiskWrite struct {
+		Op   OpID
+		Disk uint32
+		Off  int64
+		Data []byte
+	}
+	// DiskSync makes the writes done before it durable; DiskDone(Op, nil,
+	// err).
+	DiskSync struct {
+		Op   OpID
+		Disk uint32
+	}
+	// Send delivers Msg to the engine of node To (on an ordered session;
+	// lost if the session breaks: the engine resends what matters).
+	Send struct {
+		To  NodeID
+		Msg any
+	}
+	// Reply ends client request Req.
+	Reply struct {
+		Req  ReqID
+		Data []byte
+		Err  error
+	}
+	// Propose passes a decree on the RLDev namespace, conditional on
+	// Version; the driver calls Decided(ID, err). The table the engine
+	// acts on arrives separately (SetTable): a decree's effect is seen
+	// there, whoever proposed it.
+	Propose struct {
+		ID      uint64
+		Version uint64
+		Ops     []*pb.Op
+		What    string
+	}
+	// AskDead asks the failure-detector service whether node incarnations
+	// are dead; the driver calls Verdict for each answer.
+	AskDead struct{ Subjects []Subject }
+	// Refresh asks for a linearizable read of the table (SetTable with it):
+	// a peer acts in an epoch this engine has not seen yet.
+	Refresh struct{}
+	// Log is a line for the node's log.
+	Log struct {
+		Level int // 0 debug, 1 info, 2 warn, 3 error
+		Msg   string
+		Args  []any
+	}
+)
+
+// Subject is a node incarnation.
+type Subject struct{ Node, Inc uint64 }
+
+// LocalDisk is one of this node's disks as the driver opened it.
+type LocalDisk struct {
+	Index uint32
+	Size  int64
+	Path  string
+	UUID  string // from its header (OpenDisk)
+}
+
+// Config configures an engine.
+type Config struct {
+	Node  NodeID
+	Disks []LocalDisk
+	// FlushEvery is how often dirty regions with no write in flight are
+	// cleared from the log (one log write per flush). Default 1 s.
+	FlushEvery time.Duration
+	// PollEvery is how often an unreachable peer is asked about. Default
+	// 250 ms.
+	PollEvery time.Duration
+	// RetryEvery is how often an unanswered peer message is sent again.
+	// Default 500 ms.
+	RetryEvery time.Duration
+	// CopyBlocks is the blocks per resync copy message (default 64 =
+	// 256 KiB); CopyWindow how many are in flight (default 4).
+	CopyBlocks uint64
+	CopyWindow int
+	// ProgressEvery is how often a resync records its progress by decree.
+	// Default 2 s.
+	ProgressEvery time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.FlushEvery == 0 {
+		c.FlushEvery = time.Second
+	}
+	if c.PollEvery == 0 {
+		c.PollEvery = 250 * time.Millisecond
+	}
+	if c.RetryEvery == 0 {
+		c.RetryEvery = 500 * time.Millisecond
+	}
+	if c.CopyBlocks == 0 {
+		c.CopyBlocks = 64
+	}
+	if c.CopyWindow == 0 {
+		c.CopyWindow = 4
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = 2 * time.Second
+	}
+}
+
+// Engine is one node incarnation's RLDev service: every local replica,
+// their data paths, logs and recovery, and the decrees they need. It
+// performs no I/O: inputs are methods, outputs the effects they return.
+// Not safe for concurrent use. A fenced node's engine is discarded (and a
+// new one started for its next incarnation): nothing carries over.
+type Engine struct {
+	cfg    Config
+	env    Env // of the input being handled (continuations read it)
+	table  *Table
+	fresh  bool              // a linearizable table has been seen since start
+	nodes  map[NodeID]uint64 // registered incarnation of each node
+	disks  map[uint32]*diskState
+	reps   map[uint64]*replica
+	ops    map[OpID]func(data []byte, err error) []any
+	nextOp OpID
+	seq    uint64 // peer message sequence numbers
+
+	up       map[NodeID]bool    // peers with a session now
+	suspects map[NodeID]uint64  // peer → incarnation asked about (since its session broke)
+	dead     map[NodeID]uint64  // peer → incarnation declared dead
+	reqs     map[ReqID]*request // client requests in progress
+
+	decreeID     uint64
+	decreeOut    bool      // a decree is in flight
+	decreeFailed time.Time // when the last one failed (retry after RetryEvery)
+	lastPoll     time.Time
+	lastFlush    time.Time
+	lastRetry    time.Time
+
+	stats Stats
+}
+
+// Stats counts what the engine did (for metrics and tests).
+type Stats struct {
+	Writes, Reads, Forwards, Repairs, CopiedBlocks, PulledBlocks uint64
+	DRLWrites, DegradedWrites, Decrees                           uint64
+	CorruptFound                                                 uint64
+}
+
+type diskState struct {
+	idx     uint32
+	size    int64
+	uuid    string
+	path    string
+	waiting []func(error) []any // writes done, waiting for a sync
+	syncing bool
+}
+
+type request struct {
+	id        ReqID
+	cancelled bool
+}
+
+// NewEngine returns an engine for node cfg.Node with its local disks. It
+// serves nothing until SetTable gives it a linearizable table.
+func NewEngine(cfg Config) *Engine {
+	cfg.defaults()
+	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{},
+		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
+		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}}}
+	for _, d := range cfg.Disks {
+		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
+	}
+	return e
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats { return e.stats }
+
+func (e *Engine) logf(level int, msg string, args ...any) Log {
+	return Log{Level: level, Msg: msg, Args: args}
+}
+
+// ------------------------------------------------------------------ disk
+
+// read issues a disk read; then runs when it completes.
+func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err error) []any) []any {
+	e.nextOp++
+	e.ops[e.nextOp] = then
+	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: n}}
+}
+
+// writeDurable issues a disk write and runs then once it is durable (a
+// sync that started after the write returned succeeded), or failed. Syncs
+// are shared: every write done while a sync is in flight waits for the
+// next one, which covers them all (group commit).
+func (e *Engine) writeDurable(disk uint32, off int64, data []byte, then func(err error) []any) []any {
+	e.nextOp++
+	e.ops[e.nextOp] = func(_ []byte, err error) []any {
+		if err != nil {
+			return then(err)
+		}
+		d := e.disks[disk]
+		d.waiting = append(d.waiting, then)
+		return e.maybeSync(d)
+	}
+	return []any{DiskWrite{Op: e.nextOp, Disk: disk, Off: off, Data: data}}
+}
+
+func (e *Engine) maybeSync(d *diskState) []any {
+	if d.syncing || len(d.waiting) == 0 {
+		return nil
+	}
+	d.syncing = true
+	batch := d.waiting
+	d.waiting = nil
+	e.nextOp++
+	e.ops[e.nextOp] = func(_ []byte, err error) []any {
+		d.syncing = false
+		var out []any
+		for _, fn := range batch {
+			out = append(out, fn(err)...)
+		}
+		return append(out, e.maybeSync(d)...)
+	}
+	return []any{DiskSync{Op: e.nextOp, Disk: d.idx}}
+}
+
+// DiskDone delivers a disk operation's completion.
+func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
+	e.env = env
+	fn := e.ops[op]
+	if fn == nil {
+		return nil
+	}
+	delete(e.ops, op)
+	return append(fn(data, err), e.decide(env)...)
+}
+
+// ------------------------------------------------------------------ table
+
+// SetTable gives the engine the RLDev table (linearizable: read from the
+// leader, not a watch's hint; the engine serves nothing before the first
+// such table, so that a replica made stale while this node was down finds
+// out before it serves). nodes is the registered incarnation of each node.
+func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID]uint64) []any {
+	e.env = env
+	if nodes != nil {
+		e.nodes = nodes
+	}
+	if t.Version < e.table.Version {
+		return nil // an older view (a lagging watch)
+	}
+	e.table = t
+	if linearizable {
+		e.fresh = true
+	}
+	var out []any
+	// Replicas this node hosts now.
+	for _, id := range t.IDs() {
+		rec := t.RLDevs[id]
+		seg := rec.SegmentOf(e.cfg.Node)
+		if seg < 0 {
+			continue
+		}
+		r := e.reps[id]
+		if r != nil && (r.seg != seg || r.rec.Segs[seg] != rec.Segs[seg]) {
+			// This node's segment moved: the old one is retired.
+			out = append(out, r.retire(env, "segment moved")...)
+			r = nil
+		}
+		if r == nil {
+			if e.disks[rec.Segs[seg].Disk] == nil {
+				out = append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", rec.Segs[seg].Disk))
+				continue
+			}
+			r = newReplica(e, rec, seg)
+			// A segment on a disk whose header is not the one the table
+			// registered was lost with that disk: it serves nothing, and
+			// asks to be marked stale and copied whole.
+			if td := t.Disks[DiskKey{e.cfg.Node, r.disk}]; td != nil && td.UUID != "" && td.UUID != e.disks[r.disk].uuid && !rec.Stale[seg] {
+				r.lost = true
+				out = append(out, e.logf(3, "rldev segment lost with its disk (the disk was replaced)", "rldev", id, "disk", r.disk))
+			}
+			e.reps[id] = r
+			out = append(out, r.load(env)...)
+			continue
+		}
+		out = append(out, r.setRecord(env, rec)...)
+	}
+	// Replicas this node no longer hosts.
+	for id, r := range e.reps {
+		if rec := t.RLDevs[id]; rec == nil || rec.SegmentOf(e.cfg.Node) < 0 {
+			out = append(out, r.retire(env, "no longer a replica here")...)
+			delete(e.reps, id)
+		}
+	}
+	return append(out, e.decide(env)...)
+}
+
+// ------------------------------------------------------------------ peers
+
+// PeerUp: a session to node is up.
+func (e *Engine) PeerUp(env Env, node NodeID) []any {
+	e.env = env
+	e.up[node] = true
+	delete(e.suspects, node)
+	delete(e.dead, node)
+	var out []any
+	for _, id := range sortedIDs(e.reps) {
+		out = append(out, e.reps[id].peerUp(env, node)...)
+	}
+	return append(out, e.decide(env)...)
+}
+
+// PeerDown: the session to node broke. What was sent on it may be lost:
+// replicas resend, and the node is asked about until it is back or dead.
+func (e *Engine) PeerDown(env Env, node NodeID) []any {
+	e.env = env
+	delete(e.up, node)
+	if _, ok := e.suspects[node]; !ok && e.dead[node] == 0 {
+		e.suspects[node] = e.nodes[node]
+	}
+	var out []any
+	for _, id := range sortedIDs(e.reps) {
+		out = append(out, e.reps[id].peerDown(env, node)...)
+	}
+	out = append(out, e.poll(env, true)...)
+	return append(out, e.decide(env)...)
+}
+
+// poll asks the failure detector about unreachable peers every PollEvery.
+func (e *Engine) poll(env Env, now bool) []any {
+	if len(e.suspects) == 0 || (!now && env.Now.Sub(e.lastPoll) < e.cfg.PollEvery) {
+		return nil
+	}
+	e.lastPoll = env.Now
+	var subs []Subject
+	for n, inc := range e.suspects {
+		if inc != 0 {
+			subs = append(subs, Subject{Node: n, Inc: inc})
+		}
+	}
+	sort.Slice(subs, func(i, j int) bool { return subs[i].Node < subs[j].Node })
+	if len(subs) == 0 {
+		return nil
+	}
+	return []any{AskDead{Subjects: subs}}
+}
+
+// Verdict is the failure detector's answer about a suspect.
+func (e *Engine) Verdict(env Env, s Subject, dead bool) []any {
+	e.env = env
+	if !dead || e.suspects[s.Node] != s.Inc {
+		return nil
+	}
+	delete(e.suspects, s.Node)
+	e.dead[s.Node] = s.Inc
+	return append([]any{e.logf(2, "rldev peer declared dead", "node", s.Node, "incarnation", s.Inc)}, e.decide(env)...)
+}
+
+// peerDead reports whether node's incarnation was declared dead since its
+// session broke (so it has fenced itself and serves nothing).
+func (e *Engine) peerDead(node NodeID) bool { return e.dead[node] != 0 }
+
+// Deliver hands the engine a peer message from node from.
+func (e *Engine) Deliver(env Env, from NodeID, msg any) []any {
+	e.env = env
+	id := msgRLDev(msg)
+	r := e.reps[id]
+	if r == nil {
+		// Not (or no longer, or not yet) a replica here: say so, so that
+		// the sender refreshes its view.
+		return e.refuse(from, msg, Unknown)
+	}
+	if !e.fresh || !env.alive() {
+		return e.refuse(from, msg, NotServing)
+	}
+	return append(r.deliver(env, from, msg), e.decide(env)...)
+}
+
+func msgRLDev(msg any) uint64 {
+	switch m := msg.(type) {
+	case Forward:
+		return m.RLDev
+	case Ack:
+		return m.RLDev
+	case Pull:
+		return m.RLDev
+	case PullData:
+		return m.RLDev
+	case ResyncMe:
+		return m.RLDev
+	case Copy:
+		return m.RLDev
+	}
+	return 0
+}
+
+// refuse answers a request message that cannot be served.
+func (e *Engine) refuse(to NodeID, msg any, c Code) []any {
+	switch m := msg.(type) {
+	case Forward:
+		return []any{Send{to, Ack{RLDev: m.RLDev, Seq: m.Seq, Code: c}}}
+	case Copy:
+		return []any{Send{to, Ack{RLDev: m.RLDev, Seq: m.Seq, Code: c}}}
+	case Pull:
+		return []any{Send{to, PullData{RLDev: m.RLDev, Seq: m.Seq, Code: c}}}
+	}
+	return nil
+}
+
+// ------------------------------------------------------------------ clients
+
+// Write asks for data (whole blocks) to be written at block of RLDev id,
+// through the primary (replica -1), or to one replica only (replica 0 or
+// 1, for a client that keeps its own log and has turned the dirty-region
+// log off: WriteReplica). The engine replies once the write is durable
+// where it must be.
+func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte, fence *Fence, replica int) []any {
+	e.env = env
+	r, code := e.replicaFor(env, id, replica)
+	if code != OK {
+		return []any{Reply{Req: req, Err: fmt.Errorf("%w (rldev %d, node %d)", code.Err(), id, e.cfg.Node)}}
+	}
+	if err := r.checkRange(block, uint64(len(data))/BlockSize); err != nil || len(data) == 0 || len(data)%BlockSize != 0 {
+		if err == nil {
+			err = fmt.Errorf("%w: %d bytes is not a whole number of %d-byte blocks", ErrBadRequest, len(data), BlockSize)
+		}
+		return []any{Reply{Req: req, Err: err}}
+	}
+	if fence != nil {
+		if err := lock.ValidName(fence.Name); err != nil {
+			return []any{Reply{Req: req, Err: fmt.Errorf("%w: fence: %v", ErrBadRequest, err)}}
+		}
+	}
+	e.reqs[req] = &request{id: req}
+	e.stats.Writes++
+	return r.clientWrite(env, req, block, data, fence, replica >= 0)
+}
+
+// Read asks for count blocks at block, from this node's replica (replica
+// -1: whichever serves; 0 or 1: that replica even when the dirty-region
+// log is off and the replicas may differ: ReadReplica).
+func (e *Engine) Read(env Env, req ReqID, id uint64, block, count uint64, replica int) []any {
+	e.env = env
+	r, code := e.replicaFor(env, id, replica)
+	if code == NotPrimary { // reads need no primary
+		code = OK
+	}
+	if code != OK {
+		return []any{Reply{Req: req, Err: fmt.Errorf("%w (rldev %d, node %d)", code.Err(), id, e.cfg.Node)}}
+	}
+	if err := r.checkRange(block, count); err != nil || count == 0 {
+		if err == nil {
+			err = fmt.Errorf("%w: a read of 0 blocks", ErrBadRequest)
+		}
+		return []any{Reply{Req: req, Err: err}}
+	}
+	e.reqs[req] = &request{id: req}
+	e.stats.Reads++
+	return r.clientRead(env, req, block, count)
+}
+
+// Cancel forgets a request's reply (its client gave up); a write in
+// progress still completes.
+func (e *Engine) Cancel(req ReqID) {
+	if q := e.reqs[req]; q != nil {
+		q.cancelled = true
+	}
+}
+
+// reply ends a client request (once).
+func (e *Engine) reply(req ReqID, data []byte, err error) []any {
+	q := e.reqs[req]
+	if q == nil {
+		return nil
+	}
+	delete(e.reqs, req)
+	if q.cancelled {
+		return nil
+	}
+	return []any{Reply{Req: req, Data: data, Err: err}}
+}
+
+// replicaFor finds the local replica that can take a request: replica -1
+// means the RLDev's serving replica here (the primary, for a write).
+func (e *Engine) replicaFor(env Env, id uint64, replica int) (*replica, Code) {
+	rec := e.table.RLDevs[id]
+	if rec == nil {
+		return nil, Unknown
+	}
+	r := e.reps[id]
+	if r == nil || !e.fresh || !env.alive() {
+		return r, NotServing
+	}
+	if replica >= 0 {
+		if replica > 1 || replica != r.seg {
+			return r, NotServing // ReadReplica/WriteReplica name the replica on this node
+		}
+		if !rec.DRLOff {
+			return r, BadRequest // only for an RLDev whose client keeps its own log
+		}
+	}
+	if !r.ready() || r.stale() {
+		return r, NotServing
+	}
+	if replica < 0 && rec.Primary != r.seg {
+		return r, NotPrimary
+	}
+	return r, OK
+}
+
+// ------------------------------------------------------------------ time
+
+// Tick runs the engine's timers: polls of unreachable peers, lazy clearing
+// of dirty regions, resends, resync progress, and decrees to retry.
+func (e *Engine) Tick(env Env) []any {
+	e.env = env
+	var out []any
+	out = append(out, e.poll(env, false)...)
+	if env.Now.Sub(e.lastFlush) >= e.cfg.FlushEvery {
+		e.lastFlush = env.Now
+		for _, id := range sortedIDs(e.reps) {
+			out = append(out, e.reps[id].lazyClear(env)...)
+		}
+	}
+	if env.Now.Sub(e.lastRetry) >= e.cfg.RetryEvery {
+		e.lastRetry = env.Now
+		for _, id := range sortedIDs(e.reps) {
+			out = append(out, e.reps[id].retry(env)...)
+		}
+	}
+	return append(out, e.decide(env)...)
+}
+
+func sortedDisks(m map[uint32]*diskState) []uint32 {
+	ks := make([]uint32, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
+func sortedIDs(m map[uint64]*replica) []uint64 {
+	ids := make([]uint64, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// ------------------------------------------------------------------ decrees
+
+// decide proposes, in one decree, every change of the table the local
+// replicas need now (one decree at a time; a failed one is retried from
+// the next table).
+func (e *Engine) decide(env Env) []any {
+	if e.decreeOut || !e.fresh || !env.alive() || env.Now.Sub(e.decreeFailed) < e.cfg.RetryEvery {
+		return nil
+	}
+	var ops []*pb.Op
+	var what []string
+	for _, k := range sortedDisks(e.disks) {
+		d := e.disks[k]
+		if td := e.table.Disks[DiskKey{e.cfg.Node, k}]; td == nil || td.UUID != d.uuid || td.Size != d.size || td.Path != d.path {
+			ops = append(ops, PutDiskOp(&Disk{Node: e.cfg.Node, Index: k, Size: d.size, Path: d.path, UUID: d.uuid}))
+			what = append(what, fmt.Sprintf("disk %d/%d registered", e.cfg.Node, k))
+		}
+	}
+	for _, id := range sortedIDs(e.reps) {
+		r := e.reps[id]
+		rec := e.table.RLDevs[id]
+		if rec == nil {
+			continue
+		}
+		if nr, why := r.want(env, rec.Clone()); nr != nil {
+			if err := nr.Check(); err != nil {
+				panic(fmt.Sprintf("rldev: the engine proposed a bad record (%s): %v", why, err))
+			}
+			ops = append(ops, nr.PutOp())
+			what = append(what, fmt.Sprintf("rldev %d: %s", id, why))
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	e.decreeOut = true
+	e.decreeID++
+	e.stats.Decrees++
+	p := Propose{ID: e.decreeID, Version: e.table.Version, Ops: ops, What: fmt.Sprint(what)}
+	return []any{p, e.logf(1, "rldev decree proposed", "what", p.What, "version", p.Version)}
+}
+
+// Decided is a decree's outcome. Committed or not, the table that follows
+// (SetTable) says what holds; a failure is retried, recomputed from it.
+func (e *Engine) Decided(env Env, id uint64, err error) []any {
+	e.env = env
+	if id != e.decreeID {
+		return nil
+	}
+	e.decreeOut = false
+	if err != nil {
+		e.decreeFailed = env.Now
+		return []any{e.logf(1, "rldev decree not taken", "err", err), Refresh{}}
+	}
+	return []any{Refresh{}} // see its effect at once rather than when the watch says
+}

@@ -1,0 +1,272 @@
+package rldev
+
+import (
+	"errors"
+	"math/rand"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/lock"
+)
+
+const testDisk = 64 << 20
+
+func TestCreateWriteRead(t *testing.T) {
+	h := newHarness(t, 3, testDisk)
+	if n := len(h.table().Disks); n != 3 {
+		t.Fatalf("%d disks registered, want 3", n)
+	}
+	r := h.create(1024)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	if p == s {
+		t.Fatal("both segments on one node")
+	}
+	data := pattern(1, 8)
+	h.mustWrite(p, r.ID, 10, data)
+	h.mustRead(p, r.ID, 10, data)
+	h.mustRead(s, r.ID, 10, data)
+	h.mustRead(s, r.ID, 0, make([]byte, 2*BlockSize)) // never written: zeros
+	h.sameCopies(r.ID)
+	// Writes through the secondary are refused: the clerk goes to the primary.
+	q := h.write(s, r.ID, 0, data, nil)
+	h.run()
+	if !errors.Is(h.replies[q].Err, ErrNotPrimary) {
+		t.Fatalf("write through the secondary: %v", h.replies[q].Err)
+	}
+	// Bad requests.
+	for _, bad := range []struct{ block, n uint64 }{{1020, 8}, {2000, 1}} {
+		q := h.write(p, r.ID, bad.block, pattern(0, int(bad.n)), nil)
+		h.run()
+		if !errors.Is(h.replies[q].Err, ErrBadRequest) {
+			t.Fatalf("write of %d at %d: %v", bad.n, bad.block, h.replies[q].Err)
+		}
+	}
+	// The dirty-region log empties once nothing is in flight.
+	h.tick(2 * time.Second)
+	if n := h.nodes[p].e.reps[r.ID].drl.durable.Count(); n != 0 {
+		t.Fatalf("%d dirty regions left", n)
+	}
+}
+
+// Chained declustering: RLDev i's primary on the i-th node, its secondary
+// on the next.
+func TestChainedDeclustering(t *testing.T) {
+	h := newHarness(t, 3, testDisk)
+	prim := map[NodeID]int{}
+	for i := 0; i < 6; i++ {
+		r := h.create(64)
+		if r.Segs[1].Node != r.Segs[0].Node%3+1 {
+			t.Fatalf("rldev %d: segments on %d and %d", r.ID, r.Segs[0].Node, r.Segs[1].Node)
+		}
+		prim[r.Segs[0].Node]++
+	}
+	for n := NodeID(1); n <= 3; n++ {
+		if prim[n] != 2 {
+			t.Fatalf("node %d is primary of %d RLDevs, want 2", n, prim[n])
+		}
+	}
+}
+
+// The secondary dies: writes wait until it is declared dead, then the
+// primary degrades and goes on alone; the secondary comes back, is
+// resynced while writes go on, and serves again.
+func TestDegradedAndResync(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(512)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	h.mustWrite(p, r.ID, 0, pattern(1, 4))
+	h.crash(h.nodes[s], true, rand.New(rand.NewSource(1)))
+	h.run()
+	q := h.write(p, r.ID, 100, pattern(2, 4), nil)
+	h.run()
+	if _, ok := h.replies[q]; ok {
+		t.Fatal("a write was acknowledged without the secondary before it was declared dead")
+	}
+	h.dead[Subject{s, h.nodes[s].inc}] = true
+	h.tick(time.Second)
+	if rp, ok := h.replies[q]; !ok || rp.Err != nil {
+		t.Fatalf("write after the verdict: %+v", rp)
+	}
+	if rec := h.rec(r.ID); rec.State != Degraded || !rec.Stale[1] || rec.Primary != 0 {
+		t.Fatalf("record after the verdict: %+v", rec)
+	}
+	h.mustWrite(p, r.ID, 300, pattern(3, 8))
+	// Back: stale, it serves nothing until resynced.
+	h.start(h.nodes[s])
+	q = h.read(s, r.ID, 100, 4)
+	h.tick(100 * time.Millisecond)
+	_ = q
+	h.tick(5 * time.Second)
+	if rec := h.rec(r.ID); rec.State != Normal || rec.Stale[1] {
+		t.Fatalf("not resynced: %+v", rec)
+	}
+	h.mustRead(s, r.ID, 100, pattern(2, 4))
+	h.mustRead(s, r.ID, 300, pattern(3, 8))
+	h.mustRead(s, r.ID, 0, pattern(1, 4))
+	h.sameCopies(r.ID)
+}
+
+// The primary dies: the secondary takes over once it is declared dead;
+// the old primary comes back stale and is resynced, its own in-flight
+// regions included.
+func TestPrimaryFailover(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(512)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	h.mustWrite(p, r.ID, 0, pattern(1, 4))
+	h.crash(h.nodes[p], true, rand.New(rand.NewSource(2)))
+	h.run()
+	h.dead[Subject{p, h.nodes[p].inc}] = true
+	h.tick(time.Second)
+	rec := h.rec(r.ID)
+	if rec.State != Degraded || rec.Primary != 1 || !rec.Stale[0] {
+		t.Fatalf("after the primary's death: %+v", rec)
+	}
+	h.mustWrite(s, r.ID, 50, pattern(5, 4))
+	h.start(h.nodes[p])
+	h.tick(5 * time.Second)
+	if rec := h.rec(r.ID); rec.State != Normal {
+		t.Fatalf("not resynced: %+v", rec)
+	}
+	h.mustRead(p, r.ID, 50, pattern(5, 4))
+	h.mustRead(p, r.ID, 0, pattern(1, 4))
+	h.sameCopies(r.ID)
+}
+
+// The primary crashes with writes in flight (its dirty regions durable,
+// its local write landed, the forward lost), and comes back before anyone
+// declares it dead: it pulls its dirty regions from the secondary before
+// serving them, so both copies end identical.
+func TestPrimaryCrashPullsDirtyRegions(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(512)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	h.mustWrite(p, r.ID, 0, pattern(1, 8))
+	// Cut the pair so the forward is lost, write, crash the primary after
+	// its local write and its dirty-region log are durable.
+	h.partition(p, s)
+	h.write(p, r.ID, 0, pattern(9, 8), nil)
+	h.run()
+	for _, d := range h.nodes[p].devs {
+		d.Sync()
+	}
+	h.crash(h.nodes[p], false, nil)
+	h.heal(p, s)
+	h.start(h.nodes[p])
+	h.tick(2 * time.Second)
+	// The secondary's copy (the old data) is the one readers may have
+	// seen: the primary now holds it too.
+	h.mustRead(p, r.ID, 0, pattern(1, 8))
+	h.mustRead(s, r.ID, 0, pattern(1, 8))
+	h.sameCopies(r.ID)
+}
+
+// A partition between the two replicas alone, both alive: writes wait,
+// reads go on, nothing is lost; after the heal the write completes.
+func TestReplicaPartitionLosesNothing(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(256)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	h.mustWrite(p, r.ID, 0, pattern(1, 2))
+	h.partition(p, s)
+	q := h.write(p, r.ID, 0, pattern(2, 2), nil)
+	h.tick(3 * time.Second)
+	if _, ok := h.replies[q]; ok {
+		t.Fatal("a write was acknowledged during a partition from a live secondary")
+	}
+	h.mustRead(s, r.ID, 0, pattern(1, 2))
+	h.heal(p, s)
+	h.tick(2 * time.Second)
+	if rp, ok := h.replies[q]; !ok || rp.Err != nil {
+		t.Fatalf("write after the heal: %+v", rp)
+	}
+	h.mustRead(s, r.ID, 0, pattern(2, 2))
+	if rec := h.rec(r.ID); rec.State != Normal {
+		t.Fatalf("state %v after a partition between live replicas", rec.State)
+	}
+	h.sameCopies(r.ID)
+}
+
+// A flipped bit and a torn block on one replica are found on read and
+// repaired from the other.
+func TestReadRepair(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(128)
+	s := r.Segs[1]
+	h.mustWrite(r.Segs[0].Node, r.ID, 5, pattern(4, 3))
+	dev := h.nodes[s.Node].devs[s.Disk]
+	dev.FlipBit(s.Offset+blockOff(5)+HeaderSize+100, 3)
+	dev.FlipBit(s.Offset+blockOff(7)+10, 0)
+	h.mustRead(s.Node, r.ID, 5, pattern(4, 3))
+	h.sameCopies(r.ID)
+	if n := h.nodes[s.Node].e.Stats().Repairs; n != 2 {
+		t.Fatalf("%d repairs, want 2", n)
+	}
+}
+
+// Fenced writes: a replica refuses a token older than one it admitted,
+// across a restart.
+func TestFencing(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(128)
+	p := r.Segs[0].Node
+	f := func(seq uint64) *Fence { return &Fence{Name: "map", Token: lock.Token{Epoch: 1, Seq: seq}} }
+	for _, c := range []struct {
+		seq  uint64
+		want error
+	}{{5, nil}, {5, nil}, {7, nil}, {6, ErrStaleToken}} {
+		q := h.write(p, r.ID, 0, pattern(byte(c.seq), 1), f(c.seq))
+		h.run()
+		if got := h.replies[q].Err; !errors.Is(got, c.want) && !(got == nil && c.want == nil) {
+			t.Fatalf("token %d: %v, want %v", c.seq, got, c.want)
+		}
+	}
+	h.mustRead(p, r.ID, 0, pattern(7, 1))
+	h.crash(h.nodes[p], false, nil)
+	h.start(h.nodes[p])
+	h.tick(time.Second)
+	q := h.write(p, r.ID, 0, pattern(6, 1), f(6))
+	h.run()
+	if !errors.Is(h.replies[q].Err, ErrStaleToken) {
+		t.Fatalf("after a restart, token 6: %v", h.replies[q].Err)
+	}
+	h.sameCopies(r.ID)
+}
+
+// Overlapping writes in flight at once end identical on both replicas.
+func TestOverlappingWrites(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(128)
+	p := r.Segs[0].Node
+	var qs []ReqID
+	for i := 0; i < 20; i++ {
+		qs = append(qs, h.write(p, r.ID, uint64(i%5), pattern(byte(10*i), 3), nil))
+	}
+	h.run()
+	for _, q := range qs {
+		if h.replies[q].Err != nil {
+			t.Fatal(h.replies[q].Err)
+		}
+	}
+	h.sameCopies(r.ID)
+}
+
+// A replaced disk: its segments are lost; they are marked stale and copied
+// whole from their peers.
+func TestDiskReplaced(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(256)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	h.mustWrite(p, r.ID, 0, pattern(3, 16))
+	h.crash(h.nodes[s], false, nil)
+	h.nodes[s].devs[0].Wipe()
+	h.dead[Subject{s, h.nodes[s].inc}] = true
+	h.tick(time.Second)
+	h.start(h.nodes[s])
+	h.tick(5 * time.Second)
+	if rec := h.rec(r.ID); rec.State != Normal {
+		t.Fatalf("not rebuilt: %+v", rec)
+	}
+	h.mustRead(s, r.ID, 0, pattern(3, 16))
+	h.sameCopies(r.ID)
+}

@@ -1,0 +1,386 @@
+package rldev
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sort"
+	"testing"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
+)
+
+// harness runs engines in one goroutine for scripted tests: disks are
+// MemDevices, the config service is a namespace with versioned,
+// conditional decrees, messages are queued and delivered in order per
+// pair of nodes while both are up and not cut apart, and the failure
+// detector answers what the test says. Nothing happens until run drains
+// the queue.
+type harness struct {
+	t       *testing.T
+	now     time.Time
+	nodes   map[NodeID]*hnode
+	ns      *pb.Namespace
+	queue   []func()
+	cut     map[[2]NodeID]bool
+	dead    map[Subject]bool
+	replies map[ReqID]Reply
+	nextReq ReqID
+	trace   bool
+}
+
+type hnode struct {
+	id   NodeID
+	inc  uint64
+	e    *Engine
+	up   bool
+	devs map[uint32]*disk.MemDevice
+	uuid map[uint32]string
+}
+
+func newHarness(t *testing.T, n int, diskSize int64) *harness {
+	h := &harness{t: t, now: time.Unix(1000, 0), nodes: map[NodeID]*hnode{}, ns: &pb.Namespace{Name: Namespace},
+		cut: map[[2]NodeID]bool{}, dead: map[Subject]bool{}, replies: map[ReqID]Reply{}}
+	for i := 1; i <= n; i++ {
+		hn := &hnode{id: NodeID(i), devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(diskSize, nil)}, uuid: map[uint32]string{}}
+		h.nodes[hn.id] = hn
+	}
+	for _, hn := range h.sorted() {
+		h.start(hn)
+	}
+	h.run()
+	return h
+}
+
+func (h *harness) sorted() []*hnode {
+	var out []*hnode
+	for _, n := range h.nodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+func (h *harness) env(n *hnode) Env {
+	if !n.up {
+		return Env{Now: h.now}
+	}
+	return Env{Now: h.now, Deadline: h.now.Add(time.Hour)}
+}
+
+// start begins a new incarnation of n on its disks.
+func (h *harness) start(n *hnode) {
+	n.inc++
+	n.up = true
+	var disks []LocalDisk
+	for idx, d := range n.devs {
+		hdr, _, err := OpenDisk(d, n.id, idx)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		n.uuid[idx] = hdr.UUID
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx)})
+	}
+	n.e = NewEngine(Config{Node: n.id, Disks: disks})
+	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
+	for _, p := range h.sorted() {
+		if p != n && p.up && !h.isCut(n.id, p.id) {
+			h.exec(n, n.e.PeerUp(h.env(n), p.id))
+			h.exec(p, p.e.PeerUp(h.env(p), n.id))
+		}
+	}
+}
+
+// crash stops n: its disks keep what was synced (torn if torn).
+func (h *harness) crash(n *hnode, torn bool, r *rand.Rand) {
+	n.up = false
+	for _, d := range n.devs {
+		d.Crash(r, torn)
+	}
+	for _, p := range h.sorted() {
+		if p != n && p.up {
+			h.exec(p, p.e.PeerDown(h.env(p), n.id))
+		}
+	}
+}
+
+func (h *harness) incs() map[NodeID]uint64 {
+	m := map[NodeID]uint64{}
+	for _, n := range h.nodes {
+		m[n.id] = n.inc
+	}
+	return m
+}
+
+func (h *harness) table() *Table {
+	t, err := DecodeTable(h.ns)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return t
+}
+
+func (h *harness) isCut(a, b NodeID) bool { return h.cut[[2]NodeID{a, b}] || h.cut[[2]NodeID{b, a}] }
+
+// partition cuts a from b (both directions).
+func (h *harness) partition(a, b NodeID) {
+	h.cut[[2]NodeID{a, b}] = true
+	for _, x := range []NodeID{a, b} {
+		y := a + b - x
+		if n := h.nodes[x]; n.up {
+			h.exec(n, n.e.PeerDown(h.env(n), y))
+		}
+	}
+}
+
+func (h *harness) heal(a, b NodeID) {
+	delete(h.cut, [2]NodeID{a, b})
+	delete(h.cut, [2]NodeID{b, a})
+	for _, x := range []NodeID{a, b} {
+		y := a + b - x
+		if n := h.nodes[x]; n.up && h.nodes[y].up {
+			h.exec(n, n.e.PeerUp(h.env(n), y))
+		}
+	}
+}
+
+// propose applies a decree as the config service would, then tells every
+// engine the new table.
+func (h *harness) propose(d *pb.Decree) error {
+	if d.ExpectedVersion != h.ns.Version {
+		return fmt.Errorf("stale version %d (now %d)", d.ExpectedVersion, h.ns.Version)
+	}
+	ents := map[string][]byte{}
+	for _, e := range h.ns.Entries {
+		ents[e.Key] = e.Value
+	}
+	for _, op := range d.Ops {
+		if op.Kind == pb.Op_KIND_PUT {
+			ents[op.Key] = op.Value
+		} else {
+			delete(ents, op.Key)
+		}
+	}
+	ns := &pb.Namespace{Name: Namespace, Version: h.ns.Version + 1}
+	var keys []string
+	for k := range ents {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ns.Entries = append(ns.Entries, &pb.Entry{Key: k, Value: ents[k]})
+	}
+	h.ns = ns
+	if _, err := DecodeTable(ns); err != nil {
+		h.t.Fatalf("decree made a bad table: %v", err)
+	}
+	for _, n := range h.sorted() {
+		if n.up {
+			n := n
+			h.queue = append(h.queue, func() { h.exec(n, n.e.SetTable(h.env(n), h.table(), false, h.incs())) })
+		}
+	}
+	return nil
+}
+
+// exec carries out an engine's effects.
+func (h *harness) exec(n *hnode, out []any) {
+	for _, o := range out {
+		if h.trace {
+			h.t.Logf("node %d: %T %+v", n.id, o, short(o))
+		}
+		switch x := o.(type) {
+		case DiskRead:
+			buf := make([]byte, x.Len)
+			_, err := n.devs[x.Disk].ReadAt(buf, x.Off)
+			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, buf, err) })
+		case DiskWrite:
+			_, err := n.devs[x.Disk].WriteAt(x.Data, x.Off)
+			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
+		case DiskSync:
+			err := n.devs[x.Disk].Sync()
+			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
+		case Send:
+			to := h.nodes[x.To]
+			if to == nil || !to.up || h.isCut(n.id, x.To) {
+				continue
+			}
+			inc := to.inc
+			from := n.id
+			h.queue = append(h.queue, func() {
+				if to.up && to.inc == inc && !h.isCut(from, to.id) {
+					h.exec(to, to.e.Deliver(h.env(to), from, x.Msg))
+				}
+			})
+		case Reply:
+			h.replies[x.Req] = x
+		case Propose:
+			err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version, Ops: x.Ops})
+			h.later(n, func() []any { return n.e.Decided(h.env(n), x.ID, err) })
+		case AskDead:
+			for _, s := range x.Subjects {
+				s := s
+				dead := h.dead[s]
+				h.later(n, func() []any { return n.e.Verdict(h.env(n), s, dead) })
+			}
+		case Refresh:
+			h.later(n, func() []any { return n.e.SetTable(h.env(n), h.table(), true, h.incs()) })
+		case Log:
+			if h.trace || x.Level >= 3 {
+				h.t.Logf("node %d log: %s %v", n.id, x.Msg, x.Args)
+			}
+		default:
+			h.t.Fatalf("unknown effect %T", o)
+		}
+	}
+}
+
+func short(o any) any {
+	switch x := o.(type) {
+	case DiskWrite:
+		return fmt.Sprintf("write op %d disk %d off %d len %d", x.Op, x.Disk, x.Off, len(x.Data))
+	case Send:
+		switch m := x.Msg.(type) {
+		case Forward:
+			return fmt.Sprintf("to %d Forward rldev %d epoch %d seq %d block %d n %d", x.To, m.RLDev, m.Epoch, m.Seq, m.Block, len(m.Data)/BlockSize)
+		case Copy:
+			return fmt.Sprintf("to %d Copy rldev %d epoch %d seq %d block %d n %d", x.To, m.RLDev, m.Epoch, m.Seq, m.Block, len(m.Data)/BlockSize)
+		case PullData:
+			return fmt.Sprintf("to %d PullData seq %d code %v n %d", x.To, m.Seq, m.Code, len(m.Data)/BlockSize)
+		}
+	}
+	return o
+}
+
+// later queues fn in n's current life.
+func (h *harness) later(n *hnode, fn func() []any) {
+	inc := n.inc
+	h.queue = append(h.queue, func() {
+		if n.up && n.inc == inc {
+			h.exec(n, fn())
+		}
+	})
+}
+
+// run drains the queue (bounded).
+func (h *harness) run() {
+	for i := 0; len(h.queue) > 0; i++ {
+		if i > 1_000_000 {
+			h.t.Fatal("harness: the engines do not quiesce")
+		}
+		f := h.queue[0]
+		h.queue = h.queue[1:]
+		f()
+	}
+}
+
+// tick advances time by d in steps, ticking every engine.
+func (h *harness) tick(d time.Duration) {
+	for step := time.Duration(0); step < d; step += 100 * time.Millisecond {
+		h.now = h.now.Add(100 * time.Millisecond)
+		for _, n := range h.sorted() {
+			if n.up {
+				h.exec(n, n.e.Tick(h.env(n)))
+			}
+		}
+		h.run()
+	}
+}
+
+// create makes an RLDev by decree.
+func (h *harness) create(blocks uint64) *Record {
+	t := h.table()
+	r, err := t.Create(blocks, false)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: t.Version, Ops: []*pb.Op{r.PutOp()}}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.run()
+	return r
+}
+
+func (h *harness) rec(id uint64) *Record { return h.table().RLDevs[id] }
+
+// write asks node n to write (through the primary there).
+func (h *harness) write(n NodeID, id, block uint64, data []byte, f *Fence) ReqID {
+	h.nextReq++
+	q := h.nextReq
+	nd := h.nodes[n]
+	h.exec(nd, nd.e.Write(h.env(nd), q, id, block, data, f, -1))
+	return q
+}
+
+func (h *harness) read(n NodeID, id, block, count uint64) ReqID {
+	h.nextReq++
+	q := h.nextReq
+	nd := h.nodes[n]
+	h.exec(nd, nd.e.Read(h.env(nd), q, id, block, count, -1))
+	return q
+}
+
+// mustWrite writes and waits for success.
+func (h *harness) mustWrite(n NodeID, id, block uint64, data []byte) {
+	h.t.Helper()
+	q := h.write(n, id, block, data, nil)
+	h.run()
+	if r, ok := h.replies[q]; !ok || r.Err != nil {
+		h.t.Fatalf("write of %d blocks at %d through node %d: %+v (replied %v)", len(data)/BlockSize, block, n, r.Err, ok)
+	}
+}
+
+// mustRead reads from node n and checks want.
+func (h *harness) mustRead(n NodeID, id, block uint64, want []byte) {
+	h.t.Helper()
+	q := h.read(n, id, block, uint64(len(want))/BlockSize)
+	h.run()
+	r, ok := h.replies[q]
+	if !ok || r.Err != nil {
+		h.t.Fatalf("read at %d from node %d: %v (replied %v)", block, n, r.Err, ok)
+	}
+	if !bytes.Equal(r.Data, want) {
+		h.t.Fatalf("read at %d from node %d: got %q..., want %q...", block, n, r.Data[:8], want[:8])
+	}
+}
+
+func pattern(seed byte, blocks int) []byte {
+	b := make([]byte, blocks*BlockSize)
+	for i := range b {
+		b[i] = seed + byte(i/BlockSize)
+	}
+	return b
+}
+
+// sameCopies checks that both segments of an RLDev hold the same data.
+func (h *harness) sameCopies(id uint64) {
+	h.t.Helper()
+	rec := h.rec(id)
+	var copies [2][]byte
+	for i, s := range rec.Segs {
+		dev := h.nodes[s.Node].devs[s.Disk]
+		raw := make([]byte, int(rec.Blocks)*PhysBlockSize)
+		dev.ReadAt(raw, s.Offset+MetaSize)
+		data := make([]byte, int(rec.Blocks)*BlockSize)
+		for b := uint64(0); b < rec.Blocks; b++ {
+			d, _, st := DecodeBlock(raw[b*PhysBlockSize:(b+1)*PhysBlockSize], id, b)
+			if st == BlockCorrupt || st == BlockMisplaced {
+				h.t.Fatalf("rldev %d block %d on node %d: %v", id, b, s.Node, st)
+			}
+			copy(data[b*BlockSize:], d)
+		}
+		copies[i] = data
+	}
+	if !bytes.Equal(copies[0], copies[1]) {
+		for b := uint64(0); b < rec.Blocks; b++ {
+			if !bytes.Equal(copies[0][b*BlockSize:(b+1)*BlockSize], copies[1][b*BlockSize:(b+1)*BlockSize]) {
+				h.t.Fatalf("rldev %d: the copies differ at block %d", id, b)
+			}
+		}
+	}
+}
+
+var errNone = errors.New("none")

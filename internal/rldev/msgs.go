@@ -1,0 +1,135 @@
+package rldev
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/grovestore/grove/internal/lock"
+)
+
+// Fence is what a write protected by a lock carries: the lock's name and
+// the fencing token of the grant (lock.TokenGuard's contract).
+type Fence struct {
+	Name  string
+	Token lock.Token
+}
+
+// Code is the outcome of a request or a peer message.
+type Code int
+
+const (
+	OK         Code = iota
+	NotPrimary      // writes go to the primary (the reply names the epoch the replica knows)
+	NotServing      // this replica is stale, recovering, loading, fenced, or not a replica of the RLDev
+	WrongEpoch      // the sender and the replica disagree on the RLDev's configuration
+	StaleToken      // a write carried an older fencing token than one already admitted
+	DiskFailed      // the replica's disk failed: it is leaving the RLDev
+	Corrupt         // a block failed its check here and could not be repaired from the peer
+	BadRequest      // unaligned, out of range, or malformed
+	Unknown         // no such RLDev
+)
+
+// Errors a request can end with (Reply.Err wraps one with details).
+var (
+	ErrNotPrimary = errors.New("rldev: not the primary")
+	ErrNotServing = errors.New("rldev: this replica is not serving")
+	ErrWrongEpoch = errors.New("rldev: configuration changed")
+	ErrStaleToken = errors.New("rldev: stale fencing token")
+	ErrDiskFailed = errors.New("rldev: disk failed")
+	ErrCorrupt    = errors.New("rldev: block corrupt and not repairable")
+	ErrBadRequest = errors.New("rldev: bad request")
+	ErrUnknown    = errors.New("rldev: no such RLDev")
+)
+
+// Err is a code's error.
+func (c Code) Err() error {
+	switch c {
+	case OK:
+		return nil
+	case NotPrimary:
+		return ErrNotPrimary
+	case NotServing:
+		return ErrNotServing
+	case WrongEpoch:
+		return ErrWrongEpoch
+	case StaleToken:
+		return ErrStaleToken
+	case DiskFailed:
+		return ErrDiskFailed
+	case Corrupt:
+		return ErrCorrupt
+	case BadRequest:
+		return ErrBadRequest
+	case Unknown:
+		return ErrUnknown
+	}
+	return fmt.Errorf("rldev: code %d", int(c))
+}
+
+// CodeOf maps an error to its code.
+func CodeOf(err error) Code {
+	for c := OK + 1; c <= Unknown; c++ {
+		if errors.Is(err, c.Err()) {
+			return c
+		}
+	}
+	if err == nil {
+		return OK
+	}
+	return BadRequest
+}
+
+// Peer messages, between the replicas of an RLDev (and between a stale
+// replica and the up-to-date one). Every message names the RLDev and the
+// epoch its sender acts in; the receiver refuses another epoch.
+
+// Forward asks the other replica to apply a write (the primary's, in
+// normal state; the resync source's, to the target).
+type Forward struct {
+	RLDev, Epoch, Seq uint64
+	Block             uint64
+	Gen               uint64
+	Data              []byte // whole blocks
+	Fence             *Fence
+}
+
+// Ack answers a Forward or a Copy (by Seq).
+type Ack struct {
+	RLDev, Seq uint64
+	Code       Code
+	Epoch      uint64 // the receiver's epoch, when Code is WrongEpoch
+}
+
+// Pull asks a serving replica for its copy of blocks (a dirty-region pull,
+// a read repair).
+type Pull struct {
+	RLDev, Epoch, Seq uint64
+	Block, Count      uint64
+}
+
+// PullData answers a Pull: the blocks' data and generations.
+type PullData struct {
+	RLDev, Seq uint64
+	Code       Code
+	Data       []byte
+	Gens       []uint64
+}
+
+// ResyncMe is a stale replica asking the up-to-date one to bring it up to
+// date: the regions of its own dirty-region log (DRL granularity), or
+// Blank if its segment lost everything.
+type ResyncMe struct {
+	RLDev, Epoch uint64
+	Dirty        []uint64
+	Blank        bool
+}
+
+// Copy writes blocks onto the resync target, overwriting whatever it
+// holds there (the source holds the range while the copy is in flight, so
+// no write interleaves).
+type Copy struct {
+	RLDev, Epoch, Seq uint64
+	Block             uint64
+	Data              []byte
+	Gens              []uint64
+}

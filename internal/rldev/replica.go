@@ -1,0 +1,641 @@
+package rldev
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/grovestore/grove/internal/lock"
+)
+
+type repState int
+
+const (
+	repLoading repState = iota // reading its metadata
+	repReady                   // loaded: serves what the table lets it
+	repFailed                  // its disk failed: leaving the RLDev
+	repRetired                 // no longer a replica here
+)
+
+// replica is this node's segment of one RLDev.
+type replica struct {
+	e     *Engine
+	rec   *Record
+	seg   int // this node's segment index in rec
+	disk  uint32
+	base  int64 // segment offset on its disk
+	state repState
+	err   error // why it failed
+
+	blank    bool // the segment held no RLDev when loaded
+	lost     bool // its disk was replaced: stale in fact, until the table says so
+	super    Super
+	superSeq uint64
+	superW   bool                // a superblock write is in flight
+	superQ   []func(error) []any // waiting for the generation floor
+	nextGen  uint64
+
+	drl, deg *pageLog
+
+	tokens  map[string]lock.Token // durable
+	tokSeq  uint64
+	tokNext map[string]lock.Token // admitted, to write
+	tokW    bool
+	tokCur  []func(error) []any
+	tokQ    []func(error) []any
+
+	locks    rangeLocks
+	inflight map[uint64]int // dirty region → writes in flight in it
+
+	writes map[*writeOp]bool     // writes in progress here (as primary or replica-only)
+	fwd    map[uint64]*writeOp   // forwards awaiting an ack, by seq
+	pulls  map[uint64]*pullWait  // pulls awaiting data, by seq
+	copies map[uint64]*copyChunk // resync copies awaiting an ack, by seq
+
+	recovering int        // dirty regions still to pull from the peer (after a crash)
+	recoverQ   []*recover // those regions, in order
+	resyncReq  *ResyncMe  // a stale peer's request
+	resync     *resyncSrc // this replica is the source of a resync
+	askedAt    time.Time  // a stale replica: when it last asked to be resynced
+}
+
+func newReplica(e *Engine, rec *Record, seg int) *replica {
+	return &replica{e: e, rec: rec, seg: seg, disk: rec.Segs[seg].Disk, base: rec.Segs[seg].Offset,
+		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{},
+		writes: map[*writeOp]bool{}, fwd: map[uint64]*writeOp{}, pulls: map[uint64]*pullWait{}, copies: map[uint64]*copyChunk{}}
+}
+
+func (r *replica) ready() bool { return r.state == repReady }
+
+func (r *replica) peer() int           { return 1 - r.seg }
+func (r *replica) peerNode() NodeID    { return r.rec.Segs[r.peer()].Node }
+func (r *replica) isPrimary() bool     { return r.rec.Primary == r.seg }
+func (r *replica) stale() bool         { return r.rec.Stale[r.seg] }
+func (r *replica) peerStale() bool     { return r.rec.Stale[r.peer()] }
+func (r *replica) peerReachable() bool { return r.e.up[r.peerNode()] }
+
+func (r *replica) checkRange(block, n uint64) error {
+	if block >= r.rec.Blocks || n > r.rec.Blocks-block {
+		return fmt.Errorf("%w: blocks [%d, %d) outside the RLDev's %d", ErrBadRequest, block, block+n, r.rec.Blocks)
+	}
+	return nil
+}
+
+// ------------------------------------------------------------------ loading
+
+// load reads the segment's metadata area; a segment that holds nothing
+// yet is formatted (a new RLDev, or a stale replica about to be copied).
+func (r *replica) load(env Env) []any {
+	return r.e.read(r.disk, r.base, MetaSize, func(data []byte, err error) []any {
+		if r.state != repLoading {
+			return nil
+		}
+		if err != nil {
+			return r.fail(fmt.Errorf("reading its metadata: %w", err))
+		}
+		return r.loaded(env, data)
+	})
+}
+
+func (r *replica) loaded(env Env, meta []byte) []any {
+	page := func(kind uint16) (uint64, []byte, bool, bool) {
+		oa, sa := pageSlot(kind, 0)
+		ob, _ := pageSlot(kind, 1)
+		a, b := meta[oa:oa+int64(sa)], meta[ob:ob+int64(sa)]
+		seq, payload, ok := NewestPage(a, b, kind)
+		blank := allZero(a) && allZero(b)
+		return seq, payload, ok, blank
+	}
+	drlRB, degRB := regionBlocks(DRLRegionBlocks, r.rec.Blocks), regionBlocks(DegradedRegionBlocks, r.rec.Blocks)
+	var out []any
+	seq, payload, ok, blank := page(PageSuper)
+	switch {
+	case blank:
+		// Nothing here yet: a new RLDev, or a segment to be copied whole.
+		r.blank = true
+		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks}
+		r.drl = newPageLog(r, PageDRL, NewBitmap(drlRB, r.rec.Blocks), 0)
+		r.deg = newPageLog(r, PageDegraded, NewBitmap(degRB, r.rec.Blocks), 0)
+		return r.format(env)
+	case !ok:
+		return r.fail(fmt.Errorf("%w: both superblocks of rldev %d's segment are corrupt", ErrDiskFailed, r.rec.ID))
+	}
+	s, err := decodeSuper(payload)
+	if err != nil || s.RLDev != r.rec.ID || s.Blocks != r.rec.Blocks {
+		return r.fail(fmt.Errorf("%w: the segment at %d holds rldev %d (%d blocks), not %d (%d): %v",
+			ErrDiskFailed, r.base, s.RLDev, s.Blocks, r.rec.ID, r.rec.Blocks, err))
+	}
+	r.super, r.superSeq = s, seq
+	r.nextGen = s.GenFloor
+	loadLog := func(kind uint16, rb uint64) *pageLog {
+		seq, payload, ok, blank := page(kind)
+		if blank || !ok {
+			b := NewBitmap(rb, r.rec.Blocks)
+			if !blank {
+				// Both copies corrupt: take every region as dirty
+				// (costs a copy, loses nothing).
+				for i := range b.Bits {
+					b.Bits[i] = 0xff
+				}
+				out = append(out, r.e.logf(3, "rldev log pages corrupt: every region taken as dirty", "rldev", r.rec.ID, "kind", kind))
+			}
+			return newPageLog(r, kind, b, seq)
+		}
+		b, err := decodeBitmap(payload, rb, r.rec.Blocks)
+		if err != nil {
+			b = NewBitmap(rb, r.rec.Blocks)
+			for i := range b.Bits {
+				b.Bits[i] = 0xff
+			}
+		}
+		return newPageLog(r, kind, b, seq)
+	}
+	r.drl = loadLog(PageDRL, drlRB)
+	r.deg = loadLog(PageDegraded, degRB)
+	if seq, payload, ok, blank := page(PageTokens); ok {
+		if m, err := decodeTokens(payload); err == nil {
+			r.tokens, r.tokSeq = m, seq
+		} else {
+			out = append(out, r.e.logf(3, "rldev token table does not decode", "rldev", r.rec.ID, "err", err))
+		}
+	} else if !blank {
+		out = append(out, r.e.logf(3, "rldev token table corrupt: fenced writes are checked from now on only", "rldev", r.rec.ID))
+	}
+	r.state = repReady
+	return append(out, r.afterLoad(env)...)
+}
+
+// format writes a blank segment's superblock and empty logs.
+func (r *replica) format(env Env) []any {
+	var out []any
+	pending := 0
+	done := func(err error) []any {
+		pending--
+		if err != nil {
+			return r.fail(fmt.Errorf("formatting the segment: %w", err))
+		}
+		if pending > 0 || r.state != repLoading {
+			return nil
+		}
+		r.state = repReady
+		return r.afterLoad(env)
+	}
+	for _, kind := range []uint16{PageSuper, PageDRL, PageDegraded, PageTokens} {
+		var payload []byte
+		switch kind {
+		case PageSuper:
+			payload = encodeSuper(r.super)
+		case PageDRL:
+			payload = encodeBitmap(r.drl.durable)
+		case PageDegraded:
+			payload = encodeBitmap(r.deg.durable)
+		case PageTokens:
+			payload, _ = encodeTokens(nil)
+		}
+		off, size := pageSlot(kind, 0)
+		p, err := EncodePage(kind, 0, payload, size)
+		if err != nil {
+			panic(err)
+		}
+		pending++
+		out = append(out, r.e.writeDurable(r.disk, r.base+off, p, done)...)
+	}
+	return out
+}
+
+// afterLoad starts what a loaded replica must do before or while serving.
+func (r *replica) afterLoad(env Env) []any {
+	out := []any{r.e.logf(1, "rldev replica loaded", "rldev", r.rec.ID, "segment", r.seg, "state", r.rec.State,
+		"stale", r.stale(), "blank", r.blank, "dirty_regions", r.drl.durable.Count(), "degraded_regions", r.deg.durable.Count())}
+	switch {
+	case r.stale():
+		return append(out, r.askResync(env)...)
+	case !r.drl.durable.Empty() && r.rec.State == Normal && !r.peerStale():
+		// This replica crashed while writes were in flight: its peer's
+		// copy of those regions is the one readers may have seen.
+		return append(out, r.startRecovery(env)...)
+	case !r.drl.durable.Empty():
+		// No up-to-date peer to pull from: this copy is the only one.
+		for _, x := range r.drl.durable.List() {
+			r.drl.unmark(x)
+		}
+		return append(out, r.drl.flush()...)
+	}
+	return out
+}
+
+// fail takes the replica out of service after a disk error: every request
+// in progress here fails, and the replica asks (decide) to be marked
+// stale so that its peer serves alone.
+func (r *replica) fail(err error) []any {
+	if r.state == repFailed || r.state == repRetired {
+		return nil
+	}
+	r.state = repFailed
+	r.err = err
+	out := []any{r.e.logf(3, "rldev segment failed: leaving the RLDev", "rldev", r.rec.ID, "err", err)}
+	return append(out, r.abort(fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
+}
+
+// retire ends the replica (the table no longer puts it here).
+func (r *replica) retire(env Env, why string) []any {
+	if r.state == repRetired {
+		return nil
+	}
+	r.state = repRetired
+	out := []any{r.e.logf(1, "rldev replica retired", "rldev", r.rec.ID, "why", why)}
+	return append(out, r.abort(fmt.Errorf("%w: %s", ErrNotServing, why))...)
+}
+
+// abort fails every operation in progress on the replica.
+func (r *replica) abort(err error) []any {
+	var out []any
+	for w := range r.writes {
+		out = append(out, w.finish(err)...)
+	}
+	for seq, p := range r.pulls {
+		delete(r.pulls, seq)
+		out = append(out, p.then(PullData{Code: NotServing})...)
+	}
+	if r.resync != nil {
+		out = append(out, r.stopResync("replica stopped")...)
+	}
+	for _, q := range r.recoverQ {
+		out = append(out, r.locks.release(q.lock)...)
+	}
+	r.recoverQ, r.recovering = nil, 0
+	return out
+}
+
+// ------------------------------------------------------------------ table changes
+
+// setRecord takes a new version of the replica's record.
+func (r *replica) setRecord(env Env, rec *Record) []any {
+	old := r.rec
+	r.rec = rec
+	if rec.Stale[r.seg] {
+		r.lost = false // the table says it now
+	}
+	if rec.Epoch == old.Epoch {
+		return nil // progress only
+	}
+	var out []any
+	if r.state != repReady {
+		return nil
+	}
+	becameStale := rec.Stale[r.seg] && !old.Stale[r.seg]
+	if becameStale {
+		out = append(out, r.e.logf(2, "rldev replica now stale", "rldev", rec.ID, "epoch", rec.Epoch))
+		for w := range r.writes {
+			out = append(out, w.finish(fmt.Errorf("%w: this replica is stale", ErrNotServing))...)
+		}
+	}
+	if old.Stale[r.seg] && !rec.Stale[r.seg] {
+		// Resynced: the logs of its past are obsolete.
+		for _, x := range r.drl.durable.List() {
+			r.drl.unmark(x)
+		}
+		for _, x := range r.deg.durable.List() {
+			r.deg.unmark(x)
+		}
+		out = append(out, r.drl.flush()...)
+		out = append(out, r.deg.flush()...)
+		out = append(out, r.e.logf(1, "rldev replica up to date", "rldev", rec.ID, "epoch", rec.Epoch))
+	}
+	if old.Primary == r.seg && rec.Primary != r.seg && !becameStale {
+		for w := range r.writes {
+			if !w.only {
+				out = append(out, w.finish(fmt.Errorf("%w: the primary moved", ErrNotPrimary))...)
+			}
+		}
+	}
+	if r.isPrimary() && !r.stale() {
+		switch {
+		case rec.State == Resyncing && old.State != Resyncing:
+			out = append(out, r.startResync(env)...)
+		case rec.State != Resyncing && r.resync != nil:
+			out = append(out, r.stopResync("the RLDev left the resyncing state")...)
+		}
+		// Back to normal, the degraded-mode log is done with: lazyClear
+		// clears its regions once no write is in flight in them.
+	}
+	if r.stale() {
+		out = append(out, r.askResync(env)...)
+	}
+	// Writes in progress re-evaluate what they need in the new epoch (a
+	// peer dropped by degraded mode, a resync target to forward to).
+	for w := range r.writes {
+		out = append(out, w.progress(env)...)
+	}
+	return out
+}
+
+// want returns the record this replica needs the table to hold instead of
+// rec (a clone it may change), with why, or nil.
+func (r *replica) want(env Env, rec *Record) (*Record, string) {
+	me, peer := r.seg, r.peer()
+	switch {
+	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
+		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
+		rec.Epoch++
+		if r.lost {
+			return rec, "segment lost with its disk on node " + fmt.Sprint(r.e.cfg.Node)
+		}
+		return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node)
+	case r.state != repReady:
+		return nil, ""
+	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node):
+		rec.Primary, rec.State, rec.Stale[peer] = me, Degraded, true
+		rec.Epoch++
+		return rec, fmt.Sprintf("peer node %d dead: degraded", rec.Segs[peer].Node)
+	case rec.Primary != me || rec.Stale[me]:
+		return nil, ""
+	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node]:
+		rec.State, rec.Progress, rec.ProgressTotal = Resyncing, 0, 0
+		if r.resyncReq.Blank {
+			rec.FullCopy = true
+		}
+		rec.Epoch++
+		return rec, "resync"
+	case rec.State == Resyncing && (r.resync == nil || r.resync.failed):
+		rec.State, rec.Progress, rec.ProgressTotal = Degraded, 0, 0
+		rec.Epoch++
+		return rec, "resync stopped"
+	case rec.State == Resyncing && r.resync.done():
+		rec.State, rec.Stale, rec.FullCopy, rec.Progress, rec.ProgressTotal = Normal, [2]bool{}, false, 0, 0
+		rec.Epoch++
+		return rec, "resynced"
+	case rec.State == Resyncing && r.resync.copied != rec.Progress && env.Now.Sub(r.resync.reported) >= r.e.cfg.ProgressEvery:
+		r.resync.reported = env.Now
+		rec.Progress, rec.ProgressTotal = r.resync.copied, r.resync.total
+		return rec, "resync progress"
+	}
+	return nil, ""
+}
+
+// ------------------------------------------------------------------ peers
+
+func (r *replica) peerUp(env Env, node NodeID) []any {
+	if node != r.peerNode() {
+		return nil
+	}
+	return r.retry(env)
+}
+
+// retry resends what is unanswered and asks again for what is awaited.
+func (r *replica) retry(env Env) []any {
+	if r.state != repReady {
+		return nil
+	}
+	var out []any
+	if r.peerReachable() {
+		for seq, w := range r.fwd {
+			if w.peerEpoch == r.rec.Epoch && !w.peerAcked && env.Now.Sub(w.sentAt) >= r.e.cfg.RetryEvery {
+				delete(r.fwd, seq)
+				w.peerEpoch = 0 // send again
+				out = append(out, w.progress(env)...)
+			}
+		}
+		for seq, p := range r.pulls {
+			if env.Now.Sub(p.sentAt) >= r.e.cfg.RetryEvery {
+				delete(r.pulls, seq)
+				out = append(out, r.sendPull(env, p)...)
+			}
+		}
+		for seq, c := range r.copies {
+			if env.Now.Sub(c.sentAt) >= r.e.cfg.RetryEvery {
+				delete(r.copies, seq)
+				out = append(out, r.sendCopy(env, c)...)
+			}
+		}
+	}
+	if r.stale() {
+		out = append(out, r.askResync(env)...)
+	}
+	if r.recovering > 0 {
+		out = append(out, r.pumpRecovery(env)...)
+	}
+	return out
+}
+
+func (r *replica) nextSeq() uint64 { r.e.seq++; return r.e.seq }
+
+// deliver handles a peer message for this RLDev.
+func (r *replica) deliver(env Env, from NodeID, msg any) []any {
+	switch m := msg.(type) {
+	case Forward:
+		return r.onForward(env, from, m)
+	case Ack:
+		if w := r.fwd[m.Seq]; w != nil {
+			delete(r.fwd, m.Seq)
+			return w.acked(env, m)
+		}
+		if c := r.copies[m.Seq]; c != nil {
+			delete(r.copies, m.Seq)
+			return r.copyAcked(env, c, m)
+		}
+	case Pull:
+		return r.onPull(env, from, m)
+	case PullData:
+		if p := r.pulls[m.Seq]; p != nil {
+			delete(r.pulls, m.Seq)
+			if m.Code == WrongEpoch || m.Code == NotServing || m.Code == Unknown {
+				// The peer is not ready, or acts in another epoch:
+				// ask again later (retry).
+				p.sentAt = env.Now
+				r.pulls[r.nextSeq()] = p
+				return []any{Refresh{}}
+			}
+			return p.then(m)
+		}
+	case ResyncMe:
+		return r.onResyncMe(env, from, m)
+	case Copy:
+		return r.onCopy(env, from, m)
+	}
+	return nil
+}
+
+// epochCheck answers a peer that acts in another epoch.
+func (r *replica) epochCheck(epoch uint64) (Code, []any) {
+	switch {
+	case epoch == r.rec.Epoch:
+		return OK, nil
+	case epoch > r.rec.Epoch:
+		return WrongEpoch, []any{Refresh{}} // this replica is behind: catch up
+	}
+	return WrongEpoch, nil
+}
+
+// ------------------------------------------------------------------ generations and tokens
+
+// gen takes the next write generation (above every one taken before,
+// across restarts and failovers), then runs then with it.
+func (r *replica) gen(then func(g uint64, err error) []any) []any {
+	g := max(r.nextGen, r.rec.Epoch<<40)
+	if g < r.super.GenFloor {
+		r.nextGen = g + 1
+		return then(g, nil)
+	}
+	// Raise the floor, durably, before using generations at or above it.
+	r.superQ = append(r.superQ, func(err error) []any {
+		if err != nil {
+			return then(0, err)
+		}
+		return r.gen(then)
+	})
+	if r.superW {
+		return nil
+	}
+	r.superW = true
+	ns := r.super
+	ns.GenFloor = g + 1<<20
+	seq := r.superSeq + 1
+	p, err := EncodePage(PageSuper, seq, encodeSuper(ns), PageSize)
+	if err != nil {
+		panic(err)
+	}
+	off, _ := pageSlot(PageSuper, seq%2)
+	return r.e.writeDurable(r.disk, r.base+off, p, func(err error) []any {
+		r.superW = false
+		if err == nil {
+			r.super, r.superSeq = ns, seq
+		}
+		q := r.superQ
+		r.superQ = nil
+		var out []any
+		if err != nil {
+			out = append(out, r.fail(err)...)
+		}
+		for _, fn := range q {
+			out = append(out, fn(err)...)
+		}
+		return out
+	})
+}
+
+// admit checks a fence against the newest token admitted for its lock and
+// makes a newer one durable before then runs (lock.TokenGuard's contract,
+// kept across restarts).
+func (r *replica) admit(f *Fence, then func(error) []any) []any {
+	if f == nil {
+		return then(nil)
+	}
+	cur, ok := r.tokNext[f.Name]
+	if !ok {
+		cur = r.tokens[f.Name]
+	}
+	if f.Token.Less(cur) {
+		return then(fmt.Errorf("%w: %v on %q is older than %v", ErrStaleToken, f.Token, f.Name, cur))
+	}
+	if d, ok := r.tokens[f.Name]; ok && !d.Less(f.Token) {
+		return then(nil) // already durable
+	}
+	if _, ok := r.tokens[f.Name]; !ok && len(r.tokens)+len(r.tokNext) >= MaxTokenNames {
+		if _, pending := r.tokNext[f.Name]; !pending {
+			return then(fmt.Errorf("%w: %w", ErrBadRequest, ErrTooManyTokens))
+		}
+	}
+	r.tokNext[f.Name] = f.Token
+	r.tokQ = append(r.tokQ, then)
+	return r.flushTokens()
+}
+
+func (r *replica) flushTokens() []any {
+	if r.tokW || len(r.tokQ) == 0 {
+		return nil
+	}
+	m := map[string]lock.Token{}
+	for n, t := range r.tokens {
+		m[n] = t
+	}
+	for n, t := range r.tokNext {
+		if m[n].Less(t) {
+			m[n] = t
+		}
+	}
+	r.tokNext = map[string]lock.Token{}
+	r.tokCur, r.tokQ = r.tokQ, nil
+	r.tokW = true
+	payload, err := encodeTokens(m)
+	if err != nil {
+		panic(err) // bounded in admit
+	}
+	seq := r.tokSeq + 1
+	p, err := EncodePage(PageTokens, seq, payload, tokenArea)
+	if err != nil {
+		panic(err)
+	}
+	off, _ := pageSlot(PageTokens, seq%2)
+	return r.e.writeDurable(r.disk, r.base+off, p, func(err error) []any {
+		r.tokW = false
+		if err == nil {
+			r.tokens, r.tokSeq = m, seq
+		}
+		q := r.tokCur
+		r.tokCur = nil
+		var out []any
+		if err != nil {
+			out = append(out, r.fail(err)...)
+		}
+		for _, fn := range q {
+			out = append(out, fn(err)...)
+		}
+		return append(out, r.flushTokens()...)
+	})
+}
+
+// ------------------------------------------------------------------ block I/O
+
+// encodeRun turns data (whole blocks from block on) into physical blocks.
+func (r *replica) encodeRun(block uint64, data []byte, gens []uint64, gen uint64) []byte {
+	n := len(data) / BlockSize
+	out := make([]byte, n*PhysBlockSize)
+	for i := 0; i < n; i++ {
+		g := gen
+		if gens != nil {
+			g = gens[i]
+		}
+		dst := out[i*PhysBlockSize : (i+1)*PhysBlockSize]
+		if g == badGen {
+			markCorrupt(dst) // the source had no valid copy of this block
+			continue
+		}
+		EncodeBlock(dst, r.rec.ID, block+uint64(i), g, data[i*BlockSize:(i+1)*BlockSize])
+	}
+	return out
+}
+
+// badGen marks, in a copy's generations, a block the source could not read
+// (its only copy is corrupt): the target writes a block that fails its
+// check, so that the loss is reported rather than old data served.
+const badGen = ^uint64(0)
+
+func markCorrupt(dst []byte) {
+	clear(dst)
+	copy(dst, []byte{0x47, 0x52, 0x56, 0x42}) // magic, no valid checksum
+	dst[HeaderSize] = 0xff
+}
+
+// readRun reads blocks [block, block+n) and decodes them: data, their
+// generations, and the blocks that failed their checks.
+func (r *replica) readRun(block, n uint64, then func(data []byte, gens []uint64, bad []uint64, err error) []any) []any {
+	return r.e.read(r.disk, r.base+blockOff(block), int(n)*PhysBlockSize, func(raw []byte, err error) []any {
+		if err != nil {
+			return then(nil, nil, nil, err)
+		}
+		data := make([]byte, int(n)*BlockSize)
+		gens := make([]uint64, n)
+		var bad []uint64
+		for i := uint64(0); i < n; i++ {
+			d, g, st := DecodeBlock(raw[i*PhysBlockSize:(i+1)*PhysBlockSize], r.rec.ID, block+i)
+			if st == BlockCorrupt || st == BlockMisplaced {
+				bad = append(bad, block+i)
+				r.e.stats.CorruptFound++
+				continue
+			}
+			copy(data[i*BlockSize:], d)
+			gens[i] = g
+		}
+		return then(data, gens, bad, nil)
+	})
+}

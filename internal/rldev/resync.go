@@ -1,0 +1,241 @@
+package rldev
+
+import (
+	"sort"
+	"time"
+)
+
+// resyncSrc is a resync in progress on the up-to-date replica (the
+// primary of a resyncing RLDev): the block ranges still to copy to the
+// stale replica, in chunks of CopyBlocks, CopyWindow of them in flight.
+type resyncSrc struct {
+	epoch    uint64
+	chunks   []run
+	next     int
+	inflight int
+	copied   uint64
+	total    uint64
+	failed   bool
+	reported time.Time
+}
+
+func (s *resyncSrc) done() bool { return !s.failed && s.next == len(s.chunks) && s.inflight == 0 }
+
+// copyChunk is one chunk in flight: read under an exclusive range lock
+// (no write interleaves until the target has it), sent, acknowledged.
+type copyChunk struct {
+	src    *resyncSrc
+	first  uint64
+	n      uint64
+	lock   *rangeLock
+	data   []byte
+	gens   []uint64
+	sentAt time.Time
+}
+
+// askResync: a stale replica asks the up-to-date one, every RetryEvery,
+// to bring it up to date, while the RLDev is degraded (while it is
+// resyncing, the source is at work; if it stops, the RLDev goes back to
+// degraded and the replica asks again).
+func (r *replica) askResync(env Env) []any {
+	if !r.ready() || !r.stale() || r.rec.State != Degraded || !r.peerReachable() || env.Now.Sub(r.askedAt) < r.e.cfg.RetryEvery {
+		return nil
+	}
+	r.askedAt = env.Now
+	return []any{Send{To: r.peerNode(), Msg: ResyncMe{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Dirty: r.drl.durable.List(), Blank: r.blank}}}
+}
+
+// onResyncMe: the up-to-date replica takes a stale one's request; decide
+// proposes the resyncing state, and the copy starts when it commits.
+func (r *replica) onResyncMe(env Env, from NodeID, m ResyncMe) []any {
+	if !r.ready() || !r.isPrimary() || r.stale() || from != r.peerNode() || !r.peerStale() {
+		return nil
+	}
+	if r.rec.State == Resyncing && r.resync != nil && !r.resync.failed {
+		return nil // already at it
+	}
+	mm := m
+	r.resyncReq = &mm
+	return nil
+}
+
+// startResync computes what the target lacks and starts copying it: the
+// regions of the degraded-mode log, those of either replica's dirty-region
+// log, or everything if the target's segment was lost.
+func (r *replica) startResync(env Env) []any {
+	req := r.resyncReq
+	r.resyncReq = nil
+	if req == nil {
+		return nil // decide proposes going back to degraded
+	}
+	blocks := r.rec.Blocks
+	need := map[uint64]bool{} // block ranges by first block, CopyBlocks-aligned chunks
+	addRange := func(first, n uint64) {
+		cb := r.e.cfg.CopyBlocks
+		for c := first / cb * cb; c < first+n && c < blocks; c += cb {
+			need[c] = true
+		}
+	}
+	if r.rec.FullCopy || req.Blank {
+		addRange(0, blocks)
+	} else {
+		dgb := r.deg.durable.RegionBlocks
+		for x := uint64(0); x < r.deg.durable.Regions(); x++ {
+			if r.deg.durable.Has(x) || r.deg.set.Has(x) {
+				addRange(x*dgb, dgb)
+			}
+		}
+		drb := r.drl.durable.RegionBlocks
+		for x := uint64(0); x < r.drl.durable.Regions(); x++ {
+			if r.drl.durable.Has(x) || r.drl.set.Has(x) {
+				addRange(x*drb, drb)
+			}
+		}
+		for _, x := range req.Dirty {
+			addRange(x*drb, drb)
+		}
+	}
+	firsts := make([]uint64, 0, len(need))
+	for f := range need {
+		firsts = append(firsts, f)
+	}
+	sort.Slice(firsts, func(i, j int) bool { return firsts[i] < firsts[j] })
+	s := &resyncSrc{epoch: r.rec.Epoch, reported: env.Now}
+	for _, f := range firsts {
+		n := min(r.e.cfg.CopyBlocks, blocks-f)
+		s.chunks = append(s.chunks, run{f, n})
+		s.total += n
+	}
+	r.resync = s
+	out := []any{r.e.logf(1, "rldev resync started", "rldev", r.rec.ID, "epoch", r.rec.Epoch, "blocks", s.total,
+		"full", r.rec.FullCopy || req.Blank)}
+	return append(out, r.pumpResync(env)...)
+}
+
+// pumpResync keeps CopyWindow chunks in flight.
+func (r *replica) pumpResync(env Env) []any {
+	s := r.resync
+	var out []any
+	for s != nil && !s.failed && s.inflight < r.e.cfg.CopyWindow && s.next < len(s.chunks) {
+		ch := s.chunks[s.next]
+		s.next++
+		s.inflight++
+		c := &copyChunk{src: s, first: ch.first, n: ch.n}
+		var o []any
+		c.lock, o = r.locks.acquire(ch.first, ch.n, true, func(lk *rangeLock) []any {
+			c.lock = lk
+			return r.readRun(c.first, c.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
+				if err != nil {
+					return r.fail(err)
+				}
+				for _, b := range bad {
+					gens[b-c.first] = badGen // the only copy is gone: the target says so too
+				}
+				c.data, c.gens = data, gens
+				return r.sendCopy(r.e.env, c)
+			})
+		})
+		out = append(out, o...)
+	}
+	return out
+}
+
+func (r *replica) sendCopy(env Env, c *copyChunk) []any {
+	if r.resync != c.src || c.src.failed {
+		return r.locks.release(c.lock)
+	}
+	seq := r.nextSeq()
+	c.sentAt = env.Now
+	r.copies[seq] = c
+	if !r.peerReachable() {
+		return nil
+	}
+	return []any{Send{To: r.peerNode(), Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens}}}
+}
+
+func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
+	s := c.src
+	if r.resync != s || s.failed {
+		return r.locks.release(c.lock)
+	}
+	switch a.Code {
+	case OK:
+		s.inflight--
+		s.copied += c.n
+		r.e.stats.CopiedBlocks += c.n
+		out := r.locks.release(c.lock)
+		out = append(out, r.pumpResync(env)...)
+		if s.done() {
+			out = append(out, r.e.logf(1, "rldev resync copied everything", "rldev", r.rec.ID, "blocks", s.copied))
+		}
+		return out
+	case WrongEpoch, NotServing, Unknown:
+		// The target has not caught up with this epoch yet: again soon.
+		c.sentAt = env.Now
+		r.copies[r.nextSeq()] = c
+		if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
+			return []any{Refresh{}}
+		}
+		return nil
+	}
+	return r.stopResync("the target refused a copy: " + a.Code.Err().Error())
+}
+
+// stopResync abandons the resync (the target went away, or the state
+// changed); decide takes the RLDev back to degraded, and the target asks
+// again when it can.
+func (r *replica) stopResync(why string) []any {
+	s := r.resync
+	if s == nil || s.failed {
+		return nil
+	}
+	s.failed = true
+	var out []any
+	for seq, c := range r.copies {
+		if c.src == s {
+			delete(r.copies, seq)
+			out = append(out, r.locks.release(c.lock)...)
+		}
+	}
+	// Chunks still waiting for their range or reading it release it in
+	// sendCopy, which drops them.
+	return append(out, r.e.logf(2, "rldev resync stopped", "rldev", r.rec.ID, "why", why, "copied", s.copied, "of", s.total))
+}
+
+// peerDown: a resync whose target went away stops (writes must not wait
+// for a stale replica: decide takes the RLDev back to degraded).
+func (r *replica) peerDown(env Env, node NodeID) []any {
+	if node != r.peerNode() || r.resync == nil {
+		return nil
+	}
+	return r.stopResync("the target's session broke")
+}
+
+// onCopy writes a resync chunk on the target, overwriting what is there.
+func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
+	ack := func(c Code) []any {
+		return []any{Send{To: from, Msg: Ack{RLDev: m.RLDev, Seq: m.Seq, Code: c, Epoch: r.rec.Epoch}}}
+	}
+	if c, out := r.epochCheck(m.Epoch); c != OK {
+		return append(out, ack(c)...)
+	}
+	n := uint64(len(m.Data)) / BlockSize
+	switch {
+	case r.state != repReady || from != r.peerNode() || r.rec.State != Resyncing || !r.stale():
+		return ack(NotServing)
+	case len(m.Data)%BlockSize != 0 || n == 0 || uint64(len(m.Gens)) != n || r.checkRange(m.Block, n) != nil:
+		return ack(BadRequest)
+	}
+	var out []any
+	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
+		return r.e.writeDurable(r.disk, r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, m.Gens, 0), func(err error) []any {
+			out := r.locks.release(lk)
+			if err != nil {
+				out = append(out, r.fail(err)...)
+				return append(out, ack(DiskFailed)...)
+			}
+			return append(out, ack(OK)...)
+		})
+	})
+	return out
+}

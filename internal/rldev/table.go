@@ -1,0 +1,372 @@
+package rldev
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+)
+
+// Namespace is the config-service namespace of the RLDev table.
+const Namespace = "rldev"
+
+// State is an RLDev's replication state.
+type State int
+
+const (
+	Normal    State = 1 // both segments up to date
+	Degraded  State = 2 // one segment stale: the primary serves alone and logs what it writes
+	Resyncing State = 3 // the stale segment is being brought up to date
+)
+
+func (s State) String() string {
+	switch s {
+	case Normal:
+		return "normal"
+	case Degraded:
+		return "degraded"
+	case Resyncing:
+		return "resyncing"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// Segment is where one replica lives: an extent of a node's disk.
+type Segment struct {
+	Node   uint64
+	Disk   uint32
+	Offset int64
+}
+
+func (s Segment) String() string { return fmt.Sprintf("%d:%d@%d", s.Node, s.Disk, s.Offset) }
+
+// Record is one RLDev of the table.
+//
+// Invariants (Check): two segments on two different nodes; Primary is 0 or
+// 1; Normal has no stale segment; Degraded and Resyncing have exactly one,
+// and it is not the primary.
+type Record struct {
+	ID            uint64
+	Blocks        uint64
+	Segs          [2]Segment
+	Primary       int
+	State         State
+	Stale         [2]bool
+	Epoch         uint64 // bumped by every change of who serves or what they serve
+	DRLOff        bool
+	Progress      uint64
+	ProgressTotal uint64
+	FullCopy      bool
+}
+
+// Secondary is the index of the segment that is not the primary.
+func (r *Record) Secondary() int { return 1 - r.Primary }
+
+// SegmentOf returns the index of the segment on node, or -1.
+func (r *Record) SegmentOf(node uint64) int {
+	for i, s := range r.Segs {
+		if s.Node == node {
+			return i
+		}
+	}
+	return -1
+}
+
+// Check verifies a record's invariants.
+func (r *Record) Check() error {
+	switch {
+	case r.ID == 0:
+		return errors.New("rldev: id 0")
+	case r.Blocks == 0:
+		return fmt.Errorf("rldev %d: no blocks", r.ID)
+	case r.Segs[0].Node == 0 || r.Segs[1].Node == 0:
+		return fmt.Errorf("rldev %d: a segment without a node", r.ID)
+	case r.Segs[0].Node == r.Segs[1].Node:
+		return fmt.Errorf("rldev %d: both segments on node %d", r.ID, r.Segs[0].Node)
+	case r.Primary != 0 && r.Primary != 1:
+		return fmt.Errorf("rldev %d: primary %d", r.ID, r.Primary)
+	case r.Segs[0].Offset%PageSize != 0 || r.Segs[1].Offset%PageSize != 0:
+		return fmt.Errorf("rldev %d: unaligned segment", r.ID)
+	}
+	stale := 0
+	for _, s := range r.Stale {
+		if s {
+			stale++
+		}
+	}
+	switch r.State {
+	case Normal:
+		if stale != 0 {
+			return fmt.Errorf("rldev %d: normal with a stale segment", r.ID)
+		}
+	case Degraded, Resyncing:
+		if stale != 1 || r.Stale[r.Primary] {
+			return fmt.Errorf("rldev %d: %v needs exactly one stale segment, not the primary", r.ID, r.State)
+		}
+	default:
+		return fmt.Errorf("rldev %d: unknown state %d", r.ID, r.State)
+	}
+	return nil
+}
+
+// Serves reports whether segment i may serve reads and writes: it is not
+// stale (a segment being resynced receives writes but serves nothing).
+func (r *Record) Serves(i int) bool { return !r.Stale[i] }
+
+// StaleSeg returns the stale segment's index, or -1.
+func (r *Record) StaleSeg() int {
+	for i, s := range r.Stale {
+		if s {
+			return i
+		}
+	}
+	return -1
+}
+
+// Clone returns a copy.
+func (r *Record) Clone() *Record { c := *r; return &c }
+
+// Disk is one disk of a node that holds segments.
+type Disk struct {
+	Node  uint64
+	Index uint32
+	Size  int64
+	Path  string
+	UUID  string // from the disk's header: another one means the disk was replaced
+}
+
+// DiskReserved is the space at the start of every disk that holds its
+// header (DiskHeader); segments come after it.
+const DiskReserved = 1 << 20
+
+// DiskKey names a disk.
+type DiskKey struct {
+	Node  uint64
+	Index uint32
+}
+
+// Table is the RLDev table as one config-service version holds it.
+type Table struct {
+	Version uint64
+	RLDevs  map[uint64]*Record
+	Disks   map[DiskKey]*Disk
+}
+
+// Keys of the namespace.
+func recordKey(id uint64) string { return fmt.Sprintf("rldev/%010d", id) }
+func diskKey(k DiskKey) string   { return fmt.Sprintf("disk/%d/%d", k.Node, k.Index) }
+
+// DecodeTable reads the namespace; a record that does not decode or breaks
+// an invariant is an error (the table is written only by this package).
+func DecodeTable(ns *pb.Namespace) (*Table, error) {
+	t := &Table{Version: ns.GetVersion(), RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}}
+	for _, e := range ns.GetEntries() {
+		switch {
+		case strings.HasPrefix(e.Key, "rldev/"):
+			m := &pb.RLDevRecord{}
+			if err := proto.Unmarshal(e.Value, m); err != nil {
+				return nil, fmt.Errorf("rldev: record %q: %w", e.Key, err)
+			}
+			r, err := recordFromPB(m)
+			if err != nil {
+				return nil, fmt.Errorf("rldev: record %q: %w", e.Key, err)
+			}
+			if e.Key != recordKey(r.ID) {
+				return nil, fmt.Errorf("rldev: record %q holds RLDev %d", e.Key, r.ID)
+			}
+			t.RLDevs[r.ID] = r
+		case strings.HasPrefix(e.Key, "disk/"):
+			m := &pb.RLDevDisk{}
+			if err := proto.Unmarshal(e.Value, m); err != nil {
+				return nil, fmt.Errorf("rldev: disk %q: %w", e.Key, err)
+			}
+			d := &Disk{Node: m.Node, Index: m.Index, Size: int64(m.Size), Path: m.Path, UUID: m.Uuid}
+			t.Disks[DiskKey{d.Node, d.Index}] = d
+		default:
+			return nil, fmt.Errorf("rldev: unknown key %q", e.Key)
+		}
+	}
+	return t, nil
+}
+
+func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
+	if len(m.Segments) != 2 || len(m.Stale) != 2 {
+		return nil, fmt.Errorf("%d segments, %d stale flags: want 2", len(m.Segments), len(m.Stale))
+	}
+	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
+		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy}
+	for i, s := range m.Segments {
+		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
+		r.Stale[i] = m.Stale[i]
+	}
+	return r, r.Check()
+}
+
+// PB returns the record as stored.
+func (r *Record) PB() *pb.RLDevRecord {
+	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
+		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy}
+	for _, s := range r.Segs {
+		m.Segments = append(m.Segments, &pb.RLDevSegment{Node: s.Node, Disk: s.Disk, Offset: uint64(s.Offset)})
+	}
+	return m
+}
+
+// PutOp is the decree op that stores r.
+func (r *Record) PutOp() *pb.Op {
+	if err := r.Check(); err != nil {
+		panic(err) // programmer error: the engine proposes only checked records
+	}
+	b, err := proto.Marshal(r.PB())
+	if err != nil {
+		panic(err)
+	}
+	return &pb.Op{Kind: pb.Op_KIND_PUT, Key: recordKey(r.ID), Value: b}
+}
+
+// PutDiskOp is the decree op that stores d.
+func PutDiskOp(d *Disk) *pb.Op {
+	b, err := proto.Marshal(&pb.RLDevDisk{Node: d.Node, Index: d.Index, Size: uint64(d.Size), Path: d.Path, Uuid: d.UUID})
+	if err != nil {
+		panic(err)
+	}
+	return &pb.Op{Kind: pb.Op_KIND_PUT, Key: diskKey(DiskKey{d.Node, d.Index}), Value: b}
+}
+
+// IDs returns the RLDev ids in order.
+func (t *Table) IDs() []uint64 {
+	ids := make([]uint64, 0, len(t.RLDevs))
+	for id := range t.RLDevs {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// extent is a byte range of a disk.
+type extent struct{ off, end int64 }
+
+// used returns the extents of disk k that segments occupy, in order.
+func (t *Table) used(k DiskKey) []extent {
+	var out []extent
+	for _, r := range t.RLDevs {
+		for _, s := range r.Segs {
+			if s.Node == k.Node && s.Disk == k.Index {
+				out = append(out, extent{s.Offset, s.Offset + SegmentSize(r.Blocks)})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].off < out[j].off })
+	return out
+}
+
+// FreeExtent finds room for a segment of blocks on disk k (first fit),
+// returning its offset.
+func (t *Table) FreeExtent(k DiskKey, blocks uint64) (int64, bool) {
+	d := t.Disks[k]
+	if d == nil {
+		return 0, false
+	}
+	need := SegmentSize(blocks)
+	at := int64(DiskReserved)
+	for _, e := range t.used(k) {
+		if e.off-at >= need {
+			return at, true
+		}
+		at = max(at, e.end)
+	}
+	return at, d.Size-at >= need
+}
+
+// FreeBytes is the free space of disk k.
+func (t *Table) FreeBytes(k DiskKey) int64 {
+	d := t.Disks[k]
+	if d == nil {
+		return 0
+	}
+	free := d.Size - DiskReserved
+	for _, e := range t.used(k) {
+		free -= e.end - e.off
+	}
+	return free
+}
+
+// storageNodes returns the nodes with a registered disk, in order.
+func (t *Table) storageNodes() []uint64 {
+	seen := map[uint64]bool{}
+	var out []uint64
+	for k := range t.Disks {
+		if !seen[k.Node] {
+			seen[k.Node] = true
+			out = append(out, k.Node)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// ErrNoSpace: no disk of a node has room for a segment.
+var ErrNoSpace = errors.New("rldev: no room for the segment")
+
+// placeOn finds room for a segment of blocks on node's disks.
+func (t *Table) placeOn(node uint64, blocks uint64) (Segment, error) {
+	var keys []DiskKey
+	for k := range t.Disks {
+		if k.Node == node {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Index < keys[j].Index })
+	for _, k := range keys {
+		if off, ok := t.FreeExtent(k, blocks); ok {
+			return Segment{Node: node, Disk: k.Index, Offset: off}, nil
+		}
+	}
+	return Segment{}, fmt.Errorf("%w: node %d has no disk with %d bytes free", ErrNoSpace, node, SegmentSize(blocks))
+}
+
+// NextID is the id a new RLDev gets: one above every id ever in the table.
+func (t *Table) NextID() uint64 {
+	next := uint64(1)
+	for id := range t.RLDevs {
+		next = max(next, id+1)
+	}
+	return next
+}
+
+// Create lays out a new RLDev of blocks by chained declustering: RLDev i's
+// primary on the i-th storage node (mod N), its secondary on the next one,
+// each segment in free space on that node's disks.
+func (t *Table) Create(blocks uint64, drlOff bool) (*Record, error) {
+	nodes := t.storageNodes()
+	if len(nodes) < 2 {
+		return nil, fmt.Errorf("rldev: %d nodes with disks: an RLDev needs two", len(nodes))
+	}
+	id := t.NextID()
+	k := int((id - 1) % uint64(len(nodes)))
+	p, err := t.placeOn(nodes[k], blocks)
+	if err != nil {
+		return nil, err
+	}
+	s, err := t.placeOn(nodes[(k+1)%len(nodes)], blocks)
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{ID: id, Blocks: blocks, Segs: [2]Segment{p, s}, Primary: 0, State: Normal, Epoch: 1, DRLOff: drlOff}
+	return r, r.Check()
+}
+
+// ParseID parses an RLDev id.
+func ParseID(s string) (uint64, error) {
+	id, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || id == 0 {
+		return 0, fmt.Errorf("rldev id %q: want a positive integer", s)
+	}
+	return id, nil
+}
