@@ -153,6 +153,12 @@ type RLDevRecord struct {
 	Progress      uint64                 `protobuf:"varint,9,opt,name=progress,proto3" json:"progress,omitempty"`           // blocks copied by the current resync or move
 	ProgressTotal uint64                 `protobuf:"varint,10,opt,name=progress_total,json=progressTotal,proto3" json:"progress_total,omitempty"`
 	FullCopy      bool                   `protobuf:"varint,11,opt,name=full_copy,json=fullCopy,proto3" json:"full_copy,omitempty"` // the stale segment needs every block (its disk was replaced)
+	// Per segment: the incarnation of its node that serves it (0: none
+	// yet). A replica serves nothing until the table names its incarnation,
+	// and a peer's dead verdict degrades the RLDev only if it is about that
+	// incarnation: a verdict on a past life cannot take a segment from a
+	// process that already serves it.
+	ServingInc    []uint64 `protobuf:"varint,12,rep,packed,name=serving_inc,json=servingInc,proto3" json:"serving_inc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -264,6 +270,13 @@ func (x *RLDevRecord) GetFullCopy() bool {
 	return false
 }
 
+func (x *RLDevRecord) GetServingInc() []uint64 {
+	if x != nil {
+		return x.ServingInc
+	}
+	return nil
+}
+
 // RLDevDisk is one disk of a node that holds segments, key
 // "disk/<node>/<index>".
 type RLDevDisk struct {
@@ -350,7 +363,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xd4\x02\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf5\x02\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -363,7 +376,9 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\bprogress\x18\t \x01(\x04R\bprogress\x12%\n" +
 	"\x0eprogress_total\x18\n" +
 	" \x01(\x04R\rprogressTotal\x12\x1b\n" +
-	"\tfull_copy\x18\v \x01(\bR\bfullCopy\"q\n" +
+	"\tfull_copy\x18\v \x01(\bR\bfullCopy\x12\x1f\n" +
+	"\vserving_inc\x18\f \x03(\x04R\n" +
+	"servingInc\"q\n" +
 	"\tRLDevDisk\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +

@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -16,6 +17,7 @@ import (
 // (the peer declared dead, a resync starting), the requirements are
 // evaluated again.
 type writeOp struct {
+	id       uint64 // order of arrival
 	r        *replica
 	req      ReqID
 	block, n uint64
@@ -45,7 +47,8 @@ func (w *writeOp) drlSpan() (uint64, uint64) { return w.r.drl.durable.Span(w.blo
 func (w *writeOp) degSpan() (uint64, uint64) { return w.r.deg.durable.Span(w.block, w.n) }
 
 func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fence *Fence, only bool) []any {
-	w := &writeOp{r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only}
+	r.e.seq++
+	w := &writeOp{id: r.e.seq, r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only}
 	r.writes[w] = true
 	var out []any
 	w.lock, out = r.locks.acquire(block, w.n, true, func(lk *rangeLock) []any {
@@ -106,7 +109,7 @@ func (w *writeOp) progress(env Env) []any {
 			return w.progress(r.e.env)
 		})
 	}
-	needDRL := !w.only && rec.State == Normal && !rec.DRLOff
+	needDRL := !w.only && rec.State == Normal && !rec.DRLOff && !r.e.cfg.Unsafe.NoDirtyLog
 	needPeer := !w.only && (rec.State == Normal || rec.State == Resyncing)
 	needDeg := !w.only && (rec.State == Degraded || rec.State == Resyncing)
 	var out []any
@@ -200,19 +203,21 @@ func (w *writeOp) acked(env Env, a Ack) []any {
 	case StaleToken:
 		// The peer admitted a newer token than this replica knows of: the
 		// write must not be acknowledged, and this replica's copy of the
-		// range (already written) is pulled back from the peer.
+		// range (already written) is pulled back from the peer under the
+		// write's own range lock, so no read here sees it meanwhile.
+		lk := w.lock
+		w.lock = nil
 		out := w.finish(fmt.Errorf("%w (refused by the peer)", ErrStaleToken))
-		return append(out, r.startRecoveryOf(env, w.block, w.n)...)
-	case WrongEpoch:
-		w.peerEpoch = 0 // sent again on the next retry
-		if a.Epoch > r.rec.Epoch {
-			return []any{Refresh{}}
-		}
-		return nil
+		return append(out, r.startRecoveryOf(env, w.block, w.n, lk)...)
 	}
-	// Not ready there yet, or its disk failed (it leaves by decree):
-	// sent again on the next retry.
-	w.peerEpoch = 0
+	// Another epoch there, not ready there yet, or its disk failed (it
+	// leaves by decree): sent again on the next retry (the write stays
+	// registered as awaiting an answer).
+	w.sentAt = env.Now
+	r.fwd[w.seq] = w
+	if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
+		return []any{Refresh{}}
+	}
 	return nil
 }
 
@@ -238,6 +243,9 @@ func (w *writeOp) finish(err error) []any {
 		for x := c; x <= d; x++ {
 			r.inflightDeg(x, -1)
 		}
+	}
+	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
+		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
 	}
 	out := r.e.reply(w.req, nil, err)
 	return append(out, r.locks.release(w.lock)...)
@@ -306,7 +314,7 @@ func (r *replica) readServed(block, n uint64, repaired bool, then func([]byte, e
 			case err != nil:
 				out = append(out, r.fail(err)...)
 				return append(out, then(nil, fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
-			case r.state != repReady || r.stale() || !r.e.env.alive():
+			case r.state != repReady || r.stale() && !r.e.cfg.Unsafe.ServeStale || !r.e.env.alive():
 				return append(out, then(nil, fmt.Errorf("%w (rldev %d)", ErrNotServing, r.rec.ID))...)
 			case len(bad) > 0 && repaired:
 				return append(out, then(nil, fmt.Errorf("%w: blocks %v of rldev %d", ErrCorrupt, bad, r.rec.ID))...)
@@ -350,18 +358,19 @@ func (r *replica) repair(bad []uint64, then func(error) []any) []any {
 				}
 				return then(failed)
 			}
-			if pd.Code != OK {
+			if !pd.usable(run.n) {
 				return finish(fmt.Errorf("%w: blocks [%d, %d) of rldev %d: the peer's copy: %v", ErrCorrupt, run.first, run.first+run.n, r.rec.ID, pd.Code.Err()))
 			}
-			return r.rewriteBad(run.first, run.n, pd.Data, pd.Gens, finish)
+			return r.rewriteBad(run.first, run.n, pd.Data, pd.Gens, pd.Bad, finish)
 		})...)
 	}
 	return out
 }
 
 // rewriteBad writes, under an exclusive range lock, the blocks of
-// [first, first+n) that still fail their check, from data and gens.
-func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, then func(error) []any) []any {
+// [first, first+n) that still fail their check, from data and gens; those
+// in peerBad (bad at the peer too) stay as they are and are reported.
+func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, peerBad []uint64, then func(error) []any) []any {
 	var out []any
 	_, out = r.locks.acquire(first, n, true, func(lk *rangeLock) []any {
 		return r.readRun(first, n, func(_ []byte, _ []uint64, bad []uint64, err error) []any {
@@ -370,8 +379,20 @@ func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, then f
 				out = append(out, r.fail(err)...)
 				return append(out, then(err)...)
 			}
+			var both []uint64
+			bad = slices.DeleteFunc(bad, func(b uint64) bool {
+				if slices.Contains(peerBad, b) {
+					both = append(both, b)
+					return true
+				}
+				return false
+			})
+			var lost error
+			if len(both) > 0 {
+				lost = fmt.Errorf("%w: blocks %v of rldev %d fail their check on both replicas", ErrCorrupt, both, r.rec.ID)
+			}
 			if len(bad) == 0 {
-				return append(r.locks.release(lk), then(nil)...)
+				return append(r.locks.release(lk), then(lost)...)
 			}
 			left := len(bad)
 			var werr error
@@ -390,10 +411,10 @@ func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, then f
 					out := r.locks.release(lk)
 					if werr != nil {
 						out = append(out, r.fail(werr)...)
-					} else {
-						out = append(out, r.e.logf(2, "rldev blocks repaired from the peer", "rldev", r.rec.ID, "blocks", bad))
+						return append(out, then(werr)...)
 					}
-					return append(out, then(werr)...)
+					out = append(out, r.e.logf(2, "rldev blocks repaired from the peer", "rldev", r.rec.ID, "blocks", bad))
+					return append(out, then(lost)...)
 				})...)
 			}
 			return out
@@ -403,6 +424,19 @@ func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, then f
 }
 
 type run struct{ first, n uint64 }
+
+// goodRuns is [first, first+n) without the sorted blocks of bad, as runs.
+func goodRuns(first, n uint64, bad []uint64) []run {
+	var out []run
+	at := first
+	for _, b := range append(append([]uint64{}, bad...), first+n) {
+		if b > at {
+			out = append(out, run{at, b - at})
+		}
+		at = b + 1
+	}
+	return out
+}
 
 // toRuns groups sorted block numbers into contiguous runs.
 func toRuns(blocks []uint64) []run {
@@ -468,7 +502,13 @@ func (r *replica) onPull(env Env, from NodeID, m Pull) []any {
 				out = append(out, r.fail(err)...)
 				return append(out, reply(PullData{Code: DiskFailed})...)
 			case len(bad) > 0:
-				return append(out, reply(PullData{Code: Corrupt})...)
+				// The good blocks still travel: the puller takes them
+				// and keeps its own copy of the bad ones.
+				for _, b := range bad {
+					i := b - m.Block
+					clear(data[i*BlockSize : (i+1)*BlockSize])
+				}
+				return append(out, reply(PullData{Code: Corrupt, Data: data, Gens: gens, Bad: bad})...)
 			}
 			return append(out, reply(PullData{Code: OK, Data: data, Gens: gens})...)
 		})
@@ -512,14 +552,12 @@ func (r *replica) startRecovery(env Env) []any {
 }
 
 // startRecoveryOf pulls one range back from the peer (a write the peer
-// refused landed here).
-func (r *replica) startRecoveryOf(env Env, block, n uint64) []any {
-	q := &recover{x: noRegion, first: block, n: n}
-	var out []any
-	q.lock, out = r.locks.acquire(block, n, true, func(lk *rangeLock) []any { q.lock = lk; return r.pumpRecovery(r.e.env) })
+// refused landed here), holding it with lk (the write's exclusive lock).
+func (r *replica) startRecoveryOf(env Env, block, n uint64, lk *rangeLock) []any {
+	q := &recover{x: noRegion, first: block, n: n, lock: lk}
 	r.recoverQ = append(r.recoverQ, q)
 	r.recovering++
-	return out
+	return r.pumpRecovery(env)
 }
 
 func (r *replica) pumpRecovery(env Env) []any {
@@ -530,17 +568,42 @@ func (r *replica) pumpRecovery(env Env) []any {
 		}
 		q.pulling = true
 		out = append(out, r.pull(q.first, q.n, func(pd PullData) []any {
-			if pd.Code != OK {
+			if !pd.usable(q.n) {
 				// The peer's copy is unreadable: this one is all there is.
 				return append([]any{r.e.logf(3, "rldev dirty region not pulled: keeping this copy", "rldev", r.rec.ID,
 					"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", pd.Code.Err())}, r.recovered(q)...)
 			}
-			return r.e.writeDurable(r.disk, r.base+blockOff(q.first), r.encodeRun(q.first, pd.Data, pd.Gens, 0), func(err error) []any {
-				if err != nil {
-					return r.fail(err)
-				}
-				return r.recovered(q)
-			})
+			// Take every block the peer could read; keep this copy of
+			// those it could not (the peer repairs them from here on
+			// its next read of them, or the scrubber does).
+			var log []any
+			if len(pd.Bad) > 0 {
+				log = append(log, r.e.logf(3, "rldev dirty region pulled except blocks corrupt at the peer: keeping this copy of those", "rldev", r.rec.ID,
+					"blocks", pd.Bad))
+			}
+			runs := goodRuns(q.first, q.n, pd.Bad)
+			if len(runs) == 0 {
+				return append(log, r.recovered(q)...)
+			}
+			left := len(runs)
+			var werr error
+			for _, g := range runs {
+				i := g.first - q.first
+				phys := r.encodeRun(g.first, pd.Data[i*BlockSize:(i+g.n)*BlockSize], pd.Gens[i:i+g.n], 0)
+				log = append(log, r.e.writeDurable(r.disk, r.base+blockOff(g.first), phys, func(err error) []any {
+					if err != nil && werr == nil {
+						werr = err
+					}
+					if left--; left > 0 {
+						return nil
+					}
+					if werr != nil {
+						return r.fail(werr)
+					}
+					return r.recovered(q)
+				})...)
+			}
+			return log
 		})...)
 	}
 	return out
@@ -553,6 +616,31 @@ func (r *replica) heldNow(lk *rangeLock) bool {
 		}
 	}
 	return false
+}
+
+// abandonRecovery: the peer became stale while this replica was pulling
+// its dirty regions from it. This copy is now the only one; the regions it
+// could not pull may differ from the peer's, so they go into the
+// degraded-mode log (the resync copies them to the peer) before they are
+// served.
+func (r *replica) abandonRecovery() []any {
+	var out []any
+	for _, q := range append([]*recover{}, r.recoverQ...) {
+		q := q
+		a, b := r.deg.durable.Span(q.first, q.n)
+		out = append(out, r.deg.mark(a, b, func(err error) []any {
+			if err != nil {
+				return nil // the replica failed (deg.flush did it)
+			}
+			for seq, p := range r.pulls {
+				if p.first == q.first && p.n == q.n {
+					delete(r.pulls, seq)
+				}
+			}
+			return r.recovered(q)
+		})...)
+	}
+	return append(out, r.e.logf(2, "rldev dirty regions not pulled: the peer is stale; they go to it by resync", "rldev", r.rec.ID))
 }
 
 // recovered ends one region's recovery.
@@ -589,8 +677,11 @@ func (r *replica) lazyClear(env Env) []any {
 			held[q.x] = true
 		}
 	}
+	// A stale replica keeps its dirty regions until it is resynced: they
+	// name blocks it may hold differently from the peer (a write of its
+	// past that never reached the peer), which the resync must copy.
 	for _, x := range r.drl.durable.List() {
-		if r.inflight[x] == 0 && !held[x] {
+		if r.inflight[x] == 0 && !held[x] && !r.stale() {
 			r.drl.unmark(x)
 		}
 	}

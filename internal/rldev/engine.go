@@ -104,7 +104,10 @@ type LocalDisk struct {
 
 // Config configures an engine.
 type Config struct {
-	Node  NodeID
+	Node NodeID
+	// Inc is this process's incarnation (the failure detector's): a
+	// replica serves once the table names it for its segment. Required.
+	Inc   uint64
 	Disks []LocalDisk
 	// FlushEvery is how often dirty regions with no write in flight are
 	// cleared from the log (one log write per flush). Default 1 s.
@@ -122,6 +125,20 @@ type Config struct {
 	// ProgressEvery is how often a resync records its progress by decree.
 	// Default 2 s.
 	ProgressEvery time.Duration
+	// ReloadEvery is how long a segment that failed waits before it is
+	// loaded again (its disk's error may have been transient). Default 5 s.
+	ReloadEvery time.Duration
+	// Unsafe switches a rule off: for the simulator's teeth tests only,
+	// which show that its oracle catches what each rule prevents.
+	Unsafe Unsafe
+}
+
+// Unsafe rules, off in every real configuration.
+type Unsafe struct {
+	ServeStale bool // a stale replica serves reads
+	NoDirtyLog bool // writes are forwarded without a durable dirty-region mark
+	NoJoin     bool // a replica serves without the table naming its incarnation; a verdict on any incarnation counts
+	NoMaybe    bool // a write that began to land and failed does not say it may have taken effect
 }
 
 func (c *Config) defaults() {
@@ -142,6 +159,9 @@ func (c *Config) defaults() {
 	}
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = 2 * time.Second
+	}
+	if c.ReloadEvery == 0 {
+		c.ReloadEvery = 5 * time.Second
 	}
 }
 
@@ -201,6 +221,9 @@ type request struct {
 // NewEngine returns an engine for node cfg.Node with its local disks. It
 // serves nothing until SetTable gives it a linearizable table.
 func NewEngine(cfg Config) *Engine {
+	if cfg.Node == 0 || cfg.Inc == 0 {
+		panic("rldev: NewEngine needs the node's id and incarnation")
+	}
 	cfg.defaults()
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
@@ -326,7 +349,8 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 		out = append(out, r.setRecord(env, rec)...)
 	}
 	// Replicas this node no longer hosts.
-	for id, r := range e.reps {
+	for _, id := range sortedIDs(e.reps) {
+		r := e.reps[id]
 		if rec := t.RLDevs[id]; rec == nil || rec.SegmentOf(e.cfg.Node) < 0 {
 			out = append(out, r.retire(env, "no longer a replica here")...)
 			delete(e.reps, id)
@@ -372,6 +396,16 @@ func (e *Engine) poll(env Env, now bool) []any {
 		return nil
 	}
 	e.lastPoll = env.Now
+	// A peer the table says a later incarnation serves from is asked
+	// about that one: a verdict on an earlier one would not count.
+	for _, id := range sortedIDs(e.reps) {
+		r := e.reps[id]
+		n, inc := r.peerNode(), r.rec.Inc[r.peer()]
+		if !e.up[n] && inc > e.dead[n] && inc > e.suspects[n] {
+			delete(e.dead, n)
+			e.suspects[n] = inc
+		}
+	}
 	var subs []Subject
 	for n, inc := range e.suspects {
 		if inc != 0 {
@@ -396,9 +430,14 @@ func (e *Engine) Verdict(env Env, s Subject, dead bool) []any {
 	return append([]any{e.logf(2, "rldev peer declared dead", "node", s.Node, "incarnation", s.Inc)}, e.decide(env)...)
 }
 
-// peerDead reports whether node's incarnation was declared dead since its
-// session broke (so it has fenced itself and serves nothing).
-func (e *Engine) peerDead(node NodeID) bool { return e.dead[node] != 0 }
+// peerDead reports whether incarnation inc of node (0: whichever) was
+// declared dead since its session broke (so it has fenced itself and
+// serves nothing). A node's incarnations run one after the other: a
+// verdict on one covers those before it.
+func (e *Engine) peerDead(node NodeID, inc uint64) bool {
+	d := e.dead[node]
+	return d != 0 && (d >= inc || e.cfg.Unsafe.NoJoin)
+}
 
 // Deliver hands the engine a peer message from node from.
 func (e *Engine) Deliver(env Env, from NodeID, msg any) []any {
@@ -539,7 +578,7 @@ func (e *Engine) replicaFor(env Env, id uint64, replica int) (*replica, Code) {
 			return r, BadRequest // only for an RLDev whose client keeps its own log
 		}
 	}
-	if !r.ready() || r.stale() {
+	if !r.ready() || r.stale() && !(e.cfg.Unsafe.ServeStale && replica < 0) {
 		return r, NotServing
 	}
 	if replica < 0 && rec.Primary != r.seg {

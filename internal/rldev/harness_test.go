@@ -84,7 +84,7 @@ func (h *harness) start(n *hnode) {
 		n.uuid[idx] = hdr.UUID
 		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx)})
 	}
-	n.e = NewEngine(Config{Node: n.id, Disks: disks})
+	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks})
 	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
 	for _, p := range h.sorted() {
 		if p != n && p.up && !h.isCut(n.id, p.id) {
@@ -301,7 +301,33 @@ func (h *harness) create(blocks uint64) *Record {
 		h.t.Fatal(err)
 	}
 	h.run()
-	return r
+	h.joined(r.ID)
+	return h.rec(r.ID)
+}
+
+// joined lets time pass (up to 10 s) until the up nodes holding the
+// RLDevs' segments (all of them, if none given) are named in the table,
+// so that they serve.
+func (h *harness) joined(ids ...uint64) {
+	for i := 0; i < 100; i++ {
+		t := h.table()
+		if len(ids) == 0 {
+			ids = t.IDs()
+		}
+		all := true
+		for _, id := range ids {
+			rec := t.RLDevs[id]
+			for seg, sg := range rec.Segs {
+				if n := h.nodes[sg.Node]; n != nil && n.up && rec.Inc[seg] != n.inc {
+					all = false
+				}
+			}
+		}
+		if all {
+			return
+		}
+		h.tick(100 * time.Millisecond)
+	}
 }
 
 func (h *harness) rec(id uint64) *Record { return h.table().RLDevs[id] }

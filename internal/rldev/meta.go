@@ -101,32 +101,39 @@ func decodeBitmap(p []byte, regionBlocks, blocks uint64) (Bitmap, error) {
 	return want, nil
 }
 
-// Super is a segment's superblock: which RLDev it belongs to, and the
+// Super is a segment's superblock: which RLDev it belongs to, the
 // primary's generation floor (generations are taken below it, and it is
 // raised, durably, before they reach it, so that they never repeat across
-// a restart within one epoch).
+// a restart within one epoch), and whether the segment is incomplete (it
+// was formatted as a stale replica, or lost with its disk: only a full
+// copy makes it whole, whatever the degraded-mode log says; kept across
+// restarts until a resync completes).
 type Super struct {
-	RLDev    uint64
-	Blocks   uint64
-	GenFloor uint64
+	RLDev      uint64
+	Blocks     uint64
+	GenFloor   uint64
+	Incomplete bool
 }
 
-const superLen = 24
+const superLen = 32
 
 func encodeSuper(s Super) []byte {
 	p := make([]byte, superLen)
 	binary.LittleEndian.PutUint64(p[0:], s.RLDev)
 	binary.LittleEndian.PutUint64(p[8:], s.Blocks)
 	binary.LittleEndian.PutUint64(p[16:], s.GenFloor)
+	if s.Incomplete {
+		p[24] = 1
+	}
 	return p
 }
 
 func decodeSuper(p []byte) (Super, error) {
-	if len(p) != superLen {
-		return Super{}, fmt.Errorf("rldev: superblock of %d bytes", len(p))
+	if len(p) != superLen || p[24] > 1 || !allZero(p[25:]) {
+		return Super{}, fmt.Errorf("rldev: superblock of %d bytes does not decode", len(p))
 	}
 	return Super{RLDev: binary.LittleEndian.Uint64(p[0:]), Blocks: binary.LittleEndian.Uint64(p[8:]),
-		GenFloor: binary.LittleEndian.Uint64(p[16:])}, nil
+		GenFloor: binary.LittleEndian.Uint64(p[16:]), Incomplete: p[24] == 1}, nil
 }
 
 // MaxTokenNames bounds the lock names a segment keeps tokens for (their

@@ -39,6 +39,15 @@ var (
 	ErrCorrupt    = errors.New("rldev: block corrupt and not repairable")
 	ErrBadRequest = errors.New("rldev: bad request")
 	ErrUnknown    = errors.New("rldev: no such RLDev")
+
+	// ErrMaybeWritten accompanies a write's error when the write had
+	// begun to land (on this replica's disk, forwarded to the peer)
+	// before it failed: the blocks may hold the old data or the new, and
+	// readers may see either. A write failing without it was refused
+	// before anything was written. Trying a write again after
+	// ErrMaybeWritten is a new write: a write of another writer that came
+	// between may be overwritten by it (writers of a block share a lock).
+	ErrMaybeWritten = errors.New("the write may have taken effect")
 )
 
 // Err is a code's error.
@@ -107,12 +116,23 @@ type Pull struct {
 	Block, Count      uint64
 }
 
-// PullData answers a Pull: the blocks' data and generations.
+// PullData answers a Pull: the blocks' data and generations. With Code
+// Corrupt, Data and Gens still carry every block and Bad lists those that
+// failed their check at the sender (their Data is zero): the rest are
+// good.
 type PullData struct {
 	RLDev, Seq uint64
 	Code       Code
 	Data       []byte
 	Gens       []uint64
+	Bad        []uint64
+}
+
+// usable reports whether pd carries blocks for [first, first+n): all of
+// them (OK) or all but pd.Bad (Corrupt).
+func (pd PullData) usable(n uint64) bool {
+	return (pd.Code == OK || pd.Code == Corrupt && len(pd.Bad) > 0) &&
+		uint64(len(pd.Data)) == n*BlockSize && uint64(len(pd.Gens)) == n
 }
 
 // ResyncMe is a stale replica asking the up-to-date one to bring it up to

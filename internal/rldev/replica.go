@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
@@ -11,28 +12,31 @@ type repState int
 
 const (
 	repLoading repState = iota // reading its metadata
-	repReady                   // loaded: serves what the table lets it
+	repJoining                 // loaded: waiting for the table to name this incarnation for its segment
+	repReady                   // loaded and named: serves what the table lets it
 	repFailed                  // its disk failed: leaving the RLDev
 	repRetired                 // no longer a replica here
 )
 
 // replica is this node's segment of one RLDev.
 type replica struct {
-	e     *Engine
-	rec   *Record
-	seg   int // this node's segment index in rec
-	disk  uint32
-	base  int64 // segment offset on its disk
-	state repState
-	err   error // why it failed
+	e        *Engine
+	rec      *Record
+	seg      int // this node's segment index in rec
+	disk     uint32
+	base     int64 // segment offset on its disk
+	state    repState
+	err      error     // why it failed
+	failedAt time.Time // when
 
-	blank    bool // the segment held no RLDev when loaded
-	lost     bool // its disk was replaced: stale in fact, until the table says so
-	super    Super
-	superSeq uint64
-	superW   bool                // a superblock write is in flight
-	superQ   []func(error) []any // waiting for the generation floor
-	nextGen  uint64
+	blank        bool // the segment held no RLDev when loaded
+	lost         bool // its disk was replaced: stale in fact, until the table says so
+	super        Super
+	superSeq     uint64
+	superW       bool                // a superblock write is in flight
+	superQ       []func(error) []any // waiting for the next superblock write
+	superChanges []func(*Super)      // what it changes
+	nextGen      uint64
 
 	drl, deg *pageLog
 
@@ -66,10 +70,31 @@ func newReplica(e *Engine, rec *Record, seg int) *replica {
 
 func (r *replica) ready() bool { return r.state == repReady }
 
+// sortedWrites returns the writes in progress in the order they began
+// (the engine's outputs must not depend on map order: the simulator
+// replays a seed exactly).
+func (r *replica) sortedWrites() []*writeOp {
+	ws := make([]*writeOp, 0, len(r.writes))
+	for w := range r.writes {
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool { return ws[i].id < ws[j].id })
+	return ws
+}
+
+func sortedSeqs[V any](m map[uint64]V) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
 func (r *replica) peer() int           { return 1 - r.seg }
 func (r *replica) peerNode() NodeID    { return r.rec.Segs[r.peer()].Node }
 func (r *replica) isPrimary() bool     { return r.rec.Primary == r.seg }
-func (r *replica) stale() bool         { return r.rec.Stale[r.seg] }
+func (r *replica) stale() bool         { return r.rec.Stale[r.seg] || r.lost }
 func (r *replica) peerStale() bool     { return r.rec.Stale[r.peer()] }
 func (r *replica) peerReachable() bool { return r.e.up[r.peerNode()] }
 
@@ -112,7 +137,9 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	case blank:
 		// Nothing here yet: a new RLDev, or a segment to be copied whole.
 		r.blank = true
-		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks}
+		// A stale (or lost) segment formatted now holds nothing: it stays
+		// incomplete, across restarts, until a full copy has run.
+		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale()}
 		r.drl = newPageLog(r, PageDRL, NewBitmap(drlRB, r.rec.Blocks), 0)
 		r.deg = newPageLog(r, PageDegraded, NewBitmap(degRB, r.rec.Blocks), 0)
 		return r.format(env)
@@ -160,8 +187,21 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	} else if !blank {
 		out = append(out, r.e.logf(3, "rldev token table corrupt: fenced writes are checked from now on only", "rldev", r.rec.ID))
 	}
-	r.state = repReady
-	return append(out, r.afterLoad(env)...)
+	return append(out, r.join(env)...)
+}
+
+// join: the replica is loaded. It serves once the table names this
+// incarnation as its segment's (want proposes it): from then on a dead
+// verdict on an earlier incarnation of this node cannot degrade the RLDev
+// behind its back, and messages of the earlier one, sent in an earlier
+// epoch, are refused.
+func (r *replica) join(env Env) []any {
+	if r.rec.Inc[r.seg] == r.e.cfg.Inc || r.e.cfg.Unsafe.NoJoin {
+		r.state = repReady
+		return r.afterLoad(env)
+	}
+	r.state = repJoining
+	return []any{r.e.logf(1, "rldev replica loaded: joining", "rldev", r.rec.ID, "segment", r.seg, "incarnation", r.e.cfg.Inc)}
 }
 
 // format writes a blank segment's superblock and empty logs.
@@ -176,8 +216,7 @@ func (r *replica) format(env Env) []any {
 		if pending > 0 || r.state != repLoading {
 			return nil
 		}
-		r.state = repReady
-		return r.afterLoad(env)
+		return r.join(env)
 	}
 	for _, kind := range []uint16{PageSuper, PageDRL, PageDegraded, PageTokens} {
 		var payload []byte
@@ -209,12 +248,19 @@ func (r *replica) afterLoad(env Env) []any {
 	switch {
 	case r.stale():
 		return append(out, r.askResync(env)...)
-	case !r.drl.durable.Empty() && r.rec.State == Normal && !r.peerStale():
-		// This replica crashed while writes were in flight: its peer's
-		// copy of those regions is the one readers may have seen.
+	case !r.drl.durable.Empty() && r.rec.State == Normal && !r.peerStale() && r.isPrimary():
+		// This replica crashed, as the primary, while writes were in
+		// flight: its peer's copy of those regions is the one readers
+		// may have seen.
 		return append(out, r.startRecovery(env)...)
 	case !r.drl.durable.Empty():
-		// No up-to-date peer to pull from: this copy is the only one.
+		// No up-to-date peer to pull from: this copy is the only one. Or
+		// this replica is a secondary in step with the primary: only a
+		// primary marks dirty regions, and a replica that stopped being
+		// the primary was made stale and then resynced, its dirty
+		// regions with the rest (it crashed before it cleared them).
+		// Pulling them from the primary would also wait on the
+		// primary's writes in flight, which wait on this replica.
 		for _, x := range r.drl.durable.List() {
 			r.drl.unmark(x)
 		}
@@ -232,6 +278,7 @@ func (r *replica) fail(err error) []any {
 	}
 	r.state = repFailed
 	r.err = err
+	r.failedAt = r.e.env.Now
 	out := []any{r.e.logf(3, "rldev segment failed: leaving the RLDev", "rldev", r.rec.ID, "err", err)}
 	return append(out, r.abort(fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
 }
@@ -249,10 +296,11 @@ func (r *replica) retire(env Env, why string) []any {
 // abort fails every operation in progress on the replica.
 func (r *replica) abort(err error) []any {
 	var out []any
-	for w := range r.writes {
+	for _, w := range r.sortedWrites() {
 		out = append(out, w.finish(err)...)
 	}
-	for seq, p := range r.pulls {
+	for _, seq := range sortedSeqs(r.pulls) {
+		p := r.pulls[seq]
 		delete(r.pulls, seq)
 		out = append(out, p.then(PullData{Code: NotServing})...)
 	}
@@ -275,6 +323,16 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 	if rec.Stale[r.seg] {
 		r.lost = false // the table says it now
 	}
+	if r.state == repJoining && rec.Inc[r.seg] == r.e.cfg.Inc {
+		return r.join(env)
+	}
+	if r.state == repReady && rec.Inc[r.seg] != r.e.cfg.Inc && !r.e.cfg.Unsafe.NoJoin {
+		// Another incarnation of this node holds the segment: this one
+		// is a past life that should have fenced itself.
+		r.state = repJoining
+		out := []any{r.e.logf(3, "rldev another incarnation serves the segment: this one stops", "rldev", rec.ID, "incarnation", rec.Inc[r.seg])}
+		return append(out, r.abort(fmt.Errorf("%w: another incarnation serves the segment", ErrNotServing))...)
+	}
 	if rec.Epoch == old.Epoch {
 		return nil // progress only
 	}
@@ -285,12 +343,15 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 	becameStale := rec.Stale[r.seg] && !old.Stale[r.seg]
 	if becameStale {
 		out = append(out, r.e.logf(2, "rldev replica now stale", "rldev", rec.ID, "epoch", rec.Epoch))
-		for w := range r.writes {
+		for _, w := range r.sortedWrites() {
 			out = append(out, w.finish(fmt.Errorf("%w: this replica is stale", ErrNotServing))...)
 		}
 	}
 	if old.Stale[r.seg] && !rec.Stale[r.seg] {
-		// Resynced: the logs of its past are obsolete.
+		// Resynced: whole again, and the logs of its past are obsolete.
+		if r.super.Incomplete {
+			out = append(out, r.writeSuper(func(s *Super) { s.Incomplete = false }, func(error) []any { return nil })...)
+		}
 		for _, x := range r.drl.durable.List() {
 			r.drl.unmark(x)
 		}
@@ -302,7 +363,7 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 		out = append(out, r.e.logf(1, "rldev replica up to date", "rldev", rec.ID, "epoch", rec.Epoch))
 	}
 	if old.Primary == r.seg && rec.Primary != r.seg && !becameStale {
-		for w := range r.writes {
+		for _, w := range r.sortedWrites() {
 			if !w.only {
 				out = append(out, w.finish(fmt.Errorf("%w: the primary moved", ErrNotPrimary))...)
 			}
@@ -321,9 +382,12 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 	if r.stale() {
 		out = append(out, r.askResync(env)...)
 	}
+	if r.recovering > 0 && rec.Stale[r.peer()] {
+		out = append(out, r.abandonRecovery()...)
+	}
 	// Writes in progress re-evaluate what they need in the new epoch (a
 	// peer dropped by degraded mode, a resync target to forward to).
-	for w := range r.writes {
+	for _, w := range r.sortedWrites() {
 		out = append(out, w.progress(env)...)
 	}
 	return out
@@ -341,9 +405,13 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 			return rec, "segment lost with its disk on node " + fmt.Sprint(r.e.cfg.Node)
 		}
 		return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node)
+	case r.state == repJoining && rec.Inc[me] < r.e.cfg.Inc:
+		rec.Inc[me] = r.e.cfg.Inc
+		rec.Epoch++
+		return rec, fmt.Sprintf("segment %d served by incarnation %d", me, r.e.cfg.Inc)
 	case r.state != repReady:
 		return nil, ""
-	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node):
+	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
 		rec.Primary, rec.State, rec.Stale[peer] = me, Degraded, true
 		rec.Epoch++
 		return rec, fmt.Sprintf("peer node %d dead: degraded", rec.Segs[peer].Node)
@@ -381,27 +449,46 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 	return r.retry(env)
 }
 
-// retry resends what is unanswered and asks again for what is awaited.
+// retry resends what is unanswered and asks again for what is awaited. A
+// replica whose disk failed tries again (every ReloadEvery: an error may
+// have been transient) once the table has it stale, when it is resynced;
+// or at once if it is the only up-to-date copy (its peer stale: nothing
+// was written anywhere else meanwhile, and its logs say what it owes the
+// peer).
 func (r *replica) retry(env Env) []any {
+	if r.state == repFailed && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery {
+		r.state, r.err, r.failedAt = repLoading, nil, env.Now
+		r.blank = false
+		// Whatever the failed life left (a lock whose operation ended in
+		// the error) goes with it: everything starts again.
+		r.locks = rangeLocks{}
+		r.inflight = map[uint64]int{}
+		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
+		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
+		return append([]any{r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID)}, r.load(env)...)
+	}
 	if r.state != repReady {
 		return nil
 	}
 	var out []any
 	if r.peerReachable() {
-		for seq, w := range r.fwd {
+		for _, seq := range sortedSeqs(r.fwd) {
+			w := r.fwd[seq]
 			if w.peerEpoch == r.rec.Epoch && !w.peerAcked && env.Now.Sub(w.sentAt) >= r.e.cfg.RetryEvery {
 				delete(r.fwd, seq)
 				w.peerEpoch = 0 // send again
 				out = append(out, w.progress(env)...)
 			}
 		}
-		for seq, p := range r.pulls {
+		for _, seq := range sortedSeqs(r.pulls) {
+			p := r.pulls[seq]
 			if env.Now.Sub(p.sentAt) >= r.e.cfg.RetryEvery {
 				delete(r.pulls, seq)
 				out = append(out, r.sendPull(env, p)...)
 			}
 		}
-		for seq, c := range r.copies {
+		for _, seq := range sortedSeqs(r.copies) {
+			c := r.copies[seq]
 			if env.Now.Sub(c.sentAt) >= r.e.cfg.RetryEvery {
 				delete(r.copies, seq)
 				out = append(out, r.sendCopy(env, c)...)
@@ -477,18 +564,37 @@ func (r *replica) gen(then func(g uint64, err error) []any) []any {
 		return then(g, nil)
 	}
 	// Raise the floor, durably, before using generations at or above it.
-	r.superQ = append(r.superQ, func(err error) []any {
+	return r.writeSuper(func(s *Super) { s.GenFloor = max(s.GenFloor, g+1<<20) }, func(err error) []any {
 		if err != nil {
 			return then(0, err)
 		}
 		return r.gen(then)
 	})
+}
+
+// writeSuper changes the superblock durably (one write in flight; changes
+// asked meanwhile go into the next), then runs then.
+func (r *replica) writeSuper(change func(*Super), then func(error) []any) []any {
+	r.superQ = append(r.superQ, func(err error) []any { return then(err) })
+	r.superChanges = append(r.superChanges, change)
 	if r.superW {
+		return nil
+	}
+	return r.flushSuper()
+}
+
+func (r *replica) flushSuper() []any {
+	if r.superW || len(r.superQ) == 0 {
 		return nil
 	}
 	r.superW = true
 	ns := r.super
-	ns.GenFloor = g + 1<<20
+	for _, c := range r.superChanges {
+		c(&ns)
+	}
+	r.superChanges = nil
+	q := r.superQ
+	r.superQ = nil
 	seq := r.superSeq + 1
 	p, err := EncodePage(PageSuper, seq, encodeSuper(ns), PageSize)
 	if err != nil {
@@ -500,8 +606,6 @@ func (r *replica) gen(then func(g uint64, err error) []any) []any {
 		if err == nil {
 			r.super, r.superSeq = ns, seq
 		}
-		q := r.superQ
-		r.superQ = nil
 		var out []any
 		if err != nil {
 			out = append(out, r.fail(err)...)
@@ -509,7 +613,7 @@ func (r *replica) gen(then func(g uint64, err error) []any) []any {
 		for _, fn := range q {
 			out = append(out, fn(err)...)
 		}
-		return out
+		return append(out, r.flushSuper()...)
 	})
 }
 

@@ -42,7 +42,7 @@ func (r *replica) askResync(env Env) []any {
 		return nil
 	}
 	r.askedAt = env.Now
-	return []any{Send{To: r.peerNode(), Msg: ResyncMe{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Dirty: r.drl.durable.List(), Blank: r.blank}}}
+	return []any{Send{To: r.peerNode(), Msg: ResyncMe{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Dirty: r.drl.durable.List(), Blank: r.blank || r.super.Incomplete}}}
 }
 
 // onResyncMe: the up-to-date replica takes a stale one's request; decide
@@ -126,7 +126,7 @@ func (r *replica) pumpResync(env Env) []any {
 			c.lock = lk
 			return r.readRun(c.first, c.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
 				if err != nil {
-					return r.fail(err)
+					return append(r.locks.release(c.lock), r.fail(err)...)
 				}
 				for _, b := range bad {
 					gens[b-c.first] = badGen // the only copy is gone: the target says so too
@@ -178,7 +178,8 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 		}
 		return nil
 	}
-	return r.stopResync("the target refused a copy: " + a.Code.Err().Error())
+	out := r.locks.release(c.lock) // no longer in r.copies: stopResync would not see it
+	return append(out, r.stopResync("the target refused a copy: "+a.Code.Err().Error())...)
 }
 
 // stopResync abandons the resync (the target went away, or the state
@@ -191,7 +192,8 @@ func (r *replica) stopResync(why string) []any {
 	}
 	s.failed = true
 	var out []any
-	for seq, c := range r.copies {
+	for _, seq := range sortedSeqs(r.copies) {
+		c := r.copies[seq]
 		if c.src == s {
 			delete(r.copies, seq)
 			out = append(out, r.locks.release(c.lock)...)

@@ -62,6 +62,10 @@ type Record struct {
 	Progress      uint64
 	ProgressTotal uint64
 	FullCopy      bool
+	// Inc is, per segment, the incarnation of its node that serves it (0:
+	// none yet). A replica serves once the table names its incarnation; a
+	// peer's dead verdict counts only for the incarnation named here.
+	Inc [2]uint64
 }
 
 // Secondary is the index of the segment that is not the primary.
@@ -195,14 +199,17 @@ func DecodeTable(ns *pb.Namespace) (*Table, error) {
 }
 
 func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
-	if len(m.Segments) != 2 || len(m.Stale) != 2 {
-		return nil, fmt.Errorf("%d segments, %d stale flags: want 2", len(m.Segments), len(m.Stale))
+	if len(m.Segments) != 2 || len(m.Stale) != 2 || len(m.ServingInc) != 0 && len(m.ServingInc) != 2 {
+		return nil, fmt.Errorf("%d segments, %d stale flags, %d serving incarnations: want 2", len(m.Segments), len(m.Stale), len(m.ServingInc))
 	}
 	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
 		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy}
 	for i, s := range m.Segments {
 		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
 		r.Stale[i] = m.Stale[i]
+	}
+	if len(m.ServingInc) == 2 {
+		r.Inc = [2]uint64{m.ServingInc[0], m.ServingInc[1]}
 	}
 	return r, r.Check()
 }
@@ -211,7 +218,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 func (r *Record) PB() *pb.RLDevRecord {
 	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
-		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy}
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}}
 	for _, s := range r.Segs {
 		m.Segments = append(m.Segments, &pb.RLDevSegment{Node: s.Node, Disk: s.Disk, Offset: uint64(s.Offset)})
 	}

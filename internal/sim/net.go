@@ -141,6 +141,9 @@ func (n *Network) Send(from, to uint64, payload any) {
 func (n *Network) Block(from, to uint64) { n.blocked[[2]uint64{from, to}] = true }
 
 // Partition splits the given processes into groups that cannot talk to each
+// Blocked reports whether datagrams and sessions from a to b are cut.
+func (n *Network) Blocked(a, b uint64) bool { return n.blocked[[2]uint64{a, b}] }
+
 // other (in either direction). Processes not named keep their links.
 func (n *Network) Partition(groups ...[]uint64) {
 	for i, g := range groups {

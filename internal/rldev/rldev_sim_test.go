@@ -1,0 +1,1301 @@
+package rldev
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
+	"github.com/grovestore/grove/internal/fd"
+	"github.com/grovestore/grove/internal/fd/fdsim"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/sim"
+	"github.com/grovestore/grove/internal/sim/simmeta"
+)
+
+// The RLDev simulation: each node incarnation runs the real Engine (what
+// the node's driver runs) on the real failure detector (fdsim), a
+// simulated config service running the real state machine (async decrees,
+// stalls, lost decrees), ordered sessions that break, and MemDevices that
+// tear unsynced writes at a crash, flip bits and fail writes. Clients write
+// unique values to random block ranges of several RLDevs and read them
+// back from random replicas, stale ones included, while nodes crash,
+// lose their disks, pause, restart, and the network partitions (whole
+// sides, or the two replicas of an RLDev alone).
+//
+// The oracle, independent of the engine: (1) every block, taken as a
+// register, has a linearizable history (porcupine; a write that failed or
+// timed out may have happened at any time after it began); (2) no replica
+// that the committed table says is stale answers a read or acknowledges a
+// write; (3) a block reads as corrupt only on an RLDev that suffered a
+// double fault (both replicas crashed at once, or the only up-to-date one
+// crashed or lost its disk); (4) after the faults stop, every RLDev is
+// normal again within the liveness bound and its two segments hold
+// identical data.
+
+const (
+	simNodes   = 5
+	simRLDevs  = 5
+	simBlocks  = 64
+	simDisk    = 4 << 20
+	simSafety  = 20 * time.Second
+	simLiven   = 40 * time.Second
+	simClients = 4
+)
+
+type simOpts struct {
+	unsafe Unsafe
+	quiet  bool // no disk faults, no partitions of replica pairs
+}
+
+type rsim struct {
+	t    *testing.T
+	w    *sim.World
+	net  *sim.Network
+	svc  *simmeta.Service
+	fd   *fdsim.Cluster
+	opts simOpts
+	n    map[NodeID]*rnode
+	o    *roracle
+	adm  *sim.Process
+
+	nextReq ReqID
+	pending map[reqKey]func(Reply)
+	nextVal uint64
+	groups  [][]uint64
+	cuts    int  // replica pairs cut since the last heal
+	stopped bool // clients stop issuing
+	ops     int  // client operations in flight
+}
+
+type reqKey struct {
+	node NodeID
+	req  ReqID
+}
+
+type rnode struct {
+	id    NodeID
+	fn    *fdsim.Node
+	devs  map[uint32]*disk.MemDevice
+	e     *Engine
+	life  uint64
+	inc   uint64
+	sess  map[NodeID]*sim.End
+	watch []func()
+	down  bool // crashed, not yet restarted
+}
+
+func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
+	w := sim.NewWorld(seed)
+	cfg := fd.Config{Interval: fd.DefaultInterval, GracePeriod: fd.DefaultGracePeriod, MaxDrift: fd.DefaultMaxDrift, Observers: []fd.NodeID{1, 2, 3}}
+	net := w.NewNetwork()
+	svc := simmeta.New(w)
+	s := &rsim{t: t, w: w, net: net, svc: svc, fd: fdsim.New(w, net, svc, cfg, simNodes, fd.DefaultMaxDrift), opts: opts,
+		n: map[NodeID]*rnode{}, pending: map[reqKey]func(Reply){}}
+	s.o = newROracle(s)
+	svc.Reachable = s.reachesConfig
+	s.fd.OnStart = s.onStart
+	s.fd.OnFence = func(n *fdsim.Node, inc fd.Incarnation) {
+		// A fence ends the engine's writes in flight as a crash does (the
+		// disk keeps what was written): a fault for the oracle too.
+		s.o.faulted(NodeID(n.ID), false)
+		s.o.fenced[NodeID(n.ID)] = true
+		s.stopEngine(s.n[NodeID(n.ID)], "fenced itself")
+	}
+	s.adm = w.NewProcess(100)
+	net.Attach(s.adm)
+	for id := NodeID(1); id <= simNodes; id++ {
+		fn := s.fd.Nodes[fd.NodeID(id)]
+		rn := &rnode{id: id, fn: fn, devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(simDisk, w.Rand)}, sess: map[NodeID]*sim.End{}}
+		s.n[id] = rn
+		fn.Other = func(from uint64, msg any) {}
+		s.fd.Start(fn)
+	}
+	return s
+}
+
+// reachesConfig: during a partition the config service lives with the side
+// that holds a majority of its members (nodes 1-3), if they are up.
+func (s *rsim) reachesConfig(id uint64) bool {
+	if id == s.adm.ID {
+		return true
+	}
+	up := 0
+	for _, o := range s.fd.Cfg.Observers {
+		if s.fd.Nodes[o].Proc.Up() {
+			up++
+		}
+	}
+	if up < 2 {
+		return false
+	}
+	for _, g := range s.groups {
+		in, members := false, 0
+		for _, x := range g {
+			in = in || x == id
+			if x <= 3 && s.fd.Nodes[fd.NodeID(x)].Proc.Up() {
+				members++
+			}
+		}
+		if in {
+			return members >= 2
+		}
+	}
+	return true
+}
+
+func (s *rsim) sorted() []*rnode {
+	out := make([]*rnode, 0, len(s.n))
+	for id := NodeID(1); id <= simNodes; id++ {
+		out = append(out, s.n[id])
+	}
+	return out
+}
+
+func (s *rsim) env(rn *rnode) Env {
+	now := rn.fn.Clock.Now()
+	d, ok := rn.fn.Eng.Deadline(now, fd.Incarnation(rn.inc))
+	if !ok || !rn.fn.Proc.Up() {
+		return Env{Now: now}
+	}
+	return Env{Now: now, Deadline: d}
+}
+
+func (s *rsim) incs() map[NodeID]uint64 {
+	m := map[NodeID]uint64{}
+	for id := range s.n {
+		m[id] = uint64(s.fd.Registered(fd.NodeID(id)))
+	}
+	return m
+}
+
+// onStart: a new node incarnation starts a new engine, as the node does
+// when the failure detector registers it.
+func (s *rsim) onStart(fn *fdsim.Node) {
+	rn := s.n[NodeID(fn.ID)]
+	s.stopEngine(rn, "new incarnation")
+	rn.life++
+	rn.inc = uint64(fn.Inc)
+	life := rn.life
+	var disks []LocalDisk
+	for idx, d := range rn.devs {
+		h, fresh, err := OpenDisk(d, rn.id, idx)
+		if err != nil {
+			s.o.fail("node %d disk %d: %v", rn.id, idx, err)
+			return
+		}
+		if fresh {
+			s.o.logf("node %d: disk %d formatted (uuid %s)", rn.id, idx, h.UUID[:8])
+		}
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx)})
+	}
+	rn.e = NewEngine(Config{Node: rn.id, Inc: rn.inc, Disks: disks, FlushEvery: 300 * time.Millisecond, PollEvery: 100 * time.Millisecond,
+		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, Unsafe: s.opts.unsafe})
+	s.o.logf("node %d starts incarnation %d", rn.id, rn.inc)
+	delete(s.o.fenced, rn.id)
+	e := rn.e
+	var first func()
+	first = func() {
+		s.svc.Read(fn.Proc, Namespace, func(ns *pb.Namespace, err error) {
+			if rn.e != e {
+				return
+			}
+			if err != nil {
+				fn.Proc.Go(100*time.Millisecond, first)
+				return
+			}
+			s.setTable(rn, ns, true)
+			rn.watch = append(rn.watch, s.svc.Watch(fn.Proc, Namespace, func(ns *pb.Namespace) {
+				if rn.e == e {
+					s.setTable(rn, ns, false)
+				}
+			}))
+		})
+	}
+	first()
+	for _, p := range s.sorted() {
+		if p.id != rn.id && p.e != nil {
+			s.connect(rn, p)
+		}
+	}
+	var tick func()
+	tick = func() {
+		if rn.e != e {
+			return
+		}
+		s.exec(rn, e, e.Tick(s.env(rn)))
+		fn.Proc.Go(s.w.Between(30*time.Millisecond, 70*time.Millisecond), tick)
+	}
+	fn.Proc.Go(50*time.Millisecond, tick)
+	_ = life
+}
+
+func (s *rsim) setTable(rn *rnode, ns *pb.Namespace, lin bool) {
+	t, err := DecodeTable(ns)
+	if err != nil {
+		s.o.fail("table does not decode: %v", err)
+		return
+	}
+	s.exec(rn, rn.e, rn.e.SetTable(s.env(rn), t, lin, s.incs()))
+}
+
+// stopEngine ends a node incarnation's engine (fence, crash): its
+// sessions break, nothing it started completes.
+func (s *rsim) stopEngine(rn *rnode, why string) {
+	if rn == nil || rn.e == nil {
+		return
+	}
+	s.o.logf("node %d engine stops: %s", rn.id, why)
+	rn.e = nil
+	for _, stop := range rn.watch {
+		stop()
+	}
+	rn.watch = nil
+	for _, p := range s.sorted() {
+		if end := rn.sess[p.id]; end != nil {
+			end.Close()
+			delete(rn.sess, p.id)
+		}
+	}
+	// Client requests it had are lost: their clients time out.
+}
+
+// connect opens the session between two nodes' engines (one per pair); a
+// broken one is reopened while both run and their link works.
+func (s *rsim) connect(a, b *rnode) {
+	ea, eb := a.e, b.e
+	if ea == nil || eb == nil || a.sess[b.id] != nil {
+		return
+	}
+	if s.net.Blocked(uint64(a.id), uint64(b.id)) {
+		a.fn.Proc.Go(200*time.Millisecond, func() { s.connect(a, b) })
+		return
+	}
+	endA, endB := s.net.OpenSession(uint64(a.id), uint64(b.id))
+	a.sess[b.id], b.sess[a.id] = endA, endB
+	setup := func(x, y *rnode, end *sim.End, ex *Engine) {
+		end.Handle(func(msg any) {
+			if x.e == ex && x.sess[y.id] == end {
+				s.exec(x, ex, ex.Deliver(s.env(x), y.id, msg))
+			}
+		}, func() {
+			if x.sess[y.id] == end {
+				delete(x.sess, y.id)
+			}
+			if x.e == ex {
+				s.exec(x, ex, ex.PeerDown(s.env(x), y.id))
+				if x.id < y.id { // the lower id redials
+					x.fn.Proc.Go(s.w.Between(100*time.Millisecond, 300*time.Millisecond), func() {
+						if x.e == ex && y.e != nil {
+							s.connect(x, y)
+						}
+					})
+				}
+			}
+		})
+		x.fn.Proc.Go(s.w.Between(s.net.MinDelay, s.net.MaxDelay)+1, func() {
+			if x.e == ex && x.sess[y.id] == end && !end.Closed() {
+				s.exec(x, ex, ex.PeerUp(s.env(x), y.id))
+			}
+		})
+	}
+	setup(a, b, endA, ea)
+	setup(b, a, endB, eb)
+}
+
+// exec carries out an engine's effects, as the node's driver does.
+func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
+	if e == nil || rn.e != e {
+		return
+	}
+	p := rn.fn.Proc
+	for _, o := range out {
+		switch x := o.(type) {
+		case DiskRead:
+			p.Go(s.w.Between(50*time.Microsecond, time.Millisecond), func() {
+				if rn.e != e {
+					return
+				}
+				buf := make([]byte, x.Len)
+				_, err := rn.devs[x.Disk].ReadAt(buf, x.Off)
+				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, buf, err))
+			})
+		case DiskWrite:
+			_, err := rn.devs[x.Disk].WriteAt(x.Data, x.Off)
+			p.Go(s.w.Between(50*time.Microsecond, 2*time.Millisecond), func() {
+				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
+			})
+		case DiskSync:
+			d := s.w.Between(500*time.Microsecond, 5*time.Millisecond)
+			if s.w.Rand.Intn(200) == 0 {
+				d = s.w.Between(100*time.Millisecond, 800*time.Millisecond) // a slow disk
+			}
+			p.Go(d, func() {
+				if rn.e != e {
+					return
+				}
+				err := rn.devs[x.Disk].Sync()
+				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
+			})
+		case Send:
+			if end := rn.sess[x.To]; end != nil {
+				end.Send(x.Msg)
+			}
+		case Reply:
+			if fn := s.pending[reqKey{rn.id, x.Req}]; fn != nil {
+				delete(s.pending, reqKey{rn.id, x.Req})
+				fn(x)
+			}
+		case Propose:
+			s.svc.Propose(p, &pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version, Ops: x.Ops, Origin: fmt.Sprintf("rldev node %d", rn.id)},
+				func(_ uint64, err error) {
+					s.exec(rn, e, e.Decided(s.env(rn), x.ID, err))
+				})
+			s.o.logf("node %d proposes %s", rn.id, x.What)
+		case AskDead:
+			for _, sub := range x.Subjects {
+				sub := sub
+				s.fd.Query(p, fd.NodeID(sub.Node), fd.Incarnation(sub.Inc), func(dead bool) {
+					s.exec(rn, e, e.Verdict(s.env(rn), sub, dead))
+				})
+			}
+		case Refresh:
+			s.svc.Read(p, Namespace, func(ns *pb.Namespace, err error) {
+				if err == nil && rn.e == e {
+					s.setTable(rn, ns, true)
+				}
+			})
+		case Log:
+			if x.Level >= 2 || s.o.tracing {
+				s.o.logf("node %d: %s %v", rn.id, x.Msg, x.Args)
+			}
+		}
+	}
+}
+
+// ------------------------------------------------------------------ clients
+
+// value encodes write v's content of block b.
+func value(v, b uint64) []byte {
+	p := make([]byte, BlockSize)
+	binary.LittleEndian.PutUint64(p, v)
+	binary.LittleEndian.PutUint64(p[8:], b)
+	for i := 16; i < BlockSize; i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], v*0x9e3779b97f4a7c15+uint64(i))
+	}
+	return p
+}
+
+// valueOf decodes a block read back: its write (0: never written); bad if
+// it is neither zeros nor a write's exact content.
+func valueOf(p []byte, b uint64) (uint64, bool) {
+	v := binary.LittleEndian.Uint64(p)
+	if v == 0 {
+		return 0, allZero(p)
+	}
+	return v, string(p) == string(value(v, b))
+}
+
+// clientLoop issues operations one after another until the clients stop.
+func (s *rsim) clientLoop(c int) {
+	if s.stopped {
+		return
+	}
+	t := s.table()
+	ids := t.IDs()
+	if len(ids) == 0 {
+		s.w.After(100*time.Millisecond, func() { s.clientLoop(c) })
+		return
+	}
+	id := ids[s.w.Rand.Intn(len(ids))]
+	rec := t.RLDevs[id]
+	n := uint64(1 + s.w.Rand.Intn(6))
+	block := uint64(s.w.Rand.Int63n(int64(rec.Blocks - n + 1)))
+	next := func() { s.w.After(s.w.Between(0, 20*time.Millisecond), func() { s.clientLoop(c) }) }
+	if s.w.Rand.Intn(2) == 0 {
+		s.nextVal++
+		v := s.nextVal
+		data := make([]byte, 0, n*BlockSize)
+		for i := uint64(0); i < n; i++ {
+			data = append(data, value(v, block+i)...)
+		}
+		s.write(c, id, block, n, v, data, next)
+	} else {
+		s.read(c, id, block, n, -1, next)
+	}
+}
+
+func (s *rsim) table() *Table {
+	t, err := DecodeTable(s.svc.Current(Namespace))
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+const clientDeadline = 4 * time.Second
+
+// write writes value v at block (n blocks), through the primary the table
+// names, trying again on refusals until clientDeadline (or, half the
+// time, giving up at the first refusal). Each attempt is an
+// operation of its own in the history: one that failed with
+// ErrMaybeWritten or went unanswered may have taken effect at any time
+// after it began, and the attempt after it is a new write of the same
+// value; one refused without ErrMaybeWritten must never be seen.
+func (s *rsim) write(c int, id, block, n, v uint64, data []byte, done func()) {
+	start := s.w.Now()
+	s.ops++
+	var try func()
+	try = func() {
+		if s.w.Now()-start > clientDeadline {
+			s.ops--
+			done()
+			return
+		}
+		rec := s.table().RLDevs[id]
+		rn := s.n[rec.Segs[rec.Primary].Node]
+		if rn.e == nil {
+			s.w.After(50*time.Millisecond, try)
+			return
+		}
+		s.nextReq++
+		key := reqKey{rn.id, s.nextReq}
+		e := rn.e
+		answered := false
+		sent := s.w.Now()
+		s.pending[key] = func(r Reply) {
+			answered = true
+			if r.Err == nil {
+				s.o.served(rn.id, id, true)
+				s.o.write(c, id, block, n, v, sent, s.w.Now(), true)
+				s.ops--
+				done()
+				return
+			}
+			if errors.Is(r.Err, ErrMaybeWritten) {
+				s.o.write(c, id, block, n, v, sent, s.w.Now(), false)
+			}
+			if s.w.Rand.Intn(2) == 0 {
+				// Half the time the client moves on to other work: a
+				// value refused outright must then never be read.
+				s.ops--
+				done()
+				return
+			}
+			s.w.After(20*time.Millisecond, try)
+		}
+		s.exec(rn, e, e.Write(s.env(rn), key.req, id, block, data, nil, -1))
+		s.w.After(clientDeadline, func() {
+			if !answered {
+				delete(s.pending, key)
+				if rn.e == e {
+					e.Cancel(key.req)
+				}
+				s.o.write(c, id, block, n, v, sent, s.w.Now(), false)
+				try() // ends the operation if past its deadline
+			}
+		})
+	}
+	try()
+}
+
+// read reads n blocks from a random replica (or the one given), and the
+// other if refused, until clientDeadline.
+func (s *rsim) read(c int, id, block, n uint64, seg int, done func()) {
+	start := s.w.Now()
+	s.ops++
+	var try func(attempt int)
+	try = func(attempt int) {
+		if s.w.Now()-start > clientDeadline {
+			s.ops--
+			done()
+			return
+		}
+		rec := s.table().RLDevs[id]
+		i := seg
+		if i < 0 {
+			i = (s.w.Rand.Intn(2) + attempt) % 2
+		}
+		rn := s.n[rec.Segs[i].Node]
+		if rn.e == nil {
+			s.w.After(50*time.Millisecond, func() { try(attempt + 1) })
+			return
+		}
+		s.nextReq++
+		key := reqKey{rn.id, s.nextReq}
+		e := rn.e
+		answered := false
+		s.pending[key] = func(r Reply) {
+			answered = true
+			if r.Err == nil {
+				s.o.served(rn.id, id, false)
+				s.o.read(c, id, block, n, r.Data, start, s.w.Now(), rn.id)
+				s.ops--
+				done()
+				return
+			}
+			if strings.Contains(r.Err.Error(), ErrCorrupt.Error()) {
+				s.o.corrupt(id, block, n, r.Err)
+			}
+			s.w.After(20*time.Millisecond, func() { try(attempt + 1) })
+		}
+		s.exec(rn, e, e.Read(s.env(rn), key.req, id, block, n, -1))
+		s.w.After(clientDeadline, func() {
+			if !answered {
+				delete(s.pending, key)
+				if rn.e == e {
+					e.Cancel(key.req)
+				}
+				try(attempt + 1)
+			}
+		})
+	}
+	try(0)
+}
+
+// ------------------------------------------------------------------ faults
+
+func (s *rsim) crash(rn *rnode, wipe bool) {
+	if !rn.fn.Proc.Up() {
+		return
+	}
+	s.o.faulted(rn.id, wipe)
+	s.o.downAt[rn.id] = true
+	s.stopEngine(rn, "crashes")
+	s.fd.Crash(rn.fn)
+	for _, d := range rn.devs {
+		d.Crash(s.w.Rand, true)
+		if wipe {
+			d.Wipe()
+		}
+	}
+	rn.down = true
+}
+
+func (s *rsim) restart(rn *rnode) {
+	if rn.fn.Proc.Up() {
+		return
+	}
+	rn.down = false
+	s.o.restarted(rn.id)
+	s.fd.Restart(rn.fn)
+}
+
+func (s *rsim) partition(a, b []uint64) {
+	s.groups = [][]uint64{a, b}
+	s.net.Partition(a, b)
+	s.net.BreakBlockedSessions()
+}
+
+func (s *rsim) heal() {
+	s.cuts = 0
+	for _, g := range s.groups {
+		if len(g) == 1 {
+			s.o.impairedUntil[NodeID(g[0])] = s.w.Now() + 3*time.Second
+		}
+	}
+	s.groups = nil
+	s.net.Heal()
+	for _, a := range s.sorted() {
+		for _, b := range s.sorted() {
+			if a.id < b.id && a.e != nil && b.e != nil {
+				s.connect(a, b)
+			}
+		}
+	}
+}
+
+// calm reports, for gentle seeds, whether a fault on node (0: none in
+// particular) now is one fault alone: every RLDev on node is normal with
+// its other copy whole, sound and unimpaired, and the failure detector's
+// observers other than node are unimpaired (the fault does not take their
+// majority, and every node's lease, with it).
+func (s *rsim) calm(node NodeID) bool {
+	if node != 0 && !s.o.singleFault(node) {
+		return false
+	}
+	for _, ob := range s.fd.Cfg.Observers {
+		if NodeID(ob) != node && s.o.impaired(NodeID(ob)) {
+			return false
+		}
+	}
+	return true
+}
+
+// cutPair cuts the two replicas of an RLDev from each other alone (both
+// still reach the observers and the config service).
+func (s *rsim) cutPair() {
+	t := s.table()
+	ids := t.IDs()
+	if len(ids) == 0 {
+		return
+	}
+	rec := t.RLDevs[ids[s.w.Rand.Intn(len(ids))]]
+	a, b := uint64(rec.Segs[0].Node), uint64(rec.Segs[1].Node)
+	s.o.logf("CUT replicas %d | %d", a, b)
+	s.cuts++
+	s.net.Block(a, b)
+	s.net.Block(b, a)
+	s.net.BreakBlockedSessions()
+}
+
+// ------------------------------------------------------------------ the run
+
+func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
+	s := newRSim(t, seed, opts)
+	w, net := s.w, s.net
+	net.DropRate = 0.1 * w.Rand.Float64()
+	net.ResetRate = 0.001 * w.Rand.Float64()
+	net.MaxDelay = w.Between(time.Millisecond, 5*time.Millisecond)
+	s.svc.LoseRate = 0.02 * w.Rand.Float64()
+	// The RLDevs, once the nodes registered their disks.
+	var create func()
+	create = func() {
+		s.svc.Update(s.adm, Namespace, "test", func(ns *pb.Namespace) ([]*pb.Op, error) {
+			tb, err := DecodeTable(ns)
+			if err != nil {
+				return nil, err
+			}
+			if len(tb.Disks) < simNodes || len(tb.RLDevs) >= simRLDevs {
+				return nil, nil
+			}
+			var ops []*pb.Op
+			for len(tb.RLDevs) < simRLDevs {
+				r, err := tb.Create(simBlocks, false)
+				if err != nil {
+					return nil, err
+				}
+				tb.RLDevs[r.ID] = r
+				ops = append(ops, r.PutOp())
+			}
+			return ops, nil
+		}, func(_ uint64, err error) {
+			if len(s.table().RLDevs) < simRLDevs {
+				w.After(200*time.Millisecond, create)
+			}
+		})
+	}
+	w.At(time.Second, create)
+	for c := 0; c < simClients; c++ {
+		c := c
+		w.At(2*time.Second, func() { s.clientLoop(c) })
+	}
+	// Three seeds in four are gentle: a fault that would take down a
+	// node (crash, pause, partition) strikes only where it is a single
+	// fault, so that most RLDevs keep the full linearizability check; the
+	// fourth lets faults pile up (the checks that hold after data loss).
+	gentle := w.Rand.Intn(4) != 0
+	s.o.gentle = gentle
+	for at := 3 * time.Second; at < simSafety; at += w.Between(300*time.Millisecond, 1500*time.Millisecond) {
+		w.At(at, func() {
+			rn := s.n[NodeID(1+w.Rand.Intn(simNodes))]
+			r := w.Rand.Intn(20)
+			if gentle && ((r < 9 || r == 16) && !s.calm(rn.id) || r >= 9 && r < 11 && (s.cuts > 0 || s.groups != nil || !s.calm(0))) {
+				return // crash, disk loss, pause, partition, failing disk, cut: one at a time
+			}
+			switch {
+			case r >= 7 && r < 9 && gentle:
+				// One node cut off from the rest.
+				var rest []uint64
+				for _, x := range s.sorted() {
+					if x != rn {
+						rest = append(rest, uint64(x.id))
+					}
+				}
+				s.o.logf("PARTITION [%d] | %v", rn.id, rest)
+				s.heal()
+				s.partition([]uint64{uint64(rn.id)}, rest)
+			case r < 4:
+				s.o.logf("CRASH node %d", rn.id)
+				s.crash(rn, false)
+				w.After(w.Between(200*time.Millisecond, 4*time.Second), func() {
+					if w.Now() < simSafety {
+						s.restart(rn)
+					}
+				})
+			case r < 5 && !opts.quiet:
+				// A disk lost for good: only where every RLDev on the node
+				// has its other copy up to date (one fault at a time).
+				if s.o.singleFault(rn.id) {
+					s.o.logf("DISK LOST node %d", rn.id)
+					s.crash(rn, true)
+					w.After(w.Between(500*time.Millisecond, 3*time.Second), func() { s.restart(rn) })
+				}
+			case r < 7:
+				d := w.Between(200*time.Millisecond, 2500*time.Millisecond)
+				s.o.logf("PAUSE node %d for %v", rn.id, d)
+				s.o.impairedUntil[rn.id] = w.Now() + d + 3*time.Second
+				rn.fn.Proc.Pause(d)
+			case r < 9:
+				a, b := w.RandomSplit(simNodes)
+				s.o.logf("PARTITION %v | %v", a, b)
+				s.heal()
+				s.partition(a, b)
+			case r < 11 && !opts.quiet:
+				s.cutPair()
+			case r < 13:
+				s.o.logf("HEAL")
+				s.heal()
+			case r < 14:
+				d := w.Between(300*time.Millisecond, 3*time.Second)
+				s.o.logf("CONFIG STALL %v", d)
+				s.svc.StallFor(d)
+			case r < 16 && !opts.quiet:
+				// Bit rot in a random block of a segment on the node.
+				s.rot(rn)
+			case r < 17 && !opts.quiet:
+				s.o.logf("DISK node %d fails writes", rn.id)
+				rn.devs[0].SetFaults(disk.MemFaults{WriteEIO: 0.05})
+				w.After(w.Between(100*time.Millisecond, time.Second), func() { rn.devs[0].SetFaults(disk.MemFaults{}) })
+			default:
+				net.DropRate = 0.2 * w.Rand.Float64()
+			}
+		})
+	}
+	w.RunUntil(simSafety)
+	// Liveness: faults stop, every node comes back, every RLDev returns
+	// to normal; then the clients stop and every block is read back from
+	// both replicas.
+	s.heal()
+	net.DropRate, net.ResetRate = 0, 0
+	s.svc.LoseRate = 0
+	s.svc.EndStall()
+	for _, rn := range s.sorted() {
+		rn.devs[0].SetFaults(disk.MemFaults{})
+		s.restart(rn)
+	}
+	deadline := simSafety + simLiven
+	for w.Now() < deadline && !s.allNormal() {
+		w.RunUntil(w.Now() + 500*time.Millisecond)
+	}
+	if !s.allNormal() {
+		s.o.fail("liveness: RLDevs not normal %v after the faults stopped: %s", simLiven, s.describeTable())
+		return s
+	}
+	s.stopped = true
+	for end := w.Now() + 2*clientDeadline; w.Now() < end && s.ops > 0; {
+		w.RunUntil(w.Now() + 100*time.Millisecond)
+	}
+	t0 := s.table()
+	for _, id := range t0.IDs() {
+		rec := t0.RLDevs[id]
+		for seg := 0; seg < 2; seg++ {
+			for b := uint64(0); b < rec.Blocks; b += 16 {
+				s.read(-1, id, b, min(16, rec.Blocks-b), seg, func() {})
+			}
+		}
+	}
+	for end := w.Now() + 2*clientDeadline; w.Now() < end && s.ops > 0; {
+		w.RunUntil(w.Now() + 100*time.Millisecond)
+	}
+	if s.ops > 0 {
+		s.o.fail("liveness: %d final reads unanswered", s.ops)
+	}
+	s.o.converged()
+	s.o.check()
+	return s
+}
+
+func (s *rsim) allNormal() bool {
+	t := s.table()
+	if len(t.RLDevs) < simRLDevs {
+		return false
+	}
+	for _, r := range t.RLDevs {
+		if r.State != Normal {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *rsim) describeTable() string {
+	t := s.table()
+	var b strings.Builder
+	for _, id := range t.IDs() {
+		r := t.RLDevs[id]
+		fmt.Fprintf(&b, "[%d %v primary %d stale %v epoch %d segs %v] ", id, r.State, r.Primary, r.Stale, r.Epoch, r.Segs)
+	}
+	return b.String()
+}
+
+// rot flips a bit in a random data block of a segment on node rn.
+func (s *rsim) rot(rn *rnode) {
+	t := s.table()
+	for _, id := range t.IDs() {
+		rec := t.RLDevs[id]
+		seg := rec.SegmentOf(rn.id)
+		if seg < 0 {
+			continue
+		}
+		b := uint64(s.w.Rand.Int63n(int64(rec.Blocks)))
+		off := rec.Segs[seg].Offset + blockOff(b) + int64(s.w.Rand.Intn(PhysBlockSize))
+		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg)
+		if only && s.o.gentle {
+			return
+		}
+		s.o.logf("ROT node %d rldev %d block %d", rn.id, id, b)
+		if only {
+			// The other copy is stale or down: this was the only good one.
+			s.o.doubleFault(id, "bit rot on the only up-to-date copy", "")
+		}
+		rn.devs[rec.Segs[seg].Disk].FlipBit(off, uint(s.w.Rand.Intn(8)))
+		return
+	}
+}
+
+// ------------------------------------------------------------------ oracle
+
+type roracle struct {
+	s             *rsim
+	fails         []string
+	trace         []string
+	hist          map[blockKey][]porcupine.Operation
+	double        map[uint64]bool          // RLDevs that suffered a double fault
+	doubleKinds   map[string]int           // their first causes
+	gentle        bool                     // faults strike one at a time
+	impairedUntil map[NodeID]time.Duration // paused or cut off lately
+	downAt        map[NodeID]bool          // nodes crashed and not restarted
+	fenced        map[NodeID]bool          // nodes fenced, their next incarnation not started
+	corrupts      map[uint64]string        // RLDev → a corrupt read, allowed only with a double fault
+	writes        int
+	reads         int
+	tracing       bool
+}
+
+type blockKey struct{ id, block uint64 }
+
+func newROracle(s *rsim) *roracle {
+	return &roracle{s: s, hist: map[blockKey][]porcupine.Operation{}, double: map[uint64]bool{}, doubleKinds: map[string]int{}, impairedUntil: map[NodeID]time.Duration{}, downAt: map[NodeID]bool{}, fenced: map[NodeID]bool{},
+		corrupts: map[uint64]string{}, tracing: os.Getenv("GROVE_SEED") != ""}
+}
+
+func (o *roracle) logf(format string, args ...any) {
+	line := fmt.Sprintf("%9.3fs ", o.s.w.Now().Seconds()) + fmt.Sprintf(format, args...)
+	o.trace = append(o.trace, line)
+}
+
+func (o *roracle) fail(format string, args ...any) {
+	msg := fmt.Sprintf("%.3fs: ", o.s.w.Now().Seconds()) + fmt.Sprintf(format, args...)
+	o.fails = append(o.fails, msg)
+	o.logf("VIOLATION %s", msg)
+}
+
+// served: a replica answered a client; it must not be stale in the
+// committed table.
+func (o *roracle) served(node NodeID, id uint64, write bool) {
+	rec := o.s.table().RLDevs[id]
+	if seg := rec.SegmentOf(node); seg >= 0 && rec.Stale[seg] {
+		what := "a read"
+		if write {
+			what = "a write"
+		}
+		o.fail("node %d answered %s of rldev %d while its segment is stale (epoch %d)", node, what, id, rec.Epoch)
+	}
+}
+
+type regIn struct {
+	write bool
+	v     uint64
+}
+
+func (o *roracle) write(c int, id, block, n, v uint64, start, end time.Duration, ok bool) {
+	ret := int64(end)
+	if ok {
+		o.writes++
+	} else {
+		ret = math.MaxInt64 // it may have happened at any time after it began
+	}
+	for i := uint64(0); i < n; i++ {
+		k := blockKey{id, block + i}
+		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: regIn{write: true, v: v}, Call: int64(start), Return: ret})
+	}
+}
+
+func (o *roracle) read(c int, id, block, n uint64, data []byte, start, end time.Duration, node NodeID) {
+	o.reads++
+	for i := uint64(0); i < n; i++ {
+		v, ok := valueOf(data[i*BlockSize:(i+1)*BlockSize], block+i)
+		if !ok {
+			o.fail("rldev %d block %d read back content no write wrote", id, block+i)
+			continue
+		}
+		k := blockKey{id, block + i}
+		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: regIn{}, Output: v, Call: int64(start), Return: int64(end), Metadata: node})
+	}
+}
+
+func (o *roracle) corrupt(id, block, n uint64, err error) {
+	if _, ok := o.corrupts[id]; !ok {
+		o.corrupts[id] = fmt.Sprintf("%.3fs blocks [%d, %d): %v", o.s.w.Now().Seconds(), block, block+n, err)
+	}
+}
+
+// faulted records a node's crash or fence (its writes in flight end
+// there): an RLDev whose other replica is down too, or whose only
+// up-to-date replica is this one, or whose other replica holds a block
+// that fails its check (bit rot no read has repaired yet), suffers a
+// double fault.
+func (o *roracle) faulted(node NodeID, wipe bool) {
+	t := o.s.table()
+	for _, id := range t.IDs() {
+		rec := t.RLDevs[id]
+		seg := rec.SegmentOf(node)
+		if seg < 0 {
+			continue
+		}
+		peer := rec.Segs[1-seg].Node
+		rotten := o.rotten(rec, 1-seg)
+		whole := o.whole(rec, 1-seg) && !o.failed(rec, 1-seg)
+		detail := fmt.Sprintf("node %d; peer %d down %v, stale %v, corrupt blocks there %v, its segment whole %v", node, peer, o.down(peer), rec.Stale, rotten, whole)
+		switch {
+		case o.down(peer):
+			o.doubleFault(id, "crash or fence with the peer down", detail)
+		case rec.Stale[1-seg]:
+			o.doubleFault(id, "crash or fence of the only up-to-date copy", detail)
+		case rec.Stale[seg] && wipe:
+			o.doubleFault(id, "disk lost while stale", detail)
+		case rotten != nil:
+			o.doubleFault(id, "crash or fence with bit rot at the peer", detail)
+		case !whole:
+			o.doubleFault(id, "crash or fence with the peer's segment lost", detail)
+		}
+	}
+}
+
+func (o *roracle) restarted(node NodeID) { delete(o.downAt, node) }
+
+// down: node crashed or fenced itself, and has not started again.
+func (o *roracle) down(node NodeID) bool { return o.downAt[node] || o.fenced[node] }
+
+// doubleFault records that RLDev id may have lost data (its first cause
+// is counted, by kind).
+func (o *roracle) doubleFault(id uint64, kind, detail string) {
+	if o.double[id] {
+		return
+	}
+	o.double[id] = true
+	o.doubleKinds[kind]++
+	o.logf("rldev %d: double fault (%s: %s)", id, kind, detail)
+}
+
+// failed reports whether rec's segment seg failed on its disk (a write
+// error) and has not been loaded again since.
+func (o *roracle) failed(rec *Record, seg int) bool {
+	rn := o.s.n[rec.Segs[seg].Node]
+	if rn.e == nil {
+		return false
+	}
+	r := rn.e.reps[rec.ID]
+	return r != nil && r.state == repFailed
+}
+
+// whole reports whether rec's segment seg holds a whole copy on the
+// platter: not blank (its disk replaced, the node not back yet) and not
+// marked incomplete (formatted again, awaiting its full copy).
+func (o *roracle) whole(rec *Record, seg int) bool {
+	sg := rec.Segs[seg]
+	meta := make([]byte, MetaSize)
+	o.s.n[sg.Node].devs[sg.Disk].ReadAt(meta, sg.Offset)
+	oa, sa := pageSlot(PageSuper, 0)
+	ob, _ := pageSlot(PageSuper, 1)
+	_, payload, ok := NewestPage(meta[oa:oa+int64(sa)], meta[ob:ob+int64(sa)], PageSuper)
+	if !ok {
+		return false
+	}
+	s, err := decodeSuper(payload)
+	return err == nil && !s.Incomplete
+}
+
+// rotten lists the blocks of rec's segment seg that fail their check on
+// the platter now.
+func (o *roracle) rotten(rec *Record, seg int) []uint64 {
+	sg := rec.Segs[seg]
+	raw := make([]byte, int(rec.Blocks)*PhysBlockSize)
+	o.s.n[sg.Node].devs[sg.Disk].ReadAt(raw, sg.Offset+MetaSize)
+	var bad []uint64
+	for b := uint64(0); b < rec.Blocks; b++ {
+		if _, _, st := DecodeBlock(raw[b*PhysBlockSize:(b+1)*PhysBlockSize], rec.ID, b); st == BlockCorrupt || st == BlockMisplaced {
+			bad = append(bad, b)
+		}
+	}
+	return bad
+}
+
+// singleFault reports whether losing node's disk now is a single fault:
+// every RLDev on it is normal with its other replica up.
+func (o *roracle) singleFault(node NodeID) bool {
+	t := o.s.table()
+	for _, rec := range t.RLDevs {
+		seg := rec.SegmentOf(node)
+		if seg >= 0 && (rec.State != Normal || o.impaired(rec.Segs[1-seg].Node) || !o.whole(rec, 1-seg) || o.failed(rec, 1-seg) || o.rotten(rec, 1-seg) != nil) {
+			return false
+		}
+	}
+	return true
+}
+
+// impaired: node is down, or paused or cut off lately (it may fence
+// itself, or just have, and be on its way back).
+func (o *roracle) impaired(node NodeID) bool {
+	if o.down(node) || o.s.w.Now() < o.impairedUntil[node] {
+		return true
+	}
+	for _, g := range o.s.groups {
+		if len(g) == 1 && g[0] == uint64(node) {
+			return true
+		}
+	}
+	return false
+}
+
+// converged: after healing, both segments of every RLDev hold the same
+// data (compared on the platters, through the block format).
+func (o *roracle) converged() {
+	t := o.s.table()
+	for _, id := range t.IDs() {
+		rec := t.RLDevs[id]
+		var copies [2][]byte
+		for i, sg := range rec.Segs {
+			dev := o.s.n[sg.Node].devs[sg.Disk]
+			raw := make([]byte, int(rec.Blocks)*PhysBlockSize)
+			dev.ReadAt(raw, sg.Offset+MetaSize)
+			data := make([]byte, 0, int(rec.Blocks)*BlockSize)
+			for b := uint64(0); b < rec.Blocks; b++ {
+				d, _, st := DecodeBlock(raw[b*PhysBlockSize:(b+1)*PhysBlockSize], id, b)
+				if st == BlockCorrupt || st == BlockMisplaced {
+					d = make([]byte, BlockSize)
+					d[0] = 0xee // corrupt: compared as such
+				}
+				data = append(data, d...)
+			}
+			copies[i] = data
+		}
+		if string(copies[0]) != string(copies[1]) {
+			for b := uint64(0); b < rec.Blocks; b++ {
+				x, y := copies[0][b*BlockSize:(b+1)*BlockSize], copies[1][b*BlockSize:(b+1)*BlockSize]
+				if string(x) != string(y) {
+					v0, _ := valueOf(x, b)
+					v1, _ := valueOf(y, b)
+					o.fail("rldev %d: the copies differ after healing, first at block %d (write %d on node %d, write %d on node %d)",
+						id, b, v0, rec.Segs[0].Node, v1, rec.Segs[1].Node)
+					break
+				}
+			}
+		}
+	}
+}
+
+var registerModel = porcupine.Model{
+	Init: func() any { return uint64(0) },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(regIn)
+		if in.write {
+			return true, in.v
+		}
+		return output.(uint64) == state.(uint64), state
+	},
+	DescribeOperation: func(input, output any) string {
+		in := input.(regIn)
+		if in.write {
+			return fmt.Sprintf("write(%d)", in.v)
+		}
+		return fmt.Sprintf("read() -> %v", output)
+	},
+}
+
+// check runs the per-block linearizability check and the corrupt-read
+// rule.
+func (o *roracle) check() {
+	for id, what := range o.corrupts {
+		if !o.double[id] {
+			o.fail("rldev %d: a block read as corrupt without a double fault: %s", id, what)
+		}
+	}
+	keys := make([]blockKey, 0, len(o.hist))
+	for k := range o.hist {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].id != keys[j].id {
+			return keys[i].id < keys[j].id
+		}
+		return keys[i].block < keys[j].block
+	})
+	for _, k := range keys {
+		if o.double[k.id] {
+			continue // data may be lost: only the other checks hold
+		}
+		h := observed(o.hist[k])
+		res := porcupine.CheckOperationsTimeout(registerModel, h, 10*time.Second)
+		switch res {
+		case porcupine.Illegal:
+			o.fail("rldev %d block %d: the history is not linearizable (%d operations)%s", k.id, k.block, len(h), describeHist(h))
+		case porcupine.Unknown:
+			o.fail("rldev %d block %d: linearizability check timed out (%d operations)%s", k.id, k.block, len(h), describeHist(h))
+		}
+	}
+}
+
+// observed drops the writes of unknown outcome whose value no read
+// returned: such a write can always be placed after every other operation,
+// so it does not change the verdict, and each one left in multiplies the
+// checker's search.
+func observed(h []porcupine.Operation) []porcupine.Operation {
+	seen := map[uint64]bool{}
+	for _, op := range h {
+		if in := op.Input.(regIn); !in.write {
+			seen[op.Output.(uint64)] = true
+		}
+	}
+	var out []porcupine.Operation
+	for _, op := range h {
+		if in := op.Input.(regIn); in.write && op.Return == math.MaxInt64 && !seen[in.v] {
+			continue
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+func describeHist(h []porcupine.Operation) string {
+	ops := append([]porcupine.Operation{}, h...)
+	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	var b strings.Builder
+	for _, op := range ops {
+		ret := "open"
+		if op.Return != math.MaxInt64 {
+			ret = fmt.Sprintf("%.3fs", time.Duration(op.Return).Seconds())
+		}
+		fmt.Fprintf(&b, "\n    client %d [%.3fs, %s] %s", op.ClientId, time.Duration(op.Call).Seconds(), ret, registerModel.DescribeOperation(op.Input, op.Output))
+		if op.Metadata != nil {
+			fmt.Fprintf(&b, " from node %v", op.Metadata)
+		}
+	}
+	return b.String()
+}
+
+// ------------------------------------------------------------------ tests
+
+// dump describes every live replica's state (for a failing seed).
+func (s *rsim) dump() string {
+	var b strings.Builder
+	for _, rn := range s.sorted() {
+		if rn.e == nil {
+			fmt.Fprintf(&b, "node %d: no engine\n", rn.id)
+			continue
+		}
+		for _, id := range sortedIDs(rn.e.reps) {
+			r := rn.e.reps[id]
+			fmt.Fprintf(&b, "node %d rldev %d: state %d epoch %d stale %v primary %v up-peer %v copies %d fwd %d pulls %d writes %d recovering %d locks %d held %d waiting\n",
+				rn.id, id, r.state, r.rec.Epoch, r.stale(), r.isPrimary(), r.peerReachable(), len(r.copies), len(r.fwd), len(r.pulls), len(r.writes), r.recovering, len(r.locks.held), len(r.locks.waiting))
+			if r.resync != nil {
+				fmt.Fprintf(&b, "    resync epoch %d next %d/%d inflight %d copied %d failed %v\n", r.resync.epoch, r.resync.next, len(r.resync.chunks), r.resync.inflight, r.resync.copied, r.resync.failed)
+			}
+			for _, h := range r.locks.held {
+				fmt.Fprintf(&b, "    held [%d,%d) excl %v\n", h.first, h.end, h.excl)
+			}
+			for i, w := range r.sortedWrites() {
+				if i == 3 {
+					break
+				}
+				fmt.Fprintf(&b, "    write [%d,%d) locked %v admitted %v drl %v deg %v gen %d local %d peer-epoch %d acked %v\n",
+					w.block, w.block+w.n, w.locked, w.admitted, w.drlDone, w.degDone, w.gen, w.local, w.peerEpoch, w.peerAcked)
+			}
+		}
+	}
+	return b.String()
+}
+
+func reportRSim(t *testing.T, test string, seed int64, s *rsim) {
+	t.Helper()
+	if os.Getenv("GROVE_SEED") != "" {
+		t.Logf("replicas at the end:\n%s", s.dump())
+	}
+	if path := os.Getenv("GROVE_TRACE"); path != "" {
+		os.WriteFile(path, []byte(strings.Join(s.o.trace, "\n")+"\n"), 0o644)
+	}
+	tail := s.o.trace
+	if len(tail) > 80 && os.Getenv("GROVE_SEED") == "" {
+		tail = tail[len(tail)-80:]
+	}
+	t.Fatalf("seed %d: %s\ntrace (last lines):\n%s\n%s", seed, strings.Join(s.o.fails, "\n"), strings.Join(tail, "\n"), sim.ReplayHint(test, seed))
+}
+
+// TestRLDevSimulation: the simulation above over many seeds (GROVE_SEEDS).
+func TestRLDevSimulation(t *testing.T) {
+	seeds := sim.Seeds(t, 200)
+	var writes, reads, doubles, decrees int
+	kinds := map[string]int{}
+	var st Stats
+	for _, seed := range seeds {
+		s := runRSim(t, seed, simOpts{})
+		if len(s.o.fails) > 0 {
+			reportRSim(t, "TestRLDevSimulation", seed, s)
+		}
+		if path := os.Getenv("GROVE_TRACE"); path != "" && len(seeds) == 1 {
+			os.WriteFile(path, []byte(strings.Join(s.o.trace, "\n")+"\n"), 0o644)
+		}
+		writes += s.o.writes
+		reads += s.o.reads
+		doubles += len(s.o.double)
+		for k, n := range s.o.doubleKinds {
+			if s.o.gentle {
+				k = "gentle: " + k
+			}
+			kinds[k] += n
+		}
+		decrees += s.svc.Decrees
+		for _, rn := range s.n {
+			if rn.e != nil {
+				x := rn.e.Stats()
+				st.CopiedBlocks += x.CopiedBlocks
+				st.Repairs += x.Repairs
+				st.PulledBlocks += x.PulledBlocks
+			}
+		}
+	}
+	t.Logf("%d seeds (first %d): %d writes, %d reads checked; %d decrees; %d of %d RLDevs with a double fault %v; blocks copied %d, repaired %d, pulled %d (live engines at the end); no violation",
+		len(seeds), seeds[0], writes, reads, decrees, doubles, len(seeds)*simRLDevs, kinds, st.CopiedBlocks, st.Repairs, st.PulledBlocks)
+}
+
+// The oracle's teeth: a stale replica that serves reads, and writes
+// forwarded without a durable dirty-region mark, are both caught.
+func TestRLDevOracleHasTeeth(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts simOpts
+		want string
+	}{
+		{"a stale replica serves reads", simOpts{unsafe: Unsafe{ServeStale: true}, quiet: true}, "stale"},
+		{"no dirty-region log", simOpts{unsafe: Unsafe{NoDirtyLog: true}, quiet: true}, ""},
+		{"a verdict on a past incarnation degrades the RLDev", simOpts{unsafe: Unsafe{NoJoin: true}}, ""},
+		{"a failed write that landed says nothing was written", simOpts{unsafe: Unsafe{NoMaybe: true}}, "linearizable"},
+	} {
+		caught := false
+		for seed := int64(1); seed <= 60 && !caught; seed++ {
+			s := runRSim(t, seed, c.opts)
+			for _, f := range s.o.fails {
+				if strings.Contains(f, c.want) {
+					t.Logf("%s: seed %d: caught: %s", c.name, seed, f)
+					caught = true
+					break
+				}
+			}
+		}
+		if !caught {
+			t.Errorf("%s: the oracle caught nothing in 60 seeds", c.name)
+		}
+	}
+}
+
+var _ = meta.NodesNamespace
