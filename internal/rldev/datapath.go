@@ -456,6 +456,7 @@ func toRuns(blocks []uint64) []run {
 // pullWait is a Pull awaiting its data.
 type pullWait struct {
 	first, n uint64
+	gensOnly bool
 	then     func(PullData) []any
 	sentAt   time.Time
 }
@@ -469,11 +470,13 @@ func (r *replica) sendPull(env Env, p *pullWait) []any {
 	seq := r.nextSeq()
 	p.sentAt = env.Now
 	r.pulls[seq] = p
-	r.e.stats.PulledBlocks += p.n
+	if !p.gensOnly {
+		r.e.stats.PulledBlocks += p.n
+	}
 	if !r.peerReachable() {
 		return nil // sent again when the peer is back (retry)
 	}
-	return []any{Send{To: r.peerNode(), Msg: Pull{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: p.first, Count: p.n}}}
+	return []any{Send{To: r.peerNode(), Msg: Pull{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: p.first, Count: p.n, GensOnly: p.gensOnly}}}
 }
 
 // onPull serves the peer this replica's copy of blocks, as a serving
@@ -501,6 +504,12 @@ func (r *replica) onPull(env Env, from NodeID, m Pull) []any {
 			case err != nil:
 				out = append(out, r.fail(err)...)
 				return append(out, reply(PullData{Code: DiskFailed})...)
+			case m.GensOnly:
+				code := OK
+				if len(bad) > 0 {
+					code = Corrupt
+				}
+				return append(out, reply(PullData{Code: code, Gens: gens, Bad: bad})...)
 			case len(bad) > 0:
 				// The good blocks still travel: the puller takes them
 				// and keeps its own copy of the bad ones.

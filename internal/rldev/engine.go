@@ -128,6 +128,14 @@ type Config struct {
 	// ReloadEvery is how long a segment that failed waits before it is
 	// loaded again (its disk's error may have been transient). Default 5 s.
 	ReloadEvery time.Duration
+	// ScrubRate is the bytes per second the scrubber reads, over all the
+	// node's segments: it checks every block and compares generations with
+	// the peer, and repairs from the peer what fails (bit rot in a block
+	// nobody reads, a misdirected write that left an old block in place).
+	// Default 4 MiB/s; negative: off.
+	ScrubRate int64
+	// ScrubBlocks is the blocks the scrubber checks at a time (default 64).
+	ScrubBlocks uint64
 	// Unsafe switches a rule off: for the simulator's teeth tests only,
 	// which show that its oracle catches what each rule prevents.
 	Unsafe Unsafe
@@ -144,6 +152,12 @@ type Unsafe struct {
 func (c *Config) defaults() {
 	if c.FlushEvery == 0 {
 		c.FlushEvery = time.Second
+	}
+	if c.ScrubRate == 0 {
+		c.ScrubRate = 4 << 20
+	}
+	if c.ScrubBlocks == 0 {
+		c.ScrubBlocks = 64
 	}
 	if c.PollEvery == 0 {
 		c.PollEvery = 250 * time.Millisecond
@@ -193,6 +207,8 @@ type Engine struct {
 	lastPoll     time.Time
 	lastFlush    time.Time
 	lastRetry    time.Time
+	scrubAt      time.Time // when the scrubber may take its next chunk
+	scrubNext    uint64    // the RLDev it goes to next (round robin)
 
 	stats Stats
 }
@@ -202,6 +218,7 @@ type Stats struct {
 	Writes, Reads, Forwards, Repairs, CopiedBlocks, PulledBlocks uint64
 	DRLWrites, DegradedWrites, Decrees                           uint64
 	CorruptFound                                                 uint64
+	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64
 }
 
 type diskState struct {
@@ -607,6 +624,7 @@ func (e *Engine) Tick(env Env) []any {
 			out = append(out, e.reps[id].retry(env)...)
 		}
 	}
+	out = append(out, e.scrub(env)...)
 	return append(out, e.decide(env)...)
 }
 

@@ -270,3 +270,54 @@ func TestDiskReplaced(t *testing.T) {
 	h.mustRead(s, r.ID, 0, pattern(3, 16))
 	h.sameCopies(r.ID)
 }
+
+// The scrubber finds a flipped bit in a block nobody reads and repairs it
+// from the peer.
+func TestScrubRepairsRot(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(256)
+	p, s := r.Segs[0], r.Segs[1]
+	h.mustWrite(p.Node, r.ID, 100, pattern(9, 4))
+	dev := h.nodes[s.Node].devs[s.Disk]
+	dev.FlipBit(s.Offset+MetaSize+102*PhysBlockSize+HeaderSize+7, 5)
+	dev.FlipBit(s.Offset+MetaSize+200*PhysBlockSize+3, 1) // a block never written
+	h.tick(3 * time.Second)                                 // 256 blocks at 4 MiB/s: well under a second
+	h.sameCopies(r.ID)
+	st := h.nodes[s.Node].e.Stats()
+	if st.ScrubRepairs != 2 || st.ScrubPasses == 0 {
+		t.Fatalf("scrub: %d repairs, %d passes; want 2 repairs and a pass", st.ScrubRepairs, st.ScrubPasses)
+	}
+}
+
+// A misdirected write on the secondary: block 10's new content landed at
+// block 20, and block 10 kept its old, well-formed content. The scrubber
+// finds block 20 misplaced and block 10 older than the peer's, and
+// repairs both.
+func TestScrubFindsMisdirectedWrite(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(128)
+	p, s := r.Segs[0], r.Segs[1]
+	h.mustWrite(p.Node, r.ID, 10, pattern(1, 1))
+	dev := h.nodes[s.Node].devs[s.Disk]
+	at := func(b int64) int64 { return s.Offset + MetaSize + b*PhysBlockSize }
+	old := dev.Platter(at(10), PhysBlockSize)
+	h.mustWrite(p.Node, r.ID, 10, pattern(2, 1))
+	newer := dev.Platter(at(10), PhysBlockSize)
+	// What the disk did instead of the second write.
+	if _, err := dev.WriteAt(old, at(10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dev.WriteAt(newer, at(20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	h.mustRead(s.Node, r.ID, 10, pattern(1, 1)) // what a checksum cannot see
+	h.tick(3 * time.Second)
+	h.sameCopies(r.ID)
+	h.mustRead(s.Node, r.ID, 10, pattern(2, 1))
+	if n := h.nodes[s.Node].e.Stats().ScrubRepairs; n != 2 {
+		t.Fatalf("scrub: %d repairs, want 2 (block 20 misplaced, block 10 older)", n)
+	}
+}

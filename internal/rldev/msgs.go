@@ -114,6 +114,7 @@ type Ack struct {
 type Pull struct {
 	RLDev, Epoch, Seq uint64
 	Block, Count      uint64
+	GensOnly          bool // the scrubber: the generations (and Bad) without the data
 }
 
 // PullData answers a Pull: the blocks' data and generations. With Code
@@ -131,6 +132,9 @@ type PullData struct {
 // usable reports whether pd carries blocks for [first, first+n): all of
 // them (OK) or all but pd.Bad (Corrupt).
 func (pd PullData) usable(n uint64) bool {
+	if pd.Data == nil && uint64(len(pd.Gens)) == n && (pd.Code == OK || pd.Code == Corrupt) {
+		return false // generations only
+	}
 	return (pd.Code == OK || pd.Code == Corrupt && len(pd.Bad) > 0) &&
 		uint64(len(pd.Data)) == n*BlockSize && uint64(len(pd.Gens)) == n
 }

@@ -60,6 +60,7 @@ type replica struct {
 	resyncReq  *ResyncMe  // a stale peer's request
 	resync     *resyncSrc // this replica is the source of a resync
 	askedAt    time.Time  // a stale replica: when it last asked to be resynced
+	scrub      scrubState
 }
 
 func newReplica(e *Engine, rec *Record, seg int) *replica {
@@ -465,6 +466,7 @@ func (r *replica) retry(env Env) []any {
 		r.inflight = map[uint64]int{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
+		r.scrub.busy = false
 		return append([]any{r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID)}, r.load(env)...)
 	}
 	if r.state != repReady {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -53,9 +54,14 @@ const (
 )
 
 type simOpts struct {
-	unsafe Unsafe
-	quiet  bool // no disk faults, no partitions of replica pairs
+	unsafe    Unsafe
+	quiet     bool  // no disk faults, no partitions of replica pairs
+	scrubRate int64 // the engines' (0: simScrubRate)
 }
+
+// simScrubRate: a pass over a node's segments every half second or so,
+// often enough to race with everything else.
+const simScrubRate = 1 << 20
 
 type rsim struct {
 	t    *testing.T
@@ -199,7 +205,7 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx)})
 	}
 	rn.e = NewEngine(Config{Node: rn.id, Inc: rn.inc, Disks: disks, FlushEvery: 300 * time.Millisecond, PollEvery: 100 * time.Millisecond,
-		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, Unsafe: s.opts.unsafe})
+		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, ScrubRate: s.opts.scrubRate, Unsafe: s.opts.unsafe})
 	s.o.logf("node %d starts incarnation %d", rn.id, rn.inc)
 	delete(s.o.fenced, rn.id)
 	e := rn.e
@@ -651,6 +657,9 @@ func (s *rsim) cutPair() {
 // ------------------------------------------------------------------ the run
 
 func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
+	if opts.scrubRate == 0 {
+		opts.scrubRate = simScrubRate
+	}
 	s := newRSim(t, seed, opts)
 	w, net := s.w, s.net
 	net.DropRate = 0.1 * w.Rand.Float64()
@@ -839,7 +848,8 @@ func (s *rsim) rot(rn *rnode) {
 		}
 		b := uint64(s.w.Rand.Int63n(int64(rec.Blocks)))
 		off := rec.Segs[seg].Offset + blockOff(b) + int64(s.w.Rand.Intn(PhysBlockSize))
-		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg)
+		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg) ||
+			slices.Contains(s.o.rotten(rec, 1-seg), b)
 		if only && s.o.gentle {
 			return
 		}
@@ -1238,7 +1248,11 @@ func TestRLDevSimulation(t *testing.T) {
 	kinds := map[string]int{}
 	var st Stats
 	for _, seed := range seeds {
-		s := runRSim(t, seed, simOpts{})
+		opts := simOpts{}
+		if os.Getenv("GROVE_NOSCRUB") != "" {
+			opts.scrubRate = -1
+		}
+		s := runRSim(t, seed, opts)
 		if len(s.o.fails) > 0 {
 			reportRSim(t, "TestRLDevSimulation", seed, s)
 		}
