@@ -281,7 +281,7 @@ func TestScrubRepairsRot(t *testing.T) {
 	dev := h.nodes[s.Node].devs[s.Disk]
 	dev.FlipBit(s.Offset+MetaSize+102*PhysBlockSize+HeaderSize+7, 5)
 	dev.FlipBit(s.Offset+MetaSize+200*PhysBlockSize+3, 1) // a block never written
-	h.tick(3 * time.Second)                                 // 256 blocks at 4 MiB/s: well under a second
+	h.tick(3 * time.Second)                               // 256 blocks at 4 MiB/s: well under a second
 	h.sameCopies(r.ID)
 	st := h.nodes[s.Node].e.Stats()
 	if st.ScrubRepairs != 2 || st.ScrubPasses == 0 {

@@ -42,7 +42,7 @@ func (e *Engine) scrub(env Env) []any {
 		if r.scrub.busy || !r.ready() || r.stale() || r.recovering > 0 {
 			continue
 		}
-		e.scrubNext = uint64((int(e.scrubNext)+i+1)%len(ids))
+		e.scrubNext = uint64((int(e.scrubNext) + i + 1) % len(ids))
 		n := min(e.cfg.ScrubBlocks, r.rec.Blocks-r.scrub.next)
 		// The next chunk may start when this one's bytes are paid for.
 		e.scrubAt = env.Now.Add(timePerBytes(int64(n)*BlockSize, e.cfg.ScrubRate))
