@@ -57,6 +57,9 @@ fuzz FuzzDecode ./internal/fd
 fuzz FuzzDecodeDecree ./internal/meta
 fuzz FuzzDecodeSessionRequest ./internal/lock
 fuzz FuzzDecodeSessionResponse ./internal/lock
+fuzz FuzzDecodePeer ./internal/rldev
+fuzz FuzzDecodeOnDisk ./internal/rldev
+fuzz FuzzDecodeTable ./internal/rldev
 
 echo "== fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root

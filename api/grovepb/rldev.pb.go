@@ -355,6 +355,1395 @@ func (x *RLDevDisk) GetUuid() string {
 	return ""
 }
 
+// RLDevFence is a lock-service fencing token carried by a write.
+type RLDevFence struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`    // the lock's name
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"` // the token: (epoch, seq), ordered
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevFence) Reset() {
+	*x = RLDevFence{}
+	mi := &file_grovepb_rldev_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevFence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevFence) ProtoMessage() {}
+
+func (x *RLDevFence) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevFence.ProtoReflect.Descriptor instead.
+func (*RLDevFence) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RLDevFence) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RLDevFence) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevFence) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// RLDevServicePeerRequest is one frame of a link between two nodes' RLDev
+// engines. A link carries the dialer's messages to the acceptor, in
+// order; the acceptor answers on it with its hello only (its own messages
+// go on its own link to the dialer). The first frame each way is a hello:
+// a link is bound to the two incarnations it names, and ends with either.
+type RLDevServicePeerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*RLDevServicePeerRequest_Hello
+	//	*RLDevServicePeerRequest_Forward
+	//	*RLDevServicePeerRequest_Ack
+	//	*RLDevServicePeerRequest_Pull
+	//	*RLDevServicePeerRequest_PullData
+	//	*RLDevServicePeerRequest_ResyncMe
+	//	*RLDevServicePeerRequest_Copy
+	Msg           isRLDevServicePeerRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServicePeerRequest) Reset() {
+	*x = RLDevServicePeerRequest{}
+	mi := &file_grovepb_rldev_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServicePeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServicePeerRequest) ProtoMessage() {}
+
+func (x *RLDevServicePeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServicePeerRequest.ProtoReflect.Descriptor instead.
+func (*RLDevServicePeerRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RLDevServicePeerRequest) GetMsg() isRLDevServicePeerRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetHello() *RLDevHello {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_Hello); ok {
+			return x.Hello
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetForward() *RLDevForward {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_Forward); ok {
+			return x.Forward
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetAck() *RLDevAck {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetPull() *RLDevPull {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_Pull); ok {
+			return x.Pull
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetPullData() *RLDevPullData {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_PullData); ok {
+			return x.PullData
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetResyncMe() *RLDevResyncMe {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_ResyncMe); ok {
+			return x.ResyncMe
+		}
+	}
+	return nil
+}
+
+func (x *RLDevServicePeerRequest) GetCopy() *RLDevCopy {
+	if x != nil {
+		if x, ok := x.Msg.(*RLDevServicePeerRequest_Copy); ok {
+			return x.Copy
+		}
+	}
+	return nil
+}
+
+type isRLDevServicePeerRequest_Msg interface {
+	isRLDevServicePeerRequest_Msg()
+}
+
+type RLDevServicePeerRequest_Hello struct {
+	Hello *RLDevHello `protobuf:"bytes,1,opt,name=hello,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_Forward struct {
+	Forward *RLDevForward `protobuf:"bytes,2,opt,name=forward,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_Ack struct {
+	Ack *RLDevAck `protobuf:"bytes,3,opt,name=ack,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_Pull struct {
+	Pull *RLDevPull `protobuf:"bytes,4,opt,name=pull,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_PullData struct {
+	PullData *RLDevPullData `protobuf:"bytes,5,opt,name=pull_data,json=pullData,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_ResyncMe struct {
+	ResyncMe *RLDevResyncMe `protobuf:"bytes,6,opt,name=resync_me,json=resyncMe,proto3,oneof"`
+}
+
+type RLDevServicePeerRequest_Copy struct {
+	Copy *RLDevCopy `protobuf:"bytes,7,opt,name=copy,proto3,oneof"`
+}
+
+func (*RLDevServicePeerRequest_Hello) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_Forward) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_Ack) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_Pull) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_PullData) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_ResyncMe) isRLDevServicePeerRequest_Msg() {}
+
+func (*RLDevServicePeerRequest_Copy) isRLDevServicePeerRequest_Msg() {}
+
+// RLDevServicePeerResponse is the acceptor's hello.
+type RLDevServicePeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Hello         *RLDevHello            `protobuf:"bytes,1,opt,name=hello,proto3" json:"hello,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServicePeerResponse) Reset() {
+	*x = RLDevServicePeerResponse{}
+	mi := &file_grovepb_rldev_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServicePeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServicePeerResponse) ProtoMessage() {}
+
+func (x *RLDevServicePeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServicePeerResponse.ProtoReflect.Descriptor instead.
+func (*RLDevServicePeerResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RLDevServicePeerResponse) GetHello() *RLDevHello {
+	if x != nil {
+		return x.Hello
+	}
+	return nil
+}
+
+type RLDevHello struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	ToNode        uint64                 `protobuf:"varint,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"` // the dialer: the node it means to reach
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevHello) Reset() {
+	*x = RLDevHello{}
+	mi := &file_grovepb_rldev_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevHello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevHello) ProtoMessage() {}
+
+func (x *RLDevHello) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevHello.ProtoReflect.Descriptor instead.
+func (*RLDevHello) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RLDevHello) GetNode() uint64 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+func (x *RLDevHello) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *RLDevHello) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+// RLDevForward is a write the primary (or a resync's source) passes on.
+type RLDevForward struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
+	Gen           uint64                 `protobuf:"varint,5,opt,name=gen,proto3" json:"gen,omitempty"`
+	Data          []byte                 `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"` // whole 4 KiB blocks
+	Fence         *RLDevFence            `protobuf:"bytes,7,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevForward) Reset() {
+	*x = RLDevForward{}
+	mi := &file_grovepb_rldev_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevForward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevForward) ProtoMessage() {}
+
+func (x *RLDevForward) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevForward.ProtoReflect.Descriptor instead.
+func (*RLDevForward) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RLDevForward) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevForward) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevForward) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RLDevForward) GetBlock() uint64 {
+	if x != nil {
+		return x.Block
+	}
+	return 0
+}
+
+func (x *RLDevForward) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *RLDevForward) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RLDevForward) GetFence() *RLDevFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+// RLDevAck answers a forward or a copy. code is an rldev.Code.
+type RLDevAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Code          uint32                 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevAck) Reset() {
+	*x = RLDevAck{}
+	mi := &file_grovepb_rldev_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevAck) ProtoMessage() {}
+
+func (x *RLDevAck) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevAck.ProtoReflect.Descriptor instead.
+func (*RLDevAck) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RLDevAck) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RLDevAck) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RLDevAck) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// RLDevPull asks for a replica's copy of blocks (or their generations).
+type RLDevPull struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
+	Count         uint64                 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	GensOnly      bool                   `protobuf:"varint,6,opt,name=gens_only,json=gensOnly,proto3" json:"gens_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevPull) Reset() {
+	*x = RLDevPull{}
+	mi := &file_grovepb_rldev_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevPull) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevPull) ProtoMessage() {}
+
+func (x *RLDevPull) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevPull.ProtoReflect.Descriptor instead.
+func (*RLDevPull) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RLDevPull) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevPull) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevPull) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RLDevPull) GetBlock() uint64 {
+	if x != nil {
+		return x.Block
+	}
+	return 0
+}
+
+func (x *RLDevPull) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RLDevPull) GetGensOnly() bool {
+	if x != nil {
+		return x.GensOnly
+	}
+	return false
+}
+
+type RLDevPullData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Code          uint32                 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Gens          []uint64               `protobuf:"varint,5,rep,packed,name=gens,proto3" json:"gens,omitempty"`
+	Bad           []uint64               `protobuf:"varint,6,rep,packed,name=bad,proto3" json:"bad,omitempty"`                    // blocks that failed their check at the sender
+	GensOnly      bool                   `protobuf:"varint,7,opt,name=gens_only,json=gensOnly,proto3" json:"gens_only,omitempty"` // data is absent by design
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevPullData) Reset() {
+	*x = RLDevPullData{}
+	mi := &file_grovepb_rldev_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevPullData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevPullData) ProtoMessage() {}
+
+func (x *RLDevPullData) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevPullData.ProtoReflect.Descriptor instead.
+func (*RLDevPullData) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RLDevPullData) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevPullData) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RLDevPullData) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RLDevPullData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RLDevPullData) GetGens() []uint64 {
+	if x != nil {
+		return x.Gens
+	}
+	return nil
+}
+
+func (x *RLDevPullData) GetBad() []uint64 {
+	if x != nil {
+		return x.Bad
+	}
+	return nil
+}
+
+func (x *RLDevPullData) GetGensOnly() bool {
+	if x != nil {
+		return x.GensOnly
+	}
+	return false
+}
+
+// RLDevResyncMe is a stale replica asking to be brought up to date.
+type RLDevResyncMe struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Dirty         []uint64               `protobuf:"varint,3,rep,packed,name=dirty,proto3" json:"dirty,omitempty"` // its dirty-region log's regions
+	Blank         bool                   `protobuf:"varint,4,opt,name=blank,proto3" json:"blank,omitempty"`        // its segment holds nothing (a full copy)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevResyncMe) Reset() {
+	*x = RLDevResyncMe{}
+	mi := &file_grovepb_rldev_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevResyncMe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevResyncMe) ProtoMessage() {}
+
+func (x *RLDevResyncMe) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevResyncMe.ProtoReflect.Descriptor instead.
+func (*RLDevResyncMe) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RLDevResyncMe) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevResyncMe) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevResyncMe) GetDirty() []uint64 {
+	if x != nil {
+		return x.Dirty
+	}
+	return nil
+}
+
+func (x *RLDevResyncMe) GetBlank() bool {
+	if x != nil {
+		return x.Blank
+	}
+	return false
+}
+
+// RLDevCopy is a resync chunk.
+type RLDevCopy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
+	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	Gens          []uint64               `protobuf:"varint,6,rep,packed,name=gens,proto3" json:"gens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevCopy) Reset() {
+	*x = RLDevCopy{}
+	mi := &file_grovepb_rldev_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevCopy) ProtoMessage() {}
+
+func (x *RLDevCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevCopy.ProtoReflect.Descriptor instead.
+func (*RLDevCopy) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RLDevCopy) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevCopy) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevCopy) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RLDevCopy) GetBlock() uint64 {
+	if x != nil {
+		return x.Block
+	}
+	return 0
+}
+
+func (x *RLDevCopy) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RLDevCopy) GetGens() []uint64 {
+	if x != nil {
+		return x.Gens
+	}
+	return nil
+}
+
+// RLDevReadRequest reads length bytes at offset (both multiples of 4096).
+// replica 0 reads whichever replica this node holds that may serve; 1 or
+// 2 names segment 0 or 1 (ReadReplica, for clients that keep their own
+// log: the node must hold that segment).
+type RLDevServiceReadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	Replica       uint32                 `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceReadRequest) Reset() {
+	*x = RLDevServiceReadRequest{}
+	mi := &file_grovepb_rldev_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceReadRequest) ProtoMessage() {}
+
+func (x *RLDevServiceReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceReadRequest.ProtoReflect.Descriptor instead.
+func (*RLDevServiceReadRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RLDevServiceReadRequest) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevServiceReadRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *RLDevServiceReadRequest) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *RLDevServiceReadRequest) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+// RLDevWriteRequest writes data at offset (multiples of 4096). replica 0
+// goes through the primary (the node must hold it); 1 or 2 writes that
+// segment alone (WriteReplica).
+type RLDevServiceWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Fence         *RLDevFence            `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	Replica       uint32                 `protobuf:"varint,5,opt,name=replica,proto3" json:"replica,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceWriteRequest) Reset() {
+	*x = RLDevServiceWriteRequest{}
+	mi := &file_grovepb_rldev_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceWriteRequest) ProtoMessage() {}
+
+func (x *RLDevServiceWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceWriteRequest.ProtoReflect.Descriptor instead.
+func (*RLDevServiceWriteRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RLDevServiceWriteRequest) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevServiceWriteRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *RLDevServiceWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RLDevServiceWriteRequest) GetFence() *RLDevFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *RLDevServiceWriteRequest) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+// RLDevResult ends a read or write. code is an rldev.Code (0 OK);
+// maybe_written marks a failed write that had begun to land.
+type RLDevResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	MaybeWritten  bool                   `protobuf:"varint,3,opt,name=maybe_written,json=maybeWritten,proto3" json:"maybe_written,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"` // the replica's epoch of the RLDev
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevResult) Reset() {
+	*x = RLDevResult{}
+	mi := &file_grovepb_rldev_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevResult) ProtoMessage() {}
+
+func (x *RLDevResult) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevResult.ProtoReflect.Descriptor instead.
+func (*RLDevResult) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RLDevResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RLDevResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RLDevResult) GetMaybeWritten() bool {
+	if x != nil {
+		return x.MaybeWritten
+	}
+	return false
+}
+
+func (x *RLDevResult) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type RLDevServiceReadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *RLDevResult           `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceReadResponse) Reset() {
+	*x = RLDevServiceReadResponse{}
+	mi := &file_grovepb_rldev_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceReadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceReadResponse) ProtoMessage() {}
+
+func (x *RLDevServiceReadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceReadResponse.ProtoReflect.Descriptor instead.
+func (*RLDevServiceReadResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RLDevServiceReadResponse) GetResult() *RLDevResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *RLDevServiceReadResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type RLDevServiceWriteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *RLDevResult           `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceWriteResponse) Reset() {
+	*x = RLDevServiceWriteResponse{}
+	mi := &file_grovepb_rldev_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceWriteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceWriteResponse) ProtoMessage() {}
+
+func (x *RLDevServiceWriteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceWriteResponse.ProtoReflect.Descriptor instead.
+func (*RLDevServiceWriteResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RLDevServiceWriteResponse) GetResult() *RLDevResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+type RLDevServiceStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceStatusRequest) Reset() {
+	*x = RLDevServiceStatusRequest{}
+	mi := &file_grovepb_rldev_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceStatusRequest) ProtoMessage() {}
+
+func (x *RLDevServiceStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceStatusRequest.ProtoReflect.Descriptor instead.
+func (*RLDevServiceStatusRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{18}
+}
+
+// RLDevServiceStatusResponse is what one node's engine knows of its
+// replicas.
+type RLDevServiceStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"` // 0: no engine running (fenced, starting)
+	Replicas      []*RLDevReplicaStatus  `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevServiceStatusResponse) Reset() {
+	*x = RLDevServiceStatusResponse{}
+	mi := &file_grovepb_rldev_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevServiceStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevServiceStatusResponse) ProtoMessage() {}
+
+func (x *RLDevServiceStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevServiceStatusResponse.ProtoReflect.Descriptor instead.
+func (*RLDevServiceStatusResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RLDevServiceStatusResponse) GetNode() uint64 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+func (x *RLDevServiceStatusResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *RLDevServiceStatusResponse) GetReplicas() []*RLDevReplicaStatus {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type RLDevReplicaStatus struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Rldev           uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Segment         uint32                 `protobuf:"varint,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	State           string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // loading, joining, ready, failed, retired
+	Stale           bool                   `protobuf:"varint,4,opt,name=stale,proto3" json:"stale,omitempty"`
+	Primary         bool                   `protobuf:"varint,5,opt,name=primary,proto3" json:"primary,omitempty"`
+	DirtyRegions    uint64                 `protobuf:"varint,6,opt,name=dirty_regions,json=dirtyRegions,proto3" json:"dirty_regions,omitempty"`
+	DegradedRegions uint64                 `protobuf:"varint,7,opt,name=degraded_regions,json=degradedRegions,proto3" json:"degraded_regions,omitempty"`
+	Recovering      uint64                 `protobuf:"varint,8,opt,name=recovering,proto3" json:"recovering,omitempty"` // dirty regions still to pull after a crash
+	ResyncCopied    uint64                 `protobuf:"varint,9,opt,name=resync_copied,json=resyncCopied,proto3" json:"resync_copied,omitempty"`
+	ResyncTotal     uint64                 `protobuf:"varint,10,opt,name=resync_total,json=resyncTotal,proto3" json:"resync_total,omitempty"`
+	ScrubPasses     uint64                 `protobuf:"varint,11,opt,name=scrub_passes,json=scrubPasses,proto3" json:"scrub_passes,omitempty"`
+	ScrubRepaired   uint64                 `protobuf:"varint,12,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
+	ScrubNext       uint64                 `protobuf:"varint,13,opt,name=scrub_next,json=scrubNext,proto3" json:"scrub_next,omitempty"` // the next block the scrubber checks
+	Error           string                 `protobuf:"bytes,14,opt,name=error,proto3" json:"error,omitempty"`                           // why it failed
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RLDevReplicaStatus) Reset() {
+	*x = RLDevReplicaStatus{}
+	mi := &file_grovepb_rldev_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevReplicaStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevReplicaStatus) ProtoMessage() {}
+
+func (x *RLDevReplicaStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevReplicaStatus.ProtoReflect.Descriptor instead.
+func (*RLDevReplicaStatus) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RLDevReplicaStatus) GetRldev() uint64 {
+	if x != nil {
+		return x.Rldev
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetSegment() uint32 {
+	if x != nil {
+		return x.Segment
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RLDevReplicaStatus) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *RLDevReplicaStatus) GetPrimary() bool {
+	if x != nil {
+		return x.Primary
+	}
+	return false
+}
+
+func (x *RLDevReplicaStatus) GetDirtyRegions() uint64 {
+	if x != nil {
+		return x.DirtyRegions
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetDegradedRegions() uint64 {
+	if x != nil {
+		return x.DegradedRegions
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetRecovering() uint64 {
+	if x != nil {
+		return x.Recovering
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetResyncCopied() uint64 {
+	if x != nil {
+		return x.ResyncCopied
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetResyncTotal() uint64 {
+	if x != nil {
+		return x.ResyncTotal
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetScrubPasses() uint64 {
+	if x != nil {
+		return x.ScrubPasses
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetScrubRepaired() uint64 {
+	if x != nil {
+		return x.ScrubRepaired
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetScrubNext() uint64 {
+	if x != nil {
+		return x.ScrubNext
+	}
+	return 0
+}
+
+func (x *RLDevReplicaStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_grovepb_rldev_proto protoreflect.FileDescriptor
 
 const file_grovepb_rldev_proto_rawDesc = "" +
@@ -384,13 +1773,124 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x12\n" +
-	"\x04uuid\x18\x05 \x01(\tR\x04uuid*v\n" +
+	"\x04uuid\x18\x05 \x01(\tR\x04uuid\"H\n" +
+	"\n" +
+	"RLDevFence\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\"\xf0\x02\n" +
+	"\x17RLDevServicePeerRequest\x12,\n" +
+	"\x05hello\x18\x01 \x01(\v2\x14.grove.v1.RLDevHelloH\x00R\x05hello\x122\n" +
+	"\aforward\x18\x02 \x01(\v2\x16.grove.v1.RLDevForwardH\x00R\aforward\x12&\n" +
+	"\x03ack\x18\x03 \x01(\v2\x12.grove.v1.RLDevAckH\x00R\x03ack\x12)\n" +
+	"\x04pull\x18\x04 \x01(\v2\x13.grove.v1.RLDevPullH\x00R\x04pull\x126\n" +
+	"\tpull_data\x18\x05 \x01(\v2\x17.grove.v1.RLDevPullDataH\x00R\bpullData\x126\n" +
+	"\tresync_me\x18\x06 \x01(\v2\x17.grove.v1.RLDevResyncMeH\x00R\bresyncMe\x12)\n" +
+	"\x04copy\x18\a \x01(\v2\x13.grove.v1.RLDevCopyH\x00R\x04copyB\x05\n" +
+	"\x03msg\"F\n" +
+	"\x18RLDevServicePeerResponse\x12*\n" +
+	"\x05hello\x18\x01 \x01(\v2\x14.grove.v1.RLDevHelloR\x05hello\"[\n" +
+	"\n" +
+	"RLDevHello\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"\xb4\x01\n" +
+	"\fRLDevForward\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x10\n" +
+	"\x03gen\x18\x05 \x01(\x04R\x03gen\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\x12*\n" +
+	"\x05fence\x18\a \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\"\\\n" +
+	"\bRLDevAck\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x92\x01\n" +
+	"\tRLDevPull\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\x12\x1b\n" +
+	"\tgens_only\x18\x06 \x01(\bR\bgensOnly\"\xa2\x01\n" +
+	"\rRLDevPullData\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x12\n" +
+	"\x04gens\x18\x05 \x03(\x04R\x04gens\x12\x10\n" +
+	"\x03bad\x18\x06 \x03(\x04R\x03bad\x12\x1b\n" +
+	"\tgens_only\x18\a \x01(\bR\bgensOnly\"g\n" +
+	"\rRLDevResyncMe\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05dirty\x18\x03 \x03(\x04R\x05dirty\x12\x14\n" +
+	"\x05blank\x18\x04 \x01(\bR\x05blank\"\x87\x01\n" +
+	"\tRLDevCopy\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\x12\x12\n" +
+	"\x04gens\x18\x06 \x03(\x04R\x04gens\"y\n" +
+	"\x17RLDevServiceReadRequest\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12\x18\n" +
+	"\areplica\x18\x04 \x01(\rR\areplica\"\xa2\x01\n" +
+	"\x18RLDevServiceWriteRequest\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12*\n" +
+	"\x05fence\x18\x04 \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\x12\x18\n" +
+	"\areplica\x18\x05 \x01(\rR\areplica\"r\n" +
+	"\vRLDevResult\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12#\n" +
+	"\rmaybe_written\x18\x03 \x01(\bR\fmaybeWritten\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"]\n" +
+	"\x18RLDevServiceReadResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\v2\x15.grove.v1.RLDevResultR\x06result\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"J\n" +
+	"\x19RLDevServiceWriteResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\v2\x15.grove.v1.RLDevResultR\x06result\"\x1b\n" +
+	"\x19RLDevServiceStatusRequest\"\x8c\x01\n" +
+	"\x1aRLDevServiceStatusResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x128\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xc1\x03\n" +
+	"\x12RLDevReplicaStatus\x12\x14\n" +
+	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x18\n" +
+	"\asegment\x18\x02 \x01(\rR\asegment\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
+	"\x05stale\x18\x04 \x01(\bR\x05stale\x12\x18\n" +
+	"\aprimary\x18\x05 \x01(\bR\aprimary\x12#\n" +
+	"\rdirty_regions\x18\x06 \x01(\x04R\fdirtyRegions\x12)\n" +
+	"\x10degraded_regions\x18\a \x01(\x04R\x0fdegradedRegions\x12\x1e\n" +
+	"\n" +
+	"recovering\x18\b \x01(\x04R\n" +
+	"recovering\x12#\n" +
+	"\rresync_copied\x18\t \x01(\x04R\fresyncCopied\x12!\n" +
+	"\fresync_total\x18\n" +
+	" \x01(\x04R\vresyncTotal\x12!\n" +
+	"\fscrub_passes\x18\v \x01(\x04R\vscrubPasses\x12%\n" +
+	"\x0escrub_repaired\x18\f \x01(\x04R\rscrubRepaired\x12\x1d\n" +
+	"\n" +
+	"scrub_next\x18\r \x01(\x04R\tscrubNext\x12\x14\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error*v\n" +
 	"\n" +
 	"RldevState\x12\x1b\n" +
 	"\x17RLDEV_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RLDEV_STATE_NORMAL\x10\x01\x12\x18\n" +
 	"\x14RLDEV_STATE_DEGRADED\x10\x02\x12\x19\n" +
-	"\x15RLDEV_STATE_RESYNCING\x10\x03B)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x15RLDEV_STATE_RESYNCING\x10\x032\xd7\x02\n" +
+	"\fRLDevService\x12Q\n" +
+	"\x04Peer\x12!.grove.v1.RLDevServicePeerRequest\x1a\".grove.v1.RLDevServicePeerResponse(\x010\x01\x12M\n" +
+	"\x04Read\x12!.grove.v1.RLDevServiceReadRequest\x1a\".grove.v1.RLDevServiceReadResponse\x12P\n" +
+	"\x05Write\x12\".grove.v1.RLDevServiceWriteRequest\x1a#.grove.v1.RLDevServiceWriteResponse\x12S\n" +
+	"\x06Status\x12#.grove.v1.RLDevServiceStatusRequest\x1a$.grove.v1.RLDevServiceStatusResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_rldev_proto_rawDescOnce sync.Once
@@ -405,21 +1905,60 @@ func file_grovepb_rldev_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_rldev_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_rldev_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_grovepb_rldev_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_grovepb_rldev_proto_goTypes = []any{
-	(RldevState)(0),      // 0: grove.v1.RldevState
-	(*RLDevSegment)(nil), // 1: grove.v1.RLDevSegment
-	(*RLDevRecord)(nil),  // 2: grove.v1.RLDevRecord
-	(*RLDevDisk)(nil),    // 3: grove.v1.RLDevDisk
+	(RldevState)(0),                    // 0: grove.v1.RldevState
+	(*RLDevSegment)(nil),               // 1: grove.v1.RLDevSegment
+	(*RLDevRecord)(nil),                // 2: grove.v1.RLDevRecord
+	(*RLDevDisk)(nil),                  // 3: grove.v1.RLDevDisk
+	(*RLDevFence)(nil),                 // 4: grove.v1.RLDevFence
+	(*RLDevServicePeerRequest)(nil),    // 5: grove.v1.RLDevServicePeerRequest
+	(*RLDevServicePeerResponse)(nil),   // 6: grove.v1.RLDevServicePeerResponse
+	(*RLDevHello)(nil),                 // 7: grove.v1.RLDevHello
+	(*RLDevForward)(nil),               // 8: grove.v1.RLDevForward
+	(*RLDevAck)(nil),                   // 9: grove.v1.RLDevAck
+	(*RLDevPull)(nil),                  // 10: grove.v1.RLDevPull
+	(*RLDevPullData)(nil),              // 11: grove.v1.RLDevPullData
+	(*RLDevResyncMe)(nil),              // 12: grove.v1.RLDevResyncMe
+	(*RLDevCopy)(nil),                  // 13: grove.v1.RLDevCopy
+	(*RLDevServiceReadRequest)(nil),    // 14: grove.v1.RLDevServiceReadRequest
+	(*RLDevServiceWriteRequest)(nil),   // 15: grove.v1.RLDevServiceWriteRequest
+	(*RLDevResult)(nil),                // 16: grove.v1.RLDevResult
+	(*RLDevServiceReadResponse)(nil),   // 17: grove.v1.RLDevServiceReadResponse
+	(*RLDevServiceWriteResponse)(nil),  // 18: grove.v1.RLDevServiceWriteResponse
+	(*RLDevServiceStatusRequest)(nil),  // 19: grove.v1.RLDevServiceStatusRequest
+	(*RLDevServiceStatusResponse)(nil), // 20: grove.v1.RLDevServiceStatusResponse
+	(*RLDevReplicaStatus)(nil),         // 21: grove.v1.RLDevReplicaStatus
 }
 var file_grovepb_rldev_proto_depIdxs = []int32{
-	1, // 0: grove.v1.RLDevRecord.segments:type_name -> grove.v1.RLDevSegment
-	0, // 1: grove.v1.RLDevRecord.state:type_name -> grove.v1.RldevState
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1,  // 0: grove.v1.RLDevRecord.segments:type_name -> grove.v1.RLDevSegment
+	0,  // 1: grove.v1.RLDevRecord.state:type_name -> grove.v1.RldevState
+	7,  // 2: grove.v1.RLDevServicePeerRequest.hello:type_name -> grove.v1.RLDevHello
+	8,  // 3: grove.v1.RLDevServicePeerRequest.forward:type_name -> grove.v1.RLDevForward
+	9,  // 4: grove.v1.RLDevServicePeerRequest.ack:type_name -> grove.v1.RLDevAck
+	10, // 5: grove.v1.RLDevServicePeerRequest.pull:type_name -> grove.v1.RLDevPull
+	11, // 6: grove.v1.RLDevServicePeerRequest.pull_data:type_name -> grove.v1.RLDevPullData
+	12, // 7: grove.v1.RLDevServicePeerRequest.resync_me:type_name -> grove.v1.RLDevResyncMe
+	13, // 8: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
+	7,  // 9: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
+	4,  // 10: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
+	4,  // 11: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
+	16, // 12: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
+	16, // 13: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
+	21, // 14: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
+	5,  // 15: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
+	14, // 16: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
+	15, // 17: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
+	19, // 18: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
+	6,  // 19: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
+	17, // 20: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
+	18, // 21: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
+	20, // 22: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
+	19, // [19:23] is the sub-list for method output_type
+	15, // [15:19] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_rldev_proto_init() }
@@ -427,15 +1966,24 @@ func file_grovepb_rldev_proto_init() {
 	if File_grovepb_rldev_proto != nil {
 		return
 	}
+	file_grovepb_rldev_proto_msgTypes[4].OneofWrappers = []any{
+		(*RLDevServicePeerRequest_Hello)(nil),
+		(*RLDevServicePeerRequest_Forward)(nil),
+		(*RLDevServicePeerRequest_Ack)(nil),
+		(*RLDevServicePeerRequest_Pull)(nil),
+		(*RLDevServicePeerRequest_PullData)(nil),
+		(*RLDevServicePeerRequest_ResyncMe)(nil),
+		(*RLDevServicePeerRequest_Copy)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_rldev_proto_rawDesc), len(file_grovepb_rldev_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   21,
 			NumExtensions: 0,
-			NumServices:   0,
+			NumServices:   1,
 		},
 		GoTypes:           file_grovepb_rldev_proto_goTypes,
 		DependencyIndexes: file_grovepb_rldev_proto_depIdxs,
