@@ -1105,6 +1105,7 @@ type RLDevCopy struct {
 	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
 	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
 	Gens          []uint64               `protobuf:"varint,6,rep,packed,name=gens,proto3" json:"gens,omitempty"`
+	Tokens        []*RLDevFence          `protobuf:"bytes,7,rep,name=tokens,proto3" json:"tokens,omitempty"` // the source's fencing tokens
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1177,6 +1178,13 @@ func (x *RLDevCopy) GetData() []byte {
 func (x *RLDevCopy) GetGens() []uint64 {
 	if x != nil {
 		return x.Gens
+	}
+	return nil
+}
+
+func (x *RLDevCopy) GetTokens() []*RLDevFence {
+	if x != nil {
+		return x.Tokens
 	}
 	return nil
 }
@@ -1827,14 +1835,15 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05dirty\x18\x03 \x03(\x04R\x05dirty\x12\x14\n" +
-	"\x05blank\x18\x04 \x01(\bR\x05blank\"\x87\x01\n" +
+	"\x05blank\x18\x04 \x01(\bR\x05blank\"\xb5\x01\n" +
 	"\tRLDevCopy\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x12\n" +
 	"\x04data\x18\x05 \x01(\fR\x04data\x12\x12\n" +
-	"\x04gens\x18\x06 \x03(\x04R\x04gens\"y\n" +
+	"\x04gens\x18\x06 \x03(\x04R\x04gens\x12,\n" +
+	"\x06tokens\x18\a \x03(\v2\x14.grove.v1.RLDevFenceR\x06tokens\"y\n" +
 	"\x17RLDevServiceReadRequest\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
@@ -1942,23 +1951,24 @@ var file_grovepb_rldev_proto_depIdxs = []int32{
 	13, // 8: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
 	7,  // 9: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
 	4,  // 10: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
-	4,  // 11: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
-	16, // 12: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
-	16, // 13: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
-	21, // 14: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
-	5,  // 15: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
-	14, // 16: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
-	15, // 17: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
-	19, // 18: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
-	6,  // 19: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
-	17, // 20: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
-	18, // 21: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
-	20, // 22: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 11: grove.v1.RLDevCopy.tokens:type_name -> grove.v1.RLDevFence
+	4,  // 12: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
+	16, // 13: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
+	16, // 14: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
+	21, // 15: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
+	5,  // 16: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
+	14, // 17: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
+	15, // 18: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
+	19, // 19: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
+	6,  // 20: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
+	17, // 21: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
+	18, // 22: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
+	20, // 23: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_rldev_proto_init() }

@@ -32,6 +32,7 @@ import (
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
 	"github.com/grovestore/grove/internal/transport"
+	"github.com/grovestore/grove/internal/units"
 )
 
 // Port layout of `grove up` from --base-port B (default 7400):
@@ -51,8 +52,13 @@ type upOptions struct {
 	readyWait time.Duration
 	logLevel  string
 	logFormat string
+	diskSize  units.Size
 	changed   func(flag string) bool // set on the command line
 }
+
+// DefaultDiskSize is each node's disk file under grove up (sparse: space
+// is taken as RLDevs are written).
+const DefaultDiskSize = 8 << 30
 
 // MaxUpNodes bounds --nodes: an embedded cluster is for one machine.
 const MaxUpNodes = 64
@@ -67,6 +73,8 @@ type upRecord struct {
 	Host     string `toml:"host"`
 	// LogFormat keeps every node's log file in one format across runs.
 	LogFormat string `toml:"log_format"`
+	// DiskSize is each node's disk file (created on the first run).
+	DiskSize int64 `toml:"disk_size"`
 }
 
 func upCmd() *cobra.Command {
@@ -103,6 +111,8 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	f.IntVar(&o.basePort, "base-port", 7400, "serve the gateway at `PORT`; node i uses PORT+10i (gRPC), +1 (raft), +2 (beacon, UDP), +3 (metrics)")
 	f.StringVar(&o.host, "host", "127.0.0.1", "listen on address `IP`")
 	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "give the cluster `DURATION` to become ready")
+	o.diskSize = DefaultDiskSize
+	f.Var(&o.diskSize, "disk-size", "give each node a disk file of `SIZE` (sparse; 8GiB, 512MiB...) for its RLDev segments")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
 }
@@ -134,6 +144,9 @@ func checkUpFlags(o upOptions) error {
 	if ip.IsUnspecified() {
 		return cli.Usagef("--host %s: give an address the nodes can be reached at, not an unspecified one (observers check where beacons come from)", o.host)
 	}
+	if o.diskSize < 64<<20 || o.diskSize%4096 != 0 {
+		return cli.Usagef("--disk-size %v: want at least 64MiB, a multiple of 4KiB", int64(o.diskSize))
+	}
 	if o.readyWait <= 0 {
 		return cli.Usagef("--ready-timeout %v: want a positive duration", o.readyWait)
 	}
@@ -158,6 +171,10 @@ func readRecord(data string, cfgs []*node.Config) (upRecord, error) {
 		if r.LogFormat == "" {
 			r.LogFormat = "text"
 		}
+		if r.DiskSize == 0 { // made before disks existed
+			r.DiskSize = DefaultDiskSize
+			return r, writeRecord(data, r)
+		}
 		return r, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
@@ -169,7 +186,7 @@ func readRecord(data string, cfgs []*node.Config) (upRecord, error) {
 		return r, err
 	}
 	port, _ := strconv.Atoi(p)
-	r.Host, r.BasePort, r.LogFormat = h, port-10*int(cfgs[0].ID), "text"
+	r.Host, r.BasePort, r.LogFormat, r.DiskSize = h, port-10*int(cfgs[0].ID), "text", DefaultDiskSize
 	return r, writeRecord(data, r)
 }
 
@@ -211,7 +228,8 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 		for _, x := range []struct {
 			flag      string
 			want, got any
-		}{{"nodes", rec.Nodes, o.nodes}, {"meta", rec.Meta, o.members}, {"base-port", rec.BasePort, o.basePort}, {"host", rec.Host, o.host}, {"log-format", rec.LogFormat, o.logFormat}} {
+		}{{"nodes", rec.Nodes, o.nodes}, {"meta", rec.Meta, o.members}, {"base-port", rec.BasePort, o.basePort}, {"host", rec.Host, o.host},
+			{"log-format", rec.LogFormat, o.logFormat}, {"disk-size", units.Size(rec.DiskSize), o.diskSize}} {
 			if o.changed != nil && o.changed(x.flag) && fmt.Sprint(x.want) != fmt.Sprint(x.got) {
 				conflicts = append(conflicts, fmt.Sprintf("--%s %v (it has %v)", x.flag, x.got, x.want))
 			}
@@ -235,6 +253,9 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 			if c.ClusterKey == "" {
 				c.ClusterKey, changed = key, true
 			}
+			if c.Has(node.RoleStore) && len(c.Disks) == 0 {
+				c.Disks, c.DiskSize, changed = []string{"disk0.img"}, units.Size(rec.DiskSize), true
+			}
 			if c.MetricsAddr == "" {
 				if h, p, err := net.SplitHostPort(c.GRPCAddr); err == nil {
 					if port, err := strconv.Atoi(p); err == nil && port+3 <= 65535 {
@@ -253,7 +274,7 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 		}
 		return cfgs, existing, rec, false, nil
 	}
-	rec = upRecord{Nodes: o.nodes, Meta: o.members, BasePort: o.basePort, Host: o.host, LogFormat: o.logFormat}
+	rec = upRecord{Nodes: o.nodes, Meta: o.members, BasePort: o.basePort, Host: o.host, LogFormat: o.logFormat, DiskSize: int64(o.diskSize)}
 	cfgs = newConfigs(o, data, node.NewClusterKey()) // every node of the cluster shares the key
 	for _, c := range cfgs {
 		if err := c.Validate(); err != nil {
@@ -290,9 +311,10 @@ func newConfigs(o upOptions, data, key string) []*node.Config {
 	for i := 1; i <= o.nodes; i++ {
 		b := o.basePort + 10*i
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
-			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
+			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{node.RoleStore}, FD: node.DefaultFD, Members: members, ClusterKey: key,
+			Disks: []string{"disk0.img"}, DiskSize: o.diskSize}
 		if i <= o.members {
-			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, "store"}
+			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}
 		}
 		cfgs = append(cfgs, c)
 	}

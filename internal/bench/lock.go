@@ -13,18 +13,37 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
 	"github.com/grovestore/grove/internal/transport"
+	"github.com/grovestore/grove/internal/units"
 )
 
 // InProcessCluster is n nodes in this process on loopback (as `grove up`).
 type InProcessCluster struct {
-	Nodes []*node.Node
+	Nodes   []*node.Node // nil while stopped
+	Configs []*node.Config
+	log     *slog.Logger
+}
+
+// ClusterOptions shape an in-process cluster.
+type ClusterOptions struct {
+	// Store gives every node the store role and a disk file of DiskSize
+	// bytes (default 256 MiB).
+	Store    bool
+	DiskSize int64
+	// Log receives the nodes' lines (default: none).
+	Log *slog.Logger
 }
 
 // StartInProcess starts n nodes (the first three are config-service
 // members, observers and lock candidates) under dir.
 func StartInProcess(dir string, n int) (*InProcessCluster, error) {
+	return StartCluster(dir, n, ClusterOptions{})
+}
+
+// StartCluster starts n nodes under dir as o says.
+func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error) {
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
@@ -34,29 +53,69 @@ func StartInProcess(dir string, n int) (*InProcessCluster, error) {
 	for i := 0; i < min(n, 3); i++ {
 		members = append(members, node.MemberConfig{ID: uint64(i + 1), GRPC: addr(ports[3*i]), Raft: addr(ports[3*i+1]), Beacon: addr(ports[3*i+2])})
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c := &InProcessCluster{}
+	c := &InProcessCluster{log: o.Log}
+	if c.log == nil {
+		c.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.DiskSize == 0 {
+		o.DiskSize = 256 << 20
+	}
 	key := node.NewClusterKey()
 	for i := 0; i < n; i++ {
 		cfg := &node.Config{ID: uint64(i + 1), DataDir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), GRPCAddr: addr(ports[3*i]),
-			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{"store"}, FD: node.DefaultFD, Members: members, ClusterKey: key}
+			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{}, FD: node.DefaultFD, Members: members, ClusterKey: key}
 		if i < 3 {
 			cfg.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock}
 		}
-		nd, err := node.Start(cfg, node.Options{Logger: quiet, RaftLog: io.Discard, Bootstrap: true})
-		if err != nil {
+		if o.Store {
+			cfg.Roles = append(cfg.Roles, node.RoleStore)
+			cfg.Disks, cfg.DiskSize = []string{"disk0.img"}, units.Size(o.DiskSize)
+		}
+		c.Configs = append(c.Configs, cfg)
+		c.Nodes = append(c.Nodes, nil)
+		if err := c.Start(i); err != nil {
 			c.Close()
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, nd)
 	}
 	return c, nil
 }
 
+// Start starts node i (0-based) again from its config (the first start
+// bootstraps the config service).
+func (c *InProcessCluster) Start(i int) error {
+	if c.Nodes[i] != nil {
+		return nil
+	}
+	nd, err := node.Start(c.Configs[i], node.Options{Logger: c.log, RaftLog: io.Discard, Bootstrap: true})
+	if err != nil {
+		return err
+	}
+	c.Nodes[i] = nd
+	return nil
+}
+
+// Stop stops node i (0-based), gracefully: its process would live on.
+func (c *InProcessCluster) Stop(i int) {
+	if c.Nodes[i] != nil {
+		c.Nodes[i].Close()
+		c.Nodes[i] = nil
+	}
+}
+
+// Members are the config-service members, for a meta client.
+func (c *InProcessCluster) Members() []meta.Member {
+	var ms []meta.Member
+	for _, m := range c.Configs[0].Members {
+		ms = append(ms, meta.Member{ID: m.ID, RaftAddr: m.Raft, GRPCAddr: m.GRPC})
+	}
+	return ms
+}
+
 // Close stops every node.
 func (c *InProcessCluster) Close() {
-	for _, n := range c.Nodes {
-		n.Close()
+	for i := range c.Nodes {
+		c.Stop(i)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/units"
 )
 
 // Roles a node can host. A small cluster runs every role everywhere.
@@ -31,6 +32,7 @@ const (
 	RoleMeta     = "meta"     // config-service replica
 	RoleObserver = "observer" // failure-detector observer
 	RoleLock     = "lock"     // lock master or standby (every node has clerks)
+	RoleStore    = "store"    // holds RLDev segments on its disks
 )
 
 // KnownRoles lists every role name; later layers' roles are accepted now so
@@ -54,6 +56,13 @@ type MemberConfig struct {
 	GRPC   string `toml:"grpc"`
 	Raft   string `toml:"raft"`
 	Beacon string `toml:"beacon"`
+}
+
+// RLDevConfig tunes the RLDev replicas on a store node.
+type RLDevConfig struct {
+	// ScrubRate is the bytes per second the scrubber reads over the
+	// node's segments (default 4 MiB; "0" turns it off).
+	ScrubRate *units.Size `toml:"scrub_rate"`
 }
 
 // FDConfig holds the failure detector's tunables.
@@ -95,11 +104,17 @@ type Config struct {
 	BeaconAddr string `toml:"beacon_addr"`
 	// MetricsAddr serves Prometheus metrics over HTTP at /metrics (empty:
 	// off). `grove up` uses the node's gRPC port + 3.
-	MetricsAddr string     `toml:"metrics_addr"`
-	Roles       []string   `toml:"roles"`
-	Disks       []string   `toml:"disks"`
-	FD          FDConfig   `toml:"fd"`
-	Raft        RaftConfig `toml:"raft"`
+	MetricsAddr string   `toml:"metrics_addr"`
+	Roles       []string `toml:"roles"`
+	// Disks are the files or block devices that hold RLDev segments
+	// (role "store"), relative to data_dir unless absolute.
+	Disks []string `toml:"disks"`
+	// DiskSize is the size of a disk file that does not exist yet: the
+	// node creates it, sparse. Zero: a missing disk is an error.
+	DiskSize units.Size  `toml:"disk_size"`
+	RLDev    RLDevConfig `toml:"rldev"`
+	FD       FDConfig    `toml:"fd"`
+	Raft     RaftConfig  `toml:"raft"`
 	// ClusterKey authenticates failure-detector datagrams (hex, at least
 	// 16 bytes; `grove up` generates 32). Every node of a cluster has the
 	// same one. AcceptClusterKeys are also accepted on incoming datagrams,
@@ -448,6 +463,20 @@ func (c *Config) Validate() error {
 		if !slices.Contains(KnownRoles, r) {
 			return fmt.Errorf("roles: unknown role %q (known: %s)", r, strings.Join(KnownRoles, ", "))
 		}
+	}
+	switch {
+	case c.Has(RoleStore) && len(c.Disks) == 0:
+		return fmt.Errorf("roles: %q needs at least one disk in disks", RoleStore)
+	case len(c.Disks) > 0 && !c.Has(RoleStore):
+		return fmt.Errorf("disks: given, but roles lacks %q (only a store node uses disks)", RoleStore)
+	}
+	for i, d := range c.Disks {
+		if d == "" || slices.Contains(c.Disks[:i], d) {
+			return fmt.Errorf("disks: %q: every disk needs a path of its own", d)
+		}
+	}
+	if c.DiskSize < 0 || c.DiskSize%512 != 0 {
+		return fmt.Errorf("disk_size = %d: want a multiple of 512 bytes", c.DiskSize)
 	}
 	if len(c.Members) == 0 || len(c.Members)%2 == 0 {
 		return fmt.Errorf("[[members]]: %d config-service members; need an odd number (2k+1)", len(c.Members))

@@ -30,6 +30,7 @@ import (
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/ratelog"
+	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -45,6 +46,8 @@ type Node struct {
 	fd     *fd.Driver
 	fdp    atomic.Pointer[fd.Driver] // for Alive, readable before Start returns
 	locks  *lock.Service
+	rldev  *rldev.Service // nil unless RoleStore
+	devs   []disk.Device  // the store's disks
 	status *StatusService
 	fence  *Fence
 	mx     *metrics.Node
@@ -186,6 +189,24 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	pb.RegisterObserverServiceServer(n.grpc, &observerService{n: n})
 	pb.RegisterClusterServiceServer(n.grpc, n.status)
 	lock.Register(n.grpc, n.locks)
+	if cfg.Has(RoleStore) {
+		disks, err := n.openDisks()
+		if err != nil {
+			udp.Close()
+			return nil, err
+		}
+		ecfg := rldev.Config{}
+		if r := cfg.RLDev.ScrubRate; r != nil {
+			ecfg.ScrubRate = int64(*r)
+			if ecfg.ScrubRate == 0 {
+				ecfg.ScrubRate = -1
+			}
+		}
+		n.rldev = rldev.NewService(rldev.ServiceConfig{Node: cfg.ID, Disks: disks, Meta: n.client, Detector: rldevDetector{n.status},
+			Live: n, Log: n.log, Engine: ecfg})
+		n.fence.OnFence(func(inc fd.Incarnation) { n.rldev.Fence(uint64(inc)) })
+		pb.RegisterRLDevServiceServer(n.grpc, n.rldev)
+	}
 	go n.grpc.Serve(n.lis)
 
 	keys, err := cfg.Keyring()
@@ -205,6 +226,9 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		OnIncarnation: func(inc fd.Incarnation) {
 			n.log.Info("registered", "incarnation", inc)
 			n.locks.Start(uint64(inc))
+			if n.rldev != nil {
+				n.rldev.Start(uint64(inc))
+			}
 		},
 		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
 	})
@@ -216,6 +240,49 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	go n.watchMembership()
 	return n, nil
 }
+
+// openDisks opens (creating, if disk_size says so) the store's disks and
+// reads or writes their headers.
+func (n *Node) openDisks() ([]rldev.ServiceDisk, error) {
+	var out []rldev.ServiceDisk
+	for i, p := range n.cfg.Disks {
+		path := p
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(n.cfg.DataDir, path)
+		}
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) && n.cfg.DiskSize == 0 {
+			return nil, fmt.Errorf("node %d: disk %s does not exist (create it, or set disk_size to have the node create it)", n.cfg.ID, path)
+		}
+		dev, err := disk.OpenFile(path, int64(n.cfg.DiskSize))
+		if err != nil {
+			return nil, fmt.Errorf("node %d: %w", n.cfg.ID, err)
+		}
+		n.devs = append(n.devs, dev)
+		h, fresh, err := rldev.OpenDisk(dev, n.cfg.ID, uint32(i))
+		if err != nil {
+			return nil, fmt.Errorf("node %d: disk %s: %w", n.cfg.ID, path, err)
+		}
+		if fresh {
+			n.log.Info("disk formatted", "disk", i, "path", path, "size", dev.Size(), "uuid", h.UUID)
+		}
+		out = append(out, rldev.ServiceDisk{Index: uint32(i), Path: p, Dev: dev, UUID: h.UUID})
+	}
+	return out, nil
+}
+
+// rldevDetector is the failure-detector service as the RLDev engine asks it.
+type rldevDetector struct{ s *StatusService }
+
+func (d rldevDetector) Dead(ctx context.Context, subjects []rldev.Subject) ([]bool, error) {
+	subs := make([]lock.Subject, len(subjects))
+	for i, s := range subjects {
+		subs[i] = lock.Subject{Node: s.Node, Inc: s.Inc}
+	}
+	return d.s.Dead(ctx, subs)
+}
+
+// RLDev is the node's RLDev service (nil unless it is a store).
+func (n *Node) RLDev() *rldev.Service { return n.rldev }
 
 // metaTiming: the options' timing (tests) over the config file's.
 func metaTiming(cfg *Config, opt Options) meta.Timing {
@@ -427,6 +494,13 @@ func (n *Node) Close() {
 	if n.locks != nil {
 		n.locks.Close()
 	}
+	if n.rldev != nil {
+		n.rldev.Close() // its disk writes in flight land first
+	}
+	for _, d := range n.devs {
+		d.Close()
+	}
+	n.devs = nil
 	if n.fd != nil {
 		n.fd.Close()
 	}

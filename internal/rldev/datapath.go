@@ -109,7 +109,11 @@ func (w *writeOp) progress(env Env) []any {
 			return w.progress(r.e.env)
 		})
 	}
-	needDRL := !w.only && rec.State == Normal && !rec.DRLOff && !r.e.cfg.Unsafe.NoDirtyLog
+	// The dirty-region log covers a write whenever it goes to the peer
+	// (normal and resyncing): a write of the resyncing epoch still in
+	// flight when the RLDev returns to normal must be found after a crash
+	// as surely as one of the normal epoch.
+	needDRL := !w.only && (rec.State == Normal || rec.State == Resyncing) && !rec.DRLOff && !r.e.cfg.Unsafe.NoDirtyLog
 	needPeer := !w.only && (rec.State == Normal || rec.State == Resyncing)
 	needDeg := !w.only && (rec.State == Degraded || rec.State == Resyncing)
 	var out []any
@@ -130,17 +134,23 @@ func (w *writeOp) progress(env Env) []any {
 		}
 		return out
 	}
-	if needDeg && !w.degDone && !w.degWaiting {
-		w.degWaiting = true
-		a, b := w.degSpan()
-		out = append(out, r.deg.mark(a, b, func(err error) []any {
-			w.degWaiting = false
-			if err != nil {
-				return w.finish(err)
-			}
-			w.degDone = true
-			return w.progress(r.e.env)
-		})...)
+	// The degraded-mode log, likewise, before anything is written: a
+	// block that lands without its region in the log would be missed by
+	// the resync.
+	if needDeg && !w.degDone {
+		if !w.degWaiting {
+			w.degWaiting = true
+			a, b := w.degSpan()
+			out = append(out, r.deg.mark(a, b, func(err error) []any {
+				w.degWaiting = false
+				if err != nil {
+					return w.finish(err)
+				}
+				w.degDone = true
+				return w.progress(r.e.env)
+			})...)
+		}
+		return out
 	}
 	if w.gen == 0 {
 		if !w.genWaiting {
@@ -210,15 +220,22 @@ func (w *writeOp) acked(env Env, a Ack) []any {
 		out := w.finish(fmt.Errorf("%w (refused by the peer)", ErrStaleToken))
 		return append(out, r.startRecoveryOf(env, w.block, w.n, lk)...)
 	}
-	// Another epoch there, not ready there yet, or its disk failed (it
-	// leaves by decree): sent again on the next retry (the write stays
-	// registered as awaiting an answer).
+	// A resync target whose disk failed cannot leave by decree (it is
+	// stale already): the source gives the resync up, and the RLDev goes
+	// back to degraded, where writes do not wait for it.
+	var out []any
+	if a.Code == DiskFailed && r.resync != nil && r.rec.State == Resyncing {
+		out = r.stopResync("the target's disk failed")
+	}
+	// Another epoch there, not ready there yet, or its disk failed (a
+	// secondary leaves by decree): sent again on the next retry (the
+	// write stays registered as awaiting an answer).
 	w.sentAt = env.Now
 	r.fwd[w.seq] = w
 	if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
-		return []any{Refresh{}}
+		return append(out, Refresh{})
 	}
-	return nil
+	return out
 }
 
 // finish ends the write (once): reply, release.
@@ -262,6 +279,8 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 	}
 	rec := r.rec
 	switch {
+	case r.state == repFailed:
+		return ack(DiskFailed)
 	case r.state != repReady:
 		return ack(NotServing)
 	case from != r.peerNode() || r.isPrimary():
@@ -456,6 +475,7 @@ func toRuns(blocks []uint64) []run {
 // pullWait is a Pull awaiting its data.
 type pullWait struct {
 	first, n uint64
+	q        *recover // the recovery it is for (nil: a read repair, the scrubber)
 	gensOnly bool
 	then     func(PullData) []any
 	sentAt   time.Time
@@ -576,7 +596,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 			continue
 		}
 		q.pulling = true
-		out = append(out, r.pull(q.first, q.n, func(pd PullData) []any {
+		out = append(out, r.sendPull(env, &pullWait{first: q.first, n: q.n, q: q, then: func(pd PullData) []any {
 			if !pd.usable(q.n) {
 				// The peer's copy is unreadable: this one is all there is.
 				return append([]any{r.e.logf(3, "rldev dirty region not pulled: keeping this copy", "rldev", r.rec.ID,
@@ -613,7 +633,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 				})...)
 			}
 			return log
-		})...)
+		}})...)
 	}
 	return out
 }
@@ -642,7 +662,7 @@ func (r *replica) abandonRecovery() []any {
 				return nil // the replica failed (deg.flush did it)
 			}
 			for seq, p := range r.pulls {
-				if p.first == q.first && p.n == q.n {
+				if p.q == q {
 					delete(r.pulls, seq)
 				}
 			}
@@ -652,14 +672,14 @@ func (r *replica) abandonRecovery() []any {
 	return append(out, r.e.logf(2, "rldev dirty regions not pulled: the peer is stale; they go to it by resync", "rldev", r.rec.ID))
 }
 
-// recovered ends one region's recovery.
+// recovered ends one region's recovery (once: a region abandoned while
+// its pulled data was being written ends by whichever comes first).
 func (r *replica) recovered(q *recover) []any {
-	for i, x := range r.recoverQ {
-		if x == q {
-			r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
-			break
-		}
+	i := slices.Index(r.recoverQ, q)
+	if i < 0 {
+		return nil
 	}
+	r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
 	r.recovering--
 	if q.x != noRegion {
 		r.drl.unmark(q.x)
@@ -688,12 +708,20 @@ func (r *replica) lazyClear(env Env) []any {
 	}
 	// A stale replica keeps its dirty regions until it is resynced: they
 	// name blocks it may hold differently from the peer (a write of its
-	// past that never reached the peer), which the resync must copy.
+	// past that never reached the peer), which the resync must copy. One
+	// whose peer is stale moves them into the degraded-mode log (the
+	// resync's list) rather than drop them.
+	var move []uint64
 	for _, x := range r.drl.durable.List() {
-		if r.inflight[x] == 0 && !held[x] && !r.stale() {
+		switch {
+		case r.inflight[x] != 0 || held[x] || r.stale():
+		case r.peerStale():
+			move = append(move, x)
+		default:
 			r.drl.unmark(x)
 		}
 	}
+	out := r.drlToDeg(move)
 	if r.rec.State == Normal && !r.stale() {
 		for _, x := range r.deg.durable.List() {
 			if r.inflight[1<<62|x] == 0 {
@@ -701,6 +729,30 @@ func (r *replica) lazyClear(env Env) []any {
 			}
 		}
 	}
-	out := r.drl.flush()
+	out = append(out, r.drl.flush()...)
 	return append(out, r.deg.flush()...)
+}
+
+// drlToDeg moves dirty regions into the degraded-mode log: each is cleared
+// once its blocks are durably in the degraded-mode log.
+func (r *replica) drlToDeg(xs []uint64) []any {
+	var out []any
+	rb := r.drl.durable.RegionBlocks
+	for _, x := range xs {
+		x := x
+		first := x * rb
+		if first >= r.rec.Blocks {
+			r.drl.unmark(x)
+			continue
+		}
+		a, b := r.deg.durable.Span(first, min(rb, r.rec.Blocks-first))
+		out = append(out, r.deg.mark(a, b, func(err error) []any {
+			if err != nil {
+				return nil // the replica failed (deg.flush did it)
+			}
+			r.drl.unmark(x)
+			return r.drl.flush()
+		})...)
+	}
+	return out
 }

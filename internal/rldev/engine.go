@@ -409,20 +409,30 @@ func (e *Engine) PeerDown(env Env, node NodeID) []any {
 
 // poll asks the failure detector about unreachable peers every PollEvery.
 func (e *Engine) poll(env Env, now bool) []any {
-	if len(e.suspects) == 0 || (!now && env.Now.Sub(e.lastPoll) < e.cfg.PollEvery) {
+	if !now && env.Now.Sub(e.lastPoll) < e.cfg.PollEvery {
 		return nil
 	}
-	e.lastPoll = env.Now
-	// A peer the table says a later incarnation serves from is asked
-	// about that one: a verdict on an earlier one would not count.
+	// Every peer of a local replica without a session now is a suspect,
+	// including one this engine never had a session with (it started
+	// while the peer was down). It is asked about the incarnation the
+	// table names for its segment, or a later one the membership knows: a
+	// verdict on an earlier one would not count.
 	for _, id := range sortedIDs(e.reps) {
 		r := e.reps[id]
-		n, inc := r.peerNode(), r.rec.Inc[r.peer()]
-		if !e.up[n] && inc > e.dead[n] && inc > e.suspects[n] {
+		n := r.peerNode()
+		inc := max(r.rec.Inc[r.peer()], e.nodes[n])
+		if e.up[n] || inc == 0 || e.dead[n] >= inc {
+			continue
+		}
+		if inc > e.suspects[n] {
 			delete(e.dead, n)
 			e.suspects[n] = inc
 		}
 	}
+	if len(e.suspects) == 0 {
+		return nil
+	}
+	e.lastPoll = env.Now
 	var subs []Subject
 	for n, inc := range e.suspects {
 		if inc != 0 {
@@ -444,7 +454,7 @@ func (e *Engine) Verdict(env Env, s Subject, dead bool) []any {
 	}
 	delete(e.suspects, s.Node)
 	e.dead[s.Node] = s.Inc
-	return append([]any{e.logf(2, "rldev peer declared dead", "node", s.Node, "incarnation", s.Inc)}, e.decide(env)...)
+	return append([]any{e.logf(2, "rldev peer declared dead", "peer", s.Node, "peer_incarnation", s.Inc)}, e.decide(env)...)
 }
 
 // peerDead reports whether incarnation inc of node (0: whichever) was
@@ -512,7 +522,7 @@ func (e *Engine) refuse(to NodeID, msg any, c Code) []any {
 // where it must be.
 func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte, fence *Fence, replica int) []any {
 	e.env = env
-	r, code := e.replicaFor(env, id, replica)
+	r, code := e.replicaFor(env, id, replica, true)
 	if code != OK {
 		return []any{Reply{Req: req, Err: fmt.Errorf("%w (rldev %d, node %d)", code.Err(), id, e.cfg.Node)}}
 	}
@@ -537,7 +547,7 @@ func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte,
 // log is off and the replicas may differ: ReadReplica).
 func (e *Engine) Read(env Env, req ReqID, id uint64, block, count uint64, replica int) []any {
 	e.env = env
-	r, code := e.replicaFor(env, id, replica)
+	r, code := e.replicaFor(env, id, replica, false)
 	if code == NotPrimary { // reads need no primary
 		code = OK
 	}
@@ -578,7 +588,7 @@ func (e *Engine) reply(req ReqID, data []byte, err error) []any {
 
 // replicaFor finds the local replica that can take a request: replica -1
 // means the RLDev's serving replica here (the primary, for a write).
-func (e *Engine) replicaFor(env Env, id uint64, replica int) (*replica, Code) {
+func (e *Engine) replicaFor(env Env, id uint64, replica int, write bool) (*replica, Code) {
 	rec := e.table.RLDevs[id]
 	if rec == nil {
 		return nil, Unknown
@@ -591,7 +601,7 @@ func (e *Engine) replicaFor(env Env, id uint64, replica int) (*replica, Code) {
 		if replica > 1 || replica != r.seg {
 			return r, NotServing // ReadReplica/WriteReplica name the replica on this node
 		}
-		if !rec.DRLOff {
+		if !rec.DRLOff && write {
 			return r, BadRequest // only for an RLDev whose client keeps its own log
 		}
 	}
@@ -701,4 +711,46 @@ func (e *Engine) Decided(env Env, id uint64, err error) []any {
 		return []any{e.logf(1, "rldev decree not taken", "err", err), Refresh{}}
 	}
 	return []any{Refresh{}} // see its effect at once rather than when the watch says
+}
+
+// Incarnation is the engine's incarnation.
+func (e *Engine) Incarnation() uint64 { return e.cfg.Inc }
+
+// ReplicaStatus is one local replica as the engine sees it.
+type ReplicaStatus struct {
+	RLDev           uint64
+	Segment         int
+	State           string // loading, joining, ready, failed, retired
+	Stale, Primary  bool
+	DirtyRegions    uint64
+	DegradedRegions uint64
+	Recovering      int
+	ResyncCopied    uint64
+	ResyncTotal     uint64
+	ScrubPasses     uint64
+	ScrubRepaired   uint64
+	ScrubNext       uint64
+	Err             string
+}
+
+// Status describes the engine's replicas, by RLDev.
+func (e *Engine) Status() []ReplicaStatus {
+	var out []ReplicaStatus
+	for _, id := range sortedIDs(e.reps) {
+		r := e.reps[id]
+		st := ReplicaStatus{RLDev: id, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(),
+			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next}
+		if r.drl != nil {
+			st.DirtyRegions = uint64(r.drl.durable.Count())
+			st.DegradedRegions = uint64(r.deg.durable.Count())
+		}
+		if r.resync != nil {
+			st.ResyncCopied, st.ResyncTotal = r.resync.copied, r.resync.total
+		}
+		if r.err != nil {
+			st.Err = r.err.Error()
+		}
+		out = append(out, st)
+	}
+	return out
 }

@@ -27,6 +27,7 @@ func peerSamples() []any {
 		PullData{RLDev: 1, Seq: 3, Code: NotServing},
 		ResyncMe{RLDev: 1, Epoch: 2, Dirty: []uint64{0, 3}, Blank: true},
 		Copy{RLDev: 1, Epoch: 2, Seq: 3, Block: 4, Data: d, Gens: []uint64{5, 6}},
+		Copy{RLDev: 1, Epoch: 2, Seq: 3, Block: 4, Data: d, Gens: []uint64{5, 6}, Tokens: []Fence{{Name: "map", Token: lock.Token{Epoch: 3, Seq: 1}}}},
 	}
 }
 

@@ -156,4 +156,5 @@ type Copy struct {
 	Block             uint64
 	Data              []byte
 	Gens              []uint64
+	Tokens            []Fence // the source's fencing tokens, merged by the target
 }

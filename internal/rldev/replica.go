@@ -63,6 +63,22 @@ type replica struct {
 	scrub      scrubState
 }
 
+func (s repState) String() string {
+	switch s {
+	case repLoading:
+		return "loading"
+	case repJoining:
+		return "joining"
+	case repReady:
+		return "ready"
+	case repFailed:
+		return "failed"
+	case repRetired:
+		return "retired"
+	}
+	return "?"
+}
+
 func newReplica(e *Engine, rec *Record, seg int) *replica {
 	return &replica{e: e, rec: rec, seg: seg, disk: rec.Segs[seg].Disk, base: rec.Segs[seg].Offset,
 		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{},
@@ -154,6 +170,13 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	r.super, r.superSeq = s, seq
 	r.nextGen = s.GenFloor
+	if s.Incomplete && !r.rec.Stale[r.seg] {
+		// Formatted after its disk was replaced and not yet copied whole,
+		// though the table does not say stale (its peer may be stale too:
+		// no decree could say so). It holds nothing to serve.
+		r.lost = true
+		out = append(out, r.e.logf(3, "rldev segment incomplete (its disk was replaced, no full copy since): it serves nothing", "rldev", r.rec.ID))
+	}
 	loadLog := func(kind uint16, rb uint64) *pageLog {
 		seq, payload, ok, blank := page(kind)
 		if blank || !ok {
@@ -202,7 +225,7 @@ func (r *replica) join(env Env) []any {
 		return r.afterLoad(env)
 	}
 	r.state = repJoining
-	return []any{r.e.logf(1, "rldev replica loaded: joining", "rldev", r.rec.ID, "segment", r.seg, "incarnation", r.e.cfg.Inc)}
+	return []any{r.e.logf(1, "rldev replica loaded: asking the table to name this incarnation", "rldev", r.rec.ID, "segment", r.seg)}
 }
 
 // format writes a blank segment's superblock and empty logs.
@@ -254,14 +277,18 @@ func (r *replica) afterLoad(env Env) []any {
 		// flight: its peer's copy of those regions is the one readers
 		// may have seen.
 		return append(out, r.startRecovery(env)...)
+	case !r.drl.durable.Empty() && r.peerStale():
+		// The only up-to-date copy, back from a crash with writes in
+		// flight: they may be here and not at the stale peer. Their
+		// regions go into the degraded-mode log, which the resync copies.
+		return append(out, r.drlToDeg(r.drl.durable.List())...)
 	case !r.drl.durable.Empty():
-		// No up-to-date peer to pull from: this copy is the only one. Or
-		// this replica is a secondary in step with the primary: only a
-		// primary marks dirty regions, and a replica that stopped being
-		// the primary was made stale and then resynced, its dirty
-		// regions with the rest (it crashed before it cleared them).
-		// Pulling them from the primary would also wait on the
-		// primary's writes in flight, which wait on this replica.
+		// A secondary in step with the primary: only a primary marks
+		// dirty regions, and a replica that stopped being the primary was
+		// made stale and then resynced, its dirty regions with the rest
+		// (it crashed before it cleared them). Pulling them from the
+		// primary would also wait on the primary's writes in flight,
+		// which wait on this replica.
 		for _, x := range r.drl.durable.List() {
 			r.drl.unmark(x)
 		}
@@ -451,9 +478,9 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 }
 
 // retry resends what is unanswered and asks again for what is awaited. A
-// replica whose disk failed tries again (every ReloadEvery: an error may
-// have been transient) once the table has it stale, when it is resynced;
-// or at once if it is the only up-to-date copy (its peer stale: nothing
+// replica whose disk failed loads again, ReloadEvery after the failure (an
+// error may have been transient), once the table has it stale (it is then
+// resynced), or if it is the only up-to-date copy (its peer stale: nothing
 // was written anywhere else meanwhile, and its logs say what it owes the
 // peer).
 func (r *replica) retry(env Env) []any {
@@ -642,6 +669,49 @@ func (r *replica) admit(f *Fence, then func(error) []any) []any {
 		}
 	}
 	r.tokNext[f.Name] = f.Token
+	r.tokQ = append(r.tokQ, then)
+	return r.flushTokens()
+}
+
+// tokenList is the durable token table as fences, by name.
+func (r *replica) tokenList() []Fence {
+	out := make([]Fence, 0, len(r.tokens))
+	for n, t := range r.tokens {
+		out = append(out, Fence{Name: n, Token: t})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// mergeTokens makes the newer of each token here and in fs durable (a
+// resync's source passes its table on), then runs then. Past the table's
+// bound, the source's names win.
+func (r *replica) mergeTokens(fs []Fence, then func(error) []any) []any {
+	changed := false
+	for _, f := range fs {
+		cur, ok := r.tokNext[f.Name]
+		if !ok {
+			cur = r.tokens[f.Name]
+		}
+		if _, known := r.tokens[f.Name]; cur.Less(f.Token) || !known && !ok {
+			r.tokNext[f.Name] = f.Token
+			changed = true
+		}
+	}
+	if !changed {
+		return then(nil)
+	}
+	if len(r.tokens)+len(r.tokNext) > MaxTokenNames {
+		keep := map[string]bool{}
+		for _, f := range fs {
+			keep[f.Name] = true
+		}
+		for n := range r.tokens {
+			if !keep[n] && len(r.tokens)+len(r.tokNext) > MaxTokenNames {
+				delete(r.tokens, n)
+			}
+		}
+	}
 	r.tokQ = append(r.tokQ, then)
 	return r.flushTokens()
 }

@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"fmt"
 	"sort"
 	"time"
 )
@@ -31,7 +32,13 @@ type copyChunk struct {
 	data   []byte
 	gens   []uint64
 	sentAt time.Time
+	since  time.Time // first sent: a target that refuses it for CopyStall stops the resync
 }
+
+// copyStall is how long a resync target may refuse a copy (not serving,
+// another epoch) before the source gives the resync up; the RLDev goes
+// back to degraded and the target asks again when it can.
+const copyStall = 30 * time.Second
 
 // askResync: a stale replica asks the up-to-date one, every RetryEvery,
 // to bring it up to date, while the RLDev is degraded (while it is
@@ -95,6 +102,9 @@ func (r *replica) startResync(env Env) []any {
 			addRange(x*drb, drb)
 		}
 	}
+	if len(need) == 0 && len(r.tokens) > 0 {
+		addRange(0, 1) // one copy at least: it carries the fencing tokens
+	}
 	firsts := make([]uint64, 0, len(need))
 	for f := range need {
 		firsts = append(firsts, f)
@@ -146,11 +156,17 @@ func (r *replica) sendCopy(env Env, c *copyChunk) []any {
 	}
 	seq := r.nextSeq()
 	c.sentAt = env.Now
+	if c.since.IsZero() {
+		c.since = env.Now
+	}
 	r.copies[seq] = c
 	if !r.peerReachable() {
 		return nil
 	}
-	return []any{Send{To: r.peerNode(), Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens}}}
+	// Every copy carries the source's fencing tokens: what it admitted
+	// while the target was away must hold at the target after a failover.
+	return []any{Send{To: r.peerNode(), Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens,
+		Tokens: r.tokenList()}}}
 }
 
 func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
@@ -170,6 +186,10 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 		}
 		return out
 	case WrongEpoch, NotServing, Unknown:
+		if env.Now.Sub(c.since) > copyStall {
+			out := r.locks.release(c.lock)
+			return append(out, r.stopResync(fmt.Sprintf("the target has refused a copy for %v: %v", copyStall, a.Code.Err()))...)
+		}
 		// The target has not caught up with this epoch yet: again soon.
 		c.sentAt = env.Now
 		r.copies[r.nextSeq()] = c
@@ -201,6 +221,9 @@ func (r *replica) stopResync(why string) []any {
 	}
 	// Chunks still waiting for their range or reading it release it in
 	// sendCopy, which drops them.
+	if s.done() || s.copied == s.total {
+		return append(out, r.e.logf(1, "rldev resync over", "rldev", r.rec.ID, "copied", s.copied))
+	}
 	return append(out, r.e.logf(2, "rldev resync stopped", "rldev", r.rec.ID, "why", why, "copied", s.copied, "of", s.total))
 }
 
@@ -223,6 +246,8 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 	}
 	n := uint64(len(m.Data)) / BlockSize
 	switch {
+	case r.state == repFailed:
+		return ack(DiskFailed)
 	case r.state != repReady || from != r.peerNode() || r.rec.State != Resyncing || !r.stale():
 		return ack(NotServing)
 	case len(m.Data)%BlockSize != 0 || n == 0 || uint64(len(m.Gens)) != n || r.checkRange(m.Block, n) != nil:
@@ -231,12 +256,19 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 	var out []any
 	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
 		return r.e.writeDurable(r.disk, r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, m.Gens, 0), func(err error) []any {
-			out := r.locks.release(lk)
 			if err != nil {
+				out := r.locks.release(lk)
 				out = append(out, r.fail(err)...)
 				return append(out, ack(DiskFailed)...)
 			}
-			return append(out, ack(OK)...)
+			// The source's tokens, durable before the ack.
+			return r.mergeTokens(m.Tokens, func(err error) []any {
+				out := r.locks.release(lk)
+				if err != nil {
+					return append(out, ack(DiskFailed)...)
+				}
+				return append(out, ack(OK)...)
+			})
 		})
 	})
 	return out

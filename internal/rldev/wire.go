@@ -43,8 +43,12 @@ func EncodePeer(msg any) *pb.RLDevServicePeerRequest {
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_ResyncMe{ResyncMe: &pb.RLDevResyncMe{
 			Rldev: m.RLDev, Epoch: m.Epoch, Dirty: m.Dirty, Blank: m.Blank}}}
 	case Copy:
+		var toks []*pb.RLDevFence
+		for i := range m.Tokens {
+			toks = append(toks, fenceToPB(&m.Tokens[i]))
+		}
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Copy{Copy: &pb.RLDevCopy{
-			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens}}}
+			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks}}}
 	}
 	panic(fmt.Sprintf("rldev: EncodePeer(%T)", msg)) // programmer error: the engine sends only these
 }
@@ -109,7 +113,18 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 		if m == nil || len(m.Gens) == 0 || len(m.Gens) > MaxPullBlocks || len(m.Data) != len(m.Gens)*BlockSize {
 			return nil, badMsg("copy: %d bytes for %d generations", lenData(m), lenGens(m))
 		}
-		return Copy{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens}, nil
+		if len(m.Tokens) > MaxTokenNames {
+			return nil, badMsg("copy: %d fencing tokens", len(m.Tokens))
+		}
+		var toks []Fence
+		for _, t := range m.Tokens {
+			f, err := fenceFromPB(t)
+			if err != nil || f == nil {
+				return nil, badMsg("copy: a bad fencing token")
+			}
+			toks = append(toks, *f)
+		}
+		return Copy{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks}, nil
 	case *pb.RLDevServicePeerRequest_Hello:
 		return nil, badMsg("a hello after the first frame")
 	}

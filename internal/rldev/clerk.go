@@ -1,0 +1,334 @@
+package rldev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Clerk is an RLDev client: what every layer above (and the CLI) reads and
+// writes RLDevs through. It keeps the RLDev table and the nodes' addresses
+// from watches on the config service (not polled), sends a write to the
+// primary the table names and a read to a replica that may serve, and on
+// a refusal ("not the primary", "not serving", "configuration changed")
+// reads the table afresh and tries again, until its context ends.
+//
+// A write that failed after it began to land (ErrMaybeWritten) or whose
+// answer was lost is tried again too: the write is then applied at least
+// once, the last time by the attempt that succeeded. A write of another
+// writer to the same blocks between the attempts may be overwritten by
+// the later attempt: writers of a block hold a lock on it (the layers
+// above do), and a writer whose lock may have passed on carries the
+// lock's fencing token (WriteOptions.Fence), which replicas check.
+type Clerk struct {
+	meta  *meta.Client
+	conns transport.Pool
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	mu    struct {
+		sync.Mutex
+		table   *Table
+		addrs   map[NodeID]string
+		changed chan struct{} // closed when the table or the addresses change
+	}
+	refresh sync.Mutex // one linearizable read at a time
+}
+
+// NewClerk starts a clerk on the config service m (which it does not
+// close).
+func NewClerk(m *meta.Client) *Clerk {
+	c := &Clerk{meta: m}
+	c.ctx, c.stop = context.WithCancel(context.Background())
+	c.mu.addrs = map[NodeID]string{}
+	c.mu.changed = make(chan struct{})
+	c.wg.Add(2)
+	go c.watchTable()
+	go c.watchNodes()
+	return c
+}
+
+// Close stops the clerk's watches and connections.
+func (c *Clerk) Close() {
+	c.stop()
+	c.wg.Wait()
+	c.conns.Close()
+}
+
+func (c *Clerk) watchTable() {
+	defer c.wg.Done()
+	for ns := range c.meta.Watch(c.ctx, Namespace, 0) {
+		if t, err := DecodeTable(ns); err == nil {
+			c.setTable(t)
+		}
+	}
+}
+
+func (c *Clerk) watchNodes() {
+	defer c.wg.Done()
+	for ns := range c.meta.Watch(c.ctx, meta.NodesNamespace, 0) {
+		nodes, err := meta.DecodeNodes(ns)
+		if err != nil {
+			continue
+		}
+		addrs := map[NodeID]string{}
+		for _, n := range nodes {
+			addrs[n.Id] = n.GrpcAddr
+		}
+		c.mu.Lock()
+		c.mu.addrs = addrs
+		c.changedLocked()
+		c.mu.Unlock()
+	}
+}
+
+func (c *Clerk) setTable(t *Table) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.table == nil || t.Version > c.mu.table.Version {
+		c.mu.table = t
+		c.changedLocked()
+	}
+}
+
+func (c *Clerk) changedLocked() {
+	close(c.mu.changed)
+	c.mu.changed = make(chan struct{})
+}
+
+// Table returns the clerk's table, reading it linearizably the first time
+// (or when fresh is set).
+func (c *Clerk) Table(ctx context.Context, fresh bool) (*Table, error) {
+	c.mu.Lock()
+	t := c.mu.table
+	c.mu.Unlock()
+	if t != nil && !fresh {
+		return t, nil
+	}
+	c.refresh.Lock()
+	defer c.refresh.Unlock()
+	ns, err := c.meta.Read(ctx, Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("reading the RLDev table: %w", err)
+	}
+	t, err = DecodeTable(ns)
+	if err != nil {
+		return nil, err
+	}
+	c.setTable(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.table, nil
+}
+
+func (c *Clerk) addr(ctx context.Context, node NodeID) (string, error) {
+	for {
+		c.mu.Lock()
+		a, ch := c.mu.addrs[node], c.mu.changed
+		c.mu.Unlock()
+		if a != "" {
+			return a, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return "", fmt.Errorf("the address of node %d: %w", node, ctx.Err())
+		case <-time.After(2 * time.Second):
+			return "", fmt.Errorf("node %d is not in the membership", node)
+		}
+	}
+}
+
+// WriteOptions modify a write.
+type WriteOptions struct {
+	// Fence is the writer's lock and fencing token: a replica that has
+	// admitted a newer token of the lock refuses the write.
+	Fence *Fence
+	// Replica, if 1 or 2, writes segment 0 or 1 alone (WriteReplica, for
+	// an RLDev whose dirty-region log is off); 0 goes through the primary.
+	Replica int
+}
+
+// Write writes data (whole 4 KiB blocks, at most MaxIO) at byte offset off
+// of RLDev id, durably on both replicas (on the one alone in degraded
+// mode) when it returns nil.
+func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteOptions) error {
+	if _, _, err := blockRange(off, uint64(len(data))); err != nil {
+		return fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
+	}
+	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
+	maybe := false
+	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
+		node := rec.Segs[rec.Primary].Node
+		if o.Replica > 0 {
+			node = rec.Segs[o.Replica-1].Node
+		}
+		cl, err := c.client(ctx, node)
+		if err != nil {
+			return node, false, err
+		}
+		r, err := cl.Write(ctx, req)
+		if err != nil {
+			maybe = true // the request may have arrived
+			return node, false, err
+		}
+		err = ResultError(r.Result)
+		if errors.Is(err, ErrMaybeWritten) {
+			maybe = true
+		}
+		return node, err == nil, err
+	})
+	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
+		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
+	}
+	return err
+}
+
+// Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of
+// RLDev id, from the primary, or the other replica if the primary cannot
+// serve. replica 1 or 2 reads segment 0 or 1 only (ReadReplica).
+func (c *Clerk) Read(ctx context.Context, id, off, n uint64, replica int) ([]byte, error) {
+	if _, _, err := blockRange(off, n); err != nil {
+		return nil, fmt.Errorf("rldev %d: read at %d: %w", id, off, err)
+	}
+	var data []byte
+	attempt := 0
+	err := c.retry(ctx, id, fmt.Sprintf("read of %d bytes at %d", n, off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
+		seg := rec.Primary
+		if attempt%2 == 1 && !rec.Stale[1-seg] {
+			seg = 1 - seg // every other attempt: the other replica, if it may serve
+		}
+		attempt++
+		if replica > 0 {
+			seg = replica - 1
+		}
+		node := rec.Segs[seg].Node
+		cl, err := c.client(ctx, node)
+		if err != nil {
+			return node, false, err
+		}
+		r, err := cl.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: id, Offset: off, Length: n, Replica: uint32(replica)})
+		if err != nil {
+			return node, false, err
+		}
+		if err := ResultError(r.Result); err != nil {
+			return node, false, err
+		}
+		if uint64(len(r.Data)) != n {
+			return node, false, fmt.Errorf("%w: %d bytes for a read of %d", ErrBadMessage, len(r.Data), n)
+		}
+		data = r.Data
+		return node, true, nil
+	})
+	return data, err
+}
+
+// final errors: trying again cannot help.
+func final(err error) bool {
+	return errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrBadMessage)
+}
+
+// retry runs one attempt at a time until one succeeds, fails for good, or
+// ctx ends; between attempts it reads the table afresh.
+func (c *Clerk) retry(ctx context.Context, id uint64, what string, attempt func(ctx context.Context, rec *Record) (NodeID, bool, error)) error {
+	fresh := false
+	var last error
+	var lastNode NodeID
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		t, err := c.Table(ctx, fresh)
+		if err != nil {
+			if last == nil {
+				last = err
+			}
+			break
+		}
+		rec := t.RLDevs[id]
+		if rec == nil && !fresh {
+			fresh = true
+			continue
+		}
+		if rec == nil {
+			return fmt.Errorf("rldev %d: %s: %w", id, what, ErrUnknown)
+		}
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		node, ok, err := attempt(actx, rec)
+		cancel()
+		if ok {
+			return nil
+		}
+		last, lastNode = err, node
+		if final(err) {
+			return fmt.Errorf("rldev %d: %s on node %d: %w", id, what, node, err)
+		}
+		fresh = true
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			continue
+		}
+		break
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("rldev %d: %s: gave up (%w); the last attempt, on node %d: %v", id, what, ctx.Err(), lastNode, last)
+	}
+	return fmt.Errorf("rldev %d: %s: %w", id, what, last)
+}
+
+func (c *Clerk) client(ctx context.Context, node NodeID) (pb.RLDevServiceClient, error) {
+	a, err := c.addr(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := c.conns.Get(a)
+	if err != nil {
+		return nil, err
+	}
+	return pb.NewRLDevServiceClient(cc), nil
+}
+
+// Status asks node for its replicas' status.
+func (c *Clerk) Status(ctx context.Context, node NodeID) (*pb.RLDevServiceStatusResponse, error) {
+	cl, err := c.client(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return cl.Status(ctx, &pb.RLDevServiceStatusRequest{})
+}
+
+// Create makes count RLDevs of the given size (rounded up to whole blocks)
+// by decree, placed by chained declustering, and returns their records.
+func (c *Clerk) Create(ctx context.Context, size uint64, count int, drlOff bool) ([]*Record, error) {
+	if size == 0 || count < 1 {
+		return nil, fmt.Errorf("%w: %d RLDevs of %d bytes", ErrBadRequest, count, size)
+	}
+	blocks := (size + BlockSize - 1) / BlockSize
+	var made []*Record
+	_, err := c.meta.Update(ctx, Namespace, "grove rldev create", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		made = nil
+		var ops []*pb.Op
+		for i := 0; i < count; i++ {
+			r, err := t.Create(blocks, drlOff)
+			if err != nil {
+				return nil, err
+			}
+			t.RLDevs[r.ID] = r // the next one is placed after it
+			made = append(made, r)
+			ops = append(ops, r.PutOp())
+		}
+		return ops, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return made, nil
+}

@@ -1,0 +1,847 @@
+package rldev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Detector is the failure-detector service as the RLDev engine uses it:
+// which node incarnations are dead (final verdicts).
+type Detector interface {
+	Dead(ctx context.Context, subjects []Subject) ([]bool, error)
+}
+
+// Liveness is the node's view of itself, per incarnation.
+type Liveness interface {
+	// Deadline is the local time until which inc is guaranteed alive (no
+	// dead verdict on it can come earlier), if inc is running and alive.
+	Deadline(inc uint64) (time.Time, bool)
+}
+
+// ServiceDisk is one of the node's disks, opened (OpenDisk has read or
+// written its header).
+type ServiceDisk struct {
+	Index uint32
+	Path  string
+	Dev   disk.Device
+	UUID  string
+}
+
+// ServiceConfig wires the RLDev runtime into a node.
+type ServiceConfig struct {
+	Node     uint64
+	Disks    []ServiceDisk
+	Meta     *meta.Client
+	Detector Detector
+	Live     Liveness
+	Log      *slog.Logger
+	// Engine tunes the engines (Node, Inc and Disks are filled in).
+	Engine Config
+	// Tick is how often the engine is ticked (default 50 ms).
+	Tick time.Duration
+	// DiskWorkers is how many I/Os run at once per disk (default 16).
+	DiskWorkers int
+	// LinkQueue bounds the bytes waiting on one peer link (default 64
+	// MiB); a full queue breaks the link (what matters is resent).
+	LinkQueue int64
+}
+
+// MaxIO bounds one client read or write.
+const MaxIO = 8 << 20
+
+// Service is a node's RLDev runtime: the thin driver of one Engine per
+// node incarnation. It carries out the engine's effects (disk I/O on
+// worker goroutines, peer links, decrees, failure-detector questions,
+// table reads) and feeds it their completions, the watched table and
+// membership, and ticks. All decisions are the engine's; the simulator
+// drives the same engine. It implements pb.RLDevServiceServer.
+//
+// Peer links: a node dials one link to each node it sends to (one per
+// direction of a pair: each carries its dialer's messages in order). A
+// link is bound to the two engines' incarnations by its hellos; a new
+// engine here closes every link, so no message of an earlier life is
+// delivered to a later one, nor sent by one. An outgoing link's state is
+// the engine's PeerUp/PeerDown.
+type Service struct {
+	pb.UnimplementedRLDevServiceServer
+	cfg   ServiceConfig
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	conns transport.Pool
+	disks map[uint32]*diskQueue
+	mu    struct {
+		sync.Mutex
+		eng     *Engine // nil between a fence and the next start
+		gen     *generation
+		table   *Table // the latest table seen (a hint until read linearizably)
+		nodes   map[NodeID]uint64
+		addrs   map[NodeID]string
+		reqs    map[ReqID]*waiter
+		nextReq ReqID
+		out     map[NodeID]*outLink
+		in      map[NodeID]*inLink
+		refresh bool // a linearizable table read is in flight
+	}
+	started sync.Once
+}
+
+// generation is one engine's life: its links end with ctx, and its disk
+// operations are counted so that the next engine starts only after they
+// have all landed (a write of a past life landing under a new one could
+// undo the new one's recovery).
+type generation struct {
+	e      *Engine
+	ctx    context.Context
+	cancel context.CancelFunc
+	ops    sync.WaitGroup
+}
+
+type waiter struct {
+	ch    chan Reply
+	write bool
+	id    uint64
+}
+
+type diskQueue struct {
+	dev  disk.Device
+	jobs chan func()
+}
+
+type outLink struct {
+	to     NodeID
+	gen    *generation
+	q      chan *pb.RLDevServicePeerRequest
+	bytes  atomic.Int64
+	up     bool
+	cancel context.CancelFunc // of the current stream
+}
+
+type inLink struct {
+	inc    uint64
+	cancel context.CancelFunc
+}
+
+// NewService returns a stopped service with its disks' workers running;
+// Start begins each incarnation.
+func NewService(cfg ServiceConfig) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 50 * time.Millisecond
+	}
+	if cfg.DiskWorkers == 0 {
+		cfg.DiskWorkers = 16
+	}
+	if cfg.LinkQueue == 0 {
+		cfg.LinkQueue = 64 << 20
+	}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "rldev"), disks: map[uint32]*diskQueue{}}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.mu.nodes, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
+	s.mu.reqs = map[ReqID]*waiter{}
+	s.mu.out, s.mu.in = map[NodeID]*outLink{}, map[NodeID]*inLink{}
+	for _, d := range cfg.Disks {
+		q := &diskQueue{dev: d.Dev, jobs: make(chan func(), 1024)}
+		s.disks[d.Index] = q
+		for i := 0; i < cfg.DiskWorkers; i++ {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				for {
+					select {
+					case job := <-q.jobs:
+						job()
+					case <-s.ctx.Done():
+						return
+					}
+				}
+			}()
+		}
+	}
+	return s
+}
+
+// Start begins incarnation inc: a new engine, once every disk operation
+// of the previous one has landed. It returns at once.
+func (s *Service) Start(inc uint64) {
+	s.started.Do(func() {
+		s.wg.Add(3)
+		go s.watchTable()
+		go s.watchNodes()
+		go s.ticker()
+	})
+	s.mu.Lock()
+	old := s.mu.gen
+	if s.mu.eng != nil && s.mu.eng.Incarnation() >= inc {
+		s.mu.Unlock()
+		return
+	}
+	if s.mu.eng != nil {
+		s.fenceLocked("a new incarnation started") // a missed fence
+	}
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if old != nil {
+			old.ops.Wait()
+		}
+		var disks []LocalDisk
+		for _, d := range s.cfg.Disks {
+			disks = append(disks, LocalDisk{Index: d.Index, Size: d.Dev.Size(), Path: d.Path, UUID: d.UUID})
+		}
+		cfg := s.cfg.Engine
+		cfg.Node, cfg.Inc, cfg.Disks = s.cfg.Node, inc, disks
+		e := NewEngine(cfg)
+		g := &generation{e: e}
+		g.ctx, g.cancel = context.WithCancel(s.ctx)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.mu.eng != nil || s.ctx.Err() != nil {
+			return
+		}
+		s.mu.eng, s.mu.gen = e, g
+		s.log.Info("rldev engine started", "incarnation", inc)
+		if t := s.mu.table; t != nil {
+			s.execLocked(g, e.SetTable(s.env(e), t, false, s.mu.nodes))
+		}
+		s.ensureLinksLocked(g)
+		s.refreshLocked(g)
+	}()
+}
+
+// Fence ends incarnation inc: its engine stops, requests in progress fail
+// (a write among them may have landed), its links close. Called
+// synchronously by the node's self-fence.
+func (s *Service) Fence(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.mu.eng; e != nil && e.Incarnation() == inc {
+		s.fenceLocked("the node fenced itself")
+	}
+}
+
+func (s *Service) fenceLocked(why string) {
+	g := s.mu.gen
+	inc := s.mu.eng.Incarnation()
+	s.mu.eng = nil
+	g.cancel()
+	for id, w := range s.mu.reqs {
+		delete(s.mu.reqs, id)
+		err := fmt.Errorf("%w: node %d: %s", ErrNotServing, s.cfg.Node, why)
+		if w.write {
+			err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
+		}
+		w.ch <- Reply{Req: id, Err: err}
+	}
+	for n, l := range s.mu.in {
+		l.cancel()
+		delete(s.mu.in, n)
+	}
+	for n := range s.mu.out {
+		delete(s.mu.out, n)
+	}
+	s.log.Warn("rldev engine stopped", "incarnation", inc, "why", why)
+}
+
+// Close stops the service (the engine stops as if fenced; its disk
+// operations in flight land before Close returns).
+func (s *Service) Close() {
+	s.mu.Lock()
+	g := s.mu.gen
+	if s.mu.eng != nil {
+		s.fenceLocked("shutting down")
+	}
+	s.mu.Unlock()
+	if g != nil {
+		g.ops.Wait()
+	}
+	s.stop()
+	s.wg.Wait()
+	s.conns.Close()
+}
+
+// env is the engine's view of now.
+func (s *Service) env(e *Engine) Env {
+	env := Env{Now: time.Now()}
+	if d, ok := s.cfg.Live.Deadline(e.Incarnation()); ok {
+		env.Deadline = d
+	}
+	return env
+}
+
+// do runs fn on generation g's engine, if it is still the current one, and
+// carries out its effects.
+func (s *Service) do(g *generation, fn func(Env) []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.gen != g || s.mu.eng == nil {
+		return
+	}
+	s.execLocked(g, fn(s.env(g.e)))
+}
+
+// execLocked carries out the effects, in order. Nothing here blocks.
+func (s *Service) execLocked(g *generation, out []any) {
+	e := g.e
+	for _, o := range out {
+		switch x := o.(type) {
+		case DiskRead:
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
+				buf := make([]byte, x.Len)
+				_, err := dev.ReadAt(buf, x.Off)
+				return buf, err
+			})
+		case DiskWrite:
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
+				_, err := dev.WriteAt(x.Data, x.Off)
+				return nil, err
+			})
+		case DiskSync:
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, dev.Sync() })
+		case Send:
+			s.sendLocked(g, x.To, x.Msg)
+		case Reply:
+			if w := s.mu.reqs[x.Req]; w != nil {
+				delete(s.mu.reqs, x.Req)
+				w.ch <- x
+			}
+		case Propose:
+			s.async(g, 10*time.Second, func(ctx context.Context) func(Env) []any {
+				_, err := s.cfg.Meta.Propose(ctx, &pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version, Ops: x.Ops,
+					Origin: fmt.Sprintf("rldev node %d: %s", s.cfg.Node, x.What)})
+				return func(env Env) []any { return e.Decided(env, x.ID, err) }
+			})
+		case AskDead:
+			s.async(g, 2*time.Second, func(ctx context.Context) func(Env) []any {
+				dead, err := s.cfg.Detector.Dead(ctx, x.Subjects)
+				return func(env Env) []any {
+					if err != nil || len(dead) != len(x.Subjects) {
+						return nil // asked again at the next poll
+					}
+					var out []any
+					for i, sub := range x.Subjects {
+						out = append(out, e.Verdict(env, sub, dead[i])...)
+					}
+					return out
+				}
+			})
+		case Refresh:
+			s.refreshLocked(g)
+		case Log:
+			lvl := []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError}[min(max(x.Level, 0), 3)]
+			s.log.Log(context.Background(), lvl, x.Msg, append([]any{"incarnation", e.Incarnation()}, x.Args...)...)
+		default:
+			panic(fmt.Sprintf("rldev: unknown effect %T", o))
+		}
+	}
+}
+
+// diskOp runs io on disk idx's workers; its completion goes to the engine.
+func (s *Service) diskOp(g *generation, idx uint32, op OpID, io func(disk.Device) ([]byte, error)) {
+	q := s.disks[idx]
+	if q == nil {
+		panic(fmt.Sprintf("rldev: the engine used disk %d, which the node does not have", idx))
+	}
+	g.ops.Add(1)
+	job := func() {
+		data, err := io(q.dev)
+		g.ops.Done()
+		s.do(g, func(env Env) []any { return g.e.DiskDone(env, op, data, err) })
+	}
+	select {
+	case q.jobs <- job:
+	default:
+		go func() { // the queue is full: wait for room off the lock
+			select {
+			case q.jobs <- job:
+			case <-s.ctx.Done():
+				g.ops.Done()
+			}
+		}()
+	}
+}
+
+// async runs io off the lock; its completion goes to generation g.
+func (s *Service) async(g *generation, timeout time.Duration, io func(ctx context.Context) func(Env) []any) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(g.ctx, timeout)
+		k := io(ctx)
+		cancel()
+		s.do(g, k)
+	}()
+}
+
+// refreshLocked reads the table linearizably (one read at a time).
+func (s *Service) refreshLocked(g *generation) {
+	if s.mu.refresh {
+		return
+	}
+	s.mu.refresh = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+			ns, err := s.cfg.Meta.Read(ctx, Namespace)
+			cancel()
+			var t *Table
+			if err == nil {
+				if t, err = DecodeTable(ns); err != nil {
+					s.log.Error("rldev table does not decode", "err", err)
+				}
+			}
+			if err == nil {
+				s.mu.Lock()
+				s.mu.refresh = false
+				if s.mu.table == nil || t.Version >= s.mu.table.Version {
+					s.mu.table = t
+				}
+				if s.mu.gen == g && s.mu.eng != nil {
+					s.execLocked(g, g.e.SetTable(s.env(g.e), t, true, s.mu.nodes))
+					s.ensureLinksLocked(g)
+				}
+				s.mu.Unlock()
+				return
+			}
+			select {
+			case <-g.ctx.Done():
+				s.mu.Lock()
+				s.mu.refresh = false
+				s.mu.Unlock()
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
+}
+
+// watchTable keeps the engine's table current.
+func (s *Service) watchTable() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			s.log.Error("rldev table does not decode", "err", err)
+			continue
+		}
+		s.mu.Lock()
+		if s.mu.table == nil || t.Version > s.mu.table.Version {
+			s.mu.table = t
+		}
+		if g := s.mu.gen; g != nil && s.mu.eng != nil {
+			s.execLocked(g, g.e.SetTable(s.env(g.e), t, false, s.mu.nodes))
+			s.ensureLinksLocked(g)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// watchNodes keeps the nodes' incarnations and addresses current.
+func (s *Service) watchNodes() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, meta.NodesNamespace, 0) {
+		nodes, err := meta.DecodeNodes(ns)
+		if err != nil {
+			s.log.Warn("membership does not decode", "err", err)
+			continue
+		}
+		incs, addrs := map[NodeID]uint64{}, map[NodeID]string{}
+		for _, n := range nodes {
+			incs[n.Id], addrs[n.Id] = n.Incarnation, n.GrpcAddr
+		}
+		s.mu.Lock()
+		s.mu.nodes, s.mu.addrs = incs, addrs
+		if g := s.mu.gen; g != nil && s.mu.eng != nil && s.mu.table != nil {
+			s.execLocked(g, g.e.SetTable(s.env(g.e), s.mu.table, false, incs))
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Service) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if g := s.mu.gen; g != nil && s.mu.eng != nil {
+			s.execLocked(g, g.e.Tick(s.env(g.e)))
+		}
+		s.mu.Unlock()
+	}
+}
+
+// ------------------------------------------------------------------ links
+
+// ensureLinksLocked dials a link to every node that holds the other
+// segment of an RLDev this node holds (the engine learns its peers are up
+// from these).
+func (s *Service) ensureLinksLocked(g *generation) {
+	t := s.mu.table
+	if t == nil {
+		return
+	}
+	for _, rec := range t.RLDevs {
+		if seg := rec.SegmentOf(s.cfg.Node); seg >= 0 {
+			s.linkLocked(g, rec.Segs[1-seg].Node)
+		}
+	}
+}
+
+func (s *Service) linkLocked(g *generation, to NodeID) *outLink {
+	if l := s.mu.out[to]; l != nil && l.gen == g {
+		return l
+	}
+	l := &outLink{to: to, gen: g, q: make(chan *pb.RLDevServicePeerRequest, 4096)}
+	s.mu.out[to] = l
+	s.wg.Add(1)
+	go s.runLink(l)
+	return l
+}
+
+// sendLocked queues msg on the link to node to; a message for a link that
+// is not up is dropped (the engine sends it again once it is).
+func (s *Service) sendLocked(g *generation, to NodeID, msg any) {
+	l := s.linkLocked(g, to)
+	if !l.up {
+		return
+	}
+	f := EncodePeer(msg)
+	size := int64(proto.Size(f))
+	if l.bytes.Add(size) > s.cfg.LinkQueue {
+		l.bytes.Add(-size)
+		l.cancel() // too far behind: break the link (what matters is resent)
+		return
+	}
+	select {
+	case l.q <- f:
+	default:
+		l.bytes.Add(-size)
+		l.cancel()
+	}
+}
+
+// runLink keeps the link to l.to up while its generation lasts.
+func (s *Service) runLink(l *outLink) {
+	defer s.wg.Done()
+	g := l.gen
+	for wait := 50 * time.Millisecond; g.ctx.Err() == nil; wait = min(2*wait, time.Second) {
+		if s.linkOnce(l) {
+			wait = 50 * time.Millisecond
+		}
+		select {
+		case <-g.ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+// linkOnce dials, says hello, reports the peer up and pumps the queue until
+// the stream ends; then reports it down. It reports whether the link came
+// up.
+func (s *Service) linkOnce(l *outLink) bool {
+	g := l.gen
+	s.mu.Lock()
+	addr := s.mu.addrs[l.to]
+	s.mu.Unlock()
+	if addr == "" {
+		return false
+	}
+	cc, err := s.conns.Get(addr)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithCancel(g.ctx)
+	defer cancel()
+	st, err := pb.NewRLDevServiceClient(cc).Peer(ctx)
+	if err != nil {
+		return false
+	}
+	if err := st.Send(&pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Hello{Hello: &pb.RLDevHello{
+		Node: s.cfg.Node, Incarnation: g.e.Incarnation(), ToNode: l.to}}}); err != nil {
+		return false
+	}
+	hello := make(chan *pb.RLDevHello, 1)
+	go func() {
+		// The acceptor's hello, then nothing until the stream ends.
+		r, err := st.Recv()
+		if err != nil {
+			cancel()
+			return
+		}
+		hello <- r.Hello
+		for {
+			if _, err := st.Recv(); err != nil {
+				cancel()
+				return
+			}
+		}
+	}()
+	select {
+	case h := <-hello:
+		if h == nil || h.Node != l.to {
+			s.log.Warn("rldev link: the answer is not from the node dialed", "to", l.to, "addr", addr)
+			return false
+		}
+	case <-time.After(5 * time.Second):
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	s.mu.Lock()
+	if s.mu.gen != g || s.mu.out[l.to] != l {
+		s.mu.Unlock()
+		return false
+	}
+	l.up, l.cancel = true, cancel
+	s.execLocked(g, g.e.PeerUp(s.env(g.e), l.to))
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		l.up = false
+		for len(l.q) > 0 {
+			<-l.q
+		}
+		l.bytes.Store(0)
+		if s.mu.gen == g && s.mu.eng != nil {
+			s.execLocked(g, g.e.PeerDown(s.env(g.e), l.to))
+		}
+		s.mu.Unlock()
+	}()
+	for {
+		select {
+		case f := <-l.q:
+			l.bytes.Add(-int64(proto.Size(f)))
+			if err := st.Send(f); err != nil {
+				return true
+			}
+		case <-ctx.Done():
+			return true
+		}
+	}
+}
+
+// Peer accepts a link from another node's engine.
+func (s *Service) Peer(st pb.RLDevService_PeerServer) error {
+	f, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	h := f.GetHello()
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "rldev link: the first frame must be a hello")
+	}
+	from := h.Node
+	s.mu.Lock()
+	g := s.mu.gen
+	switch {
+	case h.ToNode != s.cfg.Node:
+		s.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "rldev link: this is node %d, not %d", s.cfg.Node, h.ToNode)
+	case g == nil || s.mu.eng == nil:
+		s.mu.Unlock()
+		return status.Errorf(codes.Unavailable, "rldev link: node %d has no engine running (fenced or starting)", s.cfg.Node)
+	case h.Incarnation < s.mu.nodes[from]:
+		s.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "rldev link: node %d incarnation %d is a past one", from, h.Incarnation)
+	}
+	ctx, cancel := context.WithCancel(st.Context())
+	defer cancel()
+	stop := context.AfterFunc(g.ctx, cancel)
+	defer stop()
+	if old := s.mu.in[from]; old != nil {
+		old.cancel() // the peer dialed again: its earlier link is over
+	}
+	il := &inLink{inc: h.Incarnation, cancel: cancel}
+	s.mu.in[from] = il
+	inc := g.e.Incarnation()
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.mu.in[from] == il {
+			delete(s.mu.in, from)
+		}
+		s.mu.Unlock()
+	}()
+	if err := st.Send(&pb.RLDevServicePeerResponse{Hello: &pb.RLDevHello{Node: s.cfg.Node, Incarnation: inc}}); err != nil {
+		return err
+	}
+	frames := make(chan *pb.RLDevServicePeerRequest)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			f, err := st.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case frames <- f:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return status.Error(codes.Aborted, "rldev link closed (a new engine or a newer link)")
+		case err := <-errc:
+			return err
+		case f := <-frames:
+			msg, err := DecodePeer(f)
+			if err != nil {
+				s.log.Warn("rldev link: malformed frame: closing the link", "from", from, "err", err)
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
+			s.mu.Lock()
+			if s.mu.in[from] != il || s.mu.gen != g || s.mu.eng == nil {
+				s.mu.Unlock()
+				return status.Error(codes.Aborted, "rldev link closed")
+			}
+			s.execLocked(g, g.e.Deliver(s.env(g.e), from, msg))
+			s.mu.Unlock()
+		}
+	}
+}
+
+// ------------------------------------------------------------------ clients
+
+// request runs a client request on the current engine and waits for its
+// reply (or ctx: the request is cancelled; a write may still land).
+func (s *Service) request(ctx context.Context, id uint64, write bool, start func(e *Engine, env Env, req ReqID) []any) ([]byte, uint64, error) {
+	s.mu.Lock()
+	g := s.mu.gen
+	if g == nil || s.mu.eng == nil {
+		s.mu.Unlock()
+		return nil, 0, fmt.Errorf("%w: node %d has no engine running (fenced itself, or starting)", ErrNotServing, s.cfg.Node)
+	}
+	s.mu.nextReq++
+	req := s.mu.nextReq
+	w := &waiter{ch: make(chan Reply, 1), write: write, id: id}
+	s.mu.reqs[req] = w
+	s.execLocked(g, start(g.e, s.env(g.e), req))
+	s.mu.Unlock()
+	select {
+	case r := <-w.ch:
+		return r.Data, s.epoch(id), r.Err
+	case <-ctx.Done():
+		s.mu.Lock()
+		if s.mu.reqs[req] == w {
+			delete(s.mu.reqs, req)
+			if s.mu.gen == g && s.mu.eng != nil {
+				g.e.Cancel(req)
+			}
+		}
+		s.mu.Unlock()
+		return nil, 0, ctx.Err()
+	}
+}
+
+func (s *Service) epoch(id uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.eng != nil {
+		if rec := s.mu.eng.table.RLDevs[id]; rec != nil {
+			return rec.Epoch
+		}
+	}
+	return 0
+}
+
+// blockRange checks a client's byte range: whole blocks, at most MaxIO.
+func blockRange(off, n uint64) (uint64, uint64, error) {
+	switch {
+	case off%BlockSize != 0 || n%BlockSize != 0:
+		return 0, 0, fmt.Errorf("%w: offset %d and length %d must be multiples of %d", ErrBadRequest, off, n, BlockSize)
+	case n == 0:
+		return 0, 0, fmt.Errorf("%w: an empty request", ErrBadRequest)
+	case n > MaxIO:
+		return 0, 0, fmt.Errorf("%w: %d bytes: at most %d per request", ErrBadRequest, n, MaxIO)
+	}
+	return off / BlockSize, n / BlockSize, nil
+}
+
+// Read serves a client read.
+func (s *Service) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
+	block, n, err := blockRange(r.Offset, r.Length)
+	if err != nil || r.Replica > 2 {
+		if err == nil {
+			err = fmt.Errorf("%w: replica %d (0: any, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
+		}
+		return &pb.RLDevServiceReadResponse{Result: ResultOf(err, 0)}, nil
+	}
+	data, epoch, err := s.request(ctx, r.Rldev, false, func(e *Engine, env Env, req ReqID) []any {
+		return e.Read(env, req, r.Rldev, block, n, int(r.Replica)-1)
+	})
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		return nil, status.FromContextError(cerr).Err()
+	}
+	return &pb.RLDevServiceReadResponse{Result: ResultOf(err, epoch), Data: data}, nil
+}
+
+// Write serves a client write.
+func (s *Service) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	block, _, err := blockRange(r.Offset, uint64(len(r.Data)))
+	var fence *Fence
+	if err == nil {
+		fence, err = fenceFromPB(r.Fence)
+	}
+	if err == nil && r.Replica > 2 {
+		err = fmt.Errorf("%w: replica %d (0: the primary, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
+	}
+	if err != nil {
+		return &pb.RLDevServiceWriteResponse{Result: ResultOf(fmt.Errorf("%w", errors.Join(ErrBadRequest, err)), 0)}, nil
+	}
+	_, epoch, err := s.request(ctx, r.Rldev, true, func(e *Engine, env Env, req ReqID) []any {
+		return e.Write(env, req, r.Rldev, block, r.Data, fence, int(r.Replica)-1)
+	})
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		return nil, status.FromContextError(cerr).Err()
+	}
+	return &pb.RLDevServiceWriteResponse{Result: ResultOf(err, epoch)}, nil
+}
+
+// Status describes this node's replicas.
+func (s *Service) Status(ctx context.Context, _ *pb.RLDevServiceStatusRequest) (*pb.RLDevServiceStatusResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &pb.RLDevServiceStatusResponse{Node: s.cfg.Node}
+	e := s.mu.eng
+	if e == nil {
+		return resp, nil
+	}
+	resp.Incarnation = e.Incarnation()
+	for _, r := range e.Status() {
+		resp.Replicas = append(resp.Replicas, &pb.RLDevReplicaStatus{Rldev: r.RLDev, Segment: uint32(r.Segment), State: r.State,
+			Stale: r.Stale, Primary: r.Primary, DirtyRegions: r.DirtyRegions, DegradedRegions: r.DegradedRegions,
+			Recovering: uint64(r.Recovering), ResyncCopied: r.ResyncCopied, ResyncTotal: r.ResyncTotal,
+			ScrubPasses: r.ScrubPasses, ScrubRepaired: r.ScrubRepaired, ScrubNext: r.ScrubNext, Error: r.Err})
+	}
+	return resp, nil
+}

@@ -1,0 +1,134 @@
+package rldev_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// waitNormal waits until every RLDev is normal with both segments joined
+// by their nodes' running incarnations.
+func waitNormal(t *testing.T, ctx context.Context, cl *rldev.Clerk, want int) *rldev.Table {
+	t.Helper()
+	var last string
+	for ctx.Err() == nil {
+		tb, err := cl.Table(ctx, true)
+		if err == nil && len(tb.RLDevs) >= want {
+			ok := true
+			for _, r := range tb.RLDevs {
+				if r.State != rldev.Normal || r.Inc[0] == 0 || r.Inc[1] == 0 {
+					ok = false
+					last = fmt.Sprintf("rldev %d: %v, stale %v, incarnations %v", r.ID, r.State, r.Stale, r.Inc)
+				}
+			}
+			if ok {
+				return tb
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("RLDevs not normal: %s", last)
+	return nil
+}
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// The runtime end to end, in one process: three store nodes, three RLDevs
+// (chained: each node primary of one, secondary of another), writes and
+// reads through the clerk; a node stops, writes go on in degraded mode; it
+// comes back, is resynced, and both copies are equal.
+func TestServiceDegradedAndResync(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	cl := rldev.NewClerk(mc)
+	defer cl.Close()
+	var recs []*rldev.Record
+	for ctx.Err() == nil { // the nodes register their disks first
+		if recs, err = cl.Create(ctx, 8<<20, 3, false); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNormal(t, ctx, cl, 3)
+	want := map[uint64][]byte{}
+	for _, r := range recs {
+		want[r.ID] = make([]byte, 8<<20)
+	}
+	write := func(id, off uint64, n int) {
+		t.Helper()
+		d := random(n)
+		if err := cl.Write(ctx, id, off, d, rldev.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[id][off:], d)
+	}
+	check := func(replica int) {
+		t.Helper()
+		for id, w := range want {
+			got, err := cl.Read(ctx, id, 0, uint64(len(w)), replica)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, w) {
+				t.Fatalf("rldev %d (replica %d): the data read back differs", id, replica)
+			}
+		}
+	}
+	for _, r := range recs {
+		write(r.ID, 0, 1<<20)
+		write(r.ID, 4<<20, 64<<10)
+	}
+	check(0)
+	check(1)
+	check(2)
+
+	// Node 2 stops: the RLDevs it holds go degraded; writes go on.
+	c.Stop(1)
+	for _, r := range recs {
+		write(r.ID, 1<<20, 256<<10)
+		write(r.ID, 7<<20, 4096)
+	}
+	check(0)
+	if err := c.Start(1); err != nil {
+		t.Fatal(err)
+	}
+	waitNormal(t, ctx, cl, 3)
+	check(1)
+	check(2)
+}
+
+// testLog is the nodes' log: into the test's output with -v and
+// GROVE_LOG=1, else nowhere.
+func testLog(t *testing.T) *slog.Logger {
+	if os.Getenv("GROVE_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
