@@ -31,6 +31,7 @@ import (
 	"github.com/grovestore/grove/internal/logging"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/node"
+	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 	"github.com/grovestore/grove/internal/units"
 )
@@ -502,7 +503,13 @@ func runUp(ctx context.Context, o upOptions) error {
 	if o.processes {
 		fmt.Printf("restart a node that exits with: %s\n", restartCommand(bin, filepath.Join(data, "node-N", "grove.toml"), o))
 	}
-	if err := waitReady(ctx, status, before, o.readyWait); err != nil {
+	disks := map[uint64]int{}
+	for _, c := range cfgs {
+		if c.Has(node.RoleStore) {
+			disks[c.ID] = len(c.Disks)
+		}
+	}
+	if err := waitReady(ctx, status, client, before, disks, o.readyWait); err != nil {
 		return err
 	}
 	fmt.Printf("ready: %d nodes alive, config-service leader %s; gateway %s; logs in %s; stop with Ctrl-C or: %s down --data %s\n",
@@ -511,6 +518,29 @@ func runUp(ctx context.Context, o upOptions) error {
 	fmt.Println("stopping")
 	log.Info("stopping")
 	return nil
+}
+
+// disksRegistered reports whether the RLDev table has every store node's
+// disks.
+func disksRegistered(ctx context.Context, mc *meta.Client, disks map[uint64]int) bool {
+	c, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	ns, err := mc.Read(c, rldev.Namespace)
+	if err != nil {
+		return false
+	}
+	t, err := rldev.DecodeTable(ns)
+	if err != nil {
+		return false
+	}
+	for id, n := range disks {
+		for i := 0; i < n; i++ {
+			if t.Disks[rldev.DiskKey{Node: id, Index: uint32(i)}] == nil {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func leaderOf(ctx context.Context, s *node.StatusService) string {
@@ -523,10 +553,11 @@ func leaderOf(ctx context.Context, s *node.StatusService) string {
 	return strconv.FormatUint(r.Leader, 10)
 }
 
-// waitReady polls until the config service has a leader and every node has
+// waitReady polls until the config service has a leader, every node has
 // registered an incarnation newer than before[id] that a majority of
-// observers hear.
-func waitReady(ctx context.Context, s *node.StatusService, before map[uint64]uint64, limit time.Duration) error {
+// observers hear, and every store node has registered its disks (RLDevs
+// can be created then).
+func waitReady(ctx context.Context, s *node.StatusService, mc *meta.Client, before map[uint64]uint64, disks map[uint64]int, limit time.Duration) error {
 	n := len(before)
 	deadline := time.Now().Add(limit)
 	var last string
@@ -541,10 +572,11 @@ func waitReady(ctx context.Context, s *node.StatusService, before map[uint64]uin
 					alive++
 				}
 			}
-			if r.Leader != 0 && !r.Stale && len(r.Nodes) == n && alive == n {
+			registered := disksRegistered(ctx, mc, disks)
+			if r.Leader != 0 && !r.Stale && len(r.Nodes) == n && alive == n && registered {
 				return nil
 			}
-			last = fmt.Sprintf("leader %d, %d/%d nodes registered, %d alive", r.Leader, len(r.Nodes), n, alive)
+			last = fmt.Sprintf("leader %d, %d/%d nodes registered, %d alive, disks registered: %v", r.Leader, len(r.Nodes), n, alive, registered)
 		} else {
 			last = err.Error()
 		}
