@@ -208,6 +208,7 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, ScrubRate: s.opts.scrubRate, Unsafe: s.opts.unsafe})
 	s.o.logf("node %d starts incarnation %d", rn.id, rn.inc)
 	delete(s.o.fenced, rn.id)
+	s.o.restarted(rn.id)
 	e := rn.e
 	var first func()
 	first = func() {
@@ -592,8 +593,7 @@ func (s *rsim) restart(rn *rnode) {
 		return
 	}
 	rn.down = false
-	s.o.restarted(rn.id)
-	s.fd.Restart(rn.fn)
+	s.fd.Restart(rn.fn) // the oracle counts it up once its incarnation starts (onStart)
 }
 
 func (s *rsim) partition(a, b []uint64) {
