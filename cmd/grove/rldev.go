@@ -29,6 +29,10 @@ func rldevCmd() *cobra.Command {
 (Boxwood's replicated logical devices): writes go to the primary and are
 acknowledged once durable on both (on the survivor alone, in degraded mode,
 after the failure detector declared the other dead); reads come from either.`,
+		Example: `  grove rldev create --size 64MiB --count 3
+  grove rldev list
+  grove rldev write 1 0 pattern.bin
+  grove rldev read 1 0 1MiB | cmp - pattern.bin`,
 	}
 	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevReadCmd(), rldevWriteCmd())
 	return cmd
