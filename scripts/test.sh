@@ -46,6 +46,9 @@ echo "== race detector (protocol packages, fewer simulation seeds)"
 # -short: the oracles' teeth sweeps are single-threaded simulations; they
 # run once in the full suite above.
 GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -short -timeout 20m ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/...
+# The RLDev runtime (its in-process cluster test) under the race detector;
+# its simulation, single-threaded, with a few seeds only.
+GROVE_SEEDS=${GROVE_RACE_RLDEV_SEEDS:-10} go test -count=1 -race -short -timeout 20m ./internal/rldev/...
 
 echo "== fuzz (short)"
 ft=${GROVE_FUZZTIME:-10s}

@@ -1285,6 +1285,9 @@ func TestRLDevSimulation(t *testing.T) {
 // The oracle's teeth: a stale replica that serves reads, and writes
 // forwarded without a durable dirty-region mark, are both caught.
 func TestRLDevOracleHasTeeth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of simulations: the full suite runs it")
+	}
 	for _, c := range []struct {
 		name string
 		opts simOpts

@@ -52,9 +52,6 @@ func random(n int) []byte {
 // reads through the clerk; a node stops, writes go on in degraded mode; it
 // comes back, is resynced, and both copies are equal.
 func TestServiceDegradedAndResync(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t)})
