@@ -29,6 +29,16 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
+# fio: the RLDev benchmark's raw-file figures (its smoke test needs it).
+if ! command -v fio >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing fio"
+    apt-get install -y fio || { apt-get update && apt-get install -y fio; }
+  else
+    echo "(no fio and not root to install it: the RLDev benchmark's smoke test is skipped)"
+  fi
+fi
+
 echo "== tests"
 # The container test (cmd/grove.TestDockerCompose) runs where a docker
 # engine and docker-compose answer; GROVE_DOCKER=0 skips it.

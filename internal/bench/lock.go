@@ -50,7 +50,11 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 	}
 	addr := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
 	var members []node.MemberConfig
-	for i := 0; i < min(n, 3); i++ {
+	nm := min(n, 3)
+	if nm%2 == 0 {
+		nm-- // an odd number of config-service members
+	}
+	for i := 0; i < nm; i++ {
 		members = append(members, node.MemberConfig{ID: uint64(i + 1), GRPC: addr(ports[3*i]), Raft: addr(ports[3*i+1]), Beacon: addr(ports[3*i+2])})
 	}
 	c := &InProcessCluster{log: o.Log}
@@ -64,7 +68,7 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 	for i := 0; i < n; i++ {
 		cfg := &node.Config{ID: uint64(i + 1), DataDir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), GRPCAddr: addr(ports[3*i]),
 			RaftAddr: addr(ports[3*i+1]), BeaconAddr: addr(ports[3*i+2]), Roles: []string{}, FD: node.DefaultFD, Members: members, ClusterKey: key}
-		if i < 3 {
+		if i < nm {
 			cfg.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock}
 		}
 		if o.Store {
@@ -140,6 +144,9 @@ func (c *InProcessCluster) WaitLockMaster(ctx context.Context) (uint64, error) {
 		}
 	}
 }
+
+// SleepCtx sleeps d, or less if ctx ends (then false).
+func SleepCtx(ctx context.Context, d time.Duration) bool { return sleepCtx(ctx, d) }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	select {

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/units"
+)
+
+func benchRLDevCmd() *cobra.Command {
+	var out cli.Output
+	var parts []string
+	var cell time.Duration
+	var port int
+	var servers []int
+	resyncSize := units.Size(1 << 30)
+	cmd := &cobra.Command{
+		Use:   "rldev",
+		Short: "RLDev throughput and latency (Boxwood Table 1, Figures 4-5), IOPS next to fio, resync speed",
+		Long: `Re-runs Boxwood's RLDev experiments on server processes of this machine (grove up
+--processes), next to fio on a raw file on the same file system in the same run:
+
+  table1   two servers, several RLDevs each, primary on one and secondary on the
+           other; writes to RLDevs whose primary is local (a local write and a
+           forward to the mirror), reads from the remote replica; 4, 8, 64 and
+           256 KiB; one outstanding request per disk. fio: the same request
+           size and count of outstanding requests, fdatasync after each write.
+  iops     one RLDev: 4 KiB random writes and reads at queue depth 1 and 32,
+           1 MiB sequential writes and reads; fio likewise.
+  resync   a replica's node is killed (SIGKILL), --resync-size is written in
+           degraded mode, the node restarts: the copy's MB/s and duration, and
+           the latency of 4 KiB writes during the resync next to before it.
+  scaling  the table1 workload on 2 to 8 servers (Figures 4-5).
+
+Every server shares this machine's 2 cores and one disk: each replicated write
+is two writes and two fdatasyncs on the same device, so half of fio's write
+figure is the ceiling. Reads hit the page cache (RLDev files are buffered), as
+fio's buffered reads do. Progress goes to standard error.`,
+		Example: `  grove bench rldev
+  grove bench rldev --parts iops --cell 10s
+  grove bench rldev --parts scaling --servers 2,4,8 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			for _, p := range parts {
+				if !slices.Contains([]string{"table1", "iops", "resync", "scaling"}, p) {
+					return cli.Usagef("--parts %q: want table1, iops, resync, scaling", p)
+				}
+			}
+			if cell < time.Second {
+				return cli.Usagef("--cell %v: want at least 1s", cell)
+			}
+			if _, err := os.Stat("/usr/bin/fio"); err != nil && (slices.Contains(parts, "table1") || slices.Contains(parts, "iops")) {
+				return cli.Failf("bench rldev", "fio is not installed (apt-get install fio): the raw-file figures need it")
+			}
+			bin, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Hour)
+			defer cancel()
+			dir, err := os.MkdirTemp("", "grove-bench-rldev-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			d := &cli.Doc{}
+			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress}
+			for _, p := range parts {
+				var err error
+				switch p {
+				case "table1":
+					err = b.table1()
+				case "iops":
+					err = b.iops()
+				case "resync":
+					err = b.resync(uint64(resyncSize))
+				case "scaling":
+					err = b.scaling(servers)
+				}
+				if err != nil {
+					return cli.Failf("bench rldev", "%s: %v", p, err)
+				}
+			}
+			return out.Print(os.Stdout, d)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&parts, "parts", []string{"table1", "iops", "resync", "scaling"}, "run these `PARTS` (table1, iops, resync, scaling)")
+	f.DurationVar(&cell, "cell", 5*time.Second, "measure each cell for `DURATION`")
+	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
+	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
+	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size)")
+	out.Register(cmd)
+	return cmd
+}
+
+type rldevBench struct {
+	ctx  context.Context
+	bin  string
+	dir  string
+	port int
+	cell time.Duration
+	d    *cli.Doc
+	log  func(string, ...any)
+	n    int
+}
+
+// cluster starts n servers with disks of diskSize.
+func (b *rldevBench) cluster(n int, diskSize string) (*bench.RLDevCluster, error) {
+	b.n++
+	b.log("starting %d servers (grove up --processes --nodes %d)", n, n)
+	return bench.StartRLDevCluster(b.ctx, b.bin, filepath.Join(b.dir, fmt.Sprintf("c%d", b.n)), b.port, n, diskSize, nil)
+}
+
+// cpu returns each server's CPU time now.
+func cpu(c *bench.RLDevCluster) map[uint64]time.Duration {
+	m := map[uint64]time.Duration{}
+	for id, n := range c.Up.Nodes {
+		if t, err := bench.CPUTime(n.PID); err == nil {
+			m[id] = t
+		}
+	}
+	return m
+}
+
+// cpuPct is the mean CPU % per server between two samples over elapsed.
+func cpuPct(a, b map[uint64]time.Duration, elapsed time.Duration) float64 {
+	var sum time.Duration
+	for id, t := range b {
+		sum += t - a[id]
+	}
+	if len(b) == 0 {
+		return 0
+	}
+	return 100 * sum.Seconds() / elapsed.Seconds() / float64(len(b))
+}
+
+// localPrimaries picks, per server, one RLDev whose primary is there.
+func localPrimaries(t *rldev.Table) []*rldev.Record {
+	seen := map[uint64]bool{}
+	var out []*rldev.Record
+	for _, id := range t.IDs() {
+		r := t.RLDevs[id]
+		if p := r.Segs[r.Primary].Node; !seen[p] {
+			seen[p] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func idsOf(rs []*rldev.Record) []uint64 {
+	var out []uint64
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+func (b *rldevBench) fioFile(span uint64) (string, error) {
+	path := filepath.Join(b.dir, "fio.raw")
+	if st, err := os.Stat(path); err == nil && uint64(st.Size()) >= span {
+		return path, nil
+	}
+	return path, bench.PrepareFile(path, span)
+}
+
+// table1: Boxwood §4.2 Table 1 on two servers.
+func (b *rldevBench) table1() error {
+	const span = 256 << 20
+	c, err := b.cluster(2, "4GiB")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Create(b.ctx, span, 4); err != nil {
+		return err
+	}
+	t, err := c.Clerk.Table(b.ctx, true)
+	if err != nil {
+		return err
+	}
+	locals := localPrimaries(t)
+	for _, r := range locals {
+		b.log("  filling rldev %d (%s)", r.ID, units.FormatSize(span))
+		if err := bench.Fill(b.ctx, c.Clerk, r.ID, span); err != nil {
+			return err
+		}
+	}
+	raw, err := b.fioFile(span)
+	if err != nil {
+		return err
+	}
+	tb := b.d.Table("table1", "OP", "SIZE", "GROVE-MB-S", "GROVE-P50-US", "CPU-PCT", "FIO-MB-S", "RATIO")
+	for _, write := range []bool{true, false} {
+		for _, size := range []uint64{4 << 10, 8 << 10, 64 << 10, 256 << 10} {
+			l := bench.IOLoad{IDs: idsOf(locals), Size: size, QD: 1, Write: write, Span: span, For: b.cell}
+			if !write {
+				l.Replica = 2 // segment 1, the secondary: the remote server
+			}
+			c0, t0 := cpu(c), time.Now()
+			g, err := bench.RunIO(b.ctx, c.Clerk, l)
+			if err != nil {
+				return err
+			}
+			pct := cpuPct(c0, cpu(c), time.Since(t0))
+			f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: size, QD: len(locals), Write: write, Span: span, For: b.cell})
+			if err != nil {
+				return err
+			}
+			op := map[bool]string{true: "write", false: "read"}[write]
+			b.log("  table1 %s %s: grove %.1f MB/s (p50 %v, CPU %.0f%%), fio %.1f MB/s", op, units.FormatSize(int64(size)), g.MBps(), g.P50, pct, f.MBps())
+			tb.Row(op, units.FormatSize(int64(size)), round1(g.MBps()), g.P50.Microseconds(), round1(pct), round1(f.MBps()), round2(g.MBps()/f.MBps()))
+		}
+	}
+	return nil
+}
+
+// iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential.
+func (b *rldevBench) iops() error {
+	const span = 512 << 20
+	c, err := b.cluster(2, "4GiB")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	recs, err := c.Create(b.ctx, span, 1)
+	if err != nil {
+		return err
+	}
+	id := recs[0].ID
+	b.log("  filling rldev %d (%s)", id, units.FormatSize(span))
+	if err := bench.Fill(b.ctx, c.Clerk, id, span); err != nil {
+		return err
+	}
+	raw, err := b.fioFile(span)
+	if err != nil {
+		return err
+	}
+	tb := b.d.Table("iops", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO")
+	cells := []struct {
+		write, seq bool
+		size       uint64
+		qd         int
+	}{{true, false, 4 << 10, 1}, {true, false, 4 << 10, 32}, {false, false, 4 << 10, 1}, {false, false, 4 << 10, 32},
+		{true, true, 1 << 20, 1}, {false, true, 1 << 20, 1}}
+	for _, x := range cells {
+		g, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{id}, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
+		if err != nil {
+			return err
+		}
+		f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
+		if err != nil {
+			return err
+		}
+		op := map[bool]string{true: "randwrite", false: "randread"}[x.write]
+		if x.seq {
+			op = map[bool]string{true: "write", false: "read"}[x.write]
+		}
+		b.log("  iops %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s", op, units.FormatSize(int64(x.size)), x.qd,
+			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps())
+		tb.Row(op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
+			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()))
+	}
+	return nil
+}
+
+// resync: kill a replica's node, write size bytes degraded, restart it,
+// time the copy, with 4 KiB writes going on.
+func (b *rldevBench) resync(size uint64) error {
+	c, err := b.cluster(2, units.FormatSize(int64(size*2+(256<<20))))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	recs, err := c.Create(b.ctx, size, 1)
+	if err != nil {
+		return err
+	}
+	r := recs[0]
+	before, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{r.ID}, Size: 4 << 10, QD: 1, Write: true, Span: size, For: b.cell})
+	if err != nil {
+		return err
+	}
+	victim := r.Segs[1].Node
+	b.log("  resync: SIGKILL node %d (rldev %d's secondary), %s written degraded", victim, r.ID, units.FormatSize(int64(size)))
+	if err := c.Up.Kill(victim); err != nil {
+		return err
+	}
+	if err := bench.Fill(b.ctx, c.Clerk, r.ID, size); err != nil {
+		return err
+	}
+	if err := c.Up.Restart(victim); err != nil {
+		return err
+	}
+	// While it resyncs: 4 KiB writes at QD 1, and the table polled.
+	restart := time.Now()
+	var started, done time.Time
+	var during bench.IOResult
+	errc := make(chan error, 1)
+	stop, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	for done.IsZero() {
+		t, err := c.Clerk.Table(b.ctx, true)
+		if err == nil {
+			x := t.RLDevs[r.ID]
+			if x.State == rldev.Resyncing && started.IsZero() {
+				started = time.Now()
+				go func() {
+					res, err := bench.RunIO(stop, c.Clerk, bench.IOLoad{IDs: []uint64{r.ID}, Size: 4 << 10, QD: 1, Write: true, Span: size, For: time.Hour})
+					during = res
+					errc <- err
+				}()
+			}
+			if x.State == rldev.Normal && !started.IsZero() {
+				done = time.Now()
+			}
+		}
+		if !bench.SleepCtx(b.ctx, 20*time.Millisecond) {
+			return b.ctx.Err()
+		}
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		return err
+	}
+	copyTime := done.Sub(started)
+	mbps := float64(size) / 1e6 / copyTime.Seconds()
+	b.log("  resync of %s: %v (%.0f MB/s), %v from the restart; 4 KiB writes p50 %v p99 %v during, %v %v before",
+		units.FormatSize(int64(size)), copyTime.Round(time.Millisecond), mbps, done.Sub(restart).Round(time.Millisecond), during.P50, during.P99, before.P50, before.P99)
+	tb := b.d.Table("resync", "SIZE", "COPY-S", "COPY-MB-S", "FROM-RESTART-S", "WRITE-P50-US-DURING", "WRITE-P99-US-DURING", "WRITE-P50-US-BEFORE", "WRITE-P99-US-BEFORE")
+	tb.Row(units.FormatSize(int64(size)), round2(copyTime.Seconds()), round0(mbps), round2(done.Sub(restart).Seconds()),
+		during.P50.Microseconds(), during.P99.Microseconds(), before.P50.Microseconds(), before.P99.Microseconds())
+	return nil
+}
+
+// scaling: the table1 workload on more servers (Figures 4-5).
+func (b *rldevBench) scaling(servers []int) error {
+	const span = 64 << 20
+	tb := b.d.Table("scaling", "SERVERS", "OP", "SIZE", "MB-S", "PER-SERVER-MB-S")
+	sort.Ints(servers)
+	for _, n := range servers {
+		if n < 2 {
+			return fmt.Errorf("--servers %d: at least 2", n)
+		}
+		c, err := b.cluster(n, "1GiB")
+		if err != nil {
+			return err
+		}
+		if _, err := c.Create(b.ctx, span, 2*n); err != nil {
+			c.Close()
+			return err
+		}
+		t, err := c.Clerk.Table(b.ctx, true)
+		if err != nil {
+			c.Close()
+			return err
+		}
+		locals := localPrimaries(t)
+		for _, r := range locals {
+			if err := bench.Fill(b.ctx, c.Clerk, r.ID, span); err != nil {
+				c.Close()
+				return err
+			}
+		}
+		for _, write := range []bool{true, false} {
+			for _, size := range []uint64{4 << 10, 64 << 10} {
+				l := bench.IOLoad{IDs: idsOf(locals), Size: size, QD: 1, Write: write, Span: span, For: b.cell}
+				if !write {
+					l.Replica = 2
+				}
+				g, err := bench.RunIO(b.ctx, c.Clerk, l)
+				if err != nil {
+					c.Close()
+					return err
+				}
+				op := map[bool]string{true: "write", false: "read"}[write]
+				b.log("  scaling %d servers %s %s: %.1f MB/s", n, op, units.FormatSize(int64(size)), g.MBps())
+				tb.Row(n, op, units.FormatSize(int64(size)), round1(g.MBps()), round1(g.MBps()/float64(n)))
+			}
+		}
+		c.Close()
+	}
+	return nil
+}
+
+func round0(x float64) float64 { return float64(int64(x + 0.5)) }
+func round1(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
+func round2(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }

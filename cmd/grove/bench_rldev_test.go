@@ -1,0 +1,49 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"testing"
+)
+
+// TestBenchRLDevSmoke runs `grove bench rldev` briefly (IOPS next to fio,
+// and a resync) and checks that it reports figures: the benchmark is kept
+// working; README quotes a full run.
+func TestBenchRLDevSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (scripts/test.sh installs it as root)")
+	}
+	bin := buildGrove(t)
+	r := grove(t, bin, nil, "bench", "rldev", "--parts", "iops,resync", "--cell", "1s", "--resync-size", "64MiB", "--base-port", "9500", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var out struct {
+		IOPS []struct {
+			Op        string  `json:"op"`
+			QD        int     `json:"qd"`
+			GroveOpsS float64 `json:"grove_ops_s"`
+			FioOpsS   float64 `json:"fio_ops_s"`
+		} `json:"iops"`
+		Resync []struct {
+			CopyMBs float64 `json:"copy_mb_s"`
+		} `json:"resync"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("%v\n%s", err, r.stdout)
+	}
+	if len(out.IOPS) != 6 || len(out.Resync) != 1 {
+		t.Fatalf("%d iops rows, %d resync rows:\n%s", len(out.IOPS), len(out.Resync), r.stdout)
+	}
+	for _, x := range out.IOPS {
+		if x.GroveOpsS <= 0 || x.FioOpsS <= 0 {
+			t.Fatalf("%s qd %d: grove %v ops/s, fio %v", x.Op, x.QD, x.GroveOpsS, x.FioOpsS)
+		}
+	}
+	if out.Resync[0].CopyMBs <= 0 {
+		t.Fatalf("resync: %v MB/s", out.Resync[0].CopyMBs)
+	}
+}

@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// RLDevCluster is `grove up --processes` with a clerk on it.
+type RLDevCluster struct {
+	Up    *UpCluster
+	Meta  *meta.Client
+	Clerk *rldev.Clerk
+}
+
+// StartRLDevCluster runs n server processes (one config-service member)
+// under dir, each with a disk file of diskSize.
+func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSize string, log io.Writer) (*RLDevCluster, error) {
+	meta1 := "1"
+	if n >= 3 {
+		meta1 = "3"
+	}
+	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize)
+	if err != nil {
+		return nil, err
+	}
+	st, err := u.Status(ctx)
+	if err != nil {
+		u.Close()
+		return nil, err
+	}
+	var ms []meta.Member
+	for _, m := range st.Members {
+		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
+	}
+	mc := meta.NewClient(ms)
+	return &RLDevCluster{Up: u, Meta: mc, Clerk: rldev.NewClerk(mc)}, nil
+}
+
+// Close stops the cluster.
+func (c *RLDevCluster) Close() {
+	c.Clerk.Close()
+	c.Meta.Close()
+	c.Up.Close()
+}
+
+// Create makes count RLDevs of size bytes and waits until their nodes
+// serve them.
+func (c *RLDevCluster) Create(ctx context.Context, size uint64, count int) ([]*rldev.Record, error) {
+	recs, err := c.Clerk.Create(ctx, size, count, false)
+	if err != nil {
+		return nil, err
+	}
+	return recs, c.WaitNormal(ctx)
+}
+
+// WaitNormal waits until every RLDev is normal with both segments served.
+func (c *RLDevCluster) WaitNormal(ctx context.Context) error {
+	for {
+		t, err := c.Clerk.Table(ctx, true)
+		if err == nil {
+			ok := true
+			for _, r := range t.RLDevs {
+				ok = ok && r.State == rldev.Normal && r.Inc[0] != 0 && r.Inc[1] != 0
+			}
+			if ok {
+				return nil
+			}
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return fmt.Errorf("RLDevs not normal: %w", ctx.Err())
+		}
+	}
+}
+
+// IOLoad is one cell of an RLDev workload.
+type IOLoad struct {
+	IDs     []uint64 // RLDevs to spread over (one worker group per RLDev)
+	Size    uint64   // bytes per request
+	QD      int      // requests outstanding per RLDev
+	Write   bool
+	Replica int    // reads: 0 any, 1 or 2 that segment
+	Span    uint64 // bytes of each RLDev addressed (from 0)
+	Seq     bool   // sequential (each worker its own stride) rather than random
+	For     time.Duration
+}
+
+// IOResult is an IOLoad's outcome.
+type IOResult struct {
+	Result
+	Bytes uint64
+}
+
+// MBps is megabytes (10^6) per second.
+func (r IOResult) MBps() float64 { return float64(r.Bytes) / 1e6 / r.Elapsed.Seconds() }
+
+// RunIO runs l on the clerk for l.For.
+func RunIO(ctx context.Context, cl *rldev.Clerk, l IOLoad) (IOResult, error) {
+	blocks := l.Span / l.Size
+	if blocks == 0 {
+		return IOResult{}, fmt.Errorf("span %d smaller than the request size %d", l.Span, l.Size)
+	}
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	var total uint64
+	deadline := time.Now().Add(l.For)
+	var wg sync.WaitGroup
+	start := time.Now()
+	w := 0
+	for _, id := range l.IDs {
+		for q := 0; q < l.QD; q++ {
+			wg.Add(1)
+			go func(id uint64, worker int) {
+				defer wg.Done()
+				r := rand.New(rand.NewSource(int64(worker)*7919 + int64(id)))
+				buf := make([]byte, l.Size)
+				r.Read(buf)
+				var mine []time.Duration
+				next := uint64(worker) * (blocks / uint64(max(l.QD, 1)))
+				for time.Now().Before(deadline) && ctx.Err() == nil {
+					var b uint64
+					if l.Seq {
+						b = next % blocks
+						next++
+					} else {
+						b = uint64(r.Int63n(int64(blocks)))
+					}
+					t := time.Now()
+					var err error
+					if l.Write {
+						err = cl.Write(ctx, id, b*l.Size, buf, rldev.WriteOptions{})
+					} else {
+						_, err = cl.Read(ctx, id, b*l.Size, l.Size, l.Replica)
+					}
+					if err != nil && ctx.Err() != nil {
+						break // the caller ended the load: keep what was measured
+					}
+					if err != nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						return
+					}
+					mine = append(mine, time.Since(t))
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				total += uint64(len(mine)) * l.Size
+				mu.Unlock()
+			}(id, w)
+			w++
+		}
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return IOResult{}, firstErr
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return IOResult{Result: Result{System: "grove", Concurrency: l.QD * len(l.IDs), Ops: len(lat), Elapsed: time.Since(start),
+		P50: Percentile(lat, 50), P99: Percentile(lat, 99)}, Bytes: total}, nil
+}
+
+// FioLoad is the same cell on a raw file, with fio: writes each followed
+// by fdatasync (psync, one job per outstanding request), reads through
+// the page cache as the RLDev's are.
+type FioLoad struct {
+	File  string
+	Size  uint64 // bytes per request
+	QD    int
+	Write bool
+	Seq   bool
+	Span  uint64
+	For   time.Duration
+}
+
+// RunFio runs l with fio and parses its JSON report.
+func RunFio(ctx context.Context, l FioLoad) (IOResult, error) {
+	rw := "randread"
+	switch {
+	case l.Write && l.Seq:
+		rw = "write"
+	case l.Write:
+		rw = "randwrite"
+	case l.Seq:
+		rw = "read"
+	}
+	args := []string{"--name=raw", "--filename=" + l.File, "--rw=" + rw, "--bs=" + strconv.FormatUint(l.Size, 10),
+		"--size=" + strconv.FormatUint(l.Span, 10), "--ioengine=psync", "--numjobs=" + strconv.Itoa(l.QD), "--group_reporting",
+		"--time_based", "--runtime=" + strconv.Itoa(int(max(l.For.Seconds(), 1))), "--output-format=json", "--direct=0"}
+	if l.Write {
+		args = append(args, "--fdatasync=1")
+	}
+	if l.Seq && l.QD > 1 {
+		args = append(args, "--offset_increment="+strconv.FormatUint(l.Span/uint64(l.QD), 10))
+	}
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return IOResult{}, fmt.Errorf("fio %s: %v: %s", strings.Join(args, " "), err, errb.String())
+	}
+	var rep struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOBytes uint64  `json:"io_bytes"`
+				IOs     uint64  `json:"total_ios"`
+				Runtime float64 `json:"runtime"` // ms
+				Lat     struct {
+					Percentile map[string]float64 `json:"percentile"`
+				} `json:"clat_ns"`
+			}
+		}
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Jobs) == 0 {
+		return IOResult{}, fmt.Errorf("fio's report does not parse: %v", err)
+	}
+	x := rep.Jobs[0].Read
+	if l.Write {
+		x = rep.Jobs[0].Write
+	}
+	ns := func(p string) time.Duration { return time.Duration(x.Lat.Percentile[p]) }
+	return IOResult{Result: Result{System: "fio", Concurrency: l.QD, Ops: int(x.IOs), Elapsed: time.Duration(x.Runtime * float64(time.Millisecond)),
+		P50: ns("50.000000"), P99: ns("99.000000")}, Bytes: x.IOBytes}, nil
+}
+
+// PrepareFile makes a file of size bytes filled with data (fio's reads
+// read it back; its writes overwrite it in place, as the RLDev's do).
+func PrepareFile(path string, size uint64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	rand.Read(buf)
+	for n := uint64(0); n < size; n += uint64(len(buf)) {
+		if _, err := f.Write(buf[:min(uint64(len(buf)), size-n)]); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
+}
+
+// Fill writes every block of [0, span) of RLDev id (reads then read
+// written blocks, as fio's read a written file).
+func Fill(ctx context.Context, cl *rldev.Clerk, id, span uint64) error {
+	buf := make([]byte, 1<<20)
+	rand.Read(buf)
+	for off := uint64(0); off < span; off += uint64(len(buf)) {
+		if err := cl.Write(ctx, id, off, buf[:min(uint64(len(buf)), span-off)], rldev.WriteOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CPUTime is a process's user+system CPU time so far.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too short", pid)
+	}
+	ut, _ := strconv.ParseUint(f[11], 10, 64)
+	st, _ := strconv.ParseUint(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100, nil // USER_HZ = 100
+}
