@@ -89,6 +89,8 @@ type Service struct {
 		sync.Mutex
 		eng     *Engine // nil between a fence and the next start
 		gen     *generation
+		want    uint64 // the incarnation to run (the latest Start)
+		fenced  uint64 // the latest incarnation fenced
 		table   *Table // the latest table seen (a hint until read linearizably)
 		nodes   map[NodeID]uint64
 		addrs   map[NodeID]string
@@ -188,14 +190,15 @@ func (s *Service) Start(inc uint64) {
 		go s.ticker()
 	})
 	s.mu.Lock()
-	old := s.mu.gen
-	if s.mu.eng != nil && s.mu.eng.Incarnation() >= inc {
+	if inc <= s.mu.want || inc <= s.mu.fenced {
 		s.mu.Unlock()
 		return
 	}
+	s.mu.want = inc
 	if s.mu.eng != nil {
 		s.fenceLocked("a new incarnation started") // a missed fence
 	}
+	old := s.mu.gen
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go func() {
@@ -214,8 +217,8 @@ func (s *Service) Start(inc uint64) {
 		g.ctx, g.cancel = context.WithCancel(s.ctx)
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if s.mu.eng != nil || s.ctx.Err() != nil {
-			return
+		if s.mu.want != inc || inc <= s.mu.fenced || s.mu.gen != old || s.ctx.Err() != nil {
+			return // fenced before it began, or a later incarnation asked for
 		}
 		s.mu.eng, s.mu.gen = e, g
 		s.log.Info("rldev engine started", "incarnation", inc)
@@ -233,6 +236,7 @@ func (s *Service) Start(inc uint64) {
 func (s *Service) Fence(inc uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.mu.fenced = max(s.mu.fenced, inc) // an engine of inc not started yet never will be
 	if e := s.mu.eng; e != nil && e.Incarnation() == inc {
 		s.fenceLocked("the node fenced itself")
 	}
@@ -265,6 +269,7 @@ func (s *Service) fenceLocked(why string) {
 // operations in flight land before Close returns).
 func (s *Service) Close() {
 	s.mu.Lock()
+	s.mu.fenced = max(s.mu.fenced, s.mu.want) // no engine starts from now on
 	g := s.mu.gen
 	if s.mu.eng != nil {
 		s.fenceLocked("shutting down")
