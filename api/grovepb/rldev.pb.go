@@ -158,7 +158,9 @@ type RLDevRecord struct {
 	// and a peer's dead verdict degrades the RLDev only if it is about that
 	// incarnation: a verdict on a past life cannot take a segment from a
 	// process that already serves it.
-	ServingInc    []uint64 `protobuf:"varint,12,rep,packed,name=serving_inc,json=servingInc,proto3" json:"serving_inc,omitempty"`
+	ServingInc    []uint64        `protobuf:"varint,12,rep,packed,name=serving_inc,json=servingInc,proto3" json:"serving_inc,omitempty"`
+	Move          *RLDevMove      `protobuf:"bytes,13,opt,name=move,proto3" json:"move,omitempty"`         // a segment move in progress
+	Retiring      []*RLDevSegment `protobuf:"bytes,14,rep,name=retiring,proto3" json:"retiring,omitempty"` // extents to wipe and free (their node removes them)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +279,89 @@ func (x *RLDevRecord) GetServingInc() []uint64 {
 	return nil
 }
 
+func (x *RLDevRecord) GetMove() *RLDevMove {
+	if x != nil {
+		return x.Move
+	}
+	return nil
+}
+
+func (x *RLDevRecord) GetRetiring() []*RLDevSegment {
+	if x != nil {
+		return x.Retiring
+	}
+	return nil
+}
+
+// RLDevMove is a segment move in progress (internal/rldev/move.go).
+type RLDevMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Segment       uint32                 `protobuf:"varint,1,opt,name=segment,proto3" json:"segment,omitempty"`                      // the segment that moves
+	To            *RLDevSegment          `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`                                 // its new place
+	TargetInc     uint64                 `protobuf:"varint,3,opt,name=target_inc,json=targetInc,proto3" json:"target_inc,omitempty"` // the target node's incarnation receiving the copy (0: none yet)
+	Switch        bool                   `protobuf:"varint,4,opt,name=switch,proto3" json:"switch,omitempty"`                        // copy complete: the moving replica stops serving and switches
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RLDevMove) Reset() {
+	*x = RLDevMove{}
+	mi := &file_grovepb_rldev_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RLDevMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RLDevMove) ProtoMessage() {}
+
+func (x *RLDevMove) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_rldev_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RLDevMove.ProtoReflect.Descriptor instead.
+func (*RLDevMove) Descriptor() ([]byte, []int) {
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RLDevMove) GetSegment() uint32 {
+	if x != nil {
+		return x.Segment
+	}
+	return 0
+}
+
+func (x *RLDevMove) GetTo() *RLDevSegment {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *RLDevMove) GetTargetInc() uint64 {
+	if x != nil {
+		return x.TargetInc
+	}
+	return 0
+}
+
+func (x *RLDevMove) GetSwitch() bool {
+	if x != nil {
+		return x.Switch
+	}
+	return false
+}
+
 // RLDevDisk is one disk of a node that holds segments, key
 // "disk/<node>/<index>".
 type RLDevDisk struct {
@@ -292,7 +377,7 @@ type RLDevDisk struct {
 
 func (x *RLDevDisk) Reset() {
 	*x = RLDevDisk{}
-	mi := &file_grovepb_rldev_proto_msgTypes[2]
+	mi := &file_grovepb_rldev_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +389,7 @@ func (x *RLDevDisk) String() string {
 func (*RLDevDisk) ProtoMessage() {}
 
 func (x *RLDevDisk) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[2]
+	mi := &file_grovepb_rldev_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +402,7 @@ func (x *RLDevDisk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevDisk.ProtoReflect.Descriptor instead.
 func (*RLDevDisk) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{2}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RLDevDisk) GetNode() uint64 {
@@ -367,7 +452,7 @@ type RLDevFence struct {
 
 func (x *RLDevFence) Reset() {
 	*x = RLDevFence{}
-	mi := &file_grovepb_rldev_proto_msgTypes[3]
+	mi := &file_grovepb_rldev_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +464,7 @@ func (x *RLDevFence) String() string {
 func (*RLDevFence) ProtoMessage() {}
 
 func (x *RLDevFence) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[3]
+	mi := &file_grovepb_rldev_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +477,7 @@ func (x *RLDevFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevFence.ProtoReflect.Descriptor instead.
 func (*RLDevFence) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{3}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RLDevFence) GetName() string {
@@ -439,7 +524,7 @@ type RLDevServicePeerRequest struct {
 
 func (x *RLDevServicePeerRequest) Reset() {
 	*x = RLDevServicePeerRequest{}
-	mi := &file_grovepb_rldev_proto_msgTypes[4]
+	mi := &file_grovepb_rldev_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +536,7 @@ func (x *RLDevServicePeerRequest) String() string {
 func (*RLDevServicePeerRequest) ProtoMessage() {}
 
 func (x *RLDevServicePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[4]
+	mi := &file_grovepb_rldev_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +549,7 @@ func (x *RLDevServicePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServicePeerRequest.ProtoReflect.Descriptor instead.
 func (*RLDevServicePeerRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{4}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RLDevServicePeerRequest) GetMsg() isRLDevServicePeerRequest_Msg {
@@ -593,7 +678,7 @@ type RLDevServicePeerResponse struct {
 
 func (x *RLDevServicePeerResponse) Reset() {
 	*x = RLDevServicePeerResponse{}
-	mi := &file_grovepb_rldev_proto_msgTypes[5]
+	mi := &file_grovepb_rldev_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +690,7 @@ func (x *RLDevServicePeerResponse) String() string {
 func (*RLDevServicePeerResponse) ProtoMessage() {}
 
 func (x *RLDevServicePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[5]
+	mi := &file_grovepb_rldev_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +703,7 @@ func (x *RLDevServicePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServicePeerResponse.ProtoReflect.Descriptor instead.
 func (*RLDevServicePeerResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{5}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RLDevServicePeerResponse) GetHello() *RLDevHello {
@@ -639,7 +724,7 @@ type RLDevHello struct {
 
 func (x *RLDevHello) Reset() {
 	*x = RLDevHello{}
-	mi := &file_grovepb_rldev_proto_msgTypes[6]
+	mi := &file_grovepb_rldev_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +736,7 @@ func (x *RLDevHello) String() string {
 func (*RLDevHello) ProtoMessage() {}
 
 func (x *RLDevHello) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[6]
+	mi := &file_grovepb_rldev_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +749,7 @@ func (x *RLDevHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevHello.ProtoReflect.Descriptor instead.
 func (*RLDevHello) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{6}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RLDevHello) GetNode() uint64 {
@@ -704,7 +789,7 @@ type RLDevForward struct {
 
 func (x *RLDevForward) Reset() {
 	*x = RLDevForward{}
-	mi := &file_grovepb_rldev_proto_msgTypes[7]
+	mi := &file_grovepb_rldev_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +801,7 @@ func (x *RLDevForward) String() string {
 func (*RLDevForward) ProtoMessage() {}
 
 func (x *RLDevForward) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[7]
+	mi := &file_grovepb_rldev_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +814,7 @@ func (x *RLDevForward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevForward.ProtoReflect.Descriptor instead.
 func (*RLDevForward) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{7}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RLDevForward) GetRldev() uint64 {
@@ -794,7 +879,7 @@ type RLDevAck struct {
 
 func (x *RLDevAck) Reset() {
 	*x = RLDevAck{}
-	mi := &file_grovepb_rldev_proto_msgTypes[8]
+	mi := &file_grovepb_rldev_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +891,7 @@ func (x *RLDevAck) String() string {
 func (*RLDevAck) ProtoMessage() {}
 
 func (x *RLDevAck) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[8]
+	mi := &file_grovepb_rldev_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +904,7 @@ func (x *RLDevAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevAck.ProtoReflect.Descriptor instead.
 func (*RLDevAck) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{8}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RLDevAck) GetRldev() uint64 {
@@ -865,7 +950,7 @@ type RLDevPull struct {
 
 func (x *RLDevPull) Reset() {
 	*x = RLDevPull{}
-	mi := &file_grovepb_rldev_proto_msgTypes[9]
+	mi := &file_grovepb_rldev_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +962,7 @@ func (x *RLDevPull) String() string {
 func (*RLDevPull) ProtoMessage() {}
 
 func (x *RLDevPull) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[9]
+	mi := &file_grovepb_rldev_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +975,7 @@ func (x *RLDevPull) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevPull.ProtoReflect.Descriptor instead.
 func (*RLDevPull) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RLDevPull) GetRldev() uint64 {
@@ -950,7 +1035,7 @@ type RLDevPullData struct {
 
 func (x *RLDevPullData) Reset() {
 	*x = RLDevPullData{}
-	mi := &file_grovepb_rldev_proto_msgTypes[10]
+	mi := &file_grovepb_rldev_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1047,7 @@ func (x *RLDevPullData) String() string {
 func (*RLDevPullData) ProtoMessage() {}
 
 func (x *RLDevPullData) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[10]
+	mi := &file_grovepb_rldev_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1060,7 @@ func (x *RLDevPullData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevPullData.ProtoReflect.Descriptor instead.
 func (*RLDevPullData) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RLDevPullData) GetRldev() uint64 {
@@ -1040,7 +1125,7 @@ type RLDevResyncMe struct {
 
 func (x *RLDevResyncMe) Reset() {
 	*x = RLDevResyncMe{}
-	mi := &file_grovepb_rldev_proto_msgTypes[11]
+	mi := &file_grovepb_rldev_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1137,7 @@ func (x *RLDevResyncMe) String() string {
 func (*RLDevResyncMe) ProtoMessage() {}
 
 func (x *RLDevResyncMe) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[11]
+	mi := &file_grovepb_rldev_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1150,7 @@ func (x *RLDevResyncMe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevResyncMe.ProtoReflect.Descriptor instead.
 func (*RLDevResyncMe) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RLDevResyncMe) GetRldev() uint64 {
@@ -1112,7 +1197,7 @@ type RLDevCopy struct {
 
 func (x *RLDevCopy) Reset() {
 	*x = RLDevCopy{}
-	mi := &file_grovepb_rldev_proto_msgTypes[12]
+	mi := &file_grovepb_rldev_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1209,7 @@ func (x *RLDevCopy) String() string {
 func (*RLDevCopy) ProtoMessage() {}
 
 func (x *RLDevCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[12]
+	mi := &file_grovepb_rldev_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1222,7 @@ func (x *RLDevCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevCopy.ProtoReflect.Descriptor instead.
 func (*RLDevCopy) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RLDevCopy) GetRldev() uint64 {
@@ -1205,7 +1290,7 @@ type RLDevServiceReadRequest struct {
 
 func (x *RLDevServiceReadRequest) Reset() {
 	*x = RLDevServiceReadRequest{}
-	mi := &file_grovepb_rldev_proto_msgTypes[13]
+	mi := &file_grovepb_rldev_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1302,7 @@ func (x *RLDevServiceReadRequest) String() string {
 func (*RLDevServiceReadRequest) ProtoMessage() {}
 
 func (x *RLDevServiceReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[13]
+	mi := &file_grovepb_rldev_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1315,7 @@ func (x *RLDevServiceReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceReadRequest.ProtoReflect.Descriptor instead.
 func (*RLDevServiceReadRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RLDevServiceReadRequest) GetRldev() uint64 {
@@ -1277,7 +1362,7 @@ type RLDevServiceWriteRequest struct {
 
 func (x *RLDevServiceWriteRequest) Reset() {
 	*x = RLDevServiceWriteRequest{}
-	mi := &file_grovepb_rldev_proto_msgTypes[14]
+	mi := &file_grovepb_rldev_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1374,7 @@ func (x *RLDevServiceWriteRequest) String() string {
 func (*RLDevServiceWriteRequest) ProtoMessage() {}
 
 func (x *RLDevServiceWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[14]
+	mi := &file_grovepb_rldev_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1387,7 @@ func (x *RLDevServiceWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceWriteRequest.ProtoReflect.Descriptor instead.
 func (*RLDevServiceWriteRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RLDevServiceWriteRequest) GetRldev() uint64 {
@@ -1354,7 +1439,7 @@ type RLDevResult struct {
 
 func (x *RLDevResult) Reset() {
 	*x = RLDevResult{}
-	mi := &file_grovepb_rldev_proto_msgTypes[15]
+	mi := &file_grovepb_rldev_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1451,7 @@ func (x *RLDevResult) String() string {
 func (*RLDevResult) ProtoMessage() {}
 
 func (x *RLDevResult) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[15]
+	mi := &file_grovepb_rldev_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1464,7 @@ func (x *RLDevResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevResult.ProtoReflect.Descriptor instead.
 func (*RLDevResult) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RLDevResult) GetCode() uint32 {
@@ -1420,7 +1505,7 @@ type RLDevServiceReadResponse struct {
 
 func (x *RLDevServiceReadResponse) Reset() {
 	*x = RLDevServiceReadResponse{}
-	mi := &file_grovepb_rldev_proto_msgTypes[16]
+	mi := &file_grovepb_rldev_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1517,7 @@ func (x *RLDevServiceReadResponse) String() string {
 func (*RLDevServiceReadResponse) ProtoMessage() {}
 
 func (x *RLDevServiceReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[16]
+	mi := &file_grovepb_rldev_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1530,7 @@ func (x *RLDevServiceReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceReadResponse.ProtoReflect.Descriptor instead.
 func (*RLDevServiceReadResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RLDevServiceReadResponse) GetResult() *RLDevResult {
@@ -1471,7 +1556,7 @@ type RLDevServiceWriteResponse struct {
 
 func (x *RLDevServiceWriteResponse) Reset() {
 	*x = RLDevServiceWriteResponse{}
-	mi := &file_grovepb_rldev_proto_msgTypes[17]
+	mi := &file_grovepb_rldev_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1568,7 @@ func (x *RLDevServiceWriteResponse) String() string {
 func (*RLDevServiceWriteResponse) ProtoMessage() {}
 
 func (x *RLDevServiceWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[17]
+	mi := &file_grovepb_rldev_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1581,7 @@ func (x *RLDevServiceWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceWriteResponse.ProtoReflect.Descriptor instead.
 func (*RLDevServiceWriteResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RLDevServiceWriteResponse) GetResult() *RLDevResult {
@@ -1514,7 +1599,7 @@ type RLDevServiceStatusRequest struct {
 
 func (x *RLDevServiceStatusRequest) Reset() {
 	*x = RLDevServiceStatusRequest{}
-	mi := &file_grovepb_rldev_proto_msgTypes[18]
+	mi := &file_grovepb_rldev_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1611,7 @@ func (x *RLDevServiceStatusRequest) String() string {
 func (*RLDevServiceStatusRequest) ProtoMessage() {}
 
 func (x *RLDevServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[18]
+	mi := &file_grovepb_rldev_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1624,7 @@ func (x *RLDevServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*RLDevServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{19}
 }
 
 // RLDevServiceStatusResponse is what one node's engine knows of its
@@ -1555,7 +1640,7 @@ type RLDevServiceStatusResponse struct {
 
 func (x *RLDevServiceStatusResponse) Reset() {
 	*x = RLDevServiceStatusResponse{}
-	mi := &file_grovepb_rldev_proto_msgTypes[19]
+	mi := &file_grovepb_rldev_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1652,7 @@ func (x *RLDevServiceStatusResponse) String() string {
 func (*RLDevServiceStatusResponse) ProtoMessage() {}
 
 func (x *RLDevServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[19]
+	mi := &file_grovepb_rldev_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1665,7 @@ func (x *RLDevServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*RLDevServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RLDevServiceStatusResponse) GetNode() uint64 {
@@ -1626,7 +1711,7 @@ type RLDevReplicaStatus struct {
 
 func (x *RLDevReplicaStatus) Reset() {
 	*x = RLDevReplicaStatus{}
-	mi := &file_grovepb_rldev_proto_msgTypes[20]
+	mi := &file_grovepb_rldev_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1723,7 @@ func (x *RLDevReplicaStatus) String() string {
 func (*RLDevReplicaStatus) ProtoMessage() {}
 
 func (x *RLDevReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_rldev_proto_msgTypes[20]
+	mi := &file_grovepb_rldev_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1736,7 @@ func (x *RLDevReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RLDevReplicaStatus.ProtoReflect.Descriptor instead.
 func (*RLDevReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_rldev_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_rldev_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RLDevReplicaStatus) GetRldev() uint64 {
@@ -1760,7 +1845,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf5\x02\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xd2\x03\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -1775,7 +1860,15 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	" \x01(\x04R\rprogressTotal\x12\x1b\n" +
 	"\tfull_copy\x18\v \x01(\bR\bfullCopy\x12\x1f\n" +
 	"\vserving_inc\x18\f \x03(\x04R\n" +
-	"servingInc\"q\n" +
+	"servingInc\x12'\n" +
+	"\x04move\x18\r \x01(\v2\x13.grove.v1.RLDevMoveR\x04move\x122\n" +
+	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\"\x84\x01\n" +
+	"\tRLDevMove\x12\x18\n" +
+	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
+	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +
+	"\n" +
+	"target_inc\x18\x03 \x01(\x04R\ttargetInc\x12\x16\n" +
+	"\x06switch\x18\x04 \x01(\bR\x06switch\"q\n" +
 	"\tRLDevDisk\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
@@ -1914,61 +2007,65 @@ func file_grovepb_rldev_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_rldev_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_rldev_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_grovepb_rldev_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_grovepb_rldev_proto_goTypes = []any{
 	(RldevState)(0),                    // 0: grove.v1.RldevState
 	(*RLDevSegment)(nil),               // 1: grove.v1.RLDevSegment
 	(*RLDevRecord)(nil),                // 2: grove.v1.RLDevRecord
-	(*RLDevDisk)(nil),                  // 3: grove.v1.RLDevDisk
-	(*RLDevFence)(nil),                 // 4: grove.v1.RLDevFence
-	(*RLDevServicePeerRequest)(nil),    // 5: grove.v1.RLDevServicePeerRequest
-	(*RLDevServicePeerResponse)(nil),   // 6: grove.v1.RLDevServicePeerResponse
-	(*RLDevHello)(nil),                 // 7: grove.v1.RLDevHello
-	(*RLDevForward)(nil),               // 8: grove.v1.RLDevForward
-	(*RLDevAck)(nil),                   // 9: grove.v1.RLDevAck
-	(*RLDevPull)(nil),                  // 10: grove.v1.RLDevPull
-	(*RLDevPullData)(nil),              // 11: grove.v1.RLDevPullData
-	(*RLDevResyncMe)(nil),              // 12: grove.v1.RLDevResyncMe
-	(*RLDevCopy)(nil),                  // 13: grove.v1.RLDevCopy
-	(*RLDevServiceReadRequest)(nil),    // 14: grove.v1.RLDevServiceReadRequest
-	(*RLDevServiceWriteRequest)(nil),   // 15: grove.v1.RLDevServiceWriteRequest
-	(*RLDevResult)(nil),                // 16: grove.v1.RLDevResult
-	(*RLDevServiceReadResponse)(nil),   // 17: grove.v1.RLDevServiceReadResponse
-	(*RLDevServiceWriteResponse)(nil),  // 18: grove.v1.RLDevServiceWriteResponse
-	(*RLDevServiceStatusRequest)(nil),  // 19: grove.v1.RLDevServiceStatusRequest
-	(*RLDevServiceStatusResponse)(nil), // 20: grove.v1.RLDevServiceStatusResponse
-	(*RLDevReplicaStatus)(nil),         // 21: grove.v1.RLDevReplicaStatus
+	(*RLDevMove)(nil),                  // 3: grove.v1.RLDevMove
+	(*RLDevDisk)(nil),                  // 4: grove.v1.RLDevDisk
+	(*RLDevFence)(nil),                 // 5: grove.v1.RLDevFence
+	(*RLDevServicePeerRequest)(nil),    // 6: grove.v1.RLDevServicePeerRequest
+	(*RLDevServicePeerResponse)(nil),   // 7: grove.v1.RLDevServicePeerResponse
+	(*RLDevHello)(nil),                 // 8: grove.v1.RLDevHello
+	(*RLDevForward)(nil),               // 9: grove.v1.RLDevForward
+	(*RLDevAck)(nil),                   // 10: grove.v1.RLDevAck
+	(*RLDevPull)(nil),                  // 11: grove.v1.RLDevPull
+	(*RLDevPullData)(nil),              // 12: grove.v1.RLDevPullData
+	(*RLDevResyncMe)(nil),              // 13: grove.v1.RLDevResyncMe
+	(*RLDevCopy)(nil),                  // 14: grove.v1.RLDevCopy
+	(*RLDevServiceReadRequest)(nil),    // 15: grove.v1.RLDevServiceReadRequest
+	(*RLDevServiceWriteRequest)(nil),   // 16: grove.v1.RLDevServiceWriteRequest
+	(*RLDevResult)(nil),                // 17: grove.v1.RLDevResult
+	(*RLDevServiceReadResponse)(nil),   // 18: grove.v1.RLDevServiceReadResponse
+	(*RLDevServiceWriteResponse)(nil),  // 19: grove.v1.RLDevServiceWriteResponse
+	(*RLDevServiceStatusRequest)(nil),  // 20: grove.v1.RLDevServiceStatusRequest
+	(*RLDevServiceStatusResponse)(nil), // 21: grove.v1.RLDevServiceStatusResponse
+	(*RLDevReplicaStatus)(nil),         // 22: grove.v1.RLDevReplicaStatus
 }
 var file_grovepb_rldev_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.RLDevRecord.segments:type_name -> grove.v1.RLDevSegment
 	0,  // 1: grove.v1.RLDevRecord.state:type_name -> grove.v1.RldevState
-	7,  // 2: grove.v1.RLDevServicePeerRequest.hello:type_name -> grove.v1.RLDevHello
-	8,  // 3: grove.v1.RLDevServicePeerRequest.forward:type_name -> grove.v1.RLDevForward
-	9,  // 4: grove.v1.RLDevServicePeerRequest.ack:type_name -> grove.v1.RLDevAck
-	10, // 5: grove.v1.RLDevServicePeerRequest.pull:type_name -> grove.v1.RLDevPull
-	11, // 6: grove.v1.RLDevServicePeerRequest.pull_data:type_name -> grove.v1.RLDevPullData
-	12, // 7: grove.v1.RLDevServicePeerRequest.resync_me:type_name -> grove.v1.RLDevResyncMe
-	13, // 8: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
-	7,  // 9: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
-	4,  // 10: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
-	4,  // 11: grove.v1.RLDevCopy.tokens:type_name -> grove.v1.RLDevFence
-	4,  // 12: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
-	16, // 13: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
-	16, // 14: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
-	21, // 15: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
-	5,  // 16: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
-	14, // 17: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
-	15, // 18: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
-	19, // 19: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
-	6,  // 20: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
-	17, // 21: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
-	18, // 22: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
-	20, // 23: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 2: grove.v1.RLDevRecord.move:type_name -> grove.v1.RLDevMove
+	1,  // 3: grove.v1.RLDevRecord.retiring:type_name -> grove.v1.RLDevSegment
+	1,  // 4: grove.v1.RLDevMove.to:type_name -> grove.v1.RLDevSegment
+	8,  // 5: grove.v1.RLDevServicePeerRequest.hello:type_name -> grove.v1.RLDevHello
+	9,  // 6: grove.v1.RLDevServicePeerRequest.forward:type_name -> grove.v1.RLDevForward
+	10, // 7: grove.v1.RLDevServicePeerRequest.ack:type_name -> grove.v1.RLDevAck
+	11, // 8: grove.v1.RLDevServicePeerRequest.pull:type_name -> grove.v1.RLDevPull
+	12, // 9: grove.v1.RLDevServicePeerRequest.pull_data:type_name -> grove.v1.RLDevPullData
+	13, // 10: grove.v1.RLDevServicePeerRequest.resync_me:type_name -> grove.v1.RLDevResyncMe
+	14, // 11: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
+	8,  // 12: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
+	5,  // 13: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
+	5,  // 14: grove.v1.RLDevCopy.tokens:type_name -> grove.v1.RLDevFence
+	5,  // 15: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
+	17, // 16: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
+	17, // 17: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
+	22, // 18: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
+	6,  // 19: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
+	15, // 20: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
+	16, // 21: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
+	20, // 22: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
+	7,  // 23: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
+	18, // 24: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
+	19, // 25: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
+	21, // 26: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_rldev_proto_init() }
@@ -1976,7 +2073,7 @@ func file_grovepb_rldev_proto_init() {
 	if File_grovepb_rldev_proto != nil {
 		return
 	}
-	file_grovepb_rldev_proto_msgTypes[4].OneofWrappers = []any{
+	file_grovepb_rldev_proto_msgTypes[5].OneofWrappers = []any{
 		(*RLDevServicePeerRequest_Hello)(nil),
 		(*RLDevServicePeerRequest_Forward)(nil),
 		(*RLDevServicePeerRequest_Ack)(nil),
@@ -1991,7 +2088,7 @@ func file_grovepb_rldev_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_rldev_proto_rawDesc), len(file_grovepb_rldev_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,7 +20,7 @@ var cores = []string{
 	"lock/lock.go", "lock/master.go", "lock/clerk.go", "lock/wire.go", "lock/engine.go", "lock/state.go", "lock/token.go",
 	"meta/fsm.go",
 	"rldev/engine.go", "rldev/replica.go", "rldev/datapath.go", "rldev/resync.go", "rldev/scrub.go", "rldev/pagelog.go",
-	"rldev/rangelock.go", "rldev/meta.go", "rldev/format.go", "rldev/table.go", "rldev/msgs.go", "rldev/wire.go",
+	"rldev/rangelock.go", "rldev/move.go", "rldev/meta.go", "rldev/format.go", "rldev/table.go", "rldev/msgs.go", "rldev/wire.go",
 }
 
 // banned calls (package.Func) and imports inside a core.

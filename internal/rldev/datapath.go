@@ -39,6 +39,12 @@ type writeOp struct {
 	seq       uint64
 	sentAt    time.Time
 
+	// Likewise to a move's target (move.go).
+	tEpoch  uint64
+	tAcked  bool
+	tSeq    uint64
+	tSentAt time.Time
+
 	done bool
 }
 
@@ -116,6 +122,9 @@ func (w *writeOp) progress(env Env) []any {
 	needDRL := !w.only && (rec.State == Normal || rec.State == Resyncing) && !rec.DRLOff && !r.e.cfg.Unsafe.NoDirtyLog
 	needPeer := !w.only && (rec.State == Normal || rec.State == Resyncing)
 	needDeg := !w.only && (rec.State == Degraded || rec.State == Resyncing)
+	// A move's target gets every write while it receives the copy (a
+	// range not copied yet is copied later, with this write in it).
+	needTgt := !w.only && r.moveSource()
 	var out []any
 	// Dirty regions durable before anything is written or forwarded: after
 	// a crash the replica finds them and pulls them from its peer.
@@ -179,7 +188,11 @@ func (w *writeOp) progress(env Env) []any {
 	if needPeer && w.peerEpoch != rec.Epoch {
 		out = append(out, w.forward(env)...)
 	}
-	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needDeg || w.degDone) && (!needDRL || w.drlDone) {
+	if needTgt && w.tEpoch != rec.Epoch {
+		out = append(out, w.forwardTarget(env)...)
+	}
+	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needTgt || (w.tAcked && w.tEpoch == rec.Epoch)) &&
+		(!needDeg || w.degDone) && (!needDRL || w.drlDone) {
 		out = append(out, w.finish(nil)...)
 	}
 	return out
@@ -249,6 +262,9 @@ func (w *writeOp) finish(err error) []any {
 	if w.seq != 0 {
 		delete(r.fwd, w.seq)
 	}
+	if w.tSeq != 0 {
+		delete(r.tfwd, w.tSeq)
+	}
 	if w.locked {
 		a, b := w.drlSpan()
 		for x := a; x <= b; x++ {
@@ -283,6 +299,10 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 		return ack(DiskFailed)
 	case r.state != repReady:
 		return ack(NotServing)
+	case r.target:
+		if from != r.peerNode() || !r.receiving() {
+			return ack(NotServing)
+		}
 	case from != r.peerNode() || r.isPrimary():
 		return ack(NotServing)
 	case rec.State == Degraded:
@@ -333,7 +353,7 @@ func (r *replica) readServed(block, n uint64, repaired bool, then func([]byte, e
 			case err != nil:
 				out = append(out, r.fail(err)...)
 				return append(out, then(nil, fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
-			case r.state != repReady || r.stale() && !r.e.cfg.Unsafe.ServeStale || !r.e.env.alive():
+			case r.state != repReady || r.stale() && !r.e.cfg.Unsafe.ServeStale || !r.e.env.alive() || r.target || r.switching():
 				return append(out, then(nil, fmt.Errorf("%w (rldev %d)", ErrNotServing, r.rec.ID))...)
 			case len(bad) > 0 && repaired:
 				return append(out, then(nil, fmt.Errorf("%w: blocks %v of rldev %d", ErrCorrupt, bad, r.rec.ID))...)

@@ -3,6 +3,7 @@ package rldev
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -147,6 +148,7 @@ type Unsafe struct {
 	NoDirtyLog bool // writes are forwarded without a durable dirty-region mark
 	NoJoin     bool // a replica serves without the table naming its incarnation; a verdict on any incarnation counts
 	NoMaybe    bool // a write that began to land and failed does not say it may have taken effect
+	MoveEarly  bool // a move's copy complete, the primary switches at once: the moving replica never stops serving first
 }
 
 func (c *Config) defaults() {
@@ -210,6 +212,13 @@ type Engine struct {
 	scrubAt      time.Time // when the scrubber may take its next chunk
 	scrubNext    uint64    // the RLDev it goes to next (round robin)
 
+	// Retiring extents of this node (move.go): the op id at which the
+	// replica there retired (its disk operations all have smaller ones),
+	// and those wiped.
+	retiredAt map[Segment]OpID
+	wiping    map[Segment]bool
+	wiped     map[Segment]bool
+
 	stats Stats
 }
 
@@ -244,7 +253,8 @@ func NewEngine(cfg Config) *Engine {
 	cfg.defaults()
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
-		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}}}
+		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
+		retiredAt: map[Segment]OpID{}, wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
 		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
 	}
@@ -336,26 +346,31 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 	// Replicas this node hosts now.
 	for _, id := range t.IDs() {
 		rec := t.RLDevs[id]
-		seg := rec.SegmentOf(e.cfg.Node)
+		seg, place, target := hosted(rec, e.cfg.Node)
 		if seg < 0 {
 			continue
 		}
 		r := e.reps[id]
-		if r != nil && (r.seg != seg || r.rec.Segs[seg] != rec.Segs[seg]) {
+		if r != nil && r.target && !target && r.seg == seg && r.disk == place.Disk && r.base == place.Offset && r.ready() {
+			// A move's target the table now puts in the segment's place.
+			out = append(out, r.promote(env, rec)...)
+			continue
+		}
+		if r != nil && (r.seg != seg || r.disk != place.Disk || r.base != place.Offset || r.target != target) {
 			// This node's segment moved: the old one is retired.
-			out = append(out, r.retire(env, "segment moved")...)
+			out = append(out, e.retireReplica(env, r, "segment moved")...)
 			r = nil
 		}
 		if r == nil {
-			if e.disks[rec.Segs[seg].Disk] == nil {
-				out = append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", rec.Segs[seg].Disk))
+			if e.disks[place.Disk] == nil {
+				out = append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", place.Disk))
 				continue
 			}
-			r = newReplica(e, rec, seg)
+			r = newReplica(e, rec, seg, place, target)
 			// A segment on a disk whose header is not the one the table
 			// registered was lost with that disk: it serves nothing, and
 			// asks to be marked stale and copied whole.
-			if td := t.Disks[DiskKey{e.cfg.Node, r.disk}]; td != nil && td.UUID != "" && td.UUID != e.disks[r.disk].uuid && !rec.Stale[seg] {
+			if td := t.Disks[DiskKey{e.cfg.Node, r.disk}]; !target && td != nil && td.UUID != "" && td.UUID != e.disks[r.disk].uuid && !rec.Stale[seg] {
 				r.lost = true
 				out = append(out, e.logf(3, "rldev segment lost with its disk (the disk was replaced)", "rldev", id, "disk", r.disk))
 			}
@@ -368,11 +383,15 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 	// Replicas this node no longer hosts.
 	for _, id := range sortedIDs(e.reps) {
 		r := e.reps[id]
-		if rec := t.RLDevs[id]; rec == nil || rec.SegmentOf(e.cfg.Node) < 0 {
-			out = append(out, r.retire(env, "no longer a replica here")...)
+		if rec := t.RLDevs[id]; rec == nil {
+			out = append(out, e.retireReplica(env, r, "no longer a replica here")...)
+			delete(e.reps, id)
+		} else if seg, _, _ := hosted(rec, e.cfg.Node); seg < 0 {
+			out = append(out, e.retireReplica(env, r, "no longer a replica here")...)
 			delete(e.reps, id)
 		}
 	}
+	out = append(out, e.wipeTick()...)
 	return append(out, e.decide(env)...)
 }
 
@@ -417,16 +436,24 @@ func (e *Engine) poll(env Env, now bool) []any {
 	// while the peer was down). It is asked about the incarnation the
 	// table names for its segment, or a later one the membership knows: a
 	// verdict on an earlier one would not count.
-	for _, id := range sortedIDs(e.reps) {
-		r := e.reps[id]
-		n := r.peerNode()
-		inc := max(r.rec.Inc[r.peer()], e.nodes[n])
+	suspect := func(n NodeID, inc uint64) {
+		inc = max(inc, e.nodes[n])
 		if e.up[n] || inc == 0 || e.dead[n] >= inc {
-			continue
+			return
 		}
 		if inc > e.suspects[n] {
 			delete(e.dead, n)
 			e.suspects[n] = inc
+		}
+	}
+	for _, id := range sortedIDs(e.reps) {
+		r := e.reps[id]
+		if r.target {
+			continue // it waits for the primary; the primary watches it
+		}
+		suspect(r.peerNode(), r.rec.Inc[r.peer()])
+		if m := r.rec.Move; m != nil && m.Inc != 0 && r.isPrimary() {
+			suspect(m.To.Node, m.Inc)
 		}
 	}
 	if len(e.suspects) == 0 {
@@ -605,8 +632,8 @@ func (e *Engine) replicaFor(env Env, id uint64, replica int, write bool) (*repli
 			return r, BadRequest // only for an RLDev whose client keeps its own log
 		}
 	}
-	if !r.ready() || r.stale() && !(e.cfg.Unsafe.ServeStale && replica < 0) {
-		return r, NotServing
+	if !r.ready() || r.target || r.switching() || r.stale() && !(e.cfg.Unsafe.ServeStale && replica < 0) {
+		return r, NotServing // a move's target serves nothing yet, its moving replica nothing more
 	}
 	if replica < 0 && rec.Primary != r.seg {
 		return r, NotPrimary
@@ -635,6 +662,7 @@ func (e *Engine) Tick(env Env) []any {
 		}
 	}
 	out = append(out, e.scrub(env)...)
+	out = append(out, e.wipeTick()...)
 	return append(out, e.decide(env)...)
 }
 
@@ -674,18 +702,26 @@ func (e *Engine) decide(env Env) []any {
 			what = append(what, fmt.Sprintf("disk %d/%d registered", e.cfg.Node, k))
 		}
 	}
-	for _, id := range sortedIDs(e.reps) {
-		r := e.reps[id]
+	for _, id := range e.table.IDs() {
 		rec := e.table.RLDevs[id]
-		if rec == nil {
-			continue
+		var nr *Record
+		var why []string
+		if r := e.reps[id]; r != nil {
+			if x, w := r.want(env, rec.Clone()); x != nil {
+				nr, why = x, append(why, w)
+			}
 		}
-		if nr, why := r.want(env, rec.Clone()); nr != nil {
+		// Extents of the RLDev on this node's disks that are retiring:
+		// wiped, then removed from the table (move.go).
+		if x, w := e.wipeRetiring(env, rec, nr); x != nil {
+			nr, why = x, append(why, w)
+		}
+		if nr != nil {
 			if err := nr.Check(); err != nil {
 				panic(fmt.Sprintf("rldev: the engine proposed a bad record (%s): %v", why, err))
 			}
 			ops = append(ops, nr.PutOp())
-			what = append(what, fmt.Sprintf("rldev %d: %s", id, why))
+			what = append(what, fmt.Sprintf("rldev %d: %s", id, strings.Join(why, "; ")))
 		}
 	}
 	if len(ops) == 0 {
@@ -722,6 +758,7 @@ type ReplicaStatus struct {
 	Segment         int
 	State           string // loading, joining, ready, failed, retired
 	Stale, Primary  bool
+	MoveTarget      bool // this node receives the segment by a move
 	DirtyRegions    uint64
 	DegradedRegions uint64
 	Recovering      int
@@ -738,7 +775,7 @@ func (e *Engine) Status() []ReplicaStatus {
 	var out []ReplicaStatus
 	for _, id := range sortedIDs(e.reps) {
 		r := e.reps[id]
-		st := ReplicaStatus{RLDev: id, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(),
+		st := ReplicaStatus{RLDev: id, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
 			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())
@@ -746,6 +783,9 @@ func (e *Engine) Status() []ReplicaStatus {
 		}
 		if r.resync != nil {
 			st.ResyncCopied, st.ResyncTotal = r.resync.copied, r.resync.total
+		}
+		if r.mv != nil {
+			st.ResyncCopied, st.ResyncTotal = r.mv.copied, r.mv.total
 		}
 		if r.err != nil {
 			st.Err = r.err.Error()

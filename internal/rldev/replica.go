@@ -55,6 +55,13 @@ type replica struct {
 	pulls  map[uint64]*pullWait  // pulls awaiting data, by seq
 	copies map[uint64]*copyChunk // resync copies awaiting an ack, by seq
 
+	// A move's target (move.go): this node receives a copy of segment
+	// seg at its new place (disk, base); it serves nothing until the
+	// table puts it there.
+	target bool
+	mv     *resyncSrc          // the primary: the copy to a move's target
+	tfwd   map[uint64]*writeOp // forwards to a move's target awaiting an ack, by seq
+
 	recovering int        // dirty regions still to pull from the peer (after a crash)
 	recoverQ   []*recover // those regions, in order
 	resyncReq  *ResyncMe  // a stale peer's request
@@ -79,10 +86,11 @@ func (s repState) String() string {
 	return "?"
 }
 
-func newReplica(e *Engine, rec *Record, seg int) *replica {
-	return &replica{e: e, rec: rec, seg: seg, disk: rec.Segs[seg].Disk, base: rec.Segs[seg].Offset,
+// newReplica is segment seg of rec at place (a move's target if target).
+func newReplica(e *Engine, rec *Record, seg int, place Segment, target bool) *replica {
+	return &replica{e: e, rec: rec, seg: seg, disk: place.Disk, base: place.Offset, target: target,
 		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{},
-		writes: map[*writeOp]bool{}, fwd: map[uint64]*writeOp{}, pulls: map[uint64]*pullWait{}, copies: map[uint64]*copyChunk{}}
+		writes: map[*writeOp]bool{}, fwd: map[uint64]*writeOp{}, tfwd: map[uint64]*writeOp{}, pulls: map[uint64]*pullWait{}, copies: map[uint64]*copyChunk{}}
 }
 
 func (r *replica) ready() bool { return r.state == repReady }
@@ -108,10 +116,20 @@ func sortedSeqs[V any](m map[uint64]V) []uint64 {
 	return ks
 }
 
-func (r *replica) peer() int           { return 1 - r.seg }
-func (r *replica) peerNode() NodeID    { return r.rec.Segs[r.peer()].Node }
-func (r *replica) isPrimary() bool     { return r.rec.Primary == r.seg }
-func (r *replica) stale() bool         { return r.rec.Stale[r.seg] || r.lost }
+// peer is the segment this replica exchanges with: the other one, or for
+// a move's target the primary, which copies to it.
+func (r *replica) peer() int {
+	if r.target {
+		return r.rec.Primary
+	}
+	return 1 - r.seg
+}
+func (r *replica) peerNode() NodeID { return r.rec.Segs[r.peer()].Node }
+func (r *replica) isPrimary() bool  { return r.rec.Primary == r.seg && !r.target }
+
+// stale: may have missed writes, or (a move's target) is not in the table
+// yet; serves nothing.
+func (r *replica) stale() bool         { return r.rec.Stale[r.seg] || r.lost || r.target }
 func (r *replica) peerStale() bool     { return r.rec.Stale[r.peer()] }
 func (r *replica) peerReachable() bool { return r.e.up[r.peerNode()] }
 
@@ -170,7 +188,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	r.super, r.superSeq = s, seq
 	r.nextGen = s.GenFloor
-	if s.Incomplete && !r.rec.Stale[r.seg] {
+	if s.Incomplete && !r.rec.Stale[r.seg] && !r.target {
 		// Formatted after its disk was replaced and not yet copied whole,
 		// though the table does not say stale (its peer may be stale too:
 		// no decree could say so). It holds nothing to serve.
@@ -220,7 +238,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 // behind its back, and messages of the earlier one, sent in an earlier
 // epoch, are refused.
 func (r *replica) join(env Env) []any {
-	if r.rec.Inc[r.seg] == r.e.cfg.Inc || r.e.cfg.Unsafe.NoJoin {
+	if r.named(r.rec) || r.e.cfg.Unsafe.NoJoin && !r.target {
 		r.state = repReady
 		return r.afterLoad(env)
 	}
@@ -268,8 +286,10 @@ func (r *replica) format(env Env) []any {
 // afterLoad starts what a loaded replica must do before or while serving.
 func (r *replica) afterLoad(env Env) []any {
 	out := []any{r.e.logf(1, "rldev replica loaded", "rldev", r.rec.ID, "segment", r.seg, "state", r.rec.State,
-		"stale", r.stale(), "blank", r.blank, "dirty_regions", r.drl.durable.Count(), "degraded_regions", r.deg.durable.Count())}
+		"stale", r.stale(), "blank", r.blank, "dirty_regions", r.drl.durable.Count(), "degraded_regions", r.deg.durable.Count(), "move_target", r.target)}
 	switch {
+	case r.target:
+		return out // the primary copies everything to it
 	case r.stale():
 		return append(out, r.askResync(env)...)
 	case !r.drl.durable.Empty() && r.rec.State == Normal && !r.peerStale() && r.isPrimary():
@@ -335,6 +355,10 @@ func (r *replica) abort(err error) []any {
 	if r.resync != nil {
 		out = append(out, r.stopResync("replica stopped")...)
 	}
+	if r.mv != nil {
+		out = append(out, r.stopCopy(r.mv, "replica stopped")...)
+		r.mv = nil
+	}
 	for _, q := range r.recoverQ {
 		out = append(out, r.locks.release(q.lock)...)
 	}
@@ -351,10 +375,13 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 	if rec.Stale[r.seg] {
 		r.lost = false // the table says it now
 	}
-	if r.state == repJoining && rec.Inc[r.seg] == r.e.cfg.Inc {
+	if r.target {
+		return r.targetRecord(env)
+	}
+	if r.state == repJoining && r.named(rec) {
 		return r.join(env)
 	}
-	if r.state == repReady && rec.Inc[r.seg] != r.e.cfg.Inc && !r.e.cfg.Unsafe.NoJoin {
+	if r.state == repReady && !r.named(rec) && !r.e.cfg.Unsafe.NoJoin {
 		// Another incarnation of this node holds the segment: this one
 		// is a past life that should have fenced itself.
 		r.state = repJoining
@@ -413,8 +440,10 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 	if r.recovering > 0 && rec.Stale[r.peer()] {
 		out = append(out, r.abandonRecovery()...)
 	}
+	out = append(out, r.moveTick(env)...)
 	// Writes in progress re-evaluate what they need in the new epoch (a
-	// peer dropped by degraded mode, a resync target to forward to).
+	// peer dropped by degraded mode, a resync or move target to forward
+	// to).
 	for _, w := range r.sortedWrites() {
 		out = append(out, w.progress(env)...)
 	}
@@ -424,11 +453,20 @@ func (r *replica) setRecord(env Env, rec *Record) []any {
 // want returns the record this replica needs the table to hold instead of
 // rec (a clone it may change), with why, or nil.
 func (r *replica) want(env Env, rec *Record) (*Record, string) {
+	if r.target {
+		return r.targetWant(env, rec)
+	}
+	if nr, why := r.moveWant(env, rec); nr != nil {
+		return nr, why
+	}
 	me, peer := r.seg, r.peer()
 	switch {
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
+		if rec.moveDegraded(me) {
+			return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
+		}
 		if r.lost {
 			return rec, "segment lost with its disk on node " + fmt.Sprint(r.e.cfg.Node)
 		}
@@ -440,9 +478,20 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	case r.state != repReady:
 		return nil, ""
 	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
+		dead := rec.Segs[peer].Node
+		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() {
+			// The moving replica died after the copy was complete: the
+			// target has every write this primary acknowledged, and
+			// takes its place at once.
+			rec.switchMove()
+			return rec, fmt.Sprintf("peer node %d dead while its segment moved: switched to the target", dead)
+		}
 		rec.Primary, rec.State, rec.Stale[peer] = me, Degraded, true
 		rec.Epoch++
-		return rec, fmt.Sprintf("peer node %d dead: degraded", rec.Segs[peer].Node)
+		if rec.moveDegraded(peer) {
+			return rec, fmt.Sprintf("peer node %d dead: degraded, its segment replaced by the move's target", dead)
+		}
+		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
 	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node]:
@@ -471,7 +520,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 // ------------------------------------------------------------------ peers
 
 func (r *replica) peerUp(env Env, node NodeID) []any {
-	if node != r.peerNode() {
+	if node != r.peerNode() && (r.rec.Move == nil || node != r.rec.Move.To.Node) {
 		return nil
 	}
 	return r.retry(env)
@@ -484,7 +533,7 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // was written anywhere else meanwhile, and its logs say what it owes the
 // peer).
 func (r *replica) retry(env Env) []any {
-	if r.state == repFailed && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery {
+	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery {
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank = false
 		// Whatever the failed life left (a lock whose operation ended in
@@ -492,6 +541,7 @@ func (r *replica) retry(env Env) []any {
 		r.locks = rangeLocks{}
 		r.inflight = map[uint64]int{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
+		r.tfwd, r.mv = map[uint64]*writeOp{}, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
 		r.scrub.busy = false
 		return append([]any{r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID)}, r.load(env)...)
@@ -516,15 +566,26 @@ func (r *replica) retry(env Env) []any {
 				out = append(out, r.sendPull(env, p)...)
 			}
 		}
-		for _, seq := range sortedSeqs(r.copies) {
-			c := r.copies[seq]
-			if env.Now.Sub(c.sentAt) >= r.e.cfg.RetryEvery {
-				delete(r.copies, seq)
-				out = append(out, r.sendCopy(env, c)...)
+	}
+	for _, seq := range sortedSeqs(r.copies) {
+		c := r.copies[seq]
+		if r.e.up[c.src.to] && env.Now.Sub(c.sentAt) >= r.e.cfg.RetryEvery {
+			delete(r.copies, seq)
+			out = append(out, r.sendCopy(env, c)...)
+		}
+	}
+	if m := r.rec.Move; m != nil && r.e.up[m.To.Node] {
+		for _, seq := range sortedSeqs(r.tfwd) {
+			w := r.tfwd[seq]
+			if w.tEpoch == r.rec.Epoch && !w.tAcked && env.Now.Sub(w.tSentAt) >= r.e.cfg.RetryEvery {
+				delete(r.tfwd, seq)
+				w.tEpoch = 0 // send again
+				out = append(out, w.progress(env)...)
 			}
 		}
 	}
-	if r.stale() {
+	out = append(out, r.moveTick(env)...)
+	if r.stale() && !r.target {
 		out = append(out, r.askResync(env)...)
 	}
 	if r.recovering > 0 {
@@ -541,6 +602,10 @@ func (r *replica) deliver(env Env, from NodeID, msg any) []any {
 	case Forward:
 		return r.onForward(env, from, m)
 	case Ack:
+		if w := r.tfwd[m.Seq]; w != nil {
+			delete(r.tfwd, m.Seq)
+			return w.targetAcked(env, m)
+		}
 		if w := r.fwd[m.Seq]; w != nil {
 			delete(r.fwd, m.Seq)
 			return w.acked(env, m)

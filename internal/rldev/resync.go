@@ -9,7 +9,13 @@ import (
 // resyncSrc is a resync in progress on the up-to-date replica (the
 // primary of a resyncing RLDev): the block ranges still to copy to the
 // stale replica, in chunks of CopyBlocks, CopyWindow of them in flight.
+//
+// A move's copy (move.go) is the same machinery with another destination:
+// the move's target, every block, bound to the target's incarnation.
 type resyncSrc struct {
+	to       NodeID // where the copies go
+	move     bool   // a move's copy (to the target) rather than a resync
+	inc      uint64 // a move's: the target incarnation it copies to
 	epoch    uint64
 	chunks   []run
 	next     int
@@ -110,7 +116,7 @@ func (r *replica) startResync(env Env) []any {
 		firsts = append(firsts, f)
 	}
 	sort.Slice(firsts, func(i, j int) bool { return firsts[i] < firsts[j] })
-	s := &resyncSrc{epoch: r.rec.Epoch, reported: env.Now}
+	s := &resyncSrc{to: r.peerNode(), epoch: r.rec.Epoch, reported: env.Now}
 	for _, f := range firsts {
 		n := min(r.e.cfg.CopyBlocks, blocks-f)
 		s.chunks = append(s.chunks, run{f, n})
@@ -119,14 +125,16 @@ func (r *replica) startResync(env Env) []any {
 	r.resync = s
 	out := []any{r.e.logf(1, "rldev resync started", "rldev", r.rec.ID, "epoch", r.rec.Epoch, "blocks", s.total,
 		"full", r.rec.FullCopy || req.Blank)}
-	return append(out, r.pumpResync(env)...)
+	return append(out, r.pump(env, s)...)
 }
 
-// pumpResync keeps CopyWindow chunks in flight.
-func (r *replica) pumpResync(env Env) []any {
-	s := r.resync
+// live reports whether s is this replica's resync or move copy, going on.
+func (r *replica) live(s *resyncSrc) bool { return s != nil && !s.failed && (s == r.resync || s == r.mv) }
+
+// pump keeps CopyWindow chunks of s in flight.
+func (r *replica) pump(env Env, s *resyncSrc) []any {
 	var out []any
-	for s != nil && !s.failed && s.inflight < r.e.cfg.CopyWindow && s.next < len(s.chunks) {
+	for r.live(s) && s.inflight < r.e.cfg.CopyWindow && s.next < len(s.chunks) {
 		ch := s.chunks[s.next]
 		s.next++
 		s.inflight++
@@ -151,7 +159,7 @@ func (r *replica) pumpResync(env Env) []any {
 }
 
 func (r *replica) sendCopy(env Env, c *copyChunk) []any {
-	if r.resync != c.src || c.src.failed {
+	if !r.live(c.src) {
 		return r.locks.release(c.lock)
 	}
 	seq := r.nextSeq()
@@ -160,18 +168,18 @@ func (r *replica) sendCopy(env Env, c *copyChunk) []any {
 		c.since = env.Now
 	}
 	r.copies[seq] = c
-	if !r.peerReachable() {
+	if !r.e.up[c.src.to] {
 		return nil
 	}
 	// Every copy carries the source's fencing tokens: what it admitted
 	// while the target was away must hold at the target after a failover.
-	return []any{Send{To: r.peerNode(), Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens,
+	return []any{Send{To: c.src.to, Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens,
 		Tokens: r.tokenList()}}}
 }
 
 func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 	s := c.src
-	if r.resync != s || s.failed {
+	if !r.live(s) {
 		return r.locks.release(c.lock)
 	}
 	switch a.Code {
@@ -180,13 +188,19 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 		s.copied += c.n
 		r.e.stats.CopiedBlocks += c.n
 		out := r.locks.release(c.lock)
-		out = append(out, r.pumpResync(env)...)
+		out = append(out, r.pump(env, s)...)
 		if s.done() {
-			out = append(out, r.e.logf(1, "rldev resync copied everything", "rldev", r.rec.ID, "blocks", s.copied))
+			what := "rldev resync copied everything"
+			if s.move {
+				what = "rldev move copied everything"
+			}
+			out = append(out, r.e.logf(1, what, "rldev", r.rec.ID, "blocks", s.copied))
 		}
 		return out
 	case WrongEpoch, NotServing, Unknown:
-		if env.Now.Sub(c.since) > copyStall {
+		// A move's target that stays away is declared dead (its copy then
+		// starts again when it is back): the move does not give up.
+		if !s.move && env.Now.Sub(c.since) > copyStall {
 			out := r.locks.release(c.lock)
 			return append(out, r.stopResync(fmt.Sprintf("the target has refused a copy for %v: %v", copyStall, a.Code.Err()))...)
 		}
@@ -199,6 +213,9 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 		return nil
 	}
 	out := r.locks.release(c.lock) // no longer in r.copies: stopResync would not see it
+	if s.move {
+		return append(out, r.stopCopy(s, "the move's target refused a copy: "+a.Code.Err().Error())...)
+	}
 	return append(out, r.stopResync("the target refused a copy: "+a.Code.Err().Error())...)
 }
 
@@ -206,7 +223,11 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 // changed); decide takes the RLDev back to degraded, and the target asks
 // again when it can.
 func (r *replica) stopResync(why string) []any {
-	s := r.resync
+	return r.stopCopy(r.resync, why)
+}
+
+// stopCopy abandons the resync or move copy s.
+func (r *replica) stopCopy(s *resyncSrc, why string) []any {
 	if s == nil || s.failed {
 		return nil
 	}
@@ -221,10 +242,14 @@ func (r *replica) stopResync(why string) []any {
 	}
 	// Chunks still waiting for their range or reading it release it in
 	// sendCopy, which drops them.
-	if s.done() || s.copied == s.total {
-		return append(out, r.e.logf(1, "rldev resync over", "rldev", r.rec.ID, "copied", s.copied))
+	what := "rldev resync"
+	if s.move {
+		what = "rldev move copy"
 	}
-	return append(out, r.e.logf(2, "rldev resync stopped", "rldev", r.rec.ID, "why", why, "copied", s.copied, "of", s.total))
+	if s.done() || s.copied == s.total {
+		return append(out, r.e.logf(1, what+" over", "rldev", r.rec.ID, "copied", s.copied))
+	}
+	return append(out, r.e.logf(2, what+" stopped", "rldev", r.rec.ID, "why", why, "copied", s.copied, "of", s.total))
 }
 
 // peerDown: a resync whose target went away stops (writes must not wait
@@ -248,7 +273,9 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 	switch {
 	case r.state == repFailed:
 		return ack(DiskFailed)
-	case r.state != repReady || from != r.peerNode() || r.rec.State != Resyncing || !r.stale():
+	case r.target && (r.state != repReady || from != r.peerNode() || !r.receiving()):
+		return ack(NotServing)
+	case !r.target && (r.state != repReady || from != r.peerNode() || r.rec.State != Resyncing || !r.stale()):
 		return ack(NotServing)
 	case len(m.Data)%BlockSize != 0 || n == 0 || uint64(len(m.Gens)) != n || r.checkRange(m.Block, n) != nil:
 		return ack(BadRequest)

@@ -47,7 +47,7 @@ const (
 	simNodes   = 5
 	simRLDevs  = 5
 	simBlocks  = 64
-	simDisk    = 4 << 20
+	simDisk    = 8 << 20
 	simSafety  = 20 * time.Second
 	simLiven   = 40 * time.Second
 	simClients = 4
@@ -57,6 +57,10 @@ type simOpts struct {
 	unsafe    Unsafe
 	quiet     bool  // no disk faults, no partitions of replica pairs
 	scrubRate int64 // the engines' (0: simScrubRate)
+	noMoves   bool  // no operator moving segments (nor clients with an old view)
+	// script, if set, replaces the random faults and moves: it runs at
+	// 3 s and does what a scripted test needs.
+	script func(s *rsim)
 }
 
 // simScrubRate: a pass over a node's segments every half second or so,
@@ -81,6 +85,9 @@ type rsim struct {
 	cuts    int  // replica pairs cut since the last heal
 	stopped bool // clients stop issuing
 	ops     int  // client operations in flight
+
+	moves, cancels int // move and cancel decrees committed
+	origin         map[uint64][2]Segment
 }
 
 type reqKey struct {
@@ -106,7 +113,7 @@ func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	net := w.NewNetwork()
 	svc := simmeta.New(w)
 	s := &rsim{t: t, w: w, net: net, svc: svc, fd: fdsim.New(w, net, svc, cfg, simNodes, fd.DefaultMaxDrift), opts: opts,
-		n: map[NodeID]*rnode{}, pending: map[reqKey]func(Reply){}}
+		n: map[NodeID]*rnode{}, pending: map[reqKey]func(Reply){}, origin: map[uint64][2]Segment{}}
 	s.o = newROracle(s)
 	svc.Reachable = s.reachesConfig
 	s.fd.OnStart = s.onStart
@@ -533,6 +540,15 @@ func (s *rsim) read(c int, id, block, n uint64, seg int, done func()) {
 			i = (s.w.Rand.Intn(2) + attempt) % 2
 		}
 		rn := s.n[rec.Segs[i].Node]
+		if seg < 0 && !s.opts.noMoves && s.w.Rand.Intn(8) == 0 {
+			// A client with an old view: any node, a move's target or
+			// a moved segment's old node included (served checks that
+			// only a segment of the table answers).
+			rn = s.n[NodeID(1+s.w.Rand.Intn(simNodes))]
+			if m := rec.Move; m != nil && s.w.Rand.Intn(2) == 0 {
+				rn = s.n[m.To.Node]
+			}
+		}
 		if rn.e == nil {
 			s.w.After(50*time.Millisecond, func() { try(attempt + 1) })
 			return
@@ -685,6 +701,7 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 				}
 				tb.RLDevs[r.ID] = r
 				ops = append(ops, r.PutOp())
+				s.origin[r.ID] = r.Segs
 			}
 			return ops, nil
 		}, func(_ uint64, err error) {
@@ -694,6 +711,11 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 		})
 	}
 	w.At(time.Second, create)
+	// An operator moves segments (and now and then cancels a move) while
+	// everything else goes on.
+	for at := 3 * time.Second; at < simSafety && !opts.noMoves && opts.script == nil; at += w.Between(time.Second, 4*time.Second) {
+		w.At(at, s.moveOp)
+	}
 	for c := 0; c < simClients; c++ {
 		c := c
 		w.At(2*time.Second, func() { s.clientLoop(c) })
@@ -704,7 +726,10 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	// fourth lets faults pile up (the checks that hold after data loss).
 	gentle := w.Rand.Intn(4) != 0
 	s.o.gentle = gentle
-	for at := 3 * time.Second; at < simSafety; at += w.Between(300*time.Millisecond, 1500*time.Millisecond) {
+	if opts.script != nil {
+		w.At(3*time.Second, func() { opts.script(s) })
+	}
+	for at := 3 * time.Second; at < simSafety && opts.script == nil; at += w.Between(300*time.Millisecond, 1500*time.Millisecond) {
 		w.At(at, func() {
 			rn := s.n[NodeID(1+w.Rand.Intn(simNodes))]
 			r := w.Rand.Intn(20)
@@ -820,11 +845,70 @@ func (s *rsim) allNormal() bool {
 		return false
 	}
 	for _, r := range t.RLDevs {
-		if r.State != Normal {
+		if r.State != Normal || r.Move != nil || len(r.Retiring) > 0 {
 			return false
 		}
 	}
 	return true
+}
+
+// moveOp is the operator: a move of a random segment to a random node
+// with room, or (one time in four, if one is going on) a cancel.
+func (s *rsim) moveOp() {
+	w := s.w
+	var what string
+	s.svc.Update(s.adm, Namespace, "move", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		tb, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		ids := tb.IDs()
+		if len(ids) == 0 {
+			return nil, nil
+		}
+		id := ids[w.Rand.Intn(len(ids))]
+		rec := tb.RLDevs[id]
+		var nr *Record
+		if rec.Move != nil {
+			if w.Rand.Intn(4) != 0 {
+				return nil, nil
+			}
+			nr, err = tb.CancelMove(id)
+			what = fmt.Sprintf("CANCEL move of rldev %d", id)
+		} else {
+			seg := w.Rand.Intn(2)
+			node := NodeID(1 + w.Rand.Intn(simNodes))
+			nr, err = tb.StartMove(id, seg, node, -1)
+			what = fmt.Sprintf("MOVE rldev %d segment %d (%v) to node %d", id, seg, rec.Segs[seg], node)
+		}
+		if err != nil {
+			what = ""
+			return nil, nil // the operator picked an impossible move: it is refused
+		}
+		return []*pb.Op{nr.PutOp()}, nil
+	}, func(_ uint64, err error) {
+		if err == nil && what != "" {
+			s.o.logf("%s", what)
+			if strings.HasPrefix(what, "MOVE") {
+				s.moves++
+			} else {
+				s.cancels++
+			}
+		}
+	})
+}
+
+// moved counts the segments not where they were created.
+func (s *rsim) moved() int {
+	n := 0
+	for id, rec := range s.table().RLDevs {
+		for i, sg := range rec.Segs {
+			if sg != s.origin[id][i] {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (s *rsim) describeTable() string {
@@ -832,7 +916,7 @@ func (s *rsim) describeTable() string {
 	var b strings.Builder
 	for _, id := range t.IDs() {
 		r := t.RLDevs[id]
-		fmt.Fprintf(&b, "[%d %v primary %d stale %v epoch %d segs %v] ", id, r.State, r.Primary, r.Stale, r.Epoch, r.Segs)
+		fmt.Fprintf(&b, "[%d %v primary %d stale %v epoch %d segs %v move %+v retiring %v] ", id, r.State, r.Primary, r.Stale, r.Epoch, r.Segs, r.Move, r.Retiring)
 	}
 	return b.String()
 }
@@ -904,11 +988,14 @@ func (o *roracle) fail(format string, args ...any) {
 // committed table.
 func (o *roracle) served(node NodeID, id uint64, write bool) {
 	rec := o.s.table().RLDevs[id]
-	if seg := rec.SegmentOf(node); seg >= 0 && rec.Stale[seg] {
-		what := "a read"
-		if write {
-			what = "a write"
-		}
+	what := "a read"
+	if write {
+		what = "a write"
+	}
+	switch seg := rec.SegmentOf(node); {
+	case seg < 0:
+		o.fail("node %d answered %s of rldev %d while it holds no segment of it (epoch %d, move %+v)", node, what, id, rec.Epoch, rec.Move)
+	case rec.Stale[seg]:
 		o.fail("node %d answered %s of rldev %d while its segment is stale (epoch %d)", node, what, id, rec.Epoch)
 	}
 }
@@ -1244,7 +1331,7 @@ func reportRSim(t *testing.T, test string, seed int64, s *rsim) {
 // TestRLDevSimulation: the simulation above over many seeds (GROVE_SEEDS).
 func TestRLDevSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 200)
-	var writes, reads, doubles, decrees int
+	var writes, reads, doubles, decrees, moves, cancels, moved int
 	kinds := map[string]int{}
 	var st Stats
 	for _, seed := range seeds {
@@ -1269,6 +1356,9 @@ func TestRLDevSimulation(t *testing.T) {
 			kinds[k] += n
 		}
 		decrees += s.svc.Decrees
+		moves += s.moves
+		cancels += s.cancels
+		moved += s.moved()
 		for _, rn := range s.n {
 			if rn.e != nil {
 				x := rn.e.Stats()
@@ -1278,8 +1368,8 @@ func TestRLDevSimulation(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d seeds (first %d): %d writes, %d reads checked; %d decrees; %d of %d RLDevs with a double fault %v; blocks copied %d, repaired %d, pulled %d (live engines at the end); no violation",
-		len(seeds), seeds[0], writes, reads, decrees, doubles, len(seeds)*simRLDevs, kinds, st.CopiedBlocks, st.Repairs, st.PulledBlocks)
+	t.Logf("%d seeds (first %d): %d writes, %d reads checked; %d decrees; %d moves asked, %d cancelled, %d segments elsewhere at the end; %d of %d RLDevs with a double fault %v; blocks copied %d, repaired %d, pulled %d (live engines at the end); no violation",
+		len(seeds), seeds[0], writes, reads, decrees, moves, cancels, moved, doubles, len(seeds)*simRLDevs, kinds, st.CopiedBlocks, st.Repairs, st.PulledBlocks)
 }
 
 // The oracle's teeth: a stale replica that serves reads, and writes
@@ -1295,8 +1385,9 @@ func TestRLDevOracleHasTeeth(t *testing.T) {
 	}{
 		{"a stale replica serves reads", simOpts{unsafe: Unsafe{ServeStale: true}, quiet: true}, "stale"},
 		{"no dirty-region log", simOpts{unsafe: Unsafe{NoDirtyLog: true}, quiet: true}, ""},
-		{"a verdict on a past incarnation degrades the RLDev", simOpts{unsafe: Unsafe{NoJoin: true}}, ""},
-		{"a failed write that landed says nothing was written", simOpts{unsafe: Unsafe{NoMaybe: true}}, "linearizable"},
+		{"a verdict on a past incarnation degrades the RLDev", simOpts{unsafe: Unsafe{NoJoin: true}, noMoves: true}, ""},
+		{"a failed write that landed says nothing was written", simOpts{unsafe: Unsafe{NoMaybe: true}, noMoves: true}, "linearizable"},
+		{"a moved segment serves until it hears of the switch", simOpts{unsafe: Unsafe{MoveEarly: true}, quiet: true}, ""},
 	} {
 		// The scrubber repairs, after the fact, copies that a broken rule
 		// let differ: the oracle is shown the rules alone.

@@ -66,6 +66,34 @@ type Record struct {
 	// none yet). A replica serves once the table names its incarnation; a
 	// peer's dead verdict counts only for the incarnation named here.
 	Inc [2]uint64
+	// Move is a segment move in progress (nil: none); see move.go.
+	Move *Move
+	// Retiring are extents this RLDev no longer uses (a moved segment's
+	// old place, an abandoned move's target) that still count as used
+	// until their node has wiped their metadata and removed them by
+	// decree: nothing else is placed there before no write of their past
+	// can land.
+	Retiring []Segment
+}
+
+// MaxRetiring bounds Record.Retiring: a move is refused while an RLDev has
+// this many extents still to free (their node is down).
+const MaxRetiring = 4
+
+// Move is a segment being moved to another place (move.go): the primary
+// copies the RLDev to the target while forwarding it every write, then
+// the moving segment's replica stops serving and switches the table to
+// the target.
+type Move struct {
+	Seg int     // the segment that moves (0 or 1)
+	To  Segment // its new place, on a node that holds neither segment
+	// Inc is the target node's incarnation that receives the copy (0:
+	// none yet). Writes wait for it while it is set; a change of it
+	// starts the copy again.
+	Inc uint64
+	// Switch: the copy is complete; the moving replica serves nothing
+	// more and passes the decree that puts the target in its place.
+	Switch bool
 }
 
 // Secondary is the index of the segment that is not the primary.
@@ -115,7 +143,34 @@ func (r *Record) Check() error {
 	default:
 		return fmt.Errorf("rldev %d: unknown state %d", r.ID, r.State)
 	}
+	if m := r.Move; m != nil {
+		switch {
+		case m.Seg != 0 && m.Seg != 1:
+			return fmt.Errorf("rldev %d: move of segment %d", r.ID, m.Seg)
+		case m.To.Node == 0 || m.To.Node == r.Segs[0].Node || m.To.Node == r.Segs[1].Node:
+			return fmt.Errorf("rldev %d: move target on node %d, which holds a segment or is none", r.ID, m.To.Node)
+		case m.To.Offset%PageSize != 0:
+			return fmt.Errorf("rldev %d: unaligned move target", r.ID)
+		case (m.Inc != 0 || m.Switch) && r.State != Normal:
+			return fmt.Errorf("rldev %d: a move copies only in the normal state", r.ID)
+		case m.Switch && m.Inc == 0:
+			return fmt.Errorf("rldev %d: a move switching without a target", r.ID)
+		}
+	}
+	if len(r.Retiring) > MaxRetiring {
+		return fmt.Errorf("rldev %d: %d extents retiring", r.ID, len(r.Retiring))
+	}
 	return nil
+}
+
+// Extents are every extent the record holds: its segments, a move's
+// target, the extents retiring.
+func (r *Record) Extents() []Segment {
+	out := append([]Segment{r.Segs[0], r.Segs[1]}, r.Retiring...)
+	if r.Move != nil {
+		out = append(out, r.Move.To)
+	}
+	return out
 }
 
 // Serves reports whether segment i may serve reads and writes: it is not
@@ -133,7 +188,15 @@ func (r *Record) StaleSeg() int {
 }
 
 // Clone returns a copy.
-func (r *Record) Clone() *Record { c := *r; return &c }
+func (r *Record) Clone() *Record {
+	c := *r
+	if r.Move != nil {
+		m := *r.Move
+		c.Move = &m
+	}
+	c.Retiring = append([]Segment(nil), r.Retiring...)
+	return &c
+}
 
 // Disk is one disk of a node that holds segments.
 type Disk struct {
@@ -211,6 +274,16 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 	if len(m.ServingInc) == 2 {
 		r.Inc = [2]uint64{m.ServingInc[0], m.ServingInc[1]}
 	}
+	if mv := m.Move; mv != nil {
+		if mv.To == nil {
+			return nil, errors.New("a move without a target")
+		}
+		r.Move = &Move{Seg: int(mv.Segment), To: Segment{Node: mv.To.Node, Disk: mv.To.Disk, Offset: int64(mv.To.Offset)},
+			Inc: mv.TargetInc, Switch: mv.Switch}
+	}
+	for _, s := range m.Retiring {
+		r.Retiring = append(r.Retiring, Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)})
+	}
 	return r, r.Check()
 }
 
@@ -220,9 +293,19 @@ func (r *Record) PB() *pb.RLDevRecord {
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
 		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}}
 	for _, s := range r.Segs {
-		m.Segments = append(m.Segments, &pb.RLDevSegment{Node: s.Node, Disk: s.Disk, Offset: uint64(s.Offset)})
+		m.Segments = append(m.Segments, segPB(s))
+	}
+	if r.Move != nil {
+		m.Move = &pb.RLDevMove{Segment: uint32(r.Move.Seg), To: segPB(r.Move.To), TargetInc: r.Move.Inc, Switch: r.Move.Switch}
+	}
+	for _, s := range r.Retiring {
+		m.Retiring = append(m.Retiring, segPB(s))
 	}
 	return m
+}
+
+func segPB(s Segment) *pb.RLDevSegment {
+	return &pb.RLDevSegment{Node: s.Node, Disk: s.Disk, Offset: uint64(s.Offset)}
 }
 
 // PutOp is the decree op that stores r.
@@ -263,7 +346,7 @@ type extent struct{ off, end int64 }
 func (t *Table) used(k DiskKey) []extent {
 	var out []extent
 	for _, r := range t.RLDevs {
-		for _, s := range r.Segs {
+		for _, s := range r.Extents() {
 			if s.Node == k.Node && s.Disk == k.Index {
 				out = append(out, extent{s.Offset, s.Offset + SegmentSize(r.Blocks)})
 			}

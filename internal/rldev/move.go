@@ -1,0 +1,491 @@
+package rldev
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Segment moves (Boxwood §3.4's reconfiguration): a segment of an RLDev
+// goes to another place, online, for load balancing or to empty a disk.
+//
+//  1. An operator's decree (Clerk.Move) sets Record.Move: the segment,
+//     its new place (the target) on a node holding neither segment.
+//  2. The target node formats the new extent as a segment that serves
+//     nothing (a replica with target set, its superblock incomplete) and
+//     asks, by decree, to be named: Move.Inc = its incarnation.
+//  3. The primary then forwards every write to the target as well as to
+//     the secondary (a write is acknowledged only when all three copies
+//     are durable), and copies every block to it under range locks (the
+//     resync machinery, resync.go). A copied range is never older than the
+//     writes acknowledged in it: a write holds its range from start to
+//     acknowledgement, and a copy holds it from read to acknowledgement.
+//  4. Copy complete, the primary passes a decree: Move.Switch. From the
+//     moment the moving replica knows it, it serves no read and (if it is
+//     the primary) takes no new write.
+//  5. The moving replica itself, once it knows Switch (and, as the
+//     primary, once its writes in flight are done), passes the switch:
+//     the target takes the segment's place and the table names its
+//     incarnation. Because the moving replica proposes it, it stopped
+//     serving before any write is acknowledged without it; a reader can
+//     never see it return data older than the new pair holds.
+//  6. The old extent is listed in Record.Retiring; its node, once no disk
+//     operation of the retired replica can still land, zeroes the extent
+//     (an all-zero block is a block never written) and removes it from the
+//     table by decree. Until then nothing else is placed there.
+//
+// Crashes, at any point, and what follows (the move is resumable: it goes
+// on by itself once the participants are back, and the command that asked
+// for it can be run again to follow it):
+//   - The target dies: the primary, once the failure detector declares the
+//     target's incarnation dead, sets Move.Inc back to 0 (writes stop
+//     waiting for it). The target's next incarnation asks to be named
+//     again and the copy starts over (it may have missed writes meanwhile).
+//     A target whose disk fails abandons the move (Move cleared, its
+//     extent retiring); `grove rldev list` says so, and the operator picks
+//     another place.
+//   - The moving replica dies (or its disk fails): the RLDev degrades as
+//     always, and the target takes the dead segment's place at once, stale
+//     and due for a full copy (the resync path) -- the move completes as a
+//     rebuild. If the copy was already complete (Switch) and the survivor
+//     is the primary, every write it acknowledged is on the target: the
+//     survivor switches to it with no degraded period.
+//   - The other replica dies: the RLDev degrades, and the move waits
+//     (Move.Inc 0) until it is normal again; then it starts over.
+//   - The primary restarts: the copy starts over from its next incarnation
+//     (what it had copied is not lost, only copied again).
+//   - A cancel (Clerk.CancelMove) clears Move; the target's extent
+//     retires. Moves and resyncs never run at once: a move copies only in
+//     the normal state, and Record.Progress is the one that runs.
+
+// ErrMove: a move that cannot start (or be cancelled) as asked.
+var ErrMove = errors.New("rldev: move")
+
+// StartMove returns RLDev id's record with a move of segment seg to a
+// disk of node (disk < 0: the first of its disks with room), for a decree
+// conditional on t's version. A move already going to that node is
+// returned as it is (moving is idempotent: the command can be run again
+// to follow it).
+func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, error) {
+	rec := t.RLDevs[id]
+	switch {
+	case rec == nil:
+		return nil, fmt.Errorf("%w: no rldev %d", ErrMove, id)
+	case seg != 0 && seg != 1:
+		return nil, fmt.Errorf("%w: segment %d: want 0 or 1", ErrMove, seg)
+	case rec.Move != nil && rec.Move.Seg == seg && rec.Move.To.Node == node && (disk < 0 || rec.Move.To.Disk == uint32(disk)):
+		return rec.Clone(), nil
+	case rec.Move != nil:
+		return nil, fmt.Errorf("%w: rldev %d is already moving segment %d to %v (cancel it first)", ErrMove, id, rec.Move.Seg, rec.Move.To)
+	case rec.Segs[0].Node == node || rec.Segs[1].Node == node:
+		return nil, fmt.Errorf("%w: node %d already holds a segment of rldev %d (the two copies must be on two nodes)", ErrMove, node, id)
+	case len(rec.Retiring) >= MaxRetiring:
+		return nil, fmt.Errorf("%w: rldev %d has %d extents still to free (their node is down?)", ErrMove, id, len(rec.Retiring))
+	}
+	var to Segment
+	if disk < 0 {
+		var err error
+		if to, err = t.placeOn(node, rec.Blocks); err != nil {
+			return nil, err
+		}
+	} else {
+		k := DiskKey{node, uint32(disk)}
+		if t.Disks[k] == nil {
+			return nil, fmt.Errorf("%w: node %d has no disk %d in the table", ErrMove, node, disk)
+		}
+		off, ok := t.FreeExtent(k, rec.Blocks)
+		if !ok {
+			return nil, fmt.Errorf("%w: disk %d of node %d has no %d bytes free", ErrNoSpace, disk, node, SegmentSize(rec.Blocks))
+		}
+		to = Segment{Node: node, Disk: uint32(disk), Offset: off}
+	}
+	nr := rec.Clone()
+	nr.Move = &Move{Seg: seg, To: to}
+	return nr, nr.Check()
+}
+
+// CancelMove returns RLDev id's record without its move (the target's
+// extent retiring), for a decree conditional on t's version.
+func (t *Table) CancelMove(id uint64) (*Record, error) {
+	rec := t.RLDevs[id]
+	switch {
+	case rec == nil:
+		return nil, fmt.Errorf("%w: no rldev %d", ErrMove, id)
+	case rec.Move == nil:
+		return nil, fmt.Errorf("%w: rldev %d is not moving", ErrMove, id)
+	case len(rec.Retiring) >= MaxRetiring:
+		return nil, fmt.Errorf("%w: rldev %d has %d extents still to free", ErrMove, id, len(rec.Retiring))
+	}
+	nr := rec.Clone()
+	nr.Retiring = append(nr.Retiring, nr.Move.To)
+	nr.Move = nil
+	nr.Progress, nr.ProgressTotal = 0, 0
+	nr.Epoch++
+	return nr, nr.Check()
+}
+
+// hosted returns the segment of rec that node holds, where, and whether as
+// a move's target; seg < 0: none.
+func hosted(rec *Record, node NodeID) (seg int, place Segment, target bool) {
+	if i := rec.SegmentOf(node); i >= 0 {
+		return i, rec.Segs[i], false
+	}
+	if m := rec.Move; m != nil && m.To.Node == node {
+		return m.Seg, m.To, true
+	}
+	return -1, Segment{}, false
+}
+
+// place is where the replica's segment is.
+func (r *replica) place() Segment { return Segment{Node: r.e.cfg.Node, Disk: r.disk, Offset: r.base} }
+
+// named reports whether rec names this incarnation for the replica: as
+// the segment's (Inc) or as the move's target (Move.Inc).
+func (r *replica) named(rec *Record) bool {
+	if r.target {
+		return rec.Move != nil && rec.Move.To == r.place() && rec.Move.Inc == r.e.cfg.Inc
+	}
+	return rec.Inc[r.seg] == r.e.cfg.Inc
+}
+
+// receiving: a move's target takes forwards and copies from the primary.
+func (r *replica) receiving() bool {
+	return r.target && r.ready() && r.rec.State == Normal && r.named(r.rec)
+}
+
+// switching: this replica's segment is moving and its copy is complete:
+// it serves nothing more (and passes the switch).
+func (r *replica) switching() bool {
+	m := r.rec.Move
+	return !r.target && m != nil && m.Switch && m.Seg == r.seg
+}
+
+// moveSource: this replica is the primary of an RLDev whose move target
+// is named: it forwards writes and copies to the target.
+func (r *replica) moveSource() bool {
+	m := r.rec.Move
+	return m != nil && m.Inc != 0 && !r.target && r.ready() && r.isPrimary() && !r.stale() && r.rec.State == Normal
+}
+
+// idle: no write ordered here is in progress.
+func (r *replica) idle() bool {
+	for w := range r.writes {
+		if !w.only {
+			return false
+		}
+	}
+	return true
+}
+
+// moveTick starts the copy to a move's target (again, if the target
+// changed incarnation or the copy failed) or stops one no longer wanted.
+func (r *replica) moveTick(env Env) []any {
+	m := r.rec.Move
+	if !r.moveSource() {
+		if r.mv != nil {
+			out := r.stopCopy(r.mv, "no longer the source of a move")
+			r.mv = nil
+			return out
+		}
+		return nil
+	}
+	if m.Switch || r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed || !r.e.up[m.To.Node] {
+		return nil
+	}
+	var out []any
+	if r.mv != nil {
+		out = r.stopCopy(r.mv, "the target changed")
+	}
+	s := &resyncSrc{to: m.To.Node, move: true, inc: m.Inc, epoch: r.rec.Epoch, reported: env.Now}
+	for f := uint64(0); f < r.rec.Blocks; f += r.e.cfg.CopyBlocks {
+		n := min(r.e.cfg.CopyBlocks, r.rec.Blocks-f)
+		s.chunks = append(s.chunks, run{f, n})
+		s.total += n
+	}
+	r.mv = s
+	out = append(out, r.e.logf(1, "rldev move copy started", "rldev", r.rec.ID, "segment", m.Seg, "to", m.To.String(),
+		"target_incarnation", m.Inc, "blocks", s.total))
+	return append(out, r.pump(env, s)...)
+}
+
+// forwardTarget sends the write to the move's target in the current epoch.
+func (w *writeOp) forwardTarget(env Env) []any {
+	r := w.r
+	if w.tSeq != 0 {
+		delete(r.tfwd, w.tSeq)
+	}
+	w.tSeq = r.nextSeq()
+	w.tEpoch, w.tAcked, w.tSentAt = r.rec.Epoch, false, env.Now
+	r.tfwd[w.tSeq] = w
+	r.e.stats.Forwards++
+	to := r.rec.Move.To.Node
+	if !r.e.up[to] {
+		return nil // sent again when the target is back (retry), or dropped when it is declared dead
+	}
+	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.tSeq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence}}}
+}
+
+// targetAcked handles the move target's answer to a forward; anything but
+// OK in this epoch is sent again on the next retry.
+func (w *writeOp) targetAcked(env Env, a Ack) []any {
+	r := w.r
+	if a.Code == OK {
+		if w.tEpoch == r.rec.Epoch {
+			w.tAcked = true
+		}
+		return w.progress(env)
+	}
+	w.tSentAt = env.Now
+	r.tfwd[w.tSeq] = w
+	if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
+		return []any{Refresh{}}
+	}
+	return nil
+}
+
+// targetRecord: a move's target takes a new version of its record.
+func (r *replica) targetRecord(env Env) []any {
+	switch {
+	case r.state == repJoining && r.named(r.rec):
+		return r.join(env)
+	case r.state == repReady && !r.named(r.rec):
+		// The move waits (the RLDev left the normal state) or the
+		// primary gave this incarnation up: it is named again, and
+		// copied to from the start, when it can be.
+		r.state = repJoining
+		return []any{r.e.logf(2, "rldev move target no longer receiving: asking to be named again", "rldev", r.rec.ID)}
+	}
+	return nil
+}
+
+// targetWant is what a move's target needs of the table.
+func (r *replica) targetWant(env Env, rec *Record) (*Record, string) {
+	m := rec.Move
+	if m == nil || m.To != r.place() {
+		return nil, ""
+	}
+	switch {
+	case r.state == repFailed && len(rec.Retiring) < MaxRetiring:
+		rec.Move = nil
+		rec.Retiring = append(rec.Retiring, m.To)
+		rec.Progress, rec.ProgressTotal = 0, 0
+		rec.Epoch++
+		return rec, fmt.Sprintf("move abandoned: the target's disk failed on node %d (%v)", r.e.cfg.Node, r.err)
+	case r.state == repJoining && rec.State == Normal && m.Inc < r.e.cfg.Inc:
+		m.Inc, m.Switch = r.e.cfg.Inc, false
+		rec.Progress, rec.ProgressTotal = 0, rec.Blocks
+		rec.Epoch++
+		return rec, fmt.Sprintf("move target on node %d receiving (incarnation %d)", r.e.cfg.Node, r.e.cfg.Inc)
+	}
+	return nil, ""
+}
+
+// moveWant is what a replica of a moving RLDev needs of the table: the
+// primary drops a dead target, says the copy is complete, records its
+// progress; the moving replica switches.
+func (r *replica) moveWant(env Env, rec *Record) (*Record, string) {
+	m := rec.Move
+	if m == nil || r.state != repReady || r.stale() || rec.State != Normal {
+		return nil, ""
+	}
+	copying := r.isPrimary() && m.Inc != 0 && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed
+	switch {
+	case r.isPrimary() && m.Inc != 0 && r.e.peerDead(m.To.Node, m.Inc):
+		m.Inc, m.Switch = 0, false
+		rec.Progress, rec.ProgressTotal = 0, 0
+		rec.Epoch++
+		return rec, fmt.Sprintf("move target node %d dead: the move waits for it", m.To.Node)
+	case copying && !m.Switch && r.mv.done() && r.e.cfg.Unsafe.MoveEarly:
+		rec.switchMove()
+		return rec, "move copied: switched at once (unsafe)"
+	case copying && !m.Switch && r.mv.done():
+		m.Switch = true
+		rec.Progress, rec.ProgressTotal = r.mv.copied, r.mv.total
+		rec.Epoch++
+		return rec, "move copied: switching"
+	case m.Switch && m.Seg == r.seg && (!r.isPrimary() || r.idle()):
+		// This replica stopped serving when it learnt of Switch (reads
+		// check it at completion too): nothing can be read here once the
+		// target is in its place.
+		from := rec.Segs[m.Seg]
+		rec.switchMove()
+		return rec, fmt.Sprintf("segment %d moved from %v to %v", m.Seg, from, rec.Segs[m.Seg])
+	case copying && !m.Switch && r.mv.copied != rec.Progress && env.Now.Sub(r.mv.reported) >= r.e.cfg.ProgressEvery:
+		r.mv.reported = env.Now
+		rec.Progress, rec.ProgressTotal = r.mv.copied, r.mv.total
+		return rec, "move progress"
+	}
+	return nil, ""
+}
+
+// switchMove puts the move's target in its segment's place (the caller
+// knows it holds every write acknowledged), the old extent retiring.
+func (rec *Record) switchMove() {
+	m := rec.Move
+	rec.Retiring = append(rec.Retiring, rec.Segs[m.Seg])
+	rec.Segs[m.Seg] = m.To
+	rec.Inc[m.Seg] = m.Inc
+	rec.Move = nil
+	rec.Progress, rec.ProgressTotal = 0, 0
+	rec.Epoch++
+}
+
+// moveDegraded adjusts a move as rec leaves the normal state because
+// segment gone is lost (made stale): a moving segment is replaced by the
+// target, stale and due for a full copy; otherwise the move waits.
+// Reports whether the segment was replaced.
+func (rec *Record) moveDegraded(gone int) bool {
+	m := rec.Move
+	if m == nil {
+		return false
+	}
+	rec.Progress, rec.ProgressTotal = 0, 0
+	if m.Seg == gone {
+		rec.Retiring = append(rec.Retiring, rec.Segs[gone])
+		rec.Segs[gone] = m.To
+		rec.Inc[gone] = m.Inc
+		rec.Stale[gone], rec.FullCopy = true, true
+		rec.Move = nil
+		return true
+	}
+	m.Inc, m.Switch = 0, false
+	return false
+}
+
+// promote makes a move's target the segment the table now puts at its
+// place: switched (complete: its superblock says so, durably, before it
+// serves) or, after the moving replica was lost, a stale segment to be
+// copied whole.
+func (r *replica) promote(env Env, rec *Record) []any {
+	r.target, r.rec, r.lost = false, rec, false
+	r.state = repLoading
+	out := []any{r.e.logf(1, "rldev move target now the segment", "rldev", rec.ID, "segment", r.seg, "stale", rec.Stale[r.seg])}
+	if rec.Stale[r.seg] {
+		return append(out, r.join(env)...)
+	}
+	return append(out, r.writeSuper(func(s *Super) { s.Incomplete = false }, func(err error) []any {
+		if r.state != repLoading {
+			return nil
+		}
+		if err != nil {
+			return r.fail(fmt.Errorf("marking the moved segment complete: %w", err))
+		}
+		return r.join(r.e.env)
+	})...)
+}
+
+// ------------------------------------------------------------------ retiring extents
+
+// retireReplica retires r, remembering that its disk operations all have
+// ids up to now: its extent is wiped only after they are done.
+func (e *Engine) retireReplica(env Env, r *replica, why string) []any {
+	e.retiredAt[r.place()] = e.nextOp
+	return r.retire(env, why)
+}
+
+// wipeChunk is the bytes zeroed per disk write when a retiring extent is
+// wiped.
+const wipeChunk = 1 << 20
+
+// wipeTick starts wiping this node's retiring extents that nothing can
+// write to any more: zeroes from the end of the extent to its start, the
+// metadata area last, each write durable before the next.
+func (e *Engine) wipeTick() []any {
+	if !e.fresh {
+		return nil
+	}
+	live := map[Segment]bool{}
+	var out []any
+	for _, id := range e.table.IDs() {
+		rec := e.table.RLDevs[id]
+		for _, sg := range rec.Retiring {
+			if sg.Node != e.cfg.Node || e.disks[sg.Disk] == nil {
+				continue
+			}
+			live[sg] = true
+			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) || e.opsUpTo(e.retiredAt[sg]) {
+				continue
+			}
+			e.wiping[sg] = true
+			out = append(out, e.logf(1, "rldev wiping a retired extent", "rldev", id, "extent", sg.String()))
+			out = append(out, e.wipeFrom(sg, SegmentSize(rec.Blocks))...)
+		}
+	}
+	for _, m := range []map[Segment]bool{e.wiping, e.wiped} {
+		for sg := range m {
+			if !live[sg] && !e.wiping[sg] {
+				delete(m, sg)
+			}
+		}
+	}
+	for sg := range e.retiredAt {
+		if !live[sg] && !e.wiping[sg] && !e.inUse(sg) {
+			delete(e.retiredAt, sg)
+		}
+	}
+	return out
+}
+
+// wipeFrom zeroes the extent below end, one chunk at a time.
+func (e *Engine) wipeFrom(sg Segment, end int64) []any {
+	if end <= 0 {
+		delete(e.wiping, sg)
+		e.wiped[sg] = true
+		return []any{e.logf(1, "rldev retired extent wiped", "extent", sg.String())}
+	}
+	at := max(0, end-wipeChunk)
+	return e.writeDurable(sg.Disk, sg.Offset+at, make([]byte, end-at), func(err error) []any {
+		if err != nil {
+			delete(e.wiping, sg) // again on a later tick
+			return []any{e.logf(3, "rldev wiping a retired extent failed", "extent", sg.String(), "err", err)}
+		}
+		return e.wipeFrom(sg, at)
+	})
+}
+
+// inUse: a replica here still holds the extent.
+func (e *Engine) inUse(sg Segment) bool {
+	for _, r := range e.reps {
+		if r.state != repRetired && r.place() == sg {
+			return true
+		}
+	}
+	return false
+}
+
+// opsUpTo reports whether a disk operation with an id up to mark is still
+// in progress.
+func (e *Engine) opsUpTo(mark OpID) bool {
+	for op := range e.ops {
+		if op <= mark {
+			return true
+		}
+	}
+	return false
+}
+
+// wipeRetiring removes from rec (or nr, the change already wanted) the
+// retiring extents of this node that are wiped, or on a disk it no longer
+// has.
+func (e *Engine) wipeRetiring(env Env, rec, nr *Record) (*Record, string) {
+	base := rec
+	if nr != nil {
+		base = nr
+	}
+	var keep []Segment
+	var gone []string
+	for _, sg := range base.Retiring {
+		if sg.Node == e.cfg.Node && (e.wiped[sg] || e.disks[sg.Disk] == nil) {
+			gone = append(gone, sg.String())
+			continue
+		}
+		keep = append(keep, sg)
+	}
+	if len(gone) == 0 {
+		return nil, ""
+	}
+	if nr == nil {
+		nr = rec.Clone()
+	}
+	nr.Retiring = keep
+	return nr, fmt.Sprintf("extents %v freed", gone)
+}

@@ -1,0 +1,147 @@
+package rldev
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+)
+
+// TestRLDevMoveCrashPoints interrupts a segment move at each of its
+// phases by crashing each participant (the primary, the secondary, the
+// target, the node the segment moves from, which holds the old extent),
+// for a move of the primary's segment and of the secondary's, under the
+// simulation's clients and oracle: each time the RLDev ends normal, the
+// move resolved (the segment at its target, or rebuilt there), its old
+// extent freed, every block linearizable and both copies identical.
+func TestRLDevMoveCrashPoints(t *testing.T) {
+	phases := []string{"asked", "copying", "switching", "retiring"}
+	victims := []string{"primary", "secondary", "target", "origin"}
+	runs, resolved := 0, map[string]int{}
+	for _, seg := range []string{"primary", "secondary"} {
+		for _, phase := range phases {
+			for _, victim := range victims {
+				seed := int64(1000 + runs)
+				runs++
+				var log []string
+				crashed := false
+				s := runRSim(t, seed, simOpts{quiet: true, script: func(s *rsim) { moveAndCrash(s, seg, phase, victim, &crashed, &log) }})
+				name := fmt.Sprintf("move the %s segment, crash the %s while %s", seg, victim, phase)
+				if len(s.o.fails) > 0 {
+					t.Logf("%s: %s", name, strings.Join(log, "; "))
+					reportRSim(t, "TestRLDevMoveCrashPoints", seed, s)
+				}
+				if !crashed {
+					t.Errorf("%s (seed %d): the move never reached that phase: %s", name, seed, strings.Join(log, "; "))
+					continue
+				}
+				rec := s.table().RLDevs[1]
+				where := "back where it was"
+				if rec.Segs != s.origin[1] {
+					where = "at its target"
+				}
+				resolved[where]++
+				t.Logf("%s: %s; the segment ends %s", name, strings.Join(log, "; "), where)
+			}
+		}
+	}
+	t.Logf("%d crash points, every one resolved: %v", runs, resolved)
+}
+
+// moveAndCrash moves RLDev 1's seg ("primary" or "secondary") segment to
+// a node holding none, and crashes victim (restarting it 1 s later) when
+// the move reaches phase.
+func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]string) {
+	w := s.w
+	var target NodeID
+	var segIdx int
+	var start func()
+	start = func() {
+		s.svc.Update(s.adm, Namespace, "move", func(ns *pb.Namespace) ([]*pb.Op, error) {
+			tb, err := DecodeTable(ns)
+			if err != nil || tb.RLDevs[1] == nil || tb.RLDevs[1].State != Normal {
+				return nil, err
+			}
+			rec := tb.RLDevs[1]
+			segIdx = rec.Primary
+			if seg == "secondary" {
+				segIdx = rec.Secondary()
+			}
+			for n := NodeID(1); n <= simNodes; n++ {
+				if rec.SegmentOf(n) < 0 {
+					target = n
+					break
+				}
+			}
+			nr, err := tb.StartMove(1, segIdx, target, -1)
+			if err != nil {
+				return nil, err
+			}
+			return []*pb.Op{nr.PutOp()}, nil
+		}, func(_ uint64, err error) {
+			if err != nil || target == 0 {
+				w.After(100*time.Millisecond, start)
+				return
+			}
+			*log = append(*log, fmt.Sprintf("%.3fs move of segment %d to node %d asked", w.Now().Seconds(), segIdx, target))
+		})
+	}
+	start()
+	var watch func()
+	watch = func() {
+		if *crashed || w.Now() > simSafety-2*time.Second {
+			return
+		}
+		rec := s.table().RLDevs[1]
+		at := ""
+		if rec == nil {
+			w.After(time.Millisecond, watch)
+			return
+		}
+		switch m := rec.Move; {
+		case m == nil && len(rec.Retiring) > 0:
+			at = "retiring"
+		case m == nil:
+		case m.Switch:
+			at = "switching"
+		case m.Inc != 0:
+			// Copying: the primary's copy under way (the table's
+			// progress is recorded only now and then).
+			if pe := s.n[rec.Segs[rec.Primary].Node].e; pe != nil {
+				if r := pe.reps[1]; r != nil && r.mv != nil && r.mv.copied > 0 && !r.mv.done() {
+					at = "copying"
+				}
+			}
+		case m.Inc == 0:
+			at = "asked"
+		}
+		if at != phase || target == 0 {
+			w.After(time.Millisecond, watch)
+			return
+		}
+		var node NodeID
+		moving := s.origin[1][segIdx].Node
+		switch victim {
+		case "primary":
+			node = rec.Segs[rec.Primary].Node
+		case "secondary":
+			node = rec.Segs[rec.Secondary()].Node
+		case "target":
+			node = target
+		case "origin": // the moving replica's node, whose old extent retires
+			node = moving
+		}
+		role := victim
+		if node == moving {
+			role += ", the moving replica"
+		}
+		*crashed = true
+		*log = append(*log, fmt.Sprintf("%.3fs crash node %d (%s) at %s", w.Now().Seconds(), node, role, phase))
+		rn := s.n[node]
+		s.crash(rn, false)
+		w.After(time.Second, func() { s.restart(rn) })
+	}
+	watch()
+}
