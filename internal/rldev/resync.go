@@ -129,7 +129,9 @@ func (r *replica) startResync(env Env) []any {
 }
 
 // live reports whether s is this replica's resync or move copy, going on.
-func (r *replica) live(s *resyncSrc) bool { return s != nil && !s.failed && (s == r.resync || s == r.mv) }
+func (r *replica) live(s *resyncSrc) bool {
+	return s != nil && !s.failed && (s == r.resync || s == r.mv)
+}
 
 // pump keeps CopyWindow chunks of s in flight.
 func (r *replica) pump(env Env, s *resyncSrc) []any {
