@@ -24,7 +24,7 @@ import (
 func rldevCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rldev",
-		Short: "Replicated logical devices: list, create, read, write",
+		Short: "Replicated logical devices: list, create, move, read, write",
 		Long: `RLDevs are fixed-size block devices, each two segments on disks of two nodes
 (Boxwood's replicated logical devices): writes go to the primary and are
 acknowledged once durable on both (on the survivor alone, in degraded mode,
@@ -34,7 +34,7 @@ after the failure detector declared the other dead); reads come from either.`,
   grove rldev write 1 0 pattern.bin
   grove rldev read 1 0 1MiB | cmp - pattern.bin`,
 	}
-	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevReadCmd(), rldevWriteCmd())
+	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevMoveCmd(), rldevReadCmd(), rldevWriteCmd())
 	return cmd
 }
 
@@ -129,8 +129,10 @@ func rldevListCmd() *cobra.Command {
 primary serving alone, resyncing: the stale segment being copied), the node of
 each segment (the primary first; "stale" marks the one that may have missed
 writes), the epoch, resync progress, and the scrubber's passes and repairs as
-the nodes report them. A segment waiting for something (its node down, its
-disk failed, the only up-to-date copy gone) says so in NOTE.`,
+the nodes report them, and a segment move in progress (grove rldev move: which
+segment, to which node, its phase and copy progress). A segment waiting for
+something (its node down, its disk failed, the only up-to-date copy gone) says
+so in NOTE; so does an old extent of a moved segment not yet freed.`,
 		Example: `  grove rldev list
   grove rldev list -o json`,
 		Args: cobra.NoArgs,
@@ -196,7 +198,7 @@ func replicaStatus(st map[uint64]*pb.RLDevServiceStatusResponse, node, id uint64
 func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) *cli.Doc {
 	d := &cli.Doc{}
 	d.Field("version", t.Version)
-	tb := d.Table("rldevs", "RLDEV", "SIZE", "STATE", "PRIMARY", "SECONDARY", "EPOCH", "RESYNC", "SCRUB", "NOTE")
+	tb := d.Table("rldevs", "RLDEV", "SIZE", "STATE", "PRIMARY", "SECONDARY", "EPOCH", "RESYNC", "MOVE", "SCRUB", "NOTE")
 	for _, id := range t.IDs() {
 		r := t.RLDevs[id]
 		seg := func(i int) (string, map[string]any) {
@@ -212,6 +214,35 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 		resync := ""
 		if r.State == rldev.Resyncing && r.ProgressTotal > 0 {
 			resync = fmt.Sprintf("%d%% of %s", 100*r.Progress/r.ProgressTotal, units.FormatSize(int64(r.ProgressTotal*rldev.BlockSize)))
+		}
+		move, mj := "", map[string]any{}
+		if m := r.Move; m != nil {
+			phase := "copying"
+			switch {
+			case r.State != rldev.Normal:
+				phase = "waiting for the RLDev to be normal"
+			case m.Switch:
+				phase = "switching"
+			case m.Inc == 0:
+				phase = fmt.Sprintf("waiting for node %d", m.To.Node)
+			}
+			which := "secondary"
+			if m.Seg == r.Primary {
+				which = "primary"
+			}
+			move = fmt.Sprintf("%s to %d: %s", which, m.To.Node, phase)
+			if phase == "copying" && r.ProgressTotal > 0 {
+				move += fmt.Sprintf(" %d%%", 100*r.Progress/r.ProgressTotal)
+			}
+			mj = map[string]any{"segment": m.Seg, "to": map[string]any{"node": m.To.Node, "disk": m.To.Disk, "offset": m.To.Offset},
+				"target_incarnation": m.Inc, "switch": m.Switch, "phase": phase, "copied_blocks": r.Progress, "total_blocks": r.ProgressTotal}
+		}
+		if len(r.Retiring) > 0 {
+			var ex []string
+			for _, sg := range r.Retiring {
+				ex = append(ex, sg.String())
+			}
+			mj["retiring"] = ex
 		}
 		var scrub []string
 		var notes []string
@@ -243,12 +274,15 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 			repaired += rs.ScrubRepaired
 			scrub = append(scrub, fmt.Sprintf("%d:%d", node, rs.ScrubPasses))
 		}
+		if len(r.Retiring) > 0 {
+			notes = append(notes, fmt.Sprintf("%d old extents to free", len(r.Retiring)))
+		}
 		scrubText := ""
 		if len(scrub) > 0 {
 			scrubText = fmt.Sprintf("passes %s, %d repaired", strings.Join(scrub, " "), repaired)
 		}
 		tb.Row(id, cli.C(units.FormatSize(int64(r.Blocks*rldev.BlockSize)), r.Blocks*rldev.BlockSize), strings.ToLower(r.State.String()),
-			cli.C(pt, pj), cli.C(stt, sj), r.Epoch, cli.C(resync, map[string]any{"copied_blocks": r.Progress, "total_blocks": r.ProgressTotal}),
+			cli.C(pt, pj), cli.C(stt, sj), r.Epoch, cli.C(resync, map[string]any{"copied_blocks": r.Progress, "total_blocks": r.ProgressTotal}), cli.C(move, mj),
 			cli.C(scrubText, map[string]any{"passes": passes, "repaired": repaired}), cli.C(strings.Join(notes, "; "), notes))
 	}
 	return d

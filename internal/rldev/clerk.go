@@ -332,3 +332,46 @@ func (c *Clerk) Create(ctx context.Context, size uint64, count int, drlOff bool)
 	}
 	return made, nil
 }
+
+// Move asks, by decree, for segment seg of RLDev id to move to a disk of
+// node (disk < 0: the first with room); the nodes do the rest (move.go).
+// A move already going to that node is returned as it is, so that the
+// command can be run again to follow it.
+func (c *Clerk) Move(ctx context.Context, id uint64, seg int, node NodeID, disk int) (*Record, error) {
+	var rec *Record
+	_, err := c.meta.Update(ctx, Namespace, "grove rldev move", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		r, err := t.StartMove(id, seg, node, disk)
+		if err != nil {
+			return nil, err
+		}
+		rec = r
+		if old := t.RLDevs[id]; old.Move != nil {
+			return nil, nil // already asked: nothing to change
+		}
+		return []*pb.Op{r.PutOp()}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// CancelMove abandons RLDev id's move; its target's extent is freed.
+func (c *Clerk) CancelMove(ctx context.Context, id uint64) error {
+	_, err := c.meta.Update(ctx, Namespace, "grove rldev move --cancel", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		r, err := t.CancelMove(id)
+		if err != nil {
+			return nil, err
+		}
+		return []*pb.Op{r.PutOp()}, nil
+	})
+	return err
+}

@@ -504,16 +504,24 @@ func (s *Service) ticker() {
 // ------------------------------------------------------------------ links
 
 // ensureLinksLocked dials a link to every node that holds the other
-// segment of an RLDev this node holds (the engine learns its peers are up
-// from these).
+// segment of an RLDev this node holds, and to a move's target or source
+// (the engine learns its peers are up from these).
 func (s *Service) ensureLinksLocked(g *generation) {
 	t := s.mu.table
 	if t == nil {
 		return
 	}
 	for _, rec := range t.RLDevs {
-		if seg := rec.SegmentOf(s.cfg.Node); seg >= 0 {
+		seg, _, target := hosted(rec, s.cfg.Node)
+		switch {
+		case seg < 0:
+		case target: // a move's target hears from the primary (and answers it)
+			s.linkLocked(g, rec.Segs[rec.Primary].Node)
+		default:
 			s.linkLocked(g, rec.Segs[1-seg].Node)
+			if rec.Move != nil { // the primary copies and forwards to the target
+				s.linkLocked(g, rec.Move.To.Node)
+			}
 		}
 	}
 }

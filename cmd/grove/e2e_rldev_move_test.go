@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEndToEndRLDevMoveSIGKILL, through the CLI on `grove up --processes`:
+// move an RLDev's secondary to the third node while data is on it, SIGKILL
+// the target node in the middle of the move, write while it is down, start
+// it again and follow the move to its end by running the same command
+// again; everything reads back from both copies, the old node no longer
+// matters (SIGKILLed, the RLDev stays normal), and once it is back its old
+// extent is freed. Bad requests get clear errors.
+func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
+	bin, u, ctx := startCluster(t, 9800)
+	ep := u.Gateway
+	run := func(stdin []byte, args ...string) ran {
+		t.Helper()
+		full := append(args, "--addr", ep)
+		if stdin == nil {
+			return grove(t, bin, nil, full...)
+		}
+		f := filepath.Join(t.TempDir(), "in")
+		if err := os.WriteFile(f, stdin, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return grove(t, bin, nil, append(full[:len(full):len(full)], f)...)
+	}
+	must := func(r ran) ran {
+		t.Helper()
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		return r
+	}
+	type moveJSON struct {
+		Phase    string   `json:"phase"`
+		Retiring []string `json:"retiring"`
+	}
+	type listJSON struct {
+		RLDevs []struct {
+			RLDev     uint64 `json:"rldev"`
+			State     string `json:"state"`
+			Primary   segJSON
+			Secondary segJSON
+			Move      moveJSON `json:"move"`
+			Note      []string `json:"note"`
+		} `json:"rldevs"`
+	}
+	list := func() listJSON {
+		t.Helper()
+		r := must(run(nil, "rldev", "list", "-o", "json"))
+		var l listJSON
+		if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
+			t.Fatalf("rldev list -o json: %v\n%s", err, r.stdout)
+		}
+		return l
+	}
+	must(run(nil, "rldev", "create", "--size", "256MiB"))
+	l := list()
+	id := l.RLDevs[0].RLDev
+	ids := strconv.FormatUint(id, 10)
+	p, s := l.RLDevs[0].Primary.Node, l.RLDevs[0].Secondary.Node
+	var target uint64
+	for n := uint64(1); n <= 3; n++ {
+		if n != p && n != s {
+			target = n
+		}
+	}
+	want := make([]byte, 8<<20)
+	rand.Read(want)
+	must(run(want, "rldev", "write", ids, "0"))
+	late := append([]byte(nil), want[:4<<20]...)
+	must(run(late, "rldev", "write", ids, "200MiB")) // data where the copy gets late
+
+	// Bad requests: clear errors, nothing asked.
+	to := strconv.FormatUint(target, 10)
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"rldev", "move", ids, "--segment", "middle", "--to", to}, 2, "primary or secondary"},
+		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", strconv.FormatUint(p, 10)}, 1, "already holds a segment"},
+		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", to + ":7"}, 1, "no disk 7"},
+		{[]string{"rldev", "move", "99", "--segment", "secondary", "--to", to}, 5, "no such RLDev"},
+		{[]string{"rldev", "move", ids, "--cancel"}, 1, "not moving"},
+	} {
+		if r := run(nil, c.args...); r.code != c.code || !strings.Contains(r.stderr, c.says) {
+			t.Fatalf("%v: exit %d (want %d): %s", c.args, r.code, c.code, r.stderr)
+		}
+	}
+
+	// The move starts; the target is SIGKILLed once it receives the copy.
+	must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", to, "--no-wait"))
+	phase := ""
+	for deadline := time.Now().Add(60 * time.Second); phase != "copying" && phase != "switching"; time.Sleep(20 * time.Millisecond) {
+		l = list()
+		phase = l.RLDevs[0].Move.Phase
+		if phase == "" || time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("the move never reached its copy (phase %q): %+v", phase, l)
+		}
+	}
+	if err := u.Kill(target); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("target node %d SIGKILLed while the move was %s", target, phase)
+	more := make([]byte, 1<<20)
+	rand.Read(more)
+	start := time.Now()
+	must(run(more, "rldev", "write", ids, "1MiB")) // waits for the target's verdict, then goes on without it
+	copy(want[1<<20:], more)
+	t.Logf("a write with the move's target killed took %v", time.Since(start).Round(time.Millisecond))
+	if got := must(run(nil, "rldev", "read", ids, "0", "4MiB")).stdout; !bytes.Equal([]byte(got), want[:4<<20]) {
+		t.Fatal("with the target down: the data read back differs")
+	}
+	if err := u.Restart(target); err != nil {
+		t.Fatal(err)
+	}
+	// Following the move again: it ends with the segment on the target.
+	r := must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", to, "-o", "json"))
+	var done struct {
+		Move          string `json:"move"`
+		State         string `json:"state"`
+		SecondaryNode uint64 `json:"secondary_node"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &done); err != nil || done.Move != "moved" || done.SecondaryNode != target || done.State != "normal" {
+		t.Fatalf("move: %v %+v\n%s\n%s", err, done, r.stdout, r.stderr)
+	}
+	t.Logf("grove rldev move, following the move again:\n%s", r.stderr)
+	if !strings.Contains(r.stderr, "rldev "+ids) {
+		t.Fatalf("no progress on standard error: %q", r.stderr)
+	}
+	for _, replica := range []string{"1", "2"} {
+		if got := must(run(nil, "rldev", "read", "--replica", replica, ids, "0", "4MiB")).stdout; !bytes.Equal([]byte(got), want[:4<<20]) {
+			t.Fatalf("replica %s after the move: the data read back differs", replica)
+		}
+		if got := must(run(nil, "rldev", "read", "--replica", replica, ids, "200MiB", "4MiB")).stdout; !bytes.Equal([]byte(got), late) {
+			t.Fatalf("replica %s after the move: the data at 200MiB differs", replica)
+		}
+	}
+
+	// The node the segment left no longer matters.
+	if err := u.Kill(s); err != nil {
+		t.Fatal(err)
+	}
+	must(run(more, "rldev", "write", ids, "5MiB"))
+	copy(want[5<<20:], more)
+	if got := must(run(nil, "rldev", "read", ids, "0", "8MiB")).stdout; !bytes.Equal([]byte(got), want) {
+		t.Fatal("with the old node down: the data read back differs")
+	}
+	l = list()
+	if l.RLDevs[0].State != "normal" || len(l.RLDevs[0].Move.Retiring) != 1 {
+		t.Fatalf("with the old node down: %+v", l.RLDevs[0])
+	}
+	// Back, it wipes and frees its old extent.
+	if err := u.Restart(s); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); len(list().RLDevs[0].Move.Retiring) > 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old extent was never freed: %+v", list().RLDevs[0])
+		}
+	}
+}

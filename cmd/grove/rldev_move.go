@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/units"
+)
+
+func rldevMoveCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	var segName, to string
+	var cancelMove, noWait bool
+	cmd := &cobra.Command{
+		Use:   "move ID --segment primary|secondary --to NODE[:DISK]",
+		Short: "Move a segment of an RLDev to another node's disk, online",
+		Long: `Move one segment of an RLDev to a disk of another node while it serves reads
+and writes: the primary copies every block to the new place and forwards it
+every write meanwhile, then the moving replica stops serving and the table is
+switched to the new place by decree, and the old extent is wiped and freed.
+The RLDev keeps both of its copies up to date throughout.
+
+The command asks for the move, then follows it with a progress bar (on
+standard error) until the segment serves from its new place. The move goes on
+without it: after Ctrl-C, a timeout or a crash of any node, run the same
+command again to follow it (it never asks twice), or --cancel it. If the
+replica that moves is lost meanwhile, its segment is rebuilt at the target
+from the other copy, and the command follows that copy too.
+
+NODE must hold neither segment of the RLDev; DISK is the index of one of its
+disks (default: the first with room).`,
+		Example: `  grove rldev move 3 --segment secondary --to 4
+  grove rldev move 3 --segment primary --to 5:1
+  grove rldev move 3 --cancel`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			var node uint64
+			disk := -1
+			seg := segName
+			if !cancelMove {
+				if seg != "primary" && seg != "secondary" {
+					return cli.Usagef("--segment %q: want primary or secondary", seg)
+				}
+				if node, disk, err = parseNodeDisk(to); err != nil {
+					return err
+				}
+			} else if to != "" || segName != "" {
+				return cli.Usagef("--cancel takes no --segment or --to")
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openRLDev(ctx, &c, "rldev move")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if cancelMove {
+				if err := s.clerk.CancelMove(ctx, id); err != nil {
+					return moveErr(&c, err)
+				}
+				d := &cli.Doc{}
+				d.Field("rldev", id)
+				d.Field("move", "cancelled")
+				return out.Print(os.Stdout, d)
+			}
+			t, err := s.clerk.Table(ctx, true)
+			if err != nil {
+				return rldevErr("rldev move", &c, err)
+			}
+			rec := t.RLDevs[id]
+			if rec == nil {
+				return rldevErr("rldev move", &c, fmt.Errorf("%w: rldev %d", rldev.ErrUnknown, id))
+			}
+			idx := rec.Primary
+			if seg == "secondary" {
+				idx = rec.Secondary()
+			}
+			if m := rec.Move; m != nil && m.To.Node == node && (disk < 0 || int(m.To.Disk) == disk) {
+				idx = m.Seg // following a move asked earlier (the primary may have changed since)
+			}
+			mv, err := s.clerk.Move(ctx, id, idx, node, disk)
+			if err != nil {
+				return moveErr(&c, err)
+			}
+			dst := mv.Move.To
+			fmt.Fprintf(os.Stderr, "rldev %d: moving segment %d (%s, %v) to %v\n", id, idx, seg, rec.Segs[idx], dst)
+			final := mv
+			if !noWait {
+				if final, err = followMove(ctx, s, id, idx, dst); err != nil {
+					if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+						fmt.Fprintf(os.Stderr, "rldev %d: the move goes on without this command: run it again to follow it, or grove rldev move %d --cancel\n", id, id)
+					}
+					return moveErr(&c, err)
+				}
+			}
+			d := &cli.Doc{}
+			d.Field("rldev", id)
+			d.Field("segment", idx)
+			d.Field("to", dst.String())
+			state := "asked"
+			if !noWait {
+				state = "moved"
+			}
+			d.Field("move", state)
+			d.Field("state", final.State.String())
+			d.Field("primary_node", final.Segs[final.Primary].Node)
+			d.Field("secondary_node", final.Segs[final.Secondary()].Node)
+			return out.Print(os.Stdout, d)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&segName, "segment", "", "the segment to move: `primary` or secondary")
+	f.StringVar(&to, "to", "", "where: `NODE[:DISK]` (a node holding neither segment; the first disk with room by default)")
+	f.BoolVar(&cancelMove, "cancel", false, "abandon the RLDev's move in progress (the target's extent is freed)")
+	f.BoolVar(&noWait, "no-wait", false, "return once the move is asked, without following it")
+	c.Register(cmd, 0)
+	out.Register(cmd)
+	return cmd
+}
+
+// parseNodeDisk parses NODE[:DISK].
+func parseNodeDisk(s string) (uint64, int, error) {
+	if s == "" {
+		return 0, 0, cli.Usagef("--to is required: NODE[:DISK]")
+	}
+	ns, ds, hasDisk := strings.Cut(s, ":")
+	node, err := strconv.ParseUint(ns, 10, 64)
+	if err != nil || node == 0 {
+		return 0, 0, cli.Usagef("--to %q: NODE is a node id (grove status lists them)", s)
+	}
+	disk := -1
+	if hasDisk {
+		d, err := strconv.ParseUint(ds, 10, 32)
+		if err != nil {
+			return 0, 0, cli.Usagef("--to %q: DISK is a disk index (0 for the node's first disk)", s)
+		}
+		disk = int(d)
+	}
+	return node, disk, nil
+}
+
+func moveErr(c *cli.Client, err error) error {
+	switch {
+	case errors.Is(err, rldev.ErrMove), errors.Is(err, rldev.ErrNoSpace):
+		return &cli.Error{Code: cli.ExitFailed, Op: "rldev move", Msg: err.Error(), Hint: "grove rldev list shows where segments are and what is moving", Err: err}
+	}
+	return rldevErr("rldev move", c, err)
+}
+
+// errMoveAbandoned: the move ended without the segment at its target.
+var errMoveAbandoned = errors.New("the move was abandoned")
+
+// followMove watches the table until segment idx of RLDev id serves from
+// dst (the RLDev normal), showing the copy's progress.
+func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rldev.Segment) (*rldev.Record, error) {
+	p := newProgress(os.Stderr, fmt.Sprintf("rldev %d", id))
+	defer p.Finish()
+	for {
+		t, err := s.clerk.Table(ctx, false)
+		if err != nil {
+			return nil, err
+		}
+		rec := t.RLDevs[id]
+		if rec == nil {
+			return nil, fmt.Errorf("%w: rldev %d is gone", errMoveAbandoned, id)
+		}
+		m := rec.Move
+		switch {
+		case m == nil && rec.Segs[idx] != dst:
+			return nil, fmt.Errorf("%w: rldev %d's segment %d is at %v, not %v (cancelled, or the target failed: see its node's log)", errMoveAbandoned, id, idx, rec.Segs[idx], dst)
+		case m == nil && rec.State == rldev.Normal:
+			p.Set("moved", rec.Blocks, rec.Blocks)
+			// The answer from the leader, not the watch.
+			if t, err = s.clerk.Table(ctx, true); err == nil && t.RLDevs[id] != nil {
+				rec = t.RLDevs[id]
+			}
+			return rec, nil
+		case m == nil:
+			p.Set(fmt.Sprintf("rebuilding at the target (%v)", rec.State), rec.Progress, max(rec.ProgressTotal, 1))
+		case rec.State != rldev.Normal:
+			p.Set(fmt.Sprintf("waiting: the RLDev is %v", rec.State), 0, rec.Blocks)
+		case m.Switch:
+			p.Set("switching", rec.Blocks, rec.Blocks)
+		case m.Inc == 0:
+			p.Set(fmt.Sprintf("waiting for node %d to take the target", m.To.Node), 0, rec.Blocks)
+		default:
+			p.Set("copying", rec.Progress, max(rec.ProgressTotal, 1))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// progress shows a copy's progress on w: a bar on a terminal, a line
+// every few seconds (and at each change of phase) otherwise.
+type progress struct {
+	w       io.Writer
+	what    string
+	bar     *progressbar.ProgressBar
+	phase   string
+	printed time.Time
+}
+
+func newProgress(w io.Writer, what string) *progress {
+	p := &progress{w: w, what: what}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.bar = progressbar.NewOptions64(1, progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
+			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish(),
+			progressbar.OptionSetDescription(what))
+	}
+	return p
+}
+
+// Set shows the phase and blocks done of total.
+func (p *progress) Set(phase string, done, total uint64) {
+	if p.bar != nil {
+		p.bar.ChangeMax64(int64(total * rldev.BlockSize))
+		p.bar.Describe(p.what + ": " + phase)
+		_ = p.bar.Set64(int64(done * rldev.BlockSize))
+		return
+	}
+	if phase == p.phase && time.Since(p.printed) < 5*time.Second {
+		return
+	}
+	p.phase, p.printed = phase, time.Now()
+	fmt.Fprintf(p.w, "%s: %s, %s of %s (%d%%)\n", p.what, phase, units.FormatSize(int64(done*rldev.BlockSize)),
+		units.FormatSize(int64(total*rldev.BlockSize)), 100*done/max(total, 1))
+}
+
+// Finish ends the bar.
+func (p *progress) Finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+	}
+}
