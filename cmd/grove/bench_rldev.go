@@ -26,7 +26,7 @@ func benchRLDevCmd() *cobra.Command {
 	resyncSize := units.Size(1 << 30)
 	cmd := &cobra.Command{
 		Use:   "rldev",
-		Short: "RLDev throughput and latency (Boxwood Table 1, Figures 4-5), IOPS next to fio, resync speed",
+		Short: "RLDev throughput and latency (Boxwood Table 1, Figures 4-5), IOPS next to fio, resync and move speed",
 		Long: `Re-runs Boxwood's RLDev experiments on server processes of this machine (grove up
 --processes), next to fio on a raw file on the same file system in the same run:
 
@@ -40,6 +40,9 @@ func benchRLDevCmd() *cobra.Command {
   resync   a replica's node is killed (SIGKILL), --resync-size is written in
            degraded mode, the node restarts: the copy's MB/s and duration, and
            the latency of 4 KiB writes during the resync next to before it.
+  move     three servers: a full RLDev of --resync-size has its secondary moved
+           to the third (grove rldev move) while 4 KiB writes go on: the time
+           to the switch, the copy's MB/s, the writes' latency during it.
   scaling  the table1 workload on 2 to 8 servers (Figures 4-5).
 
 Every server shares this machine's 2 cores and one disk: each replicated write
@@ -55,8 +58,8 @@ fio's buffered reads do. Progress goes to standard error.`,
 				return err
 			}
 			for _, p := range parts {
-				if !slices.Contains([]string{"table1", "iops", "resync", "scaling"}, p) {
-					return cli.Usagef("--parts %q: want table1, iops, resync, scaling", p)
+				if !slices.Contains([]string{"table1", "iops", "resync", "move", "scaling"}, p) {
+					return cli.Usagef("--parts %q: want table1, iops, resync, move, scaling", p)
 				}
 			}
 			if cell < time.Second {
@@ -88,6 +91,8 @@ fio's buffered reads do. Progress goes to standard error.`,
 					err = b.iops()
 				case "resync":
 					err = b.resync(uint64(resyncSize))
+				case "move":
+					err = b.move(uint64(resyncSize))
 				case "scaling":
 					err = b.scaling(servers)
 				}
@@ -99,11 +104,11 @@ fio's buffered reads do. Progress goes to standard error.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&parts, "parts", []string{"table1", "iops", "resync", "scaling"}, "run these `PARTS` (table1, iops, resync, scaling)")
+	f.StringSliceVar(&parts, "parts", []string{"table1", "iops", "resync", "move", "scaling"}, "run these `PARTS` (table1, iops, resync, move, scaling)")
 	f.DurationVar(&cell, "cell", 5*time.Second, "measure each cell for `DURATION`")
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
-	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size)")
+	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
 	out.Register(cmd)
 	return cmd
 }
@@ -344,6 +349,92 @@ func (b *rldevBench) resync(size uint64) error {
 		units.FormatSize(int64(size)), copyTime.Round(time.Millisecond), mbps, done.Sub(restart).Round(time.Millisecond), during.P50, during.P99, before.P50, before.P99)
 	tb := b.d.Table("resync", "SIZE", "COPY-S", "COPY-MB-S", "FROM-RESTART-S", "WRITE-P50-US-DURING", "WRITE-P99-US-DURING", "WRITE-P50-US-BEFORE", "WRITE-P99-US-BEFORE")
 	tb.Row(units.FormatSize(int64(size)), round2(copyTime.Seconds()), round0(mbps), round2(done.Sub(restart).Seconds()),
+		during.P50.Microseconds(), during.P99.Microseconds(), before.P50.Microseconds(), before.P99.Microseconds())
+	return nil
+}
+
+// move: an RLDev of size, full, has its secondary moved to a third node
+// (grove rldev move) while 4 KiB writes go on; the time from the request
+// to the switch, and the writes' latency during the move next to before.
+func (b *rldevBench) move(size uint64) error {
+	c, err := b.cluster(3, units.FormatSize(int64(size*2+(256<<20))))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	recs, err := c.Create(b.ctx, size, 1)
+	if err != nil {
+		return err
+	}
+	r := recs[0]
+	if err := bench.Fill(b.ctx, c.Clerk, r.ID, size); err != nil {
+		return err
+	}
+	before, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{r.ID}, Size: 4 << 10, QD: 1, Write: true, Span: size, For: b.cell})
+	if err != nil {
+		return err
+	}
+	var target uint64
+	for n := range c.Up.Nodes {
+		if r.SegmentOf(n) < 0 {
+			target = n
+		}
+	}
+	sec := r.Secondary()
+	stop, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	var during bench.IOResult
+	errc := make(chan error, 1)
+	go func() {
+		res, err := bench.RunIO(stop, c.Clerk, bench.IOLoad{IDs: []uint64{r.ID}, Size: 4 << 10, QD: 1, Write: true, Span: size, For: time.Hour})
+		during = res
+		errc <- err
+	}()
+	start := time.Now()
+	mv, err := c.Clerk.Move(b.ctx, r.ID, sec, target, -1)
+	if err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	b.log("  move: rldev %d's secondary (%v) to node %d, %s, 4 KiB writes going on", r.ID, r.Segs[sec], target, units.FormatSize(int64(size)))
+	var copied time.Time
+	for {
+		t, err := c.Clerk.Table(b.ctx, false)
+		if err == nil {
+			x := t.RLDevs[r.ID]
+			if x.Move != nil && x.Move.Switch && copied.IsZero() {
+				copied = time.Now()
+			}
+			if x.Move == nil && x.Segs[sec] == mv.Move.To && x.State == rldev.Normal {
+				break
+			}
+			if x.Move == nil && x.Segs[sec] != mv.Move.To {
+				// The watch may lag the decree: ask the leader.
+				if t, err = c.Clerk.Table(b.ctx, true); err == nil && t.RLDevs[r.ID].Move == nil && t.RLDevs[r.ID].Segs[sec] != mv.Move.To {
+					cancel()
+					<-errc
+					return fmt.Errorf("the move was abandoned: %+v", t.RLDevs[r.ID])
+				}
+			}
+		}
+		if !bench.SleepCtx(b.ctx, 20*time.Millisecond) {
+			return b.ctx.Err()
+		}
+	}
+	switched := time.Since(start)
+	cancel()
+	if err := <-errc; err != nil {
+		return err
+	}
+	if copied.IsZero() {
+		copied = start.Add(switched)
+	}
+	mbps := float64(size) / 1e6 / copied.Sub(start).Seconds()
+	b.log("  move of %s: switched after %v (copy %.0f MB/s); 4 KiB writes p50 %v p99 %v during, %v %v before",
+		units.FormatSize(int64(size)), switched.Round(time.Millisecond), mbps, during.P50, during.P99, before.P50, before.P99)
+	tb := b.d.Table("move", "SIZE", "SWITCHED-S", "COPY-MB-S", "WRITE-P50-US-DURING", "WRITE-P99-US-DURING", "WRITE-P50-US-BEFORE", "WRITE-P99-US-BEFORE")
+	tb.Row(units.FormatSize(int64(size)), round2(switched.Seconds()), round0(mbps),
 		during.P50.Microseconds(), during.P99.Microseconds(), before.P50.Microseconds(), before.P99.Microseconds())
 	return nil
 }

@@ -175,12 +175,19 @@ var errMoveAbandoned = errors.New("the move was abandoned")
 func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rldev.Segment) (*rldev.Record, error) {
 	p := newProgress(os.Stderr, fmt.Sprintf("rldev %d", id))
 	defer p.Finish()
-	for {
-		t, err := s.clerk.Table(ctx, false)
+	for fresh := false; ; {
+		// The watched table, which may lag the decree that asked for the
+		// move: an end it shows is confirmed by a read from the leader.
+		t, err := s.clerk.Table(ctx, fresh)
 		if err != nil {
 			return nil, err
 		}
 		rec := t.RLDevs[id]
+		if ended := rec == nil || rec.Move == nil && (rec.Segs[idx] != dst || rec.State == rldev.Normal); ended && !fresh {
+			fresh = true
+			continue
+		}
+		fresh = false
 		if rec == nil {
 			return nil, fmt.Errorf("%w: rldev %d is gone", errMoveAbandoned, id)
 		}
@@ -190,10 +197,6 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 			return nil, fmt.Errorf("%w: rldev %d's segment %d is at %v, not %v (cancelled, or the target failed: see its node's log)", errMoveAbandoned, id, idx, rec.Segs[idx], dst)
 		case m == nil && rec.State == rldev.Normal:
 			p.Set("moved", rec.Blocks, rec.Blocks)
-			// The answer from the leader, not the watch.
-			if t, err = s.clerk.Table(ctx, true); err == nil && t.RLDevs[id] != nil {
-				rec = t.RLDevs[id]
-			}
 			return rec, nil
 		case m == nil:
 			p.Set(fmt.Sprintf("rebuilding at the target (%v)", rec.State), rec.Progress, max(rec.ProgressTotal, 1))
