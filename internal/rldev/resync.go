@@ -39,6 +39,9 @@ type copyChunk struct {
 	gens   []uint64
 	sentAt time.Time
 	since  time.Time // first sent: a target that refuses it for CopyStall stops the resync
+	// repaired: a move's chunk had blocks failing their check, repaired
+	// from the peer once before it is read again.
+	repaired bool
 }
 
 // copyStall is how long a resync target may refuse a copy (not serving,
@@ -140,23 +143,39 @@ func (r *replica) pump(env Env, s *resyncSrc) []any {
 		ch := s.chunks[s.next]
 		s.next++
 		s.inflight++
-		c := &copyChunk{src: s, first: ch.first, n: ch.n}
-		var o []any
-		c.lock, o = r.locks.acquire(ch.first, ch.n, true, func(lk *rangeLock) []any {
-			c.lock = lk
-			return r.readRun(c.first, c.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
-				if err != nil {
-					return append(r.locks.release(c.lock), r.fail(err)...)
-				}
-				for _, b := range bad {
-					gens[b-c.first] = badGen // the only copy is gone: the target says so too
-				}
-				c.data, c.gens = data, gens
-				return r.sendCopy(r.e.env, c)
-			})
-		})
-		out = append(out, o...)
+		out = append(out, r.readChunk(&copyChunk{src: s, first: ch.first, n: ch.n})...)
 	}
+	return out
+}
+
+// readChunk reads a chunk to copy under an exclusive range lock (held
+// until the target has it) and sends it. A block that fails its check
+// here is, for a move (the other replica is up to date too), repaired
+// from the peer first, the range released meanwhile, then read again;
+// for a resync this is the only copy: the target is told it is lost.
+func (r *replica) readChunk(c *copyChunk) []any {
+	if !r.live(c.src) {
+		return nil
+	}
+	var out []any
+	c.lock, out = r.locks.acquire(c.first, c.n, true, func(lk *rangeLock) []any {
+		c.lock = lk
+		return r.readRun(c.first, c.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
+			if err != nil {
+				return append(r.locks.release(c.lock), r.fail(err)...)
+			}
+			if len(bad) > 0 && c.src.move && !c.repaired && !r.peerStale() {
+				c.repaired = true
+				out := r.locks.release(c.lock)
+				return append(out, r.repair(bad, func(error) []any { return r.readChunk(c) })...)
+			}
+			for _, b := range bad {
+				gens[b-c.first] = badGen // the only copy is gone: the target says so too
+			}
+			c.data, c.gens = data, gens
+			return r.sendCopy(r.e.env, c)
+		})
+	})
 	return out
 }
 
