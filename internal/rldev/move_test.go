@@ -145,3 +145,79 @@ func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]stri
 	}
 	watch()
 }
+
+// TestRLDevResyncSurvivorCrash: a replica's node crashes (the RLDev
+// degrades), writes go on, it comes back; the survivor, the only
+// up-to-date copy, then crashes while degraded, while it asks for the
+// resync, and in the middle of the copy. Nothing acknowledged may be lost
+// (the oracle is strict: a crash without torn writes of the only
+// up-to-date copy is no excuse); the RLDev ends normal with identical
+// copies.
+func TestRLDevResyncSurvivorCrash(t *testing.T) {
+	for i, phase := range []string{"degraded", "resyncing", "copying"} {
+		seed := int64(2000 + i)
+		var log []string
+		crashed := false
+		s := runRSim(t, seed, simOpts{quiet: true, strict: true, script: func(s *rsim) { survivorCrash(s, phase, &crashed, &log) }})
+		if len(s.o.fails) > 0 {
+			t.Logf("%s: %s", phase, strings.Join(log, "; "))
+			reportRSim(t, "TestRLDevResyncSurvivorCrash", seed, s)
+		}
+		if !crashed {
+			t.Fatalf("survivor crash while %s (seed %d): never reached: %s", phase, seed, strings.Join(log, "; "))
+		}
+		if s.o.double[1] {
+			t.Fatalf("survivor crash while %s (seed %d): counted as a double fault", phase, seed)
+		}
+		t.Logf("survivor crash while %s: %s; %d writes, %d reads checked", phase, strings.Join(log, "; "), s.o.writes, s.o.reads)
+	}
+}
+
+func survivorCrash(s *rsim, phase string, crashed *bool, log *[]string) {
+	w := s.w
+	var stale, survivor NodeID
+	var step func()
+	step = func() {
+		if *crashed || w.Now() > simSafety-3*time.Second {
+			return
+		}
+		rec := s.table().RLDevs[1]
+		if rec == nil {
+			w.After(time.Millisecond, step)
+			return
+		}
+		if stale == 0 {
+			if rec.State != Normal {
+				w.After(time.Millisecond, step)
+				return
+			}
+			stale, survivor = rec.Segs[rec.Secondary()].Node, rec.Segs[rec.Primary].Node
+			*log = append(*log, fmt.Sprintf("%.3fs crash node %d (secondary)", w.Now().Seconds(), stale))
+			s.crash(s.n[stale], false)
+			w.After(2*time.Second, func() { s.restart(s.n[stale]) })
+			w.After(time.Millisecond, step)
+			return
+		}
+		at := ""
+		switch {
+		case rec.State == Degraded && phase == "degraded":
+			at = phase
+		case rec.State == Resyncing:
+			at = "resyncing"
+			if pe := s.n[survivor].e; pe != nil {
+				if r := pe.reps[1]; r != nil && r.resync != nil && r.resync.copied > 0 && !r.resync.done() {
+					at = "copying"
+				}
+			}
+		}
+		if at != phase {
+			w.After(time.Millisecond, step)
+			return
+		}
+		*crashed = true
+		*log = append(*log, fmt.Sprintf("%.3fs crash node %d (the survivor) while %s", w.Now().Seconds(), survivor, phase))
+		s.crash(s.n[survivor], false)
+		w.After(time.Second, func() { s.restart(s.n[survivor]) })
+	}
+	step()
+}
