@@ -93,6 +93,7 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", to + ":7"}, 1, "no disk 7"},
 		{[]string{"rldev", "move", "99", "--segment", "secondary", "--to", to}, 5, "no such RLDev"},
 		{[]string{"rldev", "move", ids, "--cancel"}, 1, "not moving"},
+		{[]string{"rldev", "create", "--size", "64GiB"}, 1, "no room for the segment"}, // the disks are 8 GiB
 	} {
 		if r := run(nil, c.args...); r.code != c.code || !strings.Contains(r.stderr, c.says) {
 			t.Fatalf("%v: exit %d (want %d): %s", c.args, r.code, c.code, r.stderr)
