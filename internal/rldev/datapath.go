@@ -177,7 +177,7 @@ func (w *writeOp) progress(env Env) []any {
 	}
 	if w.local == 0 {
 		w.local = 1
-		out = append(out, r.e.writeDurable(r.disk, r.base+blockOff(w.block), r.encodeRun(w.block, w.data, nil, w.gen), func(err error) []any {
+		out = append(out, r.writeDurable(r.base+blockOff(w.block), r.encodeRun(w.block, w.data, nil, w.gen), func(err error) []any {
 			if err != nil {
 				return r.fail(err) // aborts this write with the others
 			}
@@ -315,12 +315,26 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 		return ack(BadRequest)
 	}
 	var out []any
+	// A move's target mirrors the primary, which judged the write's
+	// fence already: it keeps the newest token it is shown (so that it
+	// refuses stale ones once it serves) but refuses nothing (the primary
+	// orders overlapping writes: one with an older token on a range comes
+	// before a newer one there, never after).
+	admit := r.admit
+	if r.target {
+		admit = func(f *Fence, then func(error) []any) []any {
+			if f == nil {
+				return then(nil)
+			}
+			return r.mergeTokens([]Fence{*f}, then)
+		}
+	}
 	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
-		return r.admit(m.Fence, func(err error) []any {
+		return admit(m.Fence, func(err error) []any {
 			if err != nil {
 				return append(ack(CodeOf(err)), r.locks.release(lk)...)
 			}
-			return r.e.writeDurable(r.disk, r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, nil, m.Gen), func(err error) []any {
+			return r.writeDurable(r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, nil, m.Gen), func(err error) []any {
 				out := r.locks.release(lk)
 				if err != nil {
 					out = append(out, r.fail(err)...)
@@ -440,7 +454,7 @@ func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, peerBa
 				i := b - first
 				phys := r.encodeRun(b, data[i*BlockSize:(i+1)*BlockSize], gens[i:i+1], 0)
 				r.e.stats.Repairs++
-				out = append(out, r.e.writeDurable(r.disk, r.base+blockOff(b), phys, func(err error) []any {
+				out = append(out, r.writeDurable(r.base+blockOff(b), phys, func(err error) []any {
 					if err != nil && werr == nil {
 						werr = err
 					}
@@ -604,6 +618,7 @@ func (r *replica) startRecovery(env Env) []any {
 // refused landed here), holding it with lk (the write's exclusive lock).
 func (r *replica) startRecoveryOf(env Env, block, n uint64, lk *rangeLock) []any {
 	q := &recover{x: noRegion, first: block, n: n, lock: lk}
+	r.moveStale()
 	r.recoverQ = append(r.recoverQ, q)
 	r.recovering++
 	return r.pumpRecovery(env)
@@ -639,7 +654,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 			for _, g := range runs {
 				i := g.first - q.first
 				phys := r.encodeRun(g.first, pd.Data[i*BlockSize:(i+g.n)*BlockSize], pd.Gens[i:i+g.n], 0)
-				log = append(log, r.e.writeDurable(r.disk, r.base+blockOff(g.first), phys, func(err error) []any {
+				log = append(log, r.writeDurable(r.base+blockOff(g.first), phys, func(err error) []any {
 					if err != nil && werr == nil {
 						werr = err
 					}

@@ -212,12 +212,11 @@ type Engine struct {
 	scrubAt      time.Time // when the scrubber may take its next chunk
 	scrubNext    uint64    // the RLDev it goes to next (round robin)
 
-	// Retiring extents of this node (move.go): the op id at which the
-	// replica there retired (its disk operations all have smaller ones),
-	// and those wiped.
-	retiredAt map[Segment]OpID
-	wiping    map[Segment]bool
-	wiped     map[Segment]bool
+	// Retiring extents of this node (move.go): replicas retired with
+	// writes still in progress, the extents being wiped and wiped.
+	retired []*replica
+	wiping  map[Segment]bool
+	wiped   map[Segment]bool
 
 	stats Stats
 }
@@ -254,7 +253,7 @@ func NewEngine(cfg Config) *Engine {
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
-		retiredAt: map[Segment]OpID{}, wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
+		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
 		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
 	}

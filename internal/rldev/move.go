@@ -3,6 +3,8 @@ package rldev
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 )
 
 // Segment moves (Boxwood §3.4's reconfiguration): a segment of an RLDev
@@ -19,15 +21,24 @@ import (
 //     resync machinery, resync.go). A copied range is never older than the
 //     writes acknowledged in it: a write holds its range from start to
 //     acknowledgement, and a copy holds it from read to acknowledgement.
+//     A block that fails its check at the primary is repaired from the
+//     secondary before it is copied. The target mirrors the primary's
+//     fences (keeps the newest token, refuses none: the primary judged
+//     them). Any range the primary takes from its peer meanwhile (a write
+//     the secondary refused with a stale token, pulled back; a newer
+//     block the scrubber found there) makes the copy start again.
 //  4. Copy complete, the primary passes a decree: Move.Switch. From the
 //     moment the moving replica knows it, it serves no read and (if it is
 //     the primary) takes no new write.
-//  5. The moving replica itself, once it knows Switch (and, as the
-//     primary, once its writes in flight are done), passes the switch:
-//     the target takes the segment's place and the table names its
-//     incarnation. Because the moving replica proposes it, it stopped
-//     serving before any write is acknowledged without it; a reader can
-//     never see it return data older than the new pair holds.
+//  5. The primary passes the switch -- the target takes the segment's
+//     place and the table names its incarnation -- once the moving
+//     replica serves nothing more: itself, once its writes in flight are
+//     done; the secondary, once it has answered a probe in the switching
+//     epoch (it knows of Switch). No write is acknowledged without the
+//     moving replica before it stopped serving, so a reader never sees it
+//     return data older than the new pair holds. Only the primary
+//     incarnation that copied everything (and took nothing from its peer
+//     since) switches; another first copies again.
 //  6. The old extent is listed in Record.Retiring; its node, once no disk
 //     operation of the retired replica can still land, zeroes the extent
 //     (an all-zero block is a block never written) and removes it from the
@@ -37,9 +48,12 @@ import (
 // on by itself once the participants are back, and the command that asked
 // for it can be run again to follow it):
 //   - The target dies: the primary, once the failure detector declares the
-//     target's incarnation dead, sets Move.Inc back to 0 (writes stop
-//     waiting for it). The target's next incarnation asks to be named
-//     again and the copy starts over (it may have missed writes meanwhile).
+//     target's incarnation dead (or after moveStall without reaching it:
+//     it serves nothing, so giving it up is safe, and writes do not wait
+//     for it longer), sets Move.Inc back to 0. The target's next
+//     incarnation (or, after a partition, the same one once it reaches the
+//     primary again) asks to be named again and the copy starts over (it
+//     may have missed writes meanwhile).
 //     A target whose disk fails abandons the move (Move cleared, its
 //     extent retiring); `grove rldev list` says so, and the operator picks
 //     another place.
@@ -51,8 +65,12 @@ import (
 //     survivor switches to it with no degraded period.
 //   - The other replica dies: the RLDev degrades, and the move waits
 //     (Move.Inc 0) until it is normal again; then it starts over.
-//   - The primary restarts: the copy starts over from its next incarnation
-//     (what it had copied is not lost, only copied again).
+//   - The primary restarts (before a verdict): its new incarnation copies
+//     again, Switch cleared first if it was set (its dirty-region recovery
+//     may have changed ranges the target holds).
+//   - An RLDev whose client keeps the replicas itself (dirty-region log
+//     off: WriteReplica, ReadReplica) is not moved: a copy of the primary
+//     would not be the segment that moves.
 //   - A cancel (Clerk.CancelMove) clears Move; the target's extent
 //     retires. Moves and resyncs never run at once: a move copies only in
 //     the normal state, and Record.Progress is the one that runs.
@@ -74,6 +92,11 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		return nil, fmt.Errorf("%w: segment %d: want 0 or 1", ErrMove, seg)
 	case rec.Move != nil && rec.Move.Seg == seg && rec.Move.To.Node == node && (disk < 0 || rec.Move.To.Disk == uint32(disk)):
 		return rec.Clone(), nil
+	case rec.DRLOff:
+		// Its client writes and reads each replica on its own (and
+		// reconciles them from its log): a copy of the primary would not
+		// be the segment that moves.
+		return nil, fmt.Errorf("%w: rldev %d has its dirty-region log off (its client keeps the replicas itself): it cannot be moved", ErrMove, id)
 	case rec.Move != nil:
 		return nil, fmt.Errorf("%w: rldev %d is already moving segment %d to %v (cancel it first)", ErrMove, id, rec.Move.Seg, rec.Move.To)
 	case rec.Segs[0].Node == node || rec.Segs[1].Node == node:
@@ -188,7 +211,16 @@ func (r *replica) moveTick(env Env) []any {
 		}
 		return nil
 	}
-	if m.Switch || r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed || !r.e.up[m.To.Node] {
+	if m.Switch {
+		return r.probeStop(env)
+	}
+	if r.mvStale && r.mv != nil {
+		out := r.stopCopy(r.mv, "a range changed here from the peer: copying again")
+		r.mv, r.mvStale = nil, false
+		return append(out, r.moveTick(env)...)
+	}
+	r.mvStale = false
+	if r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed || !r.e.up[m.To.Node] {
 		return nil
 	}
 	var out []any
@@ -205,6 +237,25 @@ func (r *replica) moveTick(env Env) []any {
 	out = append(out, r.e.logf(1, "rldev move copy started", "rldev", r.rec.ID, "segment", m.Seg, "to", m.To.String(),
 		"target_incarnation", m.Inc, "blocks", s.total))
 	return append(out, r.pump(env, s)...)
+}
+
+// probeStop asks the moving secondary, in the switching epoch, for
+// anything (the generation of block 0): an answer in that epoch means it
+// knows of Switch, and so serves nothing more.
+func (r *replica) probeStop(env Env) []any {
+	m := r.rec.Move
+	if m.Seg == r.seg || r.stopConfirmed == r.rec.Epoch || r.probing || !r.peerReachable() {
+		return nil
+	}
+	r.probing = true
+	epoch := r.rec.Epoch
+	return r.sendPull(env, &pullWait{first: 0, n: 1, gensOnly: true, then: func(pd PullData) []any {
+		r.probing = false
+		if pd.Code == OK && r.rec.Epoch == epoch {
+			r.stopConfirmed = epoch
+		}
+		return nil
+	}})
 }
 
 // forwardTarget sends the write to the move's target in the current epoch.
@@ -270,7 +321,7 @@ func (r *replica) targetWant(env Env, rec *Record) (*Record, string) {
 		rec.Progress, rec.ProgressTotal = 0, 0
 		rec.Epoch++
 		return rec, fmt.Sprintf("move abandoned: the target's disk failed on node %d (%v)", r.e.cfg.Node, r.err)
-	case r.state == repJoining && rec.State == Normal && m.Inc < r.e.cfg.Inc:
+	case r.state == repJoining && rec.State == Normal && m.Inc < r.e.cfg.Inc && r.e.up[r.peerNode()]:
 		m.Inc, m.Switch = r.e.cfg.Inc, false
 		rec.Progress, rec.ProgressTotal = 0, rec.Blocks
 		rec.Epoch++
@@ -279,42 +330,98 @@ func (r *replica) targetWant(env Env, rec *Record) (*Record, string) {
 	return nil, ""
 }
 
-// moveWant is what a replica of a moving RLDev needs of the table: the
-// primary drops a dead target, says the copy is complete, records its
-// progress; the moving replica switches.
+// moveStall is how long the primary waits for a move's target it cannot
+// reach (or that refuses its copies) before it parks the move: writes do
+// not wait for a target longer (it serves nothing: dropping it is safe).
+const moveStall = 5 * time.Second
+
+// moveWant is what the primary of a moving RLDev needs of the table: it
+// passes every step of a move after the target is named (the moving
+// secondary only stops serving when it learns of Switch).
 func (r *replica) moveWant(env Env, rec *Record) (*Record, string) {
 	m := rec.Move
-	if m == nil || r.state != repReady || r.stale() || rec.State != Normal {
+	if m == nil || r.state != repReady || r.stale() || rec.State != Normal || !r.isPrimary() || m.Inc == 0 {
 		return nil, ""
 	}
-	copying := r.isPrimary() && m.Inc != 0 && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed
 	switch {
-	case r.isPrimary() && m.Inc != 0 && r.e.peerDead(m.To.Node, m.Inc):
-		m.Inc, m.Switch = 0, false
-		rec.Progress, rec.ProgressTotal = 0, 0
-		rec.Epoch++
+	case r.e.peerDead(m.To.Node, m.Inc):
+		rec.parkMove()
 		return rec, fmt.Sprintf("move target node %d dead: the move waits for it", m.To.Node)
-	case copying && !m.Switch && r.mv.done() && r.e.cfg.Unsafe.MoveEarly:
+	case r.targetStalled(env):
+		rec.parkMove()
+		return rec, fmt.Sprintf("move target node %d unreachable for %v: the move waits for it", m.To.Node, moveStall)
+	case !m.Switch && r.moveCopied() && r.e.cfg.Unsafe.MoveEarly:
 		rec.switchMove()
 		return rec, "move copied: switched at once (unsafe)"
-	case copying && !m.Switch && r.mv.done():
+	case m.Switch && !r.moveCopied():
+		// This incarnation did not copy it all, or a range changed here
+		// from the peer since (a write refused there pulled back, a newer
+		// block the scrubber found): the target may lack it.
+		m.Switch = false
+		rec.Progress, rec.ProgressTotal = 0, rec.Blocks
+		rec.Epoch++
+		r.mv, r.mvStale = nil, false
+		return rec, "move: copying again (the target may lack what changed here)"
+	case m.Switch && (m.Seg == r.seg && r.idle() || m.Seg != r.seg && r.stopConfirmed == rec.Epoch):
+		// The moving replica serves nothing any more: this one, or the
+		// secondary, which answered in the switching epoch.
+		from := rec.Segs[m.Seg]
+		rec.switchMove()
+		return rec, fmt.Sprintf("segment %d moved from %v to %v", m.Seg, from, rec.Segs[m.Seg])
+	case !m.Switch && r.moveCopied():
 		m.Switch = true
 		rec.Progress, rec.ProgressTotal = r.mv.copied, r.mv.total
 		rec.Epoch++
 		return rec, "move copied: switching"
-	case m.Switch && m.Seg == r.seg && (!r.isPrimary() || r.idle()):
-		// This replica stopped serving when it learnt of Switch (reads
-		// check it at completion too): nothing can be read here once the
-		// target is in its place.
-		from := rec.Segs[m.Seg]
-		rec.switchMove()
-		return rec, fmt.Sprintf("segment %d moved from %v to %v", m.Seg, from, rec.Segs[m.Seg])
-	case copying && !m.Switch && r.mv.copied != rec.Progress && env.Now.Sub(r.mv.reported) >= r.e.cfg.ProgressEvery:
+	case !m.Switch && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed && r.mv.copied != rec.Progress && env.Now.Sub(r.mv.reported) >= r.e.cfg.ProgressEvery:
 		r.mv.reported = env.Now
 		rec.Progress, rec.ProgressTotal = r.mv.copied, r.mv.total
 		return rec, "move progress"
 	}
 	return nil, ""
+}
+
+// moveCopied: this incarnation copied every block to the named target
+// and nothing changed here behind the target's back since.
+func (r *replica) moveCopied() bool {
+	m := r.rec.Move
+	return m != nil && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed && r.mv.done() && !r.mvStale && r.recovering == 0
+}
+
+// moveStale: this replica's content changes from its peer (not by a
+// write it orders), so a move's target may lack it: copied again.
+func (r *replica) moveStale() {
+	if r.rec.Move != nil {
+		r.mvStale = true
+	}
+}
+
+// targetStalled: the move's target has been unreachable, or has refused
+// a copy, for moveStall.
+func (r *replica) targetStalled(env Env) bool {
+	m := r.rec.Move
+	if r.e.up[m.To.Node] {
+		r.tgtDown = time.Time{}
+	} else if r.tgtDown.IsZero() {
+		r.tgtDown = env.Now
+	}
+	if !r.tgtDown.IsZero() && env.Now.Sub(r.tgtDown) >= moveStall {
+		return true
+	}
+	for _, c := range r.copies {
+		if c.src == r.mv && !c.since.IsZero() && env.Now.Sub(c.since) >= moveStall {
+			return true
+		}
+	}
+	return false
+}
+
+// parkMove: the target is given up (the move waits for it to be named
+// again, and copies from the start).
+func (rec *Record) parkMove() {
+	rec.Move.Inc, rec.Move.Switch = 0, false
+	rec.Progress, rec.ProgressTotal = 0, 0
+	rec.Epoch++
 }
 
 // switchMove puts the move's target in its segment's place (the caller
@@ -375,11 +482,28 @@ func (r *replica) promote(env Env, rec *Record) []any {
 
 // ------------------------------------------------------------------ retiring extents
 
-// retireReplica retires r, remembering that its disk operations all have
-// ids up to now: its extent is wiped only after they are done.
+// retireReplica retires r; its extent is wiped only once none of its
+// writes is in progress (a retired replica starts none: writeDurable).
 func (e *Engine) retireReplica(env Env, r *replica, why string) []any {
-	e.retiredAt[r.place()] = e.nextOp
-	return r.retire(env, why)
+	out := r.retire(env, why)
+	if r.pending > 0 {
+		e.retired = append(e.retired, r)
+	}
+	return out
+}
+
+// writeDurable is the replica's disk write (the engine's writeDurable in
+// its segment), counted so that its extent is not wiped while one is in
+// progress; a retired replica writes nothing more.
+func (r *replica) writeDurable(off int64, data []byte, then func(error) []any) []any {
+	if r.state == repRetired {
+		return then(fmt.Errorf("%w: the replica is retired", ErrNotServing))
+	}
+	r.pending++
+	return r.e.writeDurable(r.disk, off, data, func(err error) []any {
+		r.pending--
+		return then(err)
+	})
 }
 
 // wipeChunk is the bytes zeroed per disk write when a retiring extent is
@@ -402,7 +526,7 @@ func (e *Engine) wipeTick() []any {
 				continue
 			}
 			live[sg] = true
-			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) || e.opsUpTo(e.retiredAt[sg]) {
+			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) {
 				continue
 			}
 			e.wiping[sg] = true
@@ -415,11 +539,6 @@ func (e *Engine) wipeTick() []any {
 			if !live[sg] && !e.wiping[sg] {
 				delete(m, sg)
 			}
-		}
-	}
-	for sg := range e.retiredAt {
-		if !live[sg] && !e.wiping[sg] && !e.inUse(sg) {
-			delete(e.retiredAt, sg)
 		}
 	}
 	return out
@@ -442,21 +561,17 @@ func (e *Engine) wipeFrom(sg Segment, end int64) []any {
 	})
 }
 
-// inUse: a replica here still holds the extent.
+// inUse: a replica here still holds the extent, or a retired one still
+// has a write to it in progress.
 func (e *Engine) inUse(sg Segment) bool {
 	for _, r := range e.reps {
-		if r.state != repRetired && r.place() == sg {
+		if r.place() == sg && (r.state != repRetired || r.pending > 0) {
 			return true
 		}
 	}
-	return false
-}
-
-// opsUpTo reports whether a disk operation with an id up to mark is still
-// in progress.
-func (e *Engine) opsUpTo(mark OpID) bool {
-	for op := range e.ops {
-		if op <= mark {
+	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return r.pending == 0 })
+	for _, r := range e.retired {
+		if r.place() == sg {
 			return true
 		}
 	}

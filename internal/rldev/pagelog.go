@@ -82,7 +82,7 @@ func (l *pageLog) flush() []any {
 	} else {
 		r.e.stats.DegradedWrites++
 	}
-	return r.e.writeDurable(r.disk, r.base+off, page, func(err error) []any {
+	return r.writeDurable(r.base+off, page, func(err error) []any {
 		waiters := l.cur
 		l.cur = nil
 		l.writing = nil

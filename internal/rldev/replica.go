@@ -62,6 +62,17 @@ type replica struct {
 	mv     *resyncSrc          // the primary: the copy to a move's target
 	tfwd   map[uint64]*writeOp // forwards to a move's target awaiting an ack, by seq
 
+	pending int // its disk writes in progress (writeDurable)
+
+	// The primary of a moving RLDev (move.go): the epoch in which the
+	// moving secondary confirmed it stopped serving, a probe for it in
+	// flight, the target's content possibly behind this replica's (a
+	// range taken from the peer), since when the target is unreachable.
+	stopConfirmed uint64
+	probing       bool
+	mvStale       bool
+	tgtDown       time.Time
+
 	recovering int        // dirty regions still to pull from the peer (after a crash)
 	recoverQ   []*recover // those regions, in order
 	resyncReq  *ResyncMe  // a stale peer's request
@@ -278,7 +289,7 @@ func (r *replica) format(env Env) []any {
 			panic(err)
 		}
 		pending++
-		out = append(out, r.e.writeDurable(r.disk, r.base+off, p, done)...)
+		out = append(out, r.writeDurable(r.base+off, p, done)...)
 	}
 	return out
 }
@@ -479,7 +490,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return nil, ""
 	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
 		dead := rec.Segs[peer].Node
-		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() {
+		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() && r.moveCopied() {
 			// The moving replica died after the copy was complete: the
 			// target has every write this primary acknowledged, and
 			// takes its place at once.
@@ -695,7 +706,7 @@ func (r *replica) flushSuper() []any {
 		panic(err)
 	}
 	off, _ := pageSlot(PageSuper, seq%2)
-	return r.e.writeDurable(r.disk, r.base+off, p, func(err error) []any {
+	return r.writeDurable(r.base+off, p, func(err error) []any {
 		r.superW = false
 		if err == nil {
 			r.super, r.superSeq = ns, seq
@@ -807,7 +818,7 @@ func (r *replica) flushTokens() []any {
 		panic(err)
 	}
 	off, _ := pageSlot(PageTokens, seq%2)
-	return r.e.writeDurable(r.disk, r.base+off, p, func(err error) []any {
+	return r.writeDurable(r.base+off, p, func(err error) []any {
 		r.tokW = false
 		if err == nil {
 			r.tokens, r.tokSeq = m, seq

@@ -1393,7 +1393,7 @@ func TestRLDevOracleHasTeeth(t *testing.T) {
 		want string
 	}{
 		{"a stale replica serves reads", simOpts{unsafe: Unsafe{ServeStale: true}, quiet: true}, "stale"},
-		{"no dirty-region log", simOpts{unsafe: Unsafe{NoDirtyLog: true}, quiet: true}, ""},
+		{"no dirty-region log", simOpts{unsafe: Unsafe{NoDirtyLog: true}, quiet: true, noMoves: true}, ""},
 		{"a verdict on a past incarnation degrades the RLDev", simOpts{unsafe: Unsafe{NoJoin: true}, noMoves: true}, ""},
 		{"a failed write that landed says nothing was written", simOpts{unsafe: Unsafe{NoMaybe: true}, noMoves: true}, "linearizable"},
 		{"a moved segment serves until it hears of the switch", simOpts{unsafe: Unsafe{MoveEarly: true}, quiet: true}, ""},

@@ -132,6 +132,7 @@ func (r *replica) scrubGens(first, n uint64, done func(error) []any) []any {
 // pullNewer pulls blocks the peer holds a newer generation of and, under
 // an exclusive range lock, rewrites those that are still older here.
 func (r *replica) pullNewer(blocks []uint64, done func(error) []any) []any {
+	r.moveStale()
 	runs := toRuns(blocks)
 	left := len(runs)
 	var failed error
@@ -174,7 +175,7 @@ func (r *replica) pullNewer(blocks []uint64, done func(error) []any) []any {
 						i := b - g.first
 						r.scrub.repaired++
 						r.e.stats.ScrubRepairs++
-						out = append(out, r.e.writeDurable(r.disk, r.base+blockOff(b), r.encodeRun(b, pd.Data[i*BlockSize:(i+1)*BlockSize], pd.Gens[i:i+1], 0), func(err error) []any {
+						out = append(out, r.writeDurable(r.base+blockOff(b), r.encodeRun(b, pd.Data[i*BlockSize:(i+1)*BlockSize], pd.Gens[i:i+1], 0), func(err error) []any {
 							if err != nil && werr == nil {
 								werr = err
 							}
