@@ -821,6 +821,16 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	for end := w.Now() + 2*clientDeadline; w.Now() < end && s.ops > 0; {
 		w.RunUntil(w.Now() + 100*time.Millisecond)
 	}
+	// The table said normal before the clients' last operations ended:
+	// one of them may have met a late verdict (a partition healed at
+	// the end of the faults) and left an RLDev degraded again.
+	for w.Now() < deadline && !s.allNormal() {
+		w.RunUntil(w.Now() + 500*time.Millisecond)
+	}
+	if !s.allNormal() {
+		s.o.fail("liveness: RLDevs not normal %v after the faults stopped (once the clients stopped): %s", simLiven, s.describeTable())
+		return s
+	}
 	t0 := s.table()
 	for _, id := range t0.IDs() {
 		rec := t0.RLDevs[id]
@@ -1192,8 +1202,8 @@ func (o *roracle) converged() {
 				if string(x) != string(y) {
 					v0, _ := valueOf(x, b)
 					v1, _ := valueOf(y, b)
-					o.fail("rldev %d: the copies differ after healing, first at block %d (write %d on node %d, write %d on node %d)",
-						id, b, v0, rec.Segs[0].Node, v1, rec.Segs[1].Node)
+					o.fail("rldev %d: the copies differ after healing, first at block %d (write %d on node %d, write %d on node %d)%s",
+						id, b, v0, rec.Segs[0].Node, v1, rec.Segs[1].Node, describeHist(o.hist[blockKey{id, b}]))
 					break
 				}
 			}
