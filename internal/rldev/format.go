@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -127,11 +128,17 @@ func DecodeBlock(src []byte, id uint64, b uint64) (data []byte, gen uint64, st B
 	return src[HeaderSize:], binary.LittleEndian.Uint64(src[24:]), BlockOK
 }
 
+// zeroPage is compared against (bytes.Equal is vectorized: a byte loop
+// over every empty block a read meets cost a seventh of a read's CPU).
+var zeroPage [PhysBlockSize]byte
+
 func allZero(p []byte) bool {
-	for _, c := range p {
-		if c != 0 {
+	for len(p) > 0 {
+		n := min(len(p), len(zeroPage))
+		if !bytes.Equal(p[:n], zeroPage[:n]) {
 			return false
 		}
+		p = p[n:]
 	}
 	return true
 }
