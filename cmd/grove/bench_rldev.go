@@ -154,6 +154,27 @@ func cpuPct(a, b map[uint64]time.Duration, elapsed time.Duration) float64 {
 	return 100 * sum.Seconds() / elapsed.Seconds() / float64(len(b))
 }
 
+// busySample is the data directory's disk busy time at one moment.
+type busySample struct {
+	busy time.Duration
+	ok   bool
+}
+
+func diskBusy(dir string) busySample {
+	d, ok := bench.DiskBusy(dir)
+	return busySample{d, ok}
+}
+
+// pct is the disk's utilisation (%) between a and s, over elapsed; a
+// cell is the text "-" where the device's statistics are not found.
+func (s busySample) pct(a busySample, elapsed time.Duration) cli.Cell {
+	if !s.ok || !a.ok || elapsed <= 0 {
+		return cli.C("-", nil)
+	}
+	p := round1(min(100, 100*(s.busy-a.busy).Seconds()/elapsed.Seconds()))
+	return cli.C(fmt.Sprintf("%.1f", p), p)
+}
+
 // localPrimaries picks, per server, one RLDev whose primary is there.
 func localPrimaries(t *rldev.Table) []*rldev.Record {
 	seen := map[uint64]bool{}
@@ -210,7 +231,7 @@ func (b *rldevBench) table1() error {
 	if err != nil {
 		return err
 	}
-	tb := b.d.Table("table1", "OP", "SIZE", "GROVE-MB-S", "GROVE-P50-US", "CPU-PCT", "FIO-MB-S", "RATIO")
+	tb := b.d.Table("table1", "OP", "SIZE", "GROVE-MB-S", "GROVE-P50-US", "CPU-PCT", "DISK-PCT", "FIO-MB-S", "FIO-DISK-PCT", "RATIO")
 	for _, write := range []bool{true, false} {
 		for _, size := range []uint64{4 << 10, 8 << 10, 64 << 10, 256 << 10} {
 			l := bench.IOLoad{IDs: idsOf(locals), Size: size, QD: 1, Write: write, Span: span, For: b.cell}
@@ -218,18 +239,22 @@ func (b *rldevBench) table1() error {
 				l.Replica = 2 // segment 1, the secondary: the remote server
 			}
 			c0, t0 := cpu(c), time.Now()
+			d0 := diskBusy(b.dir)
 			g, err := bench.RunIO(b.ctx, c.Clerk, l)
 			if err != nil {
 				return err
 			}
 			pct := cpuPct(c0, cpu(c), time.Since(t0))
+			dpct := diskBusy(b.dir).pct(d0, time.Since(t0))
+			d0, t0 = diskBusy(b.dir), time.Now()
 			f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: size, QD: len(locals), Write: write, Span: span, For: b.cell})
 			if err != nil {
 				return err
 			}
+			fpct := diskBusy(b.dir).pct(d0, time.Since(t0))
 			op := map[bool]string{true: "write", false: "read"}[write]
-			b.log("  table1 %s %s: grove %.1f MB/s (p50 %v, CPU %.0f%%), fio %.1f MB/s", op, units.FormatSize(int64(size)), g.MBps(), g.P50, pct, f.MBps())
-			tb.Row(op, units.FormatSize(int64(size)), round1(g.MBps()), g.P50.Microseconds(), round1(pct), round1(f.MBps()), round2(g.MBps()/f.MBps()))
+			b.log("  table1 %s %s: grove %.1f MB/s (p50 %v, CPU %.0f%%, disk %v), fio %.1f MB/s (disk %v)", op, units.FormatSize(int64(size)), g.MBps(), g.P50, pct, dpct, f.MBps(), fpct)
+			tb.Row(op, units.FormatSize(int64(size)), round1(g.MBps()), g.P50.Microseconds(), round1(pct), dpct, round1(f.MBps()), fpct, round2(g.MBps()/f.MBps()))
 		}
 	}
 	return nil

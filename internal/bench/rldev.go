@@ -18,6 +18,9 @@ import (
 
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // RLDevCluster is `grove up --processes` with a clerk on it.
@@ -286,4 +289,33 @@ func CPUTime(pid int) (time.Duration, error) {
 	ut, _ := strconv.ParseUint(f[11], 10, 64)
 	st, _ := strconv.ParseUint(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100, nil // USER_HZ = 100
+}
+
+// DiskBusy is the time the block device holding path has spent doing I/O
+// so far (io_ticks, /sys/dev/block/MAJ:MIN/stat, field 10): the disk
+// utilisation of Boxwood's Table 1 is its growth over a cell's duration.
+// ok is false where the device's statistics cannot be found (overlay or
+// network file systems, no sysfs).
+func DiskBusy(path string) (busy time.Duration, ok bool) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, false
+	}
+	maj, min := unix.Major(st.Dev), unix.Minor(st.Dev)
+	for _, p := range []string{fmt.Sprintf("/sys/dev/block/%d:%d/stat", maj, min), fmt.Sprintf("/sys/dev/block/%d:0/stat", maj)} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 10 {
+			continue
+		}
+		ms, err := strconv.ParseUint(f[9], 10, 64)
+		if err != nil {
+			continue
+		}
+		return time.Duration(ms) * time.Millisecond, true
+	}
+	return 0, false
 }
