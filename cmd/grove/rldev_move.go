@@ -41,7 +41,8 @@ replica that moves is lost meanwhile, its segment is rebuilt at the target
 from the other copy, and the command follows that copy too.
 
 NODE must hold neither segment of the RLDev; DISK is the index of one of its
-disks (default: the first with room).`,
+disks (default: the first with room). An RLDev created with --no-dirty-log
+cannot be moved (its client writes each replica itself).`,
 		Example: `  grove rldev move 3 --segment secondary --to 4
   grove rldev move 3 --segment primary --to 5:1
   grove rldev move 3 --cancel`,

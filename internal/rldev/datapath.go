@@ -65,6 +65,7 @@ func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fen
 		a, b := w.drlSpan()
 		for x := a; x <= b; x++ {
 			r.inflight[x]++
+			r.touched[x] = true
 		}
 		c, d := w.degSpan()
 		for x := c; x <= d; x++ {
@@ -746,10 +747,15 @@ func (r *replica) lazyClear(env Env) []any {
 	// past that never reached the peer), which the resync must copy. One
 	// whose peer is stale moves them into the degraded-mode log (the
 	// resync's list) rather than drop them.
+	// A region written since the last flush stays marked for one more:
+	// under steady writes its mark (a log write and a sync before the
+	// write it covers) is not paid again every FlushEvery.
+	touched := r.touched
+	r.touched = map[uint64]bool{}
 	var move []uint64
 	for _, x := range r.drl.durable.List() {
 		switch {
-		case r.inflight[x] != 0 || held[x] || r.stale():
+		case r.inflight[x] != 0 || held[x] || r.stale() || touched[x] && !r.peerStale():
 		case r.peerStale():
 			move = append(move, x)
 		default:

@@ -48,7 +48,8 @@ type replica struct {
 	tokQ    []func(error) []any
 
 	locks    rangeLocks
-	inflight map[uint64]int // dirty region → writes in flight in it
+	inflight map[uint64]int  // dirty region → writes in flight in it
+	touched  map[uint64]bool // dirty regions written since the last lazy clear
 
 	writes map[*writeOp]bool     // writes in progress here (as primary or replica-only)
 	fwd    map[uint64]*writeOp   // forwards awaiting an ack, by seq
@@ -100,7 +101,7 @@ func (s repState) String() string {
 // newReplica is segment seg of rec at place (a move's target if target).
 func newReplica(e *Engine, rec *Record, seg int, place Segment, target bool) *replica {
 	return &replica{e: e, rec: rec, seg: seg, disk: place.Disk, base: place.Offset, target: target,
-		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{},
+		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{}, touched: map[uint64]bool{},
 		writes: map[*writeOp]bool{}, fwd: map[uint64]*writeOp{}, tfwd: map[uint64]*writeOp{}, pulls: map[uint64]*pullWait{}, copies: map[uint64]*copyChunk{}}
 }
 
@@ -550,7 +551,7 @@ func (r *replica) retry(env Env) []any {
 		// Whatever the failed life left (a lock whose operation ended in
 		// the error) goes with it: everything starts again.
 		r.locks = rangeLocks{}
-		r.inflight = map[uint64]int{}
+		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv = map[uint64]*writeOp{}, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
