@@ -33,8 +33,10 @@
 // replica; a replica does not serve a block while a write to it is in
 // progress there (so that what a read returned is durable on the replica
 // that served it, and the primary returns a new value only once both
-// replicas hold it). Dirty regions are cleared lazily, in one log write per
-// flush, once no write is in flight in them.
+// replicas hold it). Dirty regions (1 MiB) are cleared lazily, in one log
+// write per flush (every FlushEvery), once no write is in flight in them
+// and none was written since the flush before (a region under steady
+// writes keeps its mark rather than pay for it again).
 //
 // Failure of a replica: the survivor finds its peer unreachable (a broken
 // session, a forward or heartbeat unanswered), asks the failure detector,
