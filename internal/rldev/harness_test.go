@@ -20,16 +20,18 @@ import (
 // detector answers what the test says. Nothing happens until run drains
 // the queue.
 type harness struct {
-	t       *testing.T
-	now     time.Time
-	nodes   map[NodeID]*hnode
-	ns      *pb.Namespace
-	queue   []func()
-	cut     map[[2]NodeID]bool
-	dead    map[Subject]bool
-	replies map[ReqID]Reply
-	nextReq ReqID
-	trace   bool
+	unsafe    Unsafe // the engines' (teeth tests)
+	scrubRate int64  // the engines' (0: the default)
+	t         *testing.T
+	now       time.Time
+	nodes     map[NodeID]*hnode
+	ns        *pb.Namespace
+	queue     []func()
+	cut       map[[2]NodeID]bool
+	dead      map[Subject]bool
+	replies   map[ReqID]Reply
+	nextReq   ReqID
+	trace     bool
 }
 
 type hnode struct {
@@ -41,9 +43,14 @@ type hnode struct {
 	uuid map[uint32]string
 }
 
-func newHarness(t *testing.T, n int, diskSize int64) *harness {
+// newHarness starts n nodes with one disk each; opts set the harness's
+// engine options first.
+func newHarness(t *testing.T, n int, diskSize int64, opts ...func(*harness)) *harness {
 	h := &harness{t: t, now: time.Unix(1000, 0), nodes: map[NodeID]*hnode{}, ns: &pb.Namespace{Name: Namespace},
 		cut: map[[2]NodeID]bool{}, dead: map[Subject]bool{}, replies: map[ReqID]Reply{}}
+	for _, o := range opts {
+		o(h)
+	}
 	for i := 1; i <= n; i++ {
 		hn := &hnode{id: NodeID(i), devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(diskSize, nil)}, uuid: map[uint32]string{}}
 		h.nodes[hn.id] = hn
@@ -84,7 +91,7 @@ func (h *harness) start(n *hnode) {
 		n.uuid[idx] = hdr.UUID
 		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx)})
 	}
-	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks})
+	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks, Unsafe: h.unsafe, ScrubRate: h.scrubRate})
 	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
 	for _, p := range h.sorted() {
 		if p != n && p.up && !h.isCut(n.id, p.id) {
