@@ -64,7 +64,7 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		}
 		return l
 	}
-	must(run(nil, "rldev", "create", "--size", "256MiB"))
+	must(run(nil, "rldev", "create", "--size", "512MiB"))
 	l := list()
 	id := l.RLDevs[0].RLDev
 	ids := strconv.FormatUint(id, 10)
@@ -100,13 +100,16 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		}
 	}
 
-	// The move starts; the target is SIGKILLed once it receives the copy.
+	// The move starts; the target is SIGKILLed once it receives the copy
+	// (or, on a slow machine, whatever phase the move is in when seen).
 	must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", to, "--no-wait"))
 	phase := ""
 	for deadline := time.Now().Add(60 * time.Second); phase != "copying" && phase != "switching"; time.Sleep(20 * time.Millisecond) {
 		l = list()
-		phase = l.RLDevs[0].Move.Phase
-		if phase == "" || time.Now().After(deadline) || ctx.Err() != nil {
+		if phase = l.RLDevs[0].Move.Phase; phase == "" {
+			t.Fatalf("the move of 512 MiB ended before the test saw it: %+v", l)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			t.Fatalf("the move never reached its copy (phase %q): %+v", phase, l)
 		}
 	}
