@@ -63,6 +63,10 @@ type RLDevConfig struct {
 	// ScrubRate is the bytes per second the scrubber reads over the
 	// node's segments (default 4 MiB; "0" turns it off).
 	ScrubRate *units.Size `toml:"scrub_rate"`
+	// CopyRate bounds the bytes per second resyncs and segment moves copy
+	// from this node (default: unbounded, the fastest rebuild; a bound
+	// trades rebuild time for the latency of the writes meanwhile).
+	CopyRate units.Size `toml:"copy_rate"`
 }
 
 // FDConfig holds the failure detector's tunables.

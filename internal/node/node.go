@@ -195,7 +195,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			udp.Close()
 			return nil, err
 		}
-		ecfg := rldev.Config{}
+		ecfg := rldev.Config{CopyRate: int64(cfg.RLDev.CopyRate)}
 		if r := cfg.RLDev.ScrubRate; r != nil {
 			ecfg.ScrubRate = int64(*r)
 			if ecfg.ScrubRate == 0 {

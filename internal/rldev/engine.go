@@ -137,6 +137,11 @@ type Config struct {
 	ScrubRate int64
 	// ScrubBlocks is the blocks the scrubber checks at a time (default 64).
 	ScrubBlocks uint64
+	// CopyRate bounds the bytes per second this node's resyncs and move
+	// copies send, all together (0: unbounded). Every write waits for
+	// the copy's range locks and shares the disk with it: a bound trades
+	// rebuild time for the writes' latency meanwhile.
+	CopyRate int64
 	// Unsafe switches a rule off: for the simulator's teeth tests only,
 	// which show that its oracle catches what each rule prevents.
 	Unsafe Unsafe
@@ -211,6 +216,7 @@ type Engine struct {
 	lastRetry    time.Time
 	scrubAt      time.Time // when the scrubber may take its next chunk
 	scrubNext    uint64    // the RLDev it goes to next (round robin)
+	copyAt       time.Time // when the next copy chunk may go (CopyRate)
 
 	// Retiring extents of this node (move.go): replicas retired with
 	// writes still in progress, the extents being wiped and wiped.
@@ -661,6 +667,16 @@ func (e *Engine) Tick(env Env) []any {
 		}
 	}
 	out = append(out, e.scrub(env)...)
+	if e.cfg.CopyRate > 0 { // copies held back by the rate go on
+		for _, id := range sortedIDs(e.reps) {
+			r := e.reps[id]
+			for _, s := range []*resyncSrc{r.resync, r.mv} {
+				if r.live(s) {
+					out = append(out, r.pump(env, s)...)
+				}
+			}
+		}
+	}
 	out = append(out, e.wipeTick()...)
 	return append(out, e.decide(env)...)
 }

@@ -22,6 +22,7 @@ import (
 type harness struct {
 	unsafe    Unsafe // the engines' (teeth tests)
 	scrubRate int64  // the engines' (0: the default)
+	copyRate  int64  // the engines' CopyRate
 	t         *testing.T
 	now       time.Time
 	nodes     map[NodeID]*hnode
@@ -91,7 +92,7 @@ func (h *harness) start(n *hnode) {
 		n.uuid[idx] = hdr.UUID
 		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx)})
 	}
-	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks, Unsafe: h.unsafe, ScrubRate: h.scrubRate})
+	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks, Unsafe: h.unsafe, ScrubRate: h.scrubRate, CopyRate: h.copyRate})
 	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
 	for _, p := range h.sorted() {
 		if p != n && p.up && !h.isCut(n.id, p.id) {

@@ -221,3 +221,27 @@ func survivorCrash(s *rsim, phase string, crashed *bool, log *[]string) {
 	}
 	step()
 }
+
+// TestCopyRateBoundsMove: a move (every block copied) of a 2 MiB RLDev
+// takes at least 2 s at copy_rate 1 MiB/s, and well under it unbounded.
+func TestCopyRateBoundsMove(t *testing.T) {
+	took := func(rate int64) time.Duration {
+		h := newHarness(t, 3, testDisk, func(h *harness) { h.copyRate = rate })
+		r := h.create(512)
+		h.mustWrite(r.Segs[0].Node, r.ID, 0, pattern(3, 512))
+		h.rmStartMove(r.ID, 1, 3)
+		start := h.now
+		if !h.rvTickUntil(30*time.Second, func() bool { return h.rec(r.ID).Move == nil && h.rec(r.ID).Segs[1].Node == 3 }) {
+			t.Fatalf("rate %d: the move did not end: %+v", rate, h.rec(r.ID))
+		}
+		d := h.now.Sub(start)
+		h.tick(time.Second)
+		h.mustRead(3, r.ID, 0, pattern(3, 512))
+		return d
+	}
+	free, bounded := took(0), took(1<<20)
+	t.Logf("a 2 MiB move took %v unbounded, %v at 1 MiB/s", free, bounded)
+	if bounded < 2*time.Second || free >= time.Second {
+		t.Fatalf("copy_rate not applied: %v unbounded, %v at 1 MiB/s", free, bounded)
+	}
+}

@@ -141,6 +141,12 @@ func (r *replica) pump(env Env, s *resyncSrc) []any {
 	var out []any
 	for r.live(s) && s.inflight < r.e.cfg.CopyWindow && s.next < len(s.chunks) {
 		ch := s.chunks[s.next]
+		if rate := r.e.cfg.CopyRate; rate > 0 {
+			if env.Now.Before(r.e.copyAt) {
+				break // Tick pumps again
+			}
+			r.e.copyAt = maxTime(r.e.copyAt, env.Now).Add(timePerBytes(int64(ch.n*BlockSize), rate))
+		}
 		s.next++
 		s.inflight++
 		out = append(out, r.readChunk(&copyChunk{src: s, first: ch.first, n: ch.n})...)

@@ -203,3 +203,10 @@ func (r *replica) pullNewer(blocks []uint64, done func(error) []any) []any {
 func timePerBytes(n, rate int64) time.Duration {
 	return time.Duration(float64(n) / float64(rate) * float64(time.Second))
 }
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
