@@ -510,7 +510,8 @@ func toRuns(blocks []uint64) []run {
 // pullWait is a Pull awaiting its data.
 type pullWait struct {
 	first, n uint64
-	q        *recover // the recovery it is for (nil: a read repair, the scrubber)
+	q        *recover   // the recovery it is for (nil: a read repair, the scrubber)
+	src      *resyncSrc // the copy it is for (a move's comparison), ended with it
 	gensOnly bool
 	then     func(PullData) []any
 	sentAt   time.Time
@@ -665,6 +666,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 					if werr != nil {
 						return r.fail(werr)
 					}
+					r.moveStale() // landed: a move's target may lack it
 					return r.recovered(q)
 				})...)
 			}
@@ -736,10 +738,15 @@ func (r *replica) lazyClear(env Env) []any {
 	if r.state != repReady {
 		return nil
 	}
+	// Every region a recovery in progress covers stays marked (a range
+	// pulled back after the peer refused a write has no region of its
+	// own: its write has ended, and only this keeps its region's mark
+	// until the range is whole again).
 	held := map[uint64]bool{}
 	for _, q := range r.recoverQ {
-		if q.x != noRegion {
-			held[q.x] = true
+		a, b := r.drl.durable.Span(q.first, q.n)
+		for x := a; x <= b; x++ {
+			held[x] = true
 		}
 	}
 	// A stale replica keeps its dirty regions until it is resynced: they

@@ -73,6 +73,7 @@ type replica struct {
 	probing       bool
 	mvStale       bool
 	tgtDown       time.Time
+	peerChanges   int // blocks being taken from the peer (pullNewer) now
 
 	recovering int        // dirty regions still to pull from the peer (after a crash)
 	recoverQ   []*recover // those regions, in order

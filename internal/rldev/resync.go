@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -40,8 +41,9 @@ type copyChunk struct {
 	sentAt time.Time
 	since  time.Time // first sent: a target that refuses it for CopyStall stops the resync
 	// repaired: a move's chunk had blocks failing their check, repaired
-	// from the peer once before it is read again.
-	repaired bool
+	// from the peer once before it is read again; compared: its
+	// generations were compared with the moving secondary's.
+	repaired, compared bool
 }
 
 // copyStall is how long a resync target may refuse a copy (not serving,
@@ -175,6 +177,37 @@ func (r *replica) readChunk(c *copyChunk) []any {
 				out := r.locks.release(c.lock)
 				return append(out, r.repair(bad, func(error) []any { return r.readChunk(c) })...)
 			}
+			if m := r.rec.Move; c.src.move && m != nil && m.Seg != r.seg && !c.compared && !r.peerStale() {
+				// The secondary moves away: its copy is about to be
+				// dropped. A block it holds newer than this one (a write
+				// this replica lost, say misdirected, and no scrub pass
+				// found yet) is taken from it first, or it would be lost.
+				c.compared = true
+				return r.sendPull(r.e.env, &pullWait{first: c.first, n: c.n, gensOnly: true, src: c.src, then: func(pd PullData) []any {
+					if !r.live(c.src) {
+						return r.locks.release(c.lock)
+					}
+					if (pd.Code != OK && pd.Code != Corrupt) || uint64(len(pd.Gens)) != c.n {
+						r.mvStale = true // not compared: the copy runs again
+					} else {
+						var newer []uint64
+						for i, g := range pd.Gens {
+							if b := c.first + uint64(i); g > gens[i] && !slices.Contains(pd.Bad, b) {
+								newer = append(newer, b)
+							}
+						}
+						if len(newer) > 0 {
+							out := r.locks.release(c.lock)
+							return append(out, r.pullNewer(newer, func(error) []any { return r.readChunk(c) })...)
+						}
+					}
+					for _, b := range bad {
+						gens[b-c.first] = badGen
+					}
+					c.data, c.gens = data, gens
+					return r.sendCopy(r.e.env, c)
+				}})
+			}
 			for _, b := range bad {
 				gens[b-c.first] = badGen // the only copy is gone: the target says so too
 			}
@@ -268,7 +301,15 @@ func (r *replica) stopCopy(s *resyncSrc, why string) []any {
 		}
 	}
 	// Chunks still waiting for their range or reading it release it in
-	// sendCopy, which drops them.
+	// sendCopy, which drops them; those waiting for the peer's
+	// generations (a move's comparison) are answered now (the peer may
+	// never answer: it may be the one the move replaced).
+	for _, seq := range sortedSeqs(r.pulls) {
+		if p := r.pulls[seq]; p.src == s {
+			delete(r.pulls, seq)
+			out = append(out, p.then(PullData{Code: NotServing})...)
+		}
+	}
 	what := "rldev resync"
 	if s.move {
 		what = "rldev move copy"

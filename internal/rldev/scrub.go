@@ -131,8 +131,14 @@ func (r *replica) scrubGens(first, n uint64, done func(error) []any) []any {
 
 // pullNewer pulls blocks the peer holds a newer generation of and, under
 // an exclusive range lock, rewrites those that are still older here.
-func (r *replica) pullNewer(blocks []uint64, done func(error) []any) []any {
-	r.moveStale()
+func (r *replica) pullNewer(blocks []uint64, done0 func(error) []any) []any {
+	// While it runs a move does not switch (moveCopied); what it writes
+	// makes the move's copy run again (moveStale).
+	r.peerChanges++
+	done := func(err error) []any {
+		r.peerChanges--
+		return done0(err)
+	}
 	runs := toRuns(blocks)
 	left := len(runs)
 	var failed error
@@ -186,6 +192,7 @@ func (r *replica) pullNewer(blocks []uint64, done func(error) []any) []any {
 							if werr != nil {
 								return append(append(out, r.fail(werr)...), finish(werr)...)
 							}
+							r.moveStale()
 							out = append(out, r.e.logf(2, "rldev scrub: blocks older than the peer's copy (a misdirected or lost write) rewritten from it", "rldev", r.rec.ID, "blocks", write))
 							return append(out, finish(nil)...)
 						})...)
