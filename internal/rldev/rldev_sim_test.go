@@ -791,7 +791,12 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 			case r < 17 && !opts.quiet:
 				s.o.logf("DISK node %d fails writes", rn.id)
 				rn.devs[0].SetFaults(disk.MemFaults{WriteEIO: 0.05})
+				// Until its segments failed (failed) or are known
+				// stale, the node's copies may be about to fail: bit rot
+				// at a peer meanwhile hits what may be the only copy.
+				s.o.failing[rn.id] = true
 				w.After(w.Between(100*time.Millisecond, time.Second), func() { rn.devs[0].SetFaults(disk.MemFaults{}) })
+				w.After(2*time.Second, func() { delete(s.o.failing, rn.id) })
 			default:
 				net.DropRate = 0.2 * w.Rand.Float64()
 			}
@@ -945,7 +950,7 @@ func (s *rsim) rot(rn *rnode) {
 		b := uint64(s.w.Rand.Int63n(int64(rec.Blocks)))
 		off := rec.Segs[seg].Offset + blockOff(b) + int64(s.w.Rand.Intn(PhysBlockSize))
 		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg) ||
-			slices.Contains(s.o.rotten(rec, 1-seg), b)
+			s.o.failing[rec.Segs[1-seg].Node] || slices.Contains(s.o.rotten(rec, 1-seg), b)
 		if only && s.o.gentle {
 			return
 		}
@@ -980,13 +985,15 @@ type roracle struct {
 	// double fault: disks do not tear at a crash, so everything
 	// acknowledged is on its platter and nothing may be lost.
 	strict bool
+	// failing: nodes whose disks fail writes now, or did lately.
+	failing map[NodeID]bool
 }
 
 type blockKey struct{ id, block uint64 }
 
 func newROracle(s *rsim) *roracle {
 	return &roracle{s: s, hist: map[blockKey][]porcupine.Operation{}, double: map[uint64]bool{}, doubleKinds: map[string]int{}, impairedUntil: map[NodeID]time.Duration{}, downAt: map[NodeID]bool{}, fenced: map[NodeID]bool{},
-		corrupts: map[uint64]string{}, tracing: os.Getenv("GROVE_SEED") != ""}
+		corrupts: map[uint64]string{}, tracing: os.Getenv("GROVE_SEED") != "", failing: map[NodeID]bool{}}
 }
 
 func (o *roracle) logf(format string, args ...any) {
