@@ -22,11 +22,16 @@ import (
 //     writes acknowledged in it: a write holds its range from start to
 //     acknowledgement, and a copy holds it from read to acknowledgement.
 //     A block that fails its check at the primary is repaired from the
-//     secondary before it is copied. The target mirrors the primary's
+//     secondary before it is copied; when the secondary is the segment
+//     that moves, each chunk's generations are first compared with its
+//     copy and blocks it holds newer (a write the primary lost, not yet
+//     found by the scrubber) are taken from it: its copy is about to be
+//     dropped. The target mirrors the primary's
 //     fences (keeps the newest token, refuses none: the primary judged
 //     them). Any range the primary takes from its peer meanwhile (a write
 //     the secondary refused with a stale token, pulled back; a newer
-//     block the scrubber found there) makes the copy start again.
+//     block the scrubber found there) holds the switch while it is
+//     taken and makes the copy start again once it landed.
 //  4. Copy complete, the primary passes a decree: Move.Switch. From the
 //     moment the moving replica knows it, it serves no read and (if it is
 //     the primary) takes no new write.
