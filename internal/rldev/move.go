@@ -539,11 +539,9 @@ func (e *Engine) wipeTick() []any {
 			out = append(out, e.wipeFrom(sg, SegmentSize(rec.Blocks))...)
 		}
 	}
-	for _, m := range []map[Segment]bool{e.wiping, e.wiped} {
-		for sg := range m {
-			if !live[sg] && !e.wiping[sg] {
-				delete(m, sg)
-			}
+	for sg := range e.wiped { // removed from the table: forgotten
+		if !live[sg] {
+			delete(e.wiped, sg)
 		}
 	}
 	return out

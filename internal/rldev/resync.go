@@ -2,7 +2,6 @@ package rldev
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"time"
 )
@@ -172,6 +171,13 @@ func (r *replica) readChunk(c *copyChunk) []any {
 			if err != nil {
 				return append(r.locks.release(c.lock), r.fail(err)...)
 			}
+			send := func() []any {
+				for _, b := range bad {
+					gens[b-c.first] = badGen // the only copy is gone: the target says so too
+				}
+				c.data, c.gens = data, gens
+				return r.sendCopy(r.e.env, c)
+			}
 			if len(bad) > 0 && c.src.move && !c.repaired && !r.peerStale() {
 				c.repaired = true
 				out := r.locks.release(c.lock)
@@ -187,32 +193,18 @@ func (r *replica) readChunk(c *copyChunk) []any {
 					if !r.live(c.src) {
 						return r.locks.release(c.lock)
 					}
-					if (pd.Code != OK && pd.Code != Corrupt) || uint64(len(pd.Gens)) != c.n {
+					if pd.Code != OK && pd.Code != Corrupt || uint64(len(pd.Gens)) != c.n {
 						r.mvStale = true // not compared: the copy runs again
-					} else {
-						var newer []uint64
-						for i, g := range pd.Gens {
-							if b := c.first + uint64(i); g > gens[i] && !slices.Contains(pd.Bad, b) {
-								newer = append(newer, b)
-							}
-						}
-						if len(newer) > 0 {
-							out := r.locks.release(c.lock)
-							return append(out, r.pullNewer(newer, func(error) []any { return r.readChunk(c) })...)
-						}
+						return send()
 					}
-					for _, b := range bad {
-						gens[b-c.first] = badGen
+					if newer := olderHere(c.first, gens, bad, pd); len(newer) > 0 {
+						out := r.locks.release(c.lock)
+						return append(out, r.pullNewer(newer, func(error) []any { return r.readChunk(c) })...)
 					}
-					c.data, c.gens = data, gens
-					return r.sendCopy(r.e.env, c)
+					return send()
 				}})
 			}
-			for _, b := range bad {
-				gens[b-c.first] = badGen // the only copy is gone: the target says so too
-			}
-			c.data, c.gens = data, gens
-			return r.sendCopy(r.e.env, c)
+			return send()
 		})
 	})
 	return out

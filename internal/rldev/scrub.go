@@ -114,19 +114,27 @@ func (r *replica) scrubGens(first, n uint64, done func(error) []any) []any {
 			if err != nil {
 				return append(r.fail(err), done(err)...)
 			}
-			var older []uint64
-			for i := uint64(0); i < n; i++ {
-				b := first + i
-				if pd.Gens[i] > mine[i] && !slices.Contains(bad, b) && !slices.Contains(pd.Bad, b) {
-					older = append(older, b)
-				}
-			}
+			older := olderHere(first, mine, bad, pd)
 			if len(older) == 0 {
 				return done(nil)
 			}
 			return r.pullNewer(older, done)
 		})
 	}})
+}
+
+// olderHere lists the blocks from first whose generation here (mine)
+// is older than the peer's (pd, a generations-only answer), leaving out
+// those that fail their check on either side (repaired otherwise).
+func olderHere(first uint64, mine, bad []uint64, pd PullData) []uint64 {
+	var older []uint64
+	for i := range mine {
+		b := first + uint64(i)
+		if pd.Gens[i] > mine[i] && !slices.Contains(bad, b) && !slices.Contains(pd.Bad, b) {
+			older = append(older, b)
+		}
+	}
+	return older
 }
 
 // pullNewer pulls blocks the peer holds a newer generation of and, under
