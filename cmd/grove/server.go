@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -39,6 +40,7 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 			if path == "" {
 				return cli.Usagef("--config FILE is required")
 			}
+			serverGC()
 			if _, err := logging.ParseLevel(logLevel); err != nil {
 				return cli.Usagef("--log-level: %v", err)
 			}
@@ -83,4 +85,17 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 	cmd.Flags().StringVar(&logFile, "log-file", "", "log to `FILE` (default DATA_DIR/grove.log; - for standard error)")
 	addLogFlags(cmd, &logLevel, &logFormat)
 	return cmd
+}
+
+// serverGC sets the garbage collector of a process that runs nodes: GOGC
+// 400 unless the environment sets GOGC. An RLDev request allocates its
+// blocks afresh (up to 8 MiB) on a small live heap, so at Go's default of
+// 100 the collector ran every few requests: measured in-process
+// (BenchmarkService*), 400 cut the time of a 1 MiB read by a quarter and
+// of a 1 MiB write by a sixth, for a heap at most five times the live
+// data instead of twice.
+func serverGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 }

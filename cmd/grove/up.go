@@ -101,6 +101,9 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.changed = cmd.Flags().Changed
+			if !o.processes {
+				serverGC() // the nodes run in this process
+			}
 			return runUp(cmd.Context(), o)
 		},
 	}

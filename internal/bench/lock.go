@@ -32,6 +32,9 @@ type ClusterOptions struct {
 	// bytes (default 256 MiB).
 	Store    bool
 	DiskSize int64
+	// DataPath is the nodes' [rldev] data_path ("tcp" or "grpc"; default
+	// tcp).
+	DataPath string
 	// Log receives the nodes' lines (default: none).
 	Log *slog.Logger
 }
@@ -74,6 +77,7 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 		if o.Store {
 			cfg.Roles = append(cfg.Roles, node.RoleStore)
 			cfg.Disks, cfg.DiskSize = []string{"disk0.img"}, units.Size(o.DiskSize)
+			cfg.RLDev.DataPath = o.DataPath
 		}
 		c.Configs = append(c.Configs, cfg)
 		c.Nodes = append(c.Nodes, nil)

@@ -67,6 +67,11 @@ type RLDevConfig struct {
 	// from this node (default: unbounded, the fastest rebuild; a bound
 	// trades rebuild time for the latency of the writes meanwhile).
 	CopyRate units.Size `toml:"copy_rate"`
+	// DataPath carries the blocks of this node's links to its replicas'
+	// peers: "tcp" (the default: frames on plain TCP to the peer's gRPC
+	// port) or "grpc" (a gRPC stream, slower; kept to measure against).
+	// A node accepts both.
+	DataPath string `toml:"data_path"`
 }
 
 // FDConfig holds the failure detector's tunables.
@@ -462,6 +467,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.Keyring(); err != nil {
 		return err
+	}
+	if p := c.RLDev.DataPath; p != "" && p != "tcp" && p != "grpc" {
+		return fmt.Errorf("[rldev] data_path = %q: want \"tcp\" or \"grpc\"", p)
 	}
 	for _, r := range c.Roles {
 		if !slices.Contains(KnownRoles, r) {

@@ -40,7 +40,7 @@ type Node struct {
 	log    *slog.Logger
 	lock   *os.File
 	grpc   *grpc.Server
-	lis    net.Listener
+	guard  *transport.Guarded
 	meta   *meta.Server // nil unless RoleMeta
 	client *meta.Client
 	fd     *fd.Driver
@@ -112,7 +112,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("node %d: gRPC address: %w", cfg.ID, err)
 	}
 	garbage := ratelog.New(5 * time.Second)
-	n.lis = transport.Guard(lis, func(from net.Addr, reason string) {
+	n.guard = transport.Guard(lis, func(from net.Addr, reason string) {
 		n.mx.Garbage.WithLabelValues("grpc", reason).Inc()
 		if ok, k := garbage.Allow(reason); ok {
 			n.log.Warn("gRPC port: connection dropped", "from", from, "reason", reason, "suppressed", k)
@@ -203,11 +203,12 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			}
 		}
 		n.rldev = rldev.NewService(rldev.ServiceConfig{Node: cfg.ID, Disks: disks, Meta: n.client, Detector: rldevDetector{n.status},
-			Live: n, Log: n.log, Engine: ecfg})
+			Live: n, Log: n.log, Engine: ecfg, DataPath: cfg.RLDev.DataPath})
+		n.guard.Handle(rldev.WireMagic, n.rldev.ServeConn)
 		n.fence.OnFence(func(inc fd.Incarnation) { n.rldev.Fence(uint64(inc)) })
 		pb.RegisterRLDevServiceServer(n.grpc, n.rldev)
 	}
-	go n.grpc.Serve(n.lis)
+	go n.grpc.Serve(n.guard)
 
 	keys, err := cfg.Keyring()
 	if err != nil {

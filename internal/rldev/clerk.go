@@ -28,7 +28,9 @@ import (
 // lock's fencing token (WriteOptions.Fence), which replicas check.
 type Clerk struct {
 	meta  *meta.Client
+	opts  ClerkOptions
 	conns transport.Pool
+	data  dataConns
 	ctx   context.Context
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
@@ -41,10 +43,20 @@ type Clerk struct {
 	refresh sync.Mutex // one linearizable read at a time
 }
 
+// ClerkOptions tune a clerk.
+type ClerkOptions struct {
+	// DataPath carries reads and writes: DataPathTCP (the default, the
+	// framed data path) or DataPathGRPC.
+	DataPath string
+}
+
 // NewClerk starts a clerk on the config service m (which it does not
 // close).
-func NewClerk(m *meta.Client) *Clerk {
-	c := &Clerk{meta: m}
+func NewClerk(m *meta.Client) *Clerk { return NewClerkWith(m, ClerkOptions{}) }
+
+// NewClerkWith starts a clerk with options.
+func NewClerkWith(m *meta.Client, o ClerkOptions) *Clerk {
+	c := &Clerk{meta: m, opts: o}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	c.mu.addrs = map[NodeID]string{}
 	c.mu.changed = make(chan struct{})
@@ -59,6 +71,7 @@ func (c *Clerk) Close() {
 	c.stop()
 	c.wg.Wait()
 	c.conns.Close()
+	c.data.close()
 }
 
 func (c *Clerk) watchTable() {
@@ -169,7 +182,7 @@ func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteO
 		if o.Replica > 0 {
 			node = rec.Segs[o.Replica-1].Node
 		}
-		cl, err := c.client(ctx, node)
+		cl, err := c.dataClient(ctx, node)
 		if err != nil {
 			return node, false, err
 		}
@@ -209,7 +222,7 @@ func (c *Clerk) Read(ctx context.Context, id, off, n uint64, replica int) ([]byt
 			seg = replica - 1
 		}
 		node := rec.Segs[seg].Node
-		cl, err := c.client(ctx, node)
+		cl, err := c.dataClient(ctx, node)
 		if err != nil {
 			return node, false, err
 		}
@@ -278,6 +291,23 @@ func (c *Clerk) retry(ctx context.Context, id uint64, what string, attempt func(
 		return fmt.Errorf("rldev %d: %s: gave up (%w); the last attempt, on node %d: %v", id, what, ctx.Err(), lastNode, last)
 	}
 	return fmt.Errorf("rldev %d: %s: %w", id, what, last)
+}
+
+// dataClient is how reads and writes reach node.
+func (c *Clerk) dataClient(ctx context.Context, node NodeID) (dataClient, error) {
+	if c.opts.DataPath == DataPathGRPC {
+		cl, err := c.client(ctx, node)
+		return grpcData{cl}, err
+	}
+	a, err := c.addr(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	d, err := c.data.get(ctx, a)
+	if err != nil {
+		return nil, fmt.Errorf("node %d at %s: %w", node, a, err)
+	}
+	return d, nil
 }
 
 func (c *Clerk) client(ctx context.Context, node NodeID) (pb.RLDevServiceClient, error) {

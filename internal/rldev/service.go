@@ -58,7 +58,17 @@ type ServiceConfig struct {
 	// LinkQueue bounds the bytes waiting on one peer link (default 64
 	// MiB); a full queue breaks the link (what matters is resent).
 	LinkQueue int64
+	// DataPath is how this node's peer links carry their messages:
+	// DataPathTCP (the default, frames.go) or DataPathGRPC (a gRPC stream).
+	// A node accepts both.
+	DataPath string
 }
+
+// The data paths (frames.go).
+const (
+	DataPathTCP  = "tcp"
+	DataPathGRPC = "grpc"
+)
 
 // MaxIO bounds one client read or write.
 const MaxIO = 8 << 20
@@ -116,8 +126,17 @@ type generation struct {
 
 type waiter struct {
 	ch    chan Reply
+	fn    func(Reply) // instead of ch: runs under the service's lock, must not block
 	write bool
 	id    uint64
+}
+
+func (w *waiter) reply(r Reply) {
+	if w.fn != nil {
+		w.fn(r)
+		return
+	}
+	w.ch <- r
 }
 
 type diskQueue struct {
@@ -253,7 +272,7 @@ func (s *Service) fenceLocked(why string) {
 		if w.write {
 			err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
 		}
-		w.ch <- Reply{Req: id, Err: err}
+		w.reply(Reply{Req: id, Err: err})
 	}
 	for n, l := range s.mu.in {
 		l.cancel()
@@ -326,7 +345,7 @@ func (s *Service) execLocked(g *generation, out []any) {
 		case Reply:
 			if w := s.mu.reqs[x.Req]; w != nil {
 				delete(s.mu.reqs, x.Req)
-				w.ch <- x
+				w.reply(x)
 			}
 		case Propose:
 			s.async(g, 10*time.Second, func(ctx context.Context) func(Env) []any {
@@ -574,8 +593,15 @@ func (s *Service) runLink(l *outLink) {
 	}
 }
 
+// peerOut is the sending end of a link, whichever transport carries it.
+type peerOut interface {
+	// send queues a message; flush sends what is queued.
+	send(f *pb.RLDevServicePeerRequest) error
+	flush() error
+}
+
 // linkOnce dials, says hello, reports the peer up and pumps the queue until
-// the stream ends; then reports it down. It reports whether the link came
+// the link ends; then reports it down. It reports whether the link came
 // up.
 func (s *Service) linkOnce(l *outLink) bool {
 	g := l.gen
@@ -585,45 +611,19 @@ func (s *Service) linkOnce(l *outLink) bool {
 	if addr == "" {
 		return false
 	}
-	cc, err := s.conns.Get(addr)
-	if err != nil {
-		return false
-	}
 	ctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
-	st, err := pb.NewRLDevServiceClient(cc).Peer(ctx)
+	hello := &pb.RLDevHello{Node: s.cfg.Node, Incarnation: g.e.Incarnation(), ToNode: l.to}
+	dial := s.dialPeerTCP
+	if s.cfg.DataPath == DataPathGRPC {
+		dial = s.dialPeerGRPC
+	}
+	out, h, err := dial(ctx, cancel, addr, hello)
 	if err != nil {
 		return false
 	}
-	if err := st.Send(&pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Hello{Hello: &pb.RLDevHello{
-		Node: s.cfg.Node, Incarnation: g.e.Incarnation(), ToNode: l.to}}}); err != nil {
-		return false
-	}
-	hello := make(chan *pb.RLDevHello, 1)
-	go func() {
-		// The acceptor's hello, then nothing until the stream ends.
-		r, err := st.Recv()
-		if err != nil {
-			cancel()
-			return
-		}
-		hello <- r.Hello
-		for {
-			if _, err := st.Recv(); err != nil {
-				cancel()
-				return
-			}
-		}
-	}()
-	select {
-	case h := <-hello:
-		if h == nil || h.Node != l.to {
-			s.log.Warn("rldev link: the answer is not from the node dialed", "to", l.to, "addr", addr)
-			return false
-		}
-	case <-time.After(5 * time.Second):
-		return false
-	case <-ctx.Done():
+	if h == nil || h.Node != l.to {
+		s.log.Warn("rldev link: the answer is not from the node dialed", "to", l.to, "addr", addr)
 		return false
 	}
 	s.mu.Lock()
@@ -649,8 +649,19 @@ func (s *Service) linkOnce(l *outLink) bool {
 	for {
 		select {
 		case f := <-l.q:
-			l.bytes.Add(-int64(proto.Size(f)))
-			if err := st.Send(f); err != nil {
+			// Everything queued goes out in one flush.
+			for f != nil {
+				l.bytes.Add(-int64(proto.Size(f)))
+				if err := out.send(f); err != nil {
+					return true
+				}
+				select {
+				case f = <-l.q:
+				default:
+					f = nil
+				}
+			}
+			if err := out.flush(); err != nil {
 				return true
 			}
 		case <-ctx.Done():
@@ -659,7 +670,55 @@ func (s *Service) linkOnce(l *outLink) bool {
 	}
 }
 
-// Peer accepts a link from another node's engine.
+// dialPeerGRPC opens a link as a gRPC stream and exchanges hellos. The
+// link ends (cancel) when the stream does.
+func (s *Service) dialPeerGRPC(ctx context.Context, cancel context.CancelFunc, addr string, hello *pb.RLDevHello) (peerOut, *pb.RLDevHello, error) {
+	cc, err := s.conns.Get(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := pb.NewRLDevServiceClient(cc).Peer(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := st.Send(&pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Hello{Hello: hello}}); err != nil {
+		return nil, nil, err
+	}
+	got := make(chan *pb.RLDevHello, 1)
+	go func() {
+		// The acceptor's hello, then nothing until the stream ends.
+		r, err := st.Recv()
+		if err != nil {
+			cancel()
+			return
+		}
+		got <- r.Hello
+		for {
+			if _, err := st.Recv(); err != nil {
+				cancel()
+				return
+			}
+		}
+	}()
+	select {
+	case h := <-got:
+		return grpcPeerOut{st}, h, nil
+	case <-time.After(5 * time.Second):
+		return nil, nil, errors.New("rldev link: no hello in 5 s")
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+}
+
+type grpcPeerOut struct {
+	st pb.RLDevService_PeerClient
+}
+
+func (o grpcPeerOut) send(f *pb.RLDevServicePeerRequest) error { return o.st.Send(f) }
+func (o grpcPeerOut) flush() error                             { return nil }
+
+// Peer accepts a link from another node's engine (gRPC; the framed data
+// path's links are servePeerConn).
 func (s *Service) Peer(st pb.RLDevService_PeerServer) error {
 	f, err := st.Recv()
 	if err != nil {
@@ -669,39 +728,12 @@ func (s *Service) Peer(st pb.RLDevService_PeerServer) error {
 	if h == nil {
 		return status.Error(codes.InvalidArgument, "rldev link: the first frame must be a hello")
 	}
-	from := h.Node
-	s.mu.Lock()
-	g := s.mu.gen
-	switch {
-	case h.ToNode != s.cfg.Node:
-		s.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "rldev link: this is node %d, not %d", s.cfg.Node, h.ToNode)
-	case g == nil || s.mu.eng == nil:
-		s.mu.Unlock()
-		return status.Errorf(codes.Unavailable, "rldev link: node %d has no engine running (fenced or starting)", s.cfg.Node)
-	case h.Incarnation < s.mu.nodes[from]:
-		s.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "rldev link: node %d incarnation %d is a past one", from, h.Incarnation)
+	in, err := s.acceptPeer(st.Context(), h)
+	if err != nil {
+		return err
 	}
-	ctx, cancel := context.WithCancel(st.Context())
-	defer cancel()
-	stop := context.AfterFunc(g.ctx, cancel)
-	defer stop()
-	if old := s.mu.in[from]; old != nil {
-		old.cancel() // the peer dialed again: its earlier link is over
-	}
-	il := &inLink{inc: h.Incarnation, cancel: cancel}
-	s.mu.in[from] = il
-	inc := g.e.Incarnation()
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		if s.mu.in[from] == il {
-			delete(s.mu.in, from)
-		}
-		s.mu.Unlock()
-	}()
-	if err := st.Send(&pb.RLDevServicePeerResponse{Hello: &pb.RLDevHello{Node: s.cfg.Node, Incarnation: inc}}); err != nil {
+	defer in.close()
+	if err := st.Send(&pb.RLDevServicePeerResponse{Hello: in.hello}); err != nil {
 		return err
 	}
 	frames := make(chan *pb.RLDevServicePeerRequest)
@@ -715,32 +747,100 @@ func (s *Service) Peer(st pb.RLDevService_PeerServer) error {
 			}
 			select {
 			case frames <- f:
-			case <-ctx.Done():
+			case <-in.ctx.Done():
 				return
 			}
 		}
 	}()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-in.ctx.Done():
 			return status.Error(codes.Aborted, "rldev link closed (a new engine or a newer link)")
 		case err := <-errc:
 			return err
 		case f := <-frames:
-			msg, err := DecodePeer(f)
-			if err != nil {
-				s.log.Warn("rldev link: malformed frame: closing the link", "from", from, "err", err)
-				return status.Error(codes.InvalidArgument, err.Error())
+			if err := in.deliver(f); err != nil {
+				return err
 			}
-			s.mu.Lock()
-			if s.mu.in[from] != il || s.mu.gen != g || s.mu.eng == nil {
-				s.mu.Unlock()
-				return status.Error(codes.Aborted, "rldev link closed")
-			}
-			s.execLocked(g, g.e.Deliver(s.env(g.e), from, msg))
-			s.mu.Unlock()
 		}
 	}
+}
+
+// peerIn is an accepted link from another node's engine, bound to this
+// node's current engine and to the sender's incarnation.
+type peerIn struct {
+	s      *Service
+	g      *generation
+	il     *inLink
+	from   NodeID
+	ctx    context.Context // ends with the link (a newer one, a new engine here)
+	cancel context.CancelFunc
+	stop   func() bool
+	hello  *pb.RLDevHello // this end's answer
+}
+
+// acceptPeer checks a link's hello and binds the link to the engines at
+// both ends; a newer link from the same node ends the older one.
+func (s *Service) acceptPeer(parent context.Context, h *pb.RLDevHello) (*peerIn, error) {
+	from := h.Node
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.mu.gen
+	switch {
+	case h.ToNode != s.cfg.Node:
+		return nil, status.Errorf(codes.FailedPrecondition, "rldev link: this is node %d, not %d", s.cfg.Node, h.ToNode)
+	case g == nil || s.mu.eng == nil:
+		return nil, status.Errorf(codes.Unavailable, "rldev link: node %d has no engine running (fenced or starting)", s.cfg.Node)
+	case h.Incarnation < s.mu.nodes[from]:
+		return nil, status.Errorf(codes.FailedPrecondition, "rldev link: node %d incarnation %d is a past one", from, h.Incarnation)
+	}
+	ctx, cancel := context.WithCancel(parent)
+	in := &peerIn{s: s, g: g, from: from, ctx: ctx, cancel: cancel, stop: context.AfterFunc(g.ctx, cancel),
+		hello: &pb.RLDevHello{Node: s.cfg.Node, Incarnation: g.e.Incarnation()}}
+	if old := s.mu.in[from]; old != nil {
+		old.cancel() // the peer dialed again: its earlier link is over
+	}
+	in.il = &inLink{inc: h.Incarnation, cancel: cancel}
+	s.mu.in[from] = in.il
+	return in, nil
+}
+
+func (in *peerIn) close() {
+	in.stop()
+	in.cancel()
+	s := in.s
+	s.mu.Lock()
+	if s.mu.in[in.from] == in.il {
+		delete(s.mu.in, in.from)
+	}
+	s.mu.Unlock()
+}
+
+// deliver gives the engine one message of the link; an error ends the
+// link.
+func (in *peerIn) deliver(fs ...*pb.RLDevServicePeerRequest) error {
+	msgs := make([]any, len(fs))
+	for i, f := range fs {
+		msg, err := DecodePeer(f)
+		if err != nil {
+			in.s.log.Warn("rldev link: malformed frame: closing the link", "from", in.from, "err", err)
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		msgs[i] = msg
+	}
+	s, g := in.s, in.g
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.in[in.from] != in.il || s.mu.gen != g || s.mu.eng == nil {
+		return status.Error(codes.Aborted, "rldev link closed")
+	}
+	for _, msg := range msgs {
+		s.execLocked(g, g.e.Deliver(s.env(g.e), in.from, msg))
+		if s.mu.gen != g || s.mu.eng == nil {
+			return status.Error(codes.Aborted, "rldev link closed")
+		}
+	}
+	return nil
 }
 
 // ------------------------------------------------------------------ clients
@@ -748,37 +848,56 @@ func (s *Service) Peer(st pb.RLDevService_PeerServer) error {
 // request runs a client request on the current engine and waits for its
 // reply (or ctx: the request is cancelled; a write may still land).
 func (s *Service) request(ctx context.Context, id uint64, write bool, start func(e *Engine, env Env, req ReqID) []any) ([]byte, uint64, error) {
-	s.mu.Lock()
-	g := s.mu.gen
-	if g == nil || s.mu.eng == nil {
-		s.mu.Unlock()
-		return nil, 0, fmt.Errorf("%w: node %d has no engine running (fenced itself, or starting)", ErrNotServing, s.cfg.Node)
-	}
-	s.mu.nextReq++
-	req := s.mu.nextReq
 	w := &waiter{ch: make(chan Reply, 1), write: write, id: id}
-	s.mu.reqs[req] = w
-	s.execLocked(g, start(g.e, s.env(g.e), req))
-	s.mu.Unlock()
+	g, req, err := s.begin(w, start)
+	if err != nil {
+		return nil, 0, err
+	}
 	select {
 	case r := <-w.ch:
 		return r.Data, s.epoch(id), r.Err
 	case <-ctx.Done():
-		s.mu.Lock()
-		if s.mu.reqs[req] == w {
-			delete(s.mu.reqs, req)
-			if s.mu.gen == g && s.mu.eng != nil {
-				g.e.Cancel(req)
-			}
-		}
-		s.mu.Unlock()
+		s.cancel(g, req, w)
 		return nil, 0, ctx.Err()
+	}
+}
+
+// begin starts a client request on the current engine; its reply goes to
+// w.
+func (s *Service) begin(w *waiter, start func(e *Engine, env Env, req ReqID) []any) (*generation, ReqID, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.mu.gen
+	if g == nil || s.mu.eng == nil {
+		return nil, 0, fmt.Errorf("%w: node %d has no engine running (fenced itself, or starting)", ErrNotServing, s.cfg.Node)
+	}
+	s.mu.nextReq++
+	req := s.mu.nextReq
+	s.mu.reqs[req] = w
+	s.execLocked(g, start(g.e, s.env(g.e), req))
+	return g, req, nil
+}
+
+// cancel gives up a request that has not replied yet (a write may still
+// land).
+func (s *Service) cancel(g *generation, req ReqID, w *waiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.reqs[req] == w {
+		delete(s.mu.reqs, req)
+		if s.mu.gen == g && s.mu.eng != nil {
+			g.e.Cancel(req)
+		}
 	}
 }
 
 func (s *Service) epoch(id uint64) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.epochLocked(id)
+}
+
+func (s *Service) epochLocked(id uint64) uint64 {
 	if s.mu.eng != nil {
 		if rec := s.mu.eng.table.RLDevs[id]; rec != nil {
 			return rec.Epoch
@@ -800,26 +919,22 @@ func blockRange(off, n uint64) (uint64, uint64, error) {
 	return off / BlockSize, n / BlockSize, nil
 }
 
-// Read serves a client read.
-func (s *Service) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
+// readStart checks a client read and returns how to start it.
+func readStart(r *pb.RLDevServiceReadRequest) (func(e *Engine, env Env, req ReqID) []any, error) {
 	block, n, err := blockRange(r.Offset, r.Length)
-	if err != nil || r.Replica > 2 {
-		if err == nil {
-			err = fmt.Errorf("%w: replica %d (0: any, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
-		}
-		return &pb.RLDevServiceReadResponse{Result: ResultOf(err, 0)}, nil
+	if err == nil && r.Replica > 2 {
+		err = fmt.Errorf("%w: replica %d (0: any, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
 	}
-	data, epoch, err := s.request(ctx, r.Rldev, false, func(e *Engine, env Env, req ReqID) []any {
+	if err != nil {
+		return nil, err
+	}
+	return func(e *Engine, env Env, req ReqID) []any {
 		return e.Read(env, req, r.Rldev, block, n, int(r.Replica)-1)
-	})
-	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
-		return nil, status.FromContextError(cerr).Err()
-	}
-	return &pb.RLDevServiceReadResponse{Result: ResultOf(err, epoch), Data: data}, nil
+	}, nil
 }
 
-// Write serves a client write.
-func (s *Service) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+// writeStart checks a client write and returns how to start it.
+func writeStart(r *pb.RLDevServiceWriteRequest) (func(e *Engine, env Env, req ReqID) []any, error) {
 	block, _, err := blockRange(r.Offset, uint64(len(r.Data)))
 	var fence *Fence
 	if err == nil {
@@ -829,11 +944,33 @@ func (s *Service) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*p
 		err = fmt.Errorf("%w: replica %d (0: the primary, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
 	}
 	if err != nil {
-		return &pb.RLDevServiceWriteResponse{Result: ResultOf(fmt.Errorf("%w", errors.Join(ErrBadRequest, err)), 0)}, nil
+		return nil, fmt.Errorf("%w", errors.Join(ErrBadRequest, err))
 	}
-	_, epoch, err := s.request(ctx, r.Rldev, true, func(e *Engine, env Env, req ReqID) []any {
+	return func(e *Engine, env Env, req ReqID) []any {
 		return e.Write(env, req, r.Rldev, block, r.Data, fence, int(r.Replica)-1)
-	})
+	}, nil
+}
+
+// Read serves a client read.
+func (s *Service) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
+	start, err := readStart(r)
+	if err != nil {
+		return &pb.RLDevServiceReadResponse{Result: ResultOf(err, 0)}, nil
+	}
+	data, epoch, err := s.request(ctx, r.Rldev, false, start)
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		return nil, status.FromContextError(cerr).Err()
+	}
+	return &pb.RLDevServiceReadResponse{Result: ResultOf(err, epoch), Data: data}, nil
+}
+
+// Write serves a client write.
+func (s *Service) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	start, err := writeStart(r)
+	if err != nil {
+		return &pb.RLDevServiceWriteResponse{Result: ResultOf(err, 0)}, nil
+	}
+	_, epoch, err := s.request(ctx, r.Rldev, true, start)
 	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
 		return nil, status.FromContextError(cerr).Err()
 	}

@@ -8,6 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,17 +54,25 @@ func random(n int) []byte {
 // (chained: each node primary of one, secondary of another), writes and
 // reads through the clerk; a node stops, writes go on in degraded mode; it
 // comes back, is resynced, and both copies are equal.
+// Blocks travel on the framed data path (the default) or on gRPC: both
+// are run.
 func TestServiceDegradedAndResync(t *testing.T) {
+	for _, path := range []string{rldev.DataPathTCP, rldev.DataPathGRPC} {
+		t.Run(path, func(t *testing.T) { testServiceDegradedAndResync(t, path) })
+	}
+}
+
+func testServiceDegradedAndResync(t *testing.T, path string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t)})
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t), DataPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
-	cl := rldev.NewClerk(mc)
+	cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
 	defer cl.Close()
 	var recs []*rldev.Record
 	for ctx.Err() == nil { // the nodes register their disks first
@@ -133,21 +144,30 @@ func testLog(t *testing.T) *slog.Logger {
 // BenchmarkServiceWrite4K: replicated 4 KiB writes at queue depth 1
 // through the clerk, two store nodes in this process (loopback gRPC, the
 // disks in files): the whole data path's cost per write.
-func BenchmarkServiceWrite4K(b *testing.B) { benchService(b, true, 4096) }
+func BenchmarkServiceWrite4K(b *testing.B) { benchService(b, true, 4096, 1) }
+
+// BenchmarkServiceWrite4KQD32: replicated 4 KiB random writes, 32 at once.
+func BenchmarkServiceWrite4KQD32(b *testing.B) { benchService(b, true, 4096, 32) }
 
 // BenchmarkServiceRead4K: 4 KiB reads at queue depth 1.
-func BenchmarkServiceRead4K(b *testing.B) { benchService(b, false, 4096) }
+func BenchmarkServiceRead4K(b *testing.B) { benchService(b, false, 4096, 1) }
 
-func benchService(b *testing.B, write bool, size int) {
+// The benchmarks run on the framed data path, or on gRPC with
+// GROVE_DATA_PATH=grpc; the garbage collector as in a node's process.
+func benchService(b *testing.B, write bool, size, qd int) {
 	ctx := context.Background()
-	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20})
+	if os.Getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+	}
+	path := os.Getenv("GROVE_DATA_PATH")
+	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20, DataPath: path})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
-	cl := rldev.NewClerk(mc)
+	cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
 	defer cl.Close()
 	var recs []*rldev.Record
 	for i := 0; i < 100; i++ {
@@ -168,26 +188,51 @@ func benchService(b *testing.B, write bool, size int) {
 	}
 	id := recs[0].ID
 	data := random(size)
-	if err := cl.Write(ctx, id, 0, make([]byte, 1<<20), rldev.WriteOptions{}); err != nil { // reads of never-written blocks check that they are all zero
-		b.Fatal(err)
+	// Written whole first, as a file system's blocks are: the first write
+	// of a block of a sparse disk file costs the file system an
+	// allocation, and its sync a journal commit.
+	for off := uint64(0); off < 64<<20; off += 1 << 20 {
+		if err := cl.Write(ctx, id, off, make([]byte, 1<<20), rldev.WriteOptions{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.SetBytes(int64(size))
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		off := uint64(i) * uint64(size) % (64 << 20)
-		if write {
-			err = cl.Write(ctx, id, off, data, rldev.WriteOptions{})
-		} else {
-			_, err = cl.Read(ctx, id, off, uint64(size), 0)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, qd)
+	for j := 0; j < qd; j++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				off := uint64(i*7919) * uint64(size) % (64 << 20)
+				var err error
+				if write {
+					err = cl.Write(ctx, id, off, data, rldev.WriteOptions{})
+				} else {
+					_, err = cl.Read(ctx, id, off, uint64(size), 0)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
 	}
 }
 
 // BenchmarkServiceWrite1M: 1 MiB replicated writes at queue depth 1.
-func BenchmarkServiceWrite1M(b *testing.B) { benchService(b, true, 1<<20) }
+func BenchmarkServiceWrite1M(b *testing.B) { benchService(b, true, 1<<20, 1) }
 
 // BenchmarkServiceRead1M: 1 MiB reads at queue depth 1.
-func BenchmarkServiceRead1M(b *testing.B) { benchService(b, false, 1<<20) }
+func BenchmarkServiceRead1M(b *testing.B) { benchService(b, false, 1<<20, 1) }

@@ -24,14 +24,17 @@ const (
 // Guard wraps a gRPC listener so that a connection that does not open with
 // the HTTP/2 preface (garbage, a port scan, a client of another protocol)
 // is closed before gRPC sees it, and reported to bad with the reason. gRPC
-// itself drops such connections without a word.
-func Guard(l net.Listener, bad func(remote net.Addr, reason string)) net.Listener {
-	g := &guarded{Listener: l, conns: make(chan net.Conn), done: make(chan struct{}), bad: bad, sem: make(chan struct{}, MaxHandshakes)}
+// itself drops such connections without a word. A connection that opens
+// with a magic registered by Handle goes to its handler instead (the
+// RLDevs' framed data path shares the node's port this way).
+func Guard(l net.Listener, bad func(remote net.Addr, reason string)) *Guarded {
+	g := &Guarded{Listener: l, conns: make(chan net.Conn), done: make(chan struct{}), bad: bad, sem: make(chan struct{}, MaxHandshakes)}
 	go g.acceptLoop()
 	return g
 }
 
-type guarded struct {
+// Guarded is a guarded listener: its Accept returns gRPC connections.
+type Guarded struct {
 	net.Listener
 	conns chan net.Conn
 	done  chan struct{}
@@ -39,10 +42,30 @@ type guarded struct {
 	sem   chan struct{}
 	mu    sync.Mutex
 	err   error // the underlying Accept's error, once it failed for good
+	alt   map[string]func(net.Conn)
 	once  sync.Once
 }
 
-func (g *guarded) acceptLoop() {
+// MagicSize is the length of a protocol's magic: the first bytes a client
+// sends, which the guard reads to tell protocols apart.
+const MagicSize = 4
+
+// Handle sends connections that open with magic (MagicSize bytes, not a
+// prefix of the HTTP/2 preface) to fn, on a goroutine of their own, with
+// the magic consumed. fn owns the connection.
+func (g *Guarded) Handle(magic string, fn func(net.Conn)) {
+	if len(magic) != MagicSize || magic == http2Preface[:MagicSize] {
+		panic("transport: a magic is 4 bytes, and not the HTTP/2 preface's")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.alt == nil {
+		g.alt = map[string]func(net.Conn){}
+	}
+	g.alt[magic] = fn
+}
+
+func (g *Guarded) acceptLoop() {
 	for {
 		c, err := g.Listener.Accept()
 		if err != nil {
@@ -67,11 +90,26 @@ func (g *guarded) acceptLoop() {
 	}
 }
 
-func (g *guarded) handshake(c net.Conn) {
+func (g *Guarded) handshake(c net.Conn) {
 	defer func() { <-g.sem }()
 	buf := make([]byte, len(http2Preface))
 	c.SetReadDeadline(time.Now().Add(PrefaceTimeout))
-	n, err := io.ReadFull(c, buf)
+	n, err := io.ReadFull(c, buf[:MagicSize])
+	if err == nil {
+		g.mu.Lock()
+		fn := g.alt[string(buf[:MagicSize])]
+		g.mu.Unlock()
+		if fn != nil {
+			c.SetReadDeadline(time.Time{})
+			go fn(c)
+			return
+		}
+		if string(buf[:MagicSize]) == http2Preface[:MagicSize] {
+			var k int
+			k, err = io.ReadFull(c, buf[MagicSize:])
+			n += k
+		}
+	}
 	switch {
 	case err != nil && n == 0:
 		g.bad(c.RemoteAddr(), "closed or idle before sending anything")
@@ -91,7 +129,7 @@ func (g *guarded) handshake(c net.Conn) {
 }
 
 // Accept returns the next connection that sent the preface.
-func (g *guarded) Accept() (net.Conn, error) {
+func (g *Guarded) Accept() (net.Conn, error) {
 	select {
 	case c := <-g.conns:
 		return c, nil
@@ -105,7 +143,7 @@ func (g *guarded) Accept() (net.Conn, error) {
 	}
 }
 
-func (g *guarded) Close() error {
+func (g *Guarded) Close() error {
 	var err error
 	g.once.Do(func() {
 		close(g.done)

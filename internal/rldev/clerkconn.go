@@ -1,0 +1,228 @@
+package rldev
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// dataClient is how a clerk reads and writes blocks on a node: a
+// connection of the framed data path (frames.go), or gRPC.
+type dataClient interface {
+	Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error)
+	Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error)
+}
+
+type grpcData struct{ cl pb.RLDevServiceClient }
+
+func (g grpcData) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
+	return g.cl.Read(ctx, r)
+}
+
+func (g grpcData) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	return g.cl.Write(ctx, r)
+}
+
+// dataConn is a clerk's connection to one node on the data path: requests
+// are pipelined, each with an id its reply echoes. A connection that
+// fails fails every request waiting on it; the next request dials again.
+type dataConn struct {
+	addr string
+	w    *frameWriter
+	mu   sync.Mutex
+	next uint64
+	wait map[uint64]chan frame
+	err  error
+}
+
+// ErrConnLost is a data-path connection that ended with requests on it: a
+// write among them may have landed.
+var ErrConnLost = errors.New("the connection to the node was lost")
+
+func dialData(ctx context.Context, addr string) (*dataConn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := transport.DialContext(dctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(preamble(connClient)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	d := &dataConn{addr: addr, w: newFrameWriter(c), wait: map[uint64]chan frame{}}
+	go d.readLoop(c)
+	return d, nil
+}
+
+func (d *dataConn) readLoop(c net.Conn) {
+	br := bufio.NewReaderSize(c, connBuffer)
+	for {
+		f, err := readFrame(br)
+		if err == nil && f.typ != frameReadResp && f.typ != frameWriteResp {
+			err = fmt.Errorf("%w: type %d from a node", errFrame, f.typ)
+		}
+		if err != nil {
+			d.fail(err)
+			return
+		}
+		d.mu.Lock()
+		ch := d.wait[f.id]
+		delete(d.wait, f.id)
+		d.mu.Unlock()
+		if ch != nil {
+			ch <- f
+		}
+	}
+}
+
+// fail ends the connection: every request waiting on it fails.
+func (d *dataConn) fail(err error) {
+	d.w.close(err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err == nil {
+		d.err = err
+	}
+	for id, ch := range d.wait {
+		delete(d.wait, id)
+		close(ch)
+	}
+}
+
+func (d *dataConn) broken() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.err != nil
+}
+
+// call sends one request and waits for its reply.
+func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk []byte, want byte) (frame, error) {
+	ch := make(chan frame, 1)
+	d.mu.Lock()
+	if d.err != nil {
+		err := d.err
+		d.mu.Unlock()
+		return frame{}, fmt.Errorf("%w (%s): %v", ErrConnLost, d.addr, err)
+	}
+	d.next++
+	id := d.next
+	d.wait[id] = ch
+	d.mu.Unlock()
+	buf, err := encodeFrame(typ, id, meta, len(bulk))
+	if err == nil {
+		err = d.w.send(buf, bulk)
+	}
+	if err != nil {
+		d.mu.Lock()
+		delete(d.wait, id)
+		d.mu.Unlock()
+		return frame{}, err
+	}
+	select {
+	case f, ok := <-ch:
+		if !ok {
+			d.mu.Lock()
+			err := d.err
+			d.mu.Unlock()
+			return frame{}, fmt.Errorf("%w (%s): %v", ErrConnLost, d.addr, err)
+		}
+		if f.typ != want {
+			d.fail(fmt.Errorf("%w: type %d in answer to type %d", errFrame, f.typ, typ))
+			return frame{}, fmt.Errorf("%w: type %d in answer to type %d", ErrBadMessage, f.typ, typ)
+		}
+		return f, nil
+	case <-ctx.Done():
+		d.mu.Lock()
+		delete(d.wait, id)
+		d.mu.Unlock()
+		return frame{}, ctx.Err()
+	}
+}
+
+func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
+	f, err := d.call(ctx, frameRead, r, nil, frameReadResp)
+	if err != nil {
+		return nil, err
+	}
+	var m pb.RLDevServiceReadResponse
+	if err := proto.Unmarshal(f.meta, &m); err != nil || len(m.Data) != 0 {
+		d.fail(fmt.Errorf("%w: a read response does not decode", errFrame))
+		return nil, fmt.Errorf("%w: a read response does not decode", ErrBadMessage)
+	}
+	m.Data = f.bulk
+	return &m, nil
+}
+
+func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	meta := proto.Clone(r).(*pb.RLDevServiceWriteRequest)
+	meta.Data = nil
+	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp)
+	if err != nil {
+		return nil, err
+	}
+	var m pb.RLDevServiceWriteResponse
+	if err := proto.Unmarshal(f.meta, &m); err != nil || len(f.bulk) != 0 {
+		d.fail(fmt.Errorf("%w: a write response does not decode", errFrame))
+		return nil, fmt.Errorf("%w: a write response does not decode", ErrBadMessage)
+	}
+	return &m, nil
+}
+
+// dataConns is a clerk's data-path connections, one per address.
+type dataConns struct {
+	mu    sync.Mutex
+	conns map[string]*dataConn
+	dials map[string]*sync.Mutex // one dial at a time per address
+}
+
+func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
+	p.mu.Lock()
+	if d := p.conns[addr]; d != nil && !d.broken() {
+		p.mu.Unlock()
+		return d, nil
+	}
+	if p.dials == nil {
+		p.conns, p.dials = map[string]*dataConn{}, map[string]*sync.Mutex{}
+	}
+	dl := p.dials[addr]
+	if dl == nil {
+		dl = &sync.Mutex{}
+		p.dials[addr] = dl
+	}
+	p.mu.Unlock()
+	dl.Lock()
+	defer dl.Unlock()
+	p.mu.Lock()
+	if d := p.conns[addr]; d != nil && !d.broken() {
+		p.mu.Unlock()
+		return d, nil
+	}
+	p.mu.Unlock()
+	d, err := dialData(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.conns[addr] = d
+	p.mu.Unlock()
+	return d, nil
+}
+
+func (p *dataConns) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, d := range p.conns {
+		d.fail(net.ErrClosed)
+		delete(p.conns, a)
+	}
+}

@@ -1,0 +1,259 @@
+package rldev
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// The framed TCP data path.
+//
+// RLDev blocks travel between clerks and nodes, and between the two
+// replicas of an RLDev, on plain TCP connections to the node's gRPC port
+// (the port's guard tells them from gRPC by their first bytes); the
+// control calls (status, moves, the config service) stay on gRPC. Through
+// gRPC every message is an HTTP/2 stream or frame with its flow control,
+// a handful of goroutine hand-offs on each side and a write system call
+// of its own; here a connection's reader delivers each frame where it is
+// read, and its writer sends every frame queued meanwhile in one writev.
+// `grove bench rldev --data-path` measures both.
+//
+// A connection opens with WireMagic, a version byte and a kind byte
+// (connClient: a clerk's requests, answered in any order; connPeer: an
+// engine's peer link, whose first frame each way is a hello). Then
+// frames, each:
+//
+//	u32 length of what follows | u8 type | u64 request id | u32 meta length | meta | bulk
+//
+// meta is a protocol-buffer message (api/rldev.proto); bulk is the raw
+// data of a write request or a read response (kept out of meta so that
+// neither side copies it again). Request ids are the client's, echoed in
+// the response. Both ends close the connection on a frame they cannot
+// decode; a request or a peer message that is lost with a connection is
+// what the gRPC path loses with a stream: the clerk tries again (a write
+// then counts as maybe written), the engine resends what matters.
+const (
+	// WireMagic opens every data-path connection.
+	WireMagic   = "GRVD"
+	wireVersion = 1
+
+	connClient = 1
+	connPeer   = 2
+
+	frameHello     = 1 // meta: RLDevHello
+	framePeer      = 2 // meta: RLDevServicePeerRequest
+	frameRead      = 3 // meta: RLDevServiceReadRequest
+	frameWrite     = 4 // meta: RLDevServiceWriteRequest without its data; bulk: the data
+	frameReadResp  = 5 // meta: RLDevServiceReadResponse without its data; bulk: the data
+	frameWriteResp = 6 // meta: RLDevServiceWriteResponse
+
+	frameHeader = 4 + 1 + 8 + 4
+	// maxFrame bounds what follows a frame's length: the largest request
+	// (MaxIO) or peer message (a copy or pull of at most MaxIO, with one
+	// generation per block) and its metadata.
+	maxFrame = MaxIO + MaxIO/BlockSize*8 + 64<<10
+
+	// maxPipelined bounds a client connection's requests in progress on
+	// a node, and maxQueued the bytes of its replies not sent yet: its
+	// reader waits before it reads another request.
+	maxPipelined = 256
+	maxQueued    = 64 << 20
+)
+
+// errFrame marks a malformed frame; the connection is closed.
+var errFrame = errors.New("rldev data path: malformed frame")
+
+// frame is one decoded frame; meta and bulk share one buffer.
+type frame struct {
+	typ  byte
+	id   uint64
+	meta []byte
+	bulk []byte
+}
+
+// encodeFrame returns a frame's header and meta in one buffer; the caller
+// sends bulk (bulkLen bytes) right after it.
+func encodeFrame(typ byte, id uint64, meta proto.Message, bulkLen int) ([]byte, error) {
+	buf := make([]byte, frameHeader, frameHeader+proto.Size(meta))
+	buf, err := proto.MarshalOptions{}.MarshalAppend(buf, meta)
+	if err != nil {
+		return nil, err
+	}
+	n := len(buf) - 4 + bulkLen
+	if n > maxFrame {
+		return nil, fmt.Errorf("%w: a %d-byte frame (at most %d)", ErrBadRequest, n, maxFrame)
+	}
+	binary.BigEndian.PutUint32(buf, uint32(n))
+	buf[4] = typ
+	binary.BigEndian.PutUint64(buf[5:], id)
+	binary.BigEndian.PutUint32(buf[13:], uint32(len(buf)-frameHeader))
+	return buf, nil
+}
+
+// parseHeader checks a frame's header: the length of its body (meta and
+// bulk), its type, request id and meta length.
+func parseHeader(h []byte) (body int, typ byte, id uint64, meta int, err error) {
+	if len(h) < frameHeader {
+		return 0, 0, 0, 0, fmt.Errorf("%w: a %d-byte header", errFrame, len(h))
+	}
+	n := binary.BigEndian.Uint32(h)
+	typ, id, m := h[4], binary.BigEndian.Uint64(h[5:]), binary.BigEndian.Uint32(h[13:])
+	switch {
+	case n < frameHeader-4 || n > maxFrame:
+		return 0, 0, 0, 0, fmt.Errorf("%w: length %d (at most %d)", errFrame, n, maxFrame)
+	case typ < frameHello || typ > frameWriteResp:
+		return 0, 0, 0, 0, fmt.Errorf("%w: unknown type %d", errFrame, typ)
+	case m > n-(frameHeader-4):
+		return 0, 0, 0, 0, fmt.Errorf("%w: %d bytes of meta in a %d-byte frame", errFrame, m, n)
+	}
+	body = int(n) - (frameHeader - 4)
+	return body, typ, id, int(m), nil
+}
+
+// readFrame reads the next frame.
+func readFrame(r *bufio.Reader) (frame, error) {
+	var h [frameHeader]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return frame{}, err
+	}
+	body, typ, id, m, err := parseHeader(h[:])
+	if err != nil {
+		return frame{}, err
+	}
+	buf := make([]byte, body)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return frame{}, err
+	}
+	return frame{typ: typ, id: id, meta: buf[:m], bulk: buf[m:]}, nil
+}
+
+// frameReady reports whether r holds a whole frame already (reading it
+// will not block).
+func frameReady(r *bufio.Reader) bool {
+	if r.Buffered() < frameHeader {
+		return false
+	}
+	h, _ := r.Peek(frameHeader)
+	body, _, _, _, err := parseHeader(h)
+	return err != nil || r.Buffered() >= frameHeader+body
+}
+
+// preamble is what a client of kind sends first.
+func preamble(kind byte) []byte { return append([]byte(WireMagic), wireVersion, kind) }
+
+// readPreamble reads the version and kind that follow the magic (which
+// the port's guard consumed).
+func readPreamble(r io.Reader) (byte, error) {
+	var b [2]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, err
+	}
+	if b[0] != wireVersion {
+		return 0, fmt.Errorf("%w: version %d (this node speaks %d)", errFrame, b[0], wireVersion)
+	}
+	if b[1] != connClient && b[1] != connPeer {
+		return 0, fmt.Errorf("%w: connection kind %d", errFrame, b[1])
+	}
+	return b[1], nil
+}
+
+// frameWriter sends the frames queued on a connection: whatever was
+// queued while the last batch was being written goes in one writev.
+// Sending never blocks; a failed write closes the connection, and every
+// later send fails.
+type frameWriter struct {
+	c      net.Conn
+	mu     sync.Mutex
+	q      net.Buffers
+	queued int64     // bytes queued or being written
+	room   sync.Cond // signalled when queued drops
+	err    error
+	wake   chan struct{}
+	done   chan struct{}
+}
+
+func newFrameWriter(c net.Conn) *frameWriter {
+	w := &frameWriter{c: c, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w.room.L = &w.mu
+	go w.run()
+	return w
+}
+
+// waitRoom waits until at most limit bytes are queued.
+func (w *frameWriter) waitRoom(limit int64) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.queued > limit && w.err == nil {
+		w.room.Wait()
+	}
+	return w.err
+}
+
+func (w *frameWriter) send(bufs ...[]byte) error {
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
+		return w.err
+	}
+	for _, b := range bufs {
+		if len(b) > 0 {
+			w.q = append(w.q, b)
+			w.queued += int64(len(b))
+		}
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (w *frameWriter) run() {
+	for {
+		select {
+		case <-w.wake:
+		case <-w.done:
+			return
+		}
+		w.mu.Lock()
+		q := w.q
+		w.q = nil
+		w.mu.Unlock()
+		if len(q) == 0 {
+			continue
+		}
+		n, err := q.WriteTo(w.c)
+		if err != nil {
+			w.close(err)
+			return
+		}
+		w.mu.Lock()
+		w.queued -= n
+		w.room.Broadcast()
+		w.mu.Unlock()
+	}
+}
+
+// close fails every later send with err and closes the connection.
+func (w *frameWriter) close(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return
+	}
+	w.err = err
+	w.q = nil
+	w.room.Broadcast()
+	close(w.done)
+	w.c.Close()
+}
