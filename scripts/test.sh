@@ -73,6 +73,7 @@ fuzz FuzzDecodeSessionResponse ./internal/lock
 fuzz FuzzDecodePeer ./internal/rldev
 fuzz FuzzDecodeOnDisk ./internal/rldev
 fuzz FuzzDecodeTable ./internal/rldev
+fuzz FuzzDataFrames ./internal/rldev
 
 echo "== fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root

@@ -78,39 +78,7 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 			}
 			return
 		}
-		var start func(e *Engine, env Env, req ReqID) []any
-		var id uint64
-		respond := func(r Reply, epoch uint64) ([]byte, []byte, error) { return nil, nil, nil }
-		switch f.typ {
-		case frameRead:
-			var m pb.RLDevServiceReadRequest
-			if err = proto.Unmarshal(f.meta, &m); err == nil && len(f.bulk) != 0 {
-				err = fmt.Errorf("%w: a read request with data", errFrame)
-			}
-			if err == nil {
-				id = m.Rldev
-				start, err = readStart(&m)
-			}
-			respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
-				buf, err := encodeFrame(frameReadResp, f.id, &pb.RLDevServiceReadResponse{Result: ResultOf(r.Err, epoch)}, len(r.Data))
-				return buf, r.Data, err
-			}
-		case frameWrite:
-			var m pb.RLDevServiceWriteRequest
-			if err = proto.Unmarshal(f.meta, &m); err == nil && len(m.Data) != 0 {
-				err = fmt.Errorf("%w: a write request's data in its meta", errFrame)
-			}
-			if err == nil {
-				m.Data, id = f.bulk, m.Rldev
-				start, err = writeStart(&m)
-			}
-			respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
-				buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: ResultOf(r.Err, epoch)}, 0)
-				return buf, nil, err
-			}
-		default:
-			err = fmt.Errorf("%w: type %d from a client", errFrame, f.typ)
-		}
+		start, id, respond, err := clientRequest(f)
 		if err != nil && (errors.Is(err, errFrame) || start == nil && !errors.Is(err, ErrBadRequest)) {
 			s.log.Warn("rldev data path: client connection dropped", "from", c.RemoteAddr(), "err", err)
 			return
@@ -157,6 +125,45 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 			}
 		}
 	}
+}
+
+// clientRequest decodes a client's request frame: how to start it, its
+// RLDev, and how to encode its reply. An error wrapping errFrame (or a
+// meta that does not decode: start is nil) ends the connection; one
+// wrapping ErrBadRequest is answered.
+func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id uint64, respond func(r Reply, epoch uint64) ([]byte, []byte, error), err error) {
+	respond = func(Reply, uint64) ([]byte, []byte, error) { return nil, nil, errFrame }
+	switch f.typ {
+	case frameRead:
+		var m pb.RLDevServiceReadRequest
+		if err = proto.Unmarshal(f.meta, &m); err == nil && len(f.bulk) != 0 {
+			err = fmt.Errorf("%w: a read request with data", errFrame)
+		}
+		if err == nil {
+			id = m.Rldev
+			start, err = readStart(&m)
+		}
+		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
+			buf, err := encodeFrame(frameReadResp, f.id, &pb.RLDevServiceReadResponse{Result: ResultOf(r.Err, epoch)}, len(r.Data))
+			return buf, r.Data, err
+		}
+	case frameWrite:
+		var m pb.RLDevServiceWriteRequest
+		if err = proto.Unmarshal(f.meta, &m); err == nil && len(m.Data) != 0 {
+			err = fmt.Errorf("%w: a write request's data in its meta", errFrame)
+		}
+		if err == nil {
+			m.Data, id = f.bulk, m.Rldev
+			start, err = writeStart(&m)
+		}
+		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
+			buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: ResultOf(r.Err, epoch)}, 0)
+			return buf, nil, err
+		}
+	default:
+		err = fmt.Errorf("%w: type %d from a client", errFrame, f.typ)
+	}
+	return start, id, respond, err
 }
 
 // servePeerConn accepts a link from another node's engine over the data

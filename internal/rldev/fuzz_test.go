@@ -1,7 +1,11 @@
 package rldev
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"io"
 	"reflect"
 	"testing"
 
@@ -174,6 +178,101 @@ func FuzzDecodeTable(f *testing.F) {
 		for _, rec := range tb.RLDevs {
 			if err := rec.Check(); err != nil {
 				t.Fatalf("decoded a record that breaks an invariant: %v", err)
+			}
+		}
+	})
+}
+
+// Frames of the data path round-trip: header, meta and bulk.
+func TestDataFrameRoundTrip(t *testing.T) {
+	var stream []byte
+	d := pattern(7, 2)
+	w := &pb.RLDevServiceWriteRequest{Rldev: 3, Offset: 8192, Fence: fenceToPB(&Fence{Name: "m", Token: lock.Token{Epoch: 1, Seq: 2}})}
+	h, err := encodeFrame(frameWrite, 42, w, len(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = append(append(stream, h...), d...)
+	h, err = encodeFrame(framePeer, 0, EncodePeer(peerSamples()[0]), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = append(stream, h...)
+	br := bufio.NewReader(bytes.NewReader(stream))
+	f, err := readFrame(br)
+	if err != nil || f.typ != frameWrite || f.id != 42 || !bytes.Equal(f.bulk, d) {
+		t.Fatalf("write frame: %+v %v", f, err)
+	}
+	start, id, _, err := clientRequest(f)
+	if err != nil || start == nil || id != 3 {
+		t.Fatalf("write request: id %d, %v", id, err)
+	}
+	f, err = readFrame(br)
+	if err != nil || f.typ != framePeer {
+		t.Fatalf("peer frame: %+v %v", f, err)
+	}
+	m := &pb.RLDevServicePeerRequest{}
+	if err := proto.Unmarshal(f.meta, m); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodePeer(m); err != nil || !reflect.DeepEqual(got, peerSamples()[0]) {
+		t.Fatalf("peer message: %+v %v", got, err)
+	}
+	if _, err := readFrame(br); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last frame: %v", err)
+	}
+	// A bad request is answered, not dropped: unaligned.
+	h, _ = encodeFrame(frameRead, 1, &pb.RLDevServiceReadRequest{Rldev: 1, Offset: 5, Length: 4096}, 0)
+	f, _ = readFrame(bufio.NewReader(bytes.NewReader(h)))
+	if _, _, respond, err := clientRequest(f); !errors.Is(err, ErrBadRequest) || respond == nil {
+		t.Fatalf("an unaligned read: %v", err)
+	}
+	// Too large a frame is refused when encoded and when read.
+	if _, err := encodeFrame(frameWrite, 1, w, maxFrame); err == nil {
+		t.Fatal("an oversized frame encoded")
+	}
+	big := binary.BigEndian.AppendUint32(nil, maxFrame+1)
+	big = append(big, make([]byte, frameHeader)...)
+	if _, err := readFrame(bufio.NewReader(bytes.NewReader(big))); !errors.Is(err, errFrame) {
+		t.Fatalf("an oversized frame read: %v", err)
+	}
+}
+
+// FuzzDataFrames: any byte stream on a data-path connection decodes into
+// frames and requests, or fails cleanly.
+func FuzzDataFrames(f *testing.F) {
+	h, _ := encodeFrame(frameWrite, 42, &pb.RLDevServiceWriteRequest{Rldev: 3, Offset: 8192}, 4096)
+	f.Add(append(h, make([]byte, 4096)...))
+	h, _ = encodeFrame(frameRead, 7, &pb.RLDevServiceReadRequest{Rldev: 3, Offset: 0, Length: 8192, Replica: 1}, 0)
+	f.Add(h)
+	h, _ = encodeFrame(framePeer, 0, EncodePeer(peerSamples()[5]), 0)
+	f.Add(h)
+	h, _ = encodeFrame(frameHello, 0, &pb.RLDevHello{Node: 1, Incarnation: 2, ToNode: 3}, 0)
+	f.Add(h)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		br := bufio.NewReader(bytes.NewReader(b))
+		for i := 0; i < 16; i++ {
+			frameReady(br)
+			fr, err := readFrame(br)
+			if err != nil {
+				return
+			}
+			switch fr.typ {
+			case frameRead, frameWrite:
+				start, _, respond, err := clientRequest(fr)
+				if err == nil && start == nil || respond == nil {
+					t.Fatalf("request %d: no start without an error", fr.typ)
+				}
+				if err == nil {
+					if _, _, err := respond(Reply{}, 1); err != nil {
+						t.Fatalf("the reply to a request does not encode: %v", err)
+					}
+				}
+			case framePeer:
+				m := &pb.RLDevServicePeerRequest{}
+				if proto.Unmarshal(fr.meta, m) == nil {
+					DecodePeer(m)
+				}
 			}
 		}
 	})

@@ -943,8 +943,11 @@ func writeStart(r *pb.RLDevServiceWriteRequest) (func(e *Engine, env Env, req Re
 	if err == nil && r.Replica > 2 {
 		err = fmt.Errorf("%w: replica %d (0: the primary, 1 or 2: segment 0 or 1)", ErrBadRequest, r.Replica)
 	}
+	if err != nil && !errors.Is(err, ErrBadRequest) {
+		err = fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%w", errors.Join(ErrBadRequest, err))
+		return nil, err
 	}
 	return func(e *Engine, env Env, req ReqID) []any {
 		return e.Write(env, req, r.Rldev, block, r.Data, fence, int(r.Replica)-1)

@@ -1,12 +1,16 @@
 package rldev_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -14,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
@@ -236,3 +243,123 @@ func BenchmarkServiceWrite1M(b *testing.B) { benchService(b, true, 1<<20, 1) }
 
 // BenchmarkServiceRead1M: 1 MiB reads at queue depth 1.
 func BenchmarkServiceRead1M(b *testing.B) { benchService(b, false, 1<<20, 1) }
+
+// dataFrame builds a frame of the data path by hand (frames.go's layout),
+// as a client of another implementation would.
+func dataFrame(typ byte, id uint64, meta proto.Message, bulk []byte) []byte {
+	m, _ := proto.Marshal(meta)
+	b := binary.BigEndian.AppendUint32(nil, uint32(1+8+4+len(m)+len(bulk)))
+	b = append(b, typ)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(m)))
+	return append(append(b, m...), bulk...)
+}
+
+// Bad input on the data path: a wrong version, an unknown frame type and
+// a length past the limit close the connection; a well-formed request
+// that is wrong (unaligned, an unknown RLDev, a read with too much data)
+// gets its error in a reply; none of it disturbs the node, which serves
+// the clerk afterwards as before.
+func TestDataPathBadInput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	cl := rldev.NewClerk(mc)
+	defer cl.Close()
+	var recs []*rldev.Record
+	for ctx.Err() == nil {
+		if recs, err = cl.Create(ctx, 4<<20, 1, false); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNormal(t, ctx, cl, 1)
+	id := recs[0].ID
+	addr := c.Configs[recs[0].Segs[recs[0].Primary].Node-1].GRPCAddr
+	dial := func(pre string) net.Conn {
+		t.Helper()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		conn.Write([]byte(pre))
+		return conn
+	}
+	closed := func(what string, conn net.Conn) {
+		t.Helper()
+		defer conn.Close()
+		if n, err := io.Copy(io.Discard, conn); err != nil || n != 0 {
+			t.Fatalf("%s: the node answered %d bytes (%v); want the connection closed", what, n, err)
+		}
+	}
+	closed("version 9", dial("GRVD\x09\x01"))
+	closed("kind 7", dial("GRVD\x01\x07"))
+	conn := dial("GRVD\x01\x01")
+	conn.Write(dataFrame(99, 1, &pb.RLDevServiceReadRequest{}, nil))
+	closed("frame type 99", conn)
+	conn = dial("GRVD\x01\x01")
+	conn.Write(binary.BigEndian.AppendUint32(nil, 1<<30))
+	conn.Write(make([]byte, 13))
+	closed("a 1 GiB frame", conn)
+
+	conn = dial("GRVD\x01\x01")
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	ask := func(what string, f []byte, wantType byte, want error) {
+		t.Helper()
+		conn.Write(f)
+		h := make([]byte, 17)
+		if _, err := io.ReadFull(br, h); err != nil {
+			t.Fatalf("%s: no reply: %v", what, err)
+		}
+		body := make([]byte, binary.BigEndian.Uint32(h)-13)
+		if _, err := io.ReadFull(br, body); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		m := body[:binary.BigEndian.Uint32(h[13:])]
+		var res *pb.RLDevResult
+		switch h[4] {
+		case 5:
+			var r pb.RLDevServiceReadResponse
+			proto.Unmarshal(m, &r)
+			res = r.Result
+		case 6:
+			var r pb.RLDevServiceWriteResponse
+			proto.Unmarshal(m, &r)
+			res = r.Result
+		}
+		if h[4] != wantType || binary.BigEndian.Uint64(h[5:]) != 77 {
+			t.Fatalf("%s: reply type %d id %d", what, h[4], binary.BigEndian.Uint64(h[5:]))
+		}
+		if err := rldev.ResultError(res); !errors.Is(err, want) {
+			t.Fatalf("%s: %v, want %v", what, err, want)
+		}
+		t.Logf("%s: %v", what, rldev.ResultError(res))
+	}
+	ask("an unaligned read", dataFrame(3, 77, &pb.RLDevServiceReadRequest{Rldev: id, Offset: 100, Length: 4096}, nil), 5, rldev.ErrBadRequest)
+	ask("an empty write", dataFrame(4, 77, &pb.RLDevServiceWriteRequest{Rldev: id}, nil), 6, rldev.ErrBadRequest)
+	ask("a write past the end", dataFrame(4, 77, &pb.RLDevServiceWriteRequest{Rldev: id, Offset: 4 << 20}, make([]byte, 4096)), 6, rldev.ErrBadRequest)
+	ask("an unknown rldev", dataFrame(3, 77, &pb.RLDevServiceReadRequest{Rldev: 999, Length: 4096}, nil), 5, rldev.ErrUnknown)
+	ask("a good read", dataFrame(3, 77, &pb.RLDevServiceReadRequest{Rldev: id, Length: 4096}, nil), 5, nil)
+
+	d := random(64 << 10)
+	if err := cl.Write(ctx, id, 8192, d, rldev.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for replica := 1; replica <= 2; replica++ {
+		got, err := cl.Read(ctx, id, 8192, uint64(len(d)), replica)
+		if err != nil || !bytes.Equal(got, d) {
+			t.Fatalf("replica %d after the bad input: %v", replica, err)
+		}
+	}
+}

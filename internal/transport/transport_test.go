@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -67,5 +68,66 @@ func TestGuardDropsGarbageAndServesGRPC(t *testing.T) {
 			t.Fatalf("garbage reported %d times, want 3: %q", n, got)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A connection that opens with a registered magic goes to its handler,
+// magic consumed, next to gRPC on the same port; one whose first bytes
+// are neither is dropped at once (not after PrefaceTimeout).
+func TestGuardHandsOverMagic(t *testing.T) {
+	l, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := make(chan string, 4)
+	g := Guard(l, func(_ net.Addr, reason string) { bad <- reason })
+	defer g.Close()
+	got := make(chan string, 1)
+	g.Handle("TEST", func(c net.Conn) {
+		defer c.Close()
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(c, b); err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(b)
+	})
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("TESThello"))
+	select {
+	case s := <-got:
+		if s != "hello" {
+			t.Fatalf("the handler read %q, want %q", s, "hello")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler never got the connection")
+	}
+	c2, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.Write([]byte("NOPE"))
+	select {
+	case r := <-bad:
+		if !strings.Contains(r, "no HTTP/2 preface") {
+			t.Fatalf("reason %q", r)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("an unknown magic was not dropped at once")
+	}
+	for _, m := range []string{"PRI ", "TOOLONG"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Handle(%q) did not panic", m)
+				}
+			}()
+			g.Handle(m, func(net.Conn) {})
+		}()
 	}
 }
