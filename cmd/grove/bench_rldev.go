@@ -23,6 +23,7 @@ func benchRLDevCmd() *cobra.Command {
 	var cell time.Duration
 	var port int
 	var servers []int
+	var paths []string
 	resyncSize := units.Size(1 << 30)
 	cmd := &cobra.Command{
 		Use:   "rldev",
@@ -36,7 +37,8 @@ func benchRLDevCmd() *cobra.Command {
            256 KiB; one outstanding request per disk. fio: the same request
            size and count of outstanding requests, fdatasync after each write.
   iops     one RLDev: 4 KiB random writes and reads at queue depth 1 and 32,
-           1 MiB sequential writes and reads; fio likewise.
+           1 MiB sequential writes and reads; fio likewise. Run once per
+           --data-path (blocks on the framed TCP data path, and on gRPC).
   resync   a replica's node is killed (SIGKILL), --resync-size is written in
            degraded mode, the node restarts: the copy's MB/s and duration, and
            the latency of 4 KiB writes during the resync next to before it.
@@ -62,6 +64,14 @@ fio's buffered reads do. Progress goes to standard error.`,
 					return cli.Usagef("--parts %q: want table1, iops, resync, move, scaling", p)
 				}
 			}
+			for _, p := range paths {
+				if p != rldev.DataPathTCP && p != rldev.DataPathGRPC {
+					return cli.Usagef("--data-path %q: want tcp, grpc", p)
+				}
+			}
+			if len(paths) == 0 {
+				return cli.Usagef("--data-path: name at least one")
+			}
 			if cell < time.Second {
 				return cli.Usagef("--cell %v: want at least 1s", cell)
 			}
@@ -81,7 +91,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 			defer os.RemoveAll(dir)
 			d := &cli.Doc{}
 			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress}
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths}
 			for _, p := range parts {
 				var err error
 				switch p {
@@ -108,6 +118,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 	f.DurationVar(&cell, "cell", 5*time.Second, "measure each cell for `DURATION`")
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
+	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
 	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
 	out.Register(cmd)
 	return cmd
@@ -120,15 +131,21 @@ type rldevBench struct {
 	port int
 	cell time.Duration
 	d    *cli.Doc
-	log  func(string, ...any)
-	n    int
+	log   func(string, ...any)
+	n     int
+	paths []string // data paths: iops runs on each, the others on the first
 }
 
 // cluster starts n servers with disks of diskSize.
 func (b *rldevBench) cluster(n int, diskSize string) (*bench.RLDevCluster, error) {
+	return b.clusterOn(n, diskSize, b.paths[0])
+}
+
+// clusterOn starts n servers whose blocks travel on path.
+func (b *rldevBench) clusterOn(n int, diskSize, path string) (*bench.RLDevCluster, error) {
 	b.n++
-	b.log("starting %d servers (grove up --processes --nodes %d)", n, n)
-	return bench.StartRLDevCluster(b.ctx, b.bin, filepath.Join(b.dir, fmt.Sprintf("c%d", b.n)), b.port, n, diskSize, nil)
+	b.log("starting %d servers (grove up --processes --nodes %d --data-path %s)", n, n, path)
+	return bench.StartRLDevCluster(b.ctx, b.bin, filepath.Join(b.dir, fmt.Sprintf("c%d", b.n)), b.port, n, diskSize, path, nil)
 }
 
 // cpu returns each server's CPU time now.
@@ -262,8 +279,18 @@ func (b *rldevBench) table1() error {
 
 // iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential.
 func (b *rldevBench) iops() error {
+	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO")
+	for _, path := range b.paths {
+		if err := b.iopsOn(path, tb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	const span = 512 << 20
-	c, err := b.cluster(2, "4GiB")
+	c, err := b.clusterOn(2, "4GiB", path)
 	if err != nil {
 		return err
 	}
@@ -281,7 +308,6 @@ func (b *rldevBench) iops() error {
 	if err != nil {
 		return err
 	}
-	tb := b.d.Table("iops", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO")
 	cells := []struct {
 		write, seq bool
 		size       uint64
@@ -301,9 +327,9 @@ func (b *rldevBench) iops() error {
 		if x.seq {
 			op = map[bool]string{true: "write", false: "read"}[x.write]
 		}
-		b.log("  iops %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s", op, units.FormatSize(int64(x.size)), x.qd,
+		b.log("  iops %s %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s", path, op, units.FormatSize(int64(x.size)), x.qd,
 			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps())
-		tb.Row(op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
+		tb.Row(path, op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
 			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()))
 	}
 	return nil

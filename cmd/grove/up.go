@@ -54,6 +54,7 @@ type upOptions struct {
 	logLevel  string
 	logFormat string
 	diskSize  units.Size
+	dataPath  string
 	changed   func(flag string) bool // set on the command line
 }
 
@@ -117,6 +118,7 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "give the cluster `DURATION` to become ready")
 	o.diskSize = DefaultDiskSize
 	f.Var(&o.diskSize, "disk-size", "give each node a disk file of `SIZE` (sparse; 8GiB, 512MiB...) for its RLDev segments")
+	f.StringVar(&o.dataPath, "data-path", "tcp", "carry RLDev blocks between nodes on `tcp|grpc` (the nodes' [rldev] data_path; may change between runs)")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
 }
@@ -159,6 +161,9 @@ func checkUpFlags(o upOptions) error {
 	}
 	if err := logging.CheckFormat(o.logFormat); err != nil {
 		return cli.Usagef("--log-format: %v", err)
+	}
+	if o.dataPath != "tcp" && o.dataPath != "grpc" {
+		return cli.Usagef("--data-path %q: want tcp or grpc", o.dataPath)
 	}
 	return nil
 }
@@ -260,6 +265,9 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 			if c.Has(node.RoleStore) && len(c.Disks) == 0 {
 				c.Disks, c.DiskSize, changed = []string{"disk0.img"}, units.Size(rec.DiskSize), true
 			}
+			if o.changed != nil && o.changed("data-path") && c.Has(node.RoleStore) && c.RLDev.DataPath != o.dataPath {
+				c.RLDev.DataPath, changed = o.dataPath, true
+			}
 			if c.MetricsAddr == "" {
 				if h, p, err := net.SplitHostPort(c.GRPCAddr); err == nil {
 					if port, err := strconv.Atoi(p); err == nil && port+3 <= 65535 {
@@ -317,6 +325,9 @@ func newConfigs(o upOptions, data, key string) []*node.Config {
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
 			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{node.RoleStore}, FD: node.DefaultFD, Members: members, ClusterKey: key,
 			Disks: []string{"disk0.img"}, DiskSize: o.diskSize}
+		if o.dataPath != "" && o.dataPath != "tcp" {
+			c.RLDev.DataPath = o.dataPath
+		}
 		if i <= o.members {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}
 		}

@@ -31,13 +31,17 @@ type RLDevCluster struct {
 }
 
 // StartRLDevCluster runs n server processes (one config-service member)
-// under dir, each with a disk file of diskSize.
-func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSize string, log io.Writer) (*RLDevCluster, error) {
+// under dir, each with a disk file of diskSize, their blocks and the
+// clerk's on dataPath (rldev.DataPathTCP or DataPathGRPC).
+func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSize, dataPath string, log io.Writer) (*RLDevCluster, error) {
 	meta1 := "1"
 	if n >= 3 {
 		meta1 = "3"
 	}
-	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize)
+	if dataPath == "" {
+		dataPath = rldev.DataPathTCP
+	}
+	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize, "--data-path", dataPath)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +55,7 @@ func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSi
 		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
 	}
 	mc := meta.NewClient(ms)
-	return &RLDevCluster{Up: u, Meta: mc, Clerk: rldev.NewClerk(mc)}, nil
+	return &RLDevCluster{Up: u, Meta: mc, Clerk: rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: dataPath})}, nil
 }
 
 // Close stops the cluster.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -136,6 +137,9 @@ func Text(v any) string {
 			return "-"
 		}
 		return strings.Join(x, ",")
+	case float64:
+		// Never an exponent: 1016752, not 1.016752e+06.
+		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
 	return fmt.Sprint(v)
 }
