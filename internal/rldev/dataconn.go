@@ -211,6 +211,9 @@ func (s *Service) servePeerConn(c net.Conn, br *bufio.Reader) {
 			if err == nil {
 				err = proto.Unmarshal(f.meta, m)
 			}
+			if err == nil {
+				err = joinBulk(m, f.bulk)
+			}
 			if err != nil {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && in.ctx.Err() == nil {
 					s.log.Warn("rldev data path: link dropped", "from", in.from, "err", err)
@@ -276,11 +279,15 @@ type tcpPeerOut struct {
 }
 
 func (o *tcpPeerOut) send(f *pb.RLDevServicePeerRequest) error {
-	buf, err := encodeFrame(framePeer, 0, f, 0)
+	bulk := splitBulk(f)
+	buf, err := encodeFrame(framePeer, 0, f, len(bulk))
 	if err != nil {
 		return err
 	}
-	_, err = o.bw.Write(buf)
+	if _, err = o.bw.Write(buf); err != nil {
+		return err
+	}
+	_, err = o.bw.Write(bulk)
 	return err
 }
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
 )
 
 // The framed TCP data path.
@@ -256,4 +258,52 @@ func (w *frameWriter) close(err error) {
 	w.room.Broadcast()
 	close(w.done)
 	w.c.Close()
+}
+
+// splitBulk takes a peer message's blocks out of it, to travel as its
+// frame's bulk (not copied into and out of the meta); joinBulk puts them
+// back on arrival.
+func splitBulk(f *pb.RLDevServicePeerRequest) []byte {
+	var d []byte
+	switch x := f.Msg.(type) {
+	case *pb.RLDevServicePeerRequest_Forward:
+		if x.Forward != nil {
+			d, x.Forward.Data = x.Forward.Data, nil
+		}
+	case *pb.RLDevServicePeerRequest_PullData:
+		if x.PullData != nil {
+			d, x.PullData.Data = x.PullData.Data, nil
+		}
+	case *pb.RLDevServicePeerRequest_Copy:
+		if x.Copy != nil {
+			d, x.Copy.Data = x.Copy.Data, nil
+		}
+	}
+	return d
+}
+
+func joinBulk(f *pb.RLDevServicePeerRequest, bulk []byte) error {
+	if len(bulk) == 0 {
+		return nil
+	}
+	var dst *[]byte
+	switch x := f.Msg.(type) {
+	case *pb.RLDevServicePeerRequest_Forward:
+		if x.Forward != nil {
+			dst = &x.Forward.Data
+		}
+	case *pb.RLDevServicePeerRequest_PullData:
+		if x.PullData != nil {
+			dst = &x.PullData.Data
+		}
+	case *pb.RLDevServicePeerRequest_Copy:
+		if x.Copy != nil {
+			dst = &x.Copy.Data
+		}
+	}
+	if dst == nil || len(*dst) != 0 {
+		return fmt.Errorf("%w: %d bytes of bulk on a message that carries none or has its own", errFrame, len(bulk))
+	}
+	*dst = bulk
+	return nil
 }

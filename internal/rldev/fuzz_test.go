@@ -193,11 +193,13 @@ func TestDataFrameRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	stream = append(append(stream, h...), d...)
-	h, err = encodeFrame(framePeer, 0, EncodePeer(peerSamples()[0]), 0)
+	pm := EncodePeer(peerSamples()[0])
+	pd := splitBulk(pm)
+	h, err = encodeFrame(framePeer, 0, pm, len(pd))
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream = append(stream, h...)
+	stream = append(append(stream, h...), pd...)
 	br := bufio.NewReader(bytes.NewReader(stream))
 	f, err := readFrame(br)
 	if err != nil || f.typ != frameWrite || f.id != 42 || !bytes.Equal(f.bulk, d) {
@@ -213,6 +215,9 @@ func TestDataFrameRoundTrip(t *testing.T) {
 	}
 	m := &pb.RLDevServicePeerRequest{}
 	if err := proto.Unmarshal(f.meta, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := joinBulk(m, f.bulk); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := DecodePeer(m); err != nil || !reflect.DeepEqual(got, peerSamples()[0]) {
@@ -245,8 +250,10 @@ func FuzzDataFrames(f *testing.F) {
 	f.Add(append(h, make([]byte, 4096)...))
 	h, _ = encodeFrame(frameRead, 7, &pb.RLDevServiceReadRequest{Rldev: 3, Offset: 0, Length: 8192, Replica: 1}, 0)
 	f.Add(h)
-	h, _ = encodeFrame(framePeer, 0, EncodePeer(peerSamples()[5]), 0)
-	f.Add(h)
+	pm := EncodePeer(peerSamples()[5])
+	pd := splitBulk(pm)
+	h, _ = encodeFrame(framePeer, 0, pm, len(pd))
+	f.Add(append(h, pd...))
 	h, _ = encodeFrame(frameHello, 0, &pb.RLDevHello{Node: 1, Incarnation: 2, ToNode: 3}, 0)
 	f.Add(h)
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -270,10 +277,40 @@ func FuzzDataFrames(f *testing.F) {
 				}
 			case framePeer:
 				m := &pb.RLDevServicePeerRequest{}
-				if proto.Unmarshal(fr.meta, m) == nil {
+				if proto.Unmarshal(fr.meta, m) == nil && joinBulk(m, fr.bulk) == nil {
 					DecodePeer(m)
 				}
 			}
 		}
 	})
+}
+
+// Every peer message crosses the data path with its blocks as bulk.
+func TestPeerFramesRoundTrip(t *testing.T) {
+	for _, want := range peerSamples() {
+		pm := EncodePeer(want)
+		pd := splitBulk(pm)
+		h, err := encodeFrame(framePeer, 0, pm, len(pd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := readFrame(bufio.NewReader(bytes.NewReader(append(h, pd...))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &pb.RLDevServicePeerRequest{}
+		if err := proto.Unmarshal(f.meta, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := joinBulk(m, f.bulk); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := DecodePeer(m); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%T: got %+v (%v)", want, got, err)
+		}
+	}
+	// Bulk on a message without blocks is refused.
+	if err := joinBulk(EncodePeer(Ack{RLDev: 1}), []byte{1}); !errors.Is(err, errFrame) {
+		t.Fatalf("bulk on an ack: %v", err)
+	}
 }
