@@ -176,21 +176,23 @@ func (w *writeOp) progress(env Env) []any {
 		}
 		return out
 	}
+	// The forwards first: the copies are written in parallel, and the
+	// peer's (the longer way) starts as early as it can.
+	if needPeer && w.peerEpoch != rec.Epoch {
+		out = append(out, w.forward(env)...)
+	}
+	if needTgt && w.tEpoch != rec.Epoch {
+		out = append(out, w.forwardTarget(env)...)
+	}
 	if w.local == 0 {
 		w.local = 1
-		out = append(out, r.writeDurable(r.base+blockOff(w.block), r.encodeRun(w.block, w.data, nil, w.gen), func(err error) []any {
+		out = append(out, r.writeBlocks(w.block, w.data, nil, w.gen, func(err error) []any {
 			if err != nil {
 				return r.fail(err) // aborts this write with the others
 			}
 			w.local = 2
 			return w.progress(r.e.env)
 		})...)
-	}
-	if needPeer && w.peerEpoch != rec.Epoch {
-		out = append(out, w.forward(env)...)
-	}
-	if needTgt && w.tEpoch != rec.Epoch {
-		out = append(out, w.forwardTarget(env)...)
 	}
 	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needTgt || (w.tAcked && w.tEpoch == rec.Epoch)) &&
 		(!needDeg || w.degDone) && (!needDRL || w.drlDone) {
@@ -335,7 +337,7 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 			if err != nil {
 				return append(ack(CodeOf(err)), r.locks.release(lk)...)
 			}
-			return r.writeDurable(r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, nil, m.Gen), func(err error) []any {
+			return r.writeBlocks(m.Block, m.Data, nil, m.Gen, func(err error) []any {
 				out := r.locks.release(lk)
 				if err != nil {
 					out = append(out, r.fail(err)...)

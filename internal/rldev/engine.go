@@ -43,12 +43,16 @@ type (
 		Len  int
 	}
 	// DiskWrite writes Data at Off; DiskDone(Op, nil, err) when WriteAt
-	// returned (not yet durable).
+	// returned (not yet durable). If Encode is set, Data is nil and the
+	// bytes are Encode's result: pure computation (checksumming blocks)
+	// that the runtime does off the engine's lock, on the goroutine that
+	// writes.
 	DiskWrite struct {
-		Op   OpID
-		Disk uint32
-		Off  int64
-		Data []byte
+		Op     OpID
+		Disk   uint32
+		Off    int64
+		Data   []byte
+		Encode func() []byte
 	}
 	// DiskSync makes the writes done before it durable; DiskDone(Op, nil,
 	// err).
@@ -287,6 +291,12 @@ func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err 
 // are shared: every write done while a sync is in flight waits for the
 // next one, which covers them all (group commit).
 func (e *Engine) writeDurable(disk uint32, off int64, data []byte, then func(err error) []any) []any {
+	return e.writeDurableEnc(disk, off, data, nil, then)
+}
+
+// writeDurableEnc is writeDurable of data, or of encode's result (see
+// DiskWrite).
+func (e *Engine) writeDurableEnc(disk uint32, off int64, data []byte, encode func() []byte, then func(err error) []any) []any {
 	e.nextOp++
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		if err != nil {
@@ -296,7 +306,7 @@ func (e *Engine) writeDurable(disk uint32, off int64, data []byte, then func(err
 		d.waiting = append(d.waiting, then)
 		return e.maybeSync(d)
 	}
-	return []any{DiskWrite{Op: e.nextOp, Disk: disk, Off: off, Data: data}}
+	return []any{DiskWrite{Op: e.nextOp, Disk: disk, Off: off, Data: data, Encode: encode}}
 }
 
 func (e *Engine) maybeSync(d *diskState) []any {

@@ -206,7 +206,11 @@ func (h *harness) exec(n *hnode, out []any) {
 			_, err := n.devs[x.Disk].ReadAt(buf, x.Off)
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, buf, err) })
 		case DiskWrite:
-			_, err := n.devs[x.Disk].WriteAt(x.Data, x.Off)
+			data := x.Data
+			if x.Encode != nil {
+				data = x.Encode()
+			}
+			_, err := n.devs[x.Disk].WriteAt(data, x.Off)
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case DiskSync:
 			err := n.devs[x.Disk].Sync()

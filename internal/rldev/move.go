@@ -501,11 +501,23 @@ func (e *Engine) retireReplica(env Env, r *replica, why string) []any {
 // its segment), counted so that its extent is not wiped while one is in
 // progress; a retired replica writes nothing more.
 func (r *replica) writeDurable(off int64, data []byte, then func(error) []any) []any {
+	return r.writeDurableEnc(off, data, nil, then)
+}
+
+// writeBlocks writes blocks [block, block+len(data)/BlockSize) durably,
+// encoded (checksummed) by the runtime off the engine's lock: generation
+// gens[i] for block i, or gen for all if gens is nil.
+func (r *replica) writeBlocks(block uint64, data []byte, gens []uint64, gen uint64, then func(error) []any) []any {
+	id := r.rec.ID
+	return r.writeDurableEnc(r.base+blockOff(block), nil, func() []byte { return encodeBlocks(id, block, data, gens, gen) }, then)
+}
+
+func (r *replica) writeDurableEnc(off int64, data []byte, encode func() []byte, then func(error) []any) []any {
 	if r.state == repRetired {
 		return then(fmt.Errorf("%w: the replica is retired", ErrNotServing))
 	}
 	r.pending++
-	return r.e.writeDurable(r.disk, off, data, func(err error) []any {
+	return r.e.writeDurableEnc(r.disk, off, data, encode, func(err error) []any {
 		r.pending--
 		return then(err)
 	})

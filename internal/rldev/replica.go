@@ -842,6 +842,12 @@ func (r *replica) flushTokens() []any {
 
 // encodeRun turns data (whole blocks from block on) into physical blocks.
 func (r *replica) encodeRun(block uint64, data []byte, gens []uint64, gen uint64) []byte {
+	return encodeBlocks(r.rec.ID, block, data, gens, gen)
+}
+
+// encodeBlocks is encodeRun for RLDev id: a pure function of its
+// arguments, safe off the engine's lock.
+func encodeBlocks(id, block uint64, data []byte, gens []uint64, gen uint64) []byte {
 	n := len(data) / BlockSize
 	out := make([]byte, n*PhysBlockSize)
 	for i := 0; i < n; i++ {
@@ -854,7 +860,7 @@ func (r *replica) encodeRun(block uint64, data []byte, gens []uint64, gen uint64
 			markCorrupt(dst) // the source had no valid copy of this block
 			continue
 		}
-		EncodeBlock(dst, r.rec.ID, block+uint64(i), g, data[i*BlockSize:(i+1)*BlockSize])
+		EncodeBlock(dst, id, block+uint64(i), g, data[i*BlockSize:(i+1)*BlockSize])
 	}
 	return out
 }

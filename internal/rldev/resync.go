@@ -342,7 +342,7 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 	}
 	var out []any
 	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
-		return r.writeDurable(r.base+blockOff(m.Block), r.encodeRun(m.Block, m.Data, m.Gens, 0), func(err error) []any {
+		return r.writeBlocks(m.Block, m.Data, m.Gens, 0, func(err error) []any {
 			if err != nil {
 				out := r.locks.release(lk)
 				out = append(out, r.fail(err)...)

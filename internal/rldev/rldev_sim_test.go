@@ -345,7 +345,11 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, buf, err))
 			})
 		case DiskWrite:
-			_, err := rn.devs[x.Disk].WriteAt(x.Data, x.Off)
+			data := x.Data
+			if x.Encode != nil {
+				data = x.Encode()
+			}
+			_, err := rn.devs[x.Disk].WriteAt(data, x.Off)
 			p.Go(s.w.Between(50*time.Microsecond, 2*time.Millisecond), func() {
 				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
 			})

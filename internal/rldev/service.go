@@ -335,7 +335,11 @@ func (s *Service) execLocked(g *generation, out []any) {
 			})
 		case DiskWrite:
 			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
-				_, err := dev.WriteAt(x.Data, x.Off)
+				data := x.Data
+				if x.Encode != nil {
+					data = x.Encode()
+				}
+				_, err := dev.WriteAt(data, x.Off)
 				return nil, err
 			})
 		case DiskSync:
