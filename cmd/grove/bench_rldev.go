@@ -24,6 +24,7 @@ func benchRLDevCmd() *cobra.Command {
 	var port int
 	var servers []int
 	var paths []string
+	repeat := 1
 	resyncSize := units.Size(1 << 30)
 	cmd := &cobra.Command{
 		Use:   "rldev",
@@ -72,6 +73,9 @@ fio's buffered reads do. Progress goes to standard error.`,
 			if len(paths) == 0 {
 				return cli.Usagef("--data-path: name at least one")
 			}
+			if repeat < 1 || repeat > 9 {
+				return cli.Usagef("--repeat %d: want 1..9", repeat)
+			}
 			if cell < time.Second {
 				return cli.Usagef("--cell %v: want at least 1s", cell)
 			}
@@ -91,7 +95,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 			defer os.RemoveAll(dir)
 			d := &cli.Doc{}
 			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths}
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat}
 			for _, p := range parts {
 				var err error
 				switch p {
@@ -118,6 +122,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 	f.DurationVar(&cell, "cell", 5*time.Second, "measure each cell for `DURATION`")
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
+	f.IntVar(&repeat, "repeat", 1, "iops: measure each cell `N` times, grove and fio in turn, and report the medians")
 	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
 	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
 	out.Register(cmd)
@@ -125,15 +130,16 @@ fio's buffered reads do. Progress goes to standard error.`,
 }
 
 type rldevBench struct {
-	ctx  context.Context
-	bin  string
-	dir  string
-	port int
-	cell time.Duration
-	d    *cli.Doc
+	ctx   context.Context
+	bin   string
+	dir   string
+	port  int
+	cell  time.Duration
+	d     *cli.Doc
 	log   func(string, ...any)
 	n     int
-	paths []string // data paths: iops runs on each, the others on the first
+	paths  []string // data paths: iops runs on each, the others on the first
+	repeat int      // iops: runs per cell (medians)
 }
 
 // cluster starts n servers with disks of diskSize.
@@ -315,14 +321,21 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	}{{true, false, 4 << 10, 1}, {true, false, 4 << 10, 32}, {false, false, 4 << 10, 1}, {false, false, 4 << 10, 32},
 		{true, true, 1 << 20, 1}, {false, true, 1 << 20, 1}}
 	for _, x := range cells {
-		g, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{id}, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
-		if err != nil {
-			return err
+		// grove and fio in turn, --repeat times: this shared machine's
+		// figures drift by a fifth between minutes, fio's as much as ours.
+		var gs, fs []bench.IOResult
+		for i := 0; i < max(b.repeat, 1); i++ {
+			g, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{id}, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
+			if err != nil {
+				return err
+			}
+			f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
+			if err != nil {
+				return err
+			}
+			gs, fs = append(gs, g), append(fs, f)
 		}
-		f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
-		if err != nil {
-			return err
-		}
+		g, f := bench.MedianIO(gs), bench.MedianIO(fs)
 		op := map[bool]string{true: "randwrite", false: "randread"}[x.write]
 		if x.seq {
 			op = map[bool]string{true: "write", false: "read"}[x.write]

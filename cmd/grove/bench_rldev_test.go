@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// TestBenchRLDevSmoke runs `grove bench rldev` briefly (IOPS next to fio,
-// and a resync) and checks that it reports figures: the benchmark is kept
-// working; README quotes a full run.
+// TestBenchRLDevSmoke runs `grove bench rldev` briefly (IOPS next to fio
+// on both data paths, and a resync) and checks that it reports figures:
+// the benchmark is kept working; README quotes a full run.
 func TestBenchRLDevSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
@@ -23,6 +23,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 	}
 	var out struct {
 		IOPS []struct {
+			Path      string  `json:"path"`
 			Op        string  `json:"op"`
 			QD        int     `json:"qd"`
 			GroveOpsS float64 `json:"grove_ops_s"`
@@ -35,7 +36,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
 	}
-	if len(out.IOPS) != 6 || len(out.Resync) != 1 {
+	if len(out.IOPS) != 12 || len(out.Resync) != 1 || out.IOPS[0].Path != "tcp" || out.IOPS[6].Path != "grpc" {
 		t.Fatalf("%d iops rows, %d resync rows:\n%s", len(out.IOPS), len(out.Resync), r.stdout)
 	}
 	for _, x := range out.IOPS {

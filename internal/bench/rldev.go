@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -322,4 +323,23 @@ func DiskBusy(path string) (busy time.Duration, ok bool) {
 		return time.Duration(ms) * time.Millisecond, true
 	}
 	return 0, false
+}
+
+// MedianIO is the run of rs with the median rate, with the median p50
+// and p99 of all of them.
+func MedianIO(rs []IOResult) IOResult {
+	if len(rs) == 0 {
+		return IOResult{}
+	}
+	byRate := append([]IOResult(nil), rs...)
+	sort.Slice(byRate, func(i, j int) bool { return byRate[i].PerSec() < byRate[j].PerSec() })
+	m := byRate[len(byRate)/2]
+	var p50, p99 []time.Duration
+	for _, r := range rs {
+		p50, p99 = append(p50, r.P50), append(p99, r.P99)
+	}
+	slices.Sort(p50)
+	slices.Sort(p99)
+	m.P50, m.P99 = Percentile(p50, 50), Percentile(p99, 50)
+	return m
 }
