@@ -164,8 +164,9 @@ func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb
 }
 
 func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
-	meta := proto.Clone(r).(*pb.RLDevServiceWriteRequest)
-	meta.Data = nil
+	// The request without its data, which travels as the frame's bulk
+	// (proto.Clone would copy it).
+	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica}
 	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp)
 	if err != nil {
 		return nil, err

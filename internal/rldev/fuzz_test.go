@@ -185,6 +185,11 @@ func FuzzDecodeTable(f *testing.F) {
 
 // Frames of the data path round-trip: header, meta and bulk.
 func TestDataFrameRoundTrip(t *testing.T) {
+	// dataConn.Write copies a write request's fields but its data by
+	// name: a new field must be added there.
+	if n := (&pb.RLDevServiceWriteRequest{}).ProtoReflect().Descriptor().Fields().Len(); n != 5 {
+		t.Fatalf("RLDevServiceWriteRequest has %d fields: copy the new ones in dataConn.Write", n)
+	}
 	var stream []byte
 	d := pattern(7, 2)
 	w := &pb.RLDevServiceWriteRequest{Rldev: 3, Offset: 8192, Fence: fenceToPB(&Fence{Name: "m", Token: lock.Token{Epoch: 1, Seq: 2}})}
