@@ -130,14 +130,14 @@ fio's buffered reads do. Progress goes to standard error.`,
 }
 
 type rldevBench struct {
-	ctx   context.Context
-	bin   string
-	dir   string
-	port  int
-	cell  time.Duration
-	d     *cli.Doc
-	log   func(string, ...any)
-	n     int
+	ctx    context.Context
+	bin    string
+	dir    string
+	port   int
+	cell   time.Duration
+	d      *cli.Doc
+	log    func(string, ...any)
+	n      int
 	paths  []string // data paths: iops runs on each, the others on the first
 	repeat int      // iops: runs per cell (medians)
 }
