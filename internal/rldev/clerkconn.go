@@ -67,7 +67,12 @@ func dialData(ctx context.Context, addr string) (*dataConn, error) {
 func (d *dataConn) readLoop(c net.Conn) {
 	br := bufio.NewReaderSize(c, connBuffer)
 	for {
-		f, err := readFrame(br)
+		// The node pings every pingEvery: a node silent for linkIdle
+		// (stopped, its kernel still answering) fails the requests.
+		f, err := readFrame(br, c, linkIdle)
+		if err == nil && f.typ == framePing {
+			continue
+		}
 		if err == nil && f.typ != frameReadResp && f.typ != frameWriteResp {
 			err = fmt.Errorf("%w: type %d from a node", errFrame, f.typ)
 		}
@@ -119,8 +124,9 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 	d.wait[id] = ch
 	d.mu.Unlock()
 	buf, err := encodeFrame(typ, id, meta, len(bulk))
+	var seq uint64
 	if err == nil {
-		err = d.w.send(buf, bulk)
+		seq, err = d.w.send(buf, bulk)
 	}
 	if err != nil {
 		d.mu.Lock()
@@ -145,6 +151,17 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 		d.mu.Lock()
 		delete(d.wait, id)
 		d.mu.Unlock()
+		if !d.w.written(seq) {
+			// The frame may still be queued, and it holds the caller's
+			// buffer (a write's data), which is the caller's again once
+			// this returns: the connection ends, and the frame with it
+			// (sent in part at most: the node drops a frame cut short),
+			// before this returns.
+			d.fail(fmt.Errorf("a request given up before it was sent (%w)", ctx.Err()))
+			<-d.w.exited
+		} else if c, err := encodeFrame(frameCancel, id, nil, 0); err == nil {
+			d.w.send(c) // the node gives it up too
+		}
 		return frame{}, ctx.Err()
 	}
 }

@@ -18,21 +18,39 @@ import (
 // The node's end of the framed data path (frames.go): connections the
 // port's guard hands over, and the peer links this node dials.
 
-// connBuffer is the size of a data connection's read buffer and of a peer
-// link's write buffer.
-const connBuffer = 256 << 10
+// Bounds and timers of the data path.
+const (
+	// connBuffer is the size of a data connection's read buffer (larger
+	// frames are read past it) and of a peer link's write buffer.
+	connBuffer = 64 << 10
+	// maxDataConns bounds the data-path connections a node serves.
+	maxDataConns = 512
+	// pingEvery is how often an idle end pings; linkIdle how long one
+	// waits for any frame before it drops the connection (gRPC's
+	// keepalive did the same).
+	pingEvery = time.Second
+	linkIdle  = transport.UserTimeout
+)
 
 // ServeConn serves a data-path connection whose magic the port's guard
-// read; it returns when the connection ends.
+// read; it returns when the connection ends. At most maxDataConns are
+// served at once (more are closed at once).
 func (s *Service) ServeConn(c net.Conn) {
 	defer c.Close()
+	select {
+	case s.dataConns <- struct{}{}:
+		defer func() { <-s.dataConns }()
+	default:
+		s.warn("too many data-path connections", "from", c.RemoteAddr(), "limit", maxDataConns)
+		return
+	}
 	stop := context.AfterFunc(s.ctx, func() { c.Close() }) // the service's Close ends it
 	defer stop()
 	c.SetReadDeadline(time.Now().Add(transport.PrefaceTimeout))
 	br := bufio.NewReaderSize(c, connBuffer)
 	kind, err := readPreamble(br)
 	if err != nil {
-		s.log.Warn("rldev data path: connection dropped", "from", c.RemoteAddr(), "err", err)
+		s.warn("rldev data path: connection dropped", "from", c.RemoteAddr(), "err", err)
 		return
 	}
 	c.SetReadDeadline(time.Time{})
@@ -44,61 +62,119 @@ func (s *Service) ServeConn(c net.Conn) {
 	}
 }
 
+// warn logs a data-path problem, at most once per key every few seconds
+// (a flood of bad connections must not flood the log).
+func (s *Service) warn(msg string, args ...any) {
+	if ok, n := s.warned.Allow(msg); ok {
+		s.log.Warn(msg, append(args, "suppressed", n)...)
+	}
+}
+
 // serveClient answers a clerk's requests, in the order they end. The
-// connection's reader starts each request on the engine as it is read (at
-// most maxPipelined at once); replies are queued on its writer from the
-// engine's effects. Requests still in progress when the connection ends
-// are cancelled (a write may still land, as with a gRPC call cancelled).
+// connection's reader starts each request on the engine as it is read;
+// replies are queued on its writer from the engine's effects. A request
+// past the connection's bounds (maxPipelined requests, maxInflight bytes
+// asked) is refused at once as busy (the clerk tries again), so that the
+// reader never stops for them and still reads the cancels that free them.
+// A request the clerk gave up (a cancel frame), and every one still in
+// progress when the connection ends, is cancelled on the engine (a write
+// may still land, as with a gRPC call cancelled). The node pings the
+// clerk every pingEvery, so that a clerk notices a stopped node.
 func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 	w := newFrameWriter(c)
 	defer w.close(net.ErrClosed)
-	slots := make(chan struct{}, maxPipelined)
+	go pinger(w)
 	type live struct {
-		g   *generation
-		req ReqID
+		g    *generation
+		req  ReqID
+		id   uint64 // the clerk's
+		size int64
 	}
-	open := map[*waiter]live{} // guarded by s.mu
+	// Guarded by s.mu: the requests in progress, by waiter and by the
+	// clerk's id, and what they ask for.
+	open := map[*waiter]*live{}
+	byID := map[uint64]*waiter{}
+	var asked int64
+	end := func(wt *waiter) { // under s.mu
+		if l := open[wt]; l != nil {
+			delete(open, wt)
+			delete(byID, l.id)
+			asked -= l.size
+		}
+	}
+	cancel := func(wt *waiter) { // under s.mu
+		if l := open[wt]; l != nil && s.mu.reqs[l.req] == wt {
+			delete(s.mu.reqs, l.req)
+			if s.mu.gen == l.g && s.mu.eng != nil {
+				l.g.e.Cancel(l.req)
+			}
+		}
+		end(wt)
+	}
 	defer func() {
 		s.mu.Lock()
-		for wt, l := range open {
-			if s.mu.reqs[l.req] == wt {
-				delete(s.mu.reqs, l.req)
-				if s.mu.gen == l.g && s.mu.eng != nil {
-					l.g.e.Cancel(l.req)
-				}
-			}
+		for wt := range open {
+			cancel(wt)
 		}
 		s.mu.Unlock()
 	}()
+	answer := func(respond func(Reply, uint64) ([]byte, []byte, error), err error) bool {
+		buf, bulk, err := respond(Reply{Err: err}, 0)
+		if err == nil {
+			_, err = w.send(buf, bulk)
+		}
+		return err == nil
+	}
 	for {
-		f, err := readFrame(br)
+		// The replies not sent yet are bounded too: a clerk that does not
+		// read them is not read from.
+		if w.waitRoom(maxQueued) != nil {
+			return
+		}
+		f, err := readFrame(br, c, 0)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Warn("rldev data path: client connection dropped", "from", c.RemoteAddr(), "err", err)
+				s.warn("rldev data path: client connection dropped", "from", c.RemoteAddr(), "err", err)
 			}
 			return
 		}
-		start, id, respond, err := clientRequest(f)
+		if f.typ == frameCancel {
+			s.mu.Lock()
+			if wt := byID[f.id]; wt != nil {
+				cancel(wt)
+			}
+			s.mu.Unlock()
+			continue
+		}
+		start, id, size, respond, err := clientRequest(f)
 		if err != nil && (errors.Is(err, errFrame) || start == nil && !errors.Is(err, ErrBadRequest)) {
-			s.log.Warn("rldev data path: client connection dropped", "from", c.RemoteAddr(), "err", err)
+			s.warn("rldev data path: client connection dropped", "from", c.RemoteAddr(), "err", err)
 			return
 		}
 		if err != nil { // a request that is well formed but wrong: answered
-			buf, bulk, err := respond(Reply{Err: err}, 0)
-			if err != nil || w.send(buf, bulk) != nil {
+			if !answer(respond, err) {
 				return
 			}
 			continue
 		}
-		// Bounded: replies free slots, and the writer's queue drains.
-		slots <- struct{}{}
-		if w.waitRoom(maxQueued) != nil {
-			return
-		}
 		wt := &waiter{write: f.typ == frameWrite, id: id}
+		s.mu.Lock()
+		busy := len(open) >= maxPipelined || len(open) > 0 && asked+size > maxInflight || byID[f.id] != nil
+		if !busy {
+			l := &live{id: f.id, size: size}
+			open[wt], byID[f.id] = l, wt
+			asked += size
+		}
+		s.mu.Unlock()
+		if busy {
+			if !answer(respond, fmt.Errorf("%w: node %d: this connection has %d requests in progress (at most %d, or %d bytes)",
+				ErrNotServing, s.cfg.Node, len(open), maxPipelined, maxInflight)) {
+				return
+			}
+			continue
+		}
 		wt.fn = func(r Reply) { // under s.mu
-			delete(open, wt)
-			<-slots
+			end(wt)
 			buf, bulk, err := respond(r, s.epochLocked(id))
 			if err != nil {
 				w.close(err)
@@ -106,23 +182,35 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 			}
 			w.send(buf, bulk)
 		}
-		s.mu.Lock()
-		open[wt] = live{}
-		s.mu.Unlock()
 		g, req, err := s.begin(wt, start)
 		s.mu.Lock()
-		if err != nil {
-			delete(open, wt)
-			<-slots
-		} else if _, ok := open[wt]; ok {
-			open[wt] = live{g, req}
+		if l := open[wt]; l != nil {
+			if err != nil {
+				end(wt)
+			} else {
+				l.g, l.req = g, req
+			}
 		}
 		s.mu.Unlock()
-		if err != nil {
-			buf, bulk, err := respond(Reply{Err: err}, 0)
-			if err != nil || w.send(buf, bulk) != nil {
+		if err != nil && !answer(respond, err) {
+			return
+		}
+	}
+}
+
+// pinger sends a ping on w every pingEvery until w fails.
+func pinger(w *frameWriter) {
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	ping, _ := encodeFrame(framePing, 0, nil, 0)
+	for {
+		select {
+		case <-t.C:
+			if _, err := w.send(ping); err != nil {
 				return
 			}
+		case <-w.done:
+			return
 		}
 	}
 }
@@ -131,7 +219,7 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 // RLDev, and how to encode its reply. An error wrapping errFrame (or a
 // meta that does not decode: start is nil) ends the connection; one
 // wrapping ErrBadRequest is answered.
-func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id uint64, respond func(r Reply, epoch uint64) ([]byte, []byte, error), err error) {
+func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id uint64, size int64, respond func(r Reply, epoch uint64) ([]byte, []byte, error), err error) {
 	respond = func(Reply, uint64) ([]byte, []byte, error) { return nil, nil, errFrame }
 	switch f.typ {
 	case frameRead:
@@ -140,7 +228,7 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 			err = fmt.Errorf("%w: a read request with data", errFrame)
 		}
 		if err == nil {
-			id = m.Rldev
+			id, size = m.Rldev, int64(m.Length)
 			start, err = readStart(&m)
 		}
 		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
@@ -153,7 +241,7 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 			err = fmt.Errorf("%w: a write request's data in its meta", errFrame)
 		}
 		if err == nil {
-			m.Data, id = f.bulk, m.Rldev
+			m.Data, id, size = f.bulk, m.Rldev, int64(len(f.bulk))
 			start, err = writeStart(&m)
 		}
 		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
@@ -163,15 +251,16 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 	default:
 		err = fmt.Errorf("%w: type %d from a client", errFrame, f.typ)
 	}
-	return start, id, respond, err
+	return start, id, size, respond, err
 }
 
 // servePeerConn accepts a link from another node's engine over the data
 // path: a hello each way, then the peer's messages, delivered as they are
 // read (every whole frame already buffered in one turn of the engine).
+// Both ends ping every pingEvery; a link silent for linkIdle is dropped
+// (a stopped process whose kernel still answers).
 func (s *Service) servePeerConn(c net.Conn, br *bufio.Reader) {
-	c.SetReadDeadline(time.Now().Add(transport.PrefaceTimeout))
-	f, err := readFrame(br)
+	f, err := readFrame(br, c, transport.PrefaceTimeout)
 	var h pb.RLDevHello
 	if err == nil && f.typ != frameHello {
 		err = fmt.Errorf("%w: the first frame of a link must be a hello", errFrame)
@@ -180,30 +269,35 @@ func (s *Service) servePeerConn(c net.Conn, br *bufio.Reader) {
 		err = proto.Unmarshal(f.meta, &h)
 	}
 	if err != nil {
-		s.log.Warn("rldev data path: link dropped", "from", c.RemoteAddr(), "err", err)
+		s.warn("rldev data path: link dropped", "from", c.RemoteAddr(), "err", err)
 		return
 	}
-	c.SetReadDeadline(time.Time{})
 	in, err := s.acceptPeer(context.Background(), &h)
 	if err != nil {
 		s.log.Info("rldev data path: link refused", "from", c.RemoteAddr(), "err", err)
 		return
 	}
 	defer in.close()
-	stop := context.AfterFunc(in.ctx, func() { c.Close() })
+	w := newFrameWriter(c)
+	defer w.close(net.ErrClosed)
+	stop := context.AfterFunc(in.ctx, func() { w.close(net.ErrClosed) })
 	defer stop()
 	buf, err := encodeFrame(frameHello, 0, in.hello, 0)
 	if err != nil {
 		return
 	}
-	if _, err := c.Write(buf); err != nil {
+	if _, err := w.send(buf); err != nil {
 		return
 	}
+	go pinger(w)
 	var batch []*pb.RLDevServicePeerRequest
 	for {
 		batch = batch[:0]
 		for first := true; first || frameReady(br); first = false {
-			f, err := readFrame(br)
+			f, err := readFrame(br, c, linkIdle)
+			if err == nil && f.typ == framePing {
+				continue
+			}
 			if err == nil && f.typ != framePeer {
 				err = fmt.Errorf("%w: type %d on a link", errFrame, f.typ)
 			}
@@ -216,20 +310,23 @@ func (s *Service) servePeerConn(c net.Conn, br *bufio.Reader) {
 			}
 			if err != nil {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && in.ctx.Err() == nil {
-					s.log.Warn("rldev data path: link dropped", "from", in.from, "err", err)
+					s.warn("rldev data path: link dropped", "from", in.from, "err", err)
 				}
 				return
 			}
 			batch = append(batch, m)
 		}
-		if err := in.deliver(batch...); err != nil {
-			return
+		if len(batch) > 0 {
+			if err := in.deliver(batch...); err != nil {
+				return
+			}
 		}
 	}
 }
 
 // dialPeerTCP opens a link over the data path and exchanges hellos. The
-// link ends (cancel) when the connection does.
+// link ends (cancel) when the connection does, or when nothing (not even
+// a ping) came from the peer for linkIdle.
 func (s *Service) dialPeerTCP(ctx context.Context, cancel context.CancelFunc, addr string, hello *pb.RLDevHello) (peerOut, *pb.RLDevHello, error) {
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer dcancel()
@@ -250,9 +347,8 @@ func (s *Service) dialPeerTCP(ctx context.Context, cancel context.CancelFunc, ad
 		c.Close()
 		return nil, nil, err
 	}
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReaderSize(c, 4096)
-	f, err := readFrame(br)
+	f, err := readFrame(br, c, 5*time.Second)
 	var h pb.RLDevHello
 	if err == nil && f.typ != frameHello {
 		err = fmt.Errorf("%w: the answer to a hello is type %d", errFrame, f.typ)
@@ -264,12 +360,15 @@ func (s *Service) dialPeerTCP(ctx context.Context, cancel context.CancelFunc, ad
 		c.Close()
 		return nil, nil, err
 	}
-	c.SetReadDeadline(time.Time{})
 	go func() {
-		// Nothing comes back after the hello: a read returns when the
-		// connection ends.
-		io.Copy(io.Discard, br)
-		cancel()
+		// Only pings come back after the hello.
+		for {
+			f, err := readFrame(br, c, linkIdle)
+			if err != nil || f.typ != framePing {
+				cancel()
+				return
+			}
+		}
 	}()
 	return &tcpPeerOut{bw: bw}, &h, nil
 }
@@ -292,3 +391,9 @@ func (o *tcpPeerOut) send(f *pb.RLDevServicePeerRequest) error {
 }
 
 func (o *tcpPeerOut) flush() error { return o.bw.Flush() }
+
+func (o *tcpPeerOut) ping() error {
+	p, _ := encodeFrame(framePing, 0, nil, 0)
+	o.bw.Write(p)
+	return o.bw.Flush()
+}

@@ -46,6 +46,13 @@ type writeOp struct {
 	tSentAt time.Time
 
 	done bool
+	// A write that ends while its local disk write is still in flight
+	// keeps its range (and its regions counted in flight) until that
+	// write lands: the disk runs writes in any order, so a later write of
+	// the range -- or the pull-back of a write the peer refused -- issued
+	// meanwhile could land first and be overwritten by this one.
+	held     bool
+	pullBack *rangeLock // the range to pull back from the peer once the local write landed
 }
 
 // regions of the two logs the write touches.
@@ -187,11 +194,24 @@ func (w *writeOp) progress(env Env) []any {
 	if w.local == 0 {
 		w.local = 1
 		out = append(out, r.writeBlocks(w.block, w.data, nil, w.gen, func(err error) []any {
-			if err != nil {
-				return r.fail(err) // aborts this write with the others
-			}
 			w.local = 2
-			return w.progress(r.e.env)
+			var out []any
+			if w.held {
+				w.held = false
+				out = w.release()
+			}
+			if err != nil {
+				if w.pullBack != nil {
+					out = append(out, r.locks.release(w.pullBack)...)
+					w.pullBack = nil
+				}
+				return append(out, r.fail(err)...) // aborts this write with the others
+			}
+			if lk := w.pullBack; lk != nil {
+				w.pullBack = nil
+				return append(out, r.startRecoveryOf(r.e.env, w.block, w.n, lk)...)
+			}
+			return append(out, w.progress(r.e.env)...)
 		})...)
 	}
 	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needTgt || (w.tAcked && w.tEpoch == rec.Epoch)) &&
@@ -234,6 +254,10 @@ func (w *writeOp) acked(env Env, a Ack) []any {
 		lk := w.lock
 		w.lock = nil
 		out := w.finish(fmt.Errorf("%w (refused by the peer)", ErrStaleToken))
+		if w.local == 1 { // pulled back once the local write landed (held)
+			w.pullBack = lk
+			return out
+		}
 		return append(out, r.startRecoveryOf(env, w.block, w.n, lk)...)
 	}
 	// A resync target whose disk failed cannot leave by decree (it is
@@ -268,7 +292,22 @@ func (w *writeOp) finish(err error) []any {
 	if w.tSeq != 0 {
 		delete(r.tfwd, w.tSeq)
 	}
+	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
+		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
+	}
+	out := r.e.reply(w.req, nil, err)
+	if w.local == 1 {
+		w.held = true // released when the local write lands
+		return out
+	}
+	return append(out, w.release()...)
+}
+
+// release gives up the write's range and its regions' in-flight counts.
+func (w *writeOp) release() []any {
+	r := w.r
 	if w.locked {
+		w.locked = false
 		a, b := w.drlSpan()
 		for x := a; x <= b; x++ {
 			if r.inflight[x]--; r.inflight[x] <= 0 {
@@ -280,11 +319,9 @@ func (w *writeOp) finish(err error) []any {
 			r.inflightDeg(x, -1)
 		}
 	}
-	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
-		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
-	}
-	out := r.e.reply(w.req, nil, err)
-	return append(out, r.locks.release(w.lock)...)
+	lk := w.lock
+	w.lock = nil
+	return r.locks.release(lk)
 }
 
 // onForward applies a write forwarded by the replica that orders writes

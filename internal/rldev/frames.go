@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -54,6 +56,8 @@ const (
 	frameWrite     = 4 // meta: RLDevServiceWriteRequest without its data; bulk: the data
 	frameReadResp  = 5 // meta: RLDevServiceReadResponse without its data; bulk: the data
 	frameWriteResp = 6 // meta: RLDevServiceWriteResponse
+	framePing      = 7 // nothing: the sender is alive
+	frameCancel    = 8 // nothing: the client gave up request id
 
 	frameHeader = 4 + 1 + 8 + 4
 	// maxFrame bounds what follows a frame's length: the largest request
@@ -61,11 +65,18 @@ const (
 	// generation per block) and its metadata.
 	maxFrame = MaxIO + MaxIO/BlockSize*8 + 64<<10
 
-	// maxPipelined bounds a client connection's requests in progress on
-	// a node, and maxQueued the bytes of its replies not sent yet: its
-	// reader waits before it reads another request.
+	// maxPipelined and maxInflight bound a client connection's requests in
+	// progress on a node (more are refused as busy), maxQueued the bytes of
+	// its replies not sent yet (its reader waits).
 	maxPipelined = 256
+	maxInflight  = 64 << 20
 	maxQueued    = 64 << 20
+	// frameTimeout bounds the time a frame's body takes to arrive once its
+	// header has.
+	frameTimeout = 30 * time.Second
+	// firstChunk is what a frame's body is read into before the rest is
+	// allocated: a header alone pins no more than this.
+	firstChunk = 64 << 10
 )
 
 // errFrame marks a malformed frame; the connection is closed.
@@ -82,10 +93,13 @@ type frame struct {
 // encodeFrame returns a frame's header and meta in one buffer; the caller
 // sends bulk (bulkLen bytes) right after it.
 func encodeFrame(typ byte, id uint64, meta proto.Message, bulkLen int) ([]byte, error) {
-	buf := make([]byte, frameHeader, frameHeader+proto.Size(meta))
-	buf, err := proto.MarshalOptions{}.MarshalAppend(buf, meta)
-	if err != nil {
-		return nil, err
+	buf := make([]byte, frameHeader, frameHeader+64)
+	if meta != nil {
+		var err error
+		buf = slices.Grow(buf, proto.Size(meta))
+		if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf, meta); err != nil {
+			return nil, err
+		}
 	}
 	n := len(buf) - 4 + bulkLen
 	if n > maxFrame {
@@ -109,7 +123,7 @@ func parseHeader(h []byte) (body int, typ byte, id uint64, meta int, err error) 
 	switch {
 	case n < frameHeader-4 || n > maxFrame:
 		return 0, 0, 0, 0, fmt.Errorf("%w: length %d (at most %d)", errFrame, n, maxFrame)
-	case typ < frameHello || typ > frameWriteResp:
+	case typ < frameHello || typ > frameCancel:
 		return 0, 0, 0, 0, fmt.Errorf("%w: unknown type %d", errFrame, typ)
 	case m > n-(frameHeader-4):
 		return 0, 0, 0, 0, fmt.Errorf("%w: %d bytes of meta in a %d-byte frame", errFrame, m, n)
@@ -118,8 +132,17 @@ func parseHeader(h []byte) (body int, typ byte, id uint64, meta int, err error) 
 	return body, typ, id, int(m), nil
 }
 
-// readFrame reads the next frame.
-func readFrame(r *bufio.Reader) (frame, error) {
+// readFrame reads the next frame from r, the reader of c (nil: no
+// deadlines): within idle if idle > 0, and its body within frameTimeout
+// of its header.
+func readFrame(r *bufio.Reader, c net.Conn, idle time.Duration) (frame, error) {
+	if c != nil {
+		var d time.Time
+		if idle > 0 && r.Buffered() < frameHeader {
+			d = time.Now().Add(idle)
+		}
+		c.SetReadDeadline(d)
+	}
 	var h [frameHeader]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return frame{}, err
@@ -128,8 +151,20 @@ func readFrame(r *bufio.Reader) (frame, error) {
 	if err != nil {
 		return frame{}, err
 	}
-	buf := make([]byte, body)
-	if _, err := io.ReadFull(r, buf); err != nil {
+	if c != nil && r.Buffered() < body {
+		c.SetReadDeadline(time.Now().Add(frameTimeout))
+	}
+	// The body is allocated as it arrives: a header alone (a length, and
+	// nothing behind it) pins firstChunk, not maxFrame.
+	buf := make([]byte, min(body, firstChunk))
+	_, err = io.ReadFull(r, buf)
+	if err == nil && body > len(buf) {
+		full := make([]byte, body)
+		copy(full, buf)
+		buf = full
+		_, err = io.ReadFull(r, buf[firstChunk:])
+	}
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -178,16 +213,26 @@ type frameWriter struct {
 	q      net.Buffers
 	queued int64     // bytes queued or being written
 	room   sync.Cond // signalled when queued drops
+	seq    uint64    // sends so far
+	sent   uint64    // sends written whole
 	err    error
 	wake   chan struct{}
 	done   chan struct{}
+	exited chan struct{} // closed when the writer no longer touches any buffer
 }
 
 func newFrameWriter(c net.Conn) *frameWriter {
-	w := &frameWriter{c: c, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &frameWriter{c: c, wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
 	w.room.L = &w.mu
 	go w.run()
 	return w
+}
+
+// written reports whether the send numbered seq was written whole.
+func (w *frameWriter) written(seq uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sent >= seq
 }
 
 // waitRoom waits until at most limit bytes are queued.
@@ -200,11 +245,13 @@ func (w *frameWriter) waitRoom(limit int64) error {
 	return w.err
 }
 
-func (w *frameWriter) send(bufs ...[]byte) error {
+// send queues bufs (one frame, or several) and returns their number: the
+// buffers are the writer's until written(seq) or the writer exited.
+func (w *frameWriter) send(bufs ...[]byte) (uint64, error) {
 	w.mu.Lock()
 	if w.err != nil {
 		w.mu.Unlock()
-		return w.err
+		return 0, w.err
 	}
 	for _, b := range bufs {
 		if len(b) > 0 {
@@ -212,15 +259,18 @@ func (w *frameWriter) send(bufs ...[]byte) error {
 			w.queued += int64(len(b))
 		}
 	}
+	w.seq++
+	seq := w.seq
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
-	return nil
+	return seq, nil
 }
 
 func (w *frameWriter) run() {
+	defer close(w.exited)
 	for {
 		select {
 		case <-w.wake:
@@ -228,7 +278,7 @@ func (w *frameWriter) run() {
 			return
 		}
 		w.mu.Lock()
-		q := w.q
+		q, upTo := w.q, w.seq
 		w.q = nil
 		w.mu.Unlock()
 		if len(q) == 0 {
@@ -241,6 +291,7 @@ func (w *frameWriter) run() {
 		}
 		w.mu.Lock()
 		w.queued -= n
+		w.sent = upTo
 		w.room.Broadcast()
 		w.mu.Unlock()
 	}

@@ -206,15 +206,15 @@ func TestDataFrameRoundTrip(t *testing.T) {
 	}
 	stream = append(append(stream, h...), pd...)
 	br := bufio.NewReader(bytes.NewReader(stream))
-	f, err := readFrame(br)
+	f, err := readFrame(br, nil, 0)
 	if err != nil || f.typ != frameWrite || f.id != 42 || !bytes.Equal(f.bulk, d) {
 		t.Fatalf("write frame: %+v %v", f, err)
 	}
-	start, id, _, err := clientRequest(f)
+	start, id, _, _, err := clientRequest(f)
 	if err != nil || start == nil || id != 3 {
 		t.Fatalf("write request: id %d, %v", id, err)
 	}
-	f, err = readFrame(br)
+	f, err = readFrame(br, nil, 0)
 	if err != nil || f.typ != framePeer {
 		t.Fatalf("peer frame: %+v %v", f, err)
 	}
@@ -228,13 +228,13 @@ func TestDataFrameRoundTrip(t *testing.T) {
 	if got, err := DecodePeer(m); err != nil || !reflect.DeepEqual(got, peerSamples()[0]) {
 		t.Fatalf("peer message: %+v %v", got, err)
 	}
-	if _, err := readFrame(br); !errors.Is(err, io.EOF) {
+	if _, err := readFrame(br, nil, 0); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the last frame: %v", err)
 	}
 	// A bad request is answered, not dropped: unaligned.
 	h, _ = encodeFrame(frameRead, 1, &pb.RLDevServiceReadRequest{Rldev: 1, Offset: 5, Length: 4096}, 0)
-	f, _ = readFrame(bufio.NewReader(bytes.NewReader(h)))
-	if _, _, respond, err := clientRequest(f); !errors.Is(err, ErrBadRequest) || respond == nil {
+	f, _ = readFrame(bufio.NewReader(bytes.NewReader(h)), nil, 0)
+	if _, _, _, respond, err := clientRequest(f); !errors.Is(err, ErrBadRequest) || respond == nil {
 		t.Fatalf("an unaligned read: %v", err)
 	}
 	// Too large a frame is refused when encoded and when read.
@@ -243,7 +243,7 @@ func TestDataFrameRoundTrip(t *testing.T) {
 	}
 	big := binary.BigEndian.AppendUint32(nil, maxFrame+1)
 	big = append(big, make([]byte, frameHeader)...)
-	if _, err := readFrame(bufio.NewReader(bytes.NewReader(big))); !errors.Is(err, errFrame) {
+	if _, err := readFrame(bufio.NewReader(bytes.NewReader(big)), nil, 0); !errors.Is(err, errFrame) {
 		t.Fatalf("an oversized frame read: %v", err)
 	}
 }
@@ -265,13 +265,13 @@ func FuzzDataFrames(f *testing.F) {
 		br := bufio.NewReader(bytes.NewReader(b))
 		for i := 0; i < 16; i++ {
 			frameReady(br)
-			fr, err := readFrame(br)
+			fr, err := readFrame(br, nil, 0)
 			if err != nil {
 				return
 			}
 			switch fr.typ {
 			case frameRead, frameWrite:
-				start, _, respond, err := clientRequest(fr)
+				start, _, _, respond, err := clientRequest(fr)
 				if err == nil && start == nil || respond == nil {
 					t.Fatalf("request %d: no start without an error", fr.typ)
 				}
@@ -299,7 +299,7 @@ func TestPeerFramesRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := readFrame(bufio.NewReader(bytes.NewReader(append(h, pd...))))
+		f, err := readFrame(bufio.NewReader(bytes.NewReader(append(h, pd...))), nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

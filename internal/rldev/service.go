@@ -16,6 +16,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/ratelog"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -111,6 +112,10 @@ type Service struct {
 		refresh bool // a linearizable table read is in flight
 	}
 	started sync.Once
+	// The data path (dataconn.go): a slot per connection served, and the
+	// limiter of its warnings.
+	dataConns chan struct{}
+	warned    *ratelog.Limiter
 }
 
 // generation is one engine's life: its links end with ctx, and its disk
@@ -173,7 +178,8 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.LinkQueue == 0 {
 		cfg.LinkQueue = 64 << 20
 	}
-	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "rldev"), disks: map[uint32]*diskQueue{}}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "rldev"), disks: map[uint32]*diskQueue{},
+		dataConns: make(chan struct{}, maxDataConns), warned: ratelog.New(5 * time.Second)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.nodes, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
 	s.mu.reqs = map[ReqID]*waiter{}
@@ -599,9 +605,11 @@ func (s *Service) runLink(l *outLink) {
 
 // peerOut is the sending end of a link, whichever transport carries it.
 type peerOut interface {
-	// send queues a message; flush sends what is queued.
+	// send queues a message; flush sends what is queued; ping tells the
+	// peer this end is alive (the link has been idle).
 	send(f *pb.RLDevServicePeerRequest) error
 	flush() error
+	ping() error
 }
 
 // linkOnce dials, says hello, reports the peer up and pumps the queue until
@@ -650,11 +658,19 @@ func (s *Service) linkOnce(l *outLink) bool {
 		}
 		s.mu.Unlock()
 	}()
+	tick := time.NewTicker(pingEvery)
+	defer tick.Stop()
+	sent := false
 	for {
 		select {
 		case f := <-l.q:
-			// Everything queued goes out in one flush.
+			// Everything queued goes out in one flush; nothing once the
+			// link has ended (a message dropped since must not be
+			// followed by later ones on this link).
 			for f != nil {
+				if ctx.Err() != nil {
+					return true
+				}
 				l.bytes.Add(-int64(proto.Size(f)))
 				if err := out.send(f); err != nil {
 					return true
@@ -668,6 +684,14 @@ func (s *Service) linkOnce(l *outLink) bool {
 			if err := out.flush(); err != nil {
 				return true
 			}
+			sent = true
+		case <-tick.C:
+			if !sent {
+				if err := out.ping(); err != nil {
+					return true
+				}
+			}
+			sent = false
 		case <-ctx.Done():
 			return true
 		}
@@ -720,6 +744,7 @@ type grpcPeerOut struct {
 
 func (o grpcPeerOut) send(f *pb.RLDevServicePeerRequest) error { return o.st.Send(f) }
 func (o grpcPeerOut) flush() error                             { return nil }
+func (o grpcPeerOut) ping() error                              { return nil } // HTTP/2 pings
 
 // Peer accepts a link from another node's engine (gRPC; the framed data
 // path's links are servePeerConn).
@@ -795,7 +820,7 @@ func (s *Service) acceptPeer(parent context.Context, h *pb.RLDevHello) (*peerIn,
 		return nil, status.Errorf(codes.FailedPrecondition, "rldev link: this is node %d, not %d", s.cfg.Node, h.ToNode)
 	case g == nil || s.mu.eng == nil:
 		return nil, status.Errorf(codes.Unavailable, "rldev link: node %d has no engine running (fenced or starting)", s.cfg.Node)
-	case h.Incarnation < s.mu.nodes[from]:
+	case h.Incarnation < s.mu.nodes[from], s.mu.in[from] != nil && h.Incarnation < s.mu.in[from].inc:
 		return nil, status.Errorf(codes.FailedPrecondition, "rldev link: node %d incarnation %d is a past one", from, h.Incarnation)
 	}
 	ctx, cancel := context.WithCancel(parent)
