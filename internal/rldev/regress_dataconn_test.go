@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -47,5 +49,28 @@ func TestRegressDataPathWriteBufferRetained(t *testing.T) {
 	}
 	if f.bulk[0] != 0xaa {
 		t.Errorf("the node received a write of %#x..., the buffer's contents after Write returned (it was called with %#x...)", f.bulk[0], 0xaa)
+	}
+}
+
+// A node that stops (SIGSTOP: its kernel still holds the connection)
+// sends no pings: the clerk's connection fails its requests after
+// linkIdle, as gRPC's keepalive did, instead of each waiting out its
+// attempt.
+func TestDataPathSilentNodeFailsRequests(t *testing.T) {
+	node, clerk := net.Pipe()
+	defer node.Close()
+	go io.Copy(io.Discard, node) // reads everything, answers nothing
+	d := &dataConn{addr: "pipe", w: newFrameWriter(clerk), wait: map[uint64]chan frame{}}
+	go d.readLoop(clerk)
+	defer d.fail(net.ErrClosed)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := d.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: 1, Length: BlockSize})
+	if !errors.Is(err, ErrConnLost) {
+		t.Fatalf("a read from a silent node: %v after %v, want ErrConnLost", err, time.Since(start))
+	}
+	if el := time.Since(start); el < linkIdle-time.Second || el > linkIdle+3*time.Second {
+		t.Fatalf("failed after %v, want about %v", el, linkIdle)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -247,7 +248,10 @@ func BenchmarkServiceRead1M(b *testing.B) { benchService(b, false, 1<<20, 1) }
 // dataFrame builds a frame of the data path by hand (frames.go's layout),
 // as a client of another implementation would.
 func dataFrame(typ byte, id uint64, meta proto.Message, bulk []byte) []byte {
-	m, _ := proto.Marshal(meta)
+	var m []byte
+	if meta != nil {
+		m, _ = proto.Marshal(meta)
+	}
 	b := binary.BigEndian.AppendUint32(nil, uint32(1+8+4+len(m)+len(bulk)))
 	b = append(b, typ)
 	b = binary.BigEndian.AppendUint64(b, id)
@@ -361,5 +365,109 @@ func TestDataPathBadInput(t *testing.T) {
 		if err != nil || !bytes.Equal(got, d) {
 			t.Fatalf("replica %d after the bad input: %v", replica, err)
 		}
+	}
+}
+
+// A data-path connection's bounds: with its peer stopped, a primary's
+// writes wait (for the failure detector's verdict); a clerk that pipelines
+// more than a connection's limit (256) gets the extra ones refused at once
+// as busy, its reader never stops; cancel frames free the slots, and a
+// request after them is taken (and completes once the RLDev degrades).
+func TestDataPathBusyAndCancel(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	cl := rldev.NewClerk(mc)
+	defer cl.Close()
+	var recs []*rldev.Record
+	for ctx.Err() == nil {
+		if recs, err = cl.Create(ctx, 4<<20, 1, false); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNormal(t, ctx, cl, 1)
+	rec := recs[0]
+	prim, sec := rec.Segs[rec.Primary].Node, rec.Segs[1-rec.Primary].Node
+	if sec == 1 {
+		t.Skip("the secondary is the config-service member: stopping it would stop the cluster")
+	}
+	c.Stop(int(sec - 1))
+	conn, err := net.Dial("tcp", c.Configs[prim-1].GRPCAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("GRVD\x01\x01"))
+	const n = 256 + 10
+	var out []byte
+	for i := uint64(1); i <= n; i++ {
+		out = append(out, dataFrame(4, i, &pb.RLDevServiceWriteRequest{Rldev: rec.ID, Offset: (i % 1024) * 4096}, random(4096))...)
+	}
+	conn.Write(out)
+	br := bufio.NewReader(conn)
+	reply := func(deadline time.Duration) (uint64, error, bool) {
+		conn.SetReadDeadline(time.Now().Add(deadline))
+		for {
+			h := make([]byte, 17)
+			if _, err := io.ReadFull(br, h); err != nil {
+				return 0, nil, false
+			}
+			body := make([]byte, binary.BigEndian.Uint32(h)-13)
+			if _, err := io.ReadFull(br, body); err != nil {
+				return 0, nil, false
+			}
+			if h[4] == 7 { // a ping
+				continue
+			}
+			var r pb.RLDevServiceWriteResponse
+			proto.Unmarshal(body[:binary.BigEndian.Uint32(h[13:])], &r)
+			return binary.BigEndian.Uint64(h[5:]), rldev.ResultError(r.Result), true
+		}
+	}
+	busy := 0
+	for {
+		id, err, ok := reply(500 * time.Millisecond)
+		if !ok {
+			break
+		}
+		if err != nil && strings.Contains(err.Error(), "requests in progress") {
+			busy++
+			if id <= 256 {
+				t.Fatalf("write %d refused as busy: the first 256 fit", id)
+			}
+		}
+	}
+	if busy == 0 {
+		t.Fatal("no write refused as busy")
+	}
+	t.Logf("%d writes refused as busy", busy)
+	var cancels []byte
+	for i := uint64(1); i <= 256; i++ {
+		cancels = append(cancels, dataFrame(8, i, nil, nil)...)
+	}
+	conn.Write(cancels)
+	conn.Write(dataFrame(4, 1000, &pb.RLDevServiceWriteRequest{Rldev: rec.ID, Offset: 0}, random(4096)))
+	for {
+		id, err, ok := reply(20 * time.Second)
+		if !ok {
+			t.Fatal("no answer to the write after the cancels")
+		}
+		if id != 1000 {
+			continue // one that ended before its cancel arrived
+		}
+		if err != nil {
+			t.Fatalf("the write after the cancels: %v", err)
+		}
+		break
 	}
 }
