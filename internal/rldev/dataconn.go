@@ -159,7 +159,8 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 		}
 		wt := &waiter{write: f.typ == frameWrite, id: id}
 		s.mu.Lock()
-		busy := len(open) >= maxPipelined || len(open) > 0 && asked+size > maxInflight || byID[f.id] != nil
+		nopen := len(open)
+		busy := nopen >= maxPipelined || nopen > 0 && asked+size > maxInflight || byID[f.id] != nil
 		if !busy {
 			l := &live{id: f.id, size: size}
 			open[wt], byID[f.id] = l, wt
@@ -168,7 +169,7 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 		s.mu.Unlock()
 		if busy {
 			if !answer(respond, fmt.Errorf("%w: node %d: this connection has %d requests in progress (at most %d, or %d bytes)",
-				ErrNotServing, s.cfg.Node, len(open), maxPipelined, maxInflight)) {
+				ErrNotServing, s.cfg.Node, nopen, maxPipelined, maxInflight)) {
 				return
 			}
 			continue
