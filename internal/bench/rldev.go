@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 	"syscall"
@@ -249,14 +250,17 @@ func RunFio(ctx context.Context, l FioLoad) (IOResult, error) {
 }
 
 // PrepareFile makes a file of size bytes filled with data (fio's reads
-// read it back; its writes overwrite it in place, as the RLDev's do).
+// read it back; its writes overwrite it in place, as the RLDev's do). It
+// is written in pieces of disk.WriteChunk, as the RLDevs' disk files are,
+// so that fio's page cache holds folios of the same size as theirs (see
+// disk.WriteChunk: large folios slow small writes down).
 func PrepareFile(path string, size uint64) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, disk.WriteChunk)
 	rand.Read(buf)
 	for n := uint64(0); n < size; n += uint64(len(buf)) {
 		if _, err := f.Write(buf[:min(uint64(len(buf)), size-n)]); err != nil {

@@ -142,11 +142,30 @@ func (d *FileDevice) ReadAt(p []byte, off int64) (int, error) {
 	return d.f.ReadAt(p, off)
 }
 
+// WriteChunk is the largest write FileDevice passes to the kernel at
+// once. The page cache keeps the size of folio a write made it create:
+// ext4 (Linux 6.x) makes folios as large as the write (up to 2 MiB), and
+// every later small write into a large folio walks all of its buffer heads,
+// as does writeback. An RLDev written in 1 MiB requests and then in 4 KiB
+// random ones spent a sixth of all CPU there (perf), so large writes go
+// in 64 KiB pieces: measured, 4 KiB writes at queue depth 32 rose from
+// 10.3k-11.8k to 14.3k replicated ops/s and 1 MiB writes did not change
+// (a system call per 64 KiB).
+const WriteChunk = 64 << 10
+
 func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
 	if err := CheckAccess(off, len(p), d.size); err != nil {
 		return 0, err
 	}
-	return d.f.WriteAt(p, off)
+	n := 0
+	for n < len(p) {
+		k, err := d.f.WriteAt(p[n:min(len(p), n+WriteChunk)], off+int64(n))
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // Sync is fdatasync(2).
