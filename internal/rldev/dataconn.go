@@ -22,9 +22,9 @@ import (
 const (
 	// connBuffer is the size of a data connection's read buffer (larger
 	// frames are read past it) and of a peer link's write buffer.
-	connBuffer = 64 << 10
+	connBuffer = 256 << 10
 	// maxDataConns bounds the data-path connections a node serves.
-	maxDataConns = 512
+	maxDataConns = 256
 	// pingEvery is how often an idle end pings; linkIdle how long one
 	// waits for any frame before it drops the connection (gRPC's
 	// keepalive did the same).

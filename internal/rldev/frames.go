@@ -74,9 +74,6 @@ const (
 	// frameTimeout bounds the time a frame's body takes to arrive once its
 	// header has.
 	frameTimeout = 30 * time.Second
-	// firstChunk is what a frame's body is read into before the rest is
-	// allocated: a header alone pins no more than this.
-	firstChunk = 64 << 10
 )
 
 // errFrame marks a malformed frame; the connection is closed.
@@ -154,17 +151,19 @@ func readFrame(r *bufio.Reader, c net.Conn, idle time.Duration) (frame, error) {
 	if c != nil && r.Buffered() < body {
 		c.SetReadDeadline(time.Now().Add(frameTimeout))
 	}
-	// The body is allocated as it arrives: a header alone (a length, and
-	// nothing behind it) pins firstChunk, not maxFrame.
-	buf := make([]byte, min(body, firstChunk))
-	_, err = io.ReadFull(r, buf)
-	if err == nil && body > len(buf) {
-		full := make([]byte, body)
-		copy(full, buf)
-		buf = full
-		_, err = io.ReadFull(r, buf[firstChunk:])
+	// The body is allocated once its first bytes (up to the read
+	// buffer's size) are here: a header alone, a length with nothing
+	// behind it, pins no more than the buffer.
+	if r.Buffered() < body {
+		if _, err := r.Peek(min(body, r.Size())); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return frame{}, err
+		}
 	}
-	if err != nil {
+	buf := make([]byte, body)
+	if _, err := io.ReadFull(r, buf); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
