@@ -783,6 +783,7 @@ type RLDevForward struct {
 	Gen           uint64                 `protobuf:"varint,5,opt,name=gen,proto3" json:"gen,omitempty"`
 	Data          []byte                 `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"` // whole 4 KiB blocks
 	Fence         *RLDevFence            `protobuf:"bytes,7,opt,name=fence,proto3" json:"fence,omitempty"`
+	Target        bool                   `protobuf:"varint,8,opt,name=target,proto3" json:"target,omitempty"` // for the move's target on the receiving node, not its segment
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -864,6 +865,13 @@ func (x *RLDevForward) GetFence() *RLDevFence {
 		return x.Fence
 	}
 	return nil
+}
+
+func (x *RLDevForward) GetTarget() bool {
+	if x != nil {
+		return x.Target
+	}
+	return false
 }
 
 // RLDevAck answers a forward or a copy. code is an rldev.Code.
@@ -1190,7 +1198,8 @@ type RLDevCopy struct {
 	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
 	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
 	Gens          []uint64               `protobuf:"varint,6,rep,packed,name=gens,proto3" json:"gens,omitempty"`
-	Tokens        []*RLDevFence          `protobuf:"bytes,7,rep,name=tokens,proto3" json:"tokens,omitempty"` // the source's fencing tokens
+	Tokens        []*RLDevFence          `protobuf:"bytes,7,rep,name=tokens,proto3" json:"tokens,omitempty"`  // the source's fencing tokens
+	Target        bool                   `protobuf:"varint,8,opt,name=target,proto3" json:"target,omitempty"` // for the move's target on the receiving node (a move's copy)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1272,6 +1281,13 @@ func (x *RLDevCopy) GetTokens() []*RLDevFence {
 		return x.Tokens
 	}
 	return nil
+}
+
+func (x *RLDevCopy) GetTarget() bool {
+	if x != nil {
+		return x.Target
+	}
+	return false
 }
 
 // RLDevReadRequest reads length bytes at offset (both multiples of 4096).
@@ -1895,7 +1911,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"RLDevHello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x17\n" +
-	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"\xb4\x01\n" +
+	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"\xcc\x01\n" +
 	"\fRLDevForward\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -1903,7 +1919,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x10\n" +
 	"\x03gen\x18\x05 \x01(\x04R\x03gen\x12\x12\n" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12*\n" +
-	"\x05fence\x18\a \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\"\\\n" +
+	"\x05fence\x18\a \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\x12\x16\n" +
+	"\x06target\x18\b \x01(\bR\x06target\"\\\n" +
 	"\bRLDevAck\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -1928,7 +1945,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05dirty\x18\x03 \x03(\x04R\x05dirty\x12\x14\n" +
-	"\x05blank\x18\x04 \x01(\bR\x05blank\"\xb5\x01\n" +
+	"\x05blank\x18\x04 \x01(\bR\x05blank\"\xcd\x01\n" +
 	"\tRLDevCopy\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -1936,7 +1953,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x12\n" +
 	"\x04data\x18\x05 \x01(\fR\x04data\x12\x12\n" +
 	"\x04gens\x18\x06 \x03(\x04R\x04gens\x12,\n" +
-	"\x06tokens\x18\a \x03(\v2\x14.grove.v1.RLDevFenceR\x06tokens\"y\n" +
+	"\x06tokens\x18\a \x03(\v2\x14.grove.v1.RLDevFenceR\x06tokens\x12\x16\n" +
+	"\x06target\x18\b \x01(\bR\x06target\"y\n" +
 	"\x17RLDevServiceReadRequest\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +

@@ -89,7 +89,7 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		says string
 	}{
 		{[]string{"rldev", "move", ids, "--segment", "middle", "--to", to}, 2, "primary or secondary"},
-		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", strconv.FormatUint(p, 10)}, 1, "already holds a segment"},
+		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", strconv.FormatUint(p, 10)}, 1, "other segment"},
 		{[]string{"rldev", "move", ids, "--segment", "secondary", "--to", to + ":7"}, 1, "no disk 7"},
 		{[]string{"rldev", "move", "99", "--segment", "secondary", "--to", to}, 5, "no such RLDev"},
 		{[]string{"rldev", "move", ids, "--cancel"}, 1, "not moving"},

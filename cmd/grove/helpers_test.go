@@ -83,7 +83,7 @@ func parseStatus(t *testing.T, b []byte) StatusJSON {
 
 // startCluster builds grove and runs `grove up --processes` on base port
 // port for a real-process test; it is stopped when the test ends.
-func startCluster(t *testing.T, port int) (string, *bench.UpCluster, context.Context) {
+func startCluster(t *testing.T, port int, extra ...string) (string, *bench.UpCluster, context.Context) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("real processes")
@@ -91,7 +91,7 @@ func startCluster(t *testing.T, port int) (string, *bench.UpCluster, context.Con
 	bin := buildGrove(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	u, err := bench.StartUp(ctx, bin, t.TempDir(), port, testWriter{t})
+	u, err := bench.StartUp(ctx, bin, t.TempDir(), port, testWriter{t}, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}

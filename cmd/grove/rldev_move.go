@@ -26,7 +26,7 @@ func rldevMoveCmd() *cobra.Command {
 	var cancelMove, noWait bool
 	cmd := &cobra.Command{
 		Use:   "move ID --segment primary|secondary --to NODE[:DISK]",
-		Short: "Move a segment of an RLDev to another node's disk, online",
+		Short: "Move a segment of an RLDev to another node or disk, online",
 		Long: `Move one segment of an RLDev to a disk of another node while it serves reads
 and writes: the primary copies every block to the new place and forwards it
 every write meanwhile, then the moving replica stops serving and the table is
@@ -40,11 +40,14 @@ command again to follow it (it never asks twice), or --cancel it. If the
 replica that moves is lost meanwhile, its segment is rebuilt at the target
 from the other copy, and the command follows that copy too.
 
-NODE must hold neither segment of the RLDev; DISK is the index of one of its
-disks (default: the first with room). An RLDev created with --no-dirty-log
-cannot be moved (its client writes each replica itself).`,
+NODE must not hold the RLDev's other segment (the two copies stay on two
+nodes); DISK is the index of one of its disks (default: the first with room).
+To empty a disk (before replacing it), move each segment on it to another disk
+of the same node: NODE:DISK, the disk named. An RLDev created with
+--no-dirty-log cannot be moved (its client writes each replica itself).`,
 		Example: `  grove rldev move 3 --segment secondary --to 4
   grove rldev move 3 --segment primary --to 5:1
+  grove rldev move 3 --segment secondary --to 2:1   # its node 2's disk 1
   grove rldev move 3 --cancel`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -99,13 +102,22 @@ cannot be moved (its client writes each replica itself).`,
 			if m := rec.Move; m != nil && m.To.Node == node && (disk < 0 || int(m.To.Disk) == disk) {
 				idx = m.Seg // following a move asked earlier (the primary may have changed since)
 			}
-			mv, err := s.clerk.Move(ctx, id, idx, node, disk)
-			if err != nil {
-				return moveErr(&c, err)
+			var dst rldev.Segment
+			final := rec
+			if i, ok := movedThere(rec, idx, node, disk); ok {
+				// Run again after the move ended, or ended as a rebuild
+				// (its moving replica was lost): it is followed, not
+				// asked again.
+				idx, dst = i, rec.Segs[i]
+				fmt.Fprintf(os.Stderr, "rldev %d: segment %d is at %v already\n", id, idx, dst)
+			} else {
+				mv, err := s.clerk.Move(ctx, id, idx, node, disk)
+				if err != nil {
+					return moveErr(&c, err)
+				}
+				dst, final = mv.Move.To, mv
+				fmt.Fprintf(os.Stderr, "rldev %d: moving segment %d (%s, %v) to %v\n", id, idx, seg, rec.Segs[idx], dst)
 			}
-			dst := mv.Move.To
-			fmt.Fprintf(os.Stderr, "rldev %d: moving segment %d (%s, %v) to %v\n", id, idx, seg, rec.Segs[idx], dst)
-			final := mv
 			if !noWait {
 				if final, err = followMove(ctx, s, id, idx, dst); err != nil {
 					if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -131,12 +143,32 @@ cannot be moved (its client writes each replica itself).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&segName, "segment", "", "the segment to move: `primary` or secondary")
-	f.StringVar(&to, "to", "", "where: `NODE[:DISK]` (a node holding neither segment; the first disk with room by default)")
+	f.StringVar(&to, "to", "", "where: `NODE[:DISK]` (a node without the other segment; the first disk with room by default, named for another disk of the segment's node)")
 	f.BoolVar(&cancelMove, "cancel", false, "abandon the RLDev's move in progress (the target's extent is freed)")
 	f.BoolVar(&noWait, "no-wait", false, "return once the move is asked, without following it")
 	c.Register(cmd, 0)
 	out.Register(cmd)
 	return cmd
+}
+
+// movedThere finds the segment of rec a move to NODE[:DISK] (disk < 0:
+// any) asked earlier put there, when the command runs again to follow it
+// and no move is in progress: segment idx at exactly NODE:DISK, or either
+// segment at NODE[:DISK] that is being rebuilt there (its move's moving
+// replica was lost: the target took its place, to be copied whole; after
+// a failover the segment may be the other one than named).
+func movedThere(rec *rldev.Record, idx int, node uint64, disk int) (int, bool) {
+	if rec.Move != nil {
+		return 0, false
+	}
+	for _, i := range []int{idx, 1 - idx} {
+		sg := rec.Segs[i]
+		at := sg.Node == node && (disk < 0 || sg.Disk == uint32(disk))
+		if at && (rec.Stale[i] && rec.FullCopy || i == idx && disk >= 0) {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // parseNodeDisk parses NODE[:DISK].
@@ -200,7 +232,7 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 			p.Set("moved", rec.Blocks, rec.Blocks)
 			return rec, nil
 		case m == nil:
-			p.Set(fmt.Sprintf("rebuilding at the target (%v)", rec.State), rec.Progress, max(rec.ProgressTotal, 1))
+			p.Set(fmt.Sprintf("rebuilding at the target (%v)", rec.State), rec.Progress, progressTotal(rec))
 		case rec.State != rldev.Normal:
 			p.Set(fmt.Sprintf("waiting: the RLDev is %v", rec.State), 0, rec.Blocks)
 		case m.Switch:
@@ -208,7 +240,7 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 		case m.Inc == 0:
 			p.Set(fmt.Sprintf("waiting for node %d to take the target", m.To.Node), 0, rec.Blocks)
 		default:
-			p.Set("copying", rec.Progress, max(rec.ProgressTotal, 1))
+			p.Set("copying", rec.Progress, progressTotal(rec))
 		}
 		select {
 		case <-ctx.Done():
@@ -216,6 +248,15 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// progressTotal is what a copy of rec copies: the blocks it reported, or
+// (none reported yet) the whole RLDev.
+func progressTotal(rec *rldev.Record) uint64 {
+	if rec.ProgressTotal == 0 {
+		return rec.Blocks
+	}
+	return rec.ProgressTotal
 }
 
 // progress shows a copy's progress on w: a bar on a terminal, a line

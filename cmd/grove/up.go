@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,6 +55,7 @@ type upOptions struct {
 	logLevel  string
 	logFormat string
 	diskSize  units.Size
+	disks     int
 	dataPath  string
 	changed   func(flag string) bool // set on the command line
 }
@@ -64,6 +66,18 @@ const DefaultDiskSize = 8 << 30
 
 // MaxUpNodes bounds --nodes: an embedded cluster is for one machine.
 const MaxUpNodes = 64
+
+// MaxUpDisks bounds --disks.
+const MaxUpDisks = 16
+
+// upDisks returns the disk files of a node given n of them.
+func upDisks(n int) []string {
+	var ds []string
+	for i := range n {
+		ds = append(ds, fmt.Sprintf("disk%d.img", i))
+	}
+	return ds
+}
 
 // upRecord is DIR/cluster.toml: the settings a data directory was created
 // with. Node addresses are fixed in the node configs, so a later run with
@@ -118,6 +132,7 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	f.DurationVar(&o.readyWait, "ready-timeout", 60*time.Second, "give the cluster `DURATION` to become ready")
 	o.diskSize = DefaultDiskSize
 	f.Var(&o.diskSize, "disk-size", "give each node a disk file of `SIZE` (sparse; 8GiB, 512MiB...) for its RLDev segments")
+	f.IntVar(&o.disks, "disks", 1, "give each node `N` disk files (disk0.img, disk1.img...); a later run with a larger N adds disks to an existing cluster (to move segments onto them: grove rldev move ID --to NODE:DISK)")
 	f.StringVar(&o.dataPath, "data-path", "tcp", "carry RLDev blocks between nodes on `tcp|grpc` (the nodes' [rldev] data_path; may change between runs)")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
@@ -152,6 +167,9 @@ func checkUpFlags(o upOptions) error {
 	}
 	if o.diskSize < 64<<20 || o.diskSize%4096 != 0 {
 		return cli.Usagef("--disk-size %v: want at least 64MiB, a multiple of 4KiB", int64(o.diskSize))
+	}
+	if o.disks < 1 || o.disks > MaxUpDisks {
+		return cli.Usagef("--disks %d: want 1..%d", o.disks, MaxUpDisks)
 	}
 	if o.readyWait <= 0 {
 		return cli.Usagef("--ready-timeout %v: want a positive duration", o.readyWait)
@@ -265,6 +283,21 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 			if c.Has(node.RoleStore) && len(c.Disks) == 0 {
 				c.Disks, c.DiskSize, changed = []string{"disk0.img"}, units.Size(rec.DiskSize), true
 			}
+			if o.changed != nil && o.changed("disks") && c.Has(node.RoleStore) && len(c.Disks) != o.disks {
+				if len(c.Disks) > o.disks {
+					return nil, nil, rec, false, cli.Usagef("--disks %d: node %d has %d disks (in %s); grove up adds disks and never removes one: move the segments off it (grove rldev move), then edit the node's config",
+						o.disks, c.ID, len(c.Disks), existing[i])
+				}
+				for _, d := range upDisks(o.disks) {
+					if !slices.Contains(c.Disks, d) && len(c.Disks) < o.disks {
+						c.Disks = append(c.Disks, d)
+					}
+				}
+				if c.DiskSize == 0 {
+					c.DiskSize = units.Size(rec.DiskSize)
+				}
+				changed = true
+			}
 			if o.changed != nil && o.changed("data-path") && c.Has(node.RoleStore) && c.RLDev.DataPath != o.dataPath {
 				c.RLDev.DataPath, changed = o.dataPath, true
 			}
@@ -324,7 +357,7 @@ func newConfigs(o upOptions, data, key string) []*node.Config {
 		b := o.basePort + 10*i
 		c := &node.Config{ID: uint64(i), DataDir: filepath.Join(data, fmt.Sprintf("node-%d", i)), GRPCAddr: addr(b), RaftAddr: addr(b + 1),
 			BeaconAddr: addr(b + 2), MetricsAddr: addr(b + 3), Roles: []string{node.RoleStore}, FD: node.DefaultFD, Members: members, ClusterKey: key,
-			Disks: []string{"disk0.img"}, DiskSize: o.diskSize}
+			Disks: upDisks(o.disks), DiskSize: o.diskSize}
 		if o.dataPath != "" && o.dataPath != "tcp" {
 			c.RLDev.DataPath = o.dataPath
 		}

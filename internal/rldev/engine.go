@@ -202,7 +202,8 @@ type Engine struct {
 	fresh  bool              // a linearizable table has been seen since start
 	nodes  map[NodeID]uint64 // registered incarnation of each node
 	disks  map[uint32]*diskState
-	reps   map[uint64]*replica
+	reps   map[uint64]*replica // the segments this node holds, by RLDev
+	tgts   map[uint64]*replica // the moves' targets this node receives, by RLDev
 	ops    map[OpID]func(data []byte, err error) []any
 	nextOp OpID
 	seq    uint64 // peer message sequence numbers
@@ -260,13 +261,17 @@ func NewEngine(cfg Config) *Engine {
 		panic("rldev: NewEngine needs the node's id and incarnation")
 	}
 	cfg.defaults()
-	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{},
+	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{}, tgts: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
 		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
 		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
 	}
+	// A node reaches itself (a move to another of its disks: the primary
+	// and the target on one node): the driver delivers what it sends
+	// itself, in order.
+	e.up[cfg.Node] = true
 	return e
 }
 
@@ -358,56 +363,111 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 		e.fresh = true
 	}
 	var out []any
-	// Replicas this node hosts now.
+	// Replicas this node hosts now: a segment, a move's target, or both
+	// (a segment moving to another of this node's disks).
 	for _, id := range t.IDs() {
 		rec := t.RLDevs[id]
-		seg, place, target := hosted(rec, e.cfg.Node)
-		if seg < 0 {
-			continue
-		}
-		r := e.reps[id]
-		if r != nil && r.target && !target && r.seg == seg && r.disk == place.Disk && r.base == place.Offset && r.ready() {
-			// A move's target the table now puts in the segment's place.
-			out = append(out, r.promote(env, rec)...)
-			continue
-		}
-		if r != nil && (r.seg != seg || r.disk != place.Disk || r.base != place.Offset || r.target != target) {
-			// This node's segment moved: the old one is retired.
-			out = append(out, e.retireReplica(env, r, "segment moved")...)
-			r = nil
-		}
-		if r == nil {
-			if e.disks[place.Disk] == nil {
-				out = append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", place.Disk))
-				continue
-			}
-			r = newReplica(e, rec, seg, place, target)
-			// A segment on a disk whose header is not the one the table
-			// registered was lost with that disk: it serves nothing, and
-			// asks to be marked stale and copied whole.
-			if td := t.Disks[DiskKey{e.cfg.Node, r.disk}]; !target && td != nil && td.UUID != "" && td.UUID != e.disks[r.disk].uuid && !rec.Stale[seg] {
-				r.lost = true
-				out = append(out, e.logf(3, "rldev segment lost with its disk (the disk was replaced)", "rldev", id, "disk", r.disk))
-			}
-			e.reps[id] = r
-			out = append(out, r.load(env)...)
-			continue
-		}
-		out = append(out, r.setRecord(env, rec)...)
+		out = append(out, e.hostSegment(env, t, rec)...)
+		out = append(out, e.hostTarget(env, rec)...)
 	}
 	// Replicas this node no longer hosts.
 	for _, id := range sortedIDs(e.reps) {
-		r := e.reps[id]
-		if rec := t.RLDevs[id]; rec == nil {
-			out = append(out, e.retireReplica(env, r, "no longer a replica here")...)
+		if rec := t.RLDevs[id]; rec == nil || rec.SegmentOf(e.cfg.Node) < 0 {
+			out = append(out, e.retireReplica(env, e.reps[id], "no longer a replica here")...)
 			delete(e.reps, id)
-		} else if seg, _, _ := hosted(rec, e.cfg.Node); seg < 0 {
-			out = append(out, e.retireReplica(env, r, "no longer a replica here")...)
-			delete(e.reps, id)
+		}
+	}
+	for _, id := range sortedIDs(e.tgts) {
+		if rec := t.RLDevs[id]; rec == nil || rec.Move == nil || rec.Move.To.Node != e.cfg.Node {
+			out = append(out, e.retireReplica(env, e.tgts[id], "no longer a move's target here")...)
+			delete(e.tgts, id)
 		}
 	}
 	out = append(out, e.wipeTick()...)
 	return append(out, e.decide(env)...)
+}
+
+// hostSegment keeps e.reps[rec.ID] the replica of the segment rec puts on
+// this node, if any: a move's target the table now puts in the segment's
+// place is promoted to it; a replica whose segment went elsewhere is
+// retired.
+func (e *Engine) hostSegment(env Env, t *Table, rec *Record) []any {
+	id := rec.ID
+	seg := rec.SegmentOf(e.cfg.Node)
+	if seg < 0 {
+		return nil
+	}
+	place := rec.Segs[seg]
+	var out []any
+	r := e.reps[id]
+	if r != nil && (r.seg != seg || r.place() != place) {
+		// This node's segment moved (to a node elsewhere and back, or to
+		// another of its disks): the old one is retired.
+		out = append(out, e.retireReplica(env, r, "segment moved")...)
+		delete(e.reps, id)
+		r = nil
+	}
+	if tg := e.tgts[id]; r == nil && tg != nil && tg.seg == seg && tg.place() == place && tg.ready() {
+		// A move's target the table now puts in the segment's place.
+		delete(e.tgts, id)
+		e.reps[id] = tg
+		return append(out, tg.promote(env, rec)...)
+	}
+	if r != nil {
+		return append(out, r.setRecord(env, rec)...)
+	}
+	if e.disks[place.Disk] == nil {
+		return append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", place.Disk))
+	}
+	r = newReplica(e, rec, seg, place, false)
+	// A segment on a disk whose header is not the one the table
+	// registered was lost with that disk: it serves nothing, and asks to
+	// be marked stale and copied whole.
+	if td := t.Disks[DiskKey{e.cfg.Node, r.disk}]; td != nil && td.UUID != "" && td.UUID != e.disks[r.disk].uuid && !rec.Stale[seg] {
+		r.lost = true
+		out = append(out, e.logf(3, "rldev segment lost with its disk (the disk was replaced)", "rldev", id, "disk", r.disk))
+	}
+	e.reps[id] = r
+	return append(out, r.load(env)...)
+}
+
+// hostTarget keeps e.tgts[rec.ID] the replica receiving the move rec
+// puts on this node, if any.
+func (e *Engine) hostTarget(env Env, rec *Record) []any {
+	m := rec.Move
+	if m == nil || m.To.Node != e.cfg.Node {
+		return nil
+	}
+	id := rec.ID
+	var out []any
+	r := e.tgts[id]
+	if r != nil && (r.seg != m.Seg || r.place() != m.To) {
+		out = append(out, e.retireReplica(env, r, "the move's target changed")...)
+		delete(e.tgts, id)
+		r = nil
+	}
+	if r != nil {
+		return append(out, r.setRecord(env, rec)...)
+	}
+	if e.disks[m.To.Disk] == nil {
+		return append(out, e.logf(3, "rldev move target on a disk this node does not have", "rldev", id, "disk", m.To.Disk))
+	}
+	r = newReplica(e, rec, m.Seg, m.To, true)
+	e.tgts[id] = r
+	return append(out, r.load(env)...)
+}
+
+// replicas returns every local replica: segments by RLDev, then move
+// targets by RLDev (a fixed order: the simulator replays a seed exactly).
+func (e *Engine) replicas() []*replica {
+	out := make([]*replica, 0, len(e.reps)+len(e.tgts))
+	for _, id := range sortedIDs(e.reps) {
+		out = append(out, e.reps[id])
+	}
+	for _, id := range sortedIDs(e.tgts) {
+		out = append(out, e.tgts[id])
+	}
+	return out
 }
 
 // ------------------------------------------------------------------ peers
@@ -415,12 +475,15 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 // PeerUp: a session to node is up.
 func (e *Engine) PeerUp(env Env, node NodeID) []any {
 	e.env = env
+	if node == e.cfg.Node {
+		return nil
+	}
 	e.up[node] = true
 	delete(e.suspects, node)
 	delete(e.dead, node)
 	var out []any
-	for _, id := range sortedIDs(e.reps) {
-		out = append(out, e.reps[id].peerUp(env, node)...)
+	for _, r := range e.replicas() {
+		out = append(out, r.peerUp(env, node)...)
 	}
 	return append(out, e.decide(env)...)
 }
@@ -429,13 +492,16 @@ func (e *Engine) PeerUp(env Env, node NodeID) []any {
 // replicas resend, and the node is asked about until it is back or dead.
 func (e *Engine) PeerDown(env Env, node NodeID) []any {
 	e.env = env
+	if node == e.cfg.Node {
+		return nil
+	}
 	delete(e.up, node)
 	if _, ok := e.suspects[node]; !ok && e.dead[node] == 0 {
 		e.suspects[node] = e.nodes[node]
 	}
 	var out []any
-	for _, id := range sortedIDs(e.reps) {
-		out = append(out, e.reps[id].peerDown(env, node)...)
+	for _, r := range e.replicas() {
+		out = append(out, r.peerDown(env, node)...)
 	}
 	out = append(out, e.poll(env, true)...)
 	return append(out, e.decide(env)...)
@@ -462,10 +528,7 @@ func (e *Engine) poll(env Env, now bool) []any {
 		}
 	}
 	for _, id := range sortedIDs(e.reps) {
-		r := e.reps[id]
-		if r.target {
-			continue // it waits for the primary; the primary watches it
-		}
+		r := e.reps[id] // a move's target (e.tgts) waits for the primary; the primary watches it
 		suspect(r.peerNode(), r.rec.Inc[r.peer()])
 		if m := r.rec.Move; m != nil && m.Inc != 0 && r.isPrimary() {
 			suspect(m.To.Node, m.Inc)
@@ -511,8 +574,11 @@ func (e *Engine) peerDead(node NodeID, inc uint64) bool {
 // Deliver hands the engine a peer message from node from.
 func (e *Engine) Deliver(env Env, from NodeID, msg any) []any {
 	e.env = env
-	id := msgRLDev(msg)
+	id, target := msgRLDev(msg)
 	r := e.reps[id]
+	if target {
+		r = e.tgts[id]
+	}
 	if r == nil {
 		// Not (or no longer, or not yet) a replica here: say so, so that
 		// the sender refreshes its view.
@@ -524,22 +590,24 @@ func (e *Engine) Deliver(env Env, from NodeID, msg any) []any {
 	return append(r.deliver(env, from, msg), e.decide(env)...)
 }
 
-func msgRLDev(msg any) uint64 {
+// msgRLDev returns the RLDev a peer message is for, and whether for the
+// move's target on this node rather than its segment.
+func msgRLDev(msg any) (uint64, bool) {
 	switch m := msg.(type) {
 	case Forward:
-		return m.RLDev
+		return m.RLDev, m.Target
 	case Ack:
-		return m.RLDev
+		return m.RLDev, false
 	case Pull:
-		return m.RLDev
+		return m.RLDev, false
 	case PullData:
-		return m.RLDev
+		return m.RLDev, false
 	case ResyncMe:
-		return m.RLDev
+		return m.RLDev, false
 	case Copy:
-		return m.RLDev
+		return m.RLDev, m.Target
 	}
-	return 0
+	return 0, false
 }
 
 // refuse answers a request message that cannot be served.
@@ -635,7 +703,7 @@ func (e *Engine) replicaFor(env Env, id uint64, replica int, write bool) (*repli
 	if rec == nil {
 		return nil, Unknown
 	}
-	r := e.reps[id]
+	r := e.reps[id] // never a move's target: it serves nothing
 	if r == nil || !e.fresh || !env.alive() {
 		return r, NotServing
 	}
@@ -666,14 +734,14 @@ func (e *Engine) Tick(env Env) []any {
 	out = append(out, e.poll(env, false)...)
 	if env.Now.Sub(e.lastFlush) >= e.cfg.FlushEvery {
 		e.lastFlush = env.Now
-		for _, id := range sortedIDs(e.reps) {
-			out = append(out, e.reps[id].lazyClear(env)...)
+		for _, r := range e.replicas() {
+			out = append(out, r.lazyClear(env)...)
 		}
 	}
 	if env.Now.Sub(e.lastRetry) >= e.cfg.RetryEvery {
 		e.lastRetry = env.Now
-		for _, id := range sortedIDs(e.reps) {
-			out = append(out, e.reps[id].retry(env)...)
+		for _, r := range e.replicas() {
+			out = append(out, r.retry(env)...)
 		}
 	}
 	out = append(out, e.scrub(env)...)
@@ -731,8 +799,17 @@ func (e *Engine) decide(env Env) []any {
 		rec := e.table.RLDevs[id]
 		var nr *Record
 		var why []string
-		if r := e.reps[id]; r != nil {
-			if x, w := r.want(env, rec.Clone()); x != nil {
+		for _, r := range []*replica{e.reps[id], e.tgts[id]} {
+			if r == nil {
+				continue
+			}
+			// The segment's change first; the target's (a node may hold
+			// both) on top of it, if it still wants one there.
+			base := nr
+			if base == nil {
+				base = rec
+			}
+			if x, w := r.want(env, base.Clone()); x != nil {
 				nr, why = x, append(why, w)
 			}
 		}
@@ -798,9 +875,8 @@ type ReplicaStatus struct {
 // Status describes the engine's replicas, by RLDev.
 func (e *Engine) Status() []ReplicaStatus {
 	var out []ReplicaStatus
-	for _, id := range sortedIDs(e.reps) {
-		r := e.reps[id]
-		st := ReplicaStatus{RLDev: id, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
+	for _, r := range e.replicas() {
+		st := ReplicaStatus{RLDev: r.rec.ID, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
 			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -84,7 +86,8 @@ func (h *harness) start(n *hnode) {
 	n.inc++
 	n.up = true
 	var disks []LocalDisk
-	for idx, d := range n.devs {
+	for _, idx := range slices.Sorted(maps.Keys(n.devs)) {
+		d := n.devs[idx]
 		hdr, _, err := OpenDisk(d, n.id, idx)
 		if err != nil {
 			h.t.Fatal(err)

@@ -11,7 +11,13 @@ import (
 // goes to another place, online, for load balancing or to empty a disk.
 //
 //  1. An operator's decree (Clerk.Move) sets Record.Move: the segment,
-//     its new place (the target) on a node holding neither segment.
+//     its new place (the target) on a node that does not hold the other
+//     segment: another node, or another disk of the segment's node (to
+//     empty a disk). A node holding both the moving segment and the
+//     target runs them as two replicas (Engine.reps and Engine.tgts) and
+//     delivers to itself what the one sends the other (messages for the
+//     target say so: Forward.Target, Copy.Target); the protocol below is
+//     the same.
 //  2. The target node formats the new extent as a segment that serves
 //     nothing (a replica with target set, its superblock incomplete) and
 //     asks, by decree, to be named: Move.Inc = its incarnation.
@@ -104,8 +110,14 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		return nil, fmt.Errorf("%w: rldev %d has its dirty-region log off (its client keeps the replicas itself): it cannot be moved", ErrMove, id)
 	case rec.Move != nil:
 		return nil, fmt.Errorf("%w: rldev %d is already moving segment %d to %v (cancel it first)", ErrMove, id, rec.Move.Seg, rec.Move.To)
-	case rec.Segs[0].Node == node || rec.Segs[1].Node == node:
-		return nil, fmt.Errorf("%w: node %d already holds a segment of rldev %d (the two copies must be on two nodes)", ErrMove, node, id)
+	case rec.Segs[1-seg].Node == node:
+		return nil, fmt.Errorf("%w: node %d holds rldev %d's other segment (the two copies must be on two nodes)", ErrMove, node, id)
+	case rec.Segs[seg].Node == node && disk < 0:
+		// Named, so that the command run again to follow the move does
+		// not, once it ended, start another one back.
+		return nil, fmt.Errorf("%w: rldev %d's segment %d is on node %d: name the disk to move it to (%d:DISK)", ErrMove, id, seg, node, node)
+	case rec.Segs[seg].Node == node && rec.Segs[seg].Disk == uint32(disk):
+		return nil, fmt.Errorf("%w: rldev %d's segment %d is on disk %d of node %d already", ErrMove, id, seg, disk, node)
 	case len(rec.Retiring) >= MaxRetiring:
 		return nil, fmt.Errorf("%w: rldev %d has %d extents still to free (their node is down?)", ErrMove, id, len(rec.Retiring))
 	}
@@ -149,18 +161,6 @@ func (t *Table) CancelMove(id uint64) (*Record, error) {
 	nr.Progress, nr.ProgressTotal = 0, 0
 	nr.Epoch++
 	return nr, nr.Check()
-}
-
-// hosted returns the segment of rec that node holds, where, and whether as
-// a move's target; seg < 0: none.
-func hosted(rec *Record, node NodeID) (seg int, place Segment, target bool) {
-	if i := rec.SegmentOf(node); i >= 0 {
-		return i, rec.Segs[i], false
-	}
-	if m := rec.Move; m != nil && m.To.Node == node {
-		return m.Seg, m.To, true
-	}
-	return -1, Segment{}, false
 }
 
 // place is where the replica's segment is.
@@ -277,7 +277,7 @@ func (w *writeOp) forwardTarget(env Env) []any {
 	if !r.e.up[to] {
 		return nil // sent again when the target is back (retry), or dropped when it is declared dead
 	}
-	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.tSeq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence}}}
+	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.tSeq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence, Target: true}}}
 }
 
 // targetAcked handles the move target's answer to a forward; anything but
@@ -579,7 +579,7 @@ func (e *Engine) wipeFrom(sg Segment, end int64) []any {
 // inUse: a replica here still holds the extent, or a retired one still
 // has a write to it in progress.
 func (e *Engine) inUse(sg Segment) bool {
-	for _, r := range e.reps {
+	for _, r := range e.replicas() {
 		if r.place() == sg && (r.state != repRetired || r.pending > 0) {
 			return true
 		}

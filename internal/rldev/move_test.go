@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
 )
 
 // TestRLDevMoveCrashPoints interrupts a segment move at each of its
@@ -18,32 +19,40 @@ import (
 // extent freed, every block linearizable and both copies identical.
 func TestRLDevMoveCrashPoints(t *testing.T) {
 	phases := []string{"asked", "copying", "switching", "retiring"}
-	victims := []string{"primary", "secondary", "target", "origin"}
 	runs, resolved := 0, map[string]int{}
-	for _, seg := range []string{"primary", "secondary"} {
-		for _, phase := range phases {
-			for _, victim := range victims {
-				seed := int64(1000 + runs)
-				runs++
-				var log []string
-				crashed := false
-				s := runRSim(t, seed, simOpts{quiet: true, script: func(s *rsim) { moveAndCrash(s, seg, phase, victim, &crashed, &log) }})
-				name := fmt.Sprintf("move the %s segment, crash the %s while %s", seg, victim, phase)
-				if len(s.o.fails) > 0 {
-					t.Logf("%s: %s", name, strings.Join(log, "; "))
-					reportRSim(t, "TestRLDevMoveCrashPoints", seed, s)
+	for _, dest := range []string{"node", "disk"} {
+		// To another disk of the same node, the target and the origin
+		// are the moving replica's node; its old disk may fail instead
+		// (the move empties a failing disk).
+		victims := []string{"primary", "secondary", "target", "origin"}
+		if dest == "disk" {
+			victims = []string{"primary", "secondary", "origin disk"}
+		}
+		for _, seg := range []string{"primary", "secondary"} {
+			for _, phase := range phases {
+				for _, victim := range victims {
+					seed := int64(1000 + runs)
+					runs++
+					var log []string
+					crashed := false
+					s := runRSim(t, seed, simOpts{quiet: true, script: func(s *rsim) { moveAndCrash(s, dest, seg, phase, victim, &crashed, &log) }})
+					name := fmt.Sprintf("move the %s segment to another %s, crash the %s while %s", seg, dest, victim, phase)
+					if len(s.o.fails) > 0 {
+						t.Logf("%s: %s", name, strings.Join(log, "; "))
+						reportRSim(t, "TestRLDevMoveCrashPoints", seed, s)
+					}
+					if !crashed {
+						t.Errorf("%s (seed %d): the move never reached that phase: %s", name, seed, strings.Join(log, "; "))
+						continue
+					}
+					rec := s.table().RLDevs[1]
+					where := "back where it was"
+					if rec.Segs != s.origin[1] {
+						where = "at its target"
+					}
+					resolved[where]++
+					t.Logf("%s: %s; the segment ends %s", name, strings.Join(log, "; "), where)
 				}
-				if !crashed {
-					t.Errorf("%s (seed %d): the move never reached that phase: %s", name, seed, strings.Join(log, "; "))
-					continue
-				}
-				rec := s.table().RLDevs[1]
-				where := "back where it was"
-				if rec.Segs != s.origin[1] {
-					where = "at its target"
-				}
-				resolved[where]++
-				t.Logf("%s: %s; the segment ends %s", name, strings.Join(log, "; "), where)
 			}
 		}
 	}
@@ -51,9 +60,11 @@ func TestRLDevMoveCrashPoints(t *testing.T) {
 }
 
 // moveAndCrash moves RLDev 1's seg ("primary" or "secondary") segment to
-// a node holding none, and crashes victim (restarting it 1 s later) when
-// the move reaches phase.
-func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]string) {
+// a node holding none (dest "node") or to another disk of its node (dest
+// "disk"), and crashes victim (restarting it 1 s later) when the move
+// reaches phase; victim "origin disk" is the moving segment's disk, which
+// fails every write for 1 s instead.
+func moveAndCrash(s *rsim, dest, seg, phase, victim string, crashed *bool, log *[]string) {
 	w := s.w
 	var target NodeID
 	var segIdx int
@@ -75,7 +86,14 @@ func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]stri
 					break
 				}
 			}
-			nr, err := tb.StartMove(1, segIdx, target, -1)
+			if dest == "disk" {
+				target = rec.Segs[segIdx].Node
+			}
+			disk := -1
+			if dest == "disk" {
+				disk = 1 - int(rec.Segs[segIdx].Disk)
+			}
+			nr, err := tb.StartMove(1, segIdx, target, disk)
 			if err != nil {
 				return nil, err
 			}
@@ -85,7 +103,7 @@ func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]stri
 				w.After(100*time.Millisecond, start)
 				return
 			}
-			*log = append(*log, fmt.Sprintf("%.3fs move of segment %d to node %d asked", w.Now().Seconds(), segIdx, target))
+			*log = append(*log, fmt.Sprintf("%.3fs move of segment %d to node %d (another %s) asked", w.Now().Seconds(), segIdx, target, dest))
 		})
 	}
 	start()
@@ -132,6 +150,14 @@ func moveAndCrash(s *rsim, seg, phase, victim string, crashed *bool, log *[]stri
 			node = target
 		case "origin": // the moving replica's node, whose old extent retires
 			node = moving
+		case "origin disk":
+			*crashed = true
+			from := s.origin[1][segIdx]
+			*log = append(*log, fmt.Sprintf("%.3fs disk %d of node %d (the moving replica's) fails writes at %s", w.Now().Seconds(), from.Disk, from.Node, phase))
+			dev := s.n[from.Node].devs[from.Disk]
+			dev.SetFaults(disk.MemFaults{WriteEIO: 1})
+			w.After(time.Second, func() { dev.SetFaults(disk.MemFaults{}) })
+			return
 		}
 		role := victim
 		if node == moving {

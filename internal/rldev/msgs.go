@@ -100,6 +100,10 @@ type Forward struct {
 	Gen               uint64
 	Data              []byte // whole blocks
 	Fence             *Fence
+	// Target: for the move's target on the receiving node rather than
+	// the segment it holds (a node may hold both: a move to another of
+	// its disks).
+	Target bool
 }
 
 // Ack answers a Forward or a Copy (by Seq).
@@ -157,4 +161,5 @@ type Copy struct {
 	Data              []byte
 	Gens              []uint64
 	Tokens            []Fence // the source's fencing tokens, merged by the target
+	Target            bool    // a move's copy, for the move's target (see Forward)
 }

@@ -226,7 +226,7 @@ func (r *replica) sendCopy(env Env, c *copyChunk) []any {
 	// Every copy carries the source's fencing tokens: what it admitted
 	// while the target was away must hold at the target after a failover.
 	return []any{Send{To: c.src.to, Msg: Copy{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: seq, Block: c.first, Data: c.data, Gens: c.gens,
-		Tokens: r.tokenList()}}}
+		Tokens: r.tokenList(), Target: c.src.move}}}
 }
 
 func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {

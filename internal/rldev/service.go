@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -127,6 +128,11 @@ type generation struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	ops    sync.WaitGroup
+
+	// What the engine sent its own node (a move to another of its
+	// disks), delivered in order by one goroutine at a time; under s.mu.
+	selfQ    []any
+	selfBusy bool
 }
 
 type waiter struct {
@@ -351,7 +357,11 @@ func (s *Service) execLocked(g *generation, out []any) {
 		case DiskSync:
 			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, dev.Sync() })
 		case Send:
-			s.sendLocked(g, x.To, x.Msg)
+			if x.To == s.cfg.Node {
+				s.sendSelfLocked(g, x.Msg)
+			} else {
+				s.sendLocked(g, x.To, x.Msg)
+			}
 		case Reply:
 			if w := s.mu.reqs[x.Req]; w != nil {
 				delete(s.mu.reqs, x.Req)
@@ -422,6 +432,36 @@ func (s *Service) async(g *generation, timeout time.Duration, io func(ctx contex
 		k := io(ctx)
 		cancel()
 		s.do(g, k)
+	}()
+}
+
+// sendSelfLocked delivers a message the engine sent its own node, after
+// the effects being carried out now and in the order sent (a session to
+// itself). A forward's data is copied: the engine's write may end, and its
+// buffer go back to its client, before the target has written it.
+func (s *Service) sendSelfLocked(g *generation, msg any) {
+	if f, ok := msg.(Forward); ok {
+		f.Data = bytes.Clone(f.Data)
+		msg = f
+	}
+	g.selfQ = append(g.selfQ, msg)
+	if g.selfBusy {
+		return
+	}
+	g.selfBusy = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for len(g.selfQ) > 0 && s.mu.gen == g && s.mu.eng != nil {
+			q := g.selfQ
+			g.selfQ = nil
+			for _, m := range q {
+				s.execLocked(g, g.e.Deliver(s.env(g.e), s.cfg.Node, m))
+			}
+		}
+		g.selfQ, g.selfBusy = nil, false
 	}()
 }
 
@@ -540,17 +580,20 @@ func (s *Service) ensureLinksLocked(g *generation) {
 	if t == nil {
 		return
 	}
+	link := func(to NodeID) {
+		if to != s.cfg.Node { // what a node sends itself is delivered in place (sendLocked)
+			s.linkLocked(g, to)
+		}
+	}
 	for _, rec := range t.RLDevs {
-		seg, _, target := hosted(rec, s.cfg.Node)
-		switch {
-		case seg < 0:
-		case target: // a move's target hears from the primary (and answers it)
-			s.linkLocked(g, rec.Segs[rec.Primary].Node)
-		default:
-			s.linkLocked(g, rec.Segs[1-seg].Node)
+		if seg := rec.SegmentOf(s.cfg.Node); seg >= 0 {
+			link(rec.Segs[1-seg].Node)
 			if rec.Move != nil { // the primary copies and forwards to the target
-				s.linkLocked(g, rec.Move.To.Node)
+				link(rec.Move.To.Node)
 			}
+		}
+		if m := rec.Move; m != nil && m.To.Node == s.cfg.Node {
+			link(rec.Segs[rec.Primary].Node) // a move's target hears from the primary (and answers it)
 		}
 	}
 }

@@ -147,8 +147,10 @@ func (r *Record) Check() error {
 		switch {
 		case m.Seg != 0 && m.Seg != 1:
 			return fmt.Errorf("rldev %d: move of segment %d", r.ID, m.Seg)
-		case m.To.Node == 0 || m.To.Node == r.Segs[0].Node || m.To.Node == r.Segs[1].Node:
-			return fmt.Errorf("rldev %d: move target on node %d, which holds a segment or is none", r.ID, m.To.Node)
+		case m.To.Node == 0 || m.To.Node == r.Segs[1-m.Seg].Node:
+			return fmt.Errorf("rldev %d: move target on node %d, which holds the other segment or is none", r.ID, m.To.Node)
+		case m.To.Node == r.Segs[m.Seg].Node && m.To.Disk == r.Segs[m.Seg].Disk:
+			return fmt.Errorf("rldev %d: move target on the disk the segment is on", r.ID)
 		case m.To.Offset%PageSize != 0:
 			return fmt.Errorf("rldev %d: unaligned move target", r.ID)
 		case (m.Inc != 0 || m.Switch) && r.State != Normal:

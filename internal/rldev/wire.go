@@ -28,7 +28,7 @@ func EncodePeer(msg any) *pb.RLDevServicePeerRequest {
 	switch m := msg.(type) {
 	case Forward:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Forward{Forward: &pb.RLDevForward{
-			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: fenceToPB(m.Fence)}}}
+			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: fenceToPB(m.Fence), Target: m.Target}}}
 	case Ack:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Ack{Ack: &pb.RLDevAck{
 			Rldev: m.RLDev, Seq: m.Seq, Code: uint32(m.Code), Epoch: m.Epoch}}}
@@ -48,7 +48,7 @@ func EncodePeer(msg any) *pb.RLDevServicePeerRequest {
 			toks = append(toks, fenceToPB(&m.Tokens[i]))
 		}
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Copy{Copy: &pb.RLDevCopy{
-			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks}}}
+			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks, Target: m.Target}}}
 	}
 	panic(fmt.Sprintf("rldev: EncodePeer(%T)", msg)) // programmer error: the engine sends only these
 }
@@ -69,7 +69,7 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return Forward{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: f}, nil
+		return Forward{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: f, Target: m.Target}, nil
 	case *pb.RLDevServicePeerRequest_Ack:
 		m := x.Ack
 		if m == nil || Code(m.Code) > Unknown {
@@ -124,7 +124,7 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 			}
 			toks = append(toks, *f)
 		}
-		return Copy{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks}, nil
+		return Copy{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Data: m.Data, Gens: m.Gens, Tokens: toks, Target: m.Target}, nil
 	case *pb.RLDevServicePeerRequest_Hello:
 		return nil, badMsg("a hello after the first frame")
 	}
