@@ -335,6 +335,9 @@ func TestScrubFindsMisdirectedWrite(t *testing.T) {
 // wholly new, none corrupt, and new only if the secondary has it (what a
 // reader of the secondary may have seen).
 func TestPrimaryCrashPoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("single-threaded simulations (80 runs): the full suite runs them")
+	}
 	if n, err := primaryCrashPoints(t, Unsafe{}); err != nil {
 		t.Fatal(err)
 	} else {

@@ -18,6 +18,9 @@ import (
 // move resolved (the segment at its target, or rebuilt there), its old
 // extent freed, every block linearizable and both copies identical.
 func TestRLDevMoveCrashPoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("single-threaded simulations (32 runs): the full suite runs them; the race pass would spend minutes on them")
+	}
 	phases := []string{"asked", "copying", "switching", "retiring"}
 	runs, resolved := 0, map[string]int{}
 	for _, dest := range []string{"node", "disk"} {
@@ -180,6 +183,9 @@ func moveAndCrash(s *rsim, dest, seg, phase, victim string, crashed *bool, log *
 // up-to-date copy is no excuse); the RLDev ends normal with identical
 // copies.
 func TestRLDevResyncSurvivorCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("single-threaded simulations: the full suite runs them")
+	}
 	for i, phase := range []string{"degraded", "resyncing", "copying"} {
 		seed := int64(2000 + i)
 		var log []string
