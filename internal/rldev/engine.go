@@ -35,12 +35,16 @@ func (env Env) alive() bool { return !env.Deadline.IsZero() && env.Now.Before(en
 // Effects the driver carries out, in order.
 type (
 	// DiskRead reads Len bytes at Off of local disk Disk; the driver calls
-	// DiskDone(Op, data, err).
+	// DiskDone(Op, data, err). If Run is set, the bytes are a run of
+	// physical blocks: the driver calls ReadRun instead (the blocks are
+	// checked and their data moved together off the engine's lock, on the
+	// goroutine that reads) and then RunDone(Op, its result, err).
 	DiskRead struct {
 		Op   OpID
 		Disk uint32
 		Off  int64
 		Len  int
+		Run  *BlockRun
 	}
 	// DiskWrite writes Data at Off; DiskDone(Op, nil, err) when WriteAt
 	// returned (not yet durable). If Encode is set, Data is nil and the
@@ -205,6 +209,7 @@ type Engine struct {
 	reps   map[uint64]*replica // the segments this node holds, by RLDev
 	tgts   map[uint64]*replica // the moves' targets this node receives, by RLDev
 	ops    map[OpID]func(data []byte, err error) []any
+	runs   map[OpID]func(RunData, error) []any // reads of block runs
 	nextOp OpID
 	seq    uint64 // peer message sequence numbers
 
@@ -262,7 +267,7 @@ func NewEngine(cfg Config) *Engine {
 	}
 	cfg.defaults()
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{}, tgts: map[uint64]*replica{},
-		ops: map[OpID]func([]byte, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
+		ops: map[OpID]func([]byte, error) []any{}, runs: map[OpID]func(RunData, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
 		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
@@ -289,6 +294,14 @@ func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err 
 	e.nextOp++
 	e.ops[e.nextOp] = then
 	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: n}}
+}
+
+// readRun issues a read of a run of physical blocks at off; then runs with
+// what ReadRun found.
+func (e *Engine) readRun(disk uint32, off int64, run BlockRun, then func(RunData, error) []any) []any {
+	e.nextOp++
+	e.runs[e.nextOp] = then
+	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: int(run.N) * PhysBlockSize, Run: &run}}
 }
 
 // writeDurable issues a disk write and runs then once it is durable (a
@@ -342,6 +355,18 @@ func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
 	}
 	delete(e.ops, op)
 	return append(fn(data, err), e.decide(env)...)
+}
+
+// RunDone delivers the completion of a DiskRead of a run of blocks (Run
+// set): what ReadRun returned.
+func (e *Engine) RunDone(env Env, op OpID, res RunData, err error) []any {
+	e.env = env
+	fn := e.runs[op]
+	if fn == nil {
+		return nil
+	}
+	delete(e.runs, op)
+	return append(fn(res, err), e.decide(env)...)
 }
 
 // ------------------------------------------------------------------ table

@@ -205,15 +205,16 @@ func (h *harness) exec(n *hnode, out []any) {
 		}
 		switch x := o.(type) {
 		case DiskRead:
+			if x.Run != nil {
+				res, err := ReadRun(n.devs[x.Disk], x.Off, *x.Run)
+				h.later(n, func() []any { return n.e.RunDone(h.env(n), x.Op, res, err) })
+				continue
+			}
 			buf := make([]byte, x.Len)
 			_, err := n.devs[x.Disk].ReadAt(buf, x.Off)
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, buf, err) })
 		case DiskWrite:
-			data := x.Data
-			if x.Encode != nil {
-				data = x.Encode()
-			}
-			_, err := n.devs[x.Disk].WriteAt(data, x.Off)
+			err := DoWrite(n.devs[x.Disk], x)
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case DiskSync:
 			err := n.devs[x.Disk].Sync()

@@ -877,31 +877,14 @@ func markCorrupt(dst []byte) {
 }
 
 // readRun reads blocks [block, block+n) and decodes them: data, their
-// generations, and the blocks that failed their checks.
+// generations, and the blocks that failed their checks. The runtime reads
+// them vectored and checks them off the engine's lock (ReadRun).
 func (r *replica) readRun(block, n uint64, then func(data []byte, gens []uint64, bad []uint64, err error) []any) []any {
-	return r.e.read(r.disk, r.base+blockOff(block), int(n)*PhysBlockSize, func(raw []byte, err error) []any {
+	return r.e.readRun(r.disk, r.base+blockOff(block), BlockRun{ID: r.rec.ID, First: block, N: n}, func(res RunData, err error) []any {
 		if err != nil {
 			return then(nil, nil, nil, err)
 		}
-		// The blocks' data is moved down over the headers, in place: block
-		// i's goes where block i-1's physical block ended, so no block's
-		// data is overwritten before it is decoded (and a 1 MiB read
-		// allocates, zeroes and copies one buffer, not two).
-		data := raw[:int(n)*BlockSize]
-		gens := make([]uint64, n)
-		var bad []uint64
-		for i := uint64(0); i < n; i++ {
-			dst := data[i*BlockSize : (i+1)*BlockSize]
-			d, g, st := DecodeBlock(raw[i*PhysBlockSize:(i+1)*PhysBlockSize], r.rec.ID, block+i)
-			if st == BlockCorrupt || st == BlockMisplaced {
-				bad = append(bad, block+i)
-				r.e.stats.CorruptFound++
-				clear(dst)
-				continue
-			}
-			copy(dst, d)
-			gens[i] = g
-		}
-		return then(data, gens, bad, nil)
+		r.e.stats.CorruptFound += uint64(len(res.Bad))
+		return then(res.Data, res.Gens, res.Bad, nil)
 	})
 }

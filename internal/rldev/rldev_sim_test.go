@@ -361,6 +361,11 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 				if rn.e != e {
 					return
 				}
+				if x.Run != nil {
+					res, err := ReadRun(rn.devs[x.Disk], x.Off, *x.Run)
+					s.exec(rn, e, e.RunDone(s.env(rn), x.Op, res, err))
+					return
+				}
 				buf := make([]byte, x.Len)
 				_, err := rn.devs[x.Disk].ReadAt(buf, x.Off)
 				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, buf, err))
@@ -376,11 +381,7 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 				if i := slices.Index(rn.inflight, l); i >= 0 {
 					rn.inflight = slices.Delete(rn.inflight, i, i+1)
 				}
-				data := x.Data
-				if x.Encode != nil {
-					data = x.Encode()
-				}
-				_, err := rn.devs[x.Disk].WriteAt(data, x.Off)
+				err := DoWrite(rn.devs[x.Disk], x)
 				p.Go(s.w.Between(10*time.Microsecond, time.Millisecond), func() {
 					s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
 				})

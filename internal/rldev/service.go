@@ -340,20 +340,20 @@ func (s *Service) execLocked(g *generation, out []any) {
 	for _, o := range out {
 		switch x := o.(type) {
 		case DiskRead:
+			if x.Run != nil {
+				s.diskJob(g, x.Disk, func(dev disk.Device) func(Env) []any {
+					res, err := ReadRun(dev, x.Off, *x.Run)
+					return func(env Env) []any { return e.RunDone(env, x.Op, res, err) }
+				})
+				continue
+			}
 			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
 				buf := make([]byte, x.Len)
 				_, err := dev.ReadAt(buf, x.Off)
 				return buf, err
 			})
 		case DiskWrite:
-			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
-				data := x.Data
-				if x.Encode != nil {
-					data = x.Encode()
-				}
-				_, err := dev.WriteAt(data, x.Off)
-				return nil, err
-			})
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, DoWrite(dev, x) })
 		case DiskSync:
 			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, dev.Sync() })
 		case Send:
@@ -400,15 +400,24 @@ func (s *Service) execLocked(g *generation, out []any) {
 
 // diskOp runs io on disk idx's workers; its completion goes to the engine.
 func (s *Service) diskOp(g *generation, idx uint32, op OpID, io func(disk.Device) ([]byte, error)) {
+	s.diskJob(g, idx, func(dev disk.Device) func(Env) []any {
+		data, err := io(dev)
+		return func(env Env) []any { return g.e.DiskDone(env, op, data, err) }
+	})
+}
+
+// diskJob runs io on disk idx's workers, then what it returns on the
+// engine.
+func (s *Service) diskJob(g *generation, idx uint32, io func(disk.Device) func(Env) []any) {
 	q := s.disks[idx]
 	if q == nil {
 		panic(fmt.Sprintf("rldev: the engine used disk %d, which the node does not have", idx))
 	}
 	g.ops.Add(1)
 	job := func() {
-		data, err := io(q.dev)
+		k := io(q.dev)
 		g.ops.Done()
-		s.do(g, func(env Env) []any { return g.e.DiskDone(env, op, data, err) })
+		s.do(g, k)
 	}
 	select {
 	case q.jobs <- job:
