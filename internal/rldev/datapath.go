@@ -24,6 +24,7 @@ type writeOp struct {
 	data     []byte
 	fence    *Fence
 	only     bool // WriteReplica: this replica alone
+	seqWrite bool // it begins where the write before it here ended
 	lock     *rangeLock
 	locked   bool
 
@@ -62,6 +63,8 @@ func (w *writeOp) degSpan() (uint64, uint64) { return w.r.deg.durable.Span(w.blo
 func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fence *Fence, only bool) []any {
 	r.e.seq++
 	w := &writeOp{id: r.e.seq, r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only}
+	w.seqWrite = block == r.lastEnd && block > 0
+	r.lastEnd = block + w.n
 	r.writes[w] = true
 	var out []any
 	w.lock, out = r.locks.acquire(block, w.n, true, func(lk *rangeLock) []any {
@@ -140,6 +143,15 @@ func (w *writeOp) progress(env Env) []any {
 		if !w.drlWaiting {
 			w.drlWaiting = true
 			a, b := w.drlSpan()
+			// A sequential writer's next region is marked ahead, in the
+			// log write this one needs or in one of its own that no write
+			// waits for: a stream of writes then never waits for a mark
+			// (1 MiB sequential writes each began with a log write and a
+			// sync of their own).
+			if w.seqWrite {
+				r.drl.markAhead(b + 1)
+				r.touched[b+1] = true // kept through the next lazy clear
+			}
 			out = append(out, r.drl.mark(a, b, func(err error) []any {
 				w.drlWaiting = false
 				if err != nil {
@@ -148,6 +160,7 @@ func (w *writeOp) progress(env Env) []any {
 				w.drlDone = true
 				return w.progress(r.e.env)
 			})...)
+			out = append(out, r.drl.flush()...) // a mark ahead alone
 		}
 		return out
 	}

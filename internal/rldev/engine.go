@@ -153,6 +153,12 @@ type Config struct {
 	// Unsafe switches a rule off: for the simulator's teeth tests only,
 	// which show that its oracle catches what each rule prevents.
 	Unsafe Unsafe
+
+	// drlRegion is the dirty-region log's region in blocks (default
+	// DRLRegionBlocks): the simulator's RLDevs are small, and a small
+	// region gives them several. Every engine that reads a segment must
+	// agree (a log whose region differs does not load).
+	drlRegion uint64
 }
 
 // Unsafe rules, off in every real configuration.
@@ -241,6 +247,7 @@ type Engine struct {
 type Stats struct {
 	Writes, Reads, Forwards, Repairs, CopiedBlocks, PulledBlocks uint64
 	DRLWrites, DegradedWrites, Decrees                           uint64
+	DRLAhead                                                     uint64 // regions marked ahead of a sequential writer
 	CorruptFound                                                 uint64
 	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64
 }

@@ -425,3 +425,70 @@ func primaryCrashPoints(t *testing.T, unsafe Unsafe) (int, error) {
 	}
 	return points, nil
 }
+
+// A sequential writer's next dirty region is marked ahead of it: a stream
+// of region-sized writes finds its region durable in the log when it
+// arrives (its data goes to the disk at once, no log write first); a
+// write whose region is in the log write already in flight waits for that
+// one, not for another; a crash with a region marked ahead and never
+// written costs only its copy, and the copies end identical.
+func TestDirtyRegionsMarkedAhead(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	const rb = DRLRegionBlocks
+	r := h.create(8 * rb)
+	p, s := r.Segs[0].Node, r.Segs[1].Node
+	rep := h.nodes[p].e.reps[r.ID]
+	landed := func(block uint64, data []byte) bool { // on the primary's disk, not yet synced
+		raw := make([]byte, PhysBlockSize)
+		h.nodes[p].devs[rep.disk].ReadAt(raw, rep.base+blockOff(block))
+		d, _, st := DecodeBlock(raw, r.ID, block)
+		return st == BlockOK && bytes.Equal(d, data[:BlockSize])
+	}
+	h.mustWrite(p, r.ID, 0, pattern(1, rb)) // region 0: not sequential (nothing before it)
+	if n := h.nodes[p].e.stats.DRLAhead; n != 0 {
+		t.Fatalf("%d regions marked ahead of a first write", n)
+	}
+	// Regions 1 and 2 back to back: the first's log write carries region
+	// 2 ahead; the second waits for that write in flight, not another.
+	before := h.nodes[p].e.stats.DRLWrites
+	q1 := h.write(p, r.ID, rb, pattern(2, rb), nil)
+	q2 := h.write(p, r.ID, 2*rb, pattern(3, rb), nil)
+	h.run()
+	for _, q := range []ReqID{q1, q2} {
+		if err := h.replies[q].Err; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.nodes[p].e.stats.DRLWrites - before; got != 2 { // {1, 2}, then 3 ahead
+		t.Fatalf("%d log writes for two sequential writes, want 2", got)
+	}
+	// Region 3, marked ahead: the write's data lands at once.
+	data := pattern(4, rb)
+	q := h.write(p, r.ID, 3*rb, data, nil)
+	if !landed(3*rb, data) {
+		t.Fatal("a sequential write into a region marked ahead waited before writing")
+	}
+	h.run()
+	if err := h.replies[q].Err; err != nil {
+		t.Fatal(err)
+	}
+	for x := uint64(0); x <= 4; x++ {
+		if !rep.drl.durable.Has(x) {
+			t.Fatalf("region %d not in the log (%v)", x, rep.drl.durable.List())
+		}
+	}
+	// Region 4 is marked and was never written; the primary crashes.
+	h.crash(h.nodes[p], true, rand.New(rand.NewSource(1)))
+	h.start(h.nodes[p])
+	h.tick(3 * time.Second)
+	for i, want := range [][]byte{pattern(1, rb), pattern(2, rb), pattern(3, rb), pattern(4, rb)} {
+		h.mustRead(p, r.ID, uint64(i)*rb, want)
+		h.mustRead(s, r.ID, uint64(i)*rb, want)
+	}
+	h.sameCopies(r.ID)
+	// Nothing in flight and nothing written since: every mark is cleared.
+	h.tick(3 * time.Second)
+	if n := h.nodes[p].e.reps[r.ID].drl.durable.Count(); n != 0 {
+		t.Fatalf("%d dirty regions left", n)
+	}
+}

@@ -28,21 +28,46 @@ func (l *pageLog) has(x uint64) bool {
 }
 
 // mark makes regions [first, last] durable in the log, then runs then
-// (at once if they already are).
+// (at once if they already are; once the write in flight lands if it
+// carries every one that is not).
 func (l *pageLog) mark(first, last uint64, then func(error) []any) []any {
-	need := false
+	need, inFlight := false, false
 	for x := first; x <= last; x++ {
-		if !l.has(x) {
-			l.set.Set(x)
-			l.clear.Clear(x)
-			need = true
+		if l.has(x) {
+			continue
 		}
+		l.clear.Clear(x) // it stays marked, whatever the next write was to do
+		if l.writing == nil && l.durable.Has(x) {
+			continue // only its clearing was to come: cancelled
+		}
+		if l.writing != nil && l.writing.Has(x) {
+			inFlight = true // durable once the write in flight lands
+			continue
+		}
+		l.set.Set(x)
+		need = true
 	}
-	if !need {
-		return then(nil)
+	switch {
+	case need:
+		l.next = append(l.next, then)
+		return l.flush()
+	case inFlight:
+		l.cur = append(l.cur, then)
+		return nil
 	}
-	l.next = append(l.next, then)
-	return l.flush()
+	return then(nil)
+}
+
+// markAhead adds region x to the next write, which no one waits for (a
+// region marked that is not written only costs a copy after a crash, and
+// is cleared lazily), unless it is marked or being marked already.
+func (l *pageLog) markAhead(x uint64) {
+	if x >= l.durable.Regions() || l.has(x) || l.set.Has(x) || l.writing != nil && l.writing.Has(x) && !l.clear.Has(x) {
+		return
+	}
+	l.set.Set(x)
+	l.clear.Clear(x)
+	l.r.e.stats.DRLAhead++
 }
 
 // unmark clears regions in the next write (no one waits for it: a region

@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"time"
@@ -50,6 +51,7 @@ type replica struct {
 	locks    rangeLocks
 	inflight map[uint64]int  // dirty region → writes in flight in it
 	touched  map[uint64]bool // dirty regions written since the last lazy clear
+	lastEnd  uint64          // the block after the last client write began here (sequential writers)
 
 	writes map[*writeOp]bool     // writes in progress here (as primary or replica-only)
 	fwd    map[uint64]*writeOp   // forwards awaiting an ack, by seq
@@ -178,7 +180,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		blank := allZero(a) && allZero(b)
 		return seq, payload, ok, blank
 	}
-	drlRB, degRB := regionBlocks(DRLRegionBlocks, r.rec.Blocks), regionBlocks(DegradedRegionBlocks, r.rec.Blocks)
+	drlRB, degRB := regionBlocks(cmp.Or(r.e.cfg.drlRegion, DRLRegionBlocks), r.rec.Blocks), regionBlocks(DegradedRegionBlocks, r.rec.Blocks)
 	var out []any
 	seq, payload, ok, blank := page(PageSuper)
 	switch {
