@@ -1,0 +1,213 @@
+package chunk
+
+import (
+	"fmt"
+	"time"
+)
+
+// chunkMap is a pair's map in memory: every allocated chunk and, for the
+// primary, the free space of every data RLDev. Both managers of a pair
+// keep one; only the primary changes it, by records it logs first, and the
+// secondary applies the same records in LSN order.
+//
+// Invariant: no two chunks overlap; a chunk's blocks are not free in its
+// RLDev's space; lsn is the last record applied; every id in chunks is
+// below hw.
+type chunkMap struct {
+	cm     uint32
+	chunks map[uint64]*entry
+	spaces map[uint64]*space // by RLDev id
+	lsn    uint64
+	hw     uint64
+	// Space freed and not yet reusable (out of spaces): freed holds runs
+	// freed by records applied here and not quarantined yet (the manager
+	// quarantines them with its clock); quar the quarantined, in order of
+	// release.
+	freed []Run
+	quar  []quarRun
+}
+
+type quarRun struct {
+	Run
+	until time.Time
+}
+
+// entry is one chunk.
+type entry struct {
+	Extent
+	freeing bool // a free is under way at the primary: no new I/O is admitted
+}
+
+// DataFence is the block of every data RLDev a new primary writes with its
+// map lock token (so that a zeroing of an earlier holder cannot land
+// after it): never part of a chunk.
+const DataFence = 0
+
+func newChunkMap(cm uint32, data []DataRLDev) *chunkMap {
+	m := &chunkMap{cm: cm, chunks: map[uint64]*entry{}, spaces: map[uint64]*space{}, hw: 1}
+	for _, d := range data {
+		sp := newSpace(d.Blocks)
+		if err := sp.take(DataFence, 1); err != nil {
+			panic(err) // a fresh space is free
+		}
+		m.spaces[d.ID] = sp
+	}
+	return m
+}
+
+// load fills the map from a checkpoint.
+func (m *chunkMap) load(c Checkpoint) error {
+	if c.CM != m.cm {
+		return fmt.Errorf("%w: the checkpoint is chunk manager %d's, not %d's", ErrCorrupt, c.CM, m.cm)
+	}
+	for id, e := range c.Chunks {
+		if err := m.add(id, e); err != nil {
+			return err
+		}
+	}
+	for _, q := range c.Quarantined {
+		if sp := m.spaces[q.RLDev]; sp == nil || q.Block+q.Blocks > sp.blocks {
+			return fmt.Errorf("%w: quarantined run %+v not on the pair's RLDevs", ErrCorrupt, q)
+		}
+		// Free in the space until the log is replayed (a record after the
+		// checkpoint may have reused it once its quarantine ended then):
+		// quarantine takes what is still free.
+		m.freed = append(m.freed, q)
+	}
+	m.lsn, m.hw = c.Through, max(c.HighWater, 1)
+	return nil
+}
+
+// quarantine keeps the runs freed since the last call out of the
+// allocator until until: what of them is free now (a run freed by a
+// replayed record may have been reused by a later one).
+func (m *chunkMap) quarantine(until time.Time) {
+	for _, r := range m.freed {
+		for _, x := range m.spaces[r.RLDev].takeFree(r.Block, r.Blocks) {
+			m.quar = append(m.quar, quarRun{Run{r.RLDev, x.start, x.n}, until})
+		}
+	}
+	m.freed = nil
+}
+
+// expire returns quarantined runs whose time has come to the allocator.
+func (m *chunkMap) expire(now time.Time) {
+	i := 0
+	for ; i < len(m.quar) && !now.Before(m.quar[i].until); i++ {
+		q := m.quar[i]
+		m.spaces[q.RLDev].release(q.Block, q.Blocks)
+	}
+	m.quar = m.quar[i:]
+}
+
+// quarantined is every run not reusable yet (for a checkpoint). The
+// manager quarantines what it frees at once, so m.freed is empty then.
+func (m *chunkMap) quarantined() []Run {
+	var out []Run
+	for _, q := range m.quar {
+		out = append(out, q.Run)
+	}
+	return out
+}
+
+// add maps id to e, taking its space.
+func (m *chunkMap) add(id uint64, e Extent) error {
+	if m.chunks[id] != nil {
+		return fmt.Errorf("%w: chunk %d allocated twice", ErrCorrupt, id)
+	}
+	sp := m.spaces[e.RLDev]
+	if sp == nil {
+		return fmt.Errorf("%w: chunk %d on RLDev %d, which the pair does not have", ErrCorrupt, id, e.RLDev)
+	}
+	if err := sp.take(e.Block, blocksFor(e.Len)); err != nil {
+		return fmt.Errorf("chunk %d: %w", id, err)
+	}
+	m.chunks[id] = &entry{Extent: e}
+	return nil
+}
+
+// apply applies record r with LSN lsn (the next one). own is set for the
+// primary's own records: an allocation's space was taken when the change
+// was built, and a free's is quarantined by the primary once the
+// secondary has applied it too; otherwise (loading, the secondary) an
+// allocation takes its space here, and a free's space is released and
+// joins m.freed, quarantined once the records at hand are applied.
+func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
+	if lsn != m.lsn+1 {
+		return fmt.Errorf("%w: record %d applied after %d", ErrCorrupt, lsn, m.lsn)
+	}
+	switch r.Kind {
+	case RecAlloc:
+		if r.ID >= m.hw {
+			return fmt.Errorf("%w: chunk %d allocated at or above the high-water id %d", ErrCorrupt, r.ID, m.hw)
+		}
+		if own {
+			if m.chunks[r.ID] != nil {
+				return fmt.Errorf("%w: chunk %d allocated twice", ErrCorrupt, r.ID)
+			}
+			m.chunks[r.ID] = &entry{Extent: r.Extent}
+		} else if err := m.add(r.ID, r.Extent); err != nil {
+			return err
+		}
+	case RecFree:
+		e := m.chunks[r.ID]
+		if e == nil {
+			return fmt.Errorf("%w: free of chunk %d, not allocated", ErrCorrupt, r.ID)
+		}
+		delete(m.chunks, r.ID)
+		if !own {
+			m.spaces[e.RLDev].release(e.Block, blocksFor(e.Len))
+			m.freed = append(m.freed, Run{e.RLDev, e.Block, blocksFor(e.Len)})
+		}
+	case RecReserve:
+		if r.HW < m.hw {
+			return fmt.Errorf("%w: high-water id lowered from %d to %d", ErrCorrupt, m.hw, r.HW)
+		}
+		m.hw = r.HW
+	default:
+		return fmt.Errorf("%w: record of kind %d", ErrCorrupt, r.Kind)
+	}
+	m.lsn = lsn
+	return nil
+}
+
+// checkpoint is the map as a checkpoint.
+func (m *chunkMap) checkpoint() Checkpoint {
+	c := Checkpoint{CM: m.cm, Through: m.lsn, HighWater: m.hw, Chunks: make(map[uint64]Extent, len(m.chunks)), Quarantined: m.quarantined()}
+	for id, e := range m.chunks {
+		c.Chunks[id] = e.Extent
+	}
+	return c
+}
+
+// pick chooses where a chunk of n blocks goes: the best fit in the RLDev
+// with the most free space that has a run large enough (spreading chunks
+// over the pair's RLDevs), and takes it.
+func (m *chunkMap) pick(n uint64, order []DataRLDev) (Extent, bool) {
+	var best *DataRLDev
+	for i := range order {
+		sp := m.spaces[order[i].ID]
+		if sp != nil && sp.largest() >= n && (best == nil || sp.free > m.spaces[best.ID].free) {
+			best = &order[i]
+		}
+	}
+	if best == nil {
+		return Extent{}, false
+	}
+	b, _ := m.spaces[best.ID].alloc(n)
+	return Extent{RLDev: best.ID, Block: b}, true
+}
+
+// freeBlocks sums the pair's free space (blocks), its largest run, the
+// runs, and the blocks in quarantine.
+func (m *chunkMap) freeBlocks() (free, largest uint64, runs int, quarantined uint64) {
+	for _, sp := range m.spaces {
+		free += sp.free
+		largest = max(largest, sp.largest())
+		runs += sp.runs()
+	}
+	for _, q := range m.quarantined() {
+		quarantined += q.Blocks
+	}
+	return
+}

@@ -1,0 +1,1417 @@
+package chunk
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/sim"
+)
+
+// The chunk manager simulation: one pair's two managers (the real
+// Manager, driven as the node runtime drives it) on nodes 1 and 2, clients
+// on nodes 10.., over models of the layers below that keep exactly their
+// contracts and fail in every way the contracts allow:
+//
+//   - the RLDevs: linearizable block stores (an operation takes effect at
+//     one instant between its call and its answer); writes carry fencing
+//     tokens, refused once a newer token of the lock was admitted; an
+//     operation fails before it takes effect, or after (a write that may
+//     have landed), or lands up to seconds after its caller was told it
+//     failed; a whole RLDev refuses everything for a while;
+//   - the lock service: exclusive and shared leases cached by each node
+//     incarnation's clerk, revoked when another clerk asks (down to what
+//     it asks for, once the holder has released its hold), each grant with
+//     a newer token, a dead incarnation's leases freed after its verdict;
+//   - the failure detector: a crashed, paused or isolated incarnation
+//     stops being alive GracePeriod after it last was, and is declared dead
+//     a little later (never before it stopped); a paused or isolated node
+//     that comes back dead restarts with a new incarnation;
+//   - the config service: conditional puts of the pair's record that
+//     commit after a delay, are lost, or commit after their caller gave up;
+//     watches that deliver late.
+//
+// The oracle keeps what each client was told and checks: a handle is never
+// returned twice; a new chunk reads as zeros; a read returns the content of
+// the last acknowledged write (or of a write that may have landed since);
+// a chunk whose free was acknowledged is never read or written again
+// through either manager; an id never handed out reads as unallocated;
+// every manager's map is free of overlaps; at the end, after the faults
+// stop, both managers serve, their maps agree with each other and with a
+// map read afresh from the map RLDev, and with the oracle (every chunk
+// acknowledged and not freed is there, none acknowledged freed is).
+
+const (
+	simGrace    = time.Second
+	simVerdict  = 400 * time.Millisecond // after the grace period, the verdict
+	simData     = 4096                   // blocks of the data RLDev (16 MiB)
+	simMap      = 600                    // blocks of the map RLDev (a log of 75 blocks: frequent checkpoints)
+	simSafety   = 25 * time.Second       // faults until then
+	simLiveness = 45 * time.Second       // the checks after
+	simClients  = 4
+	mapID       = 100
+	dataID      = 101
+)
+
+type csim struct {
+	t      *testing.T
+	w      *sim.World
+	net    *sim.Network
+	nodes  map[uint64]*cnode
+	rl     *rldevModel
+	locks  *lockModel
+	cfg    *configModel
+	o      *oracle
+	trace  []string
+	faults bool // faults still being injected
+	opts   simOpts
+	stats  struct {
+		allocs, frees, writes, reads, takeovers, checkpoints, crashes, maybes int
+	}
+}
+
+type simOpts struct {
+	quiet bool
+}
+
+// cnode is a node with a manager of the pair, one incarnation at a time.
+type cnode struct {
+	id               uint64
+	p                *sim.Process
+	inc              uint64
+	mg               *Manager
+	isolated, paused bool
+	aliveTo          time.Duration // the incarnation is alive until then (the self-fence deadline)
+	goneAt           time.Duration // when it stopped renewing (crash, pause, isolation); 0: renewing
+	nextReq          ReqID
+	pending          map[ReqID]func(Reply)
+	holds            int             // local holds on the map lock (0 or 1)
+	chunkMu          map[uint64]bool // chunks with a partial write in progress (read-modify-write)
+}
+
+func (s *csim) logf(format string, args ...any) {
+	line := fmt.Sprintf("%8.3fs ", s.w.Now().Seconds()) + fmt.Sprintf(format, args...)
+	s.trace = append(s.trace, line)
+	if len(s.trace) > 200000 {
+		s.trace = s.trace[len(s.trace)-150000:]
+	}
+}
+
+func (s *csim) env(n *cnode) Env {
+	now := sim.Epoch.Add(s.w.Now())
+	if n.goneAt == 0 {
+		n.aliveTo = s.w.Now() + simGrace
+	}
+	return Env{Now: now, Deadline: sim.Epoch.Add(n.aliveTo)}
+}
+
+// dead reports whether incarnation inc of node id has been declared dead.
+func (s *csim) dead(id, inc uint64) bool {
+	n := s.nodes[id]
+	if n == nil {
+		return false
+	}
+	if inc < n.inc {
+		return true // a past incarnation (it restarted after being declared dead, or crashed)
+	}
+	return n.goneAt != 0 && s.w.Now() >= n.goneAt+simGrace+simVerdict
+}
+
+// start begins a new incarnation of node n (a restart after a crash or a fence).
+func (s *csim) start(n *cnode) {
+	n.inc++
+	n.goneAt, n.paused, n.holds = 0, false, 0
+	n.pending = map[ReqID]func(Reply){}
+	n.chunkMu = map[uint64]bool{}
+	n.p.Restart()
+	n.mg = NewManager(Config{Node: n.id, Inc: n.inc, CM: 1, RetryEvery: 300 * time.Millisecond, PollEvery: 200 * time.Millisecond, ReserveStep: 16, MaxBatch: 20,
+		Quarantine: 3 * time.Second}) // the RLDev model lands a write at most 2 s after its answer
+	s.locks.newClerk(n)
+	s.logf("node %d starts incarnation %d", n.id, n.inc)
+	mg := n.mg
+	p, ver := s.cfg.read()
+	s.exec(n, mg, mg.SetPair(s.env(n), p, ver, true))
+	s.tick(n, mg)
+}
+
+func (s *csim) tick(n *cnode, mg *Manager) {
+	n.p.Go(100*time.Millisecond, func() {
+		if n.mg != mg {
+			return
+		}
+		s.checkFence(n)
+		if n.mg != mg {
+			return
+		}
+		s.exec(n, mg, mg.Tick(s.env(n)))
+		s.checkMap(n)
+		s.tick(n, mg)
+	})
+}
+
+// checkFence restarts a node whose incarnation was declared dead while it
+// was paused or isolated (it fenced itself: the node runtime restarts).
+func (s *csim) checkFence(n *cnode) {
+	if n.goneAt != 0 && !n.isolated && !n.paused && s.dead(n.id, n.inc) {
+		s.logf("node %d incarnation %d finds itself dead: fences, restarts", n.id, n.inc)
+		s.crash(n)
+		s.w.After(s.w.Between(0, 200*time.Millisecond), func() {
+			if n.mg == nil {
+				s.start(n)
+			}
+		})
+	}
+}
+
+// stopRenewing: the incarnation stops being acknowledged by the observers
+// (crashed, paused, cut off): alive until GracePeriod after the last
+// acknowledgement, dead a little later. Once stopped, never renewed
+// unless it comes back before its deadline.
+func (s *csim) stopRenewing(n *cnode) {
+	if n.goneAt == 0 {
+		n.goneAt = s.w.Now()
+		n.aliveTo = n.goneAt + simGrace
+	}
+}
+
+func (s *csim) crash(n *cnode) {
+	s.stopRenewing(n)
+	n.p.Crash()
+	n.mg = nil
+	for req, fn := range n.pending {
+		delete(n.pending, req)
+		_ = fn // the clients time out
+	}
+	s.stats.crashes++
+}
+
+func (s *csim) sortedNodes() []*cnode {
+	return []*cnode{s.nodes[1], s.nodes[2]}
+}
+
+// exec carries out a manager's effects, as the node runtime does.
+func (s *csim) exec(n *cnode, mg *Manager, out []any) {
+	if n.mg != mg || mg == nil {
+		return
+	}
+	for _, o := range out {
+		switch x := o.(type) {
+		case MapRead:
+			s.rl.read(n, mg, mapID, x.Block, x.Blocks, func(data []byte, err error) {
+				s.exec(n, mg, mg.Done(s.env(n), x.Op, data, err))
+			})
+		case MapWrite:
+			rl := uint64(mapID)
+			if x.RLDev != 0 {
+				rl = x.RLDev
+			}
+			s.rl.write(n, mg, rl, x.Block, x.Data, &lockFence{MapLock(1), x.Token}, func(err error) {
+				s.exec(n, mg, mg.Done(s.env(n), x.Op, nil, err))
+			})
+		case ZeroWrite:
+			s.rl.write(n, mg, x.RLDev, x.Block, make([]byte, x.Blocks*BlockSize), &lockFence{MapLock(1), x.Token}, func(err error) {
+				s.exec(n, mg, mg.Done(s.env(n), x.Op, nil, err))
+			})
+		case Acquire:
+			s.locks.acquire(n, mg, x.Op, x.Mode)
+		case CancelAcquire:
+			s.locks.cancel(n, mg, x.Op)
+		case Release:
+			s.locks.release(n, x.Drop)
+		case Send:
+			s.net.Send(n.id, x.To, peerMsg{inc: n.inc, msg: x.Msg})
+		case Reply:
+			if fn := n.pending[x.Req]; fn != nil {
+				delete(n.pending, x.Req)
+				fn(x)
+			}
+		case AskDead:
+			n.p.Go(s.w.Between(time.Millisecond, 20*time.Millisecond), func() {
+				if n.mg == mg {
+					inc := x.Subject.Inc
+					if inc == 0 { // the node's registered incarnation
+						inc = s.nodes[x.Subject.Node].inc
+					}
+					s.exec(n, mg, mg.Verdict(s.env(n), x.Subject, inc, s.dead(x.Subject.Node, inc)))
+				}
+			})
+		case Propose:
+			s.cfg.propose(n, x.Version, x.Pair, func(ver uint64, err error) {
+				if n.mg == mg {
+					s.exec(n, mg, mg.Decided(s.env(n), x.Op, ver, err))
+				}
+			})
+		case Refresh:
+			n.p.Go(s.w.Between(time.Millisecond, 50*time.Millisecond), func() {
+				if n.mg == mg {
+					p, ver := s.cfg.read()
+					s.exec(n, mg, mg.SetPair(s.env(n), p, ver, true))
+				}
+			})
+		case Log:
+			if x.Level >= 1 || os.Getenv("GROVE_DEBUG") != "" {
+				s.logf("node %d.%d: %s %v", n.id, n.inc, x.Msg, x.Args)
+			}
+		default:
+			s.t.Fatalf("unknown effect %T", o)
+		}
+	}
+}
+
+type peerMsg struct {
+	inc uint64
+	msg any
+}
+
+// checkMap asserts the invariants of a manager's map: no overlap, the
+// free space and the chunks partition the RLDev.
+func (s *csim) checkMap(n *cnode) {
+	mg := n.mg
+	if mg == nil || mg.m == nil {
+		return
+	}
+	if err := mapConsistent(mg.m); err != nil {
+		s.o.fail("node %d (%s): %v", n.id, mg.st, err)
+	}
+}
+
+func mapConsistent(m *chunkMap) error {
+	for rl, sp := range m.spaces {
+		used := make([]bool, sp.blocks)
+		mark := func(what string, b, k uint64) error {
+			for i := b; i < b+k; i++ {
+				if i >= sp.blocks || used[i] {
+					return fmt.Errorf("rldev %d block %d used twice (%s)", rl, i, what)
+				}
+				used[i] = true
+			}
+			return nil
+		}
+		for id, e := range m.chunks {
+			if e.RLDev == rl {
+				if err := mark(fmt.Sprintf("chunk %d", id), e.Block, blocksFor(e.Len)); err != nil {
+					return err
+				}
+			}
+		}
+		var err error
+		sp.byOff.Ascend(func(r run) bool {
+			err = mark("free run", r.start, r.n)
+			return err == nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, q := range m.quarantined() {
+			if q.RLDev == rl {
+				if err := mark("quarantined", q.Block, q.Blocks); err != nil {
+					return err
+				}
+			}
+		}
+		if err := mark("fence block", DataFence, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ------------------------------------------------------------------ the RLDev model
+
+type lockFence struct {
+	name string
+	tok  lock.Token
+}
+
+type rldevModel struct {
+	s      *csim
+	blocks map[uint64][]byte
+	admit  map[string]lock.Token
+	downTo map[uint64]time.Duration // refuses everything until then
+	faulty bool
+}
+
+var errRLDevDown = errors.New("rldev model: unavailable")
+
+func (r *rldevModel) failing(id uint64) bool {
+	return r.s.w.Now() < r.downTo[id]
+}
+
+// read takes effect at a random instant before its answer.
+func (r *rldevModel) read(n *cnode, mg *Manager, id, block, blocks uint64, done func([]byte, error)) {
+	w := r.s.w
+	at := w.Between(50*time.Microsecond, 2*time.Millisecond)
+	w.After(at, func() {
+		var data []byte
+		var err error
+		if r.failing(id) || r.faulty && w.Rand.Intn(200) == 0 {
+			err = fmt.Errorf("%w: rldev %d", errRLDevDown, id)
+		} else {
+			data = bytes.Clone(r.blocks[id][block*BlockSize : (block+blocks)*BlockSize])
+		}
+		n.p.Go(w.Between(50*time.Microsecond, time.Millisecond), func() {
+			if n.mg == mg {
+				done(data, err)
+			}
+		})
+	})
+}
+
+// write takes effect at one instant (or never); its answer may say it
+// failed although it landed, and, rarely, it lands long after its caller
+// was told it failed.
+func (r *rldevModel) write(n *cnode, mg *Manager, id, block uint64, data []byte, f *lockFence, done func(error)) {
+	w := r.s.w
+	data = bytes.Clone(data)
+	answer := func(err error) {
+		n.p.Go(w.Between(50*time.Microsecond, time.Millisecond), func() {
+			if n.mg == mg {
+				done(err)
+			}
+		})
+	}
+	land := func() error {
+		if f != nil {
+			if cur := r.admit[f.name]; f.tok.Less(cur) {
+				return fmt.Errorf("%w: %s saw %s, write carries %s", lock.ErrStaleToken, f.name, cur, f.tok)
+			}
+			r.admit[f.name] = f.tok
+		}
+		copy(r.blocks[id][block*BlockSize:], data)
+		return nil
+	}
+	at := w.Between(100*time.Microsecond, 3*time.Millisecond)
+	w.After(at, func() {
+		switch {
+		case r.failing(id):
+			answer(fmt.Errorf("%w: rldev %d", errRLDevDown, id))
+		case r.faulty && w.Rand.Intn(150) == 0:
+			answer(fmt.Errorf("%w: rldev %d: failed before landing", errRLDevDown, id))
+		case r.faulty && w.Rand.Intn(150) == 0:
+			err := land()
+			if err == nil {
+				err = fmt.Errorf("%w: rldev %d: failed after landing", errRLDevDown, id)
+			}
+			answer(err)
+		case r.faulty && w.Rand.Intn(300) == 0:
+			// Told it failed; lands later (a request still queued in the
+			// RLDev layer).
+			answer(fmt.Errorf("%w: rldev %d: given up", errRLDevDown, id))
+			w.After(w.Between(10*time.Millisecond, 2*time.Second), func() {
+				if err := land(); err == nil {
+					r.s.logf("rldev %d: a write given up landed late at block %d (%d blocks, fence %v)", id, block, len(data)/BlockSize, f)
+				}
+			})
+		default:
+			answer(land())
+		}
+	})
+}
+
+// ------------------------------------------------------------------ the lock service model
+
+// lockModel is the lock service for the pair's map lock: leases cached by
+// each node incarnation's clerk (keyed by node and incarnation), revoked
+// down to what a waiter needs once their holder has released its hold,
+// each grant with a newer token; a dead incarnation's lease is freed.
+type lockModel struct {
+	s       *csim
+	seq     uint64
+	leases  map[[2]uint64]*leaseState
+	waiting []*lockWait
+	pumping bool
+}
+
+type leaseState struct {
+	node, inc uint64
+	mode      lock.Mode
+	tok       lock.Token
+	reqRev    bool      // a revocation is pending (the holder has a hold)
+	keep      lock.Mode // what the revocation leaves
+}
+
+type lockWait struct {
+	n    *cnode
+	mg   *Manager
+	op   OpID
+	mode lock.Mode
+}
+
+func (l *lockModel) newClerk(n *cnode) {}
+
+func (l *lockModel) lease(n *cnode) *leaseState {
+	k := [2]uint64{n.id, n.inc}
+	ls := l.leases[k]
+	if ls == nil {
+		ls = &leaseState{node: n.id, inc: n.inc}
+		l.leases[k] = ls
+	}
+	return ls
+}
+
+func (l *lockModel) acquire(n *cnode, mg *Manager, op OpID, mode lock.Mode) {
+	ls := l.lease(n)
+	allowed := ls.mode
+	if ls.reqRev {
+		allowed = min(allowed, ls.keep)
+	}
+	if allowed >= mode {
+		// Cached: the clerk answers at once.
+		n.holds++
+		tok := ls.tok
+		n.p.Go(l.s.w.Between(10*time.Microsecond, 200*time.Microsecond), func() {
+			if n.mg == mg {
+				l.s.exec(n, mg, mg.Granted(l.s.env(n), op, tok, nil))
+			} else {
+				n.holds--
+			}
+		})
+		return
+	}
+	l.waiting = append(l.waiting, &lockWait{n: n, mg: mg, op: op, mode: mode})
+	l.kick()
+}
+
+func (l *lockModel) kick() {
+	if !l.pumping {
+		l.pumping = true
+		l.s.w.After(l.s.w.Between(100*time.Microsecond, 5*time.Millisecond), l.pump)
+	}
+}
+
+func (l *lockModel) cancel(n *cnode, mg *Manager, op OpID) {
+	for i, wt := range l.waiting {
+		if wt.n == n && wt.op == op {
+			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
+			return
+		}
+	}
+}
+
+func (l *lockModel) release(n *cnode, drop bool) {
+	if n.holds > 0 {
+		n.holds--
+	}
+	if drop {
+		if ls := l.leases[[2]uint64{n.id, n.inc}]; ls != nil {
+			ls.mode, ls.reqRev = 0, false
+		}
+	}
+	l.kick()
+}
+
+// keys are the leases' keys in order (the simulation is deterministic).
+func (l *lockModel) keys() [][2]uint64 {
+	ks := make([][2]uint64, 0, len(l.leases))
+	for k := range l.leases {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i][0] < ks[j][0] || ks[i][0] == ks[j][0] && ks[i][1] < ks[j][1] })
+	return ks
+}
+
+func compatible(a, b lock.Mode) bool { return a == 0 || b == 0 || a == lock.Shared && b == lock.Shared }
+
+// pump grants the first waiter once no other clerk's lease conflicts:
+// conflicting leases are revoked (given up at once by a clerk whose node
+// has no hold on them and answers; otherwise when it does); a dead
+// incarnation's leases are freed.
+func (l *lockModel) pump() {
+	s := l.s
+	l.pumping = false
+	for _, k := range l.keys() {
+		ls := l.leases[k]
+		if ls.mode != 0 && s.dead(ls.node, ls.inc) {
+			s.logf("lock: node %d incarnation %d is dead: its lease (%v) freed", ls.node, ls.inc, ls.mode)
+			ls.mode = 0
+		}
+		if ls.mode == 0 && s.nodes[ls.node].inc != ls.inc {
+			delete(l.leases, k)
+		}
+	}
+	for len(l.waiting) > 0 {
+		wt := l.waiting[0]
+		if wt.n.mg != wt.mg {
+			l.waiting = l.waiting[1:]
+			continue
+		}
+		blocked := false
+		for _, k := range l.keys() {
+			ls := l.leases[k]
+			if ls.node == wt.n.id && ls.inc == wt.n.inc || compatible(ls.mode, wt.mode) {
+				continue
+			}
+			keep := lock.Mode(0)
+			if wt.mode == lock.Shared {
+				keep = lock.Shared
+			}
+			h := s.nodes[ls.node]
+			if h.inc == ls.inc && h.holds == 0 && h.mg != nil && !h.paused && !h.isolated {
+				ls.mode, ls.reqRev = keep, false
+			} else {
+				ls.reqRev, ls.keep = true, keep
+			}
+			if !compatible(ls.mode, wt.mode) {
+				blocked = true
+			}
+		}
+		if blocked {
+			l.pumping = true
+			s.w.After(20*time.Millisecond, l.pump)
+			return
+		}
+		l.waiting = l.waiting[1:]
+		ls := l.lease(wt.n)
+		l.seq++
+		ls.mode, ls.tok, ls.reqRev = max(ls.mode, wt.mode), lock.Token{Epoch: 1, Seq: l.seq}, false
+		wt.n.holds++
+		n, mg, op, tok := wt.n, wt.mg, wt.op, ls.tok
+		s.logf("lock: map lock %v granted to node %d incarnation %d (token %s)", wt.mode, n.id, n.inc, tok)
+		n.p.Go(s.w.Between(100*time.Microsecond, 2*time.Millisecond), func() {
+			if n.mg == mg {
+				s.exec(n, mg, mg.Granted(s.env(n), op, tok, nil))
+			} else {
+				n.holds--
+			}
+		})
+	}
+}
+
+// ------------------------------------------------------------------ the config service model
+
+type configModel struct {
+	s    *csim
+	pair *Pair
+	ver  uint64
+}
+
+func (c *configModel) read() (*Pair, uint64) { return c.pair.Clone(), c.ver }
+
+// propose commits p if ver is current, after a delay; the answer may be
+// lost (the caller times out) whether it committed or not.
+func (c *configModel) propose(n *cnode, ver uint64, p *Pair, done func(uint64, error)) {
+	w := c.s.w
+	w.After(w.Between(time.Millisecond, 300*time.Millisecond), func() {
+		var err error
+		var got uint64
+		lost := w.Rand.Intn(10) == 0
+		if w.Rand.Intn(20) == 0 {
+			err = errors.New("config model: decree lost")
+		} else if ver != c.ver {
+			err = fmt.Errorf("config model: stale version %d (now %d)", ver, c.ver)
+		} else {
+			c.pair, c.ver = p.Clone(), c.ver+1
+			got = c.ver
+			c.s.logf("config: pair decreed: primary node %d incarnation %d (version %d)", c.pair.PrimaryNode(), c.pair.PrimaryInc, c.ver)
+			c.broadcast()
+		}
+		if lost {
+			err = errors.New("config model: decree timed out at the client")
+			w.After(2*time.Second, func() { n.p.Go(0, func() { done(0, err) }) })
+			return
+		}
+		n.p.Go(w.Between(100*time.Microsecond, 5*time.Millisecond), func() { done(got, err) })
+	})
+}
+
+// broadcast delivers the record to every node's manager, late.
+func (c *configModel) broadcast() {
+	p, ver := c.read()
+	for _, n := range c.s.sortedNodes() {
+		mg := n.mg
+		n.p.Go(c.s.w.Between(time.Millisecond, 400*time.Millisecond), func() {
+			if n.mg == mg && mg != nil {
+				c.s.exec(n, mg, mg.SetPair(c.s.env(n), p, ver, false))
+			}
+		})
+	}
+}
+
+// ------------------------------------------------------------------ a node's request handling (the runtime's)
+
+type clientReq struct {
+	client uint64
+	seq    uint64
+	kind   string // alloc, free, read, write
+	size   uint64
+	h      Handle
+	off, n uint64
+	data   []byte
+}
+
+type clientResp struct {
+	seq  uint64
+	h    Handle
+	data []byte
+	err  error
+}
+
+// nodeIO is the sim's blockIO of one node incarnation.
+type nodeIO struct {
+	s  *csim
+	n  *cnode
+	mg *Manager
+}
+
+func (x nodeIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
+	x.s.rl.read(x.n, x.mg, rl, block, blocks, done)
+}
+
+func (x nodeIO) writeBlocks(rl, block uint64, data []byte, done func(error)) {
+	x.s.rl.write(x.n, x.mg, rl, block, data, nil, done)
+}
+
+// serve handles a client's request at node n, as the node runtime does.
+func (s *csim) serve(n *cnode, q clientReq) {
+	mg := n.mg
+	answer := func(r clientResp) {
+		r.seq = q.seq
+		s.net.Send(n.id, q.client, r)
+	}
+	if mg == nil {
+		return
+	}
+	env := s.env(n)
+	switch q.kind {
+	case "alloc", "free":
+		if q.kind == "free" && q.h.CM != 1 {
+			answer(clientResp{err: fmt.Errorf("%w: %s", ErrUnknownManager, q.h)})
+			return
+		}
+		n.nextReq++
+		req := n.nextReq
+		n.pending[req] = func(r Reply) { answer(clientResp{h: r.Handle, err: r.Err}) }
+		if q.kind == "alloc" {
+			s.exec(n, mg, mg.Allocate(env, req, q.size))
+		} else {
+			s.exec(n, mg, mg.Free(env, req, q.h.ID))
+		}
+	case "read", "write":
+		if q.h.CM != 1 {
+			answer(clientResp{err: fmt.Errorf("%w: %s", ErrUnknownManager, q.h)})
+			return
+		}
+		n := n
+		ext, err := mg.Admit(env, q.h.ID, q.off, q.n)
+		if err != nil {
+			answer(clientResp{err: err})
+			return
+		}
+		io := nodeIO{s, n, mg}
+		if q.kind == "read" {
+			readChunk(io, ext, q.off, q.n, func(b []byte, err error) {
+				if n.mg == mg {
+					s.exec(n, mg, mg.Finished(s.env(n), q.h.ID))
+				}
+				if err != nil {
+					answer(clientResp{err: err})
+					return
+				}
+				answer(clientResp{data: b})
+			})
+			return
+		}
+		// Writes of one chunk are serialized here (read-modify-write).
+		var try func()
+		try = func() {
+			if n.mg != mg {
+				return
+			}
+			if n.chunkMu[q.h.ID] {
+				n.p.Go(time.Millisecond, try)
+				return
+			}
+			n.chunkMu[q.h.ID] = true
+			writeChunk(io, ext, q.off, q.data, func(err error) {
+				delete(n.chunkMu, q.h.ID)
+				if n.mg == mg {
+					s.exec(n, mg, mg.Finished(s.env(n), q.h.ID))
+				}
+				if err != nil {
+					err = fmt.Errorf("%w: %w", ErrMaybeDone, err)
+				}
+				answer(clientResp{err: err})
+			})
+		}
+		try()
+	}
+}
+
+// ------------------------------------------------------------------ clients and the oracle
+
+type oracle struct {
+	s       *csim
+	fails   []string
+	handles map[Handle]*ochunk // every handle an allocation returned
+	maxID   uint64
+}
+
+type ochunk struct {
+	h    Handle
+	size uint64
+	// cands is every content the chunk may have now: each acknowledged
+	// write applied, each write that may have landed applied or not (in
+	// any order with the writes after it, until it cannot land any more).
+	cands   [][]byte
+	maybe   []maybeWrite  // writes that may still land
+	freedAt time.Duration // when its free was acknowledged (0: not)
+	// freeMaybe: a free that may have happened (the client retries it
+	// until it is certain).
+	freeMaybe bool
+}
+
+// maybeWrite is a write that failed after it may have started: it lands
+// (or not) as a write of whole blocks from off: one of images, the blocks
+// as the manager read them for its read-modify-write, with the write's
+// bytes in them (a partial write's neighbouring bytes go back to what they
+// were then: the documented effect of a failed partial write).
+type maybeWrite struct {
+	off    uint64
+	images [][]byte
+	until  time.Duration // it cannot land after this
+}
+
+// maxCands bounds the contents the oracle follows per chunk: past it the
+// client writes the chunk whole and does not read it until the maybe
+// writes have expired.
+const maxCands = 32
+
+func (c *ochunk) addCands(more [][]byte) {
+	for _, x := range more {
+		dup := false
+		for _, y := range c.cands {
+			if bytes.Equal(x, y) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			c.cands = append(c.cands, x)
+		}
+	}
+}
+
+func applyWrite(c []byte, off uint64, data []byte) []byte {
+	y := bytes.Clone(c)
+	copy(y[off:], data)
+	return y
+}
+
+// expire forgets maybe writes that can no longer land.
+func (c *ochunk) expire(now time.Duration) {
+	var live []maybeWrite
+	for _, m := range c.maybe {
+		if now <= m.until {
+			live = append(live, m)
+		}
+	}
+	c.maybe = live
+}
+
+// acked applies an acknowledged write that began at start.
+func (c *ochunk) acked(start time.Duration, off uint64, data []byte) {
+	var next [][]byte
+	for _, x := range c.cands {
+		next = append(next, applyWrite(x, off, data))
+	}
+	c.cands = nil
+	c.addCands(next)
+	for _, m := range c.maybe {
+		if m.until > start { // it may land after this write
+			var more [][]byte
+			for _, x := range c.cands {
+				for _, img := range m.images {
+					more = append(more, applyWrite(x, m.off, img))
+				}
+			}
+			c.addCands(more)
+		}
+	}
+}
+
+// maybeWrote adds a write of data at off that may land until until, as
+// a write of its whole blocks over the content it read (any of before,
+// the candidates when it was issued).
+func (c *ochunk) maybeWrote(before [][]byte, off uint64, data []byte, until time.Duration) {
+	first := off / BlockSize * BlockSize
+	end := min(c.size, (off+uint64(len(data))+BlockSize-1)/BlockSize*BlockSize)
+	m := maybeWrite{off: first, until: until}
+	for _, b := range before {
+		img := bytes.Clone(b[first:end])
+		copy(img[off-first:], data)
+		dup := false
+		for _, x := range m.images {
+			dup = dup || bytes.Equal(x, img)
+		}
+		if !dup {
+			m.images = append(m.images, img)
+		}
+	}
+	var more [][]byte
+	for _, x := range c.cands {
+		for _, img := range m.images {
+			more = append(more, applyWrite(x, m.off, img))
+		}
+	}
+	c.addCands(more)
+	c.maybe = append(c.maybe, m)
+}
+
+type client struct {
+	s     *csim
+	id    uint64
+	p     *sim.Process
+	seq   uint64
+	wait  map[uint64]func(clientResp)
+	owned []*ochunk
+	view  *Pair // the client's cached pair record (a clerk's hint)
+	next  int   // which node to try for reads and writes
+	r     *rand.Rand
+}
+
+const clientTimeout = 1500 * time.Millisecond
+
+// call sends q to node and calls done with the answer, or with nil after
+// clientTimeout (the outcome is then unknown).
+func (c *client) call(node uint64, q clientReq, done func(*clientResp)) {
+	c.seq++
+	q.seq, q.client = c.seq, c.id
+	seq := c.seq
+	answered := false
+	c.wait[seq] = func(r clientResp) {
+		if answered {
+			return
+		}
+		answered = true
+		done(&r)
+	}
+	c.s.net.Send(c.id, node, q)
+	c.p.Go(clientTimeout, func() {
+		if !answered {
+			answered = true
+			delete(c.wait, seq)
+			done(nil)
+		}
+	})
+}
+
+func (c *client) primary() uint64 {
+	if c.view == nil {
+		p, _ := c.s.cfg.read()
+		c.view = p
+	}
+	return c.view.PrimaryNode()
+}
+
+// refresh re-reads the pair (a clerk refreshes its hint on a misdirected
+// request), late.
+func (c *client) refresh() {
+	c.p.Go(c.s.w.Between(time.Millisecond, 200*time.Millisecond), func() {
+		p, _ := c.s.cfg.read()
+		c.view = p
+	})
+}
+
+func (c *client) loop() {
+	s := c.s
+	c.p.Go(s.w.Between(time.Millisecond, 40*time.Millisecond), func() {
+		if !s.faults && s.w.Now() > simLiveness-2*time.Second {
+			return
+		}
+		c.step()
+	})
+}
+
+func (c *client) step() {
+	s, r := c.s, c.r
+	var live []*ochunk
+	for _, ch := range c.owned {
+		if ch.freedAt == 0 && !ch.freeMaybe {
+			live = append(live, ch)
+		}
+	}
+	switch x := r.Intn(100); {
+	case x < 20 || len(live) == 0:
+		c.alloc()
+	case x < 30:
+		c.free(live[r.Intn(len(live))])
+	case x < 60:
+		c.write(live[r.Intn(len(live))])
+	case x < 95:
+		c.read(live[r.Intn(len(live))])
+	default:
+		c.probe()
+	}
+	_ = s
+}
+
+func (c *client) alloc() {
+	s := c.s
+	size := uint64(1 + c.r.Intn(3*BlockSize))
+	if c.r.Intn(10) == 0 {
+		size = uint64(1 + c.r.Intn(64*BlockSize))
+	}
+	start := s.w.Now()
+	c.call(c.primary(), clientReq{kind: "alloc", size: size}, func(resp *clientResp) {
+		switch {
+		case resp == nil:
+			s.stats.maybes++
+		case resp.err == nil:
+			s.stats.allocs++
+			h := resp.h
+			if prev := s.o.handles[h]; prev != nil {
+				s.o.fail("alloc returned %s again (first at size %d, freed at %v)", h, prev.size, prev.freedAt)
+			} else if h.CM != 1 || h.ID == 0 {
+				s.o.fail("alloc returned a malformed handle %s", h)
+			}
+			ch := &ochunk{h: h, size: size, cands: [][]byte{make([]byte, size)}}
+			s.o.handles[h] = ch
+			s.o.maxID = max(s.o.maxID, h.ID)
+			c.owned = append(c.owned, ch)
+			s.logf("client %d: alloc %d bytes -> %s (%v)", c.id, size, h, s.w.Now()-start)
+		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		case errors.Is(resp.err, ErrFull), errors.Is(resp.err, ErrMapFull), errors.Is(resp.err, ErrMaybeDone):
+		default:
+			s.logf("client %d: alloc: %v", c.id, resp.err)
+		}
+		c.loop()
+	})
+}
+
+func (c *client) free(ch *ochunk) {
+	s := c.s
+	start := s.w.Now()
+	c.call(c.primary(), clientReq{kind: "free", h: ch.h}, func(resp *clientResp) {
+		switch {
+		case resp == nil:
+			ch.freeMaybe = true
+		case resp.err == nil:
+			s.stats.frees++
+			if ch.freedAt == 0 {
+				ch.freedAt = s.w.Now()
+			}
+			s.logf("client %d: free %s (%v)", c.id, ch.h, s.w.Now()-start)
+		case errors.Is(resp.err, ErrUnallocated):
+			s.logf("client %d: free %s: %v (maybe freed before: %v)", c.id, ch.h, resp.err, ch.freeMaybe)
+			if !ch.freeMaybe {
+				s.o.fail("free of %s (allocated, never freed) answered %v", ch.h, resp.err)
+			}
+			ch.freedAt = s.w.Now() // a retried free whose first attempt took effect
+		case errors.Is(resp.err, ErrMaybeDone):
+			ch.freeMaybe = true
+		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		default:
+			s.logf("client %d: free %s: %v", c.id, ch.h, resp.err)
+		}
+		if ch.freeMaybe && ch.freedAt == 0 {
+			// Retry until the free is certain (acknowledged, or the chunk
+			// answers unallocated).
+			c.p.Go(50*time.Millisecond, func() { c.free(ch) })
+			return
+		}
+		c.loop()
+	})
+}
+
+func (c *client) node() uint64 {
+	c.next++
+	return []uint64{1, 2}[c.next%2]
+}
+
+func (c *client) write(ch *ochunk) {
+	s, r := c.s, c.r
+	var off, n uint64
+	ch.expire(s.w.Now())
+	if len(ch.cands) > 1 || r.Intn(2) == 0 {
+		off, n = 0, ch.size // whole
+	} else {
+		off = uint64(r.Int63n(int64(ch.size)))
+		n = 1 + uint64(r.Int63n(int64(ch.size-off)))
+	}
+	data := make([]byte, n)
+	r.Read(data)
+	start := s.w.Now()
+	before := ch.cands
+	node := c.node()
+	c.call(node, clientReq{kind: "write", h: ch.h, off: off, n: n, data: data}, func(resp *clientResp) {
+		s.o.checkUse(ch, "write", start, resp)
+		s.logf("client %d: write %s [%d, +%d) %x... via node %d: %v", c.id, ch.h, off, n, data[:min(4, len(data))], node, respErr(resp))
+		switch {
+		case resp != nil && resp.err == nil:
+			s.stats.writes++
+			ch.acked(start, off, data)
+		case resp == nil || errors.Is(resp.err, ErrMaybeDone):
+			// It may land until its node's manager gives up on it: the
+			// client's timeout, a pause (at most 2.5 s), the RLDev's late
+			// landing (2 s): 10 s is past all of them.
+			ch.maybeWrote(before, off, data, s.w.Now()+10*time.Second)
+		case errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		}
+		c.loop()
+	})
+}
+
+func (c *client) read(ch *ochunk) {
+	s, r := c.s, c.r
+	ch.expire(s.w.Now())
+	if len(ch.cands) > maxCands {
+		c.write(ch) // collapse (whole writes) before reading again
+		return
+	}
+	off := uint64(r.Int63n(int64(ch.size)))
+	n := 1 + uint64(r.Int63n(int64(ch.size-off)))
+	if r.Intn(2) == 0 {
+		off, n = 0, ch.size
+	}
+	start := s.w.Now()
+	node := c.node()
+	c.call(node, clientReq{kind: "read", h: ch.h, off: off, n: n}, func(resp *clientResp) {
+		s.o.checkUse(ch, "read", start, resp)
+		if resp != nil && resp.err == nil {
+			s.logf("client %d: read %s [%d, +%d) via node %d: %x...", c.id, ch.h, off, n, node, resp.data[:min(4, len(resp.data))])
+		} else {
+			s.logf("client %d: read %s [%d, +%d) via node %d: %v", c.id, ch.h, off, n, node, respErr(resp))
+		}
+		if resp != nil && resp.err == nil {
+			s.stats.reads++
+			ok := false
+			for _, cand := range ch.cands {
+				if bytes.Equal(resp.data, cand[off:off+n]) {
+					ok = true
+					break
+				}
+			}
+			if !ok {
+				s.o.fail("read of %s [%d, +%d) returned data that no acknowledged (or possibly landed) write left there", ch.h, off, n)
+			}
+		}
+		c.loop()
+	})
+}
+
+// probe uses a freed handle, or an id never handed out, through either
+// manager: it must fail as unallocated.
+func (c *client) probe() {
+	s := c.s
+	var h Handle
+	var ch *ochunk
+	var freed []*ochunk
+	for _, x := range c.owned {
+		if x.freedAt != 0 {
+			freed = append(freed, x)
+		}
+	}
+	if len(freed) > 0 && c.r.Intn(2) == 0 {
+		ch = freed[c.r.Intn(len(freed))]
+		h = ch.h
+	} else {
+		h = Handle{1, s.o.maxID + 1_000_000 + uint64(c.r.Intn(1000))} // above any id a Reserve could cover
+	}
+	kind := []string{"read", "write", "free"}[c.r.Intn(3)]
+	q := clientReq{kind: kind, h: h, off: 0, n: 1, data: []byte{7}}
+	node := c.node()
+	if kind == "free" {
+		node = c.primary()
+	}
+	start := s.w.Now()
+	c.call(node, q, func(resp *clientResp) {
+		if resp != nil && resp.err == nil {
+			if ch == nil || ch.freedAt != 0 && ch.freedAt < start {
+				s.o.fail("%s of %s (freed at %v, or never allocated) through node %d succeeded", kind, h, func() time.Duration {
+					if ch == nil {
+						return 0
+					}
+					return ch.freedAt
+				}(), node)
+			}
+		}
+		c.loop()
+	})
+}
+
+func respErr(r *clientResp) any {
+	if r == nil {
+		return "no answer"
+	}
+	return r.err
+}
+
+// checkUse: a read or write that succeeded must not be of a chunk whose
+// free was acknowledged before it began.
+func (o *oracle) checkUse(ch *ochunk, what string, start time.Duration, resp *clientResp) {
+	if resp != nil && resp.err == nil && ch.freedAt != 0 && ch.freedAt < start {
+		o.fail("%s of %s succeeded after its free was acknowledged (at %v)", what, ch.h, ch.freedAt)
+	}
+}
+
+// ------------------------------------------------------------------ the run
+
+func newCSim(t *testing.T, seed int64, opts simOpts) *csim {
+	w := sim.NewWorld(seed)
+	s := &csim{t: t, w: w, net: w.NewNetwork(), nodes: map[uint64]*cnode{}, opts: opts}
+	s.net.MinDelay, s.net.MaxDelay = 50*time.Microsecond, 2*time.Millisecond
+	s.rl = &rldevModel{s: s, blocks: map[uint64][]byte{mapID: make([]byte, simMap*BlockSize), dataID: make([]byte, simData*BlockSize)},
+		admit: map[string]lock.Token{}, downTo: map[uint64]time.Duration{}}
+	s.locks = &lockModel{s: s, leases: map[[2]uint64]*leaseState{}}
+	s.cfg = &configModel{s: s, ver: 1, pair: &Pair{ID: 1, Nodes: [2]uint64{1, 2}, Primary: int(w.Rand.Intn(2)), MapRLDev: mapID, MapBlocks: simMap,
+		Data: []DataRLDev{{ID: dataID, Blocks: simData}}}}
+	s.o = &oracle{s: s, handles: map[Handle]*ochunk{}}
+	for _, id := range []uint64{1, 2} {
+		n := &cnode{id: id, p: w.NewProcess(id)}
+		s.nodes[id] = n
+		s.net.Attach(n.p)
+		n.p.Deliver = func(from uint64, payload any) {
+			switch x := payload.(type) {
+			case peerMsg:
+				if n.mg != nil && !n.isolated {
+					s.exec(n, n.mg, n.mg.Deliver(s.env(n), from, x.msg))
+				}
+			case clientReq:
+				if !n.isolated {
+					s.serve(n, x)
+				}
+			}
+		}
+	}
+	for i := 0; i < simClients; i++ {
+		c := &client{s: s, id: uint64(10 + i), p: w.NewProcess(uint64(10 + i)), wait: map[uint64]func(clientResp){}, r: rand.New(rand.NewSource(seed*100 + int64(i)))}
+		s.net.Attach(c.p)
+		c.p.Deliver = func(from uint64, payload any) {
+			if r, ok := payload.(clientResp); ok {
+				if fn := c.wait[r.seq]; fn != nil {
+					delete(c.wait, r.seq)
+					fn(r)
+				}
+			}
+		}
+		w.At(time.Second, c.loop)
+	}
+	return s
+}
+
+func runCSim(t *testing.T, seed int64, opts simOpts) *csim {
+	s := newCSim(t, seed, opts)
+	w := s.w
+	for _, n := range s.sortedNodes() {
+		w.At(w.Between(0, 500*time.Millisecond), func() { s.start(n) })
+	}
+	s.faults = true
+	s.rl.faulty = w.Rand.Intn(2) == 0
+	for at := 2 * time.Second; at < simSafety; at += w.Between(500*time.Millisecond, 2500*time.Millisecond) {
+		w.At(at, s.fault)
+	}
+	w.At(simSafety, s.heal)
+	w.RunUntil(simLiveness)
+	s.finalChecks()
+	return s
+}
+
+// fault injects one fault.
+func (s *csim) fault() {
+	w := s.w
+	n := s.nodes[uint64(1+w.Rand.Intn(2))]
+	switch k := w.Rand.Intn(9); k {
+	case 0, 1: // crash, restart later
+		if n.mg == nil {
+			return
+		}
+		s.logf("FAULT: crash node %d", n.id)
+		s.crash(n)
+		w.After(w.Between(200*time.Millisecond, 3*time.Second), func() {
+			if n.mg == nil {
+				s.start(n)
+			}
+		})
+	case 2: // pause (past the grace period now and then)
+		if n.mg == nil || n.paused {
+			return
+		}
+		d := w.Between(300*time.Millisecond, 2500*time.Millisecond)
+		s.logf("FAULT: pause node %d for %v", n.id, d)
+		n.paused = true
+		s.stopRenewing(n)
+		n.p.Pause(d)
+		w.After(d, func() {
+			n.paused = false
+			if n.mg != nil && !n.isolated && !s.dead(n.id, n.inc) && w.Now() < n.aliveTo {
+				n.goneAt = 0
+			}
+			s.checkFence(n)
+			s.locks.kick()
+		})
+	case 3: // the two managers cut from each other alone
+		d := w.Between(500*time.Millisecond, 4*time.Second)
+		s.logf("FAULT: partition nodes 1 and 2 for %v", d)
+		s.net.Block(1, 2)
+		s.net.Block(2, 1)
+		w.After(d, func() { s.net.Heal() })
+	case 4: // isolated: cut from the observers and everyone
+		if n.mg == nil || n.isolated {
+			return
+		}
+		d := w.Between(500*time.Millisecond, 3*time.Second)
+		s.logf("FAULT: isolate node %d for %v", n.id, d)
+		n.isolated = true
+		s.stopRenewing(n)
+		w.After(d, func() {
+			n.isolated = false
+			if n.mg != nil && !n.paused && !s.dead(n.id, n.inc) && w.Now() < n.aliveTo {
+				n.goneAt = 0
+			}
+			s.checkFence(n)
+			s.locks.kick()
+		})
+	case 5: // an RLDev refuses everything for a while
+		id := []uint64{mapID, dataID}[w.Rand.Intn(2)]
+		d := w.Between(100*time.Millisecond, 1500*time.Millisecond)
+		s.logf("FAULT: rldev %d down for %v", id, d)
+		s.rl.downTo[id] = w.Now() + d
+	case 6: // packet loss
+		s.net.DropRate = []float64{0, 0.05, 0.2}[w.Rand.Intn(3)]
+		s.logf("FAULT: packet loss %.0f%%", s.net.DropRate*100)
+	}
+}
+
+// heal ends the faults: the liveness phase.
+func (s *csim) heal() {
+	s.logf("HEAL")
+	s.faults = false
+	s.net.Heal()
+	s.net.DropRate = 0
+	s.rl.faulty = false
+	s.rl.downTo = map[uint64]time.Duration{}
+	for _, n := range s.sortedNodes() {
+		if n.mg == nil && !n.p.Up() {
+			s.w.After(s.w.Between(0, 300*time.Millisecond), func() {
+				if n.mg == nil {
+					s.start(n)
+				}
+			})
+		}
+	}
+}
+
+// finalChecks: both managers serve, their maps agree with each other, with
+// the map RLDev read afresh, and with the oracle.
+func (s *csim) finalChecks() {
+	var prim, sec *cnode
+	for _, n := range s.nodes {
+		if n.mg == nil {
+			s.o.fail("node %d runs no manager at the end", n.id)
+			continue
+		}
+		switch n.mg.st {
+		case stPrimary:
+			prim = n
+		case stSecondary:
+			sec = n
+		default:
+			s.o.fail("node %d's manager is %s at the end (%v)", n.id, n.mg.st, n.mg.why)
+		}
+	}
+	if prim == nil || sec == nil {
+		s.o.fail("no primary and secondary at the end")
+		return
+	}
+	pm, sm := prim.mg.m, sec.mg.m
+	if sm.lsn != pm.lsn {
+		s.o.fail("the secondary's map is at LSN %d, the primary's at %d", sm.lsn, pm.lsn)
+	}
+	fresh, err := s.readMap()
+	if err != nil {
+		s.o.fail("reading the map afresh: %v", err)
+		return
+	}
+	for name, m := range map[string]*chunkMap{"secondary": sm, "fresh": fresh} {
+		if len(m.chunks) != len(pm.chunks) {
+			s.o.fail("the %s map has %d chunks, the primary's %d", name, len(m.chunks), len(pm.chunks))
+		}
+		for id, e := range pm.chunks {
+			if x := m.chunks[id]; x == nil || x.Extent != e.Extent {
+				s.o.fail("chunk %d: the primary maps it to %+v, the %s map to %+v", id, e.Extent, name, x)
+			}
+		}
+	}
+	for h, ch := range s.o.handles {
+		e := pm.chunks[h.ID]
+		switch {
+		case ch.freedAt == 0 && !ch.freeMaybe && e == nil:
+			s.o.fail("chunk %s, allocated and never freed, is not in the map", h)
+		case ch.freedAt == 0 && !ch.freeMaybe && e.Len != ch.size:
+			s.o.fail("chunk %s is %d bytes in the map, %d allocated", h, e.Len, ch.size)
+		case ch.freedAt != 0 && e != nil:
+			s.o.fail("chunk %s, freed at %v, is in the map", h, ch.freedAt)
+		}
+	}
+	for id := range pm.chunks {
+		if id >= pm.hw {
+			s.o.fail("chunk %d at or above the high-water id %d", id, pm.hw)
+		}
+	}
+}
+
+// readMap reads the map RLDev model as a manager loads it.
+func (s *csim) readMap() (*chunkMap, error) {
+	p, _ := s.cfg.read()
+	mg := NewManager(Config{Node: 9, Inc: 1, CM: 1})
+	mg.pair = p
+	var result error
+	done := false
+	out := mg.load(func(err error) []any { result, done = err, true; return nil })
+	for len(out) > 0 {
+		var next []any
+		for _, o := range out {
+			x := o.(MapRead)
+			next = append(next, mg.Done(Env{}, x.Op, bytes.Clone(s.rl.blocks[mapID][x.Block*BlockSize:(x.Block+x.Blocks)*BlockSize]), nil)...)
+		}
+		out = nil
+		for _, o := range next {
+			if _, ok := o.(MapRead); ok {
+				out = append(out, o)
+			}
+		}
+	}
+	if !done {
+		return nil, errors.New("the load did not finish")
+	}
+	return mg.m, result
+}
+
+func TestChunkSimulation(t *testing.T) {
+	seeds := sim.Seeds(t, 100)
+	var st struct{ allocs, frees, writes, reads, crashes, maybes int }
+	for _, seed := range seeds {
+		s := runCSim(t, seed, simOpts{})
+		if f := os.Getenv("GROVE_TRACE"); f != "" {
+			os.WriteFile(f, []byte(strings.Join(s.trace, "\n")+"\n"), 0o644)
+		}
+		if len(s.o.fails) > 0 {
+			t.Logf("seed %d trace (last lines):\n%s", seed, strings.Join(s.trace[max(0, len(s.trace)-150):], "\n"))
+			t.Fatalf("seed %d: %d violations:\n%s\n%s", seed, len(s.o.fails), strings.Join(s.o.fails[:min(10, len(s.o.fails))], "\n"), sim.ReplayHint("TestChunkSimulation", seed))
+		}
+		st.allocs += s.stats.allocs
+		st.frees += s.stats.frees
+		st.writes += s.stats.writes
+		st.reads += s.stats.reads
+		st.crashes += s.stats.crashes
+		st.maybes += s.stats.maybes
+	}
+	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; no violation",
+		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes)
+}
+
+func (o *oracle) fail(format string, args ...any) {
+	msg := fmt.Sprintf("%8.3fs ", o.s.w.Now().Seconds()) + fmt.Sprintf(format, args...)
+	o.fails = append(o.fails, msg)
+	o.s.logf("VIOLATION: %s", msg)
+}
