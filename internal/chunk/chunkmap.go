@@ -78,9 +78,9 @@ func (m *chunkMap) load(c Checkpoint) error {
 	return nil
 }
 
-// quarantine keeps the runs freed since the last call out of the
-// allocator until until: what of them is free now (a run freed by a
-// replayed record may have been reused by a later one).
+// quarantine keeps the runs freed since the last call (released to the
+// spaces) out of the allocator until until: what of them is free now (a
+// run freed by a replayed record may have been reused by a later one).
 func (m *chunkMap) quarantine(until time.Time) {
 	for _, r := range m.freed {
 		for _, x := range m.spaces[r.RLDev].takeFree(r.Block, r.Blocks) {

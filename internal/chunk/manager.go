@@ -164,6 +164,17 @@ type Config struct {
 	// than a write can land after its writer was told it failed (the RLDev
 	// data path gives a request 30 s to arrive). Default 30 s.
 	Quarantine time.Duration
+
+	// unsafe switches a rule off: for the simulation's teeth test only,
+	// which shows that its oracle catches what each rule prevents.
+	unsafe unsafeRules
+}
+
+type unsafeRules struct {
+	noPeerWait   bool // acknowledge changes without the secondary
+	noReserve    bool // hand out ids without raising the high-water mark first
+	noQuarantine bool // reuse freed space at once
+	noFence      bool // take over without fencing earlier holders' writes
 }
 
 func (c *Config) defaults() {
@@ -830,7 +841,11 @@ func (mg *Manager) takeover(env Env, why string) []any {
 			return mg.fail(mg.env, fmt.Errorf("the map lock (exclusive): %w", err))
 		}
 		mg.holding, mg.token = true, tok
-		return mg.fences(func() []any {
+		fences := mg.fences
+		if mg.cfg.unsafe.noFence {
+			fences = func(then func() []any) []any { return then() }
+		}
+		return fences(func() []any {
 			return mg.load(func(err error) []any {
 				switch {
 				case errors.Is(err, errNoSuper) && !mg.pair.Formatted:
@@ -946,8 +961,10 @@ func (mg *Manager) serve() []any {
 // ------------------------------------------------------------------ loading the map
 
 // load reads the superblock, the checkpoint and the log into a new map.
-// Space freed by the replayed records and the checkpoint's quarantined
-// runs are quarantined from now.
+// A new primary quarantines, from now, the space freed by the replayed
+// records and the checkpoint's quarantined runs (a secondary allocates
+// nothing: it follows the primary's records, which may reuse that space
+// as soon as the primary's quarantine ends).
 func (mg *Manager) load(then func(error) []any) []any {
 	return mg.mapRead(blockSuper, 2, func(data []byte, err error) []any {
 		if err != nil {
@@ -973,7 +990,11 @@ func (mg *Manager) load(then func(error) []any) []any {
 				if err != nil {
 					return then(err)
 				}
-				m.quarantine(mg.env.Now.Add(mg.cfg.Quarantine))
+				if mg.st == stTakeover {
+					m.quarantine(mg.env.Now.Add(mg.cfg.Quarantine))
+				} else {
+					m.freed = nil // a secondary allocates nothing (the primary's records place chunks)
+				}
 				mg.sup, mg.m, mg.logPos, mg.idNext = s, m, pos, m.hw
 				return then(nil)
 			})
@@ -1119,7 +1140,7 @@ func (mg *Manager) change(reqs []*request) []any {
 		}
 	}
 	next := mg.idNext
-	if next+needIDs > m.hw {
+	if next+needIDs > m.hw && !mg.cfg.unsafe.noReserve {
 		recs = append(recs, Record{Kind: RecReserve, HW: next + needIDs + mg.cfg.ReserveStep})
 	}
 	var out []any
@@ -1176,6 +1197,7 @@ func (mg *Manager) change(reqs []*request) []any {
 			// quarantined (a zeroing may still land).
 			var out []any
 			for _, q := range allocs {
+				m.spaces[q.ext.RLDev].release(q.ext.Block, blocksFor(q.ext.Len))
 				m.freed = append(m.freed, Run{q.ext.RLDev, q.ext.Block, blocksFor(q.ext.Len)})
 				out = append(out, mg.answer(q, Handle{}, fmt.Errorf("zeroing the new chunk: %w", zeroErr))...)
 			}
@@ -1240,6 +1262,9 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 					freed = append(freed, Run{e.RLDev, e.Block, blocksFor(e.Len)})
 				}
 			}
+			if mg.cfg.unsafe.noReserve && r.Kind == RecAlloc && r.ID >= mg.m.hw {
+				mg.m.hw = r.ID + 1 // as if reserved (not logged)
+			}
 			if err := mg.m.apply(f.First+uint64(i), r, true); err != nil {
 				panic(fmt.Sprintf("chunk: applying a change just logged: %v", err)) // the change was built from this map
 			}
@@ -1254,8 +1279,13 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 			// The secondary has the change, or serves nothing: reply,
 			// quarantine the freed space, release, next change.
 			var out []any
-			mg.m.freed = append(mg.m.freed, freed...)
-			mg.m.quarantine(mg.env.Now.Add(mg.cfg.Quarantine))
+			for _, r := range freed {
+				mg.m.spaces[r.RLDev].release(r.Block, r.Blocks)
+			}
+			if !mg.cfg.unsafe.noQuarantine {
+				mg.m.freed = append(mg.m.freed, freed...)
+				mg.m.quarantine(mg.env.Now.Add(mg.cfg.Quarantine))
+			}
 			for _, q := range reqs {
 				if q.done {
 					continue
@@ -1270,7 +1300,7 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 			out = append(out, mg.release()...)
 			return append(out, mg.pump(mg.env)...)
 		}
-		if !mg.peer.serving {
+		if !mg.peer.serving || mg.cfg.unsafe.noPeerWait {
 			return finish()
 		}
 		mg.waitAck = &ackWaiter{lsn: mg.m.lsn, then: finish}
@@ -1400,7 +1430,7 @@ func (mg *Manager) onUpdate(env Env, from NodeID, u Update) []any {
 			return mg.fail(env, fmt.Errorf("applying the primary's update: %w", err))
 		}
 	}
-	m.quarantine(env.Now.Add(mg.cfg.Quarantine)) // the secondary's own view of free space (used by nothing)
+	m.freed = nil // a secondary allocates nothing: its free space only follows the primary's records
 	out := []any{mg.logf(0, "chunk manager: update applied", "first", u.First, "records", len(u.Records), "lsn", m.lsn, "draining", len(mg.drainLSN))}
 	return append(out, mg.ackNow(from)...)
 }

@@ -78,7 +78,11 @@ type csim struct {
 }
 
 type simOpts struct {
-	quiet bool
+	unsafe unsafeRules
+	// lateSuper: a checkpoint's superblock write after 5 s is answered
+	// as failed and lands 600 ms later, after the manager has loaded the
+	// map again (what the fence blocks are for).
+	lateSuper bool
 }
 
 // cnode is a node with a manager of the pair, one incarnation at a time.
@@ -132,7 +136,8 @@ func (s *csim) start(n *cnode) {
 	n.chunkMu = map[uint64]bool{}
 	n.p.Restart()
 	n.mg = NewManager(Config{Node: n.id, Inc: n.inc, CM: 1, RetryEvery: 300 * time.Millisecond, PollEvery: 200 * time.Millisecond, ReserveStep: 16, MaxBatch: 20,
-		Quarantine: 3 * time.Second}) // the RLDev model lands a write at most 2 s after its answer
+		Quarantine: 3 * time.Second, // the RLDev model lands a write at most 2 s after its answer
+		unsafe: s.opts.unsafe})
 	s.locks.newClerk(n)
 	s.logf("node %d starts incarnation %d", n.id, n.inc)
 	mg := n.mg
@@ -208,6 +213,11 @@ func (s *csim) exec(n *cnode, mg *Manager, out []any) {
 				s.exec(n, mg, mg.Done(s.env(n), x.Op, data, err))
 			})
 		case MapWrite:
+			if os.Getenv("GROVE_DEBUG") != "" && x.RLDev == 0 {
+				if f, err := DecodeFrame(x.Data); err == nil {
+					s.logf("node %d.%d: frame at %d gen %d: %d %v", n.id, n.inc, x.Block, f.Gen, f.First, f.Records)
+				}
+			}
 			rl := uint64(mapID)
 			if x.RLDev != 0 {
 				rl = x.RLDev
@@ -277,12 +287,16 @@ func (s *csim) checkMap(n *cnode) {
 	if mg == nil || mg.m == nil {
 		return
 	}
-	if err := mapConsistent(mg.m); err != nil {
+	if err := mapConsistent(mg.m, mg.st == stPrimary && !mg.busy); err != nil {
 		s.o.fail("node %d (%s): %v", n.id, mg.st, err)
 	}
 }
 
-func mapConsistent(m *chunkMap) error {
+// mapConsistent checks that no block of a data RLDev is in two of: a
+// chunk, a free run, a quarantined run, the fence block; and, if whole
+// (a primary between changes), that every block is in one (no space
+// leaked).
+func mapConsistent(m *chunkMap, whole bool) error {
 	for rl, sp := range m.spaces {
 		used := make([]bool, sp.blocks)
 		mark := func(what string, b, k uint64) error {
@@ -319,6 +333,13 @@ func mapConsistent(m *chunkMap) error {
 		if err := mark("fence block", DataFence, 1); err != nil {
 			return err
 		}
+		if whole {
+			for b, u := range used {
+				if !u {
+					return fmt.Errorf("rldev %d block %d is in no chunk, free run or quarantine: leaked", rl, b)
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -334,8 +355,11 @@ type rldevModel struct {
 	s      *csim
 	blocks map[uint64][]byte
 	admit  map[string]lock.Token
-	downTo map[uint64]time.Duration // refuses everything until then
-	faulty bool
+	downTo   map[uint64]time.Duration // refuses everything until then
+	faulty   bool
+	lateOdds       int // one write in lateOdds (when faulty) lands after its caller was told it failed
+	lateDone       bool
+	afterSuperRead func()
 }
 
 var errRLDevDown = errors.New("rldev model: unavailable")
@@ -355,6 +379,10 @@ func (r *rldevModel) read(n *cnode, mg *Manager, id, block, blocks uint64, done 
 			err = fmt.Errorf("%w: rldev %d", errRLDevDown, id)
 		} else {
 			data = bytes.Clone(r.blocks[id][block*BlockSize : (block+blocks)*BlockSize])
+			if fn := r.afterSuperRead; fn != nil && id == mapID && block == blockSuper {
+				r.afterSuperRead = nil
+				fn()
+			}
 		}
 		n.p.Go(w.Between(50*time.Microsecond, time.Millisecond), func() {
 			if n.mg == mg {
@@ -388,6 +416,17 @@ func (r *rldevModel) write(n *cnode, mg *Manager, id, block uint64, data []byte,
 		return nil
 	}
 	at := w.Between(100*time.Microsecond, 3*time.Millisecond)
+	if r.s.opts.lateSuper && !r.lateDone && id == mapID && (block == blockSuper || block == blockSuper+1) && w.Now() > 5*time.Second {
+		r.lateDone = true
+		w.After(at, func() { answer(fmt.Errorf("%w: rldev %d: given up (scripted)", errRLDevDown, id)) })
+		// It lands just after the superblock is next read (the load of
+		// the manager's takeover), before anything else is written.
+		r.afterSuperRead = func() {
+			err := land()
+			r.s.logf("rldev %d: the scripted late superblock write landed at block %d: %v", id, block, err)
+		}
+		return
+	}
 	w.After(at, func() {
 		switch {
 		case r.failing(id):
@@ -400,7 +439,7 @@ func (r *rldevModel) write(n *cnode, mg *Manager, id, block uint64, data []byte,
 				err = fmt.Errorf("%w: rldev %d: failed after landing", errRLDevDown, id)
 			}
 			answer(err)
-		case r.faulty && w.Rand.Intn(300) == 0:
+		case r.faulty && w.Rand.Intn(r.lateOdds) == 0:
 			// Told it failed; lands later (a request still queued in the
 			// RLDev layer).
 			answer(fmt.Errorf("%w: rldev %d: given up", errRLDevDown, id))
@@ -823,8 +862,21 @@ func (c *ochunk) acked(start time.Duration, off uint64, data []byte) {
 	}
 	c.cands = nil
 	c.addCands(next)
+	var after []maybeWrite
 	for _, m := range c.maybe {
 		if m.until > start { // it may land after this write
+			after = append(after, m)
+		}
+	}
+	c.close(after)
+}
+
+// close adds every content the maybe writes ms can make of the
+// candidates, landing in any order, any of them or none.
+func (c *ochunk) close(ms []maybeWrite) {
+	for grew := true; grew && len(c.cands) <= 4*maxCands; {
+		n := len(c.cands)
+		for _, m := range ms {
 			var more [][]byte
 			for _, x := range c.cands {
 				for _, img := range m.images {
@@ -833,6 +885,7 @@ func (c *ochunk) acked(start time.Duration, off uint64, data []byte) {
 			}
 			c.addCands(more)
 		}
+		grew = len(c.cands) > n
 	}
 }
 
@@ -854,14 +907,8 @@ func (c *ochunk) maybeWrote(before [][]byte, off uint64, data []byte, until time
 			m.images = append(m.images, img)
 		}
 	}
-	var more [][]byte
-	for _, x := range c.cands {
-		for _, img := range m.images {
-			more = append(more, applyWrite(x, m.off, img))
-		}
-	}
-	c.addCands(more)
 	c.maybe = append(c.maybe, m)
+	c.close(c.maybe)
 }
 
 type client struct {
@@ -1054,6 +1101,13 @@ func (c *client) write(ch *ochunk) {
 			// client's timeout, a pause (at most 2.5 s), the RLDev's late
 			// landing (2 s): 10 s is past all of them.
 			ch.maybeWrote(before, off, data, s.w.Now()+10*time.Second)
+			if r.Intn(2) == 0 {
+				// A client gives up on a chunk a write failed on: frees it
+				// (the late write must not land in the chunk that reuses
+				// its space).
+				c.free(ch)
+				return
+			}
 		case errors.Is(resp.err, ErrNotServing):
 			c.refresh()
 		}
@@ -1147,10 +1201,14 @@ func respErr(r *clientResp) any {
 }
 
 // checkUse: a read or write that succeeded must not be of a chunk whose
-// free was acknowledged before it began.
+// free was acknowledged before it began; one of a chunk allocated and
+// never freed must not answer that it is not allocated.
 func (o *oracle) checkUse(ch *ochunk, what string, start time.Duration, resp *clientResp) {
 	if resp != nil && resp.err == nil && ch.freedAt != 0 && ch.freedAt < start {
 		o.fail("%s of %s succeeded after its free was acknowledged (at %v)", what, ch.h, ch.freedAt)
+	}
+	if resp != nil && errors.Is(resp.err, ErrUnallocated) && ch.freedAt == 0 && !ch.freeMaybe {
+		o.fail("%s of %s, allocated and never freed, answered %v", what, ch.h, resp.err)
 	}
 }
 
@@ -1207,12 +1265,16 @@ func runCSim(t *testing.T, seed int64, opts simOpts) *csim {
 	}
 	s.faults = true
 	s.rl.faulty = w.Rand.Intn(2) == 0
+	s.rl.lateOdds = []int{300, 40}[w.Rand.Intn(2)]
 	for at := 2 * time.Second; at < simSafety; at += w.Between(500*time.Millisecond, 2500*time.Millisecond) {
 		w.At(at, s.fault)
 	}
 	w.At(simSafety, s.heal)
 	w.RunUntil(simLiveness)
 	s.finalChecks()
+	if f := os.Getenv("GROVE_TRACE"); f != "" {
+		os.WriteFile(f, []byte(strings.Join(s.trace, "\n")+"\n"), 0o644)
+	}
 	return s
 }
 
@@ -1392,9 +1454,6 @@ func TestChunkSimulation(t *testing.T) {
 	var st struct{ allocs, frees, writes, reads, crashes, maybes int }
 	for _, seed := range seeds {
 		s := runCSim(t, seed, simOpts{})
-		if f := os.Getenv("GROVE_TRACE"); f != "" {
-			os.WriteFile(f, []byte(strings.Join(s.trace, "\n")+"\n"), 0o644)
-		}
 		if len(s.o.fails) > 0 {
 			t.Logf("seed %d trace (last lines):\n%s", seed, strings.Join(s.trace[max(0, len(s.trace)-150):], "\n"))
 			t.Fatalf("seed %d: %d violations:\n%s\n%s", seed, len(s.o.fails), strings.Join(s.o.fails[:min(10, len(s.o.fails))], "\n"), sim.ReplayHint("TestChunkSimulation", seed))
@@ -1414,4 +1473,49 @@ func (o *oracle) fail(format string, args ...any) {
 	msg := fmt.Sprintf("%8.3fs ", o.s.w.Now().Seconds()) + fmt.Sprintf(format, args...)
 	o.fails = append(o.fails, msg)
 	o.s.logf("VIOLATION: %s", msg)
+}
+
+// The oracle's teeth: each rule of the manager switched off is caught
+// within a few seeds.
+func TestChunkOracleHasTeeth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a sweep of simulations: the full suite runs it")
+	}
+	for _, c := range []struct {
+		name string
+		u    unsafeRules
+	}{
+		{"changes acknowledged without the secondary", unsafeRules{noPeerWait: true}},
+		{"ids handed out without a Reserve record", unsafeRules{noReserve: true}},
+		{"freed space reused at once", unsafeRules{noQuarantine: true}},
+		// Without the fence blocks nothing is caught: every later write
+		// carries the newer token, and a primary whose lease was revoked
+		// reads the map's tail again before changing it; the fence closes
+		// the window between a takeover's load and its first write
+		// (TestChunkLateSuperblockFenced drives a late write into it).
+	} {
+		caught := false
+		for seed := int64(1); seed <= 100 && !caught; seed++ {
+			s := runCSim(t, seed, simOpts{unsafe: c.u})
+			if len(s.o.fails) > 0 {
+				t.Logf("%s: seed %d: caught: %s", c.name, seed, s.o.fails[0])
+				caught = true
+			}
+		}
+		if !caught {
+			t.Errorf("%s: the oracle caught nothing in seeds 1-100", c.name)
+		}
+	}
+}
+
+// A checkpoint's superblock write that its primary was told failed lands
+// after the primary loaded the map again: the fence block written with the
+// new token first refuses it (without the fence, TestChunkOracleHasTeeth).
+func TestChunkLateSuperblockFenced(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		s := runCSim(t, seed, simOpts{lateSuper: true})
+		if len(s.o.fails) > 0 {
+			t.Fatalf("seed %d: %v\n%s", seed, s.o.fails[:min(5, len(s.o.fails))], sim.ReplayHint("TestChunkLateSuperblockFenced", seed))
+		}
+	}
 }
