@@ -137,7 +137,7 @@ func (s *csim) start(n *cnode) {
 	n.p.Restart()
 	n.mg = NewManager(Config{Node: n.id, Inc: n.inc, CM: 1, RetryEvery: 300 * time.Millisecond, PollEvery: 200 * time.Millisecond, ReserveStep: 16, MaxBatch: 20,
 		Quarantine: 3 * time.Second, // the RLDev model lands a write at most 2 s after its answer
-		unsafe: s.opts.unsafe})
+		unsafe:     s.opts.unsafe})
 	s.locks.newClerk(n)
 	s.logf("node %d starts incarnation %d", n.id, n.inc)
 	mg := n.mg
@@ -352,11 +352,11 @@ type lockFence struct {
 }
 
 type rldevModel struct {
-	s      *csim
-	blocks map[uint64][]byte
-	admit  map[string]lock.Token
-	downTo   map[uint64]time.Duration // refuses everything until then
-	faulty   bool
+	s              *csim
+	blocks         map[uint64][]byte
+	admit          map[string]lock.Token
+	downTo         map[uint64]time.Duration // refuses everything until then
+	faulty         bool
 	lateOdds       int // one write in lateOdds (when faulty) lands after its caller was told it failed
 	lateDone       bool
 	afterSuperRead func()
