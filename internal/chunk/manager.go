@@ -520,17 +520,21 @@ func (mg *Manager) Free(env Env, req ReqID, id uint64) []any {
 		return mg.reply(req, Handle{}, err)
 	}
 	e := mg.m.chunks[id]
-	if e == nil {
-		return mg.reply(req, Handle{}, fmt.Errorf("%w: %s", ErrUnallocated, Handle{mg.cfg.CM, id}))
-	}
-	if e.freeing {
-		// A free of it is under way (a client's retry): answered with it.
+	if e == nil || e.freeing {
+		// A free of it under way (a client's retry; its change may be
+		// logged already and not acknowledged by the secondary yet) is
+		// answered with it.
 		for _, q := range append(mg.batch, mg.queue...) {
 			if !q.alloc && q.id == id && !q.done {
 				q.extra = append(q.extra, req)
 				return nil
 			}
 		}
+	}
+	if e == nil {
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: %s", ErrUnallocated, Handle{mg.cfg.CM, id}))
+	}
+	if e.freeing {
 		panic(fmt.Sprintf("chunk: chunk %d freeing without its free", id))
 	}
 	e.freeing = true
@@ -560,8 +564,21 @@ func (mg *Manager) Admit(env Env, id, off, n uint64) (Extent, error) {
 		return Extent{}, fmt.Errorf("%w: chunk manager %d on node %d is %s", ErrNotServing, mg.cfg.CM, mg.cfg.Node, mg.st)
 	}
 	e := mg.m.chunks[id]
-	if e == nil || e.freeing {
+	if e == nil && mg.st == stPrimary {
+		for _, q := range mg.batch {
+			if !q.alloc && q.id == id && !q.done {
+				e = &entry{freeing: true} // freed by the change in progress
+			}
+		}
+	}
+	if e == nil {
 		return Extent{}, fmt.Errorf("%w: %s", ErrUnallocated, Handle{mg.cfg.CM, id})
+	}
+	if e.freeing {
+		// Until the free is acknowledged (the secondary may still serve
+		// the chunk), neither "allocated" nor "not allocated" can be
+		// answered: the client tries again.
+		return Extent{}, fmt.Errorf("%w: chunk %s is being freed", ErrNotServing, Handle{mg.cfg.CM, id})
 	}
 	if off > e.Len || n > e.Len-off {
 		return Extent{}, fmt.Errorf("%w: %d bytes at %d of chunk %s (%d bytes)", ErrOutOfRange, n, off, Handle{mg.cfg.CM, id}, e.Len)

@@ -1,0 +1,47 @@
+package chunk
+
+import (
+	"reflect"
+	"testing"
+)
+
+// The map's decoders read what is on the map RLDev: a torn, stale or
+// foreign block must be refused with an error, never panic, and what they
+// accept must encode back to the same value.
+
+func FuzzDecodeMap(f *testing.F) {
+	l, err := NewLayout(4096)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(EncodeSuper(Super{CM: 1, Seq: 3, Slot: 1, CkBlocks: 1, CkBytes: 100, CkCRC: 7, LogGen: 2, LogFirst: 9, HighWater: 1024, Layout: l}))
+	f.Add(EncodeCheckpoint(Checkpoint{CM: 1, Through: 8, HighWater: 2048,
+		Chunks:      map[uint64]Extent{1: {RLDev: 2, Block: 1, Len: 8192}, 5: {RLDev: 3, Block: 9, Len: 1}},
+		Quarantined: []Run{{RLDev: 2, Block: 40, Blocks: 3}}}))
+	f.Add(EncodeFrame(Frame{Gen: 2, First: 9, Records: []Record{{Kind: RecReserve, HW: 2048},
+		{Kind: RecAlloc, ID: 7, Extent: Extent{RLDev: 2, Block: 3, Len: 4096}}, {Kind: RecFree, ID: 5}}}))
+	f.Add(make([]byte, BlockSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if s, err := DecodeSuper(b); err == nil {
+			if got, err := DecodeSuper(EncodeSuper(s)); err != nil || got != s {
+				t.Fatalf("superblock %+v: round trip %+v, %v", s, got, err)
+			}
+		}
+		if c, err := DecodeCheckpoint(b); err == nil {
+			got, err := DecodeCheckpoint(EncodeCheckpoint(c))
+			if err != nil || !reflect.DeepEqual(got, c) {
+				t.Fatalf("checkpoint %+v: round trip %+v, %v", c, got, err)
+			}
+		}
+		if fr, err := DecodeFrame(b); err == nil {
+			if k := FrameLen(b); k < 1 || k > MaxFrameBlocks {
+				t.Fatalf("a frame of %d blocks decoded", k)
+			}
+			got, err := DecodeFrame(EncodeFrame(fr))
+			if err != nil || !reflect.DeepEqual(got, fr) {
+				t.Fatalf("frame %+v: round trip %+v, %v", fr, got, err)
+			}
+		}
+		_, _ = PickSuper(b, b)
+	})
+}
