@@ -21,6 +21,8 @@ var cores = []string{
 	"meta/fsm.go",
 	"rldev/engine.go", "rldev/replica.go", "rldev/datapath.go", "rldev/resync.go", "rldev/scrub.go", "rldev/pagelog.go",
 	"rldev/rangelock.go", "rldev/move.go", "rldev/meta.go", "rldev/format.go", "rldev/table.go", "rldev/msgs.go", "rldev/wire.go",
+	"chunk/manager.go", "chunk/chunkmap.go", "chunk/chunkio.go", "chunk/format.go", "chunk/handle.go", "chunk/space.go",
+	"chunk/table.go", "chunk/wire.go",
 }
 
 // banned calls (package.Func) and imports inside a core.

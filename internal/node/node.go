@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
@@ -47,6 +48,8 @@ type Node struct {
 	fdp    atomic.Pointer[fd.Driver] // for Alive, readable before Start returns
 	locks  *lock.Service
 	rldev  *rldev.Service // nil unless RoleStore
+	chunk  *chunk.Service // nil unless RoleStore
+	rlc    *rldev.Clerk   // the chunk managers' RLDev clerk
 	devs   []disk.Device  // the store's disks
 	status *StatusService
 	fence  *Fence
@@ -207,6 +210,11 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		n.guard.Handle(rldev.WireMagic, n.rldev.ServeConn)
 		n.fence.OnFence(func(inc fd.Incarnation) { n.rldev.Fence(uint64(inc)) })
 		pb.RegisterRLDevServiceServer(n.grpc, n.rldev)
+		n.rlc = rldev.NewClerk(n.client)
+		n.chunk = chunk.NewService(chunk.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, RLDev: n.rlc,
+			Detector: n.status, Live: n, Log: n.log})
+		n.fence.OnFence(func(inc fd.Incarnation) { n.chunk.Fence(uint64(inc)) })
+		pb.RegisterChunkServiceServer(n.grpc, n.chunk)
 	}
 	go n.grpc.Serve(n.guard)
 
@@ -229,6 +237,9 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			n.locks.Start(uint64(inc))
 			if n.rldev != nil {
 				n.rldev.Start(uint64(inc))
+			}
+			if n.chunk != nil {
+				n.chunk.Start(uint64(inc))
 			}
 		},
 		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
@@ -284,6 +295,9 @@ func (d rldevDetector) Dead(ctx context.Context, subjects []rldev.Subject) ([]bo
 
 // RLDev is the node's RLDev service (nil unless it is a store).
 func (n *Node) RLDev() *rldev.Service { return n.rldev }
+
+// Chunk is the node's chunk-manager service (nil unless it is a store).
+func (n *Node) Chunk() *chunk.Service { return n.chunk }
 
 // metaTiming: the options' timing (tests) over the config file's.
 func metaTiming(cfg *Config, opt Options) meta.Timing {
@@ -492,6 +506,10 @@ func (n *Node) Locks() *lock.Service { return n.locks }
 // Close stops every role, in reverse order of start. Safe to call twice.
 func (n *Node) Close() {
 	n.cancel()
+	if n.chunk != nil {
+		n.chunk.Close()
+		n.rlc.Close()
+	}
 	if n.locks != nil {
 		n.locks.Close()
 	}

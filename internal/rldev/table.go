@@ -454,6 +454,25 @@ func (t *Table) Create(blocks uint64, drlOff bool) (*Record, error) {
 	return r, r.Check()
 }
 
+// CreateOn lays out a new RLDev of blocks with its primary segment on node
+// primary and its secondary on node secondary (a layer that keeps its
+// data on the disks of the nodes that run it: a chunk manager pair).
+func (t *Table) CreateOn(blocks uint64, drlOff bool, primary, secondary NodeID) (*Record, error) {
+	if primary == secondary {
+		return nil, fmt.Errorf("rldev: both segments on node %d", primary)
+	}
+	p, err := t.placeOn(primary, blocks)
+	if err != nil {
+		return nil, err
+	}
+	s, err := t.placeOn(secondary, blocks)
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{ID: t.NextID(), Blocks: blocks, Segs: [2]Segment{p, s}, Primary: 0, State: Normal, Epoch: 1, DRLOff: drlOff}
+	return r, r.Check()
+}
+
 // ParseID parses an RLDev id.
 func ParseID(s string) (uint64, error) {
 	id, err := strconv.ParseUint(s, 10, 64)

@@ -1,0 +1,457 @@
+package chunk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Clerk is a chunk-store client: what the layers above (and the CLI)
+// allocate, free, read and write chunks through. It keeps the pair table
+// and the nodes' addresses from watches on the config service (not
+// polled), sends an allocation or free to the manager the table names
+// primary and a read or write to either manager of the chunk's pair, and
+// on a refusal ("not the primary", "not serving") or a lost answer reads
+// the table afresh and tries again, until its context ends.
+//
+// What a caller can rely on:
+//   - Allocate returning a handle: the chunk is allocated, zeroed, and in
+//     the map on its RLDev (and at the secondary): it survives any crash.
+//     An allocation whose answer was lost and that was tried again may
+//     leave one chunk allocated that no handle was returned for (it uses
+//     space until the pair's map is scanned by an operator; ids are never
+//     reused either way).
+//   - Free returning nil: the chunk is freed; a retried free that finds
+//     the chunk gone after an earlier attempt may have freed it returns
+//     nil too.
+//   - Write returning nil: the bytes are durable on both replicas of the
+//     chunk's RLDev. A write tried again after an attempt failed midway
+//     lands at least once (writers of one chunk order their writes
+//     themselves, with a lock, as on any shared disk).
+//   - Read returns the bytes of the last write that returned before it
+//     began, or of one in flight meanwhile; never another chunk's.
+type Clerk struct {
+	meta  *meta.Client
+	conns transport.Pool
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	mu    struct {
+		sync.Mutex
+		table   *Table
+		addrs   map[NodeID]string
+		changed chan struct{}
+	}
+	refresh sync.Mutex
+	next    atomic.Uint32 // round robin over the pairs for allocations
+}
+
+// NewClerk starts a clerk on the config service m (which it does not
+// close).
+func NewClerk(m *meta.Client) *Clerk {
+	c := &Clerk{meta: m}
+	c.ctx, c.stop = context.WithCancel(context.Background())
+	c.mu.addrs = map[NodeID]string{}
+	c.mu.changed = make(chan struct{})
+	c.wg.Add(2)
+	go c.watchTable()
+	go c.watchNodes()
+	return c
+}
+
+// Close stops the clerk's watches and connections.
+func (c *Clerk) Close() {
+	c.stop()
+	c.wg.Wait()
+	c.conns.Close()
+}
+
+func (c *Clerk) watchTable() {
+	defer c.wg.Done()
+	for ns := range c.meta.Watch(c.ctx, Namespace, 0) {
+		if t, err := DecodeTable(ns); err == nil {
+			c.setTable(t)
+		}
+	}
+}
+
+func (c *Clerk) watchNodes() {
+	defer c.wg.Done()
+	for ns := range c.meta.Watch(c.ctx, meta.NodesNamespace, 0) {
+		nodes, err := meta.DecodeNodes(ns)
+		if err != nil {
+			continue
+		}
+		addrs := map[NodeID]string{}
+		for _, n := range nodes {
+			addrs[n.Id] = n.GrpcAddr
+		}
+		c.mu.Lock()
+		c.mu.addrs = addrs
+		close(c.mu.changed)
+		c.mu.changed = make(chan struct{})
+		c.mu.Unlock()
+	}
+}
+
+func (c *Clerk) setTable(t *Table) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.table == nil || t.Version > c.mu.table.Version {
+		c.mu.table = t
+	}
+}
+
+// Table returns the clerk's pair table, read linearizably the first time
+// (or when fresh is set).
+func (c *Clerk) Table(ctx context.Context, fresh bool) (*Table, error) {
+	c.mu.Lock()
+	t := c.mu.table
+	c.mu.Unlock()
+	if t != nil && !fresh {
+		return t, nil
+	}
+	c.refresh.Lock()
+	defer c.refresh.Unlock()
+	ns, err := c.meta.Read(ctx, Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("reading the chunk manager table: %w", err)
+	}
+	t, err = DecodeTable(ns)
+	if err != nil {
+		return nil, err
+	}
+	c.setTable(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.table, nil
+}
+
+func (c *Clerk) client(ctx context.Context, node NodeID) (pb.ChunkServiceClient, error) {
+	for {
+		c.mu.Lock()
+		a, ch := c.mu.addrs[node], c.mu.changed
+		c.mu.Unlock()
+		if a != "" {
+			cc, err := c.conns.Get(a)
+			if err != nil {
+				return nil, err
+			}
+			return pb.NewChunkServiceClient(cc), nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the address of node %d: %w", node, ctx.Err())
+		case <-time.After(2 * time.Second):
+			return nil, fmt.Errorf("node %d is not in the membership", node)
+		}
+	}
+}
+
+// final errors: trying again cannot help.
+func final(err error) bool {
+	for _, e := range []error{ErrBadHandle, ErrUnallocated, ErrOutOfRange, ErrTooLarge, ErrFull, ErrMapFull, ErrBadRequest, ErrCorrupt} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// retry runs attempts on pair cm until one succeeds, fails for good, or
+// ctx ends; between attempts it reads the table afresh. attempt gets the
+// pair and the attempt's number.
+func (c *Clerk) retry(ctx context.Context, cm uint32, what string, attempt func(ctx context.Context, p *Pair, n int) (NodeID, error)) error {
+	fresh := false
+	var last error
+	var lastNode NodeID
+	n := 0
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		t, err := c.Table(ctx, fresh)
+		if err != nil {
+			if last == nil {
+				last = err
+			}
+			break
+		}
+		p := t.Pairs[cm]
+		if p == nil && !fresh {
+			fresh = true
+			continue
+		}
+		if p == nil {
+			return fmt.Errorf("%s: %w: %d", what, ErrUnknownManager, cm)
+		}
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		node, err := attempt(actx, p, n)
+		cancel()
+		n++
+		if err == nil {
+			return nil
+		}
+		last, lastNode = err, node
+		if final(err) {
+			return fmt.Errorf("%s (chunk manager %d on node %d): %w", what, cm, node, err)
+		}
+		fresh = true
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			continue
+		}
+		break
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: gave up (%w); the last attempt, on node %d: %w", what, ctx.Err(), lastNode, last)
+	}
+	return fmt.Errorf("%s: %w", what, last)
+}
+
+// Allocate allocates a zeroed chunk of size bytes from pair cm (0: the
+// pairs in turn, the next one when a pair is full).
+func (c *Clerk) Allocate(ctx context.Context, size uint64, cm uint32) (Handle, error) {
+	if size == 0 || size > MaxChunk {
+		return Handle{}, fmt.Errorf("allocating %d bytes: %w (1 to %d)", size, ErrBadRequest, uint64(MaxChunk))
+	}
+	cms := []uint32{cm}
+	if cm == 0 {
+		t, err := c.Table(ctx, false)
+		if err != nil {
+			return Handle{}, err
+		}
+		if len(t.Pairs) == 0 {
+			if t, err = c.Table(ctx, true); err != nil {
+				return Handle{}, err
+			}
+		}
+		ids := t.IDs()
+		if len(ids) == 0 {
+			return Handle{}, fmt.Errorf("allocating %d bytes: %w: the cluster has no chunk manager pair (grove up --chunk-size)", size, ErrUnknownManager)
+		}
+		k := int(c.next.Add(1))
+		cms = nil
+		for i := range ids {
+			cms = append(cms, ids[(k+i)%len(ids)])
+		}
+	}
+	var err error
+	for _, cm := range cms {
+		var id uint64
+		err = c.retry(ctx, cm, fmt.Sprintf("allocating %d bytes", size), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
+			node := p.PrimaryNode()
+			cl, err := c.client(ctx, node)
+			if err != nil {
+				return node, err
+			}
+			r, err := cl.Allocate(ctx, &pb.ChunkServiceAllocateRequest{Cm: cm, Size: size})
+			if err != nil {
+				return node, err
+			}
+			id = r.Id
+			return node, ResultError(r.Result, r.Error)
+		})
+		if err == nil {
+			return Handle{CM: cm, ID: id}, nil
+		}
+		if !errors.Is(err, ErrFull) && !errors.Is(err, ErrMapFull) {
+			return Handle{}, err
+		}
+	}
+	return Handle{}, err
+}
+
+// Free deallocates chunk h.
+func (c *Clerk) Free(ctx context.Context, h Handle) error {
+	if h.CM == 0 || h.ID == 0 {
+		return fmt.Errorf("freeing %s: %w", h, ErrBadHandle)
+	}
+	maybe := false
+	err := c.retry(ctx, h.CM, fmt.Sprintf("freeing chunk %s", h), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
+		node := p.PrimaryNode()
+		cl, err := c.client(ctx, node)
+		if err != nil {
+			return node, err
+		}
+		r, err := cl.Free(ctx, &pb.ChunkServiceFreeRequest{Cm: h.CM, Id: h.ID})
+		if err != nil {
+			maybe = true // it may have arrived
+			return node, err
+		}
+		err = ResultError(r.Result, r.Error)
+		if errors.Is(err, ErrMaybeDone) {
+			maybe = true
+		}
+		if errors.Is(err, ErrUnallocated) && maybe {
+			return node, nil // an earlier attempt freed it
+		}
+		return node, err
+	})
+	return err
+}
+
+// node picks the manager of pair p for a read or write's attempt n: the
+// primary, and every other attempt the secondary.
+func ioNode(p *Pair, n int) NodeID {
+	if n%2 == 1 {
+		return p.Peer(p.PrimaryNode())
+	}
+	return p.PrimaryNode()
+}
+
+// Read reads n bytes at off of chunk h.
+func (c *Clerk) Read(ctx context.Context, h Handle, off, n uint64) ([]byte, error) {
+	if h.CM == 0 || h.ID == 0 {
+		return nil, fmt.Errorf("reading %s: %w", h, ErrBadHandle)
+	}
+	out := make([]byte, 0, n)
+	for done := uint64(0); done < n || n == 0; {
+		k := min(n-done, MaxIO)
+		var data []byte
+		err := c.retry(ctx, h.CM, fmt.Sprintf("reading %d bytes at %d of chunk %s", k, off+done, h), func(ctx context.Context, p *Pair, a int) (NodeID, error) {
+			node := ioNode(p, a)
+			cl, err := c.client(ctx, node)
+			if err != nil {
+				return node, err
+			}
+			r, err := cl.Read(ctx, &pb.ChunkServiceReadRequest{Cm: h.CM, Id: h.ID, Offset: off + done, Length: k})
+			if err != nil {
+				return node, err
+			}
+			if err := ResultError(r.Result, r.Error); err != nil {
+				return node, err
+			}
+			if uint64(len(r.Data)) != k {
+				return node, fmt.Errorf("%w: %d bytes for a read of %d", ErrFailed, len(r.Data), k)
+			}
+			data = r.Data
+			return node, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, data...)
+		if done += k; n == 0 {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Write writes data at off of chunk h.
+func (c *Clerk) Write(ctx context.Context, h Handle, off uint64, data []byte) error {
+	if h.CM == 0 || h.ID == 0 {
+		return fmt.Errorf("writing %s: %w", h, ErrBadHandle)
+	}
+	for done := 0; done < len(data) || len(data) == 0; {
+		k := min(len(data)-done, MaxIO)
+		part := data[done : done+k]
+		at := off + uint64(done)
+		maybe := false
+		err := c.retry(ctx, h.CM, fmt.Sprintf("writing %d bytes at %d of chunk %s", k, at, h), func(ctx context.Context, p *Pair, a int) (NodeID, error) {
+			node := ioNode(p, a)
+			cl, err := c.client(ctx, node)
+			if err != nil {
+				return node, err
+			}
+			r, err := cl.Write(ctx, &pb.ChunkServiceWriteRequest{Cm: h.CM, Id: h.ID, Offset: at, Data: part})
+			if err != nil {
+				maybe = true
+				return node, err
+			}
+			err = ResultError(r.Result, r.Error)
+			if errors.Is(err, ErrMaybeDone) {
+				maybe = true
+			}
+			return node, err
+		})
+		if err != nil {
+			if maybe && !errors.Is(err, ErrMaybeDone) {
+				err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeDone)
+			}
+			return err
+		}
+		if done += k; len(data) == 0 {
+			break
+		}
+	}
+	return nil
+}
+
+// Stat asks node for its managers' status (cm 0: all of them; with cm and
+// id: that chunk's extent as well).
+func (c *Clerk) Stat(ctx context.Context, node NodeID, cm uint32, id uint64) (*pb.ChunkServiceStatResponse, error) {
+	cl, err := c.client(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return cl.Stat(ctx, &pb.ChunkServiceStatRequest{Cm: cm, Id: id})
+}
+
+// CreatePair adds a chunk manager pair on nodes (the first its first
+// primary) by decree: a map RLDev of mapSize bytes and a data RLDev of
+// dataSize bytes, each with its segments on those two nodes' disks, then
+// the pair's record. The two decrees are in two namespaces: a crash
+// between them leaves the RLDevs unused (grove rldev list shows them).
+func CreatePair(ctx context.Context, m *meta.Client, nodes [2]uint64, mapSize, dataSize uint64) (*Pair, error) {
+	if nodes[0] == nodes[1] || nodes[0] == 0 || nodes[1] == 0 {
+		return nil, fmt.Errorf("%w: a pair on nodes %v: two different nodes needed", ErrBadRequest, nodes)
+	}
+	mapBlocks := (mapSize + BlockSize - 1) / BlockSize
+	if _, err := NewLayout(mapBlocks); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	dataBlocks := (dataSize + BlockSize - 1) / BlockSize
+	if dataBlocks < 2 {
+		return nil, fmt.Errorf("%w: a data RLDev of %d bytes", ErrBadRequest, dataSize)
+	}
+	var mapRec, dataRec *rldev.Record
+	_, err := m.Update(ctx, rldev.Namespace, "chunk manager pair on nodes "+fmt.Sprint(nodes), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := rldev.DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		if mapRec, err = t.CreateOn(mapBlocks, false, nodes[0], nodes[1]); err != nil {
+			return nil, err
+		}
+		t.RLDevs[mapRec.ID] = mapRec
+		// The data RLDev's primary segment on the other node: reads and
+		// writes of chunks spread over both.
+		if dataRec, err = t.CreateOn(dataBlocks, false, nodes[1], nodes[0]); err != nil {
+			return nil, err
+		}
+		return []*pb.Op{mapRec.PutOp(), dataRec.PutOp()}, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the pair's RLDevs: %w", err)
+	}
+	var p *Pair
+	_, err = m.Update(ctx, Namespace, "chunk manager pair on nodes "+fmt.Sprint(nodes), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		id := uint32(1)
+		for cm := range t.Pairs {
+			id = max(id, cm+1)
+		}
+		p = &Pair{ID: id, Nodes: nodes, MapRLDev: mapRec.ID, MapBlocks: mapBlocks,
+			Data: []DataRLDev{{ID: dataRec.ID, Blocks: dataBlocks}}}
+		if err := p.Check(); err != nil {
+			return nil, err
+		}
+		return []*pb.Op{p.PutOp()}, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recording the pair (its RLDevs %d and %d were made): %w", mapRec.ID, dataRec.ID, err)
+	}
+	return p, nil
+}

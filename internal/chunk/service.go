@@ -1,0 +1,860 @@
+package chunk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Detector is the failure-detector service as the chunk managers ask it:
+// which node incarnations are dead (final verdicts).
+type Detector interface {
+	Dead(ctx context.Context, subjects []lock.Subject) ([]bool, error)
+}
+
+// Liveness is the node's view of itself, per incarnation.
+type Liveness interface {
+	// Deadline is the local time until which inc is guaranteed alive, if
+	// inc is running and alive.
+	Deadline(inc uint64) (time.Time, bool)
+}
+
+// ServiceConfig wires the chunk managers into a node.
+type ServiceConfig struct {
+	Node     uint64
+	Meta     *meta.Client
+	Locks    *lock.Service
+	RLDev    *rldev.Clerk // the map's and the chunks' I/O
+	Detector Detector
+	Live     Liveness
+	Log      *slog.Logger
+	// Manager tunes the managers (Node, Inc and CM are filled in).
+	Manager Config
+	// Tick is how often the managers are ticked (default 50 ms).
+	Tick time.Duration
+	// IOTimeout bounds one RLDev read or write (default 10 s): the
+	// manager's quarantine (30 s) must outlast a write it was told failed.
+	IOTimeout time.Duration
+}
+
+// MaxIO bounds one client read or write of a chunk (the clerk splits
+// larger ones).
+const MaxIO = rldev.MaxIO
+
+// Service is a node's chunk-manager runtime: the thin driver of one
+// Manager per chunk manager pair that includes the node, per node
+// incarnation. It carries out the managers' effects (map and zeroing I/O
+// through the RLDev clerk, the map lock through the node's lock clerk,
+// peer messages, decrees, failure-detector questions, table reads) and
+// feeds them their completions, the watched pair table and ticks; it
+// serves chunk reads and writes on the extents the managers admit. All
+// decisions are the managers'; the simulator drives the same code. It
+// implements pb.ChunkServiceServer.
+type Service struct {
+	pb.UnimplementedChunkServiceServer
+	cfg   ServiceConfig
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	conns transport.Pool
+	// Writes of one chunk through this node are serialized (a partial
+	// block's read-modify-write, chunkio.go): a stripe of mutexes.
+	wmu [256]sync.Mutex
+	mu  struct {
+		sync.Mutex
+		gen     *generation // nil between a fence and the next start
+		want    uint64      // the incarnation to run (the latest Start)
+		fenced  uint64      // the latest incarnation fenced
+		table   *Table      // the latest table seen
+		incs    map[NodeID]uint64
+		addrs   map[NodeID]string
+		reqs    map[ReqID]*waiter
+		nextReq ReqID
+	}
+	started sync.Once
+}
+
+// generation is one incarnation's managers, their lock clerk and the
+// goroutines they started (ended by ctx).
+type generation struct {
+	inc    uint64
+	ctx    context.Context
+	cancel context.CancelFunc
+	clerk  *lock.ClerkRT
+	mgs    map[uint32]*managed
+	out    map[NodeID]chan *pb.ChunkServicePeerRequest
+}
+
+// managed is one pair's manager and what the runtime keeps for it.
+type managed struct {
+	m          *Manager
+	cm         uint32
+	pair       *Pair                       // the latest record (its RLDevs)
+	held       *lock.Held                  // the map lock's hold
+	acqs       map[OpID]context.CancelFunc // acquisitions in flight
+	refreshing bool
+}
+
+type waiter struct {
+	ch      chan Reply
+	cm      uint32
+	changes bool // an allocation or free: may have taken effect if cut off
+}
+
+// NewService returns a stopped service; Start begins each incarnation.
+func NewService(cfg ServiceConfig) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 50 * time.Millisecond
+	}
+	if cfg.IOTimeout == 0 {
+		cfg.IOTimeout = 10 * time.Second
+	}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "chunk")}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.mu.incs, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
+	s.mu.reqs = map[ReqID]*waiter{}
+	return s
+}
+
+// Start begins incarnation inc: its managers start once the node's lock
+// clerk of inc exists. It returns at once.
+func (s *Service) Start(inc uint64) {
+	s.started.Do(func() {
+		s.wg.Add(3)
+		go s.watchTable()
+		go s.watchNodes()
+		go s.ticker()
+	})
+	s.mu.Lock()
+	if inc <= s.mu.want || inc <= s.mu.fenced {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.want = inc
+	if s.mu.gen != nil {
+		s.fenceLocked("a new incarnation started") // a missed fence
+	}
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		// The managers' map lock is held by the node's default clerk (no
+		// recovery kind: a dead holder's locks are free at its verdict,
+		// the fencing tokens on the map's writes doing what recovery
+		// would).
+		var clerk *lock.ClerkRT
+		for clerk == nil {
+			if c := s.cfg.Locks.DefaultClerk(); c != nil && c.ID().Inc == inc {
+				clerk = c
+				break
+			}
+			s.mu.Lock()
+			gone := s.mu.want != inc || inc <= s.mu.fenced
+			s.mu.Unlock()
+			if gone {
+				return
+			}
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.mu.want != inc || inc <= s.mu.fenced || s.ctx.Err() != nil {
+			return
+		}
+		g := &generation{inc: inc, clerk: clerk, mgs: map[uint32]*managed{}, out: map[NodeID]chan *pb.ChunkServicePeerRequest{}}
+		g.ctx, g.cancel = context.WithCancel(s.ctx)
+		s.mu.gen = g
+		s.log.Info("chunk managers started", "incarnation", inc)
+		s.setTableLocked(g, s.mu.table)
+	}()
+}
+
+// Fence ends incarnation inc: its managers stop; requests in progress fail
+// (an allocation or free among them may have taken effect). Called
+// synchronously by the node's self-fence.
+func (s *Service) Fence(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.fenced = max(s.mu.fenced, inc)
+	if g := s.mu.gen; g != nil && g.inc == inc {
+		s.fenceLocked("the node fenced itself")
+	}
+}
+
+func (s *Service) fenceLocked(why string) {
+	g := s.mu.gen
+	s.mu.gen = nil
+	g.cancel()
+	for id, w := range s.mu.reqs {
+		delete(s.mu.reqs, id)
+		err := fmt.Errorf("%w: node %d: %s", ErrNotServing, s.cfg.Node, why)
+		if w.changes {
+			err = fmt.Errorf("%w (%w)", err, ErrMaybeDone)
+		}
+		w.ch <- Reply{Req: id, Err: err}
+	}
+	s.log.Warn("chunk managers stopped", "incarnation", g.inc, "why", why)
+}
+
+// Close stops the service.
+func (s *Service) Close() {
+	s.mu.Lock()
+	s.mu.fenced = max(s.mu.fenced, s.mu.want)
+	if s.mu.gen != nil {
+		s.fenceLocked("shutting down")
+	}
+	s.mu.Unlock()
+	s.stop()
+	s.wg.Wait()
+	s.conns.Close()
+}
+
+// env is the managers' view of now.
+func (s *Service) env(g *generation) Env {
+	env := Env{Now: time.Now()}
+	if d, ok := s.cfg.Live.Deadline(g.inc); ok {
+		env.Deadline = d
+	}
+	return env
+}
+
+// current is pair cm's manager of the running generation g, or nil.
+func (s *Service) currentLocked(g *generation, cm uint32) *managed {
+	if s.mu.gen != g || g == nil {
+		return nil
+	}
+	return g.mgs[cm]
+}
+
+// do runs fn on pair cm's manager of generation g, if it is still
+// running, and carries out its effects.
+func (s *Service) do(g *generation, cm uint32, fn func(mg *managed, env Env) []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if mg := s.currentLocked(g, cm); mg != nil {
+		s.execLocked(g, mg, fn(mg, s.env(g)))
+	}
+}
+
+// execLocked carries out a manager's effects.
+func (s *Service) execLocked(g *generation, mg *managed, out []any) {
+	for _, o := range out {
+		switch x := o.(type) {
+		case MapRead:
+			rl := mg.pair.MapRLDev
+			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
+				data, err := s.readBlocks(ctx, rl, x.Block, x.Blocks)
+				return func(mg *managed, env Env) []any { return mg.m.Done(env, x.Op, data, err) }
+			}, mg.cm)
+		case MapWrite:
+			rl := x.RLDev
+			if rl == 0 {
+				rl = mg.pair.MapRLDev
+			}
+			fence := &rldev.Fence{Name: MapLock(mg.cm), Token: x.Token}
+			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
+				err := s.writeBlocks(ctx, rl, x.Block, x.Data, fence)
+				return func(mg *managed, env Env) []any { return mg.m.Done(env, x.Op, nil, err) }
+			}, mg.cm)
+		case ZeroWrite:
+			fence := &rldev.Fence{Name: MapLock(mg.cm), Token: x.Token}
+			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
+				err := s.zero(ctx, x.RLDev, x.Block, x.Blocks, fence)
+				return func(mg *managed, env Env) []any { return mg.m.Done(env, x.Op, nil, err) }
+			}, mg.cm)
+		case Acquire:
+			s.acquireLocked(g, mg, x)
+		case CancelAcquire:
+			if cancel := mg.acqs[x.Op]; cancel != nil {
+				delete(mg.acqs, x.Op)
+				cancel()
+			}
+		case Release:
+			if mg.held != nil {
+				mg.held.Release()
+				mg.held = nil
+			}
+			if x.Drop {
+				g.clerk.Drop(MapLock(mg.cm))
+			}
+		case Send:
+			s.sendLocked(g, x.To, EncodePeer(s.cfg.Node, g.inc, x.Msg))
+		case Reply:
+			if w := s.mu.reqs[x.Req]; w != nil {
+				delete(s.mu.reqs, x.Req)
+				w.ch <- x
+			}
+		case AskDead:
+			sub := x.Subject
+			inc := sub.Inc
+			if inc == 0 {
+				inc = s.mu.incs[sub.Node] // the node's registered incarnation
+			}
+			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
+				var dead []bool
+				var err error
+				if inc != 0 {
+					dead, err = s.cfg.Detector.Dead(ctx, []lock.Subject{{Node: sub.Node, Inc: inc}})
+				}
+				return func(mg *managed, env Env) []any {
+					if inc == 0 || err != nil || len(dead) != 1 {
+						return mg.m.Verdict(env, sub, 0, false) // asked again at the next poll
+					}
+					return mg.m.Verdict(env, sub, inc, dead[0])
+				}
+			}, mg.cm)
+		case Propose:
+			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
+				ver, err := s.cfg.Meta.Propose(ctx, &pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version,
+					Ops: []*pb.Op{x.Pair.PutOp()}, Origin: fmt.Sprintf("chunk manager %d on node %d: %s", mg.cm, s.cfg.Node, x.What)})
+				return func(mg *managed, env Env) []any { return mg.m.Decided(env, x.Op, ver, err) }
+			}, mg.cm)
+		case Refresh:
+			s.refreshLocked(g, mg)
+		case Log:
+			lvl := []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError}[min(max(x.Level, 0), 3)]
+			s.log.Log(context.Background(), lvl, x.Msg, append([]any{"incarnation", g.inc}, x.Args...)...)
+		default:
+			panic(fmt.Sprintf("chunk: unknown effect %T", o))
+		}
+	}
+}
+
+// async runs io off the lock, bounded by the I/O timeout; its completion
+// goes to pair cm's manager of generation g, if still running.
+func (s *Service) async(g *generation, io func(ctx context.Context) func(*managed, Env) []any, cm uint32) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(g.ctx, s.cfg.IOTimeout)
+		k := io(ctx)
+		cancel()
+		s.do(g, cm, k)
+	}()
+}
+
+func (s *Service) acquireLocked(g *generation, mg *managed, x Acquire) {
+	ctx, cancel := context.WithCancel(g.ctx)
+	mg.acqs[x.Op] = cancel
+	cm := mg.cm
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		held, err := g.clerk.Acquire(ctx, MapLock(cm), x.Mode)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cur := s.currentLocked(g, cm)
+		if cur == nil || cur.acqs[x.Op] == nil {
+			// Given up (or the generation ended) meanwhile.
+			if held != nil {
+				held.Release()
+			}
+			cancel()
+			return
+		}
+		delete(cur.acqs, x.Op)
+		cancel()
+		var tok lock.Token
+		if err == nil {
+			if cur.held != nil {
+				cur.held.Release() // never two holds: the manager asks for one at a time
+			}
+			cur.held, tok = held, held.Token()
+		}
+		s.execLocked(g, cur, cur.m.Granted(s.env(g), x.Op, tok, err))
+	}()
+}
+
+// ------------------------------------------------------------------ RLDev I/O
+
+// readBlocks reads blocks blocks of RLDev rl from block, in requests of at
+// most rldev.MaxIO.
+func (s *Service) readBlocks(ctx context.Context, rl, block, blocks uint64) ([]byte, error) {
+	out := make([]byte, 0, blocks*BlockSize)
+	for blocks > 0 {
+		n := min(blocks, rldev.MaxIO/BlockSize)
+		b, err := s.cfg.RLDev.Read(ctx, rl, block*BlockSize, n*BlockSize, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+		block, blocks = block+n, blocks-n
+	}
+	return out, nil
+}
+
+// writeBlocks writes data (whole blocks) at block of RLDev rl, in requests
+// of at most rldev.MaxIO, each durable on both replicas before the next.
+func (s *Service) writeBlocks(ctx context.Context, rl, block uint64, data []byte, fence *rldev.Fence) error {
+	for len(data) > 0 {
+		n := min(len(data), rldev.MaxIO)
+		if err := s.cfg.RLDev.Write(ctx, rl, block*BlockSize, data[:n], rldev.WriteOptions{Fence: fence}); err != nil {
+			return err
+		}
+		block, data = block+uint64(n/BlockSize), data[n:]
+	}
+	return nil
+}
+
+var zeros = make([]byte, rldev.MaxIO)
+
+func (s *Service) zero(ctx context.Context, rl, block, blocks uint64, fence *rldev.Fence) error {
+	for blocks > 0 {
+		n := min(blocks, rldev.MaxIO/BlockSize)
+		if err := s.cfg.RLDev.Write(ctx, rl, block*BlockSize, zeros[:n*BlockSize], rldev.WriteOptions{Fence: fence}); err != nil {
+			return err
+		}
+		block, blocks = block+n, blocks-n
+	}
+	return nil
+}
+
+// syncIO is chunkio's blockIO over the RLDev clerk, synchronous: its
+// callbacks run before it returns, on the request's goroutine.
+type syncIO struct {
+	s   *Service
+	ctx context.Context
+}
+
+func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
+	done(x.s.readBlocks(x.ctx, rl, block, blocks))
+}
+
+func (x syncIO) writeBlocks(rl, block uint64, data []byte, done func(error)) {
+	done(x.s.writeBlocks(x.ctx, rl, block, data, nil))
+}
+
+// ------------------------------------------------------------------ table
+
+func (s *Service) setTableLocked(g *generation, t *Table) {
+	if g == nil || t == nil {
+		return
+	}
+	env := s.env(g)
+	for _, id := range t.IDs() {
+		p := t.Pairs[id]
+		if !p.Has(s.cfg.Node) {
+			continue
+		}
+		mg := g.mgs[id]
+		if mg == nil {
+			cfg := s.cfg.Manager
+			cfg.Node, cfg.Inc, cfg.CM = s.cfg.Node, g.inc, id
+			mg = &managed{m: NewManager(cfg), cm: id, acqs: map[OpID]context.CancelFunc{}}
+			g.mgs[id] = mg
+			s.log.Info("chunk manager started", "cm", id, "incarnation", g.inc, "nodes", fmt.Sprint(p.Nodes))
+		}
+		mg.pair = p
+		s.execLocked(g, mg, mg.m.SetPair(env, p, t.Version, false))
+	}
+	for id, mg := range g.mgs {
+		if p := t.Pairs[id]; p == nil || !p.Has(s.cfg.Node) {
+			s.execLocked(g, mg, mg.m.SetPair(env, nil, t.Version, false))
+		}
+	}
+}
+
+// refreshLocked reads pair mg's record linearizably (one read at a time).
+func (s *Service) refreshLocked(g *generation, mg *managed) {
+	if mg.refreshing {
+		return
+	}
+	mg.refreshing = true
+	cm := mg.cm
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+			ns, err := s.cfg.Meta.Read(ctx, Namespace)
+			cancel()
+			var t *Table
+			if err == nil {
+				if t, err = DecodeTable(ns); err != nil {
+					s.log.Error("chunk table does not decode", "err", err)
+				}
+			}
+			if err == nil {
+				s.do(g, cm, func(mg *managed, env Env) []any {
+					mg.refreshing = false
+					if s.mu.table == nil || t.Version > s.mu.table.Version {
+						s.mu.table = t
+					}
+					p := t.Pairs[cm]
+					if p != nil && p.Has(s.cfg.Node) {
+						mg.pair = p
+					} else {
+						p = nil
+					}
+					return mg.m.SetPair(env, p, t.Version, true)
+				})
+				return
+			}
+			select {
+			case <-g.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
+}
+
+// watchTable keeps the managers' pair records current.
+func (s *Service) watchTable() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			s.log.Error("chunk table does not decode", "err", err)
+			continue
+		}
+		s.mu.Lock()
+		if s.mu.table == nil || t.Version > s.mu.table.Version {
+			s.mu.table = t
+			s.setTableLocked(s.mu.gen, t)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// watchNodes keeps the nodes' incarnations and addresses current.
+func (s *Service) watchNodes() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, meta.NodesNamespace, 0) {
+		nodes, err := meta.DecodeNodes(ns)
+		if err != nil {
+			continue
+		}
+		incs, addrs := map[NodeID]uint64{}, map[NodeID]string{}
+		for _, n := range nodes {
+			incs[n.Id], addrs[n.Id] = n.Incarnation, n.GrpcAddr
+		}
+		s.mu.Lock()
+		s.mu.incs, s.mu.addrs = incs, addrs
+		s.mu.Unlock()
+	}
+}
+
+func (s *Service) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if g := s.mu.gen; g != nil {
+			env := s.env(g)
+			for _, mg := range g.mgs {
+				s.execLocked(g, mg, mg.m.Tick(env))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// ------------------------------------------------------------------ peers
+
+// sendLocked queues a peer message to node to: one sender per peer, in
+// order; a full queue or a failed call drops the message (the managers
+// send again what matters).
+func (s *Service) sendLocked(g *generation, to NodeID, m *pb.ChunkServicePeerRequest) {
+	q := g.out[to]
+	if q == nil {
+		q = make(chan *pb.ChunkServicePeerRequest, 1024)
+		g.out[to] = q
+		s.wg.Add(1)
+		go s.sender(g, to, q)
+	}
+	select {
+	case q <- m:
+	default:
+	}
+}
+
+func (s *Service) sender(g *generation, to NodeID, q chan *pb.ChunkServicePeerRequest) {
+	defer s.wg.Done()
+	for {
+		var m *pb.ChunkServicePeerRequest
+		select {
+		case <-g.ctx.Done():
+			return
+		case m = <-q:
+		}
+		s.mu.Lock()
+		addr := s.mu.addrs[to]
+		s.mu.Unlock()
+		if addr == "" {
+			continue
+		}
+		cc, err := s.conns.Get(addr)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+		_, err = pb.NewChunkServiceClient(cc).Peer(ctx, m)
+		cancel()
+		if err != nil && g.ctx.Err() == nil {
+			s.log.Debug("chunk peer message not delivered", "to", to, "err", err)
+		}
+	}
+}
+
+// Peer delivers a peer manager's message.
+func (s *Service) Peer(ctx context.Context, r *pb.ChunkServicePeerRequest) (*pb.ChunkServicePeerResponse, error) {
+	msg, err := DecodePeer(r)
+	if err != nil {
+		s.log.Warn("undecodable chunk peer message", "from", r.FromNode, "err", err)
+		return &pb.ChunkServicePeerResponse{}, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.mu.gen
+	if mg := s.currentLocked(g, r.Cm); mg != nil {
+		s.execLocked(g, mg, mg.m.Deliver(s.env(g), r.FromNode, msg))
+	}
+	return &pb.ChunkServicePeerResponse{}, nil
+}
+
+// ------------------------------------------------------------------ clients
+
+// request starts a client's allocation or free on pair cm's manager and
+// waits for its reply.
+func (s *Service) request(ctx context.Context, cm uint32, start func(m *Manager, env Env, req ReqID) []any) (Handle, error) {
+	w := &waiter{ch: make(chan Reply, 1), cm: cm, changes: true}
+	s.mu.Lock()
+	g := s.mu.gen
+	mg := s.currentLocked(g, cm)
+	if mg == nil {
+		s.mu.Unlock()
+		return Handle{}, s.notHere(cm)
+	}
+	s.mu.nextReq++
+	req := s.mu.nextReq
+	s.mu.reqs[req] = w
+	s.execLocked(g, mg, start(mg.m, s.env(g), req))
+	s.mu.Unlock()
+	select {
+	case r := <-w.ch:
+		return r.Handle, r.Err
+	case <-ctx.Done():
+		s.mu.Lock()
+		delete(s.mu.reqs, req)
+		s.mu.Unlock()
+		return Handle{}, ctx.Err()
+	}
+}
+
+// notHere explains why this node has no manager of pair cm.
+func (s *Service) notHere(cm uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.gen == nil {
+		return fmt.Errorf("%w: node %d has no chunk managers running (fenced itself, or starting)", ErrNotServing, s.cfg.Node)
+	}
+	if t := s.mu.table; t != nil && t.Pairs[cm] == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownManager, cm)
+	}
+	return fmt.Errorf("%w: node %d runs no manager of pair %d", ErrNotServing, s.cfg.Node, cm)
+}
+
+// admit admits I/O on a chunk at its manager here.
+func (s *Service) admit(h Handle, off, n uint64) (*generation, *managed, Extent, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.mu.gen
+	mg := s.currentLocked(g, h.CM)
+	if mg == nil {
+		return nil, nil, Extent{}, nil // the caller says why (notHere)
+	}
+	ext, err := mg.m.Admit(s.env(g), h.ID, off, n)
+	return g, mg, ext, err
+}
+
+// finished ends I/O admitted on chunk id at mg.
+func (s *Service) finished(g *generation, mg *managed, id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := mg.m.Finished(s.env(g), id) // the manager counts its I/O even when stopped
+	if s.currentLocked(g, mg.cm) == mg {
+		s.execLocked(g, mg, out)
+	}
+}
+
+// handleOf checks a request's handle.
+func handleOf(cm uint32, id uint64) (Handle, error) {
+	if cm == 0 || id == 0 {
+		return Handle{}, fmt.Errorf("%w: %d:%d", ErrBadHandle, cm, id)
+	}
+	return Handle{CM: cm, ID: id}, nil
+}
+
+// ioRange checks a client read's or write's range.
+func ioRange(off, n uint64) error {
+	switch {
+	case n > MaxIO:
+		return fmt.Errorf("%w: %d bytes: at most %d per request", ErrBadRequest, n, MaxIO)
+	case off > MaxChunk:
+		return fmt.Errorf("%w: %d bytes at %d: past any chunk's end", ErrOutOfRange, n, off)
+	}
+	return nil
+}
+
+// rpcErr turns a cancelled request into the gRPC error for it.
+func rpcErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		return status.FromContextError(cerr).Err()
+	}
+	return nil
+}
+
+// Allocate serves an allocation (at the pair's primary).
+func (s *Service) Allocate(ctx context.Context, r *pb.ChunkServiceAllocateRequest) (*pb.ChunkServiceAllocateResponse, error) {
+	h, err := s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Allocate(env, req, r.Size) })
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceAllocateResponse{Result: code, Error: text, Id: h.ID}, nil
+}
+
+// Free serves a deallocation (at the pair's primary).
+func (s *Service) Free(ctx context.Context, r *pb.ChunkServiceFreeRequest) (*pb.ChunkServiceFreeResponse, error) {
+	_, err := handleOf(r.Cm, r.Id)
+	if err == nil {
+		_, err = s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Free(env, req, r.Id) })
+	}
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceFreeResponse{Result: code, Error: text}, nil
+}
+
+// Read serves a chunk read (at either manager of its pair).
+func (s *Service) Read(ctx context.Context, r *pb.ChunkServiceReadRequest) (*pb.ChunkServiceReadResponse, error) {
+	data, err := s.read(ctx, r)
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceReadResponse{Result: code, Error: text, Data: data}, nil
+}
+
+func (s *Service) read(ctx context.Context, r *pb.ChunkServiceReadRequest) ([]byte, error) {
+	h, err := handleOf(r.Cm, r.Id)
+	if err == nil {
+		err = ioRange(r.Offset, r.Length)
+	}
+	if err != nil {
+		return nil, err
+	}
+	g, mg, ext, err := s.admit(h, r.Offset, r.Length)
+	if mg == nil {
+		return nil, s.notHere(h.CM)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.IOTimeout)
+	defer cancel()
+	var data []byte
+	readChunk(syncIO{s, ctx}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
+	s.finished(g, mg, h.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading chunk %s: %v", ErrFailed, h, err)
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return data, nil
+}
+
+// Write serves a chunk write (at either manager of its pair).
+func (s *Service) Write(ctx context.Context, r *pb.ChunkServiceWriteRequest) (*pb.ChunkServiceWriteResponse, error) {
+	err := s.write(ctx, r)
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceWriteResponse{Result: code, Error: text}, nil
+}
+
+func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest) error {
+	h, err := handleOf(r.Cm, r.Id)
+	if err == nil {
+		err = ioRange(r.Offset, uint64(len(r.Data)))
+	}
+	if err != nil {
+		return err
+	}
+	mu := &s.wmu[(uint64(h.CM)*0x9e3779b97f4a7c15^h.ID)%uint64(len(s.wmu))]
+	mu.Lock()
+	defer mu.Unlock()
+	g, mg, ext, err := s.admit(h, r.Offset, uint64(len(r.Data)))
+	if mg == nil {
+		return s.notHere(h.CM)
+	}
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.IOTimeout)
+	defer cancel()
+	writeChunk(syncIO{s, ctx}, ext, r.Offset, r.Data, func(e error) { err = e })
+	s.finished(g, mg, h.ID)
+	if err != nil {
+		// Some blocks may have landed (and may land later still).
+		return fmt.Errorf("%w: writing chunk %s: %v", ErrMaybeDone, h, err)
+	}
+	return nil
+}
+
+// Stat reports this node's managers (and, with cm and id, a chunk's
+// extent).
+func (s *Service) Stat(ctx context.Context, r *pb.ChunkServiceStatRequest) (*pb.ChunkServiceStatResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &pb.ChunkServiceStatResponse{}
+	g := s.mu.gen
+	if g == nil {
+		return resp, nil
+	}
+	for id, mg := range g.mgs {
+		if r.Cm != 0 && id != r.Cm {
+			continue
+		}
+		st := mg.m.Status()
+		resp.Managers = append(resp.Managers, &pb.ChunkManagerStatus{Cm: id, Node: s.cfg.Node, Incarnation: g.inc, Role: st.Role,
+			Error: st.Err, Chunks: st.Chunks, FreeBlocks: st.FreeBlocks, Largest: st.Largest, FreeRuns: uint64(st.FreeRuns),
+			QuarantinedBlocks: st.QuarantinedBlocks, Lsn: st.LSN, HighWater: st.HighWater, LogUsed: st.LogUsed,
+			LogBlocks: st.LogBlocks, Checkpoint: st.Checkpoint, MaxChunks: st.MaxChunks, Peer: st.Peer})
+		if r.Cm != 0 && r.Id != 0 && mg.m.m != nil {
+			if e := mg.m.m.chunks[r.Id]; e != nil {
+				resp.Rldev, resp.Block, resp.Length = e.RLDev, e.Block, e.Len
+			}
+		}
+	}
+	return resp, nil
+}
