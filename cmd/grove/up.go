@@ -26,6 +26,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
@@ -57,8 +58,13 @@ type upOptions struct {
 	diskSize  units.Size
 	disks     int
 	dataPath  string
+	chunkSize units.Size
 	changed   func(flag string) bool // set on the command line
 }
+
+// DefaultChunkSize is the data RLDev of each chunk manager pair grove up
+// makes on a new cluster (at most an eighth of --disk-size).
+const DefaultChunkSize = 1 << 30
 
 // DefaultDiskSize is each node's disk file under grove up (sparse: space
 // is taken as RLDevs are written).
@@ -133,6 +139,8 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	o.diskSize = DefaultDiskSize
 	f.Var(&o.diskSize, "disk-size", "give each node a disk file of `SIZE` (sparse; 8GiB, 512MiB...) for its RLDev segments")
 	f.IntVar(&o.disks, "disks", 1, "give each node `N` disk files (disk0.img, disk1.img...); a later run with a larger N adds disks to an existing cluster (to move segments onto them: grove rldev move ID --to NODE:DISK)")
+	o.chunkSize = DefaultChunkSize
+	f.Var(&o.chunkSize, "chunk-size", "on a new cluster, give each chunk manager pair (one per adjacent node pair) a data RLDev of `SIZE` (default 1GiB, at most --disk-size/8 unless set; 0: no pairs)")
 	f.StringVar(&o.dataPath, "data-path", "tcp", "carry RLDev blocks between nodes on `tcp|grpc` (the nodes' [rldev] data_path; may change between runs)")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
@@ -170,6 +178,9 @@ func checkUpFlags(o upOptions) error {
 	}
 	if o.disks < 1 || o.disks > MaxUpDisks {
 		return cli.Usagef("--disks %d: want 1..%d", o.disks, MaxUpDisks)
+	}
+	if o.chunkSize < 0 || o.chunkSize%4096 != 0 || (o.chunkSize > 0 && o.chunkSize < 1<<20) || o.chunkSize > o.diskSize/4 {
+		return cli.Usagef("--chunk-size %v: want 0 (no chunk managers) or 1MiB to --disk-size/4 (%v), a multiple of 4KiB", int64(o.chunkSize), int64(o.diskSize/4))
 	}
 	if o.readyWait <= 0 {
 		return cli.Usagef("--ready-timeout %v: want a positive duration", o.readyWait)
@@ -559,12 +570,80 @@ func runUp(ctx context.Context, o upOptions) error {
 	if err := waitReady(ctx, status, client, before, disks, o.readyWait); err != nil {
 		return err
 	}
+	if err := chunkPairs(ctx, client, cfgs, o, log); err != nil {
+		return err
+	}
 	fmt.Printf("ready: %d nodes alive, config-service leader %s; gateway %s; logs in %s; stop with Ctrl-C or: %s down --data %s\n",
 		len(cfgs), leaderOf(ctx, status), gateway, filepath.Join(data, "node-*", "grove.log"), bin, data)
 	<-ctx.Done()
 	fmt.Println("stopping")
 	log.Info("stopping")
 	return nil
+}
+
+// chunkPairs makes, on a cluster without any, one chunk manager pair per
+// adjacent pair of store nodes ((1,2), (2,3), ..., (n,1)), and waits until
+// each has a primary.
+func chunkPairs(ctx context.Context, mc *meta.Client, cfgs []*node.Config, o upOptions, log *slog.Logger) error {
+	size := uint64(o.chunkSize)
+	if o.changed == nil || !o.changed("chunk-size") {
+		size = min(size, uint64(o.diskSize)/8/4096*4096)
+	}
+	var stores []uint64
+	for _, c := range cfgs {
+		if c.Has(node.RoleStore) {
+			stores = append(stores, c.ID)
+		}
+	}
+	if size == 0 || len(stores) < 2 {
+		return nil
+	}
+	c, cancel := context.WithTimeout(ctx, o.readyWait)
+	defer cancel()
+	ns, err := mc.Read(c, chunk.Namespace)
+	if err != nil {
+		return cli.Failf("up", "reading the chunk manager table: %v", err)
+	}
+	if len(ns.Entries) > 0 {
+		return nil // made on an earlier run
+	}
+	mapSize := max(1<<20, size/64/4096*4096)
+	n := len(stores)
+	if n == 2 {
+		n = 1 // one pair of two nodes
+	}
+	for i := 0; i < n; i++ {
+		nodes := [2]uint64{stores[i], stores[(i+1)%len(stores)]}
+		p, err := chunk.CreatePair(c, mc, nodes, mapSize, size)
+		if err != nil {
+			return cli.Failf("up", "creating a chunk manager pair on nodes %d and %d: %v", nodes[0], nodes[1], err)
+		}
+		log.Info("chunk manager pair created", "cm", p.ID, "nodes", fmt.Sprint(p.Nodes), "map_rldev", p.MapRLDev, "data_rldev", p.Data[0].ID, "size", size)
+	}
+	for {
+		ns, err := mc.Read(c, chunk.Namespace)
+		if err == nil {
+			t, err := chunk.DecodeTable(ns)
+			if err != nil {
+				return cli.Failf("up", "%v", err)
+			}
+			ready := 0
+			for _, p := range t.Pairs {
+				if p.PrimaryInc != 0 {
+					ready++
+				}
+			}
+			if ready == len(t.Pairs) {
+				fmt.Printf("chunk store: %d manager pairs of %s each\n", len(t.Pairs), units.FormatSize(int64(size)))
+				return nil
+			}
+		}
+		select {
+		case <-c.Done():
+			return cli.Failf("up", "the chunk manager pairs have no primary after %v (see the logs: DIR/node-*/grove.log)", o.readyWait)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // disksRegistered reports whether the RLDev table has every store node's

@@ -43,7 +43,7 @@ func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSi
 	if dataPath == "" {
 		dataPath = rldev.DataPathTCP
 	}
-	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize, "--data-path", dataPath)
+	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize, "--data-path", dataPath, "--chunk-size", "0")
 	if err != nil {
 		return nil, err
 	}

@@ -636,7 +636,7 @@ func (mg *Manager) Status() Status {
 		case mg.peer.serving:
 			s.Peer = "secondary not heard from yet"
 		default:
-			s.Peer = "secondary not serving"
+			s.Peer = "secondary not serving when last heard from"
 		}
 	}
 	return s

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/chunk"
+)
+
+// ChunkStatJSON is `grove chunk stat -o json`.
+type ChunkStatJSON struct {
+	Managers []struct {
+		CM     uint32 `json:"cm"`
+		Node   uint64 `json:"node"`
+		Role   string `json:"role"`
+		Chunks uint64 `json:"chunks"`
+	} `json:"managers"`
+}
+
+// TestEndToEndChunkSIGKILL, through the CLI on `grove up --processes`
+// (three nodes: three chunk manager pairs, on nodes 1-2, 2-3 and 3-1):
+// allocate, write, read back and free chunks; clear errors for malformed,
+// unknown, freed handles and writes past a chunk's end; SIGKILL node 1
+// (pair 1's primary, pair 3's secondary): pair 1's chunks read back
+// whole through node 2, which took over; both pairs allocate again, with
+// ids never handed out before; node 1 restarts and rejoins as secondary.
+func TestEndToEndChunkSIGKILL(t *testing.T) {
+	bin, u, _ := startCluster(t, 9600, "--chunk-size", "32MiB")
+	ep := u.Gateway
+	tmp := t.TempDir()
+	files := 0
+	run := func(stdin []byte, args ...string) ran {
+		t.Helper()
+		full := append(args, "--addr", ep)
+		if stdin == nil {
+			return grove(t, bin, nil, full...)
+		}
+		files++
+		f := filepath.Join(tmp, strconv.Itoa(files))
+		if err := os.WriteFile(f, stdin, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return grove(t, bin, nil, append(full[:len(full):len(full)], f)...)
+	}
+	must := func(r ran) ran {
+		t.Helper()
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		return r
+	}
+	stat := func() ChunkStatJSON {
+		t.Helper()
+		var s ChunkStatJSON
+		r := must(run(nil, "chunk", "stat", "-o", "json"))
+		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+			t.Fatalf("chunk stat -o json: %v\n%s", err, r.stdout)
+		}
+		return s
+	}
+	roles := func(s ChunkStatJSON, cm uint32) map[uint64]string {
+		m := map[uint64]string{}
+		for _, x := range s.Managers {
+			if x.CM == cm && x.Role != "no answer" {
+				m[x.Node] = x.Role
+			}
+		}
+		return m
+	}
+	waitRoles := func(cm uint32, want map[uint64]string) {
+		t.Helper()
+		var got map[uint64]string
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if got = roles(stat(), cm); len(got) == len(want) {
+				ok := true
+				for n, r := range want {
+					ok = ok && got[n] == r
+				}
+				if ok {
+					return
+				}
+			}
+		}
+		t.Fatalf("pair %d: roles %v, want %v", cm, got, want)
+	}
+	waitRoles(1, map[uint64]string{1: "primary", 2: "secondary"})
+	waitRoles(3, map[uint64]string{3: "primary", 1: "secondary"})
+
+	want := map[chunk.Handle][]byte{}
+	var last map[uint32]uint64 = map[uint32]uint64{}
+	alloc := func(cm uint32, size int) chunk.Handle {
+		t.Helper()
+		r := must(run(nil, "chunk", "alloc", strconv.Itoa(size), "--cm", strconv.Itoa(int(cm))))
+		h, err := chunk.ParseHandle(strings.TrimSuffix(r.stdout, "\n"))
+		if err != nil || strings.Count(r.stdout, "\n") != 1 {
+			t.Fatalf("chunk alloc printed %q: %v", r.stdout, err)
+		}
+		if h.CM != cm || h.ID <= last[cm] {
+			t.Fatalf("handle %s after id %d of pair %d", h, last[cm], cm)
+		}
+		last[cm] = h.ID
+		want[h] = make([]byte, size)
+		return h
+	}
+	write := func(h chunk.Handle, off int, data []byte) {
+		t.Helper()
+		must(run(data, "chunk", "write", h.String(), "--offset", strconv.Itoa(off)))
+		copy(want[h][off:], data)
+	}
+	check := func(cms ...uint32) {
+		t.Helper()
+		for h, w := range want {
+			for _, cm := range cms {
+				if h.CM != cm {
+					continue
+				}
+				if got := must(run(nil, "chunk", "read", h.String())).stdout; got != string(w) {
+					t.Fatalf("chunk %s: the data read back differs (%d bytes, want %d)", h, len(got), len(w))
+				}
+			}
+		}
+	}
+	random := func(n int) []byte {
+		b := make([]byte, n)
+		rand.Read(b)
+		return b
+	}
+
+	a := alloc(1, 100<<10)
+	b := alloc(1, 1)
+	c := alloc(1, 5000)
+	d := alloc(3, 9000)
+	write(a, 0, random(100<<10))
+	write(b, 0, []byte{42})
+	write(c, 4000, random(1000))
+	write(d, 1, random(8999))
+	check(1, 3)
+	if got := must(run(nil, "chunk", "read", c.String(), "--offset", "4090", "--length", "20")).stdout; got != string(want[c][4090:4110]) {
+		t.Fatal("a read across a block boundary differs")
+	}
+
+	// Bad requests: clear errors, exit codes by the conventions, nothing done.
+	e := alloc(1, 4096)
+	must(run(nil, "chunk", "free", e.String()))
+	delete(want, e)
+	for _, x := range []struct {
+		stdin []byte
+		args  []string
+		code  int
+		says  string
+	}{
+		{nil, []string{"chunk", "read", "nonsense"}, 2, "CM:ID"},
+		{nil, []string{"chunk", "read", "0:5"}, 2, "above zero"},
+		{nil, []string{"chunk", "read", "1:999999"}, 5, "not allocated"},
+		{nil, []string{"chunk", "read", e.String()}, 5, "not allocated"},
+		{nil, []string{"chunk", "free", e.String()}, 5, "not allocated"},
+		{[]byte("x"), []string{"chunk", "write", e.String()}, 5, "not allocated"},
+		{nil, []string{"chunk", "read", "77:1"}, 5, "no such chunk manager"},
+		{[]byte("xy"), []string{"chunk", "write", b.String()}, 2, "past the end"},
+		{nil, []string{"chunk", "read", c.String(), "--offset", "4999", "--length", "2"}, 2, "past the end"},
+		{nil, []string{"chunk", "alloc", "0"}, 2, "SIZE"},
+		{nil, []string{"chunk", "alloc", "65MiB"}, 2, "SIZE"},
+	} {
+		if r := run(x.stdin, x.args...); r.code != x.code || !strings.Contains(r.stderr, x.says) {
+			t.Fatalf("%v: exit %d (want %d, %q): %s", x.args, r.code, x.code, x.says, r.stderr)
+		}
+	}
+	check(1, 3)
+
+	// Node 1 is SIGKILLed: node 2 takes pair 1 over; pair 3 goes on
+	// without its secondary.
+	if err := u.Kill(1); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f := alloc(1, 20000)
+	t.Logf("the first allocation of pair 1 after its primary was SIGKILLed took %v", time.Since(start).Round(time.Millisecond))
+	write(f, 100, random(300))
+	g := alloc(3, 4096)
+	write(g, 0, random(4096))
+	check(1, 3)
+	waitRoles(1, map[uint64]string{2: "primary"})
+
+	// Node 1 comes back: secondary of both pairs; everything reads back,
+	// frees and allocations go on.
+	if err := u.Restart(1); err != nil {
+		t.Fatal(err)
+	}
+	waitRoles(1, map[uint64]string{2: "primary", 1: "secondary"})
+	waitRoles(3, map[uint64]string{3: "primary", 1: "secondary"})
+	check(1, 3)
+	must(run(nil, "chunk", "free", a.String()))
+	delete(want, a)
+	h := alloc(1, 777)
+	write(h, 0, bytes.Repeat([]byte("z"), 777))
+	check(1, 3)
+	s := stat()
+	for _, m := range s.Managers {
+		if m.CM == 1 && m.Chunks != 4 { // b, c, f, h
+			t.Fatalf("pair 1 at node %d: %d chunks, want 4", m.Node, m.Chunks)
+		}
+	}
+}
