@@ -206,7 +206,9 @@ func TestServicePairFailover(t *testing.T) {
 //     two match.
 func BenchmarkChunkStore(b *testing.B) {
 	ctx := context.Background()
-	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 1 << 30, Log: testLog()})
+	// Room for every allocation of repeated runs (-count): freed space is
+	// quarantined for 30 s, so the runs allocate afresh.
+	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 4 << 30, Log: testLog()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -215,7 +217,7 @@ func BenchmarkChunkStore(b *testing.B) {
 	defer mc.Close()
 	var p *chunk.Pair
 	for i := 0; i < 100; i++ {
-		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 16<<20, 512<<20); err == nil {
+		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 64<<20, 2<<30); err == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
