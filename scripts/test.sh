@@ -59,6 +59,8 @@ GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -short -timeout 20m .
 # The RLDev runtime (its in-process cluster test) under the race detector;
 # its simulation, single-threaded, with a few seeds only.
 GROVE_SEEDS=${GROVE_RACE_RLDEV_SEEDS:-10} go test -count=1 -race -short -timeout 20m ./internal/rldev/...
+# The chunk managers' runtime (its in-process failover test) likewise.
+GROVE_SEEDS=${GROVE_RACE_CHUNK_SEEDS:-10} go test -count=1 -race -short -timeout 20m ./internal/chunk/...
 
 echo "== fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report
