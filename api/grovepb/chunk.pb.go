@@ -597,6 +597,7 @@ type ChunkAck struct {
 	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"` // 0 ok, 1 not ready, 2 stale, 3 gap
 	Inc           uint64                 `protobuf:"varint,2,opt,name=inc,proto3" json:"inc,omitempty"`
 	Lsn           uint64                 `protobuf:"varint,3,opt,name=lsn,proto3" json:"lsn,omitempty"`
+	Token         *ChunkToken            `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"` // the token of the update or reload answered
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -650,6 +651,13 @@ func (x *ChunkAck) GetLsn() uint64 {
 		return x.Lsn
 	}
 	return 0
+}
+
+func (x *ChunkAck) GetToken() *ChunkToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
 }
 
 type ChunkReload struct {
@@ -1533,11 +1541,12 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\vChunkUpdate\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.grove.v1.ChunkTokenR\x05token\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12/\n" +
-	"\arecords\x18\x03 \x03(\v2\x15.grove.v1.ChunkRecordR\arecords\"B\n" +
+	"\arecords\x18\x03 \x03(\v2\x15.grove.v1.ChunkRecordR\arecords\"n\n" +
 	"\bChunkAck\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03inc\x18\x02 \x01(\x04R\x03inc\x12\x10\n" +
-	"\x03lsn\x18\x03 \x01(\x04R\x03lsn\"9\n" +
+	"\x03lsn\x18\x03 \x01(\x04R\x03lsn\x12*\n" +
+	"\x05token\x18\x04 \x01(\v2\x14.grove.v1.ChunkTokenR\x05token\"9\n" +
 	"\vChunkReload\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.grove.v1.ChunkTokenR\x05token\"\x1a\n" +
 	"\x18ChunkServicePeerResponse\"A\n" +
@@ -1672,29 +1681,30 @@ var file_grovepb_chunk_proto_depIdxs = []int32{
 	8,  // 3: grove.v1.ChunkServicePeerRequest.reload:type_name -> grove.v1.ChunkReload
 	4,  // 4: grove.v1.ChunkUpdate.token:type_name -> grove.v1.ChunkToken
 	3,  // 5: grove.v1.ChunkUpdate.records:type_name -> grove.v1.ChunkRecord
-	4,  // 6: grove.v1.ChunkReload.token:type_name -> grove.v1.ChunkToken
-	0,  // 7: grove.v1.ChunkServiceAllocateResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 8: grove.v1.ChunkServiceFreeResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 9: grove.v1.ChunkServiceReadResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 10: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
-	19, // 11: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
-	10, // 12: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
-	12, // 13: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
-	14, // 14: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
-	16, // 15: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
-	18, // 16: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
-	5,  // 17: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
-	11, // 18: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
-	13, // 19: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
-	15, // 20: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
-	17, // 21: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
-	20, // 22: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
-	9,  // 23: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	4,  // 6: grove.v1.ChunkAck.token:type_name -> grove.v1.ChunkToken
+	4,  // 7: grove.v1.ChunkReload.token:type_name -> grove.v1.ChunkToken
+	0,  // 8: grove.v1.ChunkServiceAllocateResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 9: grove.v1.ChunkServiceFreeResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 10: grove.v1.ChunkServiceReadResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 11: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
+	19, // 12: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
+	10, // 13: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
+	12, // 14: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
+	14, // 15: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
+	16, // 16: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
+	18, // 17: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
+	5,  // 18: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
+	11, // 19: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
+	13, // 20: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
+	15, // 21: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
+	17, // 22: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
+	20, // 23: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
+	9,  // 24: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_chunk_proto_init() }

@@ -35,7 +35,13 @@ import (
 //   - Write returning nil: the bytes are durable on both replicas of the
 //     chunk's RLDev. A write tried again after an attempt failed midway
 //     lands at least once (writers of one chunk order their writes
-//     themselves, with a lock, as on any shared disk).
+//     themselves, with a lock, as on any shared disk). The attempt that
+//     failed midway may still land after Write returned, as late as the
+//     RLDev allows a write its writer was told failed to land (30 s after
+//     it was sent), over a later write of the same bytes: a caller that
+//     must not see that rewrites only after that long, or writes a new
+//     chunk instead (as a log or a copy-on-write tree does). Never over
+//     another chunk's bytes: freed space is quarantined longer.
 //   - Read returns the bytes of the last write that returned before it
 //     began, or of one in flight meanwhile; never another chunk's.
 type Clerk struct {

@@ -175,6 +175,7 @@ type unsafeRules struct {
 	noReserve    bool // hand out ids without raising the high-water mark first
 	noQuarantine bool // reuse freed space at once
 	noFence      bool // take over without fencing earlier holders' writes
+	anyAckToken  bool // take a secondary's answers to an earlier lease's messages
 }
 
 func (c *Config) defaults() {
@@ -318,12 +319,15 @@ type (
 		Records []Record
 	}
 	// Ack answers an Update or a Reload: Code, the secondary's
-	// incarnation, and the last LSN it applied (and whose frees drained).
+	// incarnation, the last LSN it applied (and whose frees drained), and
+	// the token of the message it answers (a late or duplicated answer
+	// says which hold of the primary it is about).
 	Ack struct {
-		CM   uint32
-		Code AckCode
-		Inc  uint64
-		LSN  uint64
+		CM    uint32
+		Code  AckCode
+		Inc   uint64
+		LSN   uint64
+		Token lock.Token
 	}
 	// Reload tells a secondary that lacks records the primary no longer
 	// has to stop serving and read the map again (it answers AckNotReady).
@@ -727,7 +731,18 @@ func (mg *Manager) ask(env Env, s Subject) []any {
 // waiting client, gives the lease back, forgets the map.
 func (mg *Manager) stop(env Env, why error) []any {
 	var out []any
-	for _, q := range append(mg.batch, mg.queue...) {
+	// The change in progress may be in the map's log already (a new
+	// primary replays it): its requests may have taken effect.
+	maybe := why
+	if !errors.Is(why, ErrMaybeDone) {
+		maybe = fmt.Errorf("%w (%w)", why, ErrMaybeDone)
+	}
+	for _, q := range mg.batch {
+		if !q.done {
+			out = append(out, mg.answer(q, Handle{}, maybe)...)
+		}
+	}
+	for _, q := range mg.queue {
 		if !q.done {
 			out = append(out, mg.answer(q, Handle{}, why)...)
 		}
@@ -1370,6 +1385,14 @@ func (mg *Manager) onAck(env Env, a Ack) []any {
 	if mg.st != stPrimary || !mg.peer.serving || a.Inc < mg.peer.inc {
 		return nil // not waiting, or an older incarnation's answer
 	}
+	if a.Token != mg.token && !mg.cfg.unsafe.anyAckToken {
+		// An answer to a message of an earlier lease of the map lock,
+		// arriving late (the transport may delay or duplicate it): the
+		// secondary may have joined, or restarted, since. Every message
+		// of this lease carries its token, and the answers to them echo
+		// it.
+		return nil
+	}
 	switch a.Code {
 	case AckStale:
 		// A newer primary exists: this one is deposed (its lease is gone;
@@ -1419,10 +1442,10 @@ func (mg *Manager) peerNotServing(inc uint64) []any {
 
 func (mg *Manager) onUpdate(env Env, from NodeID, u Update) []any {
 	ack := func(code AckCode, lsn uint64) []any {
-		return []any{Send{To: from, Msg: Ack{CM: mg.cfg.CM, Code: code, Inc: mg.cfg.Inc, LSN: lsn}}}
+		return []any{Send{To: from, Msg: Ack{CM: mg.cfg.CM, Code: code, Inc: mg.cfg.Inc, LSN: lsn, Token: u.Token}}}
 	}
 	if mg.st != stSecondary || mg.m == nil || !env.alive() {
-		return mg.notReady(from)
+		return mg.notReady(from, u.Token)
 	}
 	if u.Token.Less(mg.maxToken) {
 		return ack(AckStale, mg.m.lsn)
@@ -1458,7 +1481,7 @@ func (mg *Manager) ackNow(to NodeID) []any {
 	for _, l := range mg.drainLSN {
 		lsn = min(lsn, l-1)
 	}
-	return []any{Send{To: to, Msg: Ack{CM: mg.cfg.CM, Code: AckOK, Inc: mg.cfg.Inc, LSN: lsn}}}
+	return []any{Send{To: to, Msg: Ack{CM: mg.cfg.CM, Code: AckOK, Inc: mg.cfg.Inc, LSN: lsn, Token: mg.maxToken}}}
 }
 
 // flushAcks acknowledges, once I/O on freed chunks drained.
@@ -1480,21 +1503,21 @@ func (mg *Manager) flushAcks(env Env) []any {
 // stops serving and reads the map again (once the primary's hold ends).
 func (mg *Manager) onReload(env Env, from NodeID, r Reload) []any {
 	if mg.st != stSecondary || r.Token.Less(mg.maxToken) {
-		return mg.notReady(from)
+		return mg.notReady(from, r.Token)
 	}
 	out := mg.stop(env, fmt.Errorf("%w: the primary asked it to read the map again", ErrNotServing))
 	mg.st, mg.retryAt = stFailed, env.Now.Add(mg.cfg.RetryEvery/4)
-	return append(out, mg.notReady(from)...)
+	return append(out, mg.notReady(from, r.Token)...)
 }
 
 // notReady answers that this manager serves nothing -- once no I/O it
 // admitted is in flight any more (until then it does not answer: the
 // primary sends again, and frees nothing this I/O could still reach).
-func (mg *Manager) notReady(to NodeID) []any {
+func (mg *Manager) notReady(to NodeID, tok lock.Token) []any {
 	if len(mg.inflight) > 0 {
 		return nil
 	}
-	return []any{Send{To: to, Msg: Ack{CM: mg.cfg.CM, Code: AckNotReady, Inc: mg.cfg.Inc}}}
+	return []any{Send{To: to, Msg: Ack{CM: mg.cfg.CM, Code: AckNotReady, Inc: mg.cfg.Inc, Token: tok}}}
 }
 
 // ------------------------------------------------------------------ checkpoints (primary)

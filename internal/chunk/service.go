@@ -78,7 +78,6 @@ type Service struct {
 		want    uint64      // the incarnation to run (the latest Start)
 		fenced  uint64      // the latest incarnation fenced
 		table   *Table      // the latest table seen
-		incs    map[NodeID]uint64
 		addrs   map[NodeID]string
 		reqs    map[ReqID]*waiter
 		nextReq ReqID
@@ -99,12 +98,14 @@ type generation struct {
 
 // managed is one pair's manager and what the runtime keeps for it.
 type managed struct {
-	m          *Manager
-	cm         uint32
-	pair       *Pair                       // the latest record (its RLDevs)
-	held       *lock.Held                  // the map lock's hold
-	acqs       map[OpID]context.CancelFunc // acquisitions in flight
-	refreshing bool
+	m            *Manager
+	cm           uint32
+	pair         *Pair                       // the latest record (its RLDevs)
+	pairVer      uint64                      // the namespace version it was read at
+	held         *lock.Held                  // the map lock's hold
+	acqs         map[OpID]context.CancelFunc // acquisitions in flight
+	refreshing   bool
+	refreshAsked int // Refresh effects asked (a read answers those asked before it began)
 }
 
 type waiter struct {
@@ -126,7 +127,7 @@ func NewService(cfg ServiceConfig) *Service {
 	}
 	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "chunk")}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	s.mu.incs, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
+	s.mu.addrs = map[NodeID]string{}
 	s.mu.reqs = map[ReqID]*waiter{}
 	return s
 }
@@ -305,14 +306,20 @@ func (s *Service) execLocked(g *generation, mg *managed, out []any) {
 			}
 		case AskDead:
 			sub := x.Subject
-			inc := sub.Inc
-			if inc == 0 {
-				inc = s.mu.incs[sub.Node] // the node's registered incarnation
-			}
 			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
-				var dead []bool
+				inc := sub.Inc
 				var err error
-				if inc != 0 {
+				if inc == 0 {
+					// The node's registered incarnation, read
+					// linearizably after the question was asked: at least
+					// every incarnation of it that joined before (the
+					// watched membership may lag behind a restart, and a
+					// verdict on the incarnation before would be taken
+					// for one on the secondary that joined since).
+					inc, err = s.registered(ctx, sub.Node)
+				}
+				var dead []bool
+				if inc != 0 && err == nil {
 					dead, err = s.cfg.Detector.Dead(ctx, []lock.Subject{{Node: sub.Node, Inc: inc}})
 				}
 				return func(mg *managed, env Env) []any {
@@ -463,7 +470,9 @@ func (s *Service) setTableLocked(g *generation, t *Table) {
 			g.mgs[id] = mg
 			s.log.Info("chunk manager started", "cm", id, "incarnation", g.inc, "nodes", fmt.Sprint(p.Nodes))
 		}
-		mg.pair = p
+		if t.Version >= mg.pairVer {
+			mg.pair, mg.pairVer = p, t.Version
+		}
 		s.execLocked(g, mg, mg.m.SetPair(env, p, t.Version, false))
 	}
 	for id, mg := range g.mgs {
@@ -475,8 +484,9 @@ func (s *Service) setTableLocked(g *generation, t *Table) {
 
 // refreshLocked reads pair mg's record linearizably (one read at a time).
 func (s *Service) refreshLocked(g *generation, mg *managed) {
+	mg.refreshAsked++
 	if mg.refreshing {
-		return
+		return // the read in flight may have begun before this was asked: read again after it (below)
 	}
 	mg.refreshing = true
 	cm := mg.cm
@@ -484,6 +494,9 @@ func (s *Service) refreshLocked(g *generation, mg *managed) {
 	go func() {
 		defer s.wg.Done()
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			s.mu.Lock()
+			asked := mg.refreshAsked // what this read answers: the Refreshes asked before it began
+			s.mu.Unlock()
 			ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 			ns, err := s.cfg.Meta.Read(ctx, Namespace)
 			cancel()
@@ -495,17 +508,24 @@ func (s *Service) refreshLocked(g *generation, mg *managed) {
 			}
 			if err == nil {
 				s.do(g, cm, func(mg *managed, env Env) []any {
+					// s.mu.table is left to the watch: were it set here,
+					// the watch's delivery of this version would be taken
+					// as old, and the other managers would miss it.
 					mg.refreshing = false
-					if s.mu.table == nil || t.Version > s.mu.table.Version {
-						s.mu.table = t
+					fresh := mg.refreshAsked == asked
+					if !fresh {
+						s.refreshLocked(g, mg) // a Refresh came meanwhile: this read may predate it
+						mg.refreshAsked--      // (not a new question)
 					}
 					p := t.Pairs[cm]
 					if p != nil && p.Has(s.cfg.Node) {
-						mg.pair = p
+						if t.Version >= mg.pairVer {
+							mg.pair, mg.pairVer = p, t.Version
+						}
 					} else {
 						p = nil
 					}
-					return mg.m.SetPair(env, p, t.Version, true)
+					return mg.m.SetPair(env, p, t.Version, fresh)
 				})
 				return
 			}
@@ -536,7 +556,26 @@ func (s *Service) watchTable() {
 	}
 }
 
-// watchNodes keeps the nodes' incarnations and addresses current.
+// registered reads node's registered incarnation linearizably (0: not
+// registered).
+func (s *Service) registered(ctx context.Context, node NodeID) (uint64, error) {
+	ns, err := s.cfg.Meta.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return 0, err
+	}
+	nodes, err := meta.DecodeNodes(ns)
+	if err != nil {
+		return 0, err
+	}
+	for _, n := range nodes {
+		if n.Id == node {
+			return n.Incarnation, nil
+		}
+	}
+	return 0, nil
+}
+
+// watchNodes keeps the nodes' addresses current.
 func (s *Service) watchNodes() {
 	defer s.wg.Done()
 	for ns := range s.cfg.Meta.Watch(s.ctx, meta.NodesNamespace, 0) {
@@ -544,12 +583,12 @@ func (s *Service) watchNodes() {
 		if err != nil {
 			continue
 		}
-		incs, addrs := map[NodeID]uint64{}, map[NodeID]string{}
+		addrs := map[NodeID]string{}
 		for _, n := range nodes {
-			incs[n.Id], addrs[n.Id] = n.Incarnation, n.GrpcAddr
+			addrs[n.Id] = n.GrpcAddr
 		}
 		s.mu.Lock()
-		s.mu.incs, s.mu.addrs = incs, addrs
+		s.mu.addrs = addrs
 		s.mu.Unlock()
 	}
 }
@@ -703,6 +742,16 @@ func (s *Service) finished(g *generation, mg *managed, id uint64) {
 	}
 }
 
+// ioCtx bounds a client's I/O by the I/O timeout and by generation g: once
+// its incarnation is fenced, no further attempt of the I/O is sent (the
+// pair may free the chunk as soon as the incarnation is declared dead,
+// and its quarantine must outlast what was sent before).
+func (s *Service) ioCtx(ctx context.Context, g *generation) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.IOTimeout)
+	stop := context.AfterFunc(g.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 // handleOf checks a request's handle.
 func handleOf(cm uint32, id uint64) (Handle, error) {
 	if cm == 0 || id == 0 {
@@ -778,7 +827,7 @@ func (s *Service) read(ctx context.Context, r *pb.ChunkServiceReadRequest) ([]by
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.IOTimeout)
+	ctx, cancel := s.ioCtx(ctx, g)
 	defer cancel()
 	var data []byte
 	readChunk(syncIO{s, ctx}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
@@ -820,7 +869,7 @@ func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest) err
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.IOTimeout)
+	ctx, cancel := s.ioCtx(ctx, g)
 	defer cancel()
 	writeChunk(syncIO{s, ctx}, ext, r.Offset, r.Data, func(e error) { err = e })
 	s.finished(g, mg, h.ID)

@@ -71,8 +71,12 @@ type csim struct {
 	o      *oracle
 	trace  []string
 	faults bool // faults still being injected
-	opts   simOpts
-	stats  struct {
+	// lateDup is the share of peer messages delivered a second time,
+	// 0.2-1.5 s late (as the runtime's transport may); lateDups counts them.
+	lateDup  float64
+	lateDups int
+	opts     simOpts
+	stats    struct {
 		allocs, frees, writes, reads, takeovers, checkpoints, crashes, maybes int
 	}
 }
@@ -237,6 +241,25 @@ func (s *csim) exec(n *cnode, mg *Manager, out []any) {
 			s.locks.release(n, x.Drop)
 		case Send:
 			s.net.Send(n.id, x.To, peerMsg{inc: n.inc, msg: x.Msg})
+			if s.faults && s.lateDup > 0 && s.w.Rand.Float64() < s.lateDup {
+				// The node runtime's transport (unary calls queued
+				// behind slow ones, a call given up at its client still
+				// run at the server) may deliver a message twice, the
+				// second time seconds late.
+				s.lateDups++
+				dst, from, msg := s.nodes[x.To], n.id, x.Msg
+				s.w.After(s.w.Between(200*time.Millisecond, 1500*time.Millisecond), func() {
+					if dst == nil {
+						return
+					}
+					dst.p.Go(0, func() {
+						if dst.mg != nil && !dst.isolated {
+							s.logf("node %d.%d: a late duplicate from node %d: %T %+v", dst.id, dst.inc, from, msg, msg)
+							s.exec(dst, dst.mg, dst.mg.Deliver(s.env(dst), from, msg))
+						}
+					})
+				})
+			}
 		case Reply:
 			if fn := n.pending[x.Req]; fn != nil {
 				delete(n.pending, x.Req)
@@ -1266,6 +1289,7 @@ func runCSim(t *testing.T, seed int64, opts simOpts) *csim {
 	s.faults = true
 	s.rl.faulty = w.Rand.Intn(2) == 0
 	s.rl.lateOdds = []int{300, 40}[w.Rand.Intn(2)]
+	s.lateDup = []float64{0, 0.02, 0.1}[w.Rand.Intn(3)]
 	for at := 2 * time.Second; at < simSafety; at += w.Between(500*time.Millisecond, 2500*time.Millisecond) {
 		w.At(at, s.fault)
 	}
@@ -1451,7 +1475,7 @@ func (s *csim) readMap() (*chunkMap, error) {
 
 func TestChunkSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 100)
-	var st struct{ allocs, frees, writes, reads, crashes, maybes int }
+	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups int }
 	for _, seed := range seeds {
 		s := runCSim(t, seed, simOpts{})
 		if len(s.o.fails) > 0 {
@@ -1464,9 +1488,10 @@ func TestChunkSimulation(t *testing.T) {
 		st.reads += s.stats.reads
 		st.crashes += s.stats.crashes
 		st.maybes += s.stats.maybes
+		st.dups += s.lateDups
 	}
-	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; no violation",
-		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes)
+	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; no violation",
+		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups)
 }
 
 func (o *oracle) fail(format string, args ...any) {
@@ -1488,6 +1513,7 @@ func TestChunkOracleHasTeeth(t *testing.T) {
 		{"changes acknowledged without the secondary", unsafeRules{noPeerWait: true}},
 		{"ids handed out without a Reserve record", unsafeRules{noReserve: true}},
 		{"freed space reused at once", unsafeRules{noQuarantine: true}},
+		{"answers to an earlier lease's messages taken", unsafeRules{anyAckToken: true}},
 		// Without the fence blocks nothing is caught: every later write
 		// carries the newer token, and a primary whose lease was revoked
 		// reads the map's tail again before changing it; the fence closes

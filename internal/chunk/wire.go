@@ -96,7 +96,7 @@ func EncodePeer(from, inc uint64, msg any) *pb.ChunkServicePeerRequest {
 		}
 		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Update{Update: u}
 	case Ack:
-		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Ack{Ack: &pb.ChunkAck{Code: uint32(m.Code), Inc: m.Inc, Lsn: m.LSN}}
+		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Ack{Ack: &pb.ChunkAck{Code: uint32(m.Code), Inc: m.Inc, Lsn: m.LSN, Token: tokenPB(m.Token)}}
 	case Reload:
 		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Reload{Reload: &pb.ChunkReload{Token: tokenPB(m.Token)}}
 	default:
@@ -139,7 +139,7 @@ func DecodePeer(r *pb.ChunkServicePeerRequest) (any, error) {
 		if m.Ack.Code > uint32(AckGap) {
 			return nil, fmt.Errorf("%w: ack code %d", errBadPeer, m.Ack.Code)
 		}
-		return Ack{CM: r.Cm, Code: AckCode(m.Ack.Code), Inc: m.Ack.Inc, LSN: m.Ack.Lsn}, nil
+		return Ack{CM: r.Cm, Code: AckCode(m.Ack.Code), Inc: m.Ack.Inc, LSN: m.Ack.Lsn, Token: tokenOf(m.Ack.GetToken())}, nil
 	case *pb.ChunkServicePeerRequest_Reload:
 		return Reload{CM: r.Cm, Token: tokenOf(m.Reload.GetToken())}, nil
 	}
@@ -152,6 +152,9 @@ var resultErrs = []struct {
 	code pb.ChunkResult
 	err  error
 }{
+	// First: an error that says the operation may have taken effect
+	// says so on the wire whatever else it says.
+	{pb.ChunkResult_CHUNK_RESULT_MAYBE_DONE, ErrMaybeDone},
 	{pb.ChunkResult_CHUNK_RESULT_BAD_HANDLE, ErrBadHandle},
 	{pb.ChunkResult_CHUNK_RESULT_UNALLOCATED, ErrUnallocated},
 	{pb.ChunkResult_CHUNK_RESULT_UNKNOWN_MANAGER, ErrUnknownManager},
@@ -161,7 +164,6 @@ var resultErrs = []struct {
 	{pb.ChunkResult_CHUNK_RESULT_TOO_LARGE, ErrTooLarge},
 	{pb.ChunkResult_CHUNK_RESULT_FULL, ErrFull},
 	{pb.ChunkResult_CHUNK_RESULT_MAP_FULL, ErrMapFull},
-	{pb.ChunkResult_CHUNK_RESULT_MAYBE_DONE, ErrMaybeDone},
 	{pb.ChunkResult_CHUNK_RESULT_BAD_REQUEST, ErrBadRequest},
 	{pb.ChunkResult_CHUNK_RESULT_CORRUPT, ErrCorrupt},
 }
