@@ -25,8 +25,8 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
-	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
