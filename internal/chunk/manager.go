@@ -685,6 +685,11 @@ func (mg *Manager) decide(env Env) []any {
 			return append(out, mg.join(env)...)
 		}
 	case stSecondary:
+		if mg.dataChanged() {
+			// An operator added a data RLDev: read the map again, knowing it.
+			out := mg.stop(env, fmt.Errorf("%w: the pair's data RLDevs changed; reading the map again", ErrNotServing))
+			return append(out, mg.decide(env)...)
+		}
 		if mg.deadSeen[named] {
 			return mg.whenFresh(func() []any {
 				mg.st, mg.m = stWaiting, nil
@@ -697,8 +702,29 @@ func (mg *Manager) decide(env Env) []any {
 			// Another manager was decreed primary: give way.
 			return mg.stop(env, fmt.Errorf("%w: node %d incarnation %d is the pair's primary now", ErrNotPrimary, named.Node, named.Inc))
 		}
+		if mg.dataChanged() && !mg.busy {
+			// An operator added a data RLDev: take over again (which
+			// fences it with a newer token before anything is allocated
+			// on it, and loads the map knowing it).
+			out := mg.stop(env, fmt.Errorf("%w: the pair's data RLDevs changed; loading the map again", ErrNotServing))
+			return append(out, mg.decide(env)...)
+		}
 	}
 	return nil
+}
+
+// dataChanged reports whether the pair names a data RLDev the loaded map
+// does not know (data RLDevs are only ever added).
+func (mg *Manager) dataChanged() bool {
+	if mg.m == nil {
+		return false
+	}
+	for _, d := range mg.pair.Data {
+		if mg.m.spaces[d.ID] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // whenFresh runs then once a linearizable read of the pair has come since

@@ -52,6 +52,7 @@ const (
 	simGrace    = time.Second
 	simVerdict  = 400 * time.Millisecond // after the grace period, the verdict
 	simData     = 4096                   // blocks of the data RLDev (16 MiB)
+	simGrow     = 8192                   // blocks of a data RLDev added later (32 MiB: more free than the first, so allocations go there)
 	simMap      = 600                    // blocks of the map RLDev (a log of 75 blocks: frequent checkpoints)
 	simSafety   = 25 * time.Second       // faults until then
 	simLiveness = 45 * time.Second       // the checks after
@@ -71,6 +72,7 @@ type csim struct {
 	o      *oracle
 	trace  []string
 	faults bool // faults still being injected
+	grown  int  // data RLDevs an operator added
 	// lateDup is the share of peer messages delivered a second time,
 	// 0.2-1.5 s late (as the runtime's transport may); lateDups counts them.
 	lateDup  float64
@@ -1365,6 +1367,18 @@ func (s *csim) fault() {
 	case 6: // packet loss
 		s.net.DropRate = []float64{0, 0.05, 0.2}[w.Rand.Intn(3)]
 		s.logf("FAULT: packet loss %.0f%%", s.net.DropRate*100)
+	case 7: // an operator adds a data RLDev to the pair, by decree
+		if s.grown >= 2 {
+			return
+		}
+		s.grown++
+		id := uint64(dataID + s.grown)
+		s.rl.blocks[id] = make([]byte, simGrow*BlockSize)
+		p := s.cfg.pair.Clone()
+		p.Data = append(p.Data, DataRLDev{ID: id, Blocks: simGrow})
+		s.cfg.pair, s.cfg.ver = p, s.cfg.ver+1
+		s.logf("GROW: data rldev %d added to the pair (version %d)", id, s.cfg.ver)
+		s.cfg.broadcast()
 	}
 }
 
@@ -1475,7 +1489,7 @@ func (s *csim) readMap() (*chunkMap, error) {
 
 func TestChunkSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 100)
-	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups int }
+	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups, grown int }
 	for _, seed := range seeds {
 		s := runCSim(t, seed, simOpts{})
 		if len(s.o.fails) > 0 {
@@ -1489,9 +1503,10 @@ func TestChunkSimulation(t *testing.T) {
 		st.crashes += s.stats.crashes
 		st.maybes += s.stats.maybes
 		st.dups += s.lateDups
+		st.grown += s.grown
 	}
-	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; no violation",
-		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups)
+	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; %d data RLDevs added; no violation",
+		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups, st.grown)
 }
 
 func (o *oracle) fail(format string, args ...any) {
