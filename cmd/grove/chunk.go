@@ -34,7 +34,7 @@ node dies the other takes over.`,
   grove chunk free $h
   grove chunk stat`,
 	}
-	cmd.AddCommand(chunkAllocCmd(), chunkWriteCmd(), chunkReadCmd(), chunkFreeCmd(), chunkStatCmd())
+	cmd.AddCommand(chunkAllocCmd(), chunkWriteCmd(), chunkReadCmd(), chunkFreeCmd(), chunkStatCmd(), chunkAddPairCmd(), chunkGrowCmd())
 	return cmd
 }
 
@@ -412,5 +412,113 @@ func chunkStatDoc(t *chunk.Table, st map[[2]uint64]*pb.ChunkManagerStatus) *cli.
 				cli.C(fmt.Sprintf("%d/%d", m.LogUsed, m.LogBlocks), m.LogUsed), m.Lsn, p.MapRLDev, data, note)
 		}
 	}
+	return d
+}
+
+func chunkAddPairCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	var nodesSpec, sizeSpec string
+	cmd := &cobra.Command{
+		Use:   "add-pair --nodes A,B",
+		Short: "Add a chunk manager pair on two nodes (by decree)",
+		Long: `Add a chunk manager pair whose managers run on nodes A and B (A its first
+primary): a map RLDev (1/64 of --size, at least 1MiB) and a data RLDev of
+--size, each with its segments on those two nodes' disks, then the pair's
+record. The managers start on their own. Two decrees in two namespaces: a
+crash between them leaves the RLDevs unused (grove rldev list shows them).`,
+		Example: `  grove chunk add-pair --nodes 1,3 --size 4GiB`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			var a, b uint64
+			if _, err := fmt.Sscanf(nodesSpec, "%d,%d", &a, &b); err != nil || a == 0 || b == 0 || a == b {
+				return cli.Usagef("--nodes %q: want two different node ids, A,B", nodesSpec)
+			}
+			size, err := units.ParseSize(sizeSpec)
+			if err != nil || size < 1<<20 || size%4096 != 0 {
+				return cli.Usagef("--size %q: want at least 1MiB, a multiple of 4KiB", sizeSpec)
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openChunk(ctx, &c, "chunk add-pair")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			mapSize := max(1<<20, uint64(size)/64/4096*4096)
+			p, err := chunk.CreatePair(ctx, s.meta, [2]uint64{a, b}, mapSize, uint64(size))
+			if err != nil {
+				return chunkErr("chunk add-pair", &c, err)
+			}
+			return out.Print(os.Stdout, pairDoc(p, fmt.Sprintf("added chunk manager pair %d on nodes %d and %d", p.ID, a, b)))
+		},
+	}
+	cmd.Flags().StringVar(&nodesSpec, "nodes", "", "run the managers on nodes `A,B` (A the first primary)")
+	cmd.Flags().StringVar(&sizeSpec, "size", "1GiB", "give the pair a data RLDev of `SIZE`")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
+	return cmd
+}
+
+func chunkGrowCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	var sizeSpec string
+	cmd := &cobra.Command{
+		Use:   "grow CM",
+		Short: "Add a data RLDev to chunk manager pair CM (by decree)",
+		Long: `Add a data RLDev of --size to chunk manager pair CM, with its segments on the
+pair's two nodes. The pair's managers load their map again, knowing it (the
+primary takes over anew: allocations and frees pause for about a second;
+reads and writes go on), and allocations go to the RLDev with the most free
+space.`,
+		Example: `  grove chunk grow 1 --size 4GiB`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			cm, err := strconv.ParseUint(args[0], 10, 32)
+			if err != nil || cm == 0 {
+				return cli.Usagef("CM %q: want a chunk manager pair's id (grove chunk stat)", args[0])
+			}
+			size, err := units.ParseSize(sizeSpec)
+			if err != nil || size < 1<<20 || size%4096 != 0 {
+				return cli.Usagef("--size %q: want at least 1MiB, a multiple of 4KiB", sizeSpec)
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openChunk(ctx, &c, "chunk grow")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			p, err := chunk.AddData(ctx, s.meta, uint32(cm), uint64(size))
+			if err != nil {
+				return chunkErr("chunk grow", &c, err)
+			}
+			d := p.Data[len(p.Data)-1]
+			return out.Print(os.Stdout, pairDoc(p, fmt.Sprintf("added data RLDev %d (%s) to chunk manager pair %d", d.ID, units.FormatSize(int64(d.Blocks*chunk.BlockSize)), p.ID)))
+		},
+	}
+	cmd.Flags().StringVar(&sizeSpec, "size", "1GiB", "add a data RLDev of `SIZE`")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
+	return cmd
+}
+
+func pairDoc(p *chunk.Pair, text string) *cli.Doc {
+	d := &cli.Doc{}
+	d.FieldText("cm", p.ID, text)
+	d.Field("nodes", []string{strconv.FormatUint(p.Nodes[0], 10), strconv.FormatUint(p.Nodes[1], 10)})
+	d.Field("map_rldev", p.MapRLDev)
+	var data []string
+	for _, x := range p.Data {
+		data = append(data, strconv.FormatUint(x.ID, 10))
+	}
+	d.Field("data_rldevs", data)
 	return d
 }

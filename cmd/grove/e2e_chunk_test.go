@@ -17,10 +17,11 @@ import (
 // ChunkStatJSON is `grove chunk stat -o json`.
 type ChunkStatJSON struct {
 	Managers []struct {
-		CM     uint32 `json:"cm"`
-		Node   uint64 `json:"node"`
-		Role   string `json:"role"`
-		Chunks uint64 `json:"chunks"`
+		CM     uint32   `json:"cm"`
+		Node   uint64   `json:"node"`
+		Role   string   `json:"role"`
+		Chunks uint64   `json:"chunks"`
+		Data   []string `json:"data_rldevs"`
 	} `json:"managers"`
 }
 
@@ -205,6 +206,37 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 	for _, m := range s.Managers {
 		if m.CM == 1 && m.Chunks != 4 { // b, c, f, h
 			t.Fatalf("pair 1 at node %d: %d chunks, want 4", m.Node, m.Chunks)
+		}
+	}
+
+	// Growth, by decree: a data RLDev added to pair 1 (its managers load
+	// the map again; the new RLDev, with the most free space, takes the
+	// next allocation); a fourth pair on nodes 1 and 3.
+	for _, x := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"chunk", "grow", "99"}, 5, "no such chunk manager"},
+		{[]string{"chunk", "grow", "1", "--size", "1000"}, 2, "--size"},
+		{[]string{"chunk", "add-pair", "--nodes", "1,1"}, 2, "two different"},
+	} {
+		if r := run(nil, x.args...); r.code != x.code || !strings.Contains(r.stderr, x.says) {
+			t.Fatalf("%v: exit %d (want %d, %q): %s", x.args, r.code, x.code, x.says, r.stderr)
+		}
+	}
+	must(run(nil, "chunk", "grow", "1", "--size", "64MiB"))
+	k := alloc(1, 50000)
+	write(k, 7, random(1000))
+	check(1)
+	must(run(nil, "chunk", "add-pair", "--nodes", "1,3", "--size", "8MiB"))
+	waitRoles(4, map[uint64]string{1: "primary", 3: "secondary"})
+	m := alloc(4, 3000)
+	write(m, 0, random(3000))
+	check(1, 3, 4)
+	for _, x := range stat().Managers {
+		if x.CM == 1 && (len(x.Data) != 2 || x.Chunks != 5) {
+			t.Fatalf("pair 1 at node %d after growing: data RLDevs %v, %d chunks (want 2, 5)", x.Node, x.Data, x.Chunks)
 		}
 	}
 }

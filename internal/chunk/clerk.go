@@ -461,3 +461,68 @@ func CreatePair(ctx context.Context, m *meta.Client, nodes [2]uint64, mapSize, d
 	}
 	return p, nil
 }
+
+// AddData adds a data RLDev of dataSize bytes to pair cm, by decree: the
+// RLDev with its segments on the pair's two nodes (its primary on the node
+// whose segment count is lower), then the pair's record with it appended
+// (its managers then load the map again, knowing it). As with CreatePair,
+// a crash between the two decrees leaves the RLDev unused.
+func AddData(ctx context.Context, m *meta.Client, cm uint32, dataSize uint64) (*Pair, error) {
+	blocks := (dataSize + BlockSize - 1) / BlockSize
+	if blocks < 2 {
+		return nil, fmt.Errorf("%w: a data RLDev of %d bytes", ErrBadRequest, dataSize)
+	}
+	ns, err := m.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	t, err := DecodeTable(ns)
+	if err != nil {
+		return nil, err
+	}
+	p := t.Pairs[cm]
+	if p == nil {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownManager, cm)
+	}
+	// Alternate the data RLDevs' primaries over the pair's nodes.
+	first, second := p.Nodes[1], p.Nodes[0]
+	if len(p.Data)%2 == 1 {
+		first, second = second, first
+	}
+	var rec *rldev.Record
+	_, err = m.Update(ctx, rldev.Namespace, fmt.Sprintf("data RLDev for chunk manager pair %d", cm), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		rt, err := rldev.DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		if rec, err = rt.CreateOn(blocks, false, first, second); err != nil {
+			return nil, err
+		}
+		return []*pb.Op{rec.PutOp()}, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the RLDev: %w", err)
+	}
+	var out *Pair
+	_, err = m.Update(ctx, Namespace, fmt.Sprintf("data RLDev %d for chunk manager pair %d", rec.ID, cm), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		p := t.Pairs[cm]
+		if p == nil {
+			return nil, fmt.Errorf("%w: %d", ErrUnknownManager, cm)
+		}
+		p = p.Clone()
+		p.Data = append(p.Data, DataRLDev{ID: rec.ID, Blocks: blocks})
+		if err := p.Check(); err != nil {
+			return nil, err
+		}
+		out = p
+		return []*pb.Op{p.PutOp()}, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adding RLDev %d (made) to pair %d: %w", rec.ID, cm, err)
+	}
+	return out, nil
+}
