@@ -2,16 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/meta"
 )
 
 // ChunkStatJSON is `grove chunk stat -o json`.
@@ -239,4 +245,138 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 			t.Fatalf("pair 1 at node %d after growing: data RLDevs %v, %d chunks (want 2, 5)", x.Node, x.Data, x.Chunks)
 		}
 	}
+}
+
+// TestEndToEndChunkLoadSIGKILL: four clients of the Go clerk allocate,
+// write whole chunks and free some, on `grove up --processes`, while the
+// pair's primary's node is SIGKILLed under them. Afterwards: no handle was
+// returned twice; every chunk whose write was acknowledged reads back its
+// bytes (through the new primary, and after the node's restart); every
+// acknowledged free reads as unallocated; the new primary holds them all.
+func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
+	_, u, ctx := startCluster(t, 9900, "--chunk-size", "64MiB")
+	st, err := u.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []meta.Member
+	for _, m := range st.Members {
+		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
+	}
+	mc := meta.NewClient(ms)
+	defer mc.Close()
+	cl := chunk.NewClerk(mc)
+	defer cl.Close()
+	if _, err := cl.Allocate(ctx, 1, 1); err != nil { // the pair serves
+		t.Fatal(err)
+	}
+
+	type rec struct {
+		data  []byte
+		freed bool
+	}
+	var mu sync.Mutex
+	got := map[chunk.Handle]*rec{}
+	uncertain := 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := mrand.New(mrand.NewSource(int64(w)))
+			var mine []chunk.Handle
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				if len(mine) > 3 && r.Intn(4) == 0 {
+					k := r.Intn(len(mine))
+					h := mine[k]
+					mine = append(mine[:k], mine[k+1:]...)
+					err := cl.Free(octx, h)
+					cancel()
+					mu.Lock()
+					if err == nil {
+						got[h].freed = true
+					} else {
+						delete(got, h) // may or may not be freed
+						uncertain++
+						t.Logf("free of %s: %v", h, err)
+					}
+					mu.Unlock()
+					continue
+				}
+				size := 1 + r.Intn(20000)
+				h, err := cl.Allocate(octx, uint64(size), 1)
+				if err != nil {
+					cancel()
+					t.Errorf("allocation: %v", err)
+					return
+				}
+				mu.Lock()
+				if got[h] != nil {
+					t.Errorf("handle %s returned twice", h)
+				}
+				got[h] = nil
+				mu.Unlock()
+				data := make([]byte, size)
+				r.Read(data)
+				err = cl.Write(octx, h, 0, data)
+				cancel()
+				mu.Lock()
+				if err == nil {
+					got[h] = &rec{data: data}
+					mine = append(mine, h)
+				} else {
+					delete(got, h) // its content is uncertain
+					uncertain++
+					t.Logf("write of %s: %v", h, err)
+				}
+				mu.Unlock()
+			}
+		}(w)
+	}
+	time.Sleep(2 * time.Second)
+	if err := u.Kill(1); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	time.Sleep(5 * time.Second)
+	close(stop)
+	wg.Wait()
+	verify := func(when string) {
+		t.Helper()
+		live, freed := 0, 0
+		for h, x := range got {
+			if x == nil {
+				continue
+			}
+			b, err := cl.Read(ctx, h, 0, uint64(len(x.data)))
+			switch {
+			case x.freed && !errors.Is(err, chunk.ErrUnallocated):
+				t.Fatalf("%s: freed chunk %s: read %d bytes, %v", when, h, len(b), err)
+			case x.freed:
+				freed++
+			case err != nil:
+				t.Fatalf("%s: chunk %s: %v", when, h, err)
+			case !bytes.Equal(b, x.data):
+				t.Fatalf("%s: chunk %s: the data read back differs", when, h)
+			default:
+				live++
+			}
+		}
+		t.Logf("%s: %d chunks read back, %d freed ones unallocated, %d operations uncertain", when, live, freed, uncertain)
+		if live < 20 {
+			t.Fatalf("%s: only %d chunks written", when, live)
+		}
+	}
+	verify(fmt.Sprintf("after node 1 was SIGKILLed (%v ago)", time.Since(killed).Round(time.Second)))
+	if err := u.Restart(1); err != nil {
+		t.Fatal(err)
+	}
+	verify("after node 1 restarted")
 }
