@@ -36,6 +36,11 @@ type ServiceConfig struct {
 	Meta     *meta.Client
 	Locks    *lock.Service
 	RLDev    *rldev.Clerk // the map's and the chunks' I/O
+	// Local, if set, is this node's RLDev service: a chunk read is served
+	// from the node's own replica of the RLDev when it has one that may
+	// serve (both nodes of a pair hold a segment of each of its RLDevs),
+	// without a network hop; otherwise, or if it refuses, through RLDev.
+	Local LocalRLDev
 	Detector Detector
 	Live     Liveness
 	Log      *slog.Logger
@@ -46,6 +51,12 @@ type ServiceConfig struct {
 	// IOTimeout bounds one RLDev read or write (default 10 s): the
 	// manager's quarantine (30 s) must outlast a write it was told failed.
 	IOTimeout time.Duration
+}
+
+// LocalRLDev is a node's RLDev service as the chunk managers read through
+// it (rldev.Service).
+type LocalRLDev interface {
+	Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error)
 }
 
 // MaxIO bounds one client read or write of a chunk (the clerk splits
@@ -443,6 +454,13 @@ type syncIO struct {
 }
 
 func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
+	if l := x.s.cfg.Local; l != nil && blocks*BlockSize <= rldev.MaxIO {
+		r, err := l.Read(x.ctx, &pb.RLDevServiceReadRequest{Rldev: rl, Offset: block * BlockSize, Length: blocks * BlockSize})
+		if err == nil && rldev.ResultError(r.Result) == nil && uint64(len(r.Data)) == blocks*BlockSize {
+			done(r.Data, nil)
+			return
+		}
+	}
 	done(x.s.readBlocks(x.ctx, rl, block, blocks))
 }
 
