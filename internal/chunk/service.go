@@ -32,15 +32,15 @@ type Liveness interface {
 
 // ServiceConfig wires the chunk managers into a node.
 type ServiceConfig struct {
-	Node     uint64
-	Meta     *meta.Client
-	Locks    *lock.Service
-	RLDev    *rldev.Clerk // the map's and the chunks' I/O
+	Node  uint64
+	Meta  *meta.Client
+	Locks *lock.Service
+	RLDev *rldev.Clerk // the map's and the chunks' I/O
 	// Local, if set, is this node's RLDev service: a chunk read is served
 	// from the node's own replica of the RLDev when it has one that may
 	// serve (both nodes of a pair hold a segment of each of its RLDevs),
 	// without a network hop; otherwise, or if it refuses, through RLDev.
-	Local LocalRLDev
+	Local    LocalRLDev
 	Detector Detector
 	Live     Liveness
 	Log      *slog.Logger
