@@ -50,11 +50,10 @@ type Clerk struct {
 	ctx   context.Context
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
+	book  *meta.AddressBook
 	mu    struct {
 		sync.Mutex
-		table   *Table
-		addrs   map[NodeID]string
-		changed chan struct{}
+		table *Table
 	}
 	refresh sync.Mutex
 	next    atomic.Uint32 // round robin over the pairs for allocations
@@ -65,11 +64,9 @@ type Clerk struct {
 func NewClerk(m *meta.Client) *Clerk {
 	c := &Clerk{meta: m}
 	c.ctx, c.stop = context.WithCancel(context.Background())
-	c.mu.addrs = map[NodeID]string{}
-	c.mu.changed = make(chan struct{})
-	c.wg.Add(2)
+	c.book = meta.NewAddressBook(m)
+	c.wg.Add(1)
 	go c.watchTable()
-	go c.watchNodes()
 	return c
 }
 
@@ -77,6 +74,7 @@ func NewClerk(m *meta.Client) *Clerk {
 func (c *Clerk) Close() {
 	c.stop()
 	c.wg.Wait()
+	c.book.Close()
 	c.conns.Close()
 }
 
@@ -86,25 +84,6 @@ func (c *Clerk) watchTable() {
 		if t, err := DecodeTable(ns); err == nil {
 			c.setTable(t)
 		}
-	}
-}
-
-func (c *Clerk) watchNodes() {
-	defer c.wg.Done()
-	for ns := range c.meta.Watch(c.ctx, meta.NodesNamespace, 0) {
-		nodes, err := meta.DecodeNodes(ns)
-		if err != nil {
-			continue
-		}
-		addrs := map[NodeID]string{}
-		for _, n := range nodes {
-			addrs[n.Id] = n.GrpcAddr
-		}
-		c.mu.Lock()
-		c.mu.addrs = addrs
-		close(c.mu.changed)
-		c.mu.changed = make(chan struct{})
-		c.mu.Unlock()
 	}
 }
 
@@ -142,25 +121,15 @@ func (c *Clerk) Table(ctx context.Context, fresh bool) (*Table, error) {
 }
 
 func (c *Clerk) client(ctx context.Context, node NodeID) (pb.ChunkServiceClient, error) {
-	for {
-		c.mu.Lock()
-		a, ch := c.mu.addrs[node], c.mu.changed
-		c.mu.Unlock()
-		if a != "" {
-			cc, err := c.conns.Get(a)
-			if err != nil {
-				return nil, err
-			}
-			return pb.NewChunkServiceClient(cc), nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("the address of node %d: %w", node, ctx.Err())
-		case <-time.After(2 * time.Second):
-			return nil, fmt.Errorf("node %d is not in the membership", node)
-		}
+	a, err := c.book.Addr(ctx, node)
+	if err != nil {
+		return nil, err
 	}
+	cc, err := c.conns.Get(a)
+	if err != nil {
+		return nil, err
+	}
+	return pb.NewChunkServiceClient(cc), nil
 }
 
 // final errors: trying again cannot help.

@@ -80,17 +80,17 @@ type Service struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	conns transport.Pool
+	book  *meta.AddressBook // the peers' addresses
 	// Writes of one chunk through this node are serialized (a partial
 	// block's read-modify-write, chunkio.go): a stripe of mutexes.
 	wmu [256]sync.Mutex
 	mu  struct {
 		sync.Mutex
-		gen     *generation // nil between a fence and the next start
-		want    uint64      // the incarnation to run (the latest Start)
-		fenced  uint64      // the latest incarnation fenced
-		table   *Table      // the latest table seen
-		addrs   map[NodeID]string
-		reqs    map[ReqID]*waiter
+		gen     *generation          // nil between a fence and the next start
+		want    uint64               // the incarnation to run (the latest Start)
+		fenced  uint64               // the latest incarnation fenced
+		table   *Table               // the latest table seen
+		reqs    map[ReqID]chan Reply // allocations and frees waiting for their replies
 		nextReq ReqID
 	}
 	started sync.Once
@@ -119,12 +119,6 @@ type managed struct {
 	refreshAsked int // Refresh effects asked (a read answers those asked before it began)
 }
 
-type waiter struct {
-	ch      chan Reply
-	cm      uint32
-	changes bool // an allocation or free: may have taken effect if cut off
-}
-
 // NewService returns a stopped service; Start begins each incarnation.
 func NewService(cfg ServiceConfig) *Service {
 	if cfg.Log == nil {
@@ -136,10 +130,9 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.IOTimeout == 0 {
 		cfg.IOTimeout = 10 * time.Second
 	}
-	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "chunk")}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "chunk"), book: meta.NewAddressBook(cfg.Meta)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	s.mu.addrs = map[NodeID]string{}
-	s.mu.reqs = map[ReqID]*waiter{}
+	s.mu.reqs = map[ReqID]chan Reply{}
 	return s
 }
 
@@ -147,9 +140,8 @@ func NewService(cfg ServiceConfig) *Service {
 // clerk of inc exists. It returns at once.
 func (s *Service) Start(inc uint64) {
 	s.started.Do(func() {
-		s.wg.Add(3)
+		s.wg.Add(2)
 		go s.watchTable()
-		go s.watchNodes()
 		go s.ticker()
 	})
 	s.mu.Lock()
@@ -216,13 +208,11 @@ func (s *Service) fenceLocked(why string) {
 	g := s.mu.gen
 	s.mu.gen = nil
 	g.cancel()
-	for id, w := range s.mu.reqs {
+	for id, ch := range s.mu.reqs {
+		// Every request waiting is an allocation or a free: it may be in
+		// the map's log already.
 		delete(s.mu.reqs, id)
-		err := fmt.Errorf("%w: node %d: %s", ErrNotServing, s.cfg.Node, why)
-		if w.changes {
-			err = fmt.Errorf("%w (%w)", err, ErrMaybeDone)
-		}
-		w.ch <- Reply{Req: id, Err: err}
+		ch <- Reply{Req: id, Err: fmt.Errorf("%w: node %d: %s (%w)", ErrNotServing, s.cfg.Node, why, ErrMaybeDone)}
 	}
 	s.log.Warn("chunk managers stopped", "incarnation", g.inc, "why", why)
 }
@@ -237,6 +227,7 @@ func (s *Service) Close() {
 	s.mu.Unlock()
 	s.stop()
 	s.wg.Wait()
+	s.book.Close()
 	s.conns.Close()
 }
 
@@ -311,9 +302,9 @@ func (s *Service) execLocked(g *generation, mg *managed, out []any) {
 		case Send:
 			s.sendLocked(g, x.To, EncodePeer(s.cfg.Node, g.inc, x.Msg))
 		case Reply:
-			if w := s.mu.reqs[x.Req]; w != nil {
+			if ch := s.mu.reqs[x.Req]; ch != nil {
 				delete(s.mu.reqs, x.Req)
-				w.ch <- x
+				ch <- x
 			}
 		case AskDead:
 			sub := x.Subject
@@ -593,24 +584,6 @@ func (s *Service) registered(ctx context.Context, node NodeID) (uint64, error) {
 	return 0, nil
 }
 
-// watchNodes keeps the nodes' addresses current.
-func (s *Service) watchNodes() {
-	defer s.wg.Done()
-	for ns := range s.cfg.Meta.Watch(s.ctx, meta.NodesNamespace, 0) {
-		nodes, err := meta.DecodeNodes(ns)
-		if err != nil {
-			continue
-		}
-		addrs := map[NodeID]string{}
-		for _, n := range nodes {
-			addrs[n.Id] = n.GrpcAddr
-		}
-		s.mu.Lock()
-		s.mu.addrs = addrs
-		s.mu.Unlock()
-	}
-}
-
 func (s *Service) ticker() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.Tick)
@@ -660,9 +633,7 @@ func (s *Service) sender(g *generation, to NodeID, q chan *pb.ChunkServicePeerRe
 			return
 		case m = <-q:
 		}
-		s.mu.Lock()
-		addr := s.mu.addrs[to]
-		s.mu.Unlock()
+		addr := s.book.Lookup(to)
 		if addr == "" {
 			continue
 		}
@@ -700,7 +671,7 @@ func (s *Service) Peer(ctx context.Context, r *pb.ChunkServicePeerRequest) (*pb.
 // request starts a client's allocation or free on pair cm's manager and
 // waits for its reply.
 func (s *Service) request(ctx context.Context, cm uint32, start func(m *Manager, env Env, req ReqID) []any) (Handle, error) {
-	w := &waiter{ch: make(chan Reply, 1), cm: cm, changes: true}
+	ch := make(chan Reply, 1)
 	s.mu.Lock()
 	g := s.mu.gen
 	mg := s.currentLocked(g, cm)
@@ -710,11 +681,11 @@ func (s *Service) request(ctx context.Context, cm uint32, start func(m *Manager,
 	}
 	s.mu.nextReq++
 	req := s.mu.nextReq
-	s.mu.reqs[req] = w
+	s.mu.reqs[req] = ch
 	s.execLocked(g, mg, start(mg.m, s.env(g), req))
 	s.mu.Unlock()
 	select {
-	case r := <-w.ch:
+	case r := <-ch:
 		return r.Handle, r.Err
 	case <-ctx.Done():
 		s.mu.Lock()

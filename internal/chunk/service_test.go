@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -18,7 +17,6 @@ import (
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/meta"
-	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -189,108 +187,5 @@ func TestServicePairFailover(t *testing.T) {
 		if _, err := cl.Read(ctx, h, 0, 1); !errors.Is(err, chunk.ErrUnallocated) {
 			t.Fatalf("a read of freed chunk %s: %v", h, err)
 		}
-	}
-}
-
-// BenchmarkChunkStore re-runs Boxwood's Table 2 (§4.3) and its companion
-// figures on this machine: two store nodes in this process (loopback gRPC,
-// disks in files), one pair. Each sub-benchmark's ns/op is per operation.
-//
-//   - alloc/batch=N: N allocations of 8 KiB in flight at once (each zeroed
-//     on disk); the primary group-commits them (one frame of the map's log,
-//     one zeroing per chunk), so ns/op is the latency amortized over the
-//     batch, as in Table 2 (whose batches are formed at the clerk).
-//   - free: one deallocation at a time (the paper: 5.3 ms).
-//   - write64K / read64K: a chunk's data path against the RLDev's own
-//     (rldev-write64K / rldev-read64K, the same RLDev): the paper says the
-//     two match.
-func BenchmarkChunkStore(b *testing.B) {
-	ctx := context.Background()
-	// Room for every allocation of repeated runs (-count): freed space is
-	// quarantined for 30 s, so the runs allocate afresh.
-	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 4 << 30, Log: testLog()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	var p *chunk.Pair
-	for i := 0; i < 100; i++ {
-		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 64<<20, 2<<30); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	cl := chunk.NewClerk(mc)
-	defer cl.Close()
-	if _, err := cl.Allocate(ctx, 8192, p.ID); err != nil { // waits for the pair to serve
-		b.Fatal(err)
-	}
-	for _, batch := range []int{1, 10, 100, 1000} {
-		b.Run(fmt.Sprintf("alloc/batch=%d", batch), func(b *testing.B) {
-			for done := 0; done < b.N; {
-				n := min(batch, b.N-done)
-				errs := make(chan error, n)
-				for i := 0; i < n; i++ {
-					go func() {
-						_, err := cl.Allocate(ctx, 8192, p.ID)
-						errs <- err
-					}()
-				}
-				for i := 0; i < n; i++ {
-					if err := <-errs; err != nil {
-						b.Fatal(err)
-					}
-				}
-				done += n
-			}
-		})
-	}
-	b.Run("free", func(b *testing.B) {
-		b.StopTimer()
-		hs := make([]chunk.Handle, b.N)
-		for i := range hs {
-			if hs[i], err = cl.Allocate(ctx, 8192, p.ID); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.StartTimer()
-		for _, h := range hs {
-			if err := cl.Free(ctx, h); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	h, err := cl.Allocate(ctx, 8<<20, p.ID)
-	if err != nil {
-		b.Fatal(err)
-	}
-	data := random(64 << 10)
-	rl := rldev.NewClerk(mc)
-	defer rl.Close()
-	dataRL := p.Data[0].ID
-	for _, x := range []struct {
-		name string
-		op   func(off uint64) error
-	}{
-		{"write64K", func(off uint64) error { return cl.Write(ctx, h, off, data) }},
-		{"rldev-write64K", func(off uint64) error {
-			return rl.Write(ctx, dataRL, (256<<20)+off, data, rldev.WriteOptions{})
-		}},
-		{"read64K", func(off uint64) error { _, err := cl.Read(ctx, h, off, 64<<10); return err }},
-		{"rldev-read64K", func(off uint64) error { _, err := rl.Read(ctx, dataRL, (256<<20)+off, 64<<10, 0); return err }},
-	} {
-		b.Run(x.name, func(b *testing.B) {
-			b.SetBytes(64 << 10)
-			for i := 0; i < b.N; i++ {
-				if err := x.op(uint64(i%128) * (64 << 10)); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
 	}
 }

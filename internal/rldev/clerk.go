@@ -36,10 +36,9 @@ type Clerk struct {
 	wg    sync.WaitGroup
 	mu    struct {
 		sync.Mutex
-		table   *Table
-		addrs   map[NodeID]string
-		changed chan struct{} // closed when the table or the addresses change
+		table *Table
 	}
+	book    *meta.AddressBook
 	refresh sync.Mutex // one linearizable read at a time
 }
 
@@ -58,11 +57,9 @@ func NewClerk(m *meta.Client) *Clerk { return NewClerkWith(m, ClerkOptions{}) }
 func NewClerkWith(m *meta.Client, o ClerkOptions) *Clerk {
 	c := &Clerk{meta: m, opts: o}
 	c.ctx, c.stop = context.WithCancel(context.Background())
-	c.mu.addrs = map[NodeID]string{}
-	c.mu.changed = make(chan struct{})
-	c.wg.Add(2)
+	c.book = meta.NewAddressBook(m)
+	c.wg.Add(1)
 	go c.watchTable()
-	go c.watchNodes()
 	return c
 }
 
@@ -70,6 +67,7 @@ func NewClerkWith(m *meta.Client, o ClerkOptions) *Clerk {
 func (c *Clerk) Close() {
 	c.stop()
 	c.wg.Wait()
+	c.book.Close()
 	c.conns.Close()
 	c.data.close()
 }
@@ -83,36 +81,12 @@ func (c *Clerk) watchTable() {
 	}
 }
 
-func (c *Clerk) watchNodes() {
-	defer c.wg.Done()
-	for ns := range c.meta.Watch(c.ctx, meta.NodesNamespace, 0) {
-		nodes, err := meta.DecodeNodes(ns)
-		if err != nil {
-			continue
-		}
-		addrs := map[NodeID]string{}
-		for _, n := range nodes {
-			addrs[n.Id] = n.GrpcAddr
-		}
-		c.mu.Lock()
-		c.mu.addrs = addrs
-		c.changedLocked()
-		c.mu.Unlock()
-	}
-}
-
 func (c *Clerk) setTable(t *Table) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.mu.table == nil || t.Version > c.mu.table.Version {
 		c.mu.table = t
-		c.changedLocked()
 	}
-}
-
-func (c *Clerk) changedLocked() {
-	close(c.mu.changed)
-	c.mu.changed = make(chan struct{})
 }
 
 // Table returns the clerk's table, reading it linearizably the first time
@@ -140,23 +114,7 @@ func (c *Clerk) Table(ctx context.Context, fresh bool) (*Table, error) {
 	return c.mu.table, nil
 }
 
-func (c *Clerk) addr(ctx context.Context, node NodeID) (string, error) {
-	for {
-		c.mu.Lock()
-		a, ch := c.mu.addrs[node], c.mu.changed
-		c.mu.Unlock()
-		if a != "" {
-			return a, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return "", fmt.Errorf("the address of node %d: %w", node, ctx.Err())
-		case <-time.After(2 * time.Second):
-			return "", fmt.Errorf("node %d is not in the membership", node)
-		}
-	}
-}
+func (c *Clerk) addr(ctx context.Context, node NodeID) (string, error) { return c.book.Addr(ctx, node) }
 
 // WriteOptions modify a write.
 type WriteOptions struct {
