@@ -1,0 +1,68 @@
+package txn
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// RLDevDevice is a log's RLDev through the RLDev clerk.
+type RLDevDevice struct {
+	Clerk *rldev.Clerk
+	ID    uint64
+	Size  uint64 // blocks
+	// ReplicaTimeout bounds one replica read (a replica that is down but
+	// not yet declared so answers nothing; recovery then goes on with the
+	// other). Default 3 s.
+	ReplicaTimeout time.Duration
+}
+
+var _ Device = (*RLDevDevice)(nil)
+
+// Blocks is the RLDev's size.
+func (d *RLDevDevice) Blocks() uint64 { return d.Size }
+
+// Write writes through the RLDev's primary, on both replicas.
+func (d *RLDevDevice) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
+	return d.Clerk.Write(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f})
+}
+
+// ReadReplica reads one replica (ReadReplica of the RLDev), refusing at once
+// one the table marks stale.
+func (d *RLDevDevice) ReadReplica(ctx context.Context, replica int, block, n uint64) ([]byte, error) {
+	t, err := d.Clerk.Table(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	rec := t.RLDevs[d.ID]
+	if rec == nil {
+		return nil, fmt.Errorf("txn: log RLDev %d is not in the table", d.ID)
+	}
+	if rec.Stale[replica] {
+		return nil, fmt.Errorf("txn: replica %d of RLDev %d: %w", replica, d.ID, rldev.ErrNotServing)
+	}
+	to := d.ReplicaTimeout
+	if to == 0 {
+		to = 3 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, to)
+	defer cancel()
+	var out []byte
+	for off := uint64(0); off < n; {
+		m := min(n-off, rldev.MaxIO/BlockSize)
+		b, err := d.Clerk.Read(ctx, d.ID, (block+off)*BlockSize, m*BlockSize, replica+1)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+		off += m
+	}
+	return out, nil
+}
+
+// WriteReplica writes one replica alone (WriteReplica of the RLDev).
+func (d *RLDevDevice) WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error {
+	return d.Clerk.Write(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f, Replica: replica + 1})
+}

@@ -1,0 +1,653 @@
+package txn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// Checkpointer writes back, durably, every change that the records below
+// upTo protect (for the B-link tree: its dirty nodes whose last change is
+// below upTo), so that the log may drop them. The write-ahead rule is the
+// checkpointer's to keep for everything it writes: a page goes to its
+// chunk only once the log is durable up to the page's last change
+// (Log.Flush).
+type Checkpointer interface {
+	WriteBack(ctx context.Context, upTo LSN) error
+}
+
+// Config opens a log.
+type Config struct {
+	Device Device
+	// Fence is the log's lock and its owner's token: every write of the
+	// log carries it, so that once another node recovers the log (with a
+	// newer token) this owner cannot append to it.
+	Fence rldev.Fence
+	// Applier receives what recovery replays when the log is opened.
+	Applier Applier
+	// Checkpointer, if set, lets the log reclaim space: when more than
+	// CheckpointAt of the ring is in use, a checkpoint writes back what
+	// the oldest records protect and moves the head. Without one, appends
+	// fail with ErrLogFull once the ring is full.
+	Checkpointer Checkpointer
+	// CheckpointAt is the fraction of the ring in use that starts a
+	// checkpoint (default 0.5).
+	CheckpointAt float64
+	// LazyInterval bounds how long a lazy commit stays in memory only
+	// (default 30 s, Boxwood §5).
+	LazyInterval time.Duration
+	// Manual: no background work; the caller flushes (Flush, FlushNow)
+	// and checkpoints itself (the simulator, which must replay a seed).
+	Manual bool
+	Log    *slog.Logger
+	Unsafe Unsafe
+}
+
+// Errors an append or commit returns.
+var (
+	// ErrLogFull: the ring has no room for the record and a checkpoint
+	// could not make any (no checkpointer, or the oldest open transaction
+	// holds the head). The transaction should abort.
+	ErrLogFull = errors.New("txn: the log is full")
+	// ErrClosed: the log was closed.
+	ErrClosed = errors.New("txn: the log is closed")
+	// ErrTxnDone: the transaction already committed or aborted.
+	ErrTxnDone = errors.New("txn: the transaction has ended")
+)
+
+// Log is an open log: its owner appends transactions' records and commits
+// them, in groups. Safe for concurrent use.
+//
+// Durability contract: Commit(ctx, true) returns nil only once the
+// commit record, and every record before it, is durable on both replicas
+// of the RLDev (on the survivor alone in degraded mode); a lazy commit
+// (Commit(ctx, false)) is durable within LazyInterval, or sooner when any
+// later flush happens, and a crash before then loses it whole (never
+// part of it: the transaction's commit record comes after its updates,
+// and recovery undoes a transaction without one). Flush(ctx, lsn)
+// returns once every record below lsn is durable: the write-ahead rule for
+// a client writing back a page whose last change is at lsn.
+type Log struct {
+	cfg   Config
+	ring  uint64
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	kick  chan struct{}
+	hdrMu sync.Mutex // one header write (checkpoint) at a time
+	mu    struct {
+		sync.Mutex
+		hdr      Header
+		head     LSN       // Invariant: head <= durable
+		buf      []byte    // records not yet in a flush, from bufLSN
+		starts   []int     // where records begin in buf
+		bufLSN   LSN       // block-aligned; the in-flight flush's end, or durable
+		since    time.Time // when buf got its first record
+		durable  LSN       // block-aligned: every record below is durable
+		flushing bool
+		waiters  []waiter
+		// active: every transaction with records whose end (commit or
+		// abort record) is not durable yet → its first record. The head
+		// stays at or below all of them: until its end is durable, a
+		// transaction may be rolled back by recovery, which needs its
+		// undo images (even once committed lazily).
+		active  map[uint64]LSN
+		ending  map[uint64]LSN // of those, the ones ended → the end record's LSN
+		nextTxn uint64
+		err     error // sticky: the log failed
+		closed  bool
+		ckpt    bool // a checkpoint is running
+		space   *sync.Cond
+		stats   Stats
+	}
+	recovered Report
+}
+
+type waiter struct {
+	lsn LSN
+	ch  chan error
+}
+
+// Stats count a log's work.
+type Stats struct {
+	Appends, Commits, LazyCommits, Aborts uint64
+	Flushes, FlushBlocks                  uint64
+	Checkpoints                           uint64
+	Head, Durable, End                    LSN
+	RingBlocks, UsedBlocks                uint64
+}
+
+// Open recovers the log on cfg.Device (any node may: the log is on an
+// RLDev) and returns it ready for appends after the recovered end.
+func Open(ctx context.Context, cfg Config) (*Log, error) {
+	if cfg.Device == nil || cfg.Applier == nil {
+		return nil, errors.New("txn: a log needs a device and an applier")
+	}
+	if cfg.Fence.Name == "" || cfg.Fence.Token.IsZero() {
+		return nil, errors.New("txn: a log needs its lock's name and token")
+	}
+	if cfg.CheckpointAt == 0 {
+		cfg.CheckpointAt = 0.5
+	}
+	if cfg.CheckpointAt < 0.05 || cfg.CheckpointAt > 0.95 {
+		return nil, fmt.Errorf("txn: CheckpointAt %v (0.05 to 0.95)", cfg.CheckpointAt)
+	}
+	if cfg.LazyInterval == 0 {
+		cfg.LazyInterval = 30 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	rep, err := Recover(ctx, cfg.Device, cfg.Fence, cfg.Applier, cfg.Unsafe)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{cfg: cfg, ring: rep.NewHeader.Ring, log: cfg.Log, kick: make(chan struct{}, 1), recovered: rep}
+	l.mu.hdr = rep.NewHeader
+	l.mu.head, l.mu.durable, l.mu.bufLSN = rep.Next, rep.Next, rep.Next
+	l.mu.active = map[uint64]LSN{}
+	l.mu.ending = map[uint64]LSN{}
+	l.mu.space = sync.NewCond(&l.mu.Mutex)
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	if !cfg.Manual {
+		l.wg.Add(1)
+		go l.flusher()
+	}
+	return l, nil
+}
+
+// Recovered is what opening the log recovered.
+func (l *Log) Recovered() Report { return l.recovered }
+
+// Txn is one transaction. Its records are the log's; its isolation is the
+// caller's (locks taken in a fixed order, see LockOrder). Not safe for
+// concurrent use by several goroutines.
+type Txn struct {
+	l       *Log
+	id      uint64
+	updates []Record // for a live abort
+	done    bool
+}
+
+// Begin starts a transaction (nothing is logged until its first update).
+func (l *Log) Begin() *Txn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.nextTxn++
+	return &Txn{l: l, id: l.mu.nextTxn}
+}
+
+// ID is the transaction's id in the log.
+func (t *Txn) ID() uint64 { return t.id }
+
+// Update logs that bytes [off, off+len(redo)) of target change from undo
+// to redo; the caller changes them itself (in its cache: no-force). It
+// returns the record's LSN, the page's new LSN for the write-ahead rule.
+func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo []byte) (LSN, error) {
+	if t.done {
+		return 0, ErrTxnDone
+	}
+	r := Record{Kind: KindUpdate, Txn: t.id, Target: slices.Clone(target), Off: off, Redo: slices.Clone(redo), Undo: slices.Clone(undo)}
+	lsn, err := t.l.append(ctx, &r, t.id)
+	if err != nil {
+		return 0, err
+	}
+	r.LSN = lsn
+	t.updates = append(t.updates, r)
+	return lsn, nil
+}
+
+// Commit ends the transaction: its updates are to survive. With sync it
+// returns once the commit is durable (group commit: every commit waiting
+// meanwhile shares one write); without, the commit is durable within the
+// lazy interval. It returns the LSN after the commit record.
+func (t *Txn) Commit(ctx context.Context, sync bool) (LSN, error) {
+	if t.done {
+		return 0, ErrTxnDone
+	}
+	r := Record{Kind: KindCommit, Txn: t.id}
+	lsn, err := t.l.append(ctx, &r, t.id)
+	if err != nil {
+		return 0, err
+	}
+	t.done = true
+	end := lsn + LSN(r.Size())
+	t.l.ended(t.id, lsn, sync)
+	if sync {
+		return end, t.l.Flush(ctx, end)
+	}
+	return end, nil
+}
+
+// Abort rolls the transaction back live: for each update, latest first,
+// undo (the caller's) restores the before-image in the caller's cache and
+// a compensation record logs that; then an abort record ends it. It is not
+// flushed (a crash before it is durable leaves a transaction recovery
+// rolls back the same way).
+func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
+	if t.done {
+		return ErrTxnDone
+	}
+	for i := len(t.updates) - 1; i >= 0; i-- {
+		u := t.updates[i]
+		if undo != nil {
+			if err := undo(u); err != nil {
+				return fmt.Errorf("txn: undo of the record at %d: %w", u.LSN, err)
+			}
+		}
+		c := Record{Kind: KindCompensation, Txn: t.id, Target: u.Target, Off: u.Off, Redo: u.Undo}
+		if _, err := t.l.append(ctx, &c, t.id); err != nil {
+			return err
+		}
+	}
+	r := Record{Kind: KindAbort, Txn: t.id}
+	lsn, err := t.l.append(ctx, &r, t.id)
+	if err != nil {
+		return err
+	}
+	t.done = true
+	t.l.mu.Lock()
+	t.l.endingLocked(t.id, lsn)
+	t.l.mu.stats.Aborts++
+	t.l.mu.Unlock()
+	return nil
+}
+
+func (l *Log) ended(id uint64, lsn LSN, sync bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.endingLocked(id, lsn)
+	l.mu.stats.Commits++
+	if !sync {
+		l.mu.stats.LazyCommits++
+	}
+}
+
+// endingLocked notes transaction id's end record at lsn: it stops holding
+// the head back once that record is durable.
+func (l *Log) endingLocked(id uint64, lsn LSN) {
+	if _, ok := l.mu.active[id]; ok {
+		l.mu.ending[id] = lsn
+	}
+}
+
+// usedLocked is the ring blocks in use if extra more stream bytes were
+// buffered.
+func (l *Log) usedLocked(extra int) uint64 {
+	headSeq, _ := SeqOf(l.mu.head)
+	bufSeq, _ := SeqOf(l.mu.bufLSN)
+	n := len(l.mu.buf) + extra
+	return bufSeq + uint64((n+Payload-1)/Payload) - headSeq
+}
+
+// append buffers r for transaction id and returns its LSN.
+func (l *Log) append(ctx context.Context, r *Record, id uint64) (LSN, error) {
+	if err := r.Check(); err != nil {
+		return 0, err
+	}
+	size := r.Size()
+	if uint64(size) > l.ring*Payload/4 {
+		return 0, fmt.Errorf("txn: a record of %d bytes in a log of %d blocks (at most a quarter of it)", size, l.ring)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		if err := l.usableLocked(); err != nil {
+			return 0, err
+		}
+		if l.usedLocked(size) <= l.ring {
+			break
+		}
+		if l.cfg.Manual || l.cfg.Checkpointer == nil {
+			return 0, ErrLogFull
+		}
+		l.checkpointSoonLocked()
+		// Wait for room (a checkpoint, or an end of transaction that lets
+		// one move the head), but not past ctx.
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
+		}
+		stop := context.AfterFunc(ctx, func() {
+			l.mu.Lock()
+			l.mu.space.Broadcast()
+			l.mu.Unlock()
+		})
+		l.mu.space.Wait()
+		stop()
+	}
+	lsn := l.mu.bufLSN + LSN(len(l.mu.buf))
+	if len(l.mu.buf) == 0 {
+		l.mu.since = time.Now()
+	}
+	l.mu.starts = append(l.mu.starts, len(l.mu.buf))
+	l.mu.buf = AppendRecord(l.mu.buf, r)
+	if _, ok := l.mu.active[id]; !ok && r.Kind == KindUpdate {
+		l.mu.active[id] = lsn
+	}
+	l.mu.stats.Appends++
+	return lsn, nil
+}
+
+func (l *Log) usableLocked() error {
+	switch {
+	case l.mu.err != nil:
+		return l.mu.err
+	case l.mu.closed:
+		return ErrClosed
+	}
+	return nil
+}
+
+// Flush returns once every record below lsn is durable.
+func (l *Log) Flush(ctx context.Context, lsn LSN) error {
+	if l.cfg.Manual {
+		for {
+			l.mu.Lock()
+			d, err := l.mu.durable, l.mu.err
+			l.mu.Unlock()
+			if d >= lsn {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := l.FlushNow(ctx); err != nil {
+				return err
+			}
+			l.mu.Lock()
+			stuck := l.mu.durable < lsn && len(l.mu.buf) == 0 && !l.mu.flushing
+			l.mu.Unlock()
+			if stuck {
+				return fmt.Errorf("txn: flush to %d: nothing is buffered that far", lsn)
+			}
+		}
+	}
+	l.mu.Lock()
+	if l.mu.durable >= lsn {
+		l.mu.Unlock()
+		return nil
+	}
+	if err := l.mu.err; err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	w := waiter{lsn: lsn, ch: make(chan error, 1)}
+	l.mu.waiters = append(l.mu.waiters, w)
+	l.mu.Unlock()
+	l.poke()
+	select {
+	case err := <-w.ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *Log) poke() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Durable is the LSN below which every record is durable.
+func (l *Log) Durable() LSN {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.durable
+}
+
+// Err is why the log failed (nil while it works).
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.err
+}
+
+// flusher is the group commit: it writes everything buffered whenever a
+// commit waits for durability (and again at once if more came meanwhile),
+// and at the latest LazyInterval after a record was buffered.
+func (l *Log) flusher() {
+	defer l.wg.Done()
+	tick := time.NewTicker(max(l.cfg.LazyInterval/8, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-l.kick:
+		case <-tick.C:
+		}
+		for {
+			l.mu.Lock()
+			due := len(l.mu.buf) > 0 && (len(l.mu.waiters) > 0 || time.Since(l.mu.since) >= l.cfg.LazyInterval)
+			l.mu.Unlock()
+			if !due {
+				break
+			}
+			if err := l.FlushNow(l.ctx); err != nil {
+				break
+			}
+		}
+	}
+}
+
+// FlushNow writes what is buffered as one flush (if no flush is in
+// flight): the group commit's one write.
+func (l *Log) FlushNow(ctx context.Context) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil && !(errors.Is(err, ErrClosed) && len(l.mu.buf) > 0) {
+		l.mu.Unlock()
+		return err
+	}
+	if l.mu.flushing || len(l.mu.buf) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	seq, off := SeqOf(l.mu.bufLSN)
+	if off != 0 {
+		panic("txn: a flush that does not start a block")
+	}
+	blocks := BuildFlush(seq, l.cfg.Fence.Token, l.mu.buf, l.mu.starts)
+	end := LSNOf(seq+uint64(len(blocks)), 0)
+	l.mu.buf, l.mu.starts, l.mu.bufLSN, l.mu.flushing = nil, nil, end, true
+	if l.cfg.Unsafe.AckBeforeWrite {
+		l.durableLocked(end)
+	}
+	l.mu.Unlock()
+
+	err := l.writeRing(ctx, seq, blocks)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.flushing = false
+	if err != nil {
+		// The log cannot know what of the flush landed: it stops, and the
+		// next owner's recovery decides (every commit in it unacknowledged).
+		l.failLocked(fmt.Errorf("txn: log flush of %d blocks at %d failed: %w", len(blocks), seq, fenced(err)))
+		return l.mu.err
+	}
+	l.mu.stats.Flushes++
+	l.mu.stats.FlushBlocks += uint64(len(blocks))
+	l.durableLocked(end)
+	if !l.cfg.Manual && l.cfg.Checkpointer != nil && float64(l.usedLocked(0)) > l.cfg.CheckpointAt*float64(l.ring) {
+		l.checkpointSoonLocked()
+	}
+	return nil
+}
+
+func (l *Log) durableLocked(end LSN) {
+	if end <= l.mu.durable {
+		return
+	}
+	l.mu.durable = end
+	for id, e := range l.mu.ending {
+		if e < end {
+			delete(l.mu.ending, id)
+			delete(l.mu.active, id)
+		}
+	}
+	kept := l.mu.waiters[:0]
+	for _, w := range l.mu.waiters {
+		if w.lsn <= end {
+			w.ch <- nil
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	l.mu.waiters = kept
+	l.mu.space.Broadcast()
+}
+
+func (l *Log) failLocked(err error) {
+	if l.mu.err == nil {
+		l.mu.err = err
+		l.log.Error("log failed", "err", err)
+	}
+	for _, w := range l.mu.waiters {
+		w.ch <- l.mu.err
+	}
+	l.mu.waiters = nil
+	l.mu.space.Broadcast()
+}
+
+// writeRing writes consecutive log blocks from sequence number seq, in as
+// few device writes as the ring's wrap and MaxIO allow (one, usually).
+func (l *Log) writeRing(ctx context.Context, seq uint64, blocks [][]byte) error {
+	for len(blocks) > 0 {
+		at := RingBlock(seq, l.ring)
+		n := min(uint64(len(blocks)), HeaderBlocks+l.ring-at, rldev.MaxIO/BlockSize)
+		data := make([]byte, 0, n*BlockSize)
+		for _, b := range blocks[:n] {
+			data = append(data, b...)
+		}
+		if err := l.cfg.Device.Write(ctx, at, data, &l.cfg.Fence); err != nil {
+			return err
+		}
+		seq, blocks = seq+n, blocks[n:]
+	}
+	return nil
+}
+
+func (l *Log) checkpointSoonLocked() {
+	if l.mu.ckpt || l.cfg.Manual || l.cfg.Checkpointer == nil {
+		return
+	}
+	l.mu.ckpt = true
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		if err := l.Checkpoint(l.ctx); err != nil && l.ctx.Err() == nil {
+			l.log.Warn("log checkpoint failed", "err", err)
+		}
+		l.mu.Lock()
+		l.mu.ckpt = false
+		l.mu.Unlock()
+	}()
+}
+
+// Checkpoint reclaims log space: it flushes what is buffered, then the head
+// moves to the oldest record still needed (the first record of the oldest
+// transaction whose end is not durable, or the durable end), once the checkpointer has written back what the records below it
+// protect. The new header is the commit point: a crash before it leaves
+// the old head, and recovery replays the same records over the pages
+// written back (idempotent).
+func (l *Log) Checkpoint(ctx context.Context) error {
+	if l.cfg.Checkpointer == nil {
+		return errors.New("txn: the log has no checkpointer")
+	}
+	l.hdrMu.Lock()
+	defer l.hdrMu.Unlock()
+	// Lazy commits become durable first, so that the head can pass them.
+	if err := l.FlushNow(ctx); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	target := l.mu.durable
+	for _, first := range l.mu.active {
+		target = min(target, first)
+	}
+	head, hdr := l.mu.head, l.mu.hdr
+	l.mu.Unlock()
+	if target <= head {
+		return nil
+	}
+	if err := l.cfg.Checkpointer.WriteBack(ctx, target); err != nil {
+		return fmt.Errorf("txn: checkpoint write-back below %d: %w", target, err)
+	}
+	nh := Header{Gen: hdr.Gen + 1, Floor: l.cfg.Fence.Token, Head: target, Ring: l.ring}
+	if err := writeFenced(ctx, l.cfg.Device, nh.Gen%2, EncodeHeader(nh), &l.cfg.Fence); err != nil {
+		l.mu.Lock()
+		l.failLocked(err)
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.hdr, l.mu.head = nh, target
+	l.mu.stats.Checkpoints++
+	l.mu.space.Broadcast()
+	return nil
+}
+
+// Stats returns the log's counters.
+func (l *Log) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.mu.stats
+	s.Head, s.Durable, s.End = l.mu.head, l.mu.durable, l.mu.bufLSN+LSN(len(l.mu.buf))
+	s.RingBlocks, s.UsedBlocks = l.ring, l.usedLocked(0)
+	return s
+}
+
+// Close flushes what is buffered (lazy commits included) and stops the
+// log. Open transactions stay unended: the next Open rolls them back.
+func (l *Log) Close(ctx context.Context) error {
+	l.mu.Lock()
+	if l.mu.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.closed = true
+	l.mu.space.Broadcast()
+	l.mu.Unlock()
+	var err error
+	for ctx.Err() == nil {
+		l.mu.Lock()
+		idle := !l.mu.flushing && len(l.mu.buf) == 0
+		failed := l.mu.err
+		l.mu.Unlock()
+		if idle || failed != nil {
+			err = failed
+			break
+		}
+		if e := l.FlushNow(ctx); e != nil {
+			err = e
+			break
+		}
+		time.Sleep(time.Millisecond) // a flush in flight: wait it out
+	}
+	l.stop()
+	l.wg.Wait()
+	l.mu.Lock()
+	for _, w := range l.mu.waiters {
+		w.ch <- ErrClosed
+	}
+	l.mu.waiters = nil
+	l.mu.Unlock()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}

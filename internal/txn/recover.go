@@ -1,0 +1,273 @@
+package txn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// Device is the log's RLDev as the log uses it: an RLDev whose dirty-region
+// log is off, written through its primary and read and repaired one replica
+// at a time. The runtime's is RLDevDevice; the simulator's keeps two
+// replicas in memory and crashes between them.
+type Device interface {
+	// Blocks is the device's size in 4 KiB blocks.
+	Blocks() uint64
+	// Write writes whole blocks at block index block on both replicas (on
+	// the survivor alone once the RLDev is degraded), durable when it
+	// returns nil; a replica that missed it never serves again before it
+	// has it. A write under a token older than one the device has admitted
+	// for f.Name fails with rldev.ErrStaleToken.
+	Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error
+	// ReadReplica reads n blocks of replica 0 or 1; an error if that
+	// replica cannot serve (down, or it may have missed writes).
+	ReadReplica(ctx context.Context, replica int, block, n uint64) ([]byte, error)
+	// WriteReplica writes whole blocks to one replica only.
+	WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error
+}
+
+// Applier applies the images recovery replays: bytes [off, off+len(data))
+// of target become data, durably, before Apply returns nil. The images are
+// physical, so applying one twice leaves the same bytes; lsn is the
+// record's, for an applier whose pages carry the LSN of their last change.
+// A target that no longer exists (a chunk freed since) is the applier's to
+// skip.
+type Applier interface {
+	Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN) error
+}
+
+// ErrFenced: the device admitted a newer token for the log's lock; another
+// owner or recovery has the log, and this one may not write it again.
+var ErrFenced = errors.New("txn: the log was taken over (its lock's token is stale)")
+
+// Unsafe switches break rules on purpose, so that tests can show the
+// oracle catches each (never set outside tests).
+type Unsafe struct {
+	AckBeforeWrite bool // a flush's commits count as durable before its write
+	NoUndo         bool // recovery does not roll back losers
+	NoFloor        bool // recovery ignores tokens when it scans
+	NoReconcile    bool // recovery reads replica 0 alone and repairs nothing
+}
+
+// Report says what a recovery did.
+type Report struct {
+	Header    Header // the header it found
+	Replicas  []int  // the replicas it read
+	Winner    int    // the replica whose log it replayed
+	Repaired  int    // blocks written to the other replica to match
+	Records   int
+	Committed []uint64
+	Aborted   []uint64
+	Losers    []uint64
+	Redone    int
+	Undone    int
+	End       LSN // after the last whole record
+	Next      LSN // where the log goes on (the new head)
+	Why       string
+	NewHeader Header
+	Scanned   []Result
+	NewLog    bool
+}
+
+// readBlocks is how many blocks recovery reads at once.
+const readBlocks = 256
+
+// Recover makes a log's state whole, on any node: it fences the device with
+// the fence's token (a write of the fence block, so that from here on the
+// old owner's writes are refused and a replica that missed this write
+// serves nothing until it has it), reads the log from every replica that can serve,
+// makes the replicas identical from the head to the end of the longest
+// whole log, replays it (redo of every update in log order, then undo of
+// the transactions with no commit or abort record, latest first) through
+// ap, and writes a header whose head is past the end and whose floor is
+// tok, which truncates the log. A crash at any point leaves a state the
+// next Recover finishes from (every step is idempotent; the header write
+// is the commit point).
+func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u Unsafe) (Report, error) {
+	var rep Report
+	n := dev.Blocks()
+	if n < HeaderBlocks+8 {
+		return rep, fmt.Errorf("txn: a log device of %d blocks (at least %d)", n, HeaderBlocks+8)
+	}
+	ring := n - HeaderBlocks
+	// Fence first, before reading anything: from here on the old owner's
+	// (or an older recovery's) writes are refused, and a replica that
+	// misses this write serves nothing until it has it, so what the reads
+	// below see cannot change under them except by this recovery's own
+	// writes.
+	if err := writeFenced(ctx, dev, FenceBlock, EncodeFence(fence.Token), &fence); err != nil {
+		return rep, err
+	}
+	h, served, err := readHeader(ctx, dev, ring)
+	if errors.Is(err, ErrNoHeader) {
+		rep.NewLog = true
+		h = Header{Ring: ring}
+	} else if err != nil {
+		return rep, err
+	}
+	if h.Ring != ring {
+		return rep, fmt.Errorf("%w: the header says %d ring blocks, the device has %d", ErrCorrupt, h.Ring, ring)
+	}
+	if fence.Token.Less(h.Floor) {
+		return rep, fmt.Errorf("%w: token %v, the log's floor is %v", ErrFenced, fence.Token, h.Floor)
+	}
+	rep.Header = h
+	// Read every replica that can serve.
+	scans := map[int]Result{}
+	raw := map[int]map[uint64][]byte{}
+	var readErrs []error
+	for _, r := range served {
+		if u.NoReconcile && len(scans) > 0 {
+			break // one replica only
+		}
+		res, blocks, err := scanReplica(ctx, dev, r, h, u)
+		if err != nil {
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			readErrs = append(readErrs, fmt.Errorf("replica %d: %w", r, err))
+			continue // this replica cannot serve
+		}
+		scans[r], raw[r] = res, blocks
+		rep.Replicas = append(rep.Replicas, r)
+	}
+	if len(scans) == 0 {
+		return rep, fmt.Errorf("txn: no replica of the log can serve: %w", errors.Join(readErrs...))
+	}
+	win := -1
+	for _, r := range rep.Replicas {
+		if win < 0 || scans[r].End > scans[win].End || (scans[r].End == scans[win].End && scans[r].Blocks > scans[win].Blocks) {
+			win = r
+		}
+	}
+	rep.Winner = win
+	res := scans[win]
+	rep.Scanned = []Result{scans[0], scans[1]}
+	// Make the other replica hold the same log (the reason the log turns
+	// the RLDev's dirty-region log off: it knows which blocks can differ).
+	headSeq, _ := SeqOf(h.Head)
+	for _, r := range rep.Replicas {
+		if r == win || u.NoReconcile {
+			continue
+		}
+		for i := 0; i < res.Blocks; i++ {
+			b := RingBlock(headSeq+uint64(i), ring)
+			theirs, ok := raw[r][b]
+			if !ok {
+				x, err := dev.ReadReplica(ctx, r, b, 1)
+				if err != nil {
+					return rep, fmt.Errorf("txn: reading replica %d to repair it: %w", r, err)
+				}
+				theirs = x
+			}
+			if !bytes.Equal(theirs, raw[win][b]) {
+				if err := dev.WriteReplica(ctx, r, b, raw[win][b], &fence); err != nil {
+					return rep, fenced(fmt.Errorf("txn: repairing block %d of replica %d: %w", b, r, err))
+				}
+				rep.Repaired++
+			}
+		}
+	}
+	plan := Analyze(res.Records)
+	rep.Records, rep.End, rep.Next, rep.Why = len(res.Records), res.End, res.Next, res.Why
+	rep.Committed, rep.Aborted, rep.Losers = plan.Committed, plan.Aborted, plan.Losers
+	for _, r := range plan.Redo {
+		if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN); err != nil {
+			return rep, fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
+		}
+		rep.Redone++
+	}
+	if !u.NoUndo {
+		for _, r := range plan.Undo {
+			if err := ap.Apply(ctx, r.Target, r.Off, r.Undo, r.LSN); err != nil {
+				return rep, fmt.Errorf("txn: undo of the record at %d: %w", r.LSN, err)
+			}
+			rep.Undone++
+		}
+	}
+	nh := Header{Gen: h.Gen + 1, Floor: fence.Token, Head: res.Next, Ring: ring}
+	if err := writeFenced(ctx, dev, nh.Gen%2, EncodeHeader(nh), &fence); err != nil {
+		return rep, err
+	}
+	rep.NewHeader = nh
+	return rep, nil
+}
+
+func fenced(err error) error {
+	if errors.Is(err, rldev.ErrStaleToken) || errors.Is(err, lock.ErrStaleToken) {
+		return fmt.Errorf("%w: %w", ErrFenced, err)
+	}
+	return err
+}
+
+func writeFenced(ctx context.Context, dev Device, block uint64, data []byte, f *rldev.Fence) error {
+	if err := dev.Write(ctx, block, data, f); err != nil {
+		return fenced(fmt.Errorf("txn: writing log block %d: %w", block, err))
+	}
+	return nil
+}
+
+// readHeader returns the newest whole header any replica holds.
+func readHeader(ctx context.Context, dev Device, ring uint64) (Header, []int, error) {
+	var best Header
+	found, empty := false, 0
+	var served []int
+	var errs []error
+	for r := 0; r < 2; r++ {
+		b, err := dev.ReadReplica(ctx, r, 0, 2)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replica %d: %w", r, err))
+			continue
+		}
+		served = append(served, r)
+		for i := 0; i < 2; i++ {
+			h, err := DecodeHeader(b[i*BlockSize : (i+1)*BlockSize])
+			switch {
+			case errors.Is(err, ErrNoHeader):
+				empty++
+			case err != nil:
+				errs = append(errs, fmt.Errorf("replica %d header %d: %w", r, i, err))
+			case !found || h.newer(best):
+				best, found = h, true
+			}
+		}
+	}
+	switch {
+	case found:
+		return best, served, nil
+	case len(served) == 0:
+		return best, nil, fmt.Errorf("txn: no replica of the log can serve: %w", errors.Join(errs...))
+	case empty == 2*len(served):
+		return best, served, ErrNoHeader
+	}
+	return best, nil, fmt.Errorf("txn: no whole log header: %w", errors.Join(errs...))
+}
+
+// scanReplica reads replica r's log from h's head.
+func scanReplica(ctx context.Context, dev Device, r int, h Header, u Unsafe) (Result, map[uint64][]byte, error) {
+	s := NewScanner(h)
+	s.ignoreTokens = u.NoFloor
+	raw := map[uint64][]byte{}
+	for s.Wanted() > 0 {
+		start := s.Next()
+		n := min(uint64(readBlocks), HeaderBlocks+h.Ring-start, s.Wanted())
+		b, err := dev.ReadReplica(ctx, r, start, n)
+		if err != nil {
+			return Result{}, nil, err
+		}
+		more := true
+		for i := uint64(0); i < n && more; i++ {
+			blk := b[i*BlockSize : (i+1)*BlockSize]
+			raw[start+i] = blk
+			more = s.Feed(blk)
+		}
+		if !more {
+			break
+		}
+	}
+	return s.Result(), raw, nil
+}
