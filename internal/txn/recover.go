@@ -59,6 +59,7 @@ type Report struct {
 	Replicas  []int  // the replicas it read
 	Winner    int    // the replica whose log it replayed
 	Repaired  int    // blocks written to the other replica to match
+	Rewritten int    // blocks written to both (one replica could not be read)
 	Records   int
 	Committed []uint64
 	Aborted   []uint64
@@ -170,6 +171,28 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 				}
 				rep.Repaired++
 			}
+		}
+	}
+	// A replica that could not be read (down, or stale and waiting for its
+	// resync) may hold a different tail, and it may be the only one left
+	// when the next recovery runs: this one is about to act on the
+	// winner's tail, so it writes that tail through the RLDev, which
+	// copies it to the missing replica before that serves again (the
+	// blocks are in its degraded-mode log).
+	if len(rep.Replicas) < 2 && !u.NoReconcile {
+		for i := 0; i < res.Blocks; {
+			b := RingBlock(headSeq+uint64(i), ring)
+			run := 0
+			var buf []byte
+			for i+run < res.Blocks && b+uint64(run) < HeaderBlocks+ring && run < readBlocks {
+				buf = append(buf, raw[win][b+uint64(run)]...)
+				run++
+			}
+			if err := writeFenced(ctx, dev, b, buf, &fence); err != nil {
+				return rep, err
+			}
+			rep.Rewritten += run
+			i += run
 		}
 	}
 	plan := Analyze(res.Records)

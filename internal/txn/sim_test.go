@@ -209,6 +209,28 @@ func (d *simDev) ReadReplica(ctx context.Context, r int, block, n uint64) ([]byt
 	return out, nil
 }
 
+// crashTakesReplica: the node that crashed may have held a replica of
+// the log, which is down until a later step brings it back.
+// A replica down since an earlier crash may come back at the same time.
+func (d *simDev) crashTakesReplica() {
+	if !d.crashed {
+		return
+	}
+	for r := 0; r < 2; r++ {
+		if d.down[r] && d.rng.IntN(2) == 0 {
+			d.resync(r)
+		}
+	}
+	if d.rng.IntN(3) != 0 {
+		return
+	}
+	r := d.rng.IntN(2)
+	if !d.down[1-r] && !d.stale[1-r] && !d.down[r] {
+		d.down[r] = true
+		d.stats.downs++
+	}
+}
+
 // resync brings replica r back as the RLDev would: the blocks written
 // while it was stale, from the other.
 func (d *simDev) resync(r int) {
@@ -392,7 +414,7 @@ func TestSimTeeth(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var st simStats
-			for seed := uint64(1); seed <= 400; seed++ {
+			for seed := uint64(1); seed <= 6000; seed++ {
 				if err := runSim(seed, c.u, &st); err != nil {
 					t.Logf("caught at seed %d: %v", seed, err)
 					return
@@ -425,6 +447,7 @@ func runSim(seed uint64, u Unsafe, total *simStats) error {
 				return fmt.Errorf("recovery did not finish in 50 attempts")
 			}
 			session++
+			d.crashTakesReplica()
 			d.crashed = false
 			if rng.IntN(3) == 0 {
 				d.crashAt = d.ops + 1 + rng.IntN(40) // a crash during recovery
