@@ -81,6 +81,7 @@ fuzz FuzzDecodeOnDisk ./internal/rldev
 fuzz FuzzDecodeTable ./internal/rldev
 fuzz FuzzDataFrames ./internal/rldev
 fuzz FuzzDecodeMap ./internal/chunk
+fuzz FuzzDecodeLog ./internal/txn
 
 echo "== fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root
