@@ -108,6 +108,7 @@ type Log struct {
 		stats   Stats
 	}
 	recovered Report
+	release   func() // the log's lock (OpenNamed), released by Close
 }
 
 type waiter struct {
@@ -646,6 +647,9 @@ func (l *Log) Close(ctx context.Context) error {
 	}
 	l.mu.waiters = nil
 	l.mu.Unlock()
+	if l.release != nil {
+		l.release()
+	}
 	if err == nil {
 		err = ctx.Err()
 	}
