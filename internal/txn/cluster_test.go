@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
@@ -45,10 +46,10 @@ func (a *memApplier) Apply(ctx context.Context, target []byte, off uint64, data 
 
 // A log on a real RLDev, found through the config service: node 1 opens it
 // and commits, leaves a transaction open and a lazy commit unflushed, and
-// stops; node 2 takes the log's lock (once node 1 is declared dead),
-// recovers it (the committed transactions redone, the open one undone,
-// the unflushed lazy one gone whole), and the old owner, still holding
-// its Log, can write nothing more.
+// stops; node 2 takes the log's lock, recovers it onto chunks of a pair on
+// nodes 2 and 3 (the committed transactions redone, the open one undone,
+// the unflushed lazy one gone whole), and the old owner, still holding its
+// Log, can write nothing more.
 func TestNamedLogFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -81,6 +82,42 @@ func TestNamedLogFailover(t *testing.T) {
 	if _, err := c.WaitLockMaster(ctx); err != nil {
 		t.Fatal(err)
 	}
+	for ctx.Err() == nil { // every node registers its disk
+		if _, err = chunk.CreatePair(ctx, mc, [2]uint64{2, 3}, 1<<20, 8<<20); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := chunk.NewClerk(mc)
+	defer cl.Close()
+	handles := map[string]chunk.Handle{}
+	target := func(name string) []byte {
+		t.Helper()
+		h, ok := handles[name]
+		if !ok {
+			if h, err = cl.Allocate(ctx, 4096, 0); err != nil {
+				t.Fatal(err)
+			}
+			handles[name] = h
+		}
+		return txn.ChunkTarget(h)
+	}
+	for i := 0; i < 10; i++ {
+		for j := 0; j < 2; j++ {
+			target(fmt.Sprintf("chunk-%d-%d", i, j))
+		}
+	}
+	for _, n := range []string{"other", "lazy", "after"} {
+		target(n)
+	}
+	// A chunk freed before recovery: its records are skipped.
+	freed := target("freed")
+	if err := cl.Free(ctx, handles["freed"]); err != nil {
+		t.Fatal(err)
+	}
 
 	open := func(i int, ap txn.Applier) *txn.Log {
 		t.Helper()
@@ -107,14 +144,14 @@ func TestNamedLogFailover(t *testing.T) {
 			defer wg.Done()
 			tx := l1.Begin()
 			for j := 0; j < 2; j++ {
-				target := fmt.Sprintf("chunk-%d-%d", i, j)
+				name := fmt.Sprintf("chunk-%d-%d", i, j)
 				val := bytes.Repeat([]byte{byte(i*2 + j + 1)}, 100+i)
-				if _, err := tx.Update(ctx, []byte(target), 10, val, make([]byte, len(val))); err != nil {
+				if _, err := tx.Update(ctx, txn.ChunkTarget(handles[name]), 10, val, make([]byte, len(val))); err != nil {
 					errs <- err
 					return
 				}
 				wmu.Lock()
-				want[target] = append(make([]byte, 10), val...)
+				want[name] = append(make([]byte, 10), val...)
 				wmu.Unlock()
 			}
 			if _, err := tx.Commit(ctx, true); err != nil {
@@ -132,11 +169,14 @@ func TestNamedLogFailover(t *testing.T) {
 	// An open transaction whose update is durable (a later sync commit
 	// flushes it): recovery must undo it.
 	open1 := l1.Begin()
-	if _, err := open1.Update(ctx, []byte("chunk-0-0"), 10, bytes.Repeat([]byte{0xEE}, 100), want["chunk-0-0"][10:]); err != nil {
+	if _, err := open1.Update(ctx, target("chunk-0-0"), 10, bytes.Repeat([]byte{0xEE}, 100), want["chunk-0-0"][10:]); err != nil {
 		t.Fatal(err)
 	}
 	tx := l1.Begin()
-	if _, err := tx.Update(ctx, []byte("other"), 0, []byte("synced"), make([]byte, 6)); err != nil {
+	if _, err := tx.Update(ctx, target("other"), 0, []byte("synced"), make([]byte, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Update(ctx, freed, 0, []byte("freed"), make([]byte, 5)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Commit(ctx, true); err != nil {
@@ -145,7 +185,7 @@ func TestNamedLogFailover(t *testing.T) {
 	want["other"] = []byte("synced")
 	// A lazy commit never flushed: lost whole.
 	lazy := l1.Begin()
-	if _, err := lazy.Update(ctx, []byte("lazy"), 0, []byte("gone"), make([]byte, 4)); err != nil {
+	if _, err := lazy.Update(ctx, target("lazy"), 0, []byte("gone"), make([]byte, 4)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := lazy.Commit(ctx, false); err != nil {
@@ -153,22 +193,23 @@ func TestNamedLogFailover(t *testing.T) {
 	}
 
 	c.Stop(0) // node 1 goes; l1 lives on, a zombie owner
-	a2 := &memApplier{pages: map[string][]byte{}}
 	start := time.Now()
-	l2 := open(1, a2)
+	l2 := open(1, txn.ChunkApplier{Clerk: cl})
 	rep := l2.Recovered()
 	t.Logf("node 2 recovered in %v: %d records, %d committed, losers %v, %d redone, %d undone, replicas %v, %d repaired, %d rewritten",
 		time.Since(start).Round(time.Millisecond), rep.Records, len(rep.Committed), rep.Losers, rep.Redone, rep.Undone, rep.Replicas, rep.Repaired, rep.Rewritten)
 	if len(rep.Committed) != 11 || len(rep.Losers) != 1 || rep.Losers[0] != open1.ID() {
 		t.Fatalf("recovered %+v", rep)
 	}
-	for target, w := range want {
-		if got := a2.pages[target]; !bytes.Equal(got, w) {
-			t.Fatalf("%s after recovery: %x, want %x", target, got, w)
+	want["lazy"] = nil // an unflushed lazy commit is lost whole
+	for name, w := range want {
+		got, err := cl.Read(ctx, handles[name], 0, 4096)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, ok := a2.pages["lazy"]; ok {
-		t.Fatal("an unflushed lazy commit was replayed")
+		if w = append(w, make([]byte, 4096-len(w))...); !bytes.Equal(got, w) {
+			t.Fatalf("chunk %s after recovery: %x..., want %x...", name, got[:32], w[:32])
+		}
 	}
 	// The zombie: its lazy commit's flush is refused.
 	if err := l1.FlushNow(ctx); !errors.Is(err, txn.ErrFenced) {
@@ -176,7 +217,7 @@ func TestNamedLogFailover(t *testing.T) {
 	}
 	// The new owner goes on.
 	tx = l2.Begin()
-	if _, err := tx.Update(ctx, []byte("after"), 0, []byte("failover"), make([]byte, 8)); err != nil {
+	if _, err := tx.Update(ctx, target("after"), 0, []byte("failover"), make([]byte, 8)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Commit(ctx, true); err != nil {
@@ -190,7 +231,7 @@ func TestNamedLogFailover(t *testing.T) {
 	a3 := &memApplier{pages: map[string][]byte{}}
 	l3 := open(2, a3)
 	defer l3.Close(ctx)
-	if got := a3.pages["after"]; !bytes.Equal(got, []byte("failover")) {
+	if got := a3.pages[string(target("after"))]; !bytes.Equal(got, []byte("failover")) {
 		t.Fatalf("after reopening: %q", got)
 	}
 }
