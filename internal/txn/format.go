@@ -30,7 +30,9 @@ import (
 //	32  u64  floor token seq   } the floor are not the log (see Scanner)
 //	40  u64  head LSN: the oldest record recovery needs
 //	48  u64  ring blocks (a check against the RLDev's size)
-//	56       end (HeaderSize)
+//	56  u64  writer's token epoch } the owner or recovery that wrote this
+//	64  u64  writer's token seq   } header: headers are ordered by it first
+//	72       end (HeaderSize)
 //
 // Log block (the ring):
 //
@@ -68,7 +70,7 @@ const (
 	BlockSize  = 4096
 	blockHdr   = 40
 	Payload    = BlockSize - blockHdr
-	HeaderSize = 56
+	HeaderSize = 72
 	// NoRecord marks a block in which no record starts.
 	NoRecord = 0xFFFF
 	// HeaderBlocks precede the ring: two header copies and the fence
@@ -279,13 +281,18 @@ type Header struct {
 	Floor lock.Token // blocks written under an older token are not the log
 	Head  LSN        // the oldest record recovery needs
 	Ring  uint64     // ring blocks
+	// Writer is the token of the owner or recovery that wrote the header.
+	// It equals Floor except in the header a recovery writes before it
+	// acts (Recover), which keeps the floor it found.
+	Writer lock.Token
 }
 
-// newer orders headers: a newer floor first (a newer owner's header
-// supersedes anything an older one wrote), then the generation.
+// newer orders headers: a newer writer first (a newer owner's or
+// recovery's header supersedes anything an older one wrote, on either
+// replica), then the generation.
 func (h Header) newer(o Header) bool {
-	if h.Floor != o.Floor {
-		return o.Floor.Less(h.Floor)
+	if h.Writer != o.Writer {
+		return o.Writer.Less(h.Writer)
 	}
 	return h.Gen > o.Gen
 }
@@ -300,6 +307,8 @@ func EncodeHeader(h Header) []byte {
 	binary.LittleEndian.PutUint64(b[32:], h.Floor.Seq)
 	binary.LittleEndian.PutUint64(b[40:], uint64(h.Head))
 	binary.LittleEndian.PutUint64(b[48:], h.Ring)
+	binary.LittleEndian.PutUint64(b[56:], uint64(h.Writer.Epoch))
+	binary.LittleEndian.PutUint64(b[64:], h.Writer.Seq)
 	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b[12:HeaderSize], castagnoli))
 	return b
 }
@@ -329,8 +338,12 @@ func DecodeHeader(b []byte) (Header, error) {
 	h.Floor = lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(b[24:])), Seq: binary.LittleEndian.Uint64(b[32:])}
 	h.Head = LSN(binary.LittleEndian.Uint64(b[40:]))
 	h.Ring = binary.LittleEndian.Uint64(b[48:])
+	h.Writer = lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(b[56:])), Seq: binary.LittleEndian.Uint64(b[64:])}
 	if h.Ring == 0 {
 		return h, fmt.Errorf("%w: a ring of 0 blocks", ErrCorrupt)
+	}
+	if h.Writer.Less(h.Floor) {
+		return h, fmt.Errorf("%w: a header written under %v with floor %v", ErrCorrupt, h.Writer, h.Floor)
 	}
 	return h, nil
 }

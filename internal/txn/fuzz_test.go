@@ -18,7 +18,7 @@ func FuzzDecodeLog(f *testing.F) {
 	rec := AppendRecord(nil, &Record{Kind: KindUpdate, Txn: 3, Target: []byte("chunk"), Off: 9, Redo: []byte("new"), Undo: []byte("old")})
 	rec = AppendRecord(rec, &Record{Kind: KindCommit, Txn: 3})
 	f.Add(rec)
-	f.Add(EncodeHeader(Header{Gen: 4, Floor: tok, Head: 4056, Ring: 13}))
+	f.Add(EncodeHeader(Header{Gen: 4, Floor: tok, Head: 4056, Ring: 13, Writer: lock.Token{Epoch: 2, Seq: 9}}))
 	for _, b := range BuildFlush(1, tok, rec, []int{0}) {
 		f.Add(b)
 	}

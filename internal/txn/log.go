@@ -587,7 +587,7 @@ func (l *Log) Checkpoint(ctx context.Context) error {
 	if err := l.cfg.Checkpointer.WriteBack(ctx, target); err != nil {
 		return fmt.Errorf("txn: checkpoint write-back below %d: %w", target, err)
 	}
-	nh := Header{Gen: hdr.Gen + 1, Floor: l.cfg.Fence.Token, Head: target, Ring: l.ring}
+	nh := Header{Gen: hdr.Gen + 1, Floor: l.cfg.Fence.Token, Head: target, Ring: l.ring, Writer: l.cfg.Fence.Token}
 	if err := writeFenced(ctx, l.cfg.Device, nh.Gen%2, EncodeHeader(nh), &l.cfg.Fence); err != nil {
 		l.mu.Lock()
 		l.failLocked(err)

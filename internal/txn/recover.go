@@ -51,6 +51,7 @@ type Unsafe struct {
 	NoUndo         bool // recovery does not roll back losers
 	NoFloor        bool // recovery ignores tokens when it scans
 	NoReconcile    bool // recovery reads replica 0 alone and repairs nothing
+	NoPreHeader    bool // recovery acts on a header it did not make the newest
 }
 
 // Report says what a recovery did.
@@ -113,10 +114,27 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	if h.Ring != ring {
 		return rep, fmt.Errorf("%w: the header says %d ring blocks, the device has %d", ErrCorrupt, h.Ring, ring)
 	}
-	if fence.Token.Less(h.Floor) {
-		return rep, fmt.Errorf("%w: token %v, the log's floor is %v", ErrFenced, fence.Token, h.Floor)
+	if fence.Token.Less(h.Writer) {
+		return rep, fmt.Errorf("%w: token %v, the log's header was written under %v", ErrFenced, fence.Token, h.Writer)
 	}
 	rep.Header = h
+	// Make the header this recovery acts on the newest on both replicas
+	// before it acts. A replica it cannot read may hold a newer header
+	// (a checkpoint's header write that landed there alone as its owner
+	// died): a later recovery reading that replica would start from that
+	// head and skip records this one may have half replayed, leaving the
+	// chunks older than the log says. Written under this recovery's token,
+	// this header outranks any header an earlier owner wrote, and the
+	// RLDev copies it to a replica that misses it before that replica
+	// serves again. It keeps the floor it found: the log it reads was
+	// written under older tokens.
+	if !rep.NewLog && !u.NoReconcile && !u.NoPreHeader {
+		pre := Header{Gen: h.Gen + 1, Floor: h.Floor, Head: h.Head, Ring: ring, Writer: fence.Token}
+		if err := writeFenced(ctx, dev, pre.Gen%2, EncodeHeader(pre), &fence); err != nil {
+			return rep, err
+		}
+		h.Gen = pre.Gen
+	}
 	// Read every replica that can serve.
 	scans := map[int]Result{}
 	raw := map[int]map[uint64][]byte{}
@@ -212,7 +230,7 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 			rep.Undone++
 		}
 	}
-	nh := Header{Gen: h.Gen + 1, Floor: fence.Token, Head: res.Next, Ring: ring}
+	nh := Header{Gen: h.Gen + 1, Floor: fence.Token, Head: res.Next, Ring: ring, Writer: fence.Token}
 	if err := writeFenced(ctx, dev, nh.Gen%2, EncodeHeader(nh), &fence); err != nil {
 		return rep, err
 	}

@@ -134,6 +134,9 @@ func (d *simDev) targets() []int {
 }
 
 func (d *simDev) write(reps []int, block uint64, data []byte, f *rldev.Fence) error {
+	if block < FenceBlock && !d.crashed && d.crashAt <= d.ops && d.rng.IntN(6) == 0 {
+		d.crashAt = d.ops + 1 // a header write is a commit point: crash there often
+	}
 	crash, err := d.step()
 	if err != nil {
 		return err
@@ -221,7 +224,7 @@ func (d *simDev) crashTakesReplica() {
 			d.resync(r)
 		}
 	}
-	if d.rng.IntN(3) != 0 {
+	if d.rng.IntN(2) != 0 {
 		return
 	}
 	r := d.rng.IntN(2)
@@ -410,6 +413,7 @@ func TestSimTeeth(t *testing.T) {
 		{"no undo", Unsafe{NoUndo: true}},
 		{"no floor", Unsafe{NoFloor: true}},
 		{"no reconcile", Unsafe{NoReconcile: true}},
+		{"no pre-header", Unsafe{NoPreHeader: true}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -449,7 +453,7 @@ func runSim(seed uint64, u Unsafe, total *simStats) error {
 			session++
 			d.crashTakesReplica()
 			d.crashed = false
-			if rng.IntN(3) == 0 {
+			if rng.IntN(2) == 0 {
 				d.crashAt = d.ops + 1 + rng.IntN(40) // a crash during recovery
 			}
 			l, err := Open(ctx, Config{Device: d, Fence: rldev.Fence{Name: "log", Token: lock.Token{Epoch: 1, Seq: session}},
