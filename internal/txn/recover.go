@@ -265,17 +265,28 @@ func readHeader(ctx context.Context, dev Device, ring uint64) (Header, []int, er
 			continue
 		}
 		served = append(served, r)
+		var bad []error
+		blank := 0
 		for i := 0; i < 2; i++ {
 			h, err := DecodeHeader(b[i*BlockSize : (i+1)*BlockSize])
 			switch {
 			case errors.Is(err, ErrNoHeader):
-				empty++
+				blank++
 			case err != nil:
-				errs = append(errs, fmt.Errorf("replica %d header %d: %w", r, i, err))
+				bad = append(bad, fmt.Errorf("replica %d header %d: %w", r, i, err))
 			case !found || h.newer(best):
 				best, found = h, true
 			}
 		}
+		if blank == 1 && len(bad) == 1 {
+			// One slot never written and the other not whole: the log's
+			// first header write was cut (any later one writes the blank
+			// slot), so no record was ever appended: a new log.
+			blank = 2
+			bad = nil
+		}
+		empty += blank
+		errs = append(errs, bad...)
 	}
 	switch {
 	case found:
