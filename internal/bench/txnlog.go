@@ -67,7 +67,7 @@ func LogBench(ctx context.Context, dir string, o LogOptions, progress io.Writer)
 	// The checkpointer has nothing to write back (no pages): it lets the
 	// log reuse its ring as a real client's would after writing back.
 	var l *txn.Log
-	l, err = txn.OpenNamed(ctx, txn.NamedConfig{Meta: mc, RLDev: rl, Locks: c.Nodes[0].Locks().DefaultClerk(), Name: "bench",
+	l, err = txn.OpenNamed(ctx, txn.NamedConfig{Meta: mc, RLDev: rl, Lock: txn.ClerkLocker(c.Nodes[0].Locks().DefaultClerk()), Name: "bench",
 		Config: txn.Config{Applier: discardApplier{}, Checkpointer: nopCheckpointer{}}})
 	if err != nil {
 		return nil, err

@@ -121,7 +121,7 @@ func TestNamedLogFailover(t *testing.T) {
 
 	open := func(i int, ap txn.Applier) *txn.Log {
 		t.Helper()
-		l, err := txn.OpenNamed(ctx, txn.NamedConfig{Meta: mc, RLDev: rl, Locks: c.Nodes[i].Locks().DefaultClerk(), Name: "boxfs",
+		l, err := txn.OpenNamed(ctx, txn.NamedConfig{Meta: mc, RLDev: rl, Lock: txn.ClerkLocker(c.Nodes[i].Locks().DefaultClerk()), Name: "boxfs",
 			Config: txn.Config{Applier: ap, LazyInterval: time.Hour}})
 		if err != nil {
 			t.Fatal(err)

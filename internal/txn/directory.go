@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"google.golang.org/grpc"
+
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
@@ -186,14 +188,47 @@ func CreateLog(ctx context.Context, m *meta.Client, rl *rldev.Clerk, name string
 	return e, nil
 }
 
+// LockHold is the log's lock, held (lock.Held, lock.RemoteHeld).
+type LockHold interface {
+	Token() lock.Token
+	Release()
+	Lost() <-chan struct{}
+	LostReason() error
+}
+
+// Locker takes a lock exclusively, waiting until it is granted or ctx ends.
+type Locker func(ctx context.Context, name string) (LockHold, error)
+
+// ClerkLocker takes locks through a node's clerk (a log owned by a node).
+func ClerkLocker(c *lock.ClerkRT) Locker {
+	return func(ctx context.Context, name string) (LockHold, error) {
+		h, err := c.Acquire(ctx, name, lock.Exclusive)
+		if err != nil {
+			return nil, err
+		}
+		return h, nil
+	}
+}
+
+// RemoteLocker takes locks through the node at conn, for a process that is
+// not a node (lock.HoldRemote).
+func RemoteLocker(conn grpc.ClientConnInterface) Locker {
+	return func(ctx context.Context, name string) (LockHold, error) {
+		h, err := lock.HoldRemote(ctx, conn, name, lock.Exclusive)
+		if err != nil {
+			return nil, err
+		}
+		return h, nil
+	}
+}
+
 // NamedConfig opens a log found through the config service.
 type NamedConfig struct {
 	Meta  *meta.Client
 	RLDev *rldev.Clerk
-	// Locks is the clerk of this node's incarnation that takes the log's
-	// lock; the log fails once its leases are lost.
-	Locks *lock.ClerkRT
-	Name  string
+	// Lock takes the log's lock; the log fails once the hold is lost.
+	Lock Locker
+	Name string
 	// Config is the rest (Device and Fence are filled in here).
 	Config
 }
@@ -206,7 +241,7 @@ func OpenNamed(ctx context.Context, nc NamedConfig) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	held, err := nc.Locks.Acquire(ctx, LockName(nc.Name), lock.Exclusive)
+	held, err := nc.Lock(ctx, LockName(nc.Name))
 	if err != nil {
 		return nil, fmt.Errorf("txn: taking the lock of log %q: %w", nc.Name, err)
 	}
