@@ -81,6 +81,10 @@ type csim struct {
 	stats    struct {
 		allocs, frees, writes, reads, takeovers, checkpoints, crashes, maybes int
 	}
+	// ckpt is the checkpoint crash point's progress: 0 waiting for a
+	// checkpoint's write, 1 in the checkpoint, 2 after its switch, 3 done.
+	ckpt     int
+	ckptNode *cnode
 }
 
 type simOpts struct {
@@ -89,6 +93,14 @@ type simOpts struct {
 	// as failed and lands 600 ms later, after the manager has loaded the
 	// map again (what the fence blocks are for).
 	lateSuper bool
+	// ckptCrash (1-4), with no other faults: the primary crashes at one
+	// step of its first checkpoint after 2 s: 1 before the checkpoint's
+	// write lands, 2 after it landed (before the superblock), 3 after the
+	// superblock (the log's truncation) landed but before the manager
+	// heard (its in-memory switch), 4 after the switch, at its next map
+	// write. It restarts 1 s later.
+	ckptCrash int
+	noFaults  bool
 }
 
 // cnode is a node with a manager of the pair, one incarnation at a time.
@@ -291,6 +303,12 @@ func (s *csim) exec(n *cnode, mg *Manager, out []any) {
 				}
 			})
 		case Log:
+			switch x.Msg {
+			case "chunk manager serving as primary":
+				s.stats.takeovers++
+			case "chunk manager checkpoint":
+				s.stats.checkpoints++
+			}
 			if x.Level >= 1 || os.Getenv("GROVE_DEBUG") != "" {
 				s.logf("node %d.%d: %s %v", n.id, n.inc, x.Msg, x.Args)
 			}
@@ -441,6 +459,9 @@ func (r *rldevModel) write(n *cnode, mg *Manager, id, block uint64, data []byte,
 		return nil
 	}
 	at := w.Between(100*time.Microsecond, 3*time.Millisecond)
+	if r.s.opts.ckptCrash > 0 && id == mapID && r.ckptStep(n, block, land, answer, at) {
+		return
+	}
 	if r.s.opts.lateSuper && !r.lateDone && id == mapID && (block == blockSuper || block == blockSuper+1) && w.Now() > 5*time.Second {
 		r.lateDone = true
 		w.After(at, func() { answer(fmt.Errorf("%w: rldev %d: given up (scripted)", errRLDevDown, id)) })
@@ -477,6 +498,60 @@ func (r *rldevModel) write(n *cnode, mg *Manager, id, block uint64, data []byte,
 			answer(land())
 		}
 	})
+}
+
+// ckptStep drives the checkpoint crash point (simOpts.ckptCrash): it
+// reports whether it took the write.
+func (r *rldevModel) ckptStep(n *cnode, block uint64, land func() error, answer func(error), at time.Duration) bool {
+	s, w := r.s, r.s.w
+	l, _ := NewLayout(simMap)
+	slot := block >= l.slotStart(0)
+	super := block == blockSuper || block == blockSuper+1
+	crash := func(why string) {
+		s.logf("CRASH POINT %d: node %d %s", s.opts.ckptCrash, n.id, why)
+		s.crash(n)
+		s.ckpt = 3
+		w.After(time.Second, func() {
+			if n.mg == nil {
+				s.start(n)
+			}
+		})
+	}
+	switch {
+	case s.ckpt == 0 && slot && w.Now() > 2*time.Second:
+		s.ckpt, s.ckptNode = 1, n
+		switch s.opts.ckptCrash {
+		case 1:
+			w.After(at, func() { crash("at its checkpoint's write, which never lands") })
+			return true
+		case 2:
+			w.After(at, func() {
+				if err := land(); err != nil {
+					s.o.fail("the checkpoint's write was refused: %v", err)
+				}
+				crash("after its checkpoint's write landed, before the superblock")
+			})
+			return true
+		}
+	case s.ckpt == 1 && super && n == s.ckptNode:
+		switch s.opts.ckptCrash {
+		case 3:
+			w.After(at, func() {
+				if err := land(); err != nil {
+					s.o.fail("the checkpoint's superblock was refused: %v", err)
+				}
+				crash("after its superblock landed, before its in-memory switch")
+			})
+			return true
+		case 4:
+			s.ckpt = 2
+		}
+	case s.ckpt == 2 && n == s.ckptNode && !super && !slot:
+		w.After(at, func() { crash("after the checkpoint's switch, at its next log write") })
+		return true
+	}
+	_ = answer
+	return false
 }
 
 // ------------------------------------------------------------------ the lock service model
@@ -1292,7 +1367,10 @@ func runCSim(t *testing.T, seed int64, opts simOpts) *csim {
 	s.rl.faulty = w.Rand.Intn(2) == 0
 	s.rl.lateOdds = []int{300, 40}[w.Rand.Intn(2)]
 	s.lateDup = []float64{0, 0.02, 0.1}[w.Rand.Intn(3)]
-	for at := 2 * time.Second; at < simSafety; at += w.Between(500*time.Millisecond, 2500*time.Millisecond) {
+	if opts.noFaults {
+		s.rl.faulty, s.lateDup = false, 0
+	}
+	for at := 2 * time.Second; at < simSafety && !opts.noFaults; at += w.Between(500*time.Millisecond, 2500*time.Millisecond) {
 		w.At(at, s.fault)
 	}
 	w.At(simSafety, s.heal)
@@ -1545,6 +1623,36 @@ func TestChunkOracleHasTeeth(t *testing.T) {
 		}
 		if !caught {
 			t.Errorf("%s: the oracle caught nothing in seeds 1-100", c.name)
+		}
+	}
+}
+
+// Crash injection at every step of a checkpoint: before, between and after
+// its write and the superblock's (which truncates the log), and after the
+// in-memory switch; the primary restarts, the secondary takes over, and the
+// oracle checks every acknowledged allocation, write and free, and the
+// maps at the end.
+func TestChunkCheckpointCrashPoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20 simulations: the full suite runs them")
+	}
+	for point := 1; point <= 4; point++ {
+		for seed := int64(1); seed <= 5; seed++ {
+			s := runCSim(t, seed, simOpts{ckptCrash: point, noFaults: true})
+			if s.ckpt != 3 {
+				t.Fatalf("point %d seed %d: the crash point was not reached (%d; %d checkpoints)", point, seed, s.ckpt, s.stats.checkpoints)
+			}
+			if len(s.o.fails) > 0 {
+				t.Logf("trace (last lines):\n%s", strings.Join(s.trace[max(0, len(s.trace)-100):], "\n"))
+				t.Fatalf("point %d seed %d: %v", point, seed, s.o.fails[:min(5, len(s.o.fails))])
+			}
+			if seed == 1 {
+				for _, l := range s.trace {
+					if strings.Contains(l, "CRASH POINT") {
+						t.Logf("%s; %d allocations, %d frees, %d writes acknowledged, %d checkpoints, %d times a manager served as primary", l, s.stats.allocs, s.stats.frees, s.stats.writes, s.stats.checkpoints, s.stats.takeovers)
+					}
+				}
+			}
 		}
 	}
 }
