@@ -2,6 +2,7 @@ package chunk
 
 import (
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -16,6 +17,10 @@ import (
 type chunkMap struct {
 	cm     uint32
 	chunks map[uint64]*entry
+	// resv: the open reservations, by id (each holds its whole run of
+	// space; ids ID+1..ID+Count are its, below hw, not in chunks until a
+	// commit's RecAlloc records name them).
+	resv map[uint64]*openResv
 	spaces map[uint64]*space // by RLDev id
 	lsn    uint64
 	hw     uint64
@@ -32,6 +37,60 @@ type quarRun struct {
 	until time.Time
 }
 
+// openResv is an open reservation.
+type openResv struct {
+	Resv
+	mat    map[uint64]bool // slots allocated by records of the frame that closes it
+	until  time.Time       // the primary keeps all its chunks then (a clerk that went away)
+	ending bool            // the primary queued its end
+}
+
+// resvOf returns the open reservation that holds id.
+func (m *chunkMap) resvOf(id uint64) *openResv {
+	for _, r := range m.resv {
+		if r.Holds(id) {
+			return r
+		}
+	}
+	return nil
+}
+
+// resvIDOf is the id of the open reservation that holds id (0: none).
+func (m *chunkMap) resvIDOf(id uint64) uint64 {
+	if r := m.resvOf(id); r != nil {
+		return r.ID
+	}
+	return 0
+}
+
+// reservedChunks is how many checkpoint entries the open reservations
+// may take (each its chunks, and itself: 40 bytes).
+func (m *chunkMap) reservedChunks() uint64 {
+	n := uint64(0)
+	for _, r := range m.resv {
+		n += r.Count + 2
+	}
+	return n
+}
+
+// unallocatedRuns is the space of r's slots that no record allocated.
+func (r *openResv) unallocatedRuns() []Run {
+	var out []Run
+	k := blocksFor(r.Size)
+	for i := uint64(1); i <= r.Count; i++ {
+		if r.mat[r.ID+i] {
+			continue
+		}
+		b := r.Run.Block + (i-1)*k
+		if n := len(out); n > 0 && out[n-1].Block+out[n-1].Blocks == b {
+			out[n-1].Blocks += k
+		} else {
+			out = append(out, Run{RLDev: r.Run.RLDev, Block: b, Blocks: k})
+		}
+	}
+	return out
+}
+
 // entry is one chunk.
 type entry struct {
 	Extent
@@ -44,7 +103,7 @@ type entry struct {
 const DataFence = 0
 
 func newChunkMap(cm uint32, data []DataRLDev) *chunkMap {
-	m := &chunkMap{cm: cm, chunks: map[uint64]*entry{}, spaces: map[uint64]*space{}, hw: 1}
+	m := &chunkMap{cm: cm, chunks: map[uint64]*entry{}, spaces: map[uint64]*space{}, resv: map[uint64]*openResv{}, hw: 1}
 	for _, d := range data {
 		sp := newSpace(d.Blocks)
 		if err := sp.take(DataFence, 1); err != nil {
@@ -74,7 +133,31 @@ func (m *chunkMap) load(c Checkpoint) error {
 		// quarantine takes what is still free.
 		m.freed = append(m.freed, q)
 	}
+	for _, r := range c.Reservations {
+		if err := m.openResv(r, false); err != nil {
+			return err
+		}
+	}
 	m.lsn, m.hw = c.Through, max(c.HighWater, 1)
+	return nil
+}
+
+// openResv records reservation r; take: its space is taken here (it was
+// not when the primary built the record).
+func (m *chunkMap) openResv(r Resv, own bool) error {
+	if m.resv[r.ID] != nil || m.chunks[r.ID] != nil {
+		return fmt.Errorf("%w: reservation %d opened twice", ErrCorrupt, r.ID)
+	}
+	sp := m.spaces[r.Run.RLDev]
+	if sp == nil {
+		return fmt.Errorf("%w: reservation %d on RLDev %d, which the pair does not have", ErrCorrupt, r.ID, r.Run.RLDev)
+	}
+	if !own {
+		if err := sp.take(r.Run.Block, r.Run.Blocks); err != nil {
+			return fmt.Errorf("reservation %d: %w", r.ID, err)
+		}
+	}
+	m.resv[r.ID] = &openResv{Resv: r, mat: map[uint64]bool{}}
 	return nil
 }
 
@@ -127,11 +210,13 @@ func (m *chunkMap) add(id uint64, e Extent) error {
 }
 
 // apply applies record r with LSN lsn (the next one). own is set for the
-// primary's own records: an allocation's space was taken when the change
-// was built, and a free's is quarantined by the primary once the
+// primary's own records: an allocation's (and a reservation's) space was
+// taken when the change was built, and a free's (and a closed
+// reservation's unallocated slots') is quarantined by the primary once the
 // secondary has applied it too; otherwise (loading, the secondary) an
 // allocation takes its space here, and a free's space is released and
-// joins m.freed, quarantined once the records at hand are applied.
+// joins m.freed, quarantined once the records at hand are applied. An
+// allocation of a reserved slot takes nothing: the reservation holds it.
 func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 	if lsn != m.lsn+1 {
 		return fmt.Errorf("%w: record %d applied after %d", ErrCorrupt, lsn, m.lsn)
@@ -141,7 +226,14 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 		if r.ID >= m.hw {
 			return fmt.Errorf("%w: chunk %d allocated at or above the high-water id %d", ErrCorrupt, r.ID, m.hw)
 		}
-		if own {
+		if rv := m.resvOf(r.ID); rv != nil {
+			// A reserved slot: its space is the reservation's already.
+			if r.Extent != rv.Slot(r.ID) || rv.mat[r.ID] || m.chunks[r.ID] != nil {
+				return fmt.Errorf("%w: chunk %d of reservation %d allocated at %+v (its slot is %+v) or twice", ErrCorrupt, r.ID, rv.ID, r.Extent, rv.Slot(r.ID))
+			}
+			rv.mat[r.ID] = true
+			m.chunks[r.ID] = &entry{Extent: r.Extent}
+		} else if own {
 			if m.chunks[r.ID] != nil {
 				return fmt.Errorf("%w: chunk %d allocated twice", ErrCorrupt, r.ID)
 			}
@@ -158,6 +250,25 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 		if !own {
 			m.spaces[e.RLDev].release(e.Block, blocksFor(e.Len))
 			m.freed = append(m.freed, Run{e.RLDev, e.Block, blocksFor(e.Len)})
+		}
+	case RecResv:
+		if r.Resv.ID+r.Resv.Count >= m.hw {
+			return fmt.Errorf("%w: reservation %d of %d ids at or above the high-water id %d", ErrCorrupt, r.Resv.ID, r.Resv.Count, m.hw)
+		}
+		if err := m.openResv(r.Resv, own); err != nil {
+			return err
+		}
+	case RecResvClose:
+		rv := m.resv[r.ID]
+		if rv == nil {
+			return fmt.Errorf("%w: close of reservation %d, not open", ErrCorrupt, r.ID)
+		}
+		delete(m.resv, r.ID)
+		if !own {
+			for _, x := range rv.unallocatedRuns() {
+				m.spaces[x.RLDev].release(x.Block, x.Blocks)
+				m.freed = append(m.freed, x)
+			}
 		}
 	case RecReserve:
 		if r.HW < m.hw {
@@ -177,6 +288,13 @@ func (m *chunkMap) checkpoint() Checkpoint {
 	for id, e := range m.chunks {
 		c.Chunks[id] = e.Extent
 	}
+	for _, r := range m.resv {
+		if len(r.mat) > 0 {
+			panic("chunk: a checkpoint in the middle of a reservation's close")
+		}
+		c.Reservations = append(c.Reservations, r.Resv)
+	}
+	sort.Slice(c.Reservations, func(i, j int) bool { return c.Reservations[i].ID < c.Reservations[j].ID })
 	return c
 }
 

@@ -38,19 +38,22 @@ import (
 //	64 high-water id u64 72 log blocks u32 76 slot blocks u32     80 CRC u32
 //
 // Checkpoint (in a slot, CheckpointBytes long): a 48-byte header {magic
-// "GRCK" u32, version u16, zero u16, cm u32, zero u32, through LSN u64,
-// high-water id u64, count u64, quarantined u64}, then count entries
+// "GRCK" u32, version u16, zero u16, cm u32, reservations u32, through LSN
+// u64, high-water id u64, count u64, quarantined u64}, then count entries
 // sorted by id, 32 bytes each {id u64, RLDev u64, block u64, length in
 // bytes u64}, then quarantined runs, 24 bytes each {RLDev u64, block u64,
 // blocks u64}: space freed recently, not reused until a late write of
-// its past can no longer land (Manager).
+// its past can no longer land (Manager); then the open reservations, 40
+// bytes each {id u64, RLDev u64, block u64, count u64, size u64} (a
+// checkpoint written before reservations existed has 0 there).
 //
 // Log frame (Frame blocks long, from a block boundary): a 40-byte header
 // {magic "GRCL" u32, version u16, blocks u16, generation u64, first LSN u64,
 // count u32, payload bytes u32, CRC u32 over the header (this field zero)
 // and the payload, zero u32}, then count records: a type byte and its
 // fields (Alloc: id, RLDev, block, length, u64 each; Free: id u64;
-// Reserve: high-water id u64). Record i has LSN first+i. The log of a
+// Reserve: high-water id u64; Resv: id, RLDev, block, count, size, u64
+// each; ResvClose: id u64). Record i has LSN first+i. The log of a
 // generation is the frames from block 3 whose generation is the
 // superblock's and whose LSNs follow on; the first frame that is not ends
 // it (a torn or unwritten frame was never acknowledged: frames are written
@@ -71,6 +74,7 @@ const (
 	superLen    = 84
 	ckHeader    = 48
 	ckEntry     = 32
+	ckResv      = 40
 	frameHeader = 40
 	// MaxFrameBlocks bounds a frame (256 KiB): a flush with more records
 	// is split.
@@ -211,12 +215,47 @@ type Extent struct {
 
 // Checkpoint is a map as of an LSN.
 type Checkpoint struct {
-	CM          uint32
-	Through     uint64 // the last LSN it includes
-	HighWater   uint64
-	Chunks      map[uint64]Extent
-	Quarantined []Run // freed space not to reuse yet
+	CM           uint32
+	Through      uint64 // the last LSN it includes
+	HighWater    uint64
+	Chunks       map[uint64]Extent
+	Quarantined  []Run  // freed space not to reuse yet
+	Reservations []Resv // open reservations, by id
 }
+
+// Resv is a reservation: ids ID+1..ID+Count set aside for one clerk, each
+// for a chunk of Size bytes at slot i of Run (slot i: blocksFor(Size)
+// blocks from Run.Block + (i-1)·blocksFor(Size)), zeroed, handed out by
+// the clerk without asking and sent back in a batch (Manager.Commit).
+type Resv struct {
+	ID    uint64
+	Run   Run
+	Count uint64
+	Size  uint64
+}
+
+// MaxReserve bounds a reservation's chunks.
+const MaxReserve = 1000
+
+// check verifies a reservation's shape.
+func (r Resv) check() error {
+	switch {
+	case r.ID == 0 || r.Count == 0 || r.Count > MaxReserve || r.Size == 0 || r.Size > MaxChunk || r.Run.RLDev == 0:
+		return fmt.Errorf("%w: reservation %+v", ErrCorrupt, r)
+	case r.Run.Blocks != r.Count*blocksFor(r.Size):
+		return fmt.Errorf("%w: reservation %d of %d chunks of %d bytes over %d blocks", ErrCorrupt, r.ID, r.Count, r.Size, r.Run.Blocks)
+	}
+	return nil
+}
+
+// Slot is the extent of id (one of ID+1..ID+Count).
+func (r Resv) Slot(id uint64) Extent {
+	k := blocksFor(r.Size)
+	return Extent{RLDev: r.Run.RLDev, Block: r.Run.Block + (id-r.ID-1)*k, Len: r.Size}
+}
+
+// Holds reports whether id is one of the reservation's.
+func (r Resv) Holds(id uint64) bool { return id > r.ID && id <= r.ID+r.Count }
 
 // Run is a run of blocks of an RLDev.
 type Run struct{ RLDev, Block, Blocks uint64 }
@@ -228,11 +267,21 @@ func EncodeCheckpoint(c Checkpoint) []byte {
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	b := make([]byte, ckHeader+ckEntry*len(ids)+24*len(c.Quarantined))
+	b := make([]byte, ckHeader+ckEntry*len(ids)+24*len(c.Quarantined)+ckResv*len(c.Reservations))
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], ckMagic)
 	le.PutUint16(b[4:], formatVer)
 	le.PutUint32(b[8:], c.CM)
+	le.PutUint32(b[12:], uint32(len(c.Reservations)))
+	rs := b[ckHeader+ckEntry*len(ids)+24*len(c.Quarantined):]
+	for i, r := range c.Reservations {
+		p := rs[ckResv*i:]
+		le.PutUint64(p[0:], r.ID)
+		le.PutUint64(p[8:], r.Run.RLDev)
+		le.PutUint64(p[16:], r.Run.Block)
+		le.PutUint64(p[24:], r.Count)
+		le.PutUint64(p[32:], r.Size)
+	}
 	le.PutUint64(b[16:], c.Through)
 	le.PutUint64(b[24:], c.HighWater)
 	le.PutUint64(b[32:], uint64(len(ids)))
@@ -263,9 +312,22 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 		return Checkpoint{}, fmt.Errorf("%w: checkpoint header", ErrCorrupt)
 	}
 	c := Checkpoint{CM: le.Uint32(b[8:]), Through: le.Uint64(b[16:]), HighWater: le.Uint64(b[24:]), Chunks: map[uint64]Extent{}}
-	n, nq := le.Uint64(b[32:]), le.Uint64(b[40:])
-	if n > uint64(len(b)-ckHeader)/ckEntry || nq > uint64(len(b))/24 || uint64(len(b)) != ckHeader+ckEntry*n+24*nq {
-		return Checkpoint{}, fmt.Errorf("%w: checkpoint of %d bytes says %d entries and %d quarantined runs", ErrCorrupt, len(b), n, nq)
+	n, nq, nr := le.Uint64(b[32:]), le.Uint64(b[40:]), uint64(le.Uint32(b[12:]))
+	if n > uint64(len(b)-ckHeader)/ckEntry || nq > uint64(len(b))/24 || nr > uint64(len(b))/ckResv || uint64(len(b)) != ckHeader+ckEntry*n+24*nq+ckResv*nr {
+		return Checkpoint{}, fmt.Errorf("%w: checkpoint of %d bytes says %d entries, %d quarantined runs and %d reservations", ErrCorrupt, len(b), n, nq, nr)
+	}
+	var prevR uint64
+	for i := uint64(0); i < nr; i++ {
+		p := b[ckHeader+ckEntry*n+24*nq+ckResv*i:]
+		r := Resv{ID: le.Uint64(p[0:]), Run: Run{RLDev: le.Uint64(p[8:]), Block: le.Uint64(p[16:])}, Count: le.Uint64(p[24:]), Size: le.Uint64(p[32:])}
+		if r.Count <= MaxReserve && r.Size <= MaxChunk {
+			r.Run.Blocks = r.Count * blocksFor(r.Size)
+		}
+		if err := r.check(); err != nil || r.ID <= prevR || r.ID+r.Count >= c.HighWater {
+			return Checkpoint{}, fmt.Errorf("%w: checkpoint reservation %d (%+v, high-water %d)", ErrCorrupt, i, r, c.HighWater)
+		}
+		c.Reservations = append(c.Reservations, r)
+		prevR = r.ID
 	}
 	for i := uint64(0); i < nq; i++ {
 		p := b[ckHeader+ckEntry*n+24*i:]
@@ -294,6 +356,11 @@ const (
 	RecAlloc   = 1
 	RecFree    = 2
 	RecReserve = 3
+	// RecResv opens a reservation (Resv); RecResvClose closes one: its
+	// slots allocated by RecAlloc records before it (in the same frame)
+	// are chunks, the rest of its space is freed.
+	RecResv      = 4
+	RecResvClose = 5
 )
 
 // Record is one change of the map.
@@ -302,12 +369,15 @@ type Record struct {
 	ID     uint64 // Alloc, Free
 	Extent Extent // Alloc
 	HW     uint64 // Reserve: ids below it may be handed out
+	Resv   Resv   // Resv (ID is Resv.ID)
 }
 
 func (r Record) size() int {
 	switch r.Kind {
 	case RecAlloc:
 		return 1 + 32
+	case RecResv:
+		return 1 + 40
 	default:
 		return 1 + 8
 	}
@@ -321,6 +391,10 @@ func (r Record) String() string {
 		return fmt.Sprintf("free %d", r.ID)
 	case RecReserve:
 		return fmt.Sprintf("reserve ids below %d", r.HW)
+	case RecResv:
+		return fmt.Sprintf("reservation %d: %d chunks of %d bytes on rldev %d from block %d", r.ID, r.Resv.Count, r.Resv.Size, r.Resv.Run.RLDev, r.Resv.Run.Block)
+	case RecResvClose:
+		return fmt.Sprintf("close reservation %d", r.ID)
 	}
 	return fmt.Sprintf("record kind %d", r.Kind)
 }
@@ -358,10 +432,16 @@ func EncodeFrame(f Frame) []byte {
 			le.PutUint64(p[9:], r.Extent.RLDev)
 			le.PutUint64(p[17:], r.Extent.Block)
 			le.PutUint64(p[25:], r.Extent.Len)
-		case RecFree:
+		case RecFree, RecResvClose:
 			le.PutUint64(p[1:], r.ID)
 		case RecReserve:
 			le.PutUint64(p[1:], r.HW)
+		case RecResv:
+			le.PutUint64(p[1:], r.ID)
+			le.PutUint64(p[9:], r.Resv.Run.RLDev)
+			le.PutUint64(p[17:], r.Resv.Run.Block)
+			le.PutUint64(p[25:], r.Resv.Count)
+			le.PutUint64(p[33:], r.Resv.Size)
 		default:
 			panic(fmt.Sprintf("chunk: encoding a record of kind %d", r.Kind))
 		}
@@ -431,13 +511,22 @@ func DecodeFrame(b []byte) (Frame, error) {
 			if r.ID == 0 || r.Extent.RLDev == 0 || r.Extent.Len == 0 || r.Extent.Len > MaxChunk {
 				return Frame{}, fmt.Errorf("%w: record %d: %v", ErrCorrupt, i, r)
 			}
-		case RecFree:
+		case RecFree, RecResvClose:
 			r.ID = le.Uint64(p[1:])
 			if r.ID == 0 {
-				return Frame{}, fmt.Errorf("%w: record %d frees id 0", ErrCorrupt, i)
+				return Frame{}, fmt.Errorf("%w: record %d names id 0", ErrCorrupt, i)
 			}
 		case RecReserve:
 			r.HW = le.Uint64(p[1:])
+		case RecResv:
+			r.ID = le.Uint64(p[1:])
+			r.Resv = Resv{ID: r.ID, Run: Run{RLDev: le.Uint64(p[9:]), Block: le.Uint64(p[17:])}, Count: le.Uint64(p[25:]), Size: le.Uint64(p[33:])}
+			if r.Resv.Count <= MaxReserve && r.Resv.Size <= MaxChunk {
+				r.Resv.Run.Blocks = r.Resv.Count * blocksFor(r.Resv.Size)
+			}
+			if err := r.Resv.check(); err != nil {
+				return Frame{}, fmt.Errorf("record %d: %w", i, err)
+			}
 		default:
 			return Frame{}, fmt.Errorf("%w: record %d of unknown kind %d", ErrCorrupt, i, r.Kind)
 		}

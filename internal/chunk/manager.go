@@ -164,6 +164,11 @@ type Config struct {
 	// than a write can land after its writer was told it failed (the RLDev
 	// data path gives a request 30 s to arrive). Default 30 s.
 	Quarantine time.Duration
+	// ResvLife is how long a reservation stays open without its clerk's
+	// commit: then the primary keeps every chunk of it (the clerk may have
+	// handed any out before it went away). Default 60 s; at every load
+	// (a takeover) it starts again.
+	ResvLife time.Duration
 
 	// unsafe switches a rule off: for the simulation's teeth test only,
 	// which shows that its oracle catches what each rule prevents.
@@ -176,6 +181,7 @@ type unsafeRules struct {
 	noQuarantine bool // reuse freed space at once
 	noFence      bool // take over without fencing earlier holders' writes
 	anyAckToken  bool // take a secondary's answers to an earlier lease's messages
+	expiryFrees  bool // end an uncommitted reservation keeping none of its chunks
 }
 
 func (c *Config) defaults() {
@@ -193,6 +199,9 @@ func (c *Config) defaults() {
 	}
 	if c.Quarantine == 0 {
 		c.Quarantine = 30 * time.Second
+	}
+	if c.ResvLife == 0 {
+		c.ResvLife = 60 * time.Second
 	}
 }
 
@@ -370,16 +379,34 @@ type ackWaiter struct {
 	then func() []any
 }
 
-// request is a client's allocation or free at the primary.
+// request is a client's allocation, free, reservation or commit at the
+// primary.
 type request struct {
-	req   ReqID
-	alloc bool
-	size  uint64  // alloc
-	id    uint64  // free
-	extra []ReqID // more requests for the same free (a client's retry), answered with it
+	req    ReqID
+	alloc  bool
+	resv   bool     // a reservation of count chunks of size bytes
+	commit bool     // the end of reservation id: live are its chunks to keep
+	size   uint64   // alloc, resv
+	count  uint64   // resv
+	id     uint64   // free, commit
+	live   []uint64 // commit
+	extra  []ReqID  // more requests for the same free or commit (a client's retry), answered with it
 	// during a change
 	ext  Extent
 	done bool
+}
+
+func (q *request) isFree() bool { return !q.alloc && !q.resv && !q.commit }
+
+// records is how many log records q takes (a bound on a change's frame).
+func (q *request) records() int {
+	switch {
+	case q.resv:
+		return 2
+	case q.commit:
+		return len(q.live) + 1
+	}
+	return 1
 }
 
 // NewManager returns a manager waiting for its pair's record.
@@ -422,6 +449,7 @@ func (mg *Manager) Tick(env Env) []any {
 	if mg.m != nil {
 		mg.m.expire(env.Now)
 	}
+	out = append(out, mg.expireResv(env)...)
 	if mg.st == stPrimary && mg.waitAck != nil && env.Now.Sub(mg.peer.at) >= mg.cfg.RetryEvery {
 		// The secondary has not answered: send again, and ask whether it
 		// is dead (the incarnation last heard from; 0: the node's
@@ -529,7 +557,7 @@ func (mg *Manager) Free(env Env, req ReqID, id uint64) []any {
 		// logged already and not acknowledged by the secondary yet) is
 		// answered with it.
 		for _, q := range append(mg.batch, mg.queue...) {
-			if !q.alloc && q.id == id && !q.done {
+			if q.isFree() && q.id == id && !q.done {
 				q.extra = append(q.extra, req)
 				return nil
 			}
@@ -544,6 +572,87 @@ func (mg *Manager) Free(env Env, req ReqID, id uint64) []any {
 	e.freeing = true
 	mg.queue = append(mg.queue, &request{req: req, id: id})
 	return mg.pump(env)
+}
+
+// Reserve asks for a reservation (the primary only): count chunks of size
+// bytes, zeroed, their ids and space set aside for one clerk, which hands
+// them out without asking (Boxwood's allocation batching, §4.3) and ends
+// the reservation with Commit. The reply's handle is the reservation's id
+// R; its chunks are R+1..R+count. Until the commit, the chunks are not
+// readable; if no commit comes within ResvLife, every chunk of it is kept.
+func (mg *Manager) Reserve(env Env, req ReqID, size uint64, count int) []any {
+	mg.env = env
+	switch {
+	case size == 0 || count < 1 || count > MaxReserve:
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: a reservation of %d chunks of %d bytes (1 to %d chunks)", ErrBadRequest, count, size, MaxReserve))
+	case size > MaxChunk:
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: %d bytes (at most %d)", ErrTooLarge, size, MaxChunk))
+	case uint64(count)*blocksFor(size) > MaxChunk/BlockSize*4:
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: a reservation of %d chunks of %d bytes (at most %d MiB in all)", ErrTooLarge, count, size, 4*MaxChunk>>20))
+	}
+	if err := mg.primaryReady(env); err != nil {
+		return mg.reply(req, Handle{}, err)
+	}
+	mg.queue = append(mg.queue, &request{req: req, resv: true, size: size, count: uint64(count)})
+	return mg.pump(env)
+}
+
+// Commit ends reservation resv (the primary only): the chunks in live
+// become allocated chunks; the reservation's other chunks are never
+// allocated (their ids are never used; their space is freed). A
+// reservation that is not open (committed already, or kept whole after
+// ResvLife) is answered with ErrUnallocated: its clerk then frees what
+// it does not keep, one by one.
+func (mg *Manager) Commit(env Env, req ReqID, resv uint64, live []uint64) []any {
+	mg.env = env
+	if err := mg.primaryReady(env); err != nil {
+		return mg.reply(req, Handle{}, err)
+	}
+	for _, q := range append(mg.batch, mg.queue...) {
+		if q.commit && q.id == resv && !q.done {
+			q.extra = append(q.extra, req) // a retry: answered with the first
+			return nil
+		}
+	}
+	rv := mg.m.resv[resv]
+	if rv == nil {
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: reservation %s is not open (committed, or its chunks were all kept when no commit came)", ErrUnallocated, Handle{mg.cfg.CM, resv}))
+	}
+	seen := map[uint64]bool{}
+	for _, id := range live {
+		if !rv.Holds(id) || seen[id] {
+			return mg.reply(req, Handle{}, fmt.Errorf("%w: chunk %d is not one of reservation %d's (%d to %d), or named twice", ErrBadRequest, id, resv, resv+1, resv+rv.Count))
+		}
+		seen[id] = true
+	}
+	rv.ending = true
+	mg.queue = append(mg.queue, &request{req: req, commit: true, id: resv, live: append([]uint64(nil), live...)})
+	return mg.pump(env)
+}
+
+// expireResv ends the reservations whose clerk did not commit within
+// ResvLife, keeping all their chunks (the primary only).
+func (mg *Manager) expireResv(env Env) []any {
+	if mg.st != stPrimary || mg.m == nil || mg.syncing {
+		return nil
+	}
+	var out []any
+	for _, rv := range mg.m.resv {
+		if rv.ending || env.Now.Before(rv.until) {
+			continue
+		}
+		rv.ending = true
+		all := make([]uint64, 0, rv.Count)
+		for i := uint64(1); i <= rv.Count && !mg.cfg.unsafe.expiryFrees; i++ {
+			all = append(all, rv.ID+i)
+		}
+		out = append(out, mg.logf(1, "chunk manager: a reservation was not committed in time; all its chunks are kept", "reservation", rv.ID, "chunks", rv.Count))
+		mg.queue = append(mg.queue, &request{commit: true, id: rv.ID, live: all})
+	}
+	if len(out) > 0 {
+		out = append(out, mg.pump(env)...)
+	}
+	return out
 }
 
 func (mg *Manager) primaryReady(env Env) error {
@@ -570,12 +679,15 @@ func (mg *Manager) Admit(env Env, id, off, n uint64) (Extent, error) {
 	e := mg.m.chunks[id]
 	if e == nil && mg.st == stPrimary {
 		for _, q := range mg.batch {
-			if !q.alloc && q.id == id && !q.done {
+			if q.isFree() && q.id == id && !q.done {
 				e = &entry{freeing: true} // freed by the change in progress
 			}
 		}
 	}
 	if e == nil {
+		if rv := mg.m.resvOf(id); rv != nil {
+			return Extent{}, fmt.Errorf("%w: %s is reserved for a batching clerk that has not sent it yet", ErrUnallocated, Handle{mg.cfg.CM, id})
+		}
 		return Extent{}, fmt.Errorf("%w: %s", ErrUnallocated, Handle{mg.cfg.CM, id})
 	}
 	if e.freeing {
@@ -808,6 +920,9 @@ func (mg *Manager) fail(env Env, err error) []any {
 }
 
 func (mg *Manager) reply(req ReqID, h Handle, err error) []any {
+	if req == 0 {
+		return nil // the manager's own request (a reservation's expiry)
+	}
 	return []any{Reply{Req: req, Handle: h, Err: err}}
 }
 
@@ -1053,6 +1168,9 @@ func (mg *Manager) load(then func(error) []any) []any {
 				} else {
 					m.freed = nil // a secondary allocates nothing (the primary's records place chunks)
 				}
+				for _, rv := range m.resv {
+					rv.until = mg.env.Now.Add(mg.cfg.ResvLife)
+				}
 				mg.sup, mg.m, mg.logPos, mg.idNext = s, m, pos, m.hw
 				return then(nil)
 			})
@@ -1124,9 +1242,14 @@ func (mg *Manager) pump(env Env) []any {
 		return nil
 	}
 	var ready, rest []*request
+	recs := 1 // a Reserve record
 	for _, q := range mg.queue {
-		if len(ready) < mg.cfg.MaxBatch && (q.alloc || mg.inflight[q.id] == 0) {
+		// A frame holds at most MaxFrameBlocks: a change takes up to
+		// MaxBatch requests and 5 000 records (a commit of a reservation
+		// is one record per chunk kept).
+		if len(ready) < mg.cfg.MaxBatch && recs+q.records() <= maxChangeRecords && (!q.isFree() || mg.inflight[q.id] == 0) {
 			ready = append(ready, q)
+			recs += q.records()
 		} else {
 			rest = append(rest, q)
 		}
@@ -1193,8 +1316,11 @@ func (mg *Manager) change(reqs []*request) []any {
 	var allocs []*request
 	needIDs := uint64(0)
 	for _, q := range reqs {
-		if q.alloc {
+		switch {
+		case q.alloc:
 			needIDs++
+		case q.resv:
+			needIDs += q.count + 1
 		}
 	}
 	next := mg.idNext
@@ -1203,21 +1329,43 @@ func (mg *Manager) change(reqs []*request) []any {
 	}
 	var out []any
 	for _, q := range reqs {
-		if !q.alloc {
+		switch {
+		case q.isFree():
 			recs = append(recs, Record{Kind: RecFree, ID: q.id})
 			continue
+		case q.commit:
+			rv := m.resv[q.id]
+			if rv == nil {
+				panic(fmt.Sprintf("chunk: a commit of reservation %d, not open", q.id))
+			}
+			for _, id := range q.live {
+				recs = append(recs, Record{Kind: RecAlloc, ID: id, Extent: rv.Slot(id)})
+			}
+			recs = append(recs, Record{Kind: RecResvClose, ID: q.id})
+			continue
 		}
-		ext, ok := m.pick(blocksFor(q.size), mg.pair.Data)
+		blocks := blocksFor(q.size)
+		if q.resv {
+			blocks *= q.count
+		}
+		ext, ok := m.pick(blocks, mg.pair.Data)
 		if !ok {
 			free, largest, _, quar := m.freeBlocks()
 			out = append(out, mg.answer(q, Handle{}, fmt.Errorf("%w: chunk manager %d has no free run of %d blocks (%d blocks free, the largest run %d; %d more freed in the last %v, reusable after it)",
-				ErrFull, mg.cfg.CM, blocksFor(q.size), free, largest, quar, mg.cfg.Quarantine))...)
+				ErrFull, mg.cfg.CM, blocks, free, largest, quar, mg.cfg.Quarantine))...)
 			continue
 		}
-		ext.Len = q.size
-		q.ext = ext
-		recs = append(recs, Record{Kind: RecAlloc, ID: next, Extent: ext})
-		next++
+		if q.resv {
+			// ext.Len stays 0 here: the run's blocks are in Resv.
+			q.ext = Extent{RLDev: ext.RLDev, Block: ext.Block, Len: blocks * BlockSize}
+			recs = append(recs, Record{Kind: RecResv, ID: next, Resv: Resv{ID: next, Run: Run{RLDev: ext.RLDev, Block: ext.Block, Blocks: blocks}, Count: q.count, Size: q.size}})
+			next += q.count + 1
+		} else {
+			ext.Len = q.size
+			q.ext = ext
+			recs = append(recs, Record{Kind: RecAlloc, ID: next, Extent: ext})
+			next++
+		}
 		allocs = append(allocs, q)
 	}
 	if len(allocs) == 0 && onlyReserve(recs) {
@@ -1239,7 +1387,14 @@ func (mg *Manager) change(reqs []*request) []any {
 		giveBack()
 		return append(out, mg.checkpoint(func() []any { return mg.change(undone(reqs)) })...)
 	}
-	if uint64(len(m.chunks)+len(allocs)+len(m.quarantined())) > mg.sup.Layout.MaxEntries() {
+	newChunks := uint64(0)
+	for _, q := range allocs {
+		newChunks += 1
+		if q.resv {
+			newChunks += q.count + 1 // it may become count chunks
+		}
+	}
+	if uint64(len(m.chunks)+len(m.quarantined()))+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
 		giveBack()
 		for _, q := range allocs {
 			out = append(out, mg.answer(q, Handle{}, fmt.Errorf("%w: chunk manager %d holds %d chunks, as many as its map's checkpoint can (%d)", ErrMapFull, mg.cfg.CM, len(m.chunks), mg.sup.Layout.MaxEntries()))...)
@@ -1283,6 +1438,10 @@ func (mg *Manager) change(reqs []*request) []any {
 	return out
 }
 
+// maxChangeRecords bounds the records of one change (a frame of 5 000
+// allocations is 41 blocks of MaxFrameBlocks).
+const maxChangeRecords = 5000
+
 func onlyReserve(recs []Record) bool {
 	for _, r := range recs {
 		if r.Kind != RecReserve {
@@ -1320,14 +1479,26 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 					freed = append(freed, Run{e.RLDev, e.Block, blocksFor(e.Len)})
 				}
 			}
+			if r.Kind == RecResvClose {
+				if rv := mg.m.resv[r.ID]; rv != nil {
+					freed = append(freed, rv.unallocatedRuns()...) // its allocations are applied
+				}
+			}
 			if mg.cfg.unsafe.noReserve && r.Kind == RecAlloc && r.ID >= mg.m.hw {
 				mg.m.hw = r.ID + 1 // as if reserved (not logged)
+			}
+			if mg.cfg.unsafe.noReserve && r.Kind == RecResv && r.Resv.ID+r.Resv.Count >= mg.m.hw {
+				mg.m.hw = r.Resv.ID + r.Resv.Count + 1
 			}
 			if err := mg.m.apply(f.First+uint64(i), r, true); err != nil {
 				panic(fmt.Sprintf("chunk: applying a change just logged: %v", err)) // the change was built from this map
 			}
 			if r.Kind == RecAlloc {
 				mg.idNext = max(mg.idNext, r.ID+1)
+			}
+			if r.Kind == RecResv {
+				mg.idNext = max(mg.idNext, r.Resv.ID+r.Resv.Count+1)
+				mg.m.resv[r.ID].until = mg.env.Now.Add(mg.cfg.ResvLife)
 			}
 			if mg.peer.serving {
 				mg.recent = append(mg.recent, lsnRecord{f.First + uint64(i), r})
@@ -1348,7 +1519,7 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 				if q.done {
 					continue
 				}
-				if q.alloc {
+				if q.alloc || q.resv {
 					out = append(out, mg.answer(q, Handle{mg.cfg.CM, idOf(recs, q)}, nil)...)
 				} else {
 					out = append(out, mg.answer(q, Handle{mg.cfg.CM, q.id}, nil)...)
@@ -1369,7 +1540,10 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 // idOf is the id the change gave request q.
 func idOf(recs []Record, q *request) uint64 {
 	for _, r := range recs {
-		if r.Kind == RecAlloc && r.Extent == q.ext {
+		if q.alloc && r.Kind == RecAlloc && r.Extent == q.ext {
+			return r.ID
+		}
+		if q.resv && r.Kind == RecResv && r.Resv.Run.RLDev == q.ext.RLDev && r.Resv.Run.Block == q.ext.Block {
 			return r.ID
 		}
 	}

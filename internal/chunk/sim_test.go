@@ -57,6 +57,7 @@ const (
 	simSafety   = 25 * time.Second       // faults until then
 	simLiveness = 45 * time.Second       // the checks after
 	simClients  = 4
+	simResvLife = 3 * time.Second // a reservation without its commit is kept whole then
 	mapID       = 100
 	dataID      = 101
 )
@@ -80,6 +81,7 @@ type csim struct {
 	opts     simOpts
 	stats    struct {
 		allocs, frees, writes, reads, takeovers, checkpoints, crashes, maybes int
+		resvs, commits, cancels, abandons, kept                               int
 	}
 	// ckpt is the checkpoint crash point's progress: 0 waiting for a
 	// checkpoint's write, 1 in the checkpoint, 2 after its switch, 3 done.
@@ -99,8 +101,9 @@ type simOpts struct {
 	// superblock (the log's truncation) landed but before the manager
 	// heard (its in-memory switch), 4 after the switch, at its next map
 	// write. It restarts 1 s later.
-	ckptCrash int
-	noFaults  bool
+	ckptCrash  int
+	noFaults   bool
+	noBatching bool
 }
 
 // cnode is a node with a manager of the pair, one incarnation at a time.
@@ -155,6 +158,7 @@ func (s *csim) start(n *cnode) {
 	n.p.Restart()
 	n.mg = NewManager(Config{Node: n.id, Inc: n.inc, CM: 1, RetryEvery: 300 * time.Millisecond, PollEvery: 200 * time.Millisecond, ReserveStep: 16, MaxBatch: 20,
 		Quarantine: 3 * time.Second, // the RLDev model lands a write at most 2 s after its answer
+		ResvLife:   simResvLife,
 		unsafe:     s.opts.unsafe})
 	s.locks.newClerk(n)
 	s.logf("node %d starts incarnation %d", n.id, n.inc)
@@ -304,6 +308,8 @@ func (s *csim) exec(n *cnode, mg *Manager, out []any) {
 			})
 		case Log:
 			switch x.Msg {
+			case "chunk manager: a reservation was not committed in time; all its chunks are kept":
+				s.stats.kept++
 			case "chunk manager serving as primary":
 				s.stats.takeovers++
 			case "chunk manager checkpoint":
@@ -375,6 +381,18 @@ func mapConsistent(m *chunkMap, whole bool) error {
 		}
 		if err := mark("fence block", DataFence, 1); err != nil {
 			return err
+		}
+		for id, rv := range m.resv {
+			if rv.Run.RLDev != rl {
+				continue
+			}
+			// The run's slots not yet allocated (all but in the middle of
+			// the frame that closes it).
+			for _, x := range rv.unallocatedRuns() {
+				if err := mark(fmt.Sprintf("reservation %d", id), x.Block, x.Blocks); err != nil {
+					return err
+				}
+			}
 		}
 		if whole {
 			for b, u := range used {
@@ -778,8 +796,10 @@ func (c *configModel) broadcast() {
 type clientReq struct {
 	client uint64
 	seq    uint64
-	kind   string // alloc, free, read, write
+	kind   string // alloc, free, read, write, reserve, commit
 	size   uint64
+	count  int      // reserve
+	live   []uint64 // commit
 	h      Handle
 	off, n uint64
 	data   []byte
@@ -819,18 +839,23 @@ func (s *csim) serve(n *cnode, q clientReq) {
 	}
 	env := s.env(n)
 	switch q.kind {
-	case "alloc", "free":
-		if q.kind == "free" && q.h.CM != 1 {
+	case "alloc", "free", "reserve", "commit":
+		if (q.kind == "free" || q.kind == "commit") && q.h.CM != 1 {
 			answer(clientResp{err: fmt.Errorf("%w: %s", ErrUnknownManager, q.h)})
 			return
 		}
 		n.nextReq++
 		req := n.nextReq
 		n.pending[req] = func(r Reply) { answer(clientResp{h: r.Handle, err: r.Err}) }
-		if q.kind == "alloc" {
+		switch q.kind {
+		case "alloc":
 			s.exec(n, mg, mg.Allocate(env, req, q.size))
-		} else {
+		case "free":
 			s.exec(n, mg, mg.Free(env, req, q.h.ID))
+		case "reserve":
+			s.exec(n, mg, mg.Reserve(env, req, q.size, q.count))
+		case "commit":
+			s.exec(n, mg, mg.Commit(env, req, q.h.ID, q.live))
 		}
 	case "read", "write":
 		if q.h.CM != 1 {
@@ -904,6 +929,25 @@ type ochunk struct {
 	// freeMaybe: a free that may have happened (the client retries it
 	// until it is certain).
 	freeMaybe bool
+	// Batching (a reservation's chunk handed out by its clerk): pending
+	// until the commit is acknowledged (it reads as unallocated until
+	// then); cancelled: freed by its caller before the commit (never
+	// readable, unless its clerk died: then the reservation is kept whole,
+	// and the chunk leaks); abandoned: its clerk died before the commit
+	// (at then, the chunk is allocated, zeroed, by ResvLife after).
+	pending, cancelled bool
+	abandoned          time.Duration
+}
+
+// batch is a client's open reservation (the clerk's batching).
+type batch struct {
+	r      Handle // the reservation
+	size   uint64
+	count  int
+	next   int // slots handed out
+	chunks []*ochunk
+	sent   bool          // a commit was sent (it may have taken effect)
+	asked  time.Duration // when it was asked for (it cannot expire before ResvLife after)
 }
 
 // maybeWrite is a write that failed after it may have started: it lands
@@ -1021,6 +1065,11 @@ type client struct {
 	view  *Pair // the client's cached pair record (a clerk's hint)
 	next  int   // which node to try for reads and writes
 	r     *rand.Rand
+	b     *batch    // the open reservation (nil: none)
+	todo  []*ochunk // frees to make (one at a time: a client makes one call at a time)
+	// batching: this client allocates through reservations (two clients
+	// of four do)
+	batching bool
 }
 
 const clientTimeout = 1500 * time.Millisecond
@@ -1080,14 +1129,42 @@ func (c *client) step() {
 	s, r := c.s, c.r
 	var live []*ochunk
 	for _, ch := range c.owned {
-		if ch.freedAt == 0 && !ch.freeMaybe {
+		if ch.freedAt == 0 && !ch.freeMaybe && !ch.pending && !ch.cancelled {
 			live = append(live, ch)
 		}
 	}
+	if len(c.todo) > 0 {
+		ch := c.todo[0]
+		c.todo = c.todo[1:]
+		c.free(ch)
+		return
+	}
+	if c.batching && c.b != nil && (c.b.sent || c.b.next == c.b.count || r.Intn(8) == 0) {
+		if r.Intn(25) == 0 && !c.b.sent {
+			c.abandon() // the clerk dies: its reservation is never committed
+			c.loop()
+			return
+		}
+		c.commit()
+		return
+	}
 	switch x := r.Intn(100); {
 	case x < 20 || len(live) == 0:
+		if c.batching {
+			c.batchAlloc()
+			return
+		}
 		c.alloc()
 	case x < 30:
+		if c.b != nil && c.b.next > 0 && r.Intn(2) == 0 {
+			// A free of a chunk handed out from the open reservation: the
+			// clerk cancels it locally (never sent).
+			ch := c.b.chunks[r.Intn(c.b.next)]
+			ch.cancelled = true
+			s.logf("client %d: free %s before its commit: cancelled", c.id, ch.h)
+			c.loop()
+			return
+		}
 		c.free(live[r.Intn(len(live))])
 	case x < 60:
 		c.write(live[r.Intn(len(live))])
@@ -1131,6 +1208,122 @@ func (c *client) alloc() {
 		}
 		c.loop()
 	})
+}
+
+// batchAlloc hands out the open reservation's next chunk (no message), or
+// asks for a reservation.
+func (c *client) batchAlloc() {
+	s := c.s
+	if b := c.b; b != nil && b.next < b.count {
+		id := b.r.ID + 1 + uint64(b.next)
+		h := Handle{1, id}
+		if prev := s.o.handles[h]; prev != nil {
+			s.o.fail("a reservation handed out %s again", h)
+		}
+		ch := &ochunk{h: h, size: b.size, cands: [][]byte{make([]byte, b.size)}, pending: true}
+		s.o.handles[h] = ch
+		s.o.maxID = max(s.o.maxID, id)
+		c.owned = append(c.owned, ch)
+		b.chunks = append(b.chunks, ch)
+		b.next++
+		s.stats.allocs++
+		c.loop()
+		return
+	}
+	size := uint64(1 + c.r.Intn(3*BlockSize))
+	count := 1 + c.r.Intn(20)
+	asked := s.w.Now()
+	c.call(c.primary(), clientReq{kind: "reserve", size: size, count: count}, func(resp *clientResp) {
+		switch {
+		case resp == nil:
+			s.stats.maybes++
+		case resp.err == nil:
+			h := resp.h
+			for i := uint64(0); i <= uint64(count); i++ {
+				if prev := s.o.handles[Handle{1, h.ID + i}]; prev != nil {
+					s.o.fail("reservation %s of %d includes %s, handed out before", h, count, prev.h)
+				}
+			}
+			s.o.maxID = max(s.o.maxID, h.ID+uint64(count))
+			c.b = &batch{r: h, size: size, count: count, asked: asked}
+			s.stats.resvs++
+			s.logf("client %d: reservation %s of %d chunks of %d bytes", c.id, h, count, size)
+		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		default:
+			s.logf("client %d: reserve: %v", c.id, resp.err)
+		}
+		c.loop()
+	})
+}
+
+// commit sends the open reservation's batch: the chunks handed out and not
+// cancelled.
+func (c *client) commit() {
+	s, b := c.s, c.b
+	var live []uint64
+	for _, ch := range b.chunks {
+		if !ch.cancelled {
+			live = append(live, ch.h.ID)
+		}
+	}
+	first := !b.sent
+	b.sent = true
+	done := func() {
+		for _, ch := range b.chunks {
+			ch.pending = false
+			if ch.cancelled && ch.freedAt == 0 {
+				ch.freedAt = s.w.Now()
+			}
+		}
+		c.b = nil
+	}
+	c.call(c.primary(), clientReq{kind: "commit", h: b.r, live: live}, func(resp *clientResp) {
+		switch {
+		case resp == nil, errors.Is(resp.err, ErrMaybeDone):
+			// Sent again at the next step.
+		case resp.err == nil:
+			s.logf("client %d: commit %s: %d kept, %d cancelled", c.id, b.r, len(live), len(b.chunks)-len(live))
+			s.stats.commits++
+			s.stats.cancels += len(b.chunks) - len(live)
+			done()
+		case errors.Is(resp.err, ErrUnallocated):
+			// Not open: an earlier attempt committed it (or, if it took
+			// longer than ResvLife, it was kept whole): the cancelled
+			// chunks are freed one by one (a free finding one gone is
+			// done).
+			s.logf("client %d: commit %s: %v (first attempt: %v)", c.id, b.r, resp.err, first)
+			if first && s.w.Now() < b.asked+simResvLife {
+				s.o.fail("the first commit of reservation %s, within ResvLife, answered %v", b.r, resp.err)
+			}
+			for _, ch := range b.chunks {
+				ch.pending = false
+				if ch.cancelled {
+					ch.cancelled, ch.freeMaybe = false, true
+					c.todo = append(c.todo, ch)
+				}
+			}
+			c.b = nil
+		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		default:
+			s.o.fail("commit of reservation %s: %v", b.r, resp.err)
+		}
+		c.loop()
+	})
+}
+
+// abandon: the clerk goes away with its reservation open. Every chunk it
+// handed out must become usable (the primary keeps the reservation
+// whole after ResvLife): the oracle stops treating them as pending then.
+func (c *client) abandon() {
+	s, b := c.s, c.b
+	s.logf("client %d: abandons reservation %s (%d handed out)", c.id, b.r, b.next)
+	s.stats.abandons++
+	for _, ch := range b.chunks {
+		ch.abandoned = s.w.Now()
+	}
+	c.b = nil
 }
 
 func (c *client) free(ch *ochunk) {
@@ -1342,7 +1535,8 @@ func newCSim(t *testing.T, seed int64, opts simOpts) *csim {
 		}
 	}
 	for i := 0; i < simClients; i++ {
-		c := &client{s: s, id: uint64(10 + i), p: w.NewProcess(uint64(10 + i)), wait: map[uint64]func(clientResp){}, r: rand.New(rand.NewSource(seed*100 + int64(i)))}
+		c := &client{s: s, id: uint64(10 + i), p: w.NewProcess(uint64(10 + i)), wait: map[uint64]func(clientResp){}, r: rand.New(rand.NewSource(seed*100 + int64(i))),
+			batching: i%2 == 1 && !opts.noBatching}
 		s.net.Attach(c.p)
 		c.p.Deliver = func(from uint64, payload any) {
 			if r, ok := payload.(clientResp); ok {
@@ -1520,8 +1714,21 @@ func (s *csim) finalChecks() {
 			}
 		}
 	}
+	for name, m := range map[string]*chunkMap{"secondary": sm, "fresh": fresh} {
+		if len(m.resv) != len(pm.resv) {
+			s.o.fail("the %s map has %d open reservations, the primary's %d", name, len(m.resv), len(pm.resv))
+		}
+	}
 	for h, ch := range s.o.handles {
 		e := pm.chunks[h.ID]
+		if ch.pending {
+			// Its clerk left the batch unsent: if it went away long
+			// enough before the end, the reservation was kept whole.
+			if ch.abandoned != 0 && ch.abandoned < simSafety && !ch.cancelled && e == nil && pm.resv[pm.resvIDOf(h.ID)] == nil {
+				s.o.fail("chunk %s, handed out by a clerk that went away at %v, is not in the map", h, ch.abandoned)
+			}
+			continue
+		}
 		switch {
 		case ch.freedAt == 0 && !ch.freeMaybe && e == nil:
 			s.o.fail("chunk %s, allocated and never freed, is not in the map", h)
@@ -1567,7 +1774,7 @@ func (s *csim) readMap() (*chunkMap, error) {
 
 func TestChunkSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 100)
-	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups, grown int }
+	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups, grown, resvs, commits, cancels, abandons, kept int }
 	for _, seed := range seeds {
 		s := runCSim(t, seed, simOpts{})
 		if len(s.o.fails) > 0 {
@@ -1582,9 +1789,14 @@ func TestChunkSimulation(t *testing.T) {
 		st.maybes += s.stats.maybes
 		st.dups += s.lateDups
 		st.grown += s.grown
+		st.resvs += s.stats.resvs
+		st.commits += s.stats.commits
+		st.cancels += s.stats.cancels
+		st.abandons += s.stats.abandons
+		st.kept += s.stats.kept
 	}
-	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; %d data RLDevs added; no violation",
-		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups, st.grown)
+	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; %d data RLDevs added; %d reservations, %d commits, %d chunks cancelled before their commit, %d reservations abandoned, %d kept whole; no violation",
+		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups, st.grown, st.resvs, st.commits, st.cancels, st.abandons, st.kept)
 }
 
 func (o *oracle) fail(format string, args ...any) {
@@ -1607,6 +1819,7 @@ func TestChunkOracleHasTeeth(t *testing.T) {
 		{"ids handed out without a Reserve record", unsafeRules{noReserve: true}},
 		{"freed space reused at once", unsafeRules{noQuarantine: true}},
 		{"answers to an earlier lease's messages taken", unsafeRules{anyAckToken: true}},
+		{"a reservation without its commit ended keeping nothing", unsafeRules{expiryFrees: true}},
 		// Without the fence blocks nothing is caught: every later write
 		// carries the newer token, and a primary whose lease was revoked
 		// reads the map's tail again before changing it; the fence closes
