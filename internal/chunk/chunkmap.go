@@ -20,7 +20,7 @@ type chunkMap struct {
 	// resv: the open reservations, by id (each holds its whole run of
 	// space; ids ID+1..ID+Count are its, below hw, not in chunks until a
 	// commit's RecAlloc records name them).
-	resv map[uint64]*openResv
+	resv   map[uint64]*openResv
 	spaces map[uint64]*space // by RLDev id
 	lsn    uint64
 	hw     uint64
