@@ -44,6 +44,7 @@ const (
 	ChunkResult_CHUNK_RESULT_BAD_REQUEST     ChunkResult = 11
 	ChunkResult_CHUNK_RESULT_CORRUPT         ChunkResult = 12
 	ChunkResult_CHUNK_RESULT_FAILED          ChunkResult = 13 // another failure (an RLDev's): retry may help
+	ChunkResult_CHUNK_RESULT_FENCED          ChunkResult = 14 // a fenced write refused: a newer holder of its lock wrote
 )
 
 // Enum value maps for ChunkResult.
@@ -63,6 +64,7 @@ var (
 		11: "CHUNK_RESULT_BAD_REQUEST",
 		12: "CHUNK_RESULT_CORRUPT",
 		13: "CHUNK_RESULT_FAILED",
+		14: "CHUNK_RESULT_FENCED",
 	}
 	ChunkResult_value = map[string]int32{
 		"CHUNK_RESULT_OK":              0,
@@ -79,6 +81,7 @@ var (
 		"CHUNK_RESULT_BAD_REQUEST":     11,
 		"CHUNK_RESULT_CORRUPT":         12,
 		"CHUNK_RESULT_FAILED":          13,
+		"CHUNK_RESULT_FENCED":          14,
 	}
 )
 
@@ -1085,11 +1088,16 @@ func (x *ChunkServiceReadResponse) GetData() []byte {
 }
 
 type ChunkServiceWriteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Offset        uint64                 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Cm     uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Id     uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Offset uint64                 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// A fence (optional): the lock the writer holds and its token; the
+	// chunk's RLDev refuses the write once it admitted a newer token of
+	// that lock (rldev.Fence).
+	FenceName     string      `protobuf:"bytes,5,opt,name=fence_name,json=fenceName,proto3" json:"fence_name,omitempty"`
+	FenceToken    *ChunkToken `protobuf:"bytes,6,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1152,6 +1160,256 @@ func (x *ChunkServiceWriteRequest) GetData() []byte {
 	return nil
 }
 
+func (x *ChunkServiceWriteRequest) GetFenceName() string {
+	if x != nil {
+		return x.FenceName
+	}
+	return ""
+}
+
+func (x *ChunkServiceWriteRequest) GetFenceToken() *ChunkToken {
+	if x != nil {
+		return x.FenceToken
+	}
+	return nil
+}
+
+// Allocation batching (Boxwood §4.3): a clerk reserves count chunks of
+// size bytes at once, hands them out itself, and ends the reservation
+// with a commit naming the chunks it handed out and that were not freed
+// meanwhile.
+type ChunkServiceReserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceReserveRequest) Reset() {
+	*x = ChunkServiceReserveRequest{}
+	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceReserveRequest) ProtoMessage() {}
+
+func (x *ChunkServiceReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceReserveRequest.ProtoReflect.Descriptor instead.
+func (*ChunkServiceReserveRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ChunkServiceReserveRequest) GetCm() uint32 {
+	if x != nil {
+		return x.Cm
+	}
+	return 0
+}
+
+func (x *ChunkServiceReserveRequest) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ChunkServiceReserveRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ChunkServiceReserveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Id            uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"` // the reservation: its chunks are id+1 .. id+count
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceReserveResponse) Reset() {
+	*x = ChunkServiceReserveResponse{}
+	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceReserveResponse) ProtoMessage() {}
+
+func (x *ChunkServiceReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceReserveResponse.ProtoReflect.Descriptor instead.
+func (*ChunkServiceReserveResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ChunkServiceReserveResponse) GetResult() ChunkResult {
+	if x != nil {
+		return x.Result
+	}
+	return ChunkResult_CHUNK_RESULT_OK
+}
+
+func (x *ChunkServiceReserveResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ChunkServiceReserveResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ChunkServiceCommitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"` // the reservation
+	Live          []uint64               `protobuf:"varint,3,rep,packed,name=live,proto3" json:"live,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceCommitRequest) Reset() {
+	*x = ChunkServiceCommitRequest{}
+	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceCommitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceCommitRequest) ProtoMessage() {}
+
+func (x *ChunkServiceCommitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceCommitRequest.ProtoReflect.Descriptor instead.
+func (*ChunkServiceCommitRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ChunkServiceCommitRequest) GetCm() uint32 {
+	if x != nil {
+		return x.Cm
+	}
+	return 0
+}
+
+func (x *ChunkServiceCommitRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ChunkServiceCommitRequest) GetLive() []uint64 {
+	if x != nil {
+		return x.Live
+	}
+	return nil
+}
+
+type ChunkServiceCommitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceCommitResponse) Reset() {
+	*x = ChunkServiceCommitResponse{}
+	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceCommitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceCommitResponse) ProtoMessage() {}
+
+func (x *ChunkServiceCommitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceCommitResponse.ProtoReflect.Descriptor instead.
+func (*ChunkServiceCommitResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ChunkServiceCommitResponse) GetResult() ChunkResult {
+	if x != nil {
+		return x.Result
+	}
+	return ChunkResult_CHUNK_RESULT_OK
+}
+
+func (x *ChunkServiceCommitResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ChunkServiceWriteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
@@ -1162,7 +1420,7 @@ type ChunkServiceWriteResponse struct {
 
 func (x *ChunkServiceWriteResponse) Reset() {
 	*x = ChunkServiceWriteResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	mi := &file_grovepb_chunk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1432,7 @@ func (x *ChunkServiceWriteResponse) String() string {
 func (*ChunkServiceWriteResponse) ProtoMessage() {}
 
 func (x *ChunkServiceWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	mi := &file_grovepb_chunk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1445,7 @@ func (x *ChunkServiceWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceWriteResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceWriteResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChunkServiceWriteResponse) GetResult() ChunkResult {
@@ -1214,7 +1472,7 @@ type ChunkServiceStatRequest struct {
 
 func (x *ChunkServiceStatRequest) Reset() {
 	*x = ChunkServiceStatRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	mi := &file_grovepb_chunk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1484,7 @@ func (x *ChunkServiceStatRequest) String() string {
 func (*ChunkServiceStatRequest) ProtoMessage() {}
 
 func (x *ChunkServiceStatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	mi := &file_grovepb_chunk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1497,7 @@ func (x *ChunkServiceStatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceStatRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceStatRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ChunkServiceStatRequest) GetCm() uint32 {
@@ -1282,7 +1540,7 @@ type ChunkManagerStatus struct {
 
 func (x *ChunkManagerStatus) Reset() {
 	*x = ChunkManagerStatus{}
-	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	mi := &file_grovepb_chunk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1552,7 @@ func (x *ChunkManagerStatus) String() string {
 func (*ChunkManagerStatus) ProtoMessage() {}
 
 func (x *ChunkManagerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	mi := &file_grovepb_chunk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1565,7 @@ func (x *ChunkManagerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkManagerStatus.ProtoReflect.Descriptor instead.
 func (*ChunkManagerStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ChunkManagerStatus) GetCm() uint32 {
@@ -1442,7 +1700,7 @@ type ChunkServiceStatResponse struct {
 
 func (x *ChunkServiceStatResponse) Reset() {
 	*x = ChunkServiceStatResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	mi := &file_grovepb_chunk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1712,7 @@ func (x *ChunkServiceStatResponse) String() string {
 func (*ChunkServiceStatResponse) ProtoMessage() {}
 
 func (x *ChunkServiceStatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	mi := &file_grovepb_chunk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1725,7 @@ func (x *ChunkServiceStatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceStatResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceStatResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ChunkServiceStatResponse) GetManagers() []*ChunkManagerStatus {
@@ -1571,12 +1829,31 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x18ChunkServiceReadResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"f\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\xbc\x01\n" +
 	"\x18ChunkServiceWriteRequest\x12\x0e\n" +
 	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"`\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1d\n" +
+	"\n" +
+	"fence_name\x18\x05 \x01(\tR\tfenceName\x125\n" +
+	"\vfence_token\x18\x06 \x01(\v2\x14.grove.v1.ChunkTokenR\n" +
+	"fenceToken\"V\n" +
+	"\x1aChunkServiceReserveRequest\x12\x0e\n" +
+	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\"r\n" +
+	"\x1bChunkServiceReserveResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\"O\n" +
+	"\x19ChunkServiceCommitRequest\x12\x0e\n" +
+	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04live\x18\x03 \x03(\x04R\x04live\"a\n" +
+	"\x1aChunkServiceCommitResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"`\n" +
 	"\x19ChunkServiceWriteResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"9\n" +
@@ -1612,7 +1889,7 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\bmanagers\x18\x01 \x03(\v2\x1c.grove.v1.ChunkManagerStatusR\bmanagers\x12\x14\n" +
 	"\x05rldev\x18\x02 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05block\x18\x03 \x01(\x04R\x05block\x12\x16\n" +
-	"\x06length\x18\x04 \x01(\x04R\x06length*\x96\x03\n" +
+	"\x06length\x18\x04 \x01(\x04R\x06length*\xaf\x03\n" +
 	"\vChunkResult\x12\x13\n" +
 	"\x0fCHUNK_RESULT_OK\x10\x00\x12\x1b\n" +
 	"\x17CHUNK_RESULT_BAD_HANDLE\x10\x01\x12\x1c\n" +
@@ -1628,14 +1905,17 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x12\x1c\n" +
 	"\x18CHUNK_RESULT_BAD_REQUEST\x10\v\x12\x18\n" +
 	"\x14CHUNK_RESULT_CORRUPT\x10\f\x12\x17\n" +
-	"\x13CHUNK_RESULT_FAILED\x10\r2\xf7\x03\n" +
+	"\x13CHUNK_RESULT_FAILED\x10\r\x12\x17\n" +
+	"\x13CHUNK_RESULT_FENCED\x10\x0e2\xa4\x05\n" +
 	"\fChunkService\x12Y\n" +
 	"\bAllocate\x12%.grove.v1.ChunkServiceAllocateRequest\x1a&.grove.v1.ChunkServiceAllocateResponse\x12M\n" +
 	"\x04Free\x12!.grove.v1.ChunkServiceFreeRequest\x1a\".grove.v1.ChunkServiceFreeResponse\x12M\n" +
 	"\x04Read\x12!.grove.v1.ChunkServiceReadRequest\x1a\".grove.v1.ChunkServiceReadResponse\x12P\n" +
 	"\x05Write\x12\".grove.v1.ChunkServiceWriteRequest\x1a#.grove.v1.ChunkServiceWriteResponse\x12M\n" +
 	"\x04Stat\x12!.grove.v1.ChunkServiceStatRequest\x1a\".grove.v1.ChunkServiceStatResponse\x12M\n" +
-	"\x04Peer\x12!.grove.v1.ChunkServicePeerRequest\x1a\".grove.v1.ChunkServicePeerResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x04Peer\x12!.grove.v1.ChunkServicePeerRequest\x1a\".grove.v1.ChunkServicePeerResponse\x12V\n" +
+	"\aReserve\x12$.grove.v1.ChunkServiceReserveRequest\x1a%.grove.v1.ChunkServiceReserveResponse\x12S\n" +
+	"\x06Commit\x12#.grove.v1.ChunkServiceCommitRequest\x1a$.grove.v1.ChunkServiceCommitResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_chunk_proto_rawDescOnce sync.Once
@@ -1650,7 +1930,7 @@ func file_grovepb_chunk_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_chunk_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_chunk_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_grovepb_chunk_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_grovepb_chunk_proto_goTypes = []any{
 	(ChunkResult)(0),                     // 0: grove.v1.ChunkResult
 	(*ChunkPair)(nil),                    // 1: grove.v1.ChunkPair
@@ -1669,10 +1949,14 @@ var file_grovepb_chunk_proto_goTypes = []any{
 	(*ChunkServiceReadRequest)(nil),      // 14: grove.v1.ChunkServiceReadRequest
 	(*ChunkServiceReadResponse)(nil),     // 15: grove.v1.ChunkServiceReadResponse
 	(*ChunkServiceWriteRequest)(nil),     // 16: grove.v1.ChunkServiceWriteRequest
-	(*ChunkServiceWriteResponse)(nil),    // 17: grove.v1.ChunkServiceWriteResponse
-	(*ChunkServiceStatRequest)(nil),      // 18: grove.v1.ChunkServiceStatRequest
-	(*ChunkManagerStatus)(nil),           // 19: grove.v1.ChunkManagerStatus
-	(*ChunkServiceStatResponse)(nil),     // 20: grove.v1.ChunkServiceStatResponse
+	(*ChunkServiceReserveRequest)(nil),   // 17: grove.v1.ChunkServiceReserveRequest
+	(*ChunkServiceReserveResponse)(nil),  // 18: grove.v1.ChunkServiceReserveResponse
+	(*ChunkServiceCommitRequest)(nil),    // 19: grove.v1.ChunkServiceCommitRequest
+	(*ChunkServiceCommitResponse)(nil),   // 20: grove.v1.ChunkServiceCommitResponse
+	(*ChunkServiceWriteResponse)(nil),    // 21: grove.v1.ChunkServiceWriteResponse
+	(*ChunkServiceStatRequest)(nil),      // 22: grove.v1.ChunkServiceStatRequest
+	(*ChunkManagerStatus)(nil),           // 23: grove.v1.ChunkManagerStatus
+	(*ChunkServiceStatResponse)(nil),     // 24: grove.v1.ChunkServiceStatResponse
 }
 var file_grovepb_chunk_proto_depIdxs = []int32{
 	2,  // 0: grove.v1.ChunkPair.data:type_name -> grove.v1.ChunkDataRLDev
@@ -1686,25 +1970,32 @@ var file_grovepb_chunk_proto_depIdxs = []int32{
 	0,  // 8: grove.v1.ChunkServiceAllocateResponse.result:type_name -> grove.v1.ChunkResult
 	0,  // 9: grove.v1.ChunkServiceFreeResponse.result:type_name -> grove.v1.ChunkResult
 	0,  // 10: grove.v1.ChunkServiceReadResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 11: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
-	19, // 12: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
-	10, // 13: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
-	12, // 14: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
-	14, // 15: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
-	16, // 16: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
-	18, // 17: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
-	5,  // 18: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
-	11, // 19: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
-	13, // 20: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
-	15, // 21: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
-	17, // 22: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
-	20, // 23: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
-	9,  // 24: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 11: grove.v1.ChunkServiceWriteRequest.fence_token:type_name -> grove.v1.ChunkToken
+	0,  // 12: grove.v1.ChunkServiceReserveResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 13: grove.v1.ChunkServiceCommitResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 14: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
+	23, // 15: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
+	10, // 16: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
+	12, // 17: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
+	14, // 18: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
+	16, // 19: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
+	22, // 20: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
+	5,  // 21: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
+	17, // 22: grove.v1.ChunkService.Reserve:input_type -> grove.v1.ChunkServiceReserveRequest
+	19, // 23: grove.v1.ChunkService.Commit:input_type -> grove.v1.ChunkServiceCommitRequest
+	11, // 24: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
+	13, // 25: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
+	15, // 26: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
+	21, // 27: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
+	24, // 28: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
+	9,  // 29: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
+	18, // 30: grove.v1.ChunkService.Reserve:output_type -> grove.v1.ChunkServiceReserveResponse
+	20, // 31: grove.v1.ChunkService.Commit:output_type -> grove.v1.ChunkServiceCommitResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_chunk_proto_init() }
@@ -1723,7 +2014,7 @@ func file_grovepb_chunk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_chunk_proto_rawDesc), len(file_grovepb_chunk_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,8 @@ const (
 	ChunkService_Write_FullMethodName    = "/grove.v1.ChunkService/Write"
 	ChunkService_Stat_FullMethodName     = "/grove.v1.ChunkService/Stat"
 	ChunkService_Peer_FullMethodName     = "/grove.v1.ChunkService/Peer"
+	ChunkService_Reserve_FullMethodName  = "/grove.v1.ChunkService/Reserve"
+	ChunkService_Commit_FullMethodName   = "/grove.v1.ChunkService/Commit"
 )
 
 // ChunkServiceClient is the client API for ChunkService service.
@@ -41,6 +43,8 @@ type ChunkServiceClient interface {
 	Write(ctx context.Context, in *ChunkServiceWriteRequest, opts ...grpc.CallOption) (*ChunkServiceWriteResponse, error)
 	Stat(ctx context.Context, in *ChunkServiceStatRequest, opts ...grpc.CallOption) (*ChunkServiceStatResponse, error)
 	Peer(ctx context.Context, in *ChunkServicePeerRequest, opts ...grpc.CallOption) (*ChunkServicePeerResponse, error)
+	Reserve(ctx context.Context, in *ChunkServiceReserveRequest, opts ...grpc.CallOption) (*ChunkServiceReserveResponse, error)
+	Commit(ctx context.Context, in *ChunkServiceCommitRequest, opts ...grpc.CallOption) (*ChunkServiceCommitResponse, error)
 }
 
 type chunkServiceClient struct {
@@ -111,6 +115,26 @@ func (c *chunkServiceClient) Peer(ctx context.Context, in *ChunkServicePeerReque
 	return out, nil
 }
 
+func (c *chunkServiceClient) Reserve(ctx context.Context, in *ChunkServiceReserveRequest, opts ...grpc.CallOption) (*ChunkServiceReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChunkServiceReserveResponse)
+	err := c.cc.Invoke(ctx, ChunkService_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *chunkServiceClient) Commit(ctx context.Context, in *ChunkServiceCommitRequest, opts ...grpc.CallOption) (*ChunkServiceCommitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChunkServiceCommitResponse)
+	err := c.cc.Invoke(ctx, ChunkService_Commit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChunkServiceServer is the server API for ChunkService service.
 // All implementations must embed UnimplementedChunkServiceServer
 // for forward compatibility.
@@ -121,6 +145,8 @@ type ChunkServiceServer interface {
 	Write(context.Context, *ChunkServiceWriteRequest) (*ChunkServiceWriteResponse, error)
 	Stat(context.Context, *ChunkServiceStatRequest) (*ChunkServiceStatResponse, error)
 	Peer(context.Context, *ChunkServicePeerRequest) (*ChunkServicePeerResponse, error)
+	Reserve(context.Context, *ChunkServiceReserveRequest) (*ChunkServiceReserveResponse, error)
+	Commit(context.Context, *ChunkServiceCommitRequest) (*ChunkServiceCommitResponse, error)
 	mustEmbedUnimplementedChunkServiceServer()
 }
 
@@ -148,6 +174,12 @@ func (UnimplementedChunkServiceServer) Stat(context.Context, *ChunkServiceStatRe
 }
 func (UnimplementedChunkServiceServer) Peer(context.Context, *ChunkServicePeerRequest) (*ChunkServicePeerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Peer not implemented")
+}
+func (UnimplementedChunkServiceServer) Reserve(context.Context, *ChunkServiceReserveRequest) (*ChunkServiceReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedChunkServiceServer) Commit(context.Context, *ChunkServiceCommitRequest) (*ChunkServiceCommitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
 }
 func (UnimplementedChunkServiceServer) mustEmbedUnimplementedChunkServiceServer() {}
 func (UnimplementedChunkServiceServer) testEmbeddedByValue()                      {}
@@ -278,6 +310,42 @@ func _ChunkService_Peer_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ChunkService_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChunkServiceReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChunkServiceServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ChunkService_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChunkServiceServer).Reserve(ctx, req.(*ChunkServiceReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ChunkService_Commit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChunkServiceCommitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChunkServiceServer).Commit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ChunkService_Commit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChunkServiceServer).Commit(ctx, req.(*ChunkServiceCommitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ChunkService_ServiceDesc is the grpc.ServiceDesc for ChunkService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -308,6 +376,14 @@ var ChunkService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Peer",
 			Handler:    _ChunkService_Peer_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _ChunkService_Reserve_Handler,
+		},
+		{
+			MethodName: "Commit",
+			Handler:    _ChunkService_Commit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1508,7 +1508,11 @@ type HoldRequest struct {
 	Name  []byte                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Mode  LockMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=grove.v1.LockMode" json:"mode,omitempty"`
 	// How long to hold once granted; 0 holds until the caller goes away.
-	HoldMillis    uint64 `protobuf:"varint,3,opt,name=hold_millis,json=holdMillis,proto3" json:"hold_millis,omitempty"`
+	HoldMillis uint64 `protobuf:"varint,3,opt,name=hold_millis,json=holdMillis,proto3" json:"hold_millis,omitempty"`
+	// fresh: the node gives back a lease it caches for the lock first, so
+	// that the grant's token is newer than any it handed out before (a log
+	// owner that recovers needs a token no earlier writer had).
+	Fresh         bool `protobuf:"varint,4,opt,name=fresh,proto3" json:"fresh,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1562,6 +1566,13 @@ func (x *HoldRequest) GetHoldMillis() uint64 {
 		return x.HoldMillis
 	}
 	return 0
+}
+
+func (x *HoldRequest) GetFresh() bool {
+	if x != nil {
+		return x.Fresh
+	}
+	return false
 }
 
 type HoldResponse struct {
@@ -2033,12 +2044,13 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05names\x18\x03 \x03(\fR\x05names\x12\x10\n" +
 	"\x03all\x18\x04 \x01(\bR\x03all\x12+\n" +
-	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\"j\n" +
+	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\"\x80\x01\n" +
 	"\vHoldRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x1f\n" +
 	"\vhold_millis\x18\x03 \x01(\x04R\n" +
-	"holdMillis\"\xf7\x01\n" +
+	"holdMillis\x12\x14\n" +
+	"\x05fresh\x18\x04 \x01(\bR\x05fresh\"\xf7\x01\n" +
 	"\fHoldResponse\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.grove.v1.HoldResponse.KindR\x04kind\x12'\n" +
 	"\x05clerk\x18\x02 \x01(\v2\x11.grove.v1.ClerkIdR\x05clerk\x12#\n" +

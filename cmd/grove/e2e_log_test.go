@@ -23,7 +23,7 @@ type logApplier struct {
 	pages map[string][]byte
 }
 
-func (a *logApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN) error {
+func (a *logApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, f *rldev.Fence) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p := a.pages[string(target)]

@@ -35,7 +35,9 @@ type LogCell struct {
 
 type discardApplier struct{}
 
-func (discardApplier) Apply(context.Context, []byte, uint64, []byte, txn.LSN) error { return nil }
+func (discardApplier) Apply(context.Context, []byte, uint64, []byte, txn.LSN, *rldev.Fence) error {
+	return nil
+}
 
 // LogBench runs two store nodes in this process (disks in files under
 // dir), a log on an RLDev replicated over both, and measures transactions

@@ -134,7 +134,7 @@ func (c *Clerk) client(ctx context.Context, node NodeID) (pb.ChunkServiceClient,
 
 // final errors: trying again cannot help.
 func final(err error) bool {
-	for _, e := range []error{ErrBadHandle, ErrUnallocated, ErrOutOfRange, ErrTooLarge, ErrFull, ErrMapFull, ErrBadRequest, ErrCorrupt} {
+	for _, e := range []error{ErrBadHandle, ErrUnallocated, ErrOutOfRange, ErrTooLarge, ErrFull, ErrMapFull, ErrBadRequest, ErrCorrupt, ErrFenced} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -323,6 +323,21 @@ func (c *Clerk) Read(ctx context.Context, h Handle, off, n uint64) ([]byte, erro
 
 // Write writes data at off of chunk h.
 func (c *Clerk) Write(ctx context.Context, h Handle, off uint64, data []byte) error {
+	return c.WriteFenced(ctx, h, off, data, nil)
+}
+
+// WriteFenced writes data at off of chunk h, fenced by f (nil: none): the
+// chunk's RLDev refuses it (rldev.ErrStaleToken, through ErrFailed) once
+// it admitted a newer token of f's lock, so that a writer that lost its
+// lock cannot overwrite a newer holder's data. An RLDev keeps tokens for
+// rldev.MaxTokenNames lock names: fence with a few coarse locks (a log's,
+// a tree's), not one per chunk.
+func (c *Clerk) WriteFenced(ctx context.Context, h Handle, off uint64, data []byte, f *rldev.Fence) error {
+	var fname string
+	var ftok *pb.ChunkToken
+	if f != nil {
+		fname, ftok = f.Name, tokenPB(f.Token)
+	}
 	if h.CM == 0 || h.ID == 0 {
 		return fmt.Errorf("writing %s: %w", h, ErrBadHandle)
 	}
@@ -337,7 +352,7 @@ func (c *Clerk) Write(ctx context.Context, h Handle, off uint64, data []byte) er
 			if err != nil {
 				return node, err
 			}
-			r, err := cl.Write(ctx, &pb.ChunkServiceWriteRequest{Cm: h.CM, Id: h.ID, Offset: at, Data: part})
+			r, err := cl.Write(ctx, &pb.ChunkServiceWriteRequest{Cm: h.CM, Id: h.ID, Offset: at, Data: part, FenceName: fname, FenceToken: ftok})
 			if err != nil {
 				maybe = true
 				return node, err

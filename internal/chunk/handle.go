@@ -59,6 +59,10 @@ var (
 	// ErrMapFull: the pair's map (its checkpoint area or log) has no room
 	// for the change: the pair manages as many chunks as it can.
 	ErrMapFull = errors.New("chunk: the chunk map is full")
+	// ErrFenced: a fenced write was refused: the chunk's RLDev admitted a
+	// newer token of the write's lock (a newer holder wrote). Parts of a
+	// write longer than the RLDev's largest I/O may have landed before.
+	ErrFenced = errors.New("chunk: write fenced out (a newer holder of its lock wrote)")
 	// ErrMaybeDone: the operation failed after it may have taken effect (a
 	// write may have landed, an allocation or free may be in the map).
 	ErrMaybeDone = errors.New("chunk: the operation may have taken effect")

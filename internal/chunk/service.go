@@ -440,8 +440,9 @@ func (s *Service) zero(ctx context.Context, rl, block, blocks uint64, fence *rld
 // syncIO is chunkio's blockIO over the RLDev clerk, synchronous: its
 // callbacks run before it returns, on the request's goroutine.
 type syncIO struct {
-	s   *Service
-	ctx context.Context
+	s     *Service
+	ctx   context.Context
+	fence *rldev.Fence // the client's, on its chunk writes
 }
 
 func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
@@ -456,7 +457,7 @@ func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
 }
 
 func (x syncIO) writeBlocks(rl, block uint64, data []byte, done func(error)) {
-	done(x.s.writeBlocks(x.ctx, rl, block, data, nil))
+	done(x.s.writeBlocks(x.ctx, rl, block, data, x.fence))
 }
 
 // ------------------------------------------------------------------ table
@@ -819,7 +820,7 @@ func (s *Service) read(ctx context.Context, r *pb.ChunkServiceReadRequest) ([]by
 	ctx, cancel := s.ioCtx(ctx, g)
 	defer cancel()
 	var data []byte
-	readChunk(syncIO{s, ctx}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
+	readChunk(syncIO{s, ctx, nil}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
 	s.finished(g, mg, h.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading chunk %s: %v", ErrFailed, h, err)
@@ -860,8 +861,15 @@ func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest) err
 	}
 	ctx, cancel := s.ioCtx(ctx, g)
 	defer cancel()
-	writeChunk(syncIO{s, ctx}, ext, r.Offset, r.Data, func(e error) { err = e })
+	var fence *rldev.Fence
+	if r.FenceName != "" {
+		fence = &rldev.Fence{Name: r.FenceName, Token: tokenOf(r.FenceToken)}
+	}
+	writeChunk(syncIO{s, ctx, fence}, ext, r.Offset, r.Data, func(e error) { err = e })
 	s.finished(g, mg, h.ID)
+	if err != nil && fence != nil && (errors.Is(err, rldev.ErrStaleToken) || errors.Is(err, lock.ErrStaleToken)) {
+		return fmt.Errorf("%w: writing chunk %s under %s %v: %v", ErrFenced, h, fence.Name, fence.Token, err)
+	}
 	if err != nil {
 		// Some blocks may have landed (and may land later still).
 		return fmt.Errorf("%w: writing chunk %s: %v", ErrMaybeDone, h, err)

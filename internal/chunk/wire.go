@@ -154,6 +154,7 @@ var resultErrs = []struct {
 }{
 	// First: an error that says the operation may have taken effect
 	// says so on the wire whatever else it says.
+	{pb.ChunkResult_CHUNK_RESULT_FENCED, ErrFenced},
 	{pb.ChunkResult_CHUNK_RESULT_MAYBE_DONE, ErrMaybeDone},
 	{pb.ChunkResult_CHUNK_RESULT_BAD_HANDLE, ErrBadHandle},
 	{pb.ChunkResult_CHUNK_RESULT_UNALLOCATED, ErrUnallocated},

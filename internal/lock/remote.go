@@ -30,8 +30,9 @@ type RemoteHeld struct {
 
 // HoldRemote asks the node at conn to acquire name in mode for this
 // process and returns once it is granted (or ctx ends: the request is
-// then withdrawn).
-func HoldRemote(ctx context.Context, conn grpc.ClientConnInterface, name string, mode Mode) (*RemoteHeld, error) {
+// then withdrawn). fresh: the node gives back a lease it caches for the
+// lock first, so that the grant's token is newer than every earlier one.
+func HoldRemote(ctx context.Context, conn grpc.ClientConnInterface, name string, mode Mode, fresh bool) (*RemoteHeld, error) {
 	m := pb.LockMode_LOCK_MODE_SHARED
 	if mode == Exclusive {
 		m = pb.LockMode_LOCK_MODE_EXCLUSIVE
@@ -39,7 +40,7 @@ func HoldRemote(ctx context.Context, conn grpc.ClientConnInterface, name string,
 	// The stream outlives ctx (which bounds the wait for the grant only).
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel)
-	stream, err := pb.NewLockServiceClient(conn).Hold(sctx, &pb.HoldRequest{Name: []byte(name), Mode: m})
+	stream, err := pb.NewLockServiceClient(conn).Hold(sctx, &pb.HoldRequest{Name: []byte(name), Mode: m, Fresh: fresh})
 	var first *pb.HoldResponse
 	if err == nil {
 		first, err = stream.Recv()

@@ -765,6 +765,9 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 		return status.Error(codes.Unavailable, "lock: this node has no clerk (fenced or starting)")
 	}
 	start := time.Now()
+	if req.Fresh {
+		c.Drop(string(req.Name)) // a cached lease would grant its old token again
+	}
 	h, err := c.Acquire(stream.Context(), string(req.Name), mode)
 	if err != nil {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

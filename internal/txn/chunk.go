@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/rldev"
 )
 
 // Records whose target is a chunk: the B-link tree and the file system
@@ -32,23 +33,27 @@ func ParseChunkTarget(t []byte) (chunk.Handle, error) {
 	return h, nil
 }
 
-// ChunkApplier replays records onto chunks through a chunk clerk. A chunk
-// freed since the record was logged is skipped: its id is never allocated
-// again, so nothing can read what the replay would have written (the
-// free itself is the caller's to log before it frees, if it must be
-// undone). Images are whole byte ranges, so replaying one twice is
-// harmless; the LSN is not needed to make replay idempotent.
+// ChunkApplier replays records onto chunks through a chunk clerk, each
+// write fenced with the recovering owner's lock and token: a recovery that
+// stalls while a newer one (or the new owner) writes the same RLDev has
+// its late writes refused (chunk.ErrFenced). The owner fences its own
+// write-backs the same way (Log.Fence). A chunk freed since the record was
+// logged is skipped: its id is never allocated again, so nothing can read
+// what the replay would have written. (A free cannot be rolled back: a
+// caller frees a chunk only once the transaction that dropped it has
+// committed.) Images are whole byte ranges, so replaying one twice is
+// harmless.
 type ChunkApplier struct {
 	Clerk *chunk.Clerk
 }
 
 // Apply writes data at off of the target chunk.
-func (a ChunkApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN) error {
+func (a ChunkApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN, f *rldev.Fence) error {
 	h, err := ParseChunkTarget(target)
 	if err != nil {
 		return err
 	}
-	err = a.Clerk.Write(ctx, h, off, data)
+	err = a.Clerk.WriteFenced(ctx, h, off, data, f)
 	if errors.Is(err, chunk.ErrUnallocated) {
 		return nil
 	}

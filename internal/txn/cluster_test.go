@@ -32,7 +32,7 @@ type memApplier struct {
 	pages map[string][]byte
 }
 
-func (a *memApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN) error {
+func (a *memApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, f *rldev.Fence) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p := a.pages[string(target)]

@@ -196,12 +196,16 @@ type LockHold interface {
 	LostReason() error
 }
 
-// Locker takes a lock exclusively, waiting until it is granted or ctx ends.
+// Locker takes a lock exclusively, waiting until it is granted or ctx
+// ends, with a token newer than any the lock had before (a recovery must
+// outrank every earlier writer of the log, its own earlier sessions
+// included: a cached lease is given back first).
 type Locker func(ctx context.Context, name string) (LockHold, error)
 
 // ClerkLocker takes locks through a node's clerk (a log owned by a node).
 func ClerkLocker(c *lock.ClerkRT) Locker {
 	return func(ctx context.Context, name string) (LockHold, error) {
+		c.Drop(name)
 		h, err := c.Acquire(ctx, name, lock.Exclusive)
 		if err != nil {
 			return nil, err
@@ -214,7 +218,7 @@ func ClerkLocker(c *lock.ClerkRT) Locker {
 // not a node (lock.HoldRemote).
 func RemoteLocker(conn grpc.ClientConnInterface) Locker {
 	return func(ctx context.Context, name string) (LockHold, error) {
-		h, err := lock.HoldRemote(ctx, conn, name, lock.Exclusive)
+		h, err := lock.HoldRemote(ctx, conn, name, lock.Exclusive, true)
 		if err != nil {
 			return nil, err
 		}

@@ -49,10 +49,14 @@ import (
 // The log is a stream of records; a record may run on into the next block
 // only when this block is full, because every flush (group commit) starts
 // on a fresh block and ends at a record boundary, padding the rest of its
-// last block. So a block that holds records some commit was acknowledged
-// for is never written again while the log needs it (no in-place rewrite of
-// the tail: a torn write can only hurt records nobody was told are
-// durable).
+// last block. So the owner never writes again a block that holds records
+// some commit was acknowledged for, while the log needs it (no in-place
+// rewrite of the tail: a torn write of the owner can only hurt records
+// nobody was told are durable). Recovery does write such blocks again,
+// with the same bytes (repairing the other replica, or rewriting the log
+// through the RLDev when it read one replica only): it relies on the RLDev
+// keeping a block whole on a replica (old or new; the RLDev's per-block
+// checksums and generation numbers) when a write of it is cut.
 //
 // Record (in the stream):
 //

@@ -13,11 +13,14 @@ import (
 )
 
 // Checkpointer writes back, durably, every change that the records below
-// upTo protect (for the B-link tree: its dirty nodes whose last change is
-// below upTo), so that the log may drop them. The write-ahead rule is the
-// checkpointer's to keep for everything it writes: a page goes to its
-// chunk only once the log is durable up to the page's last change
-// (Log.Flush).
+// upTo protect, so that the log may drop them: for the B-link tree, every
+// dirty node whose FIRST change not yet written back (its recLSN, in
+// ARIES's terms) is below upTo — a node whose last change is above upTo
+// may hold an older, committed change the log is about to drop. The
+// write-ahead rule is the checkpointer's to keep for everything it
+// writes: a page goes to its chunk only once the log is durable up to the
+// page's last change (Log.Flush with the LSN Update returned), and the
+// write is fenced with Log.Fence.
 type Checkpointer interface {
 	WriteBack(ctx context.Context, upTo LSN) error
 }
@@ -53,7 +56,8 @@ type Config struct {
 var (
 	// ErrLogFull: the ring has no room for the record and a checkpoint
 	// could not make any (no checkpointer, or the oldest open transaction
-	// holds the head). The transaction should abort.
+	// holds the head). The transaction should abort: room for its abort
+	// was set aside with each of its updates.
 	ErrLogFull = errors.New("txn: the log is full")
 	// ErrClosed: the log was closed.
 	ErrClosed = errors.New("txn: the log is closed")
@@ -93,19 +97,22 @@ type Log struct {
 		durable  LSN       // block-aligned: every record below is durable
 		flushing bool
 		waiters  []waiter
-		// active: every transaction with records whose end (commit or
+		// active: every transaction with an update whose end (commit or
 		// abort record) is not durable yet → its first record. The head
 		// stays at or below all of them: until its end is durable, a
 		// transaction may be rolled back by recovery, which needs its
-		// undo images (even once committed lazily).
-		active  map[uint64]LSN
-		ending  map[uint64]LSN // of those, the ones ended → the end record's LSN
-		nextTxn uint64
-		err     error // sticky: the log failed
-		closed  bool
-		ckpt    bool // a checkpoint is running
-		space   *sync.Cond
-		stats   Stats
+		// undo images (even once committed lazily). An end record is
+		// noted in ending in the same critical section as its append, so
+		// the flush that makes it durable drops the transaction.
+		active   map[uint64]LSN
+		ending   map[uint64]LSN // of those, the ones ended → the end record's LSN
+		nextTxn  uint64
+		reserved int   // log bytes set aside for aborts (Txn.Update)
+		err      error // sticky: the log failed
+		closed   bool
+		ckpt     bool // a checkpoint is running
+		space    *sync.Cond
+		stats    Stats
 	}
 	recovered Report
 	release   func() // the log's lock (OpenNamed), released by Close
@@ -164,6 +171,14 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 	return l, nil
 }
 
+// Fence is the owner's lock and token: the fence for its own writes of
+// what the log protects (a page written back), so that once another node
+// recovers the log they are refused too.
+func (l *Log) Fence() *rldev.Fence {
+	f := l.cfg.Fence
+	return &f
+}
+
 // Recovered is what opening the log recovered.
 func (l *Log) Recovered() Report { return l.recovered }
 
@@ -171,10 +186,11 @@ func (l *Log) Recovered() Report { return l.recovered }
 // caller's (locks taken in a fixed order, see LockOrder). Not safe for
 // concurrent use by several goroutines.
 type Txn struct {
-	l       *Log
-	id      uint64
-	updates []Record // for a live abort
-	done    bool
+	l        *Log
+	id       uint64
+	updates  []Record // for a live abort
+	done     bool
+	reserved int // log bytes set aside for this transaction's abort
 }
 
 // Begin starts a transaction (nothing is logged until its first update).
@@ -190,20 +206,33 @@ func (t *Txn) ID() uint64 { return t.id }
 
 // Update logs that bytes [off, off+len(redo)) of target change from undo
 // to redo; the caller changes them itself (in its cache: no-force). It
-// returns the record's LSN, the page's new LSN for the write-ahead rule.
+// returns the LSN after the record: the write-ahead rule for the page is
+// Flush(ctx, that LSN) before the page is written back. Log space for
+// the transaction's abort (a compensation per update, an abort record) is
+// set aside with each update, so that an abort never finds the log full.
 func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo []byte) (LSN, error) {
 	if t.done {
 		return 0, ErrTxnDone
 	}
 	r := Record{Kind: KindUpdate, Txn: t.id, Target: slices.Clone(target), Off: off, Redo: slices.Clone(redo), Undo: slices.Clone(undo)}
-	lsn, err := t.l.append(ctx, &r, t.id)
+	c := Record{Kind: KindCompensation, Txn: t.id, Target: r.Target, Off: off, Redo: r.Undo}
+	grow := c.Size()
+	if t.reserved == 0 {
+		grow += abortReserve
+	}
+	lsn, err := t.l.append(ctx, &r, t.id, grow, false)
 	if err != nil {
 		return 0, err
 	}
+	t.reserved += grow
 	r.LSN = lsn
 	t.updates = append(t.updates, r)
-	return lsn, nil
+	return lsn + LSN(r.Size()), nil
 }
+
+// abortReserve is what a transaction sets aside for its abort record and
+// for the padding of the flushes its compensations may fall into.
+var abortReserve = (&Record{Kind: KindAbort}).Size() + Payload
 
 // Commit ends the transaction: its updates are to survive. With sync it
 // returns once the commit is durable (group commit: every commit waiting
@@ -214,13 +243,13 @@ func (t *Txn) Commit(ctx context.Context, sync bool) (LSN, error) {
 		return 0, ErrTxnDone
 	}
 	r := Record{Kind: KindCommit, Txn: t.id}
-	lsn, err := t.l.append(ctx, &r, t.id)
+	lsn, err := t.l.append(ctx, &r, t.id, -t.reserved, true)
 	if err != nil {
 		return 0, err
 	}
-	t.done = true
+	t.done, t.reserved = true, 0
 	end := lsn + LSN(r.Size())
-	t.l.ended(t.id, lsn, sync)
+	t.l.ended(sync)
 	if sync {
 		return end, t.l.Flush(ctx, end)
 	}
@@ -244,38 +273,29 @@ func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
 			}
 		}
 		c := Record{Kind: KindCompensation, Txn: t.id, Target: u.Target, Off: u.Off, Redo: u.Undo}
-		if _, err := t.l.append(ctx, &c, t.id); err != nil {
+		if _, err := t.l.append(ctx, &c, t.id, -c.Size(), false); err != nil {
 			return err
 		}
+		t.reserved -= c.Size()
+		t.updates = t.updates[:i] // undone and logged: a retried Abort goes on from here
 	}
 	r := Record{Kind: KindAbort, Txn: t.id}
-	lsn, err := t.l.append(ctx, &r, t.id)
-	if err != nil {
+	if _, err := t.l.append(ctx, &r, t.id, -t.reserved, true); err != nil {
 		return err
 	}
-	t.done = true
+	t.done, t.reserved = true, 0
 	t.l.mu.Lock()
-	t.l.endingLocked(t.id, lsn)
 	t.l.mu.stats.Aborts++
 	t.l.mu.Unlock()
 	return nil
 }
 
-func (l *Log) ended(id uint64, lsn LSN, sync bool) {
+func (l *Log) ended(sync bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.endingLocked(id, lsn)
 	l.mu.stats.Commits++
 	if !sync {
 		l.mu.stats.LazyCommits++
-	}
-}
-
-// endingLocked notes transaction id's end record at lsn: it stops holding
-// the head back once that record is durable.
-func (l *Log) endingLocked(id uint64, lsn LSN) {
-	if _, ok := l.mu.active[id]; ok {
-		l.mu.ending[id] = lsn
 	}
 }
 
@@ -288,8 +308,13 @@ func (l *Log) usedLocked(extra int) uint64 {
 	return bufSeq + uint64((n+Payload-1)/Payload) - headSeq
 }
 
-// append buffers r for transaction id and returns its LSN.
-func (l *Log) append(ctx context.Context, r *Record, id uint64) (LSN, error) {
+// append buffers r for transaction id and returns its LSN. grow changes
+// the log space set aside for aborts (positive: an update sets some
+// aside, and must find room for it too; negative: a compensation, an
+// abort or a commit uses or returns it). end: r ends the transaction; it
+// is noted in the same critical section as the append, so that a flush
+// that makes r durable also lets the head pass the transaction.
+func (l *Log) append(ctx context.Context, r *Record, id uint64, grow int, end bool) (LSN, error) {
 	if err := r.Check(); err != nil {
 		return 0, err
 	}
@@ -303,7 +328,10 @@ func (l *Log) append(ctx context.Context, r *Record, id uint64) (LSN, error) {
 		if err := l.usableLocked(); err != nil {
 			return 0, err
 		}
-		if l.usedLocked(size) <= l.ring {
+		// Room for r and what stays set aside after it: an update needs
+		// room for its future compensation too; a compensation or an end
+		// record only uses what was set aside for it.
+		if l.usedLocked(size+max(l.mu.reserved+grow, 0)) <= l.ring || grow < 0 && l.usedLocked(size) <= l.ring {
 			break
 		}
 		if l.cfg.Manual || l.cfg.Checkpointer == nil {
@@ -329,8 +357,12 @@ func (l *Log) append(ctx context.Context, r *Record, id uint64) (LSN, error) {
 	}
 	l.mu.starts = append(l.mu.starts, len(l.mu.buf))
 	l.mu.buf = AppendRecord(l.mu.buf, r)
+	l.mu.reserved = max(l.mu.reserved+grow, 0)
 	if _, ok := l.mu.active[id]; !ok && r.Kind == KindUpdate {
 		l.mu.active[id] = lsn
+	}
+	if _, ok := l.mu.active[id]; ok && end {
+		l.mu.ending[id] = lsn
 	}
 	l.mu.stats.Appends++
 	return lsn, nil

@@ -20,25 +20,39 @@ type Device interface {
 	// Write writes whole blocks at block index block on both replicas (on
 	// the survivor alone once the RLDev is degraded), durable when it
 	// returns nil; a replica that missed it never serves again before it
-	// has it. A write under a token older than one the device has admitted
-	// for f.Name fails with rldev.ErrStaleToken.
+	// has it. A write that returns an error may have landed, in part, on
+	// either replica (each block whole, old or new). A write under a token
+	// older than one the device has admitted for f.Name fails with
+	// rldev.ErrStaleToken; once a write under a newer token has returned,
+	// no write under an older one changes a replica any more (Recover
+	// relies on it after its fence write).
 	Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error
 	// ReadReplica reads n blocks of replica 0 or 1; an error if that
 	// replica cannot serve (down, or it may have missed writes).
 	ReadReplica(ctx context.Context, replica int, block, n uint64) ([]byte, error)
-	// WriteReplica writes whole blocks to one replica only.
+	// WriteReplica writes whole blocks to one replica only, fenced as
+	// Write is.
 	WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error
 }
 
 // Applier applies the images recovery replays: bytes [off, off+len(data))
-// of target become data, durably, before Apply returns nil. The images are
-// physical, so applying one twice leaves the same bytes; lsn is the
-// record's, for an applier whose pages carry the LSN of their last change.
-// A target that no longer exists (a chunk freed since) is the applier's to
-// skip.
+// of target become data, durably, before Apply returns nil, with the
+// write fenced by f (the recovering owner's lock and token: once a newer
+// owner has written the same store, a stalled recovery's late image must
+// be refused, as ChunkApplier's chunk writes are). The images are physical,
+// so applying one twice leaves the same bytes; an applier applies every
+// image it is given, unconditionally, in the order given: redo images in
+// log order, then undo images with the LSN of the update they undo (an
+// applier that skipped an image older than its page's LSN would skip
+// every undo). lsn identifies the record. A target that no longer exists
+// (a chunk freed since) is the applier's to skip.
 type Applier interface {
-	Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN) error
+	Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN, f *rldev.Fence) error
 }
+
+// ErrUnavailable: recovery cannot decide without a replica that cannot be
+// read now; it may succeed once that replica serves again.
+var ErrUnavailable = errors.New("txn: the log cannot be recovered now")
 
 // ErrFenced: the device admitted a newer token for the log's lock; another
 // owner or recovery has the log, and this one may not write it again.
@@ -80,8 +94,10 @@ const readBlocks = 256
 
 // Recover makes a log's state whole, on any node: it fences the device with
 // the fence's token (a write of the fence block, so that from here on the
-// old owner's writes are refused and a replica that missed this write
-// serves nothing until it has it), reads the log from every replica that can serve,
+// old owner's log writes are refused and a replica that missed this write
+// serves nothing until it has it; its page writes and a stalled earlier
+// recovery's images are refused where they carry their token too: the
+// Applier's writes are fenced with this recovery's), reads the log from every replica that can serve,
 // makes the replicas identical from the head to the end of the longest
 // whole log, replays it (redo of every update in log order, then undo of
 // the transactions with no commit or abort record, latest first) through
@@ -114,8 +130,11 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	if h.Ring != ring {
 		return rep, fmt.Errorf("%w: the header says %d ring blocks, the device has %d", ErrCorrupt, h.Ring, ring)
 	}
-	if fence.Token.Less(h.Writer) {
-		return rep, fmt.Errorf("%w: token %v, the log's header was written under %v", ErrFenced, fence.Token, h.Writer)
+	if !h.Writer.Less(fence.Token) && !rep.NewLog {
+		// A recovery must outrank every earlier writer, its own earlier
+		// sessions included: under an equal token, blocks a failed flush of
+		// that session left past the end would pass the floor.
+		return rep, fmt.Errorf("%w: token %v is not newer than %v, under which the log's header was written (take the log's lock anew)", ErrFenced, fence.Token, h.Writer)
 	}
 	rep.Header = h
 	// Make the header this recovery acts on the newest on both replicas
@@ -128,7 +147,7 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	// RLDev copies it to a replica that misses it before that replica
 	// serves again. It keeps the floor it found: the log it reads was
 	// written under older tokens.
-	if !rep.NewLog && !u.NoReconcile && !u.NoPreHeader {
+	if !u.NoReconcile && !u.NoPreHeader {
 		pre := Header{Gen: h.Gen + 1, Floor: h.Floor, Head: h.Head, Ring: ring, Writer: fence.Token}
 		if err := writeFenced(ctx, dev, pre.Gen%2, EncodeHeader(pre), &fence); err != nil {
 			return rep, err
@@ -217,14 +236,14 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	rep.Records, rep.End, rep.Next, rep.Why = len(res.Records), res.End, res.Next, res.Why
 	rep.Committed, rep.Aborted, rep.Losers = plan.Committed, plan.Aborted, plan.Losers
 	for _, r := range plan.Redo {
-		if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN); err != nil {
+		if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &fence); err != nil {
 			return rep, fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
 		}
 		rep.Redone++
 	}
 	if !u.NoUndo {
 		for _, r := range plan.Undo {
-			if err := ap.Apply(ctx, r.Target, r.Off, r.Undo, r.LSN); err != nil {
+			if err := ap.Apply(ctx, r.Target, r.Off, r.Undo, r.LSN, &fence); err != nil {
 				return rep, fmt.Errorf("txn: undo of the record at %d: %w", r.LSN, err)
 			}
 			rep.Undone++
@@ -255,7 +274,7 @@ func writeFenced(ctx context.Context, dev Device, block uint64, data []byte, f *
 // readHeader returns the newest whole header any replica holds.
 func readHeader(ctx context.Context, dev Device, ring uint64) (Header, []int, error) {
 	var best Header
-	found, empty := false, 0
+	found, empty, blankTorn := false, 0, 0
 	var served []int
 	var errs []error
 	for r := 0; r < 2; r++ {
@@ -279,11 +298,14 @@ func readHeader(ctx context.Context, dev Device, ring uint64) (Header, []int, er
 			}
 		}
 		if blank == 1 && len(bad) == 1 {
-			// One slot never written and the other not whole: the log's
-			// first header write was cut (any later one writes the blank
-			// slot), so no record was ever appended: a new log.
+			// One slot never written and the other not whole: on this
+			// replica, no header write but a cut one ever landed. If the
+			// other replica says the same (or is blank), the log's first
+			// header write was cut and nothing was appended: a new log.
+			// Alone it proves nothing: the other may hold headers this one
+			// missed when writes to it were cut.
+			blankTorn++
 			blank = 2
-			bad = nil
 		}
 		empty += blank
 		errs = append(errs, bad...)
@@ -293,8 +315,10 @@ func readHeader(ctx context.Context, dev Device, ring uint64) (Header, []int, er
 		return best, served, nil
 	case len(served) == 0:
 		return best, nil, fmt.Errorf("txn: no replica of the log can serve: %w", errors.Join(errs...))
-	case empty == 2*len(served):
+	case empty == 2*len(served) && (blankTorn == 0 || len(served) == 2):
 		return best, served, ErrNoHeader
+	case empty == 2*len(served):
+		return best, nil, fmt.Errorf("%w: replica %d holds no whole header and the other cannot be read: waiting for it", ErrUnavailable, served[0])
 	}
 	return best, nil, fmt.Errorf("txn: no whole log header: %w", errors.Join(errs...))
 }

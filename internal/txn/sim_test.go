@@ -256,7 +256,7 @@ func (d *simDev) resync(r int) {
 // simApplier writes images to the store (durable at once).
 type simApplier struct{ d *simDev }
 
-func (a simApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN) error {
+func (a simApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN, f *rldev.Fence) error {
 	crash, err := a.d.step()
 	if err != nil {
 		return err
@@ -373,7 +373,7 @@ func (c *simClient) ackDurable() {
 type simStats struct {
 	txns, commits, syncCommits, aborts, updates, flushes, checkpoints, writeBacks                  int
 	crashes, recoveries, recoveryCrashes, torn, late, lateRefused, staled, resyncs, zombies, downs int
-	repaired, undone, redone                                                                       int
+	repaired, undone, redone, waits                                                                int
 }
 
 func simSeeds(t *testing.T, def int) (int, int) {
@@ -424,7 +424,7 @@ func TestSimTeeth(t *testing.T) {
 					return
 				}
 			}
-			t.Fatalf("%s: no seed in 1..400 caught it", c.name)
+			t.Fatalf("%s: no seed in 1..6000 caught it", c.name)
 		})
 	}
 }
@@ -464,6 +464,16 @@ func runSim(seed uint64, u Unsafe, total *simStats) error {
 			if errors.Is(err, errCrashed) {
 				st.recoveryCrashes++
 				anyK = true
+				continue
+			}
+			if errors.Is(err, ErrUnavailable) {
+				// It waits for the replica it cannot read: that comes back.
+				st.waits++
+				for r := 0; r < 2; r++ {
+					if d.down[r] {
+						d.resync(r)
+					}
+				}
 				continue
 			}
 			if err != nil {
@@ -549,7 +559,7 @@ func runSim(seed uint64, u Unsafe, total *simStats) error {
 			}
 			copy(pg.data[off:], val)
 			pg.dirty = true
-			pg.need = max(pg.need, lsn+1)
+			pg.need = max(pg.need, lsn) // the LSN after the record
 			tx.writes[slot] = val
 			st.updates++
 		case x < 62 && len(c.open) > 0:
@@ -786,4 +796,5 @@ func addStats(t, s *simStats) {
 	t.repaired += s.repaired
 	t.undone += s.undone
 	t.redone += s.redone
+	t.waits += s.waits
 }
