@@ -211,9 +211,14 @@ func TestNamedLogFailover(t *testing.T) {
 			t.Fatalf("chunk %s after recovery: %x..., want %x...", name, got[:32], w[:32])
 		}
 	}
-	// The zombie: its lazy commit's flush is refused.
+	// The zombie: its lazy commit's flush is refused, and so is a page
+	// write-back it fences with its token (the recovery's replay wrote the
+	// chunks' RLDev under the newer one).
 	if err := l1.FlushNow(ctx); !errors.Is(err, txn.ErrFenced) {
 		t.Fatalf("the deposed owner's flush: %v (want ErrFenced)", err)
+	}
+	if err := cl.WriteFenced(ctx, handles["other"], 0, []byte("zombie"), l1.Fence()); !errors.Is(err, chunk.ErrFenced) {
+		t.Fatalf("the deposed owner's fenced chunk write: %v (want chunk.ErrFenced)", err)
 	}
 	// The new owner goes on.
 	tx = l2.Begin()
