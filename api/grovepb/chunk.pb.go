@@ -277,12 +277,13 @@ func (x *ChunkDataRLDev) GetBlocks() uint64 {
 // ChunkRecord is one change of a pair's map (its log's records).
 type ChunkRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          uint32                 `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // 1 alloc, 2 free, 3 reserve
+	Kind          uint32                 `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // 1 alloc, 2 free, 3 reserve, 4 reservation, 5 reservation close
 	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
 	Rldev         uint64                 `protobuf:"varint,3,opt,name=rldev,proto3" json:"rldev,omitempty"`
 	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
-	Length        uint64                 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
+	Length        uint64                 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"` // alloc: the chunk's bytes; reservation: each chunk's
 	HighWater     uint64                 `protobuf:"varint,6,opt,name=high_water,json=highWater,proto3" json:"high_water,omitempty"`
+	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"` // reservation: its chunks
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +356,13 @@ func (x *ChunkRecord) GetLength() uint64 {
 func (x *ChunkRecord) GetHighWater() uint64 {
 	if x != nil {
 		return x.HighWater
+	}
+	return 0
+}
+
+func (x *ChunkRecord) GetCount() uint64 {
+	if x != nil {
+		return x.Count
 	}
 	return 0
 }
@@ -1775,7 +1783,7 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x04data\x18\t \x03(\v2\x18.grove.v1.ChunkDataRLDevR\x04data\"8\n" +
 	"\x0eChunkDataRLDev\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\x94\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xaa\x01\n" +
 	"\vChunkRecord\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\rR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x14\n" +
@@ -1783,7 +1791,8 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x12\x1d\n" +
 	"\n" +
-	"high_water\x18\x06 \x01(\x04R\thighWater\"4\n" +
+	"high_water\x18\x06 \x01(\x04R\thighWater\x12\x14\n" +
+	"\x05count\x18\a \x01(\x04R\x05count\"4\n" +
 	"\n" +
 	"ChunkToken\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +

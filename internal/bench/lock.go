@@ -37,6 +37,8 @@ type ClusterOptions struct {
 	DataPath string
 	// Log receives the nodes' lines (default: none).
 	Log *slog.Logger
+	// ResvLife is the nodes' [chunk] reservation_life (0: the default).
+	ResvLife time.Duration
 }
 
 // StartInProcess starts n nodes (the first three are config-service
@@ -78,6 +80,7 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 			cfg.Roles = append(cfg.Roles, node.RoleStore)
 			cfg.Disks, cfg.DiskSize = []string{"disk0.img"}, units.Size(o.DiskSize)
 			cfg.RLDev.DataPath = o.DataPath
+			cfg.Chunk.ReservationLife = node.Duration(o.ResvLife)
 		}
 		c.Configs = append(c.Configs, cfg)
 		c.Nodes = append(c.Nodes, nil)

@@ -792,6 +792,33 @@ func (s *Service) Free(ctx context.Context, r *pb.ChunkServiceFreeRequest) (*pb.
 	return &pb.ChunkServiceFreeResponse{Result: code, Error: text}, nil
 }
 
+// Reserve serves a reservation (at the pair's primary): Manager.Reserve.
+func (s *Service) Reserve(ctx context.Context, r *pb.ChunkServiceReserveRequest) (*pb.ChunkServiceReserveResponse, error) {
+	h, err := s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Reserve(env, req, r.Size, int(r.Count)) })
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceReserveResponse{Result: code, Error: text, Id: h.ID}, nil
+}
+
+// Commit serves the end of a reservation (at the pair's primary):
+// Manager.Commit.
+func (s *Service) Commit(ctx context.Context, r *pb.ChunkServiceCommitRequest) (*pb.ChunkServiceCommitResponse, error) {
+	_, err := handleOf(r.Cm, r.Id)
+	if err == nil && len(r.Live) > MaxReserve {
+		err = fmt.Errorf("%w: a commit of %d chunks (a reservation has at most %d)", ErrBadRequest, len(r.Live), MaxReserve)
+	}
+	if err == nil {
+		_, err = s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Commit(env, req, r.Id, r.Live) })
+	}
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceCommitResponse{Result: code, Error: text}, nil
+}
+
 // Read serves a chunk read (at either manager of its pair).
 func (s *Service) Read(ctx context.Context, r *pb.ChunkServiceReadRequest) (*pb.ChunkServiceReadResponse, error) {
 	data, err := s.read(ctx, r)

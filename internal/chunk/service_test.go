@@ -189,3 +189,130 @@ func TestServicePairFailover(t *testing.T) {
 		}
 	}
 }
+
+// Allocation batching through the runtime: a batcher hands out chunks of
+// reservations of 10; a chunk freed before its commit never becomes one;
+// a read of a chunk not yet sent commits first; another batcher's clerk
+// goes away with its reservation open: after the reservation's life every
+// chunk it handed out is allocated and zeroed, and no id was handed out
+// twice.
+func TestServiceBatcher(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(), ResvLife: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	var p *chunk.Pair
+	for ctx.Err() == nil {
+		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 1<<20, 16<<20); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := chunk.NewClerk(mc)
+	defer cl.Close()
+	b, err := cl.NewBatcher(8192, chunk.BatcherOptions{CM: p.ID, Count: 10, FlushEvery: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[chunk.Handle]bool{}
+	var hs []chunk.Handle
+	for i := 0; i < 25; i++ {
+		h, err := b.Allocate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[h] {
+			t.Fatalf("%s handed out twice", h)
+		}
+		seen[h] = true
+		hs = append(hs, h)
+	}
+	// hs[20:25] are in the open reservation: two freed before the commit.
+	for _, h := range hs[21:23] {
+		if err := b.Free(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.Read(ctx, hs[24], 0, 1); !errors.Is(err, chunk.ErrUnallocated) {
+		t.Fatalf("a chunk not yet sent, read through another clerk: %v (want unallocated)", err)
+	}
+	data := random(8192)
+	if err := b.Write(ctx, hs[24], 0, data); err != nil { // commits first
+		t.Fatal(err)
+	}
+	if got, err := cl.Read(ctx, hs[24], 0, 8192); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v", err)
+	}
+	for i, h := range hs {
+		got, err := cl.Read(ctx, h, 0, 8192)
+		switch {
+		case i == 21 || i == 22:
+			if !errors.Is(err, chunk.ErrUnallocated) {
+				t.Fatalf("chunk %s, freed before its commit: %v (want unallocated)", h, err)
+			}
+		case i == 24:
+		case err != nil:
+			t.Fatalf("chunk %s: %v", h, err)
+		case !bytes.Equal(got, make([]byte, 8192)):
+			t.Fatalf("chunk %s not zeroed", h)
+		}
+	}
+	if st := b.Stats(); st.Reservations != 3 || st.Commits != 3 || st.Cancelled != 2 || st.Allocations != 25 {
+		t.Fatalf("stats %+v", st)
+	}
+	// A clerk that goes away with its reservation open (no commit ever).
+	gone, err := cl.NewBatcher(4096, chunk.BatcherOptions{CM: p.ID, Count: 8, FlushEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orphans []chunk.Handle
+	for i := 0; i < 5; i++ {
+		h, err := gone.Allocate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[h] {
+			t.Fatalf("%s handed out twice", h)
+		}
+		seen[h] = true
+		orphans = append(orphans, h)
+	}
+	start := time.Now()
+	for _, h := range orphans {
+		for {
+			got, err := cl.Read(ctx, h, 0, 4096)
+			if err == nil {
+				if !bytes.Equal(got, make([]byte, 4096)) {
+					t.Fatalf("orphan %s not zeroed", h)
+				}
+				break
+			}
+			if !errors.Is(err, chunk.ErrUnallocated) || time.Since(start) > 30*time.Second {
+				t.Fatalf("orphan %s after %v: %v", h, time.Since(start), err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t.Logf("a reservation left open was kept whole after %v", time.Since(start).Round(100*time.Millisecond))
+	// A new allocation is above every id handed out.
+	h, err := cl.Allocate(ctx, 100, p.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for x := range seen {
+		if x.ID >= h.ID {
+			t.Fatalf("a new allocation %s at or below %s, handed out before", h, x)
+		}
+	}
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

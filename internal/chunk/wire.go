@@ -91,8 +91,12 @@ func EncodePeer(from, inc uint64, msg any) *pb.ChunkServicePeerRequest {
 	case Update:
 		u := &pb.ChunkUpdate{Token: tokenPB(m.Token), First: m.First}
 		for _, rec := range m.Records {
-			u.Records = append(u.Records, &pb.ChunkRecord{Kind: uint32(rec.Kind), Id: rec.ID, Rldev: rec.Extent.RLDev,
-				Block: rec.Extent.Block, Length: rec.Extent.Len, HighWater: rec.HW})
+			x := &pb.ChunkRecord{Kind: uint32(rec.Kind), Id: rec.ID, Rldev: rec.Extent.RLDev,
+				Block: rec.Extent.Block, Length: rec.Extent.Len, HighWater: rec.HW}
+			if rec.Kind == RecResv {
+				x.Rldev, x.Block, x.Length, x.Count = rec.Resv.Run.RLDev, rec.Resv.Run.Block, rec.Resv.Size, rec.Resv.Count
+			}
+			u.Records = append(u.Records, x)
 		}
 		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Update{Update: u}
 	case Ack:
@@ -128,6 +132,15 @@ func DecodePeer(r *pb.ChunkServicePeerRequest) (any, error) {
 				ok = rec.ID != 0
 			case rec.Kind == RecReserve:
 				ok = true
+			case rec.Kind == RecResvClose:
+				ok = rec.ID != 0
+			case rec.Kind == RecResv:
+				rec.Extent = Extent{}
+				rec.Resv = Resv{ID: x.Id, Run: Run{RLDev: x.Rldev, Block: x.Block}, Count: x.Count, Size: x.Length}
+				if rec.Resv.Count <= MaxReserve && rec.Resv.Size <= MaxChunk {
+					rec.Resv.Run.Blocks = rec.Resv.Count * blocksFor(rec.Resv.Size)
+				}
+				ok = rec.Resv.check() == nil
 			}
 			if !ok {
 				return nil, fmt.Errorf("%w: record %d (%v)", errBadPeer, i, rec)

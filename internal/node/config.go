@@ -75,6 +75,14 @@ type RLDevConfig struct {
 }
 
 // FDConfig holds the failure detector's tunables.
+// ChunkConfig tunes the node's chunk managers.
+type ChunkConfig struct {
+	// ReservationLife is how long a batching clerk's reservation stays
+	// open without its commit before the primary keeps all its chunks
+	// (default 60 s; the clerk commits every few seconds).
+	ReservationLife Duration `toml:"reservation_life"`
+}
+
 type FDConfig struct {
 	Interval    Duration `toml:"interval"`
 	GracePeriod Duration `toml:"grace_period"`
@@ -122,6 +130,7 @@ type Config struct {
 	// node creates it, sparse. Zero: a missing disk is an error.
 	DiskSize units.Size  `toml:"disk_size"`
 	RLDev    RLDevConfig `toml:"rldev"`
+	Chunk    ChunkConfig `toml:"chunk"`
 	FD       FDConfig    `toml:"fd"`
 	Raft     RaftConfig  `toml:"raft"`
 	// ClusterKey authenticates failure-detector datagrams (hex, at least
