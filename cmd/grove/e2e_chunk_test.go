@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,12 +10,16 @@ import (
 	"fmt"
 	mrand "math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/meta"
@@ -379,4 +384,125 @@ func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	verify("after node 1 restarted")
+}
+
+// TestEndToEndChunkBatchSIGKILL: `grove chunk alloc --count --batch`
+// hands out chunks from reservations of 50 while the test's own clerk
+// allocates beside it; the command is SIGKILLed in the middle of a
+// reservation. Every handle it printed is distinct from every other; the
+// chunks of its last reservation, printed but never sent, read as "not yet
+// sent", and as zeros once the reservation's life (3 s here) has passed:
+// the primary kept them; every other chunk it printed reads as zeros.
+func TestEndToEndChunkBatchSIGKILL(t *testing.T) {
+	bin, u, ctx := startCluster(t, 9200, "--chunk-size", "64MiB", "--chunk-reservation-life", "3s")
+	st, err := u.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []meta.Member
+	for _, m := range st.Members {
+		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
+	}
+	mc := meta.NewClient(ms)
+	defer mc.Close()
+	cl := chunk.NewClerk(mc)
+	defer cl.Close()
+	if _, err := cl.Allocate(ctx, 1, 1); err != nil { // the pair serves
+		t.Fatal(err)
+	}
+	const batch = 50
+	cmd := exec.CommandContext(ctx, bin, "chunk", "alloc", "8KiB", "--cm", "1", "--count", "100000", "--batch", strconv.Itoa(batch), "--addr", u.Gateway)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A small pipe that the test leaves unread: the command blocks on a
+	// write in the middle of a reservation (about 450 handles in), with
+	// the chunks printed so far handed out and the reservation not sent.
+	if f, ok := out.(*os.File); ok {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mine []chunk.Handle
+	for i := 0; i < 8; i++ { // the other clerk allocates meanwhile
+		x, err := cl.Allocate(ctx, 8192, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine = append(mine, x)
+	}
+	time.Sleep(2 * time.Second)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var printed []chunk.Handle
+	rd := bufio.NewReader(out)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			break // a last line without its newline was not printed whole
+		}
+		h, err := chunk.ParseHandle(line)
+		if err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		printed = append(printed, h)
+	}
+	_ = cmd.Wait()
+	if len(printed) < batch {
+		t.Fatalf("%d handles printed before the command ended: %s", len(printed), stderr.String())
+	}
+	seen := map[chunk.Handle]bool{}
+	for _, h := range append(append([]chunk.Handle(nil), printed...), mine...) {
+		if seen[h] {
+			t.Fatalf("%s handed out twice", h)
+		}
+		seen[h] = true
+	}
+	// The last reservation's chunks were printed and not sent (a commit
+	// goes out when the next is reserved).
+	k := len(printed) % batch
+	if k == 0 {
+		k = batch
+	}
+	last := printed[len(printed)-k:]
+	start := time.Now()
+	refused := 0
+	for _, h := range last {
+		for {
+			got, err := cl.Read(ctx, h, 0, 8192)
+			if err == nil {
+				if !bytes.Equal(got, make([]byte, 8192)) {
+					t.Fatalf("%s is not zeroed", h)
+				}
+				break
+			}
+			if !errors.Is(err, chunk.ErrUnallocated) || time.Since(start) > 30*time.Second {
+				t.Fatalf("%s, printed before the SIGKILL: %v after %v", h, err, time.Since(start))
+			}
+			if refused == 0 {
+				t.Logf("an unsent chunk, before the reservation's life passed: %v", err)
+			}
+			refused++
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("the last reservation's chunks (%d) read at once: not left unsent", k)
+	}
+	kept := time.Since(start)
+	for _, h := range printed[:len(printed)-k] {
+		got, err := cl.Read(ctx, h, 0, 8192)
+		if err != nil || !bytes.Equal(got, make([]byte, 8192)) {
+			t.Fatalf("%s, printed and committed: %v", h, err)
+		}
+	}
+	t.Logf("%d handles printed (%d in the reservation left open), %d by the other clerk, all distinct; the open reservation's chunks read as zeros %v after the SIGKILL",
+		len(printed), k, len(mine), kept.Round(100*time.Millisecond))
 }

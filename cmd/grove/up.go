@@ -59,6 +59,7 @@ type upOptions struct {
 	disks     int
 	dataPath  string
 	chunkSize units.Size
+	resvLife  time.Duration
 	changed   func(flag string) bool // set on the command line
 }
 
@@ -140,6 +141,7 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	f.Var(&o.diskSize, "disk-size", "give each node a disk file of `SIZE` (sparse; 8GiB, 512MiB...) for its RLDev segments")
 	f.IntVar(&o.disks, "disks", 1, "give each node `N` disk files (disk0.img, disk1.img...); a later run with a larger N adds disks to an existing cluster (to move segments onto them: grove rldev move ID --to NODE:DISK)")
 	o.chunkSize = DefaultChunkSize
+	f.DurationVar(&o.resvLife, "chunk-reservation-life", 0, "on a new cluster, how long a batching clerk's reservation of chunks stays open without its commit before the primary keeps them all (`DURATION`; default 60s)")
 	f.Var(&o.chunkSize, "chunk-size", "on a new cluster, give each chunk manager pair (one per adjacent node pair) a data RLDev of `SIZE` (default 1GiB, at most --disk-size/8 unless set; 0: no pairs)")
 	f.StringVar(&o.dataPath, "data-path", "tcp", "carry RLDev blocks between nodes on `tcp|grpc` (the nodes' [rldev] data_path; may change between runs)")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
@@ -178,6 +180,9 @@ func checkUpFlags(o upOptions) error {
 	}
 	if o.disks < 1 || o.disks > MaxUpDisks {
 		return cli.Usagef("--disks %d: want 1..%d", o.disks, MaxUpDisks)
+	}
+	if o.resvLife != 0 && o.resvLife < time.Second {
+		return cli.Usagef("--chunk-reservation-life %v: want at least 1s", o.resvLife)
 	}
 	if o.chunkSize < 0 || o.chunkSize%4096 != 0 || (o.chunkSize > 0 && o.chunkSize < 1<<20) || o.chunkSize > o.diskSize/4 {
 		return cli.Usagef("--chunk-size %v: want 0 (no chunk managers) or 1MiB to --disk-size/4 (%v), a multiple of 4KiB", int64(o.chunkSize), int64(o.diskSize/4))
@@ -372,6 +377,7 @@ func newConfigs(o upOptions, data, key string) []*node.Config {
 		if o.dataPath != "" && o.dataPath != "tcp" {
 			c.RLDev.DataPath = o.dataPath
 		}
+		c.Chunk.ReservationLife = node.Duration(o.resvLife)
 		if i <= o.members {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}
 		}
