@@ -460,7 +460,9 @@ func (l *Log) flusher() {
 		}
 		for {
 			l.mu.Lock()
-			due := len(l.mu.buf) > 0 && (len(l.mu.waiters) > 0 || time.Since(l.mu.since) >= l.cfg.LazyInterval)
+			// A flush in flight elsewhere (a checkpoint's) pokes this loop
+			// when it ends: no spinning meanwhile.
+			due := !l.mu.flushing && len(l.mu.buf) > 0 && (len(l.mu.waiters) > 0 || time.Since(l.mu.since) >= l.cfg.LazyInterval)
 			l.mu.Unlock()
 			if !due {
 				break
@@ -501,6 +503,9 @@ func (l *Log) FlushNow(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.mu.flushing = false
+	if len(l.mu.buf) > 0 && !l.cfg.Manual {
+		l.poke() // what came meanwhile: the flusher's turn
+	}
 	if err != nil {
 		// The log cannot know what of the flush landed: it stops, and the
 		// next owner's recovery decides (every commit in it unacknowledged).
