@@ -61,6 +61,9 @@ GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -short -timeout 20m .
 GROVE_SEEDS=${GROVE_RACE_RLDEV_SEEDS:-10} go test -count=1 -race -short -timeout 20m ./internal/rldev/...
 # The chunk managers' runtime (its in-process failover test) likewise.
 GROVE_SEEDS=${GROVE_RACE_CHUNK_SEEDS:-10} go test -count=1 -race -short -timeout 20m ./internal/chunk/...
+# The transaction log's group commit and recovery (its in-process failover
+# test, its concurrent review tests), with a few simulation seeds.
+GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} go test -count=1 -race -short -timeout 20m ./internal/txn/...
 
 echo "== fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report

@@ -405,6 +405,9 @@ func TestSimLog(t *testing.T) {
 // Each unsafe rule must be caught by the oracle within a few seeds: the
 // oracle can fail.
 func TestSimTeeth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sweeps of simulations: the full suite runs them")
+	}
 	cases := []struct {
 		name string
 		u    Unsafe
