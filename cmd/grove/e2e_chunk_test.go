@@ -250,6 +250,41 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 			t.Fatalf("pair 1 at node %d after growing: data RLDevs %v, %d chunks (want 2, 5)", x.Node, x.Data, x.Chunks)
 		}
 	}
+
+	// The other node of pair 1, its primary since the first SIGKILL, is
+	// SIGKILLed too, once node 1's replicas are resynced (every RLDev
+	// normal): node 1 takes pair 1 over; everything reads back again, and
+	// pair 1 allocates with ids above the old.
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		var l RLDevListJSON
+		if err := json.Unmarshal([]byte(must(run(nil, "rldev", "list", "-o", "json")).stdout), &l); err != nil {
+			t.Fatal(err)
+		}
+		normal := true
+		for _, x := range l.RLDevs {
+			normal = normal && x.State == "normal"
+		}
+		if normal {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the RLDevs are not all normal: %+v", l)
+		}
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer hcancel()
+	if err := u.WaitAllHeard(hctx); err != nil { // node 1 among the observers again
+		t.Fatal(err)
+	}
+	if err := u.Kill(2); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	n := alloc(1, 1234)
+	t.Logf("pair 1's first allocation after its second primary was SIGKILLed took %v", time.Since(start).Round(time.Millisecond))
+	write(n, 0, random(1234))
+	waitRoles(1, map[uint64]string{1: "primary"})
+	check(1, 3, 4)
 }
 
 // TestEndToEndChunkLoadSIGKILL: four clients of the Go clerk allocate,

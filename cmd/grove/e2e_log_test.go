@@ -177,6 +177,11 @@ func TestEndToEndLogSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitMore(count()+100, "node restarted")
+	// Node 1 must be back among the observers before a second node goes:
+	// with two of three observers gone, node 2 would fence itself.
+	if err := u.WaitAllHeard(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := u.Kill(lockNode); err != nil {
 		t.Fatal(err)
 	}

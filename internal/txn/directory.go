@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
@@ -215,14 +218,25 @@ func ClerkLocker(c *lock.ClerkRT) Locker {
 }
 
 // RemoteLocker takes locks through the node at conn, for a process that is
-// not a node (lock.HoldRemote).
+// not a node (lock.HoldRemote). A node that cannot take the request now
+// (starting, or fenced and coming back as a new incarnation) is asked
+// again until ctx ends.
 func RemoteLocker(conn grpc.ClientConnInterface) Locker {
 	return func(ctx context.Context, name string) (LockHold, error) {
-		h, err := lock.HoldRemote(ctx, conn, name, lock.Exclusive, true)
-		if err != nil {
-			return nil, err
+		for {
+			h, err := lock.HoldRemote(ctx, conn, name, lock.Exclusive, true)
+			if err == nil {
+				return h, nil
+			}
+			if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
-		return h, nil
 	}
 }
 
