@@ -346,42 +346,30 @@ func (s *csim) checkMap(n *cnode) {
 // (a primary between changes), that every block is in one (no space
 // leaked).
 func mapConsistent(m *chunkMap, whole bool) error {
+	type span struct {
+		b, k uint64
+		what string
+	}
 	for rl, sp := range m.spaces {
-		used := make([]bool, sp.blocks)
-		mark := func(what string, b, k uint64) error {
-			for i := b; i < b+k; i++ {
-				if i >= sp.blocks || used[i] {
-					return fmt.Errorf("rldev %d block %d used twice (%s)", rl, i, what)
-				}
-				used[i] = true
-			}
-			return nil
-		}
+		// Every run of blocks the map accounts for, sorted: none may
+		// overlap the next; with whole, together they cover the RLDev.
+		var spans []span
+		add := func(what string, b, k uint64) { spans = append(spans, span{b, k, what}) }
 		for id, e := range m.chunks {
 			if e.RLDev == rl {
-				if err := mark(fmt.Sprintf("chunk %d", id), e.Block, blocksFor(e.Len)); err != nil {
-					return err
-				}
+				add(fmt.Sprintf("chunk %d", id), e.Block, blocksFor(e.Len))
 			}
 		}
-		var err error
 		sp.byOff.Ascend(func(r run) bool {
-			err = mark("free run", r.start, r.n)
-			return err == nil
+			add("free run", r.start, r.n)
+			return true
 		})
-		if err != nil {
-			return err
-		}
 		for _, q := range m.quarantined() {
 			if q.RLDev == rl {
-				if err := mark("quarantined", q.Block, q.Blocks); err != nil {
-					return err
-				}
+				add("quarantined", q.Block, q.Blocks)
 			}
 		}
-		if err := mark("fence block", DataFence, 1); err != nil {
-			return err
-		}
+		add("fence block", DataFence, 1)
 		for id, rv := range m.resv {
 			if rv.Run.RLDev != rl {
 				continue
@@ -389,17 +377,25 @@ func mapConsistent(m *chunkMap, whole bool) error {
 			// The run's slots not yet allocated (all but in the middle of
 			// the frame that closes it).
 			for _, x := range rv.unallocatedRuns() {
-				if err := mark(fmt.Sprintf("reservation %d", id), x.Block, x.Blocks); err != nil {
-					return err
-				}
+				add(fmt.Sprintf("reservation %d", id), x.Block, x.Blocks)
 			}
 		}
-		if whole {
-			for b, u := range used {
-				if !u {
-					return fmt.Errorf("rldev %d block %d is in no chunk, free run or quarantine: leaked", rl, b)
-				}
+		sort.Slice(spans, func(i, j int) bool { return spans[i].b < spans[j].b })
+		next := uint64(0)
+		for i, x := range spans {
+			if x.b+x.k > sp.blocks {
+				return fmt.Errorf("rldev %d block %d used past its end (%s)", rl, x.b+x.k-1, x.what)
 			}
+			if i > 0 && x.b < next {
+				return fmt.Errorf("rldev %d block %d used twice (%s, %s)", rl, x.b, spans[i-1].what, x.what)
+			}
+			if whole && x.b > next {
+				return fmt.Errorf("rldev %d block %d is in no chunk, free run or quarantine: leaked", rl, next)
+			}
+			next = x.b + x.k
+		}
+		if whole && next < sp.blocks {
+			return fmt.Errorf("rldev %d block %d is in no chunk, free run or quarantine: leaked", rl, next)
 		}
 	}
 	return nil

@@ -124,3 +124,29 @@ func TestSpaceTake(t *testing.T) {
 		t.Fatalf("largest %d runs %d", s.largest(), s.runs())
 	}
 }
+
+// The simulation's map check fails on a block in two places, on a leaked
+// block, and on a reservation over a chunk.
+func TestMapConsistentHasTeeth(t *testing.T) {
+	m := newChunkMap(1, []DataRLDev{{ID: 7, Blocks: 64}})
+	if err := m.add(1, Extent{RLDev: 7, Block: 4, Len: 3 * BlockSize}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mapConsistent(m, true); err != nil {
+		t.Fatalf("a consistent map: %v", err)
+	}
+	m.chunks[2] = &entry{Extent: Extent{RLDev: 7, Block: 5, Len: BlockSize}} // inside chunk 1
+	if err := mapConsistent(m, false); err == nil {
+		t.Fatal("a block in two chunks passed")
+	}
+	delete(m.chunks, 2)
+	m.spaces[7].take(20, 2) // in nothing
+	if err := mapConsistent(m, true); err == nil {
+		t.Fatal("a leaked block passed")
+	}
+	m.spaces[7].release(20, 2)
+	m.resv[30] = &openResv{Resv: Resv{ID: 30, Run: Run{RLDev: 7, Block: 2, Blocks: 4}, Count: 2, Size: 2 * BlockSize}, mat: map[uint64]bool{}}
+	if err := mapConsistent(m, false); err == nil {
+		t.Fatal("a reservation over a chunk passed")
+	}
+}
