@@ -25,7 +25,13 @@ func FuzzDecodeLog(f *testing.F) {
 	big := AppendRecord(nil, &Record{Kind: KindUpdate, Txn: 4, Target: []byte("c"), Redo: make([]byte, 5000), Undo: make([]byte, 5000)})
 	f.Add(bytes.Join(BuildFlush(1, tok, big, []int{0}), nil))
 	f.Add(make([]byte, BlockSize))
+	f.Add(EncodeEntry(Entry{Name: "boxfs", RLDev: 3, Blocks: 256}))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if e, err := DecodeEntry(b); err == nil {
+			if got, err := DecodeEntry(EncodeEntry(e)); err != nil || got != e {
+				t.Fatalf("log entry %+v: round trip %+v, %v", e, got, err)
+			}
+		}
 		if r, err := DecodeRecord(b); err == nil {
 			if got := AppendRecord(nil, &r); !bytes.Equal(got, b) {
 				t.Fatalf("record %+v: encodes to %x, decoded from %x", r, got, b)
