@@ -28,7 +28,11 @@ import (
 // [chunk] reservation_life) has passed without a commit, zeroed and
 // allocated. The price of that death: the chunks it had not handed out,
 // and those it had handed out and that were freed before the commit,
-// stay allocated (a leak, never a reuse). Until its commit, or that
+// stay allocated (a leak, never a reuse); so do, without a death, the
+// chunks of a reservation whose answer was lost and that was asked for
+// again. A reservation's life must be well above FlushEvery, or live
+// clerks' reservations expire (correct, but each then costs a free per
+// chunk not kept). Until its commit, or that
 // deadline, a chunk handed out reads as unallocated through any clerk but
 // this one (which commits first).
 type Batcher struct {
@@ -54,6 +58,11 @@ type resv struct {
 	next   int             // chunks handed out
 	live   map[uint64]bool // handed out and not freed
 	opened time.Time
+	// sealed is the list its first commit attempt sent: from then on
+	// nothing more is handed out from it, a free of one of its chunks
+	// waits for the commit, and every retry sends the same list (the
+	// manager answers a different one "not open").
+	sealed []uint64
 }
 
 // BatcherOptions configure a batcher.
@@ -75,8 +84,8 @@ func (c *Clerk) NewBatcher(size uint64, o BatcherOptions) (*Batcher, error) {
 	if o.FlushEvery == 0 {
 		o.FlushEvery = 5 * time.Second
 	}
-	if size == 0 || size > MaxChunk || o.Count < 1 || o.Count > MaxReserve {
-		return nil, fmt.Errorf("%w: a batcher of chunks of %d bytes, %d per reservation (1 to %d)", ErrBadRequest, size, o.Count, MaxReserve)
+	if size == 0 || size > MaxChunk || o.Count < 1 || o.Count > MaxReserve || uint64(o.Count)*blocksFor(size) > MaxChunk/BlockSize*4 {
+		return nil, fmt.Errorf("%w: a batcher of chunks of %d bytes, %d per reservation (1 to %d, at most %d MiB in all)", ErrBadRequest, size, o.Count, MaxReserve, 4*MaxChunk>>20)
 	}
 	b := &Batcher{c: c, cm: o.CM, size: size, count: o.Count, every: o.FlushEvery, done: make(chan struct{})}
 	go b.flusher()
@@ -107,7 +116,12 @@ func (b *Batcher) flusher() {
 func (b *Batcher) Allocate(ctx context.Context) (Handle, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cur != nil && b.cur.next == b.count {
+	select {
+	case <-b.done:
+		return Handle{}, fmt.Errorf("%w: the batcher is closed", ErrBadRequest)
+	default:
+	}
+	if b.cur != nil && (b.cur.next == b.count || b.cur.sealed != nil) {
 		if err := b.commitLocked(ctx); err != nil {
 			return Handle{}, err
 		}
@@ -130,10 +144,17 @@ func (b *Batcher) Allocate(ctx context.Context) (Handle, error) {
 func (b *Batcher) Free(ctx context.Context, h Handle) error {
 	b.mu.Lock()
 	if r := b.cur; r != nil && r.live[h.ID] && h.CM == r.r.CM {
-		delete(r.live, h.ID)
-		b.stats.Cancelled++
-		b.mu.Unlock()
-		return nil
+		if r.sealed == nil {
+			delete(r.live, h.ID)
+			b.stats.Cancelled++
+			b.mu.Unlock()
+			return nil
+		}
+		// In a commit already sent: it must be resolved first.
+		if err := b.commitLocked(ctx); err != nil {
+			b.mu.Unlock()
+			return err
+		}
 	}
 	b.mu.Unlock()
 	return b.c.Free(ctx, h)
@@ -222,21 +243,27 @@ func (b *Batcher) reserveLocked(ctx context.Context) error {
 	return nil
 }
 
-// commitLocked ends the open reservation. A reservation the primary says
-// is not open was committed by an earlier attempt whose answer was lost,
-// or kept whole after its life: the chunks not kept are then freed one by
-// one (a free that finds one unallocated is done).
+// commitLocked ends the open reservation, with the list sealed at its
+// first attempt. A reservation the primary says is not open was
+// committed by an earlier attempt whose answer was lost, or kept whole
+// after its life (or ended by another list, which sealing rules out):
+// the chunks not kept are then freed one by one (a free that finds one
+// unallocated is done); if that fails part way, it is all done again at
+// the next attempt.
 func (b *Batcher) commitLocked(ctx context.Context) error {
 	r := b.cur
 	if r == nil {
 		return nil
 	}
-	live := make([]uint64, 0, len(r.live))
-	for i := 1; i <= r.next; i++ {
-		if id := r.r.ID + uint64(i); r.live[id] {
-			live = append(live, id)
+	if r.sealed == nil {
+		r.sealed = make([]uint64, 0, len(r.live))
+		for i := 1; i <= r.next; i++ {
+			if id := r.r.ID + uint64(i); r.live[id] {
+				r.sealed = append(r.sealed, id)
+			}
 		}
 	}
+	live := r.sealed
 	err := b.c.retry(ctx, r.r.CM, fmt.Sprintf("committing reservation %s", r.r), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
 		node := p.PrimaryNode()
 		cl, err := b.c.client(ctx, node)

@@ -142,8 +142,8 @@ func (m *chunkMap) load(c Checkpoint) error {
 	return nil
 }
 
-// openResv records reservation r; take: its space is taken here (it was
-// not when the primary built the record).
+// openResv records reservation r; its space is taken here unless own (the
+// primary took it when it built the record).
 func (m *chunkMap) openResv(r Resv, own bool) error {
 	if m.resv[r.ID] != nil || m.chunks[r.ID] != nil {
 		return fmt.Errorf("%w: reservation %d opened twice", ErrCorrupt, r.ID)
@@ -284,7 +284,7 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 
 // checkpoint is the map as a checkpoint.
 func (m *chunkMap) checkpoint() Checkpoint {
-	c := Checkpoint{CM: m.cm, Through: m.lsn, HighWater: m.hw, Chunks: make(map[uint64]Extent, len(m.chunks)), Quarantined: m.quarantined()}
+	c := Checkpoint{CM: m.cm, Through: m.lsn, HighWater: m.hw, Chunks: make(map[uint64]Extent, len(m.chunks)), Quarantined: coverRuns(m.quarantined())}
 	for id, e := range m.chunks {
 		c.Chunks[id] = e.Extent
 	}
@@ -296,6 +296,35 @@ func (m *chunkMap) checkpoint() Checkpoint {
 	}
 	sort.Slice(c.Reservations, func(i, j int) bool { return c.Reservations[i].ID < c.Reservations[j].ID })
 	return c
+}
+
+// coverRuns merges runs into fewer runs that cover them (each at most
+// MaxChunk long), for a checkpoint: a load quarantines only the blocks of
+// a quarantined run that are free, so a run that also covers chunks or
+// long-free blocks between two quarantined ones quarantines nothing
+// wrongly (long-free blocks wait a quarantine more). Without it, a map
+// with many small gaps (a reservation's unused slots, scattered frees)
+// could, reloaded, hold more entries than a checkpoint slot.
+func coverRuns(runs []Run) []Run {
+	rs := append([]Run(nil), runs...)
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].RLDev != rs[j].RLDev {
+			return rs[i].RLDev < rs[j].RLDev
+		}
+		return rs[i].Block < rs[j].Block
+	})
+	var out []Run
+	for _, r := range rs {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			if last.RLDev == r.RLDev && r.Block+r.Blocks-last.Block <= MaxChunk/BlockSize {
+				last.Blocks = max(last.Blocks, r.Block+r.Blocks-last.Block)
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // pick chooses where a chunk of n blocks goes: the best fit in the RLDev

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
@@ -391,6 +392,11 @@ type request struct {
 	id     uint64   // free, commit
 	live   []uint64 // commit
 	extra  []ReqID  // more requests for the same free or commit (a client's retry), answered with it
+	// other: commits of the same reservation with another live list (or
+	// arriving while its expiry ends it): once this one is done they are
+	// answered ErrUnallocated, so that their clerk frees what it did not
+	// keep, after this request's allocations are in the map.
+	other []ReqID
 	// during a change
 	ext  Extent
 	done bool
@@ -602,17 +608,15 @@ func (mg *Manager) Reserve(env Env, req ReqID, size uint64, count int) []any {
 // allocated (their ids are never used; their space is freed). A
 // reservation that is not open (committed already, or kept whole after
 // ResvLife) is answered with ErrUnallocated: its clerk then frees what
-// it does not keep, one by one.
+// it does not keep, one by one. A commit that finds one of the same
+// reservation under way is answered with it if its list is the same (a
+// retry); otherwise (another list, or the expiry already begun) with
+// ErrUnallocated once that one is done. A clerk must send one list per
+// reservation (the Batcher seals it at its first attempt).
 func (mg *Manager) Commit(env Env, req ReqID, resv uint64, live []uint64) []any {
 	mg.env = env
 	if err := mg.primaryReady(env); err != nil {
 		return mg.reply(req, Handle{}, err)
-	}
-	for _, q := range append(mg.batch, mg.queue...) {
-		if q.commit && q.id == resv && !q.done {
-			q.extra = append(q.extra, req) // a retry: answered with the first
-			return nil
-		}
 	}
 	rv := mg.m.resv[resv]
 	if rv == nil {
@@ -624,6 +628,24 @@ func (mg *Manager) Commit(env Env, req ReqID, resv uint64, live []uint64) []any 
 			return mg.reply(req, Handle{}, fmt.Errorf("%w: chunk %d is not one of reservation %d's (%d to %d), or named twice", ErrBadRequest, id, resv, resv+1, resv+rv.Count))
 		}
 		seen[id] = true
+	}
+	for _, q := range mg.queue {
+		if q.commit && q.id == resv && !q.done && q.req == 0 {
+			// The reservation's expiry, not begun yet: the clerk's own
+			// list ends it instead.
+			q.req, q.live = req, append([]uint64(nil), live...)
+			return nil
+		}
+	}
+	for _, q := range append(mg.batch, mg.queue...) {
+		if q.commit && q.id == resv && !q.done {
+			if q.req != 0 && slices.Equal(q.live, live) {
+				q.extra = append(q.extra, req) // a retry: answered with the first
+			} else {
+				q.other = append(q.other, req) // answered "not open" once it is done
+			}
+			return nil
+		}
 	}
 	rv.ending = true
 	mg.queue = append(mg.queue, &request{req: req, commit: true, id: resv, live: append([]uint64(nil), live...)})
@@ -637,7 +659,13 @@ func (mg *Manager) expireResv(env Env) []any {
 		return nil
 	}
 	var out []any
-	for _, rv := range mg.m.resv {
+	ids := make([]uint64, 0, len(mg.m.resv))
+	for id := range mg.m.resv {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // one order, so that a simulation replays
+	for _, id := range ids {
+		rv := mg.m.resv[id]
 		if rv.ending || env.Now.Before(rv.until) {
 			continue
 		}
@@ -932,6 +960,13 @@ func (mg *Manager) answer(q *request, h Handle, err error) []any {
 	out := mg.reply(q.req, h, err)
 	for _, r := range q.extra {
 		out = append(out, mg.reply(r, h, err)...)
+	}
+	for _, r := range q.other {
+		oerr := err
+		if err == nil {
+			oerr = fmt.Errorf("%w: reservation %s was ended by another commit (its expiry, or a different list): free what you do not keep", ErrUnallocated, Handle{mg.cfg.CM, q.id})
+		}
+		out = append(out, mg.reply(r, Handle{}, oerr)...)
 	}
 	return out
 }
