@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grovestore/grove/internal/chunk"
-	"github.com/grovestore/grove/internal/meta"
 )
 
 // ChunkStatJSON is `grove chunk stat -o json`.
@@ -295,16 +294,7 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 // acknowledged free reads as unallocated; the new primary holds them all.
 func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 	_, u, ctx := startCluster(t, 9900, "--chunk-size", "64MiB")
-	st, err := u.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms []meta.Member
-	for _, m := range st.Members {
-		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
-	}
-	mc := meta.NewClient(ms)
-	defer mc.Close()
+	mc := upMeta(t, ctx, u)
 	cl := chunk.NewClerk(mc)
 	defer cl.Close()
 	if _, err := cl.Allocate(ctx, 1, 1); err != nil { // the pair serves
@@ -430,16 +420,7 @@ func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 // the primary kept them; every other chunk it printed reads as zeros.
 func TestEndToEndChunkBatchSIGKILL(t *testing.T) {
 	bin, u, ctx := startCluster(t, 9200, "--chunk-size", "64MiB", "--chunk-reservation-life", "3s")
-	st, err := u.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms []meta.Member
-	for _, m := range st.Members {
-		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
-	}
-	mc := meta.NewClient(ms)
-	defer mc.Close()
+	mc := upMeta(t, ctx, u)
 	cl := chunk.NewClerk(mc)
 	defer cl.Close()
 	if _, err := cl.Allocate(ctx, 1, 1); err != nil { // the pair serves

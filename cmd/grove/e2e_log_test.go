@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 	"github.com/grovestore/grove/internal/txn"
@@ -46,19 +45,11 @@ func (a *logApplier) Apply(ctx context.Context, target []byte, off uint64, data 
 // there with both its updates, no transaction is there in part.
 func TestEndToEndLogSIGKILL(t *testing.T) {
 	_, u, ctx := startCluster(t, 9700)
-	st, err := u.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms []meta.Member
-	for _, m := range st.Members {
-		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
-	}
-	mc := meta.NewClient(ms)
-	defer mc.Close()
+	mc := upMeta(t, ctx, u)
 	rl := rldev.NewClerk(mc)
 	defer rl.Close()
 	var e txn.Entry
+	var err error
 	for ctx.Err() == nil {
 		if e, err = txn.CreateLog(ctx, mc, rl, "e2e", 4<<20); err == nil {
 			break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/meta"
 )
 
 type testWriter struct{ t *testing.T }
@@ -103,4 +104,21 @@ func startCluster(t *testing.T, port int, extra ...string) (string, *bench.UpClu
 	}
 	t.Cleanup(u.Close)
 	return bin, u, ctx
+}
+
+// upMeta is a config-service client of u's members (closed when the test
+// ends), for tests that use the Go clerks on a `grove up` cluster.
+func upMeta(t *testing.T, ctx context.Context, u *bench.UpCluster) *meta.Client {
+	t.Helper()
+	st, err := u.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []meta.Member
+	for _, m := range st.Members {
+		ms = append(ms, meta.Member{ID: m.Id, RaftAddr: m.RaftAddr, GRPCAddr: m.GrpcAddr})
+	}
+	mc := meta.NewClient(ms)
+	t.Cleanup(mc.Close)
+	return mc
 }

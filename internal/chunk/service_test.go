@@ -47,16 +47,7 @@ func TestServicePairFailover(t *testing.T) {
 	defer c.Close()
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
-	var p *chunk.Pair
-	for ctx.Err() == nil { // the nodes register their disks first
-		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 1<<20, 16<<20); err == nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := createPair(t, ctx, mc)
 	cl := chunk.NewClerk(mc)
 	defer cl.Close()
 
@@ -206,16 +197,7 @@ func TestServiceBatcher(t *testing.T) {
 	defer c.Close()
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
-	var p *chunk.Pair
-	for ctx.Err() == nil {
-		if p, err = chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 1<<20, 16<<20); err == nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := createPair(t, ctx, mc)
 	cl := chunk.NewClerk(mc)
 	defer cl.Close()
 	b, err := cl.NewBatcher(8192, chunk.BatcherOptions{CM: p.ID, Count: 10, FlushEvery: time.Minute})
@@ -314,5 +296,21 @@ func TestServiceBatcher(t *testing.T) {
 	}
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// createPair makes a pair on nodes 1 and 2 (a 1 MiB map, 16 MiB of data),
+// trying again while the nodes register their disks.
+func createPair(t *testing.T, ctx context.Context, mc *meta.Client) *chunk.Pair {
+	t.Helper()
+	for {
+		p, err := chunk.CreatePair(ctx, mc, [2]uint64{1, 2}, 1<<20, 16<<20)
+		if err == nil {
+			return p
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
