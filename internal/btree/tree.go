@@ -1,0 +1,630 @@
+package btree
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/grovestore/grove/internal/lock"
+)
+
+// Config sets a tree's shape and bounds.
+type Config struct {
+	// NodeSize bounds a node's image, in bytes (default 8 KiB; at least
+	// MinNodeSize). It also bounds an entry: see MaxEntry.
+	NodeSize int
+	// MaxFanout bounds a node's entries (0: as many as fit). Boxwood's
+	// measurements used 6.
+	MaxFanout int
+	// Grace is how long a removed node stays readable (pointing onward)
+	// before its chunk is freed (default 2 min). No operation may run longer
+	// than Grace holding a pointer it read: the server bounds operations by
+	// a deadline well below it.
+	Grace time.Duration
+	// MaxScanLeaves bounds the leaves one scan page holds at once (default
+	// 256): a page ends early, with More set, rather than hold more.
+	MaxScanLeaves int
+	// MaxCountLeaves bounds the leaves a count holds at once (default
+	// 4096); a larger range is refused with ErrRangeTooLarge.
+	MaxCountLeaves int
+	// Underfull, if set, is told of a node a delete left under-full (its
+	// level and a key it covers): compression's trigger (Sagiv's second
+	// policy). The tree never calls it with a lock held.
+	Underfull func(level int, key []byte)
+}
+
+func (c *Config) fill() error {
+	if c.NodeSize == 0 {
+		c.NodeSize = MinNodeSize
+	}
+	if c.NodeSize < MinNodeSize || c.NodeSize > MaxNodeSize {
+		return fmt.Errorf("btree: node size %d outside [%d, %d]", c.NodeSize, MinNodeSize, MaxNodeSize)
+	}
+	if c.MaxFanout != 0 && c.MaxFanout < 4 {
+		return fmt.Errorf("btree: fanout %d: at least 4 (or 0, as many as fit)", c.MaxFanout)
+	}
+	if c.Grace == 0 {
+		c.Grace = 2 * time.Minute
+	}
+	if c.MaxScanLeaves == 0 {
+		c.MaxScanLeaves = 256
+	}
+	if c.MaxCountLeaves == 0 {
+		c.MaxCountLeaves = 4096
+	}
+	if c.MaxScanLeaves < 2 || c.MaxCountLeaves < 2 {
+		return errors.New("btree: scans and counts must be allowed two leaves at least")
+	}
+	return nil
+}
+
+// MaxEntry is the largest entry (key and value, with their lengths) a node
+// of size nodeSize holds: two of them fit beside the longest bounds and a
+// full garbage list, so a split always leaves two legal halves.
+func MaxEntry(nodeSize int) int {
+	return (nodeSize - headerSize - 4 - 2*(2+MaxKey) - MaxGarbage*garbageSize) / 2
+}
+
+// Errors of tree operations. Each says what was done: nothing.
+var (
+	ErrKey           = fmt.Errorf("btree: a key is 1 to %d bytes", MaxKey)
+	ErrTooLarge      = errors.New("btree: key and value too large for a node")
+	ErrRangeTooLarge = errors.New("btree: the range spans too many leaves for one consistent count")
+	ErrBadRange      = errors.New("btree: the range's start is not below its end")
+)
+
+// errRestart: the operation met a node whose keys moved left under it, or a
+// freed node; it starts again from the root.
+var errRestart = errors.New("btree: restart from the root")
+
+// maxRestarts bounds restarts of one operation (each one means a
+// concurrent compression moved the keys it was after).
+const maxRestarts = 1000
+
+// Stats count the algorithm's work.
+type Stats struct {
+	Restarts, MoveRights, Onwards                 atomic.Uint64
+	Splits, RootSplits, Merges, Rebalances, Freed atomic.Uint64
+	Repairs                                       atomic.Uint64 // downlinks put back by Repair
+}
+
+// Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
+// use: any number of operations on any number of servers.
+type Tree struct {
+	s     Store
+	id    uint64
+	cfg   Config
+	Stats Stats
+}
+
+// New returns the tree whose anchor is chunk id's, over s.
+func New(s Store, id uint64, cfg Config) (*Tree, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	return &Tree{s: s, id: id, cfg: cfg}, nil
+}
+
+// Config is the tree's configuration (defaults filled in).
+func (t *Tree) Config() Config { return t.cfg }
+
+// ID is the tree's id.
+func (t *Tree) ID() uint64 { return t.id }
+
+// Init returns the images of an empty tree: its anchor and a root leaf,
+// for the creator to write.
+func Init(anchor, root Handle) (*Anchor, *Node) {
+	a := &Anchor{Self: anchor, Root: root, Leftmost: []Handle{root}}
+	n := &Node{Self: root, Tree: anchor.ID, HighInf: true}
+	return a, n
+}
+
+// CheckEntry reports whether key and val may be stored.
+func (t *Tree) CheckEntry(key, val []byte) error {
+	if len(key) == 0 || len(key) > MaxKey {
+		return ErrKey
+	}
+	if EntrySize(true, key, val) > MaxEntry(t.cfg.NodeSize) {
+		return fmt.Errorf("%w: %d-byte key and %d-byte value; at most %d bytes together with %d-byte nodes", ErrTooLarge, len(key), len(val), MaxEntry(t.cfg.NodeSize)-leafExtra, t.cfg.NodeSize)
+	}
+	return nil
+}
+
+func (t *Tree) fits(n *Node) bool {
+	return n.Size() <= t.cfg.NodeSize && (t.cfg.MaxFanout == 0 || len(n.Keys) <= t.cfg.MaxFanout)
+}
+
+// underfull is Sagiv's "less than half full".
+func (t *Tree) underfull(n *Node) bool {
+	if t.cfg.MaxFanout != 0 {
+		return len(n.Keys) < t.cfg.MaxFanout/2
+	}
+	return n.Size() < t.cfg.NodeSize/2
+}
+
+// mergeable: the merged node leaves room, so that the next insert does not
+// split it again at once.
+func (t *Tree) mergeable(n *Node) bool {
+	return n.Size() <= t.cfg.NodeSize*3/4 && (t.cfg.MaxFanout == 0 || len(n.Keys) < t.cfg.MaxFanout)
+}
+
+// target is what a descent looks for: the node covering key, or (below)
+// the node covering the keys just below key, where a nil key with below
+// means "below +infinity" (the last node).
+type target struct {
+	key   []byte
+	below bool
+}
+
+// here reports whether n covers the target; left that the target lies left
+// of n (its keys moved under the operation: start again), otherwise it is
+// to the right.
+func (tg target) here(n *Node) (here, left bool) {
+	if tg.below {
+		if tg.key == nil {
+			return n.HighInf, false
+		}
+		if len(n.Low) > 0 && bytes.Compare(tg.key, n.Low) <= 0 {
+			return false, true
+		}
+		return n.HighInf || bytes.Compare(tg.key, n.High) <= 0, false
+	}
+	if bytes.Compare(tg.key, n.Low) < 0 {
+		return false, true
+	}
+	return n.HighInf || bytes.Compare(tg.key, n.High) < 0, false
+}
+
+func (tg target) child(n *Node) int {
+	if !tg.below {
+		return n.Child(tg.key)
+	}
+	if tg.key == nil {
+		return len(n.Kids) - 1
+	}
+	return n.ChildBelow(tg.key)
+}
+
+// locate descends without locks to the node at level that covers tg,
+// moving right past concurrent splits and onward past removed nodes. It
+// returns that node's image and the path: path[l] is the node it passed at
+// level l (l > level), a hint for where a separator goes.
+func (t *Tree) locate(ctx context.Context, tg target, level int) (*Node, []Handle, error) {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			t.Stats.Restarts.Add(1)
+			if attempt > maxRestarts {
+				return nil, nil, fmt.Errorf("btree: %d restarts looking for %q", attempt, tg.key)
+			}
+		}
+		a, err := t.s.Anchor(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if level > a.RootLevel() {
+			return nil, nil, fmt.Errorf("btree: level %d above the root's %d", level, a.RootLevel())
+		}
+		path := make([]Handle, a.RootLevel()+1)
+		h, want := a.Root, a.RootLevel()
+		n, err := t.walk(ctx, h, want, level, tg, path)
+		if errors.Is(err, errRestart) {
+			continue
+		}
+		return n, path, err
+	}
+}
+
+// walk is one descent of locate, from node h at level want.
+func (t *Tree) walk(ctx context.Context, h Handle, want, level int, tg target, path []Handle) (*Node, error) {
+	for steps := 0; ; steps++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, err := t.s.Read(ctx, h)
+		if errors.Is(err, ErrGone) {
+			return nil, errRestart
+		}
+		if err != nil {
+			return nil, err
+		}
+		if int(n.Level) != want {
+			// Only a corrupt image or a reused chunk could do this.
+			return nil, fmt.Errorf("btree: node %v is at level %d where level %d was expected", h, n.Level, want)
+		}
+		if n.Deleted {
+			t.Stats.Onwards.Add(1)
+			h = n.Onward
+			continue
+		}
+		here, left := tg.here(n)
+		if left {
+			return nil, errRestart
+		}
+		if !here {
+			if n.Right.IsZero() {
+				return nil, fmt.Errorf("btree: node %v at level %d has no right link but does not cover %q", h, want, tg.key)
+			}
+			t.Stats.MoveRights.Add(1)
+			h = n.Right
+			continue
+		}
+		path[want] = h
+		if want == level {
+			return n, nil
+		}
+		h = n.Kids[tg.child(n)]
+		want--
+	}
+}
+
+// lockCovering takes h's lock in mode and moves right (and onward) holding
+// one lock at a time until the locked node covers tg. On errRestart nothing
+// is held.
+func (t *Tree) lockCovering(ctx context.Context, h Handle, tg target, mode lock.Mode) (*Node, error) {
+	for {
+		n, err := t.s.Lock(ctx, h, mode)
+		if errors.Is(err, ErrGone) {
+			return nil, errRestart
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n.Deleted {
+			t.s.Unlock(h, mode)
+			t.Stats.Onwards.Add(1)
+			h = n.Onward
+			continue
+		}
+		here, left := tg.here(n)
+		if left {
+			t.s.Unlock(h, mode)
+			return nil, errRestart
+		}
+		if here {
+			return n, nil
+		}
+		t.s.Unlock(h, mode)
+		if n.Right.IsZero() {
+			return nil, fmt.Errorf("btree: node %v has no right link but does not cover %q", h, tg.key)
+		}
+		t.Stats.MoveRights.Add(1)
+		h = n.Right
+	}
+}
+
+// Get returns key's value (found false if absent). It takes no lock.
+func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
+	if len(key) == 0 || len(key) > MaxKey {
+		return nil, false, ErrKey
+	}
+	n, _, err := t.locate(ctx, target{key: key}, 0)
+	if err != nil {
+		return nil, false, err
+	}
+	// What we read must be durable before we report it: the image may
+	// carry a change whose commit is still on its way to the log.
+	if err := t.s.Durable(ctx, n.LSN); err != nil {
+		return nil, false, err
+	}
+	i, ok := n.Search(key)
+	if !ok {
+		return nil, false, nil
+	}
+	return n.Vals[i], true, nil
+}
+
+// CondKind is the condition of a conditional put or delete.
+type CondKind uint8
+
+const (
+	Always   CondKind = iota // no condition
+	IfAbsent                 // only if the key is absent
+	IfEquals                 // only if the key is present with value Cond.Value
+	IfExists                 // only if the key is present
+)
+
+// Cond is a condition on a key's current value.
+type Cond struct {
+	Kind  CondKind
+	Value []byte
+}
+
+func (c Cond) holds(found bool, cur []byte) bool {
+	switch c.Kind {
+	case IfAbsent:
+		return !found
+	case IfEquals:
+		return found && bytes.Equal(cur, c.Value)
+	case IfExists:
+		return found
+	}
+	return true
+}
+
+// Result says what a put or delete found and did.
+type Result struct {
+	Applied bool   // the condition held and the change is durable
+	Found   bool   // the key was present before
+	Prev    []byte // its value then
+}
+
+// Put sets key to val if cond holds on the current value. It holds one
+// node lock at a time, even when splits climb several levels.
+func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, error) {
+	if err := t.CheckEntry(key, val); err != nil {
+		return Result{}, err
+	}
+	return t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+		if found {
+			n.Vals[i] = val
+			return
+		}
+		n.Keys = insertAt(n.Keys, i, key)
+		n.Vals = insertAt(n.Vals, i, val)
+	})
+}
+
+// Delete removes key if cond holds. It holds one node lock; a leaf left
+// under-full is reported to Config.Underfull for compression.
+func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error) {
+	if len(key) == 0 || len(key) > MaxKey {
+		return Result{}, ErrKey
+	}
+	if cond.Kind == IfAbsent {
+		return Result{}, errors.New("btree: a delete on condition that the key is absent")
+	}
+	if cond.Kind == Always {
+		cond.Kind = IfExists // deleting an absent key changes nothing
+	}
+	return t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+		n.Keys = removeAt(n.Keys, i)
+		n.Vals = removeAt(n.Vals, i)
+	})
+}
+
+// update is the body of Put and Delete: lock the leaf covering key, check
+// cond, change it, split it if it overflows, then carry the split upwards.
+func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (Result, error) {
+	tg := target{key: key}
+	for attempt := 0; ; attempt++ {
+		if attempt > maxRestarts {
+			return Result{}, fmt.Errorf("btree: %d restarts updating %q", attempt, key)
+		}
+		leaf, path, err := t.locate(ctx, tg, 0)
+		if err != nil {
+			return Result{}, err
+		}
+		n, err := t.lockCovering(ctx, leaf.Self, tg, lock.Exclusive)
+		if errors.Is(err, errRestart) {
+			t.Stats.Restarts.Add(1)
+			continue
+		}
+		if err != nil {
+			return Result{}, err
+		}
+		h := n.Self
+		i, found := n.Search(key)
+		res := Result{Found: found}
+		if found {
+			res.Prev = n.Vals[i]
+		}
+		if !cond.holds(found, res.Prev) {
+			t.s.Unlock(h, lock.Exclusive)
+			return res, t.s.Durable(ctx, n.LSN)
+		}
+		nn := n.Clone()
+		change(nn, i, found)
+		if t.fits(nn) {
+			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil)
+			t.s.Unlock(h, lock.Exclusive)
+			if err != nil {
+				return Result{}, err
+			}
+			if t.cfg.Underfull != nil && len(nn.Keys) < len(n.Keys) && t.underfull(nn) {
+				t.cfg.Underfull(0, key)
+			}
+			res.Applied = true
+			return res, t.s.Durable(ctx, lsn)
+		}
+		sep, right, lsn, err := t.split(ctx, nn)
+		t.s.Unlock(h, lock.Exclusive)
+		if err != nil {
+			return Result{}, err
+		}
+		res.Applied = true
+		// The key is in place (in the left or the right half, linked from
+		// the left): the separator's insertion above can fail without
+		// losing anything; Repair puts back a downlink that is missing.
+		t.insertSeparator(ctx, 1, sep, right, path, false)
+		return res, t.s.Durable(ctx, lsn)
+	}
+}
+
+// split divides nn (the new image of a node the caller holds exclusively,
+// too big to fit) into two: nn keeps the lower half, a new node the upper
+// one. Both images are committed together; the new node's lock is given
+// back before it returns, the caller's is not. It returns the separator
+// (the new node's low bound) and the new node.
+func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, error) {
+	rh, err := t.s.New(ctx)
+	if err != nil {
+		return nil, Handle{}, 0, err
+	}
+	mid := t.splitPoint(nn)
+	r := &Node{Self: rh, Tree: t.id, Level: nn.Level, Low: nn.Keys[mid], High: nn.High, HighInf: nn.HighInf, Right: nn.Right}
+	r.Keys = append([][]byte(nil), nn.Keys[mid:]...)
+	if nn.Leaf() {
+		r.Vals = append([][]byte(nil), nn.Vals[mid:]...)
+		nn.Vals = nn.Vals[:mid:mid]
+	} else {
+		r.Kids = append([]Handle(nil), nn.Kids[mid:]...)
+		nn.Kids = nn.Kids[:mid:mid]
+	}
+	nn.Keys = nn.Keys[:mid:mid]
+	nn.High, nn.HighInf, nn.Right = r.Low, false, rh
+	if !t.fits(nn) || !t.fits(r) {
+		panic(fmt.Sprintf("btree: split of %v at %d left halves of %d and %d bytes", nn.Self, mid, nn.Size(), r.Size()))
+	}
+	// The right half is written with the left, in one change: until the
+	// separator reaches the parent the pair acts as one node, reached
+	// through the left one's right link.
+	lsn, err := t.s.Commit(ctx, []*Node{r, nn}, nil)
+	if err != nil {
+		t.s.Abandon(rh)
+		return nil, Handle{}, 0, err
+	}
+	t.s.Unlock(rh, lock.Exclusive)
+	t.Stats.Splits.Add(1)
+	return r.Low, rh, lsn, nil
+}
+
+// splitPoint picks the index of the first entry of the upper half: the
+// middle by bytes, leaving each half one entry at least.
+func (t *Tree) splitPoint(n *Node) int {
+	total := 0
+	for i, k := range n.Keys {
+		total += EntrySize(n.Leaf(), k, n.val(i))
+	}
+	acc := 0
+	for i, k := range n.Keys {
+		acc += EntrySize(n.Leaf(), k, n.val(i))
+		if acc*2 >= total {
+			mid := i + 1
+			if t.cfg.MaxFanout != 0 && (mid < len(n.Keys)/2) {
+				mid = len(n.Keys) / 2
+			}
+			if mid >= len(n.Keys) {
+				mid = len(n.Keys) - 1
+			}
+			if mid < 1 {
+				mid = 1
+			}
+			return mid
+		}
+	}
+	return len(n.Keys) / 2
+}
+
+// insertSeparator puts the downlink (sep, child) into level, starting at
+// the node the descent passed there (path), moving right holding one lock
+// at a time, and splitting upwards as needed. A split of the root grows a
+// new root under the anchor's lock. repair: the downlink may be missing
+// after a crash rather than in flight (Repair); it is put back only if
+// the child is still live. Errors are counted, not returned: the key that
+// caused the split is in place, and Repair finishes what is left.
+func (t *Tree) insertSeparator(ctx context.Context, level int, sep []byte, child Handle, path []Handle, repair bool) error {
+	for attempt := 0; ; attempt++ {
+		if attempt > maxRestarts {
+			return fmt.Errorf("btree: %d restarts inserting a separator at level %d", attempt, level)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		a, err := t.s.Anchor(ctx)
+		if err != nil {
+			return err
+		}
+		if level > a.RootLevel() {
+			done, err := t.growRoot(ctx, level, sep, child)
+			if err != nil || done {
+				return err
+			}
+			continue
+		}
+		start := a.Leftmost[level]
+		if level < len(path) && !path[level].IsZero() {
+			start = path[level]
+		}
+		tg := target{key: sep}
+		p, err := t.lockCovering(ctx, start, tg, lock.Exclusive)
+		if errors.Is(err, errRestart) {
+			t.Stats.Restarts.Add(1)
+			path = nil
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		ph := p.Self
+		if p.IndexOf(child) >= 0 {
+			t.s.Unlock(ph, lock.Exclusive)
+			return nil // it is there already (a repair and an insert raced)
+		}
+		i, eq := p.Search(sep)
+		if eq {
+			t.s.Unlock(ph, lock.Exclusive)
+			return fmt.Errorf("btree: separator %q already in node %v for another child", sep, ph)
+		}
+		if repair {
+			// Only a live child without a downlink gets one: while the
+			// downlink is missing nothing can remove the child, and we hold
+			// the only node its downlink could go in.
+			c, err := t.s.Read(ctx, child)
+			if err != nil || c.Deleted || !bytes.Equal(c.Low, sep) {
+				t.s.Unlock(ph, lock.Exclusive)
+				return err
+			}
+		}
+		pp := p.Clone()
+		pp.Keys = insertAt(pp.Keys, i, sep)
+		pp.Kids = insertAt(pp.Kids, i, child)
+		if t.fits(pp) {
+			_, err := t.s.Commit(ctx, []*Node{pp}, nil)
+			t.s.Unlock(ph, lock.Exclusive)
+			return err
+		}
+		nsep, right, _, err := t.split(ctx, pp)
+		t.s.Unlock(ph, lock.Exclusive)
+		if err != nil {
+			return err
+		}
+		level, sep, child, repair = level+1, nsep, right, false
+	}
+}
+
+// growRoot makes a new root over the top level when a node there split (or
+// a node there has no parent, after a crash). done false: the tree grew
+// meanwhile; insert at level as usual.
+func (t *Tree) growRoot(ctx context.Context, level int, sep []byte, child Handle) (bool, error) {
+	a, err := t.s.LockAnchor(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer t.s.Unlock(a.Self, lock.Exclusive)
+	if level <= a.RootLevel() {
+		return false, nil
+	}
+	if level != a.RootLevel()+1 || level >= MaxLevels {
+		return false, fmt.Errorf("btree: a separator for level %d over a root at level %d", level, a.RootLevel())
+	}
+	rh, err := t.s.New(ctx)
+	if err != nil {
+		return false, err
+	}
+	root := &Node{Self: rh, Tree: t.id, Level: uint8(level), HighInf: true,
+		Keys: [][]byte{nil, sep}, Kids: []Handle{a.Leftmost[level-1], child}}
+	na := a.Clone()
+	na.Leftmost = append(na.Leftmost, rh)
+	na.Root = rh
+	if _, err = t.s.Commit(ctx, []*Node{root}, na); err != nil {
+		t.s.Abandon(rh)
+		return false, err
+	}
+	t.s.Unlock(rh, lock.Exclusive)
+	t.Stats.RootSplits.Add(1)
+	return true, nil
+}
+
+func insertAt[T any](s []T, i int, v T) []T {
+	s = append(s, v)
+	copy(s[i+1:], s[i:])
+	s[i] = v
+	return s
+}
+
+func removeAt[T any](s []T, i int) []T {
+	return append(s[:i:i], s[i+1:]...)
+}

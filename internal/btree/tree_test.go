@@ -1,0 +1,452 @@
+package btree
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// model is the naive reference: a map, sorted on demand.
+type model map[string]string
+
+func (m model) span(from, to []byte) []string {
+	var ks []string
+	for k := range m {
+		if k >= string(from) && (to == nil || k < string(to)) {
+			ks = append(ks, k)
+		}
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+func seedFromEnv(t *testing.T, def int64) int64 {
+	if s := os.Getenv("GROVE_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	return def
+}
+
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() int64 { return c.ns.Load() }
+
+func newMemTree(t *testing.T, cfg Config) (*Tree, *MemStore, *fakeClock) {
+	clk := &fakeClock{}
+	s, id := NewMemStore(clk.now)
+	tr, err := New(s, id, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, s, clk
+}
+
+// checkShape walks the tree and compares it with the model and the store's
+// chunks.
+func checkShape(t *testing.T, s *MemStore, m model, complete bool) Shape {
+	t.Helper()
+	ctx := context.Background()
+	sh, err := Walk(ctx, s, complete)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := m.span(nil, nil)
+	if len(sh.Keys) != len(want) {
+		t.Fatalf("tree holds %d keys, model %d", len(sh.Keys), len(want))
+	}
+	for i, k := range want {
+		if string(sh.Keys[i]) != k || string(sh.Vals[i]) != m[k] {
+			t.Fatalf("entry %d: tree %q=%q, model %q=%q", i, sh.Keys[i], sh.Vals[i], k, m[k])
+		}
+	}
+	chunks := s.Chunks()
+	for h := range chunks {
+		if !sh.Chunks[h] {
+			t.Fatalf("chunk %v is allocated but not part of the tree (leaked)", h)
+		}
+	}
+	for h := range sh.Chunks {
+		if !chunks[h] {
+			t.Fatalf("the tree uses chunk %v, which is not allocated", h)
+		}
+	}
+	return sh
+}
+
+func randKey(r *rand.Rand, space int) []byte {
+	return []byte(fmt.Sprintf("k%06d", r.Intn(space)))
+}
+
+// TestTreeSequentialDifferential runs random operations one at a time
+// against the model, checking every answer, with compression after
+// deletes and repair passes, and walks the tree at the end.
+func TestTreeSequentialDifferential(t *testing.T) {
+	for _, fan := range []int{4, 6, 0} {
+		t.Run(fmt.Sprintf("fanout=%d", fan), func(t *testing.T) {
+			seed := seedFromEnv(t, time.Now().UnixNano())
+			t.Logf("seed %d (GROVE_SEED replays)", seed)
+			r := rand.New(rand.NewSource(seed))
+			var hints [][]byte
+			var hintLevels []int
+			cfg := Config{MaxFanout: fan, Grace: time.Second, MaxScanLeaves: 8, MaxCountLeaves: 1 << 20,
+				Underfull: func(level int, key []byte) { hints = append(hints, key); hintLevels = append(hintLevels, level) }}
+			tr, s, clk := newMemTree(t, cfg)
+			ctx := context.Background()
+			m := model{}
+			space := 400
+			valLen := 8
+			if fan == 0 {
+				valLen = 600 // byte-bounded nodes: make them split
+			}
+			ops := 6000
+			if testing.Short() {
+				ops = 2000
+			}
+			for op := 0; op < ops; op++ {
+				k := randKey(r, space)
+				v := []byte(fmt.Sprintf("%0*d", valLen, r.Intn(1e6)))
+				cur, found := m[string(k)]
+				switch x := r.Intn(100); {
+				case x < 40:
+					res, err := tr.Put(ctx, k, v, Cond{})
+					if err != nil || !res.Applied || res.Found != found || found && string(res.Prev) != cur {
+						t.Fatalf("op %d: put %q: %+v %v (model found %v %q)", op, k, res, err, found, cur)
+					}
+					m[string(k)] = string(v)
+				case x < 50:
+					res, err := tr.Put(ctx, k, v, Cond{Kind: IfAbsent})
+					if err != nil || res.Applied == found {
+						t.Fatalf("op %d: put-if-absent %q: %+v %v (model found %v)", op, k, res, err, found)
+					}
+					if !found {
+						m[string(k)] = string(v)
+					}
+				case x < 55:
+					old := []byte(cur)
+					if r.Intn(2) == 0 {
+						old = []byte("nope")
+					}
+					res, err := tr.Put(ctx, k, v, Cond{Kind: IfEquals, Value: old})
+					want := found && cur == string(old)
+					if err != nil || res.Applied != want {
+						t.Fatalf("op %d: cas %q: %+v %v (want %v)", op, k, res, err, want)
+					}
+					if want {
+						m[string(k)] = string(v)
+					}
+				case x < 80:
+					res, err := tr.Delete(ctx, k, Cond{})
+					if err != nil || res.Applied != found {
+						t.Fatalf("op %d: delete %q: %+v %v (model found %v)", op, k, res, err, found)
+					}
+					delete(m, string(k))
+				case x < 88:
+					got, ok, err := tr.Get(ctx, k)
+					if err != nil || ok != found || string(got) != cur {
+						t.Fatalf("op %d: get %q = %q %v %v, model %q %v", op, k, got, ok, err, cur, found)
+					}
+				case x < 96:
+					from := randKey(r, space)
+					var to []byte
+					if r.Intn(3) > 0 {
+						to = randKey(r, space)
+						if bytes.Compare(from, to) >= 0 {
+							from, to = to, from
+						}
+						if bytes.Equal(from, to) {
+							to = append(to, 0)
+						}
+					}
+					if r.Intn(4) == 0 {
+						from = nil
+					}
+					checkScan(t, tr, m, Span{From: from, To: to}, r.Intn(12), r.Intn(2) == 0)
+				default:
+					from, to := randKey(r, space), randKey(r, space)
+					if bytes.Compare(from, to) > 0 {
+						from, to = to, from
+					}
+					to = append(to, 0)
+					c, err := tr.Count(ctx, Span{From: from, To: to})
+					if err != nil || c != len(m.span(from, to)) {
+						t.Fatalf("op %d: count [%q,%q) = %d %v, model %d", op, from, to, c, err, len(m.span(from, to)))
+					}
+				}
+				for len(hints) > 0 {
+					h, l := hints[0], hintLevels[0]
+					hints, hintLevels = hints[1:], hintLevels[1:]
+					if _, err := tr.Compress(ctx, l, h); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if op%500 == 499 {
+					clk.ns.Add(int64(2 * time.Second))
+					if _, err := tr.Repair(ctx); err != nil {
+						t.Fatal(err)
+					}
+					checkShape(t, s, m, true)
+				}
+			}
+			clk.ns.Add(int64(2 * time.Second))
+			if _, err := tr.Repair(ctx); err != nil {
+				t.Fatal(err)
+			}
+			sh := checkShape(t, s, m, true)
+			t.Logf("height %d, %d nodes, %d removed waiting; splits %d, root splits %d, merges %d, rebalances %d, freed %d, restarts %d",
+				sh.Height, sh.Nodes, sh.Removed, tr.Stats.Splits.Load(), tr.Stats.RootSplits.Load(), tr.Stats.Merges.Load(),
+				tr.Stats.Rebalances.Load(), tr.Stats.Freed.Load(), tr.Stats.Restarts.Load())
+			if tr.Stats.Splits.Load() == 0 || tr.Stats.Merges.Load() == 0 {
+				t.Fatal("the workload split or merged nothing: it tests too little")
+			}
+		})
+	}
+}
+
+// checkScan compares one scan page with the model: the page must hold
+// exactly the model's entries in [Lo, Hi), within the span, no more than
+// the limit.
+func checkScan(t *testing.T, tr *Tree, m model, span Span, limit int, reverse bool) {
+	t.Helper()
+	pg, err := tr.Scan(context.Background(), span, limit, reverse)
+	if err != nil {
+		t.Fatalf("scan %q..%q: %v", span.From, span.To, err)
+	}
+	if limit > 0 && len(pg.Keys) > limit {
+		t.Fatalf("scan returned %d entries, limit %d", len(pg.Keys), limit)
+	}
+	if bytes.Compare(pg.Lo, span.From) < 0 || span.To != nil && (pg.Hi == nil || bytes.Compare(pg.Hi, span.To) > 0) {
+		t.Fatalf("page [%q,%q) outside span [%q,%q)", pg.Lo, pg.Hi, span.From, span.To)
+	}
+	want := m.span(pg.Lo, pg.Hi)
+	if reverse {
+		for i, j := 0, len(want)-1; i < j; i, j = i+1, j-1 {
+			want[i], want[j] = want[j], want[i]
+		}
+	}
+	if len(want) != len(pg.Keys) {
+		t.Fatalf("scan [%q,%q) reverse %v limit %d: page [%q,%q) has %d keys, model %d", span.From, span.To, reverse, limit, pg.Lo, pg.Hi, len(pg.Keys), len(want))
+	}
+	for i, k := range want {
+		if string(pg.Keys[i]) != k || string(pg.Vals[i]) != m[k] {
+			t.Fatalf("scan entry %d: %q=%q, model %q=%q", i, pg.Keys[i], pg.Vals[i], k, m[k])
+		}
+	}
+	all := m.span(span.From, span.To)
+	if !pg.More && len(all) != len(want) {
+		t.Fatalf("scan says no more, but the span holds %d keys and the page %d", len(all), len(want))
+	}
+}
+
+// TestTreeConcurrentDifferential runs many goroutines at once, each on its
+// own keys (so each can check every answer against its own model), with
+// keys of all goroutines interleaved in the same leaves, while background
+// goroutines compress and repair. Run it with -race.
+func TestTreeConcurrentDifferential(t *testing.T) {
+	seed := seedFromEnv(t, time.Now().UnixNano())
+	t.Logf("seed %d (GROVE_SEED replays the choices; the interleaving is the scheduler's)", seed)
+	var hintMu sync.Mutex
+	type hint struct {
+		level int
+		key   []byte
+	}
+	var hints []hint
+	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, MaxScanLeaves: 6, MaxCountLeaves: 1 << 20,
+		Underfull: func(level int, key []byte) {
+			hintMu.Lock()
+			hints = append(hints, hint{level, key})
+			hintMu.Unlock()
+		}}
+	tr, s, clk := newMemTree(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	workers, ops := 8, 3000
+	if testing.Short() {
+		ops = 1000
+	}
+	models := make([]model, workers)
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	fail := func(format string, args ...any) {
+		if failed.CompareAndSwap(false, true) {
+			t.Errorf(format, args...)
+		}
+		cancel()
+	}
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() { // compression and repair, beside the workers
+		defer bg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			hintMu.Lock()
+			hs := hints
+			hints = nil
+			hintMu.Unlock()
+			for _, h := range hs {
+				if _, err := tr.Compress(ctx, h.level, h.key); err != nil && ctx.Err() == nil {
+					fail("compress: %v", err)
+					return
+				}
+			}
+			if i%20 == 0 {
+				clk.ns.Add(int64(time.Millisecond))
+				if _, err := tr.Repair(ctx); err != nil && ctx.Err() == nil {
+					fail("repair: %v", err)
+					return
+				}
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	for w := 0; w < workers; w++ {
+		models[w] = model{}
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed + int64(w)))
+			m := models[w]
+			key := func() []byte { return []byte(fmt.Sprintf("%04d.%d", r.Intn(300), w)) }
+			for op := 0; op < ops && !failed.Load(); op++ {
+				k := key()
+				v := []byte(fmt.Sprintf("v%d.%d", w, op))
+				cur, found := m[string(k)]
+				switch x := r.Intn(100); {
+				case x < 45:
+					res, err := tr.Put(ctx, k, v, Cond{})
+					if err != nil || res.Found != found || string(res.Prev) != cur {
+						fail("worker %d op %d: put %q: %+v %v, model %v %q", w, op, k, res, err, found, cur)
+						return
+					}
+					m[string(k)] = string(v)
+				case x < 55:
+					res, err := tr.Put(ctx, k, v, Cond{Kind: IfEquals, Value: []byte(cur)})
+					if err != nil || res.Applied != found {
+						fail("worker %d op %d: cas %q: %+v %v, model %v", w, op, k, res, err, found)
+						return
+					}
+					if found {
+						m[string(k)] = string(v)
+					}
+				case x < 85:
+					res, err := tr.Delete(ctx, k, Cond{})
+					if err != nil || res.Applied != found {
+						fail("worker %d op %d: delete %q: %+v %v, model %v", w, op, k, res, err, found)
+						return
+					}
+					delete(m, string(k))
+				case x < 95:
+					got, ok, err := tr.Get(ctx, k)
+					if err != nil || ok != found || string(got) != cur {
+						fail("worker %d op %d: get %q = %q %v %v, model %q %v", w, op, k, got, ok, err, cur, found)
+						return
+					}
+				default:
+					// A scan of the whole tree, filtered to this worker's keys:
+					// they must be exactly the model's (others' keys change
+					// under the scan, ours cannot).
+					reverse := r.Intn(2) == 0
+					var mine []string
+					span := Span{}
+					for {
+						pg, err := tr.Scan(ctx, span, 0, reverse)
+						if err != nil {
+							fail("worker %d: scan: %v", w, err)
+							return
+						}
+						for _, k := range pg.Keys {
+							if bytes.HasSuffix(k, []byte(fmt.Sprintf(".%d", w))) {
+								mine = append(mine, string(k))
+							}
+						}
+						if !pg.More {
+							break
+						}
+						if reverse {
+							span.To = pg.Lo
+						} else {
+							span.From = pg.Hi
+						}
+					}
+					want := m.span(nil, nil)
+					if reverse {
+						sort.Sort(sort.Reverse(sort.StringSlice(want)))
+					}
+					if fmt.Sprint(mine) != fmt.Sprint(want) {
+						fail("worker %d op %d: scan (reverse %v) saw %d own keys, model %d", w, op, reverse, len(mine), len(want))
+						return
+					}
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(stop)
+	bg.Wait()
+	if failed.Load() {
+		return
+	}
+	all := model{}
+	for _, m := range models {
+		for k, v := range m {
+			all[k] = v
+		}
+	}
+	clk.ns.Add(int64(time.Second))
+	for i := 0; i < 3; i++ {
+		if _, err := tr.Repair(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh := checkShape(t, s, all, true)
+	t.Logf("%d keys, height %d, %d nodes; splits %d, merges %d, rebalances %d, freed %d, restarts %d, move-rights %d, onwards %d, repairs %d",
+		len(all), sh.Height, sh.Nodes, tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(),
+		tr.Stats.Freed.Load(), tr.Stats.Restarts.Load(), tr.Stats.MoveRights.Load(), tr.Stats.Onwards.Load(), tr.Stats.Repairs.Load())
+}
+
+func TestTreeErrors(t *testing.T) {
+	tr, s, _ := newMemTree(t, Config{})
+	ctx := context.Background()
+	if _, err := tr.Put(ctx, nil, []byte("v"), Cond{}); !errors.Is(err, ErrKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := tr.Put(ctx, make([]byte, MaxKey+1), nil, Cond{}); !errors.Is(err, ErrKey) {
+		t.Fatalf("long key: %v", err)
+	}
+	if _, err := tr.Put(ctx, []byte("k"), make([]byte, MaxEntry(MinNodeSize)), Cond{}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("large value: %v", err)
+	}
+	big := make([]byte, MaxEntry(MinNodeSize)-leafExtra-MaxKey)
+	for i := 0; i < 40; i++ {
+		k := bytes.Repeat([]byte{byte('a' + i)}, MaxKey)
+		if _, err := tr.Put(ctx, k, big, Cond{}); err != nil {
+			t.Fatalf("largest entry %d: %v", i, err)
+		}
+	}
+	if _, err := tr.Scan(ctx, Span{From: []byte("b"), To: []byte("a")}, 0, false); !errors.Is(err, ErrBadRange) {
+		t.Fatalf("inverted span: %v", err)
+	}
+	if _, err := Walk(ctx, s, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(s, 1, Config{NodeSize: 4096}); err == nil {
+		t.Fatal("a 4 KiB node size was accepted")
+	}
+}
