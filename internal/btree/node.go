@@ -197,7 +197,7 @@ var ErrCorrupt = errors.New("btree: node image is corrupt")
 
 // Size is the length of n's encoding.
 func (n *Node) Size() int {
-	s := headerSize + 2 + len(n.Low) + 2 + len(n.High) + len(n.Garbage)*garbageSize
+	s := headerSize + len(n.Low) + 2 + len(n.High) + len(n.Garbage)*garbageSize + 4
 	for i, k := range n.Keys {
 		s += EntrySize(n.Leaf(), k, n.val(i))
 	}
@@ -296,11 +296,11 @@ func Decode(b []byte, tree uint64, self Handle) (*Node, error) {
 }
 
 func decode(b []byte) (*Node, error) {
-	if len(b) < headerSize+8 || string(b[:4]) != nodeMagic {
+	if len(b) < headerSize+6 || string(b[:4]) != nodeMagic {
 		return nil, fmt.Errorf("%w: no node header", ErrCorrupt)
 	}
 	length := int(binary.LittleEndian.Uint32(b[4:]))
-	if length < headerSize+8 || length > len(b) || length > MaxNodeSize {
+	if length < headerSize+6 || length > len(b) || length > MaxNodeSize {
 		return nil, fmt.Errorf("%w: length %d of a %d-byte chunk", ErrCorrupt, length, len(b))
 	}
 	b = b[:length]

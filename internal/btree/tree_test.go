@@ -450,3 +450,89 @@ func TestTreeErrors(t *testing.T) {
 		t.Fatal("a 4 KiB node size was accepted")
 	}
 }
+
+var errFlaky = errors.New("flaky store: commit refused")
+
+// flakyStore refuses some commits, applying nothing: an operation whose
+// own change is refused fails and changes nothing; one whose separator is
+// refused succeeds and leaves a downlink missing, for Repair.
+type flakyStore struct {
+	Store
+	r    *rand.Rand
+	mu   sync.Mutex
+	rate float64
+}
+
+func (f *flakyStore) Commit(ctx context.Context, nodes []*Node, a *Anchor) (uint64, error) {
+	f.mu.Lock()
+	fail := f.r.Float64() < f.rate
+	f.mu.Unlock()
+	if fail {
+		return 0, errFlaky
+	}
+	return f.Store.Commit(ctx, nodes, a)
+}
+
+// TestTreeFailedCommits: with 10% of commits refused, every operation
+// either fails having changed nothing or succeeds; downlinks left missing
+// are found by the walker and put back by Repair.
+func TestTreeFailedCommits(t *testing.T) {
+	seed := seedFromEnv(t, time.Now().UnixNano())
+	t.Logf("seed %d (GROVE_SEED replays)", seed)
+	r := rand.New(rand.NewSource(seed))
+	clk := &fakeClock{}
+	ms, id := NewMemStore(clk.now)
+	fs := &flakyStore{Store: ms, r: rand.New(rand.NewSource(seed + 1)), rate: 0.1}
+	tr, err := New(fs, id, Config{MaxFanout: 4, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := model{}
+	missing := 0
+	for round := 0; round < 10; round++ {
+		for op := 0; op < 300; op++ {
+			k := randKey(r, 500)
+			v := []byte(fmt.Sprint(op))
+			if r.Intn(3) > 0 {
+				res, err := tr.Put(ctx, k, v, Cond{})
+				if errors.Is(err, errFlaky) {
+					continue
+				}
+				if err != nil || !res.Applied {
+					t.Fatalf("put: %+v %v", res, err)
+				}
+				m[string(k)] = string(v)
+			} else {
+				res, err := tr.Delete(ctx, k, Cond{})
+				if errors.Is(err, errFlaky) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Applied {
+					delete(m, string(k))
+				}
+				if _, err := tr.Compress(ctx, 0, k); err != nil && !errors.Is(err, errFlaky) {
+					t.Fatal(err)
+				}
+			}
+		}
+		sh := checkShape(t, ms, m, false)
+		missing += sh.Missing
+		fs.rate = 0
+		clk.ns.Add(int64(2 * time.Second))
+		for i := 0; i < 5; i++ {
+			if _, err := tr.Repair(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkShape(t, ms, m, true)
+		fs.rate = 0.1
+	}
+	t.Logf("%d downlinks were missing before repairs; %d repaired", missing, tr.Stats.Repairs.Load())
+	if missing == 0 {
+		t.Fatal("no downlink was ever missing: the test exercises nothing")
+	}
+}
