@@ -18,6 +18,12 @@ type RunRecovery struct{ Req Recover }
 // Woken lists local waiters whose acquire is now granted.
 type Woken struct{ Waiters []*Waiter }
 
+// Revoking says that the master revoked a lease that local holders still
+// hold: the revocation completes once they release. A holder that keeps a
+// hold for long (a cache's pin on what it caches) gives it up on this
+// notice, after writing back what the lease protects.
+type Revoking struct{ Name string }
+
 // Waiter is one local acquire. Granted is set when the holder may proceed;
 // Failed when the clerk fenced first.
 type Waiter struct {
@@ -105,6 +111,13 @@ func (c *Clerk) Held(name string) Mode {
 		return l.granted
 	}
 	return None
+}
+
+// Revoking reports whether a revocation of the lease on name waits for
+// local holders.
+func (c *Clerk) Revoking(name string) bool {
+	l := c.leases[name]
+	return l != nil && l.revoking
 }
 
 // Lease returns the mode and token of the cached lease on name.
@@ -331,6 +344,9 @@ func (c *Clerk) Handle(msg any) []any {
 			l.revoking, l.keep = true, x.Keep
 		}
 		c.admit(x.Name, l, &out)
+		if l.revoking {
+			out = append(out, Revoking{Name: x.Name})
+		}
 	case Recover:
 		out = append(out, RunRecovery{x})
 	}

@@ -35,9 +35,17 @@ func TestClerkCacheRevokeFence(t *testing.T) {
 	if r, ok := find[Release](toMaster(out)); !ok || r.Mode != Shared || r.Token != (Token{1, 1}) {
 		t.Fatalf("downgrade: %v", out)
 	}
-	// Revoke to none: waits for the holder.
-	if out := c.Handle(Revoke{"x", None}); len(toMaster(out)) != 0 {
+	if _, ok := find[Revoking](out); ok {
+		t.Fatal("a revocation that completed at once was noticed as pending")
+	}
+	// Revoke to none: waits for the holder, and says so (a cache's pin
+	// gives its hold up on this notice).
+	out = c.Handle(Revoke{"x", None})
+	if len(toMaster(out)) != 0 {
 		t.Fatalf("released under a local holder: %v", out)
+	}
+	if r, ok := find[Revoking](out); !ok || r.Name != "x" || !c.Revoking("x") {
+		t.Fatalf("no notice of the pending revocation: %v", out)
 	}
 	w3, _ := c.Acquire("x", Shared) // not admitted past the pending revocation
 	if w3.Granted {

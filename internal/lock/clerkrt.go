@@ -19,6 +19,34 @@ type ClerkRT struct {
 	closed   chan struct{} // closed when Close completed
 	loseOnce sync.Once
 	reason   error // why (under s.mu once lost is closed)
+	onRevoke func(name string) // under s.mu
+}
+
+// OnRevoke sets the function told when the master revokes a lease this
+// clerk's local holders still hold (see Revoking). It runs on its own
+// goroutine; it is told once per revocation, and a holder that misses the
+// notice (it was taking its hold as the notice came) finds the revocation
+// with Revoking.
+func (c *ClerkRT) OnRevoke(f func(name string)) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	c.onRevoke = f
+}
+
+// Revoking reports whether the master revoked the lease on name and the
+// revocation waits for this clerk's local holders to release.
+func (c *ClerkRT) Revoking(name string) bool {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.e.Revoking(c.id, name)
+}
+
+// Cached returns the mode and token of the lease the clerk caches on name
+// (None if it holds no lease).
+func (c *ClerkRT) Cached(name string) (Mode, Token) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.e.Lease(c.id, name)
 }
 
 // ID is the clerk's identity.

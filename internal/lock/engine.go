@@ -80,6 +80,12 @@ type (
 	CancelRecovery struct{ Run uint64 }
 	// Wake: these local waiters are granted (or failed: Waiter.Failed).
 	Wake struct{ Waiters []*Waiter }
+	// RevokeNotice: the master revoked Clerk's lease on Name, which local
+	// holders still hold (tell the clerk's revocation handler, if any).
+	RevokeNotice struct {
+		Clerk ClerkID
+		Name  string
+	}
 	// LeasesLost: every lease of Clerk is gone (fenced, or declared dead).
 	LeasesLost struct {
 		Clerk  ClerkID
@@ -354,6 +360,15 @@ func (e *Engine) Lease(id ClerkID, name string) (Mode, Token) {
 	return None, Token{}
 }
 
+// Revoking reports whether a revocation of a clerk's lease on name waits
+// for its local holders.
+func (e *Engine) Revoking(id ClerkID, name string) bool {
+	if c := e.clerks[id]; c != nil && !e.fenced && !c.dead {
+		return c.core.Revoking(name)
+	}
+	return false
+}
+
 // clerkOut carries out a clerk core's outputs.
 func (e *Engine) clerkOut(env Env, id ClerkID, c *clerkRun, out []any) []any {
 	var fx []any
@@ -366,6 +381,8 @@ func (e *Engine) clerkOut(env Env, id ClerkID, c *clerkRun, out []any) []any {
 			// Without a session the next Hello carries the state.
 		case Woken:
 			fx = append(fx, Wake{x.Waiters})
+		case Revoking:
+			fx = append(fx, RevokeNotice{Clerk: id, Name: x.Name})
 		case RunRecovery:
 			fx = append(fx, e.startRun(id, c, x.Req)...)
 		}

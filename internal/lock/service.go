@@ -360,6 +360,10 @@ func (s *Service) execLocked(e *Engine, out []any) {
 					close(ch)
 				}
 			}
+		case RevokeNotice:
+			if c := s.mu.clerks[x.Clerk]; c != nil && c.onRevoke != nil {
+				go c.onRevoke(x.Name) // never under s.mu: the handler takes and releases holds
+			}
 		case LeasesLost:
 			if c := s.mu.clerks[x.Clerk]; c != nil {
 				c.loseOnce.Do(func() { c.reason = x.Reason; close(c.lost) })
