@@ -18,7 +18,7 @@ type ClerkRT struct {
 	lost     chan struct{} // closed when the leases are lost
 	closed   chan struct{} // closed when Close completed
 	loseOnce sync.Once
-	reason   error // why (under s.mu once lost is closed)
+	reason   error             // why (under s.mu once lost is closed)
 	onRevoke func(name string) // under s.mu
 }
 
