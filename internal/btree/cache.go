@@ -1,0 +1,809 @@
+package btree
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// A B-tree server's node cache: the Store of every tree the server serves.
+// Nodes live in chunks; a server caches a node only while its lock clerk
+// holds a lease on the node's lock (a pin: one clerk-level hold the cache
+// keeps), so caches stay coherent through the lock service (Boxwood §3.7,
+// in Frangipani's manner):
+//
+//   - Local operations lock a node with a local latch (the Store's Lock);
+//     the pin is taken, in the mode the latch needs, before the image is
+//     read from its chunk, and kept afterwards.
+//   - A change is a log transaction (Commit: every changed image as a
+//     redo record with the image it replaces as undo, then a commit record)
+//     and a new image published in the cache. Images are immutable, so a
+//     lock-free reader sees a whole one.
+//   - The node is then dirty: its image goes to its chunk later (write
+//     back), once the log is durable up to its last change (the
+//     write-ahead rule), fenced with the server's fence token: when the
+//     master revokes the pin (another server wants the node), before the
+//     log drops the records that protect it (txn.Checkpointer), or when
+//     the cache evicts it. Only then is the pin given back, so the next
+//     holder reads the latest image from the chunk.
+//   - A pin that is given back drops the cached image: a server never
+//     reads a node from its cache without holding a lease on it.
+//
+// Durability contract: Commit returns the LSN after the change's commit
+// record; Durable(lsn) returns once the log has it on both replicas of its
+// RLDev. The tree acknowledges an operation only after Durable of its own
+// change and of every image it read (an image may carry another
+// operation's change still on its way to the log). A chunk never holds an
+// image whose change is not durable in the log, so recovery's redo (the
+// images) and undo (the images they replaced) rebuild exactly the
+// committed state.
+
+// Locks is the lock clerk as the cache uses it.
+type Locks interface {
+	Acquire(ctx context.Context, name string, mode lock.Mode) (Hold, error)
+	// Revoking reports whether the master revoked the lease on name and
+	// waits for local holders (the cache's pin) to release.
+	Revoking(name string) bool
+}
+
+// Hold is one granted hold of a lock.
+type Hold interface {
+	Token() lock.Token
+	Release()
+}
+
+// Chunks is the chunk store as the cache uses it.
+type Chunks interface {
+	// Allocate returns a new chunk of size bytes, allocated durably: a
+	// committed image may name it at once.
+	Allocate(ctx context.Context, size uint64) (Handle, error)
+	// Read reads the first n bytes of h (chunk.ErrUnallocated if freed).
+	Read(ctx context.Context, h Handle, n uint64) ([]byte, error)
+	// Write writes data at the start of h, fenced by f.
+	Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error
+	// Free frees h (nil if already free).
+	Free(ctx context.Context, h Handle) error
+}
+
+// LockName is the lock of node (or anchor) h.
+func LockName(h Handle) string { return "btree/n/" + h.String() }
+
+// AnchorSize is the size of an anchor's chunk.
+const AnchorSize = 4096
+
+// CacheConfig wires a cache.
+type CacheConfig struct {
+	Locks  Locks
+	Chunks Chunks
+	Log    *txn.Log
+	// Fence is the fence of write-backs now (the server's fence lock and
+	// its token); Renew replaces the token by a newer one, after a write
+	// whose outcome is unknown: the retry, under the newer token, makes
+	// the RLDev refuse the first attempt if it arrives late.
+	Fence func() *rldev.Fence
+	Renew func(ctx context.Context) error
+	// Capacity bounds the nodes cached (default 4096).
+	Capacity int
+	Log2     *slog.Logger
+}
+
+// Cache is a server's node cache. Safe for concurrent use.
+type Cache struct {
+	cfg CacheConfig
+	log *slog.Logger
+	mu  struct {
+		sync.Mutex
+		m      map[Handle]*entry
+		byName map[string]*entry
+		lru    *list.List // of *entry with pins and no users, least recently used first
+		err    error      // sticky: the server was fenced out
+	}
+	statsMu sync.Mutex
+	stats   CacheStats
+}
+
+// CacheStats count the cache's work.
+type CacheStats struct {
+	Hits, Misses, Loads         uint64
+	WriteBacks, Revocations     uint64
+	Evictions, Upgrades, Renews uint64
+}
+
+type entry struct {
+	h    Handle
+	name string
+	size uint64 // chunk size
+	tree uint64 // 0: an anchor
+	// latch is the node's lock for local operations (Store.Lock).
+	latch sync.RWMutex
+	// load serializes taking the pin and reading the image (shared
+	// lockers may race to do it).
+	load sync.Mutex
+	// wb serializes write-backs of this node.
+	wb sync.Mutex
+	// Under Cache.mu:
+	node    *Node
+	anchor  *Anchor
+	pin     Hold
+	pinMode lock.Mode
+	dirty   bool
+	recLSN  uint64 // the first change not written back (an LSN just below its record's end)
+	lastLSN uint64 // the last change
+	users   int    // latch holders and waiters, and lock-free readers loading
+	revoke  bool   // a revocation notice came: give the pin up when the users are gone
+	elem    *list.Element
+}
+
+// NewCache returns an empty cache.
+func NewCache(cfg CacheConfig) *Cache {
+	if cfg.Capacity == 0 {
+		cfg.Capacity = 4096
+	}
+	c := &Cache{cfg: cfg, log: cfg.Log2}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	c.mu.m = map[Handle]*entry{}
+	c.mu.byName = map[string]*entry{}
+	c.mu.lru = list.New()
+	return c
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() CacheStats {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	return c.stats
+}
+
+func (c *Cache) count(f func(s *CacheStats)) {
+	c.statsMu.Lock()
+	f(&c.stats)
+	c.statsMu.Unlock()
+}
+
+// Err is why the cache stopped (its server was fenced out), or nil.
+func (c *Cache) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.err
+}
+
+// ref finds or makes h's entry and counts a user.
+func (c *Cache) ref(h Handle, size, tree uint64) (*entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.err != nil {
+		return nil, c.mu.err
+	}
+	e := c.mu.m[h]
+	if e == nil {
+		e = &entry{h: h, name: LockName(h), size: size, tree: tree}
+		c.mu.m[h] = e
+		c.mu.byName[e.name] = e
+	}
+	e.users++
+	if e.elem != nil {
+		c.mu.lru.Remove(e.elem)
+		e.elem = nil
+	}
+	return e, nil
+}
+
+// unref drops a user; an entry without users goes to the LRU list (if it
+// holds a pin), or away.
+func (c *Cache) unref(e *entry) {
+	c.mu.Lock()
+	e.users--
+	if e.users < 0 {
+		c.mu.Unlock()
+		panic(fmt.Sprintf("btree: cache entry %v has %d users", e.h, e.users))
+	}
+	revoke := e.users == 0 && e.revoke
+	if e.users == 0 && !revoke {
+		if e.pin != nil {
+			e.elem = c.mu.lru.PushBack(e)
+		} else if !e.dirty {
+			c.forgetLocked(e)
+		}
+	}
+	over := c.mu.lru.Len() > c.cfg.Capacity
+	c.mu.Unlock()
+	if revoke {
+		go c.giveUp(e, "revocation")
+	}
+	if over {
+		go c.evict()
+	}
+}
+
+func (c *Cache) forgetLocked(e *entry) {
+	if c.mu.m[e.h] == e {
+		delete(c.mu.m, e.h)
+		delete(c.mu.byName, e.name)
+	}
+}
+
+// lockEntry takes e's latch in mode and makes sure the cache holds a pin of
+// at least mode and e's current image.
+func (c *Cache) lockEntry(ctx context.Context, e *entry, mode lock.Mode) error {
+	if mode == lock.Exclusive {
+		e.latch.Lock()
+	} else {
+		e.latch.RLock()
+	}
+	if err := c.ensure(ctx, e, mode); err != nil {
+		c.unlatch(e, mode)
+		return err
+	}
+	return nil
+}
+
+func (c *Cache) unlatch(e *entry, mode lock.Mode) {
+	if mode == lock.Exclusive {
+		e.latch.Unlock()
+	} else {
+		e.latch.RUnlock()
+	}
+}
+
+// ensure takes the pin and loads the image, holding e's latch in mode.
+func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
+	e.load.Lock()
+	defer e.load.Unlock()
+	c.mu.Lock()
+	if e.pin != nil && e.pinMode >= mode && (e.node != nil || e.anchor != nil) {
+		c.mu.Unlock()
+		c.count(func(s *CacheStats) { s.Hits++ })
+		return nil
+	}
+	old := e.pin
+	if old != nil && e.pinMode < mode {
+		// An upgrade: the shared pin is given back first (the lease may move
+		// to another server between, so the image goes too). Only an
+		// exclusive latch asks for it, so no local user reads the image.
+		if e.dirty {
+			c.mu.Unlock()
+			panic(fmt.Sprintf("btree: node %v is dirty under a shared pin", e.h))
+		}
+		e.pin, e.node, e.anchor = nil, nil, nil
+		c.count(func(s *CacheStats) { s.Upgrades++ })
+	} else {
+		old = nil
+	}
+	pinned := e.pin != nil
+	c.mu.Unlock()
+	if old != nil {
+		old.Release()
+	}
+	c.count(func(s *CacheStats) { s.Misses++ })
+	var hold Hold
+	if !pinned {
+		var err error
+		hold, err = c.cfg.Locks.Acquire(ctx, e.name, mode)
+		if err != nil {
+			return err
+		}
+	}
+	// Read the image under the pin: nobody else can change the node now.
+	b, err := c.cfg.Chunks.Read(ctx, e.h, e.size)
+	var n *Node
+	var a *Anchor
+	if err == nil {
+		if e.tree == 0 {
+			a, err = DecodeAnchor(b, e.h)
+		} else {
+			n, err = Decode(b, e.tree, e.h)
+		}
+	}
+	if err != nil {
+		if hold != nil {
+			hold.Release()
+		}
+		if errors.Is(err, chunk.ErrUnallocated) {
+			return ErrGone
+		}
+		return fmt.Errorf("btree: reading node %v: %w", e.h, err)
+	}
+	// Images read from a chunk carry the writer's log position, which means
+	// nothing in this server's log: they are durable.
+	if n != nil {
+		n.LSN = 0
+	} else {
+		a.LSN = 0
+	}
+	c.count(func(s *CacheStats) { s.Loads++ })
+	c.mu.Lock()
+	if hold != nil {
+		e.pin, e.pinMode = hold, mode
+	}
+	e.node, e.anchor = n, a
+	if c.cfg.Locks.Revoking(e.name) {
+		e.revoke = true // a notice that came while we took the pin
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// Revoked is the lock clerk's notice that the lease on name is revoked and
+// waits for the cache's pin: the pin is given up once local users are
+// done, after writing the node back.
+func (c *Cache) Revoked(name string) {
+	c.mu.Lock()
+	e := c.mu.byName[name]
+	if e == nil {
+		c.mu.Unlock()
+		return
+	}
+	e.revoke = true
+	idle := e.users == 0
+	if idle && e.elem != nil {
+		c.mu.lru.Remove(e.elem)
+		e.elem = nil
+	}
+	if idle {
+		e.users++ // giveUp's
+	}
+	c.mu.Unlock()
+	if idle {
+		c.count(func(s *CacheStats) { s.Revocations++ })
+		c.giveUpRef(e, "revocation")
+	}
+}
+
+// giveUp is giveUpRef for an entry with no users (unref saw it).
+func (c *Cache) giveUp(e *entry, why string) {
+	c.mu.Lock()
+	if e.users != 0 {
+		c.mu.Unlock()
+		return // a user came meanwhile: its unref gives the pin up
+	}
+	if e.pin == nil {
+		e.revoke = false
+		c.mu.Unlock()
+		return
+	}
+	e.users++
+	c.mu.Unlock()
+	c.count(func(s *CacheStats) { s.Revocations++ })
+	c.giveUpRef(e, why)
+}
+
+// giveUpRef writes e back, drops its image and releases its pin. The
+// caller counted itself as a user.
+func (c *Cache) giveUpRef(e *entry, why string) {
+	e.latch.Lock() // local operations on the node are done
+	for attempt := 0; ; attempt++ {
+		err := c.writeBack(context.Background(), e)
+		if err == nil {
+			break
+		}
+		if c.Err() != nil {
+			break // fenced out: our leases are gone anyway
+		}
+		c.log.Warn("writing a node back before giving its lease up failed; retrying", "node", e.h, "why", why, "attempt", attempt, "err", err)
+		time.Sleep(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
+	}
+	c.mu.Lock()
+	pin := e.pin
+	e.pin, e.node, e.anchor, e.revoke = nil, nil, nil, false
+	e.users--
+	if e.users == 0 && !e.dirty {
+		c.forgetLocked(e)
+	}
+	c.mu.Unlock()
+	e.latch.Unlock()
+	if pin != nil {
+		pin.Release()
+	}
+}
+
+// evict gives up least recently used pins until the cache is within its
+// capacity.
+func (c *Cache) evict() {
+	for {
+		c.mu.Lock()
+		if c.mu.lru.Len() <= c.cfg.Capacity {
+			c.mu.Unlock()
+			return
+		}
+		e := c.mu.lru.Remove(c.mu.lru.Front()).(*entry)
+		e.elem = nil
+		e.users++
+		c.mu.Unlock()
+		c.count(func(s *CacheStats) { s.Evictions++ })
+		c.giveUpRef(e, "eviction")
+	}
+}
+
+// writeBack writes e's image to its chunk if it is dirty: the log first,
+// up to the image's change, then the chunk, fenced. It takes no latch
+// (images are immutable), so a checkpoint can write back a node whose
+// latch a committer holds while it waits for log space.
+func (c *Cache) writeBack(ctx context.Context, e *entry) error {
+	e.wb.Lock()
+	defer e.wb.Unlock()
+	c.mu.Lock()
+	if !e.dirty {
+		c.mu.Unlock()
+		return nil
+	}
+	n, a, last := e.node, e.anchor, e.lastLSN
+	var tok lock.Token
+	if e.pin != nil {
+		tok = e.pin.Token()
+	}
+	c.mu.Unlock()
+	if err := c.cfg.Log.Flush(ctx, txn.LSN(last)); err != nil {
+		return err
+	}
+	var img []byte
+	if n != nil {
+		cp := *n
+		cp.Token = tok
+		img = cp.Encode(nil)
+	} else {
+		img = a.Encode(nil)
+	}
+	for attempt := 0; ; attempt++ {
+		err := c.cfg.Chunks.Write(ctx, e.h, img, c.cfg.Fence())
+		if err == nil || errors.Is(err, chunk.ErrUnallocated) {
+			break // written; or the node was freed since (nothing reads it again)
+		}
+		if errors.Is(err, chunk.ErrFenced) {
+			c.fail(fmt.Errorf("btree: this server's write of node %v was fenced out: another server recovered its log: %w", e.h, err))
+			return c.Err()
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		// The outcome is unknown: the write may still land later. Retry
+		// under a newer token, so that the RLDev refuses it if it does.
+		if rerr := c.cfg.Renew(ctx); rerr != nil {
+			return fmt.Errorf("btree: renewing the fence after a failed write of node %v (%v): %w", e.h, err, rerr)
+		}
+		c.count(func(s *CacheStats) { s.Renews++ })
+		if attempt > 0 {
+			time.Sleep(min(time.Duration(attempt)*50*time.Millisecond, time.Second))
+		}
+	}
+	c.count(func(s *CacheStats) { s.WriteBacks++ })
+	c.mu.Lock()
+	if e.lastLSN == last {
+		e.dirty = false
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// fail stops the cache: its server was fenced out.
+func (c *Cache) fail(err error) {
+	c.mu.Lock()
+	if c.mu.err == nil {
+		c.mu.err = err
+	}
+	c.mu.Unlock()
+}
+
+// WriteBack writes back every node whose first change not yet in its chunk
+// is below upTo (txn.Checkpointer).
+func (c *Cache) WriteBack(ctx context.Context, upTo txn.LSN) error {
+	c.mu.Lock()
+	var todo []*entry
+	for _, e := range c.mu.m {
+		if e.dirty && e.recLSN < uint64(upTo) {
+			todo = append(todo, e)
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range todo {
+		if err := c.writeBack(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FlushAll writes back every dirty node (a clean shutdown).
+func (c *Cache) FlushAll(ctx context.Context) error {
+	return c.WriteBack(ctx, txn.LSN(^uint64(0)))
+}
+
+// Dirty counts the dirty nodes.
+func (c *Cache) Dirty() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := 0
+	for _, e := range c.mu.m {
+		if e.dirty {
+			k++
+		}
+	}
+	return k
+}
+
+// commit logs a change of images (the caller holds each node's latch and
+// pin exclusively) and publishes them.
+func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error) {
+	type change struct {
+		e     *entry
+		redo  []byte
+		undo  []byte
+		first uint64
+	}
+	changes := make([]change, 0, len(nodes)+1)
+	c.mu.Lock()
+	if err := c.mu.err; err != nil {
+		c.mu.Unlock()
+		return 0, err
+	}
+	add := func(h Handle, redo []byte, old []byte) {
+		e := c.mu.m[h]
+		if e == nil || e.pin == nil || e.pinMode != lock.Exclusive {
+			c.mu.Unlock()
+			panic(fmt.Sprintf("btree: commit of node %v, which this server does not hold exclusively", h))
+		}
+		{
+			// The log's records replace a range with an image of equal
+			// size: pad the shorter one (an image has its own length; a
+			// new node's chunk was zero, and rolls back to zeros).
+			if len(old) < len(redo) {
+				old = append(old, make([]byte, len(redo)-len(old))...)
+			} else {
+				redo = append(redo, make([]byte, len(old)-len(redo))...)
+			}
+		}
+		changes = append(changes, change{e: e, redo: redo, undo: old})
+	}
+	for _, n := range nodes {
+		var old []byte
+		if e := c.mu.m[n.Self]; e != nil && e.node != nil {
+			old = e.node.Encode(nil)
+		}
+		add(n.Self, n.Encode(nil), old)
+	}
+	if anchor != nil {
+		var old []byte
+		if e := c.mu.m[anchor.Self]; e != nil && e.anchor != nil {
+			old = e.anchor.Encode(nil)
+		}
+		add(anchor.Self, anchor.Encode(nil), old)
+	}
+	c.mu.Unlock()
+	tx := c.cfg.Log.Begin()
+	for i := range changes {
+		ch := &changes[i]
+		lsn, err := tx.Update(ctx, txn.ChunkTarget(ch.e.h), 0, ch.redo, ch.undo)
+		if err != nil {
+			if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+				c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+			}
+			return 0, err
+		}
+		ch.first = uint64(lsn) - 1
+	}
+	end, err := tx.Commit(ctx, false)
+	if err != nil {
+		// The commit record was not appended (a lazy commit only appends):
+		// roll the transaction back. If even that fails the log is broken,
+		// and the cache stops: recovery decides.
+		if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+			c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+		}
+		return 0, err
+	}
+	c.mu.Lock()
+	for _, n := range nodes {
+		n.LSN = uint64(end)
+	}
+	if anchor != nil {
+		anchor.LSN = uint64(end)
+	}
+	for i, ch := range changes {
+		e := ch.e
+		if i < len(nodes) {
+			e.node = nodes[i]
+		} else {
+			e.anchor = anchor
+		}
+		if !e.dirty {
+			e.dirty, e.recLSN = true, ch.first
+		}
+		e.lastLSN = uint64(end)
+	}
+	c.mu.Unlock()
+	return uint64(end), nil
+}
+
+// TreeStore is the Store of one tree over a server's cache.
+type TreeStore struct {
+	c        *Cache
+	anchor   Handle
+	tree     uint64
+	nodeSize uint64
+	now      func() int64
+}
+
+var _ Store = (*TreeStore)(nil)
+
+// Store returns the store of the tree whose anchor is anchor.
+func (c *Cache) Store(anchor Handle, nodeSize int, now func() int64) *TreeStore {
+	if now == nil {
+		now = func() int64 { return time.Now().UnixNano() }
+	}
+	return &TreeStore{c: c, anchor: anchor, tree: anchor.ID, nodeSize: uint64(nodeSize), now: now}
+}
+
+func (s *TreeStore) Now() int64 { return s.now() }
+
+func (s *TreeStore) entry(h Handle) (*entry, error) {
+	if h == s.anchor {
+		return s.c.ref(h, AnchorSize, 0)
+	}
+	return s.c.ref(h, s.nodeSize, s.tree)
+}
+
+// peek returns e's image if the cache holds it under a pin.
+func (s *TreeStore) peek(h Handle) (*Node, *Anchor, bool) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.mu.m[h]
+	if e == nil || e.pin == nil || (e.node == nil && e.anchor == nil) {
+		return nil, nil, false
+	}
+	if e.elem != nil {
+		c.mu.lru.MoveToBack(e.elem)
+	}
+	return e.node, e.anchor, true
+}
+
+func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
+	if _, a, ok := s.peek(s.anchor); ok && a != nil {
+		s.c.count(func(st *CacheStats) { st.Hits++ })
+		return a, nil
+	}
+	e, err := s.entry(s.anchor)
+	if err != nil {
+		return nil, err
+	}
+	defer s.c.unref(e)
+	if err := s.c.lockEntry(ctx, e, lock.Shared); err != nil {
+		return nil, err
+	}
+	s.c.mu.Lock()
+	a := e.anchor
+	s.c.mu.Unlock()
+	s.c.unlatch(e, lock.Shared)
+	return a, nil
+}
+
+func (s *TreeStore) Read(ctx context.Context, h Handle) (*Node, error) {
+	if n, _, ok := s.peek(h); ok && n != nil {
+		s.c.count(func(st *CacheStats) { st.Hits++ })
+		return n, nil
+	}
+	n, err := s.Lock(ctx, h, lock.Shared)
+	if err != nil {
+		return nil, err
+	}
+	s.Unlock(h, lock.Shared)
+	return n, nil
+}
+
+func (s *TreeStore) Lock(ctx context.Context, h Handle, mode lock.Mode) (*Node, error) {
+	e, err := s.entry(h)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.c.lockEntry(ctx, e, mode); err != nil {
+		s.c.unref(e)
+		return nil, err
+	}
+	s.c.mu.Lock()
+	n := e.node
+	s.c.mu.Unlock()
+	if n == nil {
+		s.c.unlatch(e, mode)
+		s.c.unref(e)
+		return nil, fmt.Errorf("btree: chunk %v holds no node", h)
+	}
+	return n, nil
+}
+
+func (s *TreeStore) Unlock(h Handle, mode lock.Mode) {
+	s.c.mu.Lock()
+	e := s.c.mu.m[h]
+	s.c.mu.Unlock()
+	if e == nil {
+		panic(fmt.Sprintf("btree: unlock of %v, which is not cached", h))
+	}
+	s.c.unlatch(e, mode)
+	s.c.unref(e)
+}
+
+func (s *TreeStore) LockAnchor(ctx context.Context) (*Anchor, error) {
+	e, err := s.entry(s.anchor)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.c.lockEntry(ctx, e, lock.Exclusive); err != nil {
+		s.c.unref(e)
+		return nil, err
+	}
+	s.c.mu.Lock()
+	a := e.anchor
+	s.c.mu.Unlock()
+	return a, nil
+}
+
+// New allocates a node's chunk (plainly, not batched: a committed image may
+// name it at once, and recovery must find it allocated), takes its pin and
+// latch exclusively.
+func (s *TreeStore) New(ctx context.Context) (Handle, error) {
+	h, err := s.c.cfg.Chunks.Allocate(ctx, s.nodeSize)
+	if err != nil {
+		return Handle{}, err
+	}
+	e, err := s.entry(h)
+	if err != nil {
+		return Handle{}, err
+	}
+	e.latch.Lock()
+	hold, err := s.c.cfg.Locks.Acquire(ctx, e.name, lock.Exclusive)
+	if err != nil {
+		e.latch.Unlock()
+		s.c.unref(e)
+		_ = s.c.cfg.Chunks.Free(context.Background(), h)
+		return Handle{}, err
+	}
+	s.c.mu.Lock()
+	e.pin, e.pinMode = hold, lock.Exclusive
+	s.c.mu.Unlock()
+	return h, nil
+}
+
+func (s *TreeStore) Abandon(h Handle) {
+	c := s.c
+	c.mu.Lock()
+	e := c.mu.m[h]
+	if e == nil || e.node != nil {
+		c.mu.Unlock()
+		panic(fmt.Sprintf("btree: abandon of %v, which a commit wrote", h))
+	}
+	pin := e.pin
+	e.pin = nil
+	c.mu.Unlock()
+	if pin != nil {
+		pin.Release()
+	}
+	e.latch.Unlock()
+	c.unref(e)
+	if err := c.cfg.Chunks.Free(context.Background(), h); err != nil {
+		c.log.Warn("freeing an abandoned node's chunk failed: it leaks", "chunk", h, "err", err)
+	}
+}
+
+func (s *TreeStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error) {
+	return s.c.commit(ctx, nodes, anchor)
+}
+
+func (s *TreeStore) Durable(ctx context.Context, lsn uint64) error {
+	if lsn == 0 {
+		return nil
+	}
+	return s.c.cfg.Log.Flush(ctx, txn.LSN(lsn))
+}
+
+func (s *TreeStore) Free(ctx context.Context, h Handle) error {
+	return s.c.cfg.Chunks.Free(ctx, h)
+}

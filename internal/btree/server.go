@@ -1,0 +1,607 @@
+package btree
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// A B-tree server (one per node): its lock clerk of kind "btree", whose
+// recovery function replays a dead server's log; its fence lock, whose
+// token every write-back carries; its write-ahead log, found through the
+// config service; its node cache; the trees it has opened.
+//
+// Recovery (Boxwood §3.7): a server's leases on the nodes it changed
+// protect the log records of those changes. When the failure detector
+// declares a server dead, the lock service keeps its leases and runs the
+// recovery function on another live B-tree server: that server replays
+// the dead server's log (txn.Recover, under the run's token, which is
+// newer than any the dead server held), writing every logged image to its
+// chunk, and only then are the leases freed. If no B-tree server is alive,
+// the lock service runs the recovery when the first one registers, before
+// any of the dead server's leases is granted. The dead server's fence lock
+// and log lock are among those leases, so its next incarnation opens its
+// log only after the replay.
+//
+// Fencing: every write-back carries the server's fence lock and token, and
+// a recovery's replay carries the same lock name with the run's newer
+// token, so an RLDev that saw the replay refuses the dead server's late
+// writes; every chunk it had a write in flight to is in the replay (a node
+// stays in the log until its write-back is acknowledged). The fence is
+// one lock per server, not one per node, because an RLDev keeps tokens for
+// rldev.MaxTokenNames lock names: a cluster of more B-tree servers than
+// that needs coarser fences.
+
+// Namespace is the config-service namespace of the trees.
+const Namespace = "btree"
+
+// FenceLock is server node's fence lock.
+func FenceLock(node uint64) string { return fmt.Sprintf("btree/fence/%d", node) }
+
+// LogName is server node's log.
+func LogName(node uint64) string { return fmt.Sprintf("btree-%d", node) }
+
+// Kind is the lock clerks' kind of B-tree servers.
+const Kind = "btree"
+
+// MaxNameLen bounds a tree's name.
+const MaxNameLen = 128
+
+// TreeEntry is a tree as the config service records it.
+type TreeEntry struct {
+	Name      string
+	Anchor    Handle
+	NodeSize  int
+	MaxFanout int
+}
+
+// Errors of the tree directory.
+var (
+	ErrNoTree     = errors.New("btree: no such tree")
+	ErrTreeExists = errors.New("btree: a tree of that name exists")
+	ErrBadName    = fmt.Errorf("btree: a tree's name is 1 to %d bytes of letters, digits and -_.", MaxNameLen)
+)
+
+// CheckTreeName reports a name a tree may not have.
+func CheckTreeName(name string) error {
+	if len(name) == 0 || len(name) > MaxNameLen {
+		return ErrBadName
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.", r)) {
+			return fmt.Errorf("%w: %q", ErrBadName, name)
+		}
+	}
+	return nil
+}
+
+func treeKey(name string) string { return "tree/" + name }
+
+// encodeEntry: u8 version 1, u32 anchor CM, u64 anchor ID, u32 node size,
+// u16 fanout, then the name.
+func encodeEntry(e TreeEntry) []byte {
+	b := []byte{1}
+	b = binary.LittleEndian.AppendUint32(b, e.Anchor.CM)
+	b = binary.LittleEndian.AppendUint64(b, e.Anchor.ID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(e.NodeSize))
+	b = binary.LittleEndian.AppendUint16(b, uint16(e.MaxFanout))
+	return append(b, e.Name...)
+}
+
+func decodeEntry(b []byte) (TreeEntry, error) {
+	if len(b) < 19 || b[0] != 1 {
+		return TreeEntry{}, errors.New("btree: tree entry does not decode")
+	}
+	e := TreeEntry{Anchor: getHandle(b[1:]), NodeSize: int(binary.LittleEndian.Uint32(b[13:])),
+		MaxFanout: int(binary.LittleEndian.Uint16(b[17:])), Name: string(b[19:])}
+	if CheckTreeName(e.Name) != nil || e.Anchor.IsZero() {
+		return TreeEntry{}, errors.New("btree: tree entry does not decode")
+	}
+	return e, nil
+}
+
+// Trees decodes the namespace.
+func Trees(ns *pb.Namespace) (map[string]TreeEntry, error) {
+	out := map[string]TreeEntry{}
+	for _, kv := range ns.GetEntries() {
+		e, err := decodeEntry(kv.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%w (key %q)", err, kv.Key)
+		}
+		out[e.Name] = e
+	}
+	return out, nil
+}
+
+// ListTrees returns every tree, by name.
+func ListTrees(ctx context.Context, m *meta.Client) ([]TreeEntry, error) {
+	ns, err := m.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := Trees(ns)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TreeEntry, 0, len(ts))
+	for _, e := range ts {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// LookupTree finds tree name.
+func LookupTree(ctx context.Context, m *meta.Client, name string) (TreeEntry, error) {
+	ns, err := m.Read(ctx, Namespace)
+	if err != nil {
+		return TreeEntry{}, err
+	}
+	ts, err := Trees(ns)
+	if err != nil {
+		return TreeEntry{}, err
+	}
+	e, ok := ts[name]
+	if !ok {
+		return TreeEntry{}, fmt.Errorf("%w: %q", ErrNoTree, name)
+	}
+	return e, nil
+}
+
+// ServerConfig wires a node's B-tree server.
+type ServerConfig struct {
+	Node   uint64
+	Meta   *meta.Client
+	Locks  *lock.Service
+	Chunks *chunk.Clerk
+	RLDev  *rldev.Clerk
+	// LogSize is the size of the server's log, made at its first start
+	// (default 64 MiB).
+	LogSize uint64
+	// CacheNodes bounds the nodes the cache pins (default 4096).
+	CacheNodes int
+	// OpTimeout bounds one operation (default 30 s; well below Grace).
+	OpTimeout time.Duration
+	// RepairEvery is how often the server runs Repair on each tree it
+	// opened (default 30 s; 0 keeps the default, negative: never).
+	RepairEvery time.Duration
+	Log         *slog.Logger
+}
+
+// Server is a node's B-tree server.
+type Server struct {
+	cfg   ServerConfig
+	log   *slog.Logger
+	clerk *lock.ClerkRT
+	cache *Cache
+	wal   *txn.Log
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	hints chan hint
+	fence struct {
+		sync.Mutex
+		hold *lock.Held
+	}
+	mu struct {
+		sync.Mutex
+		trees map[string]*Tree
+	}
+}
+
+type hint struct {
+	t     *Tree
+	level int
+	key   []byte
+}
+
+// StartServer starts node's B-tree server: it registers the clerk (whose
+// recovery function other servers' deaths call), takes the fence lock
+// (after any recovery of this node's previous incarnation), and opens the
+// node's log, making it the first time.
+func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
+	if cfg.LogSize == 0 {
+		cfg.LogSize = 64 << 20
+	}
+	if cfg.OpTimeout == 0 {
+		cfg.OpTimeout = 30 * time.Second
+	}
+	if cfg.RepairEvery == 0 {
+		cfg.RepairEvery = 30 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, hints: make(chan hint, 1024)}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.log = s.log.With("role", "btree")
+	s.mu.trees = map[string]*Tree{}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead)
+	for errors.Is(err, lock.ErrFenced) && ctx.Err() == nil {
+		// The node is between incarnations (it is starting, or it fenced
+		// itself): its next incarnation takes clerks.
+		time.Sleep(100 * time.Millisecond)
+		clerk, err = cfg.Locks.NewClerk(Kind, s.recoverDead)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("btree: registering the lock clerk: %w", err)
+	}
+	s.clerk = clerk
+	s.cache = NewCache(CacheConfig{Locks: clerkLocks{clerk}, Chunks: chunkStore{cfg.Chunks}, Fence: s.currentFence,
+		Renew: s.renewFence, Capacity: cfg.CacheNodes, Log2: s.log})
+	clerk.OnRevoke(s.cache.Revoked)
+	fail := func(err error) (*Server, error) {
+		s.stop()
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = clerk.Close(cctx)
+		return nil, err
+	}
+	h, err := clerk.Acquire(ctx, FenceLock(cfg.Node), lock.Exclusive)
+	if err != nil {
+		return fail(fmt.Errorf("btree: taking the fence lock: %w", err))
+	}
+	s.fence.hold = h
+	name := LogName(cfg.Node)
+	if _, err := txn.LookupLog(ctx, cfg.Meta, name); errors.Is(err, txn.ErrNoLog) {
+		if _, err := txn.CreateLog(ctx, cfg.Meta, cfg.RLDev, name, cfg.LogSize); err != nil && !errors.Is(err, txn.ErrLogExists) {
+			h.Release()
+			return fail(fmt.Errorf("btree: making the log: %w", err))
+		}
+	} else if err != nil {
+		h.Release()
+		return fail(err)
+	}
+	wal, err := txn.OpenNamed(ctx, txn.NamedConfig{Meta: cfg.Meta, RLDev: cfg.RLDev, Lock: txn.ClerkLocker(clerk), Name: name,
+		Config: txn.Config{Applier: replayApplier{chunks: cfg.Chunks, fence: s.currentFence}, Checkpointer: s.cache, Log: s.log}})
+	if err != nil {
+		h.Release()
+		return fail(fmt.Errorf("btree: opening the log: %w", err))
+	}
+	s.wal = wal
+	s.cache.cfg.Log = wal
+	s.wg.Add(1)
+	go s.compressor()
+	s.log.Info("B-tree server started", "log", name, "recovered", wal.Recovered().Redone)
+	return s, nil
+}
+
+// Close writes back every dirty node, closes the log and the clerk.
+func (s *Server) Close(ctx context.Context) error {
+	s.stop()
+	s.wg.Wait()
+	err := s.cache.FlushAll(ctx)
+	if cerr := s.wal.Close(ctx); err == nil {
+		err = cerr
+	}
+	s.cache.fail(errors.New("btree: the server is closed"))
+	return err
+}
+
+// Err is why the server stopped working, or nil.
+func (s *Server) Err() error {
+	if err := s.cache.Err(); err != nil {
+		return err
+	}
+	return s.wal.Err()
+}
+
+// Cache returns the server's cache (for its statistics).
+func (s *Server) Cache() *Cache { return s.cache }
+
+func (s *Server) currentFence() *rldev.Fence {
+	s.fence.Lock()
+	defer s.fence.Unlock()
+	return &rldev.Fence{Name: FenceLock(s.cfg.Node), Token: s.fence.hold.Token()}
+}
+
+// renewFence takes the fence lock again, with a newer token: the lease is
+// given back to the master first, so the new grant carries a new token.
+func (s *Server) renewFence(ctx context.Context) error {
+	s.fence.Lock()
+	defer s.fence.Unlock()
+	name := FenceLock(s.cfg.Node)
+	old := s.fence.hold
+	old.Release()
+	s.clerk.Drop(name)
+	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
+	if err != nil {
+		// Without a fence the server cannot write anything back.
+		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
+		return err
+	}
+	if !old.Token().Less(h.Token()) {
+		return fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
+	}
+	s.fence.hold = h
+	return nil
+}
+
+// recoverDead is the lock service's recovery function: it replays dead
+// server's log before the dead server's leases are freed.
+func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
+	name := LogName(r.Dead.Node)
+	e, err := txn.LookupLog(ctx, s.cfg.Meta, name)
+	if errors.Is(err, txn.ErrNoLog) {
+		return nil // it died before it made its log: it changed nothing
+	}
+	if err != nil {
+		return err
+	}
+	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
+	fence := rldev.Fence{Name: FenceLock(r.Dead.Node), Token: r.Token}
+	rep, err := txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(name), Token: r.Token},
+		replayApplier{chunks: s.cfg.Chunks, fence: func() *rldev.Fence { return &fence }}, txn.Unsafe{})
+	if err != nil {
+		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
+	}
+	s.log.Info("replayed a dead B-tree server's log", "dead", r.Dead, "redone", rep.Redone, "undone", rep.Undone)
+	return nil
+}
+
+// replayApplier writes replayed images to their chunks under a B-tree
+// server's fence lock name (the dead server's, for a recovery run): the
+// name its own write-backs carried, so that the RLDev refuses those once
+// the replay's newer token is in.
+type replayApplier struct {
+	chunks *chunk.Clerk
+	fence  func() *rldev.Fence
+}
+
+func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
+	return txn.ChunkApplier{Clerk: a.chunks}.Apply(ctx, target, off, data, lsn, a.fence())
+}
+
+// Open returns tree name (looked up once, then kept).
+func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
+	s.mu.Lock()
+	t := s.mu.trees[name]
+	s.mu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	if err != nil {
+		return nil, err
+	}
+	var tr *Tree
+	tr, err = New(s.cache.Store(e.Anchor, e.NodeSize, nil), e.Anchor.ID, Config{NodeSize: e.NodeSize, MaxFanout: e.MaxFanout,
+		Underfull: func(level int, key []byte) {
+			select {
+			case s.hints <- hint{tr, level, key}:
+			default: // the queue is full: the periodic pass finds it
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.mu.trees[name]; t != nil {
+		return t, nil
+	}
+	s.mu.trees[name] = tr
+	return tr, nil
+}
+
+// Forget drops tree name from the trees the server has opened (after a
+// drop).
+func (s *Server) Forget(name string) {
+	s.mu.Lock()
+	delete(s.mu.trees, name)
+	s.mu.Unlock()
+}
+
+// compressor runs compression hints and the periodic Repair pass.
+func (s *Server) compressor() {
+	defer s.wg.Done()
+	var tick <-chan time.Time
+	if s.cfg.RepairEvery > 0 {
+		tk := time.NewTicker(s.cfg.RepairEvery)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case h := <-s.hints:
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.OpTimeout)
+			if _, err := h.t.Compress(ctx, h.level, h.key); err != nil && s.ctx.Err() == nil {
+				s.log.Warn("compression failed", "tree", h.t.ID(), "err", err)
+			}
+			cancel()
+		case <-tick:
+			s.mu.Lock()
+			trees := make([]*Tree, 0, len(s.mu.trees))
+			for _, t := range s.mu.trees {
+				trees = append(trees, t)
+			}
+			s.mu.Unlock()
+			for _, t := range trees {
+				ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
+				if rep, err := t.Repair(ctx); err != nil && s.ctx.Err() == nil {
+					s.log.Warn("repair pass failed", "tree", t.ID(), "err", err)
+				} else if rep.Downlinks+rep.Freed+rep.Compressed > 0 {
+					s.log.Info("repair pass", "tree", t.ID(), "downlinks", rep.Downlinks, "freed", rep.Freed, "compressed", rep.Compressed)
+				}
+				cancel()
+			}
+		}
+	}
+}
+
+// CreateTree makes tree name: its anchor and root chunks, written, then
+// its entry, by decree. A tree of that name already there: ErrTreeExists
+// (the chunks made are freed).
+func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeEntry, error) {
+	if err := CheckTreeName(name); err != nil {
+		return TreeEntry{}, err
+	}
+	if err := cfg.fill(); err != nil {
+		return TreeEntry{}, err
+	}
+	if e, err := LookupTree(ctx, s.cfg.Meta, name); err == nil {
+		return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
+	} else if !errors.Is(err, ErrNoTree) {
+		return TreeEntry{}, err
+	}
+	cl := s.cfg.Chunks
+	ah, err := cl.Allocate(ctx, AnchorSize, 0)
+	if err != nil {
+		return TreeEntry{}, fmt.Errorf("btree: allocating the anchor: %w", err)
+	}
+	rh, err := cl.Allocate(ctx, uint64(cfg.NodeSize), 0)
+	if err != nil {
+		_ = cl.Free(context.Background(), ah)
+		return TreeEntry{}, fmt.Errorf("btree: allocating the root: %w", err)
+	}
+	undo := func() {
+		_ = cl.Free(context.Background(), rh)
+		_ = cl.Free(context.Background(), ah)
+	}
+	a, root := Init(ah, rh)
+	if err := cl.WriteFenced(ctx, rh, 0, root.Encode(nil), s.currentFence()); err != nil {
+		undo()
+		return TreeEntry{}, err
+	}
+	if err := cl.WriteFenced(ctx, ah, 0, a.Encode(nil), s.currentFence()); err != nil {
+		undo()
+		return TreeEntry{}, err
+	}
+	e := TreeEntry{Name: name, Anchor: ah, NodeSize: cfg.NodeSize, MaxFanout: cfg.MaxFanout}
+	var existing *TreeEntry
+	_, err = s.cfg.Meta.Update(ctx, Namespace, "tree "+name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+		ts, err := Trees(ns)
+		if err != nil {
+			return nil, err
+		}
+		if x, ok := ts[name]; ok {
+			existing = &x
+			return nil, nil
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: treeKey(name), Value: encodeEntry(e)}}, nil
+	})
+	if err != nil {
+		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w", name, err)
+	}
+	if existing != nil {
+		undo()
+		return *existing, fmt.Errorf("%w: %q", ErrTreeExists, name)
+	}
+	return e, nil
+}
+
+// DropTree removes tree name's entry, by decree, then frees every chunk of
+// the tree (walking it; an operation still running on the tree meanwhile
+// fails). A crash during the walk leaks the chunks not yet freed.
+func (s *Server) DropTree(ctx context.Context, name string) error {
+	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	if err != nil {
+		return err
+	}
+	_, err = s.cfg.Meta.Update(ctx, Namespace, "drop tree "+name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+		ts, err := Trees(ns)
+		if err != nil {
+			return nil, err
+		}
+		if x, ok := ts[name]; !ok || x.Anchor != e.Anchor {
+			return nil, nil
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(name)}}, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.Forget(name)
+	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
+	sh, err := Walk(ctx, st, false)
+	if err != nil {
+		return fmt.Errorf("btree: tree %q is dropped, but walking it to free its chunks failed (they leak): %w", name, err)
+	}
+	var firstErr error
+	for h := range sh.Chunks {
+		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// OpContext bounds an operation by the server's OpTimeout.
+func (s *Server) OpContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.OpTimeout)
+}
+
+// clerkLocks adapts a lock clerk to Locks.
+type clerkLocks struct{ c *lock.ClerkRT }
+
+func (l clerkLocks) Acquire(ctx context.Context, name string, mode lock.Mode) (Hold, error) {
+	h, err := l.c.Acquire(ctx, name, mode)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (l clerkLocks) Revoking(name string) bool { return l.c.Revoking(name) }
+
+// chunkStore adapts a chunk clerk to Chunks.
+type chunkStore struct{ c *chunk.Clerk }
+
+func (s chunkStore) Allocate(ctx context.Context, size uint64) (Handle, error) {
+	return s.c.Allocate(ctx, size, 0)
+}
+
+func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
+	return s.c.Read(ctx, h, 0, n)
+}
+
+func (s chunkStore) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
+	return s.c.WriteFenced(ctx, h, 0, data, f)
+}
+
+func (s chunkStore) Free(ctx context.Context, h Handle) error {
+	err := s.c.Free(ctx, h)
+	if errors.Is(err, chunk.ErrUnallocated) {
+		return nil
+	}
+	return err
+}
+
+// ChunkReader reads a tree's images straight from their chunks, bypassing
+// every cache: the walker's view of what is durable in the chunks (the
+// whole tree once no server holds a dirty node of it).
+type ChunkReader struct {
+	Chunks *chunk.Clerk
+	Entry  TreeEntry
+}
+
+func (r ChunkReader) Anchor(ctx context.Context) (*Anchor, error) {
+	b, err := r.Chunks.Read(ctx, r.Entry.Anchor, 0, AnchorSize)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeAnchor(b, r.Entry.Anchor)
+}
+
+func (r ChunkReader) Read(ctx context.Context, h Handle) (*Node, error) {
+	b, err := r.Chunks.Read(ctx, h, 0, uint64(r.Entry.NodeSize))
+	if err != nil {
+		return nil, err
+	}
+	return Decode(b, r.Entry.Anchor.ID, h)
+}
