@@ -20,6 +20,7 @@ const MaxLevels = 32
 // len(Leftmost)-1.
 type Anchor struct {
 	Self     Handle
+	Version  uint64 // as a node's
 	LSN      uint64
 	Root     Handle
 	Leftmost []Handle
@@ -36,8 +37,9 @@ func (a *Anchor) Clone() *Anchor {
 }
 
 // Layout (little-endian): [4] magic "GBA1", u32 length, u32 CRC-32C of
-// 12..length, u32 self CM, u64 self ID, u64 LSN, u16 levels, then each
-// level's leftmost node (u32 CM, u64 ID), then the CRC again.
+// 12..length, u32 self CM, u64 self ID, u64 version, u16 levels, then each
+// level's leftmost node (u32 CM, u64 ID), then the CRC again. (The LSN is
+// the cache's, not stored.)
 const anchorMagic = "GBA1"
 
 // Encode appends a's image to b.
@@ -47,7 +49,7 @@ func (a *Anchor) Encode(b []byte) []byte {
 	b = append(b, make([]byte, 8)...)
 	b = binary.LittleEndian.AppendUint32(b, a.Self.CM)
 	b = binary.LittleEndian.AppendUint64(b, a.Self.ID)
-	b = binary.LittleEndian.AppendUint64(b, a.LSN)
+	b = binary.LittleEndian.AppendUint64(b, a.Version)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(a.Leftmost)))
 	for _, h := range a.Leftmost {
 		b = binary.LittleEndian.AppendUint32(b, h.CM)
@@ -77,7 +79,7 @@ func DecodeAnchor(b []byte, self Handle) (*Anchor, error) {
 	if sum != binary.LittleEndian.Uint32(b[8:]) || sum != binary.LittleEndian.Uint32(b[length-4:]) {
 		return nil, fmt.Errorf("%w: anchor checksum mismatch", ErrCorrupt)
 	}
-	a := &Anchor{Self: getHandle(b[12:]), LSN: binary.LittleEndian.Uint64(b[24:])}
+	a := &Anchor{Self: getHandle(b[12:]), Version: binary.LittleEndian.Uint64(b[24:])}
 	levels := int(binary.LittleEndian.Uint16(b[32:]))
 	if levels < 1 || levels > MaxLevels || 34+levels*12+4 != length {
 		return nil, fmt.Errorf("%w: anchor of %d levels in %d bytes", ErrCorrupt, levels, length)

@@ -53,6 +53,9 @@ type Locks interface {
 	// Revoking reports whether the master revoked the lease on name and
 	// waits for local holders (the cache's pin) to release.
 	Revoking(name string) bool
+	// Lost is closed once the clerk's leases are lost (its node fenced
+	// itself, or was declared dead): the cache stops serving at once.
+	Lost() <-chan struct{}
 }
 
 // Hold is one granted hold of a lock.
@@ -107,8 +110,13 @@ type Cache struct {
 		lru    *list.List // of *entry with pins and no users, least recently used first
 		err    error      // sticky: the server was fenced out
 	}
-	statsMu sync.Mutex
-	stats   CacheStats
+	statsMu   sync.Mutex
+	stats     CacheStats
+	done      chan struct{}
+	closeOnce sync.Once
+	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
+	// pin given up keeps its image, and lock-free reads use it.
+	unsafeStale bool
 }
 
 // CacheStats count the cache's work.
@@ -155,7 +163,31 @@ func NewCache(cfg CacheConfig) *Cache {
 	c.mu.m = map[Handle]*entry{}
 	c.mu.byName = map[string]*entry{}
 	c.mu.lru = list.New()
+	c.done = make(chan struct{})
+	go func() {
+		select {
+		case <-cfg.Locks.Lost():
+			c.fail(errors.New("btree: this server's leases are lost (its node fenced itself, or was declared dead): it serves nothing more"))
+		case <-c.done:
+		}
+	}()
 	return c
+}
+
+// lost reports whether the clerk's leases are lost.
+func (c *Cache) lost() bool {
+	select {
+	case <-c.cfg.Locks.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops the cache (it serves nothing more).
+func (c *Cache) Close() {
+	c.closeOnce.Do(func() { close(c.done) })
+	c.fail(errors.New("btree: the server is closed"))
 }
 
 // Stats returns the cache's counters.
@@ -387,17 +419,31 @@ func (c *Cache) giveUpRef(e *entry, why string) {
 		if err == nil {
 			break
 		}
+		if c.lost() {
+			break // our leases are gone: recovery replays our log before anyone gets them
+		}
 		if c.Err() != nil {
-			break // fenced out: our leases are gone anyway
+			// The cache stopped, but the lock service still counts our
+			// leases: a dirty node's lease is kept (the node's records are
+			// in the log; once our node is declared dead, recovery replays
+			// them before the lease is freed). Never give up a dirty node.
+			c.mu.Lock()
+			e.users--
+			c.mu.Unlock()
+			e.latch.Unlock()
+			return
 		}
 		c.log.Warn("writing a node back before giving its lease up failed; retrying", "node", e.h, "why", why, "attempt", attempt, "err", err)
 		time.Sleep(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
 	}
 	c.mu.Lock()
 	pin := e.pin
-	e.pin, e.node, e.anchor, e.revoke = nil, nil, nil, false
+	e.pin, e.revoke = nil, false
+	if !c.unsafeStale {
+		e.node, e.anchor = nil, nil
+	}
 	e.users--
-	if e.users == 0 && !e.dirty {
+	if e.users == 0 && !e.dirty && !c.unsafeStale {
 		c.forgetLocked(e)
 	}
 	c.mu.Unlock()
@@ -432,12 +478,20 @@ func (c *Cache) evict() {
 func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 	e.wb.Lock()
 	defer e.wb.Unlock()
+	if c.lost() {
+		// A dead server writes nothing back: recovery replays its log.
+		return errors.New("btree: this server's leases are lost")
+	}
 	c.mu.Lock()
 	if !e.dirty {
 		c.mu.Unlock()
 		return nil
 	}
 	n, a, last := e.node, e.anchor, e.lastLSN
+	if n == nil && a == nil {
+		c.mu.Unlock()
+		panic(fmt.Sprintf("btree: node %v is dirty without an image", e.h))
+	}
 	var tok lock.Token
 	if e.pin != nil {
 		tok = e.pin.Token()
@@ -455,11 +509,15 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 		img = a.Encode(nil)
 	}
 	for attempt := 0; ; attempt++ {
-		err := c.cfg.Chunks.Write(ctx, e.h, img, c.cfg.Fence())
+		f := c.cfg.Fence()
+		err := c.cfg.Chunks.Write(ctx, e.h, img, f)
 		if err == nil || errors.Is(err, chunk.ErrUnallocated) {
 			break // written; or the node was freed since (nothing reads it again)
 		}
 		if errors.Is(err, chunk.ErrFenced) {
+			if f.Token.Less(c.cfg.Fence().Token) {
+				continue // our own renewal (after another write's unknown outcome) outran it: again, under the new token
+			}
 			c.fail(fmt.Errorf("btree: this server's write of node %v was fenced out: another server recovered its log: %w", e.h, err))
 			return c.Err()
 		}
@@ -566,8 +624,10 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 	}
 	for _, n := range nodes {
 		var old []byte
+		n.Version = 1 // a new node
 		if e := c.mu.m[n.Self]; e != nil && e.node != nil {
 			old = e.node.Encode(nil)
+			n.Version = e.node.Version + 1
 		}
 		add(n.Self, n.Encode(nil), old)
 	}
@@ -575,6 +635,7 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		var old []byte
 		if e := c.mu.m[anchor.Self]; e != nil && e.anchor != nil {
 			old = e.anchor.Encode(nil)
+			anchor.Version = e.anchor.Version + 1
 		}
 		add(anchor.Self, anchor.Encode(nil), old)
 	}
@@ -658,7 +719,7 @@ func (s *TreeStore) peek(h Handle) (*Node, *Anchor, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.mu.m[h]
-	if e == nil || e.pin == nil || (e.node == nil && e.anchor == nil) {
+	if c.mu.err != nil || e == nil || e.pin == nil && !c.unsafeStale || (e.node == nil && e.anchor == nil) {
 		return nil, nil, false
 	}
 	if e.elem != nil {

@@ -176,7 +176,13 @@ func (t *Tree) Repair(ctx context.Context) (RepairReport, error) {
 		h := a.Leftmost[level]
 		var prev *Node // the previous live node at this level
 		stale := 0
-		for !h.IsZero() {
+		for steps := 0; !h.IsZero(); steps++ {
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			if steps > 1_000_000 {
+				return rep, fmt.Errorf("btree: repair: level %d's chain does not end (at node %v)", level, h)
+			}
 			n, err := t.s.Read(ctx, h)
 			if errors.Is(err, ErrGone) {
 				break // the level changed under us: the next pass goes on
@@ -217,7 +223,7 @@ func (t *Tree) Repair(ctx context.Context) (RepairReport, error) {
 					t.Stats.Repairs.Add(1)
 				}
 			}
-			if level < a.RootLevel() {
+			if level > 0 {
 				if err := t.repairBelow(ctx, n, &rep); err != nil {
 					return rep, err
 				}

@@ -181,10 +181,15 @@ func (s *MemStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor) (u
 			panic("btree: mem store: commit of the anchor, not locked")
 		}
 		anchor.LSN = s.mu.lsn
+		anchor.Version = s.mu.anchor.Version + 1
 		s.mu.anchor = anchor
 	}
 	for _, n := range nodes {
 		n.LSN = s.mu.lsn
+		n.Version = 1
+		if old := s.mu.images[n.Self]; old != nil {
+			n.Version = old.Version + 1
+		}
 		s.mu.images[n.Self] = n
 	}
 	return s.mu.lsn, nil

@@ -60,6 +60,10 @@ type Node struct {
 	Tree    uint64 // the tree's id (its anchor chunk's ID): an image of another tree is refused
 	Level   uint8  // 0: leaf
 	Deleted bool
+	// Version counts the node's images: each change makes the next one,
+	// whichever server makes it (it holds the node's lock, and the latest
+	// image). Recovery writes a logged image only over an older version.
+	Version uint64
 	LSN     uint64     // the log position of the change that made this image (0: none)
 	Token   lock.Token // the node lock's token when this image was written (diagnostic)
 	Low     []byte
@@ -174,8 +178,9 @@ func (n *Node) Entries() int { return len(n.Keys) }
 //	52  u64  token seq
 //	60  u32  right CM,  64 u64 right ID
 //	72  u32  onward CM, 76 u64 onward ID
-//	84  u16  garbage entries
-//	86  u16  low key length,  then the low key
+//	84  u64  version
+//	92  u16  garbage entries
+//	94  u16  low key length,  then the low key
 //	    u16  high key length, then the high key
 //	    entries: u16 key length, key, then
 //	             a leaf's: u32 value length, value
@@ -183,7 +188,7 @@ func (n *Node) Entries() int { return len(n.Keys) }
 //	    garbage: u32 CM, u64 ID, i64 deadline, each
 const (
 	nodeMagic   = "GBN1"
-	headerSize  = 88
+	headerSize  = 96
 	leafExtra   = 2 + 4 // key and value lengths
 	innerExtra  = 2 + 12
 	garbageSize = 20
@@ -239,8 +244,9 @@ func (n *Node) Encode(b []byte) []byte {
 	binary.LittleEndian.PutUint64(h[52:], n.Token.Seq)
 	putHandle(h[60:], n.Right)
 	putHandle(h[72:], n.Onward)
-	binary.LittleEndian.PutUint16(h[84:], uint16(len(n.Garbage)))
-	binary.LittleEndian.PutUint16(h[86:], uint16(len(n.Low)))
+	binary.LittleEndian.PutUint64(h[84:], n.Version)
+	binary.LittleEndian.PutUint16(h[92:], uint16(len(n.Garbage)))
+	binary.LittleEndian.PutUint16(h[94:], uint16(len(n.Low)))
 	b = append(b, h[:]...)
 	b = append(b, n.Low...)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.High)))
@@ -318,13 +324,14 @@ func decode(b []byte) (*Node, error) {
 		Token:   lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(b[44:])), Seq: binary.LittleEndian.Uint64(b[52:])},
 		Right:   getHandle(b[60:]),
 		Onward:  getHandle(b[72:]),
+		Version: binary.LittleEndian.Uint64(b[84:]),
 	}
 	if b[13]&^3 != 0 {
 		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, b[13])
 	}
 	entries := int(binary.LittleEndian.Uint16(b[14:]))
-	garbage := int(binary.LittleEndian.Uint16(b[84:]))
-	r := reader{b: b[:length-4], off: 86}
+	garbage := int(binary.LittleEndian.Uint16(b[92:]))
+	r := reader{b: b[:length-4], off: 94}
 	n.Low = r.bytes16()
 	n.High = r.bytes16()
 	if entries > 0 {

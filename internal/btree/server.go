@@ -266,7 +266,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return fail(err)
 	}
 	wal, err := txn.OpenNamed(ctx, txn.NamedConfig{Meta: cfg.Meta, RLDev: cfg.RLDev, Lock: txn.ClerkLocker(clerk), Name: name,
-		Config: txn.Config{Applier: replayApplier{chunks: cfg.Chunks, fence: s.currentFence}, Checkpointer: s.cache, Log: s.log}})
+		Config: txn.Config{Applier: replayApplier{chunks: chunkStore{cfg.Chunks}, fence: s.currentFence, keep: nil}, Checkpointer: s.cache, Log: s.log}})
 	if err != nil {
 		h.Release()
 		return fail(fmt.Errorf("btree: opening the log: %w", err))
@@ -287,7 +287,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if cerr := s.wal.Close(ctx); err == nil {
 		err = cerr
 	}
-	s.cache.fail(errors.New("btree: the server is closed"))
+	s.cache.Close()
 	return err
 }
 
@@ -342,9 +342,7 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		return err
 	}
 	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
-	fence := rldev.Fence{Name: FenceLock(r.Dead.Node), Token: r.Token}
-	rep, err := txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(name), Token: r.Token},
-		replayApplier{chunks: s.cfg.Chunks, fence: func() *rldev.Fence { return &fence }}, txn.Unsafe{})
+	rep, err := ReplayDead(ctx, dev, r, chunkStore{s.cfg.Chunks})
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
@@ -352,17 +350,130 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 	return nil
 }
 
+// ReplayDead replays dead server node's log (on dev) under a recovery
+// run's token: the log's device is fenced with it under the log's lock
+// name, the chunks under the dead server's fence lock name. It writes
+// only committed images (a server never writes back an uncommitted one:
+// no steal, so no undo), only of the nodes r says the dead server's leases
+// still protect (r.Names; every name but r.Exclude when r.All — the lock
+// service then grants nothing until the run is done), and only over an
+// older version of the node: the dead server's log may hold images of a
+// node it gave up long ago, which other servers have changed since.
+func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
+	node := r.Dead.Node
+	fence := rldev.Fence{Name: FenceLock(node), Token: r.Token}
+	names := map[string]bool{}
+	for _, n := range r.Names {
+		names[n] = true
+	}
+	for _, n := range r.Exclude {
+		names[n] = true
+	}
+	keep := func(h Handle) bool { return names[LockName(h)] != r.All }
+	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token},
+		replayApplier{chunks: chunks, fence: func() *rldev.Fence { return &fence }, keep: keep}, txn.Unsafe{})
+}
+
 // replayApplier writes replayed images to their chunks under a B-tree
 // server's fence lock name (the dead server's, for a recovery run): the
 // name its own write-backs carried, so that the RLDev refuses those once
-// the replay's newer token is in.
+// the replay's newer token is in. A chunk freed since is skipped: nothing
+// reads it again. keep chooses the nodes it replays (nil: none — a server
+// opening its own log, which its previous incarnation's recovery run, or
+// its clean close, has made void).
 type replayApplier struct {
-	chunks *chunk.Clerk
+	chunks Chunks
 	fence  func() *rldev.Fence
+	keep   func(h Handle) bool
+}
+
+var _ txn.Selector = replayApplier{}
+
+// Select keeps the committed updates of the nodes to replay, and no undo.
+func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
+	committed := map[uint64]bool{}
+	for _, t := range p.Committed {
+		committed[t] = true
+	}
+	for _, r := range p.Redo {
+		if r.Kind != txn.KindUpdate || !committed[r.Txn] || a.keep == nil {
+			continue
+		}
+		if h, err := txn.ParseChunkTarget(r.Target); err == nil && a.keep(h) {
+			redo = append(redo, r)
+		}
+	}
+	return redo, nil
 }
 
 func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
-	return txn.ChunkApplier{Clerk: a.chunks}.Apply(ctx, target, off, data, lsn, a.fence())
+	h, err := txn.ParseChunkTarget(target)
+	if err != nil {
+		return err
+	}
+	if off != 0 {
+		return fmt.Errorf("btree: a record at offset %d of chunk %v: node images start at 0", off, h)
+	}
+	nv, ok := imageVersion(data)
+	if !ok {
+		return fmt.Errorf("btree: the log's image of chunk %v does not decode", h)
+	}
+	cur, err := a.chunks.Read(ctx, h, max(uint64(len(data)), AnchorSize))
+	if errors.Is(err, chunk.ErrUnallocated) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if l := imageLength(cur); l > len(cur) {
+		if cur, err = a.chunks.Read(ctx, h, uint64(l)); err != nil {
+			return err
+		}
+	}
+	if cv, _ := imageVersion(cur); cv >= nv {
+		// The chunk holds this image or a newer one. Write what it holds
+		// again anyway, under the run's token: the dead server may have a
+		// write of this node in flight (its answer lost) under an older
+		// token of the same fence lock, and only a newer token admitted on
+		// this RLDev makes it refuse that write when it lands. Nobody
+		// else writes the node meanwhile: the dead server's lease on it
+		// stands until this run is done.
+		data = cur
+	}
+	err = a.chunks.Write(ctx, h, data, a.fence())
+	if errors.Is(err, chunk.ErrUnallocated) {
+		return nil
+	}
+	return err
+}
+
+// imageLength is the length an image's header claims (0 if none).
+func imageLength(b []byte) int {
+	if len(b) < 8 || string(b[:4]) != nodeMagic && string(b[:4]) != anchorMagic {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(b[4:]))
+}
+
+// imageVersion is the version of the node or anchor image at the start of
+// b, if it is a whole one.
+func imageVersion(b []byte) (uint64, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	switch string(b[:4]) {
+	case nodeMagic:
+		if n, err := decode(b); err == nil {
+			return n.Version, true
+		}
+	case anchorMagic:
+		if len(b) >= 24 {
+			if a, err := DecodeAnchor(b, getHandle(b[12:])); err == nil {
+				return a.Version, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // Open returns tree name (looked up once, then kept).
@@ -558,6 +669,8 @@ func (l clerkLocks) Acquire(ctx context.Context, name string, mode lock.Mode) (H
 }
 
 func (l clerkLocks) Revoking(name string) bool { return l.c.Revoking(name) }
+
+func (l clerkLocks) Lost() <-chan struct{} { return l.c.Lost() }
 
 // chunkStore adapts a chunk clerk to Chunks.
 type chunkStore struct{ c *chunk.Clerk }

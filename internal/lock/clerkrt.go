@@ -41,6 +41,11 @@ func (c *ClerkRT) Revoking(name string) bool {
 	return c.e.Revoking(c.id, name)
 }
 
+// Lost is closed when the clerk's leases are lost (its node fenced itself,
+// or the master declared it dead): a cache of what its leases protect must
+// stop serving at once.
+func (c *ClerkRT) Lost() <-chan struct{} { return c.lost }
+
 // Cached returns the mode and token of the lease the clerk caches on name
 // (None if it holds no lease).
 func (c *ClerkRT) Cached(name string) (Mode, Token) {

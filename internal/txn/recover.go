@@ -50,6 +50,18 @@ type Applier interface {
 	Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn LSN, f *rldev.Fence) error
 }
 
+// Selector is an Applier that chooses what recovery applies: given the
+// plan (every record to redo in log order, every loser's update to undo,
+// latest first), it returns the records to redo and to undo instead.
+// Recovery's end (the new header) is the same. A client that never writes
+// back an uncommitted change (no steal) and orders its images by versions
+// of its own keeps only its committed updates, and no undo: the B-link
+// tree, whose nodes move between servers' logs.
+type Selector interface {
+	Applier
+	Select(p Plan) (redo, undo []Record)
+}
+
 // ErrUnavailable: recovery cannot decide without a replica that cannot be
 // read now; it may succeed once that replica serves again.
 var ErrUnavailable = errors.New("txn: the log cannot be recovered now")
@@ -235,6 +247,9 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	plan := Analyze(res.Records)
 	rep.Records, rep.End, rep.Next, rep.Why = len(res.Records), res.End, res.Next, res.Why
 	rep.Committed, rep.Aborted, rep.Losers = plan.Committed, plan.Aborted, plan.Losers
+	if sel, ok := ap.(Selector); ok {
+		plan.Redo, plan.Undo = sel.Select(plan)
+	}
 	for _, r := range plan.Redo {
 		if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &fence); err != nil {
 			return rep, fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)

@@ -1,0 +1,858 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// The B-tree simulator runs the B-tree server's real runtime — the cache
+// with its pins, revocation handling, write-back, checkpoints and fence
+// renewal, the real txn log, the tree algorithm — on stand-ins for the
+// lock service, the chunk store and the log's RLDev (simparts_test.go),
+// with three servers on one tree, clients on all of them, and faults:
+// servers die (their leases kept until another server replays their log)
+// and come back, all of them die at once sometimes, and chunk writes lose
+// their answers and land late, after the writer has moved on or died.
+// Histories are checked with porcupine; after healing, the tree is walked
+// from the chunks (structure, keys, leaks). A seed replays the fault and
+// operation choices; the interleaving is the scheduler's.
+
+var simLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type simWorld struct {
+	t        testing.TB
+	seed     int64
+	ctx      context.Context
+	locks    *simLocks
+	chunks   *simChunks
+	devs     map[uint64]*simDevice
+	anchor   Handle
+	nodeSize int
+	stale    bool // teeth: caches serve images after giving their leases up
+	start    time.Time
+
+	mu      sync.Mutex
+	r       *rand.Rand
+	servers map[uint64]*simServer // live ones
+	events  struct {
+		sync.Mutex
+		lines []string
+	}
+	killed  map[uint64]bool // nodes that died at least once
+	kills   int
+	restart int
+}
+
+type simServer struct {
+	w     *simWorld
+	node  uint64
+	clerk *simClerk
+	cache *Cache
+	wal   *txn.Log
+	tree  *Tree
+	dead  atomic.Bool
+	stop  chan struct{}
+	once  sync.Once
+	done  sync.WaitGroup
+	hints chan hint
+	fence struct {
+		sync.Mutex
+		hold Hold
+	}
+}
+
+func (s *simServer) isDead() bool { return s.dead.Load() }
+
+func (s *simServer) halt() { s.once.Do(func() { close(s.stop) }) }
+
+func (s *simServer) currentFence() *rldev.Fence {
+	s.fence.Lock()
+	defer s.fence.Unlock()
+	return &rldev.Fence{Name: FenceLock(s.node), Token: s.fence.hold.Token()}
+}
+
+func (s *simServer) renew(ctx context.Context) error {
+	s.fence.Lock()
+	defer s.fence.Unlock()
+	name := FenceLock(s.node)
+	s.fence.hold.Release()
+	s.clerk.drop(name)
+	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
+	if err != nil {
+		return err
+	}
+	s.fence.hold = h
+	return nil
+}
+
+func (w *simWorld) rand(n int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.r.Intn(n)
+}
+
+// startServer starts node's server: it waits for the replay of its
+// previous incarnation's log (the fence and log locks are that
+// incarnation's until then), then opens the log.
+func (w *simWorld) startServer(node uint64) (*simServer, error) {
+	s := &simServer{w: w, node: node, stop: make(chan struct{}), hints: make(chan hint, 256)}
+	chunks := w.chunks.clerk(node, s.isDead)
+	s.clerk = w.locks.newClerk(node, func(ctx context.Context, r lock.Recovery) error {
+		if s.isDead() {
+			return errSimDead
+		}
+		rep, err := ReplayDead(ctx, w.devs[r.Dead.Node], r, chunks)
+		w.event("server %d replays server %d's log: %d names, %d records, committed %d, redone %d, err %v", node, r.Dead.Node, len(r.Names), rep.Records, len(rep.Committed), rep.Redone, err)
+		return err
+	})
+	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
+	s.cache.unsafeStale = w.stale
+	w.locks.mu.Lock()
+	s.clerk.onRevoke = s.cache.Revoked
+	w.locks.mu.Unlock()
+	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	defer cancel()
+	h, err := s.clerk.Acquire(ctx, FenceLock(node), lock.Exclusive)
+	if err != nil {
+		return nil, err
+	}
+	s.fence.hold = h
+	lh, err := s.clerk.Acquire(ctx, txn.LockName(LogName(node)), lock.Exclusive)
+	if err != nil {
+		return nil, err
+	}
+	wal, err := txn.Open(ctx, txn.Config{Device: w.devs[node], Fence: rldev.Fence{Name: txn.LockName(LogName(node)), Token: lh.Token()},
+		Applier: replayApplier{chunks: chunks, fence: s.currentFence}, Checkpointer: s.cache, Log: simLog, LazyInterval: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	s.wal = wal
+	s.cache.cfg.Log = wal
+	tr, err := New(s.cache.Store(w.anchor, w.nodeSize, nil), w.anchor.ID, Config{NodeSize: w.nodeSize, MaxFanout: 4, Grace: 40 * time.Millisecond,
+		Underfull: func(level int, key []byte) {
+			select {
+			case s.hints <- hint{level: level, key: key}:
+			default:
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	s.tree = tr
+	s.done.Add(1)
+	go func() { // compression, as the server's compressor runs it
+		defer s.done.Done()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case h := <-s.hints:
+				ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+				_, _ = s.tree.Compress(ctx, h.level, h.key)
+				cancel()
+			}
+		}
+	}()
+	return s, nil
+}
+
+// kill declares s dead: it fenced itself; its leases stay until another
+// server (or its next incarnation, if none is alive) replays its log.
+func (w *simWorld) kill(s *simServer) {
+	w.event("kill server %d", s.node)
+	s.dead.Store(true)
+	w.locks.kill(s.clerk)
+	s.halt()
+	go func() {
+		s.done.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.wal.Close(ctx) // in flight at the death: refused once the replay fenced the log
+		cancel()
+	}()
+}
+
+// ---- the oracle: a map of keys, with scans and counts
+
+type kvIn struct {
+	kind    string // get put del scan count
+	key     string
+	val     string
+	cond    CondKind
+	eq      string
+	from    string
+	to      string // "" : no end
+	limit   int
+	reverse bool
+}
+
+type kvOut struct {
+	unknown bool
+	applied bool
+	found   bool
+	prev    string
+	val     string
+	keys    []string
+	vals    []string
+	lo, hi  string
+	hiInf   bool
+	more    bool
+	count   int
+}
+
+func decodeState(s string) map[string]string {
+	m := map[string]string{}
+	if s == "" {
+		return m
+	}
+	for _, kv := range strings.Split(s, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+func encodeState(m map[string]string) string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var b strings.Builder
+	for i, k := range ks {
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteString(k + "=" + m[k])
+	}
+	return b.String()
+}
+
+func inSpan(k, from, to string) bool { return k >= from && (to == "" || k < to) }
+
+var kvModel = porcupine.Model{
+	Init: func() interface{} { return "" },
+	Step: func(state, input, output interface{}) (bool, interface{}) {
+		st := decodeState(state.(string))
+		in, out := input.(kvIn), output.(kvOut)
+		cur, found := st[in.key]
+		switch in.kind {
+		case "get":
+			return out.found == found && (!found || out.val == cur), state
+		case "put", "del":
+			c := Cond{Kind: in.cond, Value: []byte(in.eq)}
+			if in.kind == "del" && c.Kind == Always {
+				c.Kind = IfExists
+			}
+			holds := c.holds(found, []byte(cur))
+			if !out.unknown && (out.applied != holds || out.found != found || found && out.prev != cur) {
+				return false, state
+			}
+			if holds {
+				if in.kind == "put" {
+					st[in.key] = in.val
+				} else {
+					delete(st, in.key)
+				}
+				return true, encodeState(st)
+			}
+			return true, state
+		case "count":
+			n := 0
+			for k := range st {
+				if inSpan(k, in.from, in.to) {
+					n++
+				}
+			}
+			return out.count == n, state
+		case "scan":
+			// The page holds exactly the entries in [lo, hi), within the
+			// span, no more than the limit, and all of the span if !more.
+			if out.lo < in.from || in.to != "" && (out.hiInf || out.hi > in.to) {
+				return false, state
+			}
+			if !out.more && (out.lo != in.from || out.hiInf != (in.to == "") || !out.hiInf && out.hi != in.to) {
+				return false, state
+			}
+			var ks []string
+			for k := range st {
+				if k >= out.lo && (out.hiInf || k < out.hi) {
+					ks = append(ks, k)
+				}
+			}
+			sort.Strings(ks)
+			if in.reverse {
+				sort.Sort(sort.Reverse(sort.StringSlice(ks)))
+			}
+			if len(ks) != len(out.keys) || in.limit > 0 && len(out.keys) > in.limit {
+				return false, state
+			}
+			for i, k := range ks {
+				if out.keys[i] != k || out.vals[i] != st[k] {
+					return false, state
+				}
+			}
+			return true, state
+		}
+		panic("unknown op " + in.kind)
+	},
+	DescribeOperation: func(input, output interface{}) string {
+		in, out := input.(kvIn), output.(kvOut)
+		switch in.kind {
+		case "get":
+			return fmt.Sprintf("get(%s) -> %v %q", in.key, out.found, out.val)
+		case "put", "del":
+			return fmt.Sprintf("%s(%s, %q, cond %d %q) -> unknown %v applied %v found %v prev %q", in.kind, in.key, in.val, in.cond, in.eq, out.unknown, out.applied, out.found, out.prev)
+		case "count":
+			return fmt.Sprintf("count[%s,%s) -> %d", in.from, in.to, out.count)
+		}
+		return fmt.Sprintf("scan[%s,%s) lim %d rev %v -> [%s,%s inf %v) more %v %v", in.from, in.to, in.limit, in.reverse, out.lo, out.hi, out.hiInf, out.more, out.keys)
+	},
+}
+
+type history struct {
+	mu  sync.Mutex
+	ops []porcupine.Operation
+}
+
+func (h *history) add(client int, in kvIn, out kvOut, call, ret int64, meta ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret, Metadata: fmt.Sprint(meta...)})
+}
+
+func (w *simWorld) now() int64 { return int64(time.Since(w.start)) }
+
+func (w *simWorld) event(format string, args ...any) {
+	w.events.Lock()
+	defer w.events.Unlock()
+	w.events.lines = append(w.events.lines, fmt.Sprintf("EVENT %d ", w.now()/1000)+fmt.Sprintf(format, args...))
+}
+
+// pick returns a live server (nil if none).
+func (w *simWorld) pick() *simServer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var live []*simServer
+	for n := uint64(1); n <= 3; n++ {
+		if s := w.servers[n]; s != nil {
+			live = append(live, s)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	return live[w.r.Intn(len(live))]
+}
+
+const simKeys = 24
+
+func simKey(i int) string { return fmt.Sprintf("k%02d", i) }
+
+// op runs one random operation on server s and records it.
+func (w *simWorld) op(h *history, client, i int, s *simServer) {
+	in := kvIn{key: simKey(w.rand(simKeys))}
+	switch x := w.rand(100); {
+	case x < 35:
+		in.kind, in.val = "put", fmt.Sprintf("c%d.%d", client, i)
+		switch w.rand(6) {
+		case 0:
+			in.cond = IfAbsent
+		case 1:
+			in.cond, in.eq = IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
+		}
+	case x < 60:
+		in.kind = "del"
+		if w.rand(5) == 0 {
+			in.cond, in.eq = IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
+		}
+	case x < 80:
+		in.kind = "get"
+	case x < 95:
+		in.kind, in.limit, in.reverse = "scan", w.rand(6), w.rand(2) == 0
+		a, b := w.rand(simKeys+1), w.rand(simKeys+1)
+		if a > b {
+			a, b = b, a
+		}
+		in.from = simKey(a)
+		if a == 0 {
+			in.from = ""
+		}
+		if b != simKeys && b > a {
+			in.to = simKey(b)
+		}
+	default:
+		in.kind = "count"
+		a := w.rand(simKeys)
+		in.from, in.to = simKey(a), simKey(a+1+w.rand(simKeys-a))
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
+	defer cancel()
+	call := w.now()
+	var out kvOut
+	var err error
+	switch in.kind {
+	case "get":
+		var v []byte
+		v, out.found, err = s.tree.Get(ctx, []byte(in.key))
+		out.val = string(v)
+	case "put", "del":
+		var r Result
+		if in.kind == "put" {
+			r, err = s.tree.Put(ctx, []byte(in.key), []byte(in.val), Cond{Kind: in.cond, Value: []byte(in.eq)})
+		} else {
+			r, err = s.tree.Delete(ctx, []byte(in.key), Cond{Kind: in.cond, Value: []byte(in.eq)})
+		}
+		out.applied, out.found, out.prev = r.Applied, r.Found, string(r.Prev)
+	case "count":
+		out.count, err = s.tree.Count(ctx, Span{From: []byte(in.from), To: []byte(in.to)})
+	case "scan":
+		span := Span{From: []byte(in.from)}
+		if in.to != "" {
+			span.To = []byte(in.to)
+		}
+		var pg Page
+		pg, err = s.tree.Scan(ctx, span, in.limit, in.reverse)
+		for i, k := range pg.Keys {
+			out.keys = append(out.keys, string(k))
+			out.vals = append(out.vals, string(pg.Vals[i]))
+		}
+		out.lo, out.hi, out.hiInf, out.more = string(pg.Lo), string(pg.Hi), pg.Hi == nil, pg.More
+	}
+	ret := w.now()
+	if err != nil {
+		if in.kind == "put" || in.kind == "del" {
+			// Its outcome is unknown: it may take effect at any time after
+			// its call.
+			h.add(client, in, kvOut{unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
+		}
+		return
+	}
+	h.add(client, in, out, call, ret, "server ", s.node)
+}
+
+// faults kills and restarts servers until stop closes.
+func (w *simWorld) faults(stop chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(3+w.rand(12)) * time.Millisecond):
+		}
+		switch x := w.rand(10); {
+		case x < 4:
+			w.mu.Lock()
+			var live []*simServer
+			for _, s := range w.servers {
+				live = append(live, s)
+			}
+			if len(live) == 0 || len(live) == 1 && w.r.Intn(4) > 0 {
+				w.mu.Unlock()
+				continue
+			}
+			sort.Slice(live, func(i, j int) bool { return live[i].node < live[j].node })
+			s := live[w.r.Intn(len(live))]
+			delete(w.servers, s.node)
+			w.killed[s.node] = true
+			w.kills++
+			w.mu.Unlock()
+			w.kill(s)
+		case x < 8:
+			w.restartOne()
+		default:
+			w.chunks.mu.Lock()
+			if w.chunks.lossRate == 0 {
+				w.chunks.lossRate = 0.1
+			} else {
+				w.chunks.lossRate = 0
+			}
+			w.chunks.mu.Unlock()
+		}
+	}
+}
+
+// restartOne restarts a dead server, if any.
+func (w *simWorld) restartOne() bool {
+	w.mu.Lock()
+	var node uint64
+	for n := uint64(1); n <= 3; n++ {
+		if w.servers[n] == nil {
+			node = n
+			break
+		}
+	}
+	w.mu.Unlock()
+	if node == 0 {
+		return false
+	}
+	s, err := w.startServer(node)
+	if err != nil {
+		if w.ctx.Err() == nil {
+			w.t.Errorf("seed %d: restarting server %d: %v", w.seed, node, err)
+		}
+		return false
+	}
+	w.event("server %d started", node)
+	w.mu.Lock()
+	w.servers[node] = s
+	w.restart++
+	w.mu.Unlock()
+	return true
+}
+
+// simChunkReader reads the tree straight from the simulated chunks.
+type simChunkReader struct {
+	w *simWorld
+}
+
+func (r simChunkReader) Anchor(ctx context.Context) (*Anchor, error) {
+	r.w.chunks.mu.Lock()
+	defer r.w.chunks.mu.Unlock()
+	return DecodeAnchor(r.w.chunks.data[r.w.anchor], r.w.anchor)
+}
+
+func (r simChunkReader) Read(ctx context.Context, h Handle) (*Node, error) {
+	r.w.chunks.mu.Lock()
+	defer r.w.chunks.mu.Unlock()
+	b, ok := r.w.chunks.data[h]
+	if !ok {
+		return nil, fmt.Errorf("chunk %v is not allocated", h)
+	}
+	return Decode(b, r.w.anchor.ID, h)
+}
+
+type simResult struct {
+	ops, unknown, kills, restarts, late, refused, splits, merges int
+}
+
+// runSim runs one seed and reports a violation as an error.
+func runSim(t testing.TB, seed int64, stale bool, opsPerClient int) (simResult, error) {
+	var res simResult
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := rand.New(rand.NewSource(seed))
+	w := &simWorld{t: t, seed: seed, ctx: ctx, locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
+		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: r, servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, start: time.Now()}
+	for n := uint64(1); n <= 3; n++ {
+		w.devs[n] = newSimDevice(64)
+	}
+	if os.Getenv("GROVE_SIM_DUMP") != "" {
+		w.chunks.trace = func(line string) { w.event("%s", line) }
+	}
+	// The tree, made as CreateTree makes it.
+	w.chunks.next = 2
+	w.anchor = Handle{CM: 1, ID: 1}
+	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
+	w.chunks.data[w.anchor] = a.Encode(make([]byte, 0, AnchorSize))[:AnchorSize:AnchorSize]
+	w.chunks.data[root.Self] = append(root.Encode(nil), make([]byte, w.nodeSize)...)[:w.nodeSize]
+	for n := uint64(1); n <= 3; n++ {
+		if !w.restartOne() {
+			return res, fmt.Errorf("starting server %d failed", n)
+		}
+	}
+	h := &history{}
+	stop := make(chan struct{})
+	var fwg sync.WaitGroup
+	fwg.Add(1)
+	go w.faults(stop, &fwg)
+	var cwg sync.WaitGroup
+	for c := 0; c < 4; c++ {
+		cwg.Add(1)
+		go func(c int) {
+			defer cwg.Done()
+			for i := 0; i < opsPerClient && ctx.Err() == nil; i++ {
+				s := w.pick()
+				if s == nil {
+					time.Sleep(5 * time.Millisecond)
+					i--
+					continue
+				}
+				w.op(h, c, i, s)
+				time.Sleep(time.Duration(w.rand(2000)) * time.Microsecond)
+			}
+		}(c)
+	}
+	cwg.Wait()
+	close(stop)
+	fwg.Wait()
+	// Heal: every server back (each waits for its log's replay), no more
+	// lost answers; then every key read through each server.
+	w.chunks.mu.Lock()
+	w.chunks.lossRate = 0
+	w.chunks.mu.Unlock()
+	for w.restartOne() {
+	}
+	if t.Failed() {
+		return res, errors.New("a restart failed")
+	}
+	for n := uint64(1); n <= 3; n++ {
+		s := w.servers[n]
+		for k := 0; k < simKeys; k++ {
+			in := kvIn{kind: "get", key: simKey(k)}
+			call := w.now()
+			v, ok, err := s.tree.Get(ctx, []byte(in.key))
+			if err != nil {
+				return res, fmt.Errorf("server %d: final get: %v", n, err)
+			}
+			h.add(10+int(n), in, kvOut{found: ok, val: string(v)}, call, w.now())
+		}
+	}
+	res.ops = len(h.ops)
+	for _, o := range h.ops {
+		if o.Output.(kvOut).unknown {
+			res.unknown++
+		}
+	}
+	res.kills, res.restarts = w.kills, w.restart-3
+	check, info := porcupine.CheckOperationsVerbose(kvModel, h.ops, 30*time.Second)
+	if check != porcupine.Ok {
+		if check == porcupine.Unknown {
+			return res, errors.New("porcupine timed out")
+		}
+		debugHistory(t, h.ops)
+		if os.Getenv("GROVE_SIM_DUMP") != "" {
+			ops := append([]porcupine.Operation(nil), h.ops...)
+			sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+			var b strings.Builder
+			for _, o := range ops {
+				ret := "inf"
+				if o.Return != math.MaxInt64 {
+					ret = fmt.Sprint(o.Return / 1000)
+				}
+				fmt.Fprintf(&b, "c%d [%d, %s] %s (%v)\n", o.ClientId, o.Call/1000, ret, kvModel.DescribeOperation(o.Input, o.Output), o.Metadata)
+			}
+			w.events.Lock()
+			for _, e := range w.events.lines {
+				b.WriteString(e + "\n")
+			}
+			w.events.Unlock()
+			_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.txt", seed), []byte(b.String()), 0o644)
+		}
+		if os.Getenv("GROVE_SIM_VIZ") != "" {
+			f, _ := os.Create(fmt.Sprintf("btree-sim-%d.html", seed))
+			_ = porcupine.Visualize(kvModel, info, f)
+			f.Close()
+		}
+		return res, fmt.Errorf("history of %d operations is not linearizable (GROVE_SIM_VIZ=1 writes it out)", len(h.ops))
+	}
+	// Quiesce and walk the chunks: structure, keys equal to the final
+	// reads, no chunk leaked but by a server that died.
+	for n := uint64(1); n <= 3; n++ {
+		s := w.servers[n]
+		s.halt()
+		s.done.Wait()
+	}
+	sv := w.servers[1]
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	dumper := time.AfterFunc(10*time.Second, func() {
+		if os.Getenv("GROVE_SIM_DUMP") != "" {
+			buf := make([]byte, 1<<22)
+			buf = buf[:runtime.Stack(buf, true)]
+			_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.stacks-during", seed), buf, 0o644)
+			w.dumpLocks(seed)
+		}
+	})
+	var err error
+	for pass := 0; pass < 20; pass++ { // until a pass finds nothing to do
+		var rep RepairReport
+		rep, err = sv.tree.Repair(rctx)
+		if err != nil || rep.Downlinks+rep.Compressed+rep.Freed == 0 {
+			break
+		}
+	}
+	dumper.Stop()
+	rcancel()
+	if err != nil {
+		if os.Getenv("GROVE_SIM_DUMP") != "" {
+			buf := make([]byte, 1<<22)
+			buf = buf[:runtime.Stack(buf, true)]
+			_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.stacks", seed), buf, 0o644)
+			w.dumpLocks(seed)
+		}
+		return res, fmt.Errorf("repair: %v", err)
+	}
+	for n := uint64(1); n <= 3; n++ {
+		if err := w.servers[n].cache.FlushAll(ctx); err != nil {
+			return res, fmt.Errorf("server %d: flush: %v", n, err)
+		}
+	}
+	w.chunks.late.Wait()
+	var sh Shape
+	sh, err = Walk(ctx, simChunkReader{w}, true)
+	if err != nil {
+		if os.Getenv("GROVE_SIM_DUMP") != "" {
+			w.dumpChunks(seed)
+		}
+		return res, fmt.Errorf("walking the chunks: %v", err)
+	}
+	final := map[string]string{}
+	for _, o := range h.ops[len(h.ops)-simKeys:] {
+		if out := o.Output.(kvOut); out.found {
+			final[o.Input.(kvIn).key] = out.val
+		}
+	}
+	if len(sh.Keys) != len(final) {
+		if os.Getenv("GROVE_SIM_DUMP") != "" {
+			w.dumpChunks(seed)
+		}
+		return res, fmt.Errorf("the chunks hold %d keys, the final reads %d", len(sh.Keys), len(final))
+	}
+	for i, k := range sh.Keys {
+		if final[string(k)] != string(sh.Vals[i]) {
+			return res, fmt.Errorf("key %q: the chunks hold %q, the final reads %q", k, sh.Vals[i], final[string(k)])
+		}
+	}
+	w.chunks.mu.Lock()
+	for hd, owner := range w.chunks.owner {
+		if _, live := w.chunks.data[hd]; live && !sh.Chunks[hd] && hd != w.anchor && !w.killed[owner] {
+			w.chunks.mu.Unlock()
+			return res, fmt.Errorf("chunk %v leaked (allocated by server %d, which never died)", hd, owner)
+		}
+	}
+	res.late, res.refused = w.chunks.lateCount, w.chunks.refused
+	w.chunks.mu.Unlock()
+	for n := uint64(1); n <= 3; n++ {
+		st := &w.servers[n].tree.Stats
+		res.splits += int(st.Splits.Load())
+		res.merges += int(st.Merges.Load())
+		w.kill(w.servers[n])
+	}
+	return res, nil
+}
+
+func simSeeds(t *testing.T, def int) (int64, int) {
+	first := time.Now().UnixNano() % 1_000_000
+	if s := os.Getenv("GROVE_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v, 1
+	}
+	n := def
+	if s := os.Getenv("GROVE_SIM_SEEDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = v
+	}
+	return first, n
+}
+
+// TestSimTree: porcupine-checked histories of puts, conditional puts,
+// deletes, gets, scans and counts on one tree through three servers that
+// die and come back, with write answers lost.
+func TestSimTree(t *testing.T) {
+	first, n := simSeeds(t, 100)
+	if testing.Short() && os.Getenv("GROVE_SIM_SEEDS") == "" {
+		n = 20
+	}
+	var total simResult
+	for seed := first; seed < first+int64(n); seed++ {
+		r, err := runSim(t, seed, false, 40)
+		if err != nil {
+			t.Fatalf("seed %d (GROVE_SEED=%d replays its choices): %v", seed, seed, err)
+		}
+		total.ops += r.ops
+		total.unknown += r.unknown
+		total.kills += r.kills
+		total.restarts += r.restarts
+		total.late += r.late
+		total.refused += r.refused
+		total.splits += r.splits
+		total.merges += r.merges
+	}
+	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome), %d deaths, %d restarts, %d writes landed late (%d refused by their fence), %d splits, %d merges",
+		first, first+int64(n)-1, total.ops, total.unknown, total.kills, total.restarts, total.late, total.refused, total.splits, total.merges)
+	if total.kills == 0 || total.late == 0 || total.splits == 0 {
+		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
+	}
+}
+
+// TestSimTeethStaleCache: caches that keep serving a node's image after
+// giving its lease up (a lookup from a stale cached node) are caught.
+func TestSimTeethStaleCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("teeth run in the full suite")
+	}
+	first, _ := simSeeds(t, 0)
+	for seed := first; seed < first+40; seed++ {
+		if _, err := runSim(t, seed, true, 40); err != nil {
+			t.Logf("seed %d: caught: %v", seed, err)
+			return
+		}
+	}
+	t.Fatal("40 seeds with stale caches passed: the oracle cannot see stale reads")
+}
+
+func (w *simWorld) dumpLocks(seed int64) {
+	w.locks.mu.Lock()
+	var b strings.Builder
+	for i, c := range w.locks.clerks {
+		for name, l := range c.leases {
+			fmt.Fprintf(&b, "clerk %d node %d dead %v running %v: %s mode %v shared %d excl %v revoking %v keep %v\n", i, c.node, c.dead, w.locks.running[c], name, l.mode, l.shared, l.exclusive, l.revoking, l.keep)
+		}
+	}
+	w.locks.mu.Unlock()
+	for n := uint64(1); n <= 3; n++ {
+		c := w.servers[n].cache
+		c.mu.Lock()
+		for h, e := range c.mu.m {
+			fmt.Fprintf(&b, "server %d entry %v users %d pin %v revoke %v dirty %v\n", n, h, e.users, e.pin != nil, e.revoke, e.dirty)
+		}
+		c.mu.Unlock()
+	}
+	_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.locks", seed), []byte(b.String()), 0o644)
+}
+
+// dumpChunks writes every node image in the chunks, for a failed walk.
+func (w *simWorld) dumpChunks(seed int64) {
+	w.chunks.mu.Lock()
+	defer w.chunks.mu.Unlock()
+	var hs []Handle
+	for h := range w.chunks.data {
+		hs = append(hs, h)
+	}
+	sort.Slice(hs, func(i, j int) bool { return hs[i].ID < hs[j].ID })
+	var b strings.Builder
+	for _, h := range hs {
+		d := w.chunks.data[h]
+		if a, err := DecodeAnchor(d, h); err == nil {
+			fmt.Fprintf(&b, "%v anchor v%d leftmost %v\n", h, a.Version, a.Leftmost)
+			continue
+		}
+		n, err := decode(d)
+		if err != nil {
+			fmt.Fprintf(&b, "%v: %v\n", h, err)
+			continue
+		}
+		fmt.Fprintf(&b, "%v v%d level %d deleted %v onward %v [%q,%q inf %v) right %v keys %q kids %v garbage %v\n", h, n.Version, n.Level, n.Deleted, n.Onward, n.Low, n.High, n.HighInf, n.Right, n.Keys, n.Kids, n.Garbage)
+	}
+	w.events.Lock()
+	for _, e := range w.events.lines {
+		b.WriteString(e + "\n")
+	}
+	w.events.Unlock()
+	_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.chunks", seed), []byte(b.String()), 0o644)
+}

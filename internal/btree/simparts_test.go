@@ -1,0 +1,486 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// The simulator's stand-ins for the layers below the B-tree server: a lock
+// service with the real one's lease semantics (cached leases, revocation
+// that waits for local holders and tells them, tokens from one counter,
+// a dead clerk's leases kept until a recovery run on a live clerk of its
+// kind succeeds, runs deferred until one registers), a chunk store whose
+// RLDevs admit fencing tokens per lock name and whose writes can be lost
+// in flight and land late, and a log device on two in-memory replicas.
+
+// ---- locks
+
+type simLocks struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	seq     uint64
+	clerks  []*simClerk
+	running map[*simClerk]bool // dead clerks whose recovery runs
+	r       *rand.Rand
+	ctx     context.Context
+}
+
+type simLease struct {
+	mode      lock.Mode
+	token     lock.Token
+	shared    int
+	exclusive bool
+	revoking  bool
+	keep      lock.Mode
+}
+
+type simClerk struct {
+	s        *simLocks
+	node     uint64
+	dead     bool
+	leases   map[string]*simLease
+	onRevoke func(string)
+	recover  func(ctx context.Context, r lock.Recovery) error
+	lost     chan struct{}
+}
+
+func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
+	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx}
+	s.cond = sync.NewCond(&s.mu)
+	go func() { // wake waiters when the world ends
+		<-ctx.Done()
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}()
+	return s
+}
+
+func (s *simLocks) newClerk(node uint64, recover func(context.Context, lock.Recovery) error) *simClerk {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{})}
+	s.clerks = append(s.clerks, c)
+	s.startRecoveriesLocked()
+	return c
+}
+
+// kill declares c dead: it has fenced itself (its calls fail from now on);
+// its leases stay until a recovery run on a live clerk succeeds.
+func (s *simLocks) kill(c *simClerk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.dead {
+		return
+	}
+	c.dead = true
+	close(c.lost)
+	s.startRecoveriesLocked()
+	s.cond.Broadcast()
+}
+
+func (s *simLocks) startRecoveriesLocked() {
+	var live []*simClerk
+	for _, c := range s.clerks {
+		if !c.dead {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 {
+		return // deferred until a clerk registers (Boxwood §3.7)
+	}
+	for _, d := range s.clerks {
+		if !d.dead || s.running[d] || len(d.leases) == 0 {
+			continue
+		}
+		run := live[s.r.Intn(len(live))]
+		s.seq++
+		tok := lock.Token{Epoch: 1, Seq: s.seq}
+		s.running[d] = true
+		var names []string
+		for n := range d.leases {
+			names = append(names, n)
+		}
+		go func(d, run *simClerk) {
+			ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
+			err := run.recover(ctx, lock.Recovery{Dead: lock.ClerkID{Node: d.node}, Names: names, Token: tok})
+			cancel()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			delete(s.running, d)
+			if err == nil {
+				d.leases = map[string]*simLease{}
+				s.cond.Broadcast()
+			} else if s.ctx.Err() == nil {
+				time.AfterFunc(5*time.Millisecond, func() {
+					s.mu.Lock()
+					s.startRecoveriesLocked()
+					s.mu.Unlock()
+				})
+			}
+		}(d, run)
+	}
+}
+
+type simHold struct {
+	c     *simClerk
+	name  string
+	mode  lock.Mode
+	token lock.Token
+	once  sync.Once
+}
+
+func (h *simHold) Token() lock.Token { return h.token }
+
+func (h *simHold) Release() {
+	h.once.Do(func() {
+		s := h.c.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l := h.c.leases[h.name]
+		if l == nil || h.c.dead {
+			return // a dead clerk's leases wait for its recovery
+		}
+		if h.mode == lock.Exclusive {
+			l.exclusive = false
+		} else {
+			l.shared--
+		}
+		h.c.settleLocked(h.name, l)
+		s.cond.Broadcast()
+	})
+}
+
+// settleLocked completes a pending revocation if local holders allow.
+func (c *simClerk) settleLocked(name string, l *simLease) {
+	if !l.revoking {
+		return
+	}
+	if l.exclusive || l.keep == lock.None && l.shared > 0 {
+		return
+	}
+	l.revoking = false
+	if l.keep == lock.None {
+		delete(c.leases, name)
+	} else {
+		l.mode = l.keep
+	}
+}
+
+func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Hold, error) {
+	s := c.s
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if c.dead {
+			return nil, lock.ErrFenced
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		l := c.leases[name]
+		if l != nil && l.mode >= mode && !l.revoking {
+			local := mode == lock.Shared && !l.exclusive || mode == lock.Exclusive && !l.exclusive && l.shared == 0
+			if local {
+				if mode == lock.Exclusive {
+					l.exclusive = true
+				} else {
+					l.shared++
+				}
+				return &simHold{c: c, name: name, mode: mode, token: l.token}, nil
+			}
+			s.cond.Wait()
+			continue
+		}
+		if l != nil && l.revoking {
+			s.cond.Wait()
+			continue
+		}
+		// Ask the "master": revoke conflicting leases elsewhere.
+		blocked := false
+		for _, o := range s.clerks {
+			ol := o.leases[name]
+			if o == c || ol == nil || (mode == lock.Shared && ol.mode == lock.Shared) {
+				continue
+			}
+			if o.dead {
+				blocked = true
+				continue // held until its recovery
+			}
+			keep := lock.None
+			if mode == lock.Shared {
+				keep = lock.Shared
+			}
+			if !ol.revoking || keep < ol.keep {
+				ol.revoking, ol.keep = true, keep
+				o.settleLocked(name, ol)
+				if o.leases[name] == ol && ol.revoking && o.onRevoke != nil {
+					f := o.onRevoke
+					go f(name)
+				}
+			}
+			if x := o.leases[name]; x != nil && !(mode == lock.Shared && x.mode == lock.Shared) {
+				blocked = true // not given up at once: wait for its holders
+			}
+		}
+		if blocked {
+			s.cond.Wait()
+			continue
+		}
+		s.seq++
+		if l == nil {
+			l = &simLease{}
+			c.leases[name] = l
+		}
+		l.mode, l.token = mode, lock.Token{Epoch: 1, Seq: s.seq}
+	}
+}
+
+func (c *simClerk) Revoking(name string) bool {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	l := c.leases[name]
+	return l != nil && l.revoking
+}
+
+func (c *simClerk) Lost() <-chan struct{} { return c.lost }
+
+// drop gives an idle lease back (the fence renewal's fresh token).
+func (c *simClerk) drop(name string) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if l := c.leases[name]; l != nil && l.shared == 0 && !l.exclusive {
+		delete(c.leases, name)
+		c.s.cond.Broadcast()
+	}
+}
+
+// ---- chunks
+
+type simChunks struct {
+	mu        sync.Mutex
+	r         *rand.Rand
+	next      uint64
+	data      map[Handle][]byte
+	owner     map[Handle]uint64 // the node that allocated it
+	freed     map[Handle]bool
+	tokens    map[uint64]map[string]lock.Token // per simulated RLDev
+	lossRate  float64                          // writes whose answer is lost (they land later, or never)
+	late      sync.WaitGroup
+	lateCount int
+	refused   int
+	trace     func(string)
+}
+
+func newSimChunks(r *rand.Rand) *simChunks {
+	return &simChunks{r: r, data: map[Handle][]byte{}, owner: map[Handle]uint64{}, freed: map[Handle]bool{}, tokens: map[uint64]map[string]lock.Token{}}
+}
+
+func rldevOf(h Handle) uint64 { return h.ID % 3 }
+
+// clerk is node's view of the store (allocations are attributed to it).
+func (s *simChunks) clerk(node uint64, dead func() bool) *simChunkClerk {
+	return &simChunkClerk{s: s, node: node, dead: dead}
+}
+
+type simChunkClerk struct {
+	s    *simChunks
+	node uint64
+	dead func() bool
+}
+
+var errSimDead = errors.New("sim: this server is dead")
+
+func (c *simChunkClerk) Allocate(ctx context.Context, size uint64) (Handle, error) {
+	if c.dead() {
+		return Handle{}, errSimDead
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	h := Handle{CM: 1, ID: s.next}
+	s.data[h] = make([]byte, size)
+	s.owner[h] = c.node
+	return h, nil
+}
+
+func (c *simChunkClerk) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
+	if c.dead() {
+		return nil, errSimDead
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.data[h]
+	if !ok {
+		return nil, chunk.ErrUnallocated
+	}
+	out := make([]byte, n)
+	copy(out, d)
+	return out, nil
+}
+
+func (s *simChunks) apply(h Handle, data []byte, f *rldev.Fence, late bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f == nil || f.Token.IsZero() {
+		panic("sim: an unfenced node write")
+	}
+	t := s.tokens[rldevOf(h)]
+	if t == nil {
+		t = map[string]lock.Token{}
+		s.tokens[rldevOf(h)] = t
+	}
+	if f.Token.Less(t[f.Name]) {
+		if s.trace != nil {
+			s.trace(fmt.Sprintf("refused %v by %s %s (late %v)", h, f.Name, f.Token, late))
+		}
+		s.refused++
+		return fmt.Errorf("%w: %s", chunk.ErrFenced, f.Name)
+	}
+	t[f.Name] = f.Token
+	d, ok := s.data[h]
+	if !ok {
+		return chunk.ErrUnallocated
+	}
+	if s.trace != nil {
+		v, _ := imageVersion(data)
+		var keys [][]byte
+		if n, err := decode(data); err == nil {
+			keys = n.Keys
+		}
+		s.trace(fmt.Sprintf("write %v v%d by %s %s late %v keys %q", h, v, f.Name, f.Token, late, keys))
+	}
+	if len(data) > len(d) {
+		return fmt.Errorf("sim: a write of %d bytes to a %d-byte chunk", len(data), len(d))
+	}
+	copy(d, data)
+	return nil
+}
+
+func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
+	s := c.s
+	s.mu.Lock()
+	lose := s.r.Float64() < s.lossRate
+	delay := time.Duration(s.r.Intn(30)) * time.Millisecond
+	s.mu.Unlock()
+	if c.dead() {
+		return errSimDead
+	}
+	if lose {
+		// The answer is lost; the write itself lands later (or, if its
+		// fence is stale by then, is refused), after the writer moved on.
+		data := append([]byte(nil), data...)
+		fc := *f
+		s.late.Add(1)
+		s.mu.Lock()
+		s.lateCount++
+		s.mu.Unlock()
+		time.AfterFunc(delay, func() {
+			defer s.late.Done()
+			_ = s.apply(h, data, &fc, true)
+		})
+		return errors.New("sim: the write's answer was lost")
+	}
+	return s.apply(h, data, f, false)
+}
+
+func (c *simChunkClerk) Free(ctx context.Context, h Handle) error {
+	if c.dead() {
+		return errSimDead
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.data[h]; !ok {
+		return nil
+	}
+	delete(s.data, h)
+	s.freed[h] = true
+	return nil
+}
+
+// ---- the log's device
+
+// simDevice is a log's RLDev: two replicas in memory, every write on both
+// (durable when it returns), tokens admitted per lock name.
+type simDevice struct {
+	mu     sync.Mutex
+	blocks uint64
+	rep    [2]map[uint64][]byte
+	tokens map[string]lock.Token
+	dead   func() bool // the owner's death: its own writes fail from then on
+}
+
+func newSimDevice(blocks uint64) *simDevice {
+	return &simDevice{blocks: blocks, rep: [2]map[uint64][]byte{{}, {}}, tokens: map[string]lock.Token{}}
+}
+
+func (d *simDevice) Blocks() uint64 { return d.blocks }
+
+func (d *simDevice) admit(f *rldev.Fence) error {
+	if f == nil {
+		return nil
+	}
+	if f.Token.Less(d.tokens[f.Name]) {
+		return fmt.Errorf("%w: %s", rldev.ErrStaleToken, f.Name)
+	}
+	d.tokens[f.Name] = f.Token
+	return nil
+}
+
+func (d *simDevice) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.admit(f); err != nil {
+		return err
+	}
+	for r := 0; r < 2; r++ {
+		for i := 0; i*txn.BlockSize < len(data); i++ {
+			d.rep[r][block+uint64(i)] = append([]byte(nil), data[i*txn.BlockSize:(i+1)*txn.BlockSize]...)
+		}
+	}
+	return nil
+}
+
+func (d *simDevice) ReadReplica(ctx context.Context, replica int, block, n uint64) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]byte, 0, n*txn.BlockSize)
+	for i := uint64(0); i < n; i++ {
+		b := d.rep[replica][block+i]
+		if b == nil {
+			b = make([]byte, txn.BlockSize)
+		}
+		out = append(out, b...)
+	}
+	return out, nil
+}
+
+func (d *simDevice) WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.admit(f); err != nil {
+		return err
+	}
+	for i := 0; i*txn.BlockSize < len(data); i++ {
+		d.rep[replica][block+uint64(i)] = append([]byte(nil), data[i*txn.BlockSize:(i+1)*txn.BlockSize]...)
+	}
+	return nil
+}
