@@ -571,6 +571,57 @@ func (c *Cache) WriteBack(ctx context.Context, upTo txn.LSN) error {
 	return nil
 }
 
+// Drop forgets h (its chunk is being freed): the pin is given back
+// without a write-back, once local users are done.
+func (c *Cache) Drop(h Handle) {
+	c.mu.Lock()
+	e := c.mu.m[h]
+	if e == nil {
+		c.mu.Unlock()
+		return
+	}
+	e.users++
+	if e.elem != nil {
+		c.mu.lru.Remove(e.elem)
+		e.elem = nil
+	}
+	c.mu.Unlock()
+	e.latch.Lock()
+	c.mu.Lock()
+	pin := e.pin
+	e.pin, e.node, e.anchor, e.dirty, e.revoke = nil, nil, nil, false, false
+	e.users--
+	if e.users == 0 {
+		c.forgetLocked(e)
+	}
+	c.mu.Unlock()
+	e.latch.Unlock()
+	if pin != nil {
+		pin.Release()
+	}
+}
+
+// ReleaseAll writes back every node and gives up every pin no operation
+// uses (a clean shutdown: the leases go back with nothing left to recover).
+func (c *Cache) ReleaseAll() {
+	c.mu.Lock()
+	var es []*entry
+	for _, e := range c.mu.m {
+		if e.pin != nil && e.users == 0 {
+			e.users++
+			if e.elem != nil {
+				c.mu.lru.Remove(e.elem)
+				e.elem = nil
+			}
+			es = append(es, e)
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range es {
+		c.giveUpRef(e, "shutdown")
+	}
+}
+
 // FlushAll writes back every dirty node (a clean shutdown).
 func (c *Cache) FlushAll(ctx context.Context) error {
 	return c.WriteBack(ctx, txn.LSN(^uint64(0)))
@@ -739,6 +790,9 @@ func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 	}
 	defer s.c.unref(e)
 	if err := s.c.lockEntry(ctx, e, lock.Shared); err != nil {
+		if errors.Is(err, ErrGone) {
+			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)", ErrNoTree, s.anchor)
+		}
 		return nil, err
 	}
 	s.c.mu.Lock()
@@ -799,6 +853,9 @@ func (s *TreeStore) LockAnchor(ctx context.Context) (*Anchor, error) {
 	}
 	if err := s.c.lockEntry(ctx, e, lock.Exclusive); err != nil {
 		s.c.unref(e)
+		if errors.Is(err, ErrGone) {
+			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)", ErrNoTree, s.anchor)
+		}
 		return nil, err
 	}
 	s.c.mu.Lock()

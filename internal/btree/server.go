@@ -279,16 +279,29 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
-// Close writes back every dirty node, closes the log and the clerk.
+// Close writes back every dirty node, gives every lease back, closes the
+// log and the clerk: nothing is left for a recovery to do. An operation
+// still running fails.
 func (s *Server) Close(ctx context.Context) error {
 	s.stop()
 	s.wg.Wait()
 	err := s.cache.FlushAll(ctx)
+	if err == nil {
+		s.cache.ReleaseAll()
+	}
+	s.cache.Close()
 	if cerr := s.wal.Close(ctx); err == nil {
 		err = cerr
 	}
-	s.cache.Close()
-	return err
+	if err != nil {
+		// Keep the leases: once this node is declared dead, recovery
+		// replays the log.
+		return err
+	}
+	s.fence.Lock()
+	s.fence.hold.Release()
+	s.fence.Unlock()
+	return s.clerk.Close(ctx)
 }
 
 // Err is why the server stopped working, or nil.
@@ -638,17 +651,33 @@ func (s *Server) DropTree(ctx context.Context, name string) error {
 		return err
 	}
 	s.Forget(name)
+	// Take the anchor's lock: every server's cached anchor goes, and the
+	// next operation there reads a freed anchor (ErrNoTree). Operations
+	// already past the anchor meet freed nodes and fail.
 	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
+	if _, err := st.LockAnchor(ctx); err != nil {
+		return fmt.Errorf("btree: tree %q is dropped, but taking its anchor failed (its chunks leak): %w", name, err)
+	}
 	sh, err := Walk(ctx, st, false)
 	if err != nil {
+		st.Unlock(e.Anchor, lock.Exclusive)
 		return fmt.Errorf("btree: tree %q is dropped, but walking it to free its chunks failed (they leak): %w", name, err)
 	}
 	var firstErr error
-	for h := range sh.Chunks {
+	free := func(h Handle) {
 		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) && firstErr == nil {
 			firstErr = err
 		}
 	}
+	for h := range sh.Chunks {
+		if h != e.Anchor {
+			free(h)
+			s.cache.Drop(h)
+		}
+	}
+	free(e.Anchor) // last: until then the tree's lock holds everyone off
+	st.Unlock(e.Anchor, lock.Exclusive)
+	s.cache.Drop(e.Anchor)
 	return firstErr
 }
 

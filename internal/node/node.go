@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
@@ -49,6 +50,9 @@ type Node struct {
 	locks  *lock.Service
 	rldev  *rldev.Service // nil unless RoleStore
 	chunk  *chunk.Service // nil unless RoleStore
+	btree  *btree.Service // every node's B-tree role
+	btc    *chunk.Clerk   // the B-tree role's chunk clerk
+	btrl   *rldev.Clerk   // the B-tree role's RLDev clerk
 	rlc    *rldev.Clerk   // the chunk managers' RLDev clerk
 	devs   []disk.Device  // the store's disks
 	status *StatusService
@@ -216,6 +220,13 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		n.fence.OnFence(func(inc fd.Incarnation) { n.chunk.Fence(uint64(inc)) })
 		pb.RegisterChunkServiceServer(n.grpc, n.chunk)
 	}
+	// Every node runs a B-tree server (it starts when a tree exists, or at
+	// the first tree call).
+	n.btc = chunk.NewClerk(n.client)
+	n.btrl = rldev.NewClerk(n.client)
+	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log})
+	n.fence.OnFence(func(inc fd.Incarnation) { n.btree.Fence(uint64(inc)) })
+	pb.RegisterTreeServiceServer(n.grpc, n.btree)
 	go n.grpc.Serve(n.guard)
 
 	keys, err := cfg.Keyring()
@@ -241,6 +252,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			if n.chunk != nil {
 				n.chunk.Start(uint64(inc))
 			}
+			n.btree.Start(uint64(inc))
 		},
 		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
 	})
@@ -503,9 +515,17 @@ func (n *Node) Metrics() *metrics.Node { return n.mx }
 // Locks is the node's lock service.
 func (n *Node) Locks() *lock.Service { return n.locks }
 
+// BTree is the node's B-tree role.
+func (n *Node) BTree() *btree.Service { return n.btree }
+
 // Close stops every role, in reverse order of start. Safe to call twice.
 func (n *Node) Close() {
 	n.cancel()
+	if n.btree != nil {
+		n.btree.Close() // its dirty nodes go to their chunks first
+		n.btc.Close()
+		n.btrl.Close()
+	}
 	if n.chunk != nil {
 		n.chunk.Close()
 		n.rlc.Close()

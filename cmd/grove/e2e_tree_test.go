@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// TestEndToEndTreeSIGKILL: a tree on `grove up --processes`, made with the
+// CLI; two loaders put keys through nodes 1 and 2 at once; node 2 is
+// SIGKILLed mid-load, with the changes of its acknowledged puts in its
+// cache and log only. The lock service keeps its leases until another
+// node's B-tree server replays its log; loading through node 1 goes on.
+// Every acknowledged key is then read back through the CLI on node 3 (get,
+// scan, count), and through node 2 once it has restarted.
+func TestEndToEndTreeSIGKILL(t *testing.T) {
+	bin, u, ctx := startCluster(t, 8800, "--chunk-size", "64MiB")
+	ep := func(id uint64) string { return "--endpoints=" + u.Nodes[id].GRPC }
+	var r ran
+	for start := time.Now(); time.Since(start) < 90*time.Second; time.Sleep(500 * time.Millisecond) {
+		// The first call starts node 1's B-tree server (its log is made).
+		if r = grove(t, bin, nil, "tree", "create", "e2e", "--fanout", "8", ep(1)); r.code == 0 || strings.Contains(r.stderr, "exists") {
+			break
+		}
+	}
+	if r.code != 0 {
+		t.Fatalf("tree create: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "list", "-o", "json", ep(3)); r.code != 0 || !strings.Contains(r.stdout, `"e2e"`) {
+		t.Fatalf("tree list: %v", r)
+	}
+	dial := func(id uint64) pb.TreeServiceClient {
+		cc, err := grpc.NewClient(u.Nodes[id].GRPC, transport.DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return pb.NewTreeServiceClient(cc)
+	}
+	var mu sync.Mutex
+	acked := map[string]string{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := map[uint64]error{}
+	for _, id := range []uint64{1, 2} {
+		wg.Add(1)
+		go func(id uint64) {
+			defer wg.Done()
+			tc := dial(id)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k, v := fmt.Sprintf("key-%d-%05d", id, i), fmt.Sprintf("v%d", i)
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				_, err := tc.Put(cctx, &pb.TreePutRequest{Tree: "e2e", Key: []byte(k), Value: []byte(v)})
+				cancel()
+				mu.Lock()
+				if err == nil {
+					acked[k] = v
+				} else {
+					errs[id] = err
+				}
+				mu.Unlock()
+				if err != nil {
+					return // node 2's loader stops at its node's death
+				}
+			}
+		}(id)
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		for start := time.Now(); count() < n; time.Sleep(50 * time.Millisecond) {
+			if time.Since(start) > 90*time.Second {
+				t.Fatalf("only %d puts acknowledged (want %d); errors %v", count(), n, errs)
+			}
+		}
+	}
+	waitFor(300)
+	if err := u.Kill(2); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	before := count()
+	waitFor(before + 200) // node 1 goes on (its puts wait for the replay where they meet node 2's leases)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d puts acknowledged (%d before node 2's SIGKILL); node 1 went on, %d more within %v; node 2's loader stopped with %v",
+		len(acked), before, len(acked)-before, time.Since(killed).Round(time.Millisecond), errs[2])
+
+	// Every acknowledged key, through the CLI on node 3.
+	r = grove(t, bin, nil, "tree", "scan", "e2e", ep(3))
+	if r.code != 0 {
+		t.Fatalf("tree scan: %v", r)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		k, v, ok := strings.Cut(line, "\t")
+		if !ok {
+			t.Fatalf("scan line %q", line)
+		}
+		got[k] = v
+	}
+	for k, v := range acked {
+		if got[k] != v {
+			t.Fatalf("acknowledged %s=%s; the scan through node 3 has %q", k, v, got[k])
+		}
+	}
+	r = grove(t, bin, nil, "tree", "count", "e2e", ep(3))
+	if n, err := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || err != nil || n != len(got) {
+		t.Fatalf("tree count: %v (the scan has %d)", r, len(got))
+	}
+	for _, k := range []string{"key-1-00000", "key-2-00000"} {
+		if r := grove(t, bin, nil, "tree", "get", "e2e", k, ep(3)); r.code != 0 || strings.TrimSpace(r.stdout) != acked[k] {
+			t.Fatalf("tree get %s: %v", k, r)
+		}
+	}
+	if r := grove(t, bin, nil, "tree", "get", "e2e", "no-such-key", ep(3)); r.code != 5 || r.stdout != "" {
+		t.Fatalf("a missing key: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "get", "no-such-tree", "k", ep(3)); r.code != 5 {
+		t.Fatalf("an unknown tree: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "put", "e2e", strings.Repeat("k", 2000), "v", ep(3)); r.code != 2 {
+		t.Fatalf("an oversized key: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "put", "e2e", "cas", "1", "--if-absent", ep(3)); r.code != 0 {
+		t.Fatalf("put --if-absent: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "put", "e2e", "cas", "2", "--if-absent", ep(3)); r.code != 1 {
+		t.Fatalf("a second put --if-absent: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "put", "e2e", "cas", "2", "--if-equals", "1", ep(3)); r.code != 0 {
+		t.Fatalf("put --if-equals: %v", r)
+	}
+	var last []string // the three largest keys below key-2, largest first
+	for k := range got {
+		if k < "key-2" {
+			last = append(last, k)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(last)))
+	if r := grove(t, bin, nil, "tree", "scan", "e2e", "--to", "key-2", "--limit", "3", "--reverse", "--keys-only", ep(1)); r.code != 0 ||
+		strings.Join(strings.Fields(r.stdout), " ") != strings.Join(last[:3], " ") {
+		t.Fatalf("a reverse scan (want %v): %v", last[:3], r)
+	}
+
+	// Node 2 comes back: its server opens its (replayed) log and reads.
+	if err := u.Restart(2); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
+		r = grove(t, bin, nil, "tree", "get", "e2e", "key-2-00000", ep(2))
+		if r.code == 0 {
+			break
+		}
+		if time.Since(start) > 90*time.Second {
+			t.Fatalf("node 2 after its restart: %v", r)
+		}
+	}
+	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(2)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) {
+		t.Fatalf("tree stat: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "drop", "e2e", ep(2)); r.code != 0 {
+		t.Fatalf("tree drop: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "get", "e2e", "cas", ep(1)); r.code != 5 {
+		t.Fatalf("a dropped tree: %v", r)
+	}
+}

@@ -1,0 +1,407 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// Service is a node's B-tree role: in each incarnation of the node it runs
+// the node's B-tree server and answers the TreeService's calls with it. The
+// server starts when the incarnation starts if any tree exists (so that it
+// is there to run recoveries), or at the first call otherwise.
+type Service struct {
+	pb.UnimplementedTreeServiceServer
+	cfg ServiceConfig
+	log *slog.Logger
+	mu  struct {
+		sync.Mutex
+		inc     uint64
+		ctx     context.Context // the incarnation's: ends with it
+		cancel  context.CancelFunc
+		started bool          // the incarnation's server is starting or running
+		srv     *Server       // once running
+		ready   chan struct{} // closed once srv is set
+		closed  bool
+	}
+}
+
+// ServiceConfig wires a node's B-tree role.
+type ServiceConfig struct {
+	Node   uint64
+	Meta   *meta.Client
+	Locks  *lock.Service
+	Chunks *chunk.Clerk
+	RLDev  *rldev.Clerk
+	Log    *slog.Logger
+	// Server is the rest of each incarnation's server's configuration.
+	Server ServerConfig
+}
+
+// NewService returns the role; Start runs it in an incarnation.
+func NewService(cfg ServiceConfig) *Service {
+	s := &Service{cfg: cfg, log: cfg.Log}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s
+}
+
+// Start runs the role in incarnation inc.
+func (s *Service) Start(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed || s.mu.inc == inc {
+		return
+	}
+	s.stopLocked()
+	s.mu.inc = inc
+	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
+	s.mu.ready, s.mu.started = make(chan struct{}), false
+	ctx := s.mu.ctx
+	go func() {
+		// Start at once if there are trees: this server may have to
+		// recover a dead one's log.
+		for ctx.Err() == nil {
+			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+			ts, err := ListTrees(rctx, s.cfg.Meta)
+			rcancel()
+			if err == nil {
+				if len(ts) > 0 {
+					s.launch(inc)
+				}
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
+}
+
+// launch starts incarnation inc's server unless it is starting or running.
+func (s *Service) launch(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.inc != inc || s.mu.started || s.mu.cancel == nil {
+		return
+	}
+	s.mu.started = true
+	go s.run(s.mu.ctx, inc, s.mu.ready)
+}
+
+func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
+	cfg := s.cfg.Server
+	cfg.Node, cfg.Meta, cfg.Locks, cfg.Chunks, cfg.RLDev, cfg.Log = s.cfg.Node, s.cfg.Meta, s.cfg.Locks, s.cfg.Chunks, s.cfg.RLDev, s.log
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		srv, err := StartServer(ctx, cfg)
+		if err == nil {
+			s.mu.Lock()
+			if s.mu.inc != inc || s.mu.closed || ctx.Err() != nil {
+				s.mu.Unlock()
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_ = srv.Close(cctx)
+				cancel()
+				return
+			}
+			s.mu.srv = srv
+			close(ready)
+			s.mu.Unlock()
+			return
+		}
+		if ctx.Err() == nil {
+			s.log.Warn("starting the B-tree server failed; retrying", "err", err, "attempt", attempt)
+			select {
+			case <-ctx.Done():
+			case <-time.After(min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)):
+			}
+		}
+	}
+}
+
+// Fence ends incarnation inc: its server's leases are gone (its cache
+// stopped serving when they were lost).
+func (s *Service) Fence(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.inc == inc {
+		s.stopLocked()
+	}
+}
+
+func (s *Service) stopLocked() {
+	if s.mu.cancel != nil {
+		s.mu.cancel()
+		s.mu.cancel = nil
+	}
+	if srv := s.mu.srv; srv != nil {
+		srv.cache.Close()
+		srv.stop()
+	}
+	s.mu.srv = nil
+}
+
+// Close stops the role, closing the server cleanly (its dirty nodes
+// written back and its leases given back).
+func (s *Service) Close() {
+	s.mu.Lock()
+	s.mu.closed = true
+	srv := s.mu.srv
+	s.mu.srv = nil
+	if s.mu.cancel != nil {
+		s.mu.cancel()
+		s.mu.cancel = nil
+	}
+	s.mu.Unlock()
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Close(ctx); err != nil {
+			s.log.Warn("closing the B-tree server", "err", err)
+		}
+	}
+}
+
+// Server returns the running server, starting it if need be, waiting for
+// it until ctx ends.
+func (s *Service) Server(ctx context.Context) (*Server, error) {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "btree: this node is shutting down")
+	}
+	if srv := s.mu.srv; srv != nil {
+		s.mu.Unlock()
+		return srv, nil
+	}
+	inc, ready, live := s.mu.inc, s.mu.ready, s.mu.cancel != nil
+	s.mu.Unlock()
+	if !live {
+		return nil, status.Error(codes.Unavailable, "btree: this node is not in the cluster now (joining, or between incarnations)")
+	}
+	s.launch(inc)
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, status.Error(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.srv == nil {
+		return nil, status.Error(codes.Unavailable, "btree: this node's B-tree server stopped")
+	}
+	return s.mu.srv, nil
+}
+
+// rpcError maps the tree's errors to gRPC codes.
+func rpcError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, ErrNoTree):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, ErrTreeExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, ErrKey), errors.Is(err, ErrTooLarge), errors.Is(err, ErrBadRange), errors.Is(err, ErrBadName):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrRangeTooLarge):
+		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	// Anything else failed mid-way: its outcome is unknown (not
+	// Unavailable, which a client may retry elsewhere as "not done").
+	return status.Error(codes.Unknown, err.Error())
+}
+
+func treeInfo(e TreeEntry) *pb.TreeInfo {
+	return &pb.TreeInfo{Name: e.Name, AnchorCm: e.Anchor.CM, AnchorId: e.Anchor.ID, NodeSize: uint32(e.NodeSize), Fanout: uint32(e.MaxFanout)}
+}
+
+// open finds the server and tree of a call.
+func (s *Service) open(ctx context.Context, name string) (*Server, *Tree, error) {
+	srv, err := s.Server(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := srv.Open(ctx, name)
+	if err != nil {
+		return nil, nil, rpcError(err)
+	}
+	return srv, t, nil
+}
+
+// done maps an operation's error, forgetting a tree found dropped.
+func done(srv *Server, name string, err error) error {
+	if errors.Is(err, ErrNoTree) {
+		srv.Forget(name)
+	}
+	return rpcError(err)
+}
+
+func (s *Service) Create(ctx context.Context, r *pb.TreeCreateRequest) (*pb.TreeCreateResponse, error) {
+	srv, err := s.Server(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := srv.CreateTree(ctx, r.Name, Config{NodeSize: int(r.NodeSize), MaxFanout: int(r.Fanout)})
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return &pb.TreeCreateResponse{Tree: treeInfo(e)}, nil
+}
+
+func (s *Service) List(ctx context.Context, r *pb.TreeListRequest) (*pb.TreeListResponse, error) {
+	ts, err := ListTrees(ctx, s.cfg.Meta)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	out := &pb.TreeListResponse{}
+	for _, e := range ts {
+		out.Trees = append(out.Trees, treeInfo(e))
+	}
+	return out, nil
+}
+
+func (s *Service) Drop(ctx context.Context, r *pb.TreeDropRequest) (*pb.TreeDropResponse, error) {
+	srv, err := s.Server(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.DropTree(ctx, r.Name); err != nil {
+		return nil, rpcError(err)
+	}
+	return &pb.TreeDropResponse{}, nil
+}
+
+func cond(c pb.TreeCond, expect []byte) Cond {
+	return Cond{Kind: CondKind(c), Value: expect}
+}
+
+func (s *Service) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
+	srv, t, err := s.open(ctx, r.Tree)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := srv.OpContext(ctx)
+	defer cancel()
+	if r.Cond > pb.TreeCond_TREE_COND_IF_EXISTS {
+		return nil, status.Errorf(codes.InvalidArgument, "btree: unknown condition %d", r.Cond)
+	}
+	res, err := t.Put(ctx, r.Key, r.Value, cond(r.Cond, r.Expect))
+	if err != nil {
+		return nil, done(srv, r.Tree, err)
+	}
+	return &pb.TreePutResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
+}
+
+func (s *Service) Get(ctx context.Context, r *pb.TreeGetRequest) (*pb.TreeGetResponse, error) {
+	srv, t, err := s.open(ctx, r.Tree)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := srv.OpContext(ctx)
+	defer cancel()
+	v, ok, err := t.Get(ctx, r.Key)
+	if err != nil {
+		return nil, done(srv, r.Tree, err)
+	}
+	return &pb.TreeGetResponse{Found: ok, Value: v}, nil
+}
+
+func (s *Service) Delete(ctx context.Context, r *pb.TreeDeleteRequest) (*pb.TreeDeleteResponse, error) {
+	srv, t, err := s.open(ctx, r.Tree)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := srv.OpContext(ctx)
+	defer cancel()
+	if r.Cond != pb.TreeCond_TREE_COND_ALWAYS && r.Cond != pb.TreeCond_TREE_COND_IF_EQUALS && r.Cond != pb.TreeCond_TREE_COND_IF_EXISTS {
+		return nil, status.Error(codes.InvalidArgument, "btree: a delete's condition is always, if-equals or if-exists")
+	}
+	res, err := t.Delete(ctx, r.Key, cond(r.Cond, r.Expect))
+	if err != nil {
+		return nil, done(srv, r.Tree, err)
+	}
+	return &pb.TreeDeleteResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
+}
+
+func span(from, to []byte, hasTo bool) Span {
+	sp := Span{From: from}
+	if hasTo {
+		sp.To = to
+		if sp.To == nil {
+			sp.To = []byte{}
+		}
+	}
+	return sp
+}
+
+func (s *Service) Scan(ctx context.Context, r *pb.TreeScanRequest) (*pb.TreeScanResponse, error) {
+	srv, t, err := s.open(ctx, r.Tree)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := srv.OpContext(ctx)
+	defer cancel()
+	pg, err := t.Scan(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
+	if err != nil {
+		return nil, done(srv, r.Tree, err)
+	}
+	out := &pb.TreeScanResponse{Keys: pg.Keys, Lo: pg.Lo, Hi: pg.Hi, HiUnbounded: pg.Hi == nil, More: pg.More}
+	if !r.KeysOnly {
+		out.Values = pg.Vals
+	}
+	return out, nil
+}
+
+func (s *Service) Count(ctx context.Context, r *pb.TreeCountRequest) (*pb.TreeCountResponse, error) {
+	srv, t, err := s.open(ctx, r.Tree)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := srv.OpContext(ctx)
+	defer cancel()
+	n, err := t.Count(ctx, span(r.From, r.To, r.HasTo))
+	if err != nil {
+		return nil, done(srv, r.Tree, err)
+	}
+	return &pb.TreeCountResponse{Count: uint64(n)}, nil
+}
+
+func (s *Service) Stat(ctx context.Context, r *pb.TreeStatRequest) (*pb.TreeStatResponse, error) {
+	srv, err := s.Server(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := LookupTree(ctx, s.cfg.Meta, r.Tree)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if _, err := srv.Open(ctx, r.Tree); err != nil {
+		return nil, rpcError(err)
+	}
+	sh, err := Walk(ctx, srv.cache.Store(e.Anchor, e.NodeSize, nil), false)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	st := srv.cache.Stats()
+	return &pb.TreeStatResponse{Tree: treeInfo(e), Height: uint32(sh.Height), Nodes: uint64(sh.Nodes), Keys: uint64(len(sh.Keys)),
+		Removed: uint64(sh.Removed), MissingDownlinks: uint64(sh.Missing), CacheHits: st.Hits, CacheMisses: st.Misses,
+		WriteBacks: st.WriteBacks, Revocations: st.Revocations, Node: uint32(s.cfg.Node)}, nil
+}
