@@ -64,6 +64,9 @@ GROVE_SEEDS=${GROVE_RACE_CHUNK_SEEDS:-10} go test -count=1 -race -short -timeout
 # The transaction log's group commit and recovery (its in-process failover
 # test, its concurrent review tests), with a few simulation seeds.
 GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} go test -count=1 -race -short -timeout 20m ./internal/txn/...
+# The B-link tree's algorithm (its concurrent differential test) and its
+# server runtime in the simulator, under the race detector.
+GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode' ./internal/btree/...
 
 echo "== fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report
@@ -85,6 +88,7 @@ fuzz FuzzDecodeTable ./internal/rldev
 fuzz FuzzDataFrames ./internal/rldev
 fuzz FuzzDecodeMap ./internal/chunk
 fuzz FuzzDecodeLog ./internal/txn
+fuzz FuzzDecodeNode ./internal/btree
 
 echo "== fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root

@@ -114,6 +114,14 @@ func (c *InProcessCluster) Stop(i int) {
 	}
 }
 
+// Crash stops node i (0-based) as a crash would (Node.Crash).
+func (c *InProcessCluster) Crash(i int) {
+	if c.Nodes[i] != nil {
+		c.Nodes[i].Crash()
+		c.Nodes[i] = nil
+	}
+}
+
 // Members are the config-service members, for a meta client.
 func (c *InProcessCluster) Members() []meta.Member {
 	var ms []meta.Member

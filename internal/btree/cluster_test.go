@@ -62,17 +62,25 @@ func startCluster(t *testing.T, ctx context.Context) *testCluster {
 	return tc
 }
 
+// server is node i's own B-tree server (its role starts it at the first
+// call).
 func (tc *testCluster) server(t *testing.T, ctx context.Context, i int) *btree.Server {
 	t.Helper()
-	cl := chunk.NewClerk(tc.mc)
-	tc.cls = append(tc.cls, cl)
-	s, err := btree.StartServer(ctx, btree.ServerConfig{Node: uint64(i + 1), Meta: tc.mc, Locks: tc.c.Nodes[i].Locks(), Chunks: cl,
-		RLDev: tc.rl, LogSize: 4 << 20, RepairEvery: -1, Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
+	for {
+		s, err := tc.c.Nodes[i].BTree().Server(ctx)
+		if err == nil {
+			return s
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the node is still joining
 	}
-	return s
 }
+
+// closeServer closes node i's B-tree role cleanly (dirty nodes written
+// back, leases given back).
+func (tc *testCluster) closeServer(i int) { tc.c.Nodes[i].BTree().Close() }
 
 // Two B-tree servers on two nodes work on one tree at once: each inserts
 // its own keys and reads the other's; every read sees every write that
@@ -149,12 +157,8 @@ func TestServersShareATree(t *testing.T) {
 	st := s1.Cache().Stats()
 	t.Logf("server 1 cache: %+v", st)
 	t.Logf("server 2 cache: %+v", s2.Cache().Stats())
-	if err := s1.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	tc.closeServer(0)
+	tc.closeServer(1)
 }
 
 // walkChunks walks tree name from its chunks (no cache) and checks its
@@ -218,7 +222,7 @@ func TestServerCrashRecovery(t *testing.T) {
 		t.Logf("server 1 dies with %d dirty nodes", d)
 	}
 	start := time.Now()
-	tc.c.Stop(0) // node 1 stops: its leases stay held until recovery
+	tc.c.Crash(0) // node 1 dies: its leases stay held until recovery
 	t2, err := s2.Open(ctx, "crash")
 	if err != nil {
 		t.Fatal(err)
@@ -252,12 +256,8 @@ func TestServerCrashRecovery(t *testing.T) {
 			t.Fatalf("node 1's new server: %s = %q %v %v, want %q", k, got, ok, err, v)
 		}
 	}
-	if err := s2.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s1b.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	tc.closeServer(1)
+	tc.closeServer(0)
 	sh := walkChunks(t, ctx, tc, "crash", want)
 	t.Logf("tree: height %d, %d nodes, %d keys, %d downlinks missing", sh.Height, sh.Nodes, len(sh.Keys), sh.Missing)
 }

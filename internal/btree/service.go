@@ -171,6 +171,16 @@ func (s *Service) Close() {
 	}
 }
 
+// Crash stops the role as a crash would: the server's cache stops at once,
+// nothing is written back, no lease is given back (tests that kill a node
+// in-process; recovery replays the log once the node is declared dead).
+func (s *Service) Crash() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.closed = true
+	s.stopLocked()
+}
+
 // Server returns the running server, starting it if need be, waiting for
 // it until ctx ends.
 func (s *Service) Server(ctx context.Context) (*Server, error) {

@@ -750,7 +750,7 @@ func simSeeds(t *testing.T, def int) (int64, int) {
 		return v, 1
 	}
 	n := def
-	if s := os.Getenv("GROVE_SIM_SEEDS"); s != "" {
+	if s := os.Getenv("GROVE_BTREE_SEEDS"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil {
 			t.Fatal(err)
@@ -765,7 +765,7 @@ func simSeeds(t *testing.T, def int) (int64, int) {
 // die and come back, with write answers lost.
 func TestSimTree(t *testing.T) {
 	first, n := simSeeds(t, 100)
-	if testing.Short() && os.Getenv("GROVE_SIM_SEEDS") == "" {
+	if testing.Short() && os.Getenv("GROVE_BTREE_SEEDS") == "" {
 		n = 20
 	}
 	var total simResult

@@ -518,6 +518,16 @@ func (n *Node) Locks() *lock.Service { return n.locks }
 // BTree is the node's B-tree role.
 func (n *Node) BTree() *btree.Service { return n.btree }
 
+// Crash stops the node as a crash would, as far as a process can in
+// itself: the B-tree role stops without writing anything back, then every
+// other role stops (tests that kill a node in-process).
+func (n *Node) Crash() {
+	if n.btree != nil {
+		n.btree.Crash()
+	}
+	n.Close()
+}
+
 // Close stops every role, in reverse order of start. Safe to call twice.
 func (n *Node) Close() {
 	n.cancel()
