@@ -1,0 +1,198 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/btree"
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+// TreeOptions shape the B-link tree benchmark (Boxwood §4.4, Figures 6-7).
+type TreeOptions struct {
+	Clients []int // client counts (Boxwood: 1 to 8 machines)
+	Ops     int   // keys each client inserts, looks up and deletes
+	Rounds  int
+	// Shapes: "paper" (10-byte keys and values, fanout 6, Boxwood's), "big"
+	// (16-byte keys, 256-byte values, the default node size).
+	Shapes []string
+}
+
+// TreeCell is one figure: operations per second, all clients together.
+type TreeCell struct {
+	Figure  int // 6: a private tree per client; 7: one shared tree, disjoint key ranges
+	Shape   string
+	Clients int
+	Phase   string // insert, lookup-cold, lookup-warm, delete
+	OpsPerS float64
+}
+
+// TreeResults are the benchmark's cells.
+type TreeResults struct {
+	Cells   []TreeCell
+	Servers int
+}
+
+// TreeBench runs Figures 6 and 7 on a 3-node in-process cluster (each node
+// a B-tree server; client i works through node i mod 3, as Boxwood's
+// machines each ran their own B-tree module): every client inserts Ops
+// keys, then looks each up (caches emptied first: cold; then again: warm),
+// then deletes each, one operation at a time, every one durable when it
+// returns. Before each cold phase every server writes back and gives up
+// its cache, as Boxwood evicted its caches.
+func TreeBench(ctx context.Context, dir string, o TreeOptions, progress io.Writer) (*TreeResults, error) {
+	c, err := StartCluster(dir, 3, ClusterOptions{Store: true, DiskSize: 1 << 30})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	for _, nodes := range [][2]uint64{{1, 2}, {2, 3}, {3, 1}} {
+		for i := 0; ; i++ {
+			if _, err = chunk.CreatePair(ctx, mc, nodes, 16<<20, 256<<20); err == nil {
+				break
+			}
+			if i == 100 || ctx.Err() != nil {
+				return nil, err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	servers := make([]*btree.Server, 3)
+	for i := range servers {
+		for {
+			s, err := c.Nodes[i].BTree().Server(ctx)
+			if err == nil {
+				servers[i] = s
+				break
+			}
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	res := &TreeResults{Servers: 3}
+	seq := 0
+	for _, shape := range o.Shapes {
+		cfg := btree.Config{}
+		keyLen, valLen := 16, 256
+		if shape == "paper" {
+			cfg.MaxFanout, keyLen, valLen = 6, 10, 10
+		}
+		for _, fig := range []int{6, 7} {
+			for _, clients := range o.Clients {
+				phases := map[string][]float64{}
+				for r := 0; r < o.Rounds; r++ {
+					seq++
+					trees := make([]*btree.Tree, clients)
+					names := map[int]string{}
+					for i := range trees {
+						name := fmt.Sprintf("bench-%d-%d", seq, i)
+						if fig == 7 {
+							name = fmt.Sprintf("bench-%d", seq)
+						}
+						names[i] = name
+						if i == 0 || fig == 6 {
+							if _, err := servers[0].CreateTree(ctx, name, cfg); err != nil {
+								return nil, err
+							}
+						}
+					}
+					for i := range trees {
+						if trees[i], err = servers[i%3].Open(ctx, names[i]); err != nil {
+							return nil, err
+						}
+					}
+					key := func(client, i int) []byte {
+						// Disjoint ranges per client (Figure 7); spread within.
+						k := fmt.Sprintf("%02d%0*d", client, keyLen-2, (i*7919)%o.Ops)
+						return []byte(k[:keyLen])
+					}
+					val := make([]byte, valLen)
+					for i := range val {
+						val[i] = 'v'
+					}
+					run := func(phase string, op func(t *btree.Tree, client, i int) error) error {
+						start := time.Now()
+						var wg sync.WaitGroup
+						errs := make(chan error, clients)
+						for cl := 0; cl < clients; cl++ {
+							wg.Add(1)
+							go func(cl int) {
+								defer wg.Done()
+								for i := 0; i < o.Ops; i++ {
+									if err := op(trees[cl], cl, i); err != nil {
+										errs <- fmt.Errorf("%s: %w", phase, err)
+										return
+									}
+								}
+							}(cl)
+						}
+						wg.Wait()
+						close(errs)
+						if err := <-errs; err != nil {
+							return err
+						}
+						phases[phase] = append(phases[phase], float64(clients*o.Ops)/time.Since(start).Seconds())
+						return nil
+					}
+					evict := func() {
+						for _, s := range servers {
+							s.Cache().ReleaseAll()
+						}
+					}
+					get := func(t *btree.Tree, cl, i int) error {
+						_, ok, err := t.Get(ctx, key(cl, i))
+						if err == nil && !ok {
+							err = fmt.Errorf("key %q missing", key(cl, i))
+						}
+						return err
+					}
+					steps := []struct {
+						phase string
+						pre   func()
+						op    func(t *btree.Tree, cl, i int) error
+					}{
+						{"insert", evict, func(t *btree.Tree, cl, i int) error {
+							_, err := t.Put(ctx, key(cl, i), val, btree.Cond{})
+							return err
+						}},
+						{"lookup-cold", evict, get},
+						{"lookup-warm", nil, get},
+						{"delete", evict, func(t *btree.Tree, cl, i int) error {
+							_, err := t.Delete(ctx, key(cl, i), btree.Cond{})
+							return err
+						}},
+					}
+					for _, st := range steps {
+						if st.pre != nil {
+							st.pre()
+						}
+						if err := run(st.phase, st.op); err != nil {
+							return nil, err
+						}
+					}
+					for i := range trees {
+						if i == 0 || fig == 6 {
+							if err := servers[0].DropTree(ctx, names[i]); err != nil {
+								return nil, err
+							}
+						}
+					}
+				}
+				for _, phase := range []string{"insert", "lookup-cold", "lookup-warm", "delete"} {
+					cell := TreeCell{Figure: fig, Shape: shape, Clients: clients, Phase: phase, OpsPerS: medianF(phases[phase])}
+					res.Cells = append(res.Cells, cell)
+					fmt.Fprintf(progress, "  figure %d, %s keys, %d clients, %s: %.0f ops/s\n", fig, shape, clients, phase, cell.OpsPerS)
+				}
+			}
+		}
+	}
+	return res, nil
+}
