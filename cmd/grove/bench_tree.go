@@ -71,9 +71,9 @@ operations per second, all clients together, medians over --rounds.`,
 		},
 	}
 	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 2, 4, 8}, "client counts, `N,...`")
-	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes: paper, big")
-	cmd.Flags().IntVar(&ops, "ops", 500, "keys per client")
-	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per cell (median)")
+	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes, `paper,big`")
+	cmd.Flags().IntVar(&ops, "ops", 500, "keys per client, `N`")
+	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per cell, `N` (median)")
 	out.Register(cmd)
 	return cmd
 }

@@ -77,7 +77,8 @@ func treeCreateCmd() *cobra.Command {
 --node-size sets its nodes' size in bytes (8KiB to 256KiB; default 8KiB), which
 bounds a key and its value together; --fanout bounds a node's entries (Boxwood
 measured with 6; default: as many as fit).`,
-		Args: cobra.ExactArgs(1),
+		Example: "  grove tree create users\n  grove tree create paper --fanout 6",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return treeCall(cmd.Context(), &c, "tree create", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				r, err := tc.Create(ctx, &pb.TreeCreateRequest{Name: args[0], NodeSize: nodeSize, Fanout: fanout})
@@ -89,8 +90,8 @@ measured with 6; default: as many as fit).`,
 			})
 		},
 	}
-	cmd.Flags().Uint32Var(&nodeSize, "node-size", 0, "node size in bytes (0: 8192)")
-	cmd.Flags().Uint32Var(&fanout, "fanout", 0, "most entries in a node (0: as many as fit)")
+	cmd.Flags().Uint32Var(&nodeSize, "node-size", 0, "node size in `BYTES` (0: 8192)")
+	cmd.Flags().Uint32Var(&fanout, "fanout", 0, "most entries in a node, `N` (0: as many as fit)")
 	c.Register(cmd, 0)
 	return cmd
 }
@@ -99,9 +100,10 @@ func treeListCmd() *cobra.Command {
 	var c cli.Client
 	var out cli.Output
 	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the trees",
-		Args:  cobra.NoArgs,
+		Use:     "list",
+		Short:   "List the trees",
+		Example: "  grove tree list\n  grove tree list -o json",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.Resolve(); err != nil {
 				return err
@@ -128,9 +130,10 @@ func treeListCmd() *cobra.Command {
 func treeDropCmd() *cobra.Command {
 	var c cli.Client
 	cmd := &cobra.Command{
-		Use:   "drop NAME",
-		Short: "Drop a tree and free every chunk it used",
-		Args:  cobra.ExactArgs(1),
+		Use:     "drop NAME",
+		Short:   "Drop a tree and free every chunk it used",
+		Example: "  grove tree drop users",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return treeCall(cmd.Context(), &c, "tree drop", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				_, err := tc.Drop(ctx, &pb.TreeDropRequest{Name: args[0]})
@@ -168,7 +171,8 @@ func treePutCmd() *cobra.Command {
 current value is V. A condition that does not hold changes nothing and exits
 1. The put is durable (in the answering node's log, on two disks) when the
 command returns.`,
-		Args: cobra.RangeArgs(2, 3),
+		Example: "  grove tree put users alice 31\n  grove tree put users bob 7 --if-absent\n  grove tree put users bob 8 --if-equals 7\n  cat doc.json | grove tree put docs d1",
+		Args:    cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := k.in("KEY", args[1])
 			if err != nil {
@@ -213,7 +217,7 @@ command returns.`,
 	}
 	cmd.Flags().BoolVar(&k.hex, "hex", false, "keys and values are hex")
 	cmd.Flags().BoolVar(&ifAbsent, "if-absent", false, "only if the key is absent")
-	cmd.Flags().StringVar(&ifEquals, "if-equals", "", "only if the key's value is this")
+	cmd.Flags().StringVar(&ifEquals, "if-equals", "", "only if the key's value is `VALUE`")
 	c.Register(cmd, 0)
 	return cmd
 }
@@ -222,9 +226,10 @@ func treeGetCmd() *cobra.Command {
 	var c cli.Client
 	var k codec
 	cmd := &cobra.Command{
-		Use:   "get NAME KEY",
-		Short: "Print a key's value (exit 5 if absent)",
-		Args:  cobra.ExactArgs(2),
+		Use:     "get NAME KEY",
+		Short:   "Print a key's value (exit 5 if absent)",
+		Example: "  grove tree get users alice\n  grove tree get blobs 00ff --hex",
+		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := k.in("KEY", args[1])
 			if err != nil {
@@ -257,7 +262,8 @@ func treeDelCmd() *cobra.Command {
 		Short: "Delete a key (exit 5 if absent)",
 		Long: `Delete KEY from tree NAME; --if-equals V only if its value is V (exit 1 if
 not). An absent key exits 5.`,
-		Args: cobra.ExactArgs(2),
+		Example: "  grove tree del users alice\n  grove tree del users bob --if-equals 8",
+		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := k.in("KEY", args[1])
 			if err != nil {
@@ -283,7 +289,7 @@ not). An absent key exits 5.`,
 		},
 	}
 	cmd.Flags().BoolVar(&k.hex, "hex", false, "keys and values are hex")
-	cmd.Flags().StringVar(&ifEquals, "if-equals", "", "only if the key's value is this")
+	cmd.Flags().StringVar(&ifEquals, "if-equals", "", "only if the key's value is `VALUE`")
 	c.Register(cmd, 0)
 	return cmd
 }
@@ -303,7 +309,8 @@ a tab, value (--keys-only: the key alone). The range is read in pages of up
 to 256 leaves; each page is one atomic read of the tree, the whole range is
 not (entries changed between pages show as they were when their page was
 read).`,
-		Args: cobra.ExactArgs(1),
+		Example: "  grove tree scan users\n  grove tree scan users --from a --to m --limit 10\n  grove tree scan users --reverse --limit 1 --keys-only",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if limit < 0 {
 				return cli.Usagef("--limit %d: want 0 (all) or more", limit)
@@ -354,9 +361,9 @@ read).`,
 		},
 	}
 	cmd.Flags().BoolVar(&k.hex, "hex", false, "keys and values are hex")
-	cmd.Flags().StringVar(&from, "from", "", "first key (default: the start)")
-	cmd.Flags().StringVar(&to, "to", "", "end key, excluded (default: no end)")
-	cmd.Flags().IntVar(&limit, "limit", 0, "most entries (0: all)")
+	cmd.Flags().StringVar(&from, "from", "", "first `KEY` (default: the start)")
+	cmd.Flags().StringVar(&to, "to", "", "end `KEY`, excluded (default: no end)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "most entries, `N` (0: all)")
 	cmd.Flags().BoolVar(&reverse, "reverse", false, "descending order, from the end of the range")
 	cmd.Flags().BoolVar(&keysOnly, "keys-only", false, "print keys only")
 	c.Register(cmd, 0)
@@ -368,9 +375,10 @@ func treeCountCmd() *cobra.Command {
 	var k codec
 	var from, to string
 	cmd := &cobra.Command{
-		Use:   "count NAME",
-		Short: "Count the keys of a range, atomically",
-		Args:  cobra.ExactArgs(1),
+		Use:     "count NAME",
+		Short:   "Count the keys of a range, atomically",
+		Example: "  grove tree count users\n  grove tree count users --from a --to m",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fb, err := k.in("--from", from)
 			if err != nil {
@@ -391,8 +399,8 @@ func treeCountCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&k.hex, "hex", false, "keys are hex")
-	cmd.Flags().StringVar(&from, "from", "", "first key (default: the start)")
-	cmd.Flags().StringVar(&to, "to", "", "end key, excluded (default: no end)")
+	cmd.Flags().StringVar(&from, "from", "", "first `KEY` (default: the start)")
+	cmd.Flags().StringVar(&to, "to", "", "end `KEY`, excluded (default: no end)")
 	c.Register(cmd, 0)
 	return cmd
 }
@@ -407,7 +415,8 @@ func treeStatCmd() *cobra.Command {
 its height, live nodes, keys, removed nodes waiting for their grace period,
 downlinks missing (a split whose server died; the periodic repair puts them
 back), and the answering node's cache counters.`,
-		Args: cobra.ExactArgs(1),
+		Example: "  grove tree stat users\n  grove tree stat users -o json",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.Resolve(); err != nil {
 				return err

@@ -703,8 +703,16 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		}
 		ch.first = uint64(lsn) - 1
 	}
+	// The commit record's append and the publish happen under c.mu at
+	// once: a checkpoint takes its snapshot of dirty nodes under c.mu, so
+	// it either sees the transaction still open (and keeps the head below
+	// its records) or the nodes dirty (and writes them back). A lazy
+	// commit appends into room set aside by the updates: it does not wait
+	// for a checkpoint, so holding c.mu cannot deadlock with one.
+	c.mu.Lock()
 	end, err := tx.Commit(ctx, false)
 	if err != nil {
+		c.mu.Unlock()
 		// The commit record was not appended (a lazy commit only appends):
 		// roll the transaction back. If even that fails the log is broken,
 		// and the cache stops: recovery decides.
@@ -713,7 +721,6 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		}
 		return 0, err
 	}
-	c.mu.Lock()
 	for _, n := range nodes {
 		n.LSN = uint64(end)
 	}

@@ -598,11 +598,14 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 		_ = cl.Free(context.Background(), ah)
 	}
 	a, root := Init(ah, rh)
-	if err := cl.WriteFenced(ctx, rh, 0, root.Encode(nil), s.currentFence()); err != nil {
+	// An attempt of these writes that lands late could put an empty root
+	// over a tree in use: an answer not received fails the create (the
+	// chunks are freed, and a late write to a freed chunk is refused).
+	if err := (chunkStore{cl}).Write(ctx, rh, root.Encode(nil), s.currentFence()); err != nil {
 		undo()
 		return TreeEntry{}, err
 	}
-	if err := cl.WriteFenced(ctx, ah, 0, a.Encode(nil), s.currentFence()); err != nil {
+	if err := (chunkStore{cl}).Write(ctx, ah, a.Encode(nil), s.currentFence()); err != nil {
 		undo()
 		return TreeEntry{}, err
 	}
@@ -664,14 +667,18 @@ func (s *Server) DropTree(ctx context.Context, name string) error {
 		return fmt.Errorf("btree: tree %q is dropped, but walking it to free its chunks failed (they leak): %w", name, err)
 	}
 	var firstErr error
-	free := func(h Handle) {
-		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) && firstErr == nil {
-			firstErr = err
+	free := func(h Handle) bool {
+		err := s.cfg.Chunks.Free(ctx, h)
+		if err != nil && !errors.Is(err, chunk.ErrUnallocated) {
+			if firstErr == nil {
+				firstErr = err
+			}
+			return false
 		}
+		return true
 	}
 	for h := range sh.Chunks {
-		if h != e.Anchor {
-			free(h)
+		if h != e.Anchor && free(h) {
 			s.cache.Drop(h)
 		}
 	}
@@ -712,8 +719,18 @@ func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error
 	return s.c.Read(ctx, h, 0, n)
 }
 
+// errEarlierMayLand: the write landed, but an earlier attempt of it (the
+// chunk clerk retried after an answer it did not get) may land later: to
+// the B-tree, an unknown outcome (the cache writes again under a newer
+// token, a replay run fails and runs again under a newer one).
+var errEarlierMayLand = errors.New("btree: the write landed, but an earlier attempt of it may land later")
+
 func (s chunkStore) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
-	return s.c.WriteFenced(ctx, h, 0, data, f)
+	maybe, err := s.c.WriteFencedReport(ctx, h, 0, data, f)
+	if err == nil && maybe {
+		return errEarlierMayLand
+	}
+	return err
 }
 
 func (s chunkStore) Free(ctx context.Context, h Handle) error {

@@ -558,15 +558,14 @@ func (t *Tree) insertSeparator(ctx context.Context, level int, sep []byte, child
 			t.s.Unlock(ph, lock.Exclusive)
 			return fmt.Errorf("btree: separator %q already in node %v for another child", sep, ph)
 		}
-		if repair {
-			// Only a live child without a downlink gets one: while the
-			// downlink is missing nothing can remove the child, and we hold
-			// the only node its downlink could go in.
-			c, err := t.s.Read(ctx, child)
-			if err != nil || c.Deleted || !bytes.Equal(c.Low, sep) {
-				t.s.Unlock(ph, lock.Exclusive)
-				return err
-			}
+		// Only a live child without a downlink, still starting at sep, gets
+		// one: while its downlink is missing nothing can remove it or move
+		// its low bound, and we hold the only node the downlink could go
+		// in. A split's own insertion checks too: Repair may have put the
+		// downlink in first, and compression removed the child since.
+		if c, err := t.s.Read(ctx, child); err != nil || c.Deleted || !bytes.Equal(c.Low, sep) {
+			t.s.Unlock(ph, lock.Exclusive)
+			return ignoreGone(err)
 		}
 		pp := p.Clone()
 		pp.Keys = insertAt(pp.Keys, i, sep)

@@ -333,13 +333,23 @@ func (c *Clerk) Write(ctx context.Context, h Handle, off uint64, data []byte) er
 // rldev.MaxTokenNames lock names: fence with a few coarse locks (a log's,
 // a tree's), not one per chunk.
 func (c *Clerk) WriteFenced(ctx context.Context, h Handle, off uint64, data []byte, f *rldev.Fence) error {
+	_, err := c.WriteFencedReport(ctx, h, off, data, f)
+	return err
+}
+
+// WriteFencedReport is WriteFenced that also reports, on success, whether
+// an earlier attempt of the write (retried by the clerk, after an answer
+// it did not get) may still land later: a writer that hands its lock on
+// must then write again under a newer token, so that the RLDev refuses
+// the earlier attempt when it lands.
+func (c *Clerk) WriteFencedReport(ctx context.Context, h Handle, off uint64, data []byte, f *rldev.Fence) (earlierMayLand bool, _ error) {
 	var fname string
 	var ftok *pb.ChunkToken
 	if f != nil {
 		fname, ftok = f.Name, tokenPB(f.Token)
 	}
 	if h.CM == 0 || h.ID == 0 {
-		return fmt.Errorf("writing %s: %w", h, ErrBadHandle)
+		return false, fmt.Errorf("writing %s: %w", h, ErrBadHandle)
 	}
 	for done := 0; done < len(data) || len(data) == 0; {
 		k := min(len(data)-done, MaxIO)
@@ -367,13 +377,14 @@ func (c *Clerk) WriteFenced(ctx context.Context, h Handle, off uint64, data []by
 			if maybe && !errors.Is(err, ErrMaybeDone) {
 				err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeDone)
 			}
-			return err
+			return maybe || earlierMayLand, err
 		}
+		earlierMayLand = earlierMayLand || maybe
 		if done += k; len(data) == 0 {
 			break
 		}
 	}
-	return nil
+	return earlierMayLand, nil
 }
 
 // Stat asks node for its managers' status (cm 0: all of them; with cm and
