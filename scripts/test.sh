@@ -39,6 +39,17 @@ if ! command -v fio >/dev/null; then
   fi
 fi
 
+# etcd 3.4 (etcd-server, etcd-client): etcdctl drives the B-tree's
+# etcd-compatible endpoint in its test; the benchmarks compare with etcd.
+if ! command -v etcdctl >/dev/null || ! command -v etcd >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing etcd-server and etcd-client"
+    apt-get install -y etcd-server etcd-client || { apt-get update && apt-get install -y etcd-server etcd-client; }
+  else
+    echo "(no etcd and not root to install it: the etcdctl test is skipped)"
+  fi
+fi
+
 echo "== tests"
 # The container test (cmd/grove.TestDockerCompose) runs where a docker
 # engine and docker-compose answer; GROVE_DOCKER=0 skips it.

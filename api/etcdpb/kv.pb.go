@@ -4,9 +4,12 @@
 // 	protoc        (unknown)
 // source: etcdpb/kv.proto
 
-// The two messages of etcd's v3 KV API that `grove bench decree` needs to
-// drive an etcd cluster over gRPC with the same client stack Grove uses.
-// Field numbers match etcd's rpc.proto; unknown response fields are ignored.
+// The part of etcd's v3 API that Grove speaks: its etcd-compatible endpoint
+// serves KV (Range, Put, DeleteRange; Txn and Compact answer Unimplemented)
+// on one B-tree, and `grove bench` drives etcd clusters with the same
+// messages. Message, field and service names and numbers match etcd 3.4's
+// rpc.proto and kv.proto (KeyValue is mvccpb's, declared here); unknown
+// fields are ignored.
 
 package etcdpb
 
@@ -25,10 +28,118 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RangeRequest_SortOrder int32
+
+const (
+	RangeRequest_NONE    RangeRequest_SortOrder = 0
+	RangeRequest_ASCEND  RangeRequest_SortOrder = 1
+	RangeRequest_DESCEND RangeRequest_SortOrder = 2
+)
+
+// Enum value maps for RangeRequest_SortOrder.
+var (
+	RangeRequest_SortOrder_name = map[int32]string{
+		0: "NONE",
+		1: "ASCEND",
+		2: "DESCEND",
+	}
+	RangeRequest_SortOrder_value = map[string]int32{
+		"NONE":    0,
+		"ASCEND":  1,
+		"DESCEND": 2,
+	}
+)
+
+func (x RangeRequest_SortOrder) Enum() *RangeRequest_SortOrder {
+	p := new(RangeRequest_SortOrder)
+	*p = x
+	return p
+}
+
+func (x RangeRequest_SortOrder) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RangeRequest_SortOrder) Descriptor() protoreflect.EnumDescriptor {
+	return file_etcdpb_kv_proto_enumTypes[0].Descriptor()
+}
+
+func (RangeRequest_SortOrder) Type() protoreflect.EnumType {
+	return &file_etcdpb_kv_proto_enumTypes[0]
+}
+
+func (x RangeRequest_SortOrder) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RangeRequest_SortOrder.Descriptor instead.
+func (RangeRequest_SortOrder) EnumDescriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{2, 0}
+}
+
+type RangeRequest_SortTarget int32
+
+const (
+	RangeRequest_KEY     RangeRequest_SortTarget = 0
+	RangeRequest_VERSION RangeRequest_SortTarget = 1
+	RangeRequest_CREATE  RangeRequest_SortTarget = 2
+	RangeRequest_MOD     RangeRequest_SortTarget = 3
+	RangeRequest_VALUE   RangeRequest_SortTarget = 4
+)
+
+// Enum value maps for RangeRequest_SortTarget.
+var (
+	RangeRequest_SortTarget_name = map[int32]string{
+		0: "KEY",
+		1: "VERSION",
+		2: "CREATE",
+		3: "MOD",
+		4: "VALUE",
+	}
+	RangeRequest_SortTarget_value = map[string]int32{
+		"KEY":     0,
+		"VERSION": 1,
+		"CREATE":  2,
+		"MOD":     3,
+		"VALUE":   4,
+	}
+)
+
+func (x RangeRequest_SortTarget) Enum() *RangeRequest_SortTarget {
+	p := new(RangeRequest_SortTarget)
+	*p = x
+	return p
+}
+
+func (x RangeRequest_SortTarget) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RangeRequest_SortTarget) Descriptor() protoreflect.EnumDescriptor {
+	return file_etcdpb_kv_proto_enumTypes[1].Descriptor()
+}
+
+func (RangeRequest_SortTarget) Type() protoreflect.EnumType {
+	return &file_etcdpb_kv_proto_enumTypes[1]
+}
+
+func (x RangeRequest_SortTarget) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RangeRequest_SortTarget.Descriptor instead.
+func (RangeRequest_SortTarget) EnumDescriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{2, 1}
+}
+
 type PutRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Lease         int64                  `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	PrevKv        bool                   `protobuf:"varint,4,opt,name=prev_kv,json=prevKv,proto3" json:"prev_kv,omitempty"`
+	IgnoreValue   bool                   `protobuf:"varint,5,opt,name=ignore_value,json=ignoreValue,proto3" json:"ignore_value,omitempty"`
+	IgnoreLease   bool                   `protobuf:"varint,6,opt,name=ignore_lease,json=ignoreLease,proto3" json:"ignore_lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -77,6 +188,609 @@ func (x *PutRequest) GetValue() []byte {
 	return nil
 }
 
+func (x *PutRequest) GetLease() int64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
+func (x *PutRequest) GetPrevKv() bool {
+	if x != nil {
+		return x.PrevKv
+	}
+	return false
+}
+
+func (x *PutRequest) GetIgnoreValue() bool {
+	if x != nil {
+		return x.IgnoreValue
+	}
+	return false
+}
+
+func (x *PutRequest) GetIgnoreLease() bool {
+	if x != nil {
+		return x.IgnoreLease
+	}
+	return false
+}
+
+// mvccpb.KeyValue.
+type KeyValue struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Key            []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	CreateRevision int64                  `protobuf:"varint,2,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
+	ModRevision    int64                  `protobuf:"varint,3,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
+	Version        int64                  `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Value          []byte                 `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	Lease          int64                  `protobuf:"varint,6,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KeyValue) Reset() {
+	*x = KeyValue{}
+	mi := &file_etcdpb_kv_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyValue) ProtoMessage() {}
+
+func (x *KeyValue) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
+func (*KeyValue) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KeyValue) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *KeyValue) GetCreateRevision() int64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+func (x *KeyValue) GetModRevision() int64 {
+	if x != nil {
+		return x.ModRevision
+	}
+	return 0
+}
+
+func (x *KeyValue) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *KeyValue) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KeyValue) GetLease() int64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
+type RangeRequest struct {
+	state             protoimpl.MessageState  `protogen:"open.v1"`
+	Key               []byte                  `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	RangeEnd          []byte                  `protobuf:"bytes,2,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`
+	Limit             int64                   `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Revision          int64                   `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	SortOrder         RangeRequest_SortOrder  `protobuf:"varint,5,opt,name=sort_order,json=sortOrder,proto3,enum=etcdserverpb.RangeRequest_SortOrder" json:"sort_order,omitempty"`
+	SortTarget        RangeRequest_SortTarget `protobuf:"varint,6,opt,name=sort_target,json=sortTarget,proto3,enum=etcdserverpb.RangeRequest_SortTarget" json:"sort_target,omitempty"`
+	Serializable      bool                    `protobuf:"varint,7,opt,name=serializable,proto3" json:"serializable,omitempty"`
+	KeysOnly          bool                    `protobuf:"varint,8,opt,name=keys_only,json=keysOnly,proto3" json:"keys_only,omitempty"`
+	CountOnly         bool                    `protobuf:"varint,9,opt,name=count_only,json=countOnly,proto3" json:"count_only,omitempty"`
+	MinModRevision    int64                   `protobuf:"varint,10,opt,name=min_mod_revision,json=minModRevision,proto3" json:"min_mod_revision,omitempty"`
+	MaxModRevision    int64                   `protobuf:"varint,11,opt,name=max_mod_revision,json=maxModRevision,proto3" json:"max_mod_revision,omitempty"`
+	MinCreateRevision int64                   `protobuf:"varint,12,opt,name=min_create_revision,json=minCreateRevision,proto3" json:"min_create_revision,omitempty"`
+	MaxCreateRevision int64                   `protobuf:"varint,13,opt,name=max_create_revision,json=maxCreateRevision,proto3" json:"max_create_revision,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RangeRequest) Reset() {
+	*x = RangeRequest{}
+	mi := &file_etcdpb_kv_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeRequest) ProtoMessage() {}
+
+func (x *RangeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeRequest.ProtoReflect.Descriptor instead.
+func (*RangeRequest) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RangeRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *RangeRequest) GetRangeEnd() []byte {
+	if x != nil {
+		return x.RangeEnd
+	}
+	return nil
+}
+
+func (x *RangeRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RangeRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *RangeRequest) GetSortOrder() RangeRequest_SortOrder {
+	if x != nil {
+		return x.SortOrder
+	}
+	return RangeRequest_NONE
+}
+
+func (x *RangeRequest) GetSortTarget() RangeRequest_SortTarget {
+	if x != nil {
+		return x.SortTarget
+	}
+	return RangeRequest_KEY
+}
+
+func (x *RangeRequest) GetSerializable() bool {
+	if x != nil {
+		return x.Serializable
+	}
+	return false
+}
+
+func (x *RangeRequest) GetKeysOnly() bool {
+	if x != nil {
+		return x.KeysOnly
+	}
+	return false
+}
+
+func (x *RangeRequest) GetCountOnly() bool {
+	if x != nil {
+		return x.CountOnly
+	}
+	return false
+}
+
+func (x *RangeRequest) GetMinModRevision() int64 {
+	if x != nil {
+		return x.MinModRevision
+	}
+	return 0
+}
+
+func (x *RangeRequest) GetMaxModRevision() int64 {
+	if x != nil {
+		return x.MaxModRevision
+	}
+	return 0
+}
+
+func (x *RangeRequest) GetMinCreateRevision() int64 {
+	if x != nil {
+		return x.MinCreateRevision
+	}
+	return 0
+}
+
+func (x *RangeRequest) GetMaxCreateRevision() int64 {
+	if x != nil {
+		return x.MaxCreateRevision
+	}
+	return 0
+}
+
+type RangeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *ResponseHeader        `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Kvs           []*KeyValue            `protobuf:"bytes,2,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	More          bool                   `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	Count         int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeResponse) Reset() {
+	*x = RangeResponse{}
+	mi := &file_etcdpb_kv_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeResponse) ProtoMessage() {}
+
+func (x *RangeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeResponse.ProtoReflect.Descriptor instead.
+func (*RangeResponse) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RangeResponse) GetHeader() *ResponseHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *RangeResponse) GetKvs() []*KeyValue {
+	if x != nil {
+		return x.Kvs
+	}
+	return nil
+}
+
+func (x *RangeResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *RangeResponse) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type DeleteRangeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	RangeEnd      []byte                 `protobuf:"bytes,2,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`
+	PrevKv        bool                   `protobuf:"varint,3,opt,name=prev_kv,json=prevKv,proto3" json:"prev_kv,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRangeRequest) Reset() {
+	*x = DeleteRangeRequest{}
+	mi := &file_etcdpb_kv_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRangeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRangeRequest) ProtoMessage() {}
+
+func (x *DeleteRangeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRangeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRangeRequest) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeleteRangeRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *DeleteRangeRequest) GetRangeEnd() []byte {
+	if x != nil {
+		return x.RangeEnd
+	}
+	return nil
+}
+
+func (x *DeleteRangeRequest) GetPrevKv() bool {
+	if x != nil {
+		return x.PrevKv
+	}
+	return false
+}
+
+type DeleteRangeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *ResponseHeader        `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Deleted       int64                  `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	PrevKvs       []*KeyValue            `protobuf:"bytes,3,rep,name=prev_kvs,json=prevKvs,proto3" json:"prev_kvs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRangeResponse) Reset() {
+	*x = DeleteRangeResponse{}
+	mi := &file_etcdpb_kv_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRangeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRangeResponse) ProtoMessage() {}
+
+func (x *DeleteRangeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRangeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRangeResponse) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteRangeResponse) GetHeader() *ResponseHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *DeleteRangeResponse) GetDeleted() int64 {
+	if x != nil {
+		return x.Deleted
+	}
+	return 0
+}
+
+func (x *DeleteRangeResponse) GetPrevKvs() []*KeyValue {
+	if x != nil {
+		return x.PrevKvs
+	}
+	return nil
+}
+
+// Txn and Compact are declared so that they answer a clear Unimplemented;
+// their requests' fields are not read.
+type TxnRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnRequest) Reset() {
+	*x = TxnRequest{}
+	mi := &file_etcdpb_kv_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnRequest) ProtoMessage() {}
+
+func (x *TxnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
+func (*TxnRequest) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{6}
+}
+
+type TxnResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *ResponseHeader        `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnResponse) Reset() {
+	*x = TxnResponse{}
+	mi := &file_etcdpb_kv_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnResponse) ProtoMessage() {}
+
+func (x *TxnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
+func (*TxnResponse) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TxnResponse) GetHeader() *ResponseHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+type CompactionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactionRequest) Reset() {
+	*x = CompactionRequest{}
+	mi := &file_etcdpb_kv_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactionRequest) ProtoMessage() {}
+
+func (x *CompactionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactionRequest.ProtoReflect.Descriptor instead.
+func (*CompactionRequest) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{8}
+}
+
+type CompactionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *ResponseHeader        `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactionResponse) Reset() {
+	*x = CompactionResponse{}
+	mi := &file_etcdpb_kv_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactionResponse) ProtoMessage() {}
+
+func (x *CompactionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactionResponse.ProtoReflect.Descriptor instead.
+func (*CompactionResponse) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CompactionResponse) GetHeader() *ResponseHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
 type ResponseHeader struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClusterId     uint64                 `protobuf:"varint,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
@@ -89,7 +803,7 @@ type ResponseHeader struct {
 
 func (x *ResponseHeader) Reset() {
 	*x = ResponseHeader{}
-	mi := &file_etcdpb_kv_proto_msgTypes[1]
+	mi := &file_etcdpb_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +815,7 @@ func (x *ResponseHeader) String() string {
 func (*ResponseHeader) ProtoMessage() {}
 
 func (x *ResponseHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdpb_kv_proto_msgTypes[1]
+	mi := &file_etcdpb_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +828,7 @@ func (x *ResponseHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseHeader.ProtoReflect.Descriptor instead.
 func (*ResponseHeader) Descriptor() ([]byte, []int) {
-	return file_etcdpb_kv_proto_rawDescGZIP(), []int{1}
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResponseHeader) GetClusterId() uint64 {
@@ -148,13 +862,14 @@ func (x *ResponseHeader) GetRaftTerm() uint64 {
 type PutResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Header        *ResponseHeader        `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	PrevKv        *KeyValue              `protobuf:"bytes,2,opt,name=prev_kv,json=prevKv,proto3" json:"prev_kv,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_etcdpb_kv_proto_msgTypes[2]
+	mi := &file_etcdpb_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +881,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdpb_kv_proto_msgTypes[2]
+	mi := &file_etcdpb_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,12 +894,19 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_etcdpb_kv_proto_rawDescGZIP(), []int{2}
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutResponse) GetHeader() *ResponseHeader {
 	if x != nil {
 		return x.Header
+	}
+	return nil
+}
+
+func (x *PutResponse) GetPrevKv() *KeyValue {
+	if x != nil {
+		return x.PrevKv
 	}
 	return nil
 }
@@ -197,7 +919,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_etcdpb_kv_proto_msgTypes[3]
+	mi := &file_etcdpb_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -209,7 +931,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdpb_kv_proto_msgTypes[3]
+	mi := &file_etcdpb_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -222,7 +944,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_etcdpb_kv_proto_rawDescGZIP(), []int{3}
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{12}
 }
 
 type StatusResponse struct {
@@ -237,7 +959,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_etcdpb_kv_proto_msgTypes[4]
+	mi := &file_etcdpb_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -249,7 +971,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdpb_kv_proto_msgTypes[4]
+	mi := &file_etcdpb_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -262,7 +984,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_etcdpb_kv_proto_rawDescGZIP(), []int{4}
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusResponse) GetHeader() *ResponseHeader {
@@ -297,27 +1019,94 @@ var File_etcdpb_kv_proto protoreflect.FileDescriptor
 
 const file_etcdpb_kv_proto_rawDesc = "" +
 	"\n" +
-	"\x0fetcdpb/kv.proto\x12\fetcdserverpb\"4\n" +
+	"\x0fetcdpb/kv.proto\x12\fetcdserverpb\"\xa9\x01\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
+	"\x05lease\x18\x03 \x01(\x03R\x05lease\x12\x17\n" +
+	"\aprev_kv\x18\x04 \x01(\bR\x06prevKv\x12!\n" +
+	"\fignore_value\x18\x05 \x01(\bR\vignoreValue\x12!\n" +
+	"\fignore_lease\x18\x06 \x01(\bR\vignoreLease\"\xae\x01\n" +
+	"\bKeyValue\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12'\n" +
+	"\x0fcreate_revision\x18\x02 \x01(\x03R\x0ecreateRevision\x12!\n" +
+	"\fmod_revision\x18\x03 \x01(\x03R\vmodRevision\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x03R\aversion\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\fR\x05value\x12\x14\n" +
+	"\x05lease\x18\x06 \x01(\x03R\x05lease\"\x84\x05\n" +
+	"\fRangeRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1b\n" +
+	"\trange_end\x18\x02 \x01(\fR\brangeEnd\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\x12C\n" +
+	"\n" +
+	"sort_order\x18\x05 \x01(\x0e2$.etcdserverpb.RangeRequest.SortOrderR\tsortOrder\x12F\n" +
+	"\vsort_target\x18\x06 \x01(\x0e2%.etcdserverpb.RangeRequest.SortTargetR\n" +
+	"sortTarget\x12\"\n" +
+	"\fserializable\x18\a \x01(\bR\fserializable\x12\x1b\n" +
+	"\tkeys_only\x18\b \x01(\bR\bkeysOnly\x12\x1d\n" +
+	"\n" +
+	"count_only\x18\t \x01(\bR\tcountOnly\x12(\n" +
+	"\x10min_mod_revision\x18\n" +
+	" \x01(\x03R\x0eminModRevision\x12(\n" +
+	"\x10max_mod_revision\x18\v \x01(\x03R\x0emaxModRevision\x12.\n" +
+	"\x13min_create_revision\x18\f \x01(\x03R\x11minCreateRevision\x12.\n" +
+	"\x13max_create_revision\x18\r \x01(\x03R\x11maxCreateRevision\".\n" +
+	"\tSortOrder\x12\b\n" +
+	"\x04NONE\x10\x00\x12\n" +
+	"\n" +
+	"\x06ASCEND\x10\x01\x12\v\n" +
+	"\aDESCEND\x10\x02\"B\n" +
+	"\n" +
+	"SortTarget\x12\a\n" +
+	"\x03KEY\x10\x00\x12\v\n" +
+	"\aVERSION\x10\x01\x12\n" +
+	"\n" +
+	"\x06CREATE\x10\x02\x12\a\n" +
+	"\x03MOD\x10\x03\x12\t\n" +
+	"\x05VALUE\x10\x04\"\x99\x01\n" +
+	"\rRangeResponse\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12(\n" +
+	"\x03kvs\x18\x02 \x03(\v2\x16.etcdserverpb.KeyValueR\x03kvs\x12\x12\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\"\\\n" +
+	"\x12DeleteRangeRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1b\n" +
+	"\trange_end\x18\x02 \x01(\fR\brangeEnd\x12\x17\n" +
+	"\aprev_kv\x18\x03 \x01(\bR\x06prevKv\"\x98\x01\n" +
+	"\x13DeleteRangeResponse\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\x03R\adeleted\x121\n" +
+	"\bprev_kvs\x18\x03 \x03(\v2\x16.etcdserverpb.KeyValueR\aprevKvs\"\f\n" +
+	"\n" +
+	"TxnRequest\"C\n" +
+	"\vTxnResponse\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\"\x13\n" +
+	"\x11CompactionRequest\"J\n" +
+	"\x12CompactionResponse\x124\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\"\x85\x01\n" +
 	"\x0eResponseHeader\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x1b\n" +
-	"\traft_term\x18\x04 \x01(\x04R\braftTerm\"C\n" +
+	"\traft_term\x18\x04 \x01(\x04R\braftTerm\"t\n" +
 	"\vPutResponse\x124\n" +
-	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\"\x0f\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12/\n" +
+	"\aprev_kv\x18\x02 \x01(\v2\x16.etcdserverpb.KeyValueR\x06prevKv\"\x0f\n" +
 	"\rStatusRequest\"\x91\x01\n" +
 	"\x0eStatusResponse\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
 	"\adb_size\x18\x03 \x01(\x03R\x06dbSize\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\x04R\x06leader2@\n" +
-	"\x02KV\x12:\n" +
-	"\x03Put\x12\x18.etcdserverpb.PutRequest\x1a\x19.etcdserverpb.PutResponse2R\n" +
+	"\x06leader\x18\x04 \x01(\x04R\x06leader2\xe0\x02\n" +
+	"\x02KV\x12@\n" +
+	"\x05Range\x12\x1a.etcdserverpb.RangeRequest\x1a\x1b.etcdserverpb.RangeResponse\x12:\n" +
+	"\x03Put\x12\x18.etcdserverpb.PutRequest\x1a\x19.etcdserverpb.PutResponse\x12R\n" +
+	"\vDeleteRange\x12 .etcdserverpb.DeleteRangeRequest\x1a!.etcdserverpb.DeleteRangeResponse\x12:\n" +
+	"\x03Txn\x12\x18.etcdserverpb.TxnRequest\x1a\x19.etcdserverpb.TxnResponse\x12L\n" +
+	"\aCompact\x12\x1f.etcdserverpb.CompactionRequest\x1a .etcdserverpb.CompactionResponse2R\n" +
 	"\vMaintenance\x12C\n" +
 	"\x06Status\x12\x1b.etcdserverpb.StatusRequest\x1a\x1c.etcdserverpb.StatusResponseB(Z&github.com/grovestore/grove/api/etcdpbb\x06proto3"
 
@@ -333,26 +1122,55 @@ func file_etcdpb_kv_proto_rawDescGZIP() []byte {
 	return file_etcdpb_kv_proto_rawDescData
 }
 
-var file_etcdpb_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_etcdpb_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_etcdpb_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_etcdpb_kv_proto_goTypes = []any{
-	(*PutRequest)(nil),     // 0: etcdserverpb.PutRequest
-	(*ResponseHeader)(nil), // 1: etcdserverpb.ResponseHeader
-	(*PutResponse)(nil),    // 2: etcdserverpb.PutResponse
-	(*StatusRequest)(nil),  // 3: etcdserverpb.StatusRequest
-	(*StatusResponse)(nil), // 4: etcdserverpb.StatusResponse
+	(RangeRequest_SortOrder)(0),  // 0: etcdserverpb.RangeRequest.SortOrder
+	(RangeRequest_SortTarget)(0), // 1: etcdserverpb.RangeRequest.SortTarget
+	(*PutRequest)(nil),           // 2: etcdserverpb.PutRequest
+	(*KeyValue)(nil),             // 3: etcdserverpb.KeyValue
+	(*RangeRequest)(nil),         // 4: etcdserverpb.RangeRequest
+	(*RangeResponse)(nil),        // 5: etcdserverpb.RangeResponse
+	(*DeleteRangeRequest)(nil),   // 6: etcdserverpb.DeleteRangeRequest
+	(*DeleteRangeResponse)(nil),  // 7: etcdserverpb.DeleteRangeResponse
+	(*TxnRequest)(nil),           // 8: etcdserverpb.TxnRequest
+	(*TxnResponse)(nil),          // 9: etcdserverpb.TxnResponse
+	(*CompactionRequest)(nil),    // 10: etcdserverpb.CompactionRequest
+	(*CompactionResponse)(nil),   // 11: etcdserverpb.CompactionResponse
+	(*ResponseHeader)(nil),       // 12: etcdserverpb.ResponseHeader
+	(*PutResponse)(nil),          // 13: etcdserverpb.PutResponse
+	(*StatusRequest)(nil),        // 14: etcdserverpb.StatusRequest
+	(*StatusResponse)(nil),       // 15: etcdserverpb.StatusResponse
 }
 var file_etcdpb_kv_proto_depIdxs = []int32{
-	1, // 0: etcdserverpb.PutResponse.header:type_name -> etcdserverpb.ResponseHeader
-	1, // 1: etcdserverpb.StatusResponse.header:type_name -> etcdserverpb.ResponseHeader
-	0, // 2: etcdserverpb.KV.Put:input_type -> etcdserverpb.PutRequest
-	3, // 3: etcdserverpb.Maintenance.Status:input_type -> etcdserverpb.StatusRequest
-	2, // 4: etcdserverpb.KV.Put:output_type -> etcdserverpb.PutResponse
-	4, // 5: etcdserverpb.Maintenance.Status:output_type -> etcdserverpb.StatusResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	0,  // 0: etcdserverpb.RangeRequest.sort_order:type_name -> etcdserverpb.RangeRequest.SortOrder
+	1,  // 1: etcdserverpb.RangeRequest.sort_target:type_name -> etcdserverpb.RangeRequest.SortTarget
+	12, // 2: etcdserverpb.RangeResponse.header:type_name -> etcdserverpb.ResponseHeader
+	3,  // 3: etcdserverpb.RangeResponse.kvs:type_name -> etcdserverpb.KeyValue
+	12, // 4: etcdserverpb.DeleteRangeResponse.header:type_name -> etcdserverpb.ResponseHeader
+	3,  // 5: etcdserverpb.DeleteRangeResponse.prev_kvs:type_name -> etcdserverpb.KeyValue
+	12, // 6: etcdserverpb.TxnResponse.header:type_name -> etcdserverpb.ResponseHeader
+	12, // 7: etcdserverpb.CompactionResponse.header:type_name -> etcdserverpb.ResponseHeader
+	12, // 8: etcdserverpb.PutResponse.header:type_name -> etcdserverpb.ResponseHeader
+	3,  // 9: etcdserverpb.PutResponse.prev_kv:type_name -> etcdserverpb.KeyValue
+	12, // 10: etcdserverpb.StatusResponse.header:type_name -> etcdserverpb.ResponseHeader
+	4,  // 11: etcdserverpb.KV.Range:input_type -> etcdserverpb.RangeRequest
+	2,  // 12: etcdserverpb.KV.Put:input_type -> etcdserverpb.PutRequest
+	6,  // 13: etcdserverpb.KV.DeleteRange:input_type -> etcdserverpb.DeleteRangeRequest
+	8,  // 14: etcdserverpb.KV.Txn:input_type -> etcdserverpb.TxnRequest
+	10, // 15: etcdserverpb.KV.Compact:input_type -> etcdserverpb.CompactionRequest
+	14, // 16: etcdserverpb.Maintenance.Status:input_type -> etcdserverpb.StatusRequest
+	5,  // 17: etcdserverpb.KV.Range:output_type -> etcdserverpb.RangeResponse
+	13, // 18: etcdserverpb.KV.Put:output_type -> etcdserverpb.PutResponse
+	7,  // 19: etcdserverpb.KV.DeleteRange:output_type -> etcdserverpb.DeleteRangeResponse
+	9,  // 20: etcdserverpb.KV.Txn:output_type -> etcdserverpb.TxnResponse
+	11, // 21: etcdserverpb.KV.Compact:output_type -> etcdserverpb.CompactionResponse
+	15, // 22: etcdserverpb.Maintenance.Status:output_type -> etcdserverpb.StatusResponse
+	17, // [17:23] is the sub-list for method output_type
+	11, // [11:17] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_etcdpb_kv_proto_init() }
@@ -365,13 +1183,14 @@ func file_etcdpb_kv_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdpb_kv_proto_rawDesc), len(file_etcdpb_kv_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   5,
+			NumEnums:      2,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
 		GoTypes:           file_etcdpb_kv_proto_goTypes,
 		DependencyIndexes: file_etcdpb_kv_proto_depIdxs,
+		EnumInfos:         file_etcdpb_kv_proto_enumTypes,
 		MessageInfos:      file_etcdpb_kv_proto_msgTypes,
 	}.Build()
 	File_etcdpb_kv_proto = out.File

@@ -1376,9 +1376,12 @@ func (x *LockMasterRecord) GetGrpcAddr() string {
 }
 
 type LockClerkRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            *ClerkId               `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    *ClerkId               `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The name prefixes the clerk may lock (empty: any name). An "all"
+	// recovery of the clerk blocks only grants of names in its scope.
+	Scope         []string `protobuf:"bytes,3,rep,name=scope,proto3" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1427,6 +1430,13 @@ func (x *LockClerkRecord) GetKind() string {
 	return ""
 }
 
+func (x *LockClerkRecord) GetScope() []string {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
 type LockRecoveryRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
@@ -1434,6 +1444,7 @@ type LockRecoveryRecord struct {
 	Names         [][]byte               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"` // written by older versions: held exclusive
 	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
 	Leases        []*HeldLease           `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"` // what the dead clerk held, with modes
+	Scope         []string               `protobuf:"bytes,6,rep,name=scope,proto3" json:"scope,omitempty"`   // the dead clerk's scope (see LockClerkRecord)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1499,6 +1510,13 @@ func (x *LockRecoveryRecord) GetAll() bool {
 func (x *LockRecoveryRecord) GetLeases() []*HeldLease {
 	if x != nil {
 		return x.Leases
+	}
+	return nil
+}
+
+func (x *LockRecoveryRecord) GetScope() []string {
+	if x != nil {
+		return x.Scope
 	}
 	return nil
 }
@@ -2035,16 +2053,18 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1b\n" +
-	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\"H\n" +
+	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\"^\n" +
 	"\x0fLockClerkRecord\x12!\n" +
 	"\x02id\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x02id\x12\x12\n" +
-	"\x04kind\x18\x02 \x01(\tR\x04kind\"\xa4\x01\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05scope\x18\x03 \x03(\tR\x05scope\"\xba\x01\n" +
 	"\x12LockRecoveryRecord\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05names\x18\x03 \x03(\fR\x05names\x12\x10\n" +
 	"\x03all\x18\x04 \x01(\bR\x03all\x12+\n" +
-	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\"\x80\x01\n" +
+	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\x12\x14\n" +
+	"\x05scope\x18\x06 \x03(\tR\x05scope\"\x80\x01\n" +
 	"\vHoldRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x1f\n" +

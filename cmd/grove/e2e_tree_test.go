@@ -58,18 +58,17 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if r := grove(t, bin, nil, "tree", "list", "-o", "json", ep(3)); r.code != 0 || !strings.Contains(r.stdout, `"e2e"`) {
 		t.Fatalf("tree list: %v", r)
 	}
-	// The loaders work through nodes 1 and 2; the one killed is the one
-	// that is not the lock master. (Killing the master's node while a
-	// B-tree server there holds leases is an open defect: the new master
-	// runs the dead server's recovery in "all" mode, which blocks every
-	// grant, including the chunk managers' takeover the replay needs: see
-	// README, B-link tree, not built yet.)
+	// The loaders work through nodes 1 and 2; the one killed is the lock
+	// master's, if it is one of them: the new master does not know what the
+	// dead node's B-tree server held, and recovers it in "all" mode, which
+	// blocks only B-tree names (the chunk managers' takeover, which the
+	// replay needs, goes on). GROVE_E2E_TREE_VICTIM=master|other chooses.
 	var ll LockListJSON
 	if r := grove(t, bin, nil, "lock", "list", "-o", "json", ep(3)); r.code != 0 || json.Unmarshal([]byte(r.stdout), &ll) != nil {
 		t.Fatalf("lock list: %v", r)
 	}
 	victim, survivor := uint64(2), uint64(1)
-	if ll.Master == 2 {
+	if (ll.Master == 1) != (os.Getenv("GROVE_E2E_TREE_VICTIM") == "other") {
 		victim, survivor = 1, 2
 	}
 	t.Logf("the lock master is node %d: node %d will be killed, node %d's loader goes on", ll.Master, victim, survivor)
@@ -163,6 +162,15 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	}
 	for _, k := range []string{fmt.Sprintf("key-%d-00000", survivor), fmt.Sprintf("key-%d-00000", victim)} {
 		if r := grove(t, bin, nil, "tree", "get", "e2e", k, ep(3)); r.code != 0 || strings.TrimSpace(r.stdout) != acked[k] {
+			// Diagnose (an open defect seen about once in three CI runs
+			// before, never since): is the miss transient, and do the
+			// other nodes see the key?
+			for i := 0; i < 3; i++ {
+				time.Sleep(time.Second)
+				t.Logf("get %s again through node 3: %v", k, grove(t, bin, nil, "tree", "get", "e2e", k, ep(3)))
+			}
+			t.Logf("through node %d: %v", survivor, grove(t, bin, nil, "tree", "get", "e2e", k, ep(survivor)))
+			t.Logf("stat through node 3: %v", grove(t, bin, nil, "tree", "stat", "e2e", ep(3)))
 			t.Fatalf("tree get %s: %v", k, r)
 		}
 	}

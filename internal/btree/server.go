@@ -57,6 +57,13 @@ func LogName(node uint64) string { return fmt.Sprintf("btree-%d", node) }
 // Kind is the lock clerks' kind of B-tree servers.
 const Kind = "btree"
 
+// Scope is the names a B-tree server's clerk locks: nodes and anchors
+// (LockName), fence locks (FenceLock), its log (txn.LockName(LogName)).
+// When a new master does not know what a dead server held, only these
+// wait for its recovery; the chunk managers' leases its replay needs do
+// not.
+var Scope = []string{"btree/", txn.LockName("btree-")}
+
 // MaxNameLen bounds a tree's name.
 const MaxNameLen = 128
 
@@ -229,12 +236,12 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	s.log = s.log.With("role", "btree")
 	s.mu.trees = map[string]*Tree{}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead)
+	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead, Scope...)
 	for errors.Is(err, lock.ErrFenced) && ctx.Err() == nil {
 		// The node is between incarnations (it is starting, or it fenced
 		// itself): its next incarnation takes clerks.
 		time.Sleep(100 * time.Millisecond)
-		clerk, err = cfg.Locks.NewClerk(Kind, s.recoverDead)
+		clerk, err = cfg.Locks.NewClerk(Kind, s.recoverDead, Scope...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("btree: registering the lock clerk: %w", err)

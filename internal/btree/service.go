@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -181,13 +182,28 @@ func (s *Service) Crash() {
 	s.stopLocked()
 }
 
+// NotApplied is the reason (in an errdetails.ErrorInfo of domain "grove")
+// of an error that proves the call changed nothing: it was refused before
+// it started (the node's B-tree server is not running). A client may retry
+// a write that failed so elsewhere; any other failure of a write leaves its
+// outcome unknown.
+const NotApplied = "NOT_APPLIED"
+
+func notApplied(code codes.Code, msg string) error {
+	st := status.New(code, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: NotApplied, Domain: "grove"}); err == nil {
+		return d.Err()
+	}
+	return st.Err()
+}
+
 // Server returns the running server, starting it if need be, waiting for
 // it until ctx ends.
 func (s *Service) Server(ctx context.Context) (*Server, error) {
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
-		return nil, status.Error(codes.Unavailable, "btree: this node is shutting down")
+		return nil, notApplied(codes.Unavailable, "btree: this node is shutting down")
 	}
 	if srv := s.mu.srv; srv != nil {
 		s.mu.Unlock()
@@ -196,18 +212,18 @@ func (s *Service) Server(ctx context.Context) (*Server, error) {
 	inc, ready, live := s.mu.inc, s.mu.ready, s.mu.cancel != nil
 	s.mu.Unlock()
 	if !live {
-		return nil, status.Error(codes.Unavailable, "btree: this node is not in the cluster now (joining, or between incarnations)")
+		return nil, notApplied(codes.Unavailable, "btree: this node is not in the cluster now (joining, or between incarnations)")
 	}
 	s.launch(inc)
 	select {
 	case <-ready:
 	case <-ctx.Done():
-		return nil, status.Error(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
+		return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.srv == nil {
-		return nil, status.Error(codes.Unavailable, "btree: this node's B-tree server stopped")
+		return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server stopped")
 	}
 	return s.mu.srv, nil
 }
@@ -251,7 +267,11 @@ func (s *Service) open(ctx context.Context, name string) (*Server, *Tree, error)
 	}
 	t, err := srv.Open(ctx, name)
 	if err != nil {
-		return nil, nil, rpcError(err)
+		if errors.Is(err, ErrNoTree) || errors.Is(err, ErrBadName) {
+			return nil, nil, rpcError(err)
+		}
+		// Opening only reads the tree directory: nothing changed.
+		return nil, nil, notApplied(codes.Unavailable, err.Error())
 	}
 	return srv, t, nil
 }

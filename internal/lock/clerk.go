@@ -43,6 +43,7 @@ type Waiter struct {
 type Clerk struct {
 	id        ClerkID
 	kind      string
+	scope     []string // name prefixes it may lock (nil: any)
 	epoch     Epoch
 	connected bool // welcomed in the current session
 	fenced    bool
@@ -93,14 +94,16 @@ type lease struct {
 	waiters   []*Waiter
 }
 
-// NewClerk returns a clerk with no leases.
-func NewClerk(id ClerkID, kind string) *Clerk {
-	return &Clerk{id: id, kind: kind, leases: map[string]*lease{}}
+// NewClerk returns a clerk with no leases, which may lock the names that
+// start with one of scope's prefixes (any name if scope is empty).
+func NewClerk(id ClerkID, kind string, scope ...string) *Clerk {
+	return &Clerk{id: id, kind: kind, scope: scope, leases: map[string]*lease{}}
 }
 
-// ID and Kind identify the clerk.
-func (c *Clerk) ID() ClerkID  { return c.id }
-func (c *Clerk) Kind() string { return c.kind }
+// ID and Kind identify the clerk; Scope is the name prefixes it may lock.
+func (c *Clerk) ID() ClerkID     { return c.id }
+func (c *Clerk) Kind() string    { return c.kind }
+func (c *Clerk) Scope() []string { return c.scope }
 
 // Fenced reports whether the clerk's node fenced itself.
 func (c *Clerk) Fenced() bool { return c.fenced }

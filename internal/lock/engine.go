@@ -242,16 +242,29 @@ func (e *Engine) Incarnation() uint64 { return e.cfg.Inc }
 // NewClerk creates a clerk of kind for this incarnation and registers it.
 // It fails once the incarnation is fenced: nothing made under a fenced
 // incarnation may ever hold a lease.
-func (e *Engine) NewClerk(env Env, kind string) (ClerkID, []any, error) {
+//
+// scope lists the name prefixes the clerk may lock (none: any name). A kind
+// with recovery should declare one: when a dead clerk's leases are unknown
+// (a new master's "all" recovery), only names in its scope wait for the
+// recovery to finish.
+func (e *Engine) NewClerk(env Env, kind string, scope ...string) (ClerkID, []any, error) {
 	if e.fenced {
 		return ClerkID{}, nil, ErrFenced
 	}
 	if len(kind) > MaxKindLen {
 		return ClerkID{}, nil, fmt.Errorf("lock: kind longer than %d bytes", MaxKindLen)
 	}
+	if len(scope) > MaxScopePrefixes {
+		return ClerkID{}, nil, fmt.Errorf("lock: a scope of %d prefixes (at most %d)", len(scope), MaxScopePrefixes)
+	}
+	for _, p := range scope {
+		if p == "" || len(p) > MaxNameLen {
+			return ClerkID{}, nil, fmt.Errorf("lock: a scope prefix is 1..%d bytes", MaxNameLen)
+		}
+	}
 	e.nextSeq++
 	id := ClerkID{Node: e.cfg.Node, Inc: e.cfg.Inc, Seq: e.nextSeq}
-	c := &clerkRun{core: NewClerk(id, kind), runs: map[ClerkID]*run{}}
+	c := &clerkRun{core: NewClerk(id, kind, scope...), runs: map[ClerkID]*run{}}
 	e.clerks[id] = c
 	e.order = append(e.order, id)
 	sort.Slice(e.order, func(i, j int) bool { return e.order[i].Less(e.order[j]) })
@@ -260,7 +273,7 @@ func (e *Engine) NewClerk(env Env, kind string) (ClerkID, []any, error) {
 
 func (e *Engine) register(id ClerkID, c *clerkRun) []any {
 	c.registering = e.id()
-	ci := ClerkInfo{ID: id, Kind: c.core.Kind()}
+	ci := ClerkInfo{ID: id, Kind: c.core.Kind(), Scope: c.core.Scope()}
 	return []any{Update{ID: c.registering, Origin: "clerk-" + id.String(), Build: func(ns *pb.Namespace) ([]*pb.Op, error) {
 		return registerClerkOps(ns, ci)
 	}}}
@@ -297,6 +310,9 @@ func (e *Engine) Acquire(env Env, id ClerkID, name string, mode Mode) (*Waiter, 
 	c, err := e.usable(env, id)
 	if err != nil {
 		return nil, nil, err
+	}
+	if !InScope(c.core.Scope(), name) {
+		return nil, nil, fmt.Errorf("%w: %q, scope %q", ErrOutOfScope, name, c.core.Scope())
 	}
 	room, err := c.core.Room(name)
 	if err != nil {

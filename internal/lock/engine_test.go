@@ -21,7 +21,7 @@ func TestGoodbyeNotRevivedByOlderHint(t *testing.T) {
 			rid = r.ID
 		}
 	}
-	for _, o := range e.LockRead(env(), rid, &State{Version: 10, Clerks: []ClerkInfo{{cA, ""}, {cB, ""}}}, nil) {
+	for _, o := range e.LockRead(env(), rid, &State{Version: 10, Clerks: []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}}}, nil) {
 		if p, ok := o.(Propose); ok {
 			pid = p.ID
 		}
@@ -31,7 +31,7 @@ func TestGoodbyeNotRevivedByOlderHint(t *testing.T) {
 	}
 	e.Proposed(env(), pid, 11, nil)
 	rec := MasterRecord{Node: 9, Inc: 1, Epoch: 1, Addr: "m"}
-	e.LockNamespace(env(), &State{Version: 11, Master: &rec, Clerks: []ClerkInfo{{cA, ""}, {cB, ""}}})
+	e.LockNamespace(env(), &State{Version: 11, Master: &rec, Clerks: []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}}})
 	e.Accept(env(), 100, Hello{Clerk: cA, Epoch: 1})
 	for _, o := range e.MasterRecv(env(), 100, Goodbye{}) {
 		if u, ok := o.(Update); ok {
@@ -43,9 +43,9 @@ func TestGoodbyeNotRevivedByOlderHint(t *testing.T) {
 	}
 	e.Updated(env(), uid, 13, nil) // Forget(A) committed at version 13
 	// A late hint at version 12 still lists A (and a new clerk D).
-	e.LockNamespace(env(), &State{Version: 12, Master: &rec, Clerks: []ClerkInfo{{cA, ""}, {cB, ""}, {cD, ""}}})
+	e.LockNamespace(env(), &State{Version: 12, Master: &rec, Clerks: []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}, {ID: cD, Kind: ""}}})
 	e.Tick(env())
-	e.LockNamespace(env(), &State{Version: 13, Master: &rec, Clerks: []ClerkInfo{{cB, ""}, {cD, ""}}})
+	e.LockNamespace(env(), &State{Version: 13, Master: &rec, Clerks: []ClerkInfo{{ID: cB, Kind: ""}, {ID: cD, Kind: ""}}})
 	e.Tick(env())
 	m, _ := e.Master()
 	if m == nil {

@@ -55,6 +55,9 @@ func ParseMode(s string) (Mode, error) {
 // Compatible reports whether two holders may hold these modes at once.
 func Compatible(a, b Mode) bool { return a == None || b == None || (a == Shared && b == Shared) }
 
+// MaxScopePrefixes bounds a clerk's scope.
+const MaxScopePrefixes = 8
+
 // MaxNameLen is the longest lock name, in bytes. Names are arbitrary bytes.
 const MaxNameLen = 1024
 
@@ -113,6 +116,7 @@ func (t Token) String() string { return fmt.Sprintf("%d.%d", t.Epoch, t.Seq) }
 var (
 	ErrBadName      = fmt.Errorf("lock: name must be 1..%d bytes", MaxNameLen)
 	ErrBadMode      = errors.New("lock: mode must be shared or exclusive")
+	ErrOutOfScope   = errors.New("lock: the name is outside the clerk's scope (the name prefixes its kind declared)")
 	ErrFenced       = errors.New("lock: this node fenced itself; its leases are gone (it comes back with a new incarnation and a new clerk)")
 	ErrUnregistered = errors.New("lock: clerk is not registered with the lock service")
 	ErrDeadClerk    = errors.New("lock: clerk was declared dead; it must not come back")

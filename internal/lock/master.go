@@ -3,6 +3,7 @@ package lock
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Bounds on recovery messages and records: a recovery record is one
@@ -22,6 +23,25 @@ const RevokePatience = 4
 type ClerkInfo struct {
 	ID   ClerkID
 	Kind string
+	// Scope is the name prefixes the clerk may lock (nil: any name). A
+	// clerk's kind declares it, so that an "all" recovery of a dead clerk
+	// (its leases unknown) blocks only the names it could have held, not
+	// every grant: a B-tree server's replay needs the chunk managers'
+	// leases granted meanwhile.
+	Scope []string
+}
+
+// InScope reports whether a clerk of scope may lock name.
+func InScope(scope []string, name string) bool {
+	if len(scope) == 0 {
+		return true
+	}
+	for _, p := range scope {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // RecoveryRecord is a recovery obligation, recorded in the config service
@@ -30,7 +50,9 @@ type RecoveryRecord struct {
 	Dead ClerkID
 	Kind string
 	Held map[string]Mode // the dead clerk's leases
-	All  bool            // they are unknown: nothing may be granted until it is done
+	All  bool            // they are unknown: nothing in Scope may be granted until it is done
+	// Scope is the dead clerk's (nil: any name).
+	Scope []string
 }
 
 // Names lists the record's lock names in order.
@@ -154,7 +176,7 @@ func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
 		if c == nil {
 			// The record outlived the clerk record (written by an older
 			// version in two decrees): the leases are still pending.
-			c = newClerkState(ClerkInfo{ID: r.Dead, Kind: r.Kind})
+			c = newClerkState(ClerkInfo{ID: r.Dead, Kind: r.Kind, Scope: r.Scope})
 			m.clerks[r.Dead] = c
 		}
 		c.dead = true
@@ -170,8 +192,9 @@ func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
 // Epoch is the master's epoch.
 func (m *Master) Epoch() Epoch { return m.epoch }
 
-// Serving reports whether the master grants (lease state rebuilt, no
-// recovery of unknown leases pending).
+// Serving reports whether the master grants every name (lease state
+// rebuilt, no recovery of unknown leases pending; one that is pending blocks
+// the names in its dead clerk's scope only).
 func (m *Master) Serving() bool { return m.serving && !m.blockedAll() }
 
 func (m *Master) lock(name string) *lockState {
@@ -473,12 +496,12 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 		m.emit(Forget{id})
 	case !c.reported && !m.serving:
 		// A new master does not know what it held: recover everything.
-		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true}
+		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true, Scope: c.info.Scope}
 		m.recov[id] = &recovery{rec: r}
 		m.emit(Persist{r})
 	case len(c.held) > 0:
 		// Leases stay held until recovery has run on a live clerk of its kind.
-		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, Held: map[string]Mode{}}
+		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, Held: map[string]Mode{}, Scope: c.info.Scope}
 		size := 0
 		for name, mode := range c.held {
 			r.Held[name] = mode
@@ -488,7 +511,7 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 			// Too big for one config-service value: record "all" (the
 			// leases stay held, as the table still says; recovery covers
 			// everything of the kind).
-			r = RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true}
+			r = RecoveryRecord{Dead: id, Kind: c.info.Kind, All: true, Scope: c.info.Scope}
 		}
 		m.recov[id] = &recovery{rec: r}
 		m.emit(Persist{r})
@@ -718,6 +741,17 @@ func (m *Master) blockedAll() bool {
 	return false
 }
 
+// blocked reports whether a pending "all" recovery keeps name from being
+// granted: the dead clerk may have held it (it is in the clerk's scope).
+func (m *Master) blocked(name string) bool {
+	for _, r := range m.recov {
+		if r.rec.All && InScope(r.rec.Scope, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // checkServing starts granting once every clerk has reported or is dead.
 func (m *Master) checkServing() {
 	if m.serving {
@@ -787,7 +821,7 @@ func (m *Master) tryAll() {
 // every other holder, and revokes the holders that stand in the way of the
 // first one that is not.
 func (m *Master) try(name string) {
-	if !m.Serving() {
+	if !m.serving || m.blocked(name) {
 		return
 	}
 	l := m.locks[name]

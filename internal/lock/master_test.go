@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+
+	pb "github.com/grovestore/grove/api/grovepb"
 )
 
 var (
@@ -44,7 +46,7 @@ func hello(m *Master, c ClerkID, kind string, held map[string]Mode) []any {
 }
 
 func TestGrantRevokeDowngrade(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	out := m.Handle(cA, Acquire{"x", Exclusive})
@@ -71,7 +73,7 @@ func TestGrantRevokeDowngrade(t *testing.T) {
 
 // A release that crossed a newer grant on the wire must not free it.
 func TestStaleReleaseIgnored(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	g1, _ := find[Grant](m.Handle(cA, Acquire{"x", Shared}))    // token 1
@@ -93,7 +95,7 @@ func TestStaleReleaseIgnored(t *testing.T) {
 // A dead clerk of a recovery kind keeps its leases until recovery has run,
 // on a live clerk of its kind; a failed run is retried.
 func TestRecoveryBeforeRegrant(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "", nil)
 	hello(m, cC, "wal", nil)
@@ -144,7 +146,7 @@ func TestRecoveryBeforeRegrant(t *testing.T) {
 // With no live clerk of the kind, the leases stay held; recovery runs when
 // the first one registers, before the lease is granted again.
 func TestDeferredRecovery(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "", nil)
 	m.Handle(cA, Acquire{"x", Shared})
@@ -157,7 +159,7 @@ func TestDeferredRecovery(t *testing.T) {
 	if _, ok := find[Recover](out); ok {
 		t.Fatal("recovery sent to a clerk of another kind")
 	}
-	m.ClerkRegistered(ClerkInfo{cD, "wal"})
+	m.ClerkRegistered(ClerkInfo{ID: cD, Kind: "wal"})
 	out = hello(m, cD, "wal", nil)
 	if r, ok := find[Recover](sends(out, cD)); !ok || r.Dead != cA {
 		t.Fatalf("recovery not run on the new clerk: %v", out)
@@ -175,7 +177,7 @@ func TestDeferredRecovery(t *testing.T) {
 
 // A clerk without a recovery function simply loses its leases.
 func TestNoRecoveryFreesAtOnce(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	m.Handle(cA, Acquire{"x", Exclusive})
@@ -193,7 +195,7 @@ func TestNoRecoveryFreesAtOnce(t *testing.T) {
 // it keeps reported leases, and recovers a dead wal clerk whose leases it
 // cannot know before granting anything at all.
 func TestFailoverRebuild(t *testing.T) {
-	m := NewMaster(2, []ClerkInfo{{cA, ""}, {cB, "wal"}, {cC, "wal"}}, nil)
+	m := NewMaster(2, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: "wal"}, {ID: cC, Kind: "wal"}}, nil)
 	if m.Serving() {
 		t.Fatal("serving before clerks reported")
 	}
@@ -234,7 +236,7 @@ func TestFailoverRebuild(t *testing.T) {
 // A new master keeps a dead clerk's recorded leases held.
 func TestFailoverKeepsRecordedRecovery(t *testing.T) {
 	rec := RecoveryRecord{Dead: cC, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
-	m := NewMaster(3, []ClerkInfo{{cB, "wal"}, {cC, "wal"}}, []RecoveryRecord{rec})
+	m := NewMaster(3, []ClerkInfo{{ID: cB, Kind: "wal"}, {ID: cC, Kind: "wal"}}, []RecoveryRecord{rec})
 	out := hello(m, cB, "wal", nil)
 	if r, ok := find[Recover](sends(out, cB)); !ok || r.Dead != cC {
 		t.Fatalf("recorded recovery not resumed: %v", out)
@@ -250,7 +252,7 @@ func TestFailoverKeepsRecordedRecovery(t *testing.T) {
 }
 
 func TestRejects(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}}, nil)
 	if r, ok := find[Reject](hello(m, cB, "", nil)); !ok || r.Dead {
 		t.Fatal("unregistered clerk accepted")
 	}
@@ -277,7 +279,7 @@ func TestRejects(t *testing.T) {
 // and is ignored, so the next conflicting waiter must trigger a new one.
 // (Found by the simulator: seed 756 of an earlier build starved waiters.)
 func TestRevokeVoidedByNewerGrant(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}, {cC, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}, {ID: cC, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	hello(m, cC, "", nil)
@@ -306,7 +308,7 @@ func TestRevokeVoidedByNewerGrant(t *testing.T) {
 // A clerk that left without leases is still asked about, and forgotten once
 // dead: the clerk list does not grow with every restart.
 func TestDeadIdleClerkForgotten(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: "wal"}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "wal", nil)
 	m.Disconnected(cA)
@@ -326,7 +328,7 @@ func TestDeadIdleClerkForgotten(t *testing.T) {
 // between leaves the records; the next master keeps the leases held and
 // recovers again; nobody held them meanwhile.
 func TestRecoveryOrderingAcrossFailover(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "", nil)
 	hello(m, cC, "wal", nil)
@@ -341,7 +343,7 @@ func TestRecoveryOrderingAcrossFailover(t *testing.T) {
 	}
 	// The master dies now: the Forget never committed. The new master finds
 	// the clerk record and the recovery record.
-	m2 := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, []RecoveryRecord{p.Record})
+	m2 := NewMaster(2, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, []RecoveryRecord{p.Record})
 	out = hello(m2, cB, "", nil)
 	out = append(out, m2.Handle(cB, Acquire{"x", Exclusive})...)
 	if _, ok := find[Grant](out); ok {
@@ -362,7 +364,7 @@ func TestRecoveryOrderingAcrossFailover(t *testing.T) {
 // them in two decrees) still keeps its names held.
 func TestRecordWithoutClerkKeepsNamesHeld(t *testing.T) {
 	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Shared}}
-	m := NewMaster(2, []ClerkInfo{{cB, ""}, {cC, "wal"}}, []RecoveryRecord{rec})
+	m := NewMaster(2, []ClerkInfo{{ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, []RecoveryRecord{rec})
 	hello(m, cB, "", nil)
 	hello(m, cC, "wal", nil)
 	out := m.Handle(cB, Acquire{"x", Exclusive})
@@ -380,7 +382,7 @@ func TestRecordWithoutClerkKeepsNamesHeld(t *testing.T) {
 // fresh run start.
 func TestRecoveryRunsOneAtATimeAcrossFailover(t *testing.T) {
 	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
-	m := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cC, "wal"}}, []RecoveryRecord{rec})
+	m := NewMaster(2, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cC, Kind: "wal"}}, []RecoveryRecord{rec})
 	out := hello(m, cB, "wal", nil)
 	if _, ok := find[Recover](out); ok {
 		t.Fatal("recovery started before every live clerk reported")
@@ -421,7 +423,7 @@ func TestRecoveryRunsOneAtATimeAcrossFailover(t *testing.T) {
 // lease (the state defect 1 could produce); it reports the anomaly.
 func TestRecoveryRefusedOverConflictingHolder(t *testing.T) {
 	rec := RecoveryRecord{Dead: cA, Kind: "wal", Held: map[string]Mode{"x": Exclusive}}
-	m := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, ""}, {cC, "wal"}}, []RecoveryRecord{rec})
+	m := NewMaster(2, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, []RecoveryRecord{rec})
 	hello(m, cB, "", map[string]Mode{"x": Exclusive})
 	out := hello(m, cC, "wal", nil)
 	if _, ok := find[Recover](out); ok {
@@ -434,7 +436,7 @@ func TestRecoveryRefusedOverConflictingHolder(t *testing.T) {
 
 // Tokens of a newer epoch are above every token of an older one.
 func TestTokensGrowAcrossEpochs(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	var last Token
 	for i := 0; i < 5; i++ {
@@ -445,7 +447,7 @@ func TestTokensGrowAcrossEpochs(t *testing.T) {
 		last = g.Token
 		m.Handle(cA, Release{"x", None, g.Token})
 	}
-	m2 := NewMaster(2, []ClerkInfo{{cA, ""}}, nil)
+	m2 := NewMaster(2, []ClerkInfo{{ID: cA, Kind: ""}}, nil)
 	hello(m2, cA, "", nil)
 	g, _ := find[Grant](m2.Handle(cA, Acquire{"x", Exclusive}))
 	if !last.Less(g.Token) {
@@ -462,7 +464,7 @@ func TestTokensGrowAcrossEpochs(t *testing.T) {
 // it); a run reported for an obligation the new master has not met yet
 // holds back every other run of it until it ends.
 func TestNoRunBeforeRecordAndUnknownRunsWaitedFor(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cD, Kind: "wal"}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "wal", nil)
 	hello(m, cD, "wal", map[string]Mode{"x": Exclusive})
@@ -471,7 +473,7 @@ func TestNoRunBeforeRecordAndUnknownRunsWaitedFor(t *testing.T) {
 	}
 	// A new master without the record; B still runs an (impossible here,
 	// but reported) older run for D.
-	m2 := NewMaster(2, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	m2 := NewMaster(2, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cD, Kind: "wal"}}, nil)
 	hello(m2, cA, "wal", nil)
 	m2.Hello(Hello{Clerk: cB, Kind: "wal", Epoch: 2, Recovering: map[ClerkID]Token{cD: {1, 2}}})
 	out := m2.Verdict(cD, true)
@@ -488,7 +490,7 @@ func TestNoRunBeforeRecordAndUnknownRunsWaitedFor(t *testing.T) {
 // Found by review: a clerk whose run keeps failing does not get it back at
 // once, and another clerk of the kind gets it next.
 func TestFailedRecoveryRotates(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cD, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cD, Kind: "wal"}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "wal", nil)
 	hello(m, cD, "wal", map[string]Mode{"x": Exclusive})
@@ -506,7 +508,7 @@ func TestFailedRecoveryRotates(t *testing.T) {
 // "all" run excludes every name another clerk of its kind holds, live or
 // dead.
 func TestBigRecordBecomesAllAndExclusions(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cC, "wal"}, {cD, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cC, Kind: "wal"}, {ID: cD, Kind: ""}}, nil)
 	big := map[string]Mode{}
 	for i := 0; i < 200; i++ {
 		big[fmt.Sprintf("%0500d", i)] = Exclusive
@@ -532,7 +534,7 @@ func TestBigRecordBecomesAllAndExclusions(t *testing.T) {
 // liveness question about it meanwhile, and closes its session once the
 // decree committed.
 func TestGoodbyeFreesAndForgets(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, "wal"}, {cB, "wal"}, {cC, "wal"}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: "wal"}, {ID: cC, Kind: "wal"}}, nil)
 	hello(m, cA, "wal", nil)
 	hello(m, cB, "wal", nil)
 	hello(m, cC, "wal", nil)
@@ -589,7 +591,7 @@ func TestGoodbyeFreesAndForgets(t *testing.T) {
 // master drops it from the queue, and the lock goes to the next waiter
 // when the holder releases (not to the clerk that gave up).
 func TestWithdrawnRequestNotGranted(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{cA, ""}, {cB, ""}, {cC, ""}}, nil)
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: ""}, {ID: cC, Kind: ""}}, nil)
 	hello(m, cA, "", nil)
 	hello(m, cB, "", nil)
 	hello(m, cC, "", nil)
@@ -638,5 +640,72 @@ func TestWithdrawnRequestNotGranted(t *testing.T) {
 	// A second cancel of the same waiter changes nothing.
 	if out := b.Cancel(w1); len(out) != 0 {
 		t.Fatalf("a second cancel: %v", out)
+	}
+}
+
+// An "all" recovery (a dead clerk's leases unknown to a new master) blocks
+// only the names in the dead clerk's scope: a B-tree server's replay needs
+// other clerks' leases (the chunk managers') granted meanwhile, or the
+// cluster deadlocks once the master's node dies.
+func TestAllRecoveryBlocksOnlyItsScope(t *testing.T) {
+	scope := []string{"bt/", "log/bt-"}
+	m := NewMaster(2, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: "bt", Scope: scope}, {ID: cC, Kind: "bt", Scope: scope}}, nil)
+	hello(m, cA, "", nil)
+	hello(m, cB, "bt", nil)
+	out := m.Verdict(cC, true) // C never reported: its leases are unknown
+	p, ok := find[Persist](out)
+	if !ok || !p.Record.All || !reflect.DeepEqual(p.Record.Scope, scope) {
+		t.Fatalf("no scoped all-recovery: %+v", out)
+	}
+	if m.Serving() {
+		t.Fatal("fully serving with an all-recovery pending")
+	}
+	if _, ok := find[Grant](m.Handle(cA, Acquire{"chunk/1", Exclusive})); !ok {
+		t.Fatal("a name outside the dead clerk's scope waits for its recovery")
+	}
+	for _, n := range []string{"bt/n/1", "log/bt-3"} {
+		if _, ok := find[Grant](m.Handle(cB, Acquire{n, Shared})); ok {
+			t.Fatalf("granted %s, which the dead clerk may have held, before its recovery", n)
+		}
+	}
+	// A new master (the record read back) keeps the scope.
+	m2 := NewMaster(3, []ClerkInfo{{ID: cA, Kind: ""}, {ID: cB, Kind: "bt", Scope: scope}}, []RecoveryRecord{p.Record})
+	hello(m2, cA, "", nil)
+	hello(m2, cB, "bt", nil)
+	if _, ok := find[Grant](m2.Handle(cA, Acquire{"chunk/2", Exclusive})); !ok {
+		t.Fatal("a new master blocks a name outside the recorded scope")
+	}
+	if _, ok := find[Grant](m2.Handle(cA, Acquire{"bt/n/2", Exclusive})); ok {
+		t.Fatal("a new master grants a name in the recorded scope before the recovery")
+	}
+	out = m.Persisted(cC)
+	r, ok := find[Recover](sends(out, cB))
+	if !ok {
+		t.Fatalf("all-recovery not sent: %v", out)
+	}
+	m.Handle(cB, RecoveryDone{cC, true, r.Token})
+	out = m.Forgotten(cC)
+	if _, ok := find[Grant](sends(out, cB)); !ok {
+		t.Fatalf("scoped names not granted after the recovery: %v", out)
+	}
+}
+
+// Scoped clerks: an engine refuses a name outside a clerk's scope, and the
+// scope goes through the config service's clerk and recovery records.
+func TestScopeRoundTrip(t *testing.T) {
+	ns := &pb.Namespace{}
+	ops, err := registerClerkOps(ns, ClerkInfo{ID: cB, Kind: "bt", Scope: []string{"bt/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range ops {
+		ns.Entries = append(ns.Entries, &pb.Entry{Key: o.Key, Value: o.Value})
+	}
+	st, err := DecodeState(ns)
+	if err != nil || len(st.Clerks) != 1 || !reflect.DeepEqual(st.Clerks[0].Scope, []string{"bt/"}) {
+		t.Fatalf("clerk record: %+v, %v", st, err)
+	}
+	if !InScope(nil, "x") || !InScope([]string{"a/", "b/"}, "b/1") || InScope([]string{"a/"}, "b/1") {
+		t.Fatal("InScope")
 	}
 }

@@ -62,7 +62,7 @@ func newRVWorld(t *testing.T, seed int64, n int) *rvWorld {
 	var infos []ClerkInfo
 	for i := 0; i < n; i++ {
 		id := ClerkID{Node: uint64(i + 1), Inc: 1, Seq: 1}
-		infos = append(infos, ClerkInfo{id, ""})
+		infos = append(infos, ClerkInfo{ID: id, Kind: ""})
 		rc := &rvClerk{id: id, c: NewClerk(id, "")}
 		w.clerks = append(w.clerks, rc)
 		w.byID[id] = rc
@@ -315,7 +315,7 @@ func (w *rvWorld) step(allowNew, faults bool) {
 		w.forget = nil
 		for _, c := range w.clerks {
 			if !c.gone {
-				infos = append(infos, ClerkInfo{c.id, ""})
+				infos = append(infos, ClerkInfo{ID: c.id, Kind: ""})
 			}
 			c.c2m, c.m2c = nil, nil
 			c.mSess = c.sessID
@@ -402,7 +402,7 @@ func TestProtocolModelFaults(t *testing.T) { runRV(t, 3000, true) }
 func rvMasterWith(ids ...ClerkID) *Master {
 	var infos []ClerkInfo
 	for _, id := range ids {
-		infos = append(infos, ClerkInfo{id, ""})
+		infos = append(infos, ClerkInfo{ID: id, Kind: ""})
 	}
 	m := NewMaster(1, infos, nil)
 	for _, id := range ids {

@@ -256,8 +256,9 @@ func (s *Service) Close() {
 // NewClerk creates a clerk of a kind for the current incarnation and
 // registers it in the config service. recover is required when kind != "".
 // It fails with ErrFenced between a fence and the next incarnation: a clerk
-// belongs to exactly one incarnation.
-func (s *Service) NewClerk(kind string, recover RecoveryFunc) (*ClerkRT, error) {
+// belongs to exactly one incarnation. scope is the name prefixes the clerk
+// may lock (see Engine.NewClerk).
+func (s *Service) NewClerk(kind string, recover RecoveryFunc, scope ...string) (*ClerkRT, error) {
 	if (kind == "") != (recover == nil) {
 		return nil, errors.New("lock: a clerk has a recovery function exactly when it has a kind")
 	}
@@ -266,11 +267,11 @@ func (s *Service) NewClerk(kind string, recover RecoveryFunc) (*ClerkRT, error) 
 	if s.mu.eng == nil {
 		return nil, ErrFenced
 	}
-	return s.newClerkLocked(s.mu.eng, kind, recover)
+	return s.newClerkLocked(s.mu.eng, kind, recover, scope...)
 }
 
-func (s *Service) newClerkLocked(e *Engine, kind string, recover RecoveryFunc) (*ClerkRT, error) {
-	id, out, err := e.NewClerk(s.env(e), kind)
+func (s *Service) newClerkLocked(e *Engine, kind string, recover RecoveryFunc, scope ...string) (*ClerkRT, error) {
+	id, out, err := e.NewClerk(s.env(e), kind, scope...)
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ func DecodeState(ns *pb.Namespace) (*State, error) {
 			if err != nil {
 				return nil, err
 			}
-			st.Clerks = append(st.Clerks, ClerkInfo{ID: id, Kind: r.Kind})
+			st.Clerks = append(st.Clerks, ClerkInfo{ID: id, Kind: r.Kind, Scope: r.Scope})
 		case strings.HasPrefix(e.Key, "recovery/"):
 			r := &pb.LockRecoveryRecord{}
 			if err := proto.Unmarshal(e.Value, r); err != nil {
@@ -73,7 +73,7 @@ func DecodeState(ns *pb.Namespace) (*State, error) {
 			if err != nil {
 				return nil, err
 			}
-			rec := RecoveryRecord{Dead: id, Kind: r.Kind, All: r.All, Held: map[string]Mode{}}
+			rec := RecoveryRecord{Dead: id, Kind: r.Kind, All: r.All, Held: map[string]Mode{}, Scope: r.Scope}
 			for _, n := range r.Names { // older records: names only, taken as exclusive
 				rec.Held[string(n)] = Exclusive
 			}
@@ -119,7 +119,7 @@ func registerClerkOps(ns *pb.Namespace, ci ClerkInfo) ([]*pb.Op, error) {
 	if has(ns, clerkKey(ci.ID)) {
 		return nil, nil
 	}
-	return []*pb.Op{put(clerkKey(ci.ID), &pb.LockClerkRecord{Id: ClerkIDToPB(ci.ID), Kind: ci.Kind})}, nil
+	return []*pb.Op{put(clerkKey(ci.ID), &pb.LockClerkRecord{Id: ClerkIDToPB(ci.ID), Kind: ci.Kind, Scope: ci.Scope})}, nil
 }
 
 // takeoverDecree makes rec master, conditional on the version read (whose
@@ -144,7 +144,7 @@ func masterOps(ns *pb.Namespace, epoch Epoch, ops func() []*pb.Op) ([]*pb.Op, er
 // persistOps records a recovery obligation.
 func persistOps(ns *pb.Namespace, epoch Epoch, r RecoveryRecord) ([]*pb.Op, error) {
 	return masterOps(ns, epoch, func() []*pb.Op {
-		rec := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All}
+		rec := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All, Scope: r.Scope}
 		for _, n := range r.Names() {
 			rec.Leases = append(rec.Leases, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(r.Held[n])})
 		}

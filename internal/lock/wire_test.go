@@ -87,7 +87,7 @@ func FuzzDecodeSessionRequest(f *testing.F) {
 		if err != nil || !reflect.DeepEqual(again, msg) {
 			t.Fatalf("%#v does not round-trip: %#v %v", msg, again, err)
 		}
-		m := NewMaster(1, []ClerkInfo{{cA, ""}}, nil)
+		m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: ""}}, nil)
 		if h, ok := msg.(Hello); ok {
 			m.Hello(h)
 		} else {

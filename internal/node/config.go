@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/grovestore/grove/internal/btree"
 	"net"
 	"os"
 	"path/filepath"
@@ -83,6 +84,14 @@ type ChunkConfig struct {
 	ReservationLife Duration `toml:"reservation_life"`
 }
 
+// BTreeConfig is the [btree] section.
+type BTreeConfig struct {
+	// EtcdTree is the tree the node's etcd-compatible endpoint (etcd v3's
+	// KV service on the node's gRPC address) serves; it is made at its
+	// first use (default "etcd").
+	EtcdTree string `toml:"etcd_tree"`
+}
+
 type FDConfig struct {
 	Interval    Duration `toml:"interval"`
 	GracePeriod Duration `toml:"grace_period"`
@@ -131,6 +140,7 @@ type Config struct {
 	DiskSize units.Size  `toml:"disk_size"`
 	RLDev    RLDevConfig `toml:"rldev"`
 	Chunk    ChunkConfig `toml:"chunk"`
+	BTree    BTreeConfig `toml:"btree"`
 	FD       FDConfig    `toml:"fd"`
 	Raft     RaftConfig  `toml:"raft"`
 	// ClusterKey authenticates failure-detector datagrams (hex, at least
@@ -460,6 +470,11 @@ func (c *Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		return errors.New("data_dir: required")
+	}
+	if c.BTree.EtcdTree != "" {
+		if err := btree.CheckTreeName(c.BTree.EtcdTree); err != nil {
+			return fmt.Errorf("[btree] etcd_tree: %v", err)
+		}
 	}
 	for _, x := range []struct{ name, addr string }{{"grpc_addr", c.GRPCAddr}, {"raft_addr", c.RaftAddr}, {"beacon_addr", c.BeaconAddr}, {"metrics_addr", c.MetricsAddr}} {
 		if x.addr == "" && (x.name == "metrics_addr" || (x.name == "raft_addr" && !c.Has(RoleMeta))) {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/grovestore/grove/api/etcdpb"
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
@@ -227,6 +228,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.btree.Fence(uint64(inc)) })
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
+	etcdpb.RegisterKVServer(n.grpc, btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree))
 	go n.grpc.Serve(n.guard)
 
 	keys, err := cfg.Keyring()

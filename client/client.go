@@ -1,0 +1,502 @@
+// Package client is Grove's Go client for B-link trees: named, ordered maps
+// of byte-string keys to byte-string values that every node of a cluster
+// serves at once (Boxwood §3.7).
+//
+//	c, err := client.Dial(ctx, "127.0.0.1:7401", "127.0.0.1:7402")
+//	...
+//	defer c.Close()
+//	users := c.Tree("users")
+//	err = users.Put(ctx, []byte("alice"), []byte(`{"age": 31}`))
+//	v, err := users.Get(ctx, []byte("alice"))        // ErrNotFound if absent
+//	for kv, err := range users.Scan(ctx, client.Range{From: []byte("a")}) { ... }
+//
+// Every operation is atomic, linearizable, and durable once it returns nil
+// (in the answering node's log, on two disks).
+//
+// # Retries
+//
+// A call goes to one endpoint at a time, the last one that answered first.
+// Reads (Get, Scan, Count, Trees, Stat) are retried at the next endpoint on
+// any failure that is not an answer (an unreachable node, a node that is
+// starting or stopping) until the call's context ends. Writes (Put,
+// Delete and their conditional forms, CreateTree, DropTree) are retried
+// only when the answer proves the write was not applied: the node refused
+// it before starting it. Any other failure of a write (the node died
+// mid-call, the connection broke, the deadline passed) is returned as an
+// error that wraps ErrUnknownOutcome: the write may or may not have taken
+// effect, and the client never sends it again on its own, so one write is
+// never applied twice (a retried put could otherwise land after another
+// client's later put of the same key). A caller that retries such a write
+// itself should use a conditional form (PutIfAbsent, CompareAndSwap) or
+// values it can recognise.
+//
+// # Limits
+//
+// Keys are 1 to 1024 bytes; a key and its value together must fit in a
+// node (about 2.6 KiB with the default 8 KiB nodes; trees made with a
+// larger node size take larger values). Larger entries are refused with
+// ErrInvalid.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/btree"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Errors. Test them with errors.Is.
+var (
+	// ErrNotFound: the key (or the tree) does not exist.
+	ErrNotFound = errors.New("grove: not found")
+	// ErrExists: a tree of that name exists.
+	ErrExists = errors.New("grove: already exists")
+	// ErrInvalid: the request is malformed (an empty or oversized key, an
+	// entry too large for the tree's nodes, a bad range or tree name).
+	ErrInvalid = errors.New("grove: invalid request")
+	// ErrUnknownOutcome: a write failed in a way that does not say whether
+	// it took effect.
+	ErrUnknownOutcome = errors.New("grove: the write's outcome is unknown (it may or may not have taken effect)")
+	// ErrUnavailable: no endpoint could serve the call before its context
+	// ended, and nothing was changed.
+	ErrUnavailable = errors.New("grove: no node could serve the call")
+)
+
+// Options tune a Client. The zero value is usable.
+type Options struct {
+	// CallTimeout bounds each call whose context has no deadline (default
+	// 30 s).
+	CallTimeout time.Duration
+	// Backoff is the pause after every endpoint failed once, doubled up to
+	// a second (default 50 ms).
+	Backoff time.Duration
+}
+
+// Client is a connection to a cluster. It is safe for concurrent use.
+type Client struct {
+	opts  Options
+	eps   []string
+	conns []*grpc.ClientConn
+	tcs   []pb.TreeServiceClient
+	cur   atomic.Int64 // the endpoint that answered last
+}
+
+// Dial connects to a cluster through endpoints (nodes' gRPC addresses,
+// host:port). Connections are made lazily: Dial fails only on malformed
+// addresses.
+func Dial(ctx context.Context, endpoints ...string) (*Client, error) {
+	return DialOptions(ctx, Options{}, endpoints...)
+}
+
+// DialOptions is Dial with options.
+func DialOptions(_ context.Context, opts Options, endpoints ...string) (*Client, error) {
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("%w: no endpoints", ErrInvalid)
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 30 * time.Second
+	}
+	if opts.Backoff <= 0 {
+		opts.Backoff = 50 * time.Millisecond
+	}
+	c := &Client{opts: opts, eps: endpoints}
+	for _, ep := range endpoints {
+		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("grove: endpoint %q: %w", ep, err)
+		}
+		c.conns = append(c.conns, cc)
+		c.tcs = append(c.tcs, pb.NewTreeServiceClient(cc))
+	}
+	return c, nil
+}
+
+// Close closes the connections.
+func (c *Client) Close() error {
+	var err error
+	for _, cc := range c.conns {
+		err = errors.Join(err, cc.Close())
+	}
+	return err
+}
+
+// write and read say how a call may be retried.
+type kind int
+
+const (
+	read kind = iota
+	write
+)
+
+// call runs f at one endpoint after another until it answers, as kind
+// allows.
+func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
+		defer cancel()
+	}
+	backoff := c.opts.Backoff
+	var last error
+	for tried := 0; ; tried++ {
+		i := int(c.cur.Load()) % len(c.tcs)
+		var err error
+		if c.ready(ctx, i) {
+			err = f(ctx, c.tcs[i])
+		} else {
+			// Not connected: nothing is sent, so even a write may go on to
+			// the next endpoint.
+			err = notAppliedErr(fmt.Sprintf("grove: endpoint %s is not reachable", c.eps[i]))
+		}
+		if err == nil {
+			return nil
+		}
+		st, _ := status.FromError(err)
+		if final(st.Code()) {
+			return mapError(st)
+		}
+		if k == write && !notApplied(st) {
+			// The next call tries the next endpoint first.
+			c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
+		}
+		last = err
+		c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+		if (tried+1)%len(c.tcs) == 0 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
+		}
+	}
+}
+
+// ready makes sure endpoint i is connected, waiting a little for it.
+func (c *Client) ready(ctx context.Context, i int) bool {
+	cc := c.conns[i]
+	if cc.GetState() == connectivity.Ready {
+		return true
+	}
+	cc.Connect()
+	wctx, cancel := context.WithTimeout(ctx, connectWait)
+	defer cancel()
+	for {
+		st := cc.GetState()
+		switch st {
+		case connectivity.Ready:
+			return true
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return false
+		}
+		if !cc.WaitForStateChange(wctx, st) {
+			return false
+		}
+	}
+}
+
+// connectWait bounds the wait for an endpoint's connection.
+const connectWait = 2 * time.Second
+
+func notAppliedErr(msg string) error {
+	st := status.New(codes.Unavailable, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: btree.NotApplied, Domain: "grove"}); err == nil {
+		return d.Err()
+	}
+	return st.Err()
+}
+
+// final codes are answers: the call was carried out or refused as a whole.
+func final(c codes.Code) bool {
+	switch c {
+	case codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Unimplemented, codes.PermissionDenied:
+		return true
+	}
+	return false
+}
+
+func mapError(st *status.Status) error {
+	switch st.Code() {
+	case codes.NotFound:
+		return fmt.Errorf("%w: %s", ErrNotFound, st.Message())
+	case codes.AlreadyExists:
+		return fmt.Errorf("%w: %s", ErrExists, st.Message())
+	case codes.InvalidArgument, codes.OutOfRange:
+		return fmt.Errorf("%w: %s", ErrInvalid, st.Message())
+	}
+	return st.Err()
+}
+
+// notApplied reports whether the server said the call changed nothing.
+func notApplied(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == btree.NotApplied {
+			return true
+		}
+	}
+	return false
+}
+
+// TreeOptions are a new tree's settings.
+type TreeOptions struct {
+	// NodeSize is the nodes' size in bytes, 8 KiB to 256 KiB (0: 8 KiB). It
+	// bounds an entry: a key and its value together.
+	NodeSize uint32
+	// Fanout bounds a node's entries (0: as many as fit).
+	Fanout uint32
+}
+
+// TreeInfo describes a tree.
+type TreeInfo struct {
+	Name     string
+	NodeSize uint32
+	Fanout   uint32
+}
+
+// CreateTree creates an empty tree (ErrExists if there is one).
+func (c *Client) CreateTree(ctx context.Context, name string, o TreeOptions) error {
+	return c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		_, err := tc.Create(ctx, &pb.TreeCreateRequest{Name: name, NodeSize: o.NodeSize, Fanout: o.Fanout})
+		return err
+	})
+}
+
+// DropTree drops a tree and frees its chunks (ErrNotFound if there is none).
+func (c *Client) DropTree(ctx context.Context, name string) error {
+	return c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		_, err := tc.Drop(ctx, &pb.TreeDropRequest{Name: name})
+		return err
+	})
+}
+
+// Trees lists the trees, by name.
+func (c *Client) Trees(ctx context.Context) ([]TreeInfo, error) {
+	var out []TreeInfo
+	err := c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		r, err := tc.List(ctx, &pb.TreeListRequest{})
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for _, t := range r.Trees {
+			out = append(out, TreeInfo{Name: t.Name, NodeSize: t.NodeSize, Fanout: t.Fanout})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Tree is a handle on a named tree; making one does no I/O.
+type Tree struct {
+	c    *Client
+	name string
+}
+
+// Tree returns the handle of tree name.
+func (c *Client) Tree(name string) *Tree { return &Tree{c: c, name: name} }
+
+// Name is the tree's name.
+func (t *Tree) Name() string { return t.name }
+
+// Get returns key's value, or ErrNotFound.
+func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, error) {
+	var v []byte
+	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		r, err := tc.Get(ctx, &pb.TreeGetRequest{Tree: t.name, Key: key})
+		if err != nil {
+			return err
+		}
+		if !r.Found {
+			return status.Error(codes.NotFound, "no such key")
+		}
+		v = r.Value
+		if v == nil {
+			v = []byte{}
+		}
+		return nil
+	})
+	return v, err
+}
+
+func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expect []byte) (applied bool, prev []byte, found bool, err error) {
+	err = t.c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		r, err := tc.Put(ctx, &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect})
+		if err != nil {
+			return err
+		}
+		applied, prev, found = r.Applied, r.Prev, r.Found
+		return nil
+	})
+	return
+}
+
+// Put sets key to val.
+func (t *Tree) Put(ctx context.Context, key, val []byte) error {
+	_, _, _, err := t.put(ctx, key, val, pb.TreeCond_TREE_COND_ALWAYS, nil)
+	return err
+}
+
+// PutIfAbsent sets key to val only if key is absent; applied says whether
+// it did.
+func (t *Tree) PutIfAbsent(ctx context.Context, key, val []byte) (applied bool, err error) {
+	applied, _, _, err = t.put(ctx, key, val, pb.TreeCond_TREE_COND_IF_ABSENT, nil)
+	return applied, err
+}
+
+// CompareAndSwap sets key to val only if its current value is old; applied
+// says whether it did, and cur is the value it found (nil, found false, if
+// absent).
+func (t *Tree) CompareAndSwap(ctx context.Context, key, old, val []byte) (applied bool, cur []byte, found bool, err error) {
+	if old == nil {
+		old = []byte{}
+	}
+	return t.put(ctx, key, val, pb.TreeCond_TREE_COND_IF_EQUALS, old)
+}
+
+func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []byte) (applied, found bool, err error) {
+	err = t.c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		r, err := tc.Delete(ctx, &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect})
+		if err != nil {
+			return err
+		}
+		applied, found = r.Applied, r.Found
+		return nil
+	})
+	return
+}
+
+// Delete removes key; found says whether it was there.
+func (t *Tree) Delete(ctx context.Context, key []byte) (found bool, err error) {
+	_, found, err = t.del(ctx, key, pb.TreeCond_TREE_COND_ALWAYS, nil)
+	return found, err
+}
+
+// CompareAndDelete removes key only if its value is old; applied says
+// whether it did.
+func (t *Tree) CompareAndDelete(ctx context.Context, key, old []byte) (applied bool, err error) {
+	if old == nil {
+		old = []byte{}
+	}
+	applied, _, err = t.del(ctx, key, pb.TreeCond_TREE_COND_IF_EQUALS, old)
+	return applied, err
+}
+
+// Range is a span of keys [From, To), To nil meaning no end, with scan
+// options.
+type Range struct {
+	From, To []byte
+	// Limit bounds the entries a scan returns (0: all).
+	Limit int
+	// Reverse scans in descending order.
+	Reverse bool
+	// KeysOnly leaves the values out.
+	KeysOnly bool
+}
+
+// KV is one entry of a scan.
+type KV struct {
+	Key, Value []byte
+}
+
+// Count returns the number of keys in [r.From, r.To), counted atomically.
+func (t *Tree) Count(ctx context.Context, r Range) (uint64, error) {
+	var n uint64
+	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		resp, err := tc.Count(ctx, &pb.TreeCountRequest{Tree: t.name, From: r.From, To: r.To, HasTo: r.To != nil})
+		if err != nil {
+			return err
+		}
+		n = resp.Count
+		return nil
+	})
+	return n, err
+}
+
+// Scan iterates over the entries of r in key order (descending if
+// r.Reverse). It reads them a page at a time; each page is atomic (exactly
+// the tree's entries in its part of the range at one instant), the whole
+// iteration is not a snapshot. An error ends the iteration (yielded with a
+// zero KV).
+func (t *Tree) Scan(ctx context.Context, r Range) iter.Seq2[KV, error] {
+	return func(yield func(KV, error) bool) {
+		from, to, hasTo := r.From, r.To, r.To != nil
+		n := 0
+		for {
+			var resp *pb.TreeScanResponse
+			left := 0
+			if r.Limit > 0 {
+				left = r.Limit - n
+			}
+			err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+				var err error
+				resp, err = tc.Scan(ctx, &pb.TreeScanRequest{Tree: t.name, From: from, To: to, HasTo: hasTo, Limit: uint32(left), Reverse: r.Reverse, KeysOnly: r.KeysOnly})
+				return err
+			})
+			if err != nil {
+				yield(KV{}, err)
+				return
+			}
+			for i, k := range resp.Keys {
+				kv := KV{Key: k}
+				if !r.KeysOnly && i < len(resp.Values) {
+					kv.Value = resp.Values[i]
+				}
+				if !yield(kv, nil) {
+					return
+				}
+				n++
+			}
+			if !resp.More || r.Limit > 0 && n >= r.Limit {
+				return
+			}
+			if r.Reverse {
+				to, hasTo = resp.Lo, true
+				if to == nil {
+					to = []byte{}
+				}
+			} else {
+				from = resp.Hi
+			}
+		}
+	}
+}
+
+// Stat describes a tree's shape, as one node sees it.
+type Stat struct {
+	TreeInfo
+	Height, Nodes, Keys uint64
+	// The answering node's cache: hits and misses of its node lookups.
+	CacheHits, CacheMisses uint64
+}
+
+// Stat walks the tree (every node: slow on a large tree).
+func (t *Tree) Stat(ctx context.Context) (Stat, error) {
+	var s Stat
+	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		r, err := tc.Stat(ctx, &pb.TreeStatRequest{Tree: t.name})
+		if err != nil {
+			return err
+		}
+		s = Stat{TreeInfo: TreeInfo{Name: r.Tree.GetName(), NodeSize: r.Tree.GetNodeSize(), Fanout: r.Tree.GetFanout()},
+			Height: uint64(r.Height), Nodes: r.Nodes, Keys: r.Keys, CacheHits: r.CacheHits, CacheMisses: r.CacheMisses}
+		return nil
+	})
+	return s, err
+}
