@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,6 +17,7 @@ func benchTreeCmd() *cobra.Command {
 	var clients []int
 	var shapes []string
 	var ops, rounds int
+	var etcd bool
 	var out cli.Output
 	cmd := &cobra.Command{
 		Use:   "tree",
@@ -30,7 +32,14 @@ its cache first, as Boxwood evicted its caches) and again warm, then deletes
 each; one operation at a time per client, each durable when it returns.
 Shapes: "paper" is Boxwood's (10-byte keys and values, fanout 6), "big"
 16-byte keys and 256-byte values in the default 8 KiB nodes. Figures are
-operations per second, all clients together, medians over --rounds.`,
+operations per second, all clients together, medians over --rounds.
+
+--etcd (on by default when the etcd binary is installed: apt-get install
+etcd-server) adds the peer comparison (figure 0): a 3-member etcd cluster on
+this machine and Grove's etcd-compatible endpoint, driven by the same etcd v3
+gRPC load at the same client counts and shapes: each client puts --ops keys
+one at a time, then reads each back with a linearizable range. Both
+acknowledge a put once it is on two disks.`,
 		Example: "  grove bench tree\n  grove bench tree --clients 1,2 --ops 200 --shapes paper -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,14 +67,27 @@ operations per second, all clients together, medians over --rounds.`,
 			}
 			defer os.RemoveAll(dir)
 			fmt.Fprintf(os.Stderr, "%d rounds of %d keys per client; medians\n", rounds, ops)
-			r, err := bench.TreeBench(ctx, dir, bench.TreeOptions{Clients: clients, Ops: ops, Rounds: rounds, Shapes: shapes}, os.Stderr)
+			if etcd {
+				if _, err := exec.LookPath("etcd"); err != nil {
+					if cmd.Flags().Changed("etcd") {
+						return cli.Usagef("--etcd: etcd is not installed (apt-get install etcd-server)")
+					}
+					fmt.Fprintln(os.Stderr, "(etcd is not installed: no etcd comparison; apt-get install etcd-server)")
+					etcd = false
+				}
+			}
+			r, err := bench.TreeBench(ctx, dir, bench.TreeOptions{Clients: clients, Ops: ops, Rounds: rounds, Shapes: shapes, Etcd: etcd}, os.Stderr)
 			if err != nil {
 				return cli.Failf("bench tree", "%v", err)
 			}
 			d := &cli.Doc{}
-			t := d.Table("cells", "FIGURE", "SHAPE", "CLIENTS", "PHASE", "OPS-PER-S")
+			t := d.Table("cells", "FIGURE", "SHAPE", "CLIENTS", "PHASE", "OPS-PER-S", "P50")
 			for _, c := range r.Cells {
-				t.Row(c.Figure, c.Shape, c.Clients, c.Phase, float64(int(c.OpsPerS)))
+				p50 := "-"
+				if c.P50 > 0 {
+					p50 = c.P50.Round(time.Microsecond).String()
+				}
+				t.Row(c.Figure, c.Shape, c.Clients, c.Phase, float64(int(c.OpsPerS)), p50)
 			}
 			return out.Print(os.Stdout, d)
 		},
@@ -74,6 +96,7 @@ operations per second, all clients together, medians over --rounds.`,
 	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes, `paper,big`")
 	cmd.Flags().IntVar(&ops, "ops", 500, "keys per client, `N`")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per cell, `N` (median)")
+	cmd.Flags().BoolVar(&etcd, "etcd", true, "compare with etcd (3 members on this machine) through Grove's etcd-compatible endpoint")
 	out.Register(cmd)
 	return cmd
 }

@@ -27,13 +27,6 @@ import (
 // Every acknowledged key is then read back through the CLI on node 3 (get,
 // scan, count), and through node 2 once it has restarted.
 func TestEndToEndTreeSIGKILL(t *testing.T) {
-	if os.Getenv("GROVE_E2E_TREE") == "" {
-		// Known defect (open, README): in about one run of three, a get
-		// through a node whose server started after the kill misses a key
-		// the scan through the same node just returned; not diagnosed yet.
-		// The test stays out of CI until it is fixed: GROVE_E2E_TREE=1 runs it.
-		t.Skip("GROVE_E2E_TREE=1 runs it (known intermittent defect, see README)")
-	}
 	bin, u, ctx := startCluster(t, 8800, "--chunk-size", "64MiB")
 	t.Cleanup(func() { // keep the nodes' logs of a failed run
 		if t.Failed() {

@@ -1,12 +1,20 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/grovestore/grove/api/etcdpb"
 	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/meta"
@@ -20,6 +28,11 @@ type TreeOptions struct {
 	// Shapes: "paper" (10-byte keys and values, fanout 6, Boxwood's), "big"
 	// (16-byte keys, 256-byte values, the default node size).
 	Shapes []string
+	// Etcd adds the etcd comparison: a 3-member etcd cluster on this
+	// machine, and Grove through its etcd-compatible endpoint, driven by
+	// the same etcd v3 gRPC load (puts, then linearizable single-key
+	// ranges) at every client count, for every shape.
+	Etcd bool
 }
 
 // TreeCell is one figure: operations per second, all clients together.
@@ -27,8 +40,9 @@ type TreeCell struct {
 	Figure  int // 6: a private tree per client; 7: one shared tree, disjoint key ranges
 	Shape   string
 	Clients int
-	Phase   string // insert, lookup-cold, lookup-warm, delete
+	Phase   string // insert, lookup-cold, lookup-warm, delete; etcd-put, etcd-get, grove-put, grove-get (Figure 0: the etcd comparison)
 	OpsPerS float64
+	P50     time.Duration // the etcd comparison's median latency
 }
 
 // TreeResults are the benchmark's cells.
@@ -194,5 +208,137 @@ func TreeBench(ctx context.Context, dir string, o TreeOptions, progress io.Write
 			}
 		}
 	}
+	if o.Etcd {
+		if err := etcdCompare(ctx, dir, c, o, res, progress); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
+}
+
+// etcdCompare runs the same etcd v3 load against etcd and against Grove's
+// etcd-compatible endpoint: clients workers, each on its own connection
+// (round robin over the three members or nodes, as etcd's benchmark tool
+// spreads its connections), each putting Ops keys one at a time, then
+// reading each back with a linearizable single-key range. Both are equally
+// durable: etcd acknowledges a put once a majority (2 of 3) has it in its
+// fsynced WAL, Grove once the answering node's log has it on two disks.
+func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOptions, res *TreeResults, progress io.Writer) error {
+	edir := filepath.Join(dir, "etcd")
+	if err := os.MkdirAll(edir, 0o755); err != nil {
+		return err
+	}
+	e, err := StartEtcd(edir, 3)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	var grove []string
+	for _, cfg := range c.Configs {
+		grove = append(grove, cfg.GRPCAddr)
+	}
+	dial := func(addrs []string) ([]*grpc.ClientConn, error) {
+		var out []*grpc.ClientConn
+		for _, a := range addrs {
+			cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, cc)
+		}
+		return out, nil
+	}
+	// etcd is ready once it has a leader.
+	econns, err := dial(e.Clients)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, cc := range econns {
+			cc.Close()
+		}
+	}()
+	if _, err := e.leader(ctx, econns); err != nil {
+		return err
+	}
+	seq := 0
+	for _, shape := range o.Shapes {
+		keyLen, valLen := 16, 256
+		if shape == "paper" {
+			keyLen, valLen = 10, 10
+		}
+		val := bytes.Repeat([]byte{'v'}, valLen)
+		for _, clients := range o.Clients {
+			cells := map[string][]Result{}
+			for r := 0; r < o.Rounds; r++ {
+				for _, sys := range []struct {
+					name  string
+					addrs []string
+				}{{"etcd", e.Clients}, {"grove", grove}} {
+					seq++
+					conns, err := dial(repeatTo(sys.addrs, clients))
+					if err != nil {
+						return err
+					}
+					kvs := make([]etcdpb.KVClient, clients)
+					for i := range kvs {
+						kvs[i] = etcdpb.NewKVClient(conns[i])
+					}
+					key := func(w, i int) []byte {
+						k := fmt.Sprintf("%02d%02d%0*d", seq%100, w, keyLen, i)
+						return []byte(k[:keyLen])
+					}
+					put, err := runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
+						cctx, cancel := context.WithTimeout(ctx, time.Minute)
+						defer cancel()
+						_, err := kvs[w].Put(cctx, &etcdpb.PutRequest{Key: key(w, i), Value: val})
+						return err
+					})
+					if err == nil {
+						cells[sys.name+"-put"] = append(cells[sys.name+"-put"], put)
+						var get Result
+						get, err = runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
+							cctx, cancel := context.WithTimeout(ctx, time.Minute)
+							defer cancel()
+							r, err := kvs[w].Range(cctx, &etcdpb.RangeRequest{Key: key(w, i)})
+							if err == nil && len(r.Kvs) != 1 {
+								err = fmt.Errorf("%s: key %q missing", sys.name, key(w, i))
+							}
+							return err
+						})
+						cells[sys.name+"-get"] = append(cells[sys.name+"-get"], get)
+					}
+					for _, cc := range conns {
+						cc.Close()
+					}
+					if err != nil {
+						return fmt.Errorf("%s, %d clients: %w", sys.name, clients, err)
+					}
+				}
+			}
+			for _, phase := range []string{"etcd-put", "grove-put", "etcd-get", "grove-get"} {
+				rs := cells[phase]
+				var rates []float64
+				var p50s []time.Duration
+				for _, r := range rs {
+					rates = append(rates, r.PerSec())
+					p50s = append(p50s, r.P50)
+				}
+				sort.Slice(p50s, func(i, j int) bool { return p50s[i] < p50s[j] })
+				cell := TreeCell{Figure: 0, Shape: shape, Clients: clients, Phase: phase, OpsPerS: medianF(rates), P50: p50s[len(p50s)/2]}
+				res.Cells = append(res.Cells, cell)
+				fmt.Fprintf(progress, "  etcd comparison, %s keys, %d clients, %s: %.0f ops/s, median latency %v\n", shape, clients, phase, cell.OpsPerS, cell.P50.Round(time.Microsecond))
+			}
+		}
+	}
+	return nil
+}
+
+// repeatTo lists n addresses, going round addrs.
+func repeatTo(addrs []string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = addrs[i%len(addrs)]
+	}
+	return out
 }
