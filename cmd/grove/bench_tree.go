@@ -17,7 +17,7 @@ func benchTreeCmd() *cobra.Command {
 	var clients []int
 	var shapes []string
 	var ops, rounds int
-	var etcd bool
+	var etcd, figures bool
 	var out cli.Output
 	cmd := &cobra.Command{
 		Use:   "tree",
@@ -76,7 +76,7 @@ acknowledge a put once it is on two disks.`,
 					etcd = false
 				}
 			}
-			r, err := bench.TreeBench(ctx, dir, bench.TreeOptions{Clients: clients, Ops: ops, Rounds: rounds, Shapes: shapes, Etcd: etcd}, os.Stderr)
+			r, err := bench.TreeBench(ctx, dir, bench.TreeOptions{Clients: clients, Ops: ops, Rounds: rounds, Shapes: shapes, Etcd: etcd, NoFigures: !figures}, os.Stderr)
 			if err != nil {
 				return cli.Failf("bench tree", "%v", err)
 			}
@@ -96,6 +96,7 @@ acknowledge a put once it is on two disks.`,
 	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes, `paper,big`")
 	cmd.Flags().IntVar(&ops, "ops", 500, "keys per client, `N`")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per cell, `N` (median)")
+	cmd.Flags().BoolVar(&figures, "figures", true, "run Figures 6 and 7 (--figures=false: the etcd comparison alone)")
 	cmd.Flags().BoolVar(&etcd, "etcd", true, "compare with etcd (3 members on this machine) through Grove's etcd-compatible endpoint")
 	out.Register(cmd)
 	return cmd

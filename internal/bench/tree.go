@@ -33,6 +33,8 @@ type TreeOptions struct {
 	// the same etcd v3 gRPC load (puts, then linearizable single-key
 	// ranges) at every client count, for every shape.
 	Etcd bool
+	// NoFigures leaves Figures 6 and 7 out (the etcd comparison alone).
+	NoFigures bool
 }
 
 // TreeCell is one figure: operations per second, all clients together.
@@ -94,6 +96,9 @@ func TreeBench(ctx context.Context, dir string, o TreeOptions, progress io.Write
 	res := &TreeResults{Servers: 3}
 	seq := 0
 	for _, shape := range o.Shapes {
+		if o.NoFigures {
+			break
+		}
 		cfg := btree.Config{}
 		keyLen, valLen := 16, 256
 		if shape == "paper" {
@@ -285,8 +290,11 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 						kvs[i] = etcdpb.NewKVClient(conns[i])
 					}
 					key := func(w, i int) []byte {
-						k := fmt.Sprintf("%02d%02d%0*d", seq%100, w, keyLen, i)
-						return []byte(k[:keyLen])
+						// Spread over the key space (as etcd's benchmark
+						// picks random keys), distinct per round, worker
+						// and operation.
+						x := splitmix(uint64(seq)<<40 | uint64(w)<<24 | uint64(i))
+						return []byte(fmt.Sprintf("%0*d", keyLen, x%pow10(keyLen)))
 					}
 					put, err := runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
 						cctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -332,6 +340,23 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 		}
 	}
 	return nil
+}
+
+// splitmix is SplitMix64's finalizer: a bijection that spreads keys.
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// pow10 is 10^n, capped at 10^19.
+func pow10(n int) uint64 {
+	p := uint64(1)
+	for i := 0; i < n && i < 19; i++ {
+		p *= 10
+	}
+	return p
 }
 
 // repeatTo lists n addresses, going round addrs.

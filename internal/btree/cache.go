@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grovestore/grove/internal/chunk"
@@ -56,6 +57,12 @@ type Locks interface {
 	// Lost is closed once the clerk's leases are lost (its node fenced
 	// itself, or was declared dead): the cache stops serving at once.
 	Lost() <-chan struct{}
+	// ValidUntil is the local time until which every lease the clerk
+	// holds is guaranteed (no dead verdict on its incarnation, hence no
+	// grant elsewhere, can come before it); zero once they are lost. A
+	// server paused past it may resume before its node notices and fences
+	// itself: its cached images may be stale by then.
+	ValidUntil() time.Time
 }
 
 // Hold is one granted hold of a lock.
@@ -117,6 +124,25 @@ type Cache struct {
 	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
 	// pin given up keeps its image, and lock-free reads use it.
 	unsafeStale bool
+	// until caches Locks.ValidUntil: a cached image is used only before
+	// it (checked on every use; the clerk is asked again once it passes).
+	until atomic.Pointer[time.Time]
+}
+
+// ErrLeaseExpired: the server's leases are past their guaranteed time
+// (it was paused, or cut off): it serves nothing from its cache until its
+// node renews them, or fences itself.
+var ErrLeaseExpired = errors.New("btree: this server's leases are past their guaranteed time (paused or cut off): not serving cached nodes")
+
+// leaseValid reports whether the cache's pins still guarantee its images.
+func (c *Cache) leaseValid() bool {
+	now := time.Now()
+	if u := c.until.Load(); u != nil && now.Before(*u) {
+		return true
+	}
+	d := c.cfg.Locks.ValidUntil()
+	c.until.Store(&d)
+	return now.Before(d)
 }
 
 // CacheStats count the cache's work.
@@ -295,6 +321,9 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 	c.mu.Lock()
 	if e.pin != nil && e.pinMode >= mode && (e.node != nil || e.anchor != nil) {
 		c.mu.Unlock()
+		if !c.leaseValid() {
+			return ErrLeaseExpired
+		}
 		c.count(func(s *CacheStats) { s.Hits++ })
 		return nil
 	}
@@ -777,8 +806,8 @@ func (s *TreeStore) peek(h Handle) (*Node, *Anchor, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.mu.m[h]
-	if c.mu.err != nil || e == nil || e.pin == nil && !c.unsafeStale || (e.node == nil && e.anchor == nil) {
-		return nil, nil, false
+	if c.mu.err != nil || e == nil || e.pin == nil && !c.unsafeStale || (e.node == nil && e.anchor == nil) || !c.leaseValid() {
+		return nil, nil, false // (past the leases' time: the locked path reports it)
 	}
 	if e.elem != nil {
 		c.mu.lru.MoveToBack(e.elem)

@@ -62,7 +62,7 @@ const Kind = "btree"
 // When a new master does not know what a dead server held, only these
 // wait for its recovery; the chunk managers' leases its replay needs do
 // not.
-var Scope = []string{"btree/", txn.LockName("btree-")}
+func Scope() []string { return []string{"btree/", txn.LockName("btree-")} }
 
 // MaxNameLen bounds a tree's name.
 const MaxNameLen = 128
@@ -236,12 +236,12 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	s.log = s.log.With("role", "btree")
 	s.mu.trees = map[string]*Tree{}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead, Scope...)
+	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead, Scope()...)
 	for errors.Is(err, lock.ErrFenced) && ctx.Err() == nil {
 		// The node is between incarnations (it is starting, or it fenced
 		// itself): its next incarnation takes clerks.
 		time.Sleep(100 * time.Millisecond)
-		clerk, err = cfg.Locks.NewClerk(Kind, s.recoverDead, Scope...)
+		clerk, err = cfg.Locks.NewClerk(Kind, s.recoverDead, Scope()...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("btree: registering the lock clerk: %w", err)
@@ -376,7 +376,8 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 // only committed images (a server never writes back an uncommitted one:
 // no steal, so no undo), only of the nodes r says the dead server's leases
 // still protect (r.Names; every name but r.Exclude when r.All — the lock
-// service then grants nothing until the run is done), and only over an
+// service then grants no name in the kind's Scope until the run is done,
+// and the replay touches only node locks, which are in it), and only over an
 // older version of the node: the dead server's log may hold images of a
 // node it gave up long ago, which other servers have changed since.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
@@ -711,6 +712,8 @@ func (l clerkLocks) Acquire(ctx context.Context, name string, mode lock.Mode) (H
 func (l clerkLocks) Revoking(name string) bool { return l.c.Revoking(name) }
 
 func (l clerkLocks) Lost() <-chan struct{} { return l.c.Lost() }
+
+func (l clerkLocks) ValidUntil() time.Time { return l.c.ValidUntil() }
 
 // chunkStore adapts a chunk clerk to Chunks.
 type chunkStore struct{ c *chunk.Clerk }

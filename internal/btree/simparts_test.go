@@ -260,6 +260,17 @@ func (c *simClerk) Revoking(name string) bool {
 
 func (c *simClerk) Lost() <-chan struct{} { return c.lost }
 
+// ValidUntil: the simulated leases hold until they are lost (the
+// simulator's deaths close lost; it does not pause servers past a lease).
+func (c *simClerk) ValidUntil() time.Time {
+	select {
+	case <-c.lost:
+		return time.Time{}
+	default:
+		return time.Now().Add(time.Hour)
+	}
+}
+
 // drop gives an idle lease back (the fence renewal's fresh token).
 func (c *simClerk) drop(name string) {
 	c.s.mu.Lock()

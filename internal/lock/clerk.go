@@ -97,13 +97,13 @@ type lease struct {
 // NewClerk returns a clerk with no leases, which may lock the names that
 // start with one of scope's prefixes (any name if scope is empty).
 func NewClerk(id ClerkID, kind string, scope ...string) *Clerk {
-	return &Clerk{id: id, kind: kind, scope: scope, leases: map[string]*lease{}}
+	return &Clerk{id: id, kind: kind, scope: append([]string(nil), scope...), leases: map[string]*lease{}}
 }
 
 // ID and Kind identify the clerk; Scope is the name prefixes it may lock.
 func (c *Clerk) ID() ClerkID     { return c.id }
 func (c *Clerk) Kind() string    { return c.kind }
-func (c *Clerk) Scope() []string { return c.scope }
+func (c *Clerk) Scope() []string { return append([]string(nil), c.scope...) }
 
 // Fenced reports whether the clerk's node fenced itself.
 func (c *Clerk) Fenced() bool { return c.fenced }

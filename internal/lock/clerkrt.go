@@ -234,6 +234,24 @@ func (h *Held) ValidUntil() time.Time {
 // or the master declared it dead); LostReason says which.
 func (h *Held) Lost() <-chan struct{} { return h.c.lost }
 
+// ValidUntil returns the local time (monotonic clock) until which every
+// lease the clerk holds is guaranteed: its incarnation's liveness
+// deadline, before which no dead verdict, hence no conflicting grant
+// elsewhere, can come. Zero once its leases are lost.
+func (c *ClerkRT) ValidUntil() time.Time {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.e.Fenced() || !s.cfg.Live.AliveAs(c.e.Incarnation()) {
+		return time.Time{}
+	}
+	d, ok := s.cfg.Live.Deadline(c.e.Incarnation())
+	if !ok {
+		return time.Time{}
+	}
+	return d
+}
+
 // LostReason is why the leases were lost (nil while they are not).
 func (h *Held) LostReason() error {
 	h.c.s.mu.Lock()

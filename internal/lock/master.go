@@ -280,6 +280,11 @@ func (m *Master) Hello(h Hello) []any {
 		if ValidName(name) != nil || mode == None || mode > Exclusive {
 			continue
 		}
+		if !InScope(c.info.Scope, name) {
+			// Kept (the clerk holds it), but an "all" recovery of this
+			// clerk would not block it: only an older master grants that.
+			m.emit(Anomaly{fmt.Sprintf("clerk %s reports %q, outside its scope %q", h.Clerk, name, c.info.Scope)})
+		}
 		c.held[name] = mode
 		c.token[name] = h.Tokens[name]
 		m.lock(name).holders[h.Clerk] = mode
@@ -325,7 +330,7 @@ func (m *Master) Hello(h Hello) []any {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if ValidName(name) == nil && (h.Want[name] == Shared || h.Want[name] == Exclusive) {
+		if ValidName(name) == nil && (h.Want[name] == Shared || h.Want[name] == Exclusive) && m.inScope(c, name) {
 			m.acquire(h.Clerk, name, h.Want[name])
 		}
 	}
@@ -366,8 +371,8 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 	}
 	switch x := msg.(type) {
 	case Acquire:
-		if ValidName(x.Name) != nil || (x.Mode != Shared && x.Mode != Exclusive) {
-			return nil
+		if ValidName(x.Name) != nil || (x.Mode != Shared && x.Mode != Exclusive) || !m.inScope(c, x.Name) {
+			return m.flush()
 		}
 		m.acquire(from, x.Name, x.Mode)
 		m.try(x.Name)
@@ -503,6 +508,9 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 		// Leases stay held until recovery has run on a live clerk of its kind.
 		r := RecoveryRecord{Dead: id, Kind: c.info.Kind, Held: map[string]Mode{}, Scope: c.info.Scope}
 		size := 0
+		for _, p := range c.info.Scope {
+			size += len(p) + 8
+		}
 		for name, mode := range c.held {
 			r.Held[name] = mode
 			size += len(name) + 8
@@ -738,6 +746,18 @@ func (m *Master) blockedAll() bool {
 			return true
 		}
 	}
+	return false
+}
+
+// inScope checks a wanted name against the clerk's recorded scope: the
+// master never grants a clerk a name outside it, so that an "all" recovery
+// of the clerk, which blocks only its scope, covers everything it could
+// hold (the clerk's engine refuses such names too; this does not trust it).
+func (m *Master) inScope(c *clerkState, name string) bool {
+	if InScope(c.info.Scope, name) {
+		return true
+	}
+	m.emit(Anomaly{fmt.Sprintf("clerk %s asks for %q, outside its scope %q: ignored", c.info.ID, name, c.info.Scope)})
 	return false
 }
 

@@ -40,7 +40,10 @@ type Liveness interface {
 type Recovery struct {
 	Dead  ClerkID  // the dead clerk whose state is to be recovered
 	Names []string // the leases it held (empty if All)
-	All   bool     // its leases are unknown: recover everything of its kind...
+	// All: its leases are unknown: recover everything of its kind that
+	// lies in the dead clerk's scope (the master grants no name in that
+	// scope until the run is done; a run must touch no other name)...
+	All bool
 	// ...except these names, which live clerks hold (the dead clerk cannot
 	// have held them in a conflicting mode; touching them would overwrite a
 	// live holder's work, and the run's newer token would fence it out).
