@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/grovestore/grove/api/etcdpb"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -104,4 +105,29 @@ func TestEndToEndEtcdctl(t *testing.T) {
 	if r := grove(t, buildGrove(t), nil, "tree", "get", "etcd", "other", "--endpoints="+u.Nodes[2].GRPC); r.code != 0 || r.stdout != "x\n" {
 		t.Fatalf("grove tree get: %v", r)
 	}
+
+	// The nodes forward every call to the tree's home node. SIGKILL it: the
+	// others serve the calls themselves once their connection to it is
+	// down (after the dead server's replay), and nothing acknowledged is
+	// lost.
+	home := btree.Home("etcd", []uint64{1, 2, 3})
+	other := home%3 + 1
+	must(other, "OK\n", "put", "before-kill", "1")
+	if err := u.Kill(home); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for {
+		out, stderr, err := run(other, "put", "after-kill", "2")
+		if err == nil && out == "OK\n" {
+			break
+		}
+		if time.Since(killed) > 90*time.Second {
+			t.Fatalf("put through node %d after its home node %d died: %q %v %s", other, home, out, err, stderr)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("node %d (the tree's home) killed; node %d served a put %v later", home, other, time.Since(killed).Round(time.Millisecond))
+	must(other, "before-kill\n1\n", "get", "before-kill")
+	must(other%3+1, "after-kill\n2\n", "get", "after-kill")
 }

@@ -3,13 +3,22 @@ package btree
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
+	"sync"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/grovestore/grove/api/etcdpb"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // EtcdKV is the etcd-compatible endpoint: etcd v3's KV service (the part
@@ -30,22 +39,123 @@ import (
 // key-values carry revision 0 and version 1), leases (a Put with a lease:
 // Unimplemented), Txn, Compact, Watch, Lease, Cluster, Maintenance and Auth
 // (Unimplemented), sorting by anything but the key.
+//
+// Routing: every node answers, but by default a node forwards each call to
+// the tree's home node (rendezvous hashing of the tree's name over the
+// membership), as etcd forwards writes to its leader: one server then
+// holds the tree's leases, so concurrent clients share its log's group
+// commits and its cache instead of passing node leases from server to
+// server (each pass costs a write-back). A call is forwarded only over a
+// connection that is up; when the home is unreachable the node serves
+// the call itself (any server may: the tree stays coherent through the
+// locks). A forwarded write whose answer is lost answers Unknown.
 type EtcdKV struct {
 	etcdpb.UnimplementedKVServer
-	svc  *Service
-	tree string
-	node uint64
+	svc       *Service
+	tree      string
+	node      uint64
+	book      *meta.AddressBook // nil: no forwarding
+	conns     transport.Pool
+	forward   bool
+	closeOnce sync.Once
 }
 
 // DefaultEtcdTree is the tree the endpoint serves by default.
 const DefaultEtcdTree = "etcd"
 
-// NewEtcdKV returns the endpoint of tree (made at its first use).
-func NewEtcdKV(svc *Service, tree string) *EtcdKV {
+// NewEtcdKV returns the endpoint of tree (made at its first use);
+// forward sends calls to the tree's home node (see EtcdKV).
+func NewEtcdKV(svc *Service, tree string, forward bool) *EtcdKV {
 	if tree == "" {
 		tree = DefaultEtcdTree
 	}
-	return &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node}
+	e := &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node, forward: forward}
+	if forward && svc.cfg.Meta != nil {
+		e.book = meta.NewAddressBook(svc.cfg.Meta)
+	}
+	return e
+}
+
+// Close stops the endpoint's membership watch and connections (once).
+func (e *EtcdKV) Close() {
+	e.closeOnce.Do(func() {
+		if e.book != nil {
+			e.book.Close()
+		}
+		e.conns.Close()
+	})
+}
+
+// forwardedKey marks a forwarded call (metadata): it is served where it
+// lands, never forwarded again.
+const forwardedKey = "grove-etcd-forwarded"
+
+// Home is the home node of tree among nodes: rendezvous hashing, so that a
+// node joining or leaving moves only the trees whose home it is or
+// becomes.
+func Home(tree string, nodes []uint64) uint64 {
+	var best, bestH uint64
+	for _, id := range nodes {
+		h := fnv.New64a()
+		h.Write([]byte(tree))
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], id)
+		h.Write(b[:])
+		if x := h.Sum64(); best == 0 || x > bestH || x == bestH && id < best {
+			best, bestH = id, x
+		}
+	}
+	return best
+}
+
+// peer returns the home's KV client if the call should go there: the home
+// is another node, the call was not forwarded already, and the connection
+// to the home is up (nothing is sent otherwise: the caller serves it).
+func (e *EtcdKV) peer(ctx context.Context) (etcdpb.KVClient, context.Context, bool) {
+	if e.book == nil {
+		return nil, nil, false
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
+		return nil, nil, false
+	}
+	nodes := e.book.Nodes()
+	ids := make([]uint64, 0, len(nodes))
+	for id := range nodes {
+		ids = append(ids, id)
+	}
+	home := Home(e.tree, ids)
+	if home == 0 || home == e.node {
+		return nil, nil, false
+	}
+	cc, err := e.conns.Get(nodes[home])
+	if err != nil {
+		return nil, nil, false
+	}
+	if cc.GetState() != connectivity.Ready {
+		cc.Connect() // for the next call
+		return nil, nil, false
+	}
+	return etcdpb.NewKVClient(cc), metadata.AppendToOutgoingContext(ctx, forwardedKey, strconv.FormatUint(e.node, 10)), true
+}
+
+// forwarded maps a forwarded call's failure: an answer from the home passes
+// through; a lost one is Unknown for a write (it may have been applied)
+// and Unavailable for a read.
+func forwarded(err error, write bool) error {
+	st, _ := status.FromError(err)
+	if st.Code() == codes.Unavailable && !hasNotApplied(st) && write {
+		return status.Errorf(codes.Unknown, "grove etcd endpoint: the tree's home node did not answer (the write may have been applied): %v", st.Message())
+	}
+	return err
+}
+
+func hasNotApplied(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == NotApplied {
+			return true
+		}
+	}
+	return false
 }
 
 // clusterID identifies "the cluster" in etcd headers (a constant: Grove's
@@ -126,6 +236,13 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 	er, err := etcdSpan(r.Key, r.RangeEnd)
 	if err != nil {
 		return nil, err
+	}
+	if kv, fctx, ok := e.peer(ctx); ok {
+		resp, err := kv.Range(fctx, r)
+		if err != nil {
+			return nil, forwarded(err, false)
+		}
+		return resp, nil
 	}
 	out := &etcdpb.RangeResponse{Header: e.header()}
 	if er.empty {
@@ -218,6 +335,13 @@ func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResp
 	if r.IgnoreValue {
 		return nil, status.Error(codes.Unimplemented, "grove etcd endpoint: ignore_value is not supported")
 	}
+	if kv, fctx, ok := e.peer(ctx); ok {
+		resp, err := kv.Put(fctx, r)
+		if err != nil {
+			return nil, forwarded(err, true)
+		}
+		return resp, nil
+	}
 	srv, t, err := e.open(ctx)
 	if err != nil {
 		return nil, err
@@ -239,6 +363,13 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 	er, err := etcdSpan(r.Key, r.RangeEnd)
 	if err != nil {
 		return nil, err
+	}
+	if kv, fctx, ok := e.peer(ctx); ok {
+		resp, err := kv.DeleteRange(fctx, r)
+		if err != nil {
+			return nil, forwarded(err, true)
+		}
+		return resp, nil
 	}
 	out := &etcdpb.DeleteRangeResponse{Header: e.header()}
 	if er.empty {

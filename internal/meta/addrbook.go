@@ -57,6 +57,17 @@ func (b *AddressBook) Lookup(node uint64) string {
 	return b.addrs[node]
 }
 
+// Nodes returns every node's address as last seen (a copy).
+func (b *AddressBook) Nodes() map[uint64]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[uint64]string, len(b.addrs))
+	for id, a := range b.addrs {
+		out[id] = a
+	}
+	return out
+}
+
 // Addr is node's address, waiting up to 2 s for the membership to name it
 // (a clerk just started, a node just registered).
 func (b *AddressBook) Addr(ctx context.Context, node uint64) (string, error) {

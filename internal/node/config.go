@@ -90,6 +90,9 @@ type BTreeConfig struct {
 	// KV service on the node's gRPC address) serves; it is made at its
 	// first use (default "etcd").
 	EtcdTree string `toml:"etcd_tree"`
+	// EtcdLocal serves every etcd call on the node it reaches, instead of
+	// forwarding it to the tree's home node (btree.EtcdKV).
+	EtcdLocal bool `toml:"etcd_local"`
 }
 
 type FDConfig struct {

@@ -52,6 +52,7 @@ type Node struct {
 	rldev  *rldev.Service // nil unless RoleStore
 	chunk  *chunk.Service // nil unless RoleStore
 	btree  *btree.Service // every node's B-tree role
+	etcd   *btree.EtcdKV  // its etcd-compatible endpoint
 	btc    *chunk.Clerk   // the B-tree role's chunk clerk
 	btrl   *rldev.Clerk   // the B-tree role's RLDev clerk
 	rlc    *rldev.Clerk   // the chunk managers' RLDev clerk
@@ -228,7 +229,8 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.btree.Fence(uint64(inc)) })
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
-	etcdpb.RegisterKVServer(n.grpc, btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree))
+	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
+	etcdpb.RegisterKVServer(n.grpc, n.etcd)
 	go n.grpc.Serve(n.guard)
 
 	keys, err := cfg.Keyring()
@@ -557,6 +559,9 @@ func (n *Node) Close() {
 	}
 	if n.grpc != nil {
 		n.grpc.Stop()
+	}
+	if n.etcd != nil {
+		n.etcd.Close() // (after the gRPC server: no call forwards any more)
 	}
 	if n.web != nil {
 		n.web.Close()
