@@ -109,6 +109,9 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		if _, err := t.s.Commit(ctx, []*Node{m, gone, pp}, nil); err != nil {
 			return nil, err
 		}
+		if err := t.at("merge", int(m.Level)); err != nil {
+			return nil, err
+		}
 		t.Stats.Merges.Add(1)
 		return pp, nil
 	}
@@ -142,6 +145,9 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		return nil, nil // the new separator does not fit the parent, or a half is too big: leave it
 	}
 	if _, err := t.s.Commit(ctx, []*Node{na, nb, pp}, nil); err != nil {
+		return nil, err
+	}
+	if err := t.at("rebalance", int(na.Level)); err != nil {
 		return nil, err
 	}
 	t.Stats.Rebalances.Add(1)

@@ -98,6 +98,18 @@ type Tree struct {
 	id    uint64
 	cfg   Config
 	Stats Stats
+	// crashPoint, set only by tests, is called after each structural
+	// change commits ("split", "merge", "rebalance", with the level of
+	// the nodes changed); an error ends the operation there, as if its
+	// server died at that instant (the crash-point tests kill it inside).
+	crashPoint func(point string, level int) error
+}
+
+func (t *Tree) at(point string, level int) error {
+	if t.crashPoint == nil {
+		return nil
+	}
+	return t.crashPoint(point, level)
 }
 
 // New returns the tree whose anchor is chunk id's, over s.
@@ -474,6 +486,9 @@ func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, err
 	lsn, err := t.s.Commit(ctx, []*Node{r, nn}, nil)
 	if err != nil {
 		t.s.Abandon(rh)
+		return nil, Handle{}, 0, err
+	}
+	if err := t.at("split", int(nn.Level)); err != nil {
 		return nil, Handle{}, 0, err
 	}
 	t.s.Unlock(rh, lock.Exclusive)
