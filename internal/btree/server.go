@@ -97,6 +97,25 @@ func CheckTreeName(name string) error {
 
 func treeKey(name string) string { return "tree/" + name }
 
+// dropKey records a drop under way (the dropped tree's entry): its name is
+// gone from the directory, its chunks are being freed. Any server finishes
+// it (DropTree, then every repair tick), so a drop cut off half-way does
+// not leak the tree.
+func dropKey(anchor Handle) string { return fmt.Sprintf("drop/%d-%d", anchor.CM, anchor.ID) }
+
+// pendingDrops lists the drops under way.
+func pendingDrops(ns *pb.Namespace) []TreeEntry {
+	var out []TreeEntry
+	for _, kv := range ns.GetEntries() {
+		if strings.HasPrefix(kv.Key, "drop/") {
+			if e, err := decodeEntry(kv.Value); err == nil {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
 // encodeEntry: u8 version 1, u32 anchor CM, u64 anchor ID, u32 node size,
 // u16 fanout, then the name.
 func encodeEntry(e TreeEntry) []byte {
@@ -124,6 +143,9 @@ func decodeEntry(b []byte) (TreeEntry, error) {
 func Trees(ns *pb.Namespace) (map[string]TreeEntry, error) {
 	out := map[string]TreeEntry{}
 	for _, kv := range ns.GetEntries() {
+		if !strings.HasPrefix(kv.Key, "tree/") {
+			continue // a drop under way (dropKey)
+		}
 		e, err := decodeEntry(kv.Value)
 		if err != nil {
 			return nil, fmt.Errorf("%w (key %q)", err, kv.Key)
@@ -557,6 +579,9 @@ func (s *Server) compressor() {
 			}
 			cancel()
 		case <-tick:
+			dctx, dcancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
+			s.FinishDrops(dctx)
+			dcancel()
 			s.mu.Lock()
 			trees := make([]*Tree, 0, len(s.mu.trees))
 			for _, t := range s.mu.trees {
@@ -641,10 +666,26 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 // the tree (walking it; an operation still running on the tree meanwhile
 // fails). A crash during the walk leaks the chunks not yet freed.
 func (s *Server) DropTree(ctx context.Context, name string) error {
-	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	e, err := s.BeginDrop(ctx, name)
 	if err != nil {
 		return err
 	}
+	if err := s.finishDrop(ctx, e); err != nil {
+		return fmt.Errorf("btree: tree %q is dropped, but freeing its chunks is not done (any server finishes it at its next repair pass): %w", name, err)
+	}
+	return nil
+}
+
+// BeginDrop removes tree name from the directory and records its drop; the
+// chunks are freed by FinishDrops (DropTree does both; every server's
+// repair pass finishes a drop cut off half-way).
+func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) {
+	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	if err != nil {
+		return TreeEntry{}, err
+	}
+	// One decree: the name goes, the drop is recorded (so that it is
+	// finished even if this server dies before it frees everything).
 	_, err = s.cfg.Meta.Update(ctx, Namespace, "drop tree "+name, func(ns *pb.Namespace) ([]*pb.Op, error) {
 		ts, err := Trees(ns)
 		if err != nil {
@@ -653,44 +694,128 @@ func (s *Server) DropTree(ctx context.Context, name string) error {
 		if x, ok := ts[name]; !ok || x.Anchor != e.Anchor {
 			return nil, nil
 		}
-		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(name)}}, nil
+		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor), Value: encodeEntry(e)}}, nil
 	})
+	if err != nil {
+		return TreeEntry{}, err
+	}
+	s.Forget(name)
+	return e, nil
+}
+
+// finishDrop frees a dropped tree's chunks, then removes its drop record.
+// It holds the anchor's lock throughout: every server's cached anchor goes,
+// and the next operation there reads a freed anchor (ErrNoTree);
+// operations already past the anchor meet freed nodes and fail. Chunks are
+// freed level by level from the leaves up, the removed nodes of a node's
+// garbage list before it, the anchor last: a drop cut off and resumed
+// finds every chunk not yet freed from the anchor down.
+func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
+	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
+	done := func() error {
+		_, err := s.cfg.Meta.Update(ctx, Namespace, "dropped tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+			for _, kv := range ns.GetEntries() {
+				if kv.Key == dropKey(e.Anchor) {
+					return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: kv.Key}}, nil
+				}
+			}
+			return nil, nil
+		})
+		return err
+	}
+	a, err := st.LockAnchor(ctx)
+	if errors.Is(err, ErrNoTree) {
+		return done() // another server finished it
+	}
 	if err != nil {
 		return err
 	}
-	s.Forget(name)
-	// Take the anchor's lock: every server's cached anchor goes, and the
-	// next operation there reads a freed anchor (ErrNoTree). Operations
-	// already past the anchor meet freed nodes and fail.
-	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
-	if _, err := st.LockAnchor(ctx); err != nil {
-		return fmt.Errorf("btree: tree %q is dropped, but taking its anchor failed (its chunks leak): %w", name, err)
-	}
-	sh, err := Walk(ctx, st, false)
+	order, err := dropOrder(ctx, st, a)
 	if err != nil {
 		st.Unlock(e.Anchor, lock.Exclusive)
-		return fmt.Errorf("btree: tree %q is dropped, but walking it to free its chunks failed (they leak): %w", name, err)
+		return err
 	}
-	var firstErr error
-	free := func(h Handle) bool {
-		err := s.cfg.Chunks.Free(ctx, h)
-		if err != nil && !errors.Is(err, chunk.ErrUnallocated) {
-			if firstErr == nil {
-				firstErr = err
-			}
-			return false
+	for _, h := range order {
+		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
+			st.Unlock(e.Anchor, lock.Exclusive)
+			return err
 		}
-		return true
+		s.cache.Drop(h)
 	}
-	for h := range sh.Chunks {
-		if h != e.Anchor && free(h) {
-			s.cache.Drop(h)
-		}
+	if err := s.cfg.Chunks.Free(ctx, e.Anchor); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
+		st.Unlock(e.Anchor, lock.Exclusive)
+		return err
 	}
-	free(e.Anchor) // last: until then the tree's lock holds everyone off
 	st.Unlock(e.Anchor, lock.Exclusive)
 	s.cache.Drop(e.Anchor)
-	return firstErr
+	return done()
+}
+
+// FinishDrops finishes every drop under way (a server that dropped a tree
+// died, or its frees failed); the repair pass runs it.
+func (s *Server) FinishDrops(ctx context.Context) {
+	ns, err := s.cfg.Meta.Read(ctx, Namespace)
+	if err != nil {
+		return
+	}
+	for _, e := range pendingDrops(ns) {
+		if err := s.finishDrop(ctx, e); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
+		} else if err == nil {
+			s.log.Info("finished a tree's drop", "tree", e.Name)
+		}
+	}
+}
+
+// dropOrder lists a tree's node chunks (not its anchor) in the order a drop
+// frees them: levels from the leaves up, a node's garbage before it. It
+// reaches nodes through downlinks, right links and the anchor's leftmost
+// links, and skips nodes already freed (a resumed drop).
+func dropOrder(ctx context.Context, st Store, a *Anchor) ([]Handle, error) {
+	seen := map[Handle]bool{}
+	levels := make([][]Handle, a.RootLevel()+1)
+	frontier := []Handle{a.Root}
+	for level := a.RootLevel(); level >= 0; level-- {
+		if !a.Leftmost[level].IsZero() {
+			frontier = append(frontier, a.Leftmost[level])
+		}
+		var next []Handle
+		for len(frontier) > 0 {
+			h := frontier[0]
+			frontier = frontier[1:]
+			if h.IsZero() || seen[h] {
+				continue
+			}
+			seen[h] = true
+			n, err := st.Read(ctx, h)
+			if errors.Is(err, ErrGone) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			for _, g := range n.Garbage {
+				if !seen[g.Node] {
+					seen[g.Node] = true
+					levels[level] = append(levels[level], g.Node)
+				}
+			}
+			levels[level] = append(levels[level], h)
+			if n.Deleted {
+				continue
+			}
+			frontier = append(frontier, n.Right)
+			if level > 0 {
+				next = append(next, n.Kids...)
+			}
+		}
+		frontier = next
+	}
+	var out []Handle
+	for _, l := range levels {
+		out = append(out, l...)
+	}
+	return out, nil
 }
 
 // OpContext bounds an operation by the server's OpTimeout.

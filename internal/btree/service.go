@@ -48,6 +48,14 @@ type ServiceConfig struct {
 	Log    *slog.Logger
 	// Server is the rest of each incarnation's server's configuration.
 	Server ServerConfig
+	// OnFail is called (once per incarnation) when the incarnation's
+	// server fails while its leases still stand: its log failed, or a
+	// write-back was fenced out. The server can neither go on nor give
+	// its leases back (its dirty nodes are only in its log), so the node
+	// gives incarnation inc up (fd.Driver.Resign): the lock service then
+	// recovers the log on another server, and the next incarnation starts
+	// a new server.
+	OnFail func(inc uint64, err error)
 }
 
 // NewService returns the role; Start runs it in an incarnation.
@@ -117,6 +125,7 @@ func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 			s.mu.srv = srv
 			close(ready)
 			s.mu.Unlock()
+			s.watch(ctx, inc, srv)
 			return
 		}
 		if ctx.Err() == nil {
@@ -126,6 +135,31 @@ func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 			case <-time.After(min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)):
 			}
 		}
+	}
+}
+
+// watch waits for the incarnation's end or its server's failure; a failure
+// with the leases still standing gives the incarnation up (OnFail).
+func (s *Service) watch(ctx context.Context, inc uint64, srv *Server) {
+	tk := time.NewTicker(250 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		err := srv.Err()
+		// ctx ends before the server closes (stopLocked, Close), and a
+		// cache whose leases are lost is on a node that fences itself.
+		if err == nil || ctx.Err() != nil || srv.cache.lost() {
+			continue
+		}
+		s.log.Error("the B-tree server failed with its leases standing: the node gives its incarnation up, so that another server recovers its log", "incarnation", inc, "err", err)
+		if s.cfg.OnFail != nil {
+			s.cfg.OnFail(inc, err)
+		}
+		return
 	}
 }
 

@@ -225,7 +225,11 @@ func (d *Driver) exec(out []any) {
 			d.writes <- x // the engine has at most one in flight: never blocks
 		case SelfFence:
 			// The subject is fenced already, so Alive is false throughout.
-			d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", x.Inc)
+			if x.Why != "" {
+				d.log.Warn("self-fence: the node gives its incarnation up", "incarnation", x.Inc, "why", x.Why)
+			} else {
+				d.log.Warn("self-fence: no acknowledgement from a majority of observers within the grace period", "incarnation", x.Inc)
+			}
 			if m := d.cfg.Metrics; m != nil {
 				metrics.Inc(m.FDSelfFences)
 				metrics.Set(m.FDIncarnation, 0)
@@ -320,6 +324,11 @@ func (d *Driver) Alive() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.mu.e.Alive(d.cfg.Clock.Now())
+}
+
+// Resign gives incarnation inc up now (Engine.Resign).
+func (d *Driver) Resign(inc Incarnation, why string) {
+	d.step(func(e *Engine, now time.Time) []any { return e.Resign(now, inc, why) })
 }
 
 // AliveAs reports whether incarnation inc is the node's running incarnation

@@ -43,7 +43,12 @@ type (
 	// lease-protected service of the node must stop before the driver goes
 	// on with the next effect; the engine is already taking a new
 	// incarnation.
-	SelfFence struct{ Inc Incarnation }
+	SelfFence struct {
+		Inc Incarnation
+		// Why, if the node gave the incarnation up itself (Resign):
+		// empty when its deadline passed.
+		Why string
+	}
 	// Started: incarnation Inc is persisted, registered and beaconing.
 	Started struct{ Inc Incarnation }
 	// Acknowledged: a majority of observers acknowledged incarnation Inc
@@ -233,6 +238,19 @@ func (e *Engine) RegisterDone(now time.Time, inc Incarnation, err error) []any {
 	e.life, e.retryDelay = lifeRunning, 0
 	e.subj = NewSubject(e.cfg.Config, e.cfg.Self, inc, now)
 	return append([]any{Started{Inc: inc}}, e.tickSubject(now)...)
+}
+
+// Resign ends incarnation inc now, as if its deadline had passed: the
+// node fences itself (every role stops) and starts a new incarnation once
+// this one is declared dead, so that the lock service recovers what the old
+// one held. For a role that cannot go on and cannot give its leases back
+// (a B-tree server whose log failed). Nothing if inc is not running.
+func (e *Engine) Resign(now time.Time, inc Incarnation, why string) []any {
+	if e.life != lifeRunning || e.subj == nil || e.subj.Incarnation() != inc {
+		return nil
+	}
+	e.subj = nil
+	return append([]any{SelfFence{Inc: inc, Why: why}}, e.read()...)
 }
 
 // Tick drives beacons, the self-fence and retries; call it at least every

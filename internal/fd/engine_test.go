@@ -146,3 +146,30 @@ func TestEngineAnswersAfterDurableTombstone(t *testing.T) {
 		t.Fatalf("durable verdict: %+v", a)
 	}
 }
+
+// A node gives its running incarnation up (a role that cannot go on nor
+// give its leases back): it fences at once, before the deadline, with the
+// reason, and takes a new incarnation; a resignation of another
+// incarnation than the running one does nothing.
+func TestEngineResign(t *testing.T) {
+	now := simNow()
+	e := testEngine(t, 2, false, 3)
+	e.Start(now)
+	only[PersistIncarnation](t, e.RegisteredRead(now, 3, nil))
+	only[Register](t, e.IncarnationPersisted(now, 4, nil))
+	only[Started](t, e.RegisterDone(now, 4, nil))
+	if out := e.Resign(now, 3, "old"); len(out) != 0 {
+		t.Fatalf("resigning an incarnation that is not running: %v", out)
+	}
+	out := e.Resign(now, 4, "its log failed")
+	if f := only[SelfFence](t, out); f.Inc != 4 || f.Why != "its log failed" {
+		t.Fatalf("self-fence %+v", f)
+	}
+	only[ReadRegistered](t, out)
+	if e.Alive(now) {
+		t.Fatal("alive after resigning")
+	}
+	if out := e.Resign(now, 4, "again"); len(out) != 0 {
+		t.Fatalf("a second resignation: %v", out)
+	}
+}

@@ -226,7 +226,12 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	// the first tree call).
 	n.btc = chunk.NewClerk(n.client)
 	n.btrl = rldev.NewClerk(n.client)
-	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log})
+	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log,
+		OnFail: func(inc uint64, err error) {
+			if d := n.fdp.Load(); d != nil {
+				d.Resign(fd.Incarnation(inc), "its B-tree server failed: "+err.Error())
+			}
+		}})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.btree.Fence(uint64(inc)) })
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
 	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
