@@ -24,6 +24,10 @@ type Anchor struct {
 	LSN      uint64
 	Root     Handle
 	Leftmost []Handle
+	// Dropped: the tree is dropped (its drop's first step, under the
+	// anchor's lock): no operation starts on it any more; the structure
+	// stays, for the drop to free it.
+	Dropped bool
 }
 
 // RootLevel is the root's level.
@@ -42,10 +46,17 @@ func (a *Anchor) Clone() *Anchor {
 // the cache's, not stored.)
 const anchorMagic = "GBA1"
 
+// droppedMagic starts a dropped tree's anchor (otherwise the same layout).
+const droppedMagic = "GBAX"
+
 // Encode appends a's image to b.
 func (a *Anchor) Encode(b []byte) []byte {
 	start := len(b)
-	b = append(b, anchorMagic...)
+	if a.Dropped {
+		b = append(b, droppedMagic...)
+	} else {
+		b = append(b, anchorMagic...)
+	}
 	b = append(b, make([]byte, 8)...)
 	b = binary.LittleEndian.AppendUint32(b, a.Self.CM)
 	b = binary.LittleEndian.AppendUint64(b, a.Self.ID)
@@ -67,9 +78,10 @@ func (a *Anchor) Encode(b []byte) []byte {
 // DecodeAnchor decodes the anchor image at the start of b, which must be
 // chunk self's.
 func DecodeAnchor(b []byte, self Handle) (*Anchor, error) {
-	if len(b) < 34+4 || string(b[:4]) != anchorMagic {
+	if len(b) < 34+4 || string(b[:4]) != anchorMagic && string(b[:4]) != droppedMagic {
 		return nil, fmt.Errorf("%w: no anchor header", ErrCorrupt)
 	}
+	dropped := string(b[:4]) == droppedMagic
 	length := int(binary.LittleEndian.Uint32(b[4:]))
 	if length < 34+4 || length > len(b) {
 		return nil, fmt.Errorf("%w: anchor length %d of a %d-byte chunk", ErrCorrupt, length, len(b))
@@ -79,7 +91,7 @@ func DecodeAnchor(b []byte, self Handle) (*Anchor, error) {
 	if sum != binary.LittleEndian.Uint32(b[8:]) || sum != binary.LittleEndian.Uint32(b[length-4:]) {
 		return nil, fmt.Errorf("%w: anchor checksum mismatch", ErrCorrupt)
 	}
-	a := &Anchor{Self: getHandle(b[12:]), Version: binary.LittleEndian.Uint64(b[24:])}
+	a := &Anchor{Self: getHandle(b[12:]), Version: binary.LittleEndian.Uint64(b[24:]), Dropped: dropped}
 	levels := int(binary.LittleEndian.Uint16(b[32:]))
 	if levels < 1 || levels > MaxLevels || 34+levels*12+4 != length {
 		return nil, fmt.Errorf("%w: anchor of %d levels in %d bytes", ErrCorrupt, levels, length)

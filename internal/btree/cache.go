@@ -816,7 +816,7 @@ func (s *TreeStore) peek(h Handle) (*Node, *Anchor, bool) {
 }
 
 func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
-	if _, a, ok := s.peek(s.anchor); ok && a != nil {
+	if _, a, ok := s.peek(s.anchor); ok && a != nil && !a.Dropped {
 		s.c.count(func(st *CacheStats) { st.Hits++ })
 		return a, nil
 	}
@@ -835,6 +835,9 @@ func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 	a := e.anchor
 	s.c.mu.Unlock()
 	s.c.unlatch(e, lock.Shared)
+	if a.Dropped {
+		return nil, fmt.Errorf("%w: tree %d is dropped", ErrNoTree, s.tree)
+	}
 	return a, nil
 }
 
@@ -883,6 +886,16 @@ func (s *TreeStore) Unlock(h Handle, mode lock.Mode) {
 }
 
 func (s *TreeStore) LockAnchor(ctx context.Context) (*Anchor, error) {
+	a, err := s.lockAnchor(ctx)
+	if err == nil && a.Dropped {
+		s.Unlock(s.anchor, lock.Exclusive)
+		return nil, fmt.Errorf("%w: tree %d is dropped", ErrNoTree, s.tree)
+	}
+	return a, err
+}
+
+// lockAnchor is LockAnchor for a drop: a dropped anchor too.
+func (s *TreeStore) lockAnchor(ctx context.Context) (*Anchor, error) {
 	e, err := s.entry(s.anchor)
 	if err != nil {
 		return nil, err

@@ -30,7 +30,8 @@ import (
 // (the tree's own guarantees; every Range is linearizable, serializable
 // or not). A Range over many keys is read a page at a time (a page is
 // atomic: up to Config.MaxScanLeaves leaves); its count, when it has a
-// limit and more keys remain, comes from a separate atomic count. A
+// limit and more keys remain, comes from a separate count (atomic up to
+// Config.MaxCountLeaves leaves, page by page beyond). A
 // DeleteRange over a range deletes key by key (each delete atomic, the
 // whole not).
 //
@@ -272,7 +273,7 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 		return out, nil
 	}
 	if r.CountOnly {
-		n, err := t.Count(ctx, sp)
+		n, err := countRange(ctx, t, sp)
 		if err != nil {
 			return nil, done(srv, e.tree, err)
 		}
@@ -316,13 +317,35 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 	out.Count = int64(len(out.Kvs))
 	if out.More {
 		// etcd counts the whole range; ours is a second atomic step.
-		n, err := t.Count(ctx, er.Span)
+		n, err := countRange(ctx, t, er.Span)
 		if err != nil {
 			return nil, done(srv, e.tree, err)
 		}
 		out.Count = max(int64(n), int64(len(out.Kvs)))
 	}
 	return out, nil
+}
+
+// countRange counts sp's keys: atomically (Tree.Count) when the range spans
+// at most MaxCountLeaves leaves, else page by page (each page atomic, the
+// sum not; etcd's count is one snapshot).
+func countRange(ctx context.Context, t *Tree, sp Span) (int, error) {
+	n, err := t.Count(ctx, sp)
+	if !errors.Is(err, ErrRangeTooLarge) {
+		return n, err
+	}
+	n = 0
+	for {
+		pg, err := t.Scan(ctx, sp, 0, false)
+		if err != nil {
+			return 0, err
+		}
+		n += len(pg.Keys)
+		if !pg.More {
+			return n, nil
+		}
+		sp.From = pg.Hi
+	}
 }
 
 func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResponse, error) {

@@ -229,6 +229,7 @@ type Server struct {
 		sync.Mutex
 		trees map[string]*Tree
 	}
+	settling sync.Map // tree names whose drop is being settled (SettleDrop)
 }
 
 type hint struct {
@@ -302,8 +303,9 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s.wal = wal
 	s.cache.cfg.Log = wal
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.compressor()
+	go s.dropper()
 	s.log.Info("B-tree server started", "log", name, "recovered", wal.Recovered().Redone)
 	return s, nil
 }
@@ -492,7 +494,7 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 
 // imageLength is the length an image's header claims (0 if none).
 func imageLength(b []byte) int {
-	if len(b) < 8 || string(b[:4]) != nodeMagic && string(b[:4]) != anchorMagic {
+	if len(b) < 8 || string(b[:4]) != nodeMagic && string(b[:4]) != anchorMagic && string(b[:4]) != droppedMagic {
 		return 0
 	}
 	return int(binary.LittleEndian.Uint32(b[4:]))
@@ -509,7 +511,7 @@ func imageVersion(b []byte) (uint64, bool) {
 		if n, err := decode(b); err == nil {
 			return n.Version, true
 		}
-	case anchorMagic:
+	case anchorMagic, droppedMagic:
 		if len(b) >= 24 {
 			if a, err := DecodeAnchor(b, getHandle(b[12:])); err == nil {
 				return a.Version, true
@@ -579,9 +581,6 @@ func (s *Server) compressor() {
 			}
 			cancel()
 		case <-tick:
-			dctx, dcancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
-			s.FinishDrops(dctx)
-			dcancel()
 			s.mu.Lock()
 			trees := make([]*Tree, 0, len(s.mu.trees))
 			for _, t := range s.mu.trees {
@@ -597,6 +596,25 @@ func (s *Server) compressor() {
 				}
 				cancel()
 			}
+		}
+	}
+}
+
+// dropper finishes drops cut off half-way, at start and every RepairEvery.
+func (s *Server) dropper() {
+	defer s.wg.Done()
+	every := s.cfg.RepairEvery
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	for {
+		ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
+		s.FinishDrops(ctx)
+		cancel()
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(every):
 		}
 	}
 }
@@ -684,23 +702,78 @@ func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) 
 	if err != nil {
 		return TreeEntry{}, err
 	}
-	// One decree: the name goes, the drop is recorded (so that it is
-	// finished even if this server dies before it frees everything).
-	_, err = s.cfg.Meta.Update(ctx, Namespace, "drop tree "+name, func(ns *pb.Namespace) ([]*pb.Op, error) {
-		ts, err := Trees(ns)
-		if err != nil {
-			return nil, err
-		}
-		if x, ok := ts[name]; !ok || x.Anchor != e.Anchor {
-			return nil, nil
-		}
-		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor), Value: encodeEntry(e)}}, nil
-	})
-	if err != nil {
+	// First the anchor says "dropped", durably, under its lock (which
+	// takes every server's cached anchor away): the drop takes effect
+	// there, and no operation starts on the tree after it, on any server,
+	// even one that still knows the tree by its name.
+	if err := s.markDropped(ctx, s.cache.Store(e.Anchor, e.NodeSize, nil)); err != nil {
+		return TreeEntry{}, err
+	}
+	if err := s.recordDrop(ctx, e); err != nil {
 		return TreeEntry{}, err
 	}
 	s.Forget(name)
 	return e, nil
+}
+
+// markDropped marks a tree's anchor dropped (nothing if it is already).
+func (s *Server) markDropped(ctx context.Context, st *TreeStore) error {
+	a, err := st.lockAnchor(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Unlock(st.anchor, lock.Exclusive)
+	if a.Dropped {
+		return nil
+	}
+	na := a.Clone()
+	na.Dropped = true
+	lsn, err := st.Commit(ctx, nil, na)
+	if err != nil {
+		return err
+	}
+	return st.Durable(ctx, lsn)
+}
+
+// recordDrop, one decree: the name goes, the drop is recorded (so that it
+// is finished even if this server dies before it frees everything).
+// ErrNoTree if the name no longer names that tree (a drop raced with
+// this one).
+func (s *Server) recordDrop(ctx context.Context, e TreeEntry) error {
+	applied := false
+	_, err := s.cfg.Meta.Update(ctx, Namespace, "drop tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+		applied = false
+		ts, err := Trees(ns)
+		if err != nil {
+			return nil, err
+		}
+		if x, ok := ts[e.Name]; !ok || x.Anchor != e.Anchor {
+			return nil, nil
+		}
+		applied = true
+		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(e.Name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor), Value: encodeEntry(e)}}, nil
+	})
+	if err == nil && !applied {
+		err = fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
+	}
+	return err
+}
+
+// SettleDrop finishes the directory's side of a drop cut off between its
+// two steps: tree name's anchor says dropped (an operation found it so),
+// but the directory still lists it. The name goes and the drop is
+// recorded, as DropTree would have done.
+func (s *Server) SettleDrop(ctx context.Context, name string) {
+	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	if err != nil {
+		return
+	}
+	if _, err := s.cache.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx); !errors.Is(err, ErrNoTree) {
+		return // a live tree (a new one of the same name)
+	}
+	if err := s.recordDrop(ctx, e); err == nil {
+		s.log.Info("settled a drop cut off half-way", "tree", name)
+	}
 }
 
 // finishDrop frees a dropped tree's chunks, then removes its drop record.
@@ -723,9 +796,14 @@ func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 		})
 		return err
 	}
-	a, err := st.LockAnchor(ctx)
-	if errors.Is(err, ErrNoTree) {
+	if err := s.markDropped(ctx, st); errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
 		return done() // another server finished it
+	} else if err != nil {
+		return err
+	}
+	a, err := st.lockAnchor(ctx)
+	if errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
+		return done()
 	}
 	if err != nil {
 		return err
@@ -768,12 +846,13 @@ func (s *Server) FinishDrops(ctx context.Context) {
 }
 
 // dropOrder lists a tree's node chunks (not its anchor) in the order a drop
-// frees them: levels from the leaves up, a node's garbage before it. It
+// frees them: levels from the leaves up, a node's garbage before it, the
+// nodes of a level in the reverse of the order they were found. It
 // reaches nodes through downlinks, right links and the anchor's leftmost
 // links, and skips nodes already freed (a resumed drop).
 func dropOrder(ctx context.Context, st Store, a *Anchor) ([]Handle, error) {
 	seen := map[Handle]bool{}
-	levels := make([][]Handle, a.RootLevel()+1)
+	levels := make([][][]Handle, a.RootLevel()+1) // per level, units: a node's garbage, then it
 	frontier := []Handle{a.Root}
 	for level := a.RootLevel(); level >= 0; level-- {
 		if !a.Leftmost[level].IsZero() {
@@ -794,13 +873,14 @@ func dropOrder(ctx context.Context, st Store, a *Anchor) ([]Handle, error) {
 			if err != nil {
 				return nil, err
 			}
+			var unit []Handle
 			for _, g := range n.Garbage {
 				if !seen[g.Node] {
 					seen[g.Node] = true
-					levels[level] = append(levels[level], g.Node)
+					unit = append(unit, g.Node)
 				}
 			}
-			levels[level] = append(levels[level], h)
+			levels[level] = append(levels[level], append(unit, h))
 			if n.Deleted {
 				continue
 			}
@@ -811,9 +891,14 @@ func dropOrder(ctx context.Context, st Store, a *Anchor) ([]Handle, error) {
 		}
 		frontier = next
 	}
+	// Within a level, the latest found first: a node found only through
+	// its left neighbour's right link (a split whose downlink is not in
+	// yet) goes before that neighbour, so a resumed drop still finds it.
 	var out []Handle
 	for _, l := range levels {
-		out = append(out, l...)
+		for i := len(l) - 1; i >= 0; i-- {
+			out = append(out, l[i]...)
+		}
 	}
 	return out, nil
 }

@@ -35,6 +35,9 @@ type Service struct {
 		srv     *Server       // once running
 		ready   chan struct{} // closed once srv is set
 		closed  bool
+		// lastResign is when the node last gave an incarnation up for
+		// its B-tree server's failure.
+		lastResign time.Time
 	}
 }
 
@@ -84,10 +87,11 @@ func (s *Service) Start(inc uint64) {
 		// recover a dead one's log.
 		for ctx.Err() == nil {
 			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-			ts, err := ListTrees(rctx, s.cfg.Meta)
+			ns, err := s.cfg.Meta.Read(rctx, Namespace)
 			rcancel()
 			if err == nil {
-				if len(ts) > 0 {
+				// Trees (or drops to finish) exist: start at once.
+				if ts, terr := Trees(ns); terr != nil || len(ts) > 0 || len(pendingDrops(ns)) > 0 {
 					s.launch(inc)
 				}
 				return
@@ -155,7 +159,24 @@ func (s *Service) watch(ctx context.Context, inc uint64, srv *Server) {
 		if err == nil || ctx.Err() != nil || srv.cache.lost() {
 			continue
 		}
+		// A fault that outlives incarnations would take the node down
+		// again and again (every role restarts with it): at most one
+		// resignation a minute.
+		s.mu.Lock()
+		wait := time.Until(s.mu.lastResign.Add(time.Minute))
+		s.mu.Unlock()
+		if wait > 0 {
+			s.log.Error("the B-tree server failed again within a minute of the last resignation: waiting before giving this incarnation up", "incarnation", inc, "wait", wait.Round(time.Second), "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
 		s.log.Error("the B-tree server failed with its leases standing: the node gives its incarnation up, so that another server recovers its log", "incarnation", inc, "err", err)
+		s.mu.Lock()
+		s.mu.lastResign = time.Now()
+		s.mu.Unlock()
 		if s.cfg.OnFail != nil {
 			s.cfg.OnFail(inc, err)
 		}
@@ -271,6 +292,8 @@ func rpcError(err error) error {
 		return err
 	}
 	switch {
+	case errors.Is(err, ErrLeaseExpired):
+		return notApplied(codes.Unavailable, err.Error()) // refused before any change
 	case errors.Is(err, ErrNoTree):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrTreeExists):
@@ -310,10 +333,20 @@ func (s *Service) open(ctx context.Context, name string) (*Server, *Tree, error)
 	return srv, t, nil
 }
 
-// done maps an operation's error, forgetting a tree found dropped.
+// done maps an operation's error, forgetting a tree found dropped (and
+// settling a drop cut off between its steps: the directory may still list
+// it).
 func done(srv *Server, name string, err error) error {
 	if errors.Is(err, ErrNoTree) {
 		srv.Forget(name)
+		if _, busy := srv.settling.LoadOrStore(name, true); !busy {
+			go func() {
+				defer srv.settling.Delete(name)
+				ctx, cancel := context.WithTimeout(srv.ctx, 30*time.Second)
+				defer cancel()
+				srv.SettleDrop(ctx, name)
+			}()
+		}
 	}
 	return rpcError(err)
 }
@@ -357,50 +390,68 @@ func cond(c pb.TreeCond, expect []byte) Cond {
 	return Cond{Kind: CondKind(c), Value: expect}
 }
 
-func (s *Service) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
-	srv, t, err := s.open(ctx, r.Tree)
-	if err != nil {
-		return nil, err
+// onTree runs op on tree name through this node's server. A tree known by
+// its name but found dropped (ErrNoTree: checked before any change) is
+// forgotten and looked up again, once: the name may be a new tree's.
+func (s *Service) onTree(ctx context.Context, name string, op func(ctx context.Context, t *Tree) error) error {
+	for attempt := 0; ; attempt++ {
+		srv, t, err := s.open(ctx, name)
+		if err != nil {
+			return err
+		}
+		octx, cancel := srv.OpContext(ctx)
+		err = op(octx, t)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if attempt == 0 && errors.Is(err, ErrNoTree) {
+			srv.Forget(name)
+			continue
+		}
+		return done(srv, name, err)
 	}
-	ctx, cancel := srv.OpContext(ctx)
-	defer cancel()
+}
+
+func (s *Service) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
 	if r.Cond > pb.TreeCond_TREE_COND_IF_EXISTS {
 		return nil, status.Errorf(codes.InvalidArgument, "btree: unknown condition %d", r.Cond)
 	}
-	res, err := t.Put(ctx, r.Key, r.Value, cond(r.Cond, r.Expect))
+	var res Result
+	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		res, err = t.Put(ctx, r.Key, r.Value, cond(r.Cond, r.Expect))
+		return err
+	})
 	if err != nil {
-		return nil, done(srv, r.Tree, err)
+		return nil, err
 	}
 	return &pb.TreePutResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
 }
 
 func (s *Service) Get(ctx context.Context, r *pb.TreeGetRequest) (*pb.TreeGetResponse, error) {
-	srv, t, err := s.open(ctx, r.Tree)
+	var v []byte
+	var ok bool
+	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		v, ok, err = t.Get(ctx, r.Key)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	ctx, cancel := srv.OpContext(ctx)
-	defer cancel()
-	v, ok, err := t.Get(ctx, r.Key)
-	if err != nil {
-		return nil, done(srv, r.Tree, err)
 	}
 	return &pb.TreeGetResponse{Found: ok, Value: v}, nil
 }
 
 func (s *Service) Delete(ctx context.Context, r *pb.TreeDeleteRequest) (*pb.TreeDeleteResponse, error) {
-	srv, t, err := s.open(ctx, r.Tree)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := srv.OpContext(ctx)
-	defer cancel()
 	if r.Cond != pb.TreeCond_TREE_COND_ALWAYS && r.Cond != pb.TreeCond_TREE_COND_IF_EQUALS && r.Cond != pb.TreeCond_TREE_COND_IF_EXISTS {
 		return nil, status.Error(codes.InvalidArgument, "btree: a delete's condition is always, if-equals or if-exists")
 	}
-	res, err := t.Delete(ctx, r.Key, cond(r.Cond, r.Expect))
+	var res Result
+	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		res, err = t.Delete(ctx, r.Key, cond(r.Cond, r.Expect))
+		return err
+	})
 	if err != nil {
-		return nil, done(srv, r.Tree, err)
+		return nil, err
 	}
 	return &pb.TreeDeleteResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
 }
@@ -417,15 +468,13 @@ func span(from, to []byte, hasTo bool) Span {
 }
 
 func (s *Service) Scan(ctx context.Context, r *pb.TreeScanRequest) (*pb.TreeScanResponse, error) {
-	srv, t, err := s.open(ctx, r.Tree)
+	var pg Page
+	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		pg, err = t.Scan(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	ctx, cancel := srv.OpContext(ctx)
-	defer cancel()
-	pg, err := t.Scan(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
-	if err != nil {
-		return nil, done(srv, r.Tree, err)
 	}
 	out := &pb.TreeScanResponse{Keys: pg.Keys, Lo: pg.Lo, Hi: pg.Hi, HiUnbounded: pg.Hi == nil, More: pg.More}
 	if !r.KeysOnly {
@@ -435,15 +484,13 @@ func (s *Service) Scan(ctx context.Context, r *pb.TreeScanRequest) (*pb.TreeScan
 }
 
 func (s *Service) Count(ctx context.Context, r *pb.TreeCountRequest) (*pb.TreeCountResponse, error) {
-	srv, t, err := s.open(ctx, r.Tree)
+	var n int
+	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		n, err = t.Count(ctx, span(r.From, r.To, r.HasTo))
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	ctx, cancel := srv.OpContext(ctx)
-	defer cancel()
-	n, err := t.Count(ctx, span(r.From, r.To, r.HasTo))
-	if err != nil {
-		return nil, done(srv, r.Tree, err)
 	}
 	return &pb.TreeCountResponse{Count: uint64(n)}, nil
 }
