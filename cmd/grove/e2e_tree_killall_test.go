@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,15 +22,7 @@ import (
 // Go client.
 func TestEndToEndTreeKillAll(t *testing.T) {
 	_, u, ctx := startCluster(t, 9000, "--chunk-size", "64MiB")
-	t.Cleanup(func() { // keep the nodes' logs of a failed run
-		if t.Failed() {
-			for id, n := range u.Nodes {
-				b, _ := os.ReadFile(filepath.Join(filepath.Dir(n.Config), "grove.log"))
-				_ = os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("grove-e2e-killall-node-%d.log", id)), b, 0o644)
-			}
-			t.Logf("the nodes' logs are in %s/grove-e2e-killall-node-N.log", os.TempDir())
-		}
-	})
+	keepLogsOnFailure(t, u, "grove-e2e-killall")
 	eps := []string{u.Nodes[1].GRPC, u.Nodes[2].GRPC, u.Nodes[3].GRPC}
 	all, err := client.Dial(ctx, eps...)
 	if err != nil {

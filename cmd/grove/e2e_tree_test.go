@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,15 +27,7 @@ import (
 // scan, count), and through node 2 once it has restarted.
 func TestEndToEndTreeSIGKILL(t *testing.T) {
 	bin, u, ctx := startCluster(t, 8800, "--chunk-size", "64MiB")
-	t.Cleanup(func() { // keep the nodes' logs of a failed run
-		if t.Failed() {
-			for id, n := range u.Nodes {
-				b, _ := os.ReadFile(filepath.Join(filepath.Dir(n.Config), "grove.log"))
-				_ = os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("grove-e2e-tree-node-%d.log", id)), b, 0o644)
-			}
-			t.Logf("the nodes' logs are in %s/grove-e2e-tree-node-N.log", os.TempDir())
-		}
-	})
+	keepLogsOnFailure(t, u, "grove-e2e-tree")
 	ep := func(id uint64) string { return "--endpoints=" + u.Nodes[id].GRPC }
 	var r ran
 	for start := time.Now(); time.Since(start) < 90*time.Second; time.Sleep(500 * time.Millisecond) {

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -104,6 +107,21 @@ func startCluster(t *testing.T, port int, extra ...string) (string, *bench.UpClu
 	}
 	t.Cleanup(u.Close)
 	return bin, u, ctx
+}
+
+// keepLogsOnFailure copies the nodes' logs of a failed run to
+// $TMPDIR/<prefix>-node-N.log (the cluster's directory goes with the test).
+func keepLogsOnFailure(t *testing.T, u *bench.UpCluster, prefix string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for id, n := range u.Nodes {
+			b, _ := os.ReadFile(filepath.Join(filepath.Dir(n.Config), "grove.log"))
+			_ = os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("%s-node-%d.log", prefix, id)), b, 0o644)
+		}
+		t.Logf("the nodes' logs are in %s/%s-node-N.log", os.TempDir(), prefix)
+	})
 }
 
 // upMeta is a config-service client of u's members (closed when the test

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,17 +16,7 @@ var errCrashPoint = errors.New("crash point: the server died here")
 // devices.
 func newCrashWorld(t *testing.T, ctx context.Context) *simWorld {
 	t.Helper()
-	seed := int64(1)
-	w := &simWorld{t: t, seed: seed, ctx: ctx, locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
-		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, r: rand.New(rand.NewSource(seed)), servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, start: time.Now()}
-	for n := uint64(1); n <= 3; n++ {
-		w.devs[n] = newSimDevice(256)
-	}
-	w.chunks.next = 2
-	w.anchor = Handle{CM: 1, ID: 1}
-	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
-	w.chunks.data[w.anchor] = a.Encode(make([]byte, 0, AnchorSize))[:AnchorSize:AnchorSize]
-	w.chunks.data[root.Self] = append(root.Encode(nil), make([]byte, w.nodeSize)...)[:w.nodeSize]
+	w := newSimWorld(t, ctx, 1, false, 256)
 	for n := uint64(1); n <= 3; n++ {
 		if !w.restartOne() {
 			t.Fatalf("starting server %d failed", n)

@@ -545,26 +545,32 @@ type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 }
 
-// runSim runs one seed and reports a violation as an error.
-func runSim(t testing.TB, seed int64, stale bool, opsPerClient int) (simResult, error) {
-	var res simResult
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	r := rand.New(rand.NewSource(seed))
+// newSimWorld makes the world of a seed: the simulated lock service,
+// chunks and three log devices of devBlocks blocks, and one empty tree,
+// made as CreateTree makes it; no server runs yet.
+func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devBlocks uint64) *simWorld {
 	w := &simWorld{t: t, seed: seed, ctx: ctx, locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
-		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: r, servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, start: time.Now()}
+		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: rand.New(rand.NewSource(seed)), servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, start: time.Now()}
 	for n := uint64(1); n <= 3; n++ {
-		w.devs[n] = newSimDevice(64)
+		w.devs[n] = newSimDevice(devBlocks)
 	}
-	if os.Getenv("GROVE_SIM_DUMP") != "" {
-		w.chunks.trace = func(line string) { w.event("%s", line) }
-	}
-	// The tree, made as CreateTree makes it.
 	w.chunks.next = 2
 	w.anchor = Handle{CM: 1, ID: 1}
 	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
 	w.chunks.data[w.anchor] = a.Encode(make([]byte, 0, AnchorSize))[:AnchorSize:AnchorSize]
 	w.chunks.data[root.Self] = append(root.Encode(nil), make([]byte, w.nodeSize)...)[:w.nodeSize]
+	return w
+}
+
+// runSim runs one seed and reports a violation as an error.
+func runSim(t testing.TB, seed int64, stale bool, opsPerClient int) (simResult, error) {
+	var res simResult
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w := newSimWorld(t, ctx, seed, stale, 64)
+	if os.Getenv("GROVE_SIM_DUMP") != "" {
+		w.chunks.trace = func(line string) { w.event("%s", line) }
+	}
 	for n := uint64(1); n <= 3; n++ {
 		if !w.restartOne() {
 			return res, fmt.Errorf("starting server %d failed", n)
