@@ -313,7 +313,13 @@ func TestDropResumes(t *testing.T) {
 	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
 		t.Fatalf("a dropped tree is listed: %v %v", ts, err)
 	}
-	s2.FinishDrops(ctx)
+	// Before DropWait nothing is freed (an operation that began before the
+	// drop may still be running).
+	s2.FinishDrops(ctx, time.Hour)
+	if _, err := cl.Read(ctx, e.Anchor, 0, 8); err != nil {
+		t.Fatalf("the anchor was freed before the drop's wait: %v", err)
+	}
+	s2.FinishDrops(ctx, 0)
 	for h := range sh.Chunks {
 		if _, err := cl.Read(ctx, h, 0, 8); !errors.Is(err, chunk.ErrUnallocated) {
 			t.Fatalf("chunk %v of the dropped tree is still allocated (%v) after the drop was finished", h, err)
@@ -322,7 +328,7 @@ func TestDropResumes(t *testing.T) {
 	if _, err := s2.CreateTree(ctx, "gone", btree.Config{}); err != nil {
 		t.Fatalf("the name of a dropped tree: %v", err)
 	}
-	s2.FinishDrops(ctx) // nothing left to do
+	s2.FinishDrops(ctx, 0) // nothing left to do
 	t.Logf("%d chunks, %d freed before the cut; the rest freed by another server", len(sh.Chunks), freed)
 }
 

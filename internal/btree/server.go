@@ -103,14 +103,27 @@ func treeKey(name string) string { return "tree/" + name }
 // not leak the tree.
 func dropKey(anchor Handle) string { return fmt.Sprintf("drop/%d-%d", anchor.CM, anchor.ID) }
 
+// pendingDrop is a drop under way: the tree, and when its anchor was
+// marked dropped (the recording server's wall clock).
+type pendingDrop struct {
+	TreeEntry
+	Marked time.Time
+}
+
+// A drop record: u64 unix nanoseconds of the mark, then the tree's entry.
+func encodeDrop(d pendingDrop) []byte {
+	return append(binary.LittleEndian.AppendUint64(nil, uint64(d.Marked.UnixNano())), encodeEntry(d.TreeEntry)...)
+}
+
 // pendingDrops lists the drops under way.
-func pendingDrops(ns *pb.Namespace) []TreeEntry {
-	var out []TreeEntry
+func pendingDrops(ns *pb.Namespace) []pendingDrop {
+	var out []pendingDrop
 	for _, kv := range ns.GetEntries() {
-		if strings.HasPrefix(kv.Key, "drop/") {
-			if e, err := decodeEntry(kv.Value); err == nil {
-				out = append(out, e)
-			}
+		if !strings.HasPrefix(kv.Key, "drop/") || len(kv.Value) < 8 {
+			continue
+		}
+		if e, err := decodeEntry(kv.Value[8:]); err == nil {
+			out = append(out, pendingDrop{TreeEntry: e, Marked: time.Unix(0, int64(binary.LittleEndian.Uint64(kv.Value))).UTC()})
 		}
 	}
 	return out
@@ -561,6 +574,17 @@ func (s *Server) Forget(name string) {
 	s.mu.Unlock()
 }
 
+// forgetTree forgets t under whatever name it is known by.
+func (s *Server) forgetTree(t *Tree) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, x := range s.mu.trees {
+		if x == t {
+			delete(s.mu.trees, name)
+		}
+	}
+}
+
 // compressor runs compression hints and the periodic Repair pass.
 func (s *Server) compressor() {
 	defer s.wg.Done()
@@ -589,7 +613,9 @@ func (s *Server) compressor() {
 			s.mu.Unlock()
 			for _, t := range trees {
 				ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
-				if rep, err := t.Repair(ctx); err != nil && s.ctx.Err() == nil {
+				if rep, err := t.Repair(ctx); errors.Is(err, ErrNoTree) {
+					s.forgetTree(t) // dropped
+				} else if err != nil && s.ctx.Err() == nil {
 					s.log.Warn("repair pass failed", "tree", t.ID(), "err", err)
 				} else if rep.Downlinks+rep.Freed+rep.Compressed > 0 {
 					s.log.Info("repair pass", "tree", t.ID(), "downlinks", rep.Downlinks, "freed", rep.Freed, "compressed", rep.Compressed)
@@ -600,7 +626,8 @@ func (s *Server) compressor() {
 	}
 }
 
-// dropper finishes drops cut off half-way, at start and every RepairEvery.
+// dropper frees dropped trees' chunks (DropWait after their drop), at start
+// and every RepairEvery.
 func (s *Server) dropper() {
 	defer s.wg.Done()
 	every := s.cfg.RepairEvery
@@ -609,7 +636,7 @@ func (s *Server) dropper() {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
-		s.FinishDrops(ctx)
+		s.FinishDrops(ctx, s.DropWait())
 		cancel()
 		select {
 		case <-s.ctx.Done():
@@ -683,20 +710,27 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 // DropTree removes tree name's entry, by decree, then frees every chunk of
 // the tree (walking it; an operation still running on the tree meanwhile
 // fails). A crash during the walk leaks the chunks not yet freed.
+//
+// The drop takes effect at once; its chunks are freed later, by any
+// server's dropper, once DropWait has passed: an operation that began
+// before the drop (it read the anchor before the mark) may still be
+// splitting a node, allocating a chunk the walk would miss, until its
+// deadline.
 func (s *Server) DropTree(ctx context.Context, name string) error {
-	e, err := s.BeginDrop(ctx, name)
-	if err != nil {
-		return err
-	}
-	if err := s.finishDrop(ctx, e); err != nil {
-		return fmt.Errorf("btree: tree %q is dropped, but freeing its chunks is not done (any server finishes it at its next repair pass): %w", name, err)
-	}
-	return nil
+	_, err := s.BeginDrop(ctx, name)
+	return err
 }
 
-// BeginDrop removes tree name from the directory and records its drop; the
-// chunks are freed by FinishDrops (DropTree does both; every server's
-// repair pass finishes a drop cut off half-way).
+// DropWait is how long after a drop's mark its chunks are freed: the
+// longest an operation that began before it can run (Repair's deadline,
+// 10 × OpTimeout), plus a minute for the servers' clocks to differ.
+func (s *Server) DropWait() time.Duration { return 10*s.cfg.OpTimeout + time.Minute }
+
+// BeginDrop marks tree name's anchor dropped, removes the name from the
+// directory and records the drop; the chunks are freed by FinishDrops
+// (every server's dropper runs it). If the mark is made but the decree
+// fails, the tree answers as dropped and the name stays listed until a
+// drop of it is tried again (or an operation on it settles it).
 func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) {
 	e, err := LookupTree(ctx, s.cfg.Meta, name)
 	if err != nil {
@@ -751,9 +785,19 @@ func (s *Server) recordDrop(ctx context.Context, e TreeEntry) error {
 			return nil, nil
 		}
 		applied = true
-		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(e.Name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor), Value: encodeEntry(e)}}, nil
+		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(e.Name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor),
+			Value: encodeDrop(pendingDrop{TreeEntry: e, Marked: time.Now()})}}, nil
 	})
 	if err == nil && !applied {
+		// Recorded already (another server settled this drop) or dropped
+		// by another drop: either way no longer under this name.
+		if ns, rerr := s.cfg.Meta.Read(ctx, Namespace); rerr == nil {
+			for _, d := range pendingDrops(ns) {
+				if d.Anchor == e.Anchor {
+					return nil
+				}
+			}
+		}
 		err = fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
 	}
 	return err
@@ -777,12 +821,9 @@ func (s *Server) SettleDrop(ctx context.Context, name string) {
 }
 
 // finishDrop frees a dropped tree's chunks, then removes its drop record.
-// It holds the anchor's lock throughout: every server's cached anchor goes,
-// and the next operation there reads a freed anchor (ErrNoTree);
-// operations already past the anchor meet freed nodes and fail. Chunks are
-// freed level by level from the leaves up, the removed nodes of a node's
-// garbage list before it, the anchor last: a drop cut off and resumed
-// finds every chunk not yet freed from the anchor down.
+// Chunks are freed level by level from the leaves up, the removed nodes
+// of a node's garbage list before it, the anchor last: a drop cut off and
+// resumed finds every chunk not yet freed from the anchor down.
 func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
 	done := func() error {
@@ -801,6 +842,11 @@ func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 	} else if err != nil {
 		return err
 	}
+	// The anchor's image, not its lock: after the mark and DropWait
+	// nothing changes the tree (no operation starts on a dropped anchor,
+	// and every one that began before has ended), so the walk needs no
+	// lock, and servers that still know the tree by name read the dropped
+	// anchor meanwhile and look the name up again.
 	a, err := st.lockAnchor(ctx)
 	if errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
 		return done()
@@ -808,35 +854,36 @@ func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 	if err != nil {
 		return err
 	}
+	st.Unlock(e.Anchor, lock.Exclusive)
 	order, err := dropOrder(ctx, st, a)
 	if err != nil {
-		st.Unlock(e.Anchor, lock.Exclusive)
 		return err
 	}
 	for _, h := range order {
 		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
-			st.Unlock(e.Anchor, lock.Exclusive)
 			return err
 		}
 		s.cache.Drop(h)
 	}
 	if err := s.cfg.Chunks.Free(ctx, e.Anchor); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
-		st.Unlock(e.Anchor, lock.Exclusive)
 		return err
 	}
-	st.Unlock(e.Anchor, lock.Exclusive)
 	s.cache.Drop(e.Anchor)
 	return done()
 }
 
-// FinishDrops finishes every drop under way (a server that dropped a tree
-// died, or its frees failed); the repair pass runs it.
-func (s *Server) FinishDrops(ctx context.Context) {
+// FinishDrops finishes every drop marked at least minAge ago (the dropper
+// passes DropWait).
+func (s *Server) FinishDrops(ctx context.Context, minAge time.Duration) {
 	ns, err := s.cfg.Meta.Read(ctx, Namespace)
 	if err != nil {
 		return
 	}
-	for _, e := range pendingDrops(ns) {
+	for _, d := range pendingDrops(ns) {
+		if time.Since(d.Marked) < minAge {
+			continue
+		}
+		e := d.TreeEntry
 		if err := s.finishDrop(ctx, e); err != nil && s.ctx.Err() == nil {
 			s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
 		} else if err == nil {
