@@ -49,7 +49,8 @@ import (
 // server (each pass costs a write-back). A call is forwarded only over a
 // connection that is up; when the home is unreachable the node serves
 // the call itself (any server may: the tree stays coherent through the
-// locks). A forwarded write whose answer is lost answers Unknown.
+// locks), and so it does for a read the home does not answer. A forwarded
+// write whose answer is lost answers Unknown.
 type EtcdKV struct {
 	etcdpb.UnimplementedKVServer
 	svc       *Service
@@ -240,10 +241,13 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 	}
 	if kv, fctx, ok := e.peer(ctx); ok {
 		resp, err := kv.Range(fctx, r)
-		if err != nil {
+		if err == nil {
+			return resp, nil
+		}
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 			return nil, forwarded(err, false)
 		}
-		return resp, nil
+		// The home did not answer: a read may be served here instead.
 	}
 	out := &etcdpb.RangeResponse{Header: e.header()}
 	if er.empty {
