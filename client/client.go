@@ -46,7 +46,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -159,7 +158,7 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 		} else {
 			// Not connected: nothing is sent, so even a write may go on to
 			// the next endpoint.
-			err = notAppliedErr(fmt.Sprintf("grove: endpoint %s is not reachable", c.eps[i]))
+			err = btree.NotAppliedError(codes.Unavailable, fmt.Sprintf("grove: endpoint %s is not reachable", c.eps[i]))
 		}
 		if err == nil {
 			return nil
@@ -168,7 +167,7 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 		if final(st.Code()) {
 			return mapError(st)
 		}
-		if k == write && !notApplied(st) {
+		if k == write && !btree.IsNotApplied(st) {
 			// The next call tries the next endpoint first.
 			c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
 			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
@@ -215,14 +214,6 @@ func (c *Client) ready(ctx context.Context, i int) bool {
 // connectWait bounds the wait for an endpoint's connection.
 const connectWait = 2 * time.Second
 
-func notAppliedErr(msg string) error {
-	st := status.New(codes.Unavailable, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: btree.NotApplied, Domain: "grove"}); err == nil {
-		return d.Err()
-	}
-	return st.Err()
-}
-
 // final codes are answers: the call was carried out or refused as a whole.
 func final(c codes.Code) bool {
 	switch c {
@@ -242,16 +233,6 @@ func mapError(st *status.Status) error {
 		return fmt.Errorf("%w: %s", ErrInvalid, st.Message())
 	}
 	return st.Err()
-}
-
-// notApplied reports whether the server said the call changed nothing.
-func notApplied(st *status.Status) bool {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == btree.NotApplied {
-			return true
-		}
-	}
-	return false
 }
 
 // TreeOptions are a new tree's settings.

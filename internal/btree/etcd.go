@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"sync"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
@@ -145,19 +144,10 @@ func (e *EtcdKV) peer(ctx context.Context) (etcdpb.KVClient, context.Context, bo
 // and Unavailable for a read.
 func forwarded(err error, write bool) error {
 	st, _ := status.FromError(err)
-	if st.Code() == codes.Unavailable && !hasNotApplied(st) && write {
+	if st.Code() == codes.Unavailable && !IsNotApplied(st) && write {
 		return status.Errorf(codes.Unknown, "grove etcd endpoint: the tree's home node did not answer (the write may have been applied): %v", st.Message())
 	}
 	return err
-}
-
-func hasNotApplied(st *status.Status) bool {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == NotApplied {
-			return true
-		}
-	}
-	return false
 }
 
 // clusterID identifies "the cluster" in etcd headers (a constant: Grove's

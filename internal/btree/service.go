@@ -244,12 +244,26 @@ func (s *Service) Crash() {
 // outcome unknown.
 const NotApplied = "NOT_APPLIED"
 
-func notApplied(code codes.Code, msg string) error {
+func notApplied(code codes.Code, msg string) error { return NotAppliedError(code, msg) }
+
+// NotAppliedError is a gRPC error of code that carries the NotApplied
+// reason.
+func NotAppliedError(code codes.Code, msg string) error {
 	st := status.New(code, msg)
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: NotApplied, Domain: "grove"}); err == nil {
 		return d.Err()
 	}
 	return st.Err()
+}
+
+// IsNotApplied reports whether st carries the NotApplied reason.
+func IsNotApplied(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == NotApplied {
+			return true
+		}
+	}
+	return false
 }
 
 // Server returns the running server, starting it if need be, waiting for
