@@ -124,6 +124,10 @@ type Cache struct {
 	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
 	// pin given up keeps its image, and lock-free reads use it.
 	unsafeStale bool
+	// unsafeLeaseTime ignores the leases' guaranteed time on purpose (the
+	// simulator's teeth): a server cut off serves its cache until it is
+	// told it lost its leases.
+	unsafeLeaseTime bool
 	// until caches Locks.ValidUntil: a cached image is used only before
 	// it (checked on every use; the clerk is asked again once it passes).
 	until atomic.Pointer[time.Time]
@@ -136,6 +140,9 @@ var ErrLeaseExpired = errors.New("btree: this server's leases are past their gua
 
 // leaseValid reports whether the cache's pins still guarantee its images.
 func (c *Cache) leaseValid() bool {
+	if c.unsafeLeaseTime {
+		return !c.lost()
+	}
 	now := time.Now()
 	if u := c.until.Load(); u != nil && now.Before(*u) {
 		return true

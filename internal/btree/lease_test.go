@@ -30,7 +30,7 @@ func TestCacheRefusesReadsPastLeaseTime(t *testing.T) {
 	defer cancel()
 	r := rand.New(rand.NewSource(1))
 	locks := newSimLocks(ctx, r)
-	chunks := newSimChunks(r).clerk(1, func() bool { return false })
+	chunks := newSimChunks(r).clerk(1, func(context.Context) error { return nil })
 	clerk := &pausedLocks{simClerk: locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })}
 	soon := time.Now().Add(300 * time.Millisecond) // the guarantee the last renewal gave
 	clerk.until.Store(&soon)

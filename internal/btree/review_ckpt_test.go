@@ -76,7 +76,7 @@ func TestReviewCheckpointOutrunsCommitPublish(t *testing.T) {
 	r := rand.New(rand.NewSource(1))
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
-	chunks := store.clerk(1, func() bool { return false })
+	chunks := store.clerk(1, func(context.Context) error { return nil })
 	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
 	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
 	if err != nil {

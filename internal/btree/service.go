@@ -306,8 +306,6 @@ func rpcError(err error) error {
 		return err
 	}
 	switch {
-	case errors.Is(err, ErrLeaseExpired):
-		return notApplied(codes.Unavailable, err.Error()) // refused before any change
 	case errors.Is(err, ErrNoTree):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrTreeExists):
@@ -316,10 +314,18 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrRangeTooLarge):
 		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, context.DeadlineExceeded) && errors.Is(err, ErrNotApplied):
+		return notApplied(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled) && errors.Is(err, ErrNotApplied):
+		return notApplied(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, ErrNotApplied):
+		return notApplied(codes.Unavailable, err.Error()) // refused before any change
+	case errors.Is(err, ErrLeaseExpired):
+		return status.Error(codes.Unavailable, err.Error()) // (a write's outcome: unknown)
 	}
 	// Anything else failed mid-way: its outcome is unknown (not
 	// Unavailable, which a client may retry elsewhere as "not done").

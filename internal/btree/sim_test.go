@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc/status"
 
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
@@ -33,6 +34,14 @@ import (
 // servers die (their leases kept until another server replays their log)
 // and come back, all of them die at once sometimes, and chunk writes lose
 // their answers and land late, after the writer has moved on or died.
+// Servers are also paused (frozen: their calls wait, their leases lapse),
+// cut off the lock service (they keep serving clients and writing chunks
+// and their log while their leases run out; the service declares them
+// dead lease + grace after their last renewal and another server replays
+// their log), or cut off the storage (their chunk and log calls fail, and
+// the server resigns as Service.watch makes it). A server declared dead
+// learns it when the fault heals, after its frozen calls went out, and
+// is restarted.
 // Histories are checked with porcupine; after healing, the tree is walked
 // from the chunks (structure, keys, leaks). A seed replays the fault and
 // operation choices; the interleaving is the scheduler's.
@@ -61,6 +70,13 @@ type simWorld struct {
 	killed  map[uint64]bool // nodes that died at least once
 	kills   int
 	restart int
+	// ignoreLeaseTime: teeth: caches serve their images past the leases'
+	// guaranteed time (a server cut off keeps serving reads).
+	ignoreLeaseTime bool
+	disrupts        int // pauses and partitions
+	expired         int // of which the server was declared dead
+	resigned        int // servers that failed with their leases standing
+	notApplied      int // operations refused before any change
 }
 
 type simServer struct {
@@ -71,17 +87,47 @@ type simServer struct {
 	wal   *txn.Log
 	tree  *Tree
 	dead  atomic.Bool
-	stop  chan struct{}
-	once  sync.Once
-	done  sync.WaitGroup
-	hints chan hint
-	fence struct {
+	// paused: the process is frozen (its calls wait at the gate); cutStore:
+	// cut off the chunk store and its log's RLDev; disrupted: either, or
+	// cut off the lock service, is in progress.
+	paused, cutStore, disrupted atomic.Bool
+	stop                        chan struct{}
+	once                        sync.Once
+	done                        sync.WaitGroup
+	hints                       chan hint
+	fence                       struct {
 		sync.Mutex
 		hold Hold
 	}
 }
 
 func (s *simServer) isDead() bool { return s.dead.Load() }
+
+// gate is what a call of s to the storage meets before it is sent.
+func (s *simServer) gate(ctx context.Context) error {
+	if err := s.waitRunning(ctx); err != nil {
+		return err
+	}
+	if s.isDead() {
+		return errSimDead
+	}
+	if s.cutStore.Load() {
+		return errSimCut
+	}
+	return nil
+}
+
+// waitRunning waits while s is frozen.
+func (s *simServer) waitRunning(ctx context.Context) error {
+	for s.paused.Load() && !s.isDead() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
 
 func (s *simServer) halt() { s.once.Do(func() { close(s.stop) }) }
 
@@ -116,17 +162,18 @@ func (w *simWorld) rand(n int) int {
 // incarnation's until then), then opens the log.
 func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	s := &simServer{w: w, node: node, stop: make(chan struct{}), hints: make(chan hint, 256)}
-	chunks := w.chunks.clerk(node, s.isDead)
+	chunks := w.chunks.clerk(node, s.gate)
 	s.clerk = w.locks.newClerk(node, func(ctx context.Context, r lock.Recovery) error {
 		if s.isDead() {
 			return errSimDead
 		}
-		rep, err := ReplayDead(ctx, w.devs[r.Dead.Node], r, chunks)
+		rep, err := ReplayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks)
 		w.event("server %d replays server %d's log: %d names, %d records, committed %d, redone %d, err %v", node, r.Dead.Node, len(r.Names), rep.Records, len(rep.Committed), rep.Redone, err)
 		return err
 	})
 	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
 	s.cache.unsafeStale = w.stale
+	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
 	w.locks.mu.Lock()
 	s.clerk.onRevoke = s.cache.Revoked
 	w.locks.mu.Unlock()
@@ -141,7 +188,7 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	wal, err := txn.Open(ctx, txn.Config{Device: w.devs[node], Fence: rldev.Fence{Name: txn.LockName(LogName(node)), Token: lh.Token()},
+	wal, err := txn.Open(ctx, txn.Config{Device: gatedDevice{w.devs[node], s.gate}, Fence: rldev.Fence{Name: txn.LockName(LogName(node)), Token: lh.Token()},
 		Applier: replayApplier{chunks: chunks, fence: s.currentFence}, Checkpointer: s.cache, Log: simLog, LazyInterval: time.Second})
 	if err != nil {
 		return nil, err
@@ -159,7 +206,29 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 		return nil, err
 	}
 	s.tree = tr
-	s.done.Add(1)
+	s.done.Add(2)
+	go func() { // the failure watch, as Service.watch runs it
+		defer s.done.Done()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			err := s.cache.Err()
+			if err == nil {
+				err = s.wal.Err()
+			}
+			if err != nil && !s.cache.lost() {
+				w.event("server %d failed with its leases standing: it resigns: %v", node, err)
+				w.mu.Lock()
+				w.resigned++
+				w.mu.Unlock()
+				go w.die(s)
+				return
+			}
+		}
+	}()
 	go func() { // compression, as the server's compressor runs it
 		defer s.done.Done()
 		for {
@@ -174,6 +243,56 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 		}
 	}()
 	return s, nil
+}
+
+// die takes s out of the live servers (if it still is one) and kills it.
+func (w *simWorld) die(s *simServer) {
+	w.mu.Lock()
+	if w.servers[s.node] != s {
+		w.mu.Unlock()
+		return
+	}
+	delete(w.servers, s.node)
+	w.killed[s.node] = true
+	w.kills++
+	w.mu.Unlock()
+	w.kill(s)
+}
+
+// disrupt pauses s, or cuts it off the lock service or the storage, for d;
+// then heals it. A server declared dead meanwhile learns it at the heal,
+// after its frozen calls went out, and dies (its node restarts it later).
+func (w *simWorld) disrupt(s *simServer, kind int, d time.Duration) {
+	names := []string{"paused", "cut off the lock service", "cut off the storage"}
+	w.event("server %d %s for %v", s.node, names[kind], d)
+	switch kind {
+	case 0:
+		s.paused.Store(true)
+		w.locks.setCut(s.clerk, true, true)
+	case 1:
+		w.locks.setCut(s.clerk, true, false)
+	case 2:
+		s.cutStore.Store(true)
+	}
+	select {
+	case <-time.After(d):
+	case <-w.ctx.Done():
+	}
+	s.paused.Store(false)
+	s.cutStore.Store(false)
+	time.Sleep(2 * time.Millisecond) // the resumed calls go out first
+	w.locks.setCut(s.clerk, false, false)
+	w.locks.mu.Lock()
+	dead := s.clerk.dead
+	w.locks.mu.Unlock()
+	s.disrupted.Store(false)
+	w.event("server %d healed (declared dead meanwhile: %v)", s.node, dead)
+	if dead {
+		w.mu.Lock()
+		w.expired++
+		w.mu.Unlock()
+		w.die(s)
+	}
 }
 
 // kill declares s dead: it fenced itself; its leases stay until another
@@ -405,16 +524,54 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 		a := w.rand(simKeys)
 		in.from, in.to = simKey(a), simKey(a+1+w.rand(simKeys-a))
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
+	timeout := 3 * time.Second
+	if w.ignoreLeaseTime {
+		// Clients give up soon on a server that waits for its leases, so
+		// that they come back with reads its cache may answer.
+		timeout = w.locks.lease / 3
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, timeout)
 	defer cancel()
 	call := w.now()
 	var out kvOut
-	var err error
-	switch in.kind {
-	case "get":
+	err := s.waitRunning(ctx) // a frozen server takes the request when it resumes
+	switch {
+	case err != nil:
+	case in.kind == "get":
 		var v []byte
 		v, out.found, err = s.tree.Get(ctx, []byte(in.key))
 		out.val = string(v)
+	default:
+		err = w.run(ctx, s, in, &out)
+	}
+	ret := w.now()
+	if err != nil {
+		if st := status.Convert(rpcError(err)); IsNotApplied(st) {
+			// The service tells its client that this write was refused
+			// before any change (a retry elsewhere is safe): it is left
+			// out of the history, so a lie here shows as a value no
+			// operation wrote.
+			w.mu.Lock()
+			w.notApplied++
+			w.mu.Unlock()
+			return
+		}
+		if in.kind == "put" || in.kind == "del" {
+			// Its outcome is unknown: it may take effect at any time after
+			// its call.
+			h.add(client, in, kvOut{unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
+			if os.Getenv("GROVE_SIM_ERRS") != "" {
+				fmt.Fprintf(os.Stderr, "UNKNOWN %v\n", err)
+			}
+		}
+		return
+	}
+	h.add(client, in, out, call, ret, "server ", s.node)
+}
+
+// run runs a write, count or scan on s.
+func (w *simWorld) run(ctx context.Context, s *simServer, in kvIn, out *kvOut) (err error) {
+	switch in.kind {
 	case "put", "del":
 		var r Result
 		if in.kind == "put" {
@@ -438,26 +595,49 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 		}
 		out.lo, out.hi, out.hiInf, out.more = string(pg.Lo), string(pg.Hi), pg.Hi == nil, pg.More
 	}
-	ret := w.now()
-	if err != nil {
-		if in.kind == "put" || in.kind == "del" {
-			// Its outcome is unknown: it may take effect at any time after
-			// its call.
-			h.add(client, in, kvOut{unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
-		}
-		return
-	}
-	h.add(client, in, out, call, ret, "server ", s.node)
+	return err
 }
 
-// faults kills and restarts servers until stop closes.
+// faults kills and restarts, pauses and cuts off servers until stop
+// closes; it returns once every disruption healed.
 func (w *simWorld) faults(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
+	var heals sync.WaitGroup
+	defer heals.Wait()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-time.After(time.Duration(3+w.rand(12)) * time.Millisecond):
+		}
+		if x := w.rand(10); x < 2 || w.ignoreLeaseTime && x < 6 {
+			w.mu.Lock()
+			var cand []*simServer
+			for n := uint64(1); n <= 3; n++ {
+				if s := w.servers[n]; s != nil && !s.disrupted.Load() {
+					cand = append(cand, s)
+				}
+			}
+			if len(cand) == 0 || w.ignoreLeaseTime && len(cand) < len(w.servers) {
+				w.mu.Unlock()
+				continue // (the teeth: one at a time, the others serve)
+			}
+			s := cand[w.r.Intn(len(cand))]
+			kind := w.r.Intn(3)
+			// Half of them last past lease + grace.
+			d := time.Duration(float64(w.locks.lease+w.locks.grace) * (0.2 + 1.6*w.r.Float64()))
+			if w.ignoreLeaseTime {
+				kind, d = 1, 5*(w.locks.lease+w.locks.grace)
+			}
+			s.disrupted.Store(true)
+			w.disrupts++
+			w.mu.Unlock()
+			heals.Add(1)
+			go func() {
+				defer heals.Done()
+				w.disrupt(s, kind, d)
+			}()
+			continue
 		}
 		switch x := w.rand(10); {
 		case x < 4:
@@ -543,7 +723,18 @@ func (r simChunkReader) Read(ctx context.Context, h Handle) (*Node, error) {
 
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
+	disrupts, expired, resigned, notApplied                      int
 }
+
+// simTeeth names a defect a seed runs with on purpose (the oracle must
+// catch it).
+type simTeeth int
+
+const (
+	teethNone      simTeeth = iota
+	teethStale              // caches serve images after giving their leases up
+	teethLeaseTime          // caches serve images past their leases' time
+)
 
 // newSimWorld makes the world of a seed: the simulated lock service,
 // chunks and three log devices of devBlocks blocks, and one empty tree,
@@ -563,11 +754,15 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 }
 
 // runSim runs one seed and reports a violation as an error.
-func runSim(t testing.TB, seed int64, stale bool, opsPerClient int) (simResult, error) {
+func runSim(t testing.TB, seed int64, teeth simTeeth, opsPerClient int) (simResult, error) {
 	var res simResult
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	w := newSimWorld(t, ctx, seed, stale, 64)
+	w := newSimWorld(t, ctx, seed, teeth == teethStale, 64)
+	w.ignoreLeaseTime = teeth == teethLeaseTime
+	w.locks.onExpire = func(c *simClerk) {
+		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
+	}
 	if os.Getenv("GROVE_SIM_DUMP") != "" {
 		w.chunks.trace = func(line string) { w.event("%s", line) }
 	}
@@ -630,10 +825,11 @@ func runSim(t testing.TB, seed int64, stale bool, opsPerClient int) (simResult, 
 		}
 	}
 	res.kills, res.restarts = w.kills, w.restart-3
+	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
 	check, info := porcupine.CheckOperationsVerbose(kvModel, h.ops, 30*time.Second)
 	if check != porcupine.Ok {
 		if check == porcupine.Unknown {
-			return res, errors.New("porcupine timed out")
+			return res, fmt.Errorf("porcupine timed out on %d operations, %d of unknown outcome", res.ops, res.unknown)
 		}
 		debugHistory(t, h.ops)
 		if os.Getenv("GROVE_SIM_DUMP") != "" {
@@ -776,7 +972,7 @@ func TestSimTree(t *testing.T) {
 	}
 	var total simResult
 	for seed := first; seed < first+int64(n); seed++ {
-		r, err := runSim(t, seed, false, 40)
+		r, err := runSim(t, seed, teethNone, 40)
 		if err != nil {
 			t.Fatalf("seed %d (GROVE_SEED=%d replays its choices): %v", seed, seed, err)
 		}
@@ -788,10 +984,14 @@ func TestSimTree(t *testing.T) {
 		total.refused += r.refused
 		total.splits += r.splits
 		total.merges += r.merges
+		total.disrupts += r.disrupts
+		total.expired += r.expired
+		total.resigned += r.resigned
+		total.notApplied += r.notApplied
 	}
-	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome), %d deaths, %d restarts, %d writes landed late (%d refused by their fence), %d splits, %d merges",
-		first, first+int64(n)-1, total.ops, total.unknown, total.kills, total.restarts, total.late, total.refused, total.splits, total.merges)
-	if total.kills == 0 || total.late == 0 || total.splits == 0 {
+	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts, %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d writes landed late (%d refused by their fence), %d splits, %d merges",
+		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.disrupts, total.expired, total.resigned, total.late, total.refused, total.splits, total.merges)
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }
@@ -804,12 +1004,31 @@ func TestSimTeethStaleCache(t *testing.T) {
 	}
 	first, _ := simSeeds(t, 0)
 	for seed := first; seed < first+40; seed++ {
-		if _, err := runSim(t, seed, true, 40); err != nil {
+		if _, err := runSim(t, seed, teethStale, 40); err != nil {
 			t.Logf("seed %d: caught: %v", seed, err)
 			return
 		}
 	}
 	t.Fatal("40 seeds with stale caches passed: the oracle cannot see stale reads")
+}
+
+// TestSimTeethLeaseTime: a server cut off the lock service that keeps
+// serving its cache past its leases' time (while another server, having
+// replayed its log, changes the nodes) is caught.
+func TestSimTeethLeaseTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("teeth run in the full suite")
+	}
+	first, _ := simSeeds(t, 0)
+	for seed := first; seed < first+40; seed++ {
+		r, err := runSim(t, seed, teethLeaseTime, 40)
+		if err != nil {
+			t.Logf("seed %d: caught: %v", seed, err)
+			return
+		}
+		t.Logf("seed %d: passed (%d partitions, %d outlived the lease)", seed, r.disrupts, r.expired)
+	}
+	t.Fatal("40 seeds with caches ignoring their leases' time passed: the oracle cannot see reads past a lease")
 }
 
 func (w *simWorld) dumpLocks(seed int64) {

@@ -32,6 +32,12 @@ type simLocks struct {
 	running map[*simClerk]bool // dead clerks whose recovery runs
 	r       *rand.Rand
 	ctx     context.Context
+	// Leases are renewed every lease/8 while a clerk reaches the service;
+	// a clerk guarantees its leases until its last renewal + lease (its
+	// ValidUntil) and is declared dead at its last renewal + lease + grace
+	// (the failure detector's margin), whether or not it knows.
+	lease, grace time.Duration
+	onExpire     func(c *simClerk) // the world's hook: a clerk was declared dead
 }
 
 type simLease struct {
@@ -51,10 +57,17 @@ type simClerk struct {
 	onRevoke func(string)
 	recover  func(ctx context.Context, r lock.Recovery) error
 	lost     chan struct{}
+	told     bool      // lost is closed: the clerk knows it is dead
+	renewed  time.Time // its last renewal
+	cut      bool      // it cannot reach the lock service (partitioned, or paused)
+	paused   bool      // its process is frozen: not even a cached lease is granted
 }
 
 func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
-	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx}
+	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 15 * time.Millisecond}
+	if raceEnabled { // the race detector's slower scheduling: fewer spurious expiries
+		s.lease, s.grace = 90*time.Millisecond, 45*time.Millisecond
+	}
 	s.cond = sync.NewCond(&s.mu)
 	go func() { // wake waiters when the world ends
 		<-ctx.Done()
@@ -62,36 +75,92 @@ func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	}()
+	go s.renewals()
 	return s
+}
+
+// renewals renews the leases of the clerks that reach the service and
+// declares dead those that did not renew within lease + grace. A clerk
+// cut off is not told: it learns when the cut heals (tell).
+func (s *simLocks) renewals() {
+	tk := time.NewTicker(s.lease / 8)
+	defer tk.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-tk.C:
+		}
+		s.mu.Lock()
+		now := time.Now()
+		for _, c := range s.clerks {
+			switch {
+			case c.dead:
+			case !c.cut:
+				c.renewed = now
+			case now.After(c.renewed.Add(s.lease + s.grace)):
+				c.dead = true
+				s.startRecoveriesLocked()
+				if s.onExpire != nil {
+					go s.onExpire(c)
+				}
+			}
+		}
+		s.cond.Broadcast() // waiters for a renewal, or for a dead clerk's recovery
+		s.mu.Unlock()
+	}
 }
 
 func (s *simLocks) newClerk(node uint64, recover func(context.Context, lock.Recovery) error) *simClerk {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{})}
+	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{}), renewed: time.Now()}
 	s.clerks = append(s.clerks, c)
 	s.startRecoveriesLocked()
 	return c
 }
 
-// kill declares c dead: it has fenced itself (its calls fail from now on);
-// its leases stay until a recovery run on a live clerk succeeds.
+// kill declares c dead and tells it: it has fenced itself (its calls fail
+// from now on); its leases stay until a recovery run on a live clerk
+// succeeds.
 func (s *simLocks) kill(c *simClerk) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !c.told {
+		c.told = true
+		close(c.lost)
+	}
 	if c.dead {
 		return
 	}
 	c.dead = true
-	close(c.lost)
 	s.startRecoveriesLocked()
 	s.cond.Broadcast()
+}
+
+// setCut cuts c off the lock service (paused: its process frozen too), or
+// heals it; a clerk declared dead meanwhile stays dead (its node learns it
+// and restarts the server: the world's heal does that).
+func (s *simLocks) setCut(c *simClerk, cut, paused bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.cut, c.paused = cut, paused
+	if !cut && !c.dead {
+		c.renewed = time.Now()
+	}
+	s.startRecoveriesLocked()
+	s.cond.Broadcast()
+}
+
+// alive: c reaches the service and its leases are within their time.
+func (c *simClerk) aliveLocked(now time.Time) bool {
+	return !c.dead && !c.paused && now.Before(c.renewed.Add(c.s.lease))
 }
 
 func (s *simLocks) startRecoveriesLocked() {
 	var live []*simClerk
 	for _, c := range s.clerks {
-		if !c.dead {
+		if !c.dead && !c.cut { // a recovery is a message from the service
 			live = append(live, c)
 		}
 	}
@@ -187,11 +256,18 @@ func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Ho
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		if c.dead {
+		if c.told {
 			return nil, lock.ErrFenced
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if !c.aliveLocked(time.Now()) {
+			// Past its leases' time (cut off, or declared dead and not told
+			// yet), or frozen: like the real engine, it grants nothing, not
+			// even a cached lease, until it renews or learns it is fenced.
+			s.cond.Wait()
+			continue
 		}
 		l := c.leases[name]
 		if l != nil && l.mode >= mode && !l.revoking {
@@ -207,8 +283,8 @@ func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Ho
 			s.cond.Wait()
 			continue
 		}
-		if l != nil && l.revoking {
-			s.cond.Wait()
+		if l != nil && l.revoking || c.cut {
+			s.cond.Wait() // (cut off: the master is out of reach)
 			continue
 		}
 		// Ask the "master": revoke conflicting leases elsewhere.
@@ -218,9 +294,9 @@ func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Ho
 			if o == c || ol == nil || (mode == lock.Shared && ol.mode == lock.Shared) {
 				continue
 			}
-			if o.dead {
+			if o.dead || o.cut {
 				blocked = true
-				continue // held until its recovery
+				continue // held until its recovery, or until the revocation reaches it
 			}
 			keep := lock.None
 			if mode == lock.Shared {
@@ -260,15 +336,16 @@ func (c *simClerk) Revoking(name string) bool {
 
 func (c *simClerk) Lost() <-chan struct{} { return c.lost }
 
-// ValidUntil: the simulated leases hold until they are lost (the
-// simulator's deaths close lost; it does not pause servers past a lease).
+// ValidUntil: the leases hold until the last renewal + lease (a clerk cut
+// off, or declared dead and not told yet, sees that time pass), and not at
+// all once the clerk knows it is dead.
 func (c *simClerk) ValidUntil() time.Time {
-	select {
-	case <-c.lost:
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.told {
 		return time.Time{}
-	default:
-		return time.Now().Add(time.Hour)
 	}
+	return c.renewed.Add(c.s.lease)
 }
 
 // drop gives an idle lease back (the fence renewal's fresh token).
@@ -305,21 +382,26 @@ func newSimChunks(r *rand.Rand) *simChunks {
 func rldevOf(h Handle) uint64 { return h.ID % 3 }
 
 // clerk is node's view of the store (allocations are attributed to it).
-func (s *simChunks) clerk(node uint64, dead func() bool) *simChunkClerk {
-	return &simChunkClerk{s: s, node: node, dead: dead}
+func (s *simChunks) clerk(node uint64, gate func(context.Context) error) *simChunkClerk {
+	return &simChunkClerk{s: s, node: node, gate: gate}
 }
 
 type simChunkClerk struct {
 	s    *simChunks
 	node uint64
-	dead func() bool
+	// gate is the caller's state before a call is sent: it waits while
+	// the caller is frozen, and fails if it is dead or cut off the store.
+	gate func(context.Context) error
 }
 
-var errSimDead = errors.New("sim: this server is dead")
+var (
+	errSimDead = errors.New("sim: this server is dead")
+	errSimCut  = errors.New("sim: this server is cut off the storage (the call was not sent)")
+)
 
 func (c *simChunkClerk) Allocate(ctx context.Context, size uint64) (Handle, error) {
-	if c.dead() {
-		return Handle{}, errSimDead
+	if err := c.gate(ctx); err != nil {
+		return Handle{}, err
 	}
 	s := c.s
 	s.mu.Lock()
@@ -332,8 +414,8 @@ func (c *simChunkClerk) Allocate(ctx context.Context, size uint64) (Handle, erro
 }
 
 func (c *simChunkClerk) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
-	if c.dead() {
-		return nil, errSimDead
+	if err := c.gate(ctx); err != nil {
+		return nil, err
 	}
 	s := c.s
 	s.mu.Lock()
@@ -391,8 +473,8 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 	lose := s.r.Float64() < s.lossRate
 	delay := time.Duration(s.r.Intn(30)) * time.Millisecond
 	s.mu.Unlock()
-	if c.dead() {
-		return errSimDead
+	if err := c.gate(ctx); err != nil {
+		return err
 	}
 	if lose {
 		// The answer is lost; the write itself lands later (or, if its
@@ -413,8 +495,8 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 }
 
 func (c *simChunkClerk) Free(ctx context.Context, h Handle) error {
-	if c.dead() {
-		return errSimDead
+	if err := c.gate(ctx); err != nil {
+		return err
 	}
 	s := c.s
 	s.mu.Lock()
@@ -436,7 +518,6 @@ type simDevice struct {
 	blocks uint64
 	rep    [2]map[uint64][]byte
 	tokens map[string]lock.Token
-	dead   func() bool // the owner's death: its own writes fail from then on
 }
 
 func newSimDevice(blocks uint64) *simDevice {
@@ -444,6 +525,35 @@ func newSimDevice(blocks uint64) *simDevice {
 }
 
 func (d *simDevice) Blocks() uint64 { return d.blocks }
+
+// gatedDevice is a server's own view of its log's device: its calls pass
+// the server's gate (frozen, dead, cut off the storage) before they are
+// sent.
+type gatedDevice struct {
+	*simDevice
+	gate func(context.Context) error
+}
+
+func (d gatedDevice) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
+	if err := d.gate(ctx); err != nil {
+		return err
+	}
+	return d.simDevice.Write(ctx, block, data, f)
+}
+
+func (d gatedDevice) ReadReplica(ctx context.Context, replica int, block, n uint64) ([]byte, error) {
+	if err := d.gate(ctx); err != nil {
+		return nil, err
+	}
+	return d.simDevice.ReadReplica(ctx, replica, block, n)
+}
+
+func (d gatedDevice) WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error {
+	if err := d.gate(ctx); err != nil {
+		return err
+	}
+	return d.simDevice.WriteReplica(ctx, replica, block, data, f)
+}
 
 func (d *simDevice) admit(f *rldev.Fence) error {
 	if f == nil {

@@ -76,6 +76,26 @@ var (
 	ErrBadRange      = errors.New("btree: the range's start is not below its end")
 )
 
+// ErrNotApplied marks an update's failure that came before any change:
+// the update did not take effect and never will (no log record of it was
+// buffered), so a client may retry it, on any server. Any other failure
+// of a put or delete has an unknown outcome. errors.Is finds the cause
+// too.
+var ErrNotApplied = errors.New("btree: refused before any change")
+
+type notAppliedError struct{ err error }
+
+func (e *notAppliedError) Error() string   { return e.err.Error() }
+func (e *notAppliedError) Unwrap() []error { return []error{e.err, ErrNotApplied} }
+
+// refused marks err (nil stays nil) as ErrNotApplied.
+func refused(err error) error {
+	if err == nil || errors.Is(err, ErrNotApplied) {
+		return err
+	}
+	return &notAppliedError{err}
+}
+
 // errRestart: the operation met a node whose keys moved left under it, or a
 // freed node; it starts again from the root.
 var errRestart = errors.New("btree: restart from the root")
@@ -407,7 +427,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 		}
 		leaf, path, err := t.locate(ctx, tg, 0)
 		if err != nil {
-			return Result{}, err
+			return Result{}, refused(err)
 		}
 		n, err := t.lockCovering(ctx, leaf.Self, tg, lock.Exclusive)
 		if errors.Is(err, errRestart) {
@@ -415,7 +435,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			continue
 		}
 		if err != nil {
-			return Result{}, err
+			return Result{}, refused(err)
 		}
 		h := n.Self
 		i, found := n.Search(key)
@@ -425,7 +445,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 		}
 		if !cond.holds(found, res.Prev) {
 			t.s.Unlock(h, lock.Exclusive)
-			return res, t.s.Durable(ctx, n.LSN)
+			// Nothing to change; the answer waits until what it read is
+			// durable (it may be another server's lazy commit).
+			return res, refused(t.s.Durable(ctx, n.LSN))
 		}
 		nn := n.Clone()
 		change(nn, i, found)
@@ -463,7 +485,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, error) {
 	rh, err := t.s.New(ctx)
 	if err != nil {
-		return nil, Handle{}, 0, err
+		return nil, Handle{}, 0, refused(err)
 	}
 	mid := t.splitPoint(nn)
 	r := &Node{Self: rh, Tree: t.id, Level: nn.Level, Low: nn.Keys[mid], High: nn.High, HighInf: nn.HighInf, Right: nn.Right}
