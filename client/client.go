@@ -68,6 +68,11 @@ var (
 	// ErrUnknownOutcome: a write failed in a way that does not say whether
 	// it took effect.
 	ErrUnknownOutcome = errors.New("grove: the write's outcome is unknown (it may or may not have taken effect)")
+	// ErrNoSpace: the chunk store had no room for a node the write needed
+	// (a split's); the tree is unchanged. Free space (drop a tree, delete
+	// keys: compression frees merged nodes) or grow the store (grove chunk
+	// grow) before retrying.
+	ErrNoSpace = errors.New("grove: no space left in the chunk store")
 	// ErrUnavailable: no endpoint could serve the call before its context
 	// ended, and nothing was changed.
 	ErrUnavailable = errors.New("grove: no node could serve the call")
@@ -165,6 +170,9 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 		}
 		st, _ := status.FromError(err)
 		if final(st.Code()) {
+			if k == write && st.Code() == codes.ResourceExhausted && !btree.IsNotApplied(st) {
+				return fmt.Errorf("%w: %w: %s", ErrUnknownOutcome, ErrNoSpace, st.Message())
+			}
 			return mapError(st)
 		}
 		if k == write && !btree.IsNotApplied(st) {
@@ -217,7 +225,7 @@ const connectWait = 2 * time.Second
 // final codes are answers: the call was carried out or refused as a whole.
 func final(c codes.Code) bool {
 	switch c {
-	case codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Unimplemented, codes.PermissionDenied:
+	case codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Unimplemented, codes.PermissionDenied, codes.ResourceExhausted:
 		return true
 	}
 	return false
@@ -231,6 +239,8 @@ func mapError(st *status.Status) error {
 		return fmt.Errorf("%w: %s", ErrExists, st.Message())
 	case codes.InvalidArgument, codes.OutOfRange:
 		return fmt.Errorf("%w: %s", ErrInvalid, st.Message())
+	case codes.ResourceExhausted:
+		return fmt.Errorf("%w: %s", ErrNoSpace, st.Message())
 	}
 	return st.Err()
 }

@@ -314,6 +314,14 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrRangeTooLarge):
 		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, chunk.ErrFull) || errors.Is(err, chunk.ErrMapFull):
+		// A split found no room for its new node: the tree is unchanged
+		// (the allocation comes before the split's commit).
+		msg := "btree: the chunk store is full: " + err.Error()
+		if errors.Is(err, ErrNotApplied) {
+			return notApplied(codes.ResourceExhausted, msg)
+		}
+		return status.Error(codes.ResourceExhausted, msg)
 	case errors.Is(err, context.DeadlineExceeded) && errors.Is(err, ErrNotApplied):
 		return notApplied(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled) && errors.Is(err, ErrNotApplied):

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/client"
+)
+
+// TestEndToEndTreeFull: a tree on a cluster whose chunk store is tiny
+// (three pairs of 1 MiB) is loaded until a put needs a node the store has
+// no room for. That put fails with client.ErrNoSpace (the CLI: exit 1 and
+// a message naming the full chunk store), nothing is lost or half-done:
+// every acknowledged key reads back, the count matches, deletes and
+// updates in place still work. Growing the store (grove chunk grow) lets
+// puts go on.
+func TestEndToEndTreeFull(t *testing.T) {
+	bin, u, ctx := startCluster(t, 9400, "--chunk-size", "1MiB")
+	keepLogsOnFailure(t, u, "grove-e2e-tree-full")
+	c, err := client.Dial(ctx, u.Nodes[1].GRPC, u.Nodes[2].GRPC, u.Nodes[3].GRPC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
+		err := c.CreateTree(ctx, "full", client.TreeOptions{})
+		if err == nil || errors.Is(err, client.ErrExists) {
+			break
+		}
+		if time.Since(start) > 90*time.Second {
+			t.Fatalf("create: %v", err)
+		}
+	}
+	tr := c.Tree("full")
+	val := func(i int) []byte { return []byte(fmt.Sprintf("%06d-%s", i, strings.Repeat("v", 1000))) }
+	key := func(i int) []byte { return []byte(fmt.Sprintf("key-%06d", i)) }
+	acked := 0
+	var full error
+	for i := 0; i < 20000 && full == nil; i++ {
+		err := tr.Put(ctx, key(i), val(i))
+		switch {
+		case err == nil:
+			acked++
+		case errors.Is(err, client.ErrNoSpace) && !errors.Is(err, client.ErrUnknownOutcome):
+			full = err
+		default:
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if full == nil {
+		t.Fatalf("%d puts of 1 KiB fit in three 1 MiB chunk pairs", acked)
+	}
+	t.Logf("%d puts acknowledged, then: %v", acked, full)
+
+	// The CLI says so too (exit 1, the reason on stderr): keys that land in
+	// a full leaf need a split.
+	ep := "--endpoints=" + u.Nodes[2].GRPC
+	refused := false
+	for i := acked; i < acked+200 && !refused; i++ {
+		r := grove(t, bin, nil, "tree", "put", "full", string(key(i)), string(val(i)), ep)
+		switch {
+		case r.code == 0:
+			acked++ // it fitted in its leaf
+		case r.code == 1 && strings.Contains(r.stderr, "chunk store is full"):
+			refused = true
+			t.Logf("the CLI: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+		default:
+			t.Fatalf("tree put: %v", r)
+		}
+		if r.code == 0 && i != acked-1 {
+			t.Fatalf("put %d skipped", i)
+		}
+	}
+	if !refused {
+		t.Fatal("200 more puts through the CLI all fitted")
+	}
+
+	// Nothing lost, nothing half-done.
+	check := func(n int) {
+		t.Helper()
+		got, err := tr.Count(ctx, client.Range{})
+		if err != nil || got != uint64(n) {
+			t.Fatalf("count: %d, %v; want %d", got, err, n)
+		}
+		for i := 0; i < n; i += 37 {
+			v, err := tr.Get(ctx, key(i))
+			if err != nil || string(v) != string(val(i)) {
+				t.Fatalf("get %s: %.20q, %v", key(i), v, err)
+			}
+		}
+	}
+	check(acked)
+	// Updates in place and deletes need no new node.
+	if err := tr.Put(ctx, key(0), val(0)); err != nil {
+		t.Fatalf("overwriting a key in a full store: %v", err)
+	}
+	if found, err := tr.Delete(ctx, key(acked-1)); err != nil || !found {
+		t.Fatalf("delete in a full store: %v %v", found, err)
+	}
+	acked--
+	check(acked)
+
+	// More room: the puts go on.
+	for cm := 1; cm <= 3; cm++ {
+		if r := grove(t, bin, nil, "chunk", "grow", fmt.Sprint(cm), "--size", "4MiB", ep); r.code != 0 {
+			t.Fatalf("chunk grow %d: %v", cm, r)
+		}
+	}
+	for i := acked; i < acked+100; i++ {
+		var err error
+		for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
+			if err = tr.Put(ctx, key(i), val(i)); err == nil || !errors.Is(err, client.ErrNoSpace) || time.Since(start) > 30*time.Second {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("put %d after growing the store: %v", i, err)
+		}
+	}
+	check(acked + 100)
+}
