@@ -117,8 +117,7 @@ type Cache struct {
 		lru    *list.List // of *entry with pins and no users, least recently used first
 		err    error      // sticky: the server was fenced out
 	}
-	statsMu   sync.Mutex
-	stats     CacheStats
+	stats     cacheCounters
 	done      chan struct{}
 	closeOnce sync.Once
 	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
@@ -225,15 +224,15 @@ func (c *Cache) Close() {
 
 // Stats returns the cache's counters.
 func (c *Cache) Stats() CacheStats {
-	c.statsMu.Lock()
-	defer c.statsMu.Unlock()
-	return c.stats
+	s := &c.stats
+	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
+		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load()}
 }
 
-func (c *Cache) count(f func(s *CacheStats)) {
-	c.statsMu.Lock()
-	f(&c.stats)
-	c.statsMu.Unlock()
+// cacheCounters are CacheStats as atomics: hits are counted on every
+// lookup, by every goroutine, and must not serialize them.
+type cacheCounters struct {
+	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -331,7 +330,7 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 		if !c.leaseValid() {
 			return ErrLeaseExpired
 		}
-		c.count(func(s *CacheStats) { s.Hits++ })
+		c.stats.hits.Add(1)
 		return nil
 	}
 	old := e.pin
@@ -344,7 +343,7 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 			panic(fmt.Sprintf("btree: node %v is dirty under a shared pin", e.h))
 		}
 		e.pin, e.node, e.anchor = nil, nil, nil
-		c.count(func(s *CacheStats) { s.Upgrades++ })
+		c.stats.upgrades.Add(1)
 	} else {
 		old = nil
 	}
@@ -353,7 +352,7 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 	if old != nil {
 		old.Release()
 	}
-	c.count(func(s *CacheStats) { s.Misses++ })
+	c.stats.misses.Add(1)
 	var hold Hold
 	if !pinned {
 		var err error
@@ -389,7 +388,7 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 	} else {
 		a.LSN = 0
 	}
-	c.count(func(s *CacheStats) { s.Loads++ })
+	c.stats.loads.Add(1)
 	c.mu.Lock()
 	if hold != nil {
 		e.pin, e.pinMode = hold, mode
@@ -423,7 +422,7 @@ func (c *Cache) Revoked(name string) {
 	}
 	c.mu.Unlock()
 	if idle {
-		c.count(func(s *CacheStats) { s.Revocations++ })
+		c.stats.revocations.Add(1)
 		c.giveUpRef(e, "revocation")
 	}
 }
@@ -442,7 +441,7 @@ func (c *Cache) giveUp(e *entry, why string) {
 	}
 	e.users++
 	c.mu.Unlock()
-	c.count(func(s *CacheStats) { s.Revocations++ })
+	c.stats.revocations.Add(1)
 	c.giveUpRef(e, why)
 }
 
@@ -502,7 +501,7 @@ func (c *Cache) evict() {
 		e.elem = nil
 		e.users++
 		c.mu.Unlock()
-		c.count(func(s *CacheStats) { s.Evictions++ })
+		c.stats.evictions.Add(1)
 		c.giveUpRef(e, "eviction")
 	}
 }
@@ -565,12 +564,12 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 		if rerr := c.cfg.Renew(ctx); rerr != nil {
 			return fmt.Errorf("btree: renewing the fence after a failed write of node %v (%v): %w", e.h, err, rerr)
 		}
-		c.count(func(s *CacheStats) { s.Renews++ })
+		c.stats.renews.Add(1)
 		if attempt > 0 {
 			time.Sleep(min(time.Duration(attempt)*50*time.Millisecond, time.Second))
 		}
 	}
-	c.count(func(s *CacheStats) { s.WriteBacks++ })
+	c.stats.writeBacks.Add(1)
 	c.mu.Lock()
 	if e.lastLSN == last {
 		e.dirty = false
@@ -824,7 +823,7 @@ func (s *TreeStore) peek(h Handle) (*Node, *Anchor, bool) {
 
 func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 	if _, a, ok := s.peek(s.anchor); ok && a != nil && !a.Dropped {
-		s.c.count(func(st *CacheStats) { st.Hits++ })
+		s.c.stats.hits.Add(1)
 		return a, nil
 	}
 	e, err := s.entry(s.anchor)
@@ -850,7 +849,7 @@ func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 
 func (s *TreeStore) Read(ctx context.Context, h Handle) (*Node, error) {
 	if n, _, ok := s.peek(h); ok && n != nil {
-		s.c.count(func(st *CacheStats) { st.Hits++ })
+		s.c.stats.hits.Add(1)
 		return n, nil
 	}
 	n, err := s.Lock(ctx, h, lock.Shared)

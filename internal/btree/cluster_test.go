@@ -405,3 +405,38 @@ func TestFailedServerResigns(t *testing.T) {
 		}
 	}
 }
+
+// TestDropSettledAfterFailedDecree: a drop whose mark was made but whose
+// decree failed is settled by the dropper's next pass: the name leaves the
+// directory and the drop is recorded, without anyone touching the tree.
+// Before, the name stayed listed until an operation or another drop
+// found the anchor dropped.
+func TestDropSettledAfterFailedDecree(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tc := startCluster(t, ctx)
+	s1 := tc.server(t, ctx, 0)
+	e, err := s1.CreateTree(ctx, "half", btree.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1.FailDropDecreesForTest(errors.New("test: the config service did not answer"))
+	if _, err := s1.BeginDrop(ctx, "half"); err == nil {
+		t.Fatal("the drop succeeded with its decree failing")
+	}
+	s1.FailDropDecreesForTest(nil)
+	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 1 {
+		t.Fatalf("before the pass: %v %v (want the half-dropped tree listed)", ts, err)
+	}
+	s1.DropPassForTest(ctx)
+	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
+		t.Fatalf("after the dropper's pass the half-dropped tree is still listed: %v %v", ts, err)
+	}
+	// Recorded: a pass with no wait frees its chunks.
+	s1.FinishDrops(ctx, 0)
+	cl := chunk.NewClerk(tc.mc)
+	tc.cls = append(tc.cls, cl)
+	if _, err := cl.Read(ctx, e.Anchor, 0, 8); !errors.Is(err, chunk.ErrUnallocated) {
+		t.Fatalf("the anchor of the settled drop is still allocated: %v", err)
+	}
+}

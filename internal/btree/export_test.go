@@ -1,5 +1,19 @@
 package btree
 
+import "context"
+
 // FailForTest makes the server fail as a failed log would (the cache's
 // sticky error, its leases still standing).
 func (s *Server) FailForTest(err error) { s.cache.fail(err) }
+
+// FailDropDecreesForTest makes BeginDrop's decree fail with err (nil: no
+// more), before it is made.
+func (s *Server) FailDropDecreesForTest(err error) {
+	s.testDecreeFails = nil
+	if err != nil {
+		s.testDecreeFails = func() error { return err }
+	}
+}
+
+// DropPassForTest runs one pass of the dropper.
+func (s *Server) DropPassForTest(ctx context.Context) { s.dropPass(ctx) }

@@ -241,8 +241,14 @@ type Server struct {
 	mu struct {
 		sync.Mutex
 		trees map[string]*Tree
+		// unsettled: trees this server marked dropped whose decree failed;
+		// the dropper settles them (SettleDrop), so that the name does not
+		// stay listed until someone touches it.
+		unsettled map[string]bool
 	}
 	settling sync.Map // tree names whose drop is being settled (SettleDrop)
+	// testDecreeFails, in tests, fails a drop's decree (it is not made).
+	testDecreeFails func() error
 }
 
 type hint struct {
@@ -271,6 +277,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s.log = s.log.With("role", "btree")
 	s.mu.trees = map[string]*Tree{}
+	s.mu.unsettled = map[string]bool{}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	clerk, err := cfg.Locks.NewClerk(Kind, s.recoverDead, Scope()...)
 	for errors.Is(err, lock.ErrFenced) && ctx.Err() == nil {
@@ -636,7 +643,7 @@ func (s *Server) dropper() {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
-		s.FinishDrops(ctx, s.DropWait())
+		s.dropPass(ctx)
 		cancel()
 		select {
 		case <-s.ctx.Done():
@@ -644,6 +651,27 @@ func (s *Server) dropper() {
 		case <-time.After(every):
 		}
 	}
+}
+
+// dropPass is one pass of the dropper: settle this server's drops cut off
+// after their mark, then finish the drops DropWait old.
+func (s *Server) dropPass(ctx context.Context) {
+	s.mu.Lock()
+	var names []string
+	for n := range s.mu.unsettled {
+		names = append(names, n)
+	}
+	clear(s.mu.unsettled)
+	s.mu.Unlock()
+	for _, n := range names {
+		if err := s.SettleDrop(ctx, n); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("settling a drop cut off half-way failed (the next pass tries again)", "tree", n, "err", err)
+			s.mu.Lock()
+			s.mu.unsettled[n] = true
+			s.mu.Unlock()
+		}
+	}
+	s.FinishDrops(ctx, s.DropWait())
 }
 
 // CreateTree makes tree name: its anchor and root chunks, written, then
@@ -729,8 +757,9 @@ func (s *Server) DropWait() time.Duration { return 10*s.cfg.OpTimeout + time.Min
 // BeginDrop marks tree name's anchor dropped, removes the name from the
 // directory and records the drop; the chunks are freed by FinishDrops
 // (every server's dropper runs it). If the mark is made but the decree
-// fails, the tree answers as dropped and the name stays listed until a
-// drop of it is tried again (or an operation on it settles it).
+// fails, the tree answers as dropped and the name stays listed until this
+// server's dropper settles it (its next pass), a drop of it is tried
+// again, or an operation on it settles it.
 func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) {
 	e, err := LookupTree(ctx, s.cfg.Meta, name)
 	if err != nil {
@@ -743,7 +772,18 @@ func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) 
 	if err := s.markDropped(ctx, s.cache.Store(e.Anchor, e.NodeSize, nil)); err != nil {
 		return TreeEntry{}, err
 	}
-	if err := s.recordDrop(ctx, e); err != nil {
+	if s.testDecreeFails != nil {
+		err = s.testDecreeFails() // (as if the decree failed)
+	}
+	if err == nil {
+		err = s.recordDrop(ctx, e)
+	}
+	if err != nil {
+		if !errors.Is(err, ErrNoTree) {
+			s.mu.Lock()
+			s.mu.unsettled[name] = true
+			s.mu.Unlock()
+		}
 		return TreeEntry{}, err
 	}
 	s.Forget(name)
@@ -807,17 +847,26 @@ func (s *Server) recordDrop(ctx context.Context, e TreeEntry) error {
 // two steps: tree name's anchor says dropped (an operation found it so),
 // but the directory still lists it. The name goes and the drop is
 // recorded, as DropTree would have done.
-func (s *Server) SettleDrop(ctx context.Context, name string) {
+// It fails only if it could not find out or could not settle.
+func (s *Server) SettleDrop(ctx context.Context, name string) error {
 	e, err := LookupTree(ctx, s.cfg.Meta, name)
-	if err != nil {
-		return
+	if errors.Is(err, ErrNoTree) {
+		return nil
+	} else if err != nil {
+		return err
 	}
-	if _, err := s.cache.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx); !errors.Is(err, ErrNoTree) {
-		return // a live tree (a new one of the same name)
+	if _, err := s.cache.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx); err == nil {
+		return nil // a live tree (a new one of the same name)
+	} else if !errors.Is(err, ErrNoTree) {
+		return err
 	}
-	if err := s.recordDrop(ctx, e); err == nil {
+	err = s.recordDrop(ctx, e)
+	if err == nil {
 		s.log.Info("settled a drop cut off half-way", "tree", name)
+	} else if errors.Is(err, ErrNoTree) {
+		return nil // settled by another
 	}
+	return err
 }
 
 // finishDrop frees a dropped tree's chunks, then removes its drop record.

@@ -372,7 +372,7 @@ func done(srv *Server, name string, err error) error {
 				defer srv.settling.Delete(name)
 				ctx, cancel := context.WithTimeout(srv.ctx, 30*time.Second)
 				defer cancel()
-				srv.SettleDrop(ctx, name)
+				_ = srv.SettleDrop(ctx, name) // (if it fails, the next touch tries again)
 			}()
 		}
 	}

@@ -40,6 +40,10 @@ func Walk(ctx context.Context, r Reader, complete bool) (Shape, error) {
 	if err != nil {
 		return sh, err
 	}
+	if a.Dropped {
+		// Its nodes are being freed from the leaves up: nothing to walk.
+		return sh, fmt.Errorf("%w: anchor %v is marked dropped", ErrNoTree, a.Self)
+	}
 	sh.Chunks[a.Self] = true
 	sh.Height = len(a.Leftmost)
 	if a.Root != a.Leftmost[len(a.Leftmost)-1] {
