@@ -48,7 +48,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -198,25 +197,7 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 
 // ready makes sure endpoint i is connected, waiting a little for it.
 func (c *Client) ready(ctx context.Context, i int) bool {
-	cc := c.conns[i]
-	if cc.GetState() == connectivity.Ready {
-		return true
-	}
-	cc.Connect()
-	wctx, cancel := context.WithTimeout(ctx, connectWait)
-	defer cancel()
-	for {
-		st := cc.GetState()
-		switch st {
-		case connectivity.Ready:
-			return true
-		case connectivity.TransientFailure, connectivity.Shutdown:
-			return false
-		}
-		if !cc.WaitForStateChange(wctx, st) {
-			return false
-		}
-	}
+	return transport.Ready(ctx, c.conns[i], connectWait)
 }
 
 // connectWait bounds the wait for an endpoint's connection.

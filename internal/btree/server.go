@@ -1032,17 +1032,19 @@ func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error
 	return s.c.Read(ctx, h, 0, n)
 }
 
-// Write writes a node's image. Known gap (open, README): when the chunk
-// clerk retried the write after an answer it did not get and a later
-// attempt succeeded, the earlier attempt may still land, under the same
-// token; if the node's lock has moved to another server by then, it can
-// overwrite a newer image. Treating such a success as an unknown outcome
-// (renew the fence, write again) loops while a pair member is down: every
-// attempt's first try meets the dead node and counts as "may have landed"
-// (the clerk cannot tell a request never sent from one lost in flight).
-// The fix needs the chunk path to say which attempts may still land.
+// Write writes a node's image. When the chunk clerk retried it after an
+// attempt it sent got no answer, that attempt may still land later, under
+// the same token, over a newer image another server wrote once the node's
+// lock moved: such a success is reported as ErrMaybeDone, and the cache
+// renews its fence and writes again under the newer token, which the
+// RLDev then holds against the stray attempt. (Attempts that found their
+// connection down sent nothing and do not count: a pair member that is
+// down costs no renewal.)
 func (s chunkStore) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
-	_, err := s.c.WriteFencedReport(ctx, h, 0, data, f)
+	earlier, err := s.c.WriteFencedReport(ctx, h, 0, data, f)
+	if err == nil && earlier {
+		return fmt.Errorf("writing node %v: %w (an earlier attempt, unanswered, may still land under the same token)", h, chunk.ErrMaybeDone)
+	}
 	return err
 }
 

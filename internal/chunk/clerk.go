@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
@@ -121,16 +123,26 @@ func (c *Clerk) Table(ctx context.Context, fresh bool) (*Table, error) {
 }
 
 func (c *Clerk) client(ctx context.Context, node NodeID) (pb.ChunkServiceClient, error) {
-	a, err := c.book.Addr(ctx, node)
-	if err != nil {
-		return nil, err
-	}
-	cc, err := c.conns.Get(a)
+	cc, err := c.conn(ctx, node)
 	if err != nil {
 		return nil, err
 	}
 	return pb.NewChunkServiceClient(cc), nil
 }
+
+func (c *Clerk) conn(ctx context.Context, node NodeID) (*grpc.ClientConn, error) {
+	a, err := c.book.Addr(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return c.conns.Get(a)
+}
+
+// errNotSent: the attempt found its connection down and sent nothing.
+var errNotSent = errors.New("not connected: nothing was sent")
+
+// connectWait bounds an attempt's wait for its connection.
+const connectWait = 2 * time.Second
 
 // final errors: trying again cannot help.
 func final(err error) bool {
@@ -358,11 +370,18 @@ func (c *Clerk) WriteFencedReport(ctx context.Context, h Handle, off uint64, dat
 		maybe := false
 		err := c.retry(ctx, h.CM, fmt.Sprintf("writing %d bytes at %d of chunk %s", k, at, h), func(ctx context.Context, p *Pair, a int) (NodeID, error) {
 			node := ioNode(p, a)
-			cl, err := c.client(ctx, node)
+			cc, err := c.conn(ctx, node)
 			if err != nil {
 				return node, err
 			}
-			r, err := cl.Write(ctx, &pb.ChunkServiceWriteRequest{Cm: h.CM, Id: h.ID, Offset: at, Data: part, FenceName: fname, FenceToken: ftok})
+			// An attempt that finds its connection down sends nothing, so
+			// it cannot land later: only attempts sent and unanswered count
+			// as "may have landed" (a pair member that is down costs no
+			// rewrite under a new token).
+			if !transport.Ready(ctx, cc, connectWait) {
+				return node, errNotSent
+			}
+			r, err := pb.NewChunkServiceClient(cc).Write(ctx, &pb.ChunkServiceWriteRequest{Cm: h.CM, Id: h.ID, Offset: at, Data: part, FenceName: fname, FenceToken: ftok})
 			if err != nil {
 				maybe = true
 				return node, err

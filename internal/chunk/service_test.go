@@ -142,8 +142,17 @@ func TestServicePairFailover(t *testing.T) {
 		t.Fatalf("a read of another pair's chunk: %v", err)
 	}
 
-	// The primary (node 1) stops: node 2 takes over.
+	// The primary (node 1) stops: node 2 takes over. A write meanwhile
+	// meets node 1's connection down: those attempts sent nothing, so
+	// they cannot land later, and the write does not report that an
+	// earlier attempt may (a B-tree server would renew its fence and write
+	// again for each such report).
 	c.Stop(0)
+	time.Sleep(200 * time.Millisecond) // the connection notices
+	if earlier, err := cl.WriteFencedReport(ctx, hs[0], 0, []byte{8}, nil); err != nil || earlier {
+		t.Fatalf("a write during the takeover: earlier attempt may land %v, err %v (want false, nil)", earlier, err)
+	}
+	want[hs[0]][0] = 8
 	h := alloc(8192)
 	if h.ID <= hs[len(hs)-1].ID {
 		t.Fatalf("id %d after takeover, not above %d", h.ID, hs[len(hs)-1].ID)

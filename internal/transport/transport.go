@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -142,6 +143,33 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.WriteBufferSize(BufferSize),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Second, Timeout: UserTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// Ready reports whether cc is connected, connecting it (from idle) and
+// waiting up to wait for it. A call that finds its connection not ready
+// sends nothing: callers that must know whether a write may have reached
+// its server (and may still land) tell "never sent" from "lost in flight"
+// this way. A connection in transient failure is not waited for (gRPC
+// retries it on its own backoff; a dead server is found at once).
+func Ready(ctx context.Context, cc *grpc.ClientConn, wait time.Duration) bool {
+	if cc.GetState() == connectivity.Ready {
+		return true
+	}
+	cc.Connect()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		st := cc.GetState()
+		switch st {
+		case connectivity.Ready:
+			return true
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return false
+		}
+		if !cc.WaitForStateChange(wctx, st) {
+			return false
+		}
 	}
 }
 
