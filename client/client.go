@@ -169,8 +169,13 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 		}
 		st, _ := status.FromError(err)
 		if final(st.Code()) {
-			if k == write && st.Code() == codes.ResourceExhausted && !btree.IsNotApplied(st) {
-				return fmt.Errorf("%w: %w: %s", ErrUnknownOutcome, ErrNoSpace, st.Message())
+			if st.Code() == codes.ResourceExhausted {
+				switch {
+				case k != write:
+					return st.Err() // (a read over a limit, e.g. gRPC's message size)
+				case !btree.IsNotApplied(st):
+					return fmt.Errorf("%w: %s", ErrUnknownOutcome, st.Message())
+				}
 			}
 			return mapError(st)
 		}

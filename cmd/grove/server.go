@@ -2,10 +2,14 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/http"
+	_ "net/http/pprof" // GROVE_PPROF_BASE: profiles for whoever debugs a node
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -72,6 +76,12 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 				fmt.Printf("node %d fenced itself (incarnation %d lost contact with a majority of observers); it comes back as a new incarnation\n", cfg.ID, inc)
 			})
 			fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s logs=%s\n", cfg.ID, os.Getpid(), cfg.GRPCAddr, cfg.BeaconAddr, path, logFile)
+			if base, err := strconv.Atoi(os.Getenv("GROVE_PPROF_BASE")); err == nil && base > 0 {
+				// Go's profiler on 127.0.0.1:BASE+ID (a debugging aid, off by default).
+				addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(base+int(cfg.ID)))
+				log.Info("serving Go profiles (GROVE_PPROF_BASE)", "addr", "http://"+addr+"/debug/pprof/")
+				go func() { _ = http.ListenAndServe(addr, nil) }()
+			}
 			<-cmd.Context().Done()
 			log.Info("stopping")
 			n.Close()

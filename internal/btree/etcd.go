@@ -415,14 +415,22 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 	if er.single {
 		return out, del(sp.From)
 	}
+	// A range is deleted key by key: once one is gone, a failure is no
+	// longer "not applied" (nor Unavailable, which a client may take so).
+	partial := func(err error) error {
+		if out.Deleted == 0 {
+			return err
+		}
+		return status.Errorf(codes.Unknown, "grove etcd endpoint: the range's delete stopped after deleting %d keys: %s", out.Deleted, status.Convert(err).Message())
+	}
 	for {
 		pg, err := t.Scan(ctx, sp, 0, false)
 		if err != nil {
-			return nil, done(srv, e.tree, err)
+			return nil, partial(done(srv, e.tree, err))
 		}
 		for _, k := range pg.Keys {
 			if err := del(k); err != nil {
-				return nil, err
+				return nil, partial(err)
 			}
 		}
 		if !pg.More {

@@ -297,12 +297,15 @@ func (s *Service) Server(ctx context.Context) (*Server, error) {
 	return s.mu.srv, nil
 }
 
-// rpcError maps the tree's errors to gRPC codes.
+// rpcError maps the tree's errors to gRPC codes. Only a status made in
+// this package passes as it is: a lower layer's status wrapped in an error
+// (a chunk clerk's last attempt) is not an answer to this call, and its
+// code says nothing of this call's outcome.
 func rpcError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
+	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
 		return err
 	}
 	switch {
@@ -314,30 +317,27 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrRangeTooLarge):
 		return status.Error(codes.OutOfRange, err.Error())
-	case errors.Is(err, chunk.ErrFull) || errors.Is(err, chunk.ErrMapFull):
-		// A split found no room for its new node: the tree is unchanged
-		// (the allocation comes before the split's commit).
-		msg := "btree: the chunk store is full: " + err.Error()
-		if errors.Is(err, ErrNotApplied) {
-			return notApplied(codes.ResourceExhausted, msg)
-		}
-		return status.Error(codes.ResourceExhausted, msg)
-	case errors.Is(err, context.DeadlineExceeded) && errors.Is(err, ErrNotApplied):
-		return notApplied(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled) && errors.Is(err, ErrNotApplied):
-		return notApplied(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	case errors.Is(err, ErrNotApplied):
-		return notApplied(codes.Unavailable, err.Error()) // refused before any change
-	case errors.Is(err, ErrLeaseExpired):
-		return status.Error(codes.Unavailable, err.Error()) // (a write's outcome: unknown)
 	}
-	// Anything else failed mid-way: its outcome is unknown (not
-	// Unavailable, which a client may retry elsewhere as "not done").
-	return status.Error(codes.Unknown, err.Error())
+	// Anything else failed mid-way: its outcome is unknown (Unknown, not
+	// Unavailable, which a client may retry elsewhere as "not done"),
+	// unless it is marked as refused before any change.
+	code, msg := codes.Unknown, err.Error()
+	switch {
+	case errors.Is(err, chunk.ErrFull) || errors.Is(err, chunk.ErrMapFull):
+		// A split found no room for its new node (the allocation comes
+		// before the split's commit: marked).
+		code, msg = codes.ResourceExhausted, "btree: the chunk store is full: "+msg
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, ErrNotApplied), errors.Is(err, ErrLeaseExpired):
+		code = codes.Unavailable
+	}
+	if errors.Is(err, ErrNotApplied) {
+		return notApplied(code, msg)
+	}
+	return status.Error(code, msg)
 }
 
 func treeInfo(e TreeEntry) *pb.TreeInfo {

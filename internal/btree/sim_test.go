@@ -142,7 +142,9 @@ func (s *simServer) renew(ctx context.Context) error {
 	defer s.fence.Unlock()
 	name := FenceLock(s.node)
 	s.fence.hold.Release()
-	s.clerk.drop(name)
+	if err := s.clerk.drop(name); err != nil {
+		return err
+	}
 	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
 	if err != nil {
 		return err
@@ -1005,6 +1007,9 @@ func TestSimTeethStaleCache(t *testing.T) {
 	first, _ := simSeeds(t, 0)
 	for seed := first; seed < first+40; seed++ {
 		if _, err := runSim(t, seed, teethStale, 40); err != nil {
+			if !strings.Contains(err.Error(), "not linearizable") && !strings.Contains(err.Error(), "the chunks hold") {
+				t.Fatalf("seed %d: failed, but not by a history or a walk the oracle rejects: %v", seed, err)
+			}
 			t.Logf("seed %d: caught: %v", seed, err)
 			return
 		}
@@ -1022,9 +1027,15 @@ func TestSimTeethLeaseTime(t *testing.T) {
 	first, _ := simSeeds(t, 0)
 	for seed := first; seed < first+40; seed++ {
 		r, err := runSim(t, seed, teethLeaseTime, 40)
-		if err != nil {
+		if err != nil && strings.Contains(err.Error(), "not linearizable") {
 			t.Logf("seed %d: caught: %v", seed, err)
 			return
+		}
+		if err != nil {
+			// The broken caches can fail a seed other ways (a server whose
+			// stale images send its lookups round in circles): not a catch.
+			t.Logf("seed %d: failed, but not by a history the oracle rejects (not counted): %v", seed, err)
+			continue
 		}
 		t.Logf("seed %d: passed (%d partitions, %d outlived the lease)", seed, r.disrupts, r.expired)
 	}

@@ -64,9 +64,13 @@ type simClerk struct {
 }
 
 func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
-	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 15 * time.Millisecond}
-	if raceEnabled { // the race detector's slower scheduling: fewer spurious expiries
-		s.lease, s.grace = 90*time.Millisecond, 45*time.Millisecond
+	// The grace is the failure detector's margin between a node's own
+	// deadline and the others' verdict (about 2 % of the lease in
+	// production): small, so that a server that uses its leases past their
+	// time is caught; not smaller than the scheduler's hiccups.
+	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 5 * time.Millisecond}
+	if raceEnabled { // the race detector's slower scheduling
+		s.lease, s.grace = 90*time.Millisecond, 15*time.Millisecond
 	}
 	s.cond = sync.NewCond(&s.mu)
 	go func() { // wake waiters when the world ends
@@ -146,7 +150,17 @@ func (s *simLocks) setCut(c *simClerk, cut, paused bool) {
 	defer s.mu.Unlock()
 	c.cut, c.paused = cut, paused
 	if !cut && !c.dead {
-		c.renewed = time.Now()
+		if time.Now().After(c.renewed.Add(s.lease)) {
+			// Past its deadline: fenced for good, like the failure
+			// detector's subject (it never revives), verdict or not.
+			c.dead = true
+		} else {
+			c.renewed = time.Now()
+			// What it gave back locally while cut off reaches the master.
+			for name, l := range c.leases {
+				c.settleLocked(name, l)
+			}
+		}
 	}
 	s.startRecoveriesLocked()
 	s.cond.Broadcast()
@@ -186,7 +200,9 @@ func (s *simLocks) startRecoveriesLocked() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			delete(s.running, d)
-			if err == nil {
+			// The master ignores the end of a run on a clerk declared dead
+			// meanwhile, and recovers again (lock.Engine.RecoveryFinished).
+			if err == nil && !run.dead {
 				d.leases = map[string]*simLease{}
 				s.cond.Broadcast()
 			} else if s.ctx.Err() == nil {
@@ -229,9 +245,10 @@ func (h *simHold) Release() {
 	})
 }
 
-// settleLocked completes a pending revocation if local holders allow.
+// settleLocked completes a pending revocation if local holders allow and
+// the clerk can tell the master (not cut off: then at the heal).
 func (c *simClerk) settleLocked(name string, l *simLease) {
-	if !l.revoking {
+	if !l.revoking || c.cut {
 		return
 	}
 	if l.exclusive || l.keep == lock.None && l.shared > 0 {
@@ -348,14 +365,19 @@ func (c *simClerk) ValidUntil() time.Time {
 	return c.renewed.Add(c.s.lease)
 }
 
-// drop gives an idle lease back (the fence renewal's fresh token).
-func (c *simClerk) drop(name string) {
+// drop gives an idle lease back (the fence renewal's fresh token); a clerk
+// cut off cannot.
+func (c *simClerk) drop(name string) error {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
+	if c.cut {
+		return errors.New("sim: cut off the lock service")
+	}
 	if l := c.leases[name]; l != nil && l.shared == 0 && !l.exclusive {
 		delete(c.leases, name)
 		c.s.cond.Broadcast()
 	}
+	return nil
 }
 
 // ---- chunks
