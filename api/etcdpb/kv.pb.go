@@ -1015,6 +1015,399 @@ func (x *StatusResponse) GetLeader() uint64 {
 	return 0
 }
 
+// Grove's own, between its nodes (not etcd's): a node forwards the etcd
+// calls it receives to the tree's home node over one stream per home, each
+// call with an id, answered as it completes (no call waits for another's),
+// so that a forwarded call costs no stream set-up of its own; the calls (and
+// the answers) that are ready when a message goes out travel in it
+// together.
+type ForwardCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The caller's remaining time, in microseconds (0: the home's default).
+	TimeoutUs int64 `protobuf:"varint,2,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*ForwardCall_Range
+	//	*ForwardCall_Put
+	//	*ForwardCall_DeleteRange
+	Op            isForwardCall_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardCall) Reset() {
+	*x = ForwardCall{}
+	mi := &file_etcdpb_kv_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardCall) ProtoMessage() {}
+
+func (x *ForwardCall) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardCall.ProtoReflect.Descriptor instead.
+func (*ForwardCall) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ForwardCall) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ForwardCall) GetTimeoutUs() int64 {
+	if x != nil {
+		return x.TimeoutUs
+	}
+	return 0
+}
+
+func (x *ForwardCall) GetOp() isForwardCall_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *ForwardCall) GetRange() *RangeRequest {
+	if x != nil {
+		if x, ok := x.Op.(*ForwardCall_Range); ok {
+			return x.Range
+		}
+	}
+	return nil
+}
+
+func (x *ForwardCall) GetPut() *PutRequest {
+	if x != nil {
+		if x, ok := x.Op.(*ForwardCall_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *ForwardCall) GetDeleteRange() *DeleteRangeRequest {
+	if x != nil {
+		if x, ok := x.Op.(*ForwardCall_DeleteRange); ok {
+			return x.DeleteRange
+		}
+	}
+	return nil
+}
+
+type isForwardCall_Op interface {
+	isForwardCall_Op()
+}
+
+type ForwardCall_Range struct {
+	Range *RangeRequest `protobuf:"bytes,3,opt,name=range,proto3,oneof"`
+}
+
+type ForwardCall_Put struct {
+	Put *PutRequest `protobuf:"bytes,4,opt,name=put,proto3,oneof"`
+}
+
+type ForwardCall_DeleteRange struct {
+	DeleteRange *DeleteRangeRequest `protobuf:"bytes,5,opt,name=delete_range,json=deleteRange,proto3,oneof"`
+}
+
+func (*ForwardCall_Range) isForwardCall_Op() {}
+
+func (*ForwardCall_Put) isForwardCall_Op() {}
+
+func (*ForwardCall_DeleteRange) isForwardCall_Op() {}
+
+type ForwardAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*ForwardAnswer_Range
+	//	*ForwardAnswer_Put
+	//	*ForwardAnswer_DeleteRange
+	//	*ForwardAnswer_Error
+	Result        isForwardAnswer_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardAnswer) Reset() {
+	*x = ForwardAnswer{}
+	mi := &file_etcdpb_kv_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardAnswer) ProtoMessage() {}
+
+func (x *ForwardAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardAnswer.ProtoReflect.Descriptor instead.
+func (*ForwardAnswer) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ForwardAnswer) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ForwardAnswer) GetResult() isForwardAnswer_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ForwardAnswer) GetRange() *RangeResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardAnswer_Range); ok {
+			return x.Range
+		}
+	}
+	return nil
+}
+
+func (x *ForwardAnswer) GetPut() *PutResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardAnswer_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *ForwardAnswer) GetDeleteRange() *DeleteRangeResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardAnswer_DeleteRange); ok {
+			return x.DeleteRange
+		}
+	}
+	return nil
+}
+
+func (x *ForwardAnswer) GetError() *ForwardError {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardAnswer_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isForwardAnswer_Result interface {
+	isForwardAnswer_Result()
+}
+
+type ForwardAnswer_Range struct {
+	Range *RangeResponse `protobuf:"bytes,2,opt,name=range,proto3,oneof"`
+}
+
+type ForwardAnswer_Put struct {
+	Put *PutResponse `protobuf:"bytes,3,opt,name=put,proto3,oneof"`
+}
+
+type ForwardAnswer_DeleteRange struct {
+	DeleteRange *DeleteRangeResponse `protobuf:"bytes,4,opt,name=delete_range,json=deleteRange,proto3,oneof"`
+}
+
+type ForwardAnswer_Error struct {
+	Error *ForwardError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
+}
+
+func (*ForwardAnswer_Range) isForwardAnswer_Result() {}
+
+func (*ForwardAnswer_Put) isForwardAnswer_Result() {}
+
+func (*ForwardAnswer_DeleteRange) isForwardAnswer_Result() {}
+
+func (*ForwardAnswer_Error) isForwardAnswer_Result() {}
+
+// ForwardError is the home's gRPC status; not_applied: it carried Grove's
+// NOT_APPLIED reason (refused before any change).
+type ForwardError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	NotApplied    bool                   `protobuf:"varint,3,opt,name=not_applied,json=notApplied,proto3" json:"not_applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardError) Reset() {
+	*x = ForwardError{}
+	mi := &file_etcdpb_kv_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardError) ProtoMessage() {}
+
+func (x *ForwardError) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardError.ProtoReflect.Descriptor instead.
+func (*ForwardError) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ForwardError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ForwardError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ForwardError) GetNotApplied() bool {
+	if x != nil {
+		return x.NotApplied
+	}
+	return false
+}
+
+type ForwardCalls struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Calls         []*ForwardCall         `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardCalls) Reset() {
+	*x = ForwardCalls{}
+	mi := &file_etcdpb_kv_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardCalls) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardCalls) ProtoMessage() {}
+
+func (x *ForwardCalls) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardCalls.ProtoReflect.Descriptor instead.
+func (*ForwardCalls) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ForwardCalls) GetCalls() []*ForwardCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+type ForwardAnswers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Answers       []*ForwardAnswer       `protobuf:"bytes,1,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardAnswers) Reset() {
+	*x = ForwardAnswers{}
+	mi := &file_etcdpb_kv_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardAnswers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardAnswers) ProtoMessage() {}
+
+func (x *ForwardAnswers) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdpb_kv_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardAnswers.ProtoReflect.Descriptor instead.
+func (*ForwardAnswers) Descriptor() ([]byte, []int) {
+	return file_etcdpb_kv_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ForwardAnswers) GetAnswers() []*ForwardAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
 var File_etcdpb_kv_proto protoreflect.FileDescriptor
 
 const file_etcdpb_kv_proto_rawDesc = "" +
@@ -1100,7 +1493,31 @@ const file_etcdpb_kv_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
 	"\adb_size\x18\x03 \x01(\x03R\x06dbSize\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\x04R\x06leader2\xe0\x02\n" +
+	"\x06leader\x18\x04 \x01(\x04R\x06leader\"\xeb\x01\n" +
+	"\vForwardCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"timeout_us\x18\x02 \x01(\x03R\ttimeoutUs\x122\n" +
+	"\x05range\x18\x03 \x01(\v2\x1a.etcdserverpb.RangeRequestH\x00R\x05range\x12,\n" +
+	"\x03put\x18\x04 \x01(\v2\x18.etcdserverpb.PutRequestH\x00R\x03put\x12E\n" +
+	"\fdelete_range\x18\x05 \x01(\v2 .etcdserverpb.DeleteRangeRequestH\x00R\vdeleteRangeB\x04\n" +
+	"\x02op\"\x89\x02\n" +
+	"\rForwardAnswer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
+	"\x05range\x18\x02 \x01(\v2\x1b.etcdserverpb.RangeResponseH\x00R\x05range\x12-\n" +
+	"\x03put\x18\x03 \x01(\v2\x19.etcdserverpb.PutResponseH\x00R\x03put\x12F\n" +
+	"\fdelete_range\x18\x04 \x01(\v2!.etcdserverpb.DeleteRangeResponseH\x00R\vdeleteRange\x122\n" +
+	"\x05error\x18\x05 \x01(\v2\x1a.etcdserverpb.ForwardErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"]\n" +
+	"\fForwardError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
+	"\vnot_applied\x18\x03 \x01(\bR\n" +
+	"notApplied\"?\n" +
+	"\fForwardCalls\x12/\n" +
+	"\x05calls\x18\x01 \x03(\v2\x19.etcdserverpb.ForwardCallR\x05calls\"G\n" +
+	"\x0eForwardAnswers\x125\n" +
+	"\aanswers\x18\x01 \x03(\v2\x1b.etcdserverpb.ForwardAnswerR\aanswers2\xe0\x02\n" +
 	"\x02KV\x12@\n" +
 	"\x05Range\x12\x1a.etcdserverpb.RangeRequest\x1a\x1b.etcdserverpb.RangeResponse\x12:\n" +
 	"\x03Put\x12\x18.etcdserverpb.PutRequest\x1a\x19.etcdserverpb.PutResponse\x12R\n" +
@@ -1108,7 +1525,9 @@ const file_etcdpb_kv_proto_rawDesc = "" +
 	"\x03Txn\x12\x18.etcdserverpb.TxnRequest\x1a\x19.etcdserverpb.TxnResponse\x12L\n" +
 	"\aCompact\x12\x1f.etcdserverpb.CompactionRequest\x1a .etcdserverpb.CompactionResponse2R\n" +
 	"\vMaintenance\x12C\n" +
-	"\x06Status\x12\x1b.etcdserverpb.StatusRequest\x1a\x1c.etcdserverpb.StatusResponseB(Z&github.com/grovestore/grove/api/etcdpbb\x06proto3"
+	"\x06Status\x12\x1b.etcdserverpb.StatusRequest\x1a\x1c.etcdserverpb.StatusResponse2W\n" +
+	"\fGroveForward\x12G\n" +
+	"\aForward\x12\x1a.etcdserverpb.ForwardCalls\x1a\x1c.etcdserverpb.ForwardAnswers(\x010\x01B(Z&github.com/grovestore/grove/api/etcdpbb\x06proto3"
 
 var (
 	file_etcdpb_kv_proto_rawDescOnce sync.Once
@@ -1123,7 +1542,7 @@ func file_etcdpb_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdpb_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_etcdpb_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_etcdpb_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_etcdpb_kv_proto_goTypes = []any{
 	(RangeRequest_SortOrder)(0),  // 0: etcdserverpb.RangeRequest.SortOrder
 	(RangeRequest_SortTarget)(0), // 1: etcdserverpb.RangeRequest.SortTarget
@@ -1141,6 +1560,11 @@ var file_etcdpb_kv_proto_goTypes = []any{
 	(*PutResponse)(nil),          // 13: etcdserverpb.PutResponse
 	(*StatusRequest)(nil),        // 14: etcdserverpb.StatusRequest
 	(*StatusResponse)(nil),       // 15: etcdserverpb.StatusResponse
+	(*ForwardCall)(nil),          // 16: etcdserverpb.ForwardCall
+	(*ForwardAnswer)(nil),        // 17: etcdserverpb.ForwardAnswer
+	(*ForwardError)(nil),         // 18: etcdserverpb.ForwardError
+	(*ForwardCalls)(nil),         // 19: etcdserverpb.ForwardCalls
+	(*ForwardAnswers)(nil),       // 20: etcdserverpb.ForwardAnswers
 }
 var file_etcdpb_kv_proto_depIdxs = []int32{
 	0,  // 0: etcdserverpb.RangeRequest.sort_order:type_name -> etcdserverpb.RangeRequest.SortOrder
@@ -1154,23 +1578,34 @@ var file_etcdpb_kv_proto_depIdxs = []int32{
 	12, // 8: etcdserverpb.PutResponse.header:type_name -> etcdserverpb.ResponseHeader
 	3,  // 9: etcdserverpb.PutResponse.prev_kv:type_name -> etcdserverpb.KeyValue
 	12, // 10: etcdserverpb.StatusResponse.header:type_name -> etcdserverpb.ResponseHeader
-	4,  // 11: etcdserverpb.KV.Range:input_type -> etcdserverpb.RangeRequest
-	2,  // 12: etcdserverpb.KV.Put:input_type -> etcdserverpb.PutRequest
-	6,  // 13: etcdserverpb.KV.DeleteRange:input_type -> etcdserverpb.DeleteRangeRequest
-	8,  // 14: etcdserverpb.KV.Txn:input_type -> etcdserverpb.TxnRequest
-	10, // 15: etcdserverpb.KV.Compact:input_type -> etcdserverpb.CompactionRequest
-	14, // 16: etcdserverpb.Maintenance.Status:input_type -> etcdserverpb.StatusRequest
-	5,  // 17: etcdserverpb.KV.Range:output_type -> etcdserverpb.RangeResponse
-	13, // 18: etcdserverpb.KV.Put:output_type -> etcdserverpb.PutResponse
-	7,  // 19: etcdserverpb.KV.DeleteRange:output_type -> etcdserverpb.DeleteRangeResponse
-	9,  // 20: etcdserverpb.KV.Txn:output_type -> etcdserverpb.TxnResponse
-	11, // 21: etcdserverpb.KV.Compact:output_type -> etcdserverpb.CompactionResponse
-	15, // 22: etcdserverpb.Maintenance.Status:output_type -> etcdserverpb.StatusResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	4,  // 11: etcdserverpb.ForwardCall.range:type_name -> etcdserverpb.RangeRequest
+	2,  // 12: etcdserverpb.ForwardCall.put:type_name -> etcdserverpb.PutRequest
+	6,  // 13: etcdserverpb.ForwardCall.delete_range:type_name -> etcdserverpb.DeleteRangeRequest
+	5,  // 14: etcdserverpb.ForwardAnswer.range:type_name -> etcdserverpb.RangeResponse
+	13, // 15: etcdserverpb.ForwardAnswer.put:type_name -> etcdserverpb.PutResponse
+	7,  // 16: etcdserverpb.ForwardAnswer.delete_range:type_name -> etcdserverpb.DeleteRangeResponse
+	18, // 17: etcdserverpb.ForwardAnswer.error:type_name -> etcdserverpb.ForwardError
+	16, // 18: etcdserverpb.ForwardCalls.calls:type_name -> etcdserverpb.ForwardCall
+	17, // 19: etcdserverpb.ForwardAnswers.answers:type_name -> etcdserverpb.ForwardAnswer
+	4,  // 20: etcdserverpb.KV.Range:input_type -> etcdserverpb.RangeRequest
+	2,  // 21: etcdserverpb.KV.Put:input_type -> etcdserverpb.PutRequest
+	6,  // 22: etcdserverpb.KV.DeleteRange:input_type -> etcdserverpb.DeleteRangeRequest
+	8,  // 23: etcdserverpb.KV.Txn:input_type -> etcdserverpb.TxnRequest
+	10, // 24: etcdserverpb.KV.Compact:input_type -> etcdserverpb.CompactionRequest
+	14, // 25: etcdserverpb.Maintenance.Status:input_type -> etcdserverpb.StatusRequest
+	19, // 26: etcdserverpb.GroveForward.Forward:input_type -> etcdserverpb.ForwardCalls
+	5,  // 27: etcdserverpb.KV.Range:output_type -> etcdserverpb.RangeResponse
+	13, // 28: etcdserverpb.KV.Put:output_type -> etcdserverpb.PutResponse
+	7,  // 29: etcdserverpb.KV.DeleteRange:output_type -> etcdserverpb.DeleteRangeResponse
+	9,  // 30: etcdserverpb.KV.Txn:output_type -> etcdserverpb.TxnResponse
+	11, // 31: etcdserverpb.KV.Compact:output_type -> etcdserverpb.CompactionResponse
+	15, // 32: etcdserverpb.Maintenance.Status:output_type -> etcdserverpb.StatusResponse
+	20, // 33: etcdserverpb.GroveForward.Forward:output_type -> etcdserverpb.ForwardAnswers
+	27, // [27:34] is the sub-list for method output_type
+	20, // [20:27] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_etcdpb_kv_proto_init() }
@@ -1178,15 +1613,26 @@ func file_etcdpb_kv_proto_init() {
 	if File_etcdpb_kv_proto != nil {
 		return
 	}
+	file_etcdpb_kv_proto_msgTypes[14].OneofWrappers = []any{
+		(*ForwardCall_Range)(nil),
+		(*ForwardCall_Put)(nil),
+		(*ForwardCall_DeleteRange)(nil),
+	}
+	file_etcdpb_kv_proto_msgTypes[15].OneofWrappers = []any{
+		(*ForwardAnswer_Range)(nil),
+		(*ForwardAnswer_Put)(nil),
+		(*ForwardAnswer_DeleteRange)(nil),
+		(*ForwardAnswer_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdpb_kv_proto_rawDesc), len(file_etcdpb_kv_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   19,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_etcdpb_kv_proto_goTypes,
 		DependencyIndexes: file_etcdpb_kv_proto_depIdxs,

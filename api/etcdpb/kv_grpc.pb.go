@@ -380,3 +380,99 @@ var Maintenance_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "etcdpb/kv.proto",
 }
+
+const (
+	GroveForward_Forward_FullMethodName = "/etcdserverpb.GroveForward/Forward"
+)
+
+// GroveForwardClient is the client API for GroveForward service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type GroveForwardClient interface {
+	Forward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardCalls, ForwardAnswers], error)
+}
+
+type groveForwardClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewGroveForwardClient(cc grpc.ClientConnInterface) GroveForwardClient {
+	return &groveForwardClient{cc}
+}
+
+func (c *groveForwardClient) Forward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardCalls, ForwardAnswers], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GroveForward_ServiceDesc.Streams[0], GroveForward_Forward_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardCalls, ForwardAnswers]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GroveForward_ForwardClient = grpc.BidiStreamingClient[ForwardCalls, ForwardAnswers]
+
+// GroveForwardServer is the server API for GroveForward service.
+// All implementations must embed UnimplementedGroveForwardServer
+// for forward compatibility.
+type GroveForwardServer interface {
+	Forward(grpc.BidiStreamingServer[ForwardCalls, ForwardAnswers]) error
+	mustEmbedUnimplementedGroveForwardServer()
+}
+
+// UnimplementedGroveForwardServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedGroveForwardServer struct{}
+
+func (UnimplementedGroveForwardServer) Forward(grpc.BidiStreamingServer[ForwardCalls, ForwardAnswers]) error {
+	return status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedGroveForwardServer) mustEmbedUnimplementedGroveForwardServer() {}
+func (UnimplementedGroveForwardServer) testEmbeddedByValue()                      {}
+
+// UnsafeGroveForwardServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to GroveForwardServer will
+// result in compilation errors.
+type UnsafeGroveForwardServer interface {
+	mustEmbedUnimplementedGroveForwardServer()
+}
+
+func RegisterGroveForwardServer(s grpc.ServiceRegistrar, srv GroveForwardServer) {
+	// If the following call panics, it indicates UnimplementedGroveForwardServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&GroveForward_ServiceDesc, srv)
+}
+
+func _GroveForward_Forward_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(GroveForwardServer).Forward(&grpc.GenericServerStream[ForwardCalls, ForwardAnswers]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GroveForward_ForwardServer = grpc.BidiStreamingServer[ForwardCalls, ForwardAnswers]
+
+// GroveForward_ServiceDesc is the grpc.ServiceDesc for GroveForward service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var GroveForward_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "etcdserverpb.GroveForward",
+	HandlerType: (*GroveForwardServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Forward",
+			Handler:       _GroveForward_Forward_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "etcdpb/kv.proto",
+}

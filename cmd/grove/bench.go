@@ -26,6 +26,11 @@ in the same run. Progress goes to standard error, results to standard output
   grove bench lock --rounds 3 --trials 7 -o json`,
 	}
 	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd(), benchRLDevCmd(), benchChunkCmd(), benchTreeCmd(), benchLogCmd())
+	cmd.PersistentPreRun = func(*cobra.Command, []string) {
+		if addr := pprofAddr(0); addr != "" {
+			fmt.Fprintf(os.Stderr, "Go profiles of this run: http://%s/debug/pprof/\n", addr)
+		}
+	}
 	return cmd
 }
 

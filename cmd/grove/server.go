@@ -76,11 +76,8 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 				fmt.Printf("node %d fenced itself (incarnation %d lost contact with a majority of observers); it comes back as a new incarnation\n", cfg.ID, inc)
 			})
 			fmt.Printf("node %d pid=%d grpc=%s beacon=%s config=%s logs=%s\n", cfg.ID, os.Getpid(), cfg.GRPCAddr, cfg.BeaconAddr, path, logFile)
-			if base, err := strconv.Atoi(os.Getenv("GROVE_PPROF_BASE")); err == nil && base > 0 {
-				// Go's profiler on 127.0.0.1:BASE+ID (a debugging aid, off by default).
-				addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(base+int(cfg.ID)))
+			if addr := pprofAddr(int(cfg.ID)); addr != "" {
 				log.Info("serving Go profiles (GROVE_PPROF_BASE)", "addr", "http://"+addr+"/debug/pprof/")
-				go func() { _ = http.ListenAndServe(addr, nil) }()
 			}
 			<-cmd.Context().Done()
 			log.Info("stopping")
@@ -108,4 +105,17 @@ func serverGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
+}
+
+// pprofAddr serves Go's profiler on 127.0.0.1:GROVE_PPROF_BASE+offset (a
+// debugging aid, off unless the variable is set; grove server uses its
+// node ID, grove bench 0) and returns the address ("" when off).
+func pprofAddr(offset int) string {
+	base, err := strconv.Atoi(os.Getenv("GROVE_PPROF_BASE"))
+	if err != nil || base <= 0 {
+		return ""
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(base+offset))
+	go func() { _ = http.ListenAndServe(addr, nil) }()
+	return addr
 }

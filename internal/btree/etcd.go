@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -52,6 +53,7 @@ import (
 // write whose answer is lost answers Unknown.
 type EtcdKV struct {
 	etcdpb.UnimplementedKVServer
+	etcdpb.UnimplementedGroveForwardServer
 	svc       *Service
 	tree      string
 	node      uint64
@@ -59,6 +61,19 @@ type EtcdKV struct {
 	conns     transport.Pool
 	forward   bool
 	closeOnce sync.Once
+	closing   context.Context // ends the forwarding streams
+	stop      context.CancelFunc
+	mu        sync.Mutex
+	links     map[string]*forwardLink // by home address
+	// Calls this node forwarded (answered by the home, or lost) and
+	// served for other nodes.
+	forwardedOut, forwardedIn atomic.Uint64
+}
+
+// ForwardStats are the endpoint's forwarding counts: calls this node
+// forwarded to a home node, and calls it served as the home.
+func (e *EtcdKV) ForwardStats() (out, in uint64) {
+	return e.forwardedOut.Load(), e.forwardedIn.Load()
 }
 
 // DefaultEtcdTree is the tree the endpoint serves by default.
@@ -70,7 +85,8 @@ func NewEtcdKV(svc *Service, tree string, forward bool) *EtcdKV {
 	if tree == "" {
 		tree = DefaultEtcdTree
 	}
-	e := &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node, forward: forward}
+	e := &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node, forward: forward, links: map[string]*forwardLink{}}
+	e.closing, e.stop = context.WithCancel(context.Background())
 	if forward && svc.cfg.Meta != nil {
 		e.book = meta.NewAddressBook(svc.cfg.Meta)
 	}
@@ -83,6 +99,12 @@ func (e *EtcdKV) Close() {
 		if e.book != nil {
 			e.book.Close()
 		}
+		e.stop()
+		e.mu.Lock()
+		for _, l := range e.links {
+			l.closeLink()
+		}
+		e.mu.Unlock()
 		e.conns.Close()
 	})
 }
@@ -109,15 +131,15 @@ func Home(tree string, nodes []uint64) uint64 {
 	return best
 }
 
-// peer returns the home's KV client if the call should go there: the home
+// peer returns the link to the home if the call should go there: the home
 // is another node, the call was not forwarded already, and the connection
 // to the home is up (nothing is sent otherwise: the caller serves it).
-func (e *EtcdKV) peer(ctx context.Context) (etcdpb.KVClient, context.Context, bool) {
+func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 	if e.book == nil {
-		return nil, nil, false
+		return nil, false
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
-		return nil, nil, false
+		return nil, false
 	}
 	nodes := e.book.Nodes()
 	ids := make([]uint64, 0, len(nodes))
@@ -126,18 +148,28 @@ func (e *EtcdKV) peer(ctx context.Context) (etcdpb.KVClient, context.Context, bo
 	}
 	home := Home(e.tree, ids)
 	if home == 0 || home == e.node {
-		return nil, nil, false
+		return nil, false
 	}
-	cc, err := e.conns.Get(nodes[home])
+	addr := nodes[home]
+	cc, err := e.conns.Get(addr)
 	if err != nil {
-		return nil, nil, false
+		return nil, false
 	}
 	if cc.GetState() != connectivity.Ready {
 		cc.Connect() // for the next call
-		return nil, nil, false
+		return nil, false
 	}
-	return etcdpb.NewKVClient(cc), metadata.AppendToOutgoingContext(ctx, forwardedKey, strconv.FormatUint(e.node, 10)), true
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l := e.links[addr]
+	if l == nil || l.cc != cc {
+		l = &forwardLink{cc: cc, close: e.closing, sent: &e.forwardedOut}
+		e.links[addr] = l
+	}
+	return l, true
 }
+
+func uintString(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // forwarded maps a forwarded call's failure: an answer from the home passes
 // through; a lost one is Unknown for a write (it may have been applied)
@@ -229,15 +261,18 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 	if err != nil {
 		return nil, err
 	}
-	if kv, fctx, ok := e.peer(ctx); ok {
-		resp, err := kv.Range(fctx, r)
-		if err == nil {
-			return resp, nil
-		}
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+	if l, ok := e.peer(ctx); ok {
+		ans, err := l.call(ctx, e.node, &etcdpb.ForwardCall{Op: &etcdpb.ForwardCall_Range{Range: r}})
+		switch {
+		case err == nil && ans.GetRange() != nil:
+			return ans.GetRange(), nil
+		case err == nil:
+			return nil, status.Error(codes.Internal, "etcd endpoint: the home node answered a range with something else")
+		case errors.Is(err, errNotSent):
+		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
 			return nil, forwarded(err, false)
 		}
-		// The home did not answer: a read may be served here instead.
+		// Not sent, or the home did not answer: a read may be served here.
 	}
 	out := &etcdpb.RangeResponse{Header: e.header()}
 	if er.empty {
@@ -352,12 +387,17 @@ func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResp
 	if r.IgnoreValue {
 		return nil, status.Error(codes.Unimplemented, "grove etcd endpoint: ignore_value is not supported")
 	}
-	if kv, fctx, ok := e.peer(ctx); ok {
-		resp, err := kv.Put(fctx, r)
-		if err != nil {
+	if l, ok := e.peer(ctx); ok {
+		ans, err := l.call(ctx, e.node, &etcdpb.ForwardCall{Op: &etcdpb.ForwardCall_Put{Put: r}})
+		if err == nil && ans.GetPut() != nil {
+			return ans.GetPut(), nil
+		}
+		if err == nil {
+			return nil, status.Error(codes.Unknown, "etcd endpoint: the home node answered with something else")
+		}
+		if !errors.Is(err, errNotSent) {
 			return nil, forwarded(err, true)
 		}
-		return resp, nil
 	}
 	srv, t, err := e.open(ctx)
 	if err != nil {
@@ -381,12 +421,17 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if kv, fctx, ok := e.peer(ctx); ok {
-		resp, err := kv.DeleteRange(fctx, r)
-		if err != nil {
+	if l, ok := e.peer(ctx); ok {
+		ans, err := l.call(ctx, e.node, &etcdpb.ForwardCall{Op: &etcdpb.ForwardCall_DeleteRange{DeleteRange: r}})
+		if err == nil && ans.GetDeleteRange() != nil {
+			return ans.GetDeleteRange(), nil
+		}
+		if err == nil {
+			return nil, status.Error(codes.Unknown, "etcd endpoint: the home node answered with something else")
+		}
+		if !errors.Is(err, errNotSent) {
 			return nil, forwarded(err, true)
 		}
-		return resp, nil
 	}
 	out := &etcdpb.DeleteRangeResponse{Header: e.header()}
 	if er.empty {

@@ -236,6 +236,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
 	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
 	etcdpb.RegisterKVServer(n.grpc, n.etcd)
+	etcdpb.RegisterGroveForwardServer(n.grpc, n.etcd)
 	go n.grpc.Serve(n.guard)
 
 	keys, err := cfg.Keyring()
@@ -526,6 +527,9 @@ func (n *Node) Locks() *lock.Service { return n.locks }
 
 // BTree is the node's B-tree role.
 func (n *Node) BTree() *btree.Service { return n.btree }
+
+// Etcd is the node's etcd-compatible endpoint (nil without a B-tree role).
+func (n *Node) Etcd() *btree.EtcdKV { return n.etcd }
 
 // Crash stops the node as a crash would, as far as a process can in
 // itself: the B-tree role stops without writing anything back, then every

@@ -1,0 +1,318 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/grovestore/grove/api/etcdpb"
+)
+
+// The etcd endpoint's forwarding (see EtcdKV): a node keeps one gRPC stream
+// to each home node it forwards to, and sends each call as one message with
+// an id; the home serves every call at once, in its own goroutine, and
+// answers it as it completes. A forwarded call thus costs a share of two
+// messages on an open stream — no stream set-up, no headers; the calls
+// (answers) ready when a message goes out travel together, so that under
+// load one socket write carries several — where a unary call cost a
+// stream of its own. One slow call (a put waiting for a dead server's
+// recovery) holds up no other.
+//
+// Outcomes: a call not sent (the connection or the stream could not be
+// had) is served by the receiving node itself, as before; a call sent
+// whose answer never came (the stream broke, the caller's time ran out) is
+// Unavailable for a read (the node may then serve it itself) and Unknown
+// for a write, whose outcome the home alone knew.
+
+// forwardLink is this node's stream to one home node.
+type forwardLink struct {
+	cc    *grpc.ClientConn
+	close context.Context // ends with the endpoint
+
+	mu     sync.Mutex
+	stream *forwardStream // nil: none open
+	sent   *atomic.Uint64 // the endpoint's count
+}
+
+// forwardStream is one open stream and the calls waiting on it.
+type forwardStream struct {
+	s      etcdpb.GroveForward_ForwardClient
+	cancel context.CancelFunc
+	out    outbox[*etcdpb.ForwardCall]
+
+	mu    sync.Mutex
+	next  uint64
+	waits map[uint64]chan forwardResult
+	err   error // set once it broke: no more calls
+}
+
+type forwardResult struct {
+	ans *etcdpb.ForwardAnswer
+	err error
+}
+
+// errNotSent: the call was not sent (no stream to the home could be had).
+var errNotSent = errors.New("etcd endpoint: no stream to the tree's home node")
+
+// outbox gathers what is ready to go; one sender sends all it finds in one
+// message.
+type outbox[T any] struct {
+	mu    sync.Mutex
+	items []T
+	kick  chan struct{}
+}
+
+func newOutbox[T any]() outbox[T] { return outbox[T]{kick: make(chan struct{}, 1)} }
+
+func (o *outbox[T]) put(x T) {
+	o.mu.Lock()
+	o.items = append(o.items, x)
+	o.mu.Unlock()
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox[T]) take() []T {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	items := o.items
+	o.items = nil
+	return items
+}
+
+// sendAll sends what the outbox holds, one message at a time, until done
+// closes (then what is left is sent too) or a send fails (returned, with
+// the items it was sending).
+func (o *outbox[T]) sendAll(done <-chan struct{}, send func([]T) error) ([]T, error) {
+	for {
+		select {
+		case <-o.kick:
+		case <-done:
+			if items := o.take(); len(items) > 0 {
+				return items, send(items)
+			}
+			return nil, nil
+		}
+		for items := o.take(); len(items) > 0; items = o.take() {
+			if err := send(items); err != nil {
+				return items, err
+			}
+		}
+	}
+}
+
+// streamLocked returns the open stream, opening one if there is none.
+func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
+	if l.stream != nil {
+		l.stream.mu.Lock()
+		broken := l.stream.err != nil
+		l.stream.mu.Unlock()
+		if !broken {
+			return l.stream, nil
+		}
+		l.stream = nil
+	}
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(l.close, forwardedKey, uintString(self)))
+	s, err := etcdpb.NewGroveForwardClient(l.cc).Forward(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	fs := &forwardStream{s: s, cancel: cancel, out: newOutbox[*etcdpb.ForwardCall](), waits: map[uint64]chan forwardResult{}}
+	l.stream = fs
+	go fs.receive()
+	go fs.send(ctx.Done())
+	return fs, nil
+}
+
+// send sends the queued calls until the stream ends.
+func (fs *forwardStream) send(done <-chan struct{}) {
+	failed, err := fs.out.sendAll(done, func(calls []*etcdpb.ForwardCall) error {
+		return fs.s.Send(&etcdpb.ForwardCalls{Calls: calls})
+	})
+	if err == nil {
+		err = errors.New("the stream was closed")
+	}
+	// The calls of the failed message may have gone out (Unavailable: a
+	// read may be served here, a write's outcome is unknown); those still
+	// queued were not sent.
+	_ = failed // (they learn the stream's error)
+	fs.broke(status.Errorf(codes.Unavailable, "etcd endpoint: sending to the tree's home node: %v", err), fs.out.take())
+}
+
+// broke ends the stream: every call waiting learns err, but those never
+// sent, which learn errNotSent.
+func (fs *forwardStream) broke(err error, unsent []*etcdpb.ForwardCall) {
+	fs.mu.Lock()
+	if fs.err == nil {
+		fs.err = err
+	}
+	for _, c := range unsent {
+		if ch := fs.waits[c.Id]; ch != nil {
+			ch <- forwardResult{err: errNotSent}
+			delete(fs.waits, c.Id)
+		}
+	}
+	for id, ch := range fs.waits {
+		ch <- forwardResult{err: fs.err}
+		delete(fs.waits, id)
+	}
+	fs.mu.Unlock()
+	fs.cancel()
+}
+
+// receive hands each answer to its waiting call until the stream breaks.
+func (fs *forwardStream) receive() {
+	for {
+		m, err := fs.s.Recv()
+		if err != nil {
+			fs.broke(status.Errorf(codes.Unavailable, "etcd endpoint: the stream to the tree's home node broke: %v", err), nil)
+			return
+		}
+		fs.mu.Lock()
+		for _, ans := range m.Answers {
+			if ch := fs.waits[ans.Id]; ch != nil {
+				delete(fs.waits, ans.Id)
+				ch <- forwardResult{ans: ans}
+			}
+		}
+		fs.mu.Unlock()
+	}
+}
+
+// call forwards c and waits for its answer. errNotSent: nothing was sent.
+func (l *forwardLink) call(ctx context.Context, self uint64, c *etcdpb.ForwardCall) (*etcdpb.ForwardAnswer, error) {
+	l.mu.Lock()
+	fs, err := l.streamLocked(self)
+	l.mu.Unlock()
+	if err != nil {
+		return nil, errNotSent
+	}
+	ch := make(chan forwardResult, 1)
+	if d, ok := ctx.Deadline(); ok {
+		c.TimeoutUs = max(time.Until(d).Microseconds(), 1)
+	}
+	fs.mu.Lock()
+	if fs.err != nil {
+		fs.mu.Unlock()
+		return nil, errNotSent
+	}
+	fs.next++
+	c.Id = fs.next
+	fs.waits[c.Id] = ch
+	fs.mu.Unlock()
+	fs.out.put(c)
+	l.sent.Add(1)
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		if fe := r.ans.GetError(); fe != nil {
+			if fe.NotApplied {
+				return nil, NotAppliedError(codes.Code(fe.Code), fe.Message)
+			}
+			return nil, status.Error(codes.Code(fe.Code), fe.Message)
+		}
+		return r.ans, nil
+	case <-ctx.Done():
+		fs.mu.Lock()
+		delete(fs.waits, c.Id)
+		fs.mu.Unlock()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// closeLink ends the link's stream (the endpoint closes).
+func (l *forwardLink) closeLink() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stream != nil {
+		l.stream.cancel()
+		l.stream = nil
+	}
+}
+
+// Forward serves the calls another node forwards to this one, the tree's
+// home (GroveForward). Each runs at once, in its own goroutine, with the
+// caller's remaining time; its answer goes back when it completes, with
+// whatever other answers are ready then.
+func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
+	ctx := stream.Context()
+	out := newOutbox[*etcdpb.ForwardAnswer]()
+	done := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		_, _ = out.sendAll(done, func(answers []*etcdpb.ForwardAnswer) error {
+			return stream.Send(&etcdpb.ForwardAnswers{Answers: answers}) // (broken: its caller learns it)
+		})
+	}()
+	var wg sync.WaitGroup
+	defer func() { // no Send after the handler returns
+		wg.Wait()
+		close(done)
+		<-sent
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		for _, c := range m.Calls {
+			wg.Add(1)
+			e.forwardedIn.Add(1)
+			go func() {
+				defer wg.Done()
+				cctx, cancel := ctx, context.CancelFunc(func() {})
+				if c.TimeoutUs > 0 {
+					cctx, cancel = context.WithTimeout(ctx, time.Duration(c.TimeoutUs)*time.Microsecond)
+				}
+				ans := e.serveForwarded(cctx, c)
+				cancel()
+				ans.Id = c.Id
+				out.put(ans)
+			}()
+		}
+	}
+}
+
+// serveForwarded runs one forwarded call here (ctx carries the forwarded
+// mark: it is not forwarded again).
+func (e *EtcdKV) serveForwarded(ctx context.Context, c *etcdpb.ForwardCall) *etcdpb.ForwardAnswer {
+	var err error
+	ans := &etcdpb.ForwardAnswer{}
+	switch op := c.Op.(type) {
+	case *etcdpb.ForwardCall_Range:
+		var r *etcdpb.RangeResponse
+		if r, err = e.Range(ctx, op.Range); err == nil {
+			ans.Result = &etcdpb.ForwardAnswer_Range{Range: r}
+		}
+	case *etcdpb.ForwardCall_Put:
+		var r *etcdpb.PutResponse
+		if r, err = e.Put(ctx, op.Put); err == nil {
+			ans.Result = &etcdpb.ForwardAnswer_Put{Put: r}
+		}
+	case *etcdpb.ForwardCall_DeleteRange:
+		var r *etcdpb.DeleteRangeResponse
+		if r, err = e.DeleteRange(ctx, op.DeleteRange); err == nil {
+			ans.Result = &etcdpb.ForwardAnswer_DeleteRange{DeleteRange: r}
+		}
+	default:
+		err = status.Error(codes.InvalidArgument, "etcd endpoint: a forwarded call without an operation")
+	}
+	if err != nil {
+		st := status.Convert(err)
+		ans.Result = &etcdpb.ForwardAnswer_Error{Error: &etcdpb.ForwardError{Code: uint32(st.Code()), Message: st.Message(), NotApplied: IsNotApplied(st)}}
+	}
+	return ans
+}
