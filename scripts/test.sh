@@ -18,10 +18,13 @@ if ! command -v go >/dev/null; then
 fi
 export GOFLAGS=${GOFLAGS:-}
 
-echo "== go mod download"
+# Each phase's header says how long the run has taken so far (planning the
+# suite's time: it should stay near 15 minutes on a 2-core machine).
+phase() { echo "== $* [$((SECONDS / 60))m$((SECONDS % 60))s]"; }
+phase "go mod download"
 go mod download
 
-echo "== gofmt / go vet"
+phase "gofmt / go vet"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
@@ -50,7 +53,7 @@ if ! command -v etcdctl >/dev/null || ! command -v etcd >/dev/null; then
   fi
 fi
 
-echo "== tests"
+phase "tests"
 # The container test (cmd/grove.TestDockerCompose) runs where a docker
 # engine and docker-compose answer; GROVE_DOCKER=0 skips it.
 if [ -z "${GROVE_DOCKER:-}" ]; then
@@ -63,7 +66,7 @@ if [ -z "${GROVE_DOCKER:-}" ]; then
 fi
 go test -count=1 -timeout 20m ./...
 
-echo "== race detector (protocol packages, fewer simulation seeds)"
+phase "race detector (protocol packages, fewer simulation seeds)"
 # -short: the oracles' teeth sweeps are single-threaded simulations; they
 # run once in the full suite above.
 GROVE_SEEDS=${GROVE_RACE_SEEDS:-40} go test -count=1 -race -short -timeout 20m ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/...
@@ -79,7 +82,7 @@ GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} go test -count=1 -race -short -timeo
 # server runtime in the simulator, under the race detector.
 GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode' ./internal/btree/...
 
-echo "== fuzz (short)"
+phase "fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report
 # "context deadline exceeded" (and fail) when a duration -fuzztime expires
 # while a worker is mid-call (golang/go#75804, fixed in Go 1.27); a count has
@@ -101,7 +104,7 @@ fuzz FuzzDecodeMap ./internal/chunk
 fuzz FuzzDecodeLog ./internal/txn
 fuzz FuzzDecodeNode ./internal/btree
 
-echo "== fault suite (short): three grove servers and a client in network namespaces"
+phase "fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root
 # and the kernel's network namespaces (CI runs as root). GROVE_FAULTS=off
 # skips it; scripts/faults.sh runs the full version.
@@ -113,4 +116,4 @@ else
   bash scripts/faults.sh "${GROVE_FAULTS:-short}"
 fi
 
-echo "== all tests passed"
+phase "all tests passed"
