@@ -165,6 +165,12 @@ func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 	if l == nil || l.cc != cc {
 		l = &forwardLink{cc: cc, close: e.closing, sent: &e.forwardedOut}
 		e.links[addr] = l
+		for a, old := range e.links { // one tree, one home: a former home's stream goes
+			if a != addr {
+				old.closeLink()
+				delete(e.links, a)
+			}
+		}
 	}
 	return l, true
 }

@@ -11,8 +11,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/grovestore/grove/api/etcdpb"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // The etcd endpoint's forwarding (see EtcdKV): a node keeps one gRPC stream
@@ -49,8 +51,14 @@ type forwardStream struct {
 
 	mu    sync.Mutex
 	next  uint64
-	waits map[uint64]chan forwardResult
+	waits map[uint64]forwardWait
 	err   error // set once it broke: no more calls
+}
+
+// forwardWait is a call's caller, waiting.
+type forwardWait struct {
+	ch       chan forwardResult
+	deadline time.Time // zero: none
 }
 
 type forwardResult struct {
@@ -61,15 +69,29 @@ type forwardResult struct {
 // errNotSent: the call was not sent (no stream to the home could be had).
 var errNotSent = errors.New("etcd endpoint: no stream to the tree's home node")
 
-// outbox gathers what is ready to go; one sender sends all it finds in one
-// message.
-type outbox[T any] struct {
+// outbox gathers what is ready to go; one sender sends what it finds in
+// one message, up to forwardBatchBytes (a message must stay well under the
+// nodes' transport.MaxMessage; an item alone is never larger: see
+// forwardCallMax, forwardAnswerMax).
+type outbox[T proto.Message] struct {
 	mu    sync.Mutex
 	items []T
 	kick  chan struct{}
 }
 
-func newOutbox[T any]() outbox[T] { return outbox[T]{kick: make(chan struct{}, 1)} }
+const (
+	forwardBatchBytes = 4 << 20
+	// forwardCallMax bounds a call sent on the stream: no call the tree
+	// accepts is larger (a key of 1 KiB, a value within a 256 KiB node);
+	// a larger one is served where it landed (and refused there), so
+	// that it never holds the stream's small calls up behind it.
+	forwardCallMax = 1 << 20
+	// forwardAnswerMax bounds an answer: a larger one is replaced by an
+	// error (the unary path would have failed it too).
+	forwardAnswerMax = transport.MaxMessage - 64<<10
+)
+
+func newOutbox[T proto.Message]() outbox[T] { return outbox[T]{kick: make(chan struct{}, 1)} }
 
 func (o *outbox[T]) put(x T) {
 	o.mu.Lock()
@@ -84,8 +106,18 @@ func (o *outbox[T]) put(x T) {
 func (o *outbox[T]) take() []T {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	items := o.items
-	o.items = nil
+	n, size := 0, 0
+	for ; n < len(o.items); n++ {
+		sz := proto.Size(o.items[n])
+		if n > 0 && size+sz > forwardBatchBytes {
+			break
+		}
+		size += sz
+	}
+	items := o.items[:n:n]
+	if o.items = o.items[n:]; len(o.items) == 0 {
+		o.items = nil
+	}
 	return items
 }
 
@@ -97,8 +129,10 @@ func (o *outbox[T]) sendAll(done <-chan struct{}, send func([]T) error) ([]T, er
 		select {
 		case <-o.kick:
 		case <-done:
-			if items := o.take(); len(items) > 0 {
-				return items, send(items)
+			for items := o.take(); len(items) > 0; items = o.take() {
+				if err := send(items); err != nil {
+					return items, err
+				}
 			}
 			return nil, nil
 		}
@@ -127,7 +161,7 @@ func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
 		cancel()
 		return nil, err
 	}
-	fs := &forwardStream{s: s, cancel: cancel, out: newOutbox[*etcdpb.ForwardCall](), waits: map[uint64]chan forwardResult{}}
+	fs := &forwardStream{s: s, cancel: cancel, out: newOutbox[*etcdpb.ForwardCall](), waits: map[uint64]forwardWait{}}
 	l.stream = fs
 	go fs.receive()
 	go fs.send(ctx.Done())
@@ -137,7 +171,27 @@ func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
 // send sends the queued calls until the stream ends.
 func (fs *forwardStream) send(done <-chan struct{}) {
 	failed, err := fs.out.sendAll(done, func(calls []*etcdpb.ForwardCall) error {
-		return fs.s.Send(&etcdpb.ForwardCalls{Calls: calls})
+		// A call whose caller gave up is not sent (gRPC would not send an
+		// expired unary call either); the others carry the time left now.
+		now := time.Now()
+		live := calls[:0:0]
+		fs.mu.Lock()
+		for _, c := range calls {
+			w, ok := fs.waits[c.Id]
+			switch {
+			case !ok:
+			case w.deadline.IsZero():
+				live = append(live, c)
+			case now.Before(w.deadline):
+				c.TimeoutUs = max(w.deadline.Sub(now).Microseconds(), 1)
+				live = append(live, c)
+			}
+		}
+		fs.mu.Unlock()
+		if len(live) == 0 {
+			return nil
+		}
+		return fs.s.Send(&etcdpb.ForwardCalls{Calls: live})
 	})
 	if err == nil {
 		err = errors.New("the stream was closed")
@@ -157,13 +211,13 @@ func (fs *forwardStream) broke(err error, unsent []*etcdpb.ForwardCall) {
 		fs.err = err
 	}
 	for _, c := range unsent {
-		if ch := fs.waits[c.Id]; ch != nil {
-			ch <- forwardResult{err: errNotSent}
+		if w, ok := fs.waits[c.Id]; ok {
+			w.ch <- forwardResult{err: errNotSent}
 			delete(fs.waits, c.Id)
 		}
 	}
-	for id, ch := range fs.waits {
-		ch <- forwardResult{err: fs.err}
+	for id, w := range fs.waits {
+		w.ch <- forwardResult{err: fs.err}
 		delete(fs.waits, id)
 	}
 	fs.mu.Unlock()
@@ -180,9 +234,9 @@ func (fs *forwardStream) receive() {
 		}
 		fs.mu.Lock()
 		for _, ans := range m.Answers {
-			if ch := fs.waits[ans.Id]; ch != nil {
+			if w, ok := fs.waits[ans.Id]; ok {
 				delete(fs.waits, ans.Id)
-				ch <- forwardResult{ans: ans}
+				w.ch <- forwardResult{ans: ans}
 			}
 		}
 		fs.mu.Unlock()
@@ -197,10 +251,11 @@ func (l *forwardLink) call(ctx context.Context, self uint64, c *etcdpb.ForwardCa
 	if err != nil {
 		return nil, errNotSent
 	}
-	ch := make(chan forwardResult, 1)
-	if d, ok := ctx.Deadline(); ok {
-		c.TimeoutUs = max(time.Until(d).Microseconds(), 1)
+	if proto.Size(c) > forwardCallMax {
+		return nil, errNotSent // (served where it landed)
 	}
+	ch := make(chan forwardResult, 1)
+	d, _ := ctx.Deadline()
 	fs.mu.Lock()
 	if fs.err != nil {
 		fs.mu.Unlock()
@@ -208,7 +263,7 @@ func (l *forwardLink) call(ctx context.Context, self uint64, c *etcdpb.ForwardCa
 	}
 	fs.next++
 	c.Id = fs.next
-	fs.waits[c.Id] = ch
+	fs.waits[c.Id] = forwardWait{ch: ch, deadline: d}
 	fs.mu.Unlock()
 	fs.out.put(c)
 	l.sent.Add(1)
@@ -280,6 +335,10 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 				ans := e.serveForwarded(cctx, c)
 				cancel()
 				ans.Id = c.Id
+				if proto.Size(ans) > forwardAnswerMax {
+					ans.Result = &etcdpb.ForwardAnswer_Error{Error: &etcdpb.ForwardError{Code: uint32(codes.ResourceExhausted),
+						Message: "etcd endpoint: the answer is larger than a message may be (read the range with a limit)"}}
+				}
 				out.put(ans)
 			}()
 		}
