@@ -1419,11 +1419,15 @@ func (x *ChunkServiceCommitResponse) GetError() string {
 }
 
 type ChunkServiceWriteResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Result ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error  string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// On success: an earlier attempt of one of the write's RLDev writes
+	// was sent and not answered, and may still land later under the same
+	// fence (the writer renews its token and writes again).
+	EarlierMayLand bool `protobuf:"varint,3,opt,name=earlier_may_land,json=earlierMayLand,proto3" json:"earlier_may_land,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ChunkServiceWriteResponse) Reset() {
@@ -1468,6 +1472,13 @@ func (x *ChunkServiceWriteResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ChunkServiceWriteResponse) GetEarlierMayLand() bool {
+	if x != nil {
+		return x.EarlierMayLand
+	}
+	return false
 }
 
 type ChunkServiceStatRequest struct {
@@ -1862,10 +1873,11 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x04live\x18\x03 \x03(\x04R\x04live\"a\n" +
 	"\x1aChunkServiceCommitResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"`\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x8a\x01\n" +
 	"\x19ChunkServiceWriteResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"9\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12(\n" +
+	"\x10earlier_may_land\x18\x03 \x01(\bR\x0eearlierMayLand\"9\n" +
 	"\x17ChunkServiceStatRequest\x12\x0e\n" +
 	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\xe1\x03\n" +

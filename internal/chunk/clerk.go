@@ -387,7 +387,9 @@ func (c *Clerk) WriteFencedReport(ctx context.Context, h Handle, off uint64, dat
 				return node, err
 			}
 			err = ResultError(r.Result, r.Error)
-			if errors.Is(err, ErrMaybeDone) {
+			if errors.Is(err, ErrMaybeDone) || r.EarlierMayLand {
+				// (the manager's own RLDev write retried an attempt it
+				// sent and got no answer to: that attempt may land too)
 				maybe = true
 			}
 			return node, err

@@ -414,14 +414,24 @@ func (s *Service) readBlocks(ctx context.Context, rl, block, blocks uint64) ([]b
 // writeBlocks writes data (whole blocks) at block of RLDev rl, in requests
 // of at most rldev.MaxIO, each durable on both replicas before the next.
 func (s *Service) writeBlocks(ctx context.Context, rl, block uint64, data []byte, fence *rldev.Fence) error {
+	_, err := s.writeBlocksReport(ctx, rl, block, data, fence)
+	return err
+}
+
+// writeBlocksReport is writeBlocks that also reports whether an earlier,
+// unanswered attempt of one of its RLDev writes may still land.
+func (s *Service) writeBlocksReport(ctx context.Context, rl, block uint64, data []byte, fence *rldev.Fence) (bool, error) {
+	maybe := false
 	for len(data) > 0 {
 		n := min(len(data), rldev.MaxIO)
-		if err := s.cfg.RLDev.Write(ctx, rl, block*BlockSize, data[:n], rldev.WriteOptions{Fence: fence}); err != nil {
-			return err
+		m, err := s.cfg.RLDev.WriteReport(ctx, rl, block*BlockSize, data[:n], rldev.WriteOptions{Fence: fence})
+		maybe = maybe || m
+		if err != nil {
+			return maybe, err
 		}
 		block, data = block+uint64(n/BlockSize), data[n:]
 	}
-	return nil
+	return maybe, nil
 }
 
 var zeros = make([]byte, rldev.MaxIO)
@@ -443,6 +453,7 @@ type syncIO struct {
 	s     *Service
 	ctx   context.Context
 	fence *rldev.Fence // the client's, on its chunk writes
+	maybe *bool        // set if an earlier attempt of a write may still land
 }
 
 func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
@@ -457,7 +468,11 @@ func (x syncIO) readBlocks(rl, block, blocks uint64, done func([]byte, error)) {
 }
 
 func (x syncIO) writeBlocks(rl, block uint64, data []byte, done func(error)) {
-	done(x.s.writeBlocks(x.ctx, rl, block, data, x.fence))
+	m, err := x.s.writeBlocksReport(x.ctx, rl, block, data, x.fence)
+	if m && x.maybe != nil {
+		*x.maybe = true
+	}
+	done(err)
 }
 
 // ------------------------------------------------------------------ table
@@ -847,7 +862,7 @@ func (s *Service) read(ctx context.Context, r *pb.ChunkServiceReadRequest) ([]by
 	ctx, cancel := s.ioCtx(ctx, g)
 	defer cancel()
 	var data []byte
-	readChunk(syncIO{s, ctx, nil}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
+	readChunk(syncIO{s: s, ctx: ctx}, ext, r.Offset, r.Length, func(b []byte, e error) { data, err = b, e })
 	s.finished(g, mg, h.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading chunk %s: %v", ErrFailed, h, err)
@@ -860,15 +875,16 @@ func (s *Service) read(ctx context.Context, r *pb.ChunkServiceReadRequest) ([]by
 
 // Write serves a chunk write (at either manager of its pair).
 func (s *Service) Write(ctx context.Context, r *pb.ChunkServiceWriteRequest) (*pb.ChunkServiceWriteResponse, error) {
-	err := s.write(ctx, r)
+	var maybe bool
+	err := s.write(ctx, r, &maybe)
 	if e := rpcErr(ctx, err); e != nil {
 		return nil, e
 	}
 	code, text := resultOf(err)
-	return &pb.ChunkServiceWriteResponse{Result: code, Error: text}, nil
+	return &pb.ChunkServiceWriteResponse{Result: code, Error: text, EarlierMayLand: maybe && err == nil}, nil
 }
 
-func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest) error {
+func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest, maybe *bool) error {
 	h, err := handleOf(r.Cm, r.Id)
 	if err == nil {
 		err = ioRange(r.Offset, uint64(len(r.Data)))
@@ -892,7 +908,7 @@ func (s *Service) write(ctx context.Context, r *pb.ChunkServiceWriteRequest) err
 	if r.FenceName != "" {
 		fence = &rldev.Fence{Name: r.FenceName, Token: tokenOf(r.FenceToken)}
 	}
-	writeChunk(syncIO{s, ctx, fence}, ext, r.Offset, r.Data, func(e error) { err = e })
+	writeChunk(syncIO{s, ctx, fence, maybe}, ext, r.Offset, r.Data, func(e error) { err = e })
 	s.finished(g, mg, h.ID)
 	if err != nil && fence != nil && (errors.Is(err, rldev.ErrStaleToken) || errors.Is(err, lock.ErrStaleToken)) {
 		return fmt.Errorf("%w: writing chunk %s under %s %v: %v", ErrFenced, h, fence.Name, fence.Token, err)

@@ -130,8 +130,18 @@ type WriteOptions struct {
 // of RLDev id, durably on both replicas (on the one alone in degraded
 // mode) when it returns nil.
 func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteOptions) error {
+	_, err := c.WriteReport(ctx, id, off, data, o)
+	return err
+}
+
+// WriteReport is Write that also reports, on success, whether an earlier
+// attempt of the write (sent, its answer never received, then retried)
+// may still land later, under the same fence: a writer that hands its
+// lock on must then write again under a newer token (the chunk store
+// passes this on to its clients: chunk.Clerk.WriteFencedReport).
+func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o WriteOptions) (earlierMayLand bool, _ error) {
 	if _, _, err := blockRange(off, uint64(len(data))); err != nil {
-		return fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
+		return false, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
 	}
 	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
 	maybe := false
@@ -158,7 +168,7 @@ func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteO
 	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
 	}
-	return err
+	return maybe, err
 }
 
 // Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of
@@ -254,8 +264,20 @@ func (c *Clerk) retry(ctx context.Context, id uint64, what string, attempt func(
 // dataClient is how reads and writes reach node.
 func (c *Clerk) dataClient(ctx context.Context, node NodeID) (dataClient, error) {
 	if c.opts.DataPath == DataPathGRPC {
-		cl, err := c.client(ctx, node)
-		return grpcData{cl}, err
+		a, err := c.addr(ctx, node)
+		if err != nil {
+			return nil, err
+		}
+		cc, err := c.conns.Get(a)
+		if err != nil {
+			return nil, err
+		}
+		// A connection that is down sends nothing: an attempt that finds
+		// it so is not one that "may have arrived" (WriteReport).
+		if !transport.Ready(ctx, cc, 2*time.Second) {
+			return nil, fmt.Errorf("node %d at %s: not connected", node, a)
+		}
+		return grpcData{pb.NewRLDevServiceClient(cc)}, nil
 	}
 	a, err := c.addr(ctx, node)
 	if err != nil {
