@@ -27,6 +27,9 @@ in the same run. Progress goes to standard error, results to standard output
 	}
 	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd(), benchRLDevCmd(), benchChunkCmd(), benchTreeCmd(), benchLogCmd())
 	cmd.PersistentPreRun = func(*cobra.Command, []string) {
+		// The benchmarks' in-process clusters run with the garbage
+		// collector's setting a grove server has (GOGC=400 unless set).
+		serverGC()
 		if addr := pprofAddr(0); addr != "" {
 			fmt.Fprintf(os.Stderr, "Go profiles of this run: http://%s/debug/pprof/\n", addr)
 		}
