@@ -791,7 +791,9 @@ func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) 
 }
 
 // markDropped marks a tree's anchor dropped (nothing if it is already).
-func (s *Server) markDropped(ctx context.Context, st *TreeStore) error {
+func (s *Server) markDropped(ctx context.Context, st *TreeStore) error { return markDropped(ctx, st) }
+
+func markDropped(ctx context.Context, st *TreeStore) error {
 	a, err := st.lockAnchor(ctx)
 	if err != nil {
 		return err
@@ -896,29 +898,38 @@ func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 	// and every one that began before has ended), so the walk needs no
 	// lock, and servers that still know the tree by name read the dropped
 	// anchor meanwhile and look the name up again.
+	if err := freeDropped(ctx, st, s.cfg.Chunks.Free); err != nil {
+		return err
+	}
+	return done()
+}
+
+// freeDropped frees the chunks of a tree whose anchor is marked dropped
+// (markDropped), DropWait after the mark: its nodes in dropOrder, then
+// its anchor (nothing if another server freed it already).
+func freeDropped(ctx context.Context, st *TreeStore, free func(context.Context, Handle) error) error {
 	a, err := st.lockAnchor(ctx)
 	if errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
-		return done()
+		return nil
 	}
 	if err != nil {
 		return err
 	}
-	st.Unlock(e.Anchor, lock.Exclusive)
+	st.Unlock(st.anchor, lock.Exclusive)
+	if !a.Dropped {
+		return fmt.Errorf("btree: freeing tree %v, whose anchor is not marked dropped", st.anchor)
+	}
 	order, err := dropOrder(ctx, st, a)
 	if err != nil {
 		return err
 	}
-	for _, h := range order {
-		if err := s.cfg.Chunks.Free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
+	for _, h := range append(order, st.anchor) {
+		if err := free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
 			return err
 		}
-		s.cache.Drop(h)
+		st.c.Drop(h)
 	}
-	if err := s.cfg.Chunks.Free(ctx, e.Anchor); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
-		return err
-	}
-	s.cache.Drop(e.Anchor)
-	return done()
+	return nil
 }
 
 // FinishDrops finishes every drop marked at least minAge ago (the dropper

@@ -73,20 +73,30 @@ type simWorld struct {
 	// ignoreLeaseTime: teeth: caches serve their images past the leases'
 	// guaranteed time (a server cut off keeps serving reads).
 	ignoreLeaseTime bool
-	disrupts        int // pauses and partitions
-	expired         int // of which the server was declared dead
-	resigned        int // servers that failed with their leases standing
-	notApplied      int // operations refused before any change
+	// drop: this seed drops the tree mid-load (markDropped through a live
+	// server) and frees it at the end; droppedAt is when the mark
+	// returned (w.now(); 0: not yet); afterDrop counts operations that
+	// began after it and succeeded (each a violation); ignoreDropped is
+	// the teeth (caches serve a dropped tree).
+	drop, ignoreDropped bool
+	droppedAt           atomic.Int64
+	afterDrop           atomic.Int64
+	afterDropFirst      atomic.Value
+	disrupts            int // pauses and partitions
+	expired             int // of which the server was declared dead
+	resigned            int // servers that failed with their leases standing
+	notApplied          int // operations refused before any change
 }
 
 type simServer struct {
-	w     *simWorld
-	node  uint64
-	clerk *simClerk
-	cache *Cache
-	wal   *txn.Log
-	tree  *Tree
-	dead  atomic.Bool
+	w      *simWorld
+	node   uint64
+	clerk  *simClerk
+	chunks *simChunkClerk
+	cache  *Cache
+	wal    *txn.Log
+	tree   *Tree
+	dead   atomic.Bool
 	// paused: the process is frozen (its calls wait at the gate); cutStore:
 	// cut off the chunk store and its log's RLDev; disrupted: either, or
 	// cut off the lock service, is in progress.
@@ -165,6 +175,7 @@ func (w *simWorld) rand(n int) int {
 func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	s := &simServer{w: w, node: node, stop: make(chan struct{}), hints: make(chan hint, 256)}
 	chunks := w.chunks.clerk(node, s.gate)
+	s.chunks = chunks
 	s.clerk = w.locks.newClerk(node, func(ctx context.Context, r lock.Recovery) error {
 		if s.isDead() {
 			return errSimDead
@@ -176,6 +187,7 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
 	s.cache.unsafeStale = w.stale
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
+	s.cache.unsafeIgnoreDropped = w.ignoreDropped
 	w.locks.mu.Lock()
 	s.clerk.onRevoke = s.cache.Revoked
 	w.locks.mu.Unlock()
@@ -547,6 +559,11 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 		err = w.run(ctx, s, in, &out)
 	}
 	ret := w.now()
+	if d := w.droppedAt.Load(); err == nil && d != 0 && call > d {
+		if w.afterDrop.Add(1) == 1 {
+			w.afterDropFirst.Store(fmt.Sprintf("a %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.kind, in.key, s.node, (call-d)/1000))
+		}
+	}
 	if err != nil {
 		if st := status.Convert(rpcError(err)); IsNotApplied(st) {
 			// The service tells its client that this write was refused
@@ -733,10 +750,95 @@ type simResult struct {
 type simTeeth int
 
 const (
-	teethNone      simTeeth = iota
-	teethStale              // caches serve images after giving their leases up
-	teethLeaseTime          // caches serve images past their leases' time
+	teethNone          simTeeth = iota
+	teethStale                  // caches serve images after giving their leases up
+	teethLeaseTime              // caches serve images past their leases' time
+	teethIgnoreDropped          // (with a drop) caches serve a dropped tree as a live one
 )
+
+// dropper marks the tree dropped through a live server, once, a while into
+// the load (retrying through another server if that one fails).
+func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	select {
+	case <-stop:
+		return
+	case <-time.After(time.Duration(10+w.rand(40)) * time.Millisecond):
+	}
+	for w.droppedAt.Load() == 0 {
+		if s := w.pick(); s != nil {
+			ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+			err := markDropped(ctx, s.cache.Store(w.anchor, w.nodeSize, nil))
+			cancel()
+			if err == nil {
+				w.droppedAt.Store(w.now())
+				w.event("server %d marked the tree dropped", s.node)
+				return
+			}
+			w.event("server %d: marking the tree dropped failed: %v", s.node, err)
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// finishDrop ends a seed that dropped the tree: the history is checked;
+// every server finds the tree dropped; no operation that began after the
+// mark succeeded; then, all operations over, the tree's chunks are freed
+// as FinishDrops frees them, and none is left but those a dead server
+// leaked.
+func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (simResult, error) {
+	if w.droppedAt.Load() == 0 { // (the load ended first: drop it now)
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := markDropped(mctx, w.servers[1].cache.Store(w.anchor, w.nodeSize, nil))
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("marking the tree dropped after the load: %v", err)
+		}
+		w.droppedAt.Store(w.now())
+	}
+	for n := uint64(1); n <= 3; n++ {
+		if _, _, err := w.servers[n].tree.Get(ctx, []byte(simKey(0))); !errors.Is(err, ErrNoTree) && !w.ignoreDropped {
+			return res, fmt.Errorf("server %d: a get after the drop: %v (want ErrNoTree)", n, err)
+		}
+	}
+	res.ops = len(h.ops)
+	if check := porcupine.CheckOperations(kvModel, h.ops); !check {
+		return res, fmt.Errorf("history of %d operations is not linearizable", len(h.ops))
+	}
+	if n := w.afterDrop.Load(); n > 0 {
+		return res, fmt.Errorf("%d operations began after the drop's mark and succeeded; the first: %v", n, w.afterDropFirst.Load())
+	}
+	for n := uint64(1); n <= 3; n++ {
+		w.servers[n].halt()
+		w.servers[n].done.Wait()
+	}
+	w.chunks.late.Wait()
+	sv := w.servers[1]
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	err := freeDropped(fctx, sv.cache.Store(w.anchor, w.nodeSize, nil), sv.chunks.Free)
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("freeing the dropped tree: %v", err)
+	}
+	w.chunks.mu.Lock()
+	for hd := range w.chunks.data {
+		owner, ok := w.chunks.owner[hd]
+		if !ok || !w.killed[owner] {
+			w.chunks.mu.Unlock()
+			return res, fmt.Errorf("chunk %v of the dropped tree is still allocated (allocated by server %d, which never died)", hd, owner)
+		}
+	}
+	w.chunks.mu.Unlock()
+	res.kills, res.restarts = w.kills, w.restart-3
+	for n := uint64(1); n <= 3; n++ {
+		w.kill(w.servers[n])
+	}
+	return res, nil
+}
 
 // newSimWorld makes the world of a seed: the simulated lock service,
 // chunks and three log devices of devBlocks blocks, and one empty tree,
@@ -757,11 +859,21 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 
 // runSim runs one seed and reports a violation as an error.
 func runSim(t testing.TB, seed int64, teeth simTeeth, opsPerClient int) (simResult, error) {
+	return runSimDrop(t, seed, teeth, opsPerClient, false)
+}
+
+// runSimDrop is runSim; with drop, a server drops the tree mid-load (the
+// drop's mark, as BeginDrop makes it) and the tree's chunks are freed at
+// the end (as FinishDrops frees them once every operation that began
+// before the mark has ended): no operation that begins after the mark
+// succeeds, and every chunk of the tree is freed.
+func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop bool) (simResult, error) {
 	var res simResult
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	w := newSimWorld(t, ctx, seed, teeth == teethStale, 64)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
+	w.drop, w.ignoreDropped = drop || teeth == teethIgnoreDropped, teeth == teethIgnoreDropped
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
 	}
@@ -795,6 +907,10 @@ func runSim(t testing.TB, seed int64, teeth simTeeth, opsPerClient int) (simResu
 			}
 		}(c)
 	}
+	if w.drop {
+		fwg.Add(1)
+		go w.dropper(stop, &fwg)
+	}
 	cwg.Wait()
 	close(stop)
 	fwg.Wait()
@@ -807,6 +923,9 @@ func runSim(t testing.TB, seed int64, teeth simTeeth, opsPerClient int) (simResu
 	}
 	if t.Failed() {
 		return res, errors.New("a restart failed")
+	}
+	if w.drop {
+		return w.finishDrop(ctx, h, res)
 	}
 	for n := uint64(1); n <= 3; n++ {
 		s := w.servers[n]
@@ -1015,6 +1134,48 @@ func TestSimTeethStaleCache(t *testing.T) {
 		}
 	}
 	t.Fatal("40 seeds with stale caches passed: the oracle cannot see stale reads")
+}
+
+// TestSimTreeDrop: the tree is dropped mid-load (servers dying, paused,
+// cut off meanwhile): the history stays linearizable, no operation that
+// began after the drop's mark succeeds, every server finds the tree
+// dropped, and once the operations are over every chunk of the tree is
+// freed.
+func TestSimTreeDrop(t *testing.T) {
+	first, n := simSeeds(t, 30)
+	if testing.Short() && os.Getenv("GROVE_BTREE_SEEDS") == "" {
+		n = 10
+	}
+	var total simResult
+	for seed := first; seed < first+int64(n); seed++ {
+		r, err := runSimDrop(t, seed, teethNone, 40, true)
+		if err != nil {
+			t.Fatalf("seed %d (GROVE_SEED=%d replays its choices): %v", seed, seed, err)
+		}
+		total.ops += r.ops
+		total.kills += r.kills
+	}
+	t.Logf("seeds %d..%d: %d operations, %d deaths, each seed's tree dropped mid-load and freed whole", first, first+int64(n)-1, total.ops, total.kills)
+}
+
+// TestSimTeethIgnoreDropped: caches that serve a dropped tree as a live
+// one are caught.
+func TestSimTeethIgnoreDropped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("teeth run in the full suite")
+	}
+	first, _ := simSeeds(t, 0)
+	for seed := first; seed < first+20; seed++ {
+		_, err := runSimDrop(t, seed, teethIgnoreDropped, 40, true)
+		if err != nil && strings.Contains(err.Error(), "after the drop's mark") {
+			t.Logf("seed %d: caught: %v", seed, err)
+			return
+		}
+		if err != nil {
+			t.Logf("seed %d: failed otherwise (not counted): %v", seed, err)
+		}
+	}
+	t.Fatal("20 seeds with caches serving a dropped tree passed")
 }
 
 // TestSimTeethLeaseTime: a server cut off the lock service that keeps
