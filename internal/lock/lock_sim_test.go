@@ -54,6 +54,9 @@ const (
 	livenessBound = 15 * time.Second
 )
 
+// walScope is the scope of the "wal" clerks of a scoped run.
+var walScope = []string{"lock-0", "lock-1"}
+
 var lockNames = func() []string {
 	var n []string
 	for i := 0; i < lsLocks; i++ {
@@ -64,7 +67,11 @@ var lockNames = func() []string {
 
 // simOpts break the system on purpose, for the oracle's teeth tests.
 type simOpts struct {
-	noClose          bool // no transient clerks that close (the older teeth tests' setting)
+	noClose bool // no transient clerks that close (the older teeth tests' setting)
+	// scoped: "wal" clerks declare the scope walScope (the B-tree
+	// servers' way): they never hold another name, and an "all" recovery
+	// of one blocks only its scope.
+	scoped           bool
 	lyingFD          bool // masters take every suspect for dead without asking
 	noGuard          bool // storage accepts writes whatever their token
 	freeBeforeForget bool // defect 1: leases freed before the records are gone
@@ -100,6 +107,10 @@ type oracle struct {
 	trace                                                             []string
 	grants, recoveries, takeovers, writes, refused, anomalies, closes int
 	withdrawn                                                         int // acquires given up before their grant
+	// scoped: clerks that declared walScope; outOfScope: their asks
+	// outside it (each refused); scopedAll: "all" recoveries of them.
+	scoped                map[lock.ClerkID]bool
+	outOfScope, scopedAll int
 }
 
 func (o *oracle) logf(format string, args ...any) {
@@ -145,6 +156,9 @@ func (o *oracle) lease(c lock.ClerkID, name string, mode lock.Mode) {
 		delete(m, c)
 	} else {
 		m[c] = mode
+	}
+	if mode != lock.None && o.scoped[c] && !lock.InScope(walScope, name) {
+		o.fail("clerk %s of scope %q holds a lease on %s", c, walScope, name)
 	}
 	o.logf("lease %s %s %s → %s", c, name, old, mode)
 	if mode <= old {
@@ -245,6 +259,9 @@ func (o *oracle) runStart(r *simRun) {
 		}
 	}
 	o.runs[d] = append(o.runs[d], r)
+	if r.req.All && o.scoped[d] {
+		o.scopedAll++
+	}
 	names := r.req.Names
 	if r.req.All {
 		names = nil
@@ -351,6 +368,7 @@ type lnode struct {
 type sclerk struct {
 	id      lock.ClerkID
 	kind    string
+	scope   []string // nil: any name
 	lost    bool
 	changes uint64 // the engine's lease-change count last synced
 	// A transient clerk closes after a few uses (ClerkRT.Close's protocol).
@@ -391,7 +409,8 @@ func newLockSim(t *testing.T, seed int64, opts simOpts) *lockSim {
 	s.o = &oracle{s: s, leases: map[string]map[lock.ClerkID]lock.Mode{}, holding: map[string]map[*holder]lock.Mode{},
 		deadHeld: map[lock.ClerkID]map[string]lock.Mode{}, kinds: map[lock.ClerkID]string{}, recovered: map[lock.ClerkID]bool{},
 		verdicts: map[[2]uint64]time.Duration{}, lastAct: map[[2]uint64]time.Duration{}, runs: map[lock.ClerkID][]*simRun{},
-		gen: map[string]int{}, clerkGen: map[lock.ClerkID]map[string]int{}, accepted: map[string]int{}, tracing: os.Getenv("GROVE_SEED") != ""}
+		gen: map[string]int{}, clerkGen: map[lock.ClerkID]map[string]int{}, accepted: map[string]int{}, tracing: os.Getenv("GROVE_SEED") != "",
+		scoped: map[lock.ClerkID]bool{}}
 	svc.Reachable = s.reachesConfig
 	s.fd.OnStart = s.onStart
 	s.fd.OnFence = func(n *fdsim.Node, inc fd.Incarnation) { s.stopNode(n.ID, inc, "fences itself") }
@@ -461,12 +480,14 @@ func (s *lockSim) onStart(n *fdsim.Node) {
 		s.exec(ln, ln.eng.LockNamespace(s.env(ln), st))
 	})
 	for _, kind := range []string{"wal", ""} {
-		id, out, err := ln.eng.NewClerk(s.env(ln), kind)
+		scope := s.scopeOf(kind)
+		id, out, err := ln.eng.NewClerk(s.env(ln), kind, scope...)
 		if err != nil {
 			s.o.fail("new clerk: %v", err)
 			return
 		}
-		c := &sclerk{id: id, kind: kind}
+		c := &sclerk{id: id, kind: kind, scope: scope}
+		s.o.scoped[id] = scope != nil
 		s.o.kinds[id] = kind
 		ln.clerks = append(ln.clerks, c)
 		s.exec(ln, out)
@@ -481,6 +502,14 @@ func (s *lockSim) onStart(n *fdsim.Node) {
 	s.tick(ln)
 }
 
+// scopeOf is the scope a clerk of kind declares (nil: none).
+func (s *lockSim) scopeOf(kind string) []string {
+	if s.opts.scoped && kind == "wal" {
+		return walScope
+	}
+	return nil
+}
+
 // transientClerk makes a "wal" clerk whose one holder takes a few locks in
 // turn, then closes it (a layer that makes a clerk per session), and starts
 // the next one once the close completes.
@@ -488,11 +517,13 @@ func (s *lockSim) transientClerk(ln *lnode) {
 	if !s.current(ln) {
 		return
 	}
-	id, out, err := ln.eng.NewClerk(s.env(ln), "wal")
+	scope := s.scopeOf("wal")
+	id, out, err := ln.eng.NewClerk(s.env(ln), "wal", scope...)
 	if err != nil {
 		return // fenced
 	}
-	c := &sclerk{id: id, kind: "wal", transient: true}
+	c := &sclerk{id: id, kind: "wal", transient: true, scope: scope}
+	s.o.scoped[id] = scope != nil
 	s.o.kinds[id] = "wal"
 	ln.clerks = append(ln.clerks, c)
 	s.exec(ln, out)
@@ -826,10 +857,21 @@ func (s *lockSim) holderLoop(ln *lnode, h *holder) {
 		}
 		h.uses--
 	}
-	name := lockNames[s.w.Rand.Intn(lsLocks)]
+	idx := s.w.Rand.Intn(lsLocks)
+	name := lockNames[idx]
 	mode := lock.Shared
 	if s.w.Rand.Intn(2) == 0 {
 		mode = lock.Exclusive
+	}
+	if c.scope != nil && !lock.InScope(c.scope, name) {
+		// Out of its scope: refused (the engine's check; the master
+		// refuses too), then the holder asks for a name in it.
+		if w, _, err := ln.eng.Acquire(s.env(ln), c.id, name, mode); err == nil {
+			s.o.fail("clerk %s of scope %q was let ask for %s (waiter granted %v)", c.id, c.scope, name, w.Granted)
+			return
+		}
+		s.o.outOfScope++
+		name = lockNames[idx%len(walScope)]
 	}
 	w, out, err := ln.eng.Acquire(s.env(ln), c.id, name, mode)
 	if err != nil {
@@ -1025,11 +1067,12 @@ func reportLock(t *testing.T, test string, seed int64, s *lockSim) {
 
 func TestLockServiceSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 500)
-	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn int
+	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn, outOfScope, scopedAll int
 	for _, seed := range seeds {
 		// Every fourth seed is a storm of crashes, master kills and
 		// config-service stalls (the conditions of the recovery ordering).
-		s := runLockSim(t, seed, simOpts{stormy: seed%4 == 0})
+		// Every other seed's "wal" clerks declare a scope.
+		s := runLockSim(t, seed, simOpts{stormy: seed%4 == 0, scoped: seed%2 == 1})
 		if len(s.o.fails) > 0 {
 			reportLock(t, "TestLockServiceSimulation", seed, s)
 		}
@@ -1045,12 +1088,17 @@ func TestLockServiceSimulation(t *testing.T) {
 		decrees += s.svc.Decrees
 		closes += s.o.closes
 		withdrawn += s.o.withdrawn
+		outOfScope += s.o.outOfScope
+		scopedAll += s.o.scopedAll
 	}
 	if len(seeds) >= 20 && (recoveries == 0 || takeovers <= len(seeds) || refused == 0 || ambiguous == 0 || closes == 0 || withdrawn == 0) {
 		t.Fatalf("faults did not bite: %d recoveries, %d takeovers, %d stale writes refused, %d ambiguous decrees, %d clerk closes, %d withdrawn acquires in %d seeds", recoveries, takeovers, refused, ambiguous, closes, withdrawn, len(seeds))
 	}
-	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries, %d master takeovers, %d clerks closed, %d acquires withdrawn, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused; no violations",
-		len(seeds), seeds[0], grants, recoveries, takeovers, closes, withdrawn, decrees, ambiguous, writes, refused)
+	if len(seeds) >= 20 && (outOfScope == 0 || scopedAll == 0) {
+		t.Fatalf("scopes did not bite: %d asks out of scope, %d \"all\" recoveries of scoped clerks in %d seeds", outOfScope, scopedAll, len(seeds))
+	}
+	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries (%d \"all\" recoveries of scoped clerks), %d master takeovers, %d clerks closed, %d acquires withdrawn, %d asks out of scope refused, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused; no violations",
+		len(seeds), seeds[0], grants, recoveries, scopedAll, takeovers, closes, withdrawn, outOfScope, decrees, ambiguous, writes, refused)
 }
 
 // The oracle's teeth: each broken variant must be caught.
