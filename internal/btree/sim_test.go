@@ -1127,7 +1127,10 @@ func TestSimTeethStaleCache(t *testing.T) {
 	for seed := first; seed < first+40; seed++ {
 		if _, err := runSim(t, seed, teethStale, 40); err != nil {
 			if !strings.Contains(err.Error(), "not linearizable") && !strings.Contains(err.Error(), "the chunks hold") {
-				t.Fatalf("seed %d: failed, but not by a history or a walk the oracle rejects: %v", seed, err)
+				// The broken caches can fail a seed other ways (stale
+				// images sending lookups round in circles): not a catch.
+				t.Logf("seed %d: failed, but not by a history or a walk the oracle rejects (not counted): %v", seed, err)
+				continue
 			}
 			t.Logf("seed %d: caught: %v", seed, err)
 			return

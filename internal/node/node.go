@@ -645,11 +645,17 @@ func LockHolder(path string) (int, error) {
 		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		return 0, nil // nobody holds it
 	}
-	pid, err := readPID(path)
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("%s is locked but names no pid", path)
+	// The holder writes its pid just after it takes the lock (LockFile
+	// truncates, then writes): a process that is starting may be between
+	// the two. Give it a moment.
+	var pid int
+	for try := 0; try < 20; try++ {
+		if pid, err = readPID(path); err == nil && pid > 0 {
+			return pid, nil
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return pid, nil
+	return 0, fmt.Errorf("%s is locked but names no pid", path)
 }
 
 func readPID(path string) (int, error) {
