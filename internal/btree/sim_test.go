@@ -756,6 +756,46 @@ const (
 	teethIgnoreDropped          // (with a drop) caches serve a dropped tree as a live one
 )
 
+// healAll brings every server back and makes sure no dead incarnation's
+// log is still to be replayed: a server whose log or cache failed resigns
+// here if its watch has not made it yet (the watch acts asynchronously, and
+// a server that died after the restarts would leave its log unreplayed
+// under the final checks), every dead node is restarted (each start waits
+// for its previous incarnation's replay), until all three are live and
+// sound and no dead clerk holds a lease.
+func (w *simWorld) healAll() error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		for w.restartOne() {
+		}
+		failed := false
+		for n := uint64(1); n <= 3; n++ {
+			s := w.servers[n]
+			if s == nil {
+				failed = true
+				continue
+			}
+			if (s.cache.Err() != nil || s.wal.Err() != nil) && !s.cache.lost() {
+				w.event("server %d failed before the final checks: it resigns", n)
+				w.die(s)
+				failed = true
+			}
+		}
+		w.locks.mu.Lock()
+		for _, c := range w.locks.clerks {
+			if c.dead && len(c.leases) > 0 {
+				failed = true // its recovery has not run yet
+			}
+		}
+		w.locks.mu.Unlock()
+		if !failed {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("the servers did not all come back sound within a minute of the faults' end")
+}
+
 // dropper marks the tree dropped through a live server, once, a while into
 // the load (retrying through another server if that one fails).
 func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
@@ -919,7 +959,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.chunks.mu.Lock()
 	w.chunks.lossRate = 0
 	w.chunks.mu.Unlock()
-	for w.restartOne() {
+	if err := w.healAll(); err != nil {
+		return res, err
 	}
 	if t.Failed() {
 		return res, errors.New("a restart failed")
