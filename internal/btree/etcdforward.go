@@ -122,23 +122,22 @@ func (o *outbox[T]) take() []T {
 }
 
 // sendAll sends what the outbox holds, one message at a time, until done
-// closes (then what is left is sent too) or a send fails (returned, with
-// the items it was sending).
-func (o *outbox[T]) sendAll(done <-chan struct{}, send func([]T) error) ([]T, error) {
+// closes (then what is left is sent too) or a send fails (returned).
+func (o *outbox[T]) sendAll(done <-chan struct{}, send func([]T) error) error {
 	for {
 		select {
 		case <-o.kick:
 		case <-done:
 			for items := o.take(); len(items) > 0; items = o.take() {
 				if err := send(items); err != nil {
-					return items, err
+					return err
 				}
 			}
-			return nil, nil
+			return nil
 		}
 		for items := o.take(); len(items) > 0; items = o.take() {
 			if err := send(items); err != nil {
-				return items, err
+				return err
 			}
 		}
 	}
@@ -170,7 +169,7 @@ func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
 
 // send sends the queued calls until the stream ends.
 func (fs *forwardStream) send(done <-chan struct{}) {
-	failed, err := fs.out.sendAll(done, func(calls []*etcdpb.ForwardCall) error {
+	err := fs.out.sendAll(done, func(calls []*etcdpb.ForwardCall) error {
 		// A call whose caller gave up is not sent (gRPC would not send an
 		// expired unary call either); the others carry the time left now.
 		now := time.Now()
@@ -196,10 +195,9 @@ func (fs *forwardStream) send(done <-chan struct{}) {
 	if err == nil {
 		err = errors.New("the stream was closed")
 	}
-	// The calls of the failed message may have gone out (Unavailable: a
-	// read may be served here, a write's outcome is unknown); those still
-	// queued were not sent.
-	_ = failed // (they learn the stream's error)
+	// The calls of the failed message may have gone out (they learn the
+	// stream's error: Unavailable, a read may be served here, a write's
+	// outcome is unknown); those still queued were not sent.
 	fs.broke(status.Errorf(codes.Unavailable, "etcd endpoint: sending to the tree's home node: %v", err), fs.out.take())
 }
 
@@ -308,7 +306,7 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		_, _ = out.sendAll(done, func(answers []*etcdpb.ForwardAnswer) error {
+		_ = out.sendAll(done, func(answers []*etcdpb.ForwardAnswer) error {
 			return stream.Send(&etcdpb.ForwardAnswers{Answers: answers}) // (broken: its caller learns it)
 		})
 	}()

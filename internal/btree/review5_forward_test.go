@@ -79,7 +79,7 @@ func TestReview5ForwardBatchOverMessageLimit(t *testing.T) {
 		}
 		done := make(chan struct{})
 		close(done)
-		_, _ = out.sendAll(done, func(a []*etcdpb.ForwardAnswer) error {
+		_ = out.sendAll(done, func(a []*etcdpb.ForwardAnswer) error {
 			return s.Send(&etcdpb.ForwardAnswers{Answers: a})
 		})
 		for {
@@ -115,7 +115,7 @@ func TestReview5ForwardBatchOverMessageLimit(t *testing.T) {
 // they land, never sent; a call whose caller gave up before it left the
 // outbox is not sent; one already in the transport may still arrive, as
 // an expired unary call's bytes may: its outcome was reported unknown.)
-func TestReview5ForwardExpiredCallStillSent(t *testing.T) {
+func TestReview5ForwardOversizedCallNotSent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	got := make(chan *etcdpb.ForwardCall, 16)

@@ -1158,26 +1158,38 @@ func TestSimTree(t *testing.T) {
 	}
 }
 
-// TestSimTeethStaleCache: caches that keep serving a node's image after
-// giving its lease up (a lookup from a stale cached node) are caught.
-func TestSimTeethStaleCache(t *testing.T) {
+// expectTeeth runs up to seeds seeds of a broken variant and passes at the
+// first the oracle rejects with a message containing one of want. A seed
+// that fails otherwise (broken caches can send lookups round in circles)
+// is not a catch.
+func expectTeeth(t *testing.T, what string, seeds int, run func(seed int64) error, want ...string) {
 	if testing.Short() {
 		t.Skip("teeth run in the full suite")
 	}
 	first, _ := simSeeds(t, 0)
-	for seed := first; seed < first+40; seed++ {
-		if _, err := runSim(t, seed, teethStale, 40); err != nil {
-			if !strings.Contains(err.Error(), "not linearizable") && !strings.Contains(err.Error(), "the chunks hold") {
-				// The broken caches can fail a seed other ways (stale
-				// images sending lookups round in circles): not a catch.
-				t.Logf("seed %d: failed, but not by a history or a walk the oracle rejects (not counted): %v", seed, err)
-				continue
-			}
-			t.Logf("seed %d: caught: %v", seed, err)
-			return
+	for seed := first; seed < first+int64(seeds); seed++ {
+		err := run(seed)
+		if err == nil {
+			continue
 		}
+		for _, w := range want {
+			if strings.Contains(err.Error(), w) {
+				t.Logf("seed %d: caught: %v", seed, err)
+				return
+			}
+		}
+		t.Logf("seed %d: failed, but not as the oracle rejects (not counted): %v", seed, err)
 	}
-	t.Fatal("40 seeds with stale caches passed: the oracle cannot see stale reads")
+	t.Fatalf("%d seeds with %s passed: the oracle cannot see it", seeds, what)
+}
+
+// TestSimTeethStaleCache: caches that keep serving a node's image after
+// giving its lease up (a lookup from a stale cached node) are caught.
+func TestSimTeethStaleCache(t *testing.T) {
+	expectTeeth(t, "stale caches", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethStale, 40)
+		return err
+	}, "not linearizable", "the chunks hold")
 }
 
 // TestSimTreeDrop: the tree is dropped mid-load (servers dying, paused,
@@ -1205,46 +1217,20 @@ func TestSimTreeDrop(t *testing.T) {
 // TestSimTeethIgnoreDropped: caches that serve a dropped tree as a live
 // one are caught.
 func TestSimTeethIgnoreDropped(t *testing.T) {
-	if testing.Short() {
-		t.Skip("teeth run in the full suite")
-	}
-	first, _ := simSeeds(t, 0)
-	for seed := first; seed < first+20; seed++ {
+	expectTeeth(t, "caches serving a dropped tree", 20, func(seed int64) error {
 		_, err := runSimDrop(t, seed, teethIgnoreDropped, 40, true)
-		if err != nil && strings.Contains(err.Error(), "after the drop's mark") {
-			t.Logf("seed %d: caught: %v", seed, err)
-			return
-		}
-		if err != nil {
-			t.Logf("seed %d: failed otherwise (not counted): %v", seed, err)
-		}
-	}
-	t.Fatal("20 seeds with caches serving a dropped tree passed")
+		return err
+	}, "after the drop's mark")
 }
 
 // TestSimTeethLeaseTime: a server cut off the lock service that keeps
 // serving its cache past its leases' time (while another server, having
 // replayed its log, changes the nodes) is caught.
 func TestSimTeethLeaseTime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("teeth run in the full suite")
-	}
-	first, _ := simSeeds(t, 0)
-	for seed := first; seed < first+40; seed++ {
-		r, err := runSim(t, seed, teethLeaseTime, 40)
-		if err != nil && strings.Contains(err.Error(), "not linearizable") {
-			t.Logf("seed %d: caught: %v", seed, err)
-			return
-		}
-		if err != nil {
-			// The broken caches can fail a seed other ways (a server whose
-			// stale images send its lookups round in circles): not a catch.
-			t.Logf("seed %d: failed, but not by a history the oracle rejects (not counted): %v", seed, err)
-			continue
-		}
-		t.Logf("seed %d: passed (%d partitions, %d outlived the lease)", seed, r.disrupts, r.expired)
-	}
-	t.Fatal("40 seeds with caches ignoring their leases' time passed: the oracle cannot see reads past a lease")
+	expectTeeth(t, "caches ignoring their leases' time", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethLeaseTime, 40)
+		return err
+	}, "not linearizable")
 }
 
 func (w *simWorld) dumpLocks(seed int64) {
