@@ -101,15 +101,19 @@ func TestFaults(t *testing.T) {
 	table := s.Table()
 	t.Logf("results (%s run, %v):\n%s", mode.Name, time.Since(start).Round(time.Second), table)
 	fmt.Printf("\nfault suite results (%s run, %v):\n%s\n", mode.Name, time.Since(start).Round(time.Second), table)
-	failed := false
+	var violations []string
 	for _, r := range s.Results {
 		for _, v := range r.Violations {
-			t.Errorf("%s: %s", r.Name, v)
-			failed = true
+			violations = append(violations, fmt.Sprintf("%s: %s", r.Name, v))
 		}
 	}
-	if failed {
+	if len(violations) > 0 {
+		// The logs first, the violations last: CI shows only the tail
+		// of a failed run.
 		dumpLogs(t, c, agentLog.Name())
+		for _, v := range violations {
+			t.Error(v)
+		}
 	}
 }
 
