@@ -55,6 +55,14 @@ import (
 	"github.com/grovestore/grove/internal/transport"
 )
 
+// Limits of a tree's entries: keys of 1 to MaxKey bytes, values of up to
+// MaxValue bytes (a value too large for its leaf is kept in a chunk of its
+// own, transparently). Larger ones fail with ErrInvalid.
+const (
+	MaxKey   = btree.MaxKey
+	MaxValue = btree.MaxValue
+)
+
 // Errors. Test them with errors.Is.
 var (
 	// ErrNotFound: the key (or the tree) does not exist.

@@ -97,8 +97,19 @@ func TestClient(t *testing.T) {
 	if err := tr.Put(ctx, bytes.Repeat([]byte("k"), 2000), []byte("v")); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("an oversized key: %v", err)
 	}
-	if err := tr.Put(ctx, []byte("big"), make([]byte, 64<<10)); !errors.Is(err, client.ErrInvalid) {
-		t.Fatalf("a value too large for 8 KiB nodes: %v", err)
+	if err := tr.Put(ctx, []byte("big"), make([]byte, client.MaxValue+1)); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("a value over client.MaxValue: %v", err)
+	}
+	// A 64 KiB value lives in a chunk of its own (8 KiB nodes).
+	big := bytes.Repeat([]byte("0123456789abcdef"), 4<<10)
+	if err := tr.Put(ctx, []byte("big"), big); err != nil {
+		t.Fatalf("a 64 KiB value: %v", err)
+	}
+	if v, err := tr.Get(ctx, []byte("big")); err != nil || !bytes.Equal(v, big) {
+		t.Fatalf("the 64 KiB value read back: %d bytes, %v", len(v), err)
+	}
+	if found, err := tr.Delete(ctx, []byte("big")); err != nil || !found {
+		t.Fatalf("deleting the 64 KiB value: %v %v", found, err)
 	}
 	// Conditional forms.
 	if ok, err := tr.PutIfAbsent(ctx, key(1), []byte("x")); err != nil || ok {

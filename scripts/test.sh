@@ -106,6 +106,7 @@ fuzz FuzzDataFrames ./internal/rldev
 fuzz FuzzDecodeMap ./internal/chunk
 fuzz FuzzDecodeLog ./internal/txn
 fuzz FuzzDecodeNode ./internal/btree
+fuzz FuzzDecodeValue ./internal/btree
 
 phase "fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root

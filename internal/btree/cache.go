@@ -159,6 +159,8 @@ type CacheStats struct {
 	Hits, Misses, Loads         uint64
 	WriteBacks, Revocations     uint64
 	Evictions, Upgrades, Renews uint64
+	// ValueWrites and ValueReads count values in chunks of their own.
+	ValueWrites, ValueReads uint64
 }
 
 type entry struct {
@@ -229,13 +231,15 @@ func (c *Cache) Close() {
 func (c *Cache) Stats() CacheStats {
 	s := &c.stats
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
-		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load()}
+		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
+		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
 // lookup, by every goroutine, and must not serialize them.
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
+	valueWrites, valueReads                                                   atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -946,6 +950,48 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	e.pin, e.pinMode = hold, lock.Exclusive
 	s.c.mu.Unlock()
 	return h, nil
+}
+
+// WriteValue writes val into a new chunk of its own, fenced by the
+// server's fence: durable on return. The chunk is written once; a write
+// whose outcome is unknown (or that was fenced out) gives the chunk back
+// and fails, marked not applied (no image names the chunk yet; the chunk
+// manager quarantines freed space against the late landing of such a
+// write). An earlier attempt that may still land writes the same bytes.
+func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error) {
+	c := s.c
+	if err := c.Err(); err != nil {
+		return ValueRef{}, refused(err)
+	}
+	h, err := c.cfg.Chunks.Allocate(ctx, ValueChunkSize(len(val)))
+	if err != nil {
+		return ValueRef{}, refused(err)
+	}
+	img, ref := EncodeValue(s.tree, h, val)
+	err = c.cfg.Chunks.Write(ctx, h, img, c.cfg.Fence())
+	if err == nil || errors.Is(err, chunk.ErrMaybeDone) {
+		c.stats.valueWrites.Add(1)
+		return ref, nil
+	}
+	if ferr := c.cfg.Chunks.Free(context.WithoutCancel(ctx), h); ferr != nil {
+		c.log.Warn("freeing a value chunk whose write failed: it leaks", "chunk", h, "err", ferr)
+	}
+	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
+}
+
+// ReadValue reads the value r names, from its chunk (values are not
+// cached: each is written once and read whole). ErrGone if the chunk was
+// freed (an overwrite replaced it after the reader took the reference).
+func (s *TreeStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
+	b, err := s.c.cfg.Chunks.Read(ctx, r.Chunk, ValueChunkSize(int(r.Length)))
+	if errors.Is(err, chunk.ErrUnallocated) {
+		return nil, ErrGone
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.c.stats.valueReads.Add(1)
+	return DecodeValue(b, s.tree, r)
 }
 
 func (s *TreeStore) Abandon(h Handle) {

@@ -92,10 +92,10 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	}
 	now := t.s.Now()
 	m := a.Clone()
-	m.Keys = append(m.Keys, b.Keys...)
 	if m.Leaf() {
-		m.Vals = append(m.Vals, b.Vals...)
+		m.appendEntries(b)
 	} else {
+		m.Keys = append(m.Keys, b.Keys...)
 		m.Kids = append(m.Kids, b.Kids...)
 	}
 	m.High, m.HighInf, m.Right = b.High, b.HighInf, b.Right
@@ -120,7 +120,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	// such a key sees it below b's low bound and starts again.
 	all := a.Clone()
 	all.Keys = m.Keys
-	all.Vals, all.Kids = m.Vals, m.Kids
+	all.Vals, all.Kids, all.Ext = m.Vals, m.Kids, m.Ext
 	mid := t.splitPoint(all)
 	if mid == len(a.Keys) || mid < 1 || mid >= len(all.Keys) {
 		// Nothing moves, or a half would be empty (a pair of one entry:
@@ -134,6 +134,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	if a.Leaf() {
 		na.Vals = append([][]byte(nil), all.Vals[:mid]...)
 		nb.Vals = append([][]byte(nil), all.Vals[mid:]...)
+		na.Ext, nb.Ext = all.extRange(0, mid), all.extRange(mid, len(all.Keys))
 	} else {
 		na.Kids = append([]Handle(nil), all.Kids[:mid]...)
 		nb.Kids = append([]Handle(nil), all.Kids[mid:]...)

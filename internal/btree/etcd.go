@@ -322,7 +322,11 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 		if limit > 0 {
 			left = limit + 1 - len(out.Kvs) // one more tells whether there are more
 		}
-		pg, err := t.Scan(ctx, sp, left, reverse)
+		scan := t.Scan
+		if r.KeysOnly {
+			scan = t.ScanKeys
+		}
+		pg, err := scan(ctx, sp, left, reverse)
 		if err != nil {
 			return nil, done(srv, e.tree, err)
 		}
@@ -371,7 +375,7 @@ func countRange(ctx context.Context, t *Tree, sp Span) (int, error) {
 	}
 	n = 0
 	for {
-		pg, err := t.Scan(ctx, sp, 0, false)
+		pg, err := t.ScanKeys(ctx, sp, 0, false)
 		if err != nil {
 			return 0, err
 		}
@@ -411,7 +415,7 @@ func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResp
 	}
 	ctx, cancel := srv.OpContext(ctx)
 	defer cancel()
-	res, err := t.Put(ctx, r.Key, r.Value, Cond{})
+	res, err := t.Put(ctx, r.Key, r.Value, Cond{Prev: r.PrevKv})
 	if err != nil {
 		return nil, done(srv, e.tree, err)
 	}
@@ -451,7 +455,7 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 	defer cancel()
 	sp := er.Span
 	del := func(k []byte) error {
-		res, err := t.Delete(ctx, k, Cond{})
+		res, err := t.Delete(ctx, k, Cond{Prev: r.PrevKv})
 		if err != nil {
 			return done(srv, e.tree, err)
 		}
@@ -475,7 +479,7 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 		return status.Errorf(codes.Unknown, "grove etcd endpoint: the range's delete stopped after deleting %d keys: %s", out.Deleted, status.Convert(err).Message())
 	}
 	for {
-		pg, err := t.Scan(ctx, sp, 0, false)
+		pg, err := t.ScanKeys(ctx, sp, 0, false)
 		if err != nil {
 			return nil, partial(done(srv, e.tree, err))
 		}

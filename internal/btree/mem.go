@@ -19,6 +19,7 @@ type MemStore struct {
 	mu struct {
 		sync.Mutex
 		images map[Handle]*Node
+		values map[Handle][]byte // value chunks' images
 		anchor *Anchor
 		locks  map[Handle]*memLock
 		next   uint64
@@ -44,6 +45,7 @@ func NewMemStore(clock func() int64) (*MemStore, uint64) {
 	}
 	s := &MemStore{clock: clock}
 	s.mu.images = map[Handle]*Node{}
+	s.mu.values = map[Handle][]byte{}
 	s.mu.locks = map[Handle]*memLock{}
 	s.mu.freed = map[Handle]bool{}
 	s.mu.live = map[Handle]bool{}
@@ -215,6 +217,12 @@ func (s *MemStore) Free(ctx context.Context, h Handle) error {
 	if s.mu.freed[h] {
 		return nil
 	}
+	if _, ok := s.mu.values[h]; ok {
+		delete(s.mu.values, h)
+		delete(s.mu.live, h)
+		s.mu.freed[h] = true
+		return nil
+	}
 	if n := s.mu.images[h]; n == nil || !n.Deleted {
 		panic(fmt.Sprintf("btree: mem store: free of %v, which is not a removed node", h))
 	}
@@ -222,6 +230,28 @@ func (s *MemStore) Free(ctx context.Context, h Handle) error {
 	delete(s.mu.live, h)
 	s.mu.freed[h] = true
 	return nil
+}
+
+func (s *MemStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.alloc()
+	img, ref := EncodeValue(s.mu.anchor.Self.ID, h, val)
+	s.mu.values[h] = img
+	return ref, nil
+}
+
+func (s *MemStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	img, ok := s.mu.values[r.Chunk]
+	if !ok {
+		if s.mu.freed[r.Chunk] {
+			return nil, ErrGone
+		}
+		return nil, fmt.Errorf("btree: mem store: read of value chunk %v, which was never written", r.Chunk)
+	}
+	return DecodeValue(img, s.mu.anchor.Self.ID, r)
 }
 
 // Chunks returns every allocated chunk: for the walker's leak check. Call

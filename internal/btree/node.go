@@ -73,6 +73,10 @@ type Node struct {
 	Onward  Handle // Deleted: the node that took its keys
 	Keys    [][]byte
 	Vals    [][]byte // leaves
+	// Ext marks the leaf values kept in chunks of their own (value.go):
+	// Vals[i] is then the value's encoded ValueRef. nil when none is;
+	// otherwise as long as Keys.
+	Ext     []bool
 	Kids    []Handle // internal nodes
 	Garbage []Garbage
 }
@@ -101,12 +105,109 @@ func (n *Node) Clone() *Node {
 	c.Vals = append([][]byte(nil), n.Vals...)
 	c.Kids = append([]Handle(nil), n.Kids...)
 	c.Garbage = append([]Garbage(nil), n.Garbage...)
+	c.Ext = nil
+	if n.Ext != nil {
+		c.Ext = append([]bool(nil), n.Ext...)
+	}
 	if n.Leaf() {
 		c.Kids = nil
 	} else {
 		c.Vals = nil
 	}
 	return &c
+}
+
+// IsExt reports whether leaf entry i's value is in a chunk of its own
+// (Vals[i] is its reference).
+func (n *Node) IsExt(i int) bool { return n.Ext != nil && n.Ext[i] }
+
+// Refs returns the references of the leaf's values in chunks of their own.
+func (n *Node) Refs() []ValueRef {
+	var out []ValueRef
+	for i := range n.Ext {
+		if n.Ext[i] {
+			if r, err := DecodeRef(n.Vals[i]); err == nil {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// setVal sets leaf entry i's stored value (a reference if ext).
+func (n *Node) setVal(i int, val []byte, ext bool) {
+	n.Vals[i] = val
+	if ext && n.Ext == nil {
+		n.Ext = make([]bool, len(n.Keys))
+	}
+	if n.Ext != nil {
+		n.Ext[i] = ext
+	}
+}
+
+// insertEntry inserts a leaf entry at i.
+func (n *Node) insertEntry(i int, key, val []byte, ext bool) {
+	n.Keys = insertAt(n.Keys, i, key)
+	n.Vals = insertAt(n.Vals, i, val)
+	if ext && n.Ext == nil {
+		n.Ext = make([]bool, len(n.Keys)-1)
+	}
+	if n.Ext != nil {
+		n.Ext = insertAt(n.Ext, i, ext)
+	}
+}
+
+// removeEntry removes leaf entry i.
+func (n *Node) removeEntry(i int) {
+	n.Keys = removeAt(n.Keys, i)
+	n.Vals = removeAt(n.Vals, i)
+	if n.Ext != nil {
+		n.Ext = removeAt(n.Ext, i)
+		n.compactExt()
+	}
+}
+
+// compactExt sets Ext to nil when no entry is external.
+func (n *Node) compactExt() {
+	for _, e := range n.Ext {
+		if e {
+			return
+		}
+	}
+	n.Ext = nil
+}
+
+// extRange returns Ext[lo:hi] of a leaf as a new slice (nil if none is
+// external).
+func (n *Node) extRange(lo, hi int) []bool {
+	if n.Ext == nil {
+		return nil
+	}
+	out := append([]bool(nil), n.Ext[lo:hi]...)
+	for _, e := range out {
+		if e {
+			return out
+		}
+	}
+	return nil
+}
+
+// appendEntries appends leaf b's entries to leaf n's.
+func (n *Node) appendEntries(b *Node) {
+	if n.Ext != nil || b.Ext != nil {
+		ext := n.Ext
+		if ext == nil {
+			ext = make([]bool, len(n.Keys))
+		}
+		if b.Ext != nil {
+			ext = append(ext, b.Ext...)
+		} else {
+			ext = append(ext, make([]bool, len(b.Keys))...)
+		}
+		n.Ext = ext
+	}
+	n.Keys = append(n.Keys, b.Keys...)
+	n.Vals = append(n.Vals, b.Vals...)
 }
 
 // Search returns the position of key among n.Keys: the index of the first
@@ -255,7 +356,11 @@ func (n *Node) Encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(k)))
 		b = append(b, k...)
 		if n.Leaf() {
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(n.Vals[i])))
+			l := uint32(len(n.Vals[i]))
+			if n.IsExt(i) {
+				l |= extFlag
+			}
+			b = binary.LittleEndian.AppendUint32(b, l)
 			b = append(b, n.Vals[i]...)
 		} else {
 			b = binary.LittleEndian.AppendUint32(b, n.Kids[i].CM)
@@ -345,7 +450,14 @@ func decode(b []byte) (*Node, error) {
 	for i := 0; i < entries && r.err == nil; i++ {
 		n.Keys = append(n.Keys, r.bytes16())
 		if n.Leaf() {
-			n.Vals = append(n.Vals, r.bytes32())
+			v, ext := r.value()
+			n.Vals = append(n.Vals, v)
+			if ext && n.Ext == nil {
+				n.Ext = make([]bool, i, entries)
+			}
+			if n.Ext != nil {
+				n.Ext = append(n.Ext, ext)
+			}
 		} else {
 			n.Kids = append(n.Kids, r.handle())
 		}
@@ -388,6 +500,16 @@ func (n *Node) Check() error {
 	}
 	if n.Leaf() && len(n.Vals) != len(n.Keys) || !n.Leaf() && len(n.Kids) != len(n.Keys) {
 		return errors.New("entries and values (or children) differ in number")
+	}
+	if n.Ext != nil && (!n.Leaf() || len(n.Ext) != len(n.Keys)) {
+		return errors.New("value-chunk marks do not match the entries")
+	}
+	for i := range n.Ext {
+		if n.Ext[i] {
+			if _, err := DecodeRef(n.Vals[i]); err != nil {
+				return fmt.Errorf("entry %d: %v", i, err)
+			}
+		}
 	}
 	if !n.Leaf() && !n.Deleted {
 		if len(n.Keys) == 0 {
@@ -458,6 +580,21 @@ func (r *reader) bytes32() []byte {
 		return nil
 	}
 	return bytes.Clone(p)
+}
+
+// value reads a leaf's value: its length word's top bit marks a reference
+// to a value in a chunk of its own.
+func (r *reader) value() ([]byte, bool) {
+	l := r.take(4)
+	if l == nil {
+		return nil, false
+	}
+	w := binary.LittleEndian.Uint32(l)
+	p := r.take(int(w &^ extFlag))
+	if p == nil {
+		return nil, false
+	}
+	return bytes.Clone(p), w&extFlag != 0
 }
 
 func (r *reader) handle() Handle {

@@ -50,6 +50,16 @@ type Page struct {
 // many as MaxScanLeaves leaves hold) of span, in order, or the last ones
 // in reverse order.
 func (t *Tree) Scan(ctx context.Context, span Span, limit int, reverse bool) (Page, error) {
+	return t.scan(ctx, span, limit, reverse, false)
+}
+
+// ScanKeys is Scan without the values (Page.Vals nil): values in chunks of
+// their own are not read, and a page's bytes count its keys only.
+func (t *Tree) ScanKeys(ctx context.Context, span Span, limit int, reverse bool) (Page, error) {
+	return t.scan(ctx, span, limit, reverse, true)
+}
+
+func (t *Tree) scan(ctx context.Context, span Span, limit int, reverse, keysOnly bool) (Page, error) {
 	if err := span.check(); err != nil {
 		return Page{}, err
 	}
@@ -60,9 +70,9 @@ func (t *Tree) Scan(ctx context.Context, span Span, limit int, reverse bool) (Pa
 		var pg Page
 		var err error
 		if reverse {
-			pg, err = t.scanReverse(ctx, span, limit)
+			pg, err = t.scanReverse(ctx, span, limit, keysOnly)
 		} else {
-			pg, err = t.scanForward(ctx, span, limit)
+			pg, err = t.scanForward(ctx, span, limit, keysOnly)
 		}
 		if errors.Is(err, errRestart) {
 			t.Stats.Restarts.Add(1)
@@ -122,7 +132,7 @@ func (t *Tree) lockRun(ctx context.Context, start Handle, from, to []byte, max i
 	return hd, nil
 }
 
-func (t *Tree) scanForward(ctx context.Context, span Span, limit int) (Page, error) {
+func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly bool) (Page, error) {
 	leaf, _, err := t.locate(ctx, target{key: span.From}, 0)
 	if err != nil {
 		return Page{}, err
@@ -137,6 +147,8 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int) (Page, err
 		pg.Hi, pg.More = last.High, true // the page ends early: too many leaves
 	}
 	full := false
+	var ext []bool
+	size := 0
 	for _, n := range hd.nodes {
 		i, _ := n.Search(span.From)
 		for ; i < len(n.Keys); i++ {
@@ -144,12 +156,15 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int) (Page, err
 			if pg.Hi != nil && bytes.Compare(k, pg.Hi) >= 0 {
 				break
 			}
-			if limit > 0 && len(pg.Keys) == limit {
+			es := entryBytes(n, i, keysOnly)
+			if limit > 0 && len(pg.Keys) == limit || len(pg.Keys) > 0 && size+es > t.cfg.MaxScanBytes {
 				full = true
 				break
 			}
+			size += es
 			pg.Keys = append(pg.Keys, k)
 			pg.Vals = append(pg.Vals, n.Vals[i])
+			ext = append(ext, n.IsExt(i))
 		}
 		if full {
 			break
@@ -160,7 +175,53 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int) (Page, err
 		pg.Hi, pg.More = append(bytes.Clone(pg.Keys[len(pg.Keys)-1]), 0), true
 	}
 	hd.release()
-	return pg, t.s.Durable(ctx, hd.lsn)
+	if err := t.s.Durable(ctx, hd.lsn); err != nil {
+		return Page{}, err
+	}
+	return pg, t.resolve(ctx, &pg, ext, keysOnly)
+}
+
+// entryBytes is what leaf entry i adds to a page: its key and its value's
+// length.
+func entryBytes(n *Node, i int, keysOnly bool) int {
+	if keysOnly {
+		return len(n.Keys[i])
+	}
+	if n.IsExt(i) {
+		if r, err := DecodeRef(n.Vals[i]); err == nil {
+			return len(n.Keys[i]) + int(r.Length)
+		}
+	}
+	return len(n.Keys[i]) + len(n.Vals[i])
+}
+
+// resolve reads the page's values that are in chunks of their own (ext),
+// once its leaves are released. A chunk freed since (an overwrite's)
+// restarts the page: the page's entries were current at one instant, and
+// every chunk still allocated holds the value of that instant.
+func (t *Tree) resolve(ctx context.Context, pg *Page, ext []bool, keysOnly bool) error {
+	if keysOnly {
+		pg.Vals = nil
+		return nil
+	}
+	for i, e := range ext {
+		if !e {
+			continue
+		}
+		ref, err := DecodeRef(pg.Vals[i])
+		if err != nil {
+			return err
+		}
+		v, err := t.s.ReadValue(ctx, ref)
+		if errors.Is(err, ErrGone) {
+			return errRestart
+		}
+		if err != nil {
+			return err
+		}
+		pg.Vals[i] = v
+	}
+	return nil
 }
 
 // scanReverse finds, without locks, the leftmost leaf it will need (walking
@@ -168,7 +229,7 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int) (Page, err
 // locks the run from there to the end of the span and takes the last limit
 // entries. A page may be short (concurrent deletes, or more leaves than
 // MaxScanLeaves): More then says the span goes on below Lo.
-func (t *Tree) scanReverse(ctx context.Context, span Span, limit int) (Page, error) {
+func (t *Tree) scanReverse(ctx context.Context, span Span, limit int, keysOnly bool) (Page, error) {
 	n, _, err := t.locate(ctx, target{key: span.To, below: true}, 0)
 	if err != nil {
 		return Page{}, err
@@ -203,24 +264,44 @@ func (t *Tree) scanReverse(ctx context.Context, span Span, limit int) (Page, err
 		pg.Lo, pg.More = first.Low, true
 	}
 	var keys, vals [][]byte
+	var exts []bool
+	var sizes []int
 	for _, l := range hd.nodes {
 		for i, k := range l.Keys {
 			if bytes.Compare(k, pg.Lo) >= 0 && (span.To == nil || bytes.Compare(k, span.To) < 0) {
 				keys = append(keys, k)
 				vals = append(vals, l.Vals[i])
+				exts = append(exts, l.IsExt(i))
+				sizes = append(sizes, entryBytes(l, i, keysOnly))
 			}
 		}
 	}
-	if limit > 0 && len(keys) > limit {
-		keys, vals = keys[len(keys)-limit:], vals[len(vals)-limit:]
+	// The page is the last entries, as many as limit and MaxScanBytes
+	// allow (one at least).
+	keep, size := 0, 0
+	for j := len(keys) - 1; j >= 0; j-- {
+		if limit > 0 && keep == limit || keep > 0 && size+sizes[j] > t.cfg.MaxScanBytes {
+			break
+		}
+		keep++
+		size += sizes[j]
+	}
+	if keep < len(keys) {
+		cut := len(keys) - keep
+		keys, vals, exts = keys[cut:], vals[cut:], exts[cut:]
 		pg.Lo, pg.More = keys[0], true
 	}
+	var ext []bool
 	for i := len(keys) - 1; i >= 0; i-- {
 		pg.Keys = append(pg.Keys, keys[i])
 		pg.Vals = append(pg.Vals, vals[i])
+		ext = append(ext, exts[i])
 	}
 	hd.release()
-	return pg, t.s.Durable(ctx, hd.lsn)
+	if err := t.s.Durable(ctx, hd.lsn); err != nil {
+		return Page{}, err
+	}
+	return pg, t.resolve(ctx, &pg, ext, keysOnly)
 }
 
 func countIn(n *Node, span Span) int {

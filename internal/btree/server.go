@@ -987,6 +987,16 @@ func dropOrder(ctx context.Context, st Store, a *Anchor) ([]Handle, error) {
 					unit = append(unit, g.Node)
 				}
 			}
+			if !n.Deleted {
+				// A live leaf's values in chunks of their own go before
+				// it (a removed leaf's moved to the node that took them).
+				for _, r := range n.Refs() {
+					if !seen[r.Chunk] {
+						seen[r.Chunk] = true
+						unit = append(unit, r.Chunk)
+					}
+				}
+			}
 			levels[level] = append(levels[level], append(unit, h))
 			if n.Deleted {
 				continue
@@ -1089,4 +1099,12 @@ func (r ChunkReader) Read(ctx context.Context, h Handle) (*Node, error) {
 		return nil, err
 	}
 	return Decode(b, r.Entry.Anchor.ID, h)
+}
+
+func (r ChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, error) {
+	b, err := r.Chunks.Read(ctx, ref.Chunk, 0, ValueChunkSize(int(ref.Length)))
+	if err != nil {
+		return nil, err
+	}
+	return DecodeValue(b, r.Entry.Anchor.ID, ref)
 }

@@ -498,7 +498,11 @@ func span(from, to []byte, hasTo bool) Span {
 func (s *Service) Scan(ctx context.Context, r *pb.TreeScanRequest) (*pb.TreeScanResponse, error) {
 	var pg Page
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
-		pg, err = t.Scan(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
+		if r.KeysOnly {
+			pg, err = t.ScanKeys(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
+		} else {
+			pg, err = t.Scan(ctx, span(r.From, r.To, r.HasTo), int(r.Limit), r.Reverse)
+		}
 		return err
 	})
 	if err != nil {

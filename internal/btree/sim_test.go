@@ -740,6 +740,16 @@ func (r simChunkReader) Read(ctx context.Context, h Handle) (*Node, error) {
 	return Decode(b, r.w.anchor.ID, h)
 }
 
+func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, error) {
+	r.w.chunks.mu.Lock()
+	defer r.w.chunks.mu.Unlock()
+	b, ok := r.w.chunks.data[ref.Chunk]
+	if !ok {
+		return nil, fmt.Errorf("value chunk %v is not allocated", ref.Chunk)
+	}
+	return DecodeValue(b, r.w.anchor.ID, ref)
+}
+
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied                      int

@@ -60,6 +60,14 @@ type Store interface {
 	Free(ctx context.Context, h Handle) error
 	// Now is the store's clock, in nanoseconds, for grace periods.
 	Now() int64
+	// WriteValue writes val into a new chunk of its own, durably, and
+	// returns its reference (value.go). An error leaves nothing behind
+	// that a committed image could name.
+	WriteValue(ctx context.Context, val []byte) (ValueRef, error)
+	// ReadValue reads the value r names (ErrGone if its chunk was freed:
+	// the caller starts again from the root). Free frees a value chunk
+	// no committed image names any more.
+	ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
 }
 
 // ErrGone: the node's chunk was freed (a removed node past its grace

@@ -30,6 +30,17 @@ type Config struct {
 	// MaxCountLeaves bounds the leaves a count holds at once (default
 	// 4096); a larger range is refused with ErrRangeTooLarge.
 	MaxCountLeaves int
+	// MaxScanBytes bounds the keys and values of one scan page (default
+	// 4 MiB): a page ends early, with More set, rather than hold more
+	// (it holds one entry at least).
+	MaxScanBytes int
+	// MaxInline bounds an entry (key and value, with their lengths) kept
+	// whole in its leaf (default MaxEntry(NodeSize)/2, at most
+	// MaxEntry(NodeSize)): a larger one keeps its value in a chunk of its
+	// own (value.go), up to MaxValue bytes. Half a node's room keeps a
+	// leaf's fanout at two or more entries of the largest inline size
+	// beside its bounds.
+	MaxInline int
 	// Underfull, if set, is told of a node a delete left under-full (its
 	// level and a key it covers): compression's trigger (Sagiv's second
 	// policy). The tree never calls it with a lock held.
@@ -54,6 +65,15 @@ func (c *Config) fill() error {
 	}
 	if c.MaxCountLeaves == 0 {
 		c.MaxCountLeaves = 4096
+	}
+	if c.MaxScanBytes == 0 {
+		c.MaxScanBytes = 4 << 20
+	}
+	if c.MaxInline == 0 {
+		c.MaxInline = MaxEntry(c.NodeSize) / 2
+	}
+	if c.MaxInline < 0 || c.MaxInline > MaxEntry(c.NodeSize) {
+		return fmt.Errorf("btree: inline entries of at most %d bytes: more than %d-byte nodes hold", c.MaxInline, c.NodeSize)
 	}
 	if c.MaxScanLeaves < 2 || c.MaxCountLeaves < 2 {
 		return errors.New("btree: scans and counts must be allowed two leaves at least")
@@ -109,6 +129,10 @@ type Stats struct {
 	Restarts, MoveRights, Onwards                 atomic.Uint64
 	Splits, RootSplits, Merges, Rebalances, Freed atomic.Uint64
 	Repairs                                       atomic.Uint64 // downlinks put back by Repair
+	// ValuesFreed counts value chunks freed after an overwrite or delete
+	// (or a put that did not apply); ValueLeaks those left allocated
+	// because the update's outcome was unknown or the free failed.
+	ValuesFreed, ValueLeaks atomic.Uint64
 }
 
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
@@ -159,10 +183,28 @@ func (t *Tree) CheckEntry(key, val []byte) error {
 	if len(key) == 0 || len(key) > MaxKey {
 		return ErrKey
 	}
-	if EntrySize(true, key, val) > MaxEntry(t.cfg.NodeSize) {
-		return fmt.Errorf("%w: %d-byte key and %d-byte value; at most %d bytes together with %d-byte nodes", ErrTooLarge, len(key), len(val), MaxEntry(t.cfg.NodeSize)-leafExtra, t.cfg.NodeSize)
+	if len(val) > MaxValue {
+		return fmt.Errorf("%w: a %d-byte value; at most %d bytes", ErrTooLarge, len(val), MaxValue)
 	}
 	return nil
+}
+
+// inline reports whether key and val are kept whole in their leaf.
+func (t *Tree) inline(key, val []byte) bool {
+	return EntrySize(true, key, val) <= t.cfg.MaxInline
+}
+
+// value returns the value leaf entry i stores (reading it from its chunk
+// if it is in one of its own).
+func (t *Tree) value(ctx context.Context, n *Node, i int) ([]byte, error) {
+	if !n.IsExt(i) {
+		return n.Vals[i], nil
+	}
+	ref, err := DecodeRef(n.Vals[i])
+	if err != nil {
+		return nil, err
+	}
+	return t.s.ReadValue(ctx, ref)
 }
 
 func (t *Tree) fits(n *Node) bool {
@@ -332,20 +374,31 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
 	if len(key) == 0 || len(key) > MaxKey {
 		return nil, false, ErrKey
 	}
-	n, _, err := t.locate(ctx, target{key: key}, 0)
-	if err != nil {
-		return nil, false, err
+	for attempt := 0; ; attempt++ {
+		if attempt > maxRestarts {
+			return nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
+		}
+		n, _, err := t.locate(ctx, target{key: key}, 0)
+		if err != nil {
+			return nil, false, err
+		}
+		// What we read must be durable before we report it: the image may
+		// carry a change whose commit is still on its way to the log.
+		if err := t.s.Durable(ctx, n.LSN); err != nil {
+			return nil, false, err
+		}
+		i, ok := n.Search(key)
+		if !ok {
+			return nil, false, nil
+		}
+		v, err := t.value(ctx, n, i)
+		if errors.Is(err, ErrGone) {
+			// Overwritten and freed since the image was current.
+			t.Stats.Restarts.Add(1)
+			continue
+		}
+		return v, err == nil, err
 	}
-	// What we read must be durable before we report it: the image may
-	// carry a change whose commit is still on its way to the log.
-	if err := t.s.Durable(ctx, n.LSN); err != nil {
-		return nil, false, err
-	}
-	i, ok := n.Search(key)
-	if !ok {
-		return nil, false, nil
-	}
-	return n.Vals[i], true, nil
 }
 
 // CondKind is the condition of a conditional put or delete.
@@ -362,6 +415,10 @@ const (
 type Cond struct {
 	Kind  CondKind
 	Value []byte
+	// Prev asks for the previous value in Result.Prev even when the
+	// condition does not need it and it is in a chunk of its own (a
+	// value kept in its leaf is always reported).
+	Prev bool
 }
 
 func (c Cond) holds(found bool, cur []byte) bool {
@@ -389,14 +446,56 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 	if err := t.CheckEntry(key, val); err != nil {
 		return Result{}, err
 	}
-	return t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+	stored, ext := val, false
+	var ref ValueRef
+	if !t.inline(key, val) {
+		// The value first, in a chunk of its own (durable): the leaf's
+		// change names it once committed.
+		var err error
+		if ref, err = t.s.WriteValue(ctx, val); err != nil {
+			return Result{}, refused(err)
+		}
+		stored, ext = ref.Encode(), true
+	}
+	res, old, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
 		if found {
-			n.Vals[i] = val
+			n.setVal(i, stored, ext)
 			return
 		}
-		n.Keys = insertAt(n.Keys, i, key)
-		n.Vals = insertAt(n.Vals, i, val)
+		n.insertEntry(i, key, stored, ext)
 	})
+	var unused *ValueRef
+	if ext {
+		unused = &ref
+	}
+	t.settleValues(ctx, res, err, unused, old)
+	return res, err
+}
+
+// settleValues frees the value chunks an update left unnamed: the new
+// value's (mine) if the update did not apply, the old value's if it did.
+// When the outcome is unknown, both stay (one of them leaks).
+func (t *Tree) settleValues(ctx context.Context, res Result, err error, mine, old *ValueRef) {
+	free := func(r *ValueRef) {
+		if r == nil {
+			return
+		}
+		if ferr := t.s.Free(context.WithoutCancel(ctx), r.Chunk); ferr != nil {
+			t.Stats.ValueLeaks.Add(1)
+			return
+		}
+		t.Stats.ValuesFreed.Add(1)
+	}
+	switch {
+	case err == nil && res.Applied:
+		free(old)
+	case err == nil || errors.Is(err, ErrNotApplied):
+		free(mine)
+	default:
+		if mine != nil || old != nil {
+			t.Stats.ValueLeaks.Add(1)
+		}
+	}
 }
 
 // Delete removes key if cond holds. It holds one node lock; a leaf left
@@ -411,23 +510,26 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 	if cond.Kind == Always {
 		cond.Kind = IfExists // deleting an absent key changes nothing
 	}
-	return t.update(ctx, key, cond, func(n *Node, i int, found bool) {
-		n.Keys = removeAt(n.Keys, i)
-		n.Vals = removeAt(n.Vals, i)
+	res, old, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+		n.removeEntry(i)
 	})
+	t.settleValues(ctx, res, err, nil, old)
+	return res, err
 }
 
 // update is the body of Put and Delete: lock the leaf covering key, check
 // cond, change it, split it if it overflows, then carry the split upwards.
-func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (Result, error) {
+// old is the reference of the key's value before, if it was in a chunk of
+// its own.
+func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, err error) {
 	tg := target{key: key}
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
-			return Result{}, fmt.Errorf("btree: %d restarts updating %q", attempt, key)
+			return Result{}, nil, refused(fmt.Errorf("btree: %d restarts updating %q", attempt, key))
 		}
 		leaf, path, err := t.locate(ctx, tg, 0)
 		if err != nil {
-			return Result{}, refused(err)
+			return Result{}, nil, refused(err)
 		}
 		n, err := t.lockCovering(ctx, leaf.Self, tg, lock.Exclusive)
 		if errors.Is(err, errRestart) {
@@ -435,19 +537,36 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			continue
 		}
 		if err != nil {
-			return Result{}, refused(err)
+			return Result{}, nil, refused(err)
 		}
 		h := n.Self
 		i, found := n.Search(key)
 		res := Result{Found: found}
+		old = nil
 		if found {
 			res.Prev = n.Vals[i]
+			if n.IsExt(i) {
+				r, err := DecodeRef(n.Vals[i])
+				if err != nil {
+					t.s.Unlock(h, lock.Exclusive)
+					return Result{}, nil, refused(err)
+				}
+				old, res.Prev = &r, nil
+				if cond.Kind == IfEquals || cond.Prev || !cond.holds(found, nil) {
+					// Under the lock the chunk is the current value's:
+					// nobody frees it.
+					if res.Prev, err = t.s.ReadValue(ctx, r); err != nil {
+						t.s.Unlock(h, lock.Exclusive)
+						return Result{}, nil, refused(err)
+					}
+				}
+			}
 		}
 		if !cond.holds(found, res.Prev) {
 			t.s.Unlock(h, lock.Exclusive)
 			// Nothing to change; the answer waits until what it read is
 			// durable (it may be another server's lazy commit).
-			return res, refused(t.s.Durable(ctx, n.LSN))
+			return res, nil, refused(t.s.Durable(ctx, n.LSN))
 		}
 		nn := n.Clone()
 		change(nn, i, found)
@@ -455,25 +574,25 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil)
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
-				return Result{}, err
+				return Result{}, old, err
 			}
 			if t.cfg.Underfull != nil && len(nn.Keys) < len(n.Keys) && t.underfull(nn) {
 				t.cfg.Underfull(0, key)
 			}
 			res.Applied = true
-			return res, t.s.Durable(ctx, lsn)
+			return res, old, t.s.Durable(ctx, lsn)
 		}
 		sep, right, lsn, err := t.split(ctx, nn)
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
-			return Result{}, err
+			return Result{}, old, err
 		}
 		res.Applied = true
 		// The key is in place (in the left or the right half, linked from
 		// the left): the separator's insertion above can fail without
 		// losing anything; Repair puts back a downlink that is missing.
 		t.insertSeparator(ctx, 1, sep, right, path, false)
-		return res, t.s.Durable(ctx, lsn)
+		return res, old, t.s.Durable(ctx, lsn)
 	}
 }
 
@@ -492,7 +611,9 @@ func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, err
 	r.Keys = append([][]byte(nil), nn.Keys[mid:]...)
 	if nn.Leaf() {
 		r.Vals = append([][]byte(nil), nn.Vals[mid:]...)
+		r.Ext = nn.extRange(mid, len(nn.Keys))
 		nn.Vals = nn.Vals[:mid:mid]
+		nn.Ext = nn.extRange(0, mid)
 	} else {
 		r.Kids = append([]Handle(nil), nn.Kids[mid:]...)
 		nn.Kids = nn.Kids[:mid:mid]

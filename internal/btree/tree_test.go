@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,15 +94,24 @@ func randKey(r *rand.Rand, space int) []byte {
 // TestTreeSequentialDifferential runs random operations one at a time
 // against the model, checking every answer, with compression after
 // deletes and repair passes, and walks the tree at the end.
+//
+// The last variant keeps values of more than a few bytes in chunks of
+// their own (MaxInline 20), with short and long values mixed so that
+// overwrites move values in and out of their leaves.
 func TestTreeSequentialDifferential(t *testing.T) {
-	for _, fan := range []int{4, 6, 0} {
-		t.Run(fmt.Sprintf("fanout=%d", fan), func(t *testing.T) {
+	for _, vc := range []struct{ fan, inline int }{{4, 0}, {6, 0}, {0, 0}, {6, 20}} {
+		fan := vc.fan
+		name := fmt.Sprintf("fanout=%d", fan)
+		if vc.inline != 0 {
+			name += fmt.Sprintf(",inline=%d", vc.inline)
+		}
+		t.Run(name, func(t *testing.T) {
 			seed := seedFromEnv(t, time.Now().UnixNano())
 			t.Logf("seed %d (GROVE_SEED replays)", seed)
 			r := rand.New(rand.NewSource(seed))
 			var hints [][]byte
 			var hintLevels []int
-			cfg := Config{MaxFanout: fan, Grace: time.Second, MaxScanLeaves: 8, MaxCountLeaves: 1 << 20,
+			cfg := Config{MaxFanout: fan, Grace: time.Second, MaxScanLeaves: 8, MaxCountLeaves: 1 << 20, MaxInline: vc.inline,
 				Underfull: func(level int, key []byte) { hints = append(hints, key); hintLevels = append(hintLevels, level) }}
 			tr, s, clk := newMemTree(t, cfg)
 			ctx := context.Background()
@@ -117,11 +127,14 @@ func TestTreeSequentialDifferential(t *testing.T) {
 			}
 			for op := 0; op < ops; op++ {
 				k := randKey(r, space)
+				if vc.inline != 0 {
+					valLen = []int{4, 30, 300}[r.Intn(3)]
+				}
 				v := []byte(fmt.Sprintf("%0*d", valLen, r.Intn(1e6)))
 				cur, found := m[string(k)]
 				switch x := r.Intn(100); {
 				case x < 40:
-					res, err := tr.Put(ctx, k, v, Cond{})
+					res, err := tr.Put(ctx, k, v, Cond{Prev: true})
 					if err != nil || !res.Applied || res.Found != found || found && string(res.Prev) != cur {
 						t.Fatalf("op %d: put %q: %+v %v (model found %v %q)", op, k, res, err, found, cur)
 					}
@@ -211,6 +224,9 @@ func TestTreeSequentialDifferential(t *testing.T) {
 			if tr.Stats.Splits.Load() == 0 || tr.Stats.Merges.Load()+tr.Stats.Rebalances.Load() == 0 {
 				t.Fatal("the workload split or merged nothing: it tests too little")
 			}
+			if vc.inline != 0 && (sh.Values == 0 || tr.Stats.ValuesFreed.Load() == 0) {
+				t.Fatalf("%d values in chunks at the end, %d freed: the workload tests too little of them", sh.Values, tr.Stats.ValuesFreed.Load())
+			}
 		})
 	}
 }
@@ -254,7 +270,16 @@ func checkScan(t *testing.T, tr *Tree, m model, span Span, limit int, reverse bo
 // own keys (so each can check every answer against its own model), with
 // keys of all goroutines interleaved in the same leaves, while background
 // goroutines compress and repair. Run it with -race.
+//
+// The second variant keeps most values in chunks of their own (MaxInline
+// 16): scans and gets then meet value chunks that other workers' overwrites
+// free under them.
 func TestTreeConcurrentDifferential(t *testing.T) {
+	t.Run("inline", func(t *testing.T) { testConcurrentDifferential(t, 0) })
+	t.Run("values-in-chunks", func(t *testing.T) { testConcurrentDifferential(t, 16) })
+}
+
+func testConcurrentDifferential(t *testing.T, inline int) {
 	seed := seedFromEnv(t, time.Now().UnixNano())
 	t.Logf("seed %d (GROVE_SEED replays the choices; the interleaving is the scheduler's)", seed)
 	var hintMu sync.Mutex
@@ -263,7 +288,7 @@ func TestTreeConcurrentDifferential(t *testing.T) {
 		key   []byte
 	}
 	var hints []hint
-	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, MaxScanLeaves: 6, MaxCountLeaves: 1 << 20,
+	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, MaxScanLeaves: 6, MaxCountLeaves: 1 << 20, MaxInline: inline,
 		Underfull: func(level int, key []byte) {
 			hintMu.Lock()
 			hints = append(hints, hint{level, key})
@@ -327,10 +352,13 @@ func TestTreeConcurrentDifferential(t *testing.T) {
 			for op := 0; op < ops && !failed.Load(); op++ {
 				k := key()
 				v := []byte(fmt.Sprintf("v%d.%d", w, op))
+				if r.Intn(2) == 0 {
+					v = []byte(fmt.Sprintf("v%d.%d.%s", w, op, strings.Repeat("x", r.Intn(200))))
+				}
 				cur, found := m[string(k)]
 				switch x := r.Intn(100); {
 				case x < 45:
-					res, err := tr.Put(ctx, k, v, Cond{})
+					res, err := tr.Put(ctx, k, v, Cond{Prev: true})
 					if err != nil || res.Found != found || string(res.Prev) != cur {
 						fail("worker %d op %d: put %q: %+v %v, model %v %q", w, op, k, res, err, found, cur)
 						return
@@ -416,6 +444,10 @@ func TestTreeConcurrentDifferential(t *testing.T) {
 		}
 	}
 	sh := checkShape(t, s, all, true)
+	if inline != 0 && (sh.Values == 0 || tr.Stats.ValuesFreed.Load() == 0) {
+		t.Fatalf("%d values in chunks at the end, %d freed: the workload tests too little of them", sh.Values, tr.Stats.ValuesFreed.Load())
+	}
+	t.Logf("%d values in chunks, %d freed, %d leaked", sh.Values, tr.Stats.ValuesFreed.Load(), tr.Stats.ValueLeaks.Load())
 	t.Logf("%d keys, height %d, %d nodes; splits %d, merges %d, rebalances %d, freed %d, restarts %d, move-rights %d, onwards %d, repairs %d",
 		len(all), sh.Height, sh.Nodes, tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(),
 		tr.Stats.Freed.Load(), tr.Stats.Restarts.Load(), tr.Stats.MoveRights.Load(), tr.Stats.Onwards.Load(), tr.Stats.Repairs.Load())
@@ -430,10 +462,13 @@ func TestTreeErrors(t *testing.T) {
 	if _, err := tr.Put(ctx, make([]byte, MaxKey+1), nil, Cond{}); !errors.Is(err, ErrKey) {
 		t.Fatalf("long key: %v", err)
 	}
-	if _, err := tr.Put(ctx, []byte("k"), make([]byte, MaxEntry(MinNodeSize)), Cond{}); !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("large value: %v", err)
+	if _, err := tr.Put(ctx, []byte("k"), make([]byte, MaxValue+1), Cond{}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a value over MaxValue: %v", err)
 	}
-	big := make([]byte, MaxEntry(MinNodeSize)-leafExtra-MaxKey)
+	if n := len(s.Chunks()); n != 2 {
+		t.Fatalf("a refused value left %d chunks, want the anchor and the root", n)
+	}
+	big := make([]byte, tr.Config().MaxInline-leafExtra-MaxKey)
 	for i := 0; i < 40; i++ {
 		k := bytes.Repeat([]byte{byte('a' + i)}, MaxKey)
 		if _, err := tr.Put(ctx, k, big, Cond{}); err != nil {

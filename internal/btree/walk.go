@@ -11,6 +11,7 @@ import (
 type Reader interface {
 	Anchor(ctx context.Context) (*Anchor, error)
 	Read(ctx context.Context, h Handle) (*Node, error)
+	ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
 }
 
 // Shape is what Walk found.
@@ -20,7 +21,8 @@ type Shape struct {
 	Removed int // removed nodes waiting in garbage lists
 	Keys    []([]byte)
 	Vals    [][]byte
-	Chunks  map[Handle]bool // every chunk the tree uses: anchor, live and removed nodes
+	Values  int             // values in chunks of their own
+	Chunks  map[Handle]bool // every chunk the tree uses: anchor, live and removed nodes, values
 	Missing int             // live nodes without a downlink (after a crash, before Repair)
 }
 
@@ -114,7 +116,22 @@ func Walk(ctx context.Context, r Reader, complete bool) (Shape, error) {
 					}
 					last = k
 					sh.Keys = append(sh.Keys, k)
-					sh.Vals = append(sh.Vals, n.Vals[i])
+					v := n.Vals[i]
+					if n.IsExt(i) {
+						ref, err := DecodeRef(v)
+						if err != nil {
+							return sh, fmt.Errorf("walk: leaf %v, key %q: %w", n.Self, k, err)
+						}
+						if sh.Chunks[ref.Chunk] {
+							return sh, fmt.Errorf("walk: leaf %v, key %q: value chunk %v is named twice", n.Self, k, ref.Chunk)
+						}
+						if v, err = r.ReadValue(ctx, ref); err != nil {
+							return sh, fmt.Errorf("walk: leaf %v, key %q: value chunk %v: %w", n.Self, k, ref.Chunk, err)
+						}
+						sh.Chunks[ref.Chunk] = true
+						sh.Values++
+					}
+					sh.Vals = append(sh.Vals, v)
 				}
 			}
 		}
