@@ -84,6 +84,11 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 				default:
 				}
 				k, v := fmt.Sprintf("key-%d-%05d", id, i), fmt.Sprintf("v%d", i)
+				if i%8 == 4 {
+					// Larger than half a node: the value goes to a chunk
+					// of its own, which the replay's leaves name.
+					v = strings.Repeat(v+".", 12000/len(v))
+				}
 				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				_, err := tc.Put(cctx, &pb.TreePutRequest{Tree: "e2e", Key: []byte(k), Value: []byte(v)})
 				cancel()
@@ -170,7 +175,7 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if n, err := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || err != nil || n != len(got) {
 		t.Fatalf("tree count: %v (the scan has %d)", r, len(got))
 	}
-	for _, k := range []string{fmt.Sprintf("key-%d-00000", survivor), fmt.Sprintf("key-%d-00000", victim)} {
+	for _, k := range []string{fmt.Sprintf("key-%d-00000", survivor), fmt.Sprintf("key-%d-00000", victim), fmt.Sprintf("key-%d-00004", victim)} {
 		if _, ok := acked[k]; !ok {
 			t.Fatalf("%s was not acknowledged", k) // (the waits above make sure it was)
 		}
@@ -196,6 +201,16 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	}
 	if r := grove(t, bin, nil, "tree", "put", "e2e", strings.Repeat("k", 2000), "v", ep(3)); r.code != 2 {
 		t.Fatalf("an oversized key: %v", r)
+	}
+	big := strings.Repeat("0123456789abcdef", 6<<10) // 96 KiB (an argument may have up to 128 KiB)
+	if r := grove(t, bin, nil, "tree", "put", "e2e", "big", big, ep(3)); r.code != 0 {
+		t.Fatalf("a 96 KiB value: %v", r)
+	}
+	if r := grove(t, bin, nil, "tree", "get", "e2e", "big", ep(survivor)); r.code != 0 || strings.TrimSpace(r.stdout) != big {
+		t.Fatalf("the 96 KiB value through node %d: exit %d, %d bytes", survivor, r.code, len(r.stdout))
+	}
+	if r := grove(t, bin, nil, "tree", "del", "e2e", "big", ep(3)); r.code != 0 {
+		t.Fatalf("deleting the 96 KiB value: %v", r)
 	}
 	if r := grove(t, bin, nil, "tree", "put", "e2e", "cas", "1", "--if-absent", ep(3)); r.code != 0 {
 		t.Fatalf("put --if-absent: %v", r)

@@ -159,8 +159,10 @@ type CacheStats struct {
 	Hits, Misses, Loads         uint64
 	WriteBacks, Revocations     uint64
 	Evictions, Upgrades, Renews uint64
-	// ValueWrites and ValueReads count values in chunks of their own.
-	ValueWrites, ValueReads uint64
+	// ValueWrites and ValueReads count values in chunks of their own;
+	// ValueLeaks the value chunks whose write failed and whose free failed
+	// too.
+	ValueWrites, ValueReads, ValueLeaks uint64
 }
 
 type entry struct {
@@ -232,14 +234,14 @@ func (c *Cache) Stats() CacheStats {
 	s := &c.stats
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
-		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load()}
+		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
 // lookup, by every goroutine, and must not serialize them.
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
-	valueWrites, valueReads                                                   atomic.Uint64
+	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -974,6 +976,7 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 		return ref, nil
 	}
 	if ferr := c.cfg.Chunks.Free(context.WithoutCancel(ctx), h); ferr != nil {
+		c.stats.valueLeaks.Add(1)
 		c.log.Warn("freeing a value chunk whose write failed: it leaks", "chunk", h, "err", ferr)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))

@@ -59,6 +59,14 @@ type simWorld struct {
 	nodeSize int
 	stale    bool // teeth: caches serve images after giving their leases up
 	start    time.Time
+	// inline is the tree's MaxInline (0: the default): odd seeds keep
+	// almost every value in a chunk of its own.
+	inline int
+	// keepOldValues: teeth: updates never free the value chunk they
+	// replaced.
+	keepOldValues bool
+	// every is every server incarnation started, for their counters.
+	every []*simServer
 
 	mu      sync.Mutex
 	r       *rand.Rand
@@ -174,6 +182,9 @@ func (w *simWorld) rand(n int) int {
 // incarnation's until then), then opens the log.
 func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	s := &simServer{w: w, node: node, stop: make(chan struct{}), hints: make(chan hint, 256)}
+	w.mu.Lock()
+	w.every = append(w.every, s)
+	w.mu.Unlock()
 	chunks := w.chunks.clerk(node, s.gate)
 	s.chunks = chunks
 	s.clerk = w.locks.newClerk(node, func(ctx context.Context, r lock.Recovery) error {
@@ -209,7 +220,7 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	}
 	s.wal = wal
 	s.cache.cfg.Log = wal
-	tr, err := New(s.cache.Store(w.anchor, w.nodeSize, nil), w.anchor.ID, Config{NodeSize: w.nodeSize, MaxFanout: 4, Grace: 40 * time.Millisecond,
+	tr, err := New(s.cache.Store(w.anchor, w.nodeSize, nil), w.anchor.ID, Config{NodeSize: w.nodeSize, MaxFanout: 4, Grace: 40 * time.Millisecond, MaxInline: w.inline,
 		Underfull: func(level int, key []byte) {
 			select {
 			case s.hints <- hint{level: level, key: key}:
@@ -219,6 +230,7 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	tr.keepOldValues = w.keepOldValues
 	s.tree = tr
 	s.done.Add(2)
 	go func() { // the failure watch, as Service.watch runs it
@@ -594,9 +606,9 @@ func (w *simWorld) run(ctx context.Context, s *simServer, in kvIn, out *kvOut) (
 	case "put", "del":
 		var r Result
 		if in.kind == "put" {
-			r, err = s.tree.Put(ctx, []byte(in.key), []byte(in.val), Cond{Kind: in.cond, Value: []byte(in.eq)})
+			r, err = s.tree.Put(ctx, []byte(in.key), []byte(in.val), Cond{Kind: in.cond, Value: []byte(in.eq), Prev: true})
 		} else {
-			r, err = s.tree.Delete(ctx, []byte(in.key), Cond{Kind: in.cond, Value: []byte(in.eq)})
+			r, err = s.tree.Delete(ctx, []byte(in.key), Cond{Kind: in.cond, Value: []byte(in.eq), Prev: true})
 		}
 		out.applied, out.found, out.prev = r.Applied, r.Found, string(r.Prev)
 	case "count":
@@ -753,6 +765,7 @@ func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, er
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied                      int
+	valueWrites, valuesFreed                                     int
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -764,6 +777,7 @@ const (
 	teethStale                  // caches serve images after giving their leases up
 	teethLeaseTime              // caches serve images past their leases' time
 	teethIgnoreDropped          // (with a drop) caches serve a dropped tree as a live one
+	teethKeepOldValues          // updates never free the value chunks they replaced
 )
 
 // healAll brings every server back and makes sure no dead incarnation's
@@ -874,20 +888,63 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 	if err != nil {
 		return res, fmt.Errorf("freeing the dropped tree: %v", err)
 	}
-	w.chunks.mu.Lock()
-	for hd := range w.chunks.data {
-		owner, ok := w.chunks.owner[hd]
-		if !ok || !w.killed[owner] {
-			w.chunks.mu.Unlock()
-			return res, fmt.Errorf("chunk %v of the dropped tree is still allocated (allocated by server %d, which never died)", hd, owner)
-		}
+	if err := w.checkLeaks(nil, h); err != nil {
+		return res, fmt.Errorf("after the drop: %v", err)
 	}
-	w.chunks.mu.Unlock()
 	res.kills, res.restarts = w.kills, w.restart-3
 	for n := uint64(1); n <= 3; n++ {
 		w.kill(w.servers[n])
 	}
 	return res, nil
+}
+
+// checkLeaks checks that every allocated chunk but the anchor is in use
+// (reachable; after a drop, nil: nothing is, the anchor included) unless
+// it may leak: a node's chunk, if the server that allocated it died (a
+// split cut off before its commit); a value's, up to one per update whose
+// outcome was unknown (cut off between its value's write and its commit,
+// or between its commit and the old value's free: a server that died, or
+// an answer lost) plus those the servers counted as leaked (a failed free).
+func (w *simWorld) checkLeaks(reachable map[Handle]bool, h *history) error {
+	allowed := 0
+	for _, o := range h.ops {
+		if o.Output.(kvOut).unknown {
+			allowed++
+		}
+	}
+	w.mu.Lock()
+	for _, s := range w.every {
+		if s.tree != nil {
+			allowed += int(s.tree.Stats.ValueLeaks.Load())
+		}
+		if s.cache != nil {
+			allowed += int(s.cache.Stats().ValueLeaks)
+		}
+	}
+	w.mu.Unlock()
+	w.chunks.mu.Lock()
+	defer w.chunks.mu.Unlock()
+	values := 0
+	for hd, b := range w.chunks.data {
+		if reachable[hd] || reachable != nil && hd == w.anchor {
+			continue
+		}
+		owner, ok := w.chunks.owner[hd]
+		if !ok && reachable != nil {
+			continue // the world made it (the first root): only a drop must free it
+		}
+		if len(b) >= 4 && string(b[:4]) == valueMagic {
+			values++
+			continue
+		}
+		if !ok || !w.killed[owner] {
+			return fmt.Errorf("chunk %v leaked (allocated by server %d, which never died)", hd, owner)
+		}
+	}
+	if values > allowed {
+		return fmt.Errorf("%d value chunks leaked; %d updates had an unknown outcome or a failed free", values, allowed)
+	}
+	return nil
 }
 
 // newSimWorld makes the world of a seed: the simulated lock service,
@@ -924,6 +981,12 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w := newSimWorld(t, ctx, seed, teeth == teethStale, 64)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
 	w.drop, w.ignoreDropped = drop || teeth == teethIgnoreDropped, teeth == teethIgnoreDropped
+	if seed%2 != 0 || teeth == teethKeepOldValues {
+		// Keys "kNN", values "cC.I": an entry of 13 bytes or less
+		// stays in its leaf, nearly every value goes to a chunk.
+		w.inline = 13
+	}
+	w.keepOldValues = teeth == teethKeepOldValues
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
 	}
@@ -1096,13 +1159,10 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			return res, fmt.Errorf("key %q: the chunks hold %q, the final reads %q", k, sh.Vals[i], final[string(k)])
 		}
 	}
-	w.chunks.mu.Lock()
-	for hd, owner := range w.chunks.owner {
-		if _, live := w.chunks.data[hd]; live && !sh.Chunks[hd] && hd != w.anchor && !w.killed[owner] {
-			w.chunks.mu.Unlock()
-			return res, fmt.Errorf("chunk %v leaked (allocated by server %d, which never died)", hd, owner)
-		}
+	if err := w.checkLeaks(sh.Chunks, h); err != nil {
+		return res, err
 	}
+	w.chunks.mu.Lock()
 	res.late, res.refused = w.chunks.lateCount, w.chunks.refused
 	w.chunks.mu.Unlock()
 	for n := uint64(1); n <= 3; n++ {
@@ -1110,6 +1170,14 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		res.splits += int(st.Splits.Load())
 		res.merges += int(st.Merges.Load())
 		w.kill(w.servers[n])
+	}
+	for _, s := range w.every {
+		if s.cache != nil {
+			res.valueWrites += int(s.cache.Stats().ValueWrites)
+		}
+		if s.tree != nil {
+			res.valuesFreed += int(s.tree.Stats.ValuesFreed.Load())
+		}
 	}
 	return res, nil
 }
@@ -1160,10 +1228,12 @@ func TestSimTree(t *testing.T) {
 		total.expired += r.expired
 		total.resigned += r.resigned
 		total.notApplied += r.notApplied
+		total.valueWrites += r.valueWrites
+		total.valuesFreed += r.valuesFreed
 	}
-	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts, %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d writes landed late (%d refused by their fence), %d splits, %d merges",
-		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.disrupts, total.expired, total.resigned, total.late, total.refused, total.splits, total.merges)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0) {
+	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts, %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed)",
+		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.disrupts, total.expired, total.resigned, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed)
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }
@@ -1241,6 +1311,15 @@ func TestSimTeethLeaseTime(t *testing.T) {
 		_, err := runSim(t, seed, teethLeaseTime, 40)
 		return err
 	}, "not linearizable")
+}
+
+// TestSimTeethKeepOldValues: updates that never free the value chunk
+// they replaced are caught by the leak check.
+func TestSimTeethKeepOldValues(t *testing.T) {
+	expectTeeth(t, "values never freed", 10, func(seed int64) error {
+		_, err := runSim(t, seed, teethKeepOldValues, 40)
+		return err
+	}, "value chunks leaked")
 }
 
 func (w *simWorld) dumpLocks(seed int64) {

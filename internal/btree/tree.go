@@ -147,6 +147,9 @@ type Tree struct {
 	// the nodes changed); an error ends the operation there, as if its
 	// server died at that instant (the crash-point tests kill it inside).
 	crashPoint func(point string, level int) error
+	// keepOldValues, set only by the simulator's teeth, never frees the
+	// value chunk an update replaced.
+	keepOldValues bool
 }
 
 func (t *Tree) at(point string, level int) error {
@@ -488,6 +491,9 @@ func (t *Tree) settleValues(ctx context.Context, res Result, err error, mine, ol
 	}
 	switch {
 	case err == nil && res.Applied:
+		if t.keepOldValues {
+			return // teeth: the old value chunk leaks
+		}
 		free(old)
 	case err == nil || errors.Is(err, ErrNotApplied):
 		free(mine)
