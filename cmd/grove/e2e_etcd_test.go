@@ -79,6 +79,13 @@ func TestEndToEndEtcdctl(t *testing.T) {
 		t.Fatalf("a limited range's count and more: %q %v", out, err)
 	}
 	must(1, "OK\napp/a\n1\n", "put", "app/a", "10", "--prev-kv")
+	// A 64 KiB value (in a chunk of its own), overwritten with --prev-kv,
+	// read through another node, deleted.
+	big, big2 := strings.Repeat("0123456789abcdef", 4<<10), strings.Repeat("fedcba9876543210", 4<<10)
+	must(2, "OK\n", "put", "big", big)
+	must(1, "OK\nbig\n"+big+"\n", "put", "big", big2, "--prev-kv")
+	must(3, big2+"\n", "get", "big", "--print-value-only")
+	must(3, "1\n", "del", "big")
 	must(3, "1\n", "del", "app/b")
 	must(3, "0\n", "del", "app/b")
 	must(2, "2\n", "del", "app/", "--prefix")
