@@ -955,11 +955,15 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 }
 
 // WriteValue writes val into a new chunk of its own, fenced by the
-// server's fence: durable on return. The chunk is written once; a write
-// whose outcome is unknown (or that was fenced out) gives the chunk back
-// and fails, marked not applied (no image names the chunk yet; the chunk
-// manager quarantines freed space against the late landing of such a
-// write). An earlier attempt that may still land writes the same bytes.
+// server's fence: durable on return. The chunk is written whole, once (a
+// write that succeeded while an earlier attempt of it may still land is
+// done: that attempt writes the same bytes). A write that failed, whatever
+// it may have left (a chunk clerk's failure may wrap chunk.ErrMaybeDone:
+// it is not a success), is tried again while the failure is only this
+// server's own fence renewal overtaking it; otherwise the chunk is given
+// back and the put fails, marked not applied (no image names the chunk
+// yet; the chunk manager quarantines freed space against the late landing
+// of an attempt).
 func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error) {
 	c := s.c
 	if err := c.Err(); err != nil {
@@ -970,16 +974,51 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 		return ValueRef{}, refused(err)
 	}
 	img, ref := EncodeValue(s.tree, h, val)
-	err = c.cfg.Chunks.Write(ctx, h, img, c.cfg.Fence())
-	if err == nil || errors.Is(err, chunk.ErrMaybeDone) {
-		c.stats.valueWrites.Add(1)
-		return ref, nil
+	for attempt := 0; attempt < 3; attempt++ {
+		f := c.cfg.Fence()
+		err = c.cfg.Chunks.Write(ctx, h, img, f)
+		if err == nil || errors.Is(err, errWrittenEarlierMayLand) {
+			c.stats.valueWrites.Add(1)
+			return ref, nil
+		}
+		if !errors.Is(err, chunk.ErrFenced) || !f.Token.Less(c.cfg.Fence().Token) {
+			break
+		}
 	}
 	if ferr := c.cfg.Chunks.Free(context.WithoutCancel(ctx), h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
 		c.log.Warn("freeing a value chunk whose write failed: it leaks", "chunk", h, "err", ferr)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
+}
+
+// FreeWhenDurable frees h once lsn is durable, waiting for it in the
+// background (up to 10 minutes) while the server runs. If the log fails
+// first, the chunk leaks (counted).
+func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle) bool {
+	c := s.c
+	if c.Err() != nil {
+		return false
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		go func() { // ends with the cache
+			select {
+			case <-c.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if err := c.cfg.Log.Flush(ctx, txn.LSN(lsn)); err != nil {
+			c.stats.valueLeaks.Add(1)
+			return
+		}
+		if err := c.cfg.Chunks.Free(ctx, h); err != nil {
+			c.stats.valueLeaks.Add(1)
+		}
+	}()
+	return true
 }
 
 // ReadValue reads the value r names, from its chunk (values are not

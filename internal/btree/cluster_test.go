@@ -73,7 +73,7 @@ func (tc *testCluster) server(t *testing.T, ctx context.Context, i int) *btree.S
 			return s
 		}
 		if ctx.Err() != nil {
-			t.Fatal(err)
+			t.Fatalf("node %d's B-tree server: %v", i+1, err)
 		}
 		time.Sleep(100 * time.Millisecond) // the node is still joining
 	}

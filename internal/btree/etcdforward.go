@@ -81,10 +81,11 @@ type outbox[T proto.Message] struct {
 
 const (
 	forwardBatchBytes = 4 << 20
-	// forwardCallMax bounds a call sent on the stream: no call the tree
-	// accepts is larger (a key of 1 KiB, a value within a 256 KiB node);
-	// a larger one is served where it landed (and refused there), so
-	// that it never holds the stream's small calls up behind it.
+	// forwardCallMax bounds a call sent on the stream: a larger one (a
+	// put of a value near MaxValue) is served where it landed (any
+	// server may: the tree stays coherent through the locks; one too
+	// large for the tree is refused there), so that it never holds the
+	// stream's small calls up behind it.
 	forwardCallMax = 1 << 20
 	// forwardAnswerMax bounds an answer: a larger one is replaced by an
 	// error (the unary path would have failed it too).

@@ -254,6 +254,10 @@ func (s *MemStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
 	return DecodeValue(img, s.mu.anchor.Self.ID, r)
 }
 
+func (s *MemStore) FreeWhenDurable(lsn uint64, h Handle) bool {
+	return s.Free(context.Background(), h) == nil // (every change is durable at once)
+}
+
 // Chunks returns every allocated chunk: for the walker's leak check. Call
 // it when no operation runs.
 func (s *MemStore) Chunks() map[Handle]bool {

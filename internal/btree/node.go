@@ -297,9 +297,9 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// ErrCorrupt: a node image does not decode (torn, flipped, misdirected, or
-// not a node at all).
-var ErrCorrupt = errors.New("btree: node image is corrupt")
+// ErrCorrupt: a node, anchor or value image does not decode (torn,
+// flipped, misdirected, or not such an image at all).
+var ErrCorrupt = errors.New("btree: chunk image is corrupt")
 
 // Size is the length of n's encoding.
 func (n *Node) Size() int {

@@ -63,6 +63,11 @@ func (t *Tree) scan(ctx context.Context, span Span, limit int, reverse, keysOnly
 	if err := span.check(); err != nil {
 		return Page{}, err
 	}
+	// Values in chunks of their own are read once the leaves are
+	// released; if one was freed meanwhile (an overwrite), the page is
+	// read again with the values read under the leaves' locks, which no
+	// overwrite can pass: a writer cannot starve a scan.
+	hold := false
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
 			return Page{}, fmt.Errorf("btree: %d restarts scanning", attempt)
@@ -70,17 +75,23 @@ func (t *Tree) scan(ctx context.Context, span Span, limit int, reverse, keysOnly
 		var pg Page
 		var err error
 		if reverse {
-			pg, err = t.scanReverse(ctx, span, limit, keysOnly)
+			pg, err = t.scanReverse(ctx, span, limit, keysOnly, hold)
 		} else {
-			pg, err = t.scanForward(ctx, span, limit, keysOnly)
+			pg, err = t.scanForward(ctx, span, limit, keysOnly, hold)
 		}
-		if errors.Is(err, errRestart) {
+		if errors.Is(err, errValueGone) {
+			hold = true
+		}
+		if errors.Is(err, errRestart) || errors.Is(err, errValueGone) {
 			t.Stats.Restarts.Add(1)
 			continue
 		}
 		return pg, err
 	}
 }
+
+// errValueGone: a value chunk a page named was freed before it was read.
+var errValueGone = errors.New("btree: a value chunk was freed under the read")
 
 // held is a set of leaves locked in shared mode, in key order.
 type held struct {
@@ -132,7 +143,7 @@ func (t *Tree) lockRun(ctx context.Context, start Handle, from, to []byte, max i
 	return hd, nil
 }
 
-func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly bool) (Page, error) {
+func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly, hold bool) (Page, error) {
 	leaf, _, err := t.locate(ctx, target{key: span.From}, 0)
 	if err != nil {
 		return Page{}, err
@@ -148,6 +159,7 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly b
 	}
 	full := false
 	var ext []bool
+	var next []byte // full: the first key left out
 	size := 0
 	for _, n := range hd.nodes {
 		i, _ := n.Search(span.From)
@@ -158,7 +170,7 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly b
 			}
 			es := entryBytes(n, i, keysOnly)
 			if limit > 0 && len(pg.Keys) == limit || len(pg.Keys) > 0 && size+es > t.cfg.MaxScanBytes {
-				full = true
+				full, next = true, k
 				break
 			}
 			size += es
@@ -171,14 +183,32 @@ func (t *Tree) scanForward(ctx context.Context, span Span, limit int, keysOnly b
 		}
 	}
 	if full {
-		// The page ends just after its last key.
-		pg.Hi, pg.More = append(bytes.Clone(pg.Keys[len(pg.Keys)-1]), 0), true
+		// The page ends at the first key it leaves out (a key: at most
+		// MaxKey bytes, unlike the last key + 0, which the next page
+		// could not start from).
+		pg.Hi, pg.More = next, true
+	}
+	return t.finishPage(ctx, hd, pg, ext, keysOnly, hold)
+}
+
+// finishPage reads the page's values in chunks of their own (under the
+// leaves' locks if hold) and waits until what the page read is durable.
+func (t *Tree) finishPage(ctx context.Context, hd *held, pg Page, ext []bool, keysOnly, hold bool) (Page, error) {
+	var err error
+	if hold {
+		err = t.resolve(ctx, &pg, ext, keysOnly)
 	}
 	hd.release()
+	if err != nil {
+		return Page{}, err
+	}
 	if err := t.s.Durable(ctx, hd.lsn); err != nil {
 		return Page{}, err
 	}
-	return pg, t.resolve(ctx, &pg, ext, keysOnly)
+	if !hold {
+		err = t.resolve(ctx, &pg, ext, keysOnly)
+	}
+	return pg, err
 }
 
 // entryBytes is what leaf entry i adds to a page: its key and its value's
@@ -214,7 +244,7 @@ func (t *Tree) resolve(ctx context.Context, pg *Page, ext []bool, keysOnly bool)
 		}
 		v, err := t.s.ReadValue(ctx, ref)
 		if errors.Is(err, ErrGone) {
-			return errRestart
+			return errValueGone
 		}
 		if err != nil {
 			return err
@@ -229,7 +259,7 @@ func (t *Tree) resolve(ctx context.Context, pg *Page, ext []bool, keysOnly bool)
 // locks the run from there to the end of the span and takes the last limit
 // entries. A page may be short (concurrent deletes, or more leaves than
 // MaxScanLeaves): More then says the span goes on below Lo.
-func (t *Tree) scanReverse(ctx context.Context, span Span, limit int, keysOnly bool) (Page, error) {
+func (t *Tree) scanReverse(ctx context.Context, span Span, limit int, keysOnly, hold bool) (Page, error) {
 	n, _, err := t.locate(ctx, target{key: span.To, below: true}, 0)
 	if err != nil {
 		return Page{}, err
@@ -297,11 +327,7 @@ func (t *Tree) scanReverse(ctx context.Context, span Span, limit int, keysOnly b
 		pg.Vals = append(pg.Vals, vals[i])
 		ext = append(ext, exts[i])
 	}
-	hd.release()
-	if err := t.s.Durable(ctx, hd.lsn); err != nil {
-		return Page{}, err
-	}
-	return pg, t.resolve(ctx, &pg, ext, keysOnly)
+	return t.finishPage(ctx, hd, pg, ext, keysOnly, hold)
 }
 
 func countIn(n *Node, span Span) int {

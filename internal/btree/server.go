@@ -1064,10 +1064,16 @@ func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error
 func (s chunkStore) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
 	earlier, err := s.c.WriteFencedReport(ctx, h, 0, data, f)
 	if err == nil && earlier {
-		return fmt.Errorf("writing node %v: %w (an earlier attempt, unanswered, may still land under the same token)", h, chunk.ErrMaybeDone)
+		return fmt.Errorf("writing chunk %v: %w (an earlier attempt, unanswered, may still land under the same token)", h, errWrittenEarlierMayLand)
 	}
 	return err
 }
+
+// errWrittenEarlierMayLand: the write is done, and an earlier attempt of
+// it may still land (chunkStore.Write). It wraps chunk.ErrMaybeDone, which
+// the chunk clerk also wraps in failures whose attempts may have landed:
+// only this one says the data is there.
+var errWrittenEarlierMayLand = fmt.Errorf("written; %w", chunk.ErrMaybeDone)
 
 func (s chunkStore) Free(ctx context.Context, h Handle) error {
 	err := s.c.Free(ctx, h)

@@ -84,19 +84,30 @@ func (s *Service) Start(inc uint64) {
 	ctx := s.mu.ctx
 	go func() {
 		// Start at once if there are trees: this server may have to
-		// recover a dead one's log.
+		// recover a dead one's log. Otherwise start as soon as the first
+		// tree appears (or at the first call, whichever is first), so
+		// that the first calls through this node do not wait for its log
+		// to be made.
 		for ctx.Err() == nil {
 			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 			ns, err := s.cfg.Meta.Read(rctx, Namespace)
 			rcancel()
 			if err == nil {
-				// Trees (or drops to finish) exist: start at once.
 				if ts, terr := Trees(ns); terr != nil || len(ts) > 0 || len(pendingDrops(ns)) > 0 {
 					s.launch(inc)
+					return
 				}
-				return
+				s.mu.Lock()
+				started := s.mu.started && s.mu.inc == inc
+				s.mu.Unlock()
+				if started {
+					return
+				}
 			}
-			time.Sleep(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 	}()
 }
@@ -539,7 +550,7 @@ func (s *Service) Stat(ctx context.Context, r *pb.TreeStatRequest) (*pb.TreeStat
 	if _, err := srv.Open(ctx, r.Tree); err != nil {
 		return nil, rpcError(err)
 	}
-	sh, err := Walk(ctx, srv.cache.Store(e.Anchor, e.NodeSize, nil), false)
+	sh, err := WalkStructure(ctx, srv.cache.Store(e.Anchor, e.NodeSize, nil), false)
 	if err != nil {
 		return nil, rpcError(err)
 	}

@@ -68,6 +68,10 @@ type Store interface {
 	// the caller starts again from the root). Free frees a value chunk
 	// no committed image names any more.
 	ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
+	// FreeWhenDurable frees value chunk h once the change at lsn is
+	// durable, after the caller returns if need be (the caller's wait
+	// ended first: its deadline passed). It reports whether it will.
+	FreeWhenDurable(lsn uint64, h Handle) bool
 }
 
 // ErrGone: the node's chunk was freed (a removed node past its grace

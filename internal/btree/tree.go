@@ -72,6 +72,9 @@ func (c *Config) fill() error {
 	if c.MaxInline == 0 {
 		c.MaxInline = MaxEntry(c.NodeSize) / 2
 	}
+	if c.MaxScanBytes < 0 {
+		return fmt.Errorf("btree: scan pages of %d bytes", c.MaxScanBytes)
+	}
 	if c.MaxInline < 0 || c.MaxInline > MaxEntry(c.NodeSize) {
 		return fmt.Errorf("btree: inline entries of at most %d bytes: more than %d-byte nodes hold", c.MaxInline, c.NodeSize)
 	}
@@ -131,8 +134,10 @@ type Stats struct {
 	Repairs                                       atomic.Uint64 // downlinks put back by Repair
 	// ValuesFreed counts value chunks freed after an overwrite or delete
 	// (or a put that did not apply); ValueLeaks those left allocated
-	// because the update's outcome was unknown or the free failed.
-	ValuesFreed, ValueLeaks atomic.Uint64
+	// because their free failed; ValueUnsettled the updates of unknown
+	// outcome that left a value chunk (the new or the old one) allocated
+	// and maybe named by nothing.
+	ValuesFreed, ValueLeaks, ValueUnsettled atomic.Uint64
 }
 
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
@@ -377,6 +382,7 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
 	if len(key) == 0 || len(key) > MaxKey {
 		return nil, false, ErrKey
 	}
+	gone := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
 			return nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
@@ -384,6 +390,11 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
 		n, _, err := t.locate(ctx, target{key: key}, 0)
 		if err != nil {
 			return nil, false, err
+		}
+		if gone >= 2 {
+			// Overwrites keep freeing the value under the read: read it
+			// under the leaf's lock, which they cannot pass.
+			return t.getLocked(ctx, n.Self, key)
 		}
 		// What we read must be durable before we report it: the image may
 		// carry a change whose commit is still on its way to the log.
@@ -398,9 +409,47 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
 		if errors.Is(err, ErrGone) {
 			// Overwritten and freed since the image was current.
 			t.Stats.Restarts.Add(1)
+			gone++
 			continue
 		}
 		return v, err == nil, err
+	}
+}
+
+// getLocked is Get holding the covering leaf's lock in shared mode, found
+// from start, while it reads the value.
+func (t *Tree) getLocked(ctx context.Context, start Handle, key []byte) ([]byte, bool, error) {
+	tg := target{key: key}
+	for attempt := 0; ; attempt++ {
+		if attempt > maxRestarts {
+			return nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
+		}
+		n, err := t.lockCovering(ctx, start, tg, lock.Shared)
+		if errors.Is(err, errRestart) {
+			t.Stats.Restarts.Add(1)
+			leaf, _, lerr := t.locate(ctx, tg, 0)
+			if lerr != nil {
+				return nil, false, lerr
+			}
+			start = leaf.Self
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		i, ok := n.Search(key)
+		var v []byte
+		if ok {
+			v, err = t.value(ctx, n, i)
+		}
+		t.s.Unlock(n.Self, lock.Shared)
+		if err != nil {
+			return nil, false, err
+		}
+		if err := t.s.Durable(ctx, n.LSN); err != nil {
+			return nil, false, err
+		}
+		return v, ok, nil
 	}
 }
 
@@ -460,7 +509,7 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 		}
 		stored, ext = ref.Encode(), true
 	}
-	res, old, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+	res, old, lsn, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
 		if found {
 			n.setVal(i, stored, ext)
 			return
@@ -471,14 +520,16 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 	if ext {
 		unused = &ref
 	}
-	t.settleValues(ctx, res, err, unused, old)
+	t.settleValues(ctx, res, lsn, err, unused, old)
 	return res, err
 }
 
 // settleValues frees the value chunks an update left unnamed: the new
 // value's (mine) if the update did not apply, the old value's if it did.
-// When the outcome is unknown, both stay (one of them leaks).
-func (t *Tree) settleValues(ctx context.Context, res Result, err error, mine, old *ValueRef) {
+// A change committed (at lsn) whose durability the caller stopped waiting
+// for frees the old value once it is durable. When the outcome is unknown
+// otherwise, both stay (one of them leaks: Stats.ValueUnsettled).
+func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err error, mine, old *ValueRef) {
 	free := func(r *ValueRef) {
 		if r == nil {
 			return
@@ -497,9 +548,14 @@ func (t *Tree) settleValues(ctx context.Context, res Result, err error, mine, ol
 		free(old)
 	case err == nil || errors.Is(err, ErrNotApplied):
 		free(mine)
+	case lsn != 0 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+		// Committed; only the wait for its durability ended.
+		if old != nil && !t.s.FreeWhenDurable(lsn, old.Chunk) {
+			t.Stats.ValueUnsettled.Add(1)
+		}
 	default:
 		if mine != nil || old != nil {
-			t.Stats.ValueLeaks.Add(1)
+			t.Stats.ValueUnsettled.Add(1)
 		}
 	}
 }
@@ -516,26 +572,26 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 	if cond.Kind == Always {
 		cond.Kind = IfExists // deleting an absent key changes nothing
 	}
-	res, old, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+	res, old, lsn, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
 		n.removeEntry(i)
 	})
-	t.settleValues(ctx, res, err, nil, old)
+	t.settleValues(ctx, res, lsn, err, nil, old)
 	return res, err
 }
 
 // update is the body of Put and Delete: lock the leaf covering key, check
 // cond, change it, split it if it overflows, then carry the split upwards.
 // old is the reference of the key's value before, if it was in a chunk of
-// its own.
-func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, err error) {
+// its own; lsn is the change's log position once it committed (0 before).
+func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, lsn uint64, err error) {
 	tg := target{key: key}
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
-			return Result{}, nil, refused(fmt.Errorf("btree: %d restarts updating %q", attempt, key))
+			return Result{}, nil, 0, refused(fmt.Errorf("btree: %d restarts updating %q", attempt, key))
 		}
 		leaf, path, err := t.locate(ctx, tg, 0)
 		if err != nil {
-			return Result{}, nil, refused(err)
+			return Result{}, nil, 0, refused(err)
 		}
 		n, err := t.lockCovering(ctx, leaf.Self, tg, lock.Exclusive)
 		if errors.Is(err, errRestart) {
@@ -543,7 +599,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			continue
 		}
 		if err != nil {
-			return Result{}, nil, refused(err)
+			return Result{}, nil, 0, refused(err)
 		}
 		h := n.Self
 		i, found := n.Search(key)
@@ -555,7 +611,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 				r, err := DecodeRef(n.Vals[i])
 				if err != nil {
 					t.s.Unlock(h, lock.Exclusive)
-					return Result{}, nil, refused(err)
+					return Result{}, nil, 0, refused(err)
 				}
 				old, res.Prev = &r, nil
 				if cond.Kind == IfEquals || cond.Prev || !cond.holds(found, nil) {
@@ -563,7 +619,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 					// nobody frees it.
 					if res.Prev, err = t.s.ReadValue(ctx, r); err != nil {
 						t.s.Unlock(h, lock.Exclusive)
-						return Result{}, nil, refused(err)
+						return Result{}, nil, 0, refused(err)
 					}
 				}
 			}
@@ -572,7 +628,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			t.s.Unlock(h, lock.Exclusive)
 			// Nothing to change; the answer waits until what it read is
 			// durable (it may be another server's lazy commit).
-			return res, nil, refused(t.s.Durable(ctx, n.LSN))
+			return res, nil, 0, refused(t.s.Durable(ctx, n.LSN))
 		}
 		nn := n.Clone()
 		change(nn, i, found)
@@ -580,25 +636,25 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil)
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
-				return Result{}, old, err
+				return Result{}, old, 0, err
 			}
 			if t.cfg.Underfull != nil && len(nn.Keys) < len(n.Keys) && t.underfull(nn) {
 				t.cfg.Underfull(0, key)
 			}
 			res.Applied = true
-			return res, old, t.s.Durable(ctx, lsn)
+			return res, old, lsn, t.s.Durable(ctx, lsn)
 		}
 		sep, right, lsn, err := t.split(ctx, nn)
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
-			return Result{}, old, err
+			return Result{}, old, 0, err
 		}
 		res.Applied = true
 		// The key is in place (in the left or the right half, linked from
 		// the left): the separator's insertion above can fail without
 		// losing anything; Repair puts back a downlink that is missing.
 		t.insertSeparator(ctx, 1, sep, right, path, false)
-		return res, old, t.s.Durable(ctx, lsn)
+		return res, old, lsn, t.s.Durable(ctx, lsn)
 	}
 }
 

@@ -36,7 +36,23 @@ type Shape struct {
 // false (a crash may leave downlinks missing: they are counted); the root
 // is the top level's only node (unless complete is false); garbage lists
 // name removed nodes, each once.
+//
+// Walk reads every value in a chunk of its own too (its length, checksum
+// and identity checked), for tests and offline checks of a quiescent tree.
 func Walk(ctx context.Context, r Reader, complete bool) (Shape, error) {
+	return walk(ctx, r, complete, true)
+}
+
+// WalkStructure is Walk without reading the values in chunks of their own
+// (their references are checked, counted and listed in Shape.Chunks; Vals
+// holds the references): a live tree's shape, as `grove tree stat` shows
+// it, without reading its data set or meeting chunks that overwrites free
+// under the walk.
+func WalkStructure(ctx context.Context, r Reader, complete bool) (Shape, error) {
+	return walk(ctx, r, complete, false)
+}
+
+func walk(ctx context.Context, r Reader, complete, values bool) (Shape, error) {
 	sh := Shape{Chunks: map[Handle]bool{}}
 	a, err := r.Anchor(ctx)
 	if err != nil {
@@ -125,8 +141,10 @@ func Walk(ctx context.Context, r Reader, complete bool) (Shape, error) {
 						if sh.Chunks[ref.Chunk] {
 							return sh, fmt.Errorf("walk: leaf %v, key %q: value chunk %v is named twice", n.Self, k, ref.Chunk)
 						}
-						if v, err = r.ReadValue(ctx, ref); err != nil {
-							return sh, fmt.Errorf("walk: leaf %v, key %q: value chunk %v: %w", n.Self, k, ref.Chunk, err)
+						if values {
+							if v, err = r.ReadValue(ctx, ref); err != nil {
+								return sh, fmt.Errorf("walk: leaf %v, key %q: value chunk %v: %w", n.Self, k, ref.Chunk, err)
+							}
 						}
 						sh.Chunks[ref.Chunk] = true
 						sh.Values++
