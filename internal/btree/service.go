@@ -34,6 +34,7 @@ type Service struct {
 		started bool          // the incarnation's server is starting or running
 		srv     *Server       // once running
 		ready   chan struct{} // closed once srv is set
+		gone    chan struct{} // closed when the incarnation's server stops (stopLocked)
 		closed  bool
 		// lastResign is when the node last gave an incarnation up for
 		// its B-tree server's failure.
@@ -80,7 +81,7 @@ func (s *Service) Start(inc uint64) {
 	s.stopLocked()
 	s.mu.inc = inc
 	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
-	s.mu.ready, s.mu.started = make(chan struct{}), false
+	s.mu.ready, s.mu.gone, s.mu.started = make(chan struct{}), make(chan struct{}), false
 	ctx := s.mu.ctx
 	go func() {
 		// Start at once if there are trees: this server may have to
@@ -209,6 +210,7 @@ func (s *Service) stopLocked() {
 	if s.mu.cancel != nil {
 		s.mu.cancel()
 		s.mu.cancel = nil
+		close(s.mu.gone) // callers waiting for this incarnation's server look again
 	}
 	if srv := s.mu.srv; srv != nil {
 		srv.cache.Close()
@@ -227,6 +229,7 @@ func (s *Service) Close() {
 	if s.mu.cancel != nil {
 		s.mu.cancel()
 		s.mu.cancel = nil
+		close(s.mu.gone)
 	}
 	s.mu.Unlock()
 	if srv != nil {
@@ -278,34 +281,47 @@ func IsNotApplied(st *status.Status) bool {
 }
 
 // Server returns the running server, starting it if need be, waiting for
-// it until ctx ends.
+// it until ctx ends. A wait that outlives the incarnation it began in (the
+// node fenced itself and came back) goes on with the next one.
 func (s *Service) Server(ctx context.Context) (*Server, error) {
-	s.mu.Lock()
-	if s.mu.closed {
+	for {
+		s.mu.Lock()
+		if s.mu.closed {
+			s.mu.Unlock()
+			return nil, notApplied(codes.Unavailable, "btree: this node is shutting down")
+		}
+		if srv := s.mu.srv; srv != nil {
+			s.mu.Unlock()
+			return srv, nil
+		}
+		inc, ready, gone, live := s.mu.inc, s.mu.ready, s.mu.gone, s.mu.cancel != nil
 		s.mu.Unlock()
-		return nil, notApplied(codes.Unavailable, "btree: this node is shutting down")
-	}
-	if srv := s.mu.srv; srv != nil {
+		if !live {
+			return nil, notApplied(codes.Unavailable, "btree: this node is not in the cluster now (joining, or between incarnations)")
+		}
+		s.launch(inc)
+		select {
+		case <-ready:
+		case <-gone:
+			// The incarnation ended before its server was ready: look
+			// again (a next incarnation may be starting its own).
+			select {
+			case <-ctx.Done():
+				return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server stopped before it was ready (the node left its incarnation)")
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		case <-ctx.Done():
+			return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
+		}
+		s.mu.Lock()
+		srv := s.mu.srv
 		s.mu.Unlock()
+		if srv == nil {
+			continue // stopped since (the incarnation ended): look again
+		}
 		return srv, nil
 	}
-	inc, ready, live := s.mu.inc, s.mu.ready, s.mu.cancel != nil
-	s.mu.Unlock()
-	if !live {
-		return nil, notApplied(codes.Unavailable, "btree: this node is not in the cluster now (joining, or between incarnations)")
-	}
-	s.launch(inc)
-	select {
-	case <-ready:
-	case <-ctx.Done():
-		return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.srv == nil {
-		return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server stopped")
-	}
-	return s.mu.srv, nil
 }
 
 // rpcError maps the tree's errors to gRPC codes. Only a status made in

@@ -1,0 +1,58 @@
+package btree
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestServerWaitOutlivesIncarnation: a call waiting for the node's B-tree
+// server while the node leaves its incarnation (it fenced itself: under
+// the race detector, a node can while its log is being made) waits on for
+// the next incarnation's server. Before, it waited on the old
+// incarnation's ready channel, which nothing would close, until its
+// deadline (CI: TestEtcdForwardStream waited 2 minutes for a server "still
+// starting").
+func TestServerWaitOutlivesIncarnation(t *testing.T) {
+	s := NewService(ServiceConfig{Node: 1})
+	// Incarnation 1, its server starting (run is not started here).
+	begin := func(inc uint64) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.mu.inc = inc
+		s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
+		s.mu.ready, s.mu.gone, s.mu.started = make(chan struct{}), make(chan struct{}), true
+	}
+	begin(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan *Server, 1)
+	errs := make(chan error, 1)
+	go func() {
+		srv, err := s.Server(ctx)
+		if err != nil {
+			errs <- err
+			return
+		}
+		got <- srv
+	}()
+	time.Sleep(20 * time.Millisecond)
+	s.Fence(1) // the node fenced itself before incarnation 1's server was ready
+	time.Sleep(20 * time.Millisecond)
+	begin(2)
+	want := &Server{}
+	s.mu.Lock()
+	s.mu.srv = want
+	close(s.mu.ready)
+	s.mu.Unlock()
+	select {
+	case srv := <-got:
+		if srv != want {
+			t.Fatal("Server returned another server than incarnation 2's")
+		}
+	case err := <-errs:
+		t.Fatalf("Server failed instead of waiting for the next incarnation: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Server still waits on incarnation 1's server, which will never be ready")
+	}
+}
