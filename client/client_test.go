@@ -19,7 +19,7 @@ import (
 // their gRPC addresses.
 func cluster(t *testing.T, ctx context.Context) (*bench.InProcessCluster, []string) {
 	t.Helper()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 256 << 20})
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 512 << 20}) // room for three 64 MiB logs beside the chunk pair
 	if err != nil {
 		t.Fatal(err)
 	}

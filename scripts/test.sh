@@ -79,11 +79,10 @@ GROVE_SEEDS=${GROVE_RACE_CHUNK_SEEDS:-10} go test -count=1 -race -short -timeout
 # test, its concurrent review tests), with a few simulation seeds.
 GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} go test -count=1 -race -short -timeout 20m ./internal/txn/...
 # The B-link tree's algorithm (its concurrent differential test), its
-# server runtime in the simulator, and the forwarding stream's unit tests,
-# under the race detector. (TestEtcdForwardStream, a 3-node in-process
-# cluster, once waited 2 minutes here for a B-tree server still starting:
-# an open question, README; it runs in the main phase.)
-GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode|TestReview5' ./internal/btree/...
+# server runtime in the simulator, the forwarding stream (its unit tests
+# and a 3-node in-process cluster) and values in chunks, under the race
+# detector.
+GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode|TestReview5|TestReview6|TestEtcdForwardStream|TestServerWait|TestGetNotStarved' ./internal/btree/...
 
 phase "fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report

@@ -34,7 +34,7 @@ type testCluster struct {
 
 func startCluster(t *testing.T, ctx context.Context) *testCluster {
 	t.Helper()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 256 << 20, Log: testLog()})
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 512 << 20, Log: testLog()}) // three 64 MiB logs (two replicas each) beside the chunk pair: 256 MiB disks could leave no room for the third log
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,10 @@ type Service struct {
 		srv     *Server       // once running
 		ready   chan struct{} // closed once srv is set
 		gone    chan struct{} // closed when the incarnation's server stops (stopLocked)
-		closed  bool
+		// startErr is why the incarnation's server's last start failed
+		// (it retries): calls that give up waiting say it.
+		startErr error
+		closed   bool
 		// lastResign is when the node last gave an incarnation up for
 		// its B-tree server's failure.
 		lastResign time.Time
@@ -81,7 +84,7 @@ func (s *Service) Start(inc uint64) {
 	s.stopLocked()
 	s.mu.inc = inc
 	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
-	s.mu.ready, s.mu.gone, s.mu.started = make(chan struct{}), make(chan struct{}), false
+	s.mu.ready, s.mu.gone, s.mu.started, s.mu.startErr = make(chan struct{}), make(chan struct{}), false, nil
 	ctx := s.mu.ctx
 	go func() {
 		// Start at once if there are trees: this server may have to
@@ -145,6 +148,11 @@ func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 			return
 		}
 		if ctx.Err() == nil {
+			s.mu.Lock()
+			if s.mu.inc == inc {
+				s.mu.startErr = err
+			}
+			s.mu.Unlock()
 			s.log.Warn("starting the B-tree server failed; retrying", "err", err, "attempt", attempt)
 			select {
 			case <-ctx.Done():
@@ -312,6 +320,12 @@ func (s *Service) Server(ctx context.Context) (*Server, error) {
 			}
 			continue
 		case <-ctx.Done():
+			s.mu.Lock()
+			serr := s.mu.startErr
+			s.mu.Unlock()
+			if serr != nil {
+				return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server cannot start (it keeps trying): "+serr.Error())
+			}
 			return nil, notApplied(codes.Unavailable, "btree: this node's B-tree server is still starting (making or recovering its log, or waiting for a dead server's recovery)")
 		}
 		s.mu.Lock()
