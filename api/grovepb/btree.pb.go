@@ -1133,6 +1133,7 @@ type TreeStatResponse struct {
 	WriteBacks    uint64 `protobuf:"varint,9,opt,name=write_backs,json=writeBacks,proto3" json:"write_backs,omitempty"`
 	Revocations   uint64 `protobuf:"varint,10,opt,name=revocations,proto3" json:"revocations,omitempty"`
 	Node          uint32 `protobuf:"varint,11,opt,name=node,proto3" json:"node,omitempty"`
+	ValueChunks   uint64 `protobuf:"varint,12,opt,name=value_chunks,json=valueChunks,proto3" json:"value_chunks,omitempty"` // values kept in chunks of their own
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1244,6 +1245,13 @@ func (x *TreeStatResponse) GetNode() uint32 {
 	return 0
 }
 
+func (x *TreeStatResponse) GetValueChunks() uint64 {
+	if x != nil {
+		return x.ValueChunks
+	}
+	return 0
+}
+
 var File_grovepb_btree_proto protoreflect.FileDescriptor
 
 const file_grovepb_btree_proto_rawDesc = "" +
@@ -1315,7 +1323,7 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x11TreeCountResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\"%\n" +
 	"\x0fTreeStatRequest\x12\x12\n" +
-	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xd9\x02\n" +
+	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xfc\x02\n" +
 	"\x10TreeStatResponse\x12#\n" +
 	"\x04tree\x18\x01 \x01(\v2\x0f.grove.TreeInfoR\x04tree\x12\x16\n" +
 	"\x06height\x18\x02 \x01(\rR\x06height\x12\x14\n" +
@@ -1330,7 +1338,8 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"writeBacks\x12 \n" +
 	"\vrevocations\x18\n" +
 	" \x01(\x04R\vrevocations\x12\x12\n" +
-	"\x04node\x18\v \x01(\rR\x04node*k\n" +
+	"\x04node\x18\v \x01(\rR\x04node\x12!\n" +
+	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks*k\n" +
 	"\bTreeCond\x12\x14\n" +
 	"\x10TREE_COND_ALWAYS\x10\x00\x12\x17\n" +
 	"\x13TREE_COND_IF_ABSENT\x10\x01\x12\x17\n" +

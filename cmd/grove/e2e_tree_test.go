@@ -247,8 +247,9 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 			t.Fatalf("node %d after its restart: %v", victim, r)
 		}
 	}
-	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(victim)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) {
-		t.Fatalf("tree stat: %v", r)
+	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(victim)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) ||
+		!strings.Contains(r.stdout, `"value-chunks": `) || strings.Contains(r.stdout, `"value-chunks": 0,`) {
+		t.Fatalf("tree stat (every 8th value is in a chunk of its own): %v", r)
 	}
 	if r := grove(t, bin, nil, "tree", "drop", "e2e", ep(victim)); r.code != 0 {
 		t.Fatalf("tree drop: %v", r)

@@ -170,7 +170,8 @@ func treePutCmd() *cobra.Command {
 --if-absent sets it only if the key is absent; --if-equals V only if its
 current value is V. A condition that does not hold changes nothing and exits
 1. The put is durable (in the answering node's log, on two disks) when the
-command returns.`,
+command returns. Keys are 1 to 1024 bytes, values up to 1 MiB (a value too
+large for its leaf goes to a chunk of its own); larger ones exit 2.`,
 		Example: "  grove tree put users alice 31\n  grove tree put users bob 7 --if-absent\n  grove tree put users bob 8 --if-equals 7\n  cat doc.json | grove tree put docs d1",
 		Args:    cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -412,7 +413,8 @@ func treeStatCmd() *cobra.Command {
 		Use:   "stat NAME",
 		Short: "A tree's height, nodes and keys, and the answering node's cache",
 		Long: `Walk tree NAME (every node, through the answering node's cache) and print
-its height, live nodes, keys, removed nodes waiting for their grace period,
+its height, live nodes, keys, values kept in chunks of their own (not read:
+their references are checked), removed nodes waiting for their grace period,
 downlinks missing (a split whose server died; the periodic repair puts them
 back), and the answering node's cache counters.`,
 		Example: "  grove tree stat users\n  grove tree stat users -o json",
@@ -435,6 +437,7 @@ back), and the answering node's cache counters.`,
 				d.Field("height", r.Height)
 				d.Field("nodes", r.Nodes)
 				d.Field("keys", r.Keys)
+				d.Field("value-chunks", r.ValueChunks)
 				d.Field("removed", r.Removed)
 				d.Field("missing-downlinks", r.MissingDownlinks)
 				d.Field("node", r.Node)
