@@ -31,7 +31,9 @@ keys, looks each up with cold caches (every server writes back and gives up
 its cache first, as Boxwood evicted its caches) and again warm, then deletes
 each; one operation at a time per client, each durable when it returns.
 Shapes: "paper" is Boxwood's (10-byte keys and values, fanout 6), "big"
-16-byte keys and 256-byte values in the default 8 KiB nodes. Figures are
+16-byte keys and 256-byte values in the default 8 KiB nodes, "large" (not
+run by default) 16-byte keys and 64 KiB values, each in a chunk of its own.
+Figures are
 operations per second, all clients together, medians over --rounds.
 
 --etcd (on by default when the etcd binary is installed: apt-get install
@@ -55,8 +57,8 @@ acknowledge a put once it is on two disks.`,
 				}
 			}
 			for _, s := range shapes {
-				if s != "paper" && s != "big" {
-					return cli.Usagef("--shapes: %q: want paper or big", s)
+				if s != "paper" && s != "big" && s != "large" {
+					return cli.Usagef("--shapes: %q: want paper, big or large", s)
 				}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Hour)
@@ -93,7 +95,7 @@ acknowledge a put once it is on two disks.`,
 		},
 	}
 	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 2, 4, 8}, "client counts, `N,...`")
-	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes, `paper,big`")
+	cmd.Flags().StringSliceVar(&shapes, "shapes", []string{"paper", "big"}, "key/value shapes, `paper,big,large`")
 	cmd.Flags().IntVar(&ops, "ops", 500, "keys per client, `N`")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "rounds per cell, `N` (median)")
 	cmd.Flags().BoolVar(&figures, "figures", true, "run Figures 6 and 7 (--figures=false: the etcd comparison alone)")

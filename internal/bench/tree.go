@@ -26,7 +26,8 @@ type TreeOptions struct {
 	Ops     int   // keys each client inserts, looks up and deletes
 	Rounds  int
 	// Shapes: "paper" (10-byte keys and values, fanout 6, Boxwood's), "big"
-	// (16-byte keys, 256-byte values, the default node size).
+	// (16-byte keys, 256-byte values, the default node size), "large"
+	// (16-byte keys, 64 KiB values: values in chunks of their own).
 	Shapes []string
 	// Etcd adds the etcd comparison: a 3-member etcd cluster on this
 	// machine, and Grove through its etcd-compatible endpoint, driven by
@@ -100,9 +101,9 @@ func TreeBench(ctx context.Context, dir string, o TreeOptions, progress io.Write
 			break
 		}
 		cfg := btree.Config{}
-		keyLen, valLen := 16, 256
+		keyLen, valLen := shapeSizes(shape)
 		if shape == "paper" {
-			cfg.MaxFanout, keyLen, valLen = 6, 10, 10
+			cfg.MaxFanout = 6
 		}
 		for _, fig := range []int{6, 7} {
 			for _, clients := range o.Clients {
@@ -268,10 +269,7 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 	}
 	seq := 0
 	for _, shape := range o.Shapes {
-		keyLen, valLen := 16, 256
-		if shape == "paper" {
-			keyLen, valLen = 10, 10
-		}
+		keyLen, valLen := shapeSizes(shape)
 		val := bytes.Repeat([]byte{'v'}, valLen)
 		for _, clients := range o.Clients {
 			cells := map[string][]Result{}
@@ -366,4 +364,17 @@ func repeatTo(addrs []string, n int) []string {
 		out[i] = addrs[i%len(addrs)]
 	}
 	return out
+}
+
+// shapeSizes are a shape's key and value lengths: "paper" Boxwood's 10 and
+// 10 bytes, "big" 16 and 256, "large" 16 bytes and 64 KiB (each value in a
+// chunk of its own).
+func shapeSizes(shape string) (keyLen, valLen int) {
+	switch shape {
+	case "paper":
+		return 10, 10
+	case "large":
+		return 16, 64 << 10
+	}
+	return 16, 256
 }

@@ -500,6 +500,20 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 	}
 	stored, ext := val, false
 	var ref ValueRef
+	if !t.inline(key, val) && (cond.Kind == IfAbsent || cond.Kind == IfEquals) {
+		// A large value's write is worth sparing a put whose condition
+		// fails: a lock-free read first. If the condition fails there,
+		// the put fails at that read's instant, changing nothing (the
+		// read is linearizable); if it holds, the locked path below
+		// checks it again.
+		cur, found, err := t.Get(ctx, key)
+		if err != nil {
+			return Result{}, refused(err)
+		}
+		if !cond.holds(found, cur) {
+			return Result{Found: found, Prev: cur}, nil
+		}
+	}
 	if !t.inline(key, val) {
 		// The value first, in a chunk of its own (durable): the leaf's
 		// change names it once committed.

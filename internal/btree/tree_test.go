@@ -571,3 +571,37 @@ func TestTreeFailedCommits(t *testing.T) {
 		t.Fatal("no downlink was ever missing: the test exercises nothing")
 	}
 }
+
+// TestFailingConditionalLargePutWritesNoChunk: a put-if-absent or
+// compare-and-swap of a value in a chunk of its own whose condition fails
+// allocates nothing (a lock-free read finds it fails first), and reports
+// the current value as a failed condition does.
+func TestFailingConditionalLargePutWritesNoChunk(t *testing.T) {
+	tr, s, _ := newMemTree(t, Config{})
+	ctx := context.Background()
+	big := func(c byte) []byte { return bytes.Repeat([]byte{c}, 5000) }
+	if _, err := tr.Put(ctx, []byte("k"), big('a'), Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(s.Chunks())
+	r, err := tr.Put(ctx, []byte("k"), big('b'), Cond{Kind: IfAbsent})
+	if err != nil || r.Applied || !r.Found || !bytes.Equal(r.Prev, big('a')) {
+		t.Fatalf("put-if-absent over a present key: %+v %v", r.Applied, err)
+	}
+	r, err = tr.Put(ctx, []byte("k"), big('b'), Cond{Kind: IfEquals, Value: big('c')})
+	if err != nil || r.Applied || !r.Found || !bytes.Equal(r.Prev, big('a')) {
+		t.Fatalf("a failing CAS: %+v %v", r.Applied, err)
+	}
+	if n := len(s.Chunks()); n != before {
+		t.Fatalf("failing conditional puts left %d chunks, %d before", n, before)
+	}
+	if r, err := tr.Put(ctx, []byte("k"), big('b'), Cond{Kind: IfEquals, Value: big('a')}); err != nil || !r.Applied {
+		t.Fatalf("a CAS that holds: %+v %v", r.Applied, err)
+	}
+	if v, ok, err := tr.Get(ctx, []byte("k")); err != nil || !ok || !bytes.Equal(v, big('b')) {
+		t.Fatalf("after the CAS: %d bytes %v %v", len(v), ok, err)
+	}
+	if n := len(s.Chunks()); n != before {
+		t.Fatalf("a CAS that replaced a value left %d chunks, %d before", n, before)
+	}
+}
