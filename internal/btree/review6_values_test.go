@@ -146,27 +146,28 @@ func TestReview6ScanByteBoundHiPastMaxKey(t *testing.T) {
 	}
 }
 
-// starveStore is a MemStore whose first value read of every scan page
-// attempt is preceded by one overwrite of the page's last key: a single
-// writer that updates one key of the range once per page attempt.
+// starveStore is a MemStore whose every every-th value read (the first
+// of each page attempt, with every = pageExt) is preceded by one overwrite
+// of key from another goroutine: a single writer that updates one key of
+// the range once per read attempt. The writer overwrites at once unless a
+// lock the reader holds stops it (then it lands after).
 type starveStore struct {
 	*MemStore
 	tr      *Tree
 	key     []byte
-	val     []byte
+	val     func() []byte
+	every   int64
 	reads   atomic.Int64
 	writing atomic.Bool
 }
 
 func (s *starveStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
-	if s.tr != nil && s.reads.Add(1)%int64(pageExt) == 1 && s.writing.CompareAndSwap(false, true) {
-		// The writer is another goroutine: it overwrites at once unless
-		// a lock the reader holds stops it (then it lands after).
+	if s.tr != nil && s.reads.Add(1)%s.every == min(1, s.every-1) && s.writing.CompareAndSwap(false, true) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			defer s.writing.Store(false)
-			_, _ = s.tr.Put(context.WithoutCancel(ctx), s.key, s.val, Cond{})
+			_, _ = s.tr.Put(context.WithoutCancel(ctx), s.key, s.val(), Cond{})
 		}()
 		select {
 		case <-done:
@@ -178,6 +179,29 @@ func (s *starveStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
 
 const pageExt = 8
 
+// newStarveTree is a tree of n keys 'a'.. with 3000-byte values (each in
+// a chunk of its own) whose store overwrites the last one before every
+// every-th value read from then on.
+func newStarveTree(t *testing.T, n int, every int64) (*Tree, *starveStore) {
+	t.Helper()
+	ctx := context.Background()
+	ms, id := NewMemStore(nil)
+	st := &starveStore{MemStore: ms, every: every}
+	tr, err := New(st, id, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if _, err := tr.Put(ctx, []byte{byte('a' + i)}, bytes.Repeat([]byte("y"), 3000), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	st.tr, st.key = tr, []byte{byte('a' + n - 1)}
+	st.val = func() []byte { return bytes.Repeat([]byte{byte('a' + next.Add(1)%26)}, 3000) }
+	return tr, st
+}
+
 // TestReview6ScanStarvedByOneWriter: resolve reads a page's values one by
 // one after the page's locks are released, and a single chunk freed
 // meanwhile restarts the whole page. One overwrite per page attempt, of
@@ -185,24 +209,10 @@ const pageExt = 8
 // maxRestarts attempts, having read maxRestarts pages of values. Get of
 // the same keys, each alone, would succeed.
 func TestReview6ScanStarvedByOneWriter(t *testing.T) {
-	ctx := context.Background()
-	ms, id := NewMemStore(nil)
-	st := &starveStore{MemStore: ms}
-	tr, err := New(st, id, Config{})
+	tr, _ := newStarveTree(t, pageExt, pageExt)
+	_, err := tr.Scan(context.Background(), Span{}, 0, false)
 	if err != nil {
-		t.Fatal(err)
-	}
-	val := bytes.Repeat([]byte("y"), 3000)
-	for i := 0; i < pageExt; i++ {
-		if _, err := tr.Put(ctx, []byte{byte('a' + i)}, val, Cond{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st.tr, st.key, st.val = tr, []byte{byte('a' + pageExt - 1)}, val
-	_, err = tr.Scan(ctx, Span{}, 0, false)
-	restarts := tr.Stats.Restarts.Load()
-	if err != nil {
-		t.Fatalf("a scan of %d keys failed after %d restarts (one overwrite per attempt): %v", pageExt, restarts, err)
+		t.Fatalf("a scan of %d keys failed after %d restarts (one overwrite per attempt): %v", pageExt, tr.Stats.Restarts.Load(), err)
 	}
 }
 
@@ -210,23 +220,11 @@ func TestReview6ScanStarvedByOneWriter(t *testing.T) {
 // tree through the server's store (Walk over a TreeStore), and Walk now
 // reads every value chunk: it reads the whole data set, and one overwrite
 // or delete while it runs frees a chunk it has yet to read, failing the
-// Stat (before, a live walk met freed nodes only past their grace).
+// Stat (before, a live walk met freed nodes only past their grace). Stat
+// now walks without reading values.
 func TestReview6StatWalkFailsUnderOneOverwrite(t *testing.T) {
-	ctx := context.Background()
-	ms, id := NewMemStore(nil)
-	st := &starveStore{MemStore: ms}
-	tr, err := New(st, id, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	val := bytes.Repeat([]byte("y"), 3000)
-	for i := 0; i < pageExt; i++ {
-		if _, err := tr.Put(ctx, []byte{byte('a' + i)}, val, Cond{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st.tr, st.key, st.val = tr, []byte{byte('a' + pageExt - 1)}, val
-	sh, err := WalkStructure(ctx, st, false)
+	_, st := newStarveTree(t, pageExt, pageExt)
+	sh, err := WalkStructure(context.Background(), st, false)
 	if err != nil {
 		t.Fatalf("a walk of a live tree (Service.Stat) failed after one concurrent overwrite: %v", err)
 	}
@@ -290,49 +288,12 @@ func TestReview6DeadlineInDurableLeaksForever(t *testing.T) {
 	}
 }
 
-// overwriteStore overwrites key (from another goroutine) before every
-// value read, unless a lock the reader holds stops it.
-type overwriteStore struct {
-	*MemStore
-	tr      *Tree
-	key     []byte
-	n       atomic.Int64
-	writing atomic.Bool
-}
-
-func (s *overwriteStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
-	if s.tr != nil && s.writing.CompareAndSwap(false, true) {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			defer s.writing.Store(false)
-			v := bytes.Repeat([]byte{byte('a' + s.n.Add(1)%26)}, 3000)
-			_, _ = s.tr.Put(context.WithoutCancel(ctx), s.key, v, Cond{})
-		}()
-		select {
-		case <-done:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return s.MemStore.ReadValue(ctx, r)
-}
-
 // TestGetNotStarvedByOverwrites: a get whose value chunk every overwrite
 // frees under it reads it under the leaf's lock after two tries, and
 // returns a value that was current during the call.
 func TestGetNotStarvedByOverwrites(t *testing.T) {
-	ctx := context.Background()
-	ms, id := NewMemStore(nil)
-	st := &overwriteStore{MemStore: ms}
-	tr, err := New(st, id, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tr.Put(ctx, []byte("k"), bytes.Repeat([]byte("a"), 3000), Cond{}); err != nil {
-		t.Fatal(err)
-	}
-	st.tr, st.key = tr, []byte("k")
-	v, ok, err := tr.Get(ctx, []byte("k"))
+	tr, _ := newStarveTree(t, 1, 1)
+	v, ok, err := tr.Get(context.Background(), []byte("a"))
 	if err != nil || !ok || len(v) != 3000 {
 		t.Fatalf("get under overwrites: %d bytes, %v, %v (restarts %d)", len(v), ok, err, tr.Stats.Restarts.Load())
 	}
