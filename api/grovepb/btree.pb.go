@@ -494,10 +494,13 @@ func (x *TreePutRequest) GetExpect() []byte {
 }
 
 type TreePutResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Applied       bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // the condition held and the change is durable
-	Found         bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`     // the key was present before
-	Prev          []byte                 `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`        // its value then
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Applied bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // the condition held and the change is durable
+	Found   bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`     // the key was present before
+	// Its value then: always when it was kept in its leaf; a value in a
+	// chunk of its own only when the condition needed it (if-equals) or did
+	// not hold.
+	Prev          []byte `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -729,7 +732,7 @@ type TreeDeleteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Applied       bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
 	Found         bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`
-	Prev          []byte                 `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`
+	Prev          []byte                 `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"` // as TreePutResponse.prev
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
