@@ -106,11 +106,16 @@ type CacheConfig struct {
 	Log2     *slog.Logger
 }
 
+// maxPendingFrees bounds the value chunks a cache frees in the background
+// (FreeWhenDurable).
+const maxPendingFrees = 1024
+
 // Cache is a server's node cache. Safe for concurrent use.
 type Cache struct {
-	cfg CacheConfig
-	log *slog.Logger
-	mu  struct {
+	pendingFrees atomic.Int64 // FreeWhenDurable's waits
+	cfg          CacheConfig
+	log          *slog.Logger
+	mu           struct {
 		sync.Mutex
 		m      map[Handle]*entry
 		byName map[string]*entry
@@ -994,13 +999,19 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 
 // FreeWhenDurable frees h once lsn is durable, waiting for it in the
 // background (up to 10 minutes) while the server runs. If the log fails
-// first, the chunk leaks (counted).
+// first, the chunk leaks (counted). At most maxPendingFrees wait at once
+// (a stalled log is what makes them: past that, the chunk leaks, counted).
 func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle) bool {
 	c := s.c
 	if c.Err() != nil {
 		return false
 	}
+	if c.pendingFrees.Add(1) > maxPendingFrees {
+		c.pendingFrees.Add(-1)
+		return false
+	}
 	go func() {
+		defer c.pendingFrees.Add(-1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		go func() { // ends with the cache

@@ -289,8 +289,10 @@ func IsNotApplied(st *status.Status) bool {
 }
 
 // Server returns the running server, starting it if need be, waiting for
-// it until ctx ends. A wait that outlives the incarnation it began in (the
-// node fenced itself and came back) goes on with the next one.
+// it until ctx ends. A wait whose incarnation ends looks again: it goes on
+// with the next incarnation's server if that incarnation has begun, and
+// otherwise fails at once, not applied (the node is out of the cluster,
+// perhaps for long: the caller moves on to another node).
 func (s *Service) Server(ctx context.Context) (*Server, error) {
 	for {
 		s.mu.Lock()

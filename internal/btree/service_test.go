@@ -7,12 +7,10 @@ import (
 )
 
 // TestServerWaitOutlivesIncarnation: a call waiting for the node's B-tree
-// server while the node leaves its incarnation (it fenced itself: under
-// the race detector, a node can while its log is being made) waits on for
-// the next incarnation's server. Before, it waited on the old
-// incarnation's ready channel, which nothing would close, until its
-// deadline (CI: TestEtcdForwardStream waited 2 minutes for a server "still
-// starting").
+// server while the node moves to its next incarnation gets the next
+// incarnation's server. Before, it waited on the old incarnation's ready
+// channel, which nothing would close, until its deadline. (With no next
+// incarnation started, it fails at once: TestReview7*.)
 func TestServerWaitOutlivesIncarnation(t *testing.T) {
 	s := NewService(ServiceConfig{Node: 1})
 	// Incarnation 1, its server starting (run is not started here).
@@ -37,8 +35,11 @@ func TestServerWaitOutlivesIncarnation(t *testing.T) {
 		got <- srv
 	}()
 	time.Sleep(20 * time.Millisecond)
-	s.Fence(1) // the node fenced itself before incarnation 1's server was ready
-	time.Sleep(20 * time.Millisecond)
+	// The node fenced itself before incarnation 1's server was ready, and
+	// its next incarnation starts (as Start does: one step under the lock).
+	s.mu.Lock()
+	s.stopLocked()
+	s.mu.Unlock()
 	begin(2)
 	want := &Server{}
 	s.mu.Lock()
