@@ -3,14 +3,9 @@ package btree
 import (
 	"context"
 	"errors"
-	"math/rand"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/rldev"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // pausedLocks is a clerk whose leases' guaranteed time the test sets.
@@ -28,42 +23,13 @@ func (p *pausedLocks) ValidUntil() time.Time { return *p.until.Load() }
 func TestCacheRefusesReadsPastLeaseTime(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	chunks := newSimChunks(r).clerk(1, func(context.Context) error { return nil })
-	clerk := &pausedLocks{simClerk: locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })}
 	soon := time.Now().Add(300 * time.Millisecond) // the guarantee the last renewal gave
-	clerk.until.Store(&soon)
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
-	wal, err := txn.Open(ctx, txn.Config{Device: newSimDevice(txn.HeaderBlocks + 64), Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var clerk *pausedLocks
+	tr := newOneServerTree(t, ctx, nil, func(c *simClerk) Locks {
+		clerk = &pausedLocks{simClerk: c}
+		clerk.until.Store(&soon)
+		return clerk
+	}, Config{NodeSize: MinNodeSize})
 	if _, err := tr.Put(ctx, []byte("a"), []byte("1"), Cond{}); err != nil {
 		t.Fatal(err)
 	}

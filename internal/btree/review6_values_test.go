@@ -33,15 +33,23 @@ func (c *maybeChunks) Write(ctx context.Context, h Handle, data []byte, f *rldev
 	return c.simChunkClerk.Write(ctx, h, data, f)
 }
 
-// newReviewCacheTree is one B-tree server's cache (sim lock service, sim
-// chunks, sim log) over an empty tree.
-func newReviewCacheTree(t *testing.T, ctx context.Context, wrap func(*simChunkClerk) Chunks, cfg Config) *Tree {
+// newOneServerTree is one B-tree server's cache (sim lock service, sim
+// chunks, sim log) over an empty tree. wrapChunks and wrapLocks (nil:
+// none) put a test's stand-in in front of the chunks or the clerk.
+func newOneServerTree(t *testing.T, ctx context.Context, wrapChunks func(*simChunkClerk) Chunks, wrapLocks func(*simClerk) Locks, cfg Config) *Tree {
 	t.Helper()
 	r := rand.New(rand.NewSource(1))
 	locks := newSimLocks(ctx, r)
 	raw := newSimChunks(r).clerk(1, func(context.Context) error { return nil })
-	chunks := wrap(raw)
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
+	var chunks Chunks = raw
+	if wrapChunks != nil {
+		chunks = wrapChunks(raw)
+	}
+	sc := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
+	var clerk Locks = sc
+	if wrapLocks != nil {
+		clerk = wrapLocks(sc)
+	}
 	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +60,7 @@ func newReviewCacheTree(t *testing.T, ctx context.Context, wrap func(*simChunkCl
 		t.Fatal(err)
 	}
 	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("review6: no renewal") }, Log2: simLog})
+		Renew: func(context.Context) error { return errors.New("one server: no renewal") }, Log2: simLog})
 	t.Cleanup(cache.Close)
 	wal, err := txn.Open(ctx, txn.Config{Device: newSimDevice(txn.HeaderBlocks + 64), Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Log: simLog})
@@ -90,10 +98,10 @@ func TestReview6ValueWriteMaybeDoneIsNotDurable(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var mc *maybeChunks
-	tr := newReviewCacheTree(t, ctx, func(c *simChunkClerk) Chunks {
+	tr := newOneServerTree(t, ctx, func(c *simChunkClerk) Chunks {
 		mc = &maybeChunks{simChunkClerk: c}
 		return mc
-	}, Config{})
+	}, nil, Config{})
 	key, val := []byte("big"), bytes.Repeat([]byte("v"), 4000) // past MaxInline: a chunk of its own
 	mc.failNextValue.Store(true)
 	res, err := tr.Put(ctx, key, val, Cond{})
