@@ -40,6 +40,9 @@ type Clerk struct {
 	}
 	book    *meta.AddressBook
 	refresh sync.Mutex // one linearizable read at a time
+	// wrapData, set only by tests (before the first call), stands in
+	// front of every data connection (to lose answers).
+	wrapData func(dataClient) dataClient
 }
 
 // ClerkOptions tune a clerk.
@@ -263,6 +266,14 @@ func (c *Clerk) retry(ctx context.Context, id uint64, what string, attempt func(
 
 // dataClient is how reads and writes reach node.
 func (c *Clerk) dataClient(ctx context.Context, node NodeID) (dataClient, error) {
+	d, err := c.rawDataClient(ctx, node)
+	if err == nil && c.wrapData != nil {
+		d = c.wrapData(d)
+	}
+	return d, err
+}
+
+func (c *Clerk) rawDataClient(ctx context.Context, node NodeID) (dataClient, error) {
 	if c.opts.DataPath == DataPathGRPC {
 		a, err := c.addr(ctx, node)
 		if err != nil {

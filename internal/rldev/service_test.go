@@ -471,3 +471,55 @@ func TestDataPathBusyAndCancel(t *testing.T) {
 		break
 	}
 }
+
+// TestWriteReportEarlierAttempt: a write whose first attempt reached the
+// RLDev and lost its answer, retried and answered, reports that an
+// earlier attempt may still land (the chunk store passes it on, and the
+// B-tree server then renews its fence and writes again); a write answered
+// at its first attempt does not; a write whose every attempt lost its
+// answer fails with ErrMaybeWritten.
+func TestWriteReportEarlierAttempt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	cl := rldev.NewClerk(mc)
+	defer cl.Close()
+	rldev.LoseWriteAnswers(cl, 1)
+	var recs []*rldev.Record
+	for i := 0; i < 100; i++ {
+		if recs, err = cl.Create(ctx, 16<<20, 1, false); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := recs[0].ID
+	data := random(4096)
+	earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
+	if err != nil || !earlier {
+		t.Fatalf("a write whose first answer was lost: earlier %v, %v (want true, nil)", earlier, err)
+	}
+	got, err := cl.Read(ctx, id, 0, 4096, 0)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("reading it back: %v", err)
+	}
+	if earlier, err := cl.WriteReport(ctx, id, 4096, data, rldev.WriteOptions{}); err != nil || earlier {
+		t.Fatalf("a write answered at once: earlier %v, %v (want false, nil)", earlier, err)
+	}
+	lost := rldev.NewClerk(mc)
+	defer lost.Close()
+	rldev.LoseWriteAnswers(lost, 1<<30)
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer wcancel()
+	if _, err := lost.WriteReport(wctx, id, 8192, data, rldev.WriteOptions{}); err == nil || !errors.Is(err, rldev.ErrMaybeWritten) {
+		t.Fatalf("a write whose every answer was lost: %v, want ErrMaybeWritten", err)
+	}
+}
