@@ -999,9 +999,9 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 
 // FreeWhenDurable frees h once lsn is durable, waiting for it in the
 // background (up to 10 minutes) while the server runs. If the log fails
-// first, the chunk leaks (counted). At most maxPendingFrees wait at once
-// (a stalled log is what makes them: past that, the chunk leaks, counted).
-func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle) bool {
+// first, the chunk leaks (done(false)). At most maxPendingFrees wait at
+// once (a stalled log is what makes them: past that, it returns false).
+func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle, done func(freed bool)) bool {
 	c := s.c
 	if c.Err() != nil {
 		return false
@@ -1022,12 +1022,10 @@ func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle) bool {
 			}
 		}()
 		if err := c.cfg.Log.Flush(ctx, txn.LSN(lsn)); err != nil {
-			c.stats.valueLeaks.Add(1)
+			done(false)
 			return
 		}
-		if err := c.cfg.Chunks.Free(ctx, h); err != nil {
-			c.stats.valueLeaks.Add(1)
-		}
+		done(c.cfg.Chunks.Free(ctx, h) == nil)
 	}()
 	return true
 }

@@ -254,8 +254,9 @@ func (s *MemStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
 	return DecodeValue(img, s.mu.anchor.Self.ID, r)
 }
 
-func (s *MemStore) FreeWhenDurable(lsn uint64, h Handle) bool {
-	return s.Free(context.Background(), h) == nil // (every change is durable at once)
+func (s *MemStore) FreeWhenDurable(lsn uint64, h Handle, done func(freed bool)) bool {
+	done(s.Free(context.Background(), h) == nil) // (every change is durable at once)
+	return true
 }
 
 // Chunks returns every allocated chunk: for the walker's leak check. Call

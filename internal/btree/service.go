@@ -582,7 +582,17 @@ func (s *Service) Stat(ctx context.Context, r *pb.TreeStatRequest) (*pb.TreeStat
 	if _, err := srv.Open(ctx, r.Tree); err != nil {
 		return nil, rpcError(err)
 	}
-	sh, err := WalkStructure(ctx, srv.cache.Store(e.Anchor, e.NodeSize, nil), false)
+	// The walk reads node after node of a live tree, with the checks of a
+	// quiescent one: a split, merge or rebalance between two of its reads
+	// can make it see a key twice or a chain change under it. Such a walk
+	// is tried again (a few times), not reported as the tree's fault.
+	var sh Shape
+	for attempt := 0; ; attempt++ {
+		sh, err = WalkStructure(ctx, srv.cache.Store(e.Anchor, e.NodeSize, nil), false)
+		if err == nil || attempt == 4 || ctx.Err() != nil || errors.Is(err, ErrNoTree) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, rpcError(err)
 	}

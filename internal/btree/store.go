@@ -70,8 +70,9 @@ type Store interface {
 	ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
 	// FreeWhenDurable frees value chunk h once the change at lsn is
 	// durable, after the caller returns if need be (the caller's wait
-	// ended first: its deadline passed). It reports whether it will.
-	FreeWhenDurable(lsn uint64, h Handle) bool
+	// ended first: its deadline passed), then calls done with whether it
+	// did. It reports whether it will (false: done is not called).
+	FreeWhenDurable(lsn uint64, h Handle, done func(freed bool)) bool
 }
 
 // ErrGone: the node's chunk was freed (a removed node past its grace

@@ -564,7 +564,13 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 		free(mine)
 	case lsn != 0 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 		// Committed; only the wait for its durability ended.
-		if old != nil && !t.s.FreeWhenDurable(lsn, old.Chunk) {
+		if old != nil && !t.s.FreeWhenDurable(lsn, old.Chunk, func(freed bool) {
+			if freed {
+				t.Stats.ValuesFreed.Add(1)
+			} else {
+				t.Stats.ValueLeaks.Add(1)
+			}
+		}) {
 			t.Stats.ValueUnsettled.Add(1)
 		}
 	default:
