@@ -177,24 +177,7 @@ func benchService(b *testing.B, write bool, size, qd int) {
 	defer mc.Close()
 	cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
 	defer cl.Close()
-	var recs []*rldev.Record
-	for i := 0; i < 100; i++ {
-		if recs, err = cl.Create(ctx, 64<<20, 1, false); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	for {
-		t, err := cl.Table(ctx, true)
-		if err == nil && t.RLDevs[recs[0].ID].Inc[0] != 0 && t.RLDevs[recs[0].ID].Inc[1] != 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	id := recs[0].ID
+	id := createServed(b, ctx, cl, 64<<20)
 	data := random(size)
 	// Written whole first, as a file system's blocks are: the first write
 	// of a block of a sparse disk file costs the file system an
@@ -491,17 +474,7 @@ func TestWriteReportEarlierAttempt(t *testing.T) {
 	cl := rldev.NewClerk(mc)
 	defer cl.Close()
 	rldev.LoseWriteAnswers(cl, 1)
-	var recs []*rldev.Record
-	for i := 0; i < 100; i++ {
-		if recs, err = cl.Create(ctx, 16<<20, 1, false); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := recs[0].ID
+	id := createServed(t, ctx, cl, 16<<20)
 	data := random(4096)
 	earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
 	if err != nil || !earlier {
@@ -522,4 +495,31 @@ func TestWriteReportEarlierAttempt(t *testing.T) {
 	if _, err := lost.WriteReport(wctx, id, 8192, data, rldev.WriteOptions{}); err == nil || !errors.Is(err, rldev.ErrMaybeWritten) {
 		t.Fatalf("a write whose every answer was lost: %v, want ErrMaybeWritten", err)
 	}
+}
+
+// createServed creates an RLDev of size bytes through cl (retrying while
+// the nodes register their disks) and waits until both its segments are
+// served.
+func createServed(tb testing.TB, ctx context.Context, cl *rldev.Clerk, size uint64) uint64 {
+	tb.Helper()
+	var recs []*rldev.Record
+	var err error
+	for i := 0; i < 100; i++ {
+		if recs, err = cl.Create(ctx, size, 1, false); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id := recs[0].ID
+	for ctx.Err() == nil {
+		t, err := cl.Table(ctx, true)
+		if err == nil && t.RLDevs[id].Inc[0] != 0 && t.RLDevs[id].Inc[1] != 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return id
 }
