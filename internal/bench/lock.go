@@ -39,6 +39,8 @@ type ClusterOptions struct {
 	Log *slog.Logger
 	// ResvLife is the nodes' [chunk] reservation_life (0: the default).
 	ResvLife time.Duration
+	// RepairEvery is the nodes' [btree] repair_every (0: the default).
+	RepairEvery time.Duration
 }
 
 // StartInProcess starts n nodes (the first three are config-service
@@ -82,6 +84,7 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 			cfg.RLDev.DataPath = o.DataPath
 			cfg.Chunk.ReservationLife = node.Duration(o.ResvLife)
 		}
+		cfg.BTree.RepairEvery = node.Duration(o.RepairEvery)
 		c.Configs = append(c.Configs, cfg)
 		c.Nodes = append(c.Nodes, nil)
 		if err := c.Start(i); err != nil {

@@ -33,8 +33,15 @@ type testCluster struct {
 }
 
 func startCluster(t *testing.T, ctx context.Context) *testCluster {
+	return startClusterWith(t, ctx, bench.ClusterOptions{})
+}
+
+// startClusterWith starts the cluster with o (Store, DiskSize and Log are
+// set here).
+func startClusterWith(t *testing.T, ctx context.Context, o bench.ClusterOptions) *testCluster {
 	t.Helper()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 512 << 20, Log: testLog()}) // three 64 MiB logs (two replicas each) beside the chunk pair: 256 MiB disks could leave no room for the third log
+	o.Store, o.DiskSize, o.Log = true, 512<<20, testLog() // three 64 MiB logs (two replicas each) beside the chunk pair: 256 MiB disks could leave no room for the third log
+	c, err := bench.StartCluster(t.TempDir(), 3, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +89,64 @@ func (tc *testCluster) server(t *testing.T, ctx context.Context, i int) *btree.S
 // closeServer closes node i's B-tree role cleanly (dirty nodes written
 // back, leases given back).
 func (tc *testCluster) closeServer(i int) { tc.c.Nodes[i].BTree().Close() }
+
+// The periodic Repair pass reads every node of a tree, so one server per
+// tree runs it every RepairEvery: the tree's home, which opens the tree
+// from the directory though no call reached it; the other servers, which
+// have the tree open, run it only every RepairBackstop-th period.
+func TestRepairPassOnHomeOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const every = 100 * time.Millisecond
+	tc := startClusterWith(t, ctx, bench.ClusterOptions{RepairEvery: every})
+	const name = "repaired"
+	home := int(btree.Home(name, []uint64{1, 2, 3})) - 1
+	others := []int{(home + 1) % 3, (home + 2) % 3}
+	s1, s2 := tc.server(t, ctx, others[0]), tc.server(t, ctx, others[1])
+	if _, err := s1.CreateTree(ctx, name, btree.Config{MaxFanout: 6}); err != nil {
+		t.Fatal(err)
+	}
+	var trees []*btree.Tree
+	for _, s := range []*btree.Server{s1, s2} {
+		tr, err := s.Open(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trees = append(trees, tr)
+	}
+	for i := 0; i < 60; i++ {
+		if _, err := trees[i%2].Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), btree.Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The home's server starts once the directory lists a tree; it is
+	// asked for here only to read its counters.
+	hs := tc.server(t, ctx, home)
+	before := [2]uint64{trees[0].Stats.Passes.Load(), trees[1].Stats.Passes.Load()}
+	start := time.Now()
+	var ht *btree.Tree
+	for ctx.Err() == nil {
+		time.Sleep(every)
+		var err error
+		if ht, err = hs.Open(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if ht.Stats.Passes.Load() >= 20 {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the home (node %d) ran %d passes", home+1, ht.Stats.Passes.Load())
+	}
+	periods := uint64(time.Since(start)/every) + 1
+	for i, tr := range trees {
+		n := tr.Stats.Passes.Load() - before[i]
+		t.Logf("node %d: %d passes in about %d periods (home node %d: %d)", others[i]+1, n, periods, home+1, ht.Stats.Passes.Load())
+		if n > periods/btree.RepairBackstop+2 {
+			t.Errorf("node %d, not the home, ran %d passes in about %d periods", others[i]+1, n, periods)
+		}
+	}
+}
 
 // Two B-tree servers on two nodes work on one tree at once: each inserts
 // its own keys and reads the other's; every read sees every write that

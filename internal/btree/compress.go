@@ -242,6 +242,7 @@ func (t *Tree) Repair(ctx context.Context) (RepairReport, error) {
 			h = n.Right
 		}
 	}
+	t.Stats.Passes.Add(1)
 	return rep, nil
 }
 

@@ -217,10 +217,21 @@ type ServerConfig struct {
 	CacheNodes int
 	// OpTimeout bounds one operation (default 30 s; well below Grace).
 	OpTimeout time.Duration
-	// RepairEvery is how often the server runs Repair on each tree it
-	// opened (default 30 s; 0 keeps the default, negative: never).
+	// RepairEvery is how often a tree's repairer runs Repair on it
+	// (default 30 s; 0 keeps the default, negative: never). See Repairer.
 	RepairEvery time.Duration
-	Log         *slog.Logger
+	// Repairer reports whether this server is tree name's repairer (nil:
+	// it is every tree's). A Repair pass reads every node of a tree under
+	// shared leases, so that one pass per tree per RepairEvery is the
+	// budget, not one per server: the repairer opens the trees it repairs
+	// from the directory and runs the pass every RepairEvery; every other
+	// server runs it on the trees it has open only every
+	// RepairBackstop-th period, so that a tree whose repairer is down is
+	// still repaired, later. In a node the repairer is the tree's home
+	// (Home over the registered nodes), the node the etcd endpoint
+	// forwards to.
+	Repairer func(name string) bool
+	Log      *slog.Logger
 }
 
 // Server is a node's B-tree server.
@@ -595,6 +606,7 @@ func (s *Server) forgetTree(t *Tree) {
 // compressor runs compression hints and the periodic Repair pass.
 func (s *Server) compressor() {
 	defer s.wg.Done()
+	period := 0
 	var tick <-chan time.Time
 	if s.cfg.RepairEvery > 0 {
 		tk := time.NewTicker(s.cfg.RepairEvery)
@@ -612,13 +624,8 @@ func (s *Server) compressor() {
 			}
 			cancel()
 		case <-tick:
-			s.mu.Lock()
-			trees := make([]*Tree, 0, len(s.mu.trees))
-			for _, t := range s.mu.trees {
-				trees = append(trees, t)
-			}
-			s.mu.Unlock()
-			for _, t := range trees {
+			period++
+			for _, t := range s.repairTrees(period%RepairBackstop == 0) {
 				ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
 				if rep, err := t.Repair(ctx); errors.Is(err, ErrNoTree) {
 					s.forgetTree(t) // dropped
@@ -631,6 +638,49 @@ func (s *Server) compressor() {
 			}
 		}
 	}
+}
+
+// RepairBackstop: a server that is not a tree's repairer runs the periodic
+// Repair pass on it (if it has the tree open) every RepairBackstop-th
+// period (5 minutes by default), in case its repairer is down.
+const RepairBackstop = 10
+
+// repairTrees lists the trees this period's Repair pass covers: those this
+// server repairs (opened from the directory if need be), and, when
+// backstop, every other tree it has open.
+func (s *Server) repairTrees(backstop bool) []*Tree {
+	var out []*Tree
+	seen := map[*Tree]bool{}
+	if s.cfg.Repairer != nil && s.cfg.Meta != nil {
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.OpTimeout)
+		ns, err := s.cfg.Meta.Read(ctx, Namespace)
+		var ts map[string]TreeEntry
+		if err == nil {
+			ts, err = Trees(ns)
+		}
+		if err != nil && s.ctx.Err() == nil {
+			s.log.Warn("repair pass: reading the tree directory", "err", err)
+		}
+		for name := range ts {
+			if !s.cfg.Repairer(name) {
+				continue
+			}
+			if t, err := s.Open(ctx, name); err == nil {
+				out, seen[t] = append(out, t), true
+			} else if s.ctx.Err() == nil && !errors.Is(err, ErrNoTree) {
+				s.log.Warn("repair pass: opening a tree", "tree", name, "err", err)
+			}
+		}
+		cancel()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, t := range s.mu.trees {
+		if !seen[t] && (s.cfg.Repairer == nil || backstop || s.cfg.Repairer(name)) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // dropper frees dropped trees' chunks (DropWait after their drop), at start

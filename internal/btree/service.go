@@ -26,7 +26,12 @@ type Service struct {
 	pb.UnimplementedTreeServiceServer
 	cfg ServiceConfig
 	log *slog.Logger
-	mu  struct {
+	// book is the registered nodes (a watch on the membership; nil
+	// without a config service), for each tree's home: its repairer
+	// (ServerConfig.Repairer).
+	book      *meta.AddressBook
+	closeBook sync.Once
+	mu        struct {
 		sync.Mutex
 		inc     uint64
 		ctx     context.Context // the incarnation's: ends with it
@@ -71,7 +76,25 @@ func NewService(cfg ServiceConfig) *Service {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if cfg.Meta != nil {
+		s.book = meta.NewAddressBook(cfg.Meta)
+	}
 	return s
+}
+
+// repairer reports whether this node is tree name's home over the nodes
+// registered now, so its repairer (ServerConfig.Repairer). With no node
+// known yet, every server is.
+func (s *Service) repairer(name string) bool {
+	nodes := s.book.Nodes()
+	if len(nodes) == 0 {
+		return true
+	}
+	ids := make([]uint64, 0, len(nodes))
+	for id := range nodes {
+		ids = append(ids, id)
+	}
+	return Home(name, ids) == s.cfg.Node
 }
 
 // Start runs the role in incarnation inc.
@@ -85,32 +108,29 @@ func (s *Service) Start(inc uint64) {
 	s.mu.inc = inc
 	s.mu.ctx, s.mu.cancel = context.WithCancel(context.Background())
 	s.mu.ready, s.mu.gone, s.mu.started, s.mu.startErr = make(chan struct{}), make(chan struct{}), false, nil
-	ctx := s.mu.ctx
+	ctx, ready := s.mu.ctx, s.mu.ready
 	go func() {
 		// Start at once if there are trees: this server may have to
 		// recover a dead one's log. Otherwise start as soon as the first
 		// tree appears (or at the first call, whichever is first), so
 		// that the first calls through this node do not wait for its log
-		// to be made.
-		for ctx.Err() == nil {
-			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-			ns, err := s.cfg.Meta.Read(rctx, Namespace)
-			rcancel()
-			if err == nil {
+		// to be made. The directory is watched, not polled: an idle
+		// cluster without trees costs the config service nothing.
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		watch := s.cfg.Meta.Watch(wctx, Namespace, 0)
+		for {
+			select {
+			case <-ready:
+				return // started by a call
+			case ns, ok := <-watch:
+				if !ok {
+					return // the incarnation ended
+				}
 				if ts, terr := Trees(ns); terr != nil || len(ts) > 0 || len(pendingDrops(ns)) > 0 {
 					s.launch(inc)
 					return
 				}
-				s.mu.Lock()
-				started := s.mu.started && s.mu.inc == inc
-				s.mu.Unlock()
-				if started {
-					return
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
 			}
 		}
 	}()
@@ -130,6 +150,9 @@ func (s *Service) launch(inc uint64) {
 func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 	cfg := s.cfg.Server
 	cfg.Node, cfg.Meta, cfg.Locks, cfg.Chunks, cfg.RLDev, cfg.Log = s.cfg.Node, s.cfg.Meta, s.cfg.Locks, s.cfg.Chunks, s.cfg.RLDev, s.log
+	if s.book != nil && cfg.Repairer == nil {
+		cfg.Repairer = s.repairer
+	}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		srv, err := StartServer(ctx, cfg)
 		if err == nil {
@@ -246,6 +269,9 @@ func (s *Service) Close() {
 		if err := srv.Close(ctx); err != nil {
 			s.log.Warn("closing the B-tree server", "err", err)
 		}
+	}
+	if s.book != nil {
+		s.closeBook.Do(s.book.Close)
 	}
 }
 

@@ -132,6 +132,7 @@ type Stats struct {
 	Restarts, MoveRights, Onwards                 atomic.Uint64
 	Splits, RootSplits, Merges, Rebalances, Freed atomic.Uint64
 	Repairs                                       atomic.Uint64 // downlinks put back by Repair
+	Passes                                        atomic.Uint64 // Repair passes run to their end
 	// ValuesFreed counts value chunks freed after an overwrite or delete
 	// (or a put that did not apply); ValueLeaks those left allocated
 	// because their free failed; ValueUnsettled the updates of unknown

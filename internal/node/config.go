@@ -93,6 +93,12 @@ type BTreeConfig struct {
 	// EtcdLocal serves every etcd call on the node it reaches, instead of
 	// forwarding it to the tree's home node (btree.EtcdKV).
 	EtcdLocal bool `toml:"etcd_local"`
+	// RepairEvery is how often a tree's repairer, its home node, walks
+	// the whole tree to put back missing downlinks, compress under-full
+	// nodes and free removed ones (default 30s; the other nodes walk the
+	// trees they have open ten times less often, in case the home is
+	// down; negative: never).
+	RepairEvery Duration `toml:"repair_every"`
 }
 
 type FDConfig struct {
