@@ -121,10 +121,18 @@ type Cache struct {
 		byName map[string]*entry
 		lru    *list.List // of *entry with pins and no users, least recently used first
 		err    error      // sticky: the server was fenced out
+		// owed counts node writes of unknown outcome (writeBack);
+		// paid is owed as of the last fence renewal begun after them.
+		// While paid < owed, no node write goes out under the current
+		// token.
+		owed, paid uint64
 	}
-	stats     cacheCounters
-	done      chan struct{}
-	closeOnce sync.Once
+	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
+	// after a node write of unknown outcome.
+	unsafeNoOwedRenewal bool
+	stats               cacheCounters
+	done                chan struct{}
+	closeOnce           sync.Once
 	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
 	// pin given up keeps its image, and lock-free reads use it.
 	unsafeStale bool
@@ -558,6 +566,9 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 		img = a.Encode(nil)
 	}
 	for attempt := 0; ; attempt++ {
+		if err := c.payRenewal(ctx); err != nil {
+			return err
+		}
 		f := c.cfg.Fence()
 		err := c.cfg.Chunks.Write(ctx, e.h, img, f)
 		if err == nil || errors.Is(err, chunk.ErrUnallocated) {
@@ -570,17 +581,24 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 			c.fail(fmt.Errorf("btree: this server's write of node %v was fenced out: another server recovered its log: %w", e.h, err))
 			return c.Err()
 		}
+		// The outcome is unknown: the write may still land later, after
+		// a newer image of the node went out, and replace it. No node
+		// write of this server goes out under this token again: the
+		// next one (this retry, or, if our time is out or the renewal
+		// fails, whichever write comes next) renews the fence first
+		// (payRenewal), so that the RLDev refuses this one if it lands
+		// after that write.
+		c.mu.Lock()
+		c.mu.owed++
+		c.mu.Unlock()
 		if ctx.Err() != nil {
 			return err
 		}
-		// The outcome is unknown: the write may still land later. Retry
-		// under a newer token, so that the RLDev refuses it if it does.
-		if rerr := c.cfg.Renew(ctx); rerr != nil {
-			return fmt.Errorf("btree: renewing the fence after a failed write of node %v (%v): %w", e.h, err, rerr)
-		}
-		c.stats.renews.Add(1)
 		if attempt > 0 {
 			time.Sleep(min(time.Duration(attempt)*50*time.Millisecond, time.Second))
+		}
+		if rerr := c.payRenewal(ctx); rerr != nil {
+			return fmt.Errorf("btree: after a failed write of node %v (%v): %w", e.h, err, rerr)
 		}
 	}
 	c.stats.writeBacks.Add(1)
@@ -588,6 +606,25 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 	if e.lastLSN == last {
 		e.dirty = false
 	}
+	c.mu.Unlock()
+	return nil
+}
+
+// payRenewal renews the fence if a node write of unknown outcome gave up
+// without renewing it (writeBack).
+func (c *Cache) payRenewal(ctx context.Context) error {
+	c.mu.Lock()
+	owed, paid := c.mu.owed, c.mu.paid
+	c.mu.Unlock()
+	if owed == paid || c.unsafeNoOwedRenewal {
+		return nil
+	}
+	if err := c.cfg.Renew(ctx); err != nil {
+		return fmt.Errorf("btree: renewing the fence after a node write of unknown outcome: %w", err)
+	}
+	c.stats.renews.Add(1)
+	c.mu.Lock()
+	c.mu.paid = max(c.mu.paid, owed)
 	c.mu.Unlock()
 	return nil
 }

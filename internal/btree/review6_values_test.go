@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,6 +39,13 @@ func (c *maybeChunks) Write(ctx context.Context, h Handle, data []byte, f *rldev
 // none) put a test's stand-in in front of the chunks or the clerk.
 func newOneServerTree(t *testing.T, ctx context.Context, wrapChunks func(*simChunkClerk) Chunks, wrapLocks func(*simClerk) Locks, cfg Config) *Tree {
 	t.Helper()
+	return oneServerTree(t, ctx, wrapChunks, wrapLocks, cfg, false)
+}
+
+// oneServerTree is newOneServerTree; renew gives the cache a fence
+// renewal that takes the fence lock again (a newer token), as a server's.
+func oneServerTree(t *testing.T, ctx context.Context, wrapChunks func(*simChunkClerk) Chunks, wrapLocks func(*simClerk) Locks, cfg Config, renew bool) *Tree {
+	t.Helper()
 	r := rand.New(rand.NewSource(1))
 	locks := newSimLocks(ctx, r)
 	raw := newSimChunks(r).clerk(1, func(context.Context) error { return nil })
@@ -54,13 +62,32 @@ func newOneServerTree(t *testing.T, ctx context.Context, wrapChunks func(*simChu
 	if err != nil {
 		t.Fatal(err)
 	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
+	var held atomic.Pointer[Hold]
+	held.Store(&fh)
+	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: (*held.Load()).Token()} }
+	renewal := func(context.Context) error { return errors.New("one server: no renewal") }
+	if renew {
+		var mu sync.Mutex
+		renewal = func(ctx context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			(*held.Load()).Release()
+			if err := sc.drop(FenceLock(1)); err != nil {
+				return err
+			}
+			h, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
+			if err != nil {
+				return err
+			}
+			held.Store(&h)
+			return nil
+		}
+	}
 	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("one server: no renewal") }, Log2: simLog})
+	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence, Renew: renewal, Log2: simLog})
 	t.Cleanup(cache.Close)
 	wal, err := txn.Open(ctx, txn.Config{Device: newSimDevice(txn.HeaderBlocks + 64), Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Log: simLog})

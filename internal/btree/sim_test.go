@@ -165,6 +165,9 @@ func (s *simServer) renew(ctx context.Context) error {
 	}
 	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
 	if err != nil {
+		// As Server.renewFence: without a fence the server cannot
+		// write anything back.
+		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
 		return err
 	}
 	s.fence.hold = h

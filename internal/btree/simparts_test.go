@@ -506,6 +506,10 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 		s.late.Add(1)
 		s.mu.Lock()
 		s.lateCount++
+		if s.trace != nil {
+			v, _ := imageVersion(data)
+			s.trace(fmt.Sprintf("write %v v%d by %s %s sent, its answer lost: lands in %v", h, v, f.Name, f.Token, delay))
+		}
 		s.mu.Unlock()
 		time.AfterFunc(delay, func() {
 			defer s.late.Done()
