@@ -206,14 +206,25 @@ func (t *Tree) inline(key, val []byte) bool {
 // value returns the value leaf entry i stores (reading it from its chunk
 // if it is in one of its own).
 func (t *Tree) value(ctx context.Context, n *Node, i int) ([]byte, error) {
+	v, _, err := t.valueRef(ctx, n, i)
+	return v, err
+}
+
+// valueRef is value, with the reference of the value's chunk if it is in
+// one of its own (nil otherwise).
+func (t *Tree) valueRef(ctx context.Context, n *Node, i int) ([]byte, *ValueRef, error) {
 	if !n.IsExt(i) {
-		return n.Vals[i], nil
+		return n.Vals[i], nil, nil
 	}
 	ref, err := DecodeRef(n.Vals[i])
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return t.s.ReadValue(ctx, ref)
+	v, err := t.s.ReadValue(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, &ref, nil
 }
 
 func (t *Tree) fits(n *Node) bool {
@@ -380,17 +391,34 @@ func (t *Tree) lockCovering(ctx context.Context, h Handle, tg target, mode lock.
 
 // Get returns key's value (found false if absent). It takes no lock.
 func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
+	v, _, ok, err := t.getRef(ctx, key)
+	return v, ok, err
+}
+
+// known is a value read without locks and the reference of the chunk it
+// was read from (a value in a chunk of its own). A chunk is never written
+// again and its id never reused, so a leaf that still names ref under its
+// lock holds exactly val: a conditional update compares against it
+// without reading the chunk while it holds the leaf exclusively.
+type known struct {
+	ref ValueRef
+	val []byte
+}
+
+// getRef is Get, with the reference of the value's chunk if it is in one
+// of its own (nil otherwise).
+func (t *Tree) getRef(ctx context.Context, key []byte) ([]byte, *ValueRef, bool, error) {
 	if len(key) == 0 || len(key) > MaxKey {
-		return nil, false, ErrKey
+		return nil, nil, false, ErrKey
 	}
 	gone := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
-			return nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
+			return nil, nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
 		}
 		n, _, err := t.locate(ctx, target{key: key}, 0)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		if gone >= 2 {
 			// Overwrites keep freeing the value under the read: read it
@@ -400,57 +428,61 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
 		// What we read must be durable before we report it: the image may
 		// carry a change whose commit is still on its way to the log.
 		if err := t.s.Durable(ctx, n.LSN); err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		i, ok := n.Search(key)
 		if !ok {
-			return nil, false, nil
+			return nil, nil, false, nil
 		}
-		v, err := t.value(ctx, n, i)
+		v, ref, err := t.valueRef(ctx, n, i)
 		if errors.Is(err, ErrGone) {
 			// Overwritten and freed since the image was current.
 			t.Stats.Restarts.Add(1)
 			gone++
 			continue
 		}
-		return v, err == nil, err
+		if err != nil {
+			return nil, nil, false, err
+		}
+		return v, ref, true, nil
 	}
 }
 
 // getLocked is Get holding the covering leaf's lock in shared mode, found
 // from start, while it reads the value.
-func (t *Tree) getLocked(ctx context.Context, start Handle, key []byte) ([]byte, bool, error) {
+func (t *Tree) getLocked(ctx context.Context, start Handle, key []byte) ([]byte, *ValueRef, bool, error) {
 	tg := target{key: key}
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
-			return nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
+			return nil, nil, false, fmt.Errorf("btree: %d restarts reading %q", attempt, key)
 		}
 		n, err := t.lockCovering(ctx, start, tg, lock.Shared)
 		if errors.Is(err, errRestart) {
 			t.Stats.Restarts.Add(1)
 			leaf, _, lerr := t.locate(ctx, tg, 0)
 			if lerr != nil {
-				return nil, false, lerr
+				return nil, nil, false, lerr
 			}
 			start = leaf.Self
 			continue
 		}
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		i, ok := n.Search(key)
 		var v []byte
+		var ref *ValueRef
 		if ok {
-			v, err = t.value(ctx, n, i)
+			v, ref, err = t.valueRef(ctx, n, i)
 		}
 		t.s.Unlock(n.Self, lock.Shared)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		if err := t.s.Durable(ctx, n.LSN); err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
-		return v, ok, nil
+		return v, ref, ok, nil
 	}
 }
 
@@ -501,18 +533,24 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 	}
 	stored, ext := val, false
 	var ref ValueRef
-	if !t.inline(key, val) && (cond.Kind == IfAbsent || cond.Kind == IfEquals) {
+	var pre *known
+	if !t.inline(key, val) && (cond.Kind == IfAbsent || cond.Kind == IfEquals) || t.comparesLarge(key, cond) {
 		// A large value's write is worth sparing a put whose condition
 		// fails: a lock-free read first. If the condition fails there,
 		// the put fails at that read's instant, changing nothing (the
 		// read is linearizable); if it holds, the locked path below
-		// checks it again.
-		cur, found, err := t.Get(ctx, key)
+		// checks it again — against this read's value if the leaf still
+		// names the same chunk, so that a large current value is not
+		// read while the leaf is held exclusively.
+		cur, cref, found, err := t.getRef(ctx, key)
 		if err != nil {
 			return Result{}, refused(err)
 		}
 		if !cond.holds(found, cur) {
 			return Result{Found: found, Prev: cur}, nil
+		}
+		if cref != nil {
+			pre = &known{ref: *cref, val: cur}
 		}
 	}
 	if !t.inline(key, val) {
@@ -524,7 +562,7 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 		}
 		stored, ext = ref.Encode(), true
 	}
-	res, old, lsn, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+	res, old, lsn, err := t.update(ctx, key, cond, pre, func(n *Node, i int, found bool) {
 		if found {
 			n.setVal(i, stored, ext)
 			return
@@ -593,18 +631,43 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 	if cond.Kind == Always {
 		cond.Kind = IfExists // deleting an absent key changes nothing
 	}
-	res, old, lsn, err := t.update(ctx, key, cond, func(n *Node, i int, found bool) {
+	var pre *known
+	if t.comparesLarge(key, cond) {
+		// As in Put: a lock-free read first, so that the comparison under
+		// the leaf's exclusive lock need not read a large value's chunk.
+		cur, cref, found, err := t.getRef(ctx, key)
+		if err != nil {
+			return Result{}, refused(err)
+		}
+		if !cond.holds(found, cur) {
+			return Result{Found: found, Prev: cur}, nil
+		}
+		if cref != nil {
+			pre = &known{ref: *cref, val: cur}
+		}
+	}
+	res, old, lsn, err := t.update(ctx, key, cond, pre, func(n *Node, i int, found bool) {
 		n.removeEntry(i)
 	})
 	t.settleValues(ctx, res, lsn, err, nil, old)
 	return res, err
 }
 
+// comparesLarge reports whether cond compares the key's value with one too
+// large to stay in a leaf: the current value, if equal, is in a chunk of
+// its own.
+func (t *Tree) comparesLarge(key []byte, cond Cond) bool {
+	return cond.Kind == IfEquals && !t.inline(key, cond.Value)
+}
+
 // update is the body of Put and Delete: lock the leaf covering key, check
 // cond, change it, split it if it overflows, then carry the split upwards.
 // old is the reference of the key's value before, if it was in a chunk of
 // its own; lsn is the change's log position once it committed (0 before).
-func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, lsn uint64, err error) {
+//
+// pre, if not nil, is the key's value read without locks just before: if
+// the leaf names the same chunk, the comparison uses it.
+func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, lsn uint64, err error) {
 	tg := target{key: key}
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
@@ -635,7 +698,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, change func(n 
 					return Result{}, nil, 0, refused(err)
 				}
 				old, res.Prev = &r, nil
-				if cond.Kind == IfEquals || cond.Prev || !cond.holds(found, nil) {
+				if pre != nil && pre.ref == r {
+					res.Prev = pre.val // the same chunk: the same bytes
+				} else if cond.Kind == IfEquals || cond.Prev || !cond.holds(found, nil) {
 					// Under the lock the chunk is the current value's:
 					// nobody frees it.
 					if res.Prev, err = t.s.ReadValue(ctx, r); err != nil {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/grovestore/grove/internal/lock"
 	"testing"
 	"time"
 )
@@ -603,5 +605,110 @@ func TestFailingConditionalLargePutWritesNoChunk(t *testing.T) {
 	}
 	if n := len(s.Chunks()); n != before {
 		t.Fatalf("a CAS that replaced a value left %d chunks, %d before", n, before)
+	}
+}
+
+// latchWatch is a store that counts value reads made while an exclusive
+// lock is held, and runs between once, after the first value read made
+// with no lock held (to change the tree between a lock-free read and the
+// locked path).
+type latchWatch struct {
+	Store
+	mu        sync.Mutex
+	exclusive int
+	under     int
+	between   func()
+}
+
+func (w *latchWatch) Lock(ctx context.Context, h Handle, mode lock.Mode) (*Node, error) {
+	n, err := w.Store.Lock(ctx, h, mode)
+	if err == nil && mode == lock.Exclusive {
+		w.mu.Lock()
+		w.exclusive++
+		w.mu.Unlock()
+	}
+	return n, err
+}
+
+func (w *latchWatch) Unlock(h Handle, mode lock.Mode) {
+	if mode == lock.Exclusive {
+		w.mu.Lock()
+		w.exclusive--
+		w.mu.Unlock()
+	}
+	w.Store.Unlock(h, mode)
+}
+
+func (w *latchWatch) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
+	w.mu.Lock()
+	held := w.exclusive > 0
+	if held {
+		w.under++
+	}
+	f := w.between
+	if !held {
+		w.between = nil
+	}
+	w.mu.Unlock()
+	v, err := w.Store.ReadValue(ctx, r)
+	if f != nil && !held {
+		f()
+	}
+	return v, err
+}
+
+// A compare-and-swap or compare-and-delete against a value in a chunk of
+// its own compares with a lock-free read of it, not with a read of the
+// chunk while the leaf is held exclusively; if the key was overwritten
+// between (another chunk), the locked path reads the new value and the
+// condition fails on it.
+func TestLargeCompareReadsNoChunkUnderLock(t *testing.T) {
+	clk := &fakeClock{}
+	ms, id := NewMemStore(clk.now)
+	w := &latchWatch{Store: ms}
+	tr, err := New(w, id, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	big := func(c byte) []byte { return bytes.Repeat([]byte{c}, 5000) }
+	k := []byte("k")
+	if _, err := tr.Put(ctx, k, big('a'), Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := tr.Put(ctx, k, big('b'), Cond{Kind: IfEquals, Value: big('a')}); err != nil || !r.Applied || !bytes.Equal(r.Prev, big('a')) {
+		t.Fatalf("CAS a→b: %+v %v", r.Applied, err)
+	}
+	if r, err := tr.Put(ctx, k, []byte("small"), Cond{Kind: IfEquals, Value: big('b'), Prev: true}); err != nil || !r.Applied || !bytes.Equal(r.Prev, big('b')) {
+		t.Fatalf("CAS b→small: %+v %v", r.Applied, err)
+	}
+	if _, err := tr.Put(ctx, k, big('c'), Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := tr.Delete(ctx, k, Cond{Kind: IfEquals, Value: big('c')}); err != nil || !r.Applied {
+		t.Fatalf("compare-and-delete c: %+v %v", r.Applied, err)
+	}
+	if w.under != 0 {
+		t.Fatalf("%d value chunks read holding a leaf exclusively", w.under)
+	}
+	// Overwritten between the lock-free read and the lock: the locked
+	// path reads the new chunk and the condition fails on it.
+	if _, err := tr.Put(ctx, k, big('d'), Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	w.between = func() {
+		if _, err := tr.Put(ctx, k, big('e'), Cond{}); err != nil {
+			t.Error(err)
+		}
+	}
+	r, err := tr.Put(ctx, k, big('f'), Cond{Kind: IfEquals, Value: big('d')})
+	if err != nil || r.Applied || !bytes.Equal(r.Prev, big('e')) {
+		t.Fatalf("CAS d→f after an overwrite with e: applied %v, prev %.1q, %v", r.Applied, r.Prev, err)
+	}
+	if w.under != 1 {
+		t.Fatalf("%d value chunks read holding a leaf exclusively; want 1 (the overwrite's)", w.under)
+	}
+	if v, ok, err := tr.Get(ctx, k); err != nil || !ok || !bytes.Equal(v, big('e')) {
+		t.Fatalf("get: %.1q %v %v", v, ok, err)
 	}
 }
