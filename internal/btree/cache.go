@@ -619,6 +619,9 @@ func (c *Cache) payRenewal(ctx context.Context) error {
 	if owed == paid || c.unsafeNoOwedRenewal {
 		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return err // the renewal stays owed: the next write pays it
+	}
 	if err := c.cfg.Renew(ctx); err != nil {
 		return fmt.Errorf("btree: renewing the fence after a node write of unknown outcome: %w", err)
 	}

@@ -226,8 +226,9 @@ type ServerConfig struct {
 	// budget, not one per server: the repairer opens the trees it repairs
 	// from the directory and runs the pass every RepairEvery; every other
 	// server runs it on the trees it has open only every
-	// RepairBackstop-th period, so that a tree whose repairer is down is
-	// still repaired, later. In a node the repairer is the tree's home
+	// RepairBackstop-th period, so that a tree in use whose repairer is
+	// down is still repaired, later (a tree no live server has open is
+	// not: nothing changes it either). In a node the repairer is the tree's home
 	// (Home over the registered nodes), the node the etcd endpoint
 	// forwards to.
 	Repairer func(name string) bool
@@ -388,18 +389,29 @@ func (s *Server) currentFence() *rldev.Fence {
 func (s *Server) renewFence(ctx context.Context) error {
 	s.fence.Lock()
 	defer s.fence.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err // nothing given up yet: the renewal stays owed
+	}
 	name := FenceLock(s.cfg.Node)
 	old := s.fence.hold
 	old.Release()
 	s.clerk.Drop(name)
-	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
+	// Once the old hold is given up there is no going back: the caller's
+	// deadline (a shutdown's flush) does not cut the acquisition short,
+	// the operation timeout does.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+	defer cancel()
+	h, err := s.clerk.Acquire(actx, name, lock.Exclusive)
 	if err != nil {
 		// Without a fence the server cannot write anything back.
 		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
 		return err
 	}
 	if !old.Token().Less(h.Token()) {
-		return fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
+		h.Release()
+		err := fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
+		s.cache.fail(err)
+		return err
 	}
 	s.fence.hold = h
 	return nil

@@ -158,16 +158,28 @@ func (s *simServer) currentFence() *rldev.Fence {
 func (s *simServer) renew(ctx context.Context) error {
 	s.fence.Lock()
 	defer s.fence.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err // as Server.renewFence: nothing given up yet
+	}
 	name := FenceLock(s.node)
-	s.fence.hold.Release()
+	old := s.fence.hold
+	old.Release()
 	if err := s.clerk.drop(name); err != nil {
 		return err
 	}
-	h, err := s.clerk.Acquire(ctx, name, lock.Exclusive)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second) // (the runtime's: OpTimeout)
+	defer cancel()
+	h, err := s.clerk.Acquire(actx, name, lock.Exclusive)
 	if err != nil {
 		// As Server.renewFence: without a fence the server cannot
 		// write anything back.
 		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
+		return err
+	}
+	if !old.Token().Less(h.Token()) {
+		h.Release()
+		err := fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
+		s.cache.fail(err)
 		return err
 	}
 	s.fence.hold = h
