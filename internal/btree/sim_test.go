@@ -735,6 +735,20 @@ func (w *simWorld) restartOne() bool {
 	if err != nil {
 		if w.ctx.Err() == nil {
 			w.t.Errorf("seed %d: restarting server %d: %v", w.seed, node, err)
+			// What led here, in the test's log (a CI run keeps nothing
+			// else): the last events.
+			w.events.Lock()
+			tail := w.events.lines[max(0, len(w.events.lines)-40):]
+			w.t.Logf("seed %d: the last %d events:\n%s", w.seed, len(tail), strings.Join(tail, "\n"))
+			w.events.Unlock()
+			if os.Getenv("GROVE_SIM_DUMP") != "" {
+				buf := make([]byte, 1<<22)
+				buf = buf[:runtime.Stack(buf, true)]
+				w.events.Lock()
+				lines := strings.Join(w.events.lines, "\n")
+				w.events.Unlock()
+				_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.restart", w.seed), append([]byte(lines+"\n\n"), buf...), 0o644)
+			}
 		}
 		return false
 	}
