@@ -86,19 +86,7 @@ func TestOwedRenewal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		img, err := lc.simChunkClerk.Read(ctx, a.Root, uint64(MinNodeSize))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := decode(img)
-		if err != nil {
-			t.Fatal(err)
-		}
-		i, ok := n.Search(key)
-		got := ""
-		if ok {
-			got = string(n.Vals[i])
-		}
+		got, _ := chunkLeafValue(t, ctx, lc.simChunkClerk, a.Root, key)
 		t.Logf("teeth %v: the late write: %v; the chunk holds %q", teeth, landErr, got)
 		switch {
 		case !teeth && (got != "v2" || !errors.Is(landErr, chunk.ErrFenced)):
@@ -108,4 +96,23 @@ func TestOwedRenewal(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// chunkLeafValue is key's value in the leaf image chunk h holds (read
+// straight from the chunks, past every cache), and whether it is there.
+func chunkLeafValue(t *testing.T, ctx context.Context, c *simChunkClerk, h Handle, key []byte) (string, bool) {
+	t.Helper()
+	img, err := c.Read(ctx, h, uint64(MinNodeSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := decode(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, ok := n.Search(key)
+	if !ok {
+		return "", false
+	}
+	return string(n.Vals[i]), true
 }

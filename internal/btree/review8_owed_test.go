@@ -110,16 +110,8 @@ func TestReview8OwedPaidByAnotherNode(t *testing.T) {
 		t.Fatalf("renews %d, want %d (paid once)", cache.Stats().Renews, renews0+1)
 	}
 	landErr := rc.kept()
-	img, err := rc.simChunkClerk.Read(ctx, l1.Self, uint64(MinNodeSize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := decode(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i, ok := n.Search(k1)
-	if !ok || string(n.Vals[i]) != "v2" || !errors.Is(landErr, chunk.ErrFenced) {
-		t.Fatalf("late write: %v; chunk holds %q (found %v), want v2", landErr, n.Vals[i], ok)
+	got, ok := chunkLeafValue(t, ctx, rc.simChunkClerk, l1.Self, k1)
+	if !ok || got != "v2" || !errors.Is(landErr, chunk.ErrFenced) {
+		t.Fatalf("late write: %v; chunk holds %q (found %v), want v2", landErr, got, ok)
 	}
 }

@@ -542,15 +542,10 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 		// checks it again — against this read's value if the leaf still
 		// names the same chunk, so that a large current value is not
 		// read while the leaf is held exclusively.
-		cur, cref, found, err := t.getRef(ctx, key)
-		if err != nil {
-			return Result{}, refused(err)
-		}
-		if !cond.holds(found, cur) {
-			return Result{Found: found, Prev: cur}, nil
-		}
-		if cref != nil {
-			pre = &known{ref: *cref, val: cur}
+		var failed *Result
+		var err error
+		if pre, failed, err = t.preCheck(ctx, key, cond); err != nil || failed != nil {
+			return deref(failed), err
 		}
 	}
 	if !t.inline(key, val) {
@@ -635,15 +630,10 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 	if t.comparesLarge(key, cond) {
 		// As in Put: a lock-free read first, so that the comparison under
 		// the leaf's exclusive lock need not read a large value's chunk.
-		cur, cref, found, err := t.getRef(ctx, key)
-		if err != nil {
-			return Result{}, refused(err)
-		}
-		if !cond.holds(found, cur) {
-			return Result{Found: found, Prev: cur}, nil
-		}
-		if cref != nil {
-			pre = &known{ref: *cref, val: cur}
+		var failed *Result
+		var err error
+		if pre, failed, err = t.preCheck(ctx, key, cond); err != nil || failed != nil {
+			return deref(failed), err
 		}
 	}
 	res, old, lsn, err := t.update(ctx, key, cond, pre, func(n *Node, i int, found bool) {
@@ -651,6 +641,32 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 	})
 	t.settleValues(ctx, res, lsn, err, nil, old)
 	return res, err
+}
+
+// preCheck is a conditional update's lock-free read of key: if cond fails
+// there, failed is the update's answer (it fails at that read's instant,
+// changing nothing: the read is linearizable); otherwise pre is what it
+// read if the value is in a chunk of its own (update compares against it
+// if the leaf still names that chunk).
+func (t *Tree) preCheck(ctx context.Context, key []byte, cond Cond) (pre *known, failed *Result, err error) {
+	cur, cref, found, err := t.getRef(ctx, key)
+	if err != nil {
+		return nil, nil, refused(err)
+	}
+	if !cond.holds(found, cur) {
+		return nil, &Result{Found: found, Prev: cur}, nil
+	}
+	if cref != nil {
+		pre = &known{ref: *cref, val: cur}
+	}
+	return pre, nil, nil
+}
+
+func deref(r *Result) Result {
+	if r == nil {
+		return Result{}
+	}
+	return *r
 }
 
 // comparesLarge reports whether cond compares the key's value with one too
