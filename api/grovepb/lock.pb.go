@@ -119,7 +119,7 @@ func (x HoldResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HoldResponse_Kind.Descriptor instead.
 func (HoldResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{22, 0}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{24, 0}
 }
 
 type ClerkId struct {
@@ -670,6 +670,7 @@ type SessionRequest struct {
 	//	*SessionRequest_RecoveryDone
 	//	*SessionRequest_Goodbye
 	//	*SessionRequest_Withdraw
+	//	*SessionRequest_RenewRecovery
 	Msg           isSessionRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -766,6 +767,15 @@ func (x *SessionRequest) GetWithdraw() *LockWithdraw {
 	return nil
 }
 
+func (x *SessionRequest) GetRenewRecovery() *LockRenewRecovery {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_RenewRecovery); ok {
+			return x.RenewRecovery
+		}
+	}
+	return nil
+}
+
 type isSessionRequest_Msg interface {
 	isSessionRequest_Msg()
 }
@@ -794,6 +804,10 @@ type SessionRequest_Withdraw struct {
 	Withdraw *LockWithdraw `protobuf:"bytes,6,opt,name=withdraw,proto3,oneof"`
 }
 
+type SessionRequest_RenewRecovery struct {
+	RenewRecovery *LockRenewRecovery `protobuf:"bytes,7,opt,name=renew_recovery,json=renewRecovery,proto3,oneof"`
+}
+
 func (*SessionRequest_Hello) isSessionRequest_Msg() {}
 
 func (*SessionRequest_Acquire) isSessionRequest_Msg() {}
@@ -805,6 +819,63 @@ func (*SessionRequest_RecoveryDone) isSessionRequest_Msg() {}
 func (*SessionRequest_Goodbye) isSessionRequest_Msg() {}
 
 func (*SessionRequest_Withdraw) isSessionRequest_Msg() {}
+
+func (*SessionRequest_RenewRecovery) isSessionRequest_Msg() {}
+
+// A clerk running a recovery asks for a newer token for the same run (its
+// writes under the current one may still land late: see lock.Recovery's
+// Renew). The master answers LockRecoveryRenewed.
+type LockRenewRecovery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
+	Token         *Token                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the run's current token
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockRenewRecovery) Reset() {
+	*x = LockRenewRecovery{}
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockRenewRecovery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockRenewRecovery) ProtoMessage() {}
+
+func (x *LockRenewRecovery) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockRenewRecovery.ProtoReflect.Descriptor instead.
+func (*LockRenewRecovery) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LockRenewRecovery) GetDead() *ClerkId {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+func (x *LockRenewRecovery) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
 
 // A clerk no longer wants the lock it asked for (its local waiter gave up
 // before a grant): the master drops the clerk's request from the queue. A
@@ -818,7 +889,7 @@ type LockWithdraw struct {
 
 func (x *LockWithdraw) Reset() {
 	*x = LockWithdraw{}
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +901,7 @@ func (x *LockWithdraw) String() string {
 func (*LockWithdraw) ProtoMessage() {}
 
 func (x *LockWithdraw) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[10]
+	mi := &file_grovepb_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +914,7 @@ func (x *LockWithdraw) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWithdraw.ProtoReflect.Descriptor instead.
 func (*LockWithdraw) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LockWithdraw) GetName() []byte {
@@ -863,7 +934,7 @@ type LockGoodbye struct {
 
 func (x *LockGoodbye) Reset() {
 	*x = LockGoodbye{}
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +946,7 @@ func (x *LockGoodbye) String() string {
 func (*LockGoodbye) ProtoMessage() {}
 
 func (x *LockGoodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[11]
+	mi := &file_grovepb_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +959,7 @@ func (x *LockGoodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGoodbye.ProtoReflect.Descriptor instead.
 func (*LockGoodbye) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
 }
 
 type LockWelcome struct {
@@ -900,7 +971,7 @@ type LockWelcome struct {
 
 func (x *LockWelcome) Reset() {
 	*x = LockWelcome{}
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +983,7 @@ func (x *LockWelcome) String() string {
 func (*LockWelcome) ProtoMessage() {}
 
 func (x *LockWelcome) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[12]
+	mi := &file_grovepb_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +996,7 @@ func (x *LockWelcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWelcome.ProtoReflect.Descriptor instead.
 func (*LockWelcome) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LockWelcome) GetEpoch() uint64 {
@@ -945,7 +1016,7 @@ type LockReject struct {
 
 func (x *LockReject) Reset() {
 	*x = LockReject{}
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1028,7 @@ func (x *LockReject) String() string {
 func (*LockReject) ProtoMessage() {}
 
 func (x *LockReject) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[13]
+	mi := &file_grovepb_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1041,7 @@ func (x *LockReject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReject.ProtoReflect.Descriptor instead.
 func (*LockReject) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LockReject) GetReason() string {
@@ -998,7 +1069,7 @@ type LockGrant struct {
 
 func (x *LockGrant) Reset() {
 	*x = LockGrant{}
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1081,7 @@ func (x *LockGrant) String() string {
 func (*LockGrant) ProtoMessage() {}
 
 func (x *LockGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[14]
+	mi := &file_grovepb_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1094,7 @@ func (x *LockGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockGrant.ProtoReflect.Descriptor instead.
 func (*LockGrant) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LockGrant) GetName() []byte {
@@ -1057,7 +1128,7 @@ type LockRevoke struct {
 
 func (x *LockRevoke) Reset() {
 	*x = LockRevoke{}
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1140,7 @@ func (x *LockRevoke) String() string {
 func (*LockRevoke) ProtoMessage() {}
 
 func (x *LockRevoke) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[15]
+	mi := &file_grovepb_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1153,7 @@ func (x *LockRevoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRevoke.ProtoReflect.Descriptor instead.
 func (*LockRevoke) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LockRevoke) GetName() []byte {
@@ -1112,7 +1183,7 @@ type LockRecover struct {
 
 func (x *LockRecover) Reset() {
 	*x = LockRecover{}
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1195,7 @@ func (x *LockRecover) String() string {
 func (*LockRecover) ProtoMessage() {}
 
 func (x *LockRecover) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[16]
+	mi := &file_grovepb_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1208,7 @@ func (x *LockRecover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecover.ProtoReflect.Descriptor instead.
 func (*LockRecover) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LockRecover) GetDead() *ClerkId {
@@ -1185,6 +1256,7 @@ type SessionResponse struct {
 	//	*SessionResponse_Grant
 	//	*SessionResponse_Revoke
 	//	*SessionResponse_Recover
+	//	*SessionResponse_RecoveryRenewed
 	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1192,7 +1264,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1276,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[17]
+	mi := &file_grovepb_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1289,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -1272,6 +1344,15 @@ func (x *SessionResponse) GetRecover() *LockRecover {
 	return nil
 }
 
+func (x *SessionResponse) GetRecoveryRenewed() *LockRecoveryRenewed {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_RecoveryRenewed); ok {
+			return x.RecoveryRenewed
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Msg interface {
 	isSessionResponse_Msg()
 }
@@ -1296,6 +1377,10 @@ type SessionResponse_Recover struct {
 	Recover *LockRecover `protobuf:"bytes,5,opt,name=recover,proto3,oneof"`
 }
 
+type SessionResponse_RecoveryRenewed struct {
+	RecoveryRenewed *LockRecoveryRenewed `protobuf:"bytes,6,opt,name=recovery_renewed,json=recoveryRenewed,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Reject) isSessionResponse_Msg() {}
@@ -1305,6 +1390,70 @@ func (*SessionResponse_Grant) isSessionResponse_Msg() {}
 func (*SessionResponse_Revoke) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Recover) isSessionResponse_Msg() {}
+
+func (*SessionResponse_RecoveryRenewed) isSessionResponse_Msg() {}
+
+// The master's answer to LockRenewRecovery: the run's new token, or none
+// (the run is no longer this clerk's under old: it must fail).
+type LockRecoveryRenewed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
+	Old           *Token                 `protobuf:"bytes,2,opt,name=old,proto3" json:"old,omitempty"`
+	Token         *Token                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"` // unset: refused
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockRecoveryRenewed) Reset() {
+	*x = LockRecoveryRenewed{}
+	mi := &file_grovepb_lock_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockRecoveryRenewed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockRecoveryRenewed) ProtoMessage() {}
+
+func (x *LockRecoveryRenewed) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_lock_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockRecoveryRenewed.ProtoReflect.Descriptor instead.
+func (*LockRecoveryRenewed) Descriptor() ([]byte, []int) {
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *LockRecoveryRenewed) GetDead() *ClerkId {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+func (x *LockRecoveryRenewed) GetOld() *Token {
+	if x != nil {
+		return x.Old
+	}
+	return nil
+}
+
+func (x *LockRecoveryRenewed) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
 
 // Config-service records in the "lock" namespace.
 type LockMasterRecord struct {
@@ -1319,7 +1468,7 @@ type LockMasterRecord struct {
 
 func (x *LockMasterRecord) Reset() {
 	*x = LockMasterRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1480,7 @@ func (x *LockMasterRecord) String() string {
 func (*LockMasterRecord) ProtoMessage() {}
 
 func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[18]
+	mi := &file_grovepb_lock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1493,7 @@ func (x *LockMasterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockMasterRecord.ProtoReflect.Descriptor instead.
 func (*LockMasterRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockMasterRecord) GetNode() uint64 {
@@ -1388,7 +1537,7 @@ type LockClerkRecord struct {
 
 func (x *LockClerkRecord) Reset() {
 	*x = LockClerkRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1549,7 @@ func (x *LockClerkRecord) String() string {
 func (*LockClerkRecord) ProtoMessage() {}
 
 func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[19]
+	mi := &file_grovepb_lock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1562,7 @@ func (x *LockClerkRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockClerkRecord.ProtoReflect.Descriptor instead.
 func (*LockClerkRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LockClerkRecord) GetId() *ClerkId {
@@ -1451,7 +1600,7 @@ type LockRecoveryRecord struct {
 
 func (x *LockRecoveryRecord) Reset() {
 	*x = LockRecoveryRecord{}
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1612,7 @@ func (x *LockRecoveryRecord) String() string {
 func (*LockRecoveryRecord) ProtoMessage() {}
 
 func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[20]
+	mi := &file_grovepb_lock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1625,7 @@ func (x *LockRecoveryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecoveryRecord.ProtoReflect.Descriptor instead.
 func (*LockRecoveryRecord) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockRecoveryRecord) GetDead() *ClerkId {
@@ -1537,7 +1686,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1698,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[21]
+	mi := &file_grovepb_lock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1711,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HoldRequest) GetName() []byte {
@@ -1605,7 +1754,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1766,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[22]
+	mi := &file_grovepb_lock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1779,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HoldResponse) GetKind() HoldResponse_Kind {
@@ -1669,7 +1818,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1830,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[23]
+	mi := &file_grovepb_lock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1843,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{23}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
 }
 
 type LockHolder struct {
@@ -1708,7 +1857,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1869,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[24]
+	mi := &file_grovepb_lock_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1882,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{24}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LockHolder) GetClerk() *ClerkId {
@@ -1768,7 +1917,7 @@ type LockEntry struct {
 
 func (x *LockEntry) Reset() {
 	*x = LockEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1929,7 @@ func (x *LockEntry) String() string {
 func (*LockEntry) ProtoMessage() {}
 
 func (x *LockEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[25]
+	mi := &file_grovepb_lock_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1942,7 @@ func (x *LockEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockEntry.ProtoReflect.Descriptor instead.
 func (*LockEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{25}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LockEntry) GetName() []byte {
@@ -1830,7 +1979,7 @@ type ClerkEntry struct {
 
 func (x *ClerkEntry) Reset() {
 	*x = ClerkEntry{}
-	mi := &file_grovepb_lock_proto_msgTypes[26]
+	mi := &file_grovepb_lock_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +1991,7 @@ func (x *ClerkEntry) String() string {
 func (*ClerkEntry) ProtoMessage() {}
 
 func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[26]
+	mi := &file_grovepb_lock_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +2004,7 @@ func (x *ClerkEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClerkEntry.ProtoReflect.Descriptor instead.
 func (*ClerkEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{26}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClerkEntry) GetId() *ClerkId {
@@ -1906,7 +2055,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_grovepb_lock_proto_msgTypes[27]
+	mi := &file_grovepb_lock_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2067,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_lock_proto_msgTypes[27]
+	mi := &file_grovepb_lock_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2080,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_lock_proto_rawDescGZIP(), []int{27}
+	return file_grovepb_lock_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListResponse) GetMaster() *LockMasterRecord {
@@ -2010,15 +2159,19 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x10LockRecoveryDone\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12%\n" +
-	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\xd6\x02\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\x9c\x03\n" +
 	"\x0eSessionRequest\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.grove.v1.LockHelloH\x00R\x05hello\x121\n" +
 	"\aacquire\x18\x02 \x01(\v2\x15.grove.v1.LockAcquireH\x00R\aacquire\x121\n" +
 	"\arelease\x18\x03 \x01(\v2\x15.grove.v1.LockReleaseH\x00R\arelease\x12A\n" +
 	"\rrecovery_done\x18\x04 \x01(\v2\x1a.grove.v1.LockRecoveryDoneH\x00R\frecoveryDone\x121\n" +
 	"\agoodbye\x18\x05 \x01(\v2\x15.grove.v1.LockGoodbyeH\x00R\agoodbye\x124\n" +
-	"\bwithdraw\x18\x06 \x01(\v2\x16.grove.v1.LockWithdrawH\x00R\bwithdrawB\x05\n" +
-	"\x03msg\"\"\n" +
+	"\bwithdraw\x18\x06 \x01(\v2\x16.grove.v1.LockWithdrawH\x00R\bwithdraw\x12D\n" +
+	"\x0erenew_recovery\x18\a \x01(\v2\x1b.grove.v1.LockRenewRecoveryH\x00R\rrenewRecoveryB\x05\n" +
+	"\x03msg\"a\n" +
+	"\x11LockRenewRecovery\x12%\n" +
+	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12%\n" +
+	"\x05token\x18\x02 \x01(\v2\x0f.grove.v1.TokenR\x05token\"\"\n" +
 	"\fLockWithdraw\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\"\r\n" +
 	"\vLockGoodbye\"#\n" +
@@ -2041,14 +2194,19 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x05names\x18\x02 \x03(\fR\x05names\x12\x10\n" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12%\n" +
 	"\x05token\x18\x04 \x01(\v2\x0f.grove.v1.TokenR\x05token\x12\x18\n" +
-	"\aexclude\x18\x05 \x03(\fR\aexclude\"\x8b\x02\n" +
+	"\aexclude\x18\x05 \x03(\fR\aexclude\"\xd7\x02\n" +
 	"\x0fSessionResponse\x121\n" +
 	"\awelcome\x18\x01 \x01(\v2\x15.grove.v1.LockWelcomeH\x00R\awelcome\x12.\n" +
 	"\x06reject\x18\x02 \x01(\v2\x14.grove.v1.LockRejectH\x00R\x06reject\x12+\n" +
 	"\x05grant\x18\x03 \x01(\v2\x13.grove.v1.LockGrantH\x00R\x05grant\x12.\n" +
 	"\x06revoke\x18\x04 \x01(\v2\x14.grove.v1.LockRevokeH\x00R\x06revoke\x121\n" +
-	"\arecover\x18\x05 \x01(\v2\x15.grove.v1.LockRecoverH\x00R\arecoverB\x05\n" +
-	"\x03msg\"{\n" +
+	"\arecover\x18\x05 \x01(\v2\x15.grove.v1.LockRecoverH\x00R\arecover\x12J\n" +
+	"\x10recovery_renewed\x18\x06 \x01(\v2\x1d.grove.v1.LockRecoveryRenewedH\x00R\x0frecoveryRenewedB\x05\n" +
+	"\x03msg\"\x86\x01\n" +
+	"\x13LockRecoveryRenewed\x12%\n" +
+	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12!\n" +
+	"\x03old\x18\x02 \x01(\v2\x0f.grove.v1.TokenR\x03old\x12%\n" +
+	"\x05token\x18\x03 \x01(\v2\x0f.grove.v1.TokenR\x05token\"{\n" +
 	"\x10LockMasterRecord\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x14\n" +
@@ -2127,38 +2285,40 @@ func file_grovepb_lock_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_grovepb_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_grovepb_lock_proto_goTypes = []any{
-	(LockMode)(0),              // 0: grove.v1.LockMode
-	(HoldResponse_Kind)(0),     // 1: grove.v1.HoldResponse.Kind
-	(*ClerkId)(nil),            // 2: grove.v1.ClerkId
-	(*Token)(nil),              // 3: grove.v1.Token
-	(*HeldLease)(nil),          // 4: grove.v1.HeldLease
-	(*RunningRecovery)(nil),    // 5: grove.v1.RunningRecovery
-	(*WantedLease)(nil),        // 6: grove.v1.WantedLease
-	(*LockHello)(nil),          // 7: grove.v1.LockHello
-	(*LockAcquire)(nil),        // 8: grove.v1.LockAcquire
-	(*LockRelease)(nil),        // 9: grove.v1.LockRelease
-	(*LockRecoveryDone)(nil),   // 10: grove.v1.LockRecoveryDone
-	(*SessionRequest)(nil),     // 11: grove.v1.SessionRequest
-	(*LockWithdraw)(nil),       // 12: grove.v1.LockWithdraw
-	(*LockGoodbye)(nil),        // 13: grove.v1.LockGoodbye
-	(*LockWelcome)(nil),        // 14: grove.v1.LockWelcome
-	(*LockReject)(nil),         // 15: grove.v1.LockReject
-	(*LockGrant)(nil),          // 16: grove.v1.LockGrant
-	(*LockRevoke)(nil),         // 17: grove.v1.LockRevoke
-	(*LockRecover)(nil),        // 18: grove.v1.LockRecover
-	(*SessionResponse)(nil),    // 19: grove.v1.SessionResponse
-	(*LockMasterRecord)(nil),   // 20: grove.v1.LockMasterRecord
-	(*LockClerkRecord)(nil),    // 21: grove.v1.LockClerkRecord
-	(*LockRecoveryRecord)(nil), // 22: grove.v1.LockRecoveryRecord
-	(*HoldRequest)(nil),        // 23: grove.v1.HoldRequest
-	(*HoldResponse)(nil),       // 24: grove.v1.HoldResponse
-	(*ListRequest)(nil),        // 25: grove.v1.ListRequest
-	(*LockHolder)(nil),         // 26: grove.v1.LockHolder
-	(*LockEntry)(nil),          // 27: grove.v1.LockEntry
-	(*ClerkEntry)(nil),         // 28: grove.v1.ClerkEntry
-	(*ListResponse)(nil),       // 29: grove.v1.ListResponse
+	(LockMode)(0),               // 0: grove.v1.LockMode
+	(HoldResponse_Kind)(0),      // 1: grove.v1.HoldResponse.Kind
+	(*ClerkId)(nil),             // 2: grove.v1.ClerkId
+	(*Token)(nil),               // 3: grove.v1.Token
+	(*HeldLease)(nil),           // 4: grove.v1.HeldLease
+	(*RunningRecovery)(nil),     // 5: grove.v1.RunningRecovery
+	(*WantedLease)(nil),         // 6: grove.v1.WantedLease
+	(*LockHello)(nil),           // 7: grove.v1.LockHello
+	(*LockAcquire)(nil),         // 8: grove.v1.LockAcquire
+	(*LockRelease)(nil),         // 9: grove.v1.LockRelease
+	(*LockRecoveryDone)(nil),    // 10: grove.v1.LockRecoveryDone
+	(*SessionRequest)(nil),      // 11: grove.v1.SessionRequest
+	(*LockRenewRecovery)(nil),   // 12: grove.v1.LockRenewRecovery
+	(*LockWithdraw)(nil),        // 13: grove.v1.LockWithdraw
+	(*LockGoodbye)(nil),         // 14: grove.v1.LockGoodbye
+	(*LockWelcome)(nil),         // 15: grove.v1.LockWelcome
+	(*LockReject)(nil),          // 16: grove.v1.LockReject
+	(*LockGrant)(nil),           // 17: grove.v1.LockGrant
+	(*LockRevoke)(nil),          // 18: grove.v1.LockRevoke
+	(*LockRecover)(nil),         // 19: grove.v1.LockRecover
+	(*SessionResponse)(nil),     // 20: grove.v1.SessionResponse
+	(*LockRecoveryRenewed)(nil), // 21: grove.v1.LockRecoveryRenewed
+	(*LockMasterRecord)(nil),    // 22: grove.v1.LockMasterRecord
+	(*LockClerkRecord)(nil),     // 23: grove.v1.LockClerkRecord
+	(*LockRecoveryRecord)(nil),  // 24: grove.v1.LockRecoveryRecord
+	(*HoldRequest)(nil),         // 25: grove.v1.HoldRequest
+	(*HoldResponse)(nil),        // 26: grove.v1.HoldResponse
+	(*ListRequest)(nil),         // 27: grove.v1.ListRequest
+	(*LockHolder)(nil),          // 28: grove.v1.LockHolder
+	(*LockEntry)(nil),           // 29: grove.v1.LockEntry
+	(*ClerkEntry)(nil),          // 30: grove.v1.ClerkEntry
+	(*ListResponse)(nil),        // 31: grove.v1.ListResponse
 }
 var file_grovepb_lock_proto_depIdxs = []int32{
 	0,  // 0: grove.v1.HeldLease.mode:type_name -> grove.v1.LockMode
@@ -2179,46 +2339,53 @@ var file_grovepb_lock_proto_depIdxs = []int32{
 	8,  // 15: grove.v1.SessionRequest.acquire:type_name -> grove.v1.LockAcquire
 	9,  // 16: grove.v1.SessionRequest.release:type_name -> grove.v1.LockRelease
 	10, // 17: grove.v1.SessionRequest.recovery_done:type_name -> grove.v1.LockRecoveryDone
-	13, // 18: grove.v1.SessionRequest.goodbye:type_name -> grove.v1.LockGoodbye
-	12, // 19: grove.v1.SessionRequest.withdraw:type_name -> grove.v1.LockWithdraw
-	0,  // 20: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
-	3,  // 21: grove.v1.LockGrant.token:type_name -> grove.v1.Token
-	0,  // 22: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
-	2,  // 23: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
-	3,  // 24: grove.v1.LockRecover.token:type_name -> grove.v1.Token
-	14, // 25: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
-	15, // 26: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
-	16, // 27: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
-	17, // 28: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
-	18, // 29: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
-	2,  // 30: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
-	2,  // 31: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
-	4,  // 32: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
-	0,  // 33: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
-	1,  // 34: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
-	2,  // 35: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
-	3,  // 36: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
-	2,  // 37: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
-	0,  // 38: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
-	3,  // 39: grove.v1.LockHolder.token:type_name -> grove.v1.Token
-	26, // 40: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
-	2,  // 41: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
-	2,  // 42: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
-	20, // 43: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
-	27, // 44: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
-	28, // 45: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
-	22, // 46: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
-	11, // 47: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
-	25, // 48: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
-	23, // 49: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
-	19, // 50: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
-	29, // 51: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
-	24, // 52: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
-	50, // [50:53] is the sub-list for method output_type
-	47, // [47:50] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	14, // 18: grove.v1.SessionRequest.goodbye:type_name -> grove.v1.LockGoodbye
+	13, // 19: grove.v1.SessionRequest.withdraw:type_name -> grove.v1.LockWithdraw
+	12, // 20: grove.v1.SessionRequest.renew_recovery:type_name -> grove.v1.LockRenewRecovery
+	2,  // 21: grove.v1.LockRenewRecovery.dead:type_name -> grove.v1.ClerkId
+	3,  // 22: grove.v1.LockRenewRecovery.token:type_name -> grove.v1.Token
+	0,  // 23: grove.v1.LockGrant.mode:type_name -> grove.v1.LockMode
+	3,  // 24: grove.v1.LockGrant.token:type_name -> grove.v1.Token
+	0,  // 25: grove.v1.LockRevoke.keep:type_name -> grove.v1.LockMode
+	2,  // 26: grove.v1.LockRecover.dead:type_name -> grove.v1.ClerkId
+	3,  // 27: grove.v1.LockRecover.token:type_name -> grove.v1.Token
+	15, // 28: grove.v1.SessionResponse.welcome:type_name -> grove.v1.LockWelcome
+	16, // 29: grove.v1.SessionResponse.reject:type_name -> grove.v1.LockReject
+	17, // 30: grove.v1.SessionResponse.grant:type_name -> grove.v1.LockGrant
+	18, // 31: grove.v1.SessionResponse.revoke:type_name -> grove.v1.LockRevoke
+	19, // 32: grove.v1.SessionResponse.recover:type_name -> grove.v1.LockRecover
+	21, // 33: grove.v1.SessionResponse.recovery_renewed:type_name -> grove.v1.LockRecoveryRenewed
+	2,  // 34: grove.v1.LockRecoveryRenewed.dead:type_name -> grove.v1.ClerkId
+	3,  // 35: grove.v1.LockRecoveryRenewed.old:type_name -> grove.v1.Token
+	3,  // 36: grove.v1.LockRecoveryRenewed.token:type_name -> grove.v1.Token
+	2,  // 37: grove.v1.LockClerkRecord.id:type_name -> grove.v1.ClerkId
+	2,  // 38: grove.v1.LockRecoveryRecord.dead:type_name -> grove.v1.ClerkId
+	4,  // 39: grove.v1.LockRecoveryRecord.leases:type_name -> grove.v1.HeldLease
+	0,  // 40: grove.v1.HoldRequest.mode:type_name -> grove.v1.LockMode
+	1,  // 41: grove.v1.HoldResponse.kind:type_name -> grove.v1.HoldResponse.Kind
+	2,  // 42: grove.v1.HoldResponse.clerk:type_name -> grove.v1.ClerkId
+	3,  // 43: grove.v1.HoldResponse.token:type_name -> grove.v1.Token
+	2,  // 44: grove.v1.LockHolder.clerk:type_name -> grove.v1.ClerkId
+	0,  // 45: grove.v1.LockHolder.mode:type_name -> grove.v1.LockMode
+	3,  // 46: grove.v1.LockHolder.token:type_name -> grove.v1.Token
+	28, // 47: grove.v1.LockEntry.holders:type_name -> grove.v1.LockHolder
+	2,  // 48: grove.v1.LockEntry.waiters:type_name -> grove.v1.ClerkId
+	2,  // 49: grove.v1.ClerkEntry.id:type_name -> grove.v1.ClerkId
+	22, // 50: grove.v1.ListResponse.master:type_name -> grove.v1.LockMasterRecord
+	29, // 51: grove.v1.ListResponse.locks:type_name -> grove.v1.LockEntry
+	30, // 52: grove.v1.ListResponse.clerks:type_name -> grove.v1.ClerkEntry
+	24, // 53: grove.v1.ListResponse.recoveries:type_name -> grove.v1.LockRecoveryRecord
+	11, // 54: grove.v1.LockService.Session:input_type -> grove.v1.SessionRequest
+	27, // 55: grove.v1.LockService.List:input_type -> grove.v1.ListRequest
+	25, // 56: grove.v1.LockService.Hold:input_type -> grove.v1.HoldRequest
+	20, // 57: grove.v1.LockService.Session:output_type -> grove.v1.SessionResponse
+	31, // 58: grove.v1.LockService.List:output_type -> grove.v1.ListResponse
+	26, // 59: grove.v1.LockService.Hold:output_type -> grove.v1.HoldResponse
+	57, // [57:60] is the sub-list for method output_type
+	54, // [54:57] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_lock_proto_init() }
@@ -2233,13 +2400,15 @@ func file_grovepb_lock_proto_init() {
 		(*SessionRequest_RecoveryDone)(nil),
 		(*SessionRequest_Goodbye)(nil),
 		(*SessionRequest_Withdraw)(nil),
+		(*SessionRequest_RenewRecovery)(nil),
 	}
-	file_grovepb_lock_proto_msgTypes[17].OneofWrappers = []any{
+	file_grovepb_lock_proto_msgTypes[18].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Reject)(nil),
 		(*SessionResponse_Grant)(nil),
 		(*SessionResponse_Revoke)(nil),
 		(*SessionResponse_Recover)(nil),
+		(*SessionResponse_RecoveryRenewed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2247,7 +2416,7 @@ func file_grovepb_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_lock_proto_rawDesc), len(file_grovepb_lock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -458,9 +458,29 @@ func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 		names[n] = true
 	}
 	keep := func(h Handle) bool { return names[LockName(h)] != r.All }
-	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token},
-		replayApplier{chunks: chunks, fence: func() *rldev.Fence { return &fence }, keep: keep}, txn.Unsafe{})
+	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep}
+	if r.Renew != nil {
+		a.renew = func(ctx context.Context) error {
+			t, err := r.Renew(ctx)
+			if err != nil {
+				return err
+			}
+			if !fence.Token.Less(t) {
+				return fmt.Errorf("btree: the recovery run's renewed token %v is not newer than %v", t, fence.Token)
+			}
+			fence.Token = t
+			return nil
+		}
+	}
+	// The log's own fence keeps the run's first token: only the dead
+	// server's next incarnation writes the log after this run, under a
+	// newer token of the log's lock.
+	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token}, a, txn.Unsafe{})
 }
+
+// replayWriteAttempts bounds the attempts of one replayed node write whose
+// outcome stays unknown (each after a renewal of the run's token).
+const replayWriteAttempts = 16
 
 // replayApplier writes replayed images to their chunks under a B-tree
 // server's fence lock name (the dead server's, for a recovery run): the
@@ -473,6 +493,9 @@ type replayApplier struct {
 	chunks Chunks
 	fence  func() *rldev.Fence
 	keep   func(h Handle) bool
+	// renew takes a newer token for the run (lock.Recovery.Renew; nil: a
+	// write that may land late fails the run).
+	renew func(ctx context.Context) error
 }
 
 var _ txn.Selector = replayApplier{}
@@ -528,11 +551,27 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 		// stands until this run is done.
 		data = cur
 	}
-	err = a.chunks.Write(ctx, h, data, a.fence())
-	if errors.Is(err, chunk.ErrUnallocated) {
-		return nil
+	for attempt := 1; ; attempt++ {
+		err = a.chunks.Write(ctx, h, data, a.fence())
+		if err == nil || errors.Is(err, chunk.ErrUnallocated) {
+			return nil
+		}
+		if !errors.Is(err, chunk.ErrMaybeDone) || a.renew == nil || attempt == replayWriteAttempts || ctx.Err() != nil {
+			return err
+		}
+		// An attempt of this write may still land later, under the token
+		// it carried: harmless while this run lasts (nobody else writes
+		// the node, and this run writes it again below, or wrote its
+		// latest image already), not once the node's lock is granted
+		// again. So the write goes again under a newer token of the run:
+		// once that is in, the RLDev refuses the stray attempt (as
+		// Cache.writeBack does with the server's fence). Failing the run
+		// instead would make every new run of a large replay meet a lost
+		// answer again: it succeeds only with probability (1 − p)^N.
+		if rerr := a.renew(ctx); rerr != nil {
+			return fmt.Errorf("%w; renewing the run's token: %w", err, rerr)
+		}
 	}
-	return err
 }
 
 // imageLength is the length an image's header claims (0 if none).

@@ -795,6 +795,7 @@ type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied                      int
 	valueWrites, valuesFreed                                     int
+	runRenewals                                                  int // recovery runs' renewed tokens
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -1093,6 +1094,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	}
 	res.kills, res.restarts = w.kills, w.restart-3
 	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
+	w.locks.mu.Lock()
+	res.runRenewals = w.locks.runRenewals
+	w.locks.mu.Unlock()
 	check, info := porcupine.CheckOperationsVerbose(kvModel, h.ops, 30*time.Second)
 	if check != porcupine.Ok {
 		if check == porcupine.Unknown {
@@ -1262,9 +1266,10 @@ func TestSimTree(t *testing.T) {
 		total.notApplied += r.notApplied
 		total.valueWrites += r.valueWrites
 		total.valuesFreed += r.valuesFreed
+		total.runRenewals += r.runRenewals
 	}
-	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts, %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed)",
-		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.disrupts, total.expired, total.resigned, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed)
+	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts, %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
+		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.disrupts, total.expired, total.resigned, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}

@@ -38,6 +38,10 @@ type simLocks struct {
 	// (the failure detector's margin), whether or not it knows.
 	lease, grace time.Duration
 	onExpire     func(c *simClerk) // the world's hook: a clerk was declared dead
+	// renewals counts recovery runs' renewed tokens; noRenew refuses them
+	// (the teeth of the test that a replay renews rather than fails).
+	runRenewals int
+	noRenew     bool
 }
 
 type simLease struct {
@@ -195,7 +199,19 @@ func (s *simLocks) startRecoveriesLocked() {
 		}
 		go func(d, run *simClerk) {
 			ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
-			err := run.recover(ctx, lock.Recovery{Dead: lock.ClerkID{Node: d.node}, Names: names, Token: tok})
+			// Renew, as the lock master's: a newer token for a run whose
+			// clerk can reach the service (a message on its session).
+			renew := func(context.Context) (lock.Token, error) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if run.dead || run.cut || s.noRenew {
+					return lock.Token{}, lock.ErrRenewRefused
+				}
+				s.seq++
+				s.runRenewals++
+				return lock.Token{Epoch: 1, Seq: s.seq}, nil
+			}
+			err := run.recover(ctx, lock.Recovery{Dead: lock.ClerkID{Node: d.node}, Names: names, Token: tok, Renew: renew})
 			cancel()
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -501,21 +517,31 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 	if lose {
 		// The answer is lost; the write itself lands later (or, if its
 		// fence is stale by then, is refused), after the writer moved on.
+		// Half the time the chunk clerk's retry gets through meanwhile:
+		// the write is done, and its first attempt still lands later
+		// (chunkStore.Write's errWrittenEarlierMayLand).
 		data := append([]byte(nil), data...)
 		fc := *f
 		s.late.Add(1)
 		s.mu.Lock()
 		s.lateCount++
+		retried := s.r.Intn(2) == 0
 		if s.trace != nil {
 			v, _ := imageVersion(data)
-			s.trace(fmt.Sprintf("write %v v%d by %s %s sent, its answer lost: lands in %v", h, v, f.Name, f.Token, delay))
+			s.trace(fmt.Sprintf("write %v v%d by %s %s sent, its answer lost: lands in %v (retried %v)", h, v, f.Name, f.Token, delay, retried))
 		}
 		s.mu.Unlock()
 		time.AfterFunc(delay, func() {
 			defer s.late.Done()
 			_ = s.apply(h, data, &fc, true)
 		})
-		return errors.New("sim: the write's answer was lost")
+		if retried {
+			if err := s.apply(h, data, f, false); err != nil {
+				return err
+			}
+			return fmt.Errorf("sim: writing chunk %v: %w", h, errWrittenEarlierMayLand)
+		}
+		return fmt.Errorf("sim: the write's answer was lost: %w", chunk.ErrMaybeDone)
 	}
 	return s.apply(h, data, f, false)
 }

@@ -352,8 +352,19 @@ func (c *Clerk) Handle(msg any) []any {
 		}
 	case Recover:
 		out = append(out, RunRecovery{x})
+	case RecoveryRenewed:
+		out = append(out, x) // the runtime's run waits for it
 	}
 	return out
+}
+
+// RenewRecovery asks the master for a newer token for the run of dead's
+// recovery under token.
+func (c *Clerk) RenewRecovery(dead ClerkID, token Token) []any {
+	if c.fenced {
+		return nil
+	}
+	return []any{ToMaster{RenewRecovery{Dead: dead, Token: token}}}
 }
 
 // RecoveryDone reports the end of a recovery run.

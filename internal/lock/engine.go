@@ -78,6 +78,13 @@ type (
 		Req   Recover
 	}
 	CancelRecovery struct{ Run uint64 }
+	// RecoveryRenewal answers RenewRun: the run's new token, or Err (the
+	// run must fail: its writes may land late under the token it has).
+	RecoveryRenewal struct {
+		Run   uint64
+		Token Token
+		Err   error
+	}
 	// Wake: these local waiters are granted (or failed: Waiter.Failed).
 	Wake struct{ Waiters []*Waiter }
 	// RevokeNotice: the master revoked Clerk's lease on Name, which local
@@ -213,7 +220,12 @@ type run struct {
 	token     Token
 	epoch     Epoch // the master epoch that asked for it
 	cancelled bool
+	renewing  bool // a RenewRecovery under token is out
 }
+
+// ErrRenewRefused: a recovery run's renewal failed (the master refused it,
+// or the session broke before its answer); the run must fail.
+var ErrRenewRefused = errors.New("lock: the recovery run's token was not renewed")
 
 // NewEngine returns the engine of incarnation cfg.Inc of node cfg.Node.
 func NewEngine(cfg EngineConfig) *Engine {
@@ -401,6 +413,18 @@ func (e *Engine) clerkOut(env Env, id ClerkID, c *clerkRun, out []any) []any {
 			fx = append(fx, RevokeNotice{Clerk: id, Name: x.Name})
 		case RunRecovery:
 			fx = append(fx, e.startRun(id, c, x.Req)...)
+		case RecoveryRenewed:
+			r := c.runs[x.Dead]
+			if r == nil || !r.renewing || r.token != x.Old {
+				break // an answer for a run that is gone, or already answered
+			}
+			r.renewing = false
+			if x.Token.IsZero() {
+				fx = append(fx, RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: the master refused it", ErrRenewRefused)})
+				break
+			}
+			r.token = x.Token
+			fx = append(fx, RecoveryRenewal{Run: r.id, Token: x.Token})
 		}
 	}
 	return fx
@@ -416,6 +440,32 @@ func (e *Engine) startRun(id ClerkID, c *clerkRun, req Recover) []any {
 	r := &run{id: e.id(), token: req.Token, epoch: c.sessEpoch}
 	c.runs[req.Dead] = r
 	return []any{StartRecovery{Run: r.id, Clerk: id, Req: req}}
+}
+
+// RenewRun asks the master for a newer token for a recovery run that goes
+// on (lock.Recovery.Renew) → RecoveryRenewal. It fails at once unless the
+// run's clerk has a welcomed session of the epoch that asked for the run:
+// a renewal the master never sees cannot be waited for.
+func (e *Engine) RenewRun(env Env, runID uint64) []any {
+	for _, id := range e.order {
+		c := e.clerks[id]
+		for dead, r := range c.runs {
+			if r.id != runID {
+				continue
+			}
+			switch {
+			case e.fenced || c.dead || r.cancelled:
+				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: the run is cancelled", ErrRenewRefused)}}
+			case c.sess == 0 || !c.welcomed || r.epoch != c.sessEpoch:
+				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: no session with the master that asked for the run", ErrRenewRefused)}}
+			case r.renewing:
+				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: a renewal is already out", ErrRenewRefused)}}
+			}
+			r.renewing = true
+			return e.clerkOut(env, id, c, c.core.RenewRecovery(dead, r.token))
+		}
+	}
+	return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: no such run", ErrRenewRefused)}}
 }
 
 // RecoveryFinished reports the end of a recovery run (err nil: success).
@@ -551,15 +601,25 @@ func (e *Engine) sessionEnded(env Env, c *clerkRun) []any {
 	}
 	c.sess, c.welcomed, c.goodbyeSent = 0, false, false
 	c.dialAt = env.Now.Add(backoff(c.fails, c.core.ID().salt()))
-	return nil
+	// A renewal whose answer can no longer come fails (the master may have
+	// renewed the run's token; the next Hello reports the old one, which the
+	// master then takes back: nothing was written under the new one).
+	var out []any
+	for _, r := range c.runs {
+		if r.renewing {
+			r.renewing = false
+			out = append(out, RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: the session broke before its answer", ErrRenewRefused)})
+		}
+	}
+	return out
 }
 
 // SessionClosed reports that a clerk's session broke (or never opened).
 func (e *Engine) SessionClosed(env Env, session uint64) []any {
 	for _, id := range e.order {
 		if c := e.clerks[id]; c.sess == session {
-			e.sessionEnded(env, c)
-			return e.step(env)
+			out := e.sessionEnded(env, c)
+			return append(out, e.step(env)...)
 		}
 	}
 	return nil

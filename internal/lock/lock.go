@@ -185,6 +185,18 @@ type RecoveryDone struct {
 	Token Token
 }
 
+// RenewRecovery asks for a newer token for the clerk's run of Dead's
+// recovery, whose current token is Token. A run needs one when a write it
+// made may still land later (its answer was lost and it was sent again):
+// once the run ends, the dead clerk's names are granted again, and only a
+// newer token of the run, admitted where that write would land, keeps it
+// from overwriting what the next holder writes. The master answers with
+// RecoveryRenewed.
+type RenewRecovery struct {
+	Dead  ClerkID
+	Token Token
+}
+
 // Goodbye ends a clerk: it holds, wants and runs nothing any more and will
 // never act again. The master frees its leases at once and removes its
 // record; once that decree commits it tells the clerk so (a Reject, Dead).
@@ -216,6 +228,16 @@ type Grant struct {
 type Revoke struct {
 	Name string
 	Keep Mode
+}
+
+// RecoveryRenewed answers RenewRecovery: the run of Dead's recovery under
+// Old now has Token, newer than any token granted before (a zero Token: the
+// run is no longer the clerk's under Old — it was reassigned, finished or
+// renewed already — and must fail).
+type RecoveryRenewed struct {
+	Dead  ClerkID
+	Old   Token
+	Token Token
 }
 
 // Recover asks the clerk to run its kind's recovery for a dead clerk. Names

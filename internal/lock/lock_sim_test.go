@@ -79,6 +79,7 @@ type simOpts struct {
 	reassign         bool // recovery given to another clerk when the assignee's session breaks
 	longRuns         bool // every recovery run is long (outlasts session breaks and failovers)
 	noWithdraw       bool // no acquires given up before their grant (the older teeth tests' schedules)
+	noRenew          bool // recovery runs never renew their tokens (the older teeth tests' schedules)
 }
 
 // ---------------------------------------------------------------- oracle
@@ -107,6 +108,7 @@ type oracle struct {
 	trace                                                             []string
 	grants, recoveries, takeovers, writes, refused, anomalies, closes int
 	withdrawn                                                         int // acquires given up before their grant
+	renewed, renewRefused                                             int // recovery runs' renewals: answered with a token, refused
 	// scoped: clerks that declared walScope; outOfScope: their asks
 	// outside it (each refused); scopedAll: "all" recoveries of them.
 	scoped                map[lock.ClerkID]bool
@@ -388,6 +390,7 @@ type simRun struct {
 	req       lock.Recover
 	cancelled bool
 	gen       map[string]int
+	resume    func() // the run's next step, once its renewal is answered
 }
 
 func (s *lockSim) current(ln *lnode) bool {
@@ -647,6 +650,25 @@ func (s *lockSim) exec(ln *lnode, out []any) {
 			}
 		case lock.StartRecovery:
 			s.startRun(ln, x)
+		case lock.RecoveryRenewal:
+			r := ln.runs[x.Run]
+			if r == nil || r.resume == nil {
+				s.o.fail("a renewal answer for run %d, which is not waiting for one", x.Run)
+				continue
+			}
+			resume := r.resume
+			r.resume = nil
+			if x.Err != nil {
+				s.o.renewRefused++
+				s.finishRun(ln, r, x.Err)
+				continue
+			}
+			if !r.req.Token.Less(x.Token) {
+				s.o.fail("run %d renewed from token %v to %v", x.Run, r.req.Token, x.Token)
+			}
+			s.o.renewed++
+			r.req.Token = x.Token
+			resume()
 		case lock.CancelRecovery:
 			if r := ln.runs[x.Run]; r != nil {
 				r.cancelled = true
@@ -805,6 +827,13 @@ func (s *lockSim) startRun(ln *lnode, x lock.StartRecovery) {
 			s.write(ln, name, r.req.Token, g, "recovery of "+r.req.Dead.String())
 		}
 		if steps--; steps > 0 {
+			if !s.opts.noRenew && s.w.Rand.Intn(3) == 0 {
+				// A write of this step may land late: the run asks for
+				// a newer token before its next (lock.Recovery.Renew).
+				r.resume = func() { ln.n.Proc.Go(gap(), step) }
+				s.exec(ln, ln.eng.RenewRun(s.env(ln), r.id))
+				return
+			}
 			ln.n.Proc.Go(gap(), step)
 			return
 		}
@@ -1067,7 +1096,7 @@ func reportLock(t *testing.T, test string, seed int64, s *lockSim) {
 
 func TestLockServiceSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 500)
-	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn, outOfScope, scopedAll int
+	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn, outOfScope, scopedAll, renewed, renewRefused int
 	for _, seed := range seeds {
 		// Every fourth seed is a storm of crashes, master kills and
 		// config-service stalls (the conditions of the recovery ordering).
@@ -1090,15 +1119,20 @@ func TestLockServiceSimulation(t *testing.T) {
 		withdrawn += s.o.withdrawn
 		outOfScope += s.o.outOfScope
 		scopedAll += s.o.scopedAll
+		renewed += s.o.renewed
+		renewRefused += s.o.renewRefused
 	}
 	if len(seeds) >= 20 && (recoveries == 0 || takeovers <= len(seeds) || refused == 0 || ambiguous == 0 || closes == 0 || withdrawn == 0) {
 		t.Fatalf("faults did not bite: %d recoveries, %d takeovers, %d stale writes refused, %d ambiguous decrees, %d clerk closes, %d withdrawn acquires in %d seeds", recoveries, takeovers, refused, ambiguous, closes, withdrawn, len(seeds))
 	}
+	if len(seeds) >= 20 && (renewed == 0 || renewRefused == 0) {
+		t.Fatalf("renewals did not bite: %d recovery tokens renewed, %d renewals refused in %d seeds", renewed, renewRefused, len(seeds))
+	}
 	if len(seeds) >= 20 && (outOfScope == 0 || scopedAll == 0) {
 		t.Fatalf("scopes did not bite: %d asks out of scope, %d \"all\" recoveries of scoped clerks in %d seeds", outOfScope, scopedAll, len(seeds))
 	}
-	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries (%d \"all\" recoveries of scoped clerks), %d master takeovers, %d clerks closed, %d acquires withdrawn, %d asks out of scope refused, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused; no violations",
-		len(seeds), seeds[0], grants, recoveries, scopedAll, takeovers, closes, withdrawn, outOfScope, decrees, ambiguous, writes, refused)
+	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries (%d \"all\" recoveries of scoped clerks), %d master takeovers, %d clerks closed, %d acquires withdrawn, %d asks out of scope refused, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused, %d recovery tokens renewed (%d renewals refused); no violations",
+		len(seeds), seeds[0], grants, recoveries, scopedAll, takeovers, closes, withdrawn, outOfScope, decrees, ambiguous, writes, refused, renewed, renewRefused)
 }
 
 // The oracle's teeth: each broken variant must be caught.
@@ -1137,7 +1171,7 @@ func TestActOracleHasTeeth(t *testing.T) {
 // TestConcurrentRunOracleHasTeeth: a master that gives a recovery to
 // another clerk when the assignee's session breaks runs it twice at once.
 func TestConcurrentRunOracleHasTeeth(t *testing.T) {
-	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, noClose: true, longRuns: true, noWithdraw: true}, "two recovery runs", 200)
+	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, noClose: true, longRuns: true, noWithdraw: true, noRenew: true}, "two recovery runs", 200)
 }
 
 // TestTokenOracleHasTeeth: storage that ignores tokens accepts delayed
@@ -1150,5 +1184,5 @@ func TestTokenOracleHasTeeth(t *testing.T) {
 // recovery reports, before the decree removing the records commits) lets a
 // new master run the recovery again under the next holder.
 func TestRecoveryOrderingHasTeeth(t *testing.T) {
-	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true, noWithdraw: true}, "recovery of", 100)
+	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true, noWithdraw: true, noRenew: true}, "recovery of", 100)
 }

@@ -406,6 +406,17 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		m.gc(x.Name)
 	case Goodbye:
 		m.goodbye(from, c)
+	case RenewRecovery:
+		// A newer token for a run that goes on: only for the run this
+		// master assigned to this clerk, under the token it last gave it.
+		// Any other request is answered with no token, and its run fails.
+		r := m.recov[x.Dead]
+		if r == nil || r.assigned == nil || *r.assigned != from || r.forgetting || x.Token != r.token || x.Token.Epoch != m.epoch {
+			m.emit(Send{from, RecoveryRenewed{Dead: x.Dead, Old: x.Token}})
+			break
+		}
+		r.token = m.nextToken()
+		m.emit(Send{from, RecoveryRenewed{Dead: x.Dead, Old: x.Token, Token: r.token}})
 	case RecoveryDone:
 		if _, ok := m.others[x.Dead][from]; ok {
 			delete(m.others[x.Dead], from)

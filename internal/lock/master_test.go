@@ -709,3 +709,59 @@ func TestScopeRoundTrip(t *testing.T) {
 		t.Fatal("InScope")
 	}
 }
+
+// A run renews its token (Recovery.Renew): only the clerk running it, under
+// the token it last got, gets a newer one; the run then ends under the new
+// token, and the dead clerk's names are granted above it.
+func TestRecoveryRenewal(t *testing.T) {
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB, Kind: ""}, {ID: cC, Kind: "wal"}}, nil)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "", nil)
+	hello(m, cC, "wal", nil)
+	m.Handle(cA, Acquire{"x", Exclusive})
+	m.Handle(cB, Acquire{"x", Exclusive})
+	m.Verdict(cA, true)
+	r, ok := find[Recover](sends(m.Persisted(cA), cC))
+	if !ok {
+		t.Fatal("no recovery sent to C")
+	}
+	// Another clerk cannot renew it, nor can C under a token it never had.
+	if x, ok := find[RecoveryRenewed](sends(m.Handle(cB, RenewRecovery{cA, r.Token}), cB)); !ok || !x.Token.IsZero() {
+		t.Fatalf("a renewal by a clerk not running the recovery was not refused: %+v", x)
+	}
+	if x, ok := find[RecoveryRenewed](sends(m.Handle(cC, RenewRecovery{cA, Token{1, r.Token.Seq + 100}}), cC)); !ok || !x.Token.IsZero() {
+		t.Fatalf("a renewal under a token the run never had was not refused: %+v", x)
+	}
+	x, ok := find[RecoveryRenewed](sends(m.Handle(cC, RenewRecovery{cA, r.Token}), cC))
+	if !ok || x.Old != r.Token || !r.Token.Less(x.Token) {
+		t.Fatalf("renewal: %+v", x)
+	}
+	// The old token is spent: renewing it again, or ending the run under it,
+	// does not count.
+	if y, ok := find[RecoveryRenewed](sends(m.Handle(cC, RenewRecovery{cA, r.Token}), cC)); !ok || !y.Token.IsZero() {
+		t.Fatalf("a second renewal under the spent token was not refused: %+v", y)
+	}
+	out := m.Handle(cC, RecoveryDone{cA, true, r.Token})
+	if _, ok := find[Forget](out); ok {
+		t.Fatal("a run's end under its spent token completed the recovery")
+	}
+	r2, ok := find[Recover](sends(out, cC)) // run again at once (an older run's end), or at the tick
+	if !ok {
+		m.Tick()
+		r2, ok = find[Recover](sends(m.Pending(), cC))
+	}
+	if !ok || !x.Token.Less(r2.Token) {
+		t.Fatal("the recovery was not run again above the renewed token")
+	}
+	x2, ok := find[RecoveryRenewed](sends(m.Handle(cC, RenewRecovery{cA, r2.Token}), cC))
+	if !ok || !r2.Token.Less(x2.Token) {
+		t.Fatalf("renewal of the second run: %+v", x2)
+	}
+	if _, ok := find[Forget](m.Handle(cC, RecoveryDone{cA, true, x2.Token})); !ok {
+		t.Fatal("the run's end under its renewed token did not complete the recovery")
+	}
+	g, ok := find[Grant](sends(m.Forgotten(cA), cB))
+	if !ok || !x2.Token.Less(g.Token) {
+		t.Fatalf("B not granted above the renewed token: %+v", g)
+	}
+}

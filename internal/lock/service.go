@@ -51,6 +51,16 @@ type Recovery struct {
 	// Token fences the run's writes: storage must accept them over the
 	// dead clerk's and refuse them once a later grant's writes landed.
 	Token Token
+	// Renew, if set, asks the master for a newer token for this run (the
+	// run's writes carry it from then on). A run calls it when one of its
+	// writes may still land later under the token it has (the write's
+	// answer was lost and it was sent again): only a newer token, admitted
+	// where that write would land before the run ends, makes storage refuse
+	// it once the dead clerk's names are granted again. Without it the run
+	// would have to fail, and every new run of a large recovery may meet a
+	// lost answer again. An error means the run must fail (the master
+	// refused, the session broke, or ctx ended).
+	Renew func(ctx context.Context) (Token, error)
 }
 
 // RecoveryFunc recovers the state a dead clerk of the same kind left behind
@@ -111,6 +121,7 @@ type Service struct {
 		acc    map[uint64]*masterSession // sessions accepted by the master
 		nextAc uint64
 		runs   map[uint64]context.CancelFunc
+		renews map[uint64]chan RecoveryRenewal // a run's renewal, waiting for its answer
 	}
 	started sync.Once
 	quiet   *ratelog.Limiter // "session ended" lines and the engines' notes
@@ -142,6 +153,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.out = map[uint64]*clerkSession{}
 	s.mu.acc = map[uint64]*masterSession{}
 	s.mu.runs = map[uint64]context.CancelFunc{}
+	s.mu.renews = map[uint64]chan RecoveryRenewal{}
 	s.registerGauges()
 	return s
 }
@@ -467,7 +479,8 @@ func (s *Service) execLocked(e *Engine, out []any) {
 				defer s.wg.Done()
 				log := s.log.With("clerk", x.Clerk, "dead", x.Req.Dead, "token", x.Req.Token)
 				log.Info("running recovery", "all", x.Req.All, "names", len(x.Req.Names))
-				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Exclude: x.Req.Exclude, Token: x.Req.Token})
+				err := c.recover(ctx, Recovery{Dead: x.Req.Dead, Names: x.Req.Names, All: x.Req.All, Exclude: x.Req.Exclude, Token: x.Req.Token,
+					Renew: func(ctx context.Context) (Token, error) { return s.renewRun(ctx, e, x.Run) }})
 				if err != nil {
 					log.Warn("recovery failed or was cancelled; the master decides again", "err", err)
 					s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("failed").Inc() })
@@ -485,7 +498,36 @@ func (s *Service) execLocked(e *Engine, out []any) {
 			if cancel := s.mu.runs[x.Run]; cancel != nil {
 				cancel()
 			}
+		case RecoveryRenewal:
+			if ch := s.mu.renews[x.Run]; ch != nil {
+				delete(s.mu.renews, x.Run)
+				ch <- x // buffered: the waiter may be gone
+			}
 		}
+	}
+}
+
+// renewRun asks engine e's master for a newer token for run (Recovery.Renew).
+func (s *Service) renewRun(ctx context.Context, e *Engine, run uint64) (Token, error) {
+	ch := make(chan RecoveryRenewal, 1)
+	s.mu.Lock()
+	if s.mu.renews[run] != nil {
+		s.mu.Unlock()
+		return Token{}, fmt.Errorf("%w: a renewal is already out", ErrRenewRefused)
+	}
+	s.mu.renews[run] = ch
+	s.execLocked(e, e.RenewRun(s.env(e), run))
+	s.mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.Token, r.Err
+	case <-ctx.Done():
+		s.mu.Lock()
+		if s.mu.renews[run] == ch {
+			delete(s.mu.renews, run)
+		}
+		s.mu.Unlock()
+		return Token{}, ctx.Err()
 	}
 }
 

@@ -124,8 +124,10 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	defer cancel()
 
 	type call struct {
-		dead  ClerkID
-		names []string
+		dead   ClerkID
+		names  []string
+		tokens []Token // the run's token, then its renewals'
+		err    error
 	}
 	calls := make(chan call, 10)
 	release := make(chan struct{})
@@ -136,9 +138,17 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = nodes[3].svc.NewClerk("wal", func(ctx context.Context, r Recovery) error {
-		calls <- call{r.Dead, r.Names}
+		// The run renews its token twice (as a replay whose writes lost
+		// their answers does): each newer than the last.
+		c := call{dead: r.Dead, names: r.Names, tokens: []Token{r.Token}}
+		for i := 0; i < 2 && c.err == nil; i++ {
+			var tok Token
+			tok, c.err = r.Renew(ctx)
+			c.tokens = append(c.tokens, tok)
+		}
+		calls <- c
 		<-release
-		return nil
+		return c.err
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +192,14 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	if c.dead != walA.ID() || len(c.names) != 1 || c.names[0] != "x" {
 		t.Fatalf("recovery of %v for %v, want %v [x]", c.dead, c.names, walA.ID())
 	}
+	if c.err != nil {
+		t.Fatalf("renewing the run's token: %v (tokens %v)", c.err, c.tokens)
+	}
+	for i := 1; i < len(c.tokens); i++ {
+		if !c.tokens[i-1].Less(c.tokens[i]) {
+			t.Fatalf("the run's renewed tokens do not grow: %v", c.tokens)
+		}
+	}
 	select {
 	case <-got:
 		t.Fatal("waiter granted before recovery finished")
@@ -193,6 +211,9 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	case h2 = <-got:
 	case <-ctx.Done():
 		t.Fatal("waiter never granted after recovery")
+	}
+	if last := c.tokens[len(c.tokens)-1]; !last.Less(h2.Token()) {
+		t.Fatalf("the lease was granted again under %v, not above the run's renewed token %v", h2.Token(), last)
 	}
 	// The lease moved only after the decree removing the dead clerk's
 	// records committed (otherwise a new master would run its recovery

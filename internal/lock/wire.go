@@ -96,6 +96,8 @@ func EncodeClerkMessage(msg any) *pb.SessionRequest {
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Release{Release: &pb.LockRelease{Name: []byte(x.Name), Mode: modeToPB(x.Mode), Token: TokenToPB(x.Token)}}}
 	case RecoveryDone:
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{Dead: ClerkIDToPB(x.Dead), Ok: x.OK, Token: TokenToPB(x.Token)}}}
+	case RenewRecovery:
+		return &pb.SessionRequest{Msg: &pb.SessionRequest_RenewRecovery{RenewRecovery: &pb.LockRenewRecovery{Dead: ClerkIDToPB(x.Dead), Token: TokenToPB(x.Token)}}}
 	case Goodbye:
 		return &pb.SessionRequest{Msg: &pb.SessionRequest_Goodbye{Goodbye: &pb.LockGoodbye{}}}
 	case Withdraw:
@@ -185,6 +187,16 @@ func DecodeClerkMessage(m *pb.SessionRequest) (any, error) {
 			return nil, err
 		}
 		return RecoveryDone{Dead: id, OK: x.RecoveryDone.Ok, Token: TokenFromPB(x.RecoveryDone.Token)}, nil
+	case *pb.SessionRequest_RenewRecovery:
+		id, err := ClerkIDFromPB(x.RenewRecovery.GetDead())
+		if err != nil {
+			return nil, err
+		}
+		t := TokenFromPB(x.RenewRecovery.GetToken())
+		if t.IsZero() {
+			return nil, bad("renew recovery without a token")
+		}
+		return RenewRecovery{Dead: id, Token: t}, nil
 	}
 	return nil, bad("empty or unknown clerk message")
 }
@@ -209,6 +221,8 @@ func EncodeMasterMessage(msg any) *pb.SessionResponse {
 			r.Exclude = append(r.Exclude, []byte(n))
 		}
 		return &pb.SessionResponse{Msg: &pb.SessionResponse_Recover{Recover: r}}
+	case RecoveryRenewed:
+		return &pb.SessionResponse{Msg: &pb.SessionResponse_RecoveryRenewed{RecoveryRenewed: &pb.LockRecoveryRenewed{Dead: ClerkIDToPB(x.Dead), Old: TokenToPB(x.Old), Token: TokenToPB(x.Token)}}}
 	}
 	panic(fmt.Sprintf("lock: not a master message: %T", msg))
 }
@@ -269,6 +283,16 @@ func DecodeMasterMessage(m *pb.SessionResponse) (any, error) {
 				return nil, err
 			}
 			r.Exclude = append(r.Exclude, n)
+		}
+		return r, nil
+	case *pb.SessionResponse_RecoveryRenewed:
+		id, err := ClerkIDFromPB(x.RecoveryRenewed.GetDead())
+		if err != nil {
+			return nil, err
+		}
+		r := RecoveryRenewed{Dead: id, Old: TokenFromPB(x.RecoveryRenewed.GetOld()), Token: TokenFromPB(x.RecoveryRenewed.GetToken())}
+		if r.Old.IsZero() || !r.Token.IsZero() && !r.Old.Less(r.Token) {
+			return nil, bad("recovery renewed from %v to %v", r.Old, r.Token)
 		}
 		return r, nil
 	}

@@ -15,6 +15,7 @@ func TestWireRoundTrip(t *testing.T) {
 		Hello{Clerk: cA, Kind: "wal", Epoch: 3, Held: map[string]Mode{"a": Shared, "b\x00c": Exclusive}, Tokens: map[string]Token{"a": {1, 2}, "b\x00c": {3, 5}},
 			Want: map[string]Mode{"d": Exclusive}, Recovering: map[ClerkID]Token{cC: {2, 9}}},
 		Acquire{"x", Shared}, Release{"x", None, Token{1, 4}}, Release{"x", Shared, Token{2, 5}}, RecoveryDone{cB, true, Token{3, 1}},
+		RenewRecovery{cB, Token{3, 1}},
 	}
 	for _, m := range clerkMsgs {
 		b, _ := proto.Marshal(EncodeClerkMessage(m))
@@ -23,7 +24,8 @@ func TestWireRoundTrip(t *testing.T) {
 			t.Fatalf("%#v → %#v, %v", m, got, err)
 		}
 	}
-	masterMsgs := []any{Welcome{2}, Reject{"no", true}, Grant{"x", Exclusive, Token{2, 7}}, Revoke{"x", Shared}, Recover{Dead: cC, Names: []string{"p", "q"}, Token: Token{1, 1}}, Recover{Dead: cC, All: true, Token: Token{4, 2}}}
+	masterMsgs := []any{Welcome{2}, Reject{"no", true}, Grant{"x", Exclusive, Token{2, 7}}, Revoke{"x", Shared}, Recover{Dead: cC, Names: []string{"p", "q"}, Token: Token{1, 1}}, Recover{Dead: cC, All: true, Token: Token{4, 2}},
+		RecoveryRenewed{Dead: cC, Old: Token{4, 2}, Token: Token{4, 9}}, RecoveryRenewed{Dead: cC, Old: Token{4, 2}}}
 	for _, m := range masterMsgs {
 		b, _ := proto.Marshal(EncodeMasterMessage(m))
 		got, err := DecodeSessionResponse(b)
@@ -48,6 +50,7 @@ func TestWireRejects(t *testing.T) {
 		{Msg: &pb.SessionRequest_RecoveryDone{RecoveryDone: &pb.LockRecoveryDone{}}},
 		{Msg: &pb.SessionRequest_Hello{Hello: &pb.LockHello{Clerk: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1},
 			Recovering: []*pb.RunningRecovery{{Dead: &pb.ClerkId{}}}}}},
+		{Msg: &pb.SessionRequest_RenewRecovery{RenewRecovery: &pb.LockRenewRecovery{Dead: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1}}}}, // no token
 	}
 	for i, m := range bads {
 		if _, err := DecodeClerkMessage(m); !errors.Is(err, ErrBadMessage) {
@@ -62,6 +65,8 @@ func TestWireRejects(t *testing.T) {
 		{Msg: &pb.SessionResponse_Grant{Grant: &pb.LockGrant{Name: []byte("x"), Mode: pb.LockMode_LOCK_MODE_SHARED}}},    // no token
 		{Msg: &pb.SessionResponse_Recover{Recover: &pb.LockRecover{Dead: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1}}}}, // no token
 		{Msg: &pb.SessionResponse_Revoke{Revoke: &pb.LockRevoke{Name: []byte("x"), Keep: pb.LockMode_LOCK_MODE_EXCLUSIVE}}},
+		{Msg: &pb.SessionResponse_RecoveryRenewed{RecoveryRenewed: &pb.LockRecoveryRenewed{Dead: &pb.ClerkId{Node: 1, Incarnation: 1, Seq: 1}, // not newer
+			Old: &pb.Token{Epoch: 2, Seq: 5}, Token: &pb.Token{Epoch: 2, Seq: 5}}}},
 	}
 	for i, m := range badResponses {
 		if _, err := DecodeMasterMessage(m); !errors.Is(err, ErrBadMessage) {
@@ -74,7 +79,7 @@ func TestWireRejects(t *testing.T) {
 // the master; whatever decodes re-encodes to an equal message.
 func FuzzDecodeSessionRequest(f *testing.F) {
 	for _, m := range []any{Hello{Clerk: cA, Epoch: 1, Held: map[string]Mode{"a": Shared}, Tokens: map[string]Token{"a": {1, 1}}, Want: map[string]Mode{}, Recovering: map[ClerkID]Token{}},
-		Acquire{"x", Exclusive}, Release{"x", None, Token{1, 1}}, RecoveryDone{cB, true, Token{1, 2}}} {
+		Acquire{"x", Exclusive}, Release{"x", None, Token{1, 1}}, RecoveryDone{cB, true, Token{1, 2}}, RenewRecovery{cB, Token{1, 2}}} {
 		b, _ := proto.Marshal(EncodeClerkMessage(m))
 		f.Add(b)
 	}
@@ -99,7 +104,7 @@ func FuzzDecodeSessionRequest(f *testing.F) {
 
 // FuzzDecodeSessionResponse: the same for what a clerk receives.
 func FuzzDecodeSessionResponse(f *testing.F) {
-	for _, m := range []any{Welcome{1}, Grant{"x", Shared, Token{1, 1}}, Revoke{"x", None}, Recover{Dead: cB, Names: []string{"x"}, Token: Token{1, 2}}} {
+	for _, m := range []any{Welcome{1}, Grant{"x", Shared, Token{1, 1}}, Revoke{"x", None}, Recover{Dead: cB, Names: []string{"x"}, Token: Token{1, 2}}, RecoveryRenewed{Dead: cB, Old: Token{1, 2}, Token: Token{1, 3}}} {
 		b, _ := proto.Marshal(EncodeMasterMessage(m))
 		f.Add(b)
 	}

@@ -1,0 +1,198 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// strayChunks is a recovering server's view of the chunks on a network that
+// loses answers: the first attempt of every third write goes unanswered,
+// the clerk's retry gets through, and the first attempt stays in flight —
+// the test lands it when it likes (land). Its writes report
+// errWrittenEarlierMayLand, as chunkStore.Write does.
+type strayChunks struct {
+	*simChunkClerk
+	mu     sync.Mutex
+	n      int
+	strays []stray
+	// unsafeDone: report such a write as done (the teeth: a replay that
+	// does not know an attempt may land late).
+	unsafeDone bool
+}
+
+type stray struct {
+	h     Handle
+	data  []byte
+	fence rldev.Fence
+}
+
+func (c *strayChunks) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
+	if err := c.simChunkClerk.Write(ctx, h, data, f); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if c.n%3 != 0 {
+		return nil
+	}
+	c.strays = append(c.strays, stray{h, append([]byte(nil), data...), *f})
+	if c.unsafeDone {
+		return nil
+	}
+	return fmt.Errorf("writing chunk %v: %w", h, errWrittenEarlierMayLand)
+}
+
+// land delivers every stray attempt now; it returns how many were admitted.
+func (c *strayChunks) land() (admitted int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.strays {
+		if c.s.apply(s.h, s.data, &s.fence, true) == nil {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// A recovery run whose node writes lose their answers renews its token and
+// writes again, instead of failing (before, the run failed on the first
+// such write, and every new run of a large replay met another: a dead
+// server's replay succeeded with probability (1 − p)^N). And the attempts
+// it left in flight are refused when they land after the nodes' locks
+// moved on and another server wrote them.
+func TestReplayRenewsAfterLostAnswers(t *testing.T) {
+	t.Run("renews", func(t *testing.T) { replayRenewCase(t, false) })
+	// The oracle's teeth: a replay that takes such a write as done lets
+	// its stray attempt overwrite the next server's image.
+	t.Run("teeth", func(t *testing.T) { replayRenewCase(t, true) })
+}
+
+func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := rand.New(rand.NewSource(1))
+	locks := newSimLocks(ctx, r)
+	store := newSimChunks(r)
+	nop := func(context.Context) error { return nil }
+	chunks := store.clerk(1, nop)
+	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
+	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
+	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
+		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
+	dev := newSimDevice(txn.HeaderBlocks + 256)
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
+		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache.cfg.Log = wal
+	ah, _ := chunks.Allocate(ctx, AnchorSize)
+	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
+	a, root := Init(ah, rh)
+	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 60
+	for i := 0; i < keys; i++ {
+		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Server 1 dies now, every node it changed dirty in its cache (its
+	// log holds them). Server 2 replays the log under a recovery run's
+	// token, through a network that loses answers.
+	lossy := &strayChunks{simChunkClerk: store.clerk(2, nop)}
+	tok := lock.Token{Epoch: 2, Seq: 1}
+	renewals := 0
+	rec := lock.Recovery{Dead: lock.ClerkID{Node: 1}, All: true, Token: tok,
+		Renew: func(context.Context) (lock.Token, error) {
+			renewals++
+			tok.Seq++
+			return tok, nil
+		}}
+	if unsafeTakeAsDone {
+		rec.Renew = nil
+		lossy.unsafeDone = true
+	}
+	rep, err := ReplayDead(ctx, dev, rec, lossy)
+	if err != nil {
+		t.Fatalf("the replay failed (%d renewals): %v", renewals, err)
+	}
+	t.Logf("replayed %d records; %d writes left an attempt in flight; %d renewals", rep.Redone, len(lossy.strays), renewals)
+	if len(lossy.strays) == 0 {
+		t.Fatal("no write lost its answer: the test tests nothing")
+	}
+	if !unsafeTakeAsDone && renewals < len(lossy.strays) {
+		t.Fatalf("%d writes may land late, %d renewals", len(lossy.strays), renewals)
+	}
+	w := &simWorld{chunks: store, anchor: ah}
+	sh, err := Walk(ctx, simChunkReader{w}, false)
+	if err != nil {
+		t.Fatalf("after the replay: %v", err)
+	}
+	if len(sh.Keys) != keys {
+		t.Fatalf("after the replay the chunks hold %d keys, want %d", len(sh.Keys), keys)
+	}
+	// The run is over: the nodes' locks go to server 3, which writes every
+	// node again (a newer image) under its own fence. Then the stray
+	// attempts land.
+	newer := map[Handle][]byte{}
+	store.mu.Lock()
+	for h, d := range store.data {
+		if n, err := Decode(d, ah.ID, h); err == nil {
+			n.Version++
+			newer[h] = n.Encode(nil)
+		}
+	}
+	store.mu.Unlock()
+	f3 := &rldev.Fence{Name: FenceLock(3), Token: lock.Token{Epoch: 2, Seq: 1000}}
+	for h, img := range newer {
+		if err := store.apply(h, img, f3, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitted := lossy.land()
+	store.mu.Lock()
+	overwritten := 0
+	for h, img := range newer {
+		if string(store.data[h][:len(img)]) != string(img) {
+			overwritten++
+		}
+	}
+	store.mu.Unlock()
+	t.Logf("%d stray attempts landed after the next server's writes, %d admitted, %d nodes overwritten", len(lossy.strays), admitted, overwritten)
+	if overwritten > 0 || admitted > 0 {
+		if unsafeTakeAsDone {
+			return // caught
+		}
+		t.Fatalf("%d of the replay's stray attempts overwrote the next server's images", admitted)
+	}
+	if unsafeTakeAsDone {
+		t.Fatal("the teeth variant was not caught: no stray attempt overwrote a newer image")
+	}
+}
