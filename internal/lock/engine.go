@@ -221,6 +221,29 @@ type run struct {
 	epoch     Epoch // the master epoch that asked for it
 	cancelled bool
 	renewing  bool // a RenewRecovery under token is out
+	// renewFailed: a renewal of the run failed (its writes may land late
+	// under a token it could not supersede): its end is reported as a
+	// failure whatever the recovery function returns.
+	renewFailed bool
+}
+
+// cancel stops the run (CancelRecovery) and fails a renewal it waits for.
+func (r *run) cancel() []any {
+	var out []any
+	if !r.cancelled {
+		r.cancelled = true
+		out = append(out, CancelRecovery{r.id})
+	}
+	if r.renewing {
+		out = append(out, r.renewalFailed("the run is cancelled"))
+	}
+	return out
+}
+
+// renewalFailed ends the run's pending renewal, or refuses a new one.
+func (r *run) renewalFailed(why string) RecoveryRenewal {
+	r.renewing, r.renewFailed = false, true
+	return RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: %s", ErrRenewRefused, why)}
 }
 
 // ErrRenewRefused: a recovery run's renewal failed (the master refused it,
@@ -418,11 +441,11 @@ func (e *Engine) clerkOut(env Env, id ClerkID, c *clerkRun, out []any) []any {
 			if r == nil || !r.renewing || r.token != x.Old {
 				break // an answer for a run that is gone, or already answered
 			}
-			r.renewing = false
 			if x.Token.IsZero() {
-				fx = append(fx, RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: the master refused it", ErrRenewRefused)})
+				fx = append(fx, r.renewalFailed("the master refused it"))
 				break
 			}
+			r.renewing = false
 			r.token = x.Token
 			fx = append(fx, RecoveryRenewal{Run: r.id, Token: x.Token})
 		}
@@ -454,18 +477,31 @@ func (e *Engine) RenewRun(env Env, runID uint64) []any {
 				continue
 			}
 			switch {
-			case e.fenced || c.dead || r.cancelled:
-				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: the run is cancelled", ErrRenewRefused)}}
-			case c.sess == 0 || !c.welcomed || r.epoch != c.sessEpoch:
-				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: no session with the master that asked for the run", ErrRenewRefused)}}
 			case r.renewing:
 				return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: a renewal is already out", ErrRenewRefused)}}
+			case e.fenced || c.dead || r.cancelled:
+				return []any{r.renewalFailed("the run is cancelled")}
+			case c.sess == 0 || !c.welcomed || r.epoch != c.sessEpoch:
+				return []any{r.renewalFailed("no session with the master that asked for the run")}
 			}
 			r.renewing = true
 			return e.clerkOut(env, id, c, c.core.RenewRecovery(dead, r.token))
 		}
 	}
 	return []any{RecoveryRenewal{Run: runID, Err: fmt.Errorf("%w: no such run", ErrRenewRefused)}}
+}
+
+// AbandonRenewal: the run's function gave up waiting for its renewal (its
+// context ended). A late answer is ignored, and the run's end counts as a
+// failure.
+func (e *Engine) AbandonRenewal(runID uint64) {
+	for _, id := range e.order {
+		for _, r := range e.clerks[id].runs {
+			if r.id == runID && r.renewing {
+				r.renewalFailed("abandoned")
+			}
+		}
+	}
 }
 
 // RecoveryFinished reports the end of a recovery run (err nil: success).
@@ -480,7 +516,7 @@ func (e *Engine) RecoveryFinished(env Env, runID uint64, err error) []any {
 			if e.fenced || c.dead || c.sess == 0 {
 				return nil // the next Hello does not list it: the master decides again
 			}
-			ok := err == nil && !r.cancelled && r.epoch == c.sessEpoch
+			ok := err == nil && !r.cancelled && !r.renewFailed && r.epoch == c.sessEpoch
 			return e.clerkOut(env, id, c, c.core.RecoveryDone(dead, ok, r.token))
 		}
 	}
@@ -607,8 +643,7 @@ func (e *Engine) sessionEnded(env Env, c *clerkRun) []any {
 	var out []any
 	for _, r := range c.runs {
 		if r.renewing {
-			r.renewing = false
-			out = append(out, RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: the session broke before its answer", ErrRenewRefused)})
+			out = append(out, r.renewalFailed("the session broke before its answer"))
 		}
 	}
 	return out
@@ -666,9 +701,8 @@ func (e *Engine) SessionRecv(env Env, session uint64, msg any) []any {
 		// (they report their end; the master waits for it before running
 		// the recovery again).
 		for _, r := range c.runs {
-			if r.epoch < c.sessEpoch && !r.cancelled {
-				r.cancelled = true
-				out = append(out, CancelRecovery{r.id})
+			if r.epoch < c.sessEpoch {
+				out = append(out, r.cancel()...)
 			}
 		}
 		out = append(out, e.clerkOut(env, id, c, c.core.Handle(msg))...)
@@ -702,10 +736,7 @@ func (e *Engine) CloseClerk(env Env, id ClerkID) ([]any, error) {
 		out = append(out, Wake{failed})
 	}
 	for _, r := range c.runs {
-		if !r.cancelled {
-			r.cancelled = true
-			out = append(out, CancelRecovery{r.id})
-		}
+		out = append(out, r.cancel()...)
 	}
 	return append(out, e.step(env)...), nil
 }
@@ -758,10 +789,7 @@ func (e *Engine) clerkDied(id ClerkID, c *clerkRun, why error) []any {
 		out = append(out, Wake{failed})
 	}
 	for _, r := range c.runs {
-		if !r.cancelled {
-			r.cancelled = true
-			out = append(out, CancelRecovery{r.id})
-		}
+		out = append(out, r.cancel()...)
 	}
 	if c.sess != 0 {
 		out = append(out, HangUp{c.sess})
@@ -787,10 +815,7 @@ func (e *Engine) Fence(env Env, why error) []any {
 			out = append(out, Wake{failed})
 		}
 		for _, r := range c.runs {
-			if !r.cancelled {
-				r.cancelled = true
-				out = append(out, CancelRecovery{r.id})
-			}
+			out = append(out, r.cancel()...)
 		}
 		if c.sess != 0 {
 			out = append(out, HangUp{c.sess})

@@ -59,7 +59,10 @@ type Recovery struct {
 	// it once the dead clerk's names are granted again. Without it the run
 	// would have to fail, and every new run of a large recovery may meet a
 	// lost answer again. An error means the run must fail (the master
-	// refused, the session broke, or ctx ended).
+	// refused, the session broke, the run was cancelled, or ctx ended); the
+	// engine then reports the run's end as a failure whatever the function
+	// returns. A session break while a renewal is out thus costs the whole
+	// run (sessions break rarely; answers are lost more often).
 	Renew func(ctx context.Context) (Token, error)
 }
 
@@ -120,8 +123,8 @@ type Service struct {
 		out    map[uint64]*clerkSession  // clerk sessions, by engine session id
 		acc    map[uint64]*masterSession // sessions accepted by the master
 		nextAc uint64
-		runs   map[uint64]context.CancelFunc
-		renews map[uint64]chan RecoveryRenewal // a run's renewal, waiting for its answer
+		runs   map[runKey]context.CancelFunc
+		renews map[runKey]chan RecoveryRenewal // a run's renewal, waiting for its answer
 	}
 	started sync.Once
 	quiet   *ratelog.Limiter // "session ended" lines and the engines' notes
@@ -152,8 +155,8 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.waits = map[*Waiter]chan struct{}{}
 	s.mu.out = map[uint64]*clerkSession{}
 	s.mu.acc = map[uint64]*masterSession{}
-	s.mu.runs = map[uint64]context.CancelFunc{}
-	s.mu.renews = map[uint64]chan RecoveryRenewal{}
+	s.mu.runs = map[runKey]context.CancelFunc{}
+	s.mu.renews = map[runKey]chan RecoveryRenewal{}
 	s.registerGauges()
 	return s
 }
@@ -472,7 +475,8 @@ func (s *Service) execLocked(e *Engine, out []any) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
-			s.mu.runs[x.Run] = cancel
+			key := runKey{e.Incarnation(), x.Run}
+			s.mu.runs[key] = cancel
 			s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("started").Inc() })
 			s.wg.Add(1)
 			go func() {
@@ -489,18 +493,19 @@ func (s *Service) execLocked(e *Engine, out []any) {
 					s.count(func(m *metrics.Node) { m.LockRecoveries.WithLabelValues("done").Inc() })
 				}
 				s.mu.Lock()
-				delete(s.mu.runs, x.Run)
+				delete(s.mu.runs, key)
 				cancel()
 				s.execLocked(e, e.RecoveryFinished(s.env(e), x.Run, err))
 				s.mu.Unlock()
 			}()
 		case CancelRecovery:
-			if cancel := s.mu.runs[x.Run]; cancel != nil {
+			if cancel := s.mu.runs[runKey{e.Incarnation(), x.Run}]; cancel != nil {
 				cancel()
 			}
 		case RecoveryRenewal:
-			if ch := s.mu.renews[x.Run]; ch != nil {
-				delete(s.mu.renews, x.Run)
+			if key := (runKey{e.Incarnation(), x.Run}); s.mu.renews[key] != nil {
+				ch := s.mu.renews[key]
+				delete(s.mu.renews, key)
 				ch <- x // buffered: the waiter may be gone
 			}
 		}
@@ -509,13 +514,14 @@ func (s *Service) execLocked(e *Engine, out []any) {
 
 // renewRun asks engine e's master for a newer token for run (Recovery.Renew).
 func (s *Service) renewRun(ctx context.Context, e *Engine, run uint64) (Token, error) {
+	key := runKey{e.Incarnation(), run}
 	ch := make(chan RecoveryRenewal, 1)
 	s.mu.Lock()
-	if s.mu.renews[run] != nil {
+	if s.mu.renews[key] != nil {
 		s.mu.Unlock()
 		return Token{}, fmt.Errorf("%w: a renewal is already out", ErrRenewRefused)
 	}
-	s.mu.renews[run] = ch
+	s.mu.renews[key] = ch
 	s.execLocked(e, e.RenewRun(s.env(e), run))
 	s.mu.Unlock()
 	select {
@@ -523,13 +529,18 @@ func (s *Service) renewRun(ctx context.Context, e *Engine, run uint64) (Token, e
 		return r.Token, r.Err
 	case <-ctx.Done():
 		s.mu.Lock()
-		if s.mu.renews[run] == ch {
-			delete(s.mu.renews, run)
+		if s.mu.renews[key] == ch {
+			delete(s.mu.renews, key)
+			e.AbandonRenewal(run) // a late answer must not renew a run that gave up on it
 		}
 		s.mu.Unlock()
 		return Token{}, ctx.Err()
 	}
 }
+
+// runKey names a recovery run: engines number their runs from 1 in each
+// incarnation, and an old incarnation's run may still be winding down.
+type runKey struct{ inc, run uint64 }
 
 // dialLocked opens a clerk's session: a gRPC stream to the master. The send
 // queue exists at once, so that the Hello (the next effect) goes first.
