@@ -92,19 +92,30 @@ ft=${GROVE_FUZZTIME:-30000x}
 # -fuzzminimizetime 0: on this Go/sandbox, minimizing each new interesting
 # input stalls the workers (0 execs/s); without it they run ~60k execs/s.
 # A crasher is still reported and saved under testdata/fuzz, unminimized.
-fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "$ft" -fuzzminimizetime 0 "$2"; }
-fuzz FuzzDecode ./internal/fd
-fuzz FuzzDecodeDecree ./internal/meta
-fuzz FuzzDecodeSessionRequest ./internal/lock
-fuzz FuzzDecodeSessionResponse ./internal/lock
-fuzz FuzzDecodePeer ./internal/rldev
-fuzz FuzzDecodeOnDisk ./internal/rldev
-fuzz FuzzDecodeTable ./internal/rldev
-fuzz FuzzDataFrames ./internal/rldev
-fuzz FuzzDecodeMap ./internal/chunk
-fuzz FuzzDecodeLog ./internal/txn
-fuzz FuzzDecodeNode ./internal/btree
-fuzz FuzzDecodeValue ./internal/btree
+# One instrumented test binary per package (go test -c -fuzz), run once per
+# target in the package's directory (where testdata/fuzz lives), with go
+# test's own corpus cache and timeout: compiling is most of a short run's
+# time, and three of the packages have more than one target.
+fuzz() {
+  local pkg=$1 bin ip
+  shift
+  bin="$(mktemp -d)/fuzz.test"
+  go test -c -fuzz=. -o "$bin" "$pkg"
+  ip=$(go list "$pkg")
+  for target in "$@"; do
+    echo "-- $target ($ip)"
+    (cd "$pkg" && "$bin" -test.run '^$' -test.fuzz "^$target\$" -test.fuzztime "$ft" \
+      -test.fuzzminimizetime 0 -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir "$(go env GOCACHE)/fuzz/$ip")
+  done
+  rm -rf "$(dirname "$bin")"
+}
+fuzz ./internal/fd FuzzDecode
+fuzz ./internal/meta FuzzDecodeDecree
+fuzz ./internal/lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse
+fuzz ./internal/rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
+fuzz ./internal/chunk FuzzDecodeMap
+fuzz ./internal/txn FuzzDecodeLog
+fuzz ./internal/btree FuzzDecodeNode FuzzDecodeValue
 
 phase "fault suite (short): three grove servers and a client in network namespaces"
 # Real processes on a bridged test network with nftables faults; needs root

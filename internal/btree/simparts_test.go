@@ -473,6 +473,12 @@ func (s *simChunks) apply(h Handle, data []byte, f *rldev.Fence, late bool) erro
 	if f == nil || f.Token.IsZero() {
 		panic("sim: an unfenced node write")
 	}
+	// An unallocated chunk is refused by the chunk manager before any
+	// RLDev sees the write (its token is not admitted).
+	d, ok := s.data[h]
+	if !ok {
+		return chunk.ErrUnallocated
+	}
 	t := s.tokens[rldevOf(h)]
 	if t == nil {
 		t = map[string]lock.Token{}
@@ -486,10 +492,6 @@ func (s *simChunks) apply(h Handle, data []byte, f *rldev.Fence, late bool) erro
 		return fmt.Errorf("%w: %s", chunk.ErrFenced, f.Name)
 	}
 	t[f.Name] = f.Token
-	d, ok := s.data[h]
-	if !ok {
-		return chunk.ErrUnallocated
-	}
 	if s.trace != nil {
 		v, _ := imageVersion(data)
 		var keys [][]byte
