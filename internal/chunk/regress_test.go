@@ -17,7 +17,7 @@ import (
 // simulation itself now duplicates peer messages of every kind, late.)
 func TestRegressLateNotReady(t *testing.T) {
 	bad := 0
-	for seed := int64(1); seed <= 40 && bad == 0; seed++ {
+	for seed := int64(1); seed <= shortSweep(40) && bad == 0; seed++ {
 		s := newCSim(t, seed, simOpts{})
 		w := s.w
 		late := 0

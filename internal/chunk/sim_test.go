@@ -1866,11 +1866,23 @@ func TestChunkCheckpointCrashPoints(t *testing.T) {
 	}
 }
 
+// shortSweep is a fixed seed sweep's length: n, or 2 under -short (the race
+// phase of scripts/test.sh). The simulation is single-threaded (one
+// goroutine runs every node's core on internal/sim's event queue): the race
+// detector has nothing to compare in it, and the whole sweep runs in the
+// full suite.
+func shortSweep(n int64) int64 {
+	if testing.Short() {
+		return min(n, 2)
+	}
+	return n
+}
+
 // A checkpoint's superblock write that its primary was told failed lands
 // after the primary loaded the map again: the fence block written with the
 // new token first refuses it (without the fence, TestChunkOracleHasTeeth).
 func TestChunkLateSuperblockFenced(t *testing.T) {
-	for seed := int64(1); seed <= 20; seed++ {
+	for seed := int64(1); seed <= shortSweep(20); seed++ {
 		s := runCSim(t, seed, simOpts{lateSuper: true})
 		if len(s.o.fails) > 0 {
 			t.Fatalf("seed %d: %v\n%s", seed, s.o.fails[:min(5, len(s.o.fails))], sim.ReplayHint("TestChunkLateSuperblockFenced", seed))

@@ -368,6 +368,12 @@ func (w *rvWorld) settle() {
 }
 
 func runRV(t *testing.T, seeds int, faults bool) {
+	if testing.Short() {
+		// The race phase of scripts/test.sh: the model is single-threaded
+		// (the cores, driven in one goroutine), so the race detector has
+		// nothing to compare; the full count runs in the full suite.
+		seeds = min(seeds, 100)
+	}
 	if n, err := strconv.Atoi(os.Getenv("GROVE_MODEL_SEEDS")); err == nil && n > 0 {
 		seeds = n
 	}
