@@ -146,6 +146,27 @@ func TestRepairPassOnHomeOnly(t *testing.T) {
 			t.Errorf("node %d, not the home, ran %d passes in about %d periods", others[i]+1, n, periods)
 		}
 	}
+
+	// The home dies. Once the failure detector has heard nothing from it
+	// for its grace period, the next home (the home over the other two
+	// nodes) repairs the tree every period; the third node goes on with
+	// its backstop only.
+	next := int(btree.Home(name, []uint64{uint64(others[0] + 1), uint64(others[1] + 1)})) - 1
+	third := others[0] + others[1] - next
+	nt, tt := trees[0], trees[1]
+	if others[1] == next {
+		nt, tt = trees[1], trees[0]
+	}
+	tc.c.Crash(home)
+	b0 := [2]uint64{nt.Stats.Passes.Load(), tt.Stats.Passes.Load()}
+	for ctx.Err() == nil && nt.Stats.Passes.Load()-b0[0] < 40 {
+		time.Sleep(every)
+	}
+	np, tp := nt.Stats.Passes.Load()-b0[0], tt.Stats.Passes.Load()-b0[1]
+	t.Logf("home node %d crashed: the next home, node %d, ran %d passes; node %d ran %d", home+1, next+1, np, third+1, tp)
+	if ctx.Err() != nil || np < 3*tp+10 {
+		t.Errorf("with its home down, the tree is not repaired by its next home every period: node %d ran %d passes, node %d %d", next+1, np, third+1, tp)
+	}
 }
 
 // Two B-tree servers on two nodes work on one tree at once: each inserts

@@ -60,6 +60,10 @@ type ServiceConfig struct {
 	Log    *slog.Logger
 	// Server is the rest of each incarnation's server's configuration.
 	Server ServerConfig
+	// Silent, if set, reports whether node has been silent past the
+	// failure detector's grace period (a hint, not a verdict): a tree whose
+	// home is silent is repaired by its next home meanwhile.
+	Silent func(node uint64) bool
 	// OnFail is called (once per incarnation) when the incarnation's
 	// server fails while its leases still stand: its log failed, or a
 	// write-back was fenced out. The server can neither go on nor give
@@ -83,8 +87,13 @@ func NewService(cfg ServiceConfig) *Service {
 }
 
 // repairer reports whether this node is tree name's home over the nodes
-// registered now, so its repairer (ServerConfig.Repairer). With no node
-// known yet, every server is.
+// registered now, so its repairer (ServerConfig.Repairer); or, while the
+// home is silent (ServiceConfig.Silent), its next home: the home over the
+// other nodes. A tree no server has open would otherwise wait for its home
+// to come back (the other servers' backstop walks only the trees they have
+// open). Two nodes that disagree about the home's silence both repair:
+// harmless (Repair takes the node locks), only extra reads. With no node
+// known yet, every server is a repairer.
 func (s *Service) repairer(name string) bool {
 	nodes := s.book.Nodes()
 	if len(nodes) == 0 {
@@ -94,7 +103,25 @@ func (s *Service) repairer(name string) bool {
 	for id := range nodes {
 		ids = append(ids, id)
 	}
-	return Home(name, ids) == s.cfg.Node
+	return repairerOf(name, ids, s.cfg.Node, s.cfg.Silent)
+}
+
+// repairerOf: whether self repairs tree name among nodes (Service.repairer).
+func repairerOf(name string, nodes []uint64, self uint64, silent func(uint64) bool) bool {
+	home := Home(name, nodes)
+	if home == self {
+		return true
+	}
+	if silent == nil || !silent(home) {
+		return false
+	}
+	rest := make([]uint64, 0, len(nodes))
+	for _, id := range nodes {
+		if id != home {
+			rest = append(rest, id)
+		}
+	}
+	return Home(name, rest) == self
 }
 
 // Start runs the role in incarnation inc.

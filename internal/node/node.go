@@ -228,6 +228,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.btrl = rldev.NewClerk(n.client)
 	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log,
 		Server: btree.ServerConfig{RepairEvery: time.Duration(cfg.BTree.RepairEvery)},
+		Silent: n.silent,
 		OnFail: func(inc uint64, err error) {
 			if d := n.fdp.Load(); d != nil {
 				d.Resign(fd.Incarnation(inc), "its B-tree server failed: "+err.Error())
@@ -501,6 +502,24 @@ func (n *Node) Fence() *Fence { return n.fence }
 func (n *Node) Alive() bool {
 	d := n.fdp.Load()
 	return d != nil && d.Alive()
+}
+
+// silent reports whether this node's failure detector, as an observer,
+// has heard nothing from node id for longer than the grace period (a node
+// the detector may declare dead). False when this node observes nothing,
+// or has not heard of id: a hint for work another node can take over (the
+// B-tree's repair pass), never a verdict.
+func (n *Node) silent(id uint64) bool {
+	d := n.fdp.Load()
+	if d == nil {
+		return false
+	}
+	for _, v := range d.Views() {
+		if uint64(v.Node) == id {
+			return v.Silence > time.Duration(n.cfg.FD.GracePeriod)
+		}
+	}
+	return false
 }
 
 // AliveAs reports whether inc is the node's running incarnation and alive
