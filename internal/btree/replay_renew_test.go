@@ -80,49 +80,9 @@ func TestReplayRenewsAfterLostAnswers(t *testing.T) {
 func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	nop := func(context.Context) error { return nil }
-	chunks := store.clerk(1, nop)
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const keys = 60
-	for i := 0; i < keys; i++ {
-		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	store, dev, ah := deadServerLog(t, ctx, 1, keys)
+	nop := func(context.Context) error { return nil }
 	// Server 1 dies now, every node it changed dirty in its cache (its
 	// log holds them). Server 2 replays the log under a recovery run's
 	// token, through a network that loses answers.
@@ -195,4 +155,55 @@ func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
 	if unsafeTakeAsDone {
 		t.Fatal("the teeth variant was not caught: no stray attempt overwrote a newer image")
 	}
+}
+
+// deadServerLog makes a B-tree server (node 1) with a simulated chunk store
+// and log device, puts keys keys into a new tree of fanout 6 (splits: many
+// nodes), and leaves it as a server that died then: every node it changed
+// is dirty in its cache, only in its log (nothing was written back). It
+// returns the store, the log's device and the tree's anchor.
+func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*simChunks, *simDevice, Handle) {
+	t.Helper()
+	r := rand.New(rand.NewSource(seed))
+	locks := newSimLocks(ctx, r)
+	store := newSimChunks(r)
+	chunks := store.clerk(1, func(context.Context) error { return nil })
+	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
+	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
+	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
+		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
+	dev := newSimDevice(txn.HeaderBlocks + 256)
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
+		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache.cfg.Log = wal
+	ah, _ := chunks.Allocate(ctx, AnchorSize)
+	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
+	a, root := Init(ah, rh)
+	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < keys; i++ {
+		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return store, dev, ah
 }

@@ -2,7 +2,6 @@ package btree
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
@@ -92,49 +91,10 @@ func TestReview9ReplayStraysUnderRenewedTokens(t *testing.T) {
 func review9StrayCase(t *testing.T, teeth bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := rand.New(rand.NewSource(9))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	nop := func(context.Context) error { return nil }
-	chunks := store.clerk(1, nop)
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const keys = 60
-	for i := 0; i < keys; i++ {
-		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	store, dev, ah := deadServerLog(t, ctx, 9, keys)
+	nop := func(context.Context) error { return nil }
+	r := rand.New(rand.NewSource(9))
 	lossy := &review9Chunks{simChunkClerk: store.clerk(2, nop), r: rand.New(rand.NewSource(99)), p: 0.5}
 	tok := lock.Token{Epoch: 2, Seq: 1}
 	renewals := 0
