@@ -44,9 +44,9 @@ import (
 // RLDev. The tree acknowledges an operation only after Durable of its own
 // change and of every image it read (an image may carry another
 // operation's change still on its way to the log). A chunk never holds an
-// image whose change is not durable in the log, so recovery's redo (the
-// images) and undo (the images they replaced) rebuild exactly the
-// committed state.
+// image whose change is not durable in the log (no steal), so the log's
+// records carry the new images only (redo-only), and recovery's redo of
+// the committed ones rebuilds exactly the committed state.
 
 // Locks is the lock clerk as the cache uses it.
 type Locks interface {
@@ -735,7 +735,6 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 	type change struct {
 		e     *entry
 		redo  []byte
-		undo  []byte
 		first uint64
 	}
 	changes := make([]change, 0, len(nodes)+1)
@@ -744,46 +743,36 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		c.mu.Unlock()
 		return 0, err
 	}
-	add := func(h Handle, redo []byte, old []byte) {
+	// Each image goes to the log redo-only (no undo image): no chunk ever
+	// holds an image whose commit is not durable (no steal), so nothing is
+	// rolled back, and replays use committed images only. An image has its
+	// own length: what lies past it in the chunk is never read.
+	add := func(h Handle, redo []byte) {
 		e := c.mu.m[h]
 		if e == nil || e.pin == nil || e.pinMode != lock.Exclusive {
 			c.mu.Unlock()
 			panic(fmt.Sprintf("btree: commit of node %v, which this server does not hold exclusively", h))
 		}
-		{
-			// The log's records replace a range with an image of equal
-			// size: pad the shorter one (an image has its own length; a
-			// new node's chunk was zero, and rolls back to zeros).
-			if len(old) < len(redo) {
-				old = append(old, make([]byte, len(redo)-len(old))...)
-			} else {
-				redo = append(redo, make([]byte, len(old)-len(redo))...)
-			}
-		}
-		changes = append(changes, change{e: e, redo: redo, undo: old})
+		changes = append(changes, change{e: e, redo: redo})
 	}
 	for _, n := range nodes {
-		var old []byte
 		n.Version = 1 // a new node
 		if e := c.mu.m[n.Self]; e != nil && e.node != nil {
-			old = e.node.Encode(nil)
 			n.Version = e.node.Version + 1
 		}
-		add(n.Self, n.Encode(nil), old)
+		add(n.Self, n.Encode(nil))
 	}
 	if anchor != nil {
-		var old []byte
 		if e := c.mu.m[anchor.Self]; e != nil && e.anchor != nil {
-			old = e.anchor.Encode(nil)
 			anchor.Version = e.anchor.Version + 1
 		}
-		add(anchor.Self, anchor.Encode(nil), old)
+		add(anchor.Self, anchor.Encode(nil))
 	}
 	c.mu.Unlock()
 	tx := c.cfg.Log.Begin()
 	for i := range changes {
 		ch := &changes[i]
-		lsn, err := tx.Update(ctx, txn.ChunkTarget(ch.e.h), 0, ch.redo, ch.undo)
+		lsn, err := tx.Update(ctx, txn.ChunkTarget(ch.e.h), 0, ch.redo, nil)
 		if err != nil {
 			if aerr := tx.Abort(context.Background(), nil); aerr != nil {
 				c.fail(fmt.Errorf("btree: the log failed: %w", aerr))

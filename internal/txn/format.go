@@ -108,7 +108,11 @@ type Kind uint8
 
 const (
 	// KindUpdate changes bytes [Off, Off+len(Redo)) of Target from Undo to
-	// Redo (physical images: applying one twice leaves the same bytes).
+	// Redo (physical images: applying one twice leaves the same bytes). An
+	// update with no Undo (and some Redo) is redo-only: for a no-steal
+	// user, whose targets never hold an uncommitted change, so that a loser
+	// has nothing to roll back (no compensation is logged for it, and
+	// recovery undoes nothing of it). It halves such a user's log.
 	KindUpdate Kind = 1
 	// KindCommit ends a transaction: its updates are to survive.
 	KindCommit Kind = 2
@@ -145,6 +149,11 @@ type Record struct {
 	Undo   []byte
 }
 
+// RedoOnly reports an update without an undo image (see KindUpdate).
+func (r *Record) RedoOnly() bool {
+	return r.Kind == KindUpdate && len(r.Undo) == 0 && len(r.Redo) > 0
+}
+
 // Size is the record's encoded size in the stream.
 func (r *Record) Size() int {
 	n := recHdr + 1 + 8
@@ -161,8 +170,8 @@ func (r *Record) Check() error {
 		if len(r.Target) == 0 || len(r.Target) > MaxTarget {
 			return fmt.Errorf("txn: a target of %d bytes (1 to %d)", len(r.Target), MaxTarget)
 		}
-		if r.Kind == KindUpdate && len(r.Undo) != len(r.Redo) {
-			return fmt.Errorf("txn: redo of %d bytes, undo of %d: images of one range must be equal in size", len(r.Redo), len(r.Undo))
+		if r.Kind == KindUpdate && len(r.Undo) != len(r.Redo) && !r.RedoOnly() {
+			return fmt.Errorf("txn: redo of %d bytes, undo of %d: images of one range must be equal in size (or no undo)", len(r.Redo), len(r.Undo))
 		}
 		if r.Kind == KindCompensation && len(r.Undo) != 0 {
 			return errors.New("txn: a compensation has no undo")

@@ -215,8 +215,11 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 		return 0, ErrTxnDone
 	}
 	r := Record{Kind: KindUpdate, Txn: t.id, Target: slices.Clone(target), Off: off, Redo: slices.Clone(redo), Undo: slices.Clone(undo)}
-	c := Record{Kind: KindCompensation, Txn: t.id, Target: r.Target, Off: off, Redo: r.Undo}
-	grow := c.Size()
+	grow := 0
+	if !r.RedoOnly() { // (a redo-only update has no compensation)
+		c := Record{Kind: KindCompensation, Txn: t.id, Target: r.Target, Off: off, Redo: r.Undo}
+		grow = c.Size()
+	}
 	if t.reserved == 0 {
 		grow += abortReserve
 	}
@@ -267,6 +270,10 @@ func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
 	}
 	for i := len(t.updates) - 1; i >= 0; i-- {
 		u := t.updates[i]
+		if u.RedoOnly() {
+			t.updates = t.updates[:i] // nothing reached its target: nothing to undo
+			continue
+		}
 		if undo != nil {
 			if err := undo(u); err != nil {
 				return fmt.Errorf("txn: undo of the record at %d: %w", u.LSN, err)

@@ -216,11 +216,12 @@ func (s *Scanner) Result() Result {
 // Plan is what recovery does with the records of a log.
 type Plan struct {
 	// Redo is every update and compensation, in log order: recovery
-	// repeats history, losers included.
+	// repeats history, losers included — but a redo-only update only if
+	// its transaction committed (nothing would undo it).
 	Redo []Record
 	// Undo is every update of a loser (a transaction with no commit or
-	// abort record), latest first: applied after Redo, each restores its
-	// before-image.
+	// abort record) that has an undo image, latest first: applied after
+	// Redo, each restores its before-image.
 	Undo []Record
 	// Committed and Aborted are the transactions by outcome, in the order
 	// of their commit or abort records; Losers in the order they began.
@@ -233,6 +234,12 @@ func Analyze(recs []Record) Plan {
 	ended := map[uint64]Kind{}
 	var order []uint64
 	seen := map[uint64]bool{}
+	committed := map[uint64]bool{}
+	for _, r := range recs {
+		if r.Kind == KindCommit {
+			committed[r.Txn] = true
+		}
+	}
 	for _, r := range recs {
 		if !seen[r.Txn] {
 			seen[r.Txn] = true
@@ -240,6 +247,9 @@ func Analyze(recs []Record) Plan {
 		}
 		switch r.Kind {
 		case KindUpdate, KindCompensation:
+			if r.RedoOnly() && !committed[r.Txn] {
+				continue // an aborted or lost no-steal change: its target never had it
+			}
 			p.Redo = append(p.Redo, r)
 		case KindCommit:
 			ended[r.Txn] = r.Kind
@@ -250,7 +260,7 @@ func Analyze(recs []Record) Plan {
 		}
 	}
 	for i := len(recs) - 1; i >= 0; i-- {
-		if r := recs[i]; r.Kind == KindUpdate && ended[r.Txn] == 0 {
+		if r := recs[i]; r.Kind == KindUpdate && ended[r.Txn] == 0 && !r.RedoOnly() {
 			p.Undo = append(p.Undo, r)
 		}
 	}
