@@ -53,15 +53,58 @@ func (c *strayChunks) Write(ctx context.Context, h Handle, data []byte, f *rldev
 }
 
 // land delivers every stray attempt now; it returns how many were admitted.
-func (c *strayChunks) land() (admitted int) {
+func (c *strayChunks) land() int {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range c.strays {
-		if c.s.apply(s.h, s.data, &s.fence, true) == nil {
+	strays := append([]stray(nil), c.strays...)
+	c.mu.Unlock()
+	return landStrays(c.s, strays)
+}
+
+// landStrays delivers strays to the store in order; it returns how many
+// were admitted.
+func landStrays(s *simChunks, strays []stray) (admitted int) {
+	for _, x := range strays {
+		if s.apply(x.h, x.data, &x.fence, true) == nil {
 			admitted++
 		}
 	}
 	return admitted
+}
+
+// rewriteEveryNode is the next server (node 3) writing every node of the
+// tree again, a newer image, under its own fence with token tok: the
+// dead server's nodes' locks have moved on. It returns the images.
+func rewriteEveryNode(t *testing.T, store *simChunks, tree uint64, tok lock.Token) map[Handle][]byte {
+	t.Helper()
+	newer := map[Handle][]byte{}
+	store.mu.Lock()
+	for h, d := range store.data {
+		if n, err := Decode(d, tree, h); err == nil {
+			n.Version++
+			newer[h] = n.Encode(nil)
+		}
+	}
+	store.mu.Unlock()
+	f := &rldev.Fence{Name: FenceLock(3), Token: tok}
+	for h, img := range newer {
+		if err := store.apply(h, img, f, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return newer
+}
+
+// countOverwritten counts the chunks that no longer hold the image newer gave
+// them.
+func countOverwritten(store *simChunks, newer map[Handle][]byte) (n int) {
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	for h, img := range newer {
+		if string(store.data[h][:len(img)]) != string(img) {
+			n++
+		}
+	}
+	return n
 }
 
 // A recovery run whose node writes lose their answers renews its token and
@@ -121,30 +164,9 @@ func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
 	// The run is over: the nodes' locks go to server 3, which writes every
 	// node again (a newer image) under its own fence. Then the stray
 	// attempts land.
-	newer := map[Handle][]byte{}
-	store.mu.Lock()
-	for h, d := range store.data {
-		if n, err := Decode(d, ah.ID, h); err == nil {
-			n.Version++
-			newer[h] = n.Encode(nil)
-		}
-	}
-	store.mu.Unlock()
-	f3 := &rldev.Fence{Name: FenceLock(3), Token: lock.Token{Epoch: 2, Seq: 1000}}
-	for h, img := range newer {
-		if err := store.apply(h, img, f3, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	newer := rewriteEveryNode(t, store, ah.ID, lock.Token{Epoch: 2, Seq: 1000})
 	admitted := lossy.land()
-	store.mu.Lock()
-	overwritten := 0
-	for h, img := range newer {
-		if string(store.data[h][:len(img)]) != string(img) {
-			overwritten++
-		}
-	}
-	store.mu.Unlock()
+	overwritten := countOverwritten(store, newer)
 	t.Logf("%d stray attempts landed after the next server's writes, %d admitted, %d nodes overwritten", len(lossy.strays), admitted, overwritten)
 	if overwritten > 0 || admitted > 0 {
 		if unsafeTakeAsDone {

@@ -67,12 +67,7 @@ func (c *review9Chunks) land(from int, r *rand.Rand) (admitted int) {
 	s := append([]stray(nil), c.strays[from:]...)
 	c.mu.Unlock()
 	r.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
-	for _, x := range s {
-		if c.s.apply(x.h, x.data, &x.fence, true) == nil {
-			admitted++
-		}
-	}
-	return admitted
+	return landStrays(c.s, s)
 }
 
 // Review 9: strays under the first token AND under renewed tokens (the
@@ -144,30 +139,9 @@ func review9StrayCase(t *testing.T, teeth bool) {
 	if err != nil || len(sh.Keys) != keys {
 		t.Fatalf("after the replays: %v, %d keys", err, len(sh.Keys))
 	}
-	newer := map[Handle][]byte{}
-	store.mu.Lock()
-	for h, d := range store.data {
-		if n, err := Decode(d, ah.ID, h); err == nil {
-			n.Version++
-			newer[h] = n.Encode(nil)
-		}
-	}
-	store.mu.Unlock()
-	f3 := &rldev.Fence{Name: FenceLock(3), Token: lock.Token{Epoch: 2, Seq: 100000}}
-	for h, img := range newer {
-		if err := store.apply(h, img, f3, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	newer := rewriteEveryNode(t, store, ah.ID, lock.Token{Epoch: 2, Seq: 100000})
 	admitted := lossy.land(0, r)
-	overwritten := 0
-	store.mu.Lock()
-	for h, img := range newer {
-		if string(store.data[h][:len(img)]) != string(img) {
-			overwritten++
-		}
-	}
-	store.mu.Unlock()
+	overwritten := countOverwritten(store, newer)
 	t.Logf("%d strays (%d retried through, %d failed-maybe), %d renewals; after server 3: %d admitted, %d nodes overwritten",
 		len(lossy.strays), lossy.retried, lossy.failed, renewals, admitted, overwritten)
 	if teeth {
