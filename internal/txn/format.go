@@ -24,7 +24,7 @@ import (
 //
 //	0   [8]  magic "GRVTXNH1"
 //	8   u32  CRC-32C of bytes 12..HeaderSize
-//	12  u32  format version (1)
+//	12  u32  format version (2; 1 is read too)
 //	16  u64  generation (each header write: the previous best + 1)
 //	24  u64  floor token epoch } blocks written with an older token than
 //	32  u64  floor token seq   } the floor are not the log (see Scanner)
@@ -88,7 +88,16 @@ const (
 	// MaxTarget bounds a target's name.
 	MaxTarget = 1024
 	recHdr    = 8
-	version   = 1
+	// version is what headers are written with. Version 2 logs may hold
+	// redo-only updates (KindUpdate): a build that reads only version 1
+	// would take the first such record for the end of the log and drop
+	// every record after it, committed ones included, so it must refuse
+	// the log instead. Every Open writes headers (recovery's), so a log
+	// this build has opened is version 2 before it appends anything.
+	// Version 1 logs (an older build's) hold no redo-only record and read
+	// the same.
+	version    = 2
+	minVersion = 1
 )
 
 var (
@@ -344,8 +353,8 @@ func DecodeHeader(b []byte) (Header, error) {
 	if crc32.Checksum(b[12:HeaderSize], castagnoli) != binary.LittleEndian.Uint32(b[8:]) {
 		return h, fmt.Errorf("%w: header checksum", ErrCorrupt)
 	}
-	if v := binary.LittleEndian.Uint32(b[12:]); v != version {
-		return h, fmt.Errorf("%w: header version %d (this build reads %d)", ErrCorrupt, v, version)
+	if v := binary.LittleEndian.Uint32(b[12:]); v < minVersion || v > version {
+		return h, fmt.Errorf("%w: header version %d (this build reads %d to %d)", ErrCorrupt, v, minVersion, version)
 	}
 	h.Gen = binary.LittleEndian.Uint64(b[16:])
 	h.Floor = lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(b[24:])), Seq: binary.LittleEndian.Uint64(b[32:])}
