@@ -815,16 +815,9 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 	}
 	e := TreeEntry{Name: name, Anchor: ah, NodeSize: cfg.NodeSize, MaxFanout: cfg.MaxFanout}
 	var existing *TreeEntry
-	_, err = s.cfg.Meta.Update(ctx, Namespace, "tree "+name, func(ns *pb.Namespace) ([]*pb.Op, error) {
-		ts, err := Trees(ns)
-		if err != nil {
-			return nil, err
-		}
-		if x, ok := ts[name]; ok {
-			existing = &x
-			return nil, nil
-		}
-		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: treeKey(name), Value: encodeEntry(e)}}, nil
+	_, err = s.cfg.Meta.Update(ctx, Namespace, "tree "+name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
+		ops, existing, err = createTreeOps(ns, e)
+		return ops, err
 	})
 	if err != nil {
 		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w", name, err)
@@ -834,6 +827,26 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 		return *existing, fmt.Errorf("%w: %q", ErrTreeExists, name)
 	}
 	return e, nil
+}
+
+// createTreeOps is CreateTree's decree for entry e over directory ns: put
+// the entry, or nothing if the name is taken (existing: the entry that has
+// it). The config-service client runs it again when an attempt's answer
+// was lost; if that attempt committed, the name is taken by e itself (its
+// anchor is this call's, never reused): that is success, not a clash —
+// else the caller would free the anchor and root the directory now names.
+func createTreeOps(ns *pb.Namespace, e TreeEntry) ([]*pb.Op, *TreeEntry, error) {
+	ts, err := Trees(ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	if x, ok := ts[e.Name]; ok {
+		if x.Anchor == e.Anchor {
+			return nil, nil, nil // our own earlier attempt
+		}
+		return nil, &x, nil
+	}
+	return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: treeKey(e.Name), Value: encodeEntry(e)}}, nil, nil
 }
 
 // DropTree removes tree name's entry, by decree, then frees every chunk of
