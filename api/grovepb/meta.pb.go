@@ -254,8 +254,14 @@ type Decree struct {
 	ExpectedVersion uint64                 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
 	Ops             []*Op                  `protobuf:"bytes,3,rep,name=ops,proto3" json:"ops,omitempty"`
 	Origin          string                 `protobuf:"bytes,4,opt,name=origin,proto3" json:"origin,omitempty"` // who proposed it, for logs
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// id, when set (1 to 64 bytes, unique per proposal: meta.Client sets 16
+	// random bytes), makes a resent decree idempotent: if the namespace
+	// moved past expected_version by this very decree (an earlier copy
+	// committed and its answer was lost), the resend is answered with the
+	// version that copy produced instead of "stale".
+	Id            []byte `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Decree) Reset() {
@@ -316,10 +322,20 @@ func (x *Decree) GetOrigin() string {
 	return ""
 }
 
+func (x *Decree) GetId() []byte {
+	if x != nil {
+		return x.Id
+	}
+	return nil
+}
+
 // ConfigSnapshot is the whole state machine, as written in raft snapshots.
 type ConfigSnapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespaces    []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Namespaces []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// The ids of each namespace's recent decrees (meta.RecentDecreeIDs), so
+	// that a member restored from a snapshot answers resends as the others do.
+	Recent        []*RecentDecrees `protobuf:"bytes,2,rep,name=recent,proto3" json:"recent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -361,6 +377,75 @@ func (x *ConfigSnapshot) GetNamespaces() []*Namespace {
 	return nil
 }
 
+func (x *ConfigSnapshot) GetRecent() []*RecentDecrees {
+	if x != nil {
+		return x.Recent
+	}
+	return nil
+}
+
+// RecentDecrees: the ids of the decrees that made a namespace's versions
+// version-len(ids)+1 .. version (an empty id: a decree without one).
+type RecentDecrees struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Ids           [][]byte               `protobuf:"bytes,3,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecentDecrees) Reset() {
+	*x = RecentDecrees{}
+	mi := &file_grovepb_meta_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecentDecrees) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecentDecrees) ProtoMessage() {}
+
+func (x *RecentDecrees) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_meta_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecentDecrees.ProtoReflect.Descriptor instead.
+func (*RecentDecrees) Descriptor() ([]byte, []int) {
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RecentDecrees) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RecentDecrees) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RecentDecrees) GetIds() [][]byte {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 type ProposeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Decree        *Decree                `protobuf:"bytes,1,opt,name=decree,proto3" json:"decree,omitempty"`
@@ -370,7 +455,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_grovepb_meta_proto_msgTypes[5]
+	mi := &file_grovepb_meta_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +467,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[5]
+	mi := &file_grovepb_meta_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +480,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{5}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ProposeRequest) GetDecree() *Decree {
@@ -422,7 +507,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_grovepb_meta_proto_msgTypes[6]
+	mi := &file_grovepb_meta_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +519,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[6]
+	mi := &file_grovepb_meta_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +532,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{6}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProposeResponse) GetNotLeader() bool {
@@ -501,7 +586,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_grovepb_meta_proto_msgTypes[7]
+	mi := &file_grovepb_meta_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +598,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[7]
+	mi := &file_grovepb_meta_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +611,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{7}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReadRequest) GetNamespace() string {
@@ -548,7 +633,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_grovepb_meta_proto_msgTypes[8]
+	mi := &file_grovepb_meta_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +645,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[8]
+	mi := &file_grovepb_meta_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +658,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{8}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadResponse) GetNotLeader() bool {
@@ -614,7 +699,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_grovepb_meta_proto_msgTypes[9]
+	mi := &file_grovepb_meta_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +711,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[9]
+	mi := &file_grovepb_meta_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +724,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchRequest) GetNamespace() string {
@@ -673,7 +758,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_grovepb_meta_proto_msgTypes[10]
+	mi := &file_grovepb_meta_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +770,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[10]
+	mi := &file_grovepb_meta_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +783,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchResponse) GetNamespace() *Namespace {
@@ -748,7 +833,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_grovepb_meta_proto_msgTypes[11]
+	mi := &file_grovepb_meta_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +845,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[11]
+	mi := &file_grovepb_meta_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +858,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Member) GetId() uint64 {
@@ -812,7 +897,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_grovepb_meta_proto_msgTypes[12]
+	mi := &file_grovepb_meta_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +909,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[12]
+	mi := &file_grovepb_meta_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +922,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{13}
 }
 
 type MembersResponse struct {
@@ -854,7 +939,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_grovepb_meta_proto_msgTypes[13]
+	mi := &file_grovepb_meta_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +951,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[13]
+	mi := &file_grovepb_meta_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +964,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MembersResponse) GetLeaderId() uint64 {
@@ -937,7 +1022,7 @@ type ChangeMembersRequest struct {
 
 func (x *ChangeMembersRequest) Reset() {
 	*x = ChangeMembersRequest{}
-	mi := &file_grovepb_meta_proto_msgTypes[14]
+	mi := &file_grovepb_meta_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1034,7 @@ func (x *ChangeMembersRequest) String() string {
 func (*ChangeMembersRequest) ProtoMessage() {}
 
 func (x *ChangeMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[14]
+	mi := &file_grovepb_meta_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1047,7 @@ func (x *ChangeMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeMembersRequest.ProtoReflect.Descriptor instead.
 func (*ChangeMembersRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChangeMembersRequest) GetAdd() bool {
@@ -1005,7 +1090,7 @@ type ChangeMembersResponse struct {
 
 func (x *ChangeMembersResponse) Reset() {
 	*x = ChangeMembersResponse{}
-	mi := &file_grovepb_meta_proto_msgTypes[15]
+	mi := &file_grovepb_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1102,7 @@ func (x *ChangeMembersResponse) String() string {
 func (*ChangeMembersResponse) ProtoMessage() {}
 
 func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_meta_proto_msgTypes[15]
+	mi := &file_grovepb_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1115,7 @@ func (x *ChangeMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeMembersResponse.ProtoReflect.Descriptor instead.
 func (*ChangeMembersResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_meta_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChangeMembersResponse) GetNotLeader() bool {
@@ -1080,16 +1165,22 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bKIND_PUT\x10\x01\x12\x0f\n" +
-	"\vKIND_DELETE\x10\x02\"\x89\x01\n" +
+	"\vKIND_DELETE\x10\x02\"\x99\x01\n" +
 	"\x06Decree\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12)\n" +
 	"\x10expected_version\x18\x02 \x01(\x04R\x0fexpectedVersion\x12\x1e\n" +
 	"\x03ops\x18\x03 \x03(\v2\f.grove.v1.OpR\x03ops\x12\x16\n" +
-	"\x06origin\x18\x04 \x01(\tR\x06origin\"E\n" +
+	"\x06origin\x18\x04 \x01(\tR\x06origin\x12\x0e\n" +
+	"\x02id\x18\x05 \x01(\fR\x02id\"v\n" +
 	"\x0eConfigSnapshot\x123\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x13.grove.v1.NamespaceR\n" +
-	"namespaces\":\n" +
+	"namespaces\x12/\n" +
+	"\x06recent\x18\x02 \x03(\v2\x17.grove.v1.RecentDecreesR\x06recent\"Y\n" +
+	"\rRecentDecrees\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x10\n" +
+	"\x03ids\x18\x03 \x03(\fR\x03ids\":\n" +
 	"\x0eProposeRequest\x12(\n" +
 	"\x06decree\x18\x01 \x01(\v2\x10.grove.v1.DecreeR\x06decree\"\xc7\x01\n" +
 	"\x0fProposeResponse\x12\x1d\n" +
@@ -1165,7 +1256,7 @@ func file_grovepb_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_grovepb_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_grovepb_meta_proto_goTypes = []any{
 	(Op_Kind)(0),                  // 0: grove.v1.Op.Kind
 	(*Entry)(nil),                 // 1: grove.v1.Entry
@@ -1173,43 +1264,45 @@ var file_grovepb_meta_proto_goTypes = []any{
 	(*Op)(nil),                    // 3: grove.v1.Op
 	(*Decree)(nil),                // 4: grove.v1.Decree
 	(*ConfigSnapshot)(nil),        // 5: grove.v1.ConfigSnapshot
-	(*ProposeRequest)(nil),        // 6: grove.v1.ProposeRequest
-	(*ProposeResponse)(nil),       // 7: grove.v1.ProposeResponse
-	(*ReadRequest)(nil),           // 8: grove.v1.ReadRequest
-	(*ReadResponse)(nil),          // 9: grove.v1.ReadResponse
-	(*WatchRequest)(nil),          // 10: grove.v1.WatchRequest
-	(*WatchResponse)(nil),         // 11: grove.v1.WatchResponse
-	(*Member)(nil),                // 12: grove.v1.Member
-	(*MembersRequest)(nil),        // 13: grove.v1.MembersRequest
-	(*MembersResponse)(nil),       // 14: grove.v1.MembersResponse
-	(*ChangeMembersRequest)(nil),  // 15: grove.v1.ChangeMembersRequest
-	(*ChangeMembersResponse)(nil), // 16: grove.v1.ChangeMembersResponse
+	(*RecentDecrees)(nil),         // 6: grove.v1.RecentDecrees
+	(*ProposeRequest)(nil),        // 7: grove.v1.ProposeRequest
+	(*ProposeResponse)(nil),       // 8: grove.v1.ProposeResponse
+	(*ReadRequest)(nil),           // 9: grove.v1.ReadRequest
+	(*ReadResponse)(nil),          // 10: grove.v1.ReadResponse
+	(*WatchRequest)(nil),          // 11: grove.v1.WatchRequest
+	(*WatchResponse)(nil),         // 12: grove.v1.WatchResponse
+	(*Member)(nil),                // 13: grove.v1.Member
+	(*MembersRequest)(nil),        // 14: grove.v1.MembersRequest
+	(*MembersResponse)(nil),       // 15: grove.v1.MembersResponse
+	(*ChangeMembersRequest)(nil),  // 16: grove.v1.ChangeMembersRequest
+	(*ChangeMembersResponse)(nil), // 17: grove.v1.ChangeMembersResponse
 }
 var file_grovepb_meta_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.Namespace.entries:type_name -> grove.v1.Entry
 	0,  // 1: grove.v1.Op.kind:type_name -> grove.v1.Op.Kind
 	3,  // 2: grove.v1.Decree.ops:type_name -> grove.v1.Op
 	2,  // 3: grove.v1.ConfigSnapshot.namespaces:type_name -> grove.v1.Namespace
-	4,  // 4: grove.v1.ProposeRequest.decree:type_name -> grove.v1.Decree
-	2,  // 5: grove.v1.ReadResponse.namespace:type_name -> grove.v1.Namespace
-	2,  // 6: grove.v1.WatchResponse.namespace:type_name -> grove.v1.Namespace
-	3,  // 7: grove.v1.WatchResponse.ops:type_name -> grove.v1.Op
-	12, // 8: grove.v1.MembersResponse.members:type_name -> grove.v1.Member
-	6,  // 9: grove.v1.ConfigService.Propose:input_type -> grove.v1.ProposeRequest
-	8,  // 10: grove.v1.ConfigService.Read:input_type -> grove.v1.ReadRequest
-	10, // 11: grove.v1.ConfigService.Watch:input_type -> grove.v1.WatchRequest
-	13, // 12: grove.v1.ConfigService.Members:input_type -> grove.v1.MembersRequest
-	15, // 13: grove.v1.ConfigService.ChangeMembers:input_type -> grove.v1.ChangeMembersRequest
-	7,  // 14: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
-	9,  // 15: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
-	11, // 16: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
-	14, // 17: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
-	16, // 18: grove.v1.ConfigService.ChangeMembers:output_type -> grove.v1.ChangeMembersResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 4: grove.v1.ConfigSnapshot.recent:type_name -> grove.v1.RecentDecrees
+	4,  // 5: grove.v1.ProposeRequest.decree:type_name -> grove.v1.Decree
+	2,  // 6: grove.v1.ReadResponse.namespace:type_name -> grove.v1.Namespace
+	2,  // 7: grove.v1.WatchResponse.namespace:type_name -> grove.v1.Namespace
+	3,  // 8: grove.v1.WatchResponse.ops:type_name -> grove.v1.Op
+	13, // 9: grove.v1.MembersResponse.members:type_name -> grove.v1.Member
+	7,  // 10: grove.v1.ConfigService.Propose:input_type -> grove.v1.ProposeRequest
+	9,  // 11: grove.v1.ConfigService.Read:input_type -> grove.v1.ReadRequest
+	11, // 12: grove.v1.ConfigService.Watch:input_type -> grove.v1.WatchRequest
+	14, // 13: grove.v1.ConfigService.Members:input_type -> grove.v1.MembersRequest
+	16, // 14: grove.v1.ConfigService.ChangeMembers:input_type -> grove.v1.ChangeMembersRequest
+	8,  // 15: grove.v1.ConfigService.Propose:output_type -> grove.v1.ProposeResponse
+	10, // 16: grove.v1.ConfigService.Read:output_type -> grove.v1.ReadResponse
+	12, // 17: grove.v1.ConfigService.Watch:output_type -> grove.v1.WatchResponse
+	15, // 18: grove.v1.ConfigService.Members:output_type -> grove.v1.MembersResponse
+	17, // 19: grove.v1.ConfigService.ChangeMembers:output_type -> grove.v1.ChangeMembersResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_meta_proto_init() }
@@ -1223,7 +1316,7 @@ func file_grovepb_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_meta_proto_rawDesc), len(file_grovepb_meta_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sort"
@@ -199,6 +200,17 @@ func (c *Client) retry(ctx context.Context, call func(ctx context.Context, cl pb
 func (c *Client) Propose(ctx context.Context, d *pb.Decree) (uint64, error) {
 	if err := ValidateDecree(d); err != nil {
 		return 0, err
+	}
+	if len(d.Id) == 0 {
+		// An id makes the resends below idempotent: one that finds the
+		// decree applied already (its first answer lost) is answered so,
+		// not "stale" (which would send the caller's Update loop round
+		// again, to decide afresh on a namespace its own decree changed).
+		id := make([]byte, 16)
+		if _, err := rand.Read(id); err != nil {
+			return 0, err
+		}
+		d = &pb.Decree{Namespace: d.Namespace, ExpectedVersion: d.ExpectedVersion, Ops: d.Ops, Origin: d.Origin, Id: id}
 	}
 	var version uint64
 	err := c.retry(ctx, func(ctx context.Context, cl pb.ConfigServiceClient) (string, bool, error) {

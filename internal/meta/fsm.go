@@ -6,6 +6,7 @@
 package meta
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ const (
 	MaxValueLen     = 64 << 10
 	MaxOps          = 1024
 	MaxDecreeSize   = 1 << 20
+	MaxDecreeIDLen  = 64
 )
 
 // Errors a decree can meet. They are values, returned to the proposer.
@@ -39,7 +41,18 @@ var (
 type ApplyResult struct {
 	Version uint64 // namespace version after the decree (current one if stale)
 	Err     error  // nil, ErrStaleVersion, or ErrBadDecree-wrapped
+	// Duplicate: the decree had been applied already (a resend of one
+	// whose answer was lost); Version is the version it produced then,
+	// and nothing changed now.
+	Duplicate bool
 }
+
+// RecentDecreeIDs bounds the decree ids an FSM remembers per namespace:
+// a resent decree is recognised as applied if at most this many decrees
+// of its namespace followed it (a client's resend comes within seconds;
+// the busiest namespaces see a few decrees per second). Beyond that the
+// resend is answered "stale" as before, and its proposer re-reads.
+const RecentDecreeIDs = 256
 
 // History bounds the recent decrees an FSM keeps per namespace so that a
 // watch can send each change as its ops rather than the whole namespace: at
@@ -70,6 +83,28 @@ type nsState struct {
 	// history holds the ops of decrees version-len(history)+1..version.
 	history      [][]*pb.Op
 	historyBytes int
+	// ids holds the ids of the decrees that made versions
+	// version-len(ids)+1..version (nil: a decree without an id).
+	ids [][]byte
+}
+
+// appliedAs reports whether d is a resend of the decree that made the
+// namespace's version d.ExpectedVersion+1, and that version. Only a
+// decree with an id can be recognised; ids are unique per proposal, and
+// the decree conditions on its expected version, so that version was
+// made by this very proposal and no other copy of it can apply again.
+func (ns *nsState) appliedAs(d *pb.Decree) (uint64, bool) {
+	if len(d.Id) == 0 || d.ExpectedVersion >= ns.version {
+		return 0, false
+	}
+	back := ns.version - d.ExpectedVersion // >= 1: the decree that made expected+1 is back-1 before the last
+	if back > uint64(len(ns.ids)) {
+		return 0, false
+	}
+	if !bytes.Equal(ns.ids[uint64(len(ns.ids))-back], d.Id) {
+		return 0, false
+	}
+	return d.ExpectedVersion + 1, true
 }
 
 // NewFSM returns an empty state machine.
@@ -141,6 +176,9 @@ func ValidateDecree(d *pb.Decree) error {
 			return fmt.Errorf("%w: delete of %q carries a value", ErrBadDecree, op.GetKey())
 		}
 	}
+	if len(d.GetId()) > MaxDecreeIDLen {
+		return fmt.Errorf("%w: an id of %d bytes > %d", ErrBadDecree, len(d.GetId()), MaxDecreeIDLen)
+	}
 	return nil
 }
 
@@ -163,6 +201,9 @@ func (f *FSM) Apply(l *raft.Log) any {
 		ns = &nsState{entries: map[string][]byte{}}
 	}
 	if d.ExpectedVersion != ns.version {
+		if v, ok := ns.appliedAs(d); ok {
+			return ApplyResult{Version: v, Duplicate: true}
+		}
 		return ApplyResult{Version: ns.version, Err: ErrStaleVersion}
 	}
 	for _, op := range d.Ops {
@@ -179,6 +220,11 @@ func (f *FSM) Apply(l *raft.Log) any {
 		ns.historyBytes -= opsSize(ns.history[0])
 		ns.history[0] = nil
 		ns.history = ns.history[1:]
+	}
+	ns.ids = append(ns.ids, d.Id)
+	if len(ns.ids) > RecentDecreeIDs {
+		ns.ids[0] = nil
+		ns.ids = ns.ids[1:]
 	}
 	f.mu.ns[d.Namespace] = ns
 	f.signalLocked(d.Namespace)
@@ -259,6 +305,9 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s := &pb.ConfigSnapshot{}
 	for _, n := range names {
 		s.Namespaces = append(s.Namespaces, f.copyLocked(n))
+		if ns := f.mu.ns[n]; len(ns.ids) > 0 {
+			s.Recent = append(s.Recent, &pb.RecentDecrees{Namespace: n, Version: ns.version, Ids: ns.ids})
+		}
 	}
 	b, err := proto.Marshal(s)
 	if err != nil {
@@ -285,6 +334,19 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			ns.entries[e.Key] = e.Value
 		}
 		m[n.Name] = ns
+	}
+	for _, r := range s.Recent {
+		// Only ids that end at the namespace's version (a snapshot writes
+		// them so), never more than the bound.
+		ns := m[r.Namespace]
+		if ns == nil || r.Version != ns.version || uint64(len(r.Ids)) > ns.version {
+			return fmt.Errorf("meta: snapshot's recent decree ids of %q do not match the namespace", r.Namespace)
+		}
+		ids := r.Ids
+		if len(ids) > RecentDecreeIDs {
+			ids = ids[len(ids)-RecentDecreeIDs:]
+		}
+		ns.ids = ids
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -408,6 +408,11 @@ func (s *Server) Propose(ctx context.Context, d *pb.Decree) (uint64, error) {
 	}
 	res := f.Response().(ApplyResult)
 	switch {
+	case res.Err == nil && res.Duplicate:
+		// A resend of a decree that committed before (its answer was
+		// lost): answered as it was then, nothing applied twice.
+		m.Decree("duplicate")
+		s.log.Info("resent decree answered as applied", "namespace", d.Namespace, "version", res.Version, "origin", d.Origin)
 	case res.Err == nil:
 		m.Decree("ok")
 		m.DecreeLatency(time.Since(start))

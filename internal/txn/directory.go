@@ -177,9 +177,16 @@ func CreateLog(ctx context.Context, m *meta.Client, rl *rldev.Clerk, name string
 			return nil, err
 		}
 		if x, ok := logs[name]; ok {
+			if x.RLDev == e.RLDev {
+				// This call's own entry (an RLDev is named by one log
+				// only): an earlier attempt of this decree committed.
+				existing = nil
+				return nil, nil
+			}
 			existing = &x
 			return nil, nil
 		}
+		existing = nil
 		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: entryKey(name), Value: EncodeEntry(e)}}, nil
 	})
 	if err != nil {
