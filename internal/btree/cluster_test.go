@@ -32,13 +32,13 @@ type testCluster struct {
 	cls []*chunk.Clerk
 }
 
-func startCluster(t *testing.T, ctx context.Context) *testCluster {
+func startCluster(t testing.TB, ctx context.Context) *testCluster {
 	return startClusterWith(t, ctx, bench.ClusterOptions{})
 }
 
 // startClusterWith starts the cluster with o (Store, DiskSize and Log are
 // set here).
-func startClusterWith(t *testing.T, ctx context.Context, o bench.ClusterOptions) *testCluster {
+func startClusterWith(t testing.TB, ctx context.Context, o bench.ClusterOptions) *testCluster {
 	t.Helper()
 	o.Store, o.DiskSize, o.Log = true, 512<<20, testLog() // three 64 MiB logs (two replicas each) beside the chunk pair: 256 MiB disks could leave no room for the third log
 	c, err := bench.StartCluster(t.TempDir(), 3, o)
@@ -72,7 +72,7 @@ func startClusterWith(t *testing.T, ctx context.Context, o bench.ClusterOptions)
 
 // server is node i's own B-tree server (its role starts it at the first
 // call).
-func (tc *testCluster) server(t *testing.T, ctx context.Context, i int) *btree.Server {
+func (tc *testCluster) server(t testing.TB, ctx context.Context, i int) *btree.Server {
 	t.Helper()
 	for {
 		s, err := tc.c.Nodes[i].BTree().Server(ctx)

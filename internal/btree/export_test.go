@@ -17,3 +17,11 @@ func (s *Server) FailDropDecreesForTest(err error) {
 
 // DropPassForTest runs one pass of the dropper.
 func (s *Server) DropPassForTest(ctx context.Context) { s.dropPass(ctx) }
+
+// SetWriteBackParallelForTest sets how many write-backs a WriteBack runs
+// at once, and returns the undo.
+func SetWriteBackParallelForTest(n int) (undo func()) {
+	old := writeBackParallel
+	writeBackParallel = n
+	return func() { writeBackParallel = old }
+}
