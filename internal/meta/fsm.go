@@ -150,6 +150,13 @@ func DecodeDecree(b []byte) (*pb.Decree, error) {
 	if err := proto.Unmarshal(b, d); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadDecree, err)
 	}
+	if len(d.Id) > MaxDecreeIDLen {
+		// Refused at proposal (ValidateDecree), but a log entry is judged
+		// as a build without ids judged it (one such may have led and
+		// let it in): the entry applies, its id is ignored, so that every
+		// replica, of any build, applies the same entries.
+		d.Id = nil
+	}
 	if err := ValidateDecree(d); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 )
@@ -76,15 +77,48 @@ func TestResentDecreeIsIdempotent(t *testing.T) {
 		t.Fatalf("resend of B on a restored replica: %+v", r)
 	}
 
-	// RecentDecreeIDs decrees later, A is forgotten: stale again.
-	for i := 0; i < RecentDecreeIDs; i++ {
+	// B stays recognised while at most RecentDecreeIDs decrees (B
+	// included) followed version 1, and is forgotten after: stale again.
+	for i := 0; i < RecentDecreeIDs-1; i++ {
 		v := uint64(2 + i)
 		if r := apply(withID(put("ns", v, "k", "n"), fmt.Sprintf("n%d", i))); r.Err != nil {
 			t.Fatal(r.Err)
 		}
 	}
+	if r := apply(withID(put("ns", 1, "k", "second"), "B")); r.Err != nil || !r.Duplicate || r.Version != 2 {
+		t.Fatalf("resend of B, %d decrees back: %+v, want duplicate at 2", RecentDecreeIDs, r)
+	}
+	if r := apply(withID(put("ns", uint64(RecentDecreeIDs+1), "k", "n"), "last")); r.Err != nil {
+		t.Fatal(r.Err)
+	}
 	if r := apply(withID(put("ns", 1, "k", "second"), "B")); !errors.Is(r.Err, ErrStaleVersion) {
-		t.Fatalf("resend of B after %d decrees: %+v, want stale", RecentDecreeIDs, r)
+		t.Fatalf("resend of B, %d decrees back: %+v, want stale", RecentDecreeIDs+1, r)
+	}
+
+	// A snapshot of a build without ids (no recent decrees) restores, its
+	// namespaces with no ids: resends are stale there, as before.
+	old, err := proto.Marshal(&pb.ConfigSnapshot{Namespaces: []*pb.Namespace{{Name: "ns", Version: 3, Entries: []*pb.Entry{{Key: "k", Value: []byte("v")}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewFSM(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := h.Restore(io.NopCloser(bytes.NewReader(old))); err != nil {
+		t.Fatalf("an old snapshot: %v", err)
+	}
+	if r := applyDecree(t, h, 1, withID(put("ns", 2, "k", "x"), "B")); !errors.Is(r.Err, ErrStaleVersion) {
+		t.Fatalf("a resend on a replica restored from an old snapshot: %+v", r)
+	}
+	// A snapshot whose ids do not end at its namespace's version is refused.
+	bad, _ := proto.Marshal(&pb.ConfigSnapshot{Namespaces: []*pb.Namespace{{Name: "ns", Version: 3}},
+		Recent: []*pb.RecentDecrees{{Namespace: "ns", Version: 2, Ids: [][]byte{[]byte("x")}}}})
+	if err := NewFSM(slog.New(slog.NewTextHandler(io.Discard, nil))).Restore(io.NopCloser(bytes.NewReader(bad))); err == nil {
+		t.Fatal("a snapshot with mismatched ids restored")
+	}
+
+	// A log entry with an oversized id (a build without ids let it in)
+	// applies, its id ignored, as that build applied it.
+	if r := applyDecree(t, h, 2, withID(put("ns", 3, "k", "y"), strings.Repeat("i", MaxDecreeIDLen+1))); r.Err != nil || r.Version != 4 {
+		t.Fatalf("an entry with an oversized id: %+v", r)
 	}
 
 	// An oversized id is a bad decree.

@@ -33,7 +33,7 @@ type Node struct {
 	FDIncarnation prometheus.Gauge
 
 	// Config service.
-	MetaDecrees  *prometheus.CounterVec // result: ok, stale, bad, not_leader, error
+	MetaDecrees  *prometheus.CounterVec // result: ok, duplicate, stale, bad, not_leader, error
 	MetaDecreeS  prometheus.Histogram
 	MetaWatches  prometheus.Gauge
 	MetaRejected *prometheus.CounterVec // why a watch or read was refused
