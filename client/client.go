@@ -30,6 +30,22 @@
 // itself should use a conditional form (PutIfAbsent, CompareAndSwap) or
 // values it can recognise.
 //
+// # Routing
+//
+// A tree's calls (Get, Put, Delete, Scan, Count, Stat and their forms) go
+// first to the tree's home node: the node rendezvous hashing of the
+// tree's name over the registered nodes picks, as the nodes themselves
+// (and their etcd endpoint's forwarding) pick it. The client asks an
+// endpoint for the registered nodes in the background, every 10 s (and
+// 1 s after a call to a home failed), and connects to the home even if it
+// is not among the endpoints. One server then holds the tree's node
+// leases, so clients dialed to different endpoints share its cache and its
+// log's group commits instead of passing leases from server to server
+// (each pass a write-back). Until the home's connection is up, and after
+// a call to it failed in a way that allows a retry (see Retries), calls go
+// to the endpoints as before: any node serves any tree (coherent through
+// the locks). Options.NoRouting turns routing off.
+//
 // # Limits
 //
 // Keys are 1 to 1024 bytes; a key and its value together must fit in a
@@ -43,11 +59,14 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -93,6 +112,10 @@ type Options struct {
 	// Backoff is the pause after every endpoint failed once, doubled up to
 	// a second (default 50 ms).
 	Backoff time.Duration
+	// NoRouting sends every call to the endpoint that answered last. By
+	// default a tree's calls go first to the tree's home node (see Routing
+	// in the package comment).
+	NoRouting bool
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -102,7 +125,26 @@ type Client struct {
 	conns []*grpc.ClientConn
 	tcs   []pb.TreeServiceClient
 	cur   atomic.Int64 // the endpoint that answered last
+	route router
 }
+
+// router knows the registered nodes, to send each tree's calls to its home.
+type router struct {
+	mu       sync.Mutex
+	nodes    map[uint64]string // id -> gRPC address
+	ids      []uint64
+	next     time.Time // when to ask for the nodes again
+	fetching bool
+	extra    map[string]*grpc.ClientConn // connections to nodes that are not endpoints
+	closed   bool
+}
+
+// routeRefresh is how often the client asks for the registered nodes;
+// routeRetry how soon after a failed ask, or after a call to a home failed.
+const (
+	routeRefresh = 10 * time.Second
+	routeRetry   = time.Second
+)
 
 // Dial connects to a cluster through endpoints (nodes' gRPC addresses,
 // host:port). Connections are made lazily: Dial fails only on malformed
@@ -123,6 +165,7 @@ func DialOptions(_ context.Context, opts Options, endpoints ...string) (*Client,
 		opts.Backoff = 50 * time.Millisecond
 	}
 	c := &Client{opts: opts, eps: endpoints}
+	c.route.extra = map[string]*grpc.ClientConn{}
 	for _, ep := range endpoints {
 		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
 		if err != nil {
@@ -141,7 +184,118 @@ func (c *Client) Close() error {
 	for _, cc := range c.conns {
 		err = errors.Join(err, cc.Close())
 	}
+	c.route.mu.Lock()
+	c.route.closed = true
+	for _, cc := range c.route.extra {
+		err = errors.Join(err, cc.Close())
+	}
+	c.route.extra = nil
+	c.route.mu.Unlock()
 	return err
+}
+
+// home returns tree's home node's connection if it is up (nothing
+// otherwise: the call goes to the endpoints as usual), and asks for the
+// registered nodes in the background when it is time.
+func (c *Client) home(tree string) (pb.TreeServiceClient, bool) {
+	if c.opts.NoRouting || tree == "" {
+		return nil, false
+	}
+	r := &c.route
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, false
+	}
+	if !r.fetching && !time.Now().Before(r.next) {
+		r.fetching = true
+		go c.fetchNodes()
+	}
+	if len(r.ids) == 0 {
+		return nil, false
+	}
+	addr := r.nodes[btree.Home(tree, r.ids)]
+	if addr == "" {
+		return nil, false
+	}
+	var cc *grpc.ClientConn
+	for i, ep := range c.eps {
+		if ep == addr {
+			cc = c.conns[i]
+			break
+		}
+	}
+	if cc == nil {
+		if cc = r.extra[addr]; cc == nil {
+			var err error
+			if cc, err = grpc.NewClient(addr, transport.DialOptions()...); err != nil {
+				return nil, false
+			}
+			r.extra[addr] = cc
+		}
+	}
+	switch cc.GetState() {
+	case connectivity.Ready:
+		return pb.NewTreeServiceClient(cc), true
+	case connectivity.Idle:
+		cc.Connect() // for a later call
+	}
+	return nil, false
+}
+
+// fetchNodes asks the endpoint that answered last for the registered nodes.
+func (c *Client) fetchNodes() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	i := int(c.cur.Load()) % len(c.tcs)
+	resp, err := c.tcs[i].Nodes(ctx, &pb.TreeNodesRequest{})
+	r := &c.route
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fetching = false
+	if err != nil {
+		r.next = time.Now().Add(routeRetry)
+		if status.Code(err) == codes.Unimplemented {
+			r.next = time.Now().Add(routeRefresh) // a node of an older build
+		}
+		return
+	}
+	r.next = time.Now().Add(routeRefresh)
+	r.nodes = map[uint64]string{}
+	r.ids = r.ids[:0]
+	for _, n := range resp.Nodes {
+		if n.Id == 0 {
+			continue
+		}
+		// Every node counts (the home is computed over them all, as the
+		// nodes compute it), but one that gives an unspecified host
+		// (0.0.0.0:7410, :7410) cannot be dialed from here: its trees'
+		// calls go to the endpoints.
+		r.ids = append(r.ids, n.Id)
+		if host, _, err := net.SplitHostPort(n.Addr); err == nil && host != "" {
+			if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+				r.nodes[n.Id] = n.Addr
+			}
+		}
+	}
+}
+
+// stopRouting sends calls to the endpoints until the next ask for the
+// nodes.
+func (c *Client) stopRouting() {
+	c.route.mu.Lock()
+	c.route.ids, c.route.nodes = nil, nil
+	c.route.next = time.Now().Add(routeRefresh)
+	c.route.mu.Unlock()
+}
+
+// rerouteSoon asks for the nodes again soon: a call to a home failed.
+func (c *Client) rerouteSoon() {
+	c.route.mu.Lock()
+	if next := time.Now().Add(routeRetry); next.Before(c.route.next) {
+		c.route.next = next
+	}
+	c.route.mu.Unlock()
 }
 
 // write and read say how a call may be retried.
@@ -153,8 +307,9 @@ const (
 )
 
 // call runs f at one endpoint after another until it answers, as kind
-// allows.
-func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
+// allows; a call on a tree goes first to the tree's home if its connection
+// is up.
+func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
@@ -162,10 +317,17 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 	}
 	backoff := c.opts.Backoff
 	var last error
+	tree0 := tree
 	for tried := 0; ; tried++ {
 		i := int(c.cur.Load()) % len(c.tcs)
 		var err error
-		if c.ready(ctx, i) {
+		home, atHome := c.home(tree0)
+		tree0 = "" // the home is tried once; then the endpoints as usual
+		if atHome {
+			i = -1
+			err = f(ctx, home)
+			tried--
+		} else if c.ready(ctx, i) {
 			err = f(ctx, c.tcs[i])
 		} else {
 			// Not connected: nothing is sent, so even a write may go on to
@@ -176,6 +338,13 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 			return nil
 		}
 		st, _ := status.FromError(err)
+		if atHome && st.Code() == codes.Unimplemented {
+			// Not a Grove node's tree service at that address (nothing
+			// was done): the endpoints, and no routing for a while.
+			c.stopRouting()
+			tried, tree0 = -1, ""
+			continue
+		}
 		if final(st.Code()) {
 			if st.Code() == codes.ResourceExhausted {
 				switch {
@@ -187,14 +356,21 @@ func (c *Client) call(ctx context.Context, k kind, f func(ctx context.Context, t
 			}
 			return mapError(st)
 		}
+		if atHome {
+			c.rerouteSoon()
+		}
 		if k == write && !btree.IsNotApplied(st) {
 			// The next call tries the next endpoint first.
-			c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+			if i >= 0 {
+				c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+			}
 			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 		}
 		last = err
-		c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
-		if (tried+1)%len(c.tcs) == 0 {
+		if i >= 0 {
+			c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+		}
+		if !atHome && (tried+1)%len(c.tcs) == 0 {
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
@@ -257,7 +433,7 @@ type TreeInfo struct {
 
 // CreateTree creates an empty tree (ErrExists if there is one).
 func (c *Client) CreateTree(ctx context.Context, name string, o TreeOptions) error {
-	return c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	return c.call(ctx, write, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		_, err := tc.Create(ctx, &pb.TreeCreateRequest{Name: name, NodeSize: o.NodeSize, Fanout: o.Fanout})
 		return err
 	})
@@ -265,7 +441,7 @@ func (c *Client) CreateTree(ctx context.Context, name string, o TreeOptions) err
 
 // DropTree drops a tree and frees its chunks (ErrNotFound if there is none).
 func (c *Client) DropTree(ctx context.Context, name string) error {
-	return c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	return c.call(ctx, write, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		_, err := tc.Drop(ctx, &pb.TreeDropRequest{Name: name})
 		return err
 	})
@@ -274,7 +450,7 @@ func (c *Client) DropTree(ctx context.Context, name string) error {
 // Trees lists the trees, by name.
 func (c *Client) Trees(ctx context.Context) ([]TreeInfo, error) {
 	var out []TreeInfo
-	err := c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err := c.call(ctx, read, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.List(ctx, &pb.TreeListRequest{})
 		if err != nil {
 			return err
@@ -303,7 +479,7 @@ func (t *Tree) Name() string { return t.name }
 // Get returns key's value, or ErrNotFound.
 func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, error) {
 	var v []byte
-	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err := t.c.call(ctx, read, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.Get(ctx, &pb.TreeGetRequest{Tree: t.name, Key: key})
 		if err != nil {
 			return err
@@ -321,7 +497,7 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, error) {
 }
 
 func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expect []byte) (applied bool, prev []byte, found bool, err error) {
-	err = t.c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err = t.c.call(ctx, write, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.Put(ctx, &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect})
 		if err != nil {
 			return err
@@ -356,7 +532,7 @@ func (t *Tree) CompareAndSwap(ctx context.Context, key, old, val []byte) (applie
 }
 
 func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []byte) (applied, found bool, err error) {
-	err = t.c.call(ctx, write, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err = t.c.call(ctx, write, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.Delete(ctx, &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect})
 		if err != nil {
 			return err
@@ -403,7 +579,7 @@ type KV struct {
 // Count returns the number of keys in [r.From, r.To), counted atomically.
 func (t *Tree) Count(ctx context.Context, r Range) (uint64, error) {
 	var n uint64
-	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err := t.c.call(ctx, read, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		resp, err := tc.Count(ctx, &pb.TreeCountRequest{Tree: t.name, From: r.From, To: r.To, HasTo: r.To != nil})
 		if err != nil {
 			return err
@@ -429,7 +605,7 @@ func (t *Tree) Scan(ctx context.Context, r Range) iter.Seq2[KV, error] {
 			if r.Limit > 0 {
 				left = r.Limit - n
 			}
-			err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+			err := t.c.call(ctx, read, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 				var err error
 				resp, err = tc.Scan(ctx, &pb.TreeScanRequest{Tree: t.name, From: from, To: to, HasTo: hasTo, Limit: uint32(left), Reverse: r.Reverse, KeysOnly: r.KeysOnly})
 				return err
@@ -474,7 +650,7 @@ type Stat struct {
 // Stat walks the tree (every node: slow on a large tree).
 func (t *Tree) Stat(ctx context.Context) (Stat, error) {
 	var s Stat
-	err := t.c.call(ctx, read, func(ctx context.Context, tc pb.TreeServiceClient) error {
+	err := t.c.call(ctx, read, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.Stat(ctx, &pb.TreeStatRequest{Tree: t.name})
 		if err != nil {
 			return err

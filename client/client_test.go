@@ -6,18 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/grovestore/grove/client"
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/meta"
 )
 
 // cluster starts 3 in-process nodes with a chunk manager pair and returns
 // their gRPC addresses.
-func cluster(t *testing.T, ctx context.Context) (*bench.InProcessCluster, []string) {
+func cluster(t testing.TB, ctx context.Context) (*bench.InProcessCluster, []string) {
 	t.Helper()
 	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 512 << 20}) // room for three 64 MiB logs beside the chunk pair
 	if err != nil {
@@ -187,7 +189,9 @@ func TestClientFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cl, eps := cluster(t, ctx)
-	c, err := client.Dial(ctx, eps[0], eps[1])
+	// Endpoint failover: every call to the endpoint in use (home routing
+	// off; TestClientRoutesToHome covers the home's loss).
+	c, err := client.DialOptions(ctx, client.Options{NoRouting: true}, eps[0], eps[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,5 +226,166 @@ func TestClientFailover(t *testing.T) {
 		if _, err := tr.Get(ctx, []byte(k)); err != nil {
 			t.Fatalf("acknowledged %s: %v", k, err)
 		}
+	}
+}
+
+// A tree's calls go to the tree's home node, which the client learns from
+// the nodes (it is not among the endpoints here), so that clients on
+// different endpoints do not pass the tree's node leases back and forth;
+// with routing off they are served where they land. When the home dies,
+// calls go on through the endpoints.
+func TestClientRoutesToHome(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cl, eps := cluster(t, ctx)
+	const name = "routed"
+	var ids []uint64
+	for _, m := range cl.Members() {
+		ids = append(ids, m.ID)
+	}
+	home := -1
+	for i, m := range cl.Members() {
+		if m.ID == btree.Home(name, ids) {
+			home = i
+		}
+	}
+	var others []string
+	for i, ep := range eps {
+		if i != home {
+			others = append(others, ep)
+		}
+	}
+	served := func() (h, o uint64) {
+		for i, n := range cl.Nodes {
+			if n == nil {
+				continue
+			}
+			if i == home {
+				h += n.BTree().Served()
+			} else {
+				o += n.BTree().Served()
+			}
+		}
+		return h, o
+	}
+	for _, routing := range []bool{false, true} {
+		c, err := client.DialOptions(ctx, client.Options{NoRouting: !routing}, others...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if !routing {
+			if err := c.CreateTree(ctx, name, client.TreeOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tr := c.Tree(name)
+		// The first calls go to an endpoint while the client asks for the
+		// nodes and connects to the home.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			h0, _ := served()
+			if _, err := tr.Get(ctx, key(0)); err != nil && !errors.Is(err, client.ErrNotFound) {
+				t.Fatal(err)
+			}
+			if h1, _ := served(); h1 > h0 || !routing {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		h0, o0 := served()
+		for i := 0; i < 50; i++ {
+			if err := tr.Put(ctx, key(i), []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tr.Get(ctx, key(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h1, o1 := served()
+		t.Logf("routing %v: the home (node %d) served %d calls, the other nodes %d", routing, home+1, h1-h0, o1-o0)
+		if routing && (h1-h0 != 100 || o1 != o0) || !routing && (h1 != h0 || o1-o0 != 100) {
+			t.Fatalf("routing %v: the home served %d of 100 calls, the others %d", routing, h1-h0, o1-o0)
+		}
+		if !routing {
+			continue
+		}
+		// The home dies: calls go on through the endpoints.
+		cl.Crash(home)
+		acked, unknown := map[int]bool{}, 0
+		for i := 50; i < 150; i++ {
+			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+			err := tr.Put(cctx, key(i), []byte("w"))
+			ccancel()
+			switch {
+			case err == nil:
+				acked[i] = true
+			case errors.Is(err, client.ErrUnknownOutcome):
+				unknown++
+			default:
+				t.Fatalf("put %d after the home's crash: %v", i, err)
+			}
+		}
+		t.Logf("after the home's crash: %d puts acknowledged, %d of unknown outcome", len(acked), unknown)
+		if len(acked) < 95 {
+			t.Fatalf("only %d of 100 puts acknowledged after the home's crash", len(acked))
+		}
+		for i := 0; i < 150; i++ {
+			if _, err := tr.Get(ctx, key(i)); err != nil && (i < 50 || acked[i] || !errors.Is(err, client.ErrNotFound)) {
+				t.Fatalf("key %d: %v", i, err)
+			}
+		}
+	}
+}
+
+// BenchmarkClientRouting: three clients, each dialed to one node of its
+// own, put into one shared tree (two goroutines each, disjoint keys), with
+// and without home routing. Without it the clients' servers pass the
+// tree's leaf leases back and forth (a write-back each time).
+func BenchmarkClientRouting(b *testing.B) {
+	for _, routing := range []bool{false, true} {
+		b.Run(fmt.Sprintf("routing=%v", routing), func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			_, eps := cluster(b, ctx)
+			var cs []*client.Client
+			for _, ep := range eps {
+				c, err := client.DialOptions(ctx, client.Options{NoRouting: !routing}, ep)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				cs = append(cs, c)
+			}
+			if err := cs[0].CreateTree(ctx, "bench", client.TreeOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			for _, c := range cs { // warm up, and let routing learn the nodes
+				for i := 0; i < 20; i++ {
+					if err := c.Tree("bench").Put(ctx, []byte(fmt.Sprintf("warm%d", i)), []byte("v")); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			time.Sleep(1500 * time.Millisecond)
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			workers := 2 * len(cs)
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tr := cs[w%len(cs)].Tree("bench")
+					for i := w; i < b.N; i += workers {
+						if err := tr.Put(ctx, []byte(fmt.Sprintf("key%08d", i)), make([]byte, 256)); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "puts/s")
+		})
 	}
 }

@@ -1255,6 +1255,140 @@ func (x *TreeStatResponse) GetValueChunks() uint64 {
 	return 0
 }
 
+// TreeNodesRequest asks a node for the registered nodes, so that a client
+// can send each tree's calls to the tree's home (btree.Home over their ids).
+type TreeNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeNodesRequest) Reset() {
+	*x = TreeNodesRequest{}
+	mi := &file_grovepb_btree_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeNodesRequest) ProtoMessage() {}
+
+func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
+func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{19}
+}
+
+type TreeNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*TreeNode            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeNodesResponse) Reset() {
+	*x = TreeNodesResponse{}
+	mi := &file_grovepb_btree_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeNodesResponse) ProtoMessage() {}
+
+func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
+func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TreeNodesResponse) GetNodes() []*TreeNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type TreeNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"` // gRPC address
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeNode) Reset() {
+	*x = TreeNode{}
+	mi := &file_grovepb_btree_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeNode) ProtoMessage() {}
+
+func (x *TreeNode) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeNode.ProtoReflect.Descriptor instead.
+func (*TreeNode) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TreeNode) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TreeNode) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 var File_grovepb_btree_proto protoreflect.FileDescriptor
 
 const file_grovepb_btree_proto_rawDesc = "" +
@@ -1342,12 +1476,18 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\vrevocations\x18\n" +
 	" \x01(\x04R\vrevocations\x12\x12\n" +
 	"\x04node\x18\v \x01(\rR\x04node\x12!\n" +
-	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks*k\n" +
+	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks\"\x12\n" +
+	"\x10TreeNodesRequest\":\n" +
+	"\x11TreeNodesResponse\x12%\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x0f.grove.TreeNodeR\x05nodes\".\n" +
+	"\bTreeNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr*k\n" +
 	"\bTreeCond\x12\x14\n" +
 	"\x10TREE_COND_ALWAYS\x10\x00\x12\x17\n" +
 	"\x13TREE_COND_IF_ABSENT\x10\x01\x12\x17\n" +
 	"\x13TREE_COND_IF_EQUALS\x10\x02\x12\x17\n" +
-	"\x13TREE_COND_IF_EXISTS\x10\x032\x97\x04\n" +
+	"\x13TREE_COND_IF_EXISTS\x10\x032\xd3\x04\n" +
 	"\vTreeService\x12=\n" +
 	"\x06Create\x12\x18.grove.TreeCreateRequest\x1a\x19.grove.TreeCreateResponse\x127\n" +
 	"\x04List\x12\x16.grove.TreeListRequest\x1a\x17.grove.TreeListResponse\x127\n" +
@@ -1357,7 +1497,8 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x06Delete\x12\x18.grove.TreeDeleteRequest\x1a\x19.grove.TreeDeleteResponse\x127\n" +
 	"\x04Scan\x12\x16.grove.TreeScanRequest\x1a\x17.grove.TreeScanResponse\x12:\n" +
 	"\x05Count\x12\x17.grove.TreeCountRequest\x1a\x18.grove.TreeCountResponse\x127\n" +
-	"\x04Stat\x12\x16.grove.TreeStatRequest\x1a\x17.grove.TreeStatResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x04Stat\x12\x16.grove.TreeStatRequest\x1a\x17.grove.TreeStatResponse\x12:\n" +
+	"\x05Nodes\x12\x17.grove.TreeNodesRequest\x1a\x18.grove.TreeNodesResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_btree_proto_rawDescOnce sync.Once
@@ -1372,7 +1513,7 @@ func file_grovepb_btree_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_btree_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_grovepb_btree_proto_goTypes = []any{
 	(TreeCond)(0),              // 0: grove.TreeCond
 	(*TreeInfo)(nil),           // 1: grove.TreeInfo
@@ -1394,6 +1535,9 @@ var file_grovepb_btree_proto_goTypes = []any{
 	(*TreeCountResponse)(nil),  // 17: grove.TreeCountResponse
 	(*TreeStatRequest)(nil),    // 18: grove.TreeStatRequest
 	(*TreeStatResponse)(nil),   // 19: grove.TreeStatResponse
+	(*TreeNodesRequest)(nil),   // 20: grove.TreeNodesRequest
+	(*TreeNodesResponse)(nil),  // 21: grove.TreeNodesResponse
+	(*TreeNode)(nil),           // 22: grove.TreeNode
 }
 var file_grovepb_btree_proto_depIdxs = []int32{
 	1,  // 0: grove.TreeCreateResponse.tree:type_name -> grove.TreeInfo
@@ -1401,29 +1545,32 @@ var file_grovepb_btree_proto_depIdxs = []int32{
 	0,  // 2: grove.TreePutRequest.cond:type_name -> grove.TreeCond
 	0,  // 3: grove.TreeDeleteRequest.cond:type_name -> grove.TreeCond
 	1,  // 4: grove.TreeStatResponse.tree:type_name -> grove.TreeInfo
-	2,  // 5: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
-	4,  // 6: grove.TreeService.List:input_type -> grove.TreeListRequest
-	6,  // 7: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
-	8,  // 8: grove.TreeService.Put:input_type -> grove.TreePutRequest
-	10, // 9: grove.TreeService.Get:input_type -> grove.TreeGetRequest
-	12, // 10: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
-	14, // 11: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
-	16, // 12: grove.TreeService.Count:input_type -> grove.TreeCountRequest
-	18, // 13: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
-	3,  // 14: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
-	5,  // 15: grove.TreeService.List:output_type -> grove.TreeListResponse
-	7,  // 16: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
-	9,  // 17: grove.TreeService.Put:output_type -> grove.TreePutResponse
-	11, // 18: grove.TreeService.Get:output_type -> grove.TreeGetResponse
-	13, // 19: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
-	15, // 20: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
-	17, // 21: grove.TreeService.Count:output_type -> grove.TreeCountResponse
-	19, // 22: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
-	14, // [14:23] is the sub-list for method output_type
-	5,  // [5:14] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	22, // 5: grove.TreeNodesResponse.nodes:type_name -> grove.TreeNode
+	2,  // 6: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
+	4,  // 7: grove.TreeService.List:input_type -> grove.TreeListRequest
+	6,  // 8: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
+	8,  // 9: grove.TreeService.Put:input_type -> grove.TreePutRequest
+	10, // 10: grove.TreeService.Get:input_type -> grove.TreeGetRequest
+	12, // 11: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
+	14, // 12: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
+	16, // 13: grove.TreeService.Count:input_type -> grove.TreeCountRequest
+	18, // 14: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
+	20, // 15: grove.TreeService.Nodes:input_type -> grove.TreeNodesRequest
+	3,  // 16: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
+	5,  // 17: grove.TreeService.List:output_type -> grove.TreeListResponse
+	7,  // 18: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
+	9,  // 19: grove.TreeService.Put:output_type -> grove.TreePutResponse
+	11, // 20: grove.TreeService.Get:output_type -> grove.TreeGetResponse
+	13, // 21: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
+	15, // 22: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
+	17, // 23: grove.TreeService.Count:output_type -> grove.TreeCountResponse
+	19, // 24: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
+	21, // 25: grove.TreeService.Nodes:output_type -> grove.TreeNodesResponse
+	16, // [16:26] is the sub-list for method output_type
+	6,  // [6:16] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_btree_proto_init() }
@@ -1437,7 +1584,7 @@ func file_grovepb_btree_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_btree_proto_rawDesc), len(file_grovepb_btree_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	TreeService_Scan_FullMethodName   = "/grove.TreeService/Scan"
 	TreeService_Count_FullMethodName  = "/grove.TreeService/Count"
 	TreeService_Stat_FullMethodName   = "/grove.TreeService/Stat"
+	TreeService_Nodes_FullMethodName  = "/grove.TreeService/Nodes"
 )
 
 // TreeServiceClient is the client API for TreeService service.
@@ -46,6 +47,7 @@ type TreeServiceClient interface {
 	Scan(ctx context.Context, in *TreeScanRequest, opts ...grpc.CallOption) (*TreeScanResponse, error)
 	Count(ctx context.Context, in *TreeCountRequest, opts ...grpc.CallOption) (*TreeCountResponse, error)
 	Stat(ctx context.Context, in *TreeStatRequest, opts ...grpc.CallOption) (*TreeStatResponse, error)
+	Nodes(ctx context.Context, in *TreeNodesRequest, opts ...grpc.CallOption) (*TreeNodesResponse, error)
 }
 
 type treeServiceClient struct {
@@ -146,6 +148,16 @@ func (c *treeServiceClient) Stat(ctx context.Context, in *TreeStatRequest, opts 
 	return out, nil
 }
 
+func (c *treeServiceClient) Nodes(ctx context.Context, in *TreeNodesRequest, opts ...grpc.CallOption) (*TreeNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TreeNodesResponse)
+	err := c.cc.Invoke(ctx, TreeService_Nodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TreeServiceServer is the server API for TreeService service.
 // All implementations must embed UnimplementedTreeServiceServer
 // for forward compatibility.
@@ -159,6 +171,7 @@ type TreeServiceServer interface {
 	Scan(context.Context, *TreeScanRequest) (*TreeScanResponse, error)
 	Count(context.Context, *TreeCountRequest) (*TreeCountResponse, error)
 	Stat(context.Context, *TreeStatRequest) (*TreeStatResponse, error)
+	Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error)
 	mustEmbedUnimplementedTreeServiceServer()
 }
 
@@ -195,6 +208,9 @@ func (UnimplementedTreeServiceServer) Count(context.Context, *TreeCountRequest) 
 }
 func (UnimplementedTreeServiceServer) Stat(context.Context, *TreeStatRequest) (*TreeStatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stat not implemented")
+}
+func (UnimplementedTreeServiceServer) Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
 }
 func (UnimplementedTreeServiceServer) mustEmbedUnimplementedTreeServiceServer() {}
 func (UnimplementedTreeServiceServer) testEmbeddedByValue()                     {}
@@ -379,6 +395,24 @@ func _TreeService_Stat_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TreeService_Nodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TreeNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TreeServiceServer).Nodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TreeService_Nodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TreeServiceServer).Nodes(ctx, req.(*TreeNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TreeService_ServiceDesc is the grpc.ServiceDesc for TreeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -421,6 +455,10 @@ var TreeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Stat",
 			Handler:    _TreeService_Stat_Handler,
+		},
+		{
+			MethodName: "Nodes",
+			Handler:    _TreeService_Nodes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

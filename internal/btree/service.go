@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -31,7 +33,10 @@ type Service struct {
 	// (ServerConfig.Repairer).
 	book      *meta.AddressBook
 	closeBook sync.Once
-	mu        struct {
+	// served counts the tree operations (Put, Get, Delete, Scan, Count)
+	// this node's server carried out.
+	served atomic.Uint64
+	mu     struct {
 		sync.Mutex
 		inc     uint64
 		ctx     context.Context // the incarnation's: ends with it
@@ -487,6 +492,24 @@ func (s *Service) Create(ctx context.Context, r *pb.TreeCreateRequest) (*pb.Tree
 	return &pb.TreeCreateResponse{Tree: treeInfo(e)}, nil
 }
 
+// Served counts the tree operations (Put, Get, Delete, Scan, Count) this
+// node's server carried out, in every incarnation.
+func (s *Service) Served() uint64 { return s.served.Load() }
+
+// Nodes lists the registered nodes and their gRPC addresses, for clients
+// that send each tree's calls to its home (client.Options.NoRouting).
+func (s *Service) Nodes(ctx context.Context, r *pb.TreeNodesRequest) (*pb.TreeNodesResponse, error) {
+	out := &pb.TreeNodesResponse{}
+	if s.book == nil {
+		return out, nil
+	}
+	for id, addr := range s.book.Nodes() {
+		out.Nodes = append(out.Nodes, &pb.TreeNode{Id: id, Addr: addr})
+	}
+	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].Id < out.Nodes[j].Id })
+	return out, nil
+}
+
 func (s *Service) List(ctx context.Context, r *pb.TreeListRequest) (*pb.TreeListResponse, error) {
 	ts, err := ListTrees(ctx, s.cfg.Meta)
 	if err != nil {
@@ -518,6 +541,7 @@ func cond(c pb.TreeCond, expect []byte) Cond {
 // its name but found dropped (ErrNoTree: checked before any change) is
 // forgotten and looked up again, once: the name may be a new tree's.
 func (s *Service) onTree(ctx context.Context, name string, op func(ctx context.Context, t *Tree) error) error {
+	s.served.Add(1)
 	for attempt := 0; ; attempt++ {
 		srv, t, err := s.open(ctx, name)
 		if err != nil {
