@@ -246,10 +246,7 @@ type Server struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	hints chan hint
-	fence struct {
-		sync.Mutex
-		hold *lock.Held
-	}
+	fence fenceHolder
 	mu struct {
 		sync.Mutex
 		trees map[string]*Tree
@@ -302,6 +299,10 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("btree: registering the lock clerk: %w", err)
 	}
 	s.clerk = clerk
+	s.fence = fenceHolder{name: FenceLock(cfg.Node), timeout: cfg.OpTimeout,
+		acquire: func(ctx context.Context, name string) (Hold, error) { return clerk.Acquire(ctx, name, lock.Exclusive) },
+		drop:    func(name string) error { clerk.Drop(name); return nil },
+		fail:    func(err error) { s.cache.fail(err) }}
 	s.cache = NewCache(CacheConfig{Locks: clerkLocks{clerk}, Chunks: chunkStore{cfg.Chunks}, Fence: s.currentFence,
 		Renew: s.renewFence, Capacity: cfg.CacheNodes, Log2: s.log})
 	clerk.OnRevoke(s.cache.Revoked)
@@ -316,7 +317,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return fail(fmt.Errorf("btree: taking the fence lock: %w", err))
 	}
-	s.fence.hold = h
+	s.fence.set(h)
 	name := LogName(cfg.Node)
 	if _, err := txn.LookupLog(ctx, cfg.Meta, name); errors.Is(err, txn.ErrNoLog) {
 		if _, err := txn.CreateLog(ctx, cfg.Meta, cfg.RLDev, name, cfg.LogSize); err != nil && !errors.Is(err, txn.ErrLogExists) {
@@ -361,9 +362,7 @@ func (s *Server) Close(ctx context.Context) error {
 		// replays the log.
 		return err
 	}
-	s.fence.Lock()
-	s.fence.hold.Release()
-	s.fence.Unlock()
+	s.fence.release()
 	return s.clerk.Close(ctx)
 }
 
@@ -378,44 +377,13 @@ func (s *Server) Err() error {
 // Cache returns the server's cache (for its statistics).
 func (s *Server) Cache() *Cache { return s.cache }
 
-func (s *Server) currentFence() *rldev.Fence {
-	s.fence.Lock()
-	defer s.fence.Unlock()
-	return &rldev.Fence{Name: FenceLock(s.cfg.Node), Token: s.fence.hold.Token()}
-}
+// currentFence is the fence of this server's writes now (fenceHolder:
+// it never waits for a renewal in progress).
+func (s *Server) currentFence() *rldev.Fence { return s.fence.current() }
 
-// renewFence takes the fence lock again, with a newer token: the lease is
-// given back to the master first, so the new grant carries a new token.
-func (s *Server) renewFence(ctx context.Context) error {
-	s.fence.Lock()
-	defer s.fence.Unlock()
-	if err := ctx.Err(); err != nil {
-		return err // nothing given up yet: the renewal stays owed
-	}
-	name := FenceLock(s.cfg.Node)
-	old := s.fence.hold
-	old.Release()
-	s.clerk.Drop(name)
-	// Once the old hold is given up there is no going back: the caller's
-	// deadline (a shutdown's flush) does not cut the acquisition short,
-	// the operation timeout does.
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
-	defer cancel()
-	h, err := s.clerk.Acquire(actx, name, lock.Exclusive)
-	if err != nil {
-		// Without a fence the server cannot write anything back.
-		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
-		return err
-	}
-	if !old.Token().Less(h.Token()) {
-		h.Release()
-		err := fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
-		s.cache.fail(err)
-		return err
-	}
-	s.fence.hold = h
-	return nil
-}
+// renewFence takes the fence lock again, with a newer token
+// (fenceHolder.renew).
+func (s *Server) renewFence(ctx context.Context) error { return s.fence.renew(ctx) }
 
 // recoverDead is the lock service's recovery function: it replays dead
 // server's log before the dead server's leases are freed.

@@ -113,10 +113,7 @@ type simServer struct {
 	once                        sync.Once
 	done                        sync.WaitGroup
 	hints                       chan hint
-	fence                       struct {
-		sync.Mutex
-		hold Hold
-	}
+	fence                       fenceHolder // the runtime's (Server.fence)
 }
 
 func (s *simServer) isDead() bool { return s.dead.Load() }
@@ -149,42 +146,9 @@ func (s *simServer) waitRunning(ctx context.Context) error {
 
 func (s *simServer) halt() { s.once.Do(func() { close(s.stop) }) }
 
-func (s *simServer) currentFence() *rldev.Fence {
-	s.fence.Lock()
-	defer s.fence.Unlock()
-	return &rldev.Fence{Name: FenceLock(s.node), Token: s.fence.hold.Token()}
-}
+func (s *simServer) currentFence() *rldev.Fence { return s.fence.current() }
 
-func (s *simServer) renew(ctx context.Context) error {
-	s.fence.Lock()
-	defer s.fence.Unlock()
-	if err := ctx.Err(); err != nil {
-		return err // as Server.renewFence: nothing given up yet
-	}
-	name := FenceLock(s.node)
-	old := s.fence.hold
-	old.Release()
-	if err := s.clerk.drop(name); err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second) // (the runtime's: OpTimeout)
-	defer cancel()
-	h, err := s.clerk.Acquire(actx, name, lock.Exclusive)
-	if err != nil {
-		// As Server.renewFence: without a fence the server cannot
-		// write anything back.
-		s.cache.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
-		return err
-	}
-	if !old.Token().Less(h.Token()) {
-		h.Release()
-		err := fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
-		s.cache.fail(err)
-		return err
-	}
-	s.fence.hold = h
-	return nil
-}
+func (s *simServer) renew(ctx context.Context) error { return s.fence.renew(ctx) }
 
 func (w *simWorld) rand(n int) int {
 	w.mu.Lock()
@@ -210,6 +174,11 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 		w.event("server %d replays server %d's log: %d names, %d records, committed %d, redone %d, err %v", node, r.Dead.Node, len(r.Names), rep.Records, len(rep.Committed), rep.Redone, err)
 		return err
 	})
+	clerk := s.clerk
+	s.fence = fenceHolder{name: FenceLock(node), timeout: 2 * time.Second, // (the runtime's: OpTimeout)
+		acquire: func(ctx context.Context, name string) (Hold, error) { return clerk.Acquire(ctx, name, lock.Exclusive) },
+		drop:    clerk.drop,
+		fail:    func(err error) { s.cache.fail(err) }}
 	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
 	s.cache.unsafeStale = w.stale
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
@@ -223,7 +192,7 @@ func (w *simWorld) startServer(node uint64) (*simServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fence.hold = h
+	s.fence.set(h)
 	lh, err := s.clerk.Acquire(ctx, txn.LockName(LogName(node)), lock.Exclusive)
 	if err != nil {
 		return nil, err
