@@ -247,7 +247,7 @@ type Server struct {
 	wg    sync.WaitGroup
 	hints chan hint
 	fence fenceHolder
-	mu struct {
+	mu    struct {
 		sync.Mutex
 		trees map[string]*Tree
 		// unsettled: trees this server marked dropped whose decree failed;
