@@ -261,6 +261,9 @@ func (c *Client) fetchNodes() {
 		return
 	}
 	r.next = time.Now().Add(routeRefresh)
+	if len(resp.Nodes) == 0 {
+		r.next = time.Now().Add(routeRetry) // a node whose membership watch has not delivered yet
+	}
 	r.nodes = map[uint64]string{}
 	r.ids = r.ids[:0]
 	for _, n := range resp.Nodes {
