@@ -377,6 +377,21 @@ func (s *Server) Err() error {
 // Cache returns the server's cache (for its statistics).
 func (s *Server) Cache() *Cache { return s.cache }
 
+// writeNew writes a new chunk's first image under the server's fence,
+// again under the newer token if the server's own fence renewal overtook
+// the write (the fence is read without waiting for a renewal in progress:
+// fenceHolder), as WriteValue does.
+func (s *Server) writeNew(ctx context.Context, h Handle, img []byte) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		f := s.currentFence()
+		if err = (chunkStore{s.cfg.Chunks}).Write(ctx, h, img, f); err == nil || !errors.Is(err, chunk.ErrFenced) || !f.Token.Less(s.currentFence().Token) {
+			return err
+		}
+	}
+	return err
+}
+
 // currentFence is the fence of this server's writes now (fenceHolder:
 // it never waits for a renewal in progress).
 func (s *Server) currentFence() *rldev.Fence { return s.fence.current() }
@@ -773,11 +788,11 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 		_ = cl.Free(context.Background(), ah)
 	}
 	a, root := Init(ah, rh)
-	if err := (chunkStore{cl}).Write(ctx, rh, root.Encode(nil), s.currentFence()); err != nil {
+	if err := s.writeNew(ctx, rh, root.Encode(nil)); err != nil {
 		undo()
 		return TreeEntry{}, err
 	}
-	if err := (chunkStore{cl}).Write(ctx, ah, a.Encode(nil), s.currentFence()); err != nil {
+	if err := s.writeNew(ctx, ah, a.Encode(nil)); err != nil {
 		undo()
 		return TreeEntry{}, err
 	}
