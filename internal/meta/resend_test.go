@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -152,33 +151,7 @@ func TestClientResendAfterLostAnswer(t *testing.T) {
 		}
 		return resp, err
 	}
-	var members []Member
-	var lis []net.Listener
-	for i := 1; i <= 3; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		raftAddr := r.Addr().String()
-		r.Close()
-		lis = append(lis, l)
-		members = append(members, Member{ID: uint64(i), RaftAddr: raftAddr, GRPCAddr: l.Addr().String()})
-	}
-	for i, m := range members {
-		s, err := Open(Config{Bootstrap: true, ID: m.ID, Dir: t.TempDir(), Members: members, Timing: fastTiming,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := grpc.NewServer(grpc.UnaryInterceptor(drop))
-		s.RegisterGRPC(gs)
-		go gs.Serve(lis[i])
-		t.Cleanup(func() { gs.Stop(); s.Close() })
-	}
+	_, members := grpcGroup(t, 3, grpc.ChainUnaryInterceptor(drop))
 	c := NewClient(members)
 	defer c.Close()
 

@@ -77,8 +77,9 @@ func TestFSMSinceDeltas(t *testing.T) {
 	}
 }
 
-// grpcGroup serves each replica of g over gRPC on loopback.
-func grpcGroup(t *testing.T, n int) (*group, []Member) {
+// grpcGroup serves each replica of g over gRPC on loopback (with the
+// nodes' server options, and opts).
+func grpcGroup(t *testing.T, n int, opts ...grpc.ServerOption) (*group, []Member) {
 	var lis []net.Listener
 	for i := 0; i < n; i++ {
 		l, err := transport.Listen("127.0.0.1:0")
@@ -89,7 +90,7 @@ func grpcGroup(t *testing.T, n int) (*group, []Member) {
 	}
 	g := newGroupWith(t, n, func(i int) string { return lis[i].Addr().String() })
 	for i, s := range g.servers {
-		gs := grpc.NewServer(transport.ServerOptions()...)
+		gs := grpc.NewServer(append(transport.ServerOptions(), opts...)...)
 		s.RegisterGRPC(gs)
 		go gs.Serve(lis[i])
 		t.Cleanup(gs.Stop)
