@@ -58,9 +58,14 @@ func startClusterWith(t testing.TB, ctx context.Context, o bench.ClusterOptions)
 	if _, err := c.WaitLockMaster(ctx); err != nil {
 		t.Fatal(err)
 	}
+	last := ""
 	for ctx.Err() == nil { // every node registers its disk first
 		if _, err = chunk.CreatePair(ctx, tc.mc, [2]uint64{2, 3}, 4<<20, 64<<20); err == nil {
 			break
+		}
+		if err.Error() != last { // (a CI run once spent 3 minutes here: say why)
+			last = err.Error()
+			t.Logf("creating the chunk manager pair: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
