@@ -200,33 +200,45 @@ func TestClientFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := c.Tree("f")
-	acked := map[string]bool{}
-	unknown := 0
-	for i := 0; i < 200; i++ {
+	acked, unknown := putAll(t, ctx, tr, 0, 200, "v", func(i int) {
 		if i == 60 {
 			cl.Crash(0) // node 1, the endpoint in use, dies
 		}
+	})
+	t.Logf("%d puts acknowledged, %d with an unknown outcome", len(acked), unknown)
+	if len(acked) < 190 {
+		t.Fatalf("only %d of 200 puts acknowledged", len(acked))
+	}
+	for i := range acked {
+		if _, err := tr.Get(ctx, key(i)); err != nil {
+			t.Fatalf("acknowledged %s: %v", key(i), err)
+		}
+	}
+}
+
+// putAll puts keys from..to-1 one at a time (calling before(i), if set,
+// before each): each is acknowledged or of unknown outcome, anything
+// else fails the test.
+func putAll(t *testing.T, ctx context.Context, tr *client.Tree, from, to int, val string, before func(i int)) (acked map[int]bool, unknown int) {
+	t.Helper()
+	acked = map[int]bool{}
+	for i := from; i < to; i++ {
+		if before != nil {
+			before(i)
+		}
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
-		err := tr.Put(cctx, key(i), []byte("v"))
+		err := tr.Put(cctx, key(i), []byte(val))
 		ccancel()
 		switch {
 		case err == nil:
-			acked[string(key(i))] = true
+			acked[i] = true
 		case errors.Is(err, client.ErrUnknownOutcome):
 			unknown++
 		default:
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	t.Logf("%d puts acknowledged, %d with an unknown outcome", len(acked), unknown)
-	if len(acked) < 190 {
-		t.Fatalf("only %d of 200 puts acknowledged", len(acked))
-	}
-	for k := range acked {
-		if _, err := tr.Get(ctx, []byte(k)); err != nil {
-			t.Fatalf("acknowledged %s: %v", k, err)
-		}
-	}
+	return acked, unknown
 }
 
 // A tree's calls go to the tree's home node, which the client learns from
@@ -312,20 +324,7 @@ func TestClientRoutesToHome(t *testing.T) {
 		}
 		// The home dies: calls go on through the endpoints.
 		cl.Crash(home)
-		acked, unknown := map[int]bool{}, 0
-		for i := 50; i < 150; i++ {
-			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
-			err := tr.Put(cctx, key(i), []byte("w"))
-			ccancel()
-			switch {
-			case err == nil:
-				acked[i] = true
-			case errors.Is(err, client.ErrUnknownOutcome):
-				unknown++
-			default:
-				t.Fatalf("put %d after the home's crash: %v", i, err)
-			}
-		}
+		acked, unknown := putAll(t, ctx, tr, 50, 150, "w", nil)
 		t.Logf("after the home's crash: %d puts acknowledged, %d of unknown outcome", len(acked), unknown)
 		if len(acked) < 95 {
 			t.Fatalf("only %d of 100 puts acknowledged after the home's crash", len(acked))

@@ -209,15 +209,7 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 		t.Fatal(err)
 	}
 	cache.cfg.Log = wal
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
+	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
 	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
 	if err != nil {
 		t.Fatal(err)
@@ -228,4 +220,26 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 		}
 	}
 	return store, dev, ah
+}
+
+// emptyTree makes an empty tree's anchor and root on chunks, as
+// CreateTree does, and returns the anchor and the root.
+func emptyTree(t *testing.T, ctx context.Context, chunks Chunks, fence func() *rldev.Fence, nodeSize int) (anchor, root Handle) {
+	t.Helper()
+	ah, err := chunks.Allocate(ctx, AnchorSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rh, err := chunks.Allocate(ctx, uint64(nodeSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, r := Init(ah, rh)
+	if err := chunks.Write(ctx, rh, r.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
+		t.Fatal(err)
+	}
+	return ah, rh
 }

@@ -95,15 +95,7 @@ func oneServerTree(t *testing.T, ctx context.Context, wrapChunks func(*simChunkC
 		t.Fatal(err)
 	}
 	cache.cfg.Log = wal
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(MinNodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
+	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
 	if cfg.NodeSize == 0 {
 		cfg.NodeSize = MinNodeSize
 	}

@@ -104,15 +104,7 @@ func TestReviewCheckpointOutrunsCommitPublish(t *testing.T) {
 
 	// An empty tree, as CreateTree makes one.
 	nodeSize := MinNodeSize
-	ah, _ := chunks.Allocate(ctx, AnchorSize)
-	rh, _ := chunks.Allocate(ctx, uint64(nodeSize))
-	a, root := Init(ah, rh)
-	if err := chunks.Write(ctx, rh, root.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
-	if err := chunks.Write(ctx, ah, a.Encode(nil), fence()); err != nil {
-		t.Fatal(err)
-	}
+	ah, rh := emptyTree(t, ctx, chunks, fence, nodeSize)
 	tr, err := New(cache.Store(ah, nodeSize, nil), ah.ID, Config{NodeSize: nodeSize})
 	if err != nil {
 		t.Fatal(err)
