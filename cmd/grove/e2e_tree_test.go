@@ -290,7 +290,7 @@ func dumpDescent(t *testing.T, ctx context.Context, u *bench.UpCluster, tree, ke
 			t.Logf("dump: node %v: %v", h, err)
 			return
 		}
-		t.Logf("dump: node %v level %d low %q high %q (inf %v) right %v keys %q kids %v", h, n.Level, n.Low, n.High, n.HighInf, n.Right, n.Keys, n.Kids)
+		t.Logf("dump: node %v v%d level %d low %q high %q (inf %v) right %v deleted %v keys %q kids %v", h, n.Version, n.Level, n.Low, n.High, n.HighInf, n.Right, n.Deleted, n.Keys, n.Kids)
 		switch {
 		case !n.HighInf && key >= string(n.High):
 			h = n.Right

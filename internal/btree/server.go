@@ -531,7 +531,12 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 		// token of the same fence lock, and only a newer token admitted on
 		// this RLDev makes it refuse that write when it lands. Nobody
 		// else writes the node meanwhile: the dead server's lease on it
-		// stands until this run is done.
+		// stands until this run is done, and no other recovery run that
+		// may write it goes at once (the lock master runs an "all" run
+		// alone among its kind's: Master.overlapping). Two at once could
+		// each write the image it read here after the other wrote a
+		// newer one: a whole-cluster restart did, and a leaf went back to
+		// an image from before its split.
 		data = cur
 	}
 	for attempt := 1; ; attempt++ {

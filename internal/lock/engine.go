@@ -136,6 +136,10 @@ type EngineConfig struct {
 	// assignee's session breaks, while its run may go on. Only for the
 	// simulator's test that its oracle catches two runs at once.
 	UnsafeReassignOnDisconnect bool
+	// UnsafeOverlappingRuns runs recoveries whose names may overlap (an
+	// "all" one and another of its kind) at once. Only for the
+	// simulator's test that its oracle catches it.
+	UnsafeOverlappingRuns bool
 }
 
 // Backoffs of the engine's retries.
@@ -965,6 +969,7 @@ func (e *Engine) Proposed(env Env, id uint64, version uint64, err error) []any {
 		sessions: map[uint64]ClerkID{}, byClerk: map[ClerkID]uint64{}}
 	e.m.core.unsafeFreeBeforeForget = e.cfg.UnsafeFreeBeforeForget
 	e.m.core.unsafeReassignOnDisconnect = e.cfg.UnsafeReassignOnDisconnect
+	e.m.core.unsafeOverlappingRuns = e.cfg.UnsafeOverlappingRuns
 	out := []any{Note{levelInfo, "lock master takes over", []any{"epoch", rec.Epoch, "clerks", len(st.Clerks), "recoveries", len(st.Records), "version", version}}}
 	return append(out, e.step(env)...)
 }

@@ -80,6 +80,7 @@ type simOpts struct {
 	longRuns         bool // every recovery run is long (outlasts session breaks and failovers)
 	noWithdraw       bool // no acquires given up before their grant (the older teeth tests' schedules)
 	noRenew          bool // recovery runs never renew their tokens (the older teeth tests' schedules)
+	overlapping      bool // an "all" recovery runs at once with others of its kind
 }
 
 // ---------------------------------------------------------------- oracle
@@ -260,6 +261,23 @@ func (o *oracle) runStart(r *simRun) {
 			o.fail("two recovery runs for %s at once: at %s and %s", d, other.clerk, r.clerk)
 		}
 	}
+	// Runs of two dead clerks of one kind write disjoint names unless
+	// one is "all": a B-tree replay rewrites every node its log names
+	// (the newer of the chunk's image and the log's), so two such runs at
+	// once can undo each other's writes.
+	for od, rs := range o.runs {
+		if od == d || o.kinds[od] != o.kinds[d] {
+			continue
+		}
+		for _, other := range rs {
+			if !o.alive(other.clerk) || !(other.req.All || r.req.All) {
+				continue
+			}
+			if n, ok := overlap(runCover(other.req), runCover(r.req)); ok {
+				o.fail("recoveries of %s (all=%v, at %s) and %s (all=%v, at %s) run at once and may both write %s", od, other.req.All, other.clerk, d, r.req.All, r.clerk, n)
+			}
+		}
+	}
 	o.runs[d] = append(o.runs[d], r)
 	if r.req.All && o.scoped[d] {
 		o.scopedAll++
@@ -284,6 +302,31 @@ func (o *oracle) runStart(r *simRun) {
 		r.gen[n] = o.gen[n]
 	}
 	o.runCheck(r)
+}
+
+// runCover is what a run may write: the names it names, or for an "all"
+// run every name but those it excludes.
+func runCover(q lock.Recover) []string {
+	if !q.All {
+		return q.Names
+	}
+	var out []string
+	for _, n := range lockNames {
+		if !slices.Contains(q.Exclude, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// overlap returns a name in both a and b.
+func overlap(a, b []string) (string, bool) {
+	for _, n := range a {
+		if slices.Contains(b, n) {
+			return n, true
+		}
+	}
+	return "", false
 }
 
 // runCheck: no live clerk holds a lease conflicting with the dead one's.
@@ -465,7 +508,8 @@ func (s *lockSim) onStart(n *fdsim.Node) {
 	ln := &lnode{s: s, n: n, inc: n.Inc, csess: map[uint64]*sim.End{}, hung: map[uint64]bool{}, msess: map[uint64]*sim.End{},
 		mclosed: map[uint64]bool{}, runs: map[uint64]*simRun{}}
 	ln.eng = lock.NewEngine(lock.EngineConfig{Node: uint64(n.ID), Inc: uint64(n.Inc), Addr: fmt.Sprint(n.ID), Candidate: n.ID <= lsCandidates,
-		UnsafeFreeBeforeForget: s.opts.freeBeforeForget, UnsafeReassignOnDisconnect: s.opts.reassign})
+		UnsafeFreeBeforeForget: s.opts.freeBeforeForget, UnsafeReassignOnDisconnect: s.opts.reassign,
+		UnsafeOverlappingRuns: s.opts.overlapping})
 	if old := s.nodes[n.ID]; old != nil {
 		old.over = true
 	}
@@ -1174,6 +1218,14 @@ func TestConcurrentRunOracleHasTeeth(t *testing.T) {
 	expectCaught(t, "reassigning on disconnect", simOpts{reassign: true, noClose: true, longRuns: true, noWithdraw: true, noRenew: true}, "two recovery runs", 200)
 }
 
+// TestOverlappingRunsOracleHasTeeth: a master that runs an "all"
+// recovery at once with another of its kind lets two runs write the same
+// names (the whole-cluster restart of TestEndToEndTreeKillAll, where a
+// B-tree replay undid another's newer image).
+func TestOverlappingRunsOracleHasTeeth(t *testing.T) {
+	expectCaught(t, "overlapping \"all\" runs", simOpts{overlapping: true, stormy: true, longRuns: true}, "run at once and may both write", 200)
+}
+
 // TestTokenOracleHasTeeth: storage that ignores tokens accepts delayed
 // writes from holders whose leases have moved on.
 func TestTokenOracleHasTeeth(t *testing.T) {
@@ -1184,5 +1236,5 @@ func TestTokenOracleHasTeeth(t *testing.T) {
 // recovery reports, before the decree removing the records commits) lets a
 // new master run the recovery again under the next holder.
 func TestRecoveryOrderingHasTeeth(t *testing.T) {
-	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true, noWithdraw: true, noRenew: true}, "recovery of", 100)
+	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true, noWithdraw: true, noRenew: true}, "recovery of", 400)
 }

@@ -112,6 +112,10 @@ type Master struct {
 	// as the assignee's session breaks (while its run may go on), for the
 	// simulator's teeth test only.
 	unsafeReassignOnDisconnect bool
+	// unsafeOverlappingRuns lets recoveries whose names may overlap (an
+	// "all" one and any other of its kind) run at once, for the
+	// simulator's teeth test only.
+	unsafeOverlappingRuns bool
 }
 
 type clerkState struct {
@@ -160,6 +164,11 @@ type recovery struct {
 	wait   bool
 	// reported: an anomaly about it was emitted (once is enough).
 	reported bool
+	// unsettled: a run of it ended without success (it failed, its clerk
+	// died or left, or a run of an older master ended unreported): writes
+	// of that run may still land. Until it succeeds, it runs before any
+	// other recovery of its kind that overlaps it (overlapping).
+	unsettled bool
 }
 
 // NewMaster starts epoch e with the clerk list and the recovery records read
@@ -295,15 +304,12 @@ func (m *Master) Hello(h Hello) []any {
 	// reached us: it is free to be assigned again.
 	for d, r := range m.recov {
 		if _, ok := h.Recovering[d]; !ok && r.assigned != nil && *r.assigned == h.Clerk && !r.forgetting {
-			r.assigned = nil
+			r.assigned, r.unsettled = nil, true
 		}
 	}
 	for d := range m.others { // runs it reported before and no longer runs have ended
 		if _, ok := h.Recovering[d]; !ok {
-			delete(m.others[d], h.Clerk)
-			if len(m.others[d]) == 0 {
-				delete(m.others, d)
-			}
+			m.endOther(d, h.Clerk)
 		}
 	}
 	for d, tok := range h.Recovering {
@@ -419,10 +425,7 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		m.emit(Send{from, RecoveryRenewed{Dead: x.Dead, Old: x.Token, Token: r.token}})
 	case RecoveryDone:
 		if _, ok := m.others[x.Dead][from]; ok {
-			delete(m.others[x.Dead], from)
-			if len(m.others[x.Dead]) == 0 {
-				delete(m.others, x.Dead)
-			}
+			m.endOther(x.Dead, from)
 			m.assignRecoveries()
 		}
 		r := m.recov[x.Dead]
@@ -431,6 +434,7 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		}
 		r.assigned = nil
 		if !x.OK || x.Token != r.token {
+			r.unsettled = true
 			// It failed, or it was a run of an older master that ended
 			// (cancelled): run it again (recovery is idempotent), on
 			// another clerk of the kind if there is one, from the next tick.
@@ -442,6 +446,7 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 			break
 		}
 		m.finishRecovery(x.Dead)
+		m.assignRecoveries() // one that waited for this run (overlapping)
 	}
 	return m.flush()
 }
@@ -541,15 +546,10 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	// an older token than the next run's).
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id {
-			r.assigned = nil
+			r.assigned, r.unsettled = nil, true
 		}
 	}
-	for d := range m.others {
-		delete(m.others[d], id)
-		if len(m.others[d]) == 0 {
-			delete(m.others, d)
-		}
-	}
+	m.endOthers(id)
 	m.checkServing()
 	m.assignRecoveries()
 	m.tryAll()
@@ -573,15 +573,10 @@ func (m *Master) goodbye(id ClerkID, c *clerkState) {
 	}
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id && !r.forgetting {
-			r.assigned = nil
+			r.assigned, r.unsettled = nil, true
 		}
 	}
-	for d := range m.others {
-		delete(m.others[d], id)
-		if len(m.others[d]) == 0 {
-			delete(m.others, d)
-		}
-	}
+	m.endOthers(id)
 	m.emit(Forget{id})
 	m.checkServing()
 	m.assignRecoveries()
@@ -656,6 +651,9 @@ func (m *Master) assignRecoveries() {
 		if r.assigned != nil || r.forgetting || !r.persisted || r.wait || len(m.others[d]) > 0 {
 			continue
 		}
+		if m.overlapping(d, r) {
+			continue
+		}
 		if h, ok := m.conflict(r); ok {
 			if !r.reported { // once per obligation: Tick retries every tick
 				r.reported = true
@@ -697,6 +695,66 @@ func (m *Master) assignRecoveries() {
 		r.assigned, r.token = best, m.nextToken()
 		req.Token = r.token
 		m.emit(Send{*best, req})
+	}
+}
+
+// overlapping reports whether recovery r of dead must wait for another of
+// its kind whose names may overlap its own. Runs of one kind write the
+// same nodes when either is "all" (its names are unknown): a B-tree
+// server's replay reads a node, keeps the newer of its image and the
+// log's, and writes it back, and a run that rewrote an older image
+// after another run of another dead server wrote a newer one, at once,
+// would undo that write (two "all" runs after a whole-cluster restart
+// did: TestEndToEndTreeKillAll). Names-only runs cover disjoint names
+// (two dead clerks never held one name in conflicting modes, and a run
+// writes only what its clerk held exclusively), so they run at once.
+//
+// Such a run waits while an overlapping one is going (assigned here, or
+// reported by a clerk for an older master), and while an overlapping one
+// is unsettled (a run of it ended without success, and its writes may
+// still land, under its dead clerk's fence name, which the other run's
+// writes do not fence out): that one goes first, and its next run's
+// newer token fences its earlier run's writes out wherever they could
+// land. Among unsettled ones the least dead clerk id goes first.
+func (m *Master) overlapping(dead ClerkID, r *recovery) bool {
+	if m.unsafeOverlappingRuns {
+		return false
+	}
+	for d, o := range m.recov {
+		if d == dead || o.forgetting || o.rec.Kind != r.rec.Kind || !(o.rec.All || r.rec.All) {
+			continue
+		}
+		if o.assigned != nil || len(m.others[d]) > 0 {
+			return true
+		}
+		if o.unsettled && (!r.unsettled || d.Less(dead)) {
+			return true
+		}
+	}
+	return false
+}
+
+// endOther: a run an older master started, of dead's recovery, at clerk
+// id, is over (reported done, or no longer reported, or its clerk died or
+// left). Nothing says it succeeded: this master runs the recovery again,
+// and until then its writes may still land (overlapping).
+func (m *Master) endOther(dead, id ClerkID) {
+	if _, ok := m.others[dead][id]; !ok {
+		return
+	}
+	delete(m.others[dead], id)
+	if len(m.others[dead]) == 0 {
+		delete(m.others, dead)
+	}
+	if r := m.recov[dead]; r != nil {
+		r.unsettled = true
+	}
+}
+
+// endOthers: every run at clerk id that an older master started is over.
+func (m *Master) endOthers(id ClerkID) {
+	for d := range m.others {
+		m.endOther(d, id)
 	}
 }
 
