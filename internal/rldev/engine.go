@@ -388,7 +388,16 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 		e.nodes = nodes
 	}
 	if t.Version < e.table.Version {
-		return nil // an older view (a lagging watch)
+		// An older view: a lagging watch, or a linearizable read whose
+		// answer a watch overtook. The table held is newer than the read
+		// saw, so it is as fresh as the read would have made it: without
+		// this, an engine whose first read a watch overtook never became
+		// fresh, and its replicas never served (a node's RLDevs stayed
+		// down after a whole-cluster restart).
+		if !linearizable || e.fresh {
+			return nil
+		}
+		t = e.table
 	}
 	e.table = t
 	if linearizable {

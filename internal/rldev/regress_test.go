@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/lock"
 )
@@ -518,5 +519,44 @@ func TestRegressReplacedDiskOfOnlyCopyServesZeros(t *testing.T) {
 	if rec := h.rec(r.ID); rec.State == Normal {
 		rs := h.rvRead(s, r.ID, 0, 4)
 		t.Errorf("the stale replica was 'resynced' from the blank one and the RLDev is normal; block 0: %d on p, %d on s", rp.Data[0], rs.Data[0])
+	}
+}
+
+// TestFreshAfterOvertakenRead: an engine's first linearizable read of the
+// table can be answered after the watch delivered a newer version (the
+// runtime watches from the start). The engine must count itself fresh
+// then: before the fix it dropped the read's answer as an older view,
+// stayed unfresh, and never proposed anything (its disks unregistered,
+// its replicas never serving) — a node's RLDevs stayed down after a
+// whole-cluster restart in TestEndToEndTreeKillAll.
+func TestFreshAfterOvertakenRead(t *testing.T) {
+	dev := disk.NewMemDevice(64<<20, nil)
+	hdr, _, err := OpenDisk(dev, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(Config{Node: 1, Inc: 1, Disks: []LocalDisk{{Index: 0, Size: dev.Size(), UUID: hdr.UUID, Path: "d"}}})
+	now := time.Unix(1000, 0)
+	env := Env{Now: now, Deadline: now.Add(time.Hour)}
+	table := func(v uint64) *Table {
+		tb, err := DecodeTable(&pb.Namespace{Name: Namespace, Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tb
+	}
+	proposes := func(out []any) bool {
+		for _, o := range out {
+			if _, ok := o.(Propose); ok {
+				return true
+			}
+		}
+		return false
+	}
+	if proposes(e.SetTable(env, table(5), false, nil)) {
+		t.Fatal("an engine proposed from a watched table before any linearizable read")
+	}
+	if !proposes(e.SetTable(env, table(4), true, nil)) {
+		t.Fatal("a linearizable read overtaken by the watch left the engine unfresh: it proposes nothing (its disk stays unregistered)")
 	}
 }

@@ -237,6 +237,14 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 	delete(s.o.fenced, rn.id)
 	s.o.restarted(rn.id)
 	e := rn.e
+	// As the runtime does (rldev.Service): the watch runs from the start,
+	// beside the first linearizable read, so it may deliver a newer table
+	// before the read's answer comes (which then is the older view).
+	rn.watch = append(rn.watch, s.svc.Watch(fn.Proc, Namespace, func(ns *pb.Namespace) {
+		if rn.e == e {
+			s.setTable(rn, ns, false)
+		}
+	}))
 	var first func()
 	first = func() {
 		s.svc.Read(fn.Proc, Namespace, func(ns *pb.Namespace, err error) {
@@ -248,11 +256,6 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 				return
 			}
 			s.setTable(rn, ns, true)
-			rn.watch = append(rn.watch, s.svc.Watch(fn.Proc, Namespace, func(ns *pb.Namespace) {
-				if rn.e == e {
-					s.setTable(rn, ns, false)
-				}
-			}))
 		})
 	}
 	first()
