@@ -1587,13 +1587,16 @@ func (x *LockClerkRecord) GetScope() []string {
 }
 
 type LockRecoveryRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Dead          *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Names         [][]byte               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"` // written by older versions: held exclusive
-	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
-	Leases        []*HeldLease           `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"` // what the dead clerk held, with modes
-	Scope         []string               `protobuf:"bytes,6,rep,name=scope,proto3" json:"scope,omitempty"`   // the dead clerk's scope (see LockClerkRecord)
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Dead   *ClerkId               `protobuf:"bytes,1,opt,name=dead,proto3" json:"dead,omitempty"`
+	Kind   string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Names  [][]byte               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"` // written by older versions: held exclusive
+	All    bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	Leases []*HeldLease           `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"` // what the dead clerk held, with modes
+	Scope  []string               `protobuf:"bytes,6,rep,name=scope,proto3" json:"scope,omitempty"`   // the dead clerk's scope (see LockClerkRecord)
+	// started: a run of it may have been sent, and its writes may land until
+	// a run succeeds (recorded before the first run: Master.overlapping).
+	Started       bool `protobuf:"varint,7,opt,name=started,proto3" json:"started,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1668,6 +1671,13 @@ func (x *LockRecoveryRecord) GetScope() []string {
 		return x.Scope
 	}
 	return nil
+}
+
+func (x *LockRecoveryRecord) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
 }
 
 type HoldRequest struct {
@@ -2215,14 +2225,15 @@ const file_grovepb_lock_proto_rawDesc = "" +
 	"\x0fLockClerkRecord\x12!\n" +
 	"\x02id\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
-	"\x05scope\x18\x03 \x03(\tR\x05scope\"\xba\x01\n" +
+	"\x05scope\x18\x03 \x03(\tR\x05scope\"\xd4\x01\n" +
 	"\x12LockRecoveryRecord\x12%\n" +
 	"\x04dead\x18\x01 \x01(\v2\x11.grove.v1.ClerkIdR\x04dead\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05names\x18\x03 \x03(\fR\x05names\x12\x10\n" +
 	"\x03all\x18\x04 \x01(\bR\x03all\x12+\n" +
 	"\x06leases\x18\x05 \x03(\v2\x13.grove.v1.HeldLeaseR\x06leases\x12\x14\n" +
-	"\x05scope\x18\x06 \x03(\tR\x05scope\"\x80\x01\n" +
+	"\x05scope\x18\x06 \x03(\tR\x05scope\x12\x18\n" +
+	"\astarted\x18\a \x01(\bR\astarted\"\x80\x01\n" +
 	"\vHoldRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12&\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x12.grove.v1.LockModeR\x04mode\x12\x1f\n" +

@@ -140,6 +140,10 @@ type EngineConfig struct {
 	// "all" one and another of its kind) at once. Only for the
 	// simulator's test that its oracle catches it.
 	UnsafeOverlappingRuns bool
+	// UnsafeIgnoreUnsettled runs a recovery while an overlapping one whose
+	// run ended without success may still have writes landing. Only for
+	// the simulator's test that its oracle catches it.
+	UnsafeIgnoreUnsettled bool
 }
 
 // Backoffs of the engine's retries.
@@ -970,6 +974,7 @@ func (e *Engine) Proposed(env Env, id uint64, version uint64, err error) []any {
 	e.m.core.unsafeFreeBeforeForget = e.cfg.UnsafeFreeBeforeForget
 	e.m.core.unsafeReassignOnDisconnect = e.cfg.UnsafeReassignOnDisconnect
 	e.m.core.unsafeOverlappingRuns = e.cfg.UnsafeOverlappingRuns
+	e.m.core.unsafeIgnoreUnsettled = e.cfg.UnsafeIgnoreUnsettled
 	out := []any{Note{levelInfo, "lock master takes over", []any{"epoch", rec.Epoch, "clerks", len(st.Clerks), "recoveries", len(st.Records), "version", version}}}
 	return append(out, e.step(env)...)
 }

@@ -53,6 +53,10 @@ type RecoveryRecord struct {
 	All  bool            // they are unknown: nothing in Scope may be granted until it is done
 	// Scope is the dead clerk's (nil: any name).
 	Scope []string
+	// Started: a run may have been sent (recorded before the first one),
+	// so its writes may land until a run succeeds; a new master takes the
+	// recovery for unsettled (Master.overlapping).
+	Started bool
 }
 
 // Names lists the record's lock names in order.
@@ -116,6 +120,10 @@ type Master struct {
 	// "all" one and any other of its kind) run at once, for the
 	// simulator's teeth test only.
 	unsafeOverlappingRuns bool
+	// unsafeIgnoreUnsettled lets a recovery run while an overlapping one
+	// whose run ended without success may still have writes landing, for
+	// the simulator's teeth test only.
+	unsafeIgnoreUnsettled bool
 }
 
 type clerkState struct {
@@ -169,6 +177,9 @@ type recovery struct {
 	// of that run may still land. Until it succeeds, it runs before any
 	// other recovery of its kind that overlaps it (overlapping).
 	unsettled bool
+	// starting: the record's Started mark is being persisted; no run of it
+	// is sent before, and overlapping ones wait as if it ran.
+	starting bool
 }
 
 // NewMaster starts epoch e with the clerk list and the recovery records read
@@ -180,6 +191,10 @@ func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
 		m.clerks[c.ID] = newClerkState(c)
 	}
 	for _, r := range records {
+		// A Started record's run (an older master's) may have ended
+		// without success, and nothing else tells this master (a Hello
+		// lists only runs still going; a runner declared dead before its
+		// Hello lists none): the record is pending (overlapping).
 		m.recov[r.Dead] = &recovery{rec: r, persisted: true}
 		c := m.clerks[r.Dead]
 		if c == nil {
@@ -488,7 +503,7 @@ func (m *Master) Pending() []any { return m.flush() }
 // Persisted reports that a recovery record's Persist decree committed.
 func (m *Master) Persisted(dead ClerkID) []any {
 	if r := m.recov[dead]; r != nil {
-		r.persisted = true
+		r.persisted, r.starting = true, false
 		m.assignRecoveries()
 	}
 	return m.flush()
@@ -648,7 +663,7 @@ func (m *Master) assignRecoveries() {
 	sort.Slice(deads, func(i, j int) bool { return deads[i].Less(deads[j]) })
 	for _, d := range deads {
 		r := m.recov[d]
-		if r.assigned != nil || r.forgetting || !r.persisted || r.wait || len(m.others[d]) > 0 {
+		if r.assigned != nil || r.forgetting || !r.persisted || r.starting || r.wait || len(m.others[d]) > 0 {
 			continue
 		}
 		if m.overlapping(d, r) {
@@ -692,6 +707,15 @@ func (m *Master) assignRecoveries() {
 				continue
 			}
 		}
+		if r.rec.All && !r.rec.Started && !m.unsafeOverlappingRuns {
+			// Recorded before the first run: a later master must know
+			// that this recovery's writes may land (overlapping: only
+			// "all" runs overlap). It runs once the mark is in
+			// (Persisted).
+			r.rec.Started, r.starting = true, true
+			m.emit(Persist{r.rec})
+			continue
+		}
 		r.assigned, r.token = best, m.nextToken()
 		req.Token = r.token
 		m.emit(Send{*best, req})
@@ -699,40 +723,48 @@ func (m *Master) assignRecoveries() {
 }
 
 // overlapping reports whether recovery r of dead must wait for another of
-// its kind whose names may overlap its own. Runs of one kind write the
-// same nodes when either is "all" (its names are unknown): a B-tree
-// server's replay reads a node, keeps the newer of its image and the
-// log's, and writes it back, and a run that rewrote an older image
-// after another run of another dead server wrote a newer one, at once,
+// its kind whose names may overlap its own: both are "all" (their names
+// are unknown). A B-tree server's replay reads a node, keeps the newer of
+// its image and the log's, and writes it back, so a run that rewrote an
+// older image after another dead server's run wrote a newer one, at once,
 // would undo that write (two "all" runs after a whole-cluster restart
-// did: TestEndToEndTreeKillAll). Names-only runs cover disjoint names
-// (two dead clerks never held one name in conflicting modes, and a run
-// writes only what its clerk held exclusively), so they run at once.
+// did: TestEndToEndTreeKillAll). Other pairs cover disjoint names: two
+// dead clerks never held one name in conflicting modes, a run with names
+// writes only what its clerk held exclusively, and an "all" run excludes
+// every name another clerk of its kind holds, live or dead (excluded).
 //
-// Such a run waits while an overlapping one is going (assigned here, or
-// reported by a clerk for an older master), and while an overlapping one
-// is unsettled (a run of it ended without success, and its writes may
-// still land, under its dead clerk's fence name, which the other run's
-// writes do not fence out): that one goes first, and its next run's
-// newer token fences its earlier run's writes out wherever they could
-// land. Among unsettled ones the least dead clerk id goes first.
+// Such a run waits while an overlapping one is going (assigned here,
+// reported by a clerk for an older master, or its Started mark being
+// persisted), and while an overlapping one is unsettled (a run of it ended
+// without success, or an older master may have sent one: Started; its
+// writes may still land, under its dead clerk's fence name, which the
+// other run's writes do not fence out): that one goes first, and its next
+// run's newer token fences its earlier run's writes out wherever they
+// could land. Among unsettled ones the least dead clerk id goes first
+// (one master never leaves two unsettled: it runs one at a time, and a
+// run's end or the master's death leaves only that one so).
 func (m *Master) overlapping(dead ClerkID, r *recovery) bool {
 	if m.unsafeOverlappingRuns {
 		return false
 	}
 	for d, o := range m.recov {
-		if d == dead || o.forgetting || o.rec.Kind != r.rec.Kind || !(o.rec.All || r.rec.All) {
+		if d == dead || o.forgetting || o.rec.Kind != r.rec.Kind || !o.rec.All || !r.rec.All {
 			continue
 		}
-		if o.assigned != nil || len(m.others[d]) > 0 {
+		if o.assigned != nil || o.starting || len(m.others[d]) > 0 {
 			return true
 		}
-		if o.unsettled && (!r.unsettled || d.Less(dead)) {
+		if o.pending() && (!r.pending() || d.Less(dead)) && !m.unsafeIgnoreUnsettled {
 			return true
 		}
 	}
 	return false
 }
+
+// pending: a run of r may have gone out and not succeeded (its writes
+// may still land): it ended without success, or r is marked Started (by
+// this master, or an older one that may have sent a run).
+func (r *recovery) pending() bool { return r.unsettled || r.rec.Started }
 
 // endOther: a run an older master started, of dead's recovery, at clerk
 // id, is over (reported done, or no longer reported, or its clerk died or

@@ -215,7 +215,7 @@ func TestFailoverRebuild(t *testing.T) {
 	if _, ok := find[Grant](out); ok {
 		t.Fatal("granted with an all-recovery pending")
 	}
-	out = m.Persisted(cC)
+	out = persistAll(m, m.Persisted(cC)) // the record, then its Started mark
 	// A is of another kind: its names are not wal's namespace, nothing to
 	// exclude.
 	if r, ok := find[Recover](sends(out, cB)); !ok || !r.All || len(r.Exclude) != 0 {
@@ -481,7 +481,7 @@ func TestNoRunBeforeRecordAndUnknownRunsWaitedFor(t *testing.T) {
 	if _, ok := find[Recover](out); ok {
 		t.Fatalf("second run started while B reports one: %v", out)
 	}
-	out = m2.Handle(cB, RecoveryDone{cD, false, Token{1, 2}})
+	out = persistAll(m2, m2.Handle(cB, RecoveryDone{cD, false, Token{1, 2}}))
 	if r, ok := find[Recover](out); !ok || r.Token.Epoch != 2 {
 		t.Fatalf("no run after the reported one ended: %v", out)
 	}
@@ -522,7 +522,7 @@ func TestBigRecordBecomesAllAndExclusions(t *testing.T) {
 		t.Fatalf("oversized record not turned into all: %+v", p.Record)
 	}
 	m.Verdict(cB, true) // B dies too, with a named record (b)
-	out := m.Persisted(cA)
+	out := persistAll(m, m.Persisted(cA))
 	r, ok := find[Recover](sends(out, cC))
 	if !ok || !r.All || !reflect.DeepEqual(r.Exclude, []string{"b", "c"}) {
 		t.Fatalf("all-recovery exclusions %v, want [b c] (dead B's and live C's, not D's of another kind): %v", r.Exclude, out)
@@ -678,7 +678,7 @@ func TestAllRecoveryBlocksOnlyItsScope(t *testing.T) {
 	if _, ok := find[Grant](m2.Handle(cA, Acquire{"bt/n/2", Exclusive})); ok {
 		t.Fatal("a new master grants a name in the recorded scope before the recovery")
 	}
-	out = m.Persisted(cC)
+	out = persistAll(m, m.Persisted(cC))
 	r, ok := find[Recover](sends(out, cB))
 	if !ok {
 		t.Fatalf("all-recovery not sent: %v", out)

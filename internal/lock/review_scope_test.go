@@ -59,6 +59,10 @@ func TestReviewScopeNoInScopeGrantOnAnyPath(t *testing.T) {
 	noGrant(t, "tick", append(func() []any { m.Tick(); return nil }(), m.Pending()...))
 	out := m.Persisted(cD)
 	noGrant(t, "persisted", out)
+	if p, ok := find[Persist](out); ok && p.Record.Started {
+		out = m.Persisted(cD) // the Started mark goes in before the run
+		noGrant(t, "started mark persisted", out)
+	}
 	r, ok := find[Recover](sends(out, cC))
 	if !ok || !r.All {
 		t.Fatalf("all-recovery not assigned: %v", out)

@@ -803,7 +803,7 @@ func listView(m *Master, rec MasterRecord) *pb.ListResponse {
 		out.Clerks = append(out.Clerks, &pb.ClerkEntry{Id: ClerkIDToPB(c.Info.ID), Kind: c.Info.Kind, Connected: c.Connected, Dead: c.Dead, Held: uint32(c.Held)})
 	}
 	for _, r := range m.Recoveries() {
-		rr := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All}
+		rr := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All, Started: r.Started}
 		for _, n := range r.Names() {
 			rr.Leases = append(rr.Leases, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(r.Held[n])})
 		}

@@ -73,7 +73,7 @@ func DecodeState(ns *pb.Namespace) (*State, error) {
 			if err != nil {
 				return nil, err
 			}
-			rec := RecoveryRecord{Dead: id, Kind: r.Kind, All: r.All, Held: map[string]Mode{}, Scope: r.Scope}
+			rec := RecoveryRecord{Dead: id, Kind: r.Kind, All: r.All, Held: map[string]Mode{}, Scope: r.Scope, Started: r.Started}
 			for _, n := range r.Names { // older records: names only, taken as exclusive
 				rec.Held[string(n)] = Exclusive
 			}
@@ -144,7 +144,7 @@ func masterOps(ns *pb.Namespace, epoch Epoch, ops func() []*pb.Op) ([]*pb.Op, er
 // persistOps records a recovery obligation.
 func persistOps(ns *pb.Namespace, epoch Epoch, r RecoveryRecord) ([]*pb.Op, error) {
 	return masterOps(ns, epoch, func() []*pb.Op {
-		rec := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All, Scope: r.Scope}
+		rec := &pb.LockRecoveryRecord{Dead: ClerkIDToPB(r.Dead), Kind: r.Kind, All: r.All, Scope: r.Scope, Started: r.Started}
 		for _, n := range r.Names() {
 			rec.Leases = append(rec.Leases, &pb.HeldLease{Name: []byte(n), Mode: modeToPB(r.Held[n])})
 		}
