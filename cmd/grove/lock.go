@@ -460,7 +460,7 @@ func lockListDoc(r *pb.ListResponse) *cli.Doc {
 	}
 	recs := append([]*pb.LockRecoveryRecord{}, r.Recoveries...)
 	sort.Slice(recs, func(i, j int) bool { return lessClerk(recs[i].Dead, recs[j].Dead) })
-	rt := d.Table("recoveries", "DEAD", "KIND", "ALL", "NAMES")
+	rt := d.Table("recoveries", "DEAD", "KIND", "ALL", "STARTED", "NAMES")
 	for _, rc := range recs {
 		names := []string{}
 		for _, n := range rc.Names {
@@ -470,7 +470,7 @@ func lockListDoc(r *pb.ListResponse) *cli.Doc {
 			names = append(names, string(l.Name))
 		}
 		sort.Strings(names)
-		rt.Row(clerkString(rc.Dead), rc.Kind, rc.All, cli.C(fmt.Sprintf("%q", names), names))
+		rt.Row(clerkString(rc.Dead), rc.Kind, rc.All, rc.Started, cli.C(fmt.Sprintf("%q", names), names))
 	}
 	return d
 }

@@ -331,6 +331,7 @@ func (m *Master) Hello(h Hello) []any {
 		if r := m.recov[d]; r != nil && (r.assigned == nil || *r.assigned == h.Clerk) && !r.forgetting {
 			id := h.Clerk
 			r.assigned, r.token = &id, tok
+			m.markStarted(r) // an older master's run, maybe of an older version
 			continue
 		}
 		if r := m.recov[d]; r != nil && r.assigned != nil && *r.assigned == h.Clerk {
@@ -342,6 +343,9 @@ func (m *Master) Hello(h Hello) []any {
 			m.others[d] = map[ClerkID]Token{}
 		}
 		m.others[d][h.Clerk] = tok
+		if r := m.recov[d]; r != nil && !r.forgetting {
+			m.markStarted(r)
+		}
 	}
 	c.connected, c.reported = true, true
 	m.emit(Send{h.Clerk, Welcome{Epoch: m.epoch}})
@@ -728,10 +732,13 @@ func (m *Master) assignRecoveries() {
 // its image and the log's, and writes it back, so a run that rewrote an
 // older image after another dead server's run wrote a newer one, at once,
 // would undo that write (two "all" runs after a whole-cluster restart
-// did: TestEndToEndTreeKillAll). Other pairs cover disjoint names: two
-// dead clerks never held one name in conflicting modes, a run with names
-// writes only what its clerk held exclusively, and an "all" run excludes
-// every name another clerk of its kind holds, live or dead (excluded).
+// did: TestEndToEndTreeKillAll). Other pairs cover disjoint names, or
+// write the same image: two dead clerks never held one name in conflicting
+// modes; two runs with names may share a name both clerks held shared,
+// and both then rewrite the node's current image (a B-tree server writes a
+// node back before it gives its lease up, so neither log holds a newer
+// one); and an "all" run excludes every name another clerk of its kind
+// holds, live or dead (excluded).
 //
 // Such a run waits while an overlapping one is going (assigned here,
 // reported by a clerk for an older master, or its Started mark being
@@ -759,6 +766,18 @@ func (m *Master) overlapping(dead ClerkID, r *recovery) bool {
 		}
 	}
 	return false
+}
+
+// markStarted records that a run of "all" recovery r may have gone out,
+// when this master learns of one it did not send (a clerk reports it): an
+// older master, maybe of a version without the mark, sent it, and a later
+// master must know it even if this one never assigns r (outside review 14).
+func (m *Master) markStarted(r *recovery) {
+	if !r.rec.All || r.rec.Started {
+		return
+	}
+	r.rec.Started, r.starting = true, true
+	m.emit(Persist{r.rec})
 }
 
 // pending: a run of r may have gone out and not succeeded (its writes

@@ -118,8 +118,8 @@ func TestReviewOverlapRunnerDiesBeforeHello(t *testing.T) {
 	// died: D is unsettled and runs first.
 	ctl := NewMaster(1, clerks, []RecoveryRecord{recD, recA})
 	ctl.Hello(Hello{Clerk: cB, Kind: "wal", Epoch: 1})
-	ctl.Hello(Hello{Clerk: cC, Kind: "wal", Epoch: 1, Recovering: map[ClerkID]Token{cD: {1, 1}}}) // C runs D's
-	out := ctl.Verdict(cC, true)
+	hout := ctl.Hello(Hello{Clerk: cC, Kind: "wal", Epoch: 1, Recovering: map[ClerkID]Token{cD: {1, 1}}}) // C runs D's (its mark goes in)
+	out := append(hout, ctl.Verdict(cC, true)...)
 	out = persistAll(ctl, append(out, ctl.Persisted(cC)...))
 	if r, ok := find[Recover](sends(out, cB)); !ok || r.Dead != cD {
 		t.Fatalf("control: after the runner's death epoch 1 runs %+v (ok=%v), want D", r, ok)
