@@ -1031,7 +1031,10 @@ type ForwardCall struct {
 	//	*ForwardCall_Range
 	//	*ForwardCall_Put
 	//	*ForwardCall_DeleteRange
-	Op            isForwardCall_Op `protobuf_oneof:"op"`
+	Op isForwardCall_Op `protobuf_oneof:"op"`
+	// cancel: the caller gave up on call id, sent before on this stream
+	// (no op): the home cancels it if it still runs, and answers nothing.
+	Cancel        bool `protobuf:"varint,6,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1112,6 +1115,13 @@ func (x *ForwardCall) GetDeleteRange() *DeleteRangeRequest {
 		}
 	}
 	return nil
+}
+
+func (x *ForwardCall) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
 }
 
 type isForwardCall_Op interface {
@@ -1493,14 +1503,15 @@ const file_etcdpb_kv_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1c.etcdserverpb.ResponseHeaderR\x06header\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
 	"\adb_size\x18\x03 \x01(\x03R\x06dbSize\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\x04R\x06leader\"\xeb\x01\n" +
+	"\x06leader\x18\x04 \x01(\x04R\x06leader\"\x83\x02\n" +
 	"\vForwardCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
 	"\n" +
 	"timeout_us\x18\x02 \x01(\x03R\ttimeoutUs\x122\n" +
 	"\x05range\x18\x03 \x01(\v2\x1a.etcdserverpb.RangeRequestH\x00R\x05range\x12,\n" +
 	"\x03put\x18\x04 \x01(\v2\x18.etcdserverpb.PutRequestH\x00R\x03put\x12E\n" +
-	"\fdelete_range\x18\x05 \x01(\v2 .etcdserverpb.DeleteRangeRequestH\x00R\vdeleteRangeB\x04\n" +
+	"\fdelete_range\x18\x05 \x01(\v2 .etcdserverpb.DeleteRangeRequestH\x00R\vdeleteRange\x12\x16\n" +
+	"\x06cancel\x18\x06 \x01(\bR\x06cancelB\x04\n" +
 	"\x02op\"\x89\x02\n" +
 	"\rForwardAnswer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +

@@ -68,6 +68,18 @@ type EtcdKV struct {
 	// Calls this node forwarded (answered by the home, or lost) and
 	// served for other nodes.
 	forwardedOut, forwardedIn atomic.Uint64
+	// Forwarded calls whose caller gave up: cancellations this node sent,
+	// and calls it stopped as the home on such a cancellation.
+	cancelSent, forwardCancelled atomic.Uint64
+	// testServeHook, in tests, runs before a forwarded call is served.
+	testServeHook atomic.Pointer[func(context.Context)]
+}
+
+// CancelStats counts forwarded calls given up by their callers: the
+// cancellations this node sent to a home, and the calls it stopped as the
+// home.
+func (e *EtcdKV) CancelStats() (sent, stopped uint64) {
+	return e.cancelSent.Load(), e.forwardCancelled.Load()
 }
 
 // ForwardStats are the endpoint's forwarding counts: calls this node
@@ -163,7 +175,7 @@ func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 	defer e.mu.Unlock()
 	l := e.links[addr]
 	if l == nil || l.cc != cc {
-		l = &forwardLink{cc: cc, close: e.closing, sent: &e.forwardedOut}
+		l = &forwardLink{cc: cc, close: e.closing, sent: &e.forwardedOut, cancelled: &e.cancelSent}
 		e.links[addr] = l
 		for a, old := range e.links { // one tree, one home: a former home's stream goes
 			if a != addr {

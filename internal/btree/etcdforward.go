@@ -41,6 +41,9 @@ type forwardLink struct {
 	mu     sync.Mutex
 	stream *forwardStream // nil: none open
 	sent   *atomic.Uint64 // the endpoint's count
+	// cancelled counts the cancellations sent (the endpoint's; nil: none
+	// kept).
+	cancelled *atomic.Uint64
 }
 
 // forwardStream is one open stream and the calls waiting on it.
@@ -179,6 +182,10 @@ func (fs *forwardStream) send(done <-chan struct{}) {
 		for _, c := range calls {
 			w, ok := fs.waits[c.Id]
 			switch {
+			case c.Cancel:
+				// (If its call was dropped here unsent, the home knows
+				// no such call and ignores it.)
+				live = append(live, c)
 			case !ok:
 			case w.deadline.IsZero():
 				live = append(live, c)
@@ -280,8 +287,19 @@ func (l *forwardLink) call(ctx context.Context, self uint64, c *etcdpb.ForwardCa
 		return r.ans, nil
 	case <-ctx.Done():
 		fs.mu.Lock()
+		_, waiting := fs.waits[c.Id]
 		delete(fs.waits, c.Id)
+		broken := fs.err != nil
 		fs.mu.Unlock()
+		if waiting && !broken {
+			// The home stops the call (it would run to its own deadline,
+			// or the home's operation timeout, for nobody): sent after
+			// the call on the same stream, so it never arrives first.
+			fs.out.put(&etcdpb.ForwardCall{Id: c.Id, Cancel: true})
+			if l.cancelled != nil {
+				l.cancelled.Add(1)
+			}
+		}
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
@@ -317,22 +335,44 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 		close(done)
 		<-sent
 	}()
+	// The calls running, by id, for the caller's cancellations.
+	var runMu sync.Mutex
+	running := map[uint64]context.CancelFunc{}
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			return nil
 		}
 		for _, c := range m.Calls {
+			if c.Cancel {
+				runMu.Lock()
+				if stop := running[c.Id]; stop != nil {
+					stop()
+					e.forwardCancelled.Add(1)
+				}
+				runMu.Unlock()
+				continue
+			}
 			wg.Add(1)
 			e.forwardedIn.Add(1)
+			cctx, cancel := context.WithCancel(ctx)
+			if c.TimeoutUs > 0 {
+				cctx, cancel = context.WithTimeout(ctx, time.Duration(c.TimeoutUs)*time.Microsecond)
+			}
+			runMu.Lock()
+			running[c.Id] = cancel
+			runMu.Unlock()
 			go func() {
 				defer wg.Done()
-				cctx, cancel := ctx, context.CancelFunc(func() {})
-				if c.TimeoutUs > 0 {
-					cctx, cancel = context.WithTimeout(ctx, time.Duration(c.TimeoutUs)*time.Microsecond)
-				}
 				ans := e.serveForwarded(cctx, c)
+				runMu.Lock()
+				delete(running, c.Id)
+				runMu.Unlock()
+				cancelled := cctx.Err() == context.Canceled && ctx.Err() == nil
 				cancel()
+				if cancelled {
+					return // its caller gave up: nobody reads an answer
+				}
 				ans.Id = c.Id
 				if proto.Size(ans) > forwardAnswerMax {
 					ans.Result = &etcdpb.ForwardAnswer_Error{Error: &etcdpb.ForwardError{Code: uint32(codes.ResourceExhausted),
@@ -347,6 +387,9 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 // serveForwarded runs one forwarded call here (ctx carries the forwarded
 // mark: it is not forwarded again).
 func (e *EtcdKV) serveForwarded(ctx context.Context, c *etcdpb.ForwardCall) *etcdpb.ForwardAnswer {
+	if h := e.testServeHook.Load(); h != nil {
+		(*h)(ctx)
+	}
 	var err error
 	ans := &etcdpb.ForwardAnswer{}
 	switch op := c.Op.(type) {

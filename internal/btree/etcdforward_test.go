@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/grovestore/grove/api/etcdpb"
 	"github.com/grovestore/grove/internal/btree"
@@ -99,4 +101,46 @@ func TestEtcdForwardStream(t *testing.T) {
 		t.Fatal("a put of an empty key succeeded")
 	}
 	t.Logf("the home (node %d) served %d forwarded calls", home, in1-in0)
+
+	// A caller that gives up stops its call at the home: the cancellation
+	// follows the call on the stream (the call would otherwise run to the
+	// home's operation timeout for nobody).
+	ended := make(chan error, 1)
+	var once sync.Once
+	homeKV := tc.c.Nodes[home-1].Etcd()
+	homeKV.SetForwardServeHookForTest(func(ctx context.Context) {
+		once.Do(func() {
+			select {
+			case <-ctx.Done():
+				ended <- ctx.Err()
+			case <-time.After(20 * time.Second):
+				ended <- fmt.Errorf("not stopped in 20 s")
+			}
+		})
+	})
+	defer homeKV.SetForwardServeHookForTest(nil)
+	sent0, _ := tc.c.Nodes[home%3].Etcd().CancelStats()
+	_, stopped0 := homeKV.CancelStats()
+	cctx, ccancel := context.WithCancel(ctx)
+	time.AfterFunc(200*time.Millisecond, ccancel)
+	if _, err := other.Range(cctx, &etcdpb.RangeRequest{Key: []byte("warm")}); status.Code(err) != codes.Canceled {
+		t.Fatalf("a cancelled forwarded range: %v", err)
+	}
+	select {
+	case err := <-ended:
+		if err != context.Canceled {
+			t.Fatalf("the home's call ended with %v, want its caller's cancellation", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the home's call never ended")
+	}
+	sent1, _ := tc.c.Nodes[home%3].Etcd().CancelStats()
+	_, stopped1 := homeKV.CancelStats()
+	if sent1-sent0 != 1 || stopped1-stopped0 != 1 {
+		t.Fatalf("cancellations: node %d sent %d, the home stopped %d; want 1 and 1", home%3+1, sent1-sent0, stopped1-stopped0)
+	}
+	// The stream goes on serving.
+	if _, err := other.Range(ctx, &etcdpb.RangeRequest{Key: []byte("warm")}); err != nil {
+		t.Fatalf("a range after a cancelled one: %v", err)
+	}
 }

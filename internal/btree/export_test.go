@@ -25,3 +25,13 @@ func SetWriteBackParallelForTest(n int) (undo func()) {
 	writeBackParallel = n
 	return func() { writeBackParallel = old }
 }
+
+// SetForwardServeHookForTest runs f before each forwarded call this
+// endpoint serves as the home (nil: none).
+func (e *EtcdKV) SetForwardServeHookForTest(f func(ctx context.Context)) {
+	if f == nil {
+		e.testServeHook.Store(nil)
+		return
+	}
+	e.testServeHook.Store(&f)
+}
