@@ -333,20 +333,8 @@ func (o *oracle) runStart(r *simRun) {
 	o.runCheck(r)
 }
 
-// runCover is what a run may write: the names it names, or for an "all"
-// run every name but those it excludes.
-func runCover(q lock.Recover) []string {
-	if !q.All {
-		return q.Names
-	}
-	var out []string
-	for _, n := range lockNames {
-		if !slices.Contains(q.Exclude, n) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
+// runCover is what a run may write.
+func runCover(q lock.Recover) []string { return lock.RunCover(q, lockNames) }
 
 // overlap returns a name in both a and b.
 func overlap(a, b []string) (string, bool) {

@@ -72,12 +72,17 @@ func (w *m14World) fail(f string, a ...any) {
 	}
 }
 
-func m14Cover(q Recover) []string {
+func m14Cover(q Recover) []string { return RunCover(q, m14Names) }
+
+// RunCover is what a recovery run may write, of the names all: the names
+// it names, or for an "all" run every name but those it excludes (the
+// lock simulator's oracle uses it too).
+func RunCover(q Recover, all []string) []string {
 	if !q.All {
 		return q.Names
 	}
 	var out []string
-	for _, n := range m14Names {
+	for _, n := range all {
 		if !slices.Contains(q.Exclude, n) {
 			out = append(out, n)
 		}
