@@ -266,39 +266,22 @@ func (o *oracle) runStart(r *simRun) {
 	// Runs of two dead clerks of one kind write disjoint names unless
 	// one is "all": a B-tree replay rewrites every node its log names
 	// (the newer of the chunk's image and the log's), so two such runs at
-	// once can undo each other's writes.
-	for od, rs := range o.runs {
-		if od == d || o.kinds[od] != o.kinds[d] {
-			continue
-		}
-		for _, other := range rs {
-			if !o.alive(other.clerk) || !(other.req.All || r.req.All) {
-				continue
-			}
-			if n, ok := overlap(runCover(other.req), runCover(r.req)); ok {
-				o.fail("recoveries of %s (all=%v, at %s) and %s (all=%v, at %s) run at once and may both write %s", od, other.req.All, other.clerk, d, r.req.All, r.clerk, n)
-			}
-		}
-	}
-	// Sound version: any run of another dead clerk of the kind (ended, or
-	// at a dead clerk) whose write may still land on a name this run may
-	// write (a B-tree replay's stray write is fenced only under its own
-	// dead server's fence name).
+	// once can undo each other's writes; and a write of another dead
+	// clerk's run that ended without success may still land (it is fenced
+	// only under its own dead clerk's name) until a later run of that
+	// clerk succeeds (its newer token fences it wherever it could land).
 	for _, other := range o.allRuns {
 		od := other.req.Dead
 		if od == d || o.kinds[od] != o.kinds[d] || !(other.req.All || r.req.All) {
 			continue
 		}
-		if other.ok || (!other.ended && o.alive(other.clerk)) {
-			continue // succeeded (the real replay awaits or fences every write), or still running (the old check)
-		}
-		superseded := false
-		for _, x := range o.allRuns {
-			if x.req.Dead == od && x.ok && other.req.Token.Less(x.req.Token) {
-				superseded = true // a later run of od succeeded: its newer token, awaited where od's stray writes land, fences them
+		if !other.ended && o.alive(other.clerk) { // going
+			if n, ok := overlap(runCover(other.req), runCover(r.req)); ok {
+				o.fail("recoveries of %s (all=%v, at %s) and %s (all=%v, at %s) run at once and may both write %s", od, other.req.All, other.clerk, d, r.req.All, r.clerk, n)
 			}
+			continue
 		}
-		if superseded {
+		if other.ok || o.superseded(other) {
 			continue
 		}
 		for n, k := range other.inflight {
@@ -331,6 +314,16 @@ func (o *oracle) runStart(r *simRun) {
 		r.gen[n] = o.gen[n]
 	}
 	o.runCheck(r)
+}
+
+// superseded: a later run of the same dead clerk succeeded.
+func (o *oracle) superseded(r *simRun) bool {
+	for _, x := range o.allRuns {
+		if x.req.Dead == r.req.Dead && x.ok && r.req.Token.Less(x.req.Token) {
+			return true
+		}
+	}
+	return false
 }
 
 // runCover is what a run may write.

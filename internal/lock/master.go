@@ -55,7 +55,8 @@ type RecoveryRecord struct {
 	Scope []string
 	// Started: a run may have been sent (recorded before the first one),
 	// so its writes may land until a run succeeds; a new master takes the
-	// recovery for unsettled (Master.overlapping).
+	// recovery for one that may still have writes landing
+	// (Master.overlapping).
 	Started bool
 }
 
@@ -172,11 +173,6 @@ type recovery struct {
 	wait   bool
 	// reported: an anomaly about it was emitted (once is enough).
 	reported bool
-	// unsettled: a run of it ended without success (it failed, its clerk
-	// died or left, or a run of an older master ended unreported): writes
-	// of that run may still land. Until it succeeds, it runs before any
-	// other recovery of its kind that overlaps it (overlapping).
-	unsettled bool
 	// starting: the record's Started mark is being persisted; no run of it
 	// is sent before, and overlapping ones wait as if it ran.
 	starting bool
@@ -194,7 +190,7 @@ func NewMaster(e Epoch, clerks []ClerkInfo, records []RecoveryRecord) *Master {
 		// A Started record's run (an older master's) may have ended
 		// without success, and nothing else tells this master (a Hello
 		// lists only runs still going; a runner declared dead before its
-		// Hello lists none): the record is pending (overlapping).
+		// Hello lists none): its Started mark makes it go first (overlapping).
 		m.recov[r.Dead] = &recovery{rec: r, persisted: true}
 		c := m.clerks[r.Dead]
 		if c == nil {
@@ -319,7 +315,7 @@ func (m *Master) Hello(h Hello) []any {
 	// reached us: it is free to be assigned again.
 	for d, r := range m.recov {
 		if _, ok := h.Recovering[d]; !ok && r.assigned != nil && *r.assigned == h.Clerk && !r.forgetting {
-			r.assigned, r.unsettled = nil, true
+			r.assigned = nil
 		}
 	}
 	for d := range m.others { // runs it reported before and no longer runs have ended
@@ -453,7 +449,6 @@ func (m *Master) Handle(from ClerkID, msg any) []any {
 		}
 		r.assigned = nil
 		if !x.OK || x.Token != r.token {
-			r.unsettled = true
 			// It failed, or it was a run of an older master that ended
 			// (cancelled): run it again (recovery is idempotent), on
 			// another clerk of the kind if there is one, from the next tick.
@@ -565,7 +560,7 @@ func (m *Master) Verdict(id ClerkID, dead bool) []any {
 	// an older token than the next run's).
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id {
-			r.assigned, r.unsettled = nil, true
+			r.assigned = nil
 		}
 	}
 	m.endOthers(id)
@@ -592,7 +587,7 @@ func (m *Master) goodbye(id ClerkID, c *clerkState) {
 	}
 	for _, r := range m.recov {
 		if r.assigned != nil && *r.assigned == id && !r.forgetting {
-			r.assigned, r.unsettled = nil, true
+			r.assigned = nil
 		}
 	}
 	m.endOthers(id)
@@ -742,14 +737,15 @@ func (m *Master) assignRecoveries() {
 //
 // Such a run waits while an overlapping one is going (assigned here,
 // reported by a clerk for an older master, or its Started mark being
-// persisted), and while an overlapping one is unsettled (a run of it ended
-// without success, or an older master may have sent one: Started; its
+// persisted), and while an overlapping one is Started (a run of it may
+// have gone out, from this master or an older one, and not succeeded: its
 // writes may still land, under its dead clerk's fence name, which the
-// other run's writes do not fence out): that one goes first, and its next
+// other run's writes do not fence out; every run of an "all" recovery,
+// sent or adopted, is marked first): that one goes first, and its next
 // run's newer token fences its earlier run's writes out wherever they
-// could land. Among unsettled ones the least dead clerk id goes first
-// (one master never leaves two unsettled: it runs one at a time, and a
-// run's end or the master's death leaves only that one so).
+// could land. Among Started ones the least dead clerk id goes first (one
+// master never leaves two Started: it starts one at a time, and keeps the
+// mark until the run succeeds and the record is forgotten).
 func (m *Master) overlapping(dead ClerkID, r *recovery) bool {
 	if m.unsafeOverlappingRuns {
 		return false
@@ -761,7 +757,7 @@ func (m *Master) overlapping(dead ClerkID, r *recovery) bool {
 		if o.assigned != nil || o.starting || len(m.others[d]) > 0 {
 			return true
 		}
-		if o.pending() && (!r.pending() || d.Less(dead)) && !m.unsafeIgnoreUnsettled {
+		if o.rec.Started && (!r.rec.Started || d.Less(dead)) && !m.unsafeIgnoreUnsettled {
 			return true
 		}
 	}
@@ -780,15 +776,11 @@ func (m *Master) markStarted(r *recovery) {
 	m.emit(Persist{r.rec})
 }
 
-// pending: a run of r may have gone out and not succeeded (its writes
-// may still land): it ended without success, or r is marked Started (by
-// this master, or an older one that may have sent a run).
-func (r *recovery) pending() bool { return r.unsettled || r.rec.Started }
-
 // endOther: a run an older master started, of dead's recovery, at clerk
 // id, is over (reported done, or no longer reported, or its clerk died or
 // left). Nothing says it succeeded: this master runs the recovery again,
-// and until then its writes may still land (overlapping).
+// and until then its writes may still land (the record is Started:
+// markStarted when the run was reported).
 func (m *Master) endOther(dead, id ClerkID) {
 	if _, ok := m.others[dead][id]; !ok {
 		return
@@ -796,9 +788,6 @@ func (m *Master) endOther(dead, id ClerkID) {
 	delete(m.others[dead], id)
 	if len(m.others[dead]) == 0 {
 		delete(m.others, dead)
-	}
-	if r := m.recov[dead]; r != nil {
-		r.unsettled = true
 	}
 }
 
