@@ -781,6 +781,14 @@ func (e *Engine) Tick(env Env) []any {
 	}
 	if env.Now.Sub(e.lastRetry) >= e.cfg.RetryEvery {
 		e.lastRetry = env.Now
+		if !e.fresh && env.alive() {
+			// Ask again until a linearizable read arrives: the runtime's
+			// read for this engine may be lost (one begun for an earlier
+			// incarnation holds the runtime's only slot, and its answer
+			// goes to that incarnation), and nothing else asks while the
+			// engine is not fresh (outside review 15).
+			out = append(out, Refresh{})
+		}
 		for _, r := range e.replicas() {
 			out = append(out, r.retry(env)...)
 		}

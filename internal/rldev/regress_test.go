@@ -560,3 +560,39 @@ func TestFreshAfterOvertakenRead(t *testing.T) {
 		t.Fatal("a linearizable read overtaken by the watch left the engine unfresh: it proposes nothing (its disk stays unregistered)")
 	}
 }
+
+// TestUnfreshEngineAsksAgain: an engine that has seen no linearizable read
+// asks for one on its ticks (every RetryEvery) until it has: the runtime's
+// first read for it can be lost (a read in flight for the previous
+// incarnation holds the runtime's one refresh slot), and nothing else asks
+// while it is not fresh.
+func TestUnfreshEngineAsksAgain(t *testing.T) {
+	e := NewEngine(Config{Node: 1, Inc: 1})
+	now := time.Unix(1000, 0)
+	env := func() Env { return Env{Now: now, Deadline: now.Add(time.Hour)} }
+	table := func(v uint64) *Table {
+		tb, err := DecodeTable(&pb.Namespace{Name: Namespace, Version: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tb
+	}
+	asks := func(out []any) bool {
+		for _, o := range out {
+			if _, ok := o.(Refresh); ok {
+				return true
+			}
+		}
+		return false
+	}
+	e.SetTable(env(), table(3), false, nil) // the watch only
+	now = now.Add(time.Minute)
+	if !asks(e.Tick(env())) {
+		t.Fatal("an engine without a linearizable read does not ask for one on its tick")
+	}
+	e.SetTable(env(), table(3), true, nil)
+	now = now.Add(time.Minute)
+	if asks(e.Tick(env())) {
+		t.Fatal("a fresh engine asks for reads on its ticks")
+	}
+}
