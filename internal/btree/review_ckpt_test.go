@@ -198,7 +198,7 @@ func TestReviewCheckpointOutrunsCommitPublish(t *testing.T) {
 
 	// The server dies now (nothing more is written back); another server
 	// replays its log under a newer token, for every lease it held.
-	rep, err := ReplayDead(ctx, dev.simDevice, lock.Recovery{Dead: lock.ClerkID{Node: 1}, Names: []string{LockName(ah), LockName(rh)},
+	rep, err := ReplayDead(ctx, dev.simDevice, lock.Recovery{Dead: lock.ClerkID{Node: 1}, Names: []string{LockName(ah), LockName(rh), txn.LockName(LogName(1))},
 		Token: lock.Token{Epoch: 2, Seq: 1}}, chunks)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -404,6 +405,10 @@ func (s *Server) renewFence(ctx context.Context) error { return s.fence.renew(ct
 // server's log before the dead server's leases are freed.
 func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 	name := LogName(r.Dead.Node)
+	if !runCovers(r, txn.LockName(name)) {
+		s.log.Info("a dead B-tree server did not hold its log's lock: nothing to replay", "dead", r.Dead, "all", r.All)
+		return nil
+	}
 	e, err := txn.LookupLog(ctx, s.cfg.Meta, name)
 	if errors.Is(err, txn.ErrNoLog) {
 		return nil // it died before it made its log: it changed nothing
@@ -430,8 +435,24 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 // and the replay touches only node locks, which are in it), and only over an
 // older version of the node: the dead server's log may hold images of a
 // node it gave up long ago, which other servers have changed since.
+//
+// The log is one per node, shared by its incarnations; it is the dead
+// server's only if the run covers the log's lock (r.Names holds it, or r.All
+// and r.Exclude does not). Otherwise another clerk holds that lock: an
+// older incarnation of the node that died holding it (its own run replays
+// the log) or a newer one that has opened the log since. The dead server
+// then wrote no record in the log (a server writes it only under its lock,
+// which it holds until it dies), and a replay would read records another
+// run is replaying, fence the log under a new token and truncate it under
+// that run — which then finds nothing to redo, and the changes it protects
+// are lost (TestEndToEndTreeLinearizable found it: a new lock master ran an
+// "all" recovery of an incarnation that died waiting for its log next to
+// the names recovery of the one before). Such a run has nothing to do.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
 	node := r.Dead.Node
+	if !runCovers(r, txn.LockName(LogName(node))) {
+		return txn.Report{}, nil
+	}
 	fence := rldev.Fence{Name: FenceLock(node), Token: r.Token}
 	names := map[string]bool{}
 	for _, n := range r.Names {
@@ -459,6 +480,14 @@ func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// server's next incarnation writes the log after this run, under a
 	// newer token of the log's lock.
 	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token}, a, txn.Unsafe{})
+}
+
+// runCovers says whether recovery run r may touch what lock name protects.
+func runCovers(r lock.Recovery, name string) bool {
+	if r.All {
+		return !slices.Contains(r.Exclude, name)
+	}
+	return slices.Contains(r.Names, name)
 }
 
 // replayWriteAttempts bounds the attempts of one replayed node write whose

@@ -21,6 +21,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc/status"
 
+	"github.com/grovestore/grove/internal/btree/lincheck"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
@@ -322,152 +323,13 @@ func (w *simWorld) kill(s *simServer) {
 
 // ---- the oracle: a map of keys, with scans and counts
 
-type kvIn struct {
-	kind    string // get put del scan count
-	key     string
-	val     string
-	cond    CondKind
-	eq      string
-	from    string
-	to      string // "" : no end
-	limit   int
-	reverse bool
-}
+type (
+	kvIn    = lincheck.In
+	kvOut   = lincheck.Out
+	history = lincheck.History
+)
 
-type kvOut struct {
-	unknown bool
-	applied bool
-	found   bool
-	prev    string
-	val     string
-	keys    []string
-	vals    []string
-	lo, hi  string
-	hiInf   bool
-	more    bool
-	count   int
-}
-
-func decodeState(s string) map[string]string {
-	m := map[string]string{}
-	if s == "" {
-		return m
-	}
-	for _, kv := range strings.Split(s, ";") {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
-}
-
-func encodeState(m map[string]string) string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	var b strings.Builder
-	for i, k := range ks {
-		if i > 0 {
-			b.WriteByte(';')
-		}
-		b.WriteString(k + "=" + m[k])
-	}
-	return b.String()
-}
-
-func inSpan(k, from, to string) bool { return k >= from && (to == "" || k < to) }
-
-var kvModel = porcupine.Model{
-	Init: func() interface{} { return "" },
-	Step: func(state, input, output interface{}) (bool, interface{}) {
-		st := decodeState(state.(string))
-		in, out := input.(kvIn), output.(kvOut)
-		cur, found := st[in.key]
-		switch in.kind {
-		case "get":
-			return out.found == found && (!found || out.val == cur), state
-		case "put", "del":
-			c := Cond{Kind: in.cond, Value: []byte(in.eq)}
-			if in.kind == "del" && c.Kind == Always {
-				c.Kind = IfExists
-			}
-			holds := c.holds(found, []byte(cur))
-			if !out.unknown && (out.applied != holds || out.found != found || found && out.prev != cur) {
-				return false, state
-			}
-			if holds {
-				if in.kind == "put" {
-					st[in.key] = in.val
-				} else {
-					delete(st, in.key)
-				}
-				return true, encodeState(st)
-			}
-			return true, state
-		case "count":
-			n := 0
-			for k := range st {
-				if inSpan(k, in.from, in.to) {
-					n++
-				}
-			}
-			return out.count == n, state
-		case "scan":
-			// The page holds exactly the entries in [lo, hi), within the
-			// span, no more than the limit, and all of the span if !more.
-			if out.lo < in.from || in.to != "" && (out.hiInf || out.hi > in.to) {
-				return false, state
-			}
-			if !out.more && (out.lo != in.from || out.hiInf != (in.to == "") || !out.hiInf && out.hi != in.to) {
-				return false, state
-			}
-			var ks []string
-			for k := range st {
-				if k >= out.lo && (out.hiInf || k < out.hi) {
-					ks = append(ks, k)
-				}
-			}
-			sort.Strings(ks)
-			if in.reverse {
-				sort.Sort(sort.Reverse(sort.StringSlice(ks)))
-			}
-			if len(ks) != len(out.keys) || in.limit > 0 && len(out.keys) > in.limit {
-				return false, state
-			}
-			for i, k := range ks {
-				if out.keys[i] != k || out.vals[i] != st[k] {
-					return false, state
-				}
-			}
-			return true, state
-		}
-		panic("unknown op " + in.kind)
-	},
-	DescribeOperation: func(input, output interface{}) string {
-		in, out := input.(kvIn), output.(kvOut)
-		switch in.kind {
-		case "get":
-			return fmt.Sprintf("get(%s) -> %v %q", in.key, out.found, out.val)
-		case "put", "del":
-			return fmt.Sprintf("%s(%s, %q, cond %d %q) -> unknown %v applied %v found %v prev %q", in.kind, in.key, in.val, in.cond, in.eq, out.unknown, out.applied, out.found, out.prev)
-		case "count":
-			return fmt.Sprintf("count[%s,%s) -> %d", in.from, in.to, out.count)
-		}
-		return fmt.Sprintf("scan[%s,%s) lim %d rev %v -> [%s,%s inf %v) more %v %v", in.from, in.to, in.limit, in.reverse, out.lo, out.hi, out.hiInf, out.more, out.keys)
-	},
-}
-
-type history struct {
-	mu  sync.Mutex
-	ops []porcupine.Operation
-}
-
-func (h *history) add(client int, in kvIn, out kvOut, call, ret int64, meta ...any) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret, Metadata: fmt.Sprint(meta...)})
-}
+var kvModel = lincheck.Model
 
 func (w *simWorld) now() int64 { return int64(time.Since(w.start)) }
 
@@ -499,40 +361,40 @@ func simKey(i int) string { return fmt.Sprintf("k%02d", i) }
 
 // op runs one random operation on server s and records it.
 func (w *simWorld) op(h *history, client, i int, s *simServer) {
-	in := kvIn{key: simKey(w.rand(simKeys))}
+	in := kvIn{Key: simKey(w.rand(simKeys))}
 	switch x := w.rand(100); {
 	case x < 35:
-		in.kind, in.val = "put", fmt.Sprintf("c%d.%d", client, i)
+		in.Kind, in.Val = "put", fmt.Sprintf("c%d.%d", client, i)
 		switch w.rand(6) {
 		case 0:
-			in.cond = IfAbsent
+			in.Cond = lincheck.IfAbsent
 		case 1:
-			in.cond, in.eq = IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
+			in.Cond, in.Eq = lincheck.IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
 		}
 	case x < 60:
-		in.kind = "del"
+		in.Kind = "del"
 		if w.rand(5) == 0 {
-			in.cond, in.eq = IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
+			in.Cond, in.Eq = lincheck.IfEquals, fmt.Sprintf("c%d.%d", w.rand(4), w.rand(i+1))
 		}
 	case x < 80:
-		in.kind = "get"
+		in.Kind = "get"
 	case x < 95:
-		in.kind, in.limit, in.reverse = "scan", w.rand(6), w.rand(2) == 0
+		in.Kind, in.Limit, in.Reverse = "scan", w.rand(6), w.rand(2) == 0
 		a, b := w.rand(simKeys+1), w.rand(simKeys+1)
 		if a > b {
 			a, b = b, a
 		}
-		in.from = simKey(a)
+		in.From = simKey(a)
 		if a == 0 {
-			in.from = ""
+			in.From = ""
 		}
 		if b != simKeys && b > a {
-			in.to = simKey(b)
+			in.To = simKey(b)
 		}
 	default:
-		in.kind = "count"
+		in.Kind = "count"
 		a := w.rand(simKeys)
-		in.from, in.to = simKey(a), simKey(a+1+w.rand(simKeys-a))
+		in.From, in.To = simKey(a), simKey(a+1+w.rand(simKeys-a))
 	}
 	timeout := 3 * time.Second
 	if w.ignoreLeaseTime {
@@ -547,17 +409,17 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 	err := s.waitRunning(ctx) // a frozen server takes the request when it resumes
 	switch {
 	case err != nil:
-	case in.kind == "get":
+	case in.Kind == "get":
 		var v []byte
-		v, out.found, err = s.tree.Get(ctx, []byte(in.key))
-		out.val = string(v)
+		v, out.Found, err = s.tree.Get(ctx, []byte(in.Key))
+		out.Val = string(v)
 	default:
 		err = w.run(ctx, s, in, &out)
 	}
 	ret := w.now()
 	if d := w.droppedAt.Load(); err == nil && d != 0 && call > d {
 		if w.afterDrop.Add(1) == 1 {
-			w.afterDropFirst.Store(fmt.Sprintf("a %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.kind, in.key, s.node, (call-d)/1000))
+			w.afterDropFirst.Store(fmt.Sprintf("a %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.Kind, in.Key, s.node, (call-d)/1000))
 		}
 	}
 	if err != nil {
@@ -571,44 +433,57 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 			w.mu.Unlock()
 			return
 		}
-		if in.kind == "put" || in.kind == "del" {
+		if in.Kind == "put" || in.Kind == "del" {
 			// Its outcome is unknown: it may take effect at any time after
 			// its call.
-			h.add(client, in, kvOut{unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
+			h.Add(client, in, kvOut{Unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
 			if os.Getenv("GROVE_SIM_ERRS") != "" {
 				fmt.Fprintf(os.Stderr, "UNKNOWN %v\n", err)
 			}
 		}
 		return
 	}
-	h.add(client, in, out, call, ret, "server ", s.node)
+	h.Add(client, in, out, call, ret, "server ", s.node)
+}
+
+// simCond is the tree's condition for the oracle's.
+func simCond(c lincheck.Cond) CondKind {
+	switch c {
+	case lincheck.IfAbsent:
+		return IfAbsent
+	case lincheck.IfEquals:
+		return IfEquals
+	case lincheck.IfExists:
+		return IfExists
+	}
+	return Always
 }
 
 // run runs a write, count or scan on s.
 func (w *simWorld) run(ctx context.Context, s *simServer, in kvIn, out *kvOut) (err error) {
-	switch in.kind {
+	switch in.Kind {
 	case "put", "del":
 		var r Result
-		if in.kind == "put" {
-			r, err = s.tree.Put(ctx, []byte(in.key), []byte(in.val), Cond{Kind: in.cond, Value: []byte(in.eq), Prev: true})
+		if in.Kind == "put" {
+			r, err = s.tree.Put(ctx, []byte(in.Key), []byte(in.Val), Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true})
 		} else {
-			r, err = s.tree.Delete(ctx, []byte(in.key), Cond{Kind: in.cond, Value: []byte(in.eq), Prev: true})
+			r, err = s.tree.Delete(ctx, []byte(in.Key), Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true})
 		}
-		out.applied, out.found, out.prev = r.Applied, r.Found, string(r.Prev)
+		out.Applied, out.Found, out.Prev = r.Applied, r.Found, string(r.Prev)
 	case "count":
-		out.count, err = s.tree.Count(ctx, Span{From: []byte(in.from), To: []byte(in.to)})
+		out.Count, err = s.tree.Count(ctx, Span{From: []byte(in.From), To: []byte(in.To)})
 	case "scan":
-		span := Span{From: []byte(in.from)}
-		if in.to != "" {
-			span.To = []byte(in.to)
+		span := Span{From: []byte(in.From)}
+		if in.To != "" {
+			span.To = []byte(in.To)
 		}
 		var pg Page
-		pg, err = s.tree.Scan(ctx, span, in.limit, in.reverse)
+		pg, err = s.tree.Scan(ctx, span, in.Limit, in.Reverse)
 		for i, k := range pg.Keys {
-			out.keys = append(out.keys, string(k))
-			out.vals = append(out.vals, string(pg.Vals[i]))
+			out.Keys = append(out.Keys, string(k))
+			out.Vals = append(out.Vals, string(pg.Vals[i]))
 		}
-		out.lo, out.hi, out.hiInf, out.more = string(pg.Lo), string(pg.Hi), pg.Hi == nil, pg.More
+		out.Lo, out.Hi, out.HiInf, out.More = string(pg.Lo), string(pg.Hi), pg.Hi == nil, pg.More
 	}
 	return err
 }
@@ -868,9 +743,10 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 			return res, fmt.Errorf("server %d: a get after the drop: %v (want ErrNoTree)", n, err)
 		}
 	}
-	res.ops = len(h.ops)
-	if check := porcupine.CheckOperations(kvModel, h.ops); !check {
-		return res, fmt.Errorf("history of %d operations is not linearizable", len(h.ops))
+	ops := h.Ops()
+	res.ops = len(ops)
+	if check := porcupine.CheckOperations(kvModel, ops); !check {
+		return res, fmt.Errorf("history of %d operations is not linearizable", len(ops))
 	}
 	if n := w.afterDrop.Load(); n > 0 {
 		return res, fmt.Errorf("%d operations began after the drop's mark and succeeded; the first: %v", n, w.afterDropFirst.Load())
@@ -905,12 +781,7 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 // or between its commit and the old value's free: a server that died, or
 // an answer lost) plus those the servers counted as leaked (a failed free).
 func (w *simWorld) checkLeaks(reachable map[Handle]bool, h *history) error {
-	allowed := 0
-	for _, o := range h.ops {
-		if o.Output.(kvOut).unknown {
-			allowed++
-		}
-	}
+	allowed := lincheck.Unknown(h.Ops())
 	w.mu.Lock()
 	for _, s := range w.every {
 		if s.tree != nil {
@@ -1046,56 +917,40 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	for n := uint64(1); n <= 3; n++ {
 		s := w.servers[n]
 		for k := 0; k < simKeys; k++ {
-			in := kvIn{kind: "get", key: simKey(k)}
+			in := kvIn{Kind: "get", Key: simKey(k)}
 			call := w.now()
-			v, ok, err := s.tree.Get(ctx, []byte(in.key))
+			v, ok, err := s.tree.Get(ctx, []byte(in.Key))
 			if err != nil {
 				return res, fmt.Errorf("server %d: final get: %v", n, err)
 			}
-			h.add(10+int(n), in, kvOut{found: ok, val: string(v)}, call, w.now())
+			h.Add(10+int(n), in, kvOut{Found: ok, Val: string(v)}, call, w.now())
 		}
 	}
-	res.ops = len(h.ops)
-	for _, o := range h.ops {
-		if o.Output.(kvOut).unknown {
-			res.unknown++
-		}
-	}
+	ops := h.Ops()
+	res.ops, res.unknown = len(ops), lincheck.Unknown(ops)
 	res.kills, res.restarts = w.kills, w.restart-3
 	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
 	w.locks.mu.Lock()
 	res.runRenewals = w.locks.runRenewals
 	w.locks.mu.Unlock()
-	check, info := porcupine.CheckOperationsVerbose(kvModel, h.ops, 30*time.Second)
+	check, info := porcupine.CheckOperationsVerbose(kvModel, ops, 30*time.Second)
 	if check != porcupine.Ok {
 		if check == porcupine.Unknown {
 			return res, fmt.Errorf("porcupine timed out on %d operations, %d of unknown outcome", res.ops, res.unknown)
 		}
-		debugHistory(t, h.ops)
 		if os.Getenv("GROVE_SIM_DUMP") != "" {
-			ops := append([]porcupine.Operation(nil), h.ops...)
-			sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
-			var b strings.Builder
-			for _, o := range ops {
-				ret := "inf"
-				if o.Return != math.MaxInt64 {
-					ret = fmt.Sprint(o.Return / 1000)
-				}
-				fmt.Fprintf(&b, "c%d [%d, %s] %s (%v)\n", o.ClientId, o.Call/1000, ret, kvModel.DescribeOperation(o.Input, o.Output), o.Metadata)
+			for _, l := range lincheck.Explain(ops, 10*time.Second) {
+				t.Log(l)
 			}
 			w.events.Lock()
-			for _, e := range w.events.lines {
-				b.WriteString(e + "\n")
-			}
+			events := append([]string(nil), w.events.lines...)
 			w.events.Unlock()
-			_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.txt", seed), []byte(b.String()), 0o644)
+			path := fmt.Sprintf("/tmp/btree-sim-%d.txt", seed)
+			if err := lincheck.WriteFailure(path, ops, info, events); err == nil {
+				t.Logf("the history and the events are in %s, the visualization in %s.html", path, path)
+			}
 		}
-		if os.Getenv("GROVE_SIM_VIZ") != "" {
-			f, _ := os.Create(fmt.Sprintf("btree-sim-%d.html", seed))
-			_ = porcupine.Visualize(kvModel, info, f)
-			f.Close()
-		}
-		return res, fmt.Errorf("history of %d operations is not linearizable (GROVE_SIM_VIZ=1 writes it out)", len(h.ops))
+		return res, fmt.Errorf("history of %d operations is not linearizable (GROVE_SIM_DUMP=1 writes it out)", len(ops))
 	}
 	// Quiesce and walk the chunks: structure, keys equal to the final
 	// reads, no chunk leaked but by a server that died.
@@ -1148,9 +1003,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		return res, fmt.Errorf("walking the chunks: %v", err)
 	}
 	final := map[string]string{}
-	for _, o := range h.ops[len(h.ops)-simKeys:] {
-		if out := o.Output.(kvOut); out.found {
-			final[o.Input.(kvIn).key] = out.val
+	for _, o := range ops[len(ops)-simKeys:] {
+		if out := o.Output.(kvOut); out.Found {
+			final[o.Input.(kvIn).Key] = out.Val
 		}
 	}
 	if len(sh.Keys) != len(final) {
