@@ -657,7 +657,8 @@ func (l *Log) Stats() Stats {
 }
 
 // Close flushes what is buffered (lazy commits included) and stops the
-// log. Open transactions stay unended: the next Open rolls them back.
+// log. Open transactions stay unended: the next Open rolls them back. A
+// log opened with OpenNamed gives its lock up only if Close succeeds.
 func (l *Log) Close(ctx context.Context) error {
 	l.mu.Lock()
 	if l.mu.closed {
@@ -691,11 +692,16 @@ func (l *Log) Close(ctx context.Context) error {
 	}
 	l.mu.waiters = nil
 	l.mu.Unlock()
-	if l.release != nil {
-		l.release()
-	}
 	if err == nil {
 		err = ctx.Err()
+	}
+	if l.release != nil && err == nil {
+		// Only a clean close gives the log's lock up. After a failed one
+		// the log may hold records nothing else has: the lock stays held
+		// until the owner dies, so that the recovery of its leases covers
+		// the log (a B-tree replay leaves alone a log whose lock the dead
+		// clerk did not hold: btree.ReplayDead).
+		l.release()
 	}
 	return err
 }
