@@ -17,10 +17,14 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/grovestore/grove/api/etcdpb"
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/client"
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/btree/lincheck"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -34,13 +38,15 @@ import (
 // routing, one routed over two nodes) put, conditionally put and delete,
 // get, count and scan (one atomic page, through the gRPC API) on one tree
 // of 12 keys with fanout 4 (splits and merges all the time; a sixth of the
-// values are large enough for chunks of their own), while a seeded fault
+// values are large enough for chunks of their own); two etcd clients put,
+// get and delete (with prev_kv) through random nodes' etcd endpoints, whose
+// calls are forwarded to the etcd tree's home. Meanwhile a seeded fault
 // schedule SIGKILLs one node and restarts it, SIGSTOPs one node for up to
 // three times the failure detector's grace period (it is declared dead,
 // its log is replayed elsewhere, and it fences itself when it resumes), or
 // SIGKILLs every node at once and restarts them (the new lock master
 // recovers every B-tree server before granting). After the faults, every
-// key is read through every node; the history is checked with porcupine
+// key is read through every node; each history is checked with porcupine
 // (package lincheck: a write that failed without saying whether it took
 // effect stays open-ended; one the client reports as ErrUnavailable must
 // have changed nothing and is left out, so a false report shows), and the
@@ -124,6 +130,10 @@ type linWorld struct {
 	tree  string
 	start time.Time
 	h     lincheck.History
+	// eh is the history of the etcd clients, on the etcd endpoint's tree
+	// (keys "r<seed>/kNN": a new set each round).
+	eh     lincheck.History
+	prefix string
 
 	mu      sync.Mutex
 	events  []string
@@ -144,10 +154,11 @@ func (w *linWorld) event(format string, args ...any) {
 // linClient is one client: its Go client and a raw gRPC client per node
 // (for scans, whose pages the Go client's iterator does not show).
 type linClient struct {
-	id  int
-	c   *client.Client
-	raw []pb.TreeServiceClient
-	r   *rand.Rand
+	id   int
+	c    *client.Client
+	raw  []pb.TreeServiceClient
+	etcd []etcdpb.KVClient // an etcd client (c nil): a node's endpoint per call
+	r    *rand.Rand
 }
 
 func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64) (_ string, err error) {
@@ -164,6 +175,7 @@ func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64)
 	r := rand.New(rand.NewSource(seed))
 	eps := []string{u.Nodes[1].GRPC, u.Nodes[2].GRPC, u.Nodes[3].GRPC}
 	var raw []pb.TreeServiceClient
+	var etcd []etcdpb.KVClient
 	for _, ep := range eps {
 		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
 		if err != nil {
@@ -171,6 +183,7 @@ func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64)
 		}
 		defer cc.Close()
 		raw = append(raw, pb.NewTreeServiceClient(cc))
+		etcd = append(etcd, etcdpb.NewKVClient(cc))
 	}
 	dial := func(opts client.Options, eps ...string) *client.Client {
 		c, err := client.DialOptions(ctx, opts, eps...)
@@ -185,10 +198,15 @@ func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64)
 		{c: dial(client.Options{NoRouting: true}, eps[0])},
 		{c: dial(client.Options{NoRouting: true}, eps[1])},
 		{c: dial(client.Options{}, eps[2], eps[0])},
+		// Two etcd clients, each call through a random node's endpoint
+		// (forwarded to the etcd tree's home).
+		{etcd: etcd},
+		{etcd: etcd},
 	}
 	for i, c := range clients {
 		c.id, c.raw, c.r = i, raw, rand.New(rand.NewSource(seed*100+int64(i)))
 	}
+	w.prefix = fmt.Sprintf("r%d/", seed)
 	if err := u.WaitAllHeard(ctx); err != nil {
 		return "", err
 	}
@@ -287,24 +305,56 @@ func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64)
 		}
 		w.h.Add(20+n, lincheck.In{Kind: "scan"}, out, call, w.now(), "final scan, node ", n)
 	}
+	// The etcd clients' keys, read through every node's endpoint.
+	for n := 1; n <= 3; n++ {
+		for k := 0; k < linKeys; k++ {
+			key := w.prefix + linKey(k)
+			for attempt := 0; ; attempt++ {
+				call := w.now()
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := etcd[n-1].Range(cctx, &etcdpb.RangeRequest{Key: []byte(key)}, grpc.WaitForReady(true))
+				cancel()
+				if err == nil {
+					out := lincheck.Out{Found: len(resp.Kvs) > 0}
+					if out.Found {
+						out.Val = linName(resp.Kvs[0].Value)
+					}
+					w.eh.Add(10+n, lincheck.In{Kind: "get", Key: key}, out, call, w.now(), "final etcd read, node ", n)
+					break
+				}
+				if attempt == 60 {
+					return "", fmt.Errorf("node %d: the final etcd read of %s failed for a minute: %v", n, key, err)
+				}
+				time.Sleep(time.Second)
+			}
+		}
+	}
 	ops := w.h.Ops()
-	unknown := lincheck.Unknown(ops)
-	check, info := porcupine.CheckOperationsVerbose(lincheck.Model, ops, 90*time.Second)
-	if check != porcupine.Ok {
-		for _, l := range lincheck.Explain(ops, 10*time.Second) {
+	eops := w.eh.Ops()
+	unknown := lincheck.Unknown(ops) + lincheck.Unknown(eops)
+	for _, x := range []struct {
+		what  string
+		model porcupine.Model
+		ops   []porcupine.Operation
+	}{{"tree", lincheck.Model, ops}, {"etcd", lincheck.PointModel, eops}} {
+		check, info := porcupine.CheckOperationsVerbose(x.model, x.ops, 90*time.Second)
+		if check == porcupine.Ok {
+			continue
+		}
+		for _, l := range lincheck.Explain(x.ops, 10*time.Second) {
 			t.Log(l)
 		}
 		w.mu.Lock()
 		events := append([]string(nil), w.events...)
 		w.mu.Unlock()
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("grove-e2e-lin-%d.txt", seed))
-		if err := lincheck.WriteFailure(path, ops, info, events); err == nil {
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("grove-e2e-lin-%d-%s.txt", seed, x.what))
+		if err := lincheck.WriteFailure(path, x.ops, info, events); err == nil {
 			t.Logf("the history and the faults are in %s, the visualization in %s.html", path, path)
 		}
 		if check == porcupine.Unknown {
-			return "", fmt.Errorf("porcupine timed out on %d operations (%d of unknown outcome)", len(ops), unknown)
+			return "", fmt.Errorf("porcupine timed out on the %s clients' %d operations (%d of unknown outcome)", x.what, len(x.ops), lincheck.Unknown(x.ops))
 		}
-		return "", fmt.Errorf("the history of %d operations (%d of unknown outcome) is not linearizable; faults: %s", len(ops), unknown, strings.Join(faults, "; "))
+		return "", fmt.Errorf("the %s clients' history of %d operations (%d of unknown outcome) is not linearizable; faults: %s", x.what, len(x.ops), lincheck.Unknown(x.ops), strings.Join(faults, "; "))
 	}
 	// The walker: grove tree stat walks every node through the answering
 	// node's cache and fails on a broken order, high key, right link or
@@ -330,12 +380,16 @@ func linRound(t *testing.T, ctx context.Context, u *bench.UpCluster, seed int64)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return fmt.Sprintf("%d operations (%d writes of unknown outcome, %d reported not applied, %d reads failed), faults: %s; then height %d, %d nodes, %d keys, %d missing downlinks",
-		len(ops), unknown, w.notApplied, w.dropped, strings.Join(faults, "; "), st.Height, st.Nodes, st.Keys, st.MissingDownlinks), nil
+	return fmt.Sprintf("%d operations, %d of them through etcd (%d writes of unknown outcome, %d reported not applied, %d reads failed), faults: %s; then height %d, %d nodes, %d keys, %d missing downlinks",
+		len(ops)+len(eops), len(eops), unknown, w.notApplied, w.dropped, strings.Join(faults, "; "), st.Height, st.Nodes, st.Keys, st.MissingDownlinks), nil
 }
 
 // op makes one random operation through c and records it.
 func (w *linWorld) op(ctx context.Context, c *linClient, i int) {
+	if c.etcd != nil {
+		w.etcdOp(ctx, c, i)
+		return
+	}
 	r := c.r
 	in := lincheck.In{Key: linKey(r.Intn(linKeys))}
 	w.mu.Lock()
@@ -464,6 +518,83 @@ func (w *linWorld) op(ctx context.Context, c *linClient, i int) {
 		return
 	}
 	w.h.Add(c.id, in, out, call, ret, "client ", c.id)
+}
+
+// etcdOp makes one random put, get or delete through a random node's etcd
+// endpoint and records it in w.eh. The puts and deletes ask for the
+// previous value (prev_kv), which the model checks. Every failed write is
+// of unknown outcome (etcd's errors do not say), every failed read dropped.
+func (w *linWorld) etcdOp(ctx context.Context, c *linClient, i int) {
+	r := c.r
+	in := lincheck.In{Key: w.prefix + linKey(r.Intn(linKeys))}
+	switch x := r.Intn(10); {
+	case x < 4:
+		in.Kind, in.Val = "put", fmt.Sprintf("e%d.%d", c.id, i)
+	case x < 6:
+		in.Kind = "del"
+	default:
+		in.Kind = "get"
+	}
+	kv := c.etcd[r.Intn(len(c.etcd))]
+	cctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	var out lincheck.Out
+	var err error
+	call := w.now()
+	switch in.Kind {
+	case "put":
+		var resp *etcdpb.PutResponse
+		resp, err = kv.Put(cctx, &etcdpb.PutRequest{Key: []byte(in.Key), Value: linValue(in.Val), PrevKv: true})
+		if err == nil {
+			out.Applied = true
+			if resp.PrevKv != nil {
+				out.Found, out.Prev = true, linName(resp.PrevKv.Value)
+			}
+		}
+	case "del":
+		var resp *etcdpb.DeleteRangeResponse
+		resp, err = kv.DeleteRange(cctx, &etcdpb.DeleteRangeRequest{Key: []byte(in.Key), PrevKv: true})
+		if err == nil {
+			out.Applied, out.Found = resp.Deleted > 0, resp.Deleted > 0
+			if len(resp.PrevKvs) > 0 {
+				out.Prev = linName(resp.PrevKvs[0].Value)
+			}
+		}
+	case "get":
+		var resp *etcdpb.RangeResponse
+		resp, err = kv.Range(cctx, &etcdpb.RangeRequest{Key: []byte(in.Key)})
+		if err == nil && len(resp.Kvs) > 0 {
+			out.Found, out.Val = true, linName(resp.Kvs[0].Value)
+		}
+	}
+	ret := w.now()
+	if time.Duration(ret-call) > 2*time.Second {
+		w.event("etcd client %d: %s of %s took %v: %v", c.id, in.Kind, in.Key, time.Duration(ret-call).Round(time.Millisecond), err)
+	}
+	switch {
+	case err == nil:
+		w.eh.Add(c.id, in, out, call, ret, "etcd client ", c.id)
+	case in.Kind != "get" && notSent(err):
+		// Refused before any change: left out, as the Go client's
+		// ErrUnavailable.
+		w.mu.Lock()
+		w.notApplied++
+		w.mu.Unlock()
+	case in.Kind != "get":
+		w.eh.Add(c.id, in, lincheck.Out{Unknown: true}, call, math.MaxInt64, "etcd client ", c.id, " err ", err)
+	default:
+		w.mu.Lock()
+		w.dropped++
+		w.mu.Unlock()
+	}
+}
+
+// notSent says whether an etcd call's error shows that it changed nothing:
+// the node's service refused it before any change (btree.NotAppliedError),
+// or gRPC never sent it (no connection to the node).
+func notSent(err error) bool {
+	st := status.Convert(err)
+	return btree.IsNotApplied(st) || st.Code() == codes.Unavailable && strings.Contains(st.Message(), "while dialing")
 }
 
 // faults runs n faults one after another, each begun 1–3 s after the last

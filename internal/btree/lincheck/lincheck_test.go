@@ -74,3 +74,26 @@ func TestModelTeeth(t *testing.T) {
 		}
 	}
 }
+
+// TestPointModel: the key-by-key check agrees with the whole one on point
+// histories, and a history with a scan is checked whole.
+func TestPointModel(t *testing.T) {
+	acked := Out{Applied: true, NoPrev: true}
+	good := []porcupine.Operation{
+		op(0, 0, 10, In{Kind: "put", Key: "a", Val: "1"}, acked),
+		op(1, 0, 10, In{Kind: "put", Key: "b", Val: "2"}, acked),
+		op(0, 20, 30, In{Kind: "get", Key: "a"}, Out{Found: true, Val: "1"}),
+		op(1, 20, 30, In{Kind: "get", Key: "b"}, Out{Found: true, Val: "2"}),
+	}
+	bad := append(append([]porcupine.Operation(nil), good...), op(2, 40, 50, In{Kind: "get", Key: "b"}, Out{}))
+	if !porcupine.CheckOperations(PointModel, good) || porcupine.CheckOperations(PointModel, bad) {
+		t.Fatal("the key-by-key check disagrees with the model")
+	}
+	scan := append(append([]porcupine.Operation(nil), good...), op(2, 40, 50, In{Kind: "scan"}, Out{Keys: []string{"a"}, Vals: []string{"1"}, HiInf: true}))
+	if porcupine.CheckOperations(PointModel, scan) {
+		t.Fatal("a scan missing a key passed the point model")
+	}
+	if parts := PointModel.Partition(good); len(parts) != 2 {
+		t.Fatalf("%d partitions of two keys", len(parts))
+	}
+}
