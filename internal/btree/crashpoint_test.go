@@ -18,7 +18,7 @@ func newCrashWorld(t *testing.T, ctx context.Context) *simWorld {
 	t.Helper()
 	w := newSimWorld(t, ctx, 1, false, 256)
 	for n := uint64(1); n <= 3; n++ {
-		if !w.restartOne() {
+		if !w.restartOne(false) {
 			t.Fatalf("starting server %d failed", n)
 		}
 	}

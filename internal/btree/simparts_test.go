@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -18,7 +20,8 @@ import (
 // service with the real one's lease semantics (cached leases, revocation
 // that waits for local holders and tells them, tokens from one counter,
 // a dead clerk's leases kept until a recovery run on a live clerk of its
-// kind succeeds, runs deferred until one registers), a chunk store whose
+// kind succeeds, runs deferred until one registers, "all" runs after a
+// failover that lost a dead clerk's leases), a chunk store whose
 // RLDevs admit fencing tokens per lock name and whose writes can be lost
 // in flight and land late, and a log device on two in-memory replicas.
 
@@ -42,6 +45,11 @@ type simLocks struct {
 	// (the teeth of the test that a replay renews rather than fails).
 	runRenewals int
 	noRenew     bool
+	// allRunning: an "all" run is out (one at a time, as the master's
+	// overlapping rule has it); failovers counts the masters that lost
+	// their lease table (failover), allRuns the "all" runs that succeeded.
+	allRunning         bool
+	failovers, allRuns int
 }
 
 type simLease struct {
@@ -65,6 +73,14 @@ type simClerk struct {
 	renewed  time.Time // its last renewal
 	cut      bool      // it cannot reach the lock service (partitioned, or paused)
 	paused   bool      // its process is frozen: not even a cached lease is granted
+	// inc tells this clerk from the node's other incarnations (the
+	// recovery's Dead).
+	inc uint64
+	// all: it died and a new master does not know its leases (failover):
+	// its recovery is an "all" run, which excludes the names every other
+	// clerk the master knows of holds; nothing new is granted until it
+	// succeeds. settled: dead and nothing of it left to recover.
+	all, settled bool
 }
 
 func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
@@ -123,6 +139,12 @@ func (s *simLocks) newClerk(node uint64, recover func(context.Context, lock.Reco
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{}), renewed: time.Now()}
+	for _, o := range s.clerks {
+		if o.node == node {
+			c.inc = max(c.inc, o.inc)
+		}
+	}
+	c.inc++
 	s.clerks = append(s.clerks, c)
 	s.startRecoveriesLocked()
 	return c
@@ -175,6 +197,55 @@ func (c *simClerk) aliveLocked(now time.Time) bool {
 	return !c.dead && !c.paused && now.Before(c.renewed.Add(c.s.lease))
 }
 
+// failover: the lock master dies and a new one takes over without the
+// leases of some dead clerks (not recorded yet when the old one died, in
+// the real service): each dead clerk whose recovery has not succeeded and
+// is not running — one holding leases, or one that died holding none, as
+// a server killed while it waited for its fence lock — is recovered in
+// "all" mode from now on, with even odds.
+func (s *simLocks) failover() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failovers++
+	for _, d := range s.clerks {
+		if d.dead && !d.settled && !d.all && !s.running[d] && s.r.Intn(2) == 0 {
+			d.all = true
+		}
+	}
+	s.startRecoveriesLocked()
+	s.cond.Broadcast()
+}
+
+// allPendingLocked: an "all" recovery is pending: the master grants
+// nothing new.
+func (s *simLocks) allPendingLocked() bool {
+	for _, d := range s.clerks {
+		if d.dead && d.all {
+			return true
+		}
+	}
+	return false
+}
+
+// excludedLocked is what an "all" run of d must not touch, as the master's
+// excluded: the names any other clerk it knows of holds, live or dead (not
+// those of clerks in "all" mode: it does not know them).
+func (s *simLocks) excludedLocked(d *simClerk) []string {
+	var names []string
+	for _, c := range s.clerks {
+		if c == d || c.all {
+			continue
+		}
+		for n := range c.leases {
+			if !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
 func (s *simLocks) startRecoveriesLocked() {
 	var live []*simClerk
 	for _, c := range s.clerks {
@@ -185,19 +256,39 @@ func (s *simLocks) startRecoveriesLocked() {
 	if len(live) == 0 {
 		return // deferred until a clerk registers (Boxwood §3.7)
 	}
+	firstAll := true // "all" runs go one at a time, the first pending first
 	for _, d := range s.clerks {
-		if !d.dead || s.running[d] || len(d.leases) == 0 {
+		if !d.dead || d.settled {
+			continue
+		}
+		if !d.all && len(d.leases) == 0 {
+			d.settled = true
+			continue
+		}
+		if d.all {
+			first := firstAll
+			firstAll = false
+			if !first || s.allRunning || s.running[d] {
+				continue
+			}
+		}
+		if s.running[d] {
 			continue
 		}
 		run := live[s.r.Intn(len(live))]
 		s.seq++
 		tok := lock.Token{Epoch: 1, Seq: s.seq}
 		s.running[d] = true
-		var names []string
-		for n := range d.leases {
-			names = append(names, n)
+		rec := lock.Recovery{Dead: lock.ClerkID{Node: d.node, Inc: d.inc}, Token: tok}
+		if d.all {
+			rec.All, rec.Exclude = true, s.excludedLocked(d)
+			s.allRunning = true
+		} else {
+			for n := range d.leases {
+				rec.Names = append(rec.Names, n)
+			}
 		}
-		go func(d, run *simClerk) {
+		go func(d, run *simClerk, rec lock.Recovery) {
 			ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
 			// Renew, as the lock master's: a newer token for a run whose
 			// clerk can reach the service (a message on its session).
@@ -211,15 +302,25 @@ func (s *simLocks) startRecoveriesLocked() {
 				s.runRenewals++
 				return lock.Token{Epoch: 1, Seq: s.seq}, nil
 			}
-			err := run.recover(ctx, lock.Recovery{Dead: lock.ClerkID{Node: d.node}, Names: names, Token: tok, Renew: renew})
+			rec.Renew = renew
+			err := run.recover(ctx, rec)
 			cancel()
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			delete(s.running, d)
+			if rec.All {
+				s.allRunning = false
+			}
 			// The master ignores the end of a run on a clerk declared dead
 			// meanwhile, and recovers again (lock.Engine.RecoveryFinished).
 			if err == nil && !run.dead {
 				d.leases = map[string]*simLease{}
+				d.settled = true
+				if d.all {
+					d.all = false
+					s.allRuns++
+				}
+				s.startRecoveriesLocked() // the next "all" run
 				s.cond.Broadcast()
 			} else if s.ctx.Err() == nil {
 				time.AfterFunc(5*time.Millisecond, func() {
@@ -228,7 +329,7 @@ func (s *simLocks) startRecoveriesLocked() {
 					s.mu.Unlock()
 				})
 			}
-		}(d, run)
+		}(d, run, rec)
 	}
 }
 
@@ -316,8 +417,10 @@ func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Ho
 			s.cond.Wait()
 			continue
 		}
-		if l != nil && l.revoking || c.cut {
-			s.cond.Wait() // (cut off: the master is out of reach)
+		if l != nil && l.revoking || c.cut || s.allPendingLocked() {
+			// (cut off: the master is out of reach; an "all" recovery
+			// pending: it grants nothing new)
+			s.cond.Wait()
 			continue
 		}
 		// Ask the "master": revoke conflicting leases elsewhere.
@@ -434,7 +537,9 @@ type simChunkClerk struct {
 
 var (
 	errSimDead = errors.New("sim: this server is dead")
-	errSimCut  = errors.New("sim: this server is cut off the storage (the call was not sent)")
+	// errSimAborted: the server was killed while it started.
+	errSimAborted = errors.New("sim: the server died while it started")
+	errSimCut     = errors.New("sim: this server is cut off the storage (the call was not sent)")
 )
 
 func (c *simChunkClerk) Allocate(ctx context.Context, size uint64) (Handle, error) {
