@@ -294,13 +294,18 @@ func (x *Node) ownGoroutines() string {
 type LogEvent struct {
 	Node int
 	At   time.Time
-	Kind string // "fence", "registered", "alive" or "dropped"
+	Kind string // "fence", "registered", "alive", "dropped" or "hold-end"
 	Inc  uint64 // for fence, registered and alive
+	// Lock and Token (epoch.seq): a remote hold this node ended because
+	// its caller's stream ended ("hold-end").
+	Lock, Token string
 }
 
 var (
 	logTime = regexp.MustCompile(`^time=(\S+) `)
 	logInc  = regexp.MustCompile(` incarnation=(\d+)`)
+	logLock = regexp.MustCompile(` lock=("((?:[^"\\]|\\.)*)"|(\S+))`)
+	logTok  = regexp.MustCompile(` token=(\d+\.\d+)`)
 )
 
 // Events parses the node's log. It relies on these messages: the failure
@@ -310,7 +315,10 @@ var (
 // services (internal/node/node.go), the driver logs "incarnation
 // acknowledged ..." when a majority of observers first acknowledge an
 // incarnation (from then on it may act), and bad datagrams are logged as
-// "datagram dropped" (rate-limited). The timestamps are slog's, in
+// "datagram dropped" (rate-limited), and the lock service logs "remote
+// hold ended: ..." with the lock and the grant's token when the caller of
+// a Hold stream went away, before it releases the hold
+// (internal/lock/service.go). The timestamps are slog's, in
 // milliseconds, from the host's clock that every process shares.
 func (x *Node) Events() ([]LogEvent, error) {
 	f, err := os.Open(x.Log)
@@ -333,6 +341,8 @@ func (x *Node) Events() ([]LogEvent, error) {
 			kind = "alive"
 		case strings.Contains(line, `msg="datagram dropped"`):
 			kind = "dropped"
+		case strings.Contains(line, `msg="remote hold ended`):
+			kind = "hold-end"
 		default:
 			continue
 		}
@@ -347,6 +357,17 @@ func (x *Node) Events() ([]LogEvent, error) {
 		e := LogEvent{Node: x.ID, At: at, Kind: kind}
 		if m := logInc.FindStringSubmatch(line); m != nil {
 			e.Inc, _ = strconv.ParseUint(m[1], 10, 64)
+		}
+		if kind == "hold-end" {
+			if m := logLock.FindStringSubmatch(line); m != nil {
+				e.Lock = m[3]
+				if strings.HasPrefix(m[1], `"`) {
+					e.Lock, _ = strconv.Unquote(m[1])
+				}
+			}
+			if m := logTok.FindStringSubmatch(line); m != nil {
+				e.Token = m[1]
+			}
 		}
 		out = append(out, e)
 	}

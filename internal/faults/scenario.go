@@ -736,6 +736,23 @@ func (s *Suite) checkHolds(r *Result, ids []string, lg logs) {
 		if e, ok := s.Agent.First(func(e Event) bool { return e.Ev == "ended" && e.ID == id }); ok && e.At().Before(v.to) {
 			v.to, v.toBecause = e.At(), "ended: "+e.Err
 		}
+		// A hold whose stream broke ends at its node, which logs it before
+		// it releases the hold; the agent, a remote caller, may learn it
+		// later (either end of a broken connection can see it first).
+		// The lock service's guarantee is the node's hold; the lag is the
+		// remote holder's, which must fence with the grant's token (noted).
+		tok := fmt.Sprintf("%d.%d", g.Token[0], g.Token[1])
+		for _, e := range lg {
+			if e.Kind == "hold-end" && e.Node == h.node && e.Lock == h.name && e.Token == tok && !e.At.Before(v.from.Add(-logResolution)) {
+				if end := e.At.Add(s.logSlack()); end.Before(v.to) {
+					if lag := v.to.Sub(end); strings.HasPrefix(v.toBecause, "ended: ") && lag > 0 {
+						r.note("n%d ended the hold of %q (token %s) at %s, before its remote holder saw the stream break (%s later): a remote holder's writes must carry the token", h.node, h.name, tok, clock(e.At), lag.Round(time.Millisecond))
+					}
+					v.to, v.toBecause = end, "its node ended it: the caller's stream ended (log time + slack)"
+				}
+				break
+			}
+		}
 		if inc, ok := clerkInc(g.Clerk); ok {
 			if f, ok := lg.first("fence", h.node, inc); ok {
 				if f.Add(s.logSlack()).Before(v.to) {

@@ -847,6 +847,13 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	}
 	select {
 	case <-stream.Context().Done():
+		// The caller went away, or its connection broke: this node ends
+		// the hold now, and the caller may learn it later (a broken
+		// connection shows at either end first). Logged before the
+		// release (the fault suite bounds the hold by this line): a
+		// remote holder's mutual exclusion ends here, not where it
+		// notices; what it writes must carry the grant's fencing token.
+		s.log.Info("remote hold ended: its caller's stream ended", "lock", string(req.Name), "token", h.Token().String(), "clerk", c.ID().String())
 	case <-timer:
 	case <-h.Lost():
 		return status.Error(codes.Aborted, fmt.Sprintf("lease on %q lost: %v", req.Name, h.LostReason()))
