@@ -104,7 +104,13 @@ func holdRequest(name, modeName string, hold time.Duration) (*pb.HoldRequest, lo
 	if hold < 0 {
 		return nil, 0, cli.Usagef("--hold %v: want a positive duration (or 0: until interrupted)", hold)
 	}
-	return &pb.HoldRequest{Name: []byte(name), Mode: pb.LockMode(mode), HoldMillis: uint64(hold.Milliseconds())}, mode, nil
+	// Fresh: the node gives back a lease it caches for the lock before it
+	// asks, so that this grant's token is newer than any earlier holder's
+	// through the same node (one caller's late write, with its token,
+	// stays refusable by storage that checks tokens). Not if another
+	// caller of that node holds or waits for the lock meanwhile: its
+	// lease is in use, and the two share the token.
+	return &pb.HoldRequest{Name: []byte(name), Mode: pb.LockMode(mode), HoldMillis: uint64(hold.Milliseconds()), Fresh: true}, mode, nil
 }
 
 // holding is a granted hold: the stream that keeps it, its grant, and how
@@ -194,8 +200,8 @@ func acquireHold(ctx context.Context, c *cli.Client, req *pb.HoldRequest) (*hold
 // lostError is the error of a hold whose stream ended with err after the
 // grant: a lost lease (Aborted: the node fenced itself, or was declared
 // dead) or a connection to the clerk's node that broke, after which nothing
-// vouches for the lease (the lock service frees it once the node is
-// declared dead).
+// vouches for the lease (the node releases the hold when it sees its end
+// of the connection end, which may be before this end does).
 func lostError(name, endpoint string, err error) error {
 	if st, ok := status.FromError(err); ok && st.Code() == codes.Aborted {
 		return &cli.Error{Code: cli.ExitLeaseLost, Op: "lock " + name, Msg: st.Message()}
@@ -226,7 +232,8 @@ func lockAcquireCmd() *cobra.Command {
 		Long: `Acquire lock NAME through a node's clerk (the first endpoint that takes the
 request) and hold it until interrupted or until --hold elapses. Ctrl-C before
 the grant withdraws the request. Exits 0 after --hold, 130 when interrupted,
-7 if the lease is lost (the node fenced itself).`,
+7 if the lease is lost (the node fenced itself, or the connection to it
+broke: the node releases the hold when it sees the break, maybe earlier).`,
 		Example: `  grove lock acquire orders                       # hold until Ctrl-C
   grove lock acquire orders --mode shared --hold 10s
   grove lock acquire orders --endpoints 127.0.0.1:7430 --command-timeout 5s`,

@@ -294,10 +294,12 @@ func (x *Node) ownGoroutines() string {
 type LogEvent struct {
 	Node int
 	At   time.Time
-	Kind string // "fence", "registered", "alive", "dropped" or "hold-end"
+	Kind string // "fence", "registered", "alive", "dropped", "hold-grant" or "hold-end"
 	Inc  uint64 // for fence, registered and alive
-	// Lock and Token (epoch.seq): a remote hold this node ended because
-	// its caller's stream ended ("hold-end").
+	// Lock and Token (epoch.seq): a remote hold this node granted
+	// ("hold-grant", logged after the grant), or is about to release
+	// because its caller's stream ended ("hold-end", logged before the
+	// release).
 	Lock, Token string
 }
 
@@ -316,9 +318,10 @@ var (
 // acknowledged ..." when a majority of observers first acknowledge an
 // incarnation (from then on it may act), and bad datagrams are logged as
 // "datagram dropped" (rate-limited), and the lock service logs "remote
-// hold ended: ..." with the lock and the grant's token when the caller of
-// a Hold stream went away, before it releases the hold
-// (internal/lock/service.go). The timestamps are slog's, in
+// hold granted" with the lock and the grant's token once a Hold stream's
+// lock is granted, and "remote hold ended: ..." before it releases a hold
+// whose caller went away (internal/lock/service.go). The timestamps are
+// slog's, in
 // milliseconds, from the host's clock that every process shares.
 func (x *Node) Events() ([]LogEvent, error) {
 	f, err := os.Open(x.Log)
@@ -343,6 +346,8 @@ func (x *Node) Events() ([]LogEvent, error) {
 			kind = "dropped"
 		case strings.Contains(line, `msg="remote hold ended`):
 			kind = "hold-end"
+		case strings.Contains(line, `msg="remote hold granted"`):
+			kind = "hold-grant"
 		default:
 			continue
 		}
@@ -358,7 +363,7 @@ func (x *Node) Events() ([]LogEvent, error) {
 		if m := logInc.FindStringSubmatch(line); m != nil {
 			e.Inc, _ = strconv.ParseUint(m[1], 10, 64)
 		}
-		if kind == "hold-end" {
+		if kind == "hold-end" || kind == "hold-grant" {
 			if m := logLock.FindStringSubmatch(line); m != nil {
 				e.Lock = m[3]
 				if strings.HasPrefix(m[1], `"`) {

@@ -707,11 +707,13 @@ func (s *Suite) measureDecrees(r *Result, t window) {
 }
 
 // checkHolds is safety check 1: never two valid holders of an exclusive
-// lock. A hold is valid from its grant until the earliest of: the agent
-// seeing it end, the test releasing it, (plus the log's slack) its node's
-// self-fence of the incarnation its clerk belongs to, and its node being
-// stopped if it fenced on waking. The grants of
-// one lock must not overlap, and their fencing tokens must grow.
+// lock. A hold is valid from its grant (its node's "remote hold granted"
+// line, or else the agent's receipt) until the earliest of: the agent
+// seeing it end, the test releasing it, its node's line before it releases
+// a hold whose stream ended, (plus the log's slack) its node's self-fence
+// of the incarnation its clerk belongs to, and its node being stopped if
+// it fenced on waking. The grants of one lock must not overlap, and their
+// fencing tokens must grow.
 func (s *Suite) checkHolds(r *Result, ids []string, lg logs) {
 	type valid struct {
 		id, clerk  string
@@ -736,19 +738,36 @@ func (s *Suite) checkHolds(r *Result, ids []string, lg logs) {
 		if e, ok := s.Agent.First(func(e Event) bool { return e.Ev == "ended" && e.ID == id }); ok && e.At().Before(v.to) {
 			v.to, v.toBecause = e.At(), "ended: "+e.Err
 		}
-		// A hold whose stream broke ends at its node, which logs it before
-		// it releases the hold; the agent, a remote caller, may learn it
-		// later (either end of a broken connection can see it first).
-		// The lock service's guarantee is the node's hold; the lag is the
-		// remote holder's, which must fence with the grant's token (noted).
+		// The node's own record of the hold's span, where it has one: its
+		// "remote hold granted" line, logged after the grant (the agent
+		// hears of it a network delay later), and, for a hold whose
+		// stream ended, its "remote hold ended" line, logged before the
+		// release (the agent, a remote caller, may learn of a broken
+		// stream much later: either end of a connection can see the
+		// break first). A grant the master makes after this release is
+		// logged after the release's line, so the nodes' lines order a
+		// correct handoff at millisecond resolution with no slack, while
+		// a grant made before the release shows (to the millisecond).
+		// The agent's lag is the remote holder's, which must fence with
+		// the token (noted).
 		tok := fmt.Sprintf("%d.%d", g.Token[0], g.Token[1])
+		fromNode := false
 		for _, e := range lg {
-			if e.Kind == "hold-end" && e.Node == h.node && e.Lock == h.name && e.Token == tok && !e.At.Before(v.from.Add(-logResolution)) {
-				if end := e.At.Add(s.logSlack()); end.Before(v.to) {
-					if lag := v.to.Sub(end); strings.HasPrefix(v.toBecause, "ended: ") && lag > 0 {
-						r.note("n%d ended the hold of %q (token %s) at %s, before its remote holder saw the stream break (%s later): a remote holder's writes must carry the token", h.node, h.name, tok, clock(e.At), lag.Round(time.Millisecond))
+			if e.Kind == "hold-grant" && e.Node == h.node && e.Lock == h.name && e.Token == tok && !e.At.After(v.from) && v.from.Sub(e.At) < 30*time.Second {
+				v.from, fromNode = e.At, true
+				break
+			}
+		}
+		if !fromNode {
+			r.note("n%d logged no grant of %q (token %s): that hold is checked from the agent's receipt", h.node, h.name, tok)
+		}
+		for _, e := range lg {
+			if e.Kind == "hold-end" && e.Node == h.node && e.Lock == h.name && e.Token == tok && !e.At.Before(v.from) {
+				if e.At.Before(v.to) {
+					if strings.HasPrefix(v.toBecause, "ended: ") {
+						r.note("n%d released the hold of %q (token %s) at %s, %s before its remote holder saw its stream end: a remote holder's writes must carry the token", h.node, h.name, tok, clock(e.At), v.to.Sub(e.At).Round(time.Millisecond))
 					}
-					v.to, v.toBecause = end, "its node ended it: the caller's stream ended (log time + slack)"
+					v.to, v.toBecause = e.At, "its node released it: the caller's stream ended (log time)"
 				}
 				break
 			}

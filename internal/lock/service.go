@@ -837,6 +837,11 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	defer h.Release()
+	// The node's own record of a remote hold's span (the fault suite
+	// checks holds by these lines: a remote caller learns of either end
+	// later, by a network delay). Logged once granted: the line's time
+	// follows the grant.
+	s.log.Info("remote hold granted", "lock", string(req.Name), "token", h.Token().String(), "clerk", c.ID().String())
 	if err := stream.Send(&pb.HoldResponse{Kind: pb.HoldResponse_KIND_GRANTED, Clerk: ClerkIDToPB(c.ID()),
 		WaitedMicros: uint64(time.Since(start).Microseconds()), Token: TokenToPB(h.Token())}); err != nil {
 		return err
@@ -849,10 +854,12 @@ func (s *Service) Hold(req *pb.HoldRequest, stream grpc.ServerStreamingServer[pb
 	case <-stream.Context().Done():
 		// The caller went away, or its connection broke: this node ends
 		// the hold now, and the caller may learn it later (a broken
-		// connection shows at either end first). Logged before the
-		// release (the fault suite bounds the hold by this line): a
-		// remote holder's mutual exclusion ends here, not where it
-		// notices; what it writes must carry the grant's fencing token.
+		// connection shows at either end first): a remote holder's
+		// mutual exclusion ends here, not where it notices, and what it
+		// writes must carry the grant's fencing token. Logged before the
+		// release: the line's time precedes any grant of the lock that
+		// this release lets the master make (the fault suite compares
+		// the two lines' times).
 		s.log.Info("remote hold ended: its caller's stream ended", "lock", string(req.Name), "token", h.Token().String(), "clerk", c.ID().String())
 	case <-timer:
 	case <-h.Lost():
