@@ -448,12 +448,12 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 // replays the log) or a newer one that has opened the log since. The dead
 // server then wrote no record in the log (a server writes it only under its
 // lock, which it gives up only by a clean close: txn.Log.Close), and a
-// replay would read records another
-// run is replaying, fence the log under a new token and truncate it under
-// that run — which then finds nothing to redo, and the changes it protects
-// are lost (TestEndToEndTreeLinearizable found it: a new lock master ran an
-// "all" recovery of an incarnation that died waiting for its log next to
-// the names recovery of the one before). Such a run has nothing to do.
+// replay would read records another run is replaying, fence the log under
+// a new token and truncate it under that run — which then finds nothing to
+// redo, and the changes it protects are lost (TestEndToEndTreeLinearizable
+// found it: a new lock master ran an "all" recovery of an incarnation that
+// died waiting for its log next to the names recovery of the one before).
+// Such a run has nothing to do.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
 	return replayDead(ctx, dev, r, chunks, false)
 }
