@@ -74,7 +74,7 @@ func TestEndToEndTreeLinearizable(t *testing.T) {
 		}
 		rounds = v
 	}
-	_, u, _ := startCluster(t, 9500, "--chunk-size", "64MiB")
+	_, u, _ := startCluster(t, 8300, "--chunk-size", "64MiB")
 	keepLogsOnFailure(t, u, "grove-e2e-lin")
 	for r := 0; r < rounds; r++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
