@@ -87,24 +87,3 @@ func TestReplayCoverTeeth(t *testing.T) {
 		t.Fatal("replaying the uncovered log lost nothing: the scenario has no teeth")
 	}
 }
-
-// TestRunCovers pins runCovers' table (outside review 16).
-func TestRunCovers(t *testing.T) {
-	logLock := txn.LockName(LogName(1))
-	for i, c := range []struct {
-		r    lock.Recovery
-		want bool
-	}{
-		{lock.Recovery{Names: []string{FenceLock(1), logLock}}, true},
-		{lock.Recovery{Names: []string{FenceLock(1)}}, false}, // died between its fence lock and its log's
-		{lock.Recovery{Names: nil}, false},
-		{lock.Recovery{All: true}, true},
-		{lock.Recovery{All: true, Exclude: []string{FenceLock(1)}}, true},
-		{lock.Recovery{All: true, Exclude: []string{logLock}}, false},
-		{lock.Recovery{All: true, Names: []string{logLock}, Exclude: []string{logLock}}, false},
-	} {
-		if got := runCovers(c.r, logLock); got != c.want {
-			t.Errorf("case %d: runCovers = %v, want %v", i, got, c.want)
-		}
-	}
-}

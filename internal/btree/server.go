@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -405,7 +404,7 @@ func (s *Server) renewFence(ctx context.Context) error { return s.fence.renew(ct
 // server's log before the dead server's leases are freed.
 func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 	name := LogName(r.Dead.Node)
-	if !runCovers(r, txn.LockName(name)) {
+	if !r.Covers(txn.LockName(name)) {
 		why := "its leases do not include its log's lock"
 		if r.All {
 			why = "another clerk holds its log's lock"
@@ -462,7 +461,7 @@ func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 // log the run does not cover.
 func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafeUncovered bool) (txn.Report, error) {
 	node := r.Dead.Node
-	if !unsafeUncovered && !runCovers(r, txn.LockName(LogName(node))) {
+	if !unsafeUncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
 	}
 	fence := rldev.Fence{Name: FenceLock(node), Token: r.Token}
@@ -492,14 +491,6 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// server's next incarnation writes the log after this run, under a
 	// newer token of the log's lock.
 	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token}, a, txn.Unsafe{})
-}
-
-// runCovers says whether recovery run r may touch what lock name protects.
-func runCovers(r lock.Recovery, name string) bool {
-	if r.All {
-		return !slices.Contains(r.Exclude, name)
-	}
-	return slices.Contains(r.Names, name)
 }
 
 // replayWriteAttempts bounds the attempts of one replayed node write whose

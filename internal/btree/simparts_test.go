@@ -268,7 +268,7 @@ func (s *simLocks) startRecoveriesLocked() {
 		if d.all {
 			first := firstAll
 			firstAll = false
-			if !first || s.allRunning || s.running[d] {
+			if !first || s.allRunning {
 				continue
 			}
 		}

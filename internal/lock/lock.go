@@ -18,6 +18,7 @@ package lock
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Mode is a lease mode.
@@ -251,4 +252,15 @@ type Recover struct {
 	All     bool
 	Exclude []string // with All: names live clerks hold, which the run must not touch
 	Token   Token
+}
+
+// Covers says whether the run may touch what lock name protects: a name it
+// names, or for an "all" run any name it does not exclude.
+func (q Recover) Covers(name string) bool { return covers(q.All, q.Names, q.Exclude, name) }
+
+func covers(all bool, names, exclude []string, name string) bool {
+	if all {
+		return !slices.Contains(exclude, name)
+	}
+	return slices.Contains(names, name)
 }

@@ -83,7 +83,7 @@ func RunCover(q Recover, all []string) []string {
 	}
 	var out []string
 	for _, n := range all {
-		if !slices.Contains(q.Exclude, n) {
+		if q.Covers(n) {
 			out = append(out, n)
 		}
 	}

@@ -66,6 +66,10 @@ type Recovery struct {
 	Renew func(ctx context.Context) (Token, error)
 }
 
+// Covers says whether the run may touch what lock name protects (as
+// Recover.Covers): a recovery function must leave everything else alone.
+func (r Recovery) Covers(name string) bool { return covers(r.All, r.Names, r.Exclude, name) }
+
 // RecoveryFunc recovers the state a dead clerk of the same kind left behind
 // (for example, replays its write-ahead log). It must be idempotent (it may
 // run again for one dead clerk), carry r.Token on its writes, and stop when
