@@ -434,14 +434,34 @@ func TestUpStopsItsNodes(t *testing.T) {
 	}
 	allGone := func(what string, pids ...int) {
 		t.Helper()
-		waitFor(t, 20*time.Second, what, func() bool {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var left []string
 			for _, p := range pids {
 				if !bench.Exited(p) {
-					return false
+					stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+					cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+					left = append(left, fmt.Sprintf("pid %d (%s): %s", p, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}), stat))
 				}
 			}
-			return true
-		})
+			if len(left) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				// What is left, and what it was doing (a node's log
+				// ends with its last steps).
+				for _, n := range []string{"node-1", "node-2", "node-3"} {
+					if b, err := os.ReadFile(filepath.Join(dir, n, "grove.log")); err == nil {
+						if len(b) > 4000 {
+							b = b[len(b)-4000:]
+						}
+						t.Logf("%s/grove.log, its end:\n%s", n, b)
+					}
+				}
+				t.Fatalf("%s: not within 20s; still running:\n%s", what, strings.Join(left, "\n"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	childPIDs := func(u *bench.UpCluster) []int {
 		var ps []int
@@ -483,6 +503,7 @@ func TestUpStopsItsNodes(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "stopped grove up") {
 		t.Fatalf("grove down: %v", r)
 	}
+	t.Logf("grove down: %v", r)
 	allGone("every node, the hand-started one too, stopped by grove down", append(childPIDs(u), hand, u.Up().Process.Pid)...)
 
 	if r := grove(t, bin, nil, "up", "--data", dir, "--base-port", "9990"); r.code != 2 || !strings.Contains(r.stderr, "holds a cluster created with") || !strings.Contains(r.stderr, "--base-port 9990 (it has 8500)") {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"time"
@@ -303,6 +305,7 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 					if err == nil {
 						cells[sys.name+"-put"] = append(cells[sys.name+"-put"], put)
 						var get Result
+						stopProfile := profilePhase(sys.name + "-get")
 						get, err = runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
 							cctx, cancel := context.WithTimeout(ctx, time.Minute)
 							defer cancel()
@@ -312,6 +315,7 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 							}
 							return err
 						})
+						stopProfile()
 						cells[sys.name+"-get"] = append(cells[sys.name+"-get"], get)
 					}
 					for _, cc := range conns {
@@ -338,6 +342,45 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 		}
 	}
 	return nil
+}
+
+// profilePhase writes a CPU profile of one phase of the etcd comparison
+// to $GROVE_BENCH_CPUPROFILE.PHASE.N (a tuning aid; off unless set):
+// the in-process nodes and the load generator, not the etcd members.
+func profilePhase(phase string) (stop func()) {
+	base := os.Getenv("GROVE_BENCH_CPUPROFILE")
+	if base == "" {
+		return func() {}
+	}
+	for n := 1; ; n++ {
+		name := fmt.Sprintf("%s.%s.%d", base, phase, n)
+		if _, err := os.Stat(name); err == nil {
+			continue
+		}
+		f, err := os.Create(name)
+		if err != nil {
+			return func() {}
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return func() {}
+		}
+		// The phase's lock contention too (mutex and block profiles).
+		runtime.SetMutexProfileFraction(5)
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		return func() {
+			pprof.StopCPUProfile()
+			f.Close()
+			for _, p := range []string{"mutex", "block"} {
+				if g, err := os.Create(name + "." + p); err == nil {
+					_ = pprof.Lookup(p).WriteTo(g, 0)
+					g.Close()
+				}
+			}
+			runtime.SetMutexProfileFraction(0)
+			runtime.SetBlockProfileRate(0)
+		}
+	}
 }
 
 // splitmix is SplitMix64's finalizer: a bijection that spreads keys.

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -65,12 +66,19 @@ type EtcdKV struct {
 	stop      context.CancelFunc
 	mu        sync.Mutex
 	links     map[string]*forwardLink // by home address
+	// The tree's home and its address, for the membership version whose
+	// change channel is homeAt.
+	home       uint64
+	homeAddrOf string
+	homeAt     <-chan struct{}
 	// Calls this node forwarded (answered by the home, or lost) and
 	// served for other nodes.
 	forwardedOut, forwardedIn atomic.Uint64
 	// Forwarded calls whose caller gave up: cancellations this node sent,
 	// and calls it stopped as the home on such a cancellation.
 	cancelSent, forwardCancelled atomic.Uint64
+	// workers serve the forwarded calls (the home's).
+	workers *workerPool
 	// testServeHook, in tests, runs before a forwarded call is served.
 	testServeHook atomic.Pointer[func(context.Context)]
 }
@@ -97,7 +105,7 @@ func NewEtcdKV(svc *Service, tree string, forward bool) *EtcdKV {
 	if tree == "" {
 		tree = DefaultEtcdTree
 	}
-	e := &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node, forward: forward, links: map[string]*forwardLink{}}
+	e := &EtcdKV{svc: svc, tree: tree, node: svc.cfg.Node, forward: forward, links: map[string]*forwardLink{}, workers: newWorkerPool(64, 10*time.Second)}
 	e.closing, e.stop = context.WithCancel(context.Background())
 	if forward && svc.cfg.Meta != nil {
 		e.book = meta.NewAddressBook(svc.cfg.Meta)
@@ -153,16 +161,10 @@ func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
 		return nil, false
 	}
-	nodes := e.book.Nodes()
-	ids := make([]uint64, 0, len(nodes))
-	for id := range nodes {
-		ids = append(ids, id)
-	}
-	home := Home(e.tree, ids)
+	home, addr := e.homeAddr()
 	if home == 0 || home == e.node {
 		return nil, false
 	}
-	addr := nodes[home]
 	cc, err := e.conns.Get(addr)
 	if err != nil {
 		return nil, false
@@ -185,6 +187,23 @@ func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 		}
 	}
 	return l, true
+}
+
+// homeAddr is the tree's home node and its address, computed once per
+// version of the membership.
+func (e *EtcdKV) homeAddr() (uint64, string) {
+	nodes, changed := e.book.View()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.homeAt != changed {
+		ids := make([]uint64, 0, len(nodes))
+		for id := range nodes {
+			ids = append(ids, id)
+		}
+		e.home = Home(e.tree, ids)
+		e.homeAt, e.homeAddrOf = changed, nodes[e.home]
+	}
+	return e.home, e.homeAddrOf
 }
 
 func uintString(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -50,7 +50,7 @@ type forwardLink struct {
 type forwardStream struct {
 	s      etcdpb.GroveForward_ForwardClient
 	cancel context.CancelFunc
-	out    outbox[*etcdpb.ForwardCall]
+	out    *outbox[*etcdpb.ForwardCall]
 
 	mu    sync.Mutex
 	next  uint64
@@ -72,44 +72,77 @@ type forwardResult struct {
 // errNotSent: the call was not sent (no stream to the home could be had).
 var errNotSent = errors.New("etcd endpoint: no stream to the tree's home node")
 
-// outbox gathers what is ready to go; one sender sends what it finds in
-// one message, up to forwardBatchBytes (a message must stay well under the
-// nodes' transport.MaxMessage; an item alone is never larger: see
-// forwardCallMax, forwardAnswerMax).
+// outbox gathers what is ready to go and sends it, up to
+// forwardBatchBytes per message (a message must stay well under the nodes'
+// transport.MaxMessage; an item alone is never larger: see forwardCallMax,
+// forwardAnswerMax). There is no sender goroutine: the goroutine that
+// queues an item while nobody sends becomes the sender and sends until
+// the outbox is empty, taking along what others queue meanwhile (they
+// return at once). A call thus leaves without a hand-off to another
+// goroutine — each cost a wake-up on every forwarded call's path, twice
+// (the call, its answer) — and under load one message still carries
+// many. Once a send fails nothing more is sent: the failing sender
+// reports the error and what was left unsent (failed), and put answers
+// false for anything queued later.
 type outbox[T proto.Message] struct {
-	mu    sync.Mutex
-	items []T
-	kick  chan struct{}
+	send   func([]T) error
+	failed func(err error, unsent []T)
+	mu     sync.Mutex
+	items  []T
+	busy   bool  // a goroutine is sending
+	err    error // a send failed
 }
 
-const (
-	forwardBatchBytes = 4 << 20
-	// forwardCallMax bounds a call sent on the stream: a larger one (a
-	// put of a value near MaxValue) is served where it landed (any
-	// server may: the tree stays coherent through the locks; one too
-	// large for the tree is refused there), so that it never holds the
-	// stream's small calls up behind it.
-	forwardCallMax = 1 << 20
-	// forwardAnswerMax bounds an answer: a larger one is replaced by an
-	// error (the unary path would have failed it too).
-	forwardAnswerMax = transport.MaxMessage - 64<<10
-)
+func newOutbox[T proto.Message](send func([]T) error, failed func(error, []T)) *outbox[T] {
+	return &outbox[T]{send: send, failed: failed}
+}
 
-func newOutbox[T proto.Message]() outbox[T] { return outbox[T]{kick: make(chan struct{}, 1)} }
-
-func (o *outbox[T]) put(x T) {
+// put queues x and sends, unless another goroutine is sending (it takes x
+// along). False: x will not be sent (a send failed before).
+func (o *outbox[T]) put(x T) bool {
 	o.mu.Lock()
+	if o.err != nil {
+		o.mu.Unlock()
+		return false
+	}
 	o.items = append(o.items, x)
-	o.mu.Unlock()
-	select {
-	case o.kick <- struct{}{}:
-	default:
+	o.flushLocked()
+	return true
+}
+
+// flushLocked sends what is queued unless another goroutine is sending
+// (o.mu held; released on return).
+func (o *outbox[T]) flushLocked() {
+	if o.busy {
+		o.mu.Unlock()
+		return
+	}
+	o.busy = true
+	for {
+		items := o.takeLocked()
+		if len(items) == 0 {
+			o.busy = false
+			o.mu.Unlock()
+			return
+		}
+		o.mu.Unlock()
+		err := o.send(items)
+		o.mu.Lock()
+		if err != nil {
+			o.err, o.busy = err, false
+			unsent := o.items
+			o.items = nil
+			o.mu.Unlock()
+			if o.failed != nil {
+				o.failed(err, unsent)
+			}
+			return
+		}
 	}
 }
 
-func (o *outbox[T]) take() []T {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// takeLocked takes what fits in one message.
+func (o *outbox[T]) takeLocked() []T {
 	n, size := 0, 0
 	for ; n < len(o.items); n++ {
 		sz := proto.Size(o.items[n])
@@ -125,27 +158,18 @@ func (o *outbox[T]) take() []T {
 	return items
 }
 
-// sendAll sends what the outbox holds, one message at a time, until done
-// closes (then what is left is sent too) or a send fails (returned).
-func (o *outbox[T]) sendAll(done <-chan struct{}, send func([]T) error) error {
-	for {
-		select {
-		case <-o.kick:
-		case <-done:
-			for items := o.take(); len(items) > 0; items = o.take() {
-				if err := send(items); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		for items := o.take(); len(items) > 0; items = o.take() {
-			if err := send(items); err != nil {
-				return err
-			}
-		}
-	}
-}
+const (
+	forwardBatchBytes = 4 << 20
+	// forwardCallMax bounds a call sent on the stream: a larger one (a
+	// put of a value near MaxValue) is served where it landed (any
+	// server may: the tree stays coherent through the locks; one too
+	// large for the tree is refused there), so that it never holds the
+	// stream's small calls up behind it.
+	forwardCallMax = 1 << 20
+	// forwardAnswerMax bounds an answer: a larger one is replaced by an
+	// error (the unary path would have failed it too).
+	forwardAnswerMax = transport.MaxMessage - 64<<10
+)
 
 // streamLocked returns the open stream, opening one if there is none.
 func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
@@ -164,49 +188,45 @@ func (l *forwardLink) streamLocked(self uint64) (*forwardStream, error) {
 		cancel()
 		return nil, err
 	}
-	fs := &forwardStream{s: s, cancel: cancel, out: newOutbox[*etcdpb.ForwardCall](), waits: map[uint64]forwardWait{}}
+	fs := &forwardStream{s: s, cancel: cancel, waits: map[uint64]forwardWait{}}
+	fs.out = newOutbox(fs.sendCalls, func(err error, unsent []*etcdpb.ForwardCall) {
+		// The calls of the failed message may have gone out (they learn
+		// the stream's error: Unavailable, a read may be served here, a
+		// write's outcome is unknown); those still queued were not sent.
+		fs.broke(status.Errorf(codes.Unavailable, "etcd endpoint: sending to the tree's home node: %v", err), unsent)
+	})
 	l.stream = fs
 	go fs.receive()
-	go fs.send(ctx.Done())
 	return fs, nil
 }
 
-// send sends the queued calls until the stream ends.
-func (fs *forwardStream) send(done <-chan struct{}) {
-	err := fs.out.sendAll(done, func(calls []*etcdpb.ForwardCall) error {
-		// A call whose caller gave up is not sent (gRPC would not send an
-		// expired unary call either); the others carry the time left now.
-		now := time.Now()
-		live := calls[:0:0]
-		fs.mu.Lock()
-		for _, c := range calls {
-			w, ok := fs.waits[c.Id]
-			switch {
-			case c.Cancel:
-				// (If its call was dropped here unsent, the home knows
-				// no such call and ignores it.)
-				live = append(live, c)
-			case !ok:
-			case w.deadline.IsZero():
-				live = append(live, c)
-			case now.Before(w.deadline):
-				c.TimeoutUs = max(w.deadline.Sub(now).Microseconds(), 1)
-				live = append(live, c)
-			}
+// sendCalls sends one message of calls.
+func (fs *forwardStream) sendCalls(calls []*etcdpb.ForwardCall) error {
+	// A call whose caller gave up is not sent (gRPC would not send an
+	// expired unary call either); the others carry the time left now.
+	now := time.Now()
+	live := calls[:0:0]
+	fs.mu.Lock()
+	for _, c := range calls {
+		w, ok := fs.waits[c.Id]
+		switch {
+		case c.Cancel:
+			// (If its call was dropped here unsent, the home knows no
+			// such call and ignores it.)
+			live = append(live, c)
+		case !ok:
+		case w.deadline.IsZero():
+			live = append(live, c)
+		case now.Before(w.deadline):
+			c.TimeoutUs = max(w.deadline.Sub(now).Microseconds(), 1)
+			live = append(live, c)
 		}
-		fs.mu.Unlock()
-		if len(live) == 0 {
-			return nil
-		}
-		return fs.s.Send(&etcdpb.ForwardCalls{Calls: live})
-	})
-	if err == nil {
-		err = errors.New("the stream was closed")
 	}
-	// The calls of the failed message may have gone out (they learn the
-	// stream's error: Unavailable, a read may be served here, a write's
-	// outcome is unknown); those still queued were not sent.
-	fs.broke(status.Errorf(codes.Unavailable, "etcd endpoint: sending to the tree's home node: %v", err), fs.out.take())
+	fs.mu.Unlock()
+	if len(live) == 0 {
+		return nil
+	}
+	return fs.s.Send(&etcdpb.ForwardCalls{Calls: live})
 }
 
 // broke ends the stream: every call waiting learns err, but those never
@@ -271,7 +291,17 @@ func (l *forwardLink) call(ctx context.Context, self uint64, c *etcdpb.ForwardCa
 	c.Id = fs.next
 	fs.waits[c.Id] = forwardWait{ch: ch, deadline: d}
 	fs.mu.Unlock()
-	fs.out.put(c)
+	if !fs.out.put(c) {
+		// A send failed first: the stream is broken, and broke told
+		// every waiting call (this one too, unless it comes after).
+		fs.mu.Lock()
+		if _, waiting := fs.waits[c.Id]; waiting {
+			delete(fs.waits, c.Id)
+			fs.mu.Unlock()
+			return nil, errNotSent
+		}
+		fs.mu.Unlock()
+	}
 	l.sent.Add(1)
 	select {
 	case r := <-ch:
@@ -320,21 +350,16 @@ func (l *forwardLink) closeLink() {
 // whatever other answers are ready then.
 func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 	ctx := stream.Context()
-	out := newOutbox[*etcdpb.ForwardAnswer]()
-	done := make(chan struct{})
-	sent := make(chan struct{})
-	go func() {
-		defer close(sent)
-		_ = out.sendAll(done, func(answers []*etcdpb.ForwardAnswer) error {
-			return stream.Send(&etcdpb.ForwardAnswers{Answers: answers}) // (broken: its caller learns it)
-		})
-	}()
+	// A failed send breaks the stream (its caller learns it); the
+	// answers after it are dropped.
+	out := newOutbox(func(answers []*etcdpb.ForwardAnswer) error {
+		return stream.Send(&etcdpb.ForwardAnswers{Answers: answers})
+	}, nil)
+	// Every answer is sent by the goroutine that served its call (or one
+	// that sent it along): once they are all done, nothing is left to
+	// send, and nothing is sent after the handler returns.
 	var wg sync.WaitGroup
-	defer func() { // no Send after the handler returns
-		wg.Wait()
-		close(done)
-		<-sent
-	}()
+	defer wg.Wait()
 	// The calls running, by id, for the caller's cancellations.
 	var runMu sync.Mutex
 	running := map[uint64]context.CancelFunc{}
@@ -362,7 +387,7 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 			runMu.Lock()
 			running[c.Id] = cancel
 			runMu.Unlock()
-			go func() {
+			e.workers.run(func() {
 				defer wg.Done()
 				ans := e.serveForwarded(cctx, c)
 				runMu.Lock()
@@ -379,7 +404,52 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 						Message: "etcd endpoint: the answer is larger than a message may be (read the range with a limit)"}}
 				}
 				out.put(ans)
-			}()
+			})
+		}
+	}
+}
+
+// workerPool runs functions at once, each on a goroutine of its own: an
+// idle worker's if one waits, a new one otherwise, which then waits for
+// more work (up to max resident, each for up to idle). The point is the
+// stack: a served call's path (gRPC, the tree, the chunk clerk) is deep,
+// and a fresh goroutine grew its stack through it every time (copystack,
+// ≈12 % of the home's CPU under the etcd endpoint's get load).
+type workerPool struct {
+	ch       chan func()
+	resident atomic.Int32
+	max      int32
+	idle     time.Duration
+}
+
+func newWorkerPool(max int32, idle time.Duration) *workerPool {
+	return &workerPool{ch: make(chan func()), max: max, idle: idle}
+}
+
+func (p *workerPool) run(f func()) {
+	select {
+	case p.ch <- f: // an idle worker took it
+	default:
+		go p.work(f)
+	}
+}
+
+func (p *workerPool) work(f func()) {
+	f()
+	if p.resident.Add(1) > p.max {
+		p.resident.Add(-1)
+		return
+	}
+	defer p.resident.Add(-1)
+	t := time.NewTimer(p.idle)
+	defer t.Stop()
+	for {
+		select {
+		case f := <-p.ch:
+			f()
+			t.Reset(p.idle)
+		case <-t.C:
+			return
 		}
 	}
 }

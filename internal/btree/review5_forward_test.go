@@ -46,7 +46,7 @@ func review5Link(t *testing.T, ctx context.Context, handler func(etcdpb.GroveFor
 }
 
 // The home batches every answer ready at once into one ForwardAnswers
-// message (outbox.take takes them all, with no size bound). Two range
+// message (the outbox then took them all, with no size bound). Two range
 // answers of 17 MiB each — each well under transport.MaxMessage (33 MiB),
 // each fine over the old unary path — travel together as one 34 MiB
 // message, which the forwarding node's Recv refuses (ResourceExhausted):
@@ -67,7 +67,10 @@ func TestReview5ForwardBatchOverMessageLimit(t *testing.T) {
 			}
 			calls = append(calls, m.Calls...)
 		}
-		out := newOutbox[*etcdpb.ForwardAnswer]()
+		out := newOutbox(func(a []*etcdpb.ForwardAnswer) error {
+			return s.Send(&etcdpb.ForwardAnswers{Answers: a})
+		}, nil)
+		var answers []*etcdpb.ForwardAnswer
 		for _, c := range calls {
 			ans := &etcdpb.ForwardAnswer{Id: c.Id}
 			if c.GetPut() != nil {
@@ -75,13 +78,12 @@ func TestReview5ForwardBatchOverMessageLimit(t *testing.T) {
 			} else {
 				ans.Result = &etcdpb.ForwardAnswer_Range{Range: &etcdpb.RangeResponse{Kvs: []*etcdpb.KeyValue{{Key: c.GetRange().Key, Value: big}}, Count: 1}}
 			}
-			out.put(ans)
+			answers = append(answers, ans)
 		}
-		done := make(chan struct{})
-		close(done)
-		_ = out.sendAll(done, func(a []*etcdpb.ForwardAnswer) error {
-			return s.Send(&etcdpb.ForwardAnswers{Answers: a})
-		})
+		// All three queued while a sender is busy, then sent together.
+		out.mu.Lock()
+		out.items = append(out.items, answers...)
+		out.flushLocked()
 		for {
 			if _, err := s.Recv(); err != nil {
 				return nil

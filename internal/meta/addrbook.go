@@ -68,6 +68,16 @@ func (b *AddressBook) Nodes() map[uint64]string {
 	return out
 }
 
+// View returns every node's address as last seen, without a copy (the map
+// is shared: read it, never change it; an update replaces it), and a
+// channel closed at the next update: what a caller may derive from the
+// map holds until then.
+func (b *AddressBook) View() (map[uint64]string, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.addrs, b.changed
+}
+
 // Addr is node's address, waiting up to 2 s for the membership to name it
 // (a clerk just started, a node just registered).
 func (b *AddressBook) Addr(ctx context.Context, node uint64) (string, error) {
