@@ -17,7 +17,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 		t.Skip("fio is not installed (scripts/test.sh installs it as root)")
 	}
 	bin := buildGrove(t)
-	r := grove(t, bin, nil, "bench", "rldev", "--parts", "iops,resync", "--cell", "1s", "--resync-size", "64MiB", "--base-port", "9500", "-o", "json")
+	r := grove(t, bin, nil, "bench", "rldev", "--parts", "iops,resync", "--cell", "300ms", "--resync-size", "32MiB", "--base-port", "9500", "-o", "json")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}

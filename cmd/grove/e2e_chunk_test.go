@@ -316,14 +316,21 @@ func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 			defer wg.Done()
 			r := mrand.New(mrand.NewSource(int64(w)))
 			var mine []chunk.Handle
-			for i := 0; ; i++ {
+			// Bounded in count and paced (at most 125 operations a
+			// second per worker): the pair's 64 MiB must hold what is
+			// live plus what was freed in the last 30 s (freed space is
+			// quarantined that long), whatever the machine's speed; at
+			// full speed a fast disk filled it within the 7 s.
+			next := time.Now()
+			for i := 0; i < 2000; i++ {
 				select {
 				case <-stop:
 					return
-				default:
+				case <-time.After(time.Until(next)):
 				}
+				next = next.Add(8 * time.Millisecond)
 				octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				if len(mine) > 3 && r.Intn(4) == 0 {
+				if len(mine) > 3 && r.Intn(4) == 0 || len(mine) > 150 {
 					k := r.Intn(len(mine))
 					h := mine[k]
 					mine = append(mine[:k], mine[k+1:]...)

@@ -212,7 +212,7 @@ func RunFio(ctx context.Context, l FioLoad) (IOResult, error) {
 	}
 	args := []string{"--name=raw", "--filename=" + l.File, "--rw=" + rw, "--bs=" + strconv.FormatUint(l.Size, 10),
 		"--size=" + strconv.FormatUint(l.Span, 10), "--ioengine=psync", "--numjobs=" + strconv.Itoa(l.QD), "--group_reporting",
-		"--time_based", "--runtime=" + strconv.Itoa(int(max(l.For.Seconds(), 1))), "--output-format=json", "--direct=0"}
+		"--time_based", "--runtime=" + strconv.FormatInt(max(l.For.Milliseconds(), 100), 10) + "ms", "--output-format=json", "--direct=0"}
 	if l.Write {
 		args = append(args, "--fdatasync=1")
 	}
