@@ -78,6 +78,9 @@ func (a *Anchor) Encode(b []byte) []byte {
 // DecodeAnchor decodes the anchor image at the start of b, which must be
 // chunk self's.
 func DecodeAnchor(b []byte, self Handle) (*Anchor, error) {
+	if err := formatVersionError(b, anchorMagic, "tree anchor"); err != nil {
+		return nil, err
+	}
 	if len(b) < 34+4 || string(b[:4]) != anchorMagic && string(b[:4]) != droppedMagic {
 		return nil, fmt.Errorf("%w: no anchor header", ErrCorrupt)
 	}

@@ -2,6 +2,8 @@ package btree
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 )
 
@@ -133,5 +135,27 @@ func TestNodeRoundTrip(t *testing.T) {
 		if _, err := Decode(b, n.Tree, Handle{CM: 5, ID: 5}); err == nil {
 			t.Fatal("a misdirected image decoded")
 		}
+	}
+}
+
+// An image of another format version is refused as such, not as torn.
+func TestDecodeOtherFormatVersion(t *testing.T) {
+	n := &Node{Tree: 7, Self: Handle{CM: 1, ID: 9}, HighInf: true}
+	b := n.Encode(nil)
+	if _, err := Decode(b, 7, n.Self); err != nil {
+		t.Fatal(err)
+	}
+	b[3] = '2'
+	if _, err := Decode(b, 7, n.Self); !errors.Is(err, ErrFormatVersion) || !strings.Contains(err.Error(), "format version 2; this build reads version 1") {
+		t.Fatalf("node of version 2: %v", err)
+	}
+	img, ref := EncodeValue(7, Handle{CM: 1, ID: 10}, []byte("value"))
+	img[3] = '3'
+	if _, err := DecodeValue(img, 7, ref); !errors.Is(err, ErrFormatVersion) || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("value of version 3: %v", err)
+	}
+	b[0] = 'X' // not ours at all: corrupt, not a version
+	if _, err := Decode(b, 7, n.Self); errors.Is(err, ErrFormatVersion) || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("no magic: %v", err)
 	}
 }

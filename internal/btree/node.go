@@ -263,7 +263,11 @@ func (n *Node) IndexOf(h Handle) int {
 func (n *Node) Entries() int { return len(n.Keys) }
 
 // On-chunk layout of a node (all integers little-endian; the rest of the
-// chunk, past Length, is not read):
+// chunk, past Length, is not read). The magic's last byte is the format's
+// version (as for values, "GBV1", and anchors, "GBA1"): a change to a
+// layout takes the next digit, and its build reads both; an image of a
+// version this build does not know is refused as such (formatVersionError),
+// not as corruption.
 //
 //	0   [4]  magic "GBN1"
 //	4   u32  Length: bytes of the image, this header and the CRC included
@@ -300,6 +304,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // ErrCorrupt: a node, anchor or value image does not decode (torn,
 // flipped, misdirected, or not such an image at all).
 var ErrCorrupt = errors.New("btree: chunk image is corrupt")
+
+// ErrFormatVersion: an image in a format version this build does not read
+// (see the node layout). It is an ErrCorrupt too, for callers that only
+// tell good images from bad ones.
+var ErrFormatVersion = fmt.Errorf("%w: unknown format version", ErrCorrupt)
 
 // Size is the length of n's encoding.
 func (n *Node) Size() int {
@@ -406,7 +415,20 @@ func Decode(b []byte, tree uint64, self Handle) (*Node, error) {
 	return n, nil
 }
 
+// formatVersionError is the error for an image whose magic is magic's
+// but for its version byte (nil otherwise): written by a build with
+// another format version of what (a newer Grove, a downgrade).
+func formatVersionError(b []byte, magic, what string) error {
+	if len(b) < 4 || string(b[:3]) != magic[:3] || b[3] == magic[3] || b[3] < '0' || b[3] > '9' {
+		return nil
+	}
+	return fmt.Errorf("%w: a %s image of format version %c; this build reads version %c (written by another Grove version?)", ErrFormatVersion, what, b[3], magic[3])
+}
+
 func decode(b []byte) (*Node, error) {
+	if err := formatVersionError(b, nodeMagic, "node"); err != nil {
+		return nil, err
+	}
 	if len(b) < headerSize+6 || string(b[:4]) != nodeMagic {
 		return nil, fmt.Errorf("%w: no node header", ErrCorrupt)
 	}

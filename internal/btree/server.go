@@ -213,7 +213,8 @@ type ServerConfig struct {
 	// LogSize is the size of the server's log, made at its first start
 	// (default 64 MiB).
 	LogSize uint64
-	// CacheNodes bounds the nodes the cache pins (default 4096).
+	// CacheNodes bounds the nodes the cache pins (default
+	// DefaultCacheNodes).
 	CacheNodes int
 	// OpTimeout bounds one operation (default 30 s; well below Grace).
 	OpTimeout time.Duration

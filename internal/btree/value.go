@@ -95,6 +95,9 @@ func EncodeValue(tree uint64, self Handle, val []byte) ([]byte, ValueRef) {
 // length) against tree and r, and returns the value (sharing no memory
 // with b).
 func DecodeValue(b []byte, tree uint64, r ValueRef) ([]byte, error) {
+	if err := formatVersionError(b, valueMagic, "value chunk"); err != nil {
+		return nil, fmt.Errorf("value chunk %v: %w", r.Chunk, err)
+	}
 	if len(b) < valueHeader || string(b[:4]) != valueMagic {
 		return nil, fmt.Errorf("%w: value chunk %v has no value header", ErrCorrupt, r.Chunk)
 	}

@@ -99,6 +99,10 @@ type BTreeConfig struct {
 	// trees they have open ten times less often, in case the home is
 	// down; negative: never).
 	RepairEvery Duration `toml:"repair_every"`
+	// CacheNodes bounds the node images the node's B-tree server caches,
+	// across its trees (default btree.DefaultCacheNodes; at the default
+	// 8 KiB nodes, 128 MiB of images).
+	CacheNodes int `toml:"cache_nodes"`
 }
 
 type FDConfig struct {
@@ -479,6 +483,12 @@ func (c *Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		return errors.New("data_dir: required")
+	}
+	if c.BTree.CacheNodes < 0 || c.BTree.CacheNodes > 1<<24 {
+		return fmt.Errorf("[btree] cache_nodes %d: want 0 (the default, %d) to %d", c.BTree.CacheNodes, btree.DefaultCacheNodes, 1<<24)
+	}
+	if c.BTree.CacheNodes > 0 && c.BTree.CacheNodes < 64 {
+		return fmt.Errorf("[btree] cache_nodes %d: want at least 64 (an operation pins a few nodes per level, and every server's checkpoint a batch)", c.BTree.CacheNodes)
 	}
 	if c.BTree.EtcdTree != "" {
 		if err := btree.CheckTreeName(c.BTree.EtcdTree); err != nil {
