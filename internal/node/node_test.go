@@ -32,6 +32,8 @@ func TestConfigValidate(t *testing.T) {
 		"no cluster key":   func(c *Config) { c.ClusterKey = "" },
 		"short key":        func(c *Config) { c.ClusterKey = "abcd" },
 		"bad accepted key": func(c *Config) { c.AcceptClusterKeys = []string{"xyz"} },
+		"tiny cache":       func(c *Config) { c.BTree.CacheNodes = 10 },
+		"negative cache":   func(c *Config) { c.BTree.CacheNodes = -1 },
 		"any-address beacon": func(c *Config) {
 			c.BeaconAddr, c.Members[0].Beacon = "0.0.0.0:3", "0.0.0.0:3"
 		},
