@@ -229,6 +229,10 @@ type run struct {
 	epoch     Epoch // the master epoch that asked for it
 	cancelled bool
 	renewing  bool // a RenewRecovery under token is out
+	// resend: renewing, and the session it went out on broke before the
+	// answer: it goes out again on the clerk's next welcomed session of
+	// the run's epoch (a newer epoch cancels the run).
+	resend bool
 	// renewFailed: a renewal of the run failed (its writes may land late
 	// under a token it could not supersede): its end is reported as a
 	// failure whatever the recovery function returns.
@@ -248,9 +252,20 @@ func (r *run) cancel() []any {
 	return out
 }
 
+// sortedRunKeys orders a clerk's runs by dead clerk (one order, so that a
+// simulation replays).
+func sortedRunKeys(runs map[ClerkID]*run) []ClerkID {
+	keys := make([]ClerkID, 0, len(runs))
+	for k := range runs {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	return keys
+}
+
 // renewalFailed ends the run's pending renewal, or refuses a new one.
 func (r *run) renewalFailed(why string) RecoveryRenewal {
-	r.renewing, r.renewFailed = false, true
+	r.renewing, r.renewFailed, r.resend = false, true, false
 	return RecoveryRenewal{Run: r.id, Err: fmt.Errorf("%w: %s", ErrRenewRefused, why)}
 }
 
@@ -645,16 +660,21 @@ func (e *Engine) sessionEnded(env Env, c *clerkRun) []any {
 	}
 	c.sess, c.welcomed, c.goodbyeSent = 0, false, false
 	c.dialAt = env.Now.Add(backoff(c.fails, c.core.ID().salt()))
-	// A renewal whose answer can no longer come fails (the master may have
-	// renewed the run's token; the next Hello reports the old one, which the
-	// master then takes back: nothing was written under the new one).
-	var out []any
+	// A renewal whose answer can no longer come is sent again on the next
+	// session, instead of failing the run (a session break would otherwise
+	// cost a whole recovery, which may be large). The master may have
+	// renewed the run's token already: the next Hello reports the old one,
+	// which the master then takes back (nothing was written under the new
+	// one), and the renewal sent again under it gets a token above both.
+	// The run keeps its assignment meanwhile (the master does not reassign
+	// a run because its clerk's session broke); the run's function waits,
+	// as long as its context lets it.
 	for _, r := range c.runs {
 		if r.renewing {
-			out = append(out, r.renewalFailed("the session broke before its answer"))
+			r.resend = true
 		}
 	}
-	return out
+	return nil
 }
 
 // SessionClosed reports that a clerk's session broke (or never opened).
@@ -714,6 +734,14 @@ func (e *Engine) SessionRecv(env Env, session uint64, msg any) []any {
 			}
 		}
 		out = append(out, e.clerkOut(env, id, c, c.core.Handle(msg))...)
+		// Renewals whose session broke go out again (the Hello, sent
+		// before, reported the token they are under).
+		for _, dead := range sortedRunKeys(c.runs) {
+			if r := c.runs[dead]; r.renewing && r.resend && r.epoch == c.sessEpoch {
+				r.resend = false
+				out = append(out, e.clerkOut(env, id, c, c.core.RenewRecovery(dead, r.token))...)
+			}
+		}
 		return append(out, e.closeStep(id, c)...)
 	}
 	return e.clerkOut(env, id, c, c.core.Handle(msg))

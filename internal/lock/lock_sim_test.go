@@ -111,6 +111,7 @@ type oracle struct {
 	grants, recoveries, takeovers, writes, refused, anomalies, closes int
 	withdrawn                                                         int // acquires given up before their grant
 	renewed, renewRefused                                             int // recovery runs' renewals: answered with a token, refused
+	renewedAcrossBreak                                                int // renewals answered on a session after the one that broke
 	// scoped: clerks that declared walScope; outOfScope: their asks
 	// outside it (each refused); scopedAll: "all" recoveries of them.
 	allRuns               []*simRun
@@ -445,6 +446,7 @@ type simRun struct {
 	cancelled bool
 	gen       map[string]int
 	resume    func()         // the run's next step, once its renewal is answered
+	broke     bool           // its clerk's session broke while the renewal was out
 	inflight  map[string]int // writes sent and not yet landed (or refused), per name
 	ended, ok bool
 }
@@ -715,6 +717,12 @@ func (s *lockSim) exec(ln *lnode, out []any) {
 			}
 			resume := r.resume
 			r.resume = nil
+			if r.broke {
+				r.broke = false
+				if x.Err == nil {
+					s.o.renewedAcrossBreak++
+				}
+			}
 			if x.Err != nil {
 				s.o.renewRefused++
 				s.finishRun(ln, r, x.Err)
@@ -818,6 +826,11 @@ func (s *lockSim) dial(ln *lnode, d lock.Dial) {
 	}, func() {
 		if ln.csess[d.Session] == end && !ln.over {
 			delete(ln.csess, d.Session)
+			for _, r := range ln.runs {
+				if r.clerk == d.Clerk && r.resume != nil {
+					r.broke = true // the renewal waits for the next session
+				}
+			}
 			s.exec(ln, ln.eng.SessionClosed(s.env(ln), d.Session))
 		}
 	})
@@ -1161,7 +1174,7 @@ func reportLock(t *testing.T, test string, seed int64, s *lockSim) {
 
 func TestLockServiceSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 500)
-	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn, outOfScope, scopedAll, renewed, renewRefused int
+	var grants, recoveries, takeovers, writes, refused, ambiguous, decrees, closes, withdrawn, outOfScope, scopedAll, renewed, renewRefused, acrossBreak int
 	for _, seed := range seeds {
 		// Every fourth seed is a storm of crashes, master kills and
 		// config-service stalls (the conditions of the recovery ordering).
@@ -1186,6 +1199,7 @@ func TestLockServiceSimulation(t *testing.T) {
 		scopedAll += s.o.scopedAll
 		renewed += s.o.renewed
 		renewRefused += s.o.renewRefused
+		acrossBreak += s.o.renewedAcrossBreak
 	}
 	if len(seeds) >= 20 && (recoveries == 0 || takeovers <= len(seeds) || refused == 0 || ambiguous == 0 || closes == 0 || withdrawn == 0) {
 		t.Fatalf("faults did not bite: %d recoveries, %d takeovers, %d stale writes refused, %d ambiguous decrees, %d clerk closes, %d withdrawn acquires in %d seeds", recoveries, takeovers, refused, ambiguous, closes, withdrawn, len(seeds))
@@ -1196,8 +1210,8 @@ func TestLockServiceSimulation(t *testing.T) {
 	if len(seeds) >= 20 && (outOfScope == 0 || scopedAll == 0) {
 		t.Fatalf("scopes did not bite: %d asks out of scope, %d \"all\" recoveries of scoped clerks in %d seeds", outOfScope, scopedAll, len(seeds))
 	}
-	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries (%d \"all\" recoveries of scoped clerks), %d master takeovers, %d clerks closed, %d acquires withdrawn, %d asks out of scope refused, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused, %d recovery tokens renewed (%d renewals refused); no violations",
-		len(seeds), seeds[0], grants, recoveries, scopedAll, takeovers, closes, withdrawn, outOfScope, decrees, ambiguous, writes, refused, renewed, renewRefused)
+	t.Logf("%d seeds (first %d): %d lease grants, %d recoveries (%d \"all\" recoveries of scoped clerks), %d master takeovers, %d clerks closed, %d acquires withdrawn, %d asks out of scope refused, %d decrees (%d timed out and committed later), %d storage writes accepted, %d stale ones refused, %d recovery tokens renewed (%d on a session after the one that broke; %d renewals refused); no violations",
+		len(seeds), seeds[0], grants, recoveries, scopedAll, takeovers, closes, withdrawn, outOfScope, decrees, ambiguous, writes, refused, renewed, acrossBreak, renewRefused)
 }
 
 // The oracle's teeth: each broken variant must be caught.

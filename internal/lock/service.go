@@ -58,11 +58,12 @@ type Recovery struct {
 	// where that write would land before the run ends, makes storage refuse
 	// it once the dead clerk's names are granted again. Without it the run
 	// would have to fail, and every new run of a large recovery may meet a
-	// lost answer again. An error means the run must fail (the master
-	// refused, the session broke, the run was cancelled, or ctx ended); the
-	// engine then reports the run's end as a failure whatever the function
-	// returns. A session break while a renewal is out thus costs the whole
-	// run (sessions break rarely; answers are lost more often).
+	// lost answer again. A session break while the renewal is out does
+	// not fail it: it is sent again on the next session of the same
+	// master (the call waits, as long as ctx lets it). An error means the
+	// run must fail (the master refused, a newer master took over, the
+	// run was cancelled, or ctx ended); the engine then reports the run's
+	// end as a failure whatever the function returns.
 	Renew func(ctx context.Context) (Token, error)
 }
 
