@@ -296,16 +296,18 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 						x := splitmix(uint64(seq)<<40 | uint64(w)<<24 | uint64(i))
 						return []byte(fmt.Sprintf("%0*d", keyLen, x%pow10(keyLen)))
 					}
+					stopProfile := profilePhase(sys.name + "-put")
 					put, err := runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
 						cctx, cancel := context.WithTimeout(ctx, time.Minute)
 						defer cancel()
 						_, err := kvs[w].Put(cctx, &etcdpb.PutRequest{Key: key(w, i), Value: val})
 						return err
 					})
+					stopProfile()
 					if err == nil {
 						cells[sys.name+"-put"] = append(cells[sys.name+"-put"], put)
 						var get Result
-						stopProfile := profilePhase(sys.name + "-get")
+						stopProfile = profilePhase(sys.name + "-get")
 						get, err = runLoad(sys.name, clients, clients*o.Ops, func(w, i int) error {
 							cctx, cancel := context.WithTimeout(ctx, time.Minute)
 							defer cancel()
