@@ -270,7 +270,8 @@ func (r *run) renewalFailed(why string) RecoveryRenewal {
 }
 
 // ErrRenewRefused: a recovery run's renewal failed (the master refused it,
-// or the session broke before its answer); the run must fail.
+// a newer master took over, or the run was cancelled or ended); the run
+// must fail.
 var ErrRenewRefused = errors.New("lock: the recovery run's token was not renewed")
 
 // NewEngine returns the engine of incarnation cfg.Inc of node cfg.Node.
@@ -520,8 +521,15 @@ func (e *Engine) RenewRun(env Env, runID uint64) []any {
 func (e *Engine) AbandonRenewal(runID uint64) {
 	for _, id := range e.order {
 		for _, r := range e.clerks[id].runs {
-			if r.id == runID && r.renewing {
+			switch {
+			case r.id != runID:
+			case r.renewing:
 				r.renewalFailed("abandoned")
+			default:
+				// Its answer came as the function gave up on it: the
+				// run's writes may not carry the new token yet, so its
+				// end still counts as a failure.
+				r.renewFailed = true
 			}
 		}
 	}
@@ -536,11 +544,20 @@ func (e *Engine) RecoveryFinished(env Env, runID uint64, err error) []any {
 				continue
 			}
 			delete(c.runs, dead)
+			var out []any
+			if r.renewing {
+				// It ended with a renewal out, or waiting to be sent
+				// again after a session break: a write of it may still
+				// land under the token it has, so it did not end well
+				// (whatever the function says), and the renewal's
+				// waiter is answered.
+				out = append(out, r.renewalFailed("the run ended before its renewal was answered"))
+			}
 			if e.fenced || c.dead || c.sess == 0 {
-				return nil // the next Hello does not list it: the master decides again
+				return out // the next Hello does not list it: the master decides again
 			}
 			ok := err == nil && !r.cancelled && !r.renewFailed && r.epoch == c.sessEpoch
-			return e.clerkOut(env, id, c, c.core.RecoveryDone(dead, ok, r.token))
+			return append(out, e.clerkOut(env, id, c, c.core.RecoveryDone(dead, ok, r.token))...)
 		}
 	}
 	return nil
@@ -626,6 +643,14 @@ func (e *Engine) dialAll(env Env) []any {
 		}
 		rec := *e.hint.Master
 		c.sess, c.sessEpoch, c.welcomed = e.id(), rec.Epoch, false
+		// A renewal waiting to be sent again cannot be answered by a newer
+		// master (its Welcome cancels the run): it fails now rather than
+		// wait for that Welcome, which may be long in coming.
+		for _, dead := range sortedRunKeys(c.runs) {
+			if r := c.runs[dead]; r.renewing && r.resend && r.epoch < rec.Epoch {
+				out = append(out, r.renewalFailed("a newer lock master took over"))
+			}
+		}
 		h := c.core.Connect(rec.Epoch)
 		for dead, r := range c.runs {
 			h.Recovering[dead] = r.token

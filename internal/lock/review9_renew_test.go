@@ -227,8 +227,9 @@ func TestRenewalWaitingFailsAtFailover(t *testing.T) {
 
 // Review 9: the run ends (here: its renewal's waiter gave up and it returned
 // anyway) while a renewal the master granted is still on its way. The end
-// carries the engine's token, which the master no longer holds: the recovery
-// is not completed, and it runs again above the renewed token.
+// carries the engine's token, which the master no longer holds, and (since
+// review 18) says not OK, a renewal being out: the recovery is not
+// completed, and it runs again above the renewed token.
 func TestReview9RunEndsWhileRenewalOut(t *testing.T) {
 	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
 	r := newReview9Rig(t, m)
@@ -246,11 +247,14 @@ func TestReview9RunEndsWhileRenewalOut(t *testing.T) {
 		}
 	}
 	t2 := review9Find[RecoveryRenewed](t, answer, "RecoveryRenewed").Token
-	out := r.e.RecoveryFinished(r.env(), st.Run, nil) // OK, under the token it has
+	out := r.e.RecoveryFinished(r.env(), st.Run, nil) // the function says OK
+	if x, ok := find[RecoveryRenewal](out); !ok || !errors.Is(x.Err, ErrRenewRefused) {
+		t.Fatalf("the renewal's waiter is not answered as the run ends: %#v", out)
+	}
 	var mout []any
 	for _, o := range out {
 		if s, ok := o.(SessionSend); ok {
-			if d, _ := s.Msg.(RecoveryDone); d.Token != st.Req.Token || !d.OK {
+			if d, _ := s.Msg.(RecoveryDone); d.Token != st.Req.Token || d.OK {
 				t.Fatalf("the run's end: %+v", d)
 			}
 			mout = m.Handle(cC, s.Msg)

@@ -536,8 +536,11 @@ func (s *Service) renewRun(ctx context.Context, e *Engine, run uint64) (Token, e
 		s.mu.Lock()
 		if s.mu.renews[key] == ch {
 			delete(s.mu.renews, key)
-			e.AbandonRenewal(run) // a late answer must not renew a run that gave up on it
 		}
+		// A late answer must not renew a run that gave up on it, and an
+		// answer that came as ctx ended (select picked ctx) must not let
+		// the run end well under a token its writes may not carry.
+		e.AbandonRenewal(run)
 		s.mu.Unlock()
 		return Token{}, ctx.Err()
 	}
