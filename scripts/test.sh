@@ -88,7 +88,7 @@ GROVE_SEEDS=${GROVE_RACE_STORE_SEEDS:-2} GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:
 # server runtime in the simulator, the forwarding stream (its unit tests
 # and a 3-node in-process cluster) and values in chunks, under the race
 # detector.
-GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode|TestReview5|TestReview6|TestReview7|TestEtcdForwardStream|TestServerWait|TestGetNotStarved' ./internal/btree/...
+GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode|TestReview5|TestReview6|TestReview7|TestEtcdForwardStream|TestServerWait|TestGetNotStarved|TestOutbox' ./internal/btree/...
 
 phase "fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -112,6 +113,35 @@ type CacheConfig struct {
 	Log2     *slog.Logger
 }
 
+// loggedFree is a value chunk to free, named by a free record of a
+// committed change: rec is a position inside that record, end the
+// change's commit (durable first: until then the tree may name the chunk
+// again after a crash).
+type loggedFree struct{ rec, end uint64 }
+
+// freeTarget is the target of a free record (one per value chunk a
+// change stops naming: the value a put replaced or a delete removed),
+// logged in the change's own transaction: once the change is durable
+// the chunk is garbage, and a replay of the log frees it again if the
+// server died first (chunk ids are never reused: freeing a freed chunk
+// is harmless). Node images' records have txn.ChunkTarget's form.
+func freeTarget(h Handle) []byte {
+	t := txn.ChunkTarget(h)
+	t[0] = 'F'
+	return t
+}
+
+// parseFreeTarget decodes freeTarget.
+func parseFreeTarget(t []byte) (Handle, bool) {
+	if len(t) == 0 || t[0] != 'F' {
+		return Handle{}, false
+	}
+	c := slices.Clone(t)
+	c[0] = 'c'
+	h, err := txn.ParseChunkTarget(c)
+	return h, err == nil
+}
+
 // maxPendingFrees bounds the value chunks a cache frees in the background
 // (FreeWhenDurable).
 const maxPendingFrees = 1024
@@ -132,6 +162,11 @@ type Cache struct {
 		// While paid < owed, no node write goes out under the current
 		// token.
 		owed, paid uint64
+		// frees are the value chunks committed changes stopped naming
+		// and that are not known freed yet, with the change's position
+		// (logFree): a checkpoint frees those below its point before the
+		// log forgets their records.
+		frees map[Handle]loggedFree
 	}
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
@@ -180,8 +215,10 @@ type CacheStats struct {
 	Evictions, Upgrades, Renews uint64
 	// ValueWrites and ValueReads count values in chunks of their own;
 	// ValueLeaks the value chunks whose write failed and whose free failed
-	// too.
-	ValueWrites, ValueReads, ValueLeaks uint64
+	// too. LoggedFrees counts the value chunks a checkpoint freed because
+	// the change that replaced them recorded them and nothing had freed
+	// them yet (the update's own free failed, or has not run yet).
+	ValueWrites, ValueReads, ValueLeaks, LoggedFrees uint64
 }
 
 type entry struct {
@@ -253,7 +290,8 @@ func (c *Cache) Stats() CacheStats {
 	s := &c.stats
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
-		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load()}
+		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load(),
+		LoggedFrees: s.loggedFrees.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
@@ -261,6 +299,7 @@ func (c *Cache) Stats() CacheStats {
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
+	loggedFrees                                                               atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -650,6 +689,9 @@ func (c *Cache) fail(err error) {
 // WriteBack writes back every node whose first change not yet in its chunk
 // is below upTo (txn.Checkpointer).
 func (c *Cache) WriteBack(ctx context.Context, upTo txn.LSN) error {
+	if err := c.freeLogged(ctx, upTo); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	var todo []*entry
 	for _, e := range c.mu.m {
@@ -774,7 +816,7 @@ func (c *Cache) Dirty() int {
 
 // commit logs a change of images (the caller holds each node's latch and
 // pin exclusively) and publishes them.
-func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error) {
+func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees []Handle) (uint64, error) {
 	type change struct {
 		e     *entry
 		redo  []byte
@@ -824,6 +866,17 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		}
 		ch.first = uint64(lsn) - 1
 	}
+	freeRecs := make([]uint64, len(frees))
+	for i, h := range frees {
+		lsn, err := tx.Update(ctx, freeTarget(h), 0, nil, nil)
+		if err != nil {
+			if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+				c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+			}
+			return 0, err
+		}
+		freeRecs[i] = uint64(lsn) - 1
+	}
 	// The commit record's append and the publish happen under c.mu at
 	// once: a checkpoint takes its snapshot of dirty nodes under c.mu, so
 	// it either sees the transaction still open (and keeps the head below
@@ -860,8 +913,52 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint
 		}
 		e.lastLSN = uint64(end)
 	}
+	for i, h := range frees {
+		if c.mu.frees == nil {
+			c.mu.frees = map[Handle]loggedFree{}
+		}
+		c.mu.frees[h] = loggedFree{rec: freeRecs[i], end: uint64(end)}
+	}
 	c.mu.Unlock()
 	return uint64(end), nil
+}
+
+// freed notes that value chunk h is free (no checkpoint needs to free it).
+func (c *Cache) freed(h Handle) {
+	c.mu.Lock()
+	delete(c.mu.frees, h)
+	c.mu.Unlock()
+}
+
+// freeLogged frees the value chunks whose free records lie below upTo
+// (WriteBack, before the log forgets those records), each once its change
+// is durable. A free that fails fails the checkpoint: the log tries again
+// later, and its records stay.
+func (c *Cache) freeLogged(ctx context.Context, upTo txn.LSN) error {
+	c.mu.Lock()
+	var todo []Handle
+	var last uint64
+	for h, f := range c.mu.frees {
+		if f.rec < uint64(upTo) {
+			todo = append(todo, h)
+			last = max(last, f.end)
+		}
+	}
+	c.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	if err := c.cfg.Log.Flush(ctx, txn.LSN(last)); err != nil {
+		return err
+	}
+	for _, h := range todo {
+		if err := c.cfg.Chunks.Free(ctx, h); err != nil {
+			return fmt.Errorf("btree: freeing value chunk %v, which a committed change replaced: %w", h, err)
+		}
+		c.freed(h)
+		c.stats.loggedFrees.Add(1)
+	}
+	return nil
 }
 
 // TreeStore is the Store of one tree over a server's cache.
@@ -1097,7 +1194,11 @@ func (s *TreeStore) FreeWhenDurable(lsn uint64, h Handle, done func(freed bool))
 			done(false)
 			return
 		}
-		done(c.cfg.Chunks.Free(ctx, h) == nil)
+		err := c.cfg.Chunks.Free(ctx, h)
+		if err == nil {
+			c.freed(h)
+		}
+		done(err == nil)
 	}()
 	return true
 }
@@ -1138,8 +1239,8 @@ func (s *TreeStore) Abandon(h Handle) {
 	}
 }
 
-func (s *TreeStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error) {
-	return s.c.commit(ctx, nodes, anchor)
+func (s *TreeStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees []Handle) (uint64, error) {
+	return s.c.commit(ctx, nodes, anchor, frees)
 }
 
 func (s *TreeStore) Durable(ctx context.Context, lsn uint64) error {
@@ -1150,5 +1251,9 @@ func (s *TreeStore) Durable(ctx context.Context, lsn uint64) error {
 }
 
 func (s *TreeStore) Free(ctx context.Context, h Handle) error {
-	return s.c.cfg.Chunks.Free(ctx, h)
+	if err := s.c.cfg.Chunks.Free(ctx, h); err != nil {
+		return err
+	}
+	s.c.freed(h)
+	return nil
 }

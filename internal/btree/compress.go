@@ -106,7 +106,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		gone := &Node{Self: bh, Tree: t.id, Level: b.Level, Deleted: true, Onward: ah, Low: b.Low, High: b.High, HighInf: b.HighInf}
 		pp.Keys = removeAt(pp.Keys, i+1)
 		pp.Kids = removeAt(pp.Kids, i+1)
-		if _, err := t.s.Commit(ctx, []*Node{m, gone, pp}, nil); err != nil {
+		if _, err := t.s.Commit(ctx, []*Node{m, gone, pp}, nil, nil); err != nil {
 			return nil, err
 		}
 		if err := t.at("merge", int(m.Level)); err != nil {
@@ -145,7 +145,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	if !t.fits(na) || !t.fits(nb) || !t.fits(pp) {
 		return nil, nil // the new separator does not fit the parent, or a half is too big: leave it
 	}
-	if _, err := t.s.Commit(ctx, []*Node{na, nb, pp}, nil); err != nil {
+	if _, err := t.s.Commit(ctx, []*Node{na, nb, pp}, nil, nil); err != nil {
 		return nil, err
 	}
 	if err := t.at("rebalance", int(na.Level)); err != nil {
@@ -325,7 +325,7 @@ func (t *Tree) sweep(ctx context.Context, n *Node) (int, error) {
 	}
 	nn := l.Clone()
 	nn.Garbage = keep
-	if _, err := t.s.Commit(ctx, []*Node{nn}, nil); err != nil {
+	if _, err := t.s.Commit(ctx, []*Node{nn}, nil, nil); err != nil {
 		return freed, err
 	}
 	t.Stats.Freed.Add(uint64(freed))

@@ -166,7 +166,7 @@ func (s *MemStore) New(ctx context.Context) (Handle, error) {
 	return h, nil
 }
 
-func (s *MemStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error) {
+func (s *MemStore) Commit(ctx context.Context, nodes []*Node, anchor *Anchor, _ []Handle) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.lsn++

@@ -76,7 +76,7 @@ func TestReview3DropMissesInFlightSplit(t *testing.T) {
 		}
 		na := a.Clone()
 		na.Dropped = true
-		if _, err := ms.Commit(ctx, nil, na); err != nil {
+		if _, err := ms.Commit(ctx, nil, na, nil); err != nil {
 			t.Error(err)
 		}
 		ms.Unlock(a.Self, lock.Exclusive)

@@ -526,6 +526,13 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 		if r.Kind != txn.KindUpdate || !committed[r.Txn] || a.keep == nil {
 			continue
 		}
+		if _, ok := parseFreeTarget(r.Target); ok {
+			// A value chunk the committed change stopped naming: freed
+			// again whoever holds the leaf now (no image after the
+			// change names it, and its id is never reused).
+			redo = append(redo, r)
+			continue
+		}
 		if h, err := txn.ParseChunkTarget(r.Target); err == nil && a.keep(h) {
 			redo = append(redo, r)
 		}
@@ -534,6 +541,12 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 }
 
 func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
+	if h, ok := parseFreeTarget(target); ok {
+		if err := a.chunks.Free(ctx, h); err != nil {
+			return fmt.Errorf("btree: freeing value chunk %v, which a committed change replaced: %w", h, err)
+		}
+		return nil
+	}
 	h, err := txn.ParseChunkTarget(target)
 	if err != nil {
 		return err
@@ -939,7 +952,7 @@ func markDropped(ctx context.Context, st *TreeStore) error {
 	}
 	na := a.Clone()
 	na.Dropped = true
-	lsn, err := st.Commit(ctx, nil, na)
+	lsn, err := st.Commit(ctx, nil, na, nil)
 	if err != nil {
 		return err
 	}

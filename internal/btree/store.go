@@ -48,8 +48,11 @@ type Store interface {
 	// waits for it with Durable before it reports the change done, and
 	// anyone who read an image with LSN x waits for x before it reports
 	// what it read. Commit sets the images' LSN. An error leaves the images
-	// unchanged.
-	Commit(ctx context.Context, nodes []*Node, anchor *Anchor) (uint64, error)
+	// unchanged. frees are value chunks the change stops naming (a value
+	// replaced or deleted): a store with a log records them in the change,
+	// so that they are freed even if the caller's own Free never happens
+	// (its server dies first: the log's replay frees them).
+	Commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees []Handle) (uint64, error)
 	// Durable waits until every change up to lsn is durable.
 	Durable(ctx context.Context, lsn uint64) error
 	// Abandon gives back a chunk New returned that no committed image

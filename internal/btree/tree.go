@@ -154,8 +154,12 @@ type Tree struct {
 	// server died at that instant (the crash-point tests kill it inside).
 	crashPoint func(point string, level int) error
 	// keepOldValues, set only by the simulator's teeth, never frees the
-	// value chunk an update replaced.
+	// value chunk an update replaced (nor records it in the change).
 	keepOldValues bool
+	// logFreesOnly, set only by the simulator, skips an update's own free
+	// of the value chunk it replaced: the change's free record alone
+	// frees it (a checkpoint, or the replay of a dead server's log).
+	logFreesOnly bool
 }
 
 func (t *Tree) at(point string, level int) error {
@@ -590,12 +594,13 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 	}
 	switch {
 	case err == nil && res.Applied:
-		if t.keepOldValues {
-			return // teeth: the old value chunk leaks
+		if t.keepOldValues || t.logFreesOnly {
+			return // teeth: the old value chunk leaks; or the log frees it
 		}
 		free(old)
 	case err == nil || errors.Is(err, ErrNotApplied):
 		free(mine)
+	case lsn != 0 && t.logFreesOnly:
 	case lsn != 0 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 		// Committed; only the wait for its durability ended.
 		if old != nil && !t.s.FreeWhenDurable(lsn, old.Chunk, func(freed bool) {
@@ -734,8 +739,15 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 		}
 		nn := n.Clone()
 		change(nn, i, found)
+		// The value chunk the change stops naming is freed by the
+		// caller once the change is durable (settleValues); the change
+		// records it too, for a server that dies before.
+		var frees []Handle
+		if old != nil && !t.keepOldValues {
+			frees = []Handle{old.Chunk}
+		}
 		if t.fits(nn) {
-			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil)
+			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, frees)
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
 				return Result{}, old, 0, err
@@ -746,7 +758,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 			res.Applied = true
 			return res, old, lsn, t.s.Durable(ctx, lsn)
 		}
-		sep, right, lsn, err := t.split(ctx, nn)
+		sep, right, lsn, err := t.split(ctx, nn, frees)
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
 			return Result{}, old, 0, err
@@ -765,7 +777,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 // one. Both images are committed together; the new node's lock is given
 // back before it returns, the caller's is not. It returns the separator
 // (the new node's low bound) and the new node.
-func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, error) {
+func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Handle, uint64, error) {
 	rh, err := t.s.New(ctx)
 	if err != nil {
 		return nil, Handle{}, 0, refused(err)
@@ -790,7 +802,7 @@ func (t *Tree) split(ctx context.Context, nn *Node) ([]byte, Handle, uint64, err
 	// The right half is written with the left, in one change: until the
 	// separator reaches the parent the pair acts as one node, reached
 	// through the left one's right link.
-	lsn, err := t.s.Commit(ctx, []*Node{r, nn}, nil)
+	lsn, err := t.s.Commit(ctx, []*Node{r, nn}, nil, frees)
 	if err != nil {
 		t.s.Abandon(rh)
 		return nil, Handle{}, 0, err
@@ -893,11 +905,11 @@ func (t *Tree) insertSeparator(ctx context.Context, level int, sep []byte, child
 		pp.Keys = insertAt(pp.Keys, i, sep)
 		pp.Kids = insertAt(pp.Kids, i, child)
 		if t.fits(pp) {
-			_, err := t.s.Commit(ctx, []*Node{pp}, nil)
+			_, err := t.s.Commit(ctx, []*Node{pp}, nil, nil)
 			t.s.Unlock(ph, lock.Exclusive)
 			return err
 		}
-		nsep, right, _, err := t.split(ctx, pp)
+		nsep, right, _, err := t.split(ctx, pp, nil)
 		t.s.Unlock(ph, lock.Exclusive)
 		if err != nil {
 			return err
@@ -930,7 +942,7 @@ func (t *Tree) growRoot(ctx context.Context, level int, sep []byte, child Handle
 	na := a.Clone()
 	na.Leftmost = append(na.Leftmost, rh)
 	na.Root = rh
-	if _, err = t.s.Commit(ctx, []*Node{root}, na); err != nil {
+	if _, err = t.s.Commit(ctx, []*Node{root}, na, nil); err != nil {
 		t.s.Abandon(rh)
 		return false, err
 	}

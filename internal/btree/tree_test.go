@@ -500,14 +500,14 @@ type flakyStore struct {
 	rate float64
 }
 
-func (f *flakyStore) Commit(ctx context.Context, nodes []*Node, a *Anchor) (uint64, error) {
+func (f *flakyStore) Commit(ctx context.Context, nodes []*Node, a *Anchor, frees []Handle) (uint64, error) {
 	f.mu.Lock()
 	fail := f.r.Float64() < f.rate
 	f.mu.Unlock()
 	if fail {
 		return 0, errFlaky
 	}
-	return f.Store.Commit(ctx, nodes, a)
+	return f.Store.Commit(ctx, nodes, a, frees)
 }
 
 // TestTreeFailedCommits: with 10% of commits refused, every operation
