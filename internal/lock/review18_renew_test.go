@@ -10,15 +10,7 @@ import (
 // again (Hello under t1), the master takes t1 back; the Welcome has not
 // reached C yet. Returns the run, t1, t2 and the Welcome still in flight.
 func review18Setup(t *testing.T) (r *review9Rig, m *Master, st StartRecovery, welcome, fx []any) {
-	m = NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
-	r = newReview9Rig(t, m)
-	hello(m, cA, "wal", nil)
-	hello(m, cB, "", nil)
-	r.pump(r.namespace(1))
-	m.Handle(cA, Acquire{"x", Exclusive})
-	m.Handle(cB, Acquire{"x", Exclusive})
-	m.Verdict(cA, true)
-	st = review9Find[StartRecovery](t, r.deliver(sends(m.Persisted(cA), cC)), "StartRecovery")
+	r, m, st = review9Run(t)
 	for _, o := range r.e.RenewRun(r.env(), st.Run) {
 		if s, ok := o.(SessionSend); ok {
 			sends(m.Handle(cC, s.Msg), cC) // answered with t2; the answer is lost
@@ -63,15 +55,7 @@ func TestReview18FinishWhileResendPendingCountsDone(t *testing.T) {
 
 // Control: the same on a live session (no break) does not count.
 func TestReview18FinishWhileRenewingLiveSessionControl(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
-	r := newReview9Rig(t, m)
-	hello(m, cA, "wal", nil)
-	hello(m, cB, "", nil)
-	r.pump(r.namespace(1))
-	m.Handle(cA, Acquire{"x", Exclusive})
-	m.Handle(cB, Acquire{"x", Exclusive})
-	m.Verdict(cA, true)
-	st := review9Find[StartRecovery](t, r.deliver(sends(m.Persisted(cA), cC)), "StartRecovery")
+	r, m, st := review9Run(t)
 	out := r.e.RenewRun(r.env(), st.Run)
 	out = append(out, r.e.RecoveryFinished(r.env(), st.Run, nil)...)
 	r.eng(out) // RenewRecovery then RecoveryDone{OK, t1}: token mismatch

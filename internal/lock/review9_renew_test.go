@@ -86,6 +86,22 @@ func newReview9Rig(t *testing.T, m *Master) *review9Rig {
 	return r
 }
 
+// review9Run: master 1 knows clerks A and C (kind "wal") and B; A holds
+// "x", B waits for it, A is declared dead, and the rig's clerk C is asked
+// to run A's recovery (its StartRecovery).
+func review9Run(t *testing.T) (*review9Rig, *Master, StartRecovery) {
+	t.Helper()
+	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
+	r := newReview9Rig(t, m)
+	hello(m, cA, "wal", nil)
+	hello(m, cB, "", nil)
+	r.pump(r.namespace(1))
+	m.Handle(cA, Acquire{"x", Exclusive})
+	m.Handle(cB, Acquire{"x", Exclusive})
+	m.Verdict(cA, true)
+	return r, m, review9Find[StartRecovery](t, r.deliver(sends(m.Persisted(cA), cC)), "StartRecovery")
+}
+
 func review9Find[T any](t *testing.T, fx []any, what string) T {
 	t.Helper()
 	v, ok := find[T](fx)
@@ -194,15 +210,7 @@ func TestReview9RenewalAnswerLostWithSession(t *testing.T) {
 // A renewal waiting for the next session fails if that session is a newer
 // master's (the run is cancelled: a new epoch runs the recovery again).
 func TestRenewalWaitingFailsAtFailover(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
-	r := newReview9Rig(t, m)
-	hello(m, cA, "wal", nil)
-	hello(m, cB, "", nil)
-	r.pump(r.namespace(1))
-	m.Handle(cA, Acquire{"x", Exclusive})
-	m.Handle(cB, Acquire{"x", Exclusive})
-	m.Verdict(cA, true)
-	st := review9Find[StartRecovery](t, r.deliver(sends(m.Persisted(cA), cC)), "StartRecovery")
+	r, m, st := review9Run(t)
 	out := r.e.RenewRun(r.env(), st.Run)
 	if _, ok := find[SessionSend](out); !ok {
 		t.Fatalf("the renewal was not sent: %#v", out)
@@ -231,15 +239,7 @@ func TestRenewalWaitingFailsAtFailover(t *testing.T) {
 // review 18) says not OK, a renewal being out: the recovery is not
 // completed, and it runs again above the renewed token.
 func TestReview9RunEndsWhileRenewalOut(t *testing.T) {
-	m := NewMaster(1, []ClerkInfo{{ID: cA, Kind: "wal"}, {ID: cB}, {ID: cC, Kind: "wal"}}, nil)
-	r := newReview9Rig(t, m)
-	hello(m, cA, "wal", nil)
-	hello(m, cB, "", nil)
-	r.pump(r.namespace(1))
-	m.Handle(cA, Acquire{"x", Exclusive})
-	m.Handle(cB, Acquire{"x", Exclusive})
-	m.Verdict(cA, true)
-	st := review9Find[StartRecovery](t, r.deliver(sends(m.Persisted(cA), cC)), "StartRecovery")
+	r, m, st := review9Run(t)
 	var answer []any
 	for _, o := range r.e.RenewRun(r.env(), st.Run) {
 		if s, ok := o.(SessionSend); ok {
