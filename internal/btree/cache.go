@@ -117,7 +117,10 @@ type CacheConfig struct {
 // committed change: rec is a position inside that record, end the
 // change's commit (durable first: until then the tree may name the chunk
 // again after a crash).
-type loggedFree struct{ rec, end uint64 }
+type loggedFree struct {
+	rec, end uint64
+	tries    int // checkpoints whose free of it failed
+}
 
 // freeTarget is the target of a free record (one per value chunk a
 // change stops naming: the value a put replaced or a delete removed),
@@ -217,8 +220,10 @@ type CacheStats struct {
 	// ValueLeaks the value chunks whose write failed and whose free failed
 	// too. LoggedFrees counts the value chunks a checkpoint freed because
 	// the change that replaced them recorded them and nothing had freed
-	// them yet (the update's own free failed, or has not run yet).
-	ValueWrites, ValueReads, ValueLeaks, LoggedFrees uint64
+	// them yet (the update's own free failed, or has not run yet);
+	// FreeRetries the checkpoints' frees of those that failed (tried again
+	// at the next).
+	ValueWrites, ValueReads, ValueLeaks, LoggedFrees, FreeRetries uint64
 }
 
 type entry struct {
@@ -291,7 +296,7 @@ func (c *Cache) Stats() CacheStats {
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
 		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load(),
-		LoggedFrees: s.loggedFrees.Load()}
+		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
@@ -299,7 +304,7 @@ func (c *Cache) Stats() CacheStats {
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
-	loggedFrees                                                               atomic.Uint64
+	loggedFrees, freeRetries                                                  atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -932,8 +937,11 @@ func (c *Cache) freed(h Handle) {
 
 // freeLogged frees the value chunks whose free records lie below upTo
 // (WriteBack, before the log forgets those records), each once its change
-// is durable. A free that fails fails the checkpoint: the log tries again
-// later, and its records stay.
+// is durable. A free that fails does not fail the checkpoint (one chunk
+// whose chunk manager does not answer, or answers with a lasting error,
+// would stop the log's head, then every update, and the server's close):
+// the chunk stays registered and every later checkpoint tries it again; it
+// leaks only if the server dies before one succeeds, its record gone.
 func (c *Cache) freeLogged(ctx context.Context, upTo txn.LSN) error {
 	c.mu.Lock()
 	var todo []Handle
@@ -953,7 +961,21 @@ func (c *Cache) freeLogged(ctx context.Context, upTo txn.LSN) error {
 	}
 	for _, h := range todo {
 		if err := c.cfg.Chunks.Free(ctx, h); err != nil {
-			return fmt.Errorf("btree: freeing value chunk %v, which a committed change replaced: %w", h, err)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			c.stats.freeRetries.Add(1)
+			c.mu.Lock()
+			f, ok := c.mu.frees[h]
+			if ok {
+				f.tries++
+				c.mu.frees[h] = f
+			}
+			c.mu.Unlock()
+			if ok && f.tries == 1 {
+				c.log.Warn("freeing a value chunk a committed change replaced failed; every checkpoint tries again (it leaks if this server dies first)", "chunk", h, "err", err)
+			}
+			continue
 		}
 		c.freed(h)
 		c.stats.loggedFrees.Add(1)

@@ -421,7 +421,7 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		return err
 	}
 	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
-	rep, err := ReplayDead(ctx, dev, r, chunkStore{s.cfg.Chunks})
+	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, false, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
@@ -455,12 +455,21 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 // died waiting for its log next to the names recovery of the one before).
 // Such a run has nothing to do.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
-	return replayDead(ctx, dev, r, chunks, false)
+	return replayDead(ctx, dev, r, chunks, false, leakLogger(slog.Default(), r.Dead))
 }
 
-// replayDead is ReplayDead; unsafeUncovered (tests' teeth only) replays a
-// log the run does not cover.
-func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafeUncovered bool) (txn.Report, error) {
+// leakLogger reports, on log, the value chunks a replay of dead's log let
+// leak (their free failed).
+func leakLogger(log *slog.Logger, dead lock.ClerkID) func(Handle, error) {
+	return func(h Handle, err error) {
+		log.Warn("replay: freeing a value chunk a committed change replaced failed; it leaks", "dead", dead, "chunk", h, "err", err)
+	}
+}
+
+// replayDead is ReplayDead, telling leaked (nil: nobody) of the value
+// chunks whose replayed free failed; unsafeUncovered (tests' teeth only)
+// replays a log the run does not cover.
+func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafeUncovered bool, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
 	if !unsafeUncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
@@ -474,7 +483,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 		names[n] = true
 	}
 	keep := func(h Handle) bool { return names[LockName(h)] != r.All }
-	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep}
+	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep, leaked: leaked}
 	if r.Renew != nil {
 		a.renew = func(ctx context.Context) error {
 			t, err := r.Renew(ctx)
@@ -512,7 +521,12 @@ type replayApplier struct {
 	// renew takes a newer token for the run (lock.Recovery.Renew; nil: a
 	// write that may land late fails the run).
 	renew func(ctx context.Context) error
+	// leaked hears of a value chunk whose replayed free failed (it leaks).
+	leaked func(h Handle, err error)
 }
+
+// replayFreeAttempts bounds the tries of one replayed free record.
+const replayFreeAttempts = 5
 
 var _ txn.Selector = replayApplier{}
 
@@ -542,8 +556,22 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 
 func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
 	if h, ok := parseFreeTarget(target); ok {
-		if err := a.chunks.Free(ctx, h); err != nil {
-			return fmt.Errorf("btree: freeing value chunk %v, which a committed change replaced: %w", h, err)
+		// A few tries; then the chunk leaks rather than fail the run: a
+		// failed run keeps every lease of the dead server held, for one
+		// chunk of garbage.
+		var err error
+		for attempt := 1; attempt <= replayFreeAttempts; attempt++ {
+			if err = a.chunks.Free(ctx, h); err == nil || ctx.Err() != nil {
+				return err
+			}
+			select {
+			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if a.leaked != nil {
+			a.leaked(h, err)
 		}
 		return nil
 	}
