@@ -167,7 +167,7 @@ type Cache struct {
 		owed, paid uint64
 		// frees are the value chunks committed changes stopped naming
 		// and that are not known freed yet, with the change's position
-		// (logFree): a checkpoint frees those below its point before the
+		// (loggedFree): a checkpoint frees those below its point before the
 		// log forgets their records.
 		frees map[Handle]loggedFree
 	}
