@@ -152,6 +152,7 @@ const maxPendingFrees = 1024
 // Cache is a server's node cache. Safe for concurrent use.
 type Cache struct {
 	pendingFrees atomic.Int64 // FreeWhenDurable's waits
+	renewMu      sync.Mutex   // one owed renewal at a time (payRenewal)
 	cfg          CacheConfig
 	log          *slog.Logger
 	mu           struct {
@@ -669,6 +670,17 @@ func (c *Cache) payRenewal(ctx context.Context) error {
 	if owed == paid || c.unsafeNoOwedRenewal {
 		return nil
 	}
+	// One renewal at a time: a write-back that waited behind another's
+	// renewal finds its debt paid by it (that renewal began after the
+	// writes this one owes for) instead of renewing again.
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	c.mu.Lock()
+	paid, owedNow := c.mu.paid, c.mu.owed
+	c.mu.Unlock()
+	if paid >= owed {
+		return nil
+	}
 	if err := ctx.Err(); err != nil {
 		return err // the renewal stays owed: the next write pays it
 	}
@@ -677,7 +689,7 @@ func (c *Cache) payRenewal(ctx context.Context) error {
 	}
 	c.stats.renews.Add(1)
 	c.mu.Lock()
-	c.mu.paid = max(c.mu.paid, owed)
+	c.mu.paid = max(c.mu.paid, owedNow) // every write counted before the renewal began
 	c.mu.Unlock()
 	return nil
 }
