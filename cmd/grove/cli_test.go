@@ -147,14 +147,32 @@ func (hangingStatus) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.Statu
 // elapses (4); a server that never finishes a call fails when
 // --command-timeout elapses (4); endpoints are tried in order and every
 // failure is named.
-func TestCLIUnreachable(t *testing.T) {
-	bin := buildGrove(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// refusingAddr is a loopback address that refuses connections for the
+// whole test: a socket bound to it that never listens (connections get a
+// reset: "connection refused"). A listener closed at once would free its
+// port for the next one bound here or by a concurrent test, which then
+// answered the calls meant to be refused (a CI run: this test's own
+// hanging server got the port).
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := l.Addr().String()
-	l.Close()
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
+func TestCLIUnreachable(t *testing.T) {
+	bin := buildGrove(t)
+	closed := refusingAddr(t)
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,12 +135,22 @@ func TestResolveEndpoints(t *testing.T) {
 // A closed port fails at once as "refused"; a listener that accepts and
 // never answers fails after --dial-timeout, not later.
 func TestConnectFailures(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// A socket bound and never listening refuses connections, and keeps
+	// its port from the next listener (a listener closed at once would
+	// free it: the silent one below could get it).
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := l.Addr().String()
-	l.Close()
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
