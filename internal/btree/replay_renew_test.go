@@ -2,7 +2,6 @@ package btree
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
@@ -190,20 +189,10 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
 	chunks := store.clerk(1, func(context.Context) error { return nil })
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("no renewal") }, Log2: simLog})
+	solo := newSoloServer(t, ctx, locks, chunks)
+	cache, fence := solo.cache, solo.fence
 	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
 	if err != nil {
 		t.Fatal(err)

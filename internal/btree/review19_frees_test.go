@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
 )
 
@@ -63,23 +62,10 @@ func r19Setup(t *testing.T, ctx context.Context, ring uint64) *r19World {
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
 	chunks := &r19Chunks{simChunkClerk: store.clerk(1, func(context.Context) error { return nil }), fail: map[Handle]bool{}}
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("review19: no renewal") }, Log2: simLog})
-	locks.mu.Lock()
-	clerk.onRevoke = cache.Revoked
-	locks.mu.Unlock()
+	solo := newSoloServer(t, ctx, locks, chunks)
+	cache, fence := solo.cache, solo.fence
 	dev := newSimDevice(txn.HeaderBlocks + ring)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
 	if err != nil {
 		t.Fatal(err)

@@ -77,25 +77,12 @@ func TestReviewCheckpointOutrunsCommitPublish(t *testing.T) {
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
 	chunks := store.clerk(1, func(context.Context) error { return nil })
-	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
-	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
-	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
-		Renew: func(context.Context) error { return errors.New("review: no renewal") }, Log2: simLog})
-	locks.mu.Lock()
-	clerk.onRevoke = cache.Revoked
-	locks.mu.Unlock()
+	solo := newSoloServer(t, ctx, locks, chunks)
+	cache, fence := solo.cache, solo.fence
 	const ring = 16
 	dev := &reviewGateDevice{simDevice: newSimDevice(txn.HeaderBlocks + ring), arrived: make(chan struct{}), release: make(chan struct{})}
 	ck := &reviewGateCkpt{c: cache}
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()},
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: ck, CheckpointAt: 0.9, LazyInterval: time.Hour, Log: simLog})
 	if err != nil {
 		t.Fatal(err)

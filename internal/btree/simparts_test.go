@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/grovestore/grove/internal/chunk"
@@ -763,4 +764,37 @@ func (d *simDevice) WriteReplica(ctx context.Context, replica int, block uint64,
 		d.rep[replica][block+uint64(i)] = append([]byte(nil), data[i*txn.BlockSize:(i+1)*txn.BlockSize]...)
 	}
 	return nil
+}
+
+// ---- one server alone (the scripted tests' rig)
+
+// soloServer is node 1's B-tree server alone over the stand-ins: its clerk
+// holds its fence lock and its log's lock, and its cache (whose renewals
+// fail: nothing in these tests needs one) hears of revocations. The
+// caller opens the log on logFence and sets cache.cfg.Log.
+type soloServer struct {
+	clerk    *simClerk
+	fence    func() *rldev.Fence
+	logFence rldev.Fence
+	cache    *Cache
+}
+
+func newSoloServer(t *testing.T, ctx context.Context, locks *simLocks, chunks Chunks) *soloServer {
+	t.Helper()
+	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
+	fh, err := clerk.Acquire(ctx, FenceLock(1), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lh, err := clerk.Acquire(ctx, txn.LockName(LogName(1)), lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := func() *rldev.Fence { return &rldev.Fence{Name: FenceLock(1), Token: fh.Token()} }
+	cache := NewCache(CacheConfig{Locks: clerk, Chunks: chunks, Fence: fence,
+		Renew: func(context.Context) error { return errors.New("solo server: no renewal") }, Log2: simLog})
+	locks.mu.Lock()
+	clerk.onRevoke = cache.Revoked
+	locks.mu.Unlock()
+	return &soloServer{clerk: clerk, fence: fence, logFence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()}, cache: cache}
 }
