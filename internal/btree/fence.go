@@ -24,9 +24,9 @@ import (
 // current when they started. That is safe because a renewal protects
 // only the writes after it in the writer's own order: the node whose
 // write had an unknown outcome is written again only after its writer's
-// payRenewal returned — its own renewal, which waits for the one in
-// progress and then makes one more — so its next write carries a newer
-// token; a write under an older token that lands after a newer one is
+// payRenewal returned — after a renewal that began once that write was
+// counted (its own, or one it waited behind: Cache.renewMu) — so its next
+// write carries a newer token; a write under an older token that lands after a newer one is
 // refused by the RLDev (and writeBack tries it again under the newest).
 // The Server's runtime and the simulator both run this code.
 type fenceHolder struct {
