@@ -45,6 +45,7 @@ const (
 	ChunkResult_CHUNK_RESULT_CORRUPT         ChunkResult = 12
 	ChunkResult_CHUNK_RESULT_FAILED          ChunkResult = 13 // another failure (an RLDev's): retry may help
 	ChunkResult_CHUNK_RESULT_FENCED          ChunkResult = 14 // a fenced write refused: a newer holder of its lock wrote
+	ChunkResult_CHUNK_RESULT_RETIRED         ChunkResult = 15 // an allocation for a retired owner (chunk.ErrRetired)
 )
 
 // Enum value maps for ChunkResult.
@@ -65,6 +66,7 @@ var (
 		12: "CHUNK_RESULT_CORRUPT",
 		13: "CHUNK_RESULT_FAILED",
 		14: "CHUNK_RESULT_FENCED",
+		15: "CHUNK_RESULT_RETIRED",
 	}
 	ChunkResult_value = map[string]int32{
 		"CHUNK_RESULT_OK":              0,
@@ -82,6 +84,7 @@ var (
 		"CHUNK_RESULT_CORRUPT":         12,
 		"CHUNK_RESULT_FAILED":          13,
 		"CHUNK_RESULT_FENCED":          14,
+		"CHUNK_RESULT_RETIRED":         15,
 	}
 )
 
@@ -276,14 +279,18 @@ func (x *ChunkDataRLDev) GetBlocks() uint64 {
 
 // ChunkRecord is one change of a pair's map (its log's records).
 type ChunkRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          uint32                 `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // 1 alloc, 2 free, 3 reserve, 4 reservation, 5 reservation close
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Rldev         uint64                 `protobuf:"varint,3,opt,name=rldev,proto3" json:"rldev,omitempty"`
-	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
-	Length        uint64                 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"` // alloc: the chunk's bytes; reservation: each chunk's
-	HighWater     uint64                 `protobuf:"varint,6,opt,name=high_water,json=highWater,proto3" json:"high_water,omitempty"`
-	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"` // reservation: its chunks
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      uint32                 `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // 1 alloc, 2 free, 3 reserve, 4 reservation, 5 reservation close, 6 owned alloc, 7 disown, 8 retire
+	Id        uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Rldev     uint64                 `protobuf:"varint,3,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Block     uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
+	Length    uint64                 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"` // alloc: the chunk's bytes; reservation: each chunk's
+	HighWater uint64                 `protobuf:"varint,6,opt,name=high_water,json=highWater,proto3" json:"high_water,omitempty"`
+	Count     uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"` // reservation: its chunks
+	// owned alloc: the owner; retire: the log, and the token below which
+	// its owners are retired (chunk.Owner).
+	OwnerLog      uint64      `protobuf:"varint,8,opt,name=owner_log,json=ownerLog,proto3" json:"owner_log,omitempty"`
+	OwnerToken    *ChunkToken `protobuf:"bytes,9,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +372,20 @@ func (x *ChunkRecord) GetCount() uint64 {
 		return x.Count
 	}
 	return 0
+}
+
+func (x *ChunkRecord) GetOwnerLog() uint64 {
+	if x != nil {
+		return x.OwnerLog
+	}
+	return 0
+}
+
+func (x *ChunkRecord) GetOwnerToken() *ChunkToken {
+	if x != nil {
+		return x.OwnerToken
+	}
+	return nil
 }
 
 type ChunkToken struct {
@@ -752,9 +773,13 @@ func (*ChunkServicePeerResponse) Descriptor() ([]byte, []int) {
 }
 
 type ChunkServiceAllocateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Cm    uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Size  uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// An owner (optional; chunk.Owner): the log that will link the chunk,
+	// and the token of its holder's lock on it.
+	OwnerLog      uint64      `protobuf:"varint,3,opt,name=owner_log,json=ownerLog,proto3" json:"owner_log,omitempty"`
+	OwnerToken    *ChunkToken `protobuf:"bytes,4,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -803,6 +828,383 @@ func (x *ChunkServiceAllocateRequest) GetSize() uint64 {
 	return 0
 }
 
+func (x *ChunkServiceAllocateRequest) GetOwnerLog() uint64 {
+	if x != nil {
+		return x.OwnerLog
+	}
+	return 0
+}
+
+func (x *ChunkServiceAllocateRequest) GetOwnerToken() *ChunkToken {
+	if x != nil {
+		return x.OwnerToken
+	}
+	return nil
+}
+
+// Owned allocations (chunk.Owner): an owner disowns what it linked; the
+// recovery of a dead owner's log retires the log's older owners, lists
+// what they left and frees it.
+type ChunkServiceDisownRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Ids           []uint64               `protobuf:"varint,2,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceDisownRequest) Reset() {
+	*x = ChunkServiceDisownRequest{}
+	mi := &file_grovepb_chunk_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceDisownRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceDisownRequest) ProtoMessage() {}
+
+func (x *ChunkServiceDisownRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceDisownRequest.ProtoReflect.Descriptor instead.
+func (*ChunkServiceDisownRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ChunkServiceDisownRequest) GetCm() uint32 {
+	if x != nil {
+		return x.Cm
+	}
+	return 0
+}
+
+func (x *ChunkServiceDisownRequest) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type ChunkServiceDisownResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceDisownResponse) Reset() {
+	*x = ChunkServiceDisownResponse{}
+	mi := &file_grovepb_chunk_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceDisownResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceDisownResponse) ProtoMessage() {}
+
+func (x *ChunkServiceDisownResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceDisownResponse.ProtoReflect.Descriptor instead.
+func (*ChunkServiceDisownResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ChunkServiceDisownResponse) GetResult() ChunkResult {
+	if x != nil {
+		return x.Result
+	}
+	return ChunkResult_CHUNK_RESULT_OK
+}
+
+func (x *ChunkServiceDisownResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ChunkServiceRetireRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Log           uint64                 `protobuf:"varint,2,opt,name=log,proto3" json:"log,omitempty"`
+	Below         *ChunkToken            `protobuf:"bytes,3,opt,name=below,proto3" json:"below,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceRetireRequest) Reset() {
+	*x = ChunkServiceRetireRequest{}
+	mi := &file_grovepb_chunk_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceRetireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceRetireRequest) ProtoMessage() {}
+
+func (x *ChunkServiceRetireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceRetireRequest.ProtoReflect.Descriptor instead.
+func (*ChunkServiceRetireRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ChunkServiceRetireRequest) GetCm() uint32 {
+	if x != nil {
+		return x.Cm
+	}
+	return 0
+}
+
+func (x *ChunkServiceRetireRequest) GetLog() uint64 {
+	if x != nil {
+		return x.Log
+	}
+	return 0
+}
+
+func (x *ChunkServiceRetireRequest) GetBelow() *ChunkToken {
+	if x != nil {
+		return x.Below
+	}
+	return nil
+}
+
+type ChunkServiceRetireResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceRetireResponse) Reset() {
+	*x = ChunkServiceRetireResponse{}
+	mi := &file_grovepb_chunk_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceRetireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceRetireResponse) ProtoMessage() {}
+
+func (x *ChunkServiceRetireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceRetireResponse.ProtoReflect.Descriptor instead.
+func (*ChunkServiceRetireResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ChunkServiceRetireResponse) GetResult() ChunkResult {
+	if x != nil {
+		return x.Result
+	}
+	return ChunkResult_CHUNK_RESULT_OK
+}
+
+func (x *ChunkServiceRetireResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ChunkServiceOwnedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cm            uint32                 `protobuf:"varint,1,opt,name=cm,proto3" json:"cm,omitempty"`
+	Log           uint64                 `protobuf:"varint,2,opt,name=log,proto3" json:"log,omitempty"`
+	Below         *ChunkToken            `protobuf:"bytes,3,opt,name=below,proto3" json:"below,omitempty"`
+	After         uint64                 `protobuf:"varint,4,opt,name=after,proto3" json:"after,omitempty"` // ids above it
+	Limit         uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"` // at most (0: the server's bound)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceOwnedRequest) Reset() {
+	*x = ChunkServiceOwnedRequest{}
+	mi := &file_grovepb_chunk_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceOwnedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceOwnedRequest) ProtoMessage() {}
+
+func (x *ChunkServiceOwnedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceOwnedRequest.ProtoReflect.Descriptor instead.
+func (*ChunkServiceOwnedRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ChunkServiceOwnedRequest) GetCm() uint32 {
+	if x != nil {
+		return x.Cm
+	}
+	return 0
+}
+
+func (x *ChunkServiceOwnedRequest) GetLog() uint64 {
+	if x != nil {
+		return x.Log
+	}
+	return 0
+}
+
+func (x *ChunkServiceOwnedRequest) GetBelow() *ChunkToken {
+	if x != nil {
+		return x.Below
+	}
+	return nil
+}
+
+func (x *ChunkServiceOwnedRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *ChunkServiceOwnedRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ChunkServiceOwnedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Ids           []uint64               `protobuf:"varint,3,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	More          bool                   `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkServiceOwnedResponse) Reset() {
+	*x = ChunkServiceOwnedResponse{}
+	mi := &file_grovepb_chunk_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkServiceOwnedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkServiceOwnedResponse) ProtoMessage() {}
+
+func (x *ChunkServiceOwnedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_chunk_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkServiceOwnedResponse.ProtoReflect.Descriptor instead.
+func (*ChunkServiceOwnedResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ChunkServiceOwnedResponse) GetResult() ChunkResult {
+	if x != nil {
+		return x.Result
+	}
+	return ChunkResult_CHUNK_RESULT_OK
+}
+
+func (x *ChunkServiceOwnedResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ChunkServiceOwnedResponse) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *ChunkServiceOwnedResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
 type ChunkServiceAllocateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        ChunkResult            `protobuf:"varint,1,opt,name=result,proto3,enum=grove.v1.ChunkResult" json:"result,omitempty"`
@@ -814,7 +1216,7 @@ type ChunkServiceAllocateResponse struct {
 
 func (x *ChunkServiceAllocateResponse) Reset() {
 	*x = ChunkServiceAllocateResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[10]
+	mi := &file_grovepb_chunk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +1228,7 @@ func (x *ChunkServiceAllocateResponse) String() string {
 func (*ChunkServiceAllocateResponse) ProtoMessage() {}
 
 func (x *ChunkServiceAllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[10]
+	mi := &file_grovepb_chunk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +1241,7 @@ func (x *ChunkServiceAllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceAllocateResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceAllocateResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChunkServiceAllocateResponse) GetResult() ChunkResult {
@@ -873,7 +1275,7 @@ type ChunkServiceFreeRequest struct {
 
 func (x *ChunkServiceFreeRequest) Reset() {
 	*x = ChunkServiceFreeRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[11]
+	mi := &file_grovepb_chunk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +1287,7 @@ func (x *ChunkServiceFreeRequest) String() string {
 func (*ChunkServiceFreeRequest) ProtoMessage() {}
 
 func (x *ChunkServiceFreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[11]
+	mi := &file_grovepb_chunk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +1300,7 @@ func (x *ChunkServiceFreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceFreeRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceFreeRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ChunkServiceFreeRequest) GetCm() uint32 {
@@ -925,7 +1327,7 @@ type ChunkServiceFreeResponse struct {
 
 func (x *ChunkServiceFreeResponse) Reset() {
 	*x = ChunkServiceFreeResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[12]
+	mi := &file_grovepb_chunk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1339,7 @@ func (x *ChunkServiceFreeResponse) String() string {
 func (*ChunkServiceFreeResponse) ProtoMessage() {}
 
 func (x *ChunkServiceFreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[12]
+	mi := &file_grovepb_chunk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1352,7 @@ func (x *ChunkServiceFreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceFreeResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceFreeResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ChunkServiceFreeResponse) GetResult() ChunkResult {
@@ -979,7 +1381,7 @@ type ChunkServiceReadRequest struct {
 
 func (x *ChunkServiceReadRequest) Reset() {
 	*x = ChunkServiceReadRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[13]
+	mi := &file_grovepb_chunk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1393,7 @@ func (x *ChunkServiceReadRequest) String() string {
 func (*ChunkServiceReadRequest) ProtoMessage() {}
 
 func (x *ChunkServiceReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[13]
+	mi := &file_grovepb_chunk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1406,7 @@ func (x *ChunkServiceReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceReadRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceReadRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ChunkServiceReadRequest) GetCm() uint32 {
@@ -1046,7 +1448,7 @@ type ChunkServiceReadResponse struct {
 
 func (x *ChunkServiceReadResponse) Reset() {
 	*x = ChunkServiceReadResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[14]
+	mi := &file_grovepb_chunk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1460,7 @@ func (x *ChunkServiceReadResponse) String() string {
 func (*ChunkServiceReadResponse) ProtoMessage() {}
 
 func (x *ChunkServiceReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[14]
+	mi := &file_grovepb_chunk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1473,7 @@ func (x *ChunkServiceReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceReadResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceReadResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChunkServiceReadResponse) GetResult() ChunkResult {
@@ -1112,7 +1514,7 @@ type ChunkServiceWriteRequest struct {
 
 func (x *ChunkServiceWriteRequest) Reset() {
 	*x = ChunkServiceWriteRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[15]
+	mi := &file_grovepb_chunk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1526,7 @@ func (x *ChunkServiceWriteRequest) String() string {
 func (*ChunkServiceWriteRequest) ProtoMessage() {}
 
 func (x *ChunkServiceWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[15]
+	mi := &file_grovepb_chunk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1539,7 @@ func (x *ChunkServiceWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceWriteRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceWriteRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ChunkServiceWriteRequest) GetCm() uint32 {
@@ -1197,7 +1599,7 @@ type ChunkServiceReserveRequest struct {
 
 func (x *ChunkServiceReserveRequest) Reset() {
 	*x = ChunkServiceReserveRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	mi := &file_grovepb_chunk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1611,7 @@ func (x *ChunkServiceReserveRequest) String() string {
 func (*ChunkServiceReserveRequest) ProtoMessage() {}
 
 func (x *ChunkServiceReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[16]
+	mi := &file_grovepb_chunk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1624,7 @@ func (x *ChunkServiceReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceReserveRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceReserveRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ChunkServiceReserveRequest) GetCm() uint32 {
@@ -1257,7 +1659,7 @@ type ChunkServiceReserveResponse struct {
 
 func (x *ChunkServiceReserveResponse) Reset() {
 	*x = ChunkServiceReserveResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	mi := &file_grovepb_chunk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1671,7 @@ func (x *ChunkServiceReserveResponse) String() string {
 func (*ChunkServiceReserveResponse) ProtoMessage() {}
 
 func (x *ChunkServiceReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[17]
+	mi := &file_grovepb_chunk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1684,7 @@ func (x *ChunkServiceReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceReserveResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceReserveResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ChunkServiceReserveResponse) GetResult() ChunkResult {
@@ -1317,7 +1719,7 @@ type ChunkServiceCommitRequest struct {
 
 func (x *ChunkServiceCommitRequest) Reset() {
 	*x = ChunkServiceCommitRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	mi := &file_grovepb_chunk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1731,7 @@ func (x *ChunkServiceCommitRequest) String() string {
 func (*ChunkServiceCommitRequest) ProtoMessage() {}
 
 func (x *ChunkServiceCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[18]
+	mi := &file_grovepb_chunk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1744,7 @@ func (x *ChunkServiceCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceCommitRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceCommitRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ChunkServiceCommitRequest) GetCm() uint32 {
@@ -1376,7 +1778,7 @@ type ChunkServiceCommitResponse struct {
 
 func (x *ChunkServiceCommitResponse) Reset() {
 	*x = ChunkServiceCommitResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	mi := &file_grovepb_chunk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1790,7 @@ func (x *ChunkServiceCommitResponse) String() string {
 func (*ChunkServiceCommitResponse) ProtoMessage() {}
 
 func (x *ChunkServiceCommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[19]
+	mi := &file_grovepb_chunk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1803,7 @@ func (x *ChunkServiceCommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceCommitResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceCommitResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ChunkServiceCommitResponse) GetResult() ChunkResult {
@@ -1432,7 +1834,7 @@ type ChunkServiceWriteResponse struct {
 
 func (x *ChunkServiceWriteResponse) Reset() {
 	*x = ChunkServiceWriteResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[20]
+	mi := &file_grovepb_chunk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1846,7 @@ func (x *ChunkServiceWriteResponse) String() string {
 func (*ChunkServiceWriteResponse) ProtoMessage() {}
 
 func (x *ChunkServiceWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[20]
+	mi := &file_grovepb_chunk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1859,7 @@ func (x *ChunkServiceWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceWriteResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceWriteResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChunkServiceWriteResponse) GetResult() ChunkResult {
@@ -1491,7 +1893,7 @@ type ChunkServiceStatRequest struct {
 
 func (x *ChunkServiceStatRequest) Reset() {
 	*x = ChunkServiceStatRequest{}
-	mi := &file_grovepb_chunk_proto_msgTypes[21]
+	mi := &file_grovepb_chunk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1905,7 @@ func (x *ChunkServiceStatRequest) String() string {
 func (*ChunkServiceStatRequest) ProtoMessage() {}
 
 func (x *ChunkServiceStatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[21]
+	mi := &file_grovepb_chunk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1918,7 @@ func (x *ChunkServiceStatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceStatRequest.ProtoReflect.Descriptor instead.
 func (*ChunkServiceStatRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ChunkServiceStatRequest) GetCm() uint32 {
@@ -1559,7 +1961,7 @@ type ChunkManagerStatus struct {
 
 func (x *ChunkManagerStatus) Reset() {
 	*x = ChunkManagerStatus{}
-	mi := &file_grovepb_chunk_proto_msgTypes[22]
+	mi := &file_grovepb_chunk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1973,7 @@ func (x *ChunkManagerStatus) String() string {
 func (*ChunkManagerStatus) ProtoMessage() {}
 
 func (x *ChunkManagerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[22]
+	mi := &file_grovepb_chunk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1986,7 @@ func (x *ChunkManagerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkManagerStatus.ProtoReflect.Descriptor instead.
 func (*ChunkManagerStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ChunkManagerStatus) GetCm() uint32 {
@@ -1719,7 +2121,7 @@ type ChunkServiceStatResponse struct {
 
 func (x *ChunkServiceStatResponse) Reset() {
 	*x = ChunkServiceStatResponse{}
-	mi := &file_grovepb_chunk_proto_msgTypes[23]
+	mi := &file_grovepb_chunk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +2133,7 @@ func (x *ChunkServiceStatResponse) String() string {
 func (*ChunkServiceStatResponse) ProtoMessage() {}
 
 func (x *ChunkServiceStatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_chunk_proto_msgTypes[23]
+	mi := &file_grovepb_chunk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +2146,7 @@ func (x *ChunkServiceStatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkServiceStatResponse.ProtoReflect.Descriptor instead.
 func (*ChunkServiceStatResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_chunk_proto_rawDescGZIP(), []int{23}
+	return file_grovepb_chunk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ChunkServiceStatResponse) GetManagers() []*ChunkManagerStatus {
@@ -1794,7 +2196,7 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x04data\x18\t \x03(\v2\x18.grove.v1.ChunkDataRLDevR\x04data\"8\n" +
 	"\x0eChunkDataRLDev\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xaa\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xfe\x01\n" +
 	"\vChunkRecord\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\rR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x14\n" +
@@ -1803,7 +2205,10 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x12\x1d\n" +
 	"\n" +
 	"high_water\x18\x06 \x01(\x04R\thighWater\x12\x14\n" +
-	"\x05count\x18\a \x01(\x04R\x05count\"4\n" +
+	"\x05count\x18\a \x01(\x04R\x05count\x12\x1b\n" +
+	"\towner_log\x18\b \x01(\x04R\bownerLog\x125\n" +
+	"\vowner_token\x18\t \x01(\v2\x14.grove.v1.ChunkTokenR\n" +
+	"ownerToken\"4\n" +
 	"\n" +
 	"ChunkToken\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -1827,10 +2232,37 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x05token\x18\x04 \x01(\v2\x14.grove.v1.ChunkTokenR\x05token\"9\n" +
 	"\vChunkReload\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x14.grove.v1.ChunkTokenR\x05token\"\x1a\n" +
-	"\x18ChunkServicePeerResponse\"A\n" +
+	"\x18ChunkServicePeerResponse\"\x95\x01\n" +
 	"\x1bChunkServiceAllocateRequest\x12\x0e\n" +
 	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"s\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
+	"\towner_log\x18\x03 \x01(\x04R\bownerLog\x125\n" +
+	"\vowner_token\x18\x04 \x01(\v2\x14.grove.v1.ChunkTokenR\n" +
+	"ownerToken\"=\n" +
+	"\x19ChunkServiceDisownRequest\x12\x0e\n" +
+	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\x04R\x03ids\"a\n" +
+	"\x1aChunkServiceDisownResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"i\n" +
+	"\x19ChunkServiceRetireRequest\x12\x0e\n" +
+	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x10\n" +
+	"\x03log\x18\x02 \x01(\x04R\x03log\x12*\n" +
+	"\x05below\x18\x03 \x01(\v2\x14.grove.v1.ChunkTokenR\x05below\"a\n" +
+	"\x1aChunkServiceRetireResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x94\x01\n" +
+	"\x18ChunkServiceOwnedRequest\x12\x0e\n" +
+	"\x02cm\x18\x01 \x01(\rR\x02cm\x12\x10\n" +
+	"\x03log\x18\x02 \x01(\x04R\x03log\x12*\n" +
+	"\x05below\x18\x03 \x01(\v2\x14.grove.v1.ChunkTokenR\x05below\x12\x14\n" +
+	"\x05after\x18\x04 \x01(\x04R\x05after\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"\x86\x01\n" +
+	"\x19ChunkServiceOwnedResponse\x12-\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x10\n" +
+	"\x03ids\x18\x03 \x03(\x04R\x03ids\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"s\n" +
 	"\x1cChunkServiceAllocateResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x15.grove.v1.ChunkResultR\x06result\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x0e\n" +
@@ -1910,7 +2342,7 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\bmanagers\x18\x01 \x03(\v2\x1c.grove.v1.ChunkManagerStatusR\bmanagers\x12\x14\n" +
 	"\x05rldev\x18\x02 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05block\x18\x03 \x01(\x04R\x05block\x12\x16\n" +
-	"\x06length\x18\x04 \x01(\x04R\x06length*\xaf\x03\n" +
+	"\x06length\x18\x04 \x01(\x04R\x06length*\xc9\x03\n" +
 	"\vChunkResult\x12\x13\n" +
 	"\x0fCHUNK_RESULT_OK\x10\x00\x12\x1b\n" +
 	"\x17CHUNK_RESULT_BAD_HANDLE\x10\x01\x12\x1c\n" +
@@ -1927,7 +2359,8 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x18CHUNK_RESULT_BAD_REQUEST\x10\v\x12\x18\n" +
 	"\x14CHUNK_RESULT_CORRUPT\x10\f\x12\x17\n" +
 	"\x13CHUNK_RESULT_FAILED\x10\r\x12\x17\n" +
-	"\x13CHUNK_RESULT_FENCED\x10\x0e2\xa4\x05\n" +
+	"\x13CHUNK_RESULT_FENCED\x10\x0e\x12\x18\n" +
+	"\x14CHUNK_RESULT_RETIRED\x10\x0f2\xa0\a\n" +
 	"\fChunkService\x12Y\n" +
 	"\bAllocate\x12%.grove.v1.ChunkServiceAllocateRequest\x1a&.grove.v1.ChunkServiceAllocateResponse\x12M\n" +
 	"\x04Free\x12!.grove.v1.ChunkServiceFreeRequest\x1a\".grove.v1.ChunkServiceFreeResponse\x12M\n" +
@@ -1936,7 +2369,10 @@ const file_grovepb_chunk_proto_rawDesc = "" +
 	"\x04Stat\x12!.grove.v1.ChunkServiceStatRequest\x1a\".grove.v1.ChunkServiceStatResponse\x12M\n" +
 	"\x04Peer\x12!.grove.v1.ChunkServicePeerRequest\x1a\".grove.v1.ChunkServicePeerResponse\x12V\n" +
 	"\aReserve\x12$.grove.v1.ChunkServiceReserveRequest\x1a%.grove.v1.ChunkServiceReserveResponse\x12S\n" +
-	"\x06Commit\x12#.grove.v1.ChunkServiceCommitRequest\x1a$.grove.v1.ChunkServiceCommitResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x06Commit\x12#.grove.v1.ChunkServiceCommitRequest\x1a$.grove.v1.ChunkServiceCommitResponse\x12S\n" +
+	"\x06Disown\x12#.grove.v1.ChunkServiceDisownRequest\x1a$.grove.v1.ChunkServiceDisownResponse\x12S\n" +
+	"\x06Retire\x12#.grove.v1.ChunkServiceRetireRequest\x1a$.grove.v1.ChunkServiceRetireResponse\x12P\n" +
+	"\x05Owned\x12\".grove.v1.ChunkServiceOwnedRequest\x1a#.grove.v1.ChunkServiceOwnedResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_chunk_proto_rawDescOnce sync.Once
@@ -1951,7 +2387,7 @@ func file_grovepb_chunk_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_chunk_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_chunk_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_grovepb_chunk_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_grovepb_chunk_proto_goTypes = []any{
 	(ChunkResult)(0),                     // 0: grove.v1.ChunkResult
 	(*ChunkPair)(nil),                    // 1: grove.v1.ChunkPair
@@ -1964,59 +2400,78 @@ var file_grovepb_chunk_proto_goTypes = []any{
 	(*ChunkReload)(nil),                  // 8: grove.v1.ChunkReload
 	(*ChunkServicePeerResponse)(nil),     // 9: grove.v1.ChunkServicePeerResponse
 	(*ChunkServiceAllocateRequest)(nil),  // 10: grove.v1.ChunkServiceAllocateRequest
-	(*ChunkServiceAllocateResponse)(nil), // 11: grove.v1.ChunkServiceAllocateResponse
-	(*ChunkServiceFreeRequest)(nil),      // 12: grove.v1.ChunkServiceFreeRequest
-	(*ChunkServiceFreeResponse)(nil),     // 13: grove.v1.ChunkServiceFreeResponse
-	(*ChunkServiceReadRequest)(nil),      // 14: grove.v1.ChunkServiceReadRequest
-	(*ChunkServiceReadResponse)(nil),     // 15: grove.v1.ChunkServiceReadResponse
-	(*ChunkServiceWriteRequest)(nil),     // 16: grove.v1.ChunkServiceWriteRequest
-	(*ChunkServiceReserveRequest)(nil),   // 17: grove.v1.ChunkServiceReserveRequest
-	(*ChunkServiceReserveResponse)(nil),  // 18: grove.v1.ChunkServiceReserveResponse
-	(*ChunkServiceCommitRequest)(nil),    // 19: grove.v1.ChunkServiceCommitRequest
-	(*ChunkServiceCommitResponse)(nil),   // 20: grove.v1.ChunkServiceCommitResponse
-	(*ChunkServiceWriteResponse)(nil),    // 21: grove.v1.ChunkServiceWriteResponse
-	(*ChunkServiceStatRequest)(nil),      // 22: grove.v1.ChunkServiceStatRequest
-	(*ChunkManagerStatus)(nil),           // 23: grove.v1.ChunkManagerStatus
-	(*ChunkServiceStatResponse)(nil),     // 24: grove.v1.ChunkServiceStatResponse
+	(*ChunkServiceDisownRequest)(nil),    // 11: grove.v1.ChunkServiceDisownRequest
+	(*ChunkServiceDisownResponse)(nil),   // 12: grove.v1.ChunkServiceDisownResponse
+	(*ChunkServiceRetireRequest)(nil),    // 13: grove.v1.ChunkServiceRetireRequest
+	(*ChunkServiceRetireResponse)(nil),   // 14: grove.v1.ChunkServiceRetireResponse
+	(*ChunkServiceOwnedRequest)(nil),     // 15: grove.v1.ChunkServiceOwnedRequest
+	(*ChunkServiceOwnedResponse)(nil),    // 16: grove.v1.ChunkServiceOwnedResponse
+	(*ChunkServiceAllocateResponse)(nil), // 17: grove.v1.ChunkServiceAllocateResponse
+	(*ChunkServiceFreeRequest)(nil),      // 18: grove.v1.ChunkServiceFreeRequest
+	(*ChunkServiceFreeResponse)(nil),     // 19: grove.v1.ChunkServiceFreeResponse
+	(*ChunkServiceReadRequest)(nil),      // 20: grove.v1.ChunkServiceReadRequest
+	(*ChunkServiceReadResponse)(nil),     // 21: grove.v1.ChunkServiceReadResponse
+	(*ChunkServiceWriteRequest)(nil),     // 22: grove.v1.ChunkServiceWriteRequest
+	(*ChunkServiceReserveRequest)(nil),   // 23: grove.v1.ChunkServiceReserveRequest
+	(*ChunkServiceReserveResponse)(nil),  // 24: grove.v1.ChunkServiceReserveResponse
+	(*ChunkServiceCommitRequest)(nil),    // 25: grove.v1.ChunkServiceCommitRequest
+	(*ChunkServiceCommitResponse)(nil),   // 26: grove.v1.ChunkServiceCommitResponse
+	(*ChunkServiceWriteResponse)(nil),    // 27: grove.v1.ChunkServiceWriteResponse
+	(*ChunkServiceStatRequest)(nil),      // 28: grove.v1.ChunkServiceStatRequest
+	(*ChunkManagerStatus)(nil),           // 29: grove.v1.ChunkManagerStatus
+	(*ChunkServiceStatResponse)(nil),     // 30: grove.v1.ChunkServiceStatResponse
 }
 var file_grovepb_chunk_proto_depIdxs = []int32{
 	2,  // 0: grove.v1.ChunkPair.data:type_name -> grove.v1.ChunkDataRLDev
-	6,  // 1: grove.v1.ChunkServicePeerRequest.update:type_name -> grove.v1.ChunkUpdate
-	7,  // 2: grove.v1.ChunkServicePeerRequest.ack:type_name -> grove.v1.ChunkAck
-	8,  // 3: grove.v1.ChunkServicePeerRequest.reload:type_name -> grove.v1.ChunkReload
-	4,  // 4: grove.v1.ChunkUpdate.token:type_name -> grove.v1.ChunkToken
-	3,  // 5: grove.v1.ChunkUpdate.records:type_name -> grove.v1.ChunkRecord
-	4,  // 6: grove.v1.ChunkAck.token:type_name -> grove.v1.ChunkToken
-	4,  // 7: grove.v1.ChunkReload.token:type_name -> grove.v1.ChunkToken
-	0,  // 8: grove.v1.ChunkServiceAllocateResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 9: grove.v1.ChunkServiceFreeResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 10: grove.v1.ChunkServiceReadResponse.result:type_name -> grove.v1.ChunkResult
-	4,  // 11: grove.v1.ChunkServiceWriteRequest.fence_token:type_name -> grove.v1.ChunkToken
-	0,  // 12: grove.v1.ChunkServiceReserveResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 13: grove.v1.ChunkServiceCommitResponse.result:type_name -> grove.v1.ChunkResult
-	0,  // 14: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
-	23, // 15: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
-	10, // 16: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
-	12, // 17: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
-	14, // 18: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
-	16, // 19: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
-	22, // 20: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
-	5,  // 21: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
-	17, // 22: grove.v1.ChunkService.Reserve:input_type -> grove.v1.ChunkServiceReserveRequest
-	19, // 23: grove.v1.ChunkService.Commit:input_type -> grove.v1.ChunkServiceCommitRequest
-	11, // 24: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
-	13, // 25: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
-	15, // 26: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
-	21, // 27: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
-	24, // 28: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
-	9,  // 29: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
-	18, // 30: grove.v1.ChunkService.Reserve:output_type -> grove.v1.ChunkServiceReserveResponse
-	20, // 31: grove.v1.ChunkService.Commit:output_type -> grove.v1.ChunkServiceCommitResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 1: grove.v1.ChunkRecord.owner_token:type_name -> grove.v1.ChunkToken
+	6,  // 2: grove.v1.ChunkServicePeerRequest.update:type_name -> grove.v1.ChunkUpdate
+	7,  // 3: grove.v1.ChunkServicePeerRequest.ack:type_name -> grove.v1.ChunkAck
+	8,  // 4: grove.v1.ChunkServicePeerRequest.reload:type_name -> grove.v1.ChunkReload
+	4,  // 5: grove.v1.ChunkUpdate.token:type_name -> grove.v1.ChunkToken
+	3,  // 6: grove.v1.ChunkUpdate.records:type_name -> grove.v1.ChunkRecord
+	4,  // 7: grove.v1.ChunkAck.token:type_name -> grove.v1.ChunkToken
+	4,  // 8: grove.v1.ChunkReload.token:type_name -> grove.v1.ChunkToken
+	4,  // 9: grove.v1.ChunkServiceAllocateRequest.owner_token:type_name -> grove.v1.ChunkToken
+	0,  // 10: grove.v1.ChunkServiceDisownResponse.result:type_name -> grove.v1.ChunkResult
+	4,  // 11: grove.v1.ChunkServiceRetireRequest.below:type_name -> grove.v1.ChunkToken
+	0,  // 12: grove.v1.ChunkServiceRetireResponse.result:type_name -> grove.v1.ChunkResult
+	4,  // 13: grove.v1.ChunkServiceOwnedRequest.below:type_name -> grove.v1.ChunkToken
+	0,  // 14: grove.v1.ChunkServiceOwnedResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 15: grove.v1.ChunkServiceAllocateResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 16: grove.v1.ChunkServiceFreeResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 17: grove.v1.ChunkServiceReadResponse.result:type_name -> grove.v1.ChunkResult
+	4,  // 18: grove.v1.ChunkServiceWriteRequest.fence_token:type_name -> grove.v1.ChunkToken
+	0,  // 19: grove.v1.ChunkServiceReserveResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 20: grove.v1.ChunkServiceCommitResponse.result:type_name -> grove.v1.ChunkResult
+	0,  // 21: grove.v1.ChunkServiceWriteResponse.result:type_name -> grove.v1.ChunkResult
+	29, // 22: grove.v1.ChunkServiceStatResponse.managers:type_name -> grove.v1.ChunkManagerStatus
+	10, // 23: grove.v1.ChunkService.Allocate:input_type -> grove.v1.ChunkServiceAllocateRequest
+	18, // 24: grove.v1.ChunkService.Free:input_type -> grove.v1.ChunkServiceFreeRequest
+	20, // 25: grove.v1.ChunkService.Read:input_type -> grove.v1.ChunkServiceReadRequest
+	22, // 26: grove.v1.ChunkService.Write:input_type -> grove.v1.ChunkServiceWriteRequest
+	28, // 27: grove.v1.ChunkService.Stat:input_type -> grove.v1.ChunkServiceStatRequest
+	5,  // 28: grove.v1.ChunkService.Peer:input_type -> grove.v1.ChunkServicePeerRequest
+	23, // 29: grove.v1.ChunkService.Reserve:input_type -> grove.v1.ChunkServiceReserveRequest
+	25, // 30: grove.v1.ChunkService.Commit:input_type -> grove.v1.ChunkServiceCommitRequest
+	11, // 31: grove.v1.ChunkService.Disown:input_type -> grove.v1.ChunkServiceDisownRequest
+	13, // 32: grove.v1.ChunkService.Retire:input_type -> grove.v1.ChunkServiceRetireRequest
+	15, // 33: grove.v1.ChunkService.Owned:input_type -> grove.v1.ChunkServiceOwnedRequest
+	17, // 34: grove.v1.ChunkService.Allocate:output_type -> grove.v1.ChunkServiceAllocateResponse
+	19, // 35: grove.v1.ChunkService.Free:output_type -> grove.v1.ChunkServiceFreeResponse
+	21, // 36: grove.v1.ChunkService.Read:output_type -> grove.v1.ChunkServiceReadResponse
+	27, // 37: grove.v1.ChunkService.Write:output_type -> grove.v1.ChunkServiceWriteResponse
+	30, // 38: grove.v1.ChunkService.Stat:output_type -> grove.v1.ChunkServiceStatResponse
+	9,  // 39: grove.v1.ChunkService.Peer:output_type -> grove.v1.ChunkServicePeerResponse
+	24, // 40: grove.v1.ChunkService.Reserve:output_type -> grove.v1.ChunkServiceReserveResponse
+	26, // 41: grove.v1.ChunkService.Commit:output_type -> grove.v1.ChunkServiceCommitResponse
+	12, // 42: grove.v1.ChunkService.Disown:output_type -> grove.v1.ChunkServiceDisownResponse
+	14, // 43: grove.v1.ChunkService.Retire:output_type -> grove.v1.ChunkServiceRetireResponse
+	16, // 44: grove.v1.ChunkService.Owned:output_type -> grove.v1.ChunkServiceOwnedResponse
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_chunk_proto_init() }
@@ -2035,7 +2490,7 @@ func file_grovepb_chunk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_chunk_proto_rawDesc), len(file_grovepb_chunk_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,9 @@ const (
 	ChunkService_Peer_FullMethodName     = "/grove.v1.ChunkService/Peer"
 	ChunkService_Reserve_FullMethodName  = "/grove.v1.ChunkService/Reserve"
 	ChunkService_Commit_FullMethodName   = "/grove.v1.ChunkService/Commit"
+	ChunkService_Disown_FullMethodName   = "/grove.v1.ChunkService/Disown"
+	ChunkService_Retire_FullMethodName   = "/grove.v1.ChunkService/Retire"
+	ChunkService_Owned_FullMethodName    = "/grove.v1.ChunkService/Owned"
 )
 
 // ChunkServiceClient is the client API for ChunkService service.
@@ -45,6 +48,9 @@ type ChunkServiceClient interface {
 	Peer(ctx context.Context, in *ChunkServicePeerRequest, opts ...grpc.CallOption) (*ChunkServicePeerResponse, error)
 	Reserve(ctx context.Context, in *ChunkServiceReserveRequest, opts ...grpc.CallOption) (*ChunkServiceReserveResponse, error)
 	Commit(ctx context.Context, in *ChunkServiceCommitRequest, opts ...grpc.CallOption) (*ChunkServiceCommitResponse, error)
+	Disown(ctx context.Context, in *ChunkServiceDisownRequest, opts ...grpc.CallOption) (*ChunkServiceDisownResponse, error)
+	Retire(ctx context.Context, in *ChunkServiceRetireRequest, opts ...grpc.CallOption) (*ChunkServiceRetireResponse, error)
+	Owned(ctx context.Context, in *ChunkServiceOwnedRequest, opts ...grpc.CallOption) (*ChunkServiceOwnedResponse, error)
 }
 
 type chunkServiceClient struct {
@@ -135,6 +141,36 @@ func (c *chunkServiceClient) Commit(ctx context.Context, in *ChunkServiceCommitR
 	return out, nil
 }
 
+func (c *chunkServiceClient) Disown(ctx context.Context, in *ChunkServiceDisownRequest, opts ...grpc.CallOption) (*ChunkServiceDisownResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChunkServiceDisownResponse)
+	err := c.cc.Invoke(ctx, ChunkService_Disown_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *chunkServiceClient) Retire(ctx context.Context, in *ChunkServiceRetireRequest, opts ...grpc.CallOption) (*ChunkServiceRetireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChunkServiceRetireResponse)
+	err := c.cc.Invoke(ctx, ChunkService_Retire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *chunkServiceClient) Owned(ctx context.Context, in *ChunkServiceOwnedRequest, opts ...grpc.CallOption) (*ChunkServiceOwnedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChunkServiceOwnedResponse)
+	err := c.cc.Invoke(ctx, ChunkService_Owned_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChunkServiceServer is the server API for ChunkService service.
 // All implementations must embed UnimplementedChunkServiceServer
 // for forward compatibility.
@@ -147,6 +183,9 @@ type ChunkServiceServer interface {
 	Peer(context.Context, *ChunkServicePeerRequest) (*ChunkServicePeerResponse, error)
 	Reserve(context.Context, *ChunkServiceReserveRequest) (*ChunkServiceReserveResponse, error)
 	Commit(context.Context, *ChunkServiceCommitRequest) (*ChunkServiceCommitResponse, error)
+	Disown(context.Context, *ChunkServiceDisownRequest) (*ChunkServiceDisownResponse, error)
+	Retire(context.Context, *ChunkServiceRetireRequest) (*ChunkServiceRetireResponse, error)
+	Owned(context.Context, *ChunkServiceOwnedRequest) (*ChunkServiceOwnedResponse, error)
 	mustEmbedUnimplementedChunkServiceServer()
 }
 
@@ -180,6 +219,15 @@ func (UnimplementedChunkServiceServer) Reserve(context.Context, *ChunkServiceRes
 }
 func (UnimplementedChunkServiceServer) Commit(context.Context, *ChunkServiceCommitRequest) (*ChunkServiceCommitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
+}
+func (UnimplementedChunkServiceServer) Disown(context.Context, *ChunkServiceDisownRequest) (*ChunkServiceDisownResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Disown not implemented")
+}
+func (UnimplementedChunkServiceServer) Retire(context.Context, *ChunkServiceRetireRequest) (*ChunkServiceRetireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Retire not implemented")
+}
+func (UnimplementedChunkServiceServer) Owned(context.Context, *ChunkServiceOwnedRequest) (*ChunkServiceOwnedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Owned not implemented")
 }
 func (UnimplementedChunkServiceServer) mustEmbedUnimplementedChunkServiceServer() {}
 func (UnimplementedChunkServiceServer) testEmbeddedByValue()                      {}
@@ -346,6 +394,60 @@ func _ChunkService_Commit_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ChunkService_Disown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChunkServiceDisownRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChunkServiceServer).Disown(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ChunkService_Disown_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChunkServiceServer).Disown(ctx, req.(*ChunkServiceDisownRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ChunkService_Retire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChunkServiceRetireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChunkServiceServer).Retire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ChunkService_Retire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChunkServiceServer).Retire(ctx, req.(*ChunkServiceRetireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ChunkService_Owned_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChunkServiceOwnedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChunkServiceServer).Owned(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ChunkService_Owned_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChunkServiceServer).Owned(ctx, req.(*ChunkServiceOwnedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ChunkService_ServiceDesc is the grpc.ServiceDesc for ChunkService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -384,6 +486,18 @@ var ChunkService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Commit",
 			Handler:    _ChunkService_Commit_Handler,
+		},
+		{
+			MethodName: "Disown",
+			Handler:    _ChunkService_Disown_Handler,
+		},
+		{
+			MethodName: "Retire",
+			Handler:    _ChunkService_Retire_Handler,
+		},
+		{
+			MethodName: "Owned",
+			Handler:    _ChunkService_Owned_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -74,9 +74,18 @@ type Hold interface {
 
 // Chunks is the chunk store as the cache uses it.
 type Chunks interface {
-	// Allocate returns a new chunk of size bytes, allocated durably: a
-	// committed image may name it at once.
-	Allocate(ctx context.Context, size uint64) (Handle, error)
+	// Allocate returns a new chunk of size bytes, allocated durably and
+	// tagged with owner (chunk.Owner; zero: none): a committed image may
+	// name it at once.
+	Allocate(ctx context.Context, size uint64, owner chunk.Owner) (Handle, error)
+	// Disown takes the owner tag off hs: the changes that name them are
+	// durable in the log (chunk.Clerk.Disown).
+	Disown(ctx context.Context, hs []Handle) error
+	// RetireOwners and Owned: what a log's older holders allocated and
+	// never linked, found by whoever holds the log next (a recovery run,
+	// or the server's next start) and freed (chunk.Clerk's).
+	RetireOwners(ctx context.Context, log uint64, below lock.Token) error
+	Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error)
 	// Read reads the first n bytes of h (chunk.ErrUnallocated if freed).
 	Read(ctx context.Context, h Handle, n uint64) ([]byte, error)
 	// Write writes data at the start of h, fenced by f.
@@ -108,6 +117,9 @@ type CacheConfig struct {
 	// the RLDev refuse the first attempt if it arrives late.
 	Fence func() *rldev.Fence
 	Renew func(ctx context.Context) error
+	// Owner tags the chunks the cache allocates (nil: no tag): the
+	// server's log and its token on it (OwnerOf).
+	Owner func() chunk.Owner
 	// Capacity bounds the nodes cached (default DefaultCacheNodes).
 	Capacity int
 	Log2     *slog.Logger
@@ -121,6 +133,33 @@ type loggedFree struct {
 	rec, end uint64
 	tries    int // checkpoints whose free of it failed
 }
+
+// linkTarget is the target of a link record: one per chunk a change names
+// for the first time (a new node, a new value chunk), logged in the
+// change's own transaction. The chunk was allocated tagged with the
+// server's owner (chunk.Owner), so that a recovery of the server's log can
+// find and free what the server allocated and never linked; a replay
+// disowns the chunks of the committed link records first, and a checkpoint
+// disowns them (disownLogged) before the log may forget the records.
+func linkTarget(h Handle) []byte {
+	t := txn.ChunkTarget(h)
+	t[0] = 'L'
+	return t
+}
+
+// parseLinkTarget decodes linkTarget.
+func parseLinkTarget(t []byte) (Handle, bool) {
+	if len(t) == 0 || t[0] != 'L' {
+		return Handle{}, false
+	}
+	c := slices.Clone(t)
+	c[0] = 'c'
+	h, err := txn.ParseChunkTarget(c)
+	return h, err == nil
+}
+
+// OwnerLog is the chunk.Owner log number of node's B-tree log (LogName).
+func OwnerLog(node uint64) uint64 { return node }
 
 // freeTarget is the target of a free record (one per value chunk a
 // change stops naming: the value a put replaced or a delete removed),
@@ -171,6 +210,11 @@ type Cache struct {
 		// (loggedFree): a checkpoint frees those below its point before the
 		// log forgets their records.
 		frees map[Handle]loggedFree
+		// unlinked: chunks the cache allocated with an owner tag that no
+		// committed change names yet; links: those a committed change
+		// names (its link record's position), not disowned yet.
+		unlinked map[Handle]bool
+		links    map[Handle]loggedFree
 	}
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
@@ -223,8 +267,10 @@ type CacheStats struct {
 	// the change that replaced them recorded them and nothing had freed
 	// them yet (the update's own free failed, or has not run yet);
 	// FreeRetries the checkpoints' frees of those that failed (tried again
-	// at the next).
+	// at the next). Disowned counts the chunks checkpoints disowned (their
+	// link records about to be forgotten).
 	ValueWrites, ValueReads, ValueLeaks, LoggedFrees, FreeRetries uint64
+	Disowned                                                      uint64
 }
 
 type entry struct {
@@ -297,7 +343,7 @@ func (c *Cache) Stats() CacheStats {
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
 		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load(),
-		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load()}
+		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load(), Disowned: s.disowned.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
@@ -305,7 +351,7 @@ func (c *Cache) Stats() CacheStats {
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
-	loggedFrees, freeRetries                                                  atomic.Uint64
+	loggedFrees, freeRetries, disowned                                        atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -706,6 +752,9 @@ func (c *Cache) fail(err error) {
 // WriteBack writes back every node whose first change not yet in its chunk
 // is below upTo (txn.Checkpointer).
 func (c *Cache) WriteBack(ctx context.Context, upTo txn.LSN) error {
+	if err := c.disownLogged(ctx, upTo); err != nil {
+		return err
+	}
 	if err := c.freeLogged(ctx, upTo); err != nil {
 		return err
 	}
@@ -870,6 +919,23 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 		}
 		add(anchor.Self, anchor.Encode(nil))
 	}
+	// The chunks this change names for the first time: its new nodes and
+	// the new values in its leaves.
+	var links []Handle
+	if len(c.mu.unlinked) > 0 {
+		for _, n := range nodes {
+			if c.mu.unlinked[n.Self] {
+				links = append(links, n.Self)
+			}
+			if n.Leaf() && n.Ext != nil {
+				for _, r := range n.Refs() {
+					if c.mu.unlinked[r.Chunk] && !slices.Contains(links, r.Chunk) {
+						links = append(links, r.Chunk)
+					}
+				}
+			}
+		}
+	}
 	c.mu.Unlock()
 	tx := c.cfg.Log.Begin()
 	for i := range changes {
@@ -893,6 +959,17 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 			return 0, err
 		}
 		freeRecs[i] = uint64(lsn) - 1
+	}
+	linkRecs := make([]uint64, len(links))
+	for i, h := range links {
+		lsn, err := tx.Update(ctx, linkTarget(h), 0, nil, nil)
+		if err != nil {
+			if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+				c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+			}
+			return 0, err
+		}
+		linkRecs[i] = uint64(lsn) - 1
 	}
 	// The commit record's append and the publish happen under c.mu at
 	// once: a checkpoint takes its snapshot of dirty nodes under c.mu, so
@@ -936,15 +1013,81 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 		}
 		c.mu.frees[h] = loggedFree{rec: freeRecs[i], end: uint64(end)}
 	}
+	for i, h := range links {
+		if c.mu.links == nil {
+			c.mu.links = map[Handle]loggedFree{}
+		}
+		c.mu.links[h] = loggedFree{rec: linkRecs[i], end: uint64(end)}
+		delete(c.mu.unlinked, h)
+	}
 	c.mu.Unlock()
 	return uint64(end), nil
 }
 
-// freed notes that value chunk h is free (no checkpoint needs to free it).
+// freed notes that chunk h is free (no checkpoint needs to free it).
 func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
 	delete(c.mu.frees, h)
+	delete(c.mu.unlinked, h)
 	c.mu.Unlock()
+}
+
+// setOwner tags the cache's allocations with o from now on (before any
+// operation runs: the server's start, once its log is open).
+func (c *Cache) setOwner(o chunk.Owner) { c.cfg.Owner = func() chunk.Owner { return o } }
+
+// allocate allocates a chunk tagged with the server's owner, and notes it
+// unlinked until a commit names it.
+func (c *Cache) allocate(ctx context.Context, size uint64) (Handle, error) {
+	var owner chunk.Owner
+	if c.cfg.Owner != nil {
+		owner = c.cfg.Owner()
+	}
+	h, err := c.cfg.Chunks.Allocate(ctx, size, owner)
+	if err != nil || owner.IsZero() {
+		return h, err
+	}
+	c.mu.Lock()
+	if c.mu.unlinked == nil {
+		c.mu.unlinked = map[Handle]bool{}
+	}
+	c.mu.unlinked[h] = true
+	c.mu.Unlock()
+	return h, nil
+}
+
+// disownLogged disowns the chunks whose link records lie below upTo
+// (WriteBack, before the log forgets those records), once their changes
+// are durable. Unlike a free, a disown that fails fails the checkpoint:
+// once the record is gone, a recovery of this log would take the chunk,
+// still tagged, for one that nothing names, and free it under the tree.
+func (c *Cache) disownLogged(ctx context.Context, upTo txn.LSN) error {
+	c.mu.Lock()
+	var todo []Handle
+	var last uint64
+	for h, l := range c.mu.links {
+		if l.rec < uint64(upTo) {
+			todo = append(todo, h)
+			last = max(last, l.end)
+		}
+	}
+	c.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	if err := c.cfg.Log.Flush(ctx, txn.LSN(last)); err != nil {
+		return err
+	}
+	if err := c.cfg.Chunks.Disown(ctx, todo); err != nil {
+		return fmt.Errorf("btree: disowning %d chunks that committed changes name (the log keeps their records until it succeeds): %w", len(todo), err)
+	}
+	c.mu.Lock()
+	for _, h := range todo {
+		delete(c.mu.links, h)
+	}
+	c.mu.Unlock()
+	c.stats.disowned.Add(uint64(len(todo)))
+	return nil
 }
 
 // freeLogged frees the value chunks whose free records lie below upTo
@@ -1140,7 +1283,7 @@ func (s *TreeStore) lockAnchor(ctx context.Context) (*Anchor, error) {
 // name it at once, and recovery must find it allocated), takes its pin and
 // latch exclusively.
 func (s *TreeStore) New(ctx context.Context) (Handle, error) {
-	h, err := s.c.cfg.Chunks.Allocate(ctx, s.nodeSize)
+	h, err := s.c.allocate(ctx, s.nodeSize)
 	if err != nil {
 		return Handle{}, err
 	}
@@ -1153,7 +1296,9 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	if err != nil {
 		e.latch.Unlock()
 		s.c.unref(e)
-		_ = s.c.cfg.Chunks.Free(context.Background(), h)
+		if s.c.cfg.Chunks.Free(context.Background(), h) == nil {
+			s.c.freed(h)
+		}
 		return Handle{}, err
 	}
 	s.c.mu.Lock()
@@ -1177,7 +1322,7 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 	if err := c.Err(); err != nil {
 		return ValueRef{}, refused(err)
 	}
-	h, err := c.cfg.Chunks.Allocate(ctx, ValueChunkSize(len(val)))
+	h, err := c.allocate(ctx, ValueChunkSize(len(val)))
 	if err != nil {
 		return ValueRef{}, refused(err)
 	}
@@ -1195,7 +1340,9 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 	}
 	if ferr := c.cfg.Chunks.Free(context.WithoutCancel(ctx), h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
-		c.log.Warn("freeing a value chunk whose write failed: it leaks", "chunk", h, "err", ferr)
+		c.log.Warn("freeing a value chunk whose write failed: it stays allocated until a recovery of this server's log, or its next start, frees it", "chunk", h, "err", ferr)
+	} else {
+		c.freed(h)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
 }
@@ -1269,7 +1416,9 @@ func (s *TreeStore) Abandon(h Handle) {
 	e.latch.Unlock()
 	c.unref(e)
 	if err := c.cfg.Chunks.Free(context.Background(), h); err != nil {
-		c.log.Warn("freeing an abandoned node's chunk failed: it leaks", "chunk", h, "err", err)
+		c.log.Warn("freeing an abandoned node's chunk failed: it stays allocated until a recovery of this server's log, or its next start, frees it", "chunk", h, "err", err)
+	} else {
+		c.freed(h)
 	}
 }
 

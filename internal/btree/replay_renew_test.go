@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
@@ -215,11 +216,11 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 // CreateTree does, and returns the anchor and the root.
 func emptyTree(t *testing.T, ctx context.Context, chunks Chunks, fence func() *rldev.Fence, nodeSize int) (anchor, root Handle) {
 	t.Helper()
-	ah, err := chunks.Allocate(ctx, AnchorSize)
+	ah, err := chunks.Allocate(ctx, AnchorSize, chunk.Owner{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rh, err := chunks.Allocate(ctx, uint64(nodeSize))
+	rh, err := chunks.Allocate(ctx, uint64(nodeSize), chunk.Owner{})
 	if err != nil {
 		t.Fatal(err)
 	}

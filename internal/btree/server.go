@@ -337,9 +337,17 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s.wal = wal
 	s.cache.cfg.Log = wal
-	s.wg.Add(2)
+	// The chunks this server allocates carry its log and its token on the
+	// log's lock (chunk.Owner) until a durable change names them.
+	owner := chunk.Owner{Log: OwnerLog(cfg.Node), Token: wal.Fence().Token}
+	s.cache.setOwner(owner)
+	s.wg.Add(3)
 	go s.compressor()
 	go s.dropper()
+	go func() {
+		defer s.wg.Done()
+		collectOrphans(s.ctx, chunkStore{cfg.Chunks}, owner.Log, owner.Token, s.log, "start")
+	}()
 	s.log.Info("B-tree server started", "log", name, "recovered", wal.Recovered().Redone)
 	return s, nil
 }
@@ -421,12 +429,45 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		return err
 	}
 	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
-	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, false, leakLogger(s.log, r.Dead))
+	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, replayUnsafe{}, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
 	s.log.Info("replayed a dead B-tree server's log", "dead", r.Dead, "redone", rep.Redone, "undone", rep.Undone)
 	return nil
+}
+
+// collectOrphans frees what the holders of log before token below
+// allocated and never linked: it retires them (an allocation of theirs
+// still in flight is refused from then on), lists what they still own and
+// frees it. Every chunk they linked was disowned before: by their own
+// checkpoints, before the log forgot the link records, or by the replay of
+// the log, before this call. A failure only delays the collection: the
+// log's next holder collects everything below its own, newer, token.
+func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.Token, logger *slog.Logger, why string) int {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := chunks.RetireOwners(ctx, log, below); err != nil {
+		logger.Warn("retiring this log's earlier holders failed: what they allocated and never linked stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
+		return 0
+	}
+	hs, err := chunks.Owned(ctx, log, below)
+	if err != nil {
+		logger.Warn("listing what this log's earlier holders allocated failed: it stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
+		return 0
+	}
+	freed := 0
+	for _, h := range hs {
+		if err := chunks.Free(ctx, h); err != nil {
+			logger.Warn("freeing a chunk an earlier holder of this log allocated and never linked failed", "chunk", h, "when", why, "err", err)
+			continue
+		}
+		freed++
+	}
+	if len(hs) > 0 {
+		logger.Info("freed the chunks earlier holders of this log allocated and never linked", "log", log, "below", below, "when", why, "freed", freed, "found", len(hs))
+	}
+	return freed
 }
 
 // ReplayDead replays dead server node's log (on dev) under a recovery
@@ -455,7 +496,7 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 // died waiting for its log next to the names recovery of the one before).
 // Such a run has nothing to do.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
-	return replayDead(ctx, dev, r, chunks, false, leakLogger(slog.Default(), r.Dead))
+	return replayDead(ctx, dev, r, chunks, replayUnsafe{}, leakLogger(slog.Default(), r.Dead))
 }
 
 // leakLogger reports, on log, the value chunks a replay of dead's log let
@@ -466,12 +507,17 @@ func leakLogger(log *slog.Logger, dead lock.ClerkID) func(Handle, error) {
 	}
 }
 
+// replayUnsafe breaks a replay on purpose (the tests' teeth only):
+// uncovered replays a log the run does not cover; keepTags skips the link
+// records (the chunks committed changes name stay tagged, and the run's
+// collection frees them).
+type replayUnsafe struct{ uncovered, keepTags bool }
+
 // replayDead is ReplayDead, telling leaked (nil: nobody) of the value
-// chunks whose replayed free failed; unsafeUncovered (tests' teeth only)
-// replays a log the run does not cover.
-func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafeUncovered bool, leaked func(Handle, error)) (txn.Report, error) {
+// chunks whose replayed free failed.
+func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafe replayUnsafe, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
-	if !unsafeUncovered && !r.Covers(txn.LockName(LogName(node))) {
+	if !unsafe.uncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
 	}
 	fence := rldev.Fence{Name: FenceLock(node), Token: r.Token}
@@ -483,7 +529,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 		names[n] = true
 	}
 	keep := func(h Handle) bool { return names[LockName(h)] != r.All }
-	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep, leaked: leaked}
+	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep, leaked: leaked, keepTags: unsafe.keepTags}
 	if r.Renew != nil {
 		a.renew = func(ctx context.Context) error {
 			t, err := r.Renew(ctx)
@@ -500,7 +546,18 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// The log's own fence keeps the run's first token: only the dead
 	// server's next incarnation writes the log after this run, under a
 	// newer token of the log's lock.
-	return txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token}, a, txn.Unsafe{})
+	rep, err := txn.Recover(ctx, dev, rldev.Fence{Name: txn.LockName(LogName(node)), Token: r.Token}, a, txn.Unsafe{})
+	if err != nil {
+		return rep, err
+	}
+	// The replay disowned every chunk a committed change of the log names
+	// (its link records); what the dead server still owns, nothing names.
+	// The run's token is newer than the dead server's on the log's lock,
+	// and older than the log's next holder's.
+	if !unsafe.uncovered {
+		collectOrphans(ctx, chunks, OwnerLog(node), r.Token, slog.Default(), "recovery")
+	}
+	return rep, nil
 }
 
 // replayWriteAttempts bounds the attempts of one replayed node write whose
@@ -523,6 +580,8 @@ type replayApplier struct {
 	renew func(ctx context.Context) error
 	// leaked hears of a value chunk whose replayed free failed (it leaks).
 	leaked func(h Handle, err error)
+	// keepTags: replayUnsafe.keepTags.
+	keepTags bool
 }
 
 // replayFreeAttempts bounds the tries of one replayed free record.
@@ -547,6 +606,15 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 			redo = append(redo, r)
 			continue
 		}
+		if _, ok := parseLinkTarget(r.Target); ok {
+			// A chunk the committed change named first: disowned, so that
+			// the run's collection of what the dead server allocated and
+			// never linked (collectOrphans) leaves it alone.
+			if !a.keepTags {
+				redo = append(redo, r)
+			}
+			continue
+		}
 		if h, err := txn.ParseChunkTarget(r.Target); err == nil && a.keep(h) {
 			redo = append(redo, r)
 		}
@@ -555,6 +623,22 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 }
 
 func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
+	if h, ok := parseLinkTarget(target); ok {
+		// Unlike a free, a disown that fails fails the run: the
+		// collection after the replay would free a chunk the tree names.
+		var err error
+		for attempt := 1; attempt <= replayFreeAttempts; attempt++ {
+			if err = a.chunks.Disown(ctx, []Handle{h}); err == nil || ctx.Err() != nil {
+				return err
+			}
+			select {
+			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return fmt.Errorf("btree: disowning chunk %v, which a committed change names: %w", h, err)
+	}
 	if h, ok := parseFreeTarget(target); ok {
 		// A few tries; then the chunk leaks rather than fail the run: a
 		// failed run keeps every lease of the dead server held, for one
@@ -1221,8 +1305,18 @@ func (l clerkLocks) ValidUntil() time.Time { return l.c.ValidUntil() }
 // chunkStore adapts a chunk clerk to Chunks.
 type chunkStore struct{ c *chunk.Clerk }
 
-func (s chunkStore) Allocate(ctx context.Context, size uint64) (Handle, error) {
-	return s.c.Allocate(ctx, size, 0)
+func (s chunkStore) Allocate(ctx context.Context, size uint64, owner chunk.Owner) (Handle, error) {
+	return s.c.AllocateOwned(ctx, size, 0, owner)
+}
+
+func (s chunkStore) Disown(ctx context.Context, hs []Handle) error { return s.c.Disown(ctx, hs) }
+
+func (s chunkStore) RetireOwners(ctx context.Context, log uint64, below lock.Token) error {
+	return s.c.RetireOwners(ctx, log, below)
+}
+
+func (s chunkStore) Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error) {
+	return s.c.Owned(ctx, log, below)
 }
 
 func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {

@@ -1,6 +1,7 @@
 package btree
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -515,10 +516,20 @@ type simChunks struct {
 	lateCount int
 	refused   int
 	trace     func(string)
+	// Owned allocations (chunk.Owner), as a chunk manager keeps them: tag
+	// per chunk, retirement marks per log. lostAllocs counts allocations
+	// whose answer was lost (lossRate of them: the chunk is allocated and
+	// tagged, the caller told "may have taken effect"); retiredRefused
+	// the allocations refused as retired.
+	tag            map[Handle]chunk.Owner
+	retired        map[uint64]lock.Token
+	lostAllocs     int
+	retiredRefused int
 }
 
 func newSimChunks(r *rand.Rand) *simChunks {
-	return &simChunks{r: r, data: map[Handle][]byte{}, owner: map[Handle]uint64{}, freed: map[Handle]bool{}, tokens: map[uint64]map[string]lock.Token{}}
+	return &simChunks{r: r, data: map[Handle][]byte{}, owner: map[Handle]uint64{}, freed: map[Handle]bool{}, tokens: map[uint64]map[string]lock.Token{},
+		tag: map[Handle]chunk.Owner{}, retired: map[uint64]lock.Token{}}
 }
 
 func rldevOf(h Handle) uint64 { return h.ID % 3 }
@@ -543,18 +554,74 @@ var (
 	errSimCut     = errors.New("sim: this server is cut off the storage (the call was not sent)")
 )
 
-func (c *simChunkClerk) Allocate(ctx context.Context, size uint64) (Handle, error) {
+func (c *simChunkClerk) Allocate(ctx context.Context, size uint64, owner chunk.Owner) (Handle, error) {
 	if err := c.gate(ctx); err != nil {
 		return Handle{}, err
 	}
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if t, ok := s.retired[owner.Log]; ok && !owner.IsZero() && owner.Token.Less(t) {
+		s.retiredRefused++
+		return Handle{}, fmt.Errorf("%w: %v", chunk.ErrRetired, owner)
+	}
 	s.next++
 	h := Handle{CM: 1, ID: s.next}
 	s.data[h] = make([]byte, size)
 	s.owner[h] = c.node
+	if !owner.IsZero() {
+		s.tag[h] = owner
+	}
+	if s.r.Float64() < s.lossRate {
+		// Allocated, and its answer lost (the clerk's retries failed
+		// too): the caller never learns the id.
+		s.lostAllocs++
+		return Handle{}, fmt.Errorf("sim: the allocation's answer was lost: %w", chunk.ErrMaybeDone)
+	}
 	return h, nil
+}
+
+func (c *simChunkClerk) Disown(ctx context.Context, hs []Handle) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range hs {
+		delete(s.tag, h)
+	}
+	return nil
+}
+
+func (c *simChunkClerk) RetireOwners(ctx context.Context, log uint64, below lock.Token) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.retired[log]; !ok || t.Less(below) {
+		s.retired[log] = below
+	}
+	return nil
+}
+
+func (c *simChunkClerk) Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Handle
+	for h, o := range s.tag {
+		if o.Log == log && o.Token.Less(below) {
+			out = append(out, h)
+		}
+	}
+	slices.SortFunc(out, func(a, b Handle) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
 }
 
 func (c *simChunkClerk) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
@@ -665,6 +732,7 @@ func (c *simChunkClerk) Free(ctx context.Context, h Handle) error {
 		return nil
 	}
 	delete(s.data, h)
+	delete(s.tag, h)
 	s.freed[h] = true
 	return nil
 }

@@ -2,8 +2,12 @@ package chunk
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
+
+	"github.com/grovestore/grove/internal/lock"
 )
 
 // chunkMap is a pair's map in memory: every allocated chunk and, for the
@@ -30,6 +34,11 @@ type chunkMap struct {
 	// release.
 	freed []Run
 	quar  []quarRun
+	// retired: per owners' log, the token below which its owners are
+	// retired (their allocations refused); owned counts the chunks that
+	// have an owner (each a checkpoint entry more).
+	retired map[uint64]lock.Token
+	owned   int
 }
 
 type quarRun struct {
@@ -94,7 +103,32 @@ func (r *openResv) unallocatedRuns() []Run {
 // entry is one chunk.
 type entry struct {
 	Extent
-	freeing bool // a free is under way at the primary: no new I/O is admitted
+	freeing bool  // a free is under way at the primary: no new I/O is admitted
+	owner   Owner // who allocated it and has not linked it durably yet (Owner)
+}
+
+// retiredOwner reports whether o's allocations are refused: a Retire of
+// its log named a newer token.
+func (m *chunkMap) retiredOwner(o Owner) bool {
+	t, ok := m.retired[o.Log]
+	return ok && o.Token.Less(t)
+}
+
+// ownedBy lists, in order, the chunks (not being freed) whose owner is
+// of log below token below, from id after on, at most limit of them, and
+// whether there are more.
+func (m *chunkMap) ownedBy(log uint64, below lock.Token, after uint64, limit int) ([]uint64, bool) {
+	var ids []uint64
+	for id, e := range m.chunks {
+		if id > after && !e.freeing && !e.owner.IsZero() && e.owner.Log == log && e.owner.Token.Less(below) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if len(ids) > limit {
+		return ids[:limit], true
+	}
+	return ids, false
 }
 
 // DataFence is the block of every data RLDev a new primary writes with its
@@ -103,7 +137,7 @@ type entry struct {
 const DataFence = 0
 
 func newChunkMap(cm uint32, data []DataRLDev) *chunkMap {
-	m := &chunkMap{cm: cm, chunks: map[uint64]*entry{}, spaces: map[uint64]*space{}, resv: map[uint64]*openResv{}, hw: 1}
+	m := &chunkMap{cm: cm, chunks: map[uint64]*entry{}, spaces: map[uint64]*space{}, resv: map[uint64]*openResv{}, hw: 1, retired: map[uint64]lock.Token{}}
 	for _, d := range data {
 		sp := newSpace(d.Blocks)
 		if err := sp.take(DataFence, 1); err != nil {
@@ -137,6 +171,17 @@ func (m *chunkMap) load(c Checkpoint) error {
 		if err := m.openResv(r, false); err != nil {
 			return err
 		}
+	}
+	for id, o := range c.Owned {
+		e := m.chunks[id]
+		if e == nil || o.IsZero() {
+			return fmt.Errorf("%w: owner %v of chunk %d, not in the checkpoint", ErrCorrupt, o, id)
+		}
+		e.owner = o
+		m.owned++
+	}
+	for l, t := range c.Retired {
+		m.retired[l] = t
 	}
 	m.lsn, m.hw = c.Through, max(c.HighWater, 1)
 	return nil
@@ -222,7 +267,7 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 		return fmt.Errorf("%w: record %d applied after %d", ErrCorrupt, lsn, m.lsn)
 	}
 	switch r.Kind {
-	case RecAlloc:
+	case RecAlloc, RecAllocOwned:
 		if r.ID >= m.hw {
 			return fmt.Errorf("%w: chunk %d allocated at or above the high-water id %d", ErrCorrupt, r.ID, m.hw)
 		}
@@ -241,10 +286,29 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 		} else if err := m.add(r.ID, r.Extent); err != nil {
 			return err
 		}
+		if r.Kind == RecAllocOwned {
+			m.chunks[r.ID].owner = r.Owner
+			m.owned++
+		}
+	case RecDisown:
+		e := m.chunks[r.ID]
+		if e == nil || e.owner.IsZero() {
+			return fmt.Errorf("%w: disown of chunk %d, not allocated or not owned", ErrCorrupt, r.ID)
+		}
+		e.owner = Owner{}
+		m.owned--
+	case RecRetire:
+		if t, ok := m.retired[r.Owner.Log]; ok && !t.Less(r.Owner.Token) {
+			return fmt.Errorf("%w: log %d's owners retired below %v, then below %v", ErrCorrupt, r.Owner.Log, t, r.Owner.Token)
+		}
+		m.retired[r.Owner.Log] = r.Owner.Token
 	case RecFree:
 		e := m.chunks[r.ID]
 		if e == nil {
 			return fmt.Errorf("%w: free of chunk %d, not allocated", ErrCorrupt, r.ID)
+		}
+		if !e.owner.IsZero() {
+			m.owned--
 		}
 		delete(m.chunks, r.ID)
 		if !own {
@@ -287,6 +351,15 @@ func (m *chunkMap) checkpoint() Checkpoint {
 	c := Checkpoint{CM: m.cm, Through: m.lsn, HighWater: m.hw, Chunks: make(map[uint64]Extent, len(m.chunks)), Quarantined: coverRuns(m.quarantined())}
 	for id, e := range m.chunks {
 		c.Chunks[id] = e.Extent
+		if !e.owner.IsZero() {
+			if c.Owned == nil {
+				c.Owned = map[uint64]Owner{}
+			}
+			c.Owned[id] = e.owner
+		}
+	}
+	if len(m.retired) > 0 {
+		c.Retired = maps.Clone(m.retired)
 	}
 	for _, r := range m.resv {
 		if len(r.mat) > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
@@ -146,7 +148,7 @@ const connectWait = 2 * time.Second
 
 // final errors: trying again cannot help.
 func final(err error) bool {
-	for _, e := range []error{ErrBadHandle, ErrUnallocated, ErrOutOfRange, ErrTooLarge, ErrFull, ErrMapFull, ErrBadRequest, ErrCorrupt, ErrFenced} {
+	for _, e := range []error{ErrBadHandle, ErrUnallocated, ErrOutOfRange, ErrTooLarge, ErrFull, ErrMapFull, ErrBadRequest, ErrCorrupt, ErrFenced, ErrRetired} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -206,6 +208,18 @@ func (c *Clerk) retry(ctx context.Context, cm uint32, what string, attempt func(
 // Allocate allocates a zeroed chunk of size bytes from pair cm (0: the
 // pairs in turn, the next one when a pair is full).
 func (c *Clerk) Allocate(ctx context.Context, size uint64, cm uint32) (Handle, error) {
+	return c.AllocateOwned(ctx, size, cm, Owner{})
+}
+
+// AllocateOwned is Allocate for owner (Owner; zero: none): the chunk keeps
+// owner's tag until Disown. An allocation whose answer was lost and that
+// is retried leaves a chunk no handle was returned for; with an owner,
+// Owned lists it, so that the owner's recovery (or the owner itself, at
+// its next start) frees it.
+func (c *Clerk) AllocateOwned(ctx context.Context, size uint64, cm uint32, owner Owner) (Handle, error) {
+	if !owner.IsZero() && owner.Token.IsZero() {
+		return Handle{}, fmt.Errorf("allocating %d bytes: %w: an owner (log %d) without a token", size, ErrBadRequest, owner.Log)
+	}
 	if size == 0 || size > MaxChunk {
 		return Handle{}, fmt.Errorf("allocating %d bytes: %w (1 to %d)", size, ErrBadRequest, uint64(MaxChunk))
 	}
@@ -239,7 +253,11 @@ func (c *Clerk) Allocate(ctx context.Context, size uint64, cm uint32) (Handle, e
 			if err != nil {
 				return node, err
 			}
-			r, err := cl.Allocate(ctx, &pb.ChunkServiceAllocateRequest{Cm: cm, Size: size})
+			req := &pb.ChunkServiceAllocateRequest{Cm: cm, Size: size}
+			if !owner.IsZero() {
+				req.OwnerLog, req.OwnerToken = owner.Log, tokenPB(owner.Token)
+			}
+			r, err := cl.Allocate(ctx, req)
 			if err != nil {
 				return node, err
 			}
@@ -283,6 +301,115 @@ func (c *Clerk) Free(ctx context.Context, h Handle) error {
 		return node, err
 	})
 	return err
+}
+
+// Disown takes the owner tag off chunks hs (their owner linked them
+// durably: Owner), in batches of at most MaxDisown per pair. A chunk not
+// allocated, or without an owner, is skipped.
+func (c *Clerk) Disown(ctx context.Context, hs []Handle) error {
+	by := map[uint32][]uint64{}
+	for _, h := range hs {
+		if h.CM == 0 || h.ID == 0 {
+			return fmt.Errorf("disowning %s: %w", h, ErrBadHandle)
+		}
+		by[h.CM] = append(by[h.CM], h.ID)
+	}
+	cms := make([]uint32, 0, len(by))
+	for cm := range by {
+		cms = append(cms, cm)
+	}
+	slices.Sort(cms)
+	for _, cm := range cms {
+		for ids := by[cm]; len(ids) > 0; {
+			batch := ids[:min(len(ids), MaxDisown)]
+			ids = ids[len(batch):]
+			err := c.retry(ctx, cm, fmt.Sprintf("disowning %d chunks of pair %d", len(batch), cm), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
+				node := p.PrimaryNode()
+				cl, err := c.client(ctx, node)
+				if err != nil {
+					return node, err
+				}
+				r, err := cl.Disown(ctx, &pb.ChunkServiceDisownRequest{Cm: cm, Ids: batch})
+				if err != nil {
+					return node, err
+				}
+				return node, ResultError(r.Result, r.Error)
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// RetireOwners makes every pair refuse the allocations of owners of log
+// whose token is below below (Manager.Retire). It asks every pair of the
+// table read afresh.
+func (c *Clerk) RetireOwners(ctx context.Context, log uint64, below lock.Token) error {
+	t, err := c.Table(ctx, true)
+	if err != nil {
+		return err
+	}
+	for _, cm := range t.IDs() {
+		err := c.retry(ctx, cm, fmt.Sprintf("retiring log %d's owners below %v", log, below), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
+			node := p.PrimaryNode()
+			cl, err := c.client(ctx, node)
+			if err != nil {
+				return node, err
+			}
+			r, err := cl.Retire(ctx, &pb.ChunkServiceRetireRequest{Cm: cm, Log: log, Below: tokenPB(below)})
+			if err != nil {
+				return node, err
+			}
+			return node, ResultError(r.Result, r.Error)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Owned lists the chunks of every pair that owners of log below token
+// below allocated and did not disown or free (Manager.Owned), reading the
+// table afresh.
+func (c *Clerk) Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error) {
+	t, err := c.Table(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	var out []Handle
+	for _, cm := range t.IDs() {
+		after, more := uint64(0), true
+		for more {
+			var ids []uint64
+			err := c.retry(ctx, cm, fmt.Sprintf("listing log %d's chunks below %v", log, below), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
+				node := p.PrimaryNode()
+				cl, err := c.client(ctx, node)
+				if err != nil {
+					return node, err
+				}
+				r, err := cl.Owned(ctx, &pb.ChunkServiceOwnedRequest{Cm: cm, Log: log, Below: tokenPB(below), After: after})
+				if err != nil {
+					return node, err
+				}
+				ids, more = r.Ids, r.More
+				return node, ResultError(r.Result, r.Error)
+			})
+			if err != nil {
+				return nil, err
+			}
+			for _, id := range ids {
+				out = append(out, Handle{CM: cm, ID: id})
+				after = id
+			}
+			if len(ids) == 0 {
+				more = false
+			}
+		}
+	}
+	return out, nil
 }
 
 // node picks the manager of pair p for a read or write's attempt n: the

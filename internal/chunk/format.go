@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sort"
+
+	"github.com/grovestore/grove/internal/lock"
 )
 
 // The map RLDev: a pair's handle -> extent map, stored as a checkpoint and
@@ -45,7 +48,12 @@ import (
 // blocks u64}: space freed recently, not reused until a late write of
 // its past can no longer land (Manager); then the open reservations, 40
 // bytes each {id u64, RLDev u64, block u64, count u64, size u64} (a
-// checkpoint written before reservations existed has 0 there).
+// checkpoint written before reservations existed has 0 there); then, only
+// if some chunk has an owner or some owner was retired (a checkpoint
+// written before owners existed ends before it), {owned u64, retired
+// u64}, the owned chunks sorted by id, 32 bytes each {id u64, owner log
+// u64, owner token epoch u64, seq u64}, and the retired logs sorted, 24
+// bytes each {log u64, token epoch u64, seq u64}.
 //
 // Log frame (Frame blocks long, from a block boundary): a 40-byte header
 // {magic "GRCL" u32, version u16, blocks u16, generation u64, first LSN u64,
@@ -53,7 +61,9 @@ import (
 // and the payload, zero u32}, then count records: a type byte and its
 // fields (Alloc: id, RLDev, block, length, u64 each; Free: id u64;
 // Reserve: high-water id u64; Resv: id, RLDev, block, count, size, u64
-// each; ResvClose: id u64). Record i has LSN first+i. The log of a
+// each; ResvClose: id u64; AllocOwned: Alloc's fields, then the owner's
+// log, token epoch and seq, u64 each; Disown: id u64; Retire: log, token
+// epoch, seq, u64 each). Record i has LSN first+i. The log of a
 // generation is the frames from block 3 whose generation is the
 // superblock's and whose LSNs follow on; the first frame that is not ends
 // it (a torn or unwritten frame was never acknowledged: frames are written
@@ -75,6 +85,9 @@ const (
 	ckHeader    = 48
 	ckEntry     = 32
 	ckResv      = 40
+	ckOwnHeader = 16
+	ckOwned     = 32
+	ckRetired   = 24
 	frameHeader = 40
 	// MaxFrameBlocks bounds a frame (256 KiB): a flush with more records
 	// is split.
@@ -221,7 +234,35 @@ type Checkpoint struct {
 	Chunks       map[uint64]Extent
 	Quarantined  []Run  // freed space not to reuse yet
 	Reservations []Resv // open reservations, by id
+	// Owned: the chunks that have an owner (each in Chunks); Retired: the
+	// owners' logs whose tokens below the one given are retired.
+	Owned   map[uint64]Owner
+	Retired map[uint64]lock.Token
 }
+
+// Owner tags an allocation with the log that will link the chunk into
+// something durable (Boxwood §4.3: "we log the allocation locally"): a
+// B-tree server allocates a node or a value chunk, writes it, and commits
+// a record naming it; if it dies in between, the chunk is named by
+// nothing. The tag stays on the chunk until the owner disowns it (once its
+// linking record is durable, before its log may forget that record), so
+// that whoever recovers the owner's log can find every chunk the owner
+// allocated and had not linked (Owned) and free it; Retire first makes
+// the pair refuse the dead owner's allocations still in flight.
+//
+// Log is a number the owners' kind gives each log (0: no owner); Token is
+// the token of the lock under which the owner holds that log: a later
+// holder of the log has a newer one, so that a retirement of every token
+// below a recovery run's spares the log's next holder.
+type Owner struct {
+	Log   uint64
+	Token lock.Token
+}
+
+// IsZero reports whether o is no owner.
+func (o Owner) IsZero() bool { return o.Log == 0 }
+
+func (o Owner) String() string { return fmt.Sprintf("log %d under %v", o.Log, o.Token) }
 
 // Resv is a reservation: ids ID+1..ID+Count set aside for one clerk, each
 // for a chunk of Size bytes at slot i of Run (slot i: blocksFor(Size)
@@ -267,8 +308,43 @@ func EncodeCheckpoint(c Checkpoint) []byte {
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	b := make([]byte, ckHeader+ckEntry*len(ids)+24*len(c.Quarantined)+ckResv*len(c.Reservations))
+	base := ckHeader + ckEntry*len(ids) + 24*len(c.Quarantined) + ckResv*len(c.Reservations)
+	size := base
+	if len(c.Owned)+len(c.Retired) > 0 {
+		size += ckOwnHeader + ckOwned*len(c.Owned) + ckRetired*len(c.Retired)
+	}
+	b := make([]byte, size)
 	le := binary.LittleEndian
+	if size > base {
+		t := b[base:]
+		le.PutUint64(t[0:], uint64(len(c.Owned)))
+		le.PutUint64(t[8:], uint64(len(c.Retired)))
+		owned := make([]uint64, 0, len(c.Owned))
+		for id := range c.Owned {
+			owned = append(owned, id)
+		}
+		slices.Sort(owned)
+		p := t[ckOwnHeader:]
+		for _, id := range owned {
+			o := c.Owned[id]
+			le.PutUint64(p[0:], id)
+			le.PutUint64(p[8:], o.Log)
+			le.PutUint64(p[16:], uint64(o.Token.Epoch))
+			le.PutUint64(p[24:], o.Token.Seq)
+			p = p[ckOwned:]
+		}
+		logs := make([]uint64, 0, len(c.Retired))
+		for l := range c.Retired {
+			logs = append(logs, l)
+		}
+		slices.Sort(logs)
+		for _, l := range logs {
+			le.PutUint64(p[0:], l)
+			le.PutUint64(p[8:], uint64(c.Retired[l].Epoch))
+			le.PutUint64(p[16:], c.Retired[l].Seq)
+			p = p[ckRetired:]
+		}
+	}
 	le.PutUint32(b[0:], ckMagic)
 	le.PutUint16(b[4:], formatVer)
 	le.PutUint32(b[8:], c.CM)
@@ -313,8 +389,41 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 	}
 	c := Checkpoint{CM: le.Uint32(b[8:]), Through: le.Uint64(b[16:]), HighWater: le.Uint64(b[24:]), Chunks: map[uint64]Extent{}}
 	n, nq, nr := le.Uint64(b[32:]), le.Uint64(b[40:]), uint64(le.Uint32(b[12:]))
-	if n > uint64(len(b)-ckHeader)/ckEntry || nq > uint64(len(b))/24 || nr > uint64(len(b))/ckResv || uint64(len(b)) != ckHeader+ckEntry*n+24*nq+ckResv*nr {
+	if n > uint64(len(b)-ckHeader)/ckEntry || nq > uint64(len(b))/24 || nr > uint64(len(b))/ckResv || uint64(len(b)) < ckHeader+ckEntry*n+24*nq+ckResv*nr {
 		return Checkpoint{}, fmt.Errorf("%w: checkpoint of %d bytes says %d entries, %d quarantined runs and %d reservations", ErrCorrupt, len(b), n, nq, nr)
+	}
+	tail := b[ckHeader+ckEntry*n+24*nq+ckResv*nr:]
+	if len(tail) > 0 {
+		if len(tail) < ckOwnHeader {
+			return Checkpoint{}, fmt.Errorf("%w: checkpoint of %d bytes ends %d bytes into its owners' header", ErrCorrupt, len(b), len(tail))
+		}
+		no, nt := le.Uint64(tail[0:]), le.Uint64(tail[8:])
+		if no > uint64(len(tail))/ckOwned || nt > uint64(len(tail))/ckRetired || uint64(len(tail)) != ckOwnHeader+ckOwned*no+ckRetired*nt || no+nt == 0 {
+			return Checkpoint{}, fmt.Errorf("%w: checkpoint's %d bytes of owners say %d owned chunks and %d retired logs", ErrCorrupt, len(tail), no, nt)
+		}
+		c.Owned, c.Retired = map[uint64]Owner{}, map[uint64]lock.Token{}
+		p := tail[ckOwnHeader:]
+		var prev uint64
+		for i := uint64(0); i < no; i++ {
+			id := le.Uint64(p[0:])
+			o := Owner{Log: le.Uint64(p[8:]), Token: lock.Token{Epoch: lock.Epoch(le.Uint64(p[16:])), Seq: le.Uint64(p[24:])}}
+			if id <= prev || o.IsZero() {
+				return Checkpoint{}, fmt.Errorf("%w: checkpoint owned chunk %d (id %d, %v)", ErrCorrupt, i, id, o)
+			}
+			c.Owned[id] = o
+			prev = id
+			p = p[ckOwned:]
+		}
+		prev = 0
+		for i := uint64(0); i < nt; i++ {
+			l := le.Uint64(p[0:])
+			if l <= prev {
+				return Checkpoint{}, fmt.Errorf("%w: checkpoint retired log %d (%d) out of order", ErrCorrupt, i, l)
+			}
+			c.Retired[l] = lock.Token{Epoch: lock.Epoch(le.Uint64(p[8:])), Seq: le.Uint64(p[16:])}
+			prev = l
+			p = p[ckRetired:]
+		}
 	}
 	var prevR uint64
 	for i := uint64(0); i < nr; i++ {
@@ -348,6 +457,11 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 		c.Chunks[id] = e
 		prev = id
 	}
+	for id := range c.Owned {
+		if _, ok := c.Chunks[id]; !ok {
+			return Checkpoint{}, fmt.Errorf("%w: checkpoint gives chunk %d an owner, and has no such chunk", ErrCorrupt, id)
+		}
+	}
 	return c, nil
 }
 
@@ -361,6 +475,12 @@ const (
 	// are chunks, the rest of its space is freed.
 	RecResv      = 4
 	RecResvClose = 5
+	// RecAllocOwned is RecAlloc with an owner (Owner); RecDisown takes a
+	// chunk's owner away; RecRetire retires every owner of a log whose
+	// token is below the record's (Owner).
+	RecAllocOwned = 6
+	RecDisown     = 7
+	RecRetire     = 8
 )
 
 // Record is one change of the map.
@@ -370,7 +490,11 @@ type Record struct {
 	Extent Extent // Alloc
 	HW     uint64 // Reserve: ids below it may be handed out
 	Resv   Resv   // Resv (ID is Resv.ID)
+	Owner  Owner  // AllocOwned; Retire (the log, and the token below which its owners are retired)
 }
+
+// isAlloc: the record allocates chunk ID at Extent.
+func (r Record) isAlloc() bool { return r.Kind == RecAlloc || r.Kind == RecAllocOwned }
 
 func (r Record) size() int {
 	switch r.Kind {
@@ -378,6 +502,10 @@ func (r Record) size() int {
 		return 1 + 32
 	case RecResv:
 		return 1 + 40
+	case RecAllocOwned:
+		return 1 + 56
+	case RecRetire:
+		return 1 + 24
 	default:
 		return 1 + 8
 	}
@@ -395,6 +523,12 @@ func (r Record) String() string {
 		return fmt.Sprintf("reservation %d: %d chunks of %d bytes on rldev %d from block %d", r.ID, r.Resv.Count, r.Resv.Size, r.Resv.Run.RLDev, r.Resv.Run.Block)
 	case RecResvClose:
 		return fmt.Sprintf("close reservation %d", r.ID)
+	case RecAllocOwned:
+		return fmt.Sprintf("alloc %d -> rldev %d block %d len %d, owner %v", r.ID, r.Extent.RLDev, r.Extent.Block, r.Extent.Len, r.Owner)
+	case RecDisown:
+		return fmt.Sprintf("disown %d", r.ID)
+	case RecRetire:
+		return fmt.Sprintf("retire the owners of log %d below %v", r.Owner.Log, r.Owner.Token)
 	}
 	return fmt.Sprintf("record kind %d", r.Kind)
 }
@@ -427,12 +561,17 @@ func EncodeFrame(f Frame) []byte {
 	for _, r := range f.Records {
 		p[0] = r.Kind
 		switch r.Kind {
-		case RecAlloc:
+		case RecAlloc, RecAllocOwned:
 			le.PutUint64(p[1:], r.ID)
 			le.PutUint64(p[9:], r.Extent.RLDev)
 			le.PutUint64(p[17:], r.Extent.Block)
 			le.PutUint64(p[25:], r.Extent.Len)
-		case RecFree, RecResvClose:
+			if r.Kind == RecAllocOwned {
+				putOwner(p[33:], r.Owner)
+			}
+		case RecRetire:
+			putOwner(p[1:], r.Owner)
+		case RecFree, RecResvClose, RecDisown:
 			le.PutUint64(p[1:], r.ID)
 		case RecReserve:
 			le.PutUint64(p[1:], r.HW)
@@ -505,13 +644,21 @@ func DecodeFrame(b []byte) (Frame, error) {
 			return Frame{}, fmt.Errorf("%w: record %d cut short", ErrCorrupt, i)
 		}
 		switch r.Kind {
-		case RecAlloc:
+		case RecAlloc, RecAllocOwned:
 			r.ID = le.Uint64(p[1:])
 			r.Extent = Extent{RLDev: le.Uint64(p[9:]), Block: le.Uint64(p[17:]), Len: le.Uint64(p[25:])}
-			if r.ID == 0 || r.Extent.RLDev == 0 || r.Extent.Len == 0 || r.Extent.Len > MaxChunk {
+			if r.Kind == RecAllocOwned {
+				r.Owner = getOwner(p[33:])
+			}
+			if r.ID == 0 || r.Extent.RLDev == 0 || r.Extent.Len == 0 || r.Extent.Len > MaxChunk || r.Kind == RecAllocOwned && r.Owner.IsZero() {
 				return Frame{}, fmt.Errorf("%w: record %d: %v", ErrCorrupt, i, r)
 			}
-		case RecFree, RecResvClose:
+		case RecRetire:
+			r.Owner = getOwner(p[1:])
+			if r.Owner.IsZero() {
+				return Frame{}, fmt.Errorf("%w: record %d retires log 0", ErrCorrupt, i)
+			}
+		case RecFree, RecResvClose, RecDisown:
 			r.ID = le.Uint64(p[1:])
 			if r.ID == 0 {
 				return Frame{}, fmt.Errorf("%w: record %d names id 0", ErrCorrupt, i)
@@ -537,6 +684,18 @@ func DecodeFrame(b []byte) (Frame, error) {
 		return Frame{}, fmt.Errorf("%w: %d bytes after the frame's records", ErrCorrupt, len(p))
 	}
 	return f, nil
+}
+
+func putOwner(p []byte, o Owner) {
+	le := binary.LittleEndian
+	le.PutUint64(p[0:], o.Log)
+	le.PutUint64(p[8:], uint64(o.Token.Epoch))
+	le.PutUint64(p[16:], o.Token.Seq)
+}
+
+func getOwner(p []byte) Owner {
+	le := binary.LittleEndian
+	return Owner{Log: le.Uint64(p[0:]), Token: lock.Token{Epoch: lock.Epoch(le.Uint64(p[8:])), Seq: le.Uint64(p[16:])}}
 }
 
 // Fence is the fence block's content (informational: the write itself,

@@ -3,6 +3,8 @@ package chunk
 import (
 	"reflect"
 	"testing"
+
+	"github.com/grovestore/grove/internal/lock"
 )
 
 // The map's decoders read what is on the map RLDev: a torn, stale or
@@ -24,6 +26,10 @@ func FuzzDecodeMap(f *testing.F) {
 		Reservations: []Resv{{ID: 100, Run: Run{RLDev: 2, Block: 50, Blocks: 20}, Count: 10, Size: 8192}}}))
 	f.Add(EncodeFrame(Frame{Gen: 2, First: 9, Records: []Record{{Kind: RecResv, ID: 100, Resv: Resv{ID: 100, Run: Run{RLDev: 2, Block: 50, Blocks: 20}, Count: 10, Size: 8192}},
 		{Kind: RecAlloc, ID: 101, Extent: Extent{RLDev: 2, Block: 50, Len: 8192}}, {Kind: RecResvClose, ID: 100}}}))
+	f.Add(EncodeCheckpoint(Checkpoint{CM: 1, Through: 8, HighWater: 4096, Chunks: map[uint64]Extent{1: {RLDev: 2, Block: 1, Len: 8192}, 3: {RLDev: 2, Block: 5, Len: 4096}},
+		Owned: map[uint64]Owner{3: {Log: 7, Token: lock.Token{Epoch: 2, Seq: 9}}}, Retired: map[uint64]lock.Token{7: {Epoch: 2, Seq: 5}}}))
+	f.Add(EncodeFrame(Frame{Gen: 2, First: 9, Records: []Record{{Kind: RecAllocOwned, ID: 7, Extent: Extent{RLDev: 2, Block: 3, Len: 4096}, Owner: Owner{Log: 7, Token: lock.Token{Epoch: 2, Seq: 9}}},
+		{Kind: RecDisown, ID: 7}, {Kind: RecRetire, Owner: Owner{Log: 7, Token: lock.Token{Epoch: 2, Seq: 10}}}}}))
 	f.Add(make([]byte, BlockSize))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if s, err := DecodeSuper(b); err == nil {
@@ -60,6 +66,9 @@ func TestPeerUpdateRoundTrip(t *testing.T) {
 		{Kind: RecResv, ID: 10, Resv: Resv{ID: 10, Run: Run{RLDev: 2, Block: 40, Blocks: 6}, Count: 3, Size: 8000}},
 		{Kind: RecAlloc, ID: 11, Extent: Extent{RLDev: 2, Block: 40, Len: 8000}},
 		{Kind: RecResvClose, ID: 10},
+		{Kind: RecAllocOwned, ID: 12, Extent: Extent{RLDev: 2, Block: 60, Len: 4096}, Owner: Owner{Log: 7, Token: lock.Token{Epoch: 3, Seq: 8}}},
+		{Kind: RecDisown, ID: 12},
+		{Kind: RecRetire, Owner: Owner{Log: 7, Token: lock.Token{Epoch: 3, Seq: 9}}},
 	}}
 	got, err := DecodePeer(EncodePeer(1, 2, u))
 	if err != nil {

@@ -68,6 +68,10 @@ var (
 	ErrMaybeDone = errors.New("chunk: the operation may have taken effect")
 	// ErrBadRequest: a malformed request (size zero, a negative offset...).
 	ErrBadRequest = errors.New("chunk: bad request")
+	// ErrRetired: an allocation for an owner whose log's owners were
+	// retired below a newer token (Owner): its holder is dead or gone;
+	// nothing was allocated.
+	ErrRetired = errors.New("chunk: the allocation's owner is retired")
 	// ErrCorrupt: the map on its RLDev does not decode (both copies of a
 	// record lost): the pair does not serve until an operator acts.
 	ErrCorrupt = errors.New("chunk: chunk map corrupt")

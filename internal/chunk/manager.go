@@ -183,6 +183,8 @@ type unsafeRules struct {
 	noFence      bool // take over without fencing earlier holders' writes
 	anyAckToken  bool // take a secondary's answers to an earlier lease's messages
 	expiryFrees  bool // end an uncommitted reservation keeping none of its chunks
+	retireIgnore bool // allocate for a retired owner
+	ownersLost   bool // checkpoints without the chunks' owners
 }
 
 func (c *Config) defaults() {
@@ -385,8 +387,11 @@ type ackWaiter struct {
 type request struct {
 	req    ReqID
 	alloc  bool
+	owner  Owner    // alloc: its owner (none: zero); retire: the log and the token below which
 	resv   bool     // a reservation of count chunks of size bytes
 	commit bool     // the end of reservation id: live are its chunks to keep
+	disown bool     // the owners of live lose them
+	retire bool     // the owners of log owner.Log below owner.Token are retired
 	size   uint64   // alloc, resv
 	count  uint64   // resv
 	id     uint64   // free, commit
@@ -402,7 +407,7 @@ type request struct {
 	done bool
 }
 
-func (q *request) isFree() bool { return !q.alloc && !q.resv && !q.commit }
+func (q *request) isFree() bool { return !q.alloc && !q.resv && !q.commit && !q.disown && !q.retire }
 
 // records is how many log records q takes (a bound on a change's frame).
 func (q *request) records() int {
@@ -411,6 +416,8 @@ func (q *request) records() int {
 		return 2
 	case q.commit:
 		return len(q.live) + 1
+	case q.disown:
+		return len(q.live)
 	}
 	return 1
 }
@@ -536,6 +543,14 @@ func (mg *Manager) Verdict(env Env, asked Subject, inc uint64, dead bool) []any 
 
 // Allocate asks for a chunk of size bytes (the primary only).
 func (mg *Manager) Allocate(env Env, req ReqID, size uint64) []any {
+	return mg.AllocateOwned(env, req, size, Owner{})
+}
+
+// AllocateOwned asks for a chunk of size bytes that owner (if not zero)
+// will link, or give back (the primary only): the chunk keeps owner's tag
+// until Disown, so that Owned finds it if the owner dies first. An owner
+// retired (Retire) when the change is made is refused: ErrRetired.
+func (mg *Manager) AllocateOwned(env Env, req ReqID, size uint64, owner Owner) []any {
 	mg.env = env
 	switch {
 	case size == 0:
@@ -546,8 +561,64 @@ func (mg *Manager) Allocate(env Env, req ReqID, size uint64) []any {
 	if err := mg.primaryReady(env); err != nil {
 		return mg.reply(req, Handle{}, err)
 	}
-	mg.queue = append(mg.queue, &request{req: req, alloc: true, size: size})
+	if owner.IsZero() {
+		owner = Owner{}
+	}
+	mg.queue = append(mg.queue, &request{req: req, alloc: true, size: size, owner: owner})
 	return mg.pump(env)
+}
+
+// MaxDisown bounds the chunks of one Disown.
+const MaxDisown = 1000
+
+// Disown takes the owner tag off chunks ids (the primary only): their
+// owner has linked them durably. Ids that are not allocated, or have no
+// owner, are skipped (a retry of a disown that took effect); the answer
+// says only that every id named is without an owner now.
+func (mg *Manager) Disown(env Env, req ReqID, ids []uint64) []any {
+	mg.env = env
+	if len(ids) == 0 || len(ids) > MaxDisown {
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: a disown of %d chunks (1 to %d)", ErrBadRequest, len(ids), MaxDisown))
+	}
+	if err := mg.primaryReady(env); err != nil {
+		return mg.reply(req, Handle{}, err)
+	}
+	mg.queue = append(mg.queue, &request{req: req, disown: true, live: slices.Clone(ids)})
+	return mg.pump(env)
+}
+
+// Retire makes the pair refuse, from the answer on, every allocation for
+// an owner of log whose token is below below (the primary only): the
+// recovery of a dead owner's log retires it before it lists what the dead
+// owner left (Owned), so that an allocation of the dead owner's still in
+// flight cannot add to that list afterwards. Retiring below a token at or
+// below the log's current mark does nothing.
+func (mg *Manager) Retire(env Env, req ReqID, log uint64, below lock.Token) []any {
+	mg.env = env
+	if log == 0 || below.IsZero() {
+		return mg.reply(req, Handle{}, fmt.Errorf("%w: a retirement of log %d below %v", ErrBadRequest, log, below))
+	}
+	if err := mg.primaryReady(env); err != nil {
+		return mg.reply(req, Handle{}, err)
+	}
+	mg.queue = append(mg.queue, &request{req: req, retire: true, owner: Owner{Log: log, Token: below}})
+	return mg.pump(env)
+}
+
+// Owned lists (the primary only), in order, the chunks after id after
+// that an owner of log below token below allocated and has not disowned,
+// nor freed or begun to free: up to limit of them, and whether there are
+// more. It reads the map as it is: a change under way is not in it yet.
+func (mg *Manager) Owned(env Env, log uint64, below lock.Token, after uint64, limit int) ([]uint64, bool, error) {
+	mg.env = env
+	if err := mg.primaryReady(env); err != nil {
+		return nil, false, err
+	}
+	if limit < 1 {
+		limit = 1
+	}
+	ids, more := mg.m.ownedBy(log, below, after, limit)
+	return ids, more, nil
 }
 
 // Free asks for chunk id's deallocation (the primary only). I/O admitted
@@ -620,6 +691,22 @@ func (mg *Manager) Commit(env Env, req ReqID, resv uint64, live []uint64) []any 
 	}
 	rv := mg.m.resv[resv]
 	if rv == nil {
+		// A commit of it may be under way: logged (so the reservation is
+		// closed here) and not yet acknowledged by the secondary, which
+		// still has it open. Answered now, "not open" would let the clerk
+		// use the chunks it kept through the secondary, which would say
+		// they are reserved, not allocated: it is answered with that
+		// commit instead (as Free does with a free under way).
+		for _, q := range mg.batch {
+			if q.commit && q.id == resv && !q.done {
+				if q.req != 0 && slices.Equal(q.live, live) {
+					q.extra = append(q.extra, req)
+				} else {
+					q.other = append(q.other, req)
+				}
+				return nil
+			}
+		}
 		return mg.reply(req, Handle{}, fmt.Errorf("%w: reservation %s is not open (committed, or its chunks were all kept when no commit came)", ErrUnallocated, Handle{mg.cfg.CM, resv}))
 	}
 	seen := map[uint64]bool{}
@@ -1363,10 +1450,40 @@ func (mg *Manager) change(reqs []*request) []any {
 		recs = append(recs, Record{Kind: RecReserve, HW: next + needIDs + mg.cfg.ReserveStep})
 	}
 	var out []any
+	freed := map[uint64]bool{}          // chunks this change frees (or disowns)
+	retiring := map[uint64]lock.Token{} // retirements this change makes
+	retired := func(o Owner) bool {
+		t, ok := retiring[o.Log]
+		return m.retiredOwner(o) || ok && o.Token.Less(t)
+	}
+	newOwned := 0 // checkpoint entries this change may add beyond its chunks
 	for _, q := range reqs {
 		switch {
 		case q.isFree():
 			recs = append(recs, Record{Kind: RecFree, ID: q.id})
+			freed[q.id] = true
+			continue
+		case q.disown:
+			for _, id := range q.live {
+				if e := m.chunks[id]; e != nil && !e.owner.IsZero() && !freed[id] {
+					recs = append(recs, Record{Kind: RecDisown, ID: id})
+					freed[id] = true // (not named twice)
+				}
+			}
+			continue
+		case q.retire:
+			cur, ok := retiring[q.owner.Log]
+			if !ok {
+				cur, ok = m.retired[q.owner.Log]
+			}
+			if !ok || cur.Less(q.owner.Token) {
+				recs = append(recs, Record{Kind: RecRetire, Owner: q.owner})
+				retiring[q.owner.Log] = q.owner.Token
+				newOwned++
+			}
+			continue
+		case q.alloc && !q.owner.IsZero() && retired(q.owner) && !mg.cfg.unsafe.retireIgnore:
+			out = append(out, mg.answer(q, Handle{}, fmt.Errorf("%w: %v (chunk manager %d retired its log's older owners)", ErrRetired, q.owner, mg.cfg.CM))...)
 			continue
 		case q.commit:
 			rv := m.resv[q.id]
@@ -1398,12 +1515,27 @@ func (mg *Manager) change(reqs []*request) []any {
 		} else {
 			ext.Len = q.size
 			q.ext = ext
-			recs = append(recs, Record{Kind: RecAlloc, ID: next, Extent: ext})
+			if q.owner.IsZero() {
+				recs = append(recs, Record{Kind: RecAlloc, ID: next, Extent: ext})
+			} else {
+				recs = append(recs, Record{Kind: RecAllocOwned, ID: next, Extent: ext, Owner: q.owner})
+				newOwned++
+			}
 			next++
 		}
 		allocs = append(allocs, q)
 	}
 	if len(allocs) == 0 && onlyReserve(recs) {
+		// Nothing to log: the allocations failed, and the disowns and
+		// retirements found nothing to change (done already).
+		for _, q := range reqs {
+			if !q.done {
+				if !q.disown && !q.retire {
+					panic(fmt.Sprintf("chunk: a change left request %+v without a record", q))
+				}
+				out = append(out, mg.answer(q, Handle{}, nil)...)
+			}
+		}
 		mg.busy, mg.batch = false, nil
 		out = append(out, mg.release()...)
 		return append(out, mg.pump(mg.env)...)
@@ -1429,7 +1561,7 @@ func (mg *Manager) change(reqs []*request) []any {
 			newChunks += q.count + 1 // it may become count chunks
 		}
 	}
-	if uint64(len(m.chunks)+len(m.quarantined()))+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
+	if uint64(len(m.chunks)+len(m.quarantined())+m.owned+len(m.retired)+newOwned)+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
 		giveBack()
 		for _, q := range allocs {
 			out = append(out, mg.answer(q, Handle{}, fmt.Errorf("%w: chunk manager %d holds %d chunks, as many as its map's checkpoint can (%d)", ErrMapFull, mg.cfg.CM, len(m.chunks), mg.sup.Layout.MaxEntries()))...)
@@ -1519,7 +1651,7 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 					freed = append(freed, rv.unallocatedRuns()...) // its allocations are applied
 				}
 			}
-			if mg.cfg.unsafe.noReserve && r.Kind == RecAlloc && r.ID >= mg.m.hw {
+			if mg.cfg.unsafe.noReserve && r.isAlloc() && r.ID >= mg.m.hw {
 				mg.m.hw = r.ID + 1 // as if reserved (not logged)
 			}
 			if mg.cfg.unsafe.noReserve && r.Kind == RecResv && r.Resv.ID+r.Resv.Count >= mg.m.hw {
@@ -1528,7 +1660,7 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 			if err := mg.m.apply(f.First+uint64(i), r, true); err != nil {
 				panic(fmt.Sprintf("chunk: applying a change just logged: %v", err)) // the change was built from this map
 			}
-			if r.Kind == RecAlloc {
+			if r.isAlloc() {
 				mg.idNext = max(mg.idNext, r.ID+1)
 			}
 			if r.Kind == RecResv {
@@ -1575,7 +1707,7 @@ func (mg *Manager) logFrame(recs []Record, reqs []*request) []any {
 // idOf is the id the change gave request q.
 func idOf(recs []Record, q *request) uint64 {
 	for _, r := range recs {
-		if q.alloc && r.Kind == RecAlloc && r.Extent == q.ext {
+		if q.alloc && r.isAlloc() && r.Extent == q.ext {
 			return r.ID
 		}
 		if q.resv && r.Kind == RecResv && r.Resv.Run.RLDev == q.ext.RLDev && r.Resv.Run.Block == q.ext.Block {
@@ -1767,6 +1899,9 @@ const checkpointChunk = 256
 // map lock throughout, and no change is made meanwhile.
 func (mg *Manager) checkpoint(then func() []any) []any {
 	c := mg.m.checkpoint()
+	if mg.cfg.unsafe.ownersLost {
+		c.Owned = nil
+	}
 	b := EncodeCheckpoint(c)
 	blocks := (uint64(len(b)) + BlockSize - 1) / BlockSize
 	if blocks > uint64(mg.sup.Layout.SlotBlocks) {

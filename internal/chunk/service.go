@@ -786,12 +786,65 @@ func rpcErr(ctx context.Context, err error) error {
 
 // Allocate serves an allocation (at the pair's primary).
 func (s *Service) Allocate(ctx context.Context, r *pb.ChunkServiceAllocateRequest) (*pb.ChunkServiceAllocateResponse, error) {
-	h, err := s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Allocate(env, req, r.Size) })
+	owner := Owner{Log: r.OwnerLog, Token: tokenOf(r.OwnerToken)}
+	var h Handle
+	var err error
+	if !owner.IsZero() && owner.Token.IsZero() {
+		err = fmt.Errorf("%w: an owner (log %d) without a token", ErrBadRequest, owner.Log)
+	} else {
+		h, err = s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.AllocateOwned(env, req, r.Size, owner) })
+	}
 	if e := rpcErr(ctx, err); e != nil {
 		return nil, e
 	}
 	code, text := resultOf(err)
 	return &pb.ChunkServiceAllocateResponse{Result: code, Error: text, Id: h.ID}, nil
+}
+
+// Disown serves Manager.Disown (at the pair's primary).
+func (s *Service) Disown(ctx context.Context, r *pb.ChunkServiceDisownRequest) (*pb.ChunkServiceDisownResponse, error) {
+	_, err := s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Disown(env, req, r.Ids) })
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceDisownResponse{Result: code, Error: text}, nil
+}
+
+// Retire serves Manager.Retire (at the pair's primary).
+func (s *Service) Retire(ctx context.Context, r *pb.ChunkServiceRetireRequest) (*pb.ChunkServiceRetireResponse, error) {
+	_, err := s.request(ctx, r.Cm, func(m *Manager, env Env, req ReqID) []any { return m.Retire(env, req, r.Log, tokenOf(r.Below)) })
+	if e := rpcErr(ctx, err); e != nil {
+		return nil, e
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceRetireResponse{Result: code, Error: text}, nil
+}
+
+// MaxOwnedList bounds the ids of one Owned answer.
+const MaxOwnedList = 10000
+
+// Owned serves Manager.Owned (at the pair's primary).
+func (s *Service) Owned(ctx context.Context, r *pb.ChunkServiceOwnedRequest) (*pb.ChunkServiceOwnedResponse, error) {
+	limit := int(r.Limit)
+	if limit == 0 || limit > MaxOwnedList {
+		limit = MaxOwnedList
+	}
+	s.mu.Lock()
+	g := s.mu.gen
+	mg := s.currentLocked(g, r.Cm)
+	var ids []uint64
+	var more bool
+	var err error
+	if mg != nil {
+		ids, more, err = mg.m.Owned(s.env(g), r.Log, tokenOf(r.Below), r.After, limit)
+	}
+	s.mu.Unlock()
+	if mg == nil {
+		err = s.notHere(r.Cm)
+	}
+	code, text := resultOf(err)
+	return &pb.ChunkServiceOwnedResponse{Result: code, Error: text, Ids: ids, More: more}, nil
 }
 
 // Free serves a deallocation (at the pair's primary).

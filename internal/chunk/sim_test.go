@@ -82,6 +82,7 @@ type csim struct {
 	stats    struct {
 		allocs, frees, writes, reads, takeovers, checkpoints, crashes, maybes int
 		resvs, commits, cancels, abandons, kept                               int
+		ownedAllocs, disowns, retires, listings, listed, refused, orphans     int
 	}
 	// ckpt is the checkpoint crash point's progress: 0 waiting for a
 	// checkpoint's write, 1 in the checkpoint, 2 after its switch, 3 done.
@@ -792,10 +793,11 @@ func (c *configModel) broadcast() {
 type clientReq struct {
 	client uint64
 	seq    uint64
-	kind   string // alloc, free, read, write, reserve, commit
+	kind   string // alloc, free, read, write, reserve, commit, disown, retire, owned
 	size   uint64
 	count  int      // reserve
-	live   []uint64 // commit
+	live   []uint64 // commit, disown
+	owner  Owner    // alloc; retire and owned: the log and the token below which
 	h      Handle
 	off, n uint64
 	data   []byte
@@ -806,6 +808,7 @@ type clientResp struct {
 	h    Handle
 	data []byte
 	err  error
+	ids  []uint64 // owned
 }
 
 // nodeIO is the sim's blockIO of one node incarnation.
@@ -835,7 +838,10 @@ func (s *csim) serve(n *cnode, q clientReq) {
 	}
 	env := s.env(n)
 	switch q.kind {
-	case "alloc", "free", "reserve", "commit":
+	case "owned":
+		ids, _, err := mg.Owned(env, q.owner.Log, q.owner.Token, 0, MaxOwnedList)
+		answer(clientResp{ids: ids, err: err})
+	case "alloc", "free", "reserve", "commit", "disown", "retire":
 		if (q.kind == "free" || q.kind == "commit") && q.h.CM != 1 {
 			answer(clientResp{err: fmt.Errorf("%w: %s", ErrUnknownManager, q.h)})
 			return
@@ -845,7 +851,11 @@ func (s *csim) serve(n *cnode, q clientReq) {
 		n.pending[req] = func(r Reply) { answer(clientResp{h: r.Handle, err: r.Err}) }
 		switch q.kind {
 		case "alloc":
-			s.exec(n, mg, mg.Allocate(env, req, q.size))
+			s.exec(n, mg, mg.AllocateOwned(env, req, q.size, q.owner))
+		case "disown":
+			s.exec(n, mg, mg.Disown(env, req, q.live))
+		case "retire":
+			s.exec(n, mg, mg.Retire(env, req, q.owner.Log, q.owner.Token))
 		case "free":
 			s.exec(n, mg, mg.Free(env, req, q.h.ID))
 		case "reserve":
@@ -933,6 +943,15 @@ type ochunk struct {
 	// (at then, the chunk is allocated, zeroed, by ResvLife after).
 	pending, cancelled bool
 	abandoned          time.Duration
+	// Owned allocations: owner (zero: none), when the allocation was
+	// acknowledged, when a disown of it was (0: not), or whether one may
+	// have taken effect; orphan: an id the owner's listing found that no
+	// allocation returned (its answer was lost): its size is unknown.
+	owner       Owner
+	ackedAt     time.Duration
+	disownedAt  time.Duration
+	disownMaybe bool
+	orphan      bool
 }
 
 // batch is a client's open reservation (the clerk's batching).
@@ -1066,7 +1085,17 @@ type client struct {
 	// batching: this client allocates through reservations (two clients
 	// of four do)
 	batching bool
+	// Owned allocations (the clients that do not batch): the client plays
+	// a log's successive holders (log 100+id): ownerTok is the current
+	// holder's token; a recovery retires every older holder (retireSent:
+	// the newest retirement asked; retired: the newest acknowledged),
+	// lists what they left and frees it. maybeOwned counts, per token,
+	// the allocations whose outcome stayed unknown.
+	ownerTok, retireSent, retired lock.Token
+	maybeOwned                    map[lock.Token]int
 }
+
+func (c *client) ownerLog() uint64 { return 100 + c.id }
 
 const clientTimeout = 1500 * time.Millisecond
 
@@ -1166,6 +1195,10 @@ func (c *client) step() {
 		c.write(live[r.Intn(len(live))])
 	case x < 95:
 		c.read(live[r.Intn(len(live))])
+	case x < 97 && !c.batching:
+		c.disown(live)
+	case x < 98 && !c.batching:
+		c.recoverOwner()
 	default:
 		c.probe()
 	}
@@ -1179,10 +1212,29 @@ func (c *client) alloc() {
 		size = uint64(1 + c.r.Intn(64*BlockSize))
 	}
 	start := s.w.Now()
-	c.call(c.primary(), clientReq{kind: "alloc", size: size}, func(resp *clientResp) {
+	var owner Owner
+	if !c.batching && c.r.Intn(2) == 0 {
+		owner = Owner{Log: c.ownerLog(), Token: c.ownerTok}
+		if c.retired.Seq > 1 && c.r.Intn(4) == 0 {
+			// A holder the latest acknowledged recovery retired: refused.
+			owner.Token = lock.Token{Epoch: 1, Seq: uint64(1 + c.r.Intn(int(c.retired.Seq-1)))}
+		}
+	}
+	retiredAtSend := c.retired
+	c.call(c.primary(), clientReq{kind: "alloc", size: size, owner: owner}, func(resp *clientResp) {
+		if !owner.IsZero() && (resp == nil || errors.Is(resp.err, ErrMaybeDone)) {
+			c.maybeOwned[owner.Token]++
+		}
 		switch {
 		case resp == nil:
 			s.stats.maybes++
+		case resp.err == nil && !owner.IsZero() && owner.Token.Less(retiredAtSend):
+			s.o.fail("client %d: an allocation for %v, sent after the retirement of its log's owners below %v was acknowledged, succeeded (%s)", c.id, owner, retiredAtSend, resp.h)
+		case errors.Is(resp.err, ErrRetired):
+			s.stats.refused++
+			if owner.IsZero() || !owner.Token.Less(c.retireSent) {
+				s.o.fail("client %d: an allocation for %v refused as retired; no retirement above it was asked (newest %v): %v", c.id, owner, c.retireSent, resp.err)
+			}
 		case resp.err == nil:
 			s.stats.allocs++
 			h := resp.h
@@ -1191,11 +1243,14 @@ func (c *client) alloc() {
 			} else if h.CM != 1 || h.ID == 0 {
 				s.o.fail("alloc returned a malformed handle %s", h)
 			}
-			ch := &ochunk{h: h, size: size, cands: [][]byte{make([]byte, size)}}
+			ch := &ochunk{h: h, size: size, cands: [][]byte{make([]byte, size)}, owner: owner, ackedAt: s.w.Now()}
+			if !owner.IsZero() {
+				s.stats.ownedAllocs++
+			}
 			s.o.handles[h] = ch
 			s.o.maxID = max(s.o.maxID, h.ID)
 			c.owned = append(c.owned, ch)
-			s.logf("client %d: alloc %d bytes -> %s (%v)", c.id, size, h, s.w.Now()-start)
+			s.logf("client %d: alloc %d bytes for %v -> %s (%v)", c.id, size, owner, h, s.w.Now()-start)
 		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
 			c.refresh()
 		case errors.Is(resp.err, ErrFull), errors.Is(resp.err, ErrMapFull), errors.Is(resp.err, ErrMaybeDone):
@@ -1353,6 +1408,136 @@ func (c *client) free(ch *ochunk) {
 			// answers unallocated).
 			c.p.Go(50*time.Millisecond, func() { c.free(ch) })
 			return
+		}
+		c.loop()
+	})
+}
+
+// disown takes the owner off a few of the client's owned chunks (as a
+// B-tree server does once their linking record is durable).
+func (c *client) disown(live []*ochunk) {
+	s := c.s
+	var pick []*ochunk
+	for _, ch := range live {
+		if !ch.owner.IsZero() && ch.disownedAt == 0 && len(pick) < 1+c.r.Intn(4) && c.r.Intn(2) == 0 {
+			pick = append(pick, ch)
+		}
+	}
+	if len(pick) == 0 {
+		c.probe()
+		return
+	}
+	var ids []uint64
+	for _, ch := range pick {
+		ids = append(ids, ch.h.ID)
+	}
+	c.call(c.primary(), clientReq{kind: "disown", live: ids}, func(resp *clientResp) {
+		switch {
+		case resp == nil, errors.Is(resp.err, ErrMaybeDone):
+			for _, ch := range pick {
+				ch.disownMaybe = true
+			}
+		case resp.err == nil:
+			s.stats.disowns++
+			for _, ch := range pick {
+				ch.disownedAt = s.w.Now()
+			}
+			s.logf("client %d: disown %v", c.id, ids)
+		case errors.Is(resp.err, ErrNotPrimary), errors.Is(resp.err, ErrNotServing):
+			c.refresh()
+		default:
+			s.logf("client %d: disown %v: %v", c.id, ids, resp.err)
+		}
+		c.loop()
+	})
+}
+
+// recoverOwner plays the recovery of the log's current holder, as a
+// B-tree server's replay of a dead server's log: a newer holder's token
+// retires the older ones, lists what they allocated and did not disown,
+// and frees it. The oracle checks the list against what the client was
+// told: nothing disowned, freed or another owner's in it (ids no
+// allocation returned only as many as allocations with an unknown
+// outcome), and every acknowledged allocation of an older holder that was
+// not disowned or freed (or may have been) in it.
+func (c *client) recoverOwner() {
+	s := c.s
+	below := lock.Token{Epoch: 1, Seq: c.ownerTok.Seq + 1}
+	c.ownerTok, c.retireSent = below, below // the next holder's, from now on
+	log := c.ownerLog()
+	c.call(c.primary(), clientReq{kind: "retire", owner: Owner{Log: log, Token: below}}, func(resp *clientResp) {
+		switch {
+		case resp != nil && resp.err == nil:
+			s.stats.retires++
+			c.retired = below
+			s.logf("client %d: retired log %d's owners below %v", c.id, log, below)
+			c.listOwned(log, below)
+			return
+		case resp != nil && (errors.Is(resp.err, ErrNotPrimary) || errors.Is(resp.err, ErrNotServing)):
+			c.refresh()
+		}
+		c.loop()
+	})
+}
+
+func (c *client) listOwned(log uint64, below lock.Token) {
+	s := c.s
+	start := s.w.Now()
+	c.call(c.primary(), clientReq{kind: "owned", owner: Owner{Log: log, Token: below}}, func(resp *clientResp) {
+		if resp == nil || resp.err != nil {
+			if resp != nil && (errors.Is(resp.err, ErrNotPrimary) || errors.Is(resp.err, ErrNotServing)) {
+				c.refresh()
+			}
+			c.loop() // the next recovery lists again
+			return
+		}
+		s.stats.listings++
+		s.stats.listed += len(resp.ids)
+		listed := map[uint64]bool{}
+		unknown := 0
+		for _, id := range resp.ids {
+			listed[id] = true
+			ch := s.o.handles[Handle{1, id}]
+			switch {
+			case ch == nil:
+				unknown++
+			case ch.owner.Log != log || !ch.owner.Token.Less(below):
+				s.o.fail("client %d: log %d's chunks below %v listed %s, allocated for %v", c.id, log, below, ch.h, ch.owner)
+			case ch.disownedAt != 0 && ch.disownedAt < start:
+				s.o.fail("client %d: log %d's chunks listed %s, whose disown was acknowledged at %v", c.id, log, ch.h, ch.disownedAt)
+			case ch.freedAt != 0 && ch.freedAt < start:
+				s.o.fail("client %d: log %d's chunks listed %s, whose free was acknowledged at %v", c.id, log, ch.h, ch.freedAt)
+			}
+		}
+		maybe := 0
+		for t, n := range c.maybeOwned {
+			if t.Less(below) {
+				maybe += n
+			}
+		}
+		if unknown > maybe {
+			s.o.fail("client %d: log %d's chunks below %v listed %d ids no allocation returned; only %d allocations had an unknown outcome", c.id, log, below, unknown, maybe)
+		}
+		for _, ch := range c.owned {
+			if ch.owner.Log == log && ch.owner.Token.Less(below) && ch.ackedAt < start && ch.disownedAt == 0 && !ch.disownMaybe &&
+				ch.freedAt == 0 && !ch.freeMaybe && !listed[ch.h.ID] {
+				s.o.fail("client %d: log %d's chunks below %v do not list %s (allocated at %v, never disowned nor freed)", c.id, log, below, ch.h, ch.ackedAt)
+			}
+		}
+		s.logf("client %d: log %d's chunks below %v: %v (%d unknown)", c.id, log, below, resp.ids, unknown)
+		// Free them all: what a recovery does with what nothing linked.
+		for _, id := range resp.ids {
+			h := Handle{1, id}
+			ch := s.o.handles[h]
+			if ch == nil {
+				s.stats.orphans++
+				ch = &ochunk{h: h, orphan: true, owner: Owner{Log: log}}
+				s.o.handles[h] = ch
+				s.o.maxID = max(s.o.maxID, id)
+			}
+			if ch.freedAt == 0 && !ch.freeMaybe {
+				c.todo = append(c.todo, ch)
+			}
 		}
 		c.loop()
 	})
@@ -1532,7 +1717,7 @@ func newCSim(t *testing.T, seed int64, opts simOpts) *csim {
 	}
 	for i := 0; i < simClients; i++ {
 		c := &client{s: s, id: uint64(10 + i), p: w.NewProcess(uint64(10 + i)), wait: map[uint64]func(clientResp){}, r: rand.New(rand.NewSource(seed*100 + int64(i))),
-			batching: i%2 == 1 && !opts.noBatching}
+			batching: i%2 == 1 && !opts.noBatching, maybeOwned: map[lock.Token]int{}, ownerTok: lock.Token{Epoch: 1, Seq: 1}}
 		s.net.Attach(c.p)
 		c.p.Deliver = func(from uint64, payload any) {
 			if r, ok := payload.(clientResp); ok {
@@ -1707,6 +1892,16 @@ func (s *csim) finalChecks() {
 		for id, e := range pm.chunks {
 			if x := m.chunks[id]; x == nil || x.Extent != e.Extent {
 				s.o.fail("chunk %d: the primary maps it to %+v, the %s map to %+v", id, e.Extent, name, x)
+			} else if x.owner != e.owner {
+				s.o.fail("chunk %d: the primary gives it owner %v, the %s map %v", id, e.owner, name, x.owner)
+			}
+		}
+		if len(m.retired) != len(pm.retired) {
+			s.o.fail("the %s map retires %v, the primary's %v", name, m.retired, pm.retired)
+		}
+		for l, t := range pm.retired {
+			if m.retired[l] != t {
+				s.o.fail("the %s map retires log %d's owners below %v, the primary's below %v", name, l, m.retired[l], t)
 			}
 		}
 	}
@@ -1728,10 +1923,14 @@ func (s *csim) finalChecks() {
 		switch {
 		case ch.freedAt == 0 && !ch.freeMaybe && e == nil:
 			s.o.fail("chunk %s, allocated and never freed, is not in the map", h)
-		case ch.freedAt == 0 && !ch.freeMaybe && e.Len != ch.size:
+		case ch.freedAt == 0 && !ch.freeMaybe && !ch.orphan && e.Len != ch.size:
 			s.o.fail("chunk %s is %d bytes in the map, %d allocated", h, e.Len, ch.size)
 		case ch.freedAt != 0 && e != nil:
 			s.o.fail("chunk %s, freed at %v, is in the map", h, ch.freedAt)
+		case e != nil && ch.disownedAt != 0 && !e.owner.IsZero():
+			s.o.fail("chunk %s, disowned at %v, has owner %v", h, ch.disownedAt, e.owner)
+		case e != nil && ch.disownedAt == 0 && !ch.disownMaybe && !ch.orphan && e.owner != ch.owner:
+			s.o.fail("chunk %s, allocated for %v and never disowned, has owner %v", h, ch.owner, e.owner)
 		}
 	}
 	for id := range pm.chunks {
@@ -1770,7 +1969,10 @@ func (s *csim) readMap() (*chunkMap, error) {
 
 func TestChunkSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 100)
-	var st struct{ allocs, frees, writes, reads, crashes, maybes, dups, grown, resvs, commits, cancels, abandons, kept int }
+	var st struct {
+		allocs, frees, writes, reads, crashes, maybes, dups, grown, resvs, commits, cancels, abandons, kept int
+		owned, disowns, retires, listings, listed, refused, orphans                                         int
+	}
 	for _, seed := range seeds {
 		s := runCSim(t, seed, simOpts{})
 		if len(s.o.fails) > 0 {
@@ -1790,7 +1992,16 @@ func TestChunkSimulation(t *testing.T) {
 		st.cancels += s.stats.cancels
 		st.abandons += s.stats.abandons
 		st.kept += s.stats.kept
+		st.owned += s.stats.ownedAllocs
+		st.disowns += s.stats.disowns
+		st.retires += s.stats.retires
+		st.listings += s.stats.listings
+		st.listed += s.stats.listed
+		st.refused += s.stats.refused
+		st.orphans += s.stats.orphans
 	}
+	t.Logf("owned allocations: %d acknowledged, %d disowns, %d retirements, %d listings of %d chunks (%d no allocation had returned), %d allocations refused as retired",
+		st.owned, st.disowns, st.retires, st.listings, st.listed, st.orphans, st.refused)
 	t.Logf("%d seeds (first %d): %d allocations, %d frees, %d writes, %d reads acknowledged; %d crashes; %d allocations timed out; %d peer messages delivered twice, late; %d data RLDevs added; %d reservations, %d commits, %d chunks cancelled before their commit, %d reservations abandoned, %d kept whole; no violation",
 		len(seeds), seeds[0], st.allocs, st.frees, st.writes, st.reads, st.crashes, st.maybes, st.dups, st.grown, st.resvs, st.commits, st.cancels, st.abandons, st.kept)
 }
@@ -1816,6 +2027,8 @@ func TestChunkOracleHasTeeth(t *testing.T) {
 		{"freed space reused at once", unsafeRules{noQuarantine: true}},
 		{"answers to an earlier lease's messages taken", unsafeRules{anyAckToken: true}},
 		{"a reservation without its commit ended keeping nothing", unsafeRules{expiryFrees: true}},
+		{"a retired owner's allocation accepted", unsafeRules{retireIgnore: true}},
+		{"checkpoints without the chunks' owners", unsafeRules{ownersLost: true}},
 		// Without the fence blocks nothing is caught: every later write
 		// carries the newer token, and a primary whose lease was revoked
 		// reads the map's tail again before changing it; the fence closes

@@ -96,6 +96,9 @@ func EncodePeer(from, inc uint64, msg any) *pb.ChunkServicePeerRequest {
 			if rec.Kind == RecResv {
 				x.Rldev, x.Block, x.Length, x.Count = rec.Resv.Run.RLDev, rec.Resv.Run.Block, rec.Resv.Size, rec.Resv.Count
 			}
+			if rec.Kind == RecAllocOwned || rec.Kind == RecRetire {
+				x.OwnerLog, x.OwnerToken = rec.Owner.Log, tokenPB(rec.Owner.Token)
+			}
 			u.Records = append(u.Records, x)
 		}
 		r.Cm, r.Msg = m.CM, &pb.ChunkServicePeerRequest_Update{Update: u}
@@ -128,7 +131,14 @@ func DecodePeer(r *pb.ChunkServicePeerRequest) (any, error) {
 			case x.Kind > 255:
 			case rec.Kind == RecAlloc:
 				ok = rec.ID != 0 && rec.Extent.RLDev != 0 && rec.Extent.Len != 0 && rec.Extent.Len <= MaxChunk
-			case rec.Kind == RecFree:
+			case rec.Kind == RecAllocOwned:
+				rec.Owner = Owner{Log: x.OwnerLog, Token: tokenOf(x.OwnerToken)}
+				ok = rec.ID != 0 && rec.Extent.RLDev != 0 && rec.Extent.Len != 0 && rec.Extent.Len <= MaxChunk && !rec.Owner.IsZero()
+			case rec.Kind == RecRetire:
+				rec.Extent = Extent{}
+				rec.Owner = Owner{Log: x.OwnerLog, Token: tokenOf(x.OwnerToken)}
+				ok = !rec.Owner.IsZero()
+			case rec.Kind == RecFree, rec.Kind == RecDisown:
 				ok = rec.ID != 0
 			case rec.Kind == RecReserve:
 				ok = true
@@ -180,6 +190,7 @@ var resultErrs = []struct {
 	{pb.ChunkResult_CHUNK_RESULT_MAP_FULL, ErrMapFull},
 	{pb.ChunkResult_CHUNK_RESULT_BAD_REQUEST, ErrBadRequest},
 	{pb.ChunkResult_CHUNK_RESULT_CORRUPT, ErrCorrupt},
+	{pb.ChunkResult_CHUNK_RESULT_RETIRED, ErrRetired},
 }
 
 // ErrFailed: another failure at the manager (an RLDev's); trying again may
