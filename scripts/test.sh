@@ -120,7 +120,7 @@ fuzz ./internal/fd FuzzDecode
 fuzz ./internal/meta FuzzDecodeDecree
 fuzz ./internal/lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse
 fuzz ./internal/rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
-fuzz ./internal/chunk FuzzDecodeMap
+fuzz ./internal/chunk FuzzDecodeMap FuzzDecodePeer
 fuzz ./internal/txn FuzzDecodeLog
 fuzz ./internal/btree FuzzDecodeNode FuzzDecodeValue
 

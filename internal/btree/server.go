@@ -429,7 +429,7 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		return err
 	}
 	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
-	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, replayUnsafe{}, leakLogger(s.log, r.Dead))
+	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, replayUnsafe{}, s.log, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
@@ -496,7 +496,7 @@ func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.T
 // died waiting for its log next to the names recovery of the one before).
 // Such a run has nothing to do.
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
-	return replayDead(ctx, dev, r, chunks, replayUnsafe{}, leakLogger(slog.Default(), r.Dead))
+	return replayDead(ctx, dev, r, chunks, replayUnsafe{}, slog.Default(), leakLogger(slog.Default(), r.Dead))
 }
 
 // leakLogger reports, on log, the value chunks a replay of dead's log let
@@ -513,9 +513,9 @@ func leakLogger(log *slog.Logger, dead lock.ClerkID) func(Handle, error) {
 // collection frees them).
 type replayUnsafe struct{ uncovered, keepTags bool }
 
-// replayDead is ReplayDead, telling leaked (nil: nobody) of the value
-// chunks whose replayed free failed.
-func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafe replayUnsafe, leaked func(Handle, error)) (txn.Report, error) {
+// replayDead is ReplayDead, logging on logger, telling leaked (nil:
+// nobody) of the value chunks whose replayed free failed.
+func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafe replayUnsafe, logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
 	if !unsafe.uncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
@@ -555,7 +555,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// The run's token is newer than the dead server's on the log's lock,
 	// and older than the log's next holder's.
 	if !unsafe.uncovered {
-		collectOrphans(ctx, chunks, OwnerLog(node), r.Token, slog.Default(), "recovery")
+		collectOrphans(ctx, chunks, OwnerLog(node), r.Token, logger, "recovery")
 	}
 	return rep, nil
 }

@@ -221,7 +221,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		if s.isDead() {
 			return errSimDead
 		}
-		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, func(h Handle, err error) {
+		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
 			w.replayLeaks.Add(1)
 			w.event("server %d's replay of node %d's log let value chunk %v leak: %v", node, r.Dead.Node, h, err)
 		})
