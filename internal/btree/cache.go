@@ -215,6 +215,8 @@ type Cache struct {
 		// names (its link record's position), not disowned yet.
 		unlinked map[Handle]bool
 		links    map[Handle]loggedFree
+		// closing: a clean close began (Quiesce): no commit from now on.
+		closing bool
 	}
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
@@ -862,6 +864,34 @@ func (c *Cache) ReleaseAll() {
 	}
 }
 
+// errClosing: a commit refused because the server closes (Quiesce).
+var errClosing = errors.New("btree: the server is closing")
+
+// Quiesce makes the cache refuse every commit from now on (not applied,
+// ErrNotApplied: the client may send it to another server). A clean close
+// quiesces before its final write-back: the log's next holder opens the
+// log without a replay, so a change committed after the write-back took
+// its snapshot would be lost, and its new chunks, still tagged, freed.
+func (c *Cache) Quiesce() {
+	c.mu.Lock()
+	c.mu.closing = true
+	c.mu.Unlock()
+}
+
+// Shutdown is a clean close's part of the cache: no commit from now on
+// (Quiesce), every dirty node written back and every linked chunk disowned
+// (FlushAll), every lease given back, the cache closed. On an error the
+// leases stay: the log must be replayed by a recovery.
+func (c *Cache) Shutdown(ctx context.Context) error {
+	c.Quiesce()
+	err := c.FlushAll(ctx)
+	if err == nil {
+		c.ReleaseAll()
+	}
+	c.Close()
+	return err
+}
+
 // FlushAll writes back every dirty node (a clean shutdown).
 func (c *Cache) FlushAll(ctx context.Context) error {
 	return c.WriteBack(ctx, txn.LSN(^uint64(0)))
@@ -893,6 +923,10 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	if err := c.mu.err; err != nil {
 		c.mu.Unlock()
 		return 0, err
+	}
+	if c.mu.closing {
+		c.mu.Unlock()
+		return 0, refused(errClosing)
 	}
 	// Each image goes to the log redo-only (no undo image): no chunk ever
 	// holds an image whose commit is not durable (no steal), so nothing is
@@ -978,6 +1012,13 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	// commit appends into room set aside by the updates: it does not wait
 	// for a checkpoint, so holding c.mu cannot deadlock with one.
 	c.mu.Lock()
+	if c.mu.closing {
+		c.mu.Unlock()
+		if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+			c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+		}
+		return 0, refused(errClosing)
+	}
 	end, err := tx.Commit(ctx, false)
 	if err != nil {
 		c.mu.Unlock()

@@ -358,11 +358,9 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 func (s *Server) Close(ctx context.Context) error {
 	s.stop()
 	s.wg.Wait()
-	err := s.cache.FlushAll(ctx)
-	if err == nil {
-		s.cache.ReleaseAll()
-	}
-	s.cache.Close()
+	// Operations already in the server may still run: Shutdown refuses
+	// their commits before the final write-back (Cache.Quiesce).
+	err := s.cache.Shutdown(ctx)
 	if cerr := s.wal.Close(ctx); err == nil {
 		err = cerr
 	}
@@ -447,7 +445,12 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.Token, logger *slog.Logger, why string) int {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := chunks.RetireOwners(ctx, log, below); err != nil {
+	if err := chunks.RetireOwners(ctx, log, below); errors.Is(err, chunk.ErrMapFull) {
+		// No room for the mark: collect anyway (freeing is what makes
+		// room). An allocation of theirs still in flight may then land
+		// after the list: it stays tagged, for the log's next holder.
+		logger.Warn("retiring this log's earlier holders found a chunk map full; collecting without it", "log", log, "below", below, "when", why, "err", err)
+	} else if err != nil {
 		logger.Warn("retiring this log's earlier holders failed: what they allocated and never linked stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
 		return 0
 	}
@@ -596,7 +599,22 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 		committed[t] = true
 	}
 	for _, r := range p.Redo {
-		if r.Kind != txn.KindUpdate || !committed[r.Txn] || a.keep == nil {
+		if r.Kind != txn.KindUpdate || !committed[r.Txn] {
+			continue
+		}
+		if _, ok := parseLinkTarget(r.Target); ok {
+			// A chunk the committed change named first: disowned, so that
+			// the collection of what the log's holders allocated and never
+			// linked (collectOrphans, after a recovery run's replay or at
+			// the log's next start) leaves it alone. Also when the log's
+			// own server opens it (keep nil): a clean close disowned
+			// everything it committed, and this makes sure of it.
+			if !a.keepTags {
+				redo = append(redo, r)
+			}
+			continue
+		}
+		if a.keep == nil {
 			continue
 		}
 		if _, ok := parseFreeTarget(r.Target); ok {
@@ -604,15 +622,6 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 			// again whoever holds the leaf now (no image after the
 			// change names it, and its id is never reused).
 			redo = append(redo, r)
-			continue
-		}
-		if _, ok := parseLinkTarget(r.Target); ok {
-			// A chunk the committed change named first: disowned, so that
-			// the run's collection of what the dead server allocated and
-			// never linked (collectOrphans) leaves it alone.
-			if !a.keepTags {
-				redo = append(redo, r)
-			}
 			continue
 		}
 		if h, err := txn.ParseChunkTarget(r.Target); err == nil && a.keep(h) {

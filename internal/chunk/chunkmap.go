@@ -39,6 +39,34 @@ type chunkMap struct {
 	// have an owner (each a checkpoint entry more).
 	retired map[uint64]lock.Token
 	owned   int
+	// byLog indexes the owned chunks by their owner's log (Owned lists
+	// one log's without walking the map).
+	byLog map[uint64]map[uint64]bool
+}
+
+// own and disown keep owned and byLog with the entries' owners.
+func (m *chunkMap) own(id uint64, e *entry, o Owner) {
+	e.owner = o
+	m.owned++
+	if m.byLog == nil {
+		m.byLog = map[uint64]map[uint64]bool{}
+	}
+	if m.byLog[o.Log] == nil {
+		m.byLog[o.Log] = map[uint64]bool{}
+	}
+	m.byLog[o.Log][id] = true
+}
+
+func (m *chunkMap) disown(id uint64, e *entry) {
+	if e.owner.IsZero() {
+		return
+	}
+	delete(m.byLog[e.owner.Log], id)
+	if len(m.byLog[e.owner.Log]) == 0 {
+		delete(m.byLog, e.owner.Log)
+	}
+	e.owner = Owner{}
+	m.owned--
 }
 
 type quarRun struct {
@@ -119,8 +147,8 @@ func (m *chunkMap) retiredOwner(o Owner) bool {
 // whether there are more.
 func (m *chunkMap) ownedBy(log uint64, below lock.Token, after uint64, limit int) ([]uint64, bool) {
 	var ids []uint64
-	for id, e := range m.chunks {
-		if id > after && !e.freeing && !e.owner.IsZero() && e.owner.Log == log && e.owner.Token.Less(below) {
+	for id := range m.byLog[log] {
+		if e := m.chunks[id]; id > after && !e.freeing && e.owner.Token.Less(below) {
 			ids = append(ids, id)
 		}
 	}
@@ -177,8 +205,7 @@ func (m *chunkMap) load(c Checkpoint) error {
 		if e == nil || o.IsZero() {
 			return fmt.Errorf("%w: owner %v of chunk %d, not in the checkpoint", ErrCorrupt, o, id)
 		}
-		e.owner = o
-		m.owned++
+		m.own(id, e, o)
 	}
 	for l, t := range c.Retired {
 		m.retired[l] = t
@@ -287,16 +314,14 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 			return err
 		}
 		if r.Kind == RecAllocOwned {
-			m.chunks[r.ID].owner = r.Owner
-			m.owned++
+			m.own(r.ID, m.chunks[r.ID], r.Owner)
 		}
 	case RecDisown:
 		e := m.chunks[r.ID]
 		if e == nil || e.owner.IsZero() {
 			return fmt.Errorf("%w: disown of chunk %d, not allocated or not owned", ErrCorrupt, r.ID)
 		}
-		e.owner = Owner{}
-		m.owned--
+		m.disown(r.ID, e)
 	case RecRetire:
 		if t, ok := m.retired[r.Owner.Log]; ok && !t.Less(r.Owner.Token) {
 			return fmt.Errorf("%w: log %d's owners retired below %v, then below %v", ErrCorrupt, r.Owner.Log, t, r.Owner.Token)
@@ -307,9 +332,7 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 		if e == nil {
 			return fmt.Errorf("%w: free of chunk %d, not allocated", ErrCorrupt, r.ID)
 		}
-		if !e.owner.IsZero() {
-			m.owned--
-		}
+		m.disown(r.ID, e)
 		delete(m.chunks, r.ID)
 		if !own {
 			m.spaces[e.RLDev].release(e.Block, blocksFor(e.Len))

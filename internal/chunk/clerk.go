@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
@@ -330,6 +332,9 @@ func (c *Clerk) Disown(ctx context.Context, hs []Handle) error {
 					return node, err
 				}
 				r, err := cl.Disown(ctx, &pb.ChunkServiceDisownRequest{Cm: cm, Ids: batch})
+				if status.Code(err) == codes.Unimplemented {
+					return node, nil // a manager that predates owners tagged nothing
+				}
 				if err != nil {
 					return node, err
 				}
@@ -359,6 +364,9 @@ func (c *Clerk) RetireOwners(ctx context.Context, log uint64, below lock.Token) 
 				return node, err
 			}
 			r, err := cl.Retire(ctx, &pb.ChunkServiceRetireRequest{Cm: cm, Log: log, Below: tokenPB(below)})
+			if status.Code(err) == codes.Unimplemented {
+				return node, nil // a manager that predates owners: nothing of it is tagged
+			}
 			if err != nil {
 				return node, err
 			}
@@ -391,6 +399,10 @@ func (c *Clerk) Owned(ctx context.Context, log uint64, below lock.Token) ([]Hand
 					return node, err
 				}
 				r, err := cl.Owned(ctx, &pb.ChunkServiceOwnedRequest{Cm: cm, Log: log, Below: tokenPB(below), After: after})
+				if status.Code(err) == codes.Unimplemented {
+					ids, more = nil, false // a manager that predates owners: nothing of it is tagged
+					return node, nil
+				}
 				if err != nil {
 					return node, err
 				}

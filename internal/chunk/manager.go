@@ -418,6 +418,8 @@ func (q *request) records() int {
 		return len(q.live) + 1
 	case q.disown:
 		return len(q.live)
+	case q.alloc && !q.owner.IsZero():
+		return 2 // 57 bytes: a frame's budget counts plain records (33 bytes at most)
 	}
 	return 1
 }
@@ -1456,7 +1458,8 @@ func (mg *Manager) change(reqs []*request) []any {
 		t, ok := retiring[o.Log]
 		return m.retiredOwner(o) || ok && o.Token.Less(t)
 	}
-	newOwned := 0 // checkpoint entries this change may add beyond its chunks
+	newOwned := 0             // checkpoint entries this change may add beyond its chunks
+	var addRetires []*request // retirements of logs with no mark yet (an entry each)
 	for _, q := range reqs {
 		switch {
 		case q.isFree():
@@ -1479,7 +1482,10 @@ func (mg *Manager) change(reqs []*request) []any {
 			if !ok || cur.Less(q.owner.Token) {
 				recs = append(recs, Record{Kind: RecRetire, Owner: q.owner})
 				retiring[q.owner.Log] = q.owner.Token
-				newOwned++
+				if !ok {
+					newOwned++ // a new mark; a newer one replaces the old
+					addRetires = append(addRetires, q)
+				}
 			}
 			continue
 		case q.alloc && !q.owner.IsZero() && retired(q.owner) && !mg.cfg.unsafe.retireIgnore:
@@ -1561,10 +1567,23 @@ func (mg *Manager) change(reqs []*request) []any {
 			newChunks += q.count + 1 // it may become count chunks
 		}
 	}
-	if uint64(len(m.chunks)+len(m.quarantined())+m.owned+len(m.retired)+newOwned)+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
+	// Room in the checkpoint: every entry counts 32 bytes (quarantined
+	// runs and retirement marks take 24), the owners' section header 16
+	// more (one entry). Only a change that adds entries is refused (and
+	// the requests that add them answered, so that the change made again
+	// without them goes through): frees and disowns take nothing.
+	tail := 0
+	if m.owned+len(m.retired)+newOwned > 0 {
+		tail = 1
+	}
+	if newChunks+uint64(newOwned) > 0 && uint64(len(m.chunks)+len(m.quarantined())+m.owned+len(m.retired)+newOwned+tail)+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
 		giveBack()
+		full := fmt.Errorf("%w: chunk manager %d holds %d chunks, as many as its map's checkpoint can (%d entries, %d owned, %d retirement marks)", ErrMapFull, mg.cfg.CM, len(m.chunks), mg.sup.Layout.MaxEntries(), m.owned, len(m.retired))
 		for _, q := range allocs {
-			out = append(out, mg.answer(q, Handle{}, fmt.Errorf("%w: chunk manager %d holds %d chunks, as many as its map's checkpoint can (%d)", ErrMapFull, mg.cfg.CM, len(m.chunks), mg.sup.Layout.MaxEntries()))...)
+			out = append(out, mg.answer(q, Handle{}, full)...)
+		}
+		for _, q := range addRetires {
+			out = append(out, mg.answer(q, Handle{}, full)...)
 		}
 		return append(out, mg.change(undone(reqs))...)
 	}
@@ -1605,7 +1624,8 @@ func (mg *Manager) change(reqs []*request) []any {
 	return out
 }
 
-// maxChangeRecords bounds the records of one change (a frame of 5 000
+// maxChangeRecords bounds the records of one change, counted by
+// request.records (a frame of 5 000
 // allocations is 41 blocks of MaxFrameBlocks).
 const maxChangeRecords = 5000
 
