@@ -182,3 +182,48 @@ func (m *chunkMap) checkConsistent(t *testing.T) {
 		t.Fatalf("the map counts %d owned chunks; %d have an owner", m.owned, n)
 	}
 }
+
+// A retried commit of a reservation whose first commit is logged (the
+// reservation closed at the primary) and not yet acknowledged by the
+// secondary (which still has it open) is answered with that commit, once
+// the secondary has it: answered "not open" at once, it let the clerk use
+// the chunks it kept through the secondary, which called them reserved
+// (the chunk simulation's seed 51 with owned clients).
+func TestCommitRetryWaitsForTheFirst(t *testing.T) {
+	h := newRvH(t, 600, 4096, reviewCfg())
+	R := h.reserve(4096, 3).ID
+	h.hold = holdUpdates // the secondary is slow
+	first := h.commit(R, R+1, R+2)
+	h.run()
+	if _, ok := h.reply(1, first); ok {
+		t.Fatalf("the first commit was answered before the secondary had it")
+	}
+	retry := h.commit(R, R+1, R+2)
+	h.run()
+	if r, ok := h.reply(1, retry); ok {
+		t.Fatalf("the retry was answered (%v) before the secondary had the first commit", r.Err)
+	}
+	h.release()
+	for _, q := range []ReqID{first, retry} {
+		if r, ok := h.reply(1, q); !ok || r.Err != nil {
+			t.Fatalf("commit %d: answered %v, %v; want OK", q, ok, r.Err)
+		}
+	}
+	for _, id := range []uint64{R + 1, R + 2} {
+		if ok, err := h.isChunk(2, id); !ok {
+			t.Fatalf("chunk %d at the secondary after the commit's answer: %v", id, err)
+		}
+	}
+	// A different list while the first is under way is told "not open"
+	// once the first is done (its clerk frees what it did not keep).
+	R2 := h.reserve(4096, 2).ID
+	h.hold = holdUpdates
+	first = h.commit(R2, R2+1)
+	h.run()
+	other := h.commit(R2, R2+1, R2+2)
+	h.run()
+	h.release()
+	if r, ok := h.reply(1, other); !ok || !errors.Is(r.Err, ErrUnallocated) {
+		t.Fatalf("a commit with another list: %v %v, want ErrUnallocated", ok, r.Err)
+	}
+}
