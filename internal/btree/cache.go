@@ -217,6 +217,10 @@ type Cache struct {
 		links    map[Handle]loggedFree
 		// closing: a clean close began (Quiesce): no commit from now on.
 		closing bool
+		// pool: node chunks allocated ahead, by size (takeNode);
+		// refilling: a refill of that size runs.
+		pool      map[uint64][]Handle
+		refilling map[uint64]bool
 	}
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
@@ -353,7 +357,7 @@ func (c *Cache) Stats() CacheStats {
 type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
-	loggedFrees, freeRetries, disowned                                        atomic.Uint64
+	loggedFrees, freeRetries, disowned, pooled                                atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -884,6 +888,7 @@ func (c *Cache) Quiesce() {
 // leases stay: the log must be replayed by a recovery.
 func (c *Cache) Shutdown(ctx context.Context) error {
 	c.Quiesce()
+	c.drainPool(ctx)
 	err := c.FlushAll(ctx)
 	if err == nil {
 		c.ReleaseAll()
@@ -1071,6 +1076,92 @@ func (c *Cache) freed(h Handle) {
 	delete(c.mu.frees, h)
 	delete(c.mu.unlinked, h)
 	c.mu.Unlock()
+}
+
+// nodePoolSize is how many node chunks a cache keeps allocated ahead,
+// per node size, so that a split does not wait for an allocation (a
+// durable change of the chunk map on both replicas, with the chunk's
+// zeroing). Only with an owner: what the pool holds when the server dies
+// is freed by the collection of its log, as any chunk it never linked.
+const nodePoolSize = 8
+
+// takeNode returns a node chunk of size bytes from the pool (refilled in
+// the background), or allocates one if the pool is empty.
+func (c *Cache) takeNode(ctx context.Context, size uint64) (Handle, error) {
+	if c.cfg.Owner == nil || c.cfg.Owner().IsZero() {
+		return c.allocate(ctx, size)
+	}
+	c.mu.Lock()
+	if c.mu.pool == nil {
+		c.mu.pool = map[uint64][]Handle{}
+		c.mu.refilling = map[uint64]bool{}
+	}
+	var h Handle
+	free := c.mu.pool[size]
+	if n := len(free); n > 0 {
+		h, c.mu.pool[size] = free[n-1], free[:n-1]
+	}
+	if !c.mu.refilling[size] && c.mu.err == nil && !c.mu.closing {
+		c.mu.refilling[size] = true
+		go c.refill(size)
+	}
+	c.mu.Unlock()
+	if h != (Handle{}) {
+		c.stats.pooled.Add(1)
+		return h, nil
+	}
+	return c.allocate(ctx, size)
+}
+
+// refill fills the pool of size up to nodePoolSize, one allocation at a
+// time; it stops at the first failure (the next take starts it again).
+func (c *Cache) refill(size uint64) {
+	defer func() {
+		c.mu.Lock()
+		c.mu.refilling[size] = false
+		c.mu.Unlock()
+	}()
+	for {
+		c.mu.Lock()
+		stop := c.mu.err != nil || c.mu.closing || len(c.mu.pool[size]) >= nodePoolSize
+		c.mu.Unlock()
+		if stop {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		go func() {
+			select {
+			case <-c.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		h, err := c.allocate(ctx, size)
+		cancel()
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		c.mu.pool[size] = append(c.mu.pool[size], h)
+		c.mu.Unlock()
+	}
+}
+
+// drainPool frees the pool's chunks (a clean close; a failure leaves them
+// to the collection at the log's next holder: they are tagged).
+func (c *Cache) drainPool(ctx context.Context) {
+	c.mu.Lock()
+	var all []Handle
+	for size, hs := range c.mu.pool {
+		all = append(all, hs...)
+		delete(c.mu.pool, size)
+	}
+	c.mu.Unlock()
+	for _, h := range all {
+		if c.cfg.Chunks.Free(ctx, h) == nil {
+			c.freed(h)
+		}
+	}
 }
 
 // setOwner tags the cache's allocations with o from now on (before any
@@ -1320,11 +1411,13 @@ func (s *TreeStore) lockAnchor(ctx context.Context) (*Anchor, error) {
 	return a, nil
 }
 
-// New allocates a node's chunk (plainly, not batched: a committed image may
-// name it at once, and recovery must find it allocated), takes its pin and
-// latch exclusively.
+// New takes a node's chunk (allocated, zeroed and tagged with the
+// server's owner: a committed image may name it at once, recovery finds it
+// allocated, and a death before the commit leaves it to the collection of
+// the server's log) from the cache's pool, or allocates one, takes its pin
+// and latch exclusively.
 func (s *TreeStore) New(ctx context.Context) (Handle, error) {
-	h, err := s.c.allocate(ctx, s.nodeSize)
+	h, err := s.c.takeNode(ctx, s.nodeSize)
 	if err != nil {
 		return Handle{}, err
 	}

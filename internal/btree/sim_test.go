@@ -903,6 +903,26 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 // committed changes name). A chunk a committed change names and that kept
 // its tag would be freed here, and the walk after it would find it gone.
 func (w *simWorld) collectAll(ctx context.Context) error {
+	// The node pools' refills: none may allocate after the collection
+	// (nothing would free it). Quiesce stops them (a clean close's first
+	// step); wait for those under way.
+	for n := uint64(1); n <= 3; n++ {
+		w.servers[n].cache.Quiesce()
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		busy := false
+		for n := uint64(1); n <= 3; n++ {
+			c := w.servers[n].cache
+			c.mu.Lock()
+			for _, r := range c.mu.refilling {
+				busy = busy || r
+			}
+			c.mu.Unlock()
+		}
+		if !busy {
+			break
+		}
+	}
 	cl := w.chunks.clerk(0, func(context.Context) error { return nil })
 	for n := uint64(1); n <= 3; n++ {
 		hs, err := cl.Owned(ctx, OwnerLog(n), lock.Token{Epoch: ^lock.Epoch(0), Seq: ^uint64(0)})
