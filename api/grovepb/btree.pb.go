@@ -1131,12 +1131,15 @@ type TreeStatResponse struct {
 	Removed          uint64                 `protobuf:"varint,5,opt,name=removed,proto3" json:"removed,omitempty"`
 	MissingDownlinks uint64                 `protobuf:"varint,6,opt,name=missing_downlinks,json=missingDownlinks,proto3" json:"missing_downlinks,omitempty"`
 	// The answering server's cache.
-	CacheHits     uint64 `protobuf:"varint,7,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"`
-	CacheMisses   uint64 `protobuf:"varint,8,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
-	WriteBacks    uint64 `protobuf:"varint,9,opt,name=write_backs,json=writeBacks,proto3" json:"write_backs,omitempty"`
-	Revocations   uint64 `protobuf:"varint,10,opt,name=revocations,proto3" json:"revocations,omitempty"`
-	Node          uint32 `protobuf:"varint,11,opt,name=node,proto3" json:"node,omitempty"`
-	ValueChunks   uint64 `protobuf:"varint,12,opt,name=value_chunks,json=valueChunks,proto3" json:"value_chunks,omitempty"` // values kept in chunks of their own
+	CacheHits   uint64 `protobuf:"varint,7,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"`
+	CacheMisses uint64 `protobuf:"varint,8,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
+	WriteBacks  uint64 `protobuf:"varint,9,opt,name=write_backs,json=writeBacks,proto3" json:"write_backs,omitempty"`
+	Revocations uint64 `protobuf:"varint,10,opt,name=revocations,proto3" json:"revocations,omitempty"`
+	Node        uint32 `protobuf:"varint,11,opt,name=node,proto3" json:"node,omitempty"`
+	ValueChunks uint64 `protobuf:"varint,12,opt,name=value_chunks,json=valueChunks,proto3" json:"value_chunks,omitempty"` // values kept in chunks of their own
+	// Node chunks the answering server allocated ahead (its pool, every
+	// tree's): allocated, in no tree yet.
+	PooledChunks  uint64 `protobuf:"varint,13,opt,name=pooled_chunks,json=pooledChunks,proto3" json:"pooled_chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1251,6 +1254,13 @@ func (x *TreeStatResponse) GetNode() uint32 {
 func (x *TreeStatResponse) GetValueChunks() uint64 {
 	if x != nil {
 		return x.ValueChunks
+	}
+	return 0
+}
+
+func (x *TreeStatResponse) GetPooledChunks() uint64 {
+	if x != nil {
+		return x.PooledChunks
 	}
 	return 0
 }
@@ -1460,7 +1470,7 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x11TreeCountResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\"%\n" +
 	"\x0fTreeStatRequest\x12\x12\n" +
-	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xfc\x02\n" +
+	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xa1\x03\n" +
 	"\x10TreeStatResponse\x12#\n" +
 	"\x04tree\x18\x01 \x01(\v2\x0f.grove.TreeInfoR\x04tree\x12\x16\n" +
 	"\x06height\x18\x02 \x01(\rR\x06height\x12\x14\n" +
@@ -1476,7 +1486,8 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\vrevocations\x18\n" +
 	" \x01(\x04R\vrevocations\x12\x12\n" +
 	"\x04node\x18\v \x01(\rR\x04node\x12!\n" +
-	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks\"\x12\n" +
+	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks\x12#\n" +
+	"\rpooled_chunks\x18\r \x01(\x04R\fpooledChunks\"\x12\n" +
 	"\x10TreeNodesRequest\":\n" +
 	"\x11TreeNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.grove.TreeNodeR\x05nodes\".\n" +

@@ -439,6 +439,7 @@ back), and the answering node's cache counters.`,
 				d.Field("keys", r.Keys)
 				d.Field("value-chunks", r.ValueChunks)
 				d.Field("removed", r.Removed)
+				d.Field("pooled-chunks", r.PooledChunks)
 				d.Field("missing-downlinks", r.MissingDownlinks)
 				d.Field("node", r.Node)
 				d.FieldText("cache-hit-rate", hit, fmt.Sprintf("%.1f%%", 100*hit))

@@ -1147,6 +1147,17 @@ func (c *Cache) refill(size uint64) {
 	}
 }
 
+// Pooled is how many node chunks the pool holds now.
+func (c *Cache) Pooled() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, hs := range c.mu.pool {
+		n += len(hs)
+	}
+	return n
+}
+
 // drainPool frees the pool's chunks (a clean close; a failure leaves them
 // to the collection at the log's next holder: they are tagged).
 func (c *Cache) drainPool(ctx context.Context) {
