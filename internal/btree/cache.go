@@ -191,7 +191,8 @@ const maxPendingFrees = 1024
 // Cache is a server's node cache. Safe for concurrent use.
 type Cache struct {
 	pendingFrees atomic.Int64 // FreeWhenDurable's waits
-	renewMu      sync.Mutex   // one owed renewal at a time (payRenewal)
+	refills      sync.WaitGroup
+	renewMu      sync.Mutex // one owed renewal at a time (payRenewal)
 	cfg          CacheConfig
 	log          *slog.Logger
 	mu           struct {
@@ -888,13 +889,30 @@ func (c *Cache) Quiesce() {
 // leases stay: the log must be replayed by a recovery.
 func (c *Cache) Shutdown(ctx context.Context) error {
 	c.Quiesce()
+	waitCtx(ctx, c.refills.Wait) // none adds to the pool after this (refill)
 	c.drainPool(ctx)
 	err := c.FlushAll(ctx)
+	if err == nil && c.cfg.Log != nil {
+		// The log's head past everything: the next holder finds no
+		// record of this one's to replay (or link records to disown:
+		// all were, by FlushAll), and needs no chunk pair to open it.
+		err = c.cfg.Log.Checkpoint(ctx)
+	}
 	if err == nil {
 		c.ReleaseAll()
 	}
 	c.Close()
 	return err
+}
+
+// waitCtx runs wait, returning when it does or when ctx ends.
+func waitCtx(ctx context.Context, wait func()) {
+	done := make(chan struct{})
+	go func() { wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // FlushAll writes back every dirty node (a clean shutdown).
@@ -1088,6 +1106,17 @@ const nodePoolSize = 8
 // takeNode returns a node chunk of size bytes from the pool (refilled in
 // the background), or allocates one if the pool is empty.
 func (c *Cache) takeNode(ctx context.Context, size uint64) (Handle, error) {
+	c.mu.Lock()
+	switch {
+	case c.mu.err != nil:
+		err := c.mu.err
+		c.mu.Unlock()
+		return Handle{}, refused(err)
+	case c.mu.closing:
+		c.mu.Unlock()
+		return Handle{}, refused(errClosing)
+	}
+	c.mu.Unlock()
 	if c.cfg.Owner == nil || c.cfg.Owner().IsZero() {
 		return c.allocate(ctx, size)
 	}
@@ -1101,8 +1130,9 @@ func (c *Cache) takeNode(ctx context.Context, size uint64) (Handle, error) {
 	if n := len(free); n > 0 {
 		h, c.mu.pool[size] = free[n-1], free[:n-1]
 	}
-	if !c.mu.refilling[size] && c.mu.err == nil && !c.mu.closing {
+	if !c.mu.refilling[size] {
 		c.mu.refilling[size] = true
+		c.refills.Add(1)
 		go c.refill(size)
 	}
 	c.mu.Unlock()
@@ -1120,6 +1150,7 @@ func (c *Cache) refill(size uint64) {
 		c.mu.Lock()
 		c.mu.refilling[size] = false
 		c.mu.Unlock()
+		c.refills.Done()
 	}()
 	for {
 		c.mu.Lock()
@@ -1142,8 +1173,19 @@ func (c *Cache) refill(size uint64) {
 			return
 		}
 		c.mu.Lock()
-		c.mu.pool[size] = append(c.mu.pool[size], h)
+		late := c.mu.err != nil || c.mu.closing
+		if !late {
+			c.mu.pool[size] = append(c.mu.pool[size], h)
+		}
 		c.mu.Unlock()
+		if late {
+			// The close began while it was allocated (its drain may be
+			// over): give it back here.
+			if c.cfg.Chunks.Free(context.Background(), h) == nil {
+				c.freed(h)
+			}
+			return
+		}
 	}
 }
 
@@ -1434,6 +1476,9 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	}
 	e, err := s.entry(h)
 	if err != nil {
+		if s.c.cfg.Chunks.Free(context.WithoutCancel(ctx), h) == nil {
+			s.c.freed(h)
+		}
 		return Handle{}, err
 	}
 	e.latch.Lock()
