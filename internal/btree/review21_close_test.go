@@ -18,6 +18,24 @@ import (
 
 // Outside review 21 (commit 74d5d65: owned allocations, link records).
 
+// ownedLog is the review tests' rig for owned allocations: a manual log
+// for solo's server on a fresh device, the cache's allocations tagged as
+// StartServer tags them, and an empty tree's anchor and root.
+func ownedLog(t *testing.T, ctx context.Context, solo *soloServer, chunks Chunks) (*simDevice, *txn.Log, chunk.Owner, Handle, Handle) {
+	t.Helper()
+	dev := newSimDevice(txn.HeaderBlocks + 256)
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
+		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Checkpointer: solo.cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	solo.cache.cfg.Log = wal
+	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
+	solo.cache.setOwner(owner)
+	ah, rh := emptyTree(t, ctx, chunks, solo.fence, MinNodeSize)
+	return dev, wal, owner, ah, rh
+}
+
 // r21Chunks runs hook (once) when the first Disown is sent: what else
 // the server does while a checkpoint's disown is on the wire.
 type r21Chunks struct {
@@ -64,16 +82,7 @@ func TestReview21CloseForgetsLinkOfLateCommit(t *testing.T) {
 	chunks := &r21Chunks{simChunkClerk: store.clerk(1, func(context.Context) error { return nil })}
 	solo := newSoloServer(t, ctx, locks, chunks)
 	cache, fence := solo.cache, solo.fence
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token} // as StartServer
-	cache.setOwner(owner)
-	ah, rh := emptyTree(t, ctx, chunks, fence, MinNodeSize)
+	dev, wal, _, ah, rh := ownedLog(t, ctx, solo, chunks)
 	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxInline: 13})
 	if err != nil {
 		t.Fatal(err)
@@ -153,15 +162,7 @@ func TestOpenDisownsCommittedLinks(t *testing.T) {
 	chunks := store.clerk(1, func(context.Context) error { return nil })
 	solo := newSoloServer(t, ctx, locks, chunks)
 	cache, fence := solo.cache, solo.fence
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	cache.setOwner(chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token})
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
+	dev, wal, _, ah, _ := ownedLog(t, ctx, solo, chunks)
 	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxInline: 13})
 	if err != nil {
 		t.Fatal(err)

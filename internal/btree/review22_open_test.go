@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
@@ -49,16 +48,7 @@ func TestReview22OpenAfterCleanCloseNeedsChunkStore(t *testing.T) {
 	}), disowns: &disowns}
 	solo := newSoloServer(t, ctx, locks, chunks)
 	cache, fence := solo.cache, solo.fence
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
-	cache.setOwner(owner)
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
+	dev, wal, owner, ah, _ := ownedLog(t, ctx, solo, chunks)
 	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 4, MaxInline: 13})
 	if err != nil {
 		t.Fatal(err)

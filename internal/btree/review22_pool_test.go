@@ -10,7 +10,6 @@ import (
 
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // Outside review 22 (commits 2cbbbbf, 2758444, 866ce2c: Cache.Quiesce and
@@ -102,18 +101,9 @@ func TestReview22ShutdownLeavesRefilledChunk(t *testing.T) {
 	store := newSimChunks(r)
 	chunks := &r22Chunks{simChunkClerk: store.clerk(1, func(context.Context) error { return nil })}
 	solo := newSoloServer(t, ctx, locks, chunks)
-	cache, fence := solo.cache, solo.fence
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cache := solo.cache
+	_, wal, owner, ah, _ := ownedLog(t, ctx, solo, chunks)
 	defer wal.Close(ctx)
-	cache.cfg.Log = wal
-	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
-	cache.setOwner(owner)
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
 	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -186,24 +176,15 @@ func TestReview22NewAfterShutdownLeaks(t *testing.T) {
 	store := newSimChunks(r)
 	chunks := store.clerk(1, func(context.Context) error { return nil })
 	solo := newSoloServer(t, ctx, locks, chunks)
-	cache, fence := solo.cache, solo.fence
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cache := solo.cache
+	_, wal, owner, ah, _ := ownedLog(t, ctx, solo, chunks)
 	defer wal.Close(ctx)
-	cache.cfg.Log = wal
-	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
-	cache.setOwner(owner)
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
 	st := cache.Store(ah, MinNodeSize, nil)
 	if err := cache.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
 	before := len(r22Tagged(store, owner))
-	_, err = st.New(ctx) // a split of an operation still in the server
+	_, err := st.New(ctx) // a split of an operation still in the server
 	if err == nil {
 		t.Fatal("New succeeded on a closed cache")
 	}
