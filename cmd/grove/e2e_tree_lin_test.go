@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -41,7 +42,9 @@ import (
 // values are large enough for chunks of their own); two etcd clients put,
 // get and delete (with prev_kv) through random nodes' etcd endpoints, whose
 // calls are forwarded to the etcd tree's home. Meanwhile a seeded fault
-// schedule SIGKILLs one node and restarts it, SIGSTOPs one node for up to
+// schedule SIGKILLs one node and restarts it, stops one node cleanly
+// (SIGTERM: its B-tree server must close without leaving its leases to a
+// recovery) and restarts it, SIGSTOPs one node for up to
 // three times the failure detector's grace period (it is declared dead,
 // its log is replayed elsewhere, and it fences itself when it resumes), or
 // SIGKILLs every node at once and restarts them (the new lock master
@@ -597,6 +600,7 @@ func notSent(err error) bool {
 
 // faults runs n faults one after another, each begun 1–3 s after the last
 // one healed: a node SIGKILLed and restarted 0.5–3 s later; a node
+// stopped cleanly (SIGTERM) and restarted 0.2–2 s after it exited; a node
 // SIGSTOPped for 0.2–3 s (the failure detector's grace period is 1 s); at
 // most once, every node SIGKILLed at once and restarted. It returns what
 // it did.
@@ -631,6 +635,29 @@ func (w *linWorld) faults(ctx context.Context, r *rand.Rand, n int) []string {
 			}
 			w.event("every node restarted")
 			did = append(did, fmt.Sprintf("every node killed for %v", d.Round(time.Millisecond)))
+		case x == 3:
+			// A clean stop: the B-tree server refuses new commits, writes
+			// every dirty node back, checkpoints its log and gives every
+			// lease back (no recovery), while calls keep arriving.
+			w.event("SIGTERM node %d", id)
+			log := filepath.Join(filepath.Dir(w.u.Nodes[id].Config), "grove.log")
+			before, _ := os.ReadFile(log)
+			if err := w.u.Stop(id, 30*time.Second); err != nil {
+				w.t.Errorf("stop node %d: %v", id, err)
+				_ = w.u.Kill(id)
+			}
+			if after, _ := os.ReadFile(log); len(after) >= len(before) {
+				if l := bytes.Index(after[len(before):], []byte("closing the B-tree server")); l >= 0 {
+					line, _, _ := bytes.Cut(after[len(before)+l:], []byte("\n"))
+					w.t.Errorf("node %d's clean stop failed to close its B-tree server (its leases were left to a recovery): %s", id, line)
+				}
+			}
+			d := sleep(200*time.Millisecond, 2*time.Second)
+			if err := w.u.Restart(id); err != nil {
+				w.t.Errorf("restart node %d: %v", id, err)
+			}
+			w.event("node %d restarted", id)
+			did = append(did, fmt.Sprintf("node %d stopped (SIGTERM) for %v", id, d.Round(time.Millisecond)))
 		case x < 4 || x >= 8:
 			w.event("SIGKILL node %d", id)
 			if err := w.u.Kill(id); err != nil {

@@ -153,6 +153,21 @@ func (u *UpCluster) Kill(id uint64) error {
 	return fmt.Errorf("node %d (pid %d) still running 10 s after SIGKILL", id, pid)
 }
 
+// Stop stops node id as an operator does (SIGTERM: a clean close) and
+// waits up to timeout for its process to exit.
+func (u *UpCluster) Stop(id uint64, timeout time.Duration) error {
+	pid := u.Nodes[id].PID
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if Exited(pid) {
+			return nil
+		}
+	}
+	return fmt.Errorf("node %d (pid %d) still running %v after SIGTERM", id, pid, timeout)
+}
+
 // Exited reports whether a process is gone or a zombie (it has exited and
 // released its resources, but its parent has not reaped it yet).
 func Exited(pid int) bool {

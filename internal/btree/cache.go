@@ -902,7 +902,42 @@ func (c *Cache) Shutdown(ctx context.Context) error {
 		c.ReleaseAll()
 	}
 	c.Close()
+	if err == nil {
+		err = c.releaseStragglers(ctx)
+	}
 	return err
+}
+
+// releaseStragglers gives up the pins of operations that were still in the
+// cache at its close: Close fails them, and each pin comes back unused as
+// its operation ends; ReleaseAll took only the unused ones. Without this the
+// clerk's close would be refused (a hold still out: lock.ErrStillHeld) and a
+// clean close would leave its leases to a recovery, as a crash does. No
+// node is dirty (no commit since Quiesce, all written back), so each pin
+// goes at once. It waits until no pin is left and no operation uses a node
+// (one may be taking a pin), or ctx ends (the error: the leases stay).
+func (c *Cache) releaseStragglers(ctx context.Context) error {
+	for {
+		c.ReleaseAll()
+		c.mu.Lock()
+		left := 0
+		for _, e := range c.mu.m {
+			// (a user may be taking a pin: ensure keeps the hold to itself
+			// until the image is loaded)
+			if e.pin != nil || e.users > 0 {
+				left++
+			}
+		}
+		c.mu.Unlock()
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("btree: %d nodes still pinned or in use by operations at the close: %w", left, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // waitCtx runs wait, returning when it does or when ctx ends.

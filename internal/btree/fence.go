@@ -36,9 +36,13 @@ type fenceHolder struct {
 	drop    func(name string) error // forget the name's released lease at the clerk
 	fail    func(error)             // the server cannot write without a fence
 
-	mu   sync.Mutex // serializes renewals; guards hold
+	mu   sync.Mutex // serializes renewals; guards hold and released
 	hold Hold
-	cur  atomic.Pointer[rldev.Fence]
+	// released: a clean close gave the hold up; no renewal takes the lock
+	// again after it (a new hold would stay out, and the clerk's close be
+	// refused: the leases would wait for a recovery).
+	released bool
+	cur      atomic.Pointer[rldev.Fence]
 }
 
 // set installs the first hold.
@@ -66,6 +70,9 @@ func (f *fenceHolder) renew(ctx context.Context) error {
 	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err // nothing given up yet: the renewal stays owed
+	}
+	if f.released {
+		return errClosing
 	}
 	old := f.hold
 	old.Release()
@@ -98,6 +105,7 @@ func (f *fenceHolder) renew(ctx context.Context) error {
 func (f *fenceHolder) release() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.released = true
 	if f.hold != nil {
 		f.hold.Release()
 	}

@@ -83,3 +83,26 @@ func TestFenceHolder(t *testing.T) {
 		t.Fatalf("a token not newer: %v, failed %v", err, failed.Load())
 	}
 }
+
+// A renewal after a clean close released the fence takes nothing: a new
+// hold would stay out after the close, the clerk's close would be refused
+// (lock.ErrStillHeld), and the server's leases would wait for a recovery.
+func TestFenceNoRenewalAfterRelease(t *testing.T) {
+	acquired := 0
+	f := &fenceHolder{name: "fence", timeout: time.Second,
+		acquire: func(context.Context, string) (Hold, error) {
+			acquired++
+			return &testHold{tok: lock.Token{Epoch: 1, Seq: 2}}, nil
+		},
+		drop: func(string) error { return nil },
+		fail: func(err error) { t.Errorf("failed: %v", err) }}
+	first := &testHold{tok: lock.Token{Epoch: 1, Seq: 1}}
+	f.set(first)
+	f.release()
+	if !first.released.Load() {
+		t.Fatal("release kept the hold")
+	}
+	if err := f.renew(context.Background()); !errors.Is(err, errClosing) || acquired != 0 {
+		t.Fatalf("a renewal after the release: %v, %d acquisitions (want errClosing, none)", err, acquired)
+	}
+}

@@ -122,6 +122,12 @@ type simWorld struct {
 	expired    int // of which the server was declared dead
 	resigned   int // servers that failed with their leases standing
 	notApplied int // operations refused before any change
+	// closing: nodes whose server closes cleanly (closeClean) now: none
+	// restarts there until the close ends, as a node's next process
+	// starts after the last one exited. closes counts the clean closes,
+	// closeFailed those that failed (the leases stayed, as at a kill).
+	closing             map[uint64]bool
+	closes, closeFailed int
 }
 
 type simServer struct {
@@ -142,6 +148,7 @@ type simServer struct {
 	done                        sync.WaitGroup
 	hints                       chan hint
 	fence                       fenceHolder // the runtime's (Server.fence)
+	logHold                     Hold        // its log's lock (the runtime's log holds it: txn.OpenNamed)
 }
 
 func (s *simServer) isDead() bool { return s.dead.Load() }
@@ -257,6 +264,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	if err != nil {
 		return nil, err
 	}
+	s.logHold = lh
 	if abort(3) {
 		return nil, errSimAborted
 	}
@@ -352,6 +360,60 @@ func (w *simWorld) die(s *simServer) {
 	w.kills++
 	w.mu.Unlock()
 	w.kill(s)
+}
+
+// closeClean stops s as `grove server` stops on SIGTERM (Server.Close):
+// its background work ends; the cache refuses every commit from then on,
+// writes every dirty node back, disowns what the log links, and the log is
+// checkpointed and closed; then the fence, the log's lock and the clerk go
+// (every lease given back: nothing for a recovery to do). Operations in
+// flight on s are refused as not applied, or fail. A close that fails (a
+// hold still out, the storage or the lock service out of reach) leaves the
+// leases standing; the process exits all the same: it is declared dead and
+// its log replayed, as after a kill. Either way the node's next server
+// starts only once this one is gone. Clients keep sending s requests
+// until the close ends (a node's service stops listening last), and s may
+// be killed, paused or cut off meanwhile.
+func (w *simWorld) closeClean(s *simServer) {
+	w.event("server %d closes cleanly", s.node)
+	s.halt()
+	s.done.Wait()
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	defer cancel()
+	err := s.cache.Shutdown(ctx)
+	if cerr := s.wal.Close(ctx); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		s.fence.release()
+		s.logHold.Release()
+		err = w.locks.closeClerk(ctx, s.clerk)
+	}
+	if err != nil {
+		w.event("server %d's clean close failed; its process exits with its leases standing: %v", s.node, err)
+		w.kill(s)
+	} else {
+		s.dead.Store(true) // the process exits: nothing more goes out
+		w.event("server %d closed", s.node)
+	}
+	w.mu.Lock()
+	mine := w.servers[s.node] == s // (not killed, nor resigned, meanwhile)
+	if mine {
+		delete(w.servers, s.node)
+	}
+	switch {
+	case err == nil:
+		w.closes++
+	case mine:
+		if os.Getenv("GROVE_SIM_ERRS") != "" {
+			fmt.Fprintf(os.Stderr, "CLOSE FAILED %v\n", err)
+		}
+		w.killed[s.node] = true
+		w.kills++
+		w.closeFailed++
+	}
+	delete(w.closing, s.node)
+	w.mu.Unlock()
 }
 
 // disrupt pauses s, or cuts it off the lock service or the storage, for d;
@@ -514,6 +576,9 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 			// operation wrote.
 			w.mu.Lock()
 			w.notApplied++
+			if os.Getenv("GROVE_SIM_ERRS") != "" {
+				fmt.Fprintf(os.Stderr, "NOTAPPLIED %v\n", err)
+			}
 			w.mu.Unlock()
 			return
 		}
@@ -636,6 +701,26 @@ func (w *simWorld) faults(stop chan struct{}, wg *sync.WaitGroup) {
 				w.event("the lock master fails over and loses the leases of some dead servers")
 				w.locks.failover()
 			}
+		case x < 5:
+			w.mu.Lock()
+			var cand []*simServer
+			for n := uint64(1); n <= 3; n++ {
+				if s := w.servers[n]; s != nil && !s.disrupted.Load() && !w.closing[n] {
+					cand = append(cand, s)
+				}
+			}
+			if len(cand) == 0 {
+				w.mu.Unlock()
+				continue
+			}
+			s := cand[w.r.Intn(len(cand))]
+			w.closing[s.node] = true // (it serves on while it closes)
+			w.mu.Unlock()
+			heals.Add(1)
+			go func() {
+				defer heals.Done()
+				w.closeClean(s)
+			}()
 		case x < 8:
 			w.restartOne(true)
 		case x < 9:
@@ -660,7 +745,7 @@ func (w *simWorld) restartOne(mayAbort bool) bool {
 	w.mu.Lock()
 	var node uint64
 	for n := uint64(1); n <= 3; n++ {
-		if w.servers[n] == nil {
+		if w.servers[n] == nil && !w.closing[n] {
 			node = n
 			break
 		}
@@ -753,6 +838,7 @@ func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, er
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied                      int
+	closes, closeFailed                                          int // clean closes; those that failed (leases left to a recovery)
 	valueWrites, valuesFreed, loggedFrees                        int
 	runRenewals                                                  int // recovery runs' renewed tokens
 	aborted, failovers, allRuns                                  int // servers killed while they started; master failovers; "all" runs
@@ -978,7 +1064,7 @@ func (w *simWorld) checkLeaks(reachable map[Handle]bool, h *history) error {
 // made as CreateTree makes it; no server runs yet.
 func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devBlocks uint64) *simWorld {
 	w := &simWorld{t: t, seed: seed, ctx: ctx, locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
-		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: rand.New(rand.NewSource(seed)), servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, start: time.Now()}
+		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: rand.New(rand.NewSource(seed)), servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, closing: map[uint64]bool{}, start: time.Now()}
 	for n := uint64(1); n <= 3; n++ {
 		w.devs[n] = newSimDevice(devBlocks)
 	}
@@ -1092,6 +1178,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	res.ops, res.unknown = len(ops), lincheck.Unknown(ops)
 	res.kills, res.restarts = w.kills, w.restart-3
 	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
+	res.closes, res.closeFailed = w.closes, w.closeFailed
 	w.locks.mu.Lock()
 	res.runRenewals = w.locks.runRenewals
 	res.failovers, res.allRuns = w.locks.failovers, w.locks.allRuns
@@ -1286,12 +1373,15 @@ func TestSimTree(t *testing.T) {
 		total.lostAllocs += r.lostAllocs
 		total.orphans += r.orphans
 		total.disowned += r.disowned
+		total.closes += r.closes
+		total.closeFailed += r.closeFailed
 	}
+	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost, %d chunks left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0) {
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }

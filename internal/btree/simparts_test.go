@@ -52,6 +52,11 @@ type simLocks struct {
 	// their lease table (failover), allRuns the "all" runs that succeeded.
 	allRunning         bool
 	failovers, allRuns int
+	// incs is each node's last clerk incarnation (a closed clerk leaves
+	// the master's record; its node's next one is newer all the same).
+	incs map[uint64]uint64
+	// closes counts the clerks that closed (ClerkRT.Close).
+	closes int
 }
 
 type simLease struct {
@@ -78,6 +83,11 @@ type simClerk struct {
 	// inc tells this clerk from the node's other incarnations (the
 	// recovery's Dead).
 	inc uint64
+	// closing: Close began (ClerkRT.Close): it acquires nothing and is
+	// given no recovery run; runs are the runs it is doing, by id, for
+	// their cancellation at a close.
+	closing bool
+	runs    map[uint64]context.CancelFunc
 	// all: it died and a new master does not know its leases (failover):
 	// its recovery is an "all" run, which excludes the names every other
 	// clerk the master knows of holds; nothing new is granted until it
@@ -90,7 +100,7 @@ func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
 	// deadline and the others' verdict (about 2 % of the lease in
 	// production): small, so that a server that uses its leases past their
 	// time is caught; not smaller than the scheduler's hiccups.
-	s := &simLocks{running: map[*simClerk]bool{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 5 * time.Millisecond}
+	s := &simLocks{running: map[*simClerk]bool{}, incs: map[uint64]uint64{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 5 * time.Millisecond}
 	if raceEnabled { // the race detector's slower scheduling
 		s.lease, s.grace = 90*time.Millisecond, 15*time.Millisecond
 	}
@@ -140,13 +150,9 @@ func (s *simLocks) renewals() {
 func (s *simLocks) newClerk(node uint64, recover func(context.Context, lock.Recovery) error) *simClerk {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{}), renewed: time.Now()}
-	for _, o := range s.clerks {
-		if o.node == node {
-			c.inc = max(c.inc, o.inc)
-		}
-	}
-	c.inc++
+	c := &simClerk{s: s, node: node, leases: map[string]*simLease{}, recover: recover, lost: make(chan struct{}), renewed: time.Now(), runs: map[uint64]context.CancelFunc{}}
+	s.incs[node]++
+	c.inc = s.incs[node]
 	s.clerks = append(s.clerks, c)
 	s.startRecoveriesLocked()
 	return c
@@ -168,6 +174,50 @@ func (s *simLocks) kill(c *simClerk) {
 	c.dead = true
 	s.startRecoveriesLocked()
 	s.cond.Broadcast()
+}
+
+// closeClerk is ClerkRT.Close: it refuses while a hold is out
+// (ErrStillHeld); it cancels the recovery runs c does and waits for their
+// ends, then gives every cached lease back and leaves the master's record
+// (it needs the service: a clerk cut off waits, until ctx ends). A clerk
+// declared dead first gets ErrFenced: its leases are then a dead clerk's,
+// left to a recovery.
+func (s *simLocks) closeClerk(ctx context.Context, c *simClerk) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, l := range c.leases {
+		if l.exclusive || l.shared > 0 {
+			return fmt.Errorf("%w: %s", lock.ErrStillHeld, name)
+		}
+	}
+	c.closing = true
+	for _, cancel := range c.runs {
+		cancel()
+	}
+	for {
+		if c.told || c.dead {
+			return lock.ErrFenced
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if len(c.runs) == 0 && !c.cut {
+			break
+		}
+		s.cond.Wait()
+	}
+	c.leases = map[string]*simLease{}
+	s.clerks = slices.DeleteFunc(s.clerks, func(o *simClerk) bool { return o == c })
+	s.closes++
+	s.startRecoveriesLocked() // (its runs' dead clerks, on another clerk)
+	s.cond.Broadcast()
+	return nil
 }
 
 // setCut cuts c off the lock service (paused: its process frozen too), or
@@ -251,7 +301,7 @@ func (s *simLocks) excludedLocked(d *simClerk) []string {
 func (s *simLocks) startRecoveriesLocked() {
 	var live []*simClerk
 	for _, c := range s.clerks {
-		if !c.dead && !c.cut { // a recovery is a message from the service
+		if !c.dead && !c.cut && !c.closing { // a recovery is a message from the service
 			live = append(live, c)
 		}
 	}
@@ -290,8 +340,11 @@ func (s *simLocks) startRecoveriesLocked() {
 				rec.Names = append(rec.Names, n)
 			}
 		}
+		ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
+		s.seq++
+		id := s.seq
+		run.runs[id] = cancel // (a close cancels it)
 		go func(d, run *simClerk, rec lock.Recovery) {
-			ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
 			// Renew, as the lock master's: a newer token for a run whose
 			// clerk can reach the service (a message on its session).
 			renew := func(context.Context) (lock.Token, error) {
@@ -310,6 +363,8 @@ func (s *simLocks) startRecoveriesLocked() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			delete(s.running, d)
+			delete(run.runs, id)
+			s.cond.Broadcast() // (a close waits for its runs' ends)
 			if rec.All {
 				s.allRunning = false
 			}
@@ -394,6 +449,9 @@ func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Ho
 	for {
 		if c.told {
 			return nil, lock.ErrFenced
+		}
+		if c.closing {
+			return nil, lock.ErrClosed
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
