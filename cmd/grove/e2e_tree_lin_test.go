@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -640,18 +639,7 @@ func (w *linWorld) faults(ctx context.Context, r *rand.Rand, n int) []string {
 			// every dirty node back, checkpoints its log and gives every
 			// lease back (no recovery), while calls keep arriving.
 			w.event("SIGTERM node %d", id)
-			log := filepath.Join(filepath.Dir(w.u.Nodes[id].Config), "grove.log")
-			before, _ := os.ReadFile(log)
-			if err := w.u.Stop(id, 30*time.Second); err != nil {
-				w.t.Errorf("stop node %d: %v", id, err)
-				_ = w.u.Kill(id)
-			}
-			if after, _ := os.ReadFile(log); len(after) >= len(before) {
-				if l := bytes.Index(after[len(before):], []byte("closing the B-tree server")); l >= 0 {
-					line, _, _ := bytes.Cut(after[len(before)+l:], []byte("\n"))
-					w.t.Errorf("node %d's clean stop failed to close its B-tree server (its leases were left to a recovery): %s", id, line)
-				}
-			}
+			stopCleanly(w.t, w.u, id)
 			d := sleep(200*time.Millisecond, 2*time.Second)
 			if err := w.u.Restart(id); err != nil {
 				w.t.Errorf("restart node %d: %v", id, err)

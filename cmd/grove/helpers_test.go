@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -122,6 +123,26 @@ func keepLogsOnFailure(t *testing.T, u *bench.UpCluster, prefix string) {
 		}
 		t.Logf("the nodes' logs are in %s/%s-node-N.log", os.TempDir(), prefix)
 	})
+}
+
+// stopCleanly stops node id as an operator does (SIGTERM, up to 30 s) and
+// reports it as an error if the node's log says its B-tree server's clean
+// close failed (its leases were then left to a recovery, as after a
+// crash). It reports, and does not stop the test: callers may be load
+// goroutines.
+func stopCleanly(t *testing.T, u *bench.UpCluster, id uint64) {
+	log := filepath.Join(filepath.Dir(u.Nodes[id].Config), "grove.log")
+	before, _ := os.ReadFile(log)
+	if err := u.Stop(id, 30*time.Second); err != nil {
+		t.Errorf("stop node %d: %v", id, err)
+		_ = u.Kill(id)
+	}
+	if after, _ := os.ReadFile(log); len(after) >= len(before) {
+		if l := bytes.Index(after[len(before):], []byte("closing the B-tree server")); l >= 0 {
+			line, _, _ := bytes.Cut(after[len(before)+l:], []byte("\n"))
+			t.Errorf("node %d's clean stop failed to close its B-tree server (its leases were left to a recovery): %s", id, line)
+		}
+	}
 }
 
 // upMeta is a config-service client of u's members (closed when the test

@@ -42,7 +42,11 @@ type fenceHolder struct {
 	// again after it (a new hold would stay out, and the clerk's close be
 	// refused: the leases would wait for a recovery).
 	released bool
-	cur      atomic.Pointer[rldev.Fence]
+	// broken: a renewal gave the old hold up and could not take the lock
+	// again (the server failed): no later renewal tries again, since the
+	// server writes nothing more.
+	broken error
+	cur    atomic.Pointer[rldev.Fence]
 }
 
 // set installs the first hold.
@@ -74,6 +78,9 @@ func (f *fenceHolder) renew(ctx context.Context) error {
 	if f.released {
 		return errClosing
 	}
+	if f.broken != nil {
+		return f.broken
+	}
 	old := f.hold
 	old.Release()
 	if err := f.drop(f.name); err != nil {
@@ -87,14 +94,15 @@ func (f *fenceHolder) renew(ctx context.Context) error {
 	h, err := f.acquire(actx, f.name)
 	if err != nil {
 		// Without a fence the server cannot write anything back.
-		f.fail(fmt.Errorf("btree: the fence lock could not be taken again: %w", err))
+		f.broken = fmt.Errorf("btree: the fence lock could not be taken again: %w", err)
+		f.fail(f.broken)
 		return err
 	}
 	if !old.Token().Less(h.Token()) {
 		h.Release()
-		err := fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
-		f.fail(err)
-		return err
+		f.broken = fmt.Errorf("btree: the fence lock's new token %s is not newer than %s", h.Token(), old.Token())
+		f.fail(f.broken)
+		return f.broken
 	}
 	f.hold = h
 	f.cur.Store(&rldev.Fence{Name: f.name, Token: h.Token()})

@@ -106,3 +106,26 @@ func TestFenceNoRenewalAfterRelease(t *testing.T) {
 		t.Fatalf("a renewal after the release: %v, %d acquisitions (want errClosing, none)", err, acquired)
 	}
 }
+
+// A renewal that gave the old hold up and could not take the lock again
+// fails the server; a later renewal does not try again (outside review 20's
+// low finding: it released the old hold a second time and could install a
+// hold nothing would release).
+func TestFenceNoRenewalAfterBreak(t *testing.T) {
+	acquired := 0
+	var failed error
+	f := &fenceHolder{name: "fence", timeout: time.Second,
+		acquire: func(context.Context, string) (Hold, error) {
+			acquired++
+			return nil, errors.New("the master refused")
+		},
+		drop: func(string) error { return nil },
+		fail: func(err error) { failed = err }}
+	f.set(&testHold{tok: lock.Token{Epoch: 1, Seq: 1}})
+	if err := f.renew(context.Background()); err == nil || failed == nil {
+		t.Fatalf("a renewal whose acquisition failed: %v (the server failed: %v)", err, failed)
+	}
+	if err := f.renew(context.Background()); err == nil || acquired != 1 {
+		t.Fatalf("a renewal after the break: %v, %d acquisitions in all (want an error, one)", err, acquired)
+	}
+}
