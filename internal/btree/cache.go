@@ -229,6 +229,15 @@ type Cache struct {
 	stats               cacheCounters
 	done                chan struct{}
 	closeOnce           sync.Once
+	// closed ends at Close: lease acquisitions in flight give up then (an
+	// operation waiting for a lease holds none; a clean close does not
+	// wait for it: releaseStragglers).
+	closed      context.Context
+	closeClosed context.CancelFunc
+	// releasing counts pins taken off their entries and not yet released
+	// (giveUpRef, Drop, Abandon, an upgrade): releaseStragglers, which
+	// looks at the entries, waits for them too.
+	releasing atomic.Int64
 	// unsafeStale breaks coherence on purpose (the simulator's teeth): a
 	// pin given up keeps its image, and lock-free reads use it.
 	unsafeStale bool
@@ -239,6 +248,9 @@ type Cache struct {
 	// unsafeIgnoreDropped serves a dropped tree as a live one on purpose
 	// (the simulator's teeth for drops).
 	unsafeIgnoreDropped bool
+	// unsafeNoStragglers skips releaseStragglers on purpose (the
+	// simulator's teeth for clean closes).
+	unsafeNoStragglers bool
 	// until caches Locks.ValidUntil: a cached image is used only before
 	// it (checked on every use; the clerk is asked again once it passes).
 	until atomic.Pointer[time.Time]
@@ -318,6 +330,7 @@ func NewCache(cfg CacheConfig) *Cache {
 	c.mu.byName = map[string]*entry{}
 	c.mu.lru = list.New()
 	c.done = make(chan struct{})
+	c.closed, c.closeClosed = context.WithCancel(context.Background())
 	go func() {
 		select {
 		case <-cfg.Locks.Lost():
@@ -342,6 +355,30 @@ func (c *Cache) lost() bool {
 func (c *Cache) Close() {
 	c.closeOnce.Do(func() { close(c.done) })
 	c.fail(errors.New("btree: the server is closed"))
+	c.closeClosed()
+}
+
+// acquire takes a hold on name for an operation, giving up if the cache
+// closes meanwhile (then with the cache's error).
+func (c *Cache) acquire(ctx context.Context, name string, mode lock.Mode) (Hold, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(c.closed, cancel)
+	defer stop()
+	h, err := c.cfg.Locks.Acquire(actx, name, mode)
+	if err != nil && ctx.Err() == nil && c.closed.Err() != nil {
+		if cerr := c.Err(); cerr != nil {
+			return nil, cerr
+		}
+	}
+	return h, err
+}
+
+// releasePin releases a pin taken off its entry (counted in releasing
+// under c.mu by the caller).
+func (c *Cache) releasePin(pin Hold) {
+	pin.Release()
+	c.releasing.Add(-1)
 }
 
 // Stats returns the cache's counters.
@@ -469,6 +506,7 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 			panic(fmt.Sprintf("btree: node %v is dirty under a shared pin", e.h))
 		}
 		e.pin, e.node, e.anchor = nil, nil, nil
+		c.releasing.Add(1)
 		c.stats.upgrades.Add(1)
 	} else {
 		old = nil
@@ -476,13 +514,13 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 	pinned := e.pin != nil
 	c.mu.Unlock()
 	if old != nil {
-		old.Release()
+		c.releasePin(old)
 	}
 	c.stats.misses.Add(1)
 	var hold Hold
 	if !pinned {
 		var err error
-		hold, err = c.cfg.Locks.Acquire(ctx, e.name, mode)
+		hold, err = c.acquire(ctx, e.name, mode)
 		if err != nil {
 			return err
 		}
@@ -600,6 +638,9 @@ func (c *Cache) giveUpRef(e *entry, why string) {
 	c.mu.Lock()
 	pin := e.pin
 	e.pin, e.revoke = nil, false
+	if pin != nil {
+		c.releasing.Add(1)
+	}
 	if !c.unsafeStale {
 		e.node, e.anchor = nil, nil
 	}
@@ -610,7 +651,7 @@ func (c *Cache) giveUpRef(e *entry, why string) {
 	c.mu.Unlock()
 	e.latch.Unlock()
 	if pin != nil {
-		pin.Release()
+		c.releasePin(pin)
 	}
 }
 
@@ -837,6 +878,9 @@ func (c *Cache) Drop(h Handle) {
 	c.mu.Lock()
 	pin := e.pin
 	e.pin, e.node, e.anchor, e.dirty, e.revoke = nil, nil, nil, false, false
+	if pin != nil {
+		c.releasing.Add(1)
+	}
 	e.users--
 	if e.users == 0 {
 		c.forgetLocked(e)
@@ -844,7 +888,7 @@ func (c *Cache) Drop(h Handle) {
 	c.mu.Unlock()
 	e.latch.Unlock()
 	if pin != nil {
-		pin.Release()
+		c.releasePin(pin)
 	}
 }
 
@@ -902,11 +946,15 @@ func (c *Cache) Shutdown(ctx context.Context) error {
 		c.ReleaseAll()
 	}
 	c.Close()
-	if err == nil {
+	if err == nil && !c.unsafeNoStragglers {
 		err = c.releaseStragglers(ctx)
 	}
 	return err
 }
+
+// errStragglers: a clean close's operations kept their nodes past its
+// deadline (releaseStragglers).
+var errStragglers = errors.New("btree: the close's stragglers")
 
 // releaseStragglers gives up the pins of operations that were still in the
 // cache at its close: Close fails them, and each pin comes back unused as
@@ -917,25 +965,28 @@ func (c *Cache) Shutdown(ctx context.Context) error {
 // goes at once. It waits until no pin is left and no operation uses a node
 // (one may be taking a pin), or ctx ends (the error: the leases stay).
 func (c *Cache) releaseStragglers(ctx context.Context) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for {
 		c.ReleaseAll()
 		c.mu.Lock()
 		left := 0
 		for _, e := range c.mu.m {
 			// (a user may be taking a pin: ensure keeps the hold to itself
-			// until the image is loaded)
+			// until the image is loaded; one waiting for a lease gave up at
+			// the Close: Cache.acquire)
 			if e.pin != nil || e.users > 0 {
 				left++
 			}
 		}
 		c.mu.Unlock()
-		if left == 0 {
+		if left == 0 && c.releasing.Load() == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("btree: %d nodes still pinned or in use by operations at the close: %w", left, ctx.Err())
-		case <-time.After(time.Millisecond):
+			return fmt.Errorf("%w: %d nodes still pinned or in use by operations at the close, %d pins being released: %w", errStragglers, left, c.releasing.Load(), ctx.Err())
+		case <-tick.C:
 		}
 	}
 }
@@ -1517,7 +1568,7 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 		return Handle{}, err
 	}
 	e.latch.Lock()
-	hold, err := s.c.cfg.Locks.Acquire(ctx, e.name, lock.Exclusive)
+	hold, err := s.c.acquire(ctx, e.name, lock.Exclusive)
 	if err != nil {
 		e.latch.Unlock()
 		s.c.unref(e)
@@ -1634,9 +1685,12 @@ func (s *TreeStore) Abandon(h Handle) {
 	}
 	pin := e.pin
 	e.pin = nil
+	if pin != nil {
+		c.releasing.Add(1)
+	}
 	c.mu.Unlock()
 	if pin != nil {
-		pin.Release()
+		c.releasePin(pin)
 	}
 	e.latch.Unlock()
 	c.unref(e)

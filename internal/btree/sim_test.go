@@ -128,6 +128,8 @@ type simWorld struct {
 	// closeFailed those that failed (the leases stayed, as at a kill).
 	closing             map[uint64]bool
 	closes, closeFailed int
+	closeViolation      string // a clean close that failed with nothing in its way
+	noStragglers        bool   // teeth: Cache.Shutdown skips releaseStragglers
 }
 
 type simServer struct {
@@ -143,6 +145,7 @@ type simServer struct {
 	// cut off the chunk store and its log's RLDev; disrupted: either, or
 	// cut off the lock service, is in progress.
 	paused, cutStore, disrupted atomic.Bool
+	disruptions                 atomic.Int32 // pauses and cuts begun
 	stop                        chan struct{}
 	once                        sync.Once
 	done                        sync.WaitGroup
@@ -376,6 +379,8 @@ func (w *simWorld) die(s *simServer) {
 // be killed, paused or cut off meanwhile.
 func (w *simWorld) closeClean(s *simServer) {
 	w.event("server %d closes cleanly", s.node)
+	d0 := s.disruptions.Load()
+	s.cache.unsafeNoStragglers = w.noStragglers
 	s.halt()
 	s.done.Wait()
 	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
@@ -408,6 +413,12 @@ func (w *simWorld) closeClean(s *simServer) {
 		if os.Getenv("GROVE_SIM_ERRS") != "" {
 			fmt.Fprintf(os.Stderr, "CLOSE FAILED %v\n", err)
 		}
+		if s.disruptions.Load() == d0 && (errors.Is(err, lock.ErrStillHeld) || errors.Is(err, errStragglers)) && w.closeViolation == "" {
+			// Nothing kept this close from giving every lease back: a
+			// hold still out, or an operation that would not end, is the
+			// close's defect.
+			w.closeViolation = fmt.Sprintf("server %d's clean close, neither disrupted nor killed, failed: %v", s.node, err)
+		}
 		w.killed[s.node] = true
 		w.kills++
 		w.closeFailed++
@@ -422,6 +433,7 @@ func (w *simWorld) closeClean(s *simServer) {
 func (w *simWorld) disrupt(s *simServer, kind int, d time.Duration) {
 	names := []string{"paused", "cut off the lock service", "cut off the storage"}
 	w.event("server %d %s for %v", s.node, names[kind], d)
+	s.disruptions.Add(1)
 	switch kind {
 	case 0:
 		s.paused.Store(true)
@@ -679,7 +691,7 @@ func (w *simWorld) faults(stop chan struct{}, wg *sync.WaitGroup) {
 			continue
 		}
 		switch x := w.rand(10); {
-		case x < 4:
+		case x < 4 && !w.noStragglers: // (the teeth: closes instead)
 			w.mu.Lock()
 			var live []*simServer
 			for _, s := range w.servers {
@@ -858,6 +870,7 @@ const (
 	teethReplayKeepsTags          // replays leave the chunks committed changes name tagged
 	teethKeepOldValues            // updates never free the value chunks they replaced
 	teethUncovered                // recovery runs replay a log whose lock they do not cover
+	teethStragglers               // clean closes leave the pins of operations still in the cache
 	logFreesOnly                  // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -1101,6 +1114,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.keepOldValues = teeth == teethKeepOldValues
 	w.logFreesOnly = teeth == logFreesOnly
 	w.unsafeUncovered = teeth == teethUncovered
+	w.noStragglers = teeth == teethStragglers
 	w.untagged, w.replayKeepsTags = teeth == teethUntagged, teeth == teethReplayKeepsTags
 	w.biasAborts = teeth == teethUncovered || os.Getenv("GROVE_SIM_BIAS_ABORTS") != ""
 	w.locks.onExpire = func(c *simClerk) {
@@ -1153,6 +1167,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	}
 	if t.Failed() {
 		return res, errors.New("a restart failed")
+	}
+	if w.closeViolation != "" {
+		return res, errors.New(w.closeViolation)
 	}
 	if w.drop {
 		return w.finishDrop(ctx, h, res)
@@ -1572,4 +1589,14 @@ func (w *simWorld) dumpChunks(seed int64) {
 	}
 	w.events.Unlock()
 	_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.chunks", seed), []byte(b.String()), 0o644)
+}
+
+// TestSimTeethStragglers: clean closes that leave the pins of operations
+// still in the cache (before the fix: the clerk's close was refused, and
+// the leases went to a recovery as after a crash) are caught.
+func TestSimTeethStragglers(t *testing.T) {
+	expectTeeth(t, "clean closes that leave stragglers' pins", 100, func(seed int64) error {
+		_, err := runSim(t, seed, teethStragglers, 40)
+		return err
+	}, "clean close, neither disrupted nor killed, failed")
 }
