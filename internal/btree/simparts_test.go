@@ -176,6 +176,16 @@ func (s *simLocks) kill(c *simClerk) {
 	s.cond.Broadcast()
 }
 
+// wakeAtEnd wakes the service's waiters when ctx ends (so that a wait on
+// s.cond sees it); the caller calls what it returns once it waits no more.
+func (s *simLocks) wakeAtEnd(ctx context.Context) func() bool {
+	return context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+}
+
 // closeClerk is ClerkRT.Close: it refuses while a hold is out
 // (ErrStillHeld); it cancels the recovery runs c does and waits for their
 // ends, then gives every cached lease back and leaves the master's record
@@ -183,12 +193,7 @@ func (s *simLocks) kill(c *simClerk) {
 // declared dead first gets ErrFenced: its leases are then a dead clerk's,
 // left to a recovery.
 func (s *simLocks) closeClerk(ctx context.Context, c *simClerk) error {
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
+	defer s.wakeAtEnd(ctx)()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, l := range c.leases {
@@ -438,12 +443,7 @@ func (c *simClerk) settleLocked(name string, l *simLease) {
 
 func (c *simClerk) Acquire(ctx context.Context, name string, mode lock.Mode) (Hold, error) {
 	s := c.s
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
+	defer s.wakeAtEnd(ctx)()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
