@@ -374,11 +374,23 @@ func (c *Cache) acquire(ctx context.Context, name string, mode lock.Mode) (Hold,
 	return h, err
 }
 
-// releasePin releases a pin taken off its entry (counted in releasing
-// under c.mu by the caller).
+// takePinLocked takes e's pin off it (nil if none), counted in releasing
+// until releasePin releases it. The caller holds c.mu.
+func (c *Cache) takePinLocked(e *entry) Hold {
+	pin := e.pin
+	e.pin = nil
+	if pin != nil {
+		c.releasing.Add(1)
+	}
+	return pin
+}
+
+// releasePin releases a pin takePinLocked took (nothing if nil).
 func (c *Cache) releasePin(pin Hold) {
-	pin.Release()
-	c.releasing.Add(-1)
+	if pin != nil {
+		pin.Release()
+		c.releasing.Add(-1)
+	}
 }
 
 // Stats returns the cache's counters.
@@ -496,8 +508,8 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 		c.stats.hits.Add(1)
 		return nil
 	}
-	old := e.pin
-	if old != nil && e.pinMode < mode {
+	var old Hold
+	if e.pin != nil && e.pinMode < mode {
 		// An upgrade: the shared pin is given back first (the lease may move
 		// to another server between, so the image goes too). Only an
 		// exclusive latch asks for it, so no local user reads the image.
@@ -505,17 +517,13 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 			c.mu.Unlock()
 			panic(fmt.Sprintf("btree: node %v is dirty under a shared pin", e.h))
 		}
-		e.pin, e.node, e.anchor = nil, nil, nil
-		c.releasing.Add(1)
+		old = c.takePinLocked(e)
+		e.node, e.anchor = nil, nil
 		c.stats.upgrades.Add(1)
-	} else {
-		old = nil
 	}
 	pinned := e.pin != nil
 	c.mu.Unlock()
-	if old != nil {
-		c.releasePin(old)
-	}
+	c.releasePin(old)
 	c.stats.misses.Add(1)
 	var hold Hold
 	if !pinned {
@@ -636,11 +644,8 @@ func (c *Cache) giveUpRef(e *entry, why string) {
 		time.Sleep(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
 	}
 	c.mu.Lock()
-	pin := e.pin
-	e.pin, e.revoke = nil, false
-	if pin != nil {
-		c.releasing.Add(1)
-	}
+	pin := c.takePinLocked(e)
+	e.revoke = false
 	if !c.unsafeStale {
 		e.node, e.anchor = nil, nil
 	}
@@ -650,9 +655,7 @@ func (c *Cache) giveUpRef(e *entry, why string) {
 	}
 	c.mu.Unlock()
 	e.latch.Unlock()
-	if pin != nil {
-		c.releasePin(pin)
-	}
+	c.releasePin(pin)
 }
 
 // evict gives up least recently used pins until the cache is within its
@@ -876,20 +879,15 @@ func (c *Cache) Drop(h Handle) {
 	c.mu.Unlock()
 	e.latch.Lock()
 	c.mu.Lock()
-	pin := e.pin
-	e.pin, e.node, e.anchor, e.dirty, e.revoke = nil, nil, nil, false, false
-	if pin != nil {
-		c.releasing.Add(1)
-	}
+	pin := c.takePinLocked(e)
+	e.node, e.anchor, e.dirty, e.revoke = nil, nil, false, false
 	e.users--
 	if e.users == 0 {
 		c.forgetLocked(e)
 	}
 	c.mu.Unlock()
 	e.latch.Unlock()
-	if pin != nil {
-		c.releasePin(pin)
-	}
+	c.releasePin(pin)
 }
 
 // ReleaseAll writes back every node and gives up every pin no operation
@@ -1175,6 +1173,16 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 }
 
 // freed notes that chunk h is free (no checkpoint needs to free it).
+// free frees chunk h, which no durable image names, and forgets it
+// (freed) once the chunk manager said so.
+func (c *Cache) free(ctx context.Context, h Handle) error {
+	err := c.cfg.Chunks.Free(ctx, h)
+	if err == nil {
+		c.freed(h)
+	}
+	return err
+}
+
 func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
 	delete(c.mu.frees, h)
@@ -1245,14 +1253,7 @@ func (c *Cache) refill(size uint64) {
 		if stop {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		go func() {
-			select {
-			case <-c.done:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		ctx, cancel := context.WithTimeout(c.closed, 10*time.Second)
 		h, err := c.allocate(ctx, size)
 		cancel()
 		if err != nil {
@@ -1267,9 +1268,7 @@ func (c *Cache) refill(size uint64) {
 		if late {
 			// The close began while it was allocated (its drain may be
 			// over): give it back here.
-			if c.cfg.Chunks.Free(context.Background(), h) == nil {
-				c.freed(h)
-			}
+			_ = c.free(context.Background(), h)
 			return
 		}
 	}
@@ -1297,9 +1296,7 @@ func (c *Cache) drainPool(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	for _, h := range all {
-		if c.cfg.Chunks.Free(ctx, h) == nil {
-			c.freed(h)
-		}
+		_ = c.free(ctx, h)
 	}
 }
 
@@ -1562,9 +1559,7 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	}
 	e, err := s.entry(h)
 	if err != nil {
-		if s.c.cfg.Chunks.Free(context.WithoutCancel(ctx), h) == nil {
-			s.c.freed(h)
-		}
+		_ = s.c.free(context.WithoutCancel(ctx), h)
 		return Handle{}, err
 	}
 	e.latch.Lock()
@@ -1572,9 +1567,7 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	if err != nil {
 		e.latch.Unlock()
 		s.c.unref(e)
-		if s.c.cfg.Chunks.Free(context.Background(), h) == nil {
-			s.c.freed(h)
-		}
+		_ = s.c.free(context.Background(), h)
 		return Handle{}, err
 	}
 	s.c.mu.Lock()
@@ -1614,11 +1607,9 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 			break
 		}
 	}
-	if ferr := c.cfg.Chunks.Free(context.WithoutCancel(ctx), h); ferr != nil {
+	if ferr := c.free(context.WithoutCancel(ctx), h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
 		c.log.Warn("freeing a value chunk whose write failed: it stays allocated until a recovery of this server's log, or its next start, frees it", "chunk", h, "err", ferr)
-	} else {
-		c.freed(h)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
 }
@@ -1683,15 +1674,9 @@ func (s *TreeStore) Abandon(h Handle) {
 		c.mu.Unlock()
 		panic(fmt.Sprintf("btree: abandon of %v, which a commit wrote", h))
 	}
-	pin := e.pin
-	e.pin = nil
-	if pin != nil {
-		c.releasing.Add(1)
-	}
+	pin := c.takePinLocked(e)
 	c.mu.Unlock()
-	if pin != nil {
-		c.releasePin(pin)
-	}
+	c.releasePin(pin)
 	e.latch.Unlock()
 	c.unref(e)
 	if err := c.cfg.Chunks.Free(context.Background(), h); err != nil {

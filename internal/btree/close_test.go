@@ -2,12 +2,8 @@ package btree
 
 import (
 	"context"
-	"errors"
-	"math/rand"
 	"testing"
 	"time"
-
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // readGate blocks the first Read after it is armed until released: an
@@ -37,24 +33,12 @@ func (c *readGate) Read(ctx context.Context, h Handle, n uint64) ([]byte, error)
 func TestShutdownReleasesLeasesOfOperationsInFlight(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	chunks := &readGate{simChunkClerk: store.clerk(1, func(context.Context) error { return nil }),
-		entered: make(chan struct{}), release: make(chan struct{})}
-	solo := newSoloServer(t, ctx, locks, chunks)
+	var chunks *readGate
+	_, solo, tr, wal, _, _ := closeRig(t, ctx, func(c *simChunkClerk) Chunks {
+		chunks = &readGate{simChunkClerk: c, entered: make(chan struct{}), release: make(chan struct{})}
+		return chunks
+	})
 	cache := solo.cache
-	_, wal, _, ah, _ := ownedLog(t, ctx, solo, chunks)
-	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tr.Put(ctx, []byte("k1"), []byte("v1"), Cond{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cache.FlushAll(ctx); err != nil {
-		t.Fatal(err)
-	}
 	cache.ReleaseAll() // every image dropped: the next lookup loads under its lease
 	chunks.armed = true
 	got := make(chan error, 1)
@@ -74,14 +58,7 @@ func TestShutdownReleasesLeasesOfOperationsInFlight(t *testing.T) {
 	if err := wal.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	locks.mu.Lock()
-	defer locks.mu.Unlock()
-	for name, l := range solo.clerk.leases {
-		if name == FenceLock(1) || name == txn.LockName(LogName(1)) {
-			continue // (the rig's own holds)
-		}
-		if l.exclusive || l.shared > 0 {
-			t.Errorf("after a clean Shutdown, %s is still held: the clerk's close is refused (%v) and the leases wait for a recovery", name, errors.New("lock: the clerk still has holders"))
-		}
+	if hs := nodeHolds(solo.clerk.s, solo.clerk); len(hs) != 0 {
+		t.Errorf("after a clean Shutdown, %v still held: the clerk's close is refused (lock.ErrStillHeld) and the leases wait for a recovery", hs)
 	}
 }

@@ -18,11 +18,16 @@ import (
 // r23Rig: a solo server with one committed, written-back key in a
 // one-leaf tree (anchor ah, root leaf rh).
 func r23Rig(t *testing.T, ctx context.Context) (*simLocks, *soloServer, *Tree, *txn.Log, Handle, Handle) {
+	return closeRig(t, ctx, func(c *simChunkClerk) Chunks { return c })
+}
+
+// closeRig is r23Rig with the server's chunk clerk wrapped by wrap.
+func closeRig(t *testing.T, ctx context.Context, wrap func(*simChunkClerk) Chunks) (*simLocks, *soloServer, *Tree, *txn.Log, Handle, Handle) {
 	t.Helper()
 	r := rand.New(rand.NewSource(23))
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
+	chunks := wrap(store.clerk(1, func(context.Context) error { return nil }))
 	solo := newSoloServer(t, ctx, locks, chunks)
 	_, wal, _, ah, rh := ownedLog(t, ctx, solo, chunks)
 	tr, err := New(solo.cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize})
