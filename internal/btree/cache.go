@@ -1172,7 +1172,6 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	return uint64(end), nil
 }
 
-// freed notes that chunk h is free (no checkpoint needs to free it).
 // free frees chunk h, which no durable image names, and forgets it
 // (freed) once the chunk manager said so.
 func (c *Cache) free(ctx context.Context, h Handle) error {
@@ -1183,6 +1182,7 @@ func (c *Cache) free(ctx context.Context, h Handle) error {
 	return err
 }
 
+// freed notes that chunk h is free (no checkpoint needs to free it).
 func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
 	delete(c.mu.frees, h)
