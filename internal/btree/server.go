@@ -358,19 +358,32 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 func (s *Server) Close(ctx context.Context) error {
 	s.stop()
 	s.wg.Wait()
+	return closeSequence(ctx, s.cache, s.wal, nil, &s.fence, s.clerk.Close)
+}
+
+// closeSequence is a clean close once the server's background work has
+// stopped, shared by Server.Close and the simulator (so that what the
+// simulator closes is closed as SIGTERM closes it): the cache writes
+// everything back and gives its leases up, the log flushes and
+// checkpoints and gives its lock up (logReleased, if the log's lock is
+// not the log's own: the simulator's), then the fence lock goes and the
+// clerk closes, leaving the master's record. A failure keeps every lease
+// still held: once this node is declared dead, recovery replays the log.
+func closeSequence(ctx context.Context, cache *Cache, wal *txn.Log, logReleased func(), fence *fenceHolder, closeClerk func(context.Context) error) error {
 	// Operations already in the server may still run: Shutdown refuses
 	// their commits before the final write-back (Cache.Quiesce).
-	err := s.cache.Shutdown(ctx)
-	if cerr := s.wal.Close(ctx); err == nil {
+	err := cache.Shutdown(ctx)
+	if cerr := wal.Close(ctx); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		// Keep the leases: once this node is declared dead, recovery
-		// replays the log.
 		return err
 	}
-	s.fence.release()
-	return s.clerk.Close(ctx)
+	if logReleased != nil {
+		logReleased()
+	}
+	fence.release()
+	return closeClerk(ctx)
 }
 
 // Err is why the server stopped working, or nil.

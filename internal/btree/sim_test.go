@@ -385,15 +385,7 @@ func (w *simWorld) closeClean(s *simServer) {
 	s.done.Wait()
 	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
 	defer cancel()
-	err := s.cache.Shutdown(ctx)
-	if cerr := s.wal.Close(ctx); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		s.fence.release()
-		s.logHold.Release()
-		err = w.locks.closeClerk(ctx, s.clerk)
-	}
+	err := closeSequence(ctx, s.cache, s.wal, s.logHold.Release, &s.fence, func(ctx context.Context) error { return w.locks.closeClerk(ctx, s.clerk) })
 	if err != nil {
 		w.event("server %d's clean close failed; its process exits with its leases standing: %v", s.node, err)
 		w.kill(s)
