@@ -3,6 +3,7 @@ package btree
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
@@ -49,6 +50,14 @@ type Service struct {
 		// (it retries): calls that give up waiting say it.
 		startErr error
 		closed   bool
+		// closing ends the clean close of the incarnation's server in
+		// progress (Close), if any: a fence of that incarnation calls
+		// it, since a fenced server's leases are gone and nothing it
+		// still writes back can be accepted (its log is replayed by
+		// another server), so the close would only wait out its
+		// deadline for peers that may be gone too (a whole cluster
+		// stopping at once).
+		closing context.CancelFunc
 		// lastResign is when the node last gave an incarnation up for
 		// its B-tree server's failure.
 		lastResign time.Time
@@ -266,6 +275,9 @@ func (s *Service) Fence(inc uint64) {
 	defer s.mu.Unlock()
 	if s.mu.inc == inc {
 		s.stopLocked()
+		if s.mu.closing != nil {
+			s.mu.closing()
+		}
 	}
 }
 
@@ -285,6 +297,8 @@ func (s *Service) stopLocked() {
 // Close stops the role, closing the server cleanly (its dirty nodes
 // written back and its leases given back).
 func (s *Service) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	s.mu.Lock()
 	s.mu.closed = true
 	srv := s.mu.srv
@@ -294,11 +308,13 @@ func (s *Service) Close() {
 		s.mu.cancel = nil
 		close(s.mu.gone)
 	}
+	s.mu.closing = cancel
 	s.mu.Unlock()
 	if srv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
 		if err := srv.Close(ctx); err != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				err = fmt.Errorf("the node fenced itself while its B-tree server closed (its leases are gone; its log is replayed elsewhere): %w", err)
+			}
 			s.log.Warn("closing the B-tree server", "err", err)
 		}
 	}
