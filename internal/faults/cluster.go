@@ -89,7 +89,7 @@ func StartCluster(bin, dir string, n int) (*Cluster, error) {
 			return nil, err
 		}
 		cfg := &node.Config{ID: uint64(i), DataDir: filepath.Join(nd, "data"), GRPCAddr: GRPC(i), RaftAddr: Raft(i), BeaconAddr: Beacon(i), MetricsAddr: Metrics(i),
-			Roles: []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}, Disks: []string{"disk0.img"}, DiskSize: 256 << 20, FD: c.FD,
+			Roles: []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}, Disks: []string{"disk0.img"}, DiskSize: 512 << 20, FD: c.FD,
 			ClusterKey: key, AcceptClusterKeys: []string{}, Members: members}
 		if err := cfg.Validate(); err != nil {
 			return nil, err

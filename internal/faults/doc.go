@@ -9,6 +9,9 @@
 // self-fence. It measures, against the targets, the time from the fault to
 // the self-fence, the verdict, the lock's failover and a new config leader,
 // and from the heal to the node being back; loss runs count false
-// self-fences per node-minute. TestFaults runs it when GROVE_FAULTS is set
-// (scripts/faults.sh).
+// self-fences per node-minute. Then the B-link tree's scenario (tree.go)
+// runs the real-process linearizability workload (internal/btree/linload)
+// from the client's namespace under network faults: isolations, cuts
+// between two nodes only, one-way cuts, loss. TestFaults runs it all when
+// GROVE_FAULTS is set (scripts/faults.sh).
 package faults

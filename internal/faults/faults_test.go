@@ -54,6 +54,15 @@ func TestFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	if keep := os.Getenv("GROVE_FAULTS_KEEP"); keep != "" {
+		// The nodes' logs, configs and data, and the tree client's log,
+		// kept after the run (t.TempDir's are removed).
+		var err error
+		if dir, err = os.MkdirTemp(keep, "grove-faults-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("GROVE_FAULTS_KEEP: the run's files are in %s", dir)
+	}
 	bin, err := Build(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +107,15 @@ func TestFaults(t *testing.T) {
 	}
 	t.Logf("cluster up after %v; `grove status` from the client namespace:\n%s", time.Since(start).Round(time.Second), cliStatus(bin))
 	s.Run()
+	if n := len(s.Results); (n == 0 || !s.Results[n-1].broken) && (s.Only == nil || s.Only.MatchString("tree")) {
+		seed := time.Now().UnixNano() % 1_000_000
+		if v := os.Getenv("GROVE_SEED"); v != "" {
+			if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+				t.Fatalf("GROVE_SEED=%q: %v", v, err)
+			}
+		}
+		s.RunTree(bin, dir, seed)
+	}
 	table := s.Table()
 	t.Logf("results (%s run, %v):\n%s", mode.Name, time.Since(start).Round(time.Second), table)
 	fmt.Printf("\nfault suite results (%s run, %v):\n%s\n", mode.Name, time.Since(start).Round(time.Second), table)
@@ -136,6 +154,23 @@ func dumpLogs(t *testing.T, c *Cluster, agentLog string) {
 			b = b[len(b)-3000:]
 		}
 		t.Logf("agent's stderr, tail:\n%s", b)
+	}
+}
+
+// TestFaultTreeClient is the B-link tree scenario's client (tree.go) when
+// TestFaults re-executes the test binary inside the client namespace;
+// otherwise it does nothing.
+func TestFaultTreeClient(t *testing.T) {
+	env := os.Getenv(TreeEnv)
+	if env == "" {
+		t.Skip("runs only as TestFaults' tree client")
+	}
+	var cfg TreeConfig
+	if err := json.NewDecoder(strings.NewReader(env)).Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := runTreeClient(cfg, t.Logf); err != nil {
+		t.Fatal(err)
 	}
 }
 

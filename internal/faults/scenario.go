@@ -21,15 +21,20 @@ type Mode struct {
 	Losses     []int         // loss rates, %
 	LossFor    time.Duration // per loss rate: long enough to count false self-fences
 	NoiseFor   time.Duration // garbage and forged datagrams
+	// The B-link tree's scenario (RunTree): rounds of the linearizability
+	// workload, each with this many network faults.
+	TreeRounds, TreeFaults int
 }
 
 // Modes: short is CI's few-minute run (each scenario once, short
 // partitions); full is the README's run.
 var Modes = map[string]Mode{
 	"short": {Name: "short", Trials: 1, Partitions: []time.Duration{4 * time.Second}, OneWay: 5 * time.Second,
-		Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 20 * time.Second, NoiseFor: 8 * time.Second},
+		Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 12 * time.Second, NoiseFor: 8 * time.Second,
+		TreeRounds: 1, TreeFaults: 5},
 	"full": {Name: "full", Trials: 3, Partitions: []time.Duration{4 * time.Second, 10 * time.Second, 30 * time.Second},
-		OneWay: 10 * time.Second, Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 4 * time.Minute, NoiseFor: 20 * time.Second},
+		OneWay: 10 * time.Second, Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 4 * time.Minute, NoiseFor: 20 * time.Second,
+		TreeRounds: 3, TreeFaults: 8},
 }
 
 // The targets the measurements are reported against (not asserted: the

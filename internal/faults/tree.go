@@ -1,0 +1,252 @@
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/btree/linload"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// TreeEnv carries the tree client's configuration (JSON) to the test binary
+// re-executed in the client namespace; its presence is what makes
+// TestFaultTreeClient run.
+const TreeEnv = "GROVE_FAULTS_TREE"
+
+// TreeConfig is the tree client's configuration.
+type TreeConfig struct {
+	Seed   int64
+	Rounds int // each on a new tree, seeds Seed, Seed+1, ...
+	Faults int // network faults per round
+	Nodes  int
+}
+
+// RunTree is the B-link tree's network-fault scenario, run after the lock
+// scenarios on the same cluster: it gives the cluster a chunk store (one
+// chunk manager pair per adjacent node pair, as grove up does), then runs
+// the tree client (TestFaultTreeClient) in the client namespace. That client
+// runs the real-process linearizability workload (package linload: clients
+// on every node, conditional writes, scans, counts, the etcd endpoint,
+// porcupine, the walker) while it makes network faults: a node isolated
+// (it fences itself, is declared dead, and its B-tree server's log is
+// replayed elsewhere), a cut between two nodes only, both ways, while both
+// stay alive to the observers (among them the replicas of one chunk
+// manager pair and of some RLDevs), a one-way cut, and random loss on every
+// link. A history that is not linearizable, a broken tree, or a round that
+// cannot finish is a violation.
+func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
+	r := &Result{Name: "tree: linearizable under network faults", Victim: "—", M: map[string]time.Duration{}, Expected: map[string]bool{},
+		Targets: map[string]time.Duration{}, Fences: map[int]int{}, Rate: -1, Elections: -1}
+	s.Results = append(s.Results, r)
+	defer s.report(r)
+	start := time.Now()
+	if _, err := s.healthy(90*time.Second, false); err != nil {
+		r.violate("the cluster is not healthy before the tree scenario: %v", err)
+		r.broken = true
+		return r
+	}
+	m0 := s.scrape()
+	n := s.nodes()
+	for a := 1; a <= n; a++ {
+		b := a%n + 1
+		var out []byte
+		var err error
+		for attempt := 0; attempt < 10; attempt++ {
+			out, err = Exec(clientNS, bin, "chunk", "add-pair", "--nodes", fmt.Sprintf("%d,%d", a, b), "--size", "16MiB", "--addr", GRPC(a)).CombinedOutput()
+			if err == nil {
+				break
+			}
+			time.Sleep(time.Second)
+		}
+		if err != nil {
+			r.violate("grove chunk add-pair --nodes %d,%d: %v: %s", a, b, err, out)
+			return r
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		r.violate("%v", err)
+		return r
+	}
+	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n}
+	b, _ := json.Marshal(cfg)
+	logPath := filepath.Join(dir, "tree-client.log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		r.violate("%v", err)
+		return r
+	}
+	defer lf.Close()
+	s.Logf("tree scenario: seed %d (GROVE_SEED=%d replays its choices; the interleaving is the machine's), %d round(s) of %d network faults; the client's log: %s",
+		seed, seed, cfg.Rounds, cfg.Faults, logPath)
+	cmd := Exec(clientNS, self, "-test.run=^TestFaultTreeClient$", "-test.count=1", "-test.v", fmt.Sprintf("-test.timeout=%v", 6*time.Minute*time.Duration(cfg.Rounds)))
+	cmd.Env = append(os.Environ(), TreeEnv+"="+string(b))
+	cmd.Stdout, cmd.Stderr = lf, lf
+	runErr := cmd.Run()
+	_, _ = s.Net.Heal() // (the client heals after each fault; this is for one that died mid-fault)
+	r.Length = time.Since(start)
+	r.note("the scenario took %v", r.Length.Round(time.Second))
+	out, _ := os.ReadFile(logPath)
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "tree round") {
+			r.note("%s", strings.TrimSpace(l))
+		}
+	}
+	if runErr != nil {
+		tail := string(out)
+		if len(tail) > 6000 {
+			tail = tail[len(tail)-6000:]
+		}
+		s.Logf("the tree client's log, tail:\n%s", tail)
+		r.violate("the tree client failed (%v): seed %d; see %s", runErr, seed, logPath)
+	}
+	m1 := s.scrape()
+	r.Elections = int(deltaMax(m0, m1, "grove_meta_raft_term"))
+	r.MetricFences = int(deltaSum(m0, m1, "grove_fd_self_fences_total"))
+	for id, after := range m1 { // the self-fences column, per node
+		if before, ok := m0[id]; ok {
+			if d := int(after["grove_fd_self_fences_total"] - before["grove_fd_self_fences_total"]); d > 0 {
+				r.Fences[id] = d
+			}
+		}
+	}
+	return r
+}
+
+// runTreeClient is TestFaultTreeClient's body, in the client namespace: the
+// rounds of the linearizability workload, each with its network faults.
+func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
+	net := &Net{Nodes: cfg.Nodes}
+	var eps []string
+	for i := 1; i <= cfg.Nodes; i++ {
+		eps = append(eps, GRPC(i))
+	}
+	var conns []pb.ClusterServiceClient
+	for _, ep := range eps {
+		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		conns = append(conns, pb.NewClusterServiceClient(cc))
+	}
+	// healed: every node alive and heard by a majority of the observers,
+	// as some node's status says. (Not by every observer: an observer's
+	// dead verdict on a live incarnation, after a one-way cut, lasts until
+	// the node's next incarnation; see Suite.fullCoverage.)
+	healed := func(ctx context.Context) error {
+		last := "no status answer"
+		for {
+			for _, c := range conns {
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				st, err := c.Status(cctx, &pb.StatusRequest{})
+				cancel()
+				if err != nil {
+					last = err.Error()
+					continue
+				}
+				ok := len(st.Nodes) == cfg.Nodes
+				for _, x := range st.Nodes {
+					ok = ok && x.Alive && int(x.ObserversHeard) > cfg.Nodes/2
+				}
+				if ok {
+					return nil
+				}
+				last = fmt.Sprintf("%d nodes in the status", len(st.Nodes))
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("not every node is alive and heard (last: %s): %w", last, ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	for round := 0; round < cfg.Rounds; round++ {
+		seed := cfg.Seed + int64(round)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
+			Faults: func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
+				return netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes)
+			},
+			Healed: healed, Logf: logf, Trace: true})
+		cancel()
+		_, _ = net.Heal()
+		if err != nil {
+			return fmt.Errorf("tree round seed %d (GROVE_SEED=%d replays its choices): %w", seed, seed, err)
+		}
+		logf("tree round seed %d: %s", seed, res)
+	}
+	return nil
+}
+
+// netFaults makes n network faults one after another, each begun 1–3 s
+// after the last one healed:
+//   - a node isolated from everything for 0.5–5 s (past the failure
+//     detector's 1 s grace period it fences itself, is declared dead, and
+//     another B-tree server replays its log);
+//   - a cut between two nodes only, both ways, for 0.5–5 s: both stay
+//     alive to the observers (the third node hears both), so nothing is
+//     declared dead, while the replicas on those two nodes (a chunk
+//     manager pair, RLDevs, log segments) cannot reach each other;
+//   - a one-way cut between two nodes for 0.5–5 s;
+//   - 5–25 % loss on every link for 1–5 s.
+//
+// It returns what it did.
+func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int) []string {
+	var did []string
+	sleep := func(lo, hi time.Duration) time.Duration {
+		d := lo + time.Duration(r.Int63n(int64(hi-lo)))
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		return d
+	}
+	for f := 0; f < n && ctx.Err() == nil; f++ {
+		sleep(time.Second, 3*time.Second)
+		a := 1 + r.Intn(nodes)
+		b := (a-1+1+r.Intn(nodes-1))%nodes + 1 // any other node
+		var what string
+		var err error
+		switch x := r.Intn(8); {
+		case x < 3:
+			what = fmt.Sprintf("node %d isolated", a)
+			_, err = net.Isolate(a)
+		case x < 5:
+			what = fmt.Sprintf("nodes %d and %d cut from each other", a, b)
+			if _, err = net.Cut(a, b); err == nil {
+				_, err = net.Cut(b, a)
+			}
+		case x < 7:
+			what = fmt.Sprintf("node %d cut from node %d one way", a, b)
+			_, err = net.Cut(a, b)
+		default:
+			pct := 5 + r.Intn(21)
+			what = fmt.Sprintf("%d%% loss on every link", pct)
+			_, err = net.Loss(pct)
+		}
+		if err != nil {
+			event("fault %q failed: %v", what, err)
+			_, _ = net.Heal()
+			did = append(did, fmt.Sprintf("%s: FAILED: %v", what, err))
+			continue
+		}
+		event("%s", what)
+		d := sleep(500*time.Millisecond, 5*time.Second)
+		if _, err := net.Heal(); err != nil {
+			event("heal failed: %v", err)
+		}
+		event("healed")
+		did = append(did, fmt.Sprintf("%s for %v", what, d.Round(time.Millisecond)))
+	}
+	return did
+}
