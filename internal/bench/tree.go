@@ -331,15 +331,17 @@ func etcdCompare(ctx context.Context, dir string, c *InProcessCluster, o TreeOpt
 			for _, phase := range []string{"etcd-put", "grove-put", "etcd-get", "grove-get"} {
 				rs := cells[phase]
 				var rates []float64
-				var p50s []time.Duration
+				var p50s, p99s []time.Duration
 				for _, r := range rs {
 					rates = append(rates, r.PerSec())
 					p50s = append(p50s, r.P50)
+					p99s = append(p99s, r.P99)
 				}
 				sort.Slice(p50s, func(i, j int) bool { return p50s[i] < p50s[j] })
+				sort.Slice(p99s, func(i, j int) bool { return p99s[i] < p99s[j] })
 				cell := TreeCell{Figure: 0, Shape: shape, Clients: clients, Phase: phase, OpsPerS: medianF(rates), P50: p50s[len(p50s)/2]}
 				res.Cells = append(res.Cells, cell)
-				fmt.Fprintf(progress, "  etcd comparison, %s keys, %d clients, %s: %.0f ops/s, median latency %v\n", shape, clients, phase, cell.OpsPerS, cell.P50.Round(time.Microsecond))
+				fmt.Fprintf(progress, "  etcd comparison, %s keys, %d clients, %s: %.0f ops/s, median latency %v, p99 %v\n", shape, clients, phase, cell.OpsPerS, cell.P50.Round(time.Microsecond), p99s[len(p99s)/2].Round(time.Microsecond))
 			}
 		}
 	}
