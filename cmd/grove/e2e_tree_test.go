@@ -238,15 +238,7 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if err := u.Restart(victim); err != nil {
 		t.Fatal(err)
 	}
-	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
-		r = grove(t, bin, nil, "tree", "get", "e2e", fmt.Sprintf("key-%d-00000", victim), ep(victim))
-		if r.code == 0 {
-			break
-		}
-		if time.Since(start) > 90*time.Second {
-			t.Fatalf("node %d after its restart: %v", victim, r)
-		}
-	}
+	waitTreeGet(t, bin, "e2e", fmt.Sprintf("key-%d-00000", victim), ep(victim), fmt.Sprintf("node %d after its restart", victim))
 	if r := grove(t, bin, nil, "tree", "stat", "e2e", "-o", "json", ep(victim)); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf(`"keys": %d`, len(got)+1)) ||
 		!strings.Contains(r.stdout, `"value-chunks": `) || strings.Contains(r.stdout, `"value-chunks": 0,`) {
 		t.Fatalf("tree stat (every 8th value is in a chunk of its own): %v", r)
@@ -261,21 +253,28 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if err := u.Restart(survivor); err != nil {
 		t.Fatal(err)
 	}
-	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
-		r = grove(t, bin, nil, "tree", "get", "e2e", fmt.Sprintf("key-%d-00000", survivor), ep(survivor))
-		if r.code == 0 {
-			break
-		}
-		if time.Since(start) > 90*time.Second {
-			t.Fatalf("node %d after its clean stop and restart: %v", survivor, r)
-		}
-	}
+	waitTreeGet(t, bin, "e2e", fmt.Sprintf("key-%d-00000", survivor), ep(survivor), fmt.Sprintf("node %d after its clean stop and restart", survivor))
 	checkNoChunkLeaked(t, ctx, bin, u, "e2e", ep(survivor))
 	if r := grove(t, bin, nil, "tree", "drop", "e2e", ep(victim)); r.code != 0 {
 		t.Fatalf("tree drop: %v", r)
 	}
 	if r := grove(t, bin, nil, "tree", "get", "e2e", "cas", ep(1)); r.code != 5 {
 		t.Fatalf("a dropped tree: %v", r)
+	}
+}
+
+// waitTreeGet waits (up to 90 s) until `grove tree get TREE KEY` through
+// the node at ep succeeds: a restarted node's server is open and serving.
+func waitTreeGet(t *testing.T, bin, tree, key, ep, what string) {
+	t.Helper()
+	for start := time.Now(); ; time.Sleep(500 * time.Millisecond) {
+		r := grove(t, bin, nil, "tree", "get", tree, key, ep)
+		if r.code == 0 {
+			return
+		}
+		if time.Since(start) > 90*time.Second {
+			t.Fatalf("%s: %v", what, r)
+		}
 	}
 }
 
