@@ -361,6 +361,12 @@ func (s *Server) Close(ctx context.Context) error {
 	return closeSequence(ctx, s.cache, s.wal, nil, &s.fence, s.clerk.Close)
 }
 
+// closingLog is what closeSequence needs of the server's log (*txn.Log).
+type closingLog interface {
+	KeepLock()
+	Close(context.Context) error
+}
+
 // closeSequence is a clean close once the server's background work has
 // stopped, shared by Server.Close and the simulator (so that what the
 // simulator closes is closed as SIGTERM closes it): the cache writes
@@ -368,11 +374,19 @@ func (s *Server) Close(ctx context.Context) error {
 // checkpoints and gives its lock up (logReleased, if the log's lock is
 // not the log's own: the simulator's), then the fence lock goes and the
 // clerk closes, leaving the master's record. A failure keeps every lease
-// still held: once this node is declared dead, recovery replays the log.
-func closeSequence(ctx context.Context, cache *Cache, wal *txn.Log, logReleased func(), fence *fenceHolder, closeClerk func(context.Context) error) error {
+// still held, the log's lock among them: once this node is declared dead,
+// recovery replays the log.
+func closeSequence(ctx context.Context, cache *Cache, wal closingLog, logReleased func(), fence *fenceHolder, closeClerk func(context.Context) error) error {
 	// Operations already in the server may still run: Shutdown refuses
 	// their commits before the final write-back (Cache.Quiesce).
 	err := cache.Shutdown(ctx)
+	if err != nil {
+		// Some committed change may be in the log only: the log still
+		// closes (flushing what it buffers) but keeps its lock, or the
+		// recovery of this server's leases would leave the log alone
+		// (ReplayDead) and those changes would be lost.
+		wal.KeepLock()
+	}
 	if cerr := wal.Close(ctx); err == nil {
 		err = cerr
 	}

@@ -110,6 +110,7 @@ type Log struct {
 		reserved int   // log bytes set aside for aborts (Txn.Update)
 		err      error // sticky: the log failed
 		closed   bool
+		keepLock bool // KeepLock: Close keeps the log's lock
 		ckpt     bool // a checkpoint is running
 		space    *sync.Cond
 		stats    Stats
@@ -656,9 +657,23 @@ func (l *Log) Stats() Stats {
 	return s
 }
 
+// KeepLock makes Close keep the log's lock (OpenNamed) even when the log
+// itself closes cleanly: its owner's close failed elsewhere (a B-tree
+// server whose dirty nodes did not all reach their chunks), so the log
+// still holds the only copy of some committed changes, and the recovery
+// of the owner's leases must cover the log (btree.ReplayDead leaves alone
+// a log whose lock the dead clerk did not hold). The lock then goes with
+// the owner's other leases, once it is declared dead.
+func (l *Log) KeepLock() {
+	l.mu.Lock()
+	l.mu.keepLock = true
+	l.mu.Unlock()
+}
+
 // Close flushes what is buffered (lazy commits included) and stops the
 // log. Open transactions stay unended: the next Open rolls them back. A
-// log opened with OpenNamed gives its lock up only if Close succeeds.
+// log opened with OpenNamed gives its lock up only if Close succeeds (and
+// KeepLock was not called).
 func (l *Log) Close(ctx context.Context) error {
 	l.mu.Lock()
 	if l.mu.closed {
@@ -695,7 +710,10 @@ func (l *Log) Close(ctx context.Context) error {
 	if err == nil {
 		err = ctx.Err()
 	}
-	if l.release != nil && err == nil {
+	l.mu.Lock()
+	keep := l.mu.keepLock
+	l.mu.Unlock()
+	if l.release != nil && err == nil && !keep {
 		// Only a clean close gives the log's lock up. After a failed one
 		// the log may hold records nothing else has: the lock stays held
 		// until the owner dies, so that the recovery of its leases covers
