@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -88,7 +89,9 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	defer lf.Close()
 	s.Logf("tree scenario: seed %d (GROVE_SEED=%d replays its choices; the interleaving is the machine's), %d round(s) of %d network faults; the client's log: %s",
 		seed, seed, cfg.Rounds, cfg.Faults, logPath)
-	cmd := Exec(clientNS, self, "-test.run=^TestFaultTreeClient$", "-test.count=1", "-test.v", fmt.Sprintf("-test.timeout=%v", 6*time.Minute*time.Duration(cfg.Rounds)))
+	// (a round: up to 5 minutes of load and final reads, two porcupine
+	// checks of up to 90 s each, the walk)
+	cmd := Exec(clientNS, self, "-test.run=^TestFaultTreeClient$", "-test.count=1", "-test.v", fmt.Sprintf("-test.timeout=%v", 9*time.Minute*time.Duration(cfg.Rounds)))
 	cmd.Env = append(os.Environ(), TreeEnv+"="+string(b))
 	cmd.Stdout, cmd.Stderr = lf, lf
 	runErr := cmd.Run()
@@ -96,10 +99,17 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	r.Length = time.Since(start)
 	r.note("the scenario took %v", r.Length.Round(time.Second))
 	out, _ := os.ReadFile(logPath)
+	passed := 0 // rounds the client reports done (a client that skipped, or never ran, reports none)
 	for _, l := range strings.Split(string(out), "\n") {
 		if strings.Contains(l, "tree round") {
 			r.note("%s", strings.TrimSpace(l))
 		}
+		if treeRoundDone.MatchString(l) {
+			passed++
+		}
+	}
+	if runErr == nil && passed != cfg.Rounds {
+		runErr = fmt.Errorf("the client exited without error but reports %d of %d rounds done", passed, cfg.Rounds)
 	}
 	if runErr != nil {
 		tail := string(out)
@@ -121,6 +131,10 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	}
 	return r
 }
+
+// treeRoundDone matches the line the tree client logs for each round that
+// passed.
+var treeRoundDone = regexp.MustCompile(`tree round seed [0-9]+: `)
 
 // runTreeClient is TestFaultTreeClient's body, in the client namespace: the
 // rounds of the linearizability workload, each with its network faults.
@@ -173,13 +187,21 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 	for round := 0; round < cfg.Rounds; round++ {
 		seed := cfg.Seed + int64(round)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		var failed []string // faults that could not be made or healed: the round proves less than it says
 		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
 			Faults: func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
-				return netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes)
+				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes)
+				failed = errs
+				return did
 			},
 			Healed: healed, Logf: logf, Trace: true})
 		cancel()
-		_, _ = net.Heal()
+		if _, herr := net.Heal(); herr != nil {
+			failed = append(failed, fmt.Sprintf("the final heal: %v", herr))
+		}
+		if err == nil && len(failed) > 0 {
+			err = fmt.Errorf("faults failed: %s", strings.Join(failed, "; "))
+		}
 		if err != nil {
 			return fmt.Errorf("tree round seed %d (GROVE_SEED=%d replays its choices): %w", seed, seed, err)
 		}
@@ -200,9 +222,8 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 //   - a one-way cut between two nodes for 0.5–5 s;
 //   - 5–25 % loss on every link for 1–5 s.
 //
-// It returns what it did.
-func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int) []string {
-	var did []string
+// It returns what it did, and the faults it could not make or heal.
+func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int) (did, failed []string) {
 	sleep := func(lo, hi time.Duration) time.Duration {
 		d := lo + time.Duration(r.Int63n(int64(hi-lo)))
 		select {
@@ -237,16 +258,17 @@ func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, .
 		if err != nil {
 			event("fault %q failed: %v", what, err)
 			_, _ = net.Heal()
-			did = append(did, fmt.Sprintf("%s: FAILED: %v", what, err))
+			failed = append(failed, fmt.Sprintf("%s: %v", what, err))
 			continue
 		}
 		event("%s", what)
 		d := sleep(500*time.Millisecond, 5*time.Second)
 		if _, err := net.Heal(); err != nil {
 			event("heal failed: %v", err)
+			failed = append(failed, fmt.Sprintf("healing %s: %v", what, err))
 		}
 		event("healed")
 		did = append(did, fmt.Sprintf("%s for %v", what, d.Round(time.Millisecond)))
 	}
-	return did
+	return did, failed
 }
