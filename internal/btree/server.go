@@ -382,7 +382,9 @@ func closeSequence(ctx context.Context, cache *Cache, wal closingLog, logRelease
 	err := cache.Shutdown(ctx)
 	if err != nil {
 		// Some committed change may be in the log only: the log still
-		// closes (flushing what it buffers) but keeps its lock, or the
+		// closes (flushing what it buffers, if the close's deadline has
+		// not passed; an update not yet durable was not acknowledged)
+		// but keeps its lock, or the
 		// recovery of this server's leases would leave the log alone
 		// (ReplayDead) and those changes would be lost.
 		wal.KeepLock()

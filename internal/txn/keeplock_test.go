@@ -2,7 +2,9 @@ package txn
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 )
 
 // A log opened with OpenNamed gives its lock up when it closes cleanly,
@@ -24,5 +26,25 @@ func TestCloseKeepsTheLockWhenAsked(t *testing.T) {
 		if released == keep {
 			t.Fatalf("KeepLock %v: the lock released %v", keep, released)
 		}
+	}
+}
+
+// A Flush after Close fails at once with ErrClosed (outside review 25):
+// before, it queued a waiter that no flusher would ever serve, and a
+// B-tree revocation writing a node back after a failed close waited
+// forever, holding the node's latch.
+func TestFlushAfterCloseFails(t *testing.T) {
+	ctx := context.Background()
+	l, err := Open(ctx, Config{Device: newRevDev(64), Fence: tok(1), Applier: newRevStore()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Flush(fctx, l.Durable()+1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Flush after Close: %v, want ErrClosed at once", err)
 	}
 }

@@ -111,9 +111,12 @@ type Log struct {
 		err      error // sticky: the log failed
 		closed   bool
 		keepLock bool // KeepLock: Close keeps the log's lock
-		ckpt     bool // a checkpoint is running
-		space    *sync.Cond
-		stats    Stats
+		// stopped: Close has stopped the flusher and failed its waiters;
+		// a later Flush fails at once (nobody would serve its waiter).
+		stopped bool
+		ckpt    bool // a checkpoint is running
+		space   *sync.Cond
+		stats   Stats
 	}
 	recovered Report
 	release   func() // the log's lock (OpenNamed), released by Close
@@ -419,6 +422,10 @@ func (l *Log) Flush(ctx context.Context, lsn LSN) error {
 		l.mu.Unlock()
 		return err
 	}
+	if l.mu.stopped {
+		l.mu.Unlock()
+		return ErrClosed
+	}
 	w := waiter{lsn: lsn, ch: make(chan error, 1)}
 	l.mu.waiters = append(l.mu.waiters, w)
 	l.mu.Unlock()
@@ -706,6 +713,7 @@ func (l *Log) Close(ctx context.Context) error {
 		w.ch <- ErrClosed
 	}
 	l.mu.waiters = nil
+	l.mu.stopped = true
 	l.mu.Unlock()
 	if err == nil {
 		err = ctx.Err()
