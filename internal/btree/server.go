@@ -381,12 +381,12 @@ func closeSequence(ctx context.Context, cache *Cache, wal closingLog, logRelease
 	// their commits before the final write-back (Cache.Quiesce).
 	err := cache.Shutdown(ctx)
 	if err != nil {
-		// Some committed change may be in the log only: the log still
+		// Some committed change may be in the log only. The log still
 		// closes (flushing what it buffers, if the close's deadline has
-		// not passed; an update not yet durable was not acknowledged)
-		// but keeps its lock, or the
-		// recovery of this server's leases would leave the log alone
-		// (ReplayDead) and those changes would be lost.
+		// not passed; an update not yet durable was not acknowledged),
+		// but it keeps its lock: otherwise the recovery of this server's
+		// leases would leave the log alone (ReplayDead), and those
+		// changes would be lost.
 		wal.KeepLock()
 	}
 	if cerr := wal.Close(ctx); err == nil {
