@@ -18,6 +18,7 @@ import (
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -345,8 +346,17 @@ func checkNoChunkLeaked(t *testing.T, ctx context.Context, bin string, u *bench.
 			return
 		}
 		if chunks > want && chunks-want <= strays && time.Since(start) > 20*time.Second {
-			t.Logf("%d chunks allocated = %d nodes + %d removed + %d values + the anchor + %d in the servers' pools + %d not named, allowed here (a live server's allocation whose answer was lost, collected by its log's next holder)",
-				chunks, st.Nodes, st.Removed, st.Values, pooled, chunks-want)
+			// The evidence for the next engineer: how many chunks each
+			// node's log still tags (its pool, links not yet disowned,
+			// and any allocation whose answer was lost).
+			var tagged []string
+			for id := range u.Nodes {
+				hs, err := cl.Owned(ctx, btree.OwnerLog(id), lock.Token{Epoch: ^lock.Epoch(0), Seq: ^uint64(0)})
+				tagged = append(tagged, fmt.Sprintf("node %d's log: %d (%v)", id, len(hs), err))
+			}
+			sort.Strings(tagged)
+			t.Logf("%d chunks allocated = %d nodes + %d removed + %d values + the anchor + %d in the servers' pools + %d not named, allowed here (a live server's allocation whose answer was lost, collected by its log's next holder); chunks tagged: %s",
+				chunks, st.Nodes, st.Removed, st.Values, pooled, chunks-want, strings.Join(tagged, ", "))
 			return
 		}
 		last = fmt.Sprintf("%d chunks allocated; the tree has %d nodes, %d removed, %d values and its anchor, the servers' pools %d (%d)", chunks, st.Nodes, st.Removed, st.Values, pooled, want)
