@@ -86,6 +86,10 @@ type Chunks interface {
 	// or the server's next start) and freed (chunk.Clerk's).
 	RetireOwners(ctx context.Context, log uint64, below lock.Token) error
 	Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error)
+	// MaybeStrays counts the owned allocations so far that may have left
+	// a chunk no handle was returned for (chunk.Clerk.MaybeStrays): when
+	// it moves, CollectStrays frees them.
+	MaybeStrays() uint64
 	// Read reads the first n bytes of h (chunk.ErrUnallocated if freed).
 	Read(ctx context.Context, h Handle, n uint64) ([]byte, error)
 	// Write writes data at the start of h, fenced by f.
@@ -222,7 +226,21 @@ type Cache struct {
 		// refilling: a refill of that size runs.
 		pool      map[uint64][]Handle
 		refilling map[uint64]bool
+		// allocating counts the owned allocations under way (allocate);
+		// strayGate, while a stray collection lists the chunks tagged
+		// with the server's owner, holds new ones back (closed when it
+		// lets them go).
+		allocating int
+		strayGate  chan struct{}
 	}
+	// strays serializes CollectStrays; strayMark is the clerk's
+	// MaybeStrays as of the last collection that listed every pair.
+	strays    sync.Mutex
+	strayMark uint64
+	// unsafeStraysIgnoreLinks, the tests' teeth: a stray collection takes
+	// chunks a committed change names but that are not disowned yet for
+	// strays.
+	unsafeStraysIgnoreLinks bool
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
 	unsafeNoOwedRenewal bool
@@ -287,9 +305,10 @@ type CacheStats struct {
 	// them yet (the update's own free failed, or has not run yet);
 	// FreeRetries the checkpoints' frees of those that failed (tried again
 	// at the next). Disowned counts the chunks checkpoints disowned (their
-	// link records about to be forgotten).
+	// link records about to be forgotten). Strays counts the chunks stray
+	// collections freed (CollectStrays).
 	ValueWrites, ValueReads, ValueLeaks, LoggedFrees, FreeRetries uint64
-	Disowned                                                      uint64
+	Disowned, Strays                                              uint64
 }
 
 type entry struct {
@@ -399,7 +418,7 @@ func (c *Cache) Stats() CacheStats {
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
 		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load(),
-		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load(), Disowned: s.disowned.Load()}
+		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load(), Disowned: s.disowned.Load(), Strays: s.strays.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
@@ -408,6 +427,7 @@ type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
 	loggedFrees, freeRetries, disowned, pooled                                atomic.Uint64
+	strays                                                                    atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -1311,17 +1331,155 @@ func (c *Cache) allocate(ctx context.Context, size uint64) (Handle, error) {
 	if c.cfg.Owner != nil {
 		owner = c.cfg.Owner()
 	}
+	if owner.IsZero() {
+		return c.cfg.Chunks.Allocate(ctx, size, owner)
+	}
+	if err := c.enterAllocation(ctx); err != nil {
+		return Handle{}, err
+	}
 	h, err := c.cfg.Chunks.Allocate(ctx, size, owner)
-	if err != nil || owner.IsZero() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.allocating--
+	if err != nil {
 		return h, err
 	}
-	c.mu.Lock()
 	if c.mu.unlinked == nil {
 		c.mu.unlinked = map[Handle]bool{}
 	}
 	c.mu.unlinked[h] = true
-	c.mu.Unlock()
 	return h, nil
+}
+
+// enterAllocation counts an owned allocation under way, once no stray
+// collection holds allocations back.
+func (c *Cache) enterAllocation(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		g := c.mu.strayGate
+		if g == nil {
+			c.mu.allocating++
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-g:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// strayHold bounds how long a stray collection waits for the owned
+// allocations under way to end (it tries again at its next turn).
+const strayHold = 2 * time.Second
+
+// CollectStrays frees the chunks tagged with the server's owner that
+// nothing of the server knows — left by an allocation whose answer was
+// lost (the chunk manager pair's primary died, or the connection, after
+// the change; the clerk then tried again, or failed) — if the chunk
+// clerk's MaybeStrays moved since the last collection; it returns how
+// many it freed.
+//
+// Without it such a chunk stays allocated for the life of the server: the
+// collection of the log's earlier holders (collectOrphans) frees it only
+// at the log's next holder. Only the owner itself can tell its strays
+// from its live chunks, and only while no allocation of its own is under
+// way: a chunk tagged with its owner is one it knows — unlinked (allocated
+// and handed out, or pooled, and named by no committed change yet) or
+// linked (named by a committed change, not disowned yet) — or a stray,
+// once the allocation whose answer was lost has ended. So the collection
+// holds new allocations back, waits for those under way to end, takes the
+// server's two sets, lists what the pairs say its owner tags, and lets
+// allocations go. A chunk listed that was in neither set is a stray: it
+// was tagged before the listing, allocated before the sets were taken
+// (none was allocated since), and yet no allocation returned it. A chunk
+// of the sets disowned or freed meanwhile is not taken (the sets were
+// taken before), and a chunk the list leaves out is not freed. Chunks of
+// the log's earlier holders (older tokens) are listed too: they are
+// strays by definition (collectOrphans).
+//
+// What it cannot see: an allocation whose caller gave up and that lands
+// at its manager after the listing. It stays tagged, for the next
+// collection or the log's next holder.
+func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
+	if c.cfg.Owner == nil {
+		return 0, nil
+	}
+	owner := c.cfg.Owner()
+	if owner.IsZero() {
+		return 0, nil
+	}
+	c.strays.Lock()
+	defer c.strays.Unlock()
+	mark := c.cfg.Chunks.MaybeStrays()
+	if mark == c.strayMark {
+		return 0, nil
+	}
+	gate := make(chan struct{})
+	c.mu.Lock()
+	switch {
+	case c.mu.err != nil:
+		c.mu.Unlock()
+		return 0, c.mu.err
+	case c.mu.closing:
+		c.mu.Unlock()
+		return 0, errClosing
+	}
+	c.mu.strayGate = gate
+	c.mu.Unlock()
+	open := func() {
+		c.mu.Lock()
+		c.mu.strayGate = nil
+		c.mu.Unlock()
+		close(gate)
+	}
+	wait, cancel := context.WithTimeout(ctx, strayHold)
+	defer cancel()
+	for {
+		c.mu.Lock()
+		n := c.mu.allocating
+		c.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-wait.Done():
+			open()
+			return 0, fmt.Errorf("btree: collecting strays: %d allocations still under way after %v", n, strayHold)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	c.mu.Lock()
+	known := make(map[Handle]bool, len(c.mu.unlinked)+len(c.mu.links))
+	for h := range c.mu.unlinked {
+		known[h] = true
+	}
+	if !c.unsafeStraysIgnoreLinks {
+		for h := range c.mu.links {
+			known[h] = true
+		}
+	}
+	c.mu.Unlock()
+	tagged, err := c.cfg.Chunks.Owned(ctx, owner.Log, lock.Token{Epoch: owner.Token.Epoch, Seq: owner.Token.Seq + 1})
+	open()
+	if err != nil {
+		return 0, fmt.Errorf("btree: collecting strays: %w", err)
+	}
+	freed := 0
+	for _, h := range tagged {
+		if known[h] {
+			continue
+		}
+		if err := c.cfg.Chunks.Free(ctx, h); err != nil {
+			return freed, fmt.Errorf("btree: collecting strays: freeing %v: %w", h, err)
+		}
+		freed++
+		c.stats.strays.Add(1)
+	}
+	c.strayMark = mark
+	return freed, nil
 }
 
 // disownLogged disowns the chunks whose link records lie below upTo

@@ -341,9 +341,13 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	// log's lock (chunk.Owner) until a durable change names them.
 	owner := chunk.Owner{Log: OwnerLog(cfg.Node), Token: wal.Fence().Token}
 	s.cache.setOwner(owner)
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.compressor()
 	go s.dropper()
+	go func() {
+		defer s.wg.Done()
+		collectStraysEvery(s.ctx, s.cache, StrayEvery, s.log)
+	}()
 	go func() {
 		defer s.wg.Done()
 		collectOrphans(s.ctx, chunkStore{cfg.Chunks}, owner.Log, owner.Token, s.log, "start")
@@ -500,6 +504,35 @@ func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.T
 		logger.Info("freed the chunks earlier holders of this log allocated and never linked", "log", log, "below", below, "when", why, "freed", freed, "found", len(hs))
 	}
 	return freed
+}
+
+// StrayEvery is how often a server looks whether an allocation of its own
+// may have left a stray chunk (Cache.CollectStrays): a stray is collected
+// about this long after the allocation that left it ended.
+const StrayEvery = time.Second
+
+// collectStraysEvery runs c's stray collection every period until ctx
+// ends (the server's and the simulator's loop). A collection that fails
+// is tried again at the next turn: MaybeStrays has not been marked.
+func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, logger *slog.Logger) {
+	tk := time.NewTicker(period)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := c.CollectStrays(cctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && c.Err() == nil:
+			logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err)
+		case n > 0:
+			logger.Info("freed the chunks of allocations whose answers were lost", "freed", n)
+		}
+	}
 }
 
 // ReplayDead replays dead server node's log (on dev) under a recovery
@@ -1356,6 +1389,8 @@ func (s chunkStore) RetireOwners(ctx context.Context, log uint64, below lock.Tok
 func (s chunkStore) Owned(ctx context.Context, log uint64, below lock.Token) ([]Handle, error) {
 	return s.c.Owned(ctx, log, below)
 }
+
+func (s chunkStore) MaybeStrays() uint64 { return s.c.MaybeStrays() }
 
 func (s chunkStore) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
 	return s.c.Read(ctx, h, 0, n)

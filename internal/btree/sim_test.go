@@ -84,6 +84,9 @@ type simWorld struct {
 	// allocate and never link leaks); replayKeepsTags: replays skip the
 	// link records (the recovery's collection frees chunks the tree names).
 	untagged, replayKeepsTags bool
+	// straysIgnoreLinks: teeth: the servers' stray collections take the
+	// chunks committed changes name, not disowned yet, for strays.
+	straysIgnoreLinks bool
 	// every is every server incarnation started, for their counters.
 	every []*simServer
 
@@ -244,6 +247,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		drop:    clerk.drop,
 		fail:    func(err error) { s.cache.fail(err) }}
 	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
+	s.cache.unsafeStraysIgnoreLinks = w.straysIgnoreLinks
 	s.cache.unsafeStale = w.stale
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
 	s.cache.unsafeIgnoreDropped = w.ignoreDropped
@@ -297,11 +301,9 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	}
 	tr.keepOldValues, tr.logFreesOnly = w.keepOldValues, w.logFreesOnly
 	s.tree = tr
-	s.done.Add(3)
-	go func() { // what the log's earlier holders left, as StartServer collects it
-		defer s.done.Done()
+	s.done.Add(4)
+	stopped := func() (context.Context, context.CancelFunc) { // ends at s.stop
 		ctx, cancel := context.WithCancel(w.ctx)
-		defer cancel()
 		go func() {
 			select {
 			case <-s.stop:
@@ -309,9 +311,21 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 			case <-ctx.Done():
 			}
 		}()
+		return ctx, cancel
+	}
+	go func() { // what the log's earlier holders left, as StartServer collects it
+		defer s.done.Done()
+		ctx, cancel := stopped()
+		defer cancel()
 		if n := collectOrphans(ctx, chunks, owner.Log, owner.Token, simLog, "start"); n > 0 {
 			w.event("server %d freed %d chunks earlier holders of its log left", node, n)
 		}
+	}()
+	go func() { // what its own allocations whose answers were lost left, as StartServer runs it
+		defer s.done.Done()
+		ctx, cancel := stopped()
+		defer cancel()
+		collectStraysEvery(ctx, s.cache, 20*time.Millisecond, simLog)
 	}()
 	go func() { // the failure watch, as Service.watch runs it
 		defer s.done.Done()
@@ -850,6 +864,7 @@ type simResult struct {
 	runRenewals                                                  int // recovery runs' renewed tokens
 	aborted, failovers, allRuns                                  int // servers killed while they started; master failovers; "all" runs
 	lostAllocs, orphans, disowned                                int // allocations whose answer was lost; chunks the final collection freed; chunks checkpoints disowned
+	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -857,16 +872,17 @@ type simResult struct {
 type simTeeth int
 
 const (
-	teethNone            simTeeth = iota
-	teethStale                    // caches serve images after giving their leases up
-	teethLeaseTime                // caches serve images past their leases' time
-	teethIgnoreDropped            // (with a drop) caches serve a dropped tree as a live one
-	teethUntagged                 // allocations carry no owner tag
-	teethReplayKeepsTags          // replays leave the chunks committed changes name tagged
-	teethKeepOldValues            // updates never free the value chunks they replaced
-	teethUncovered                // recovery runs replay a log whose lock they do not cover
-	teethStragglers               // clean closes leave the pins of operations still in the cache
-	logFreesOnly                  // (not teeth) updates leave the old value's free to their change's free record
+	teethNone              simTeeth = iota
+	teethStale                      // caches serve images after giving their leases up
+	teethLeaseTime                  // caches serve images past their leases' time
+	teethIgnoreDropped              // (with a drop) caches serve a dropped tree as a live one
+	teethUntagged                   // allocations carry no owner tag
+	teethReplayKeepsTags            // replays leave the chunks committed changes name tagged
+	teethKeepOldValues              // updates never free the value chunks they replaced
+	teethUncovered                  // recovery runs replay a log whose lock they do not cover
+	teethStragglers                 // clean closes leave the pins of operations still in the cache
+	teethStraysIgnoreLinks          // stray collections free chunks committed changes name, not disowned yet
+	logFreesOnly                    // (not teeth) updates leave the old value's free to their change's free record
 )
 
 // healAll brings every server back and makes sure no dead incarnation's
@@ -1111,6 +1127,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.unsafeUncovered = teeth == teethUncovered
 	w.noStragglers = teeth == teethStragglers
 	w.untagged, w.replayKeepsTags = teeth == teethUntagged, teeth == teethReplayKeepsTags
+	w.straysIgnoreLinks = teeth == teethStraysIgnoreLinks
 	w.biasAborts = teeth == teethUncovered || os.Getenv("GROVE_SIM_BIAS_ABORTS") != ""
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
@@ -1292,7 +1309,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		return res, err
 	}
 	w.chunks.mu.Lock()
-	res.late, res.refused, res.lostAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs
+	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
 	res.orphans = int(w.orphans.Load())
 	w.chunks.mu.Unlock()
 	for n := uint64(1); n <= 3; n++ {
@@ -1306,6 +1323,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			res.valueWrites += int(s.cache.Stats().ValueWrites)
 			res.loggedFrees += int(s.cache.Stats().LoggedFrees)
 			res.disowned += int(s.cache.Stats().Disowned)
+			res.strays += int(s.cache.Stats().Strays)
 		}
 		if s.tree != nil {
 			res.valuesFreed += int(s.tree.Stats.ValuesFreed.Load())
@@ -1385,15 +1403,17 @@ func TestSimTree(t *testing.T) {
 		total.lostAllocs += r.lostAllocs
 		total.orphans += r.orphans
 		total.disowned += r.disowned
+		total.retriedAllocs += r.retriedAllocs
+		total.strays += r.strays
 		total.closes += r.closes
 		total.closeFailed += r.closeFailed
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
-	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost, %d chunks left for the final collection (what a log's next holder frees); no chunk leaked",
-		total.disowned, total.lostAllocs, total.orphans)
+	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
+		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0) {
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }
@@ -1520,6 +1540,17 @@ func TestSimTeethUntagged(t *testing.T) {
 func TestSimTeethReplayKeepsTags(t *testing.T) {
 	expectTeeth(t, "replays that keep the tags", 60, func(seed int64) error {
 		_, err := runSim(t, seed, teethReplayKeepsTags, 40)
+		return err
+	}, "not linearizable", "walking the chunks", "chunks hold", "final get", "node is gone")
+}
+
+// TestSimTeethStraysIgnoreLinks: live servers' stray collections that
+// take a chunk a committed change names, but that the server has not
+// disowned yet, for a stray free it under the tree: caught (a read finds
+// the chunk gone, the history, or the walk).
+func TestSimTeethStraysIgnoreLinks(t *testing.T) {
+	expectTeeth(t, "stray collections that ignore links", 60, func(seed int64) error {
+		_, err := runSim(t, seed, teethStraysIgnoreLinks, 40)
 		return err
 	}, "not linearizable", "walking the chunks", "chunks hold", "final get", "node is gone")
 }

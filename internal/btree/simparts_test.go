@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -582,6 +583,7 @@ type simChunks struct {
 	tag            map[Handle]chunk.Owner
 	retired        map[uint64]lock.Token
 	lostAllocs     int
+	retriedAllocs  int // of lostAllocs, those the clerk retried with success
 	retiredRefused int
 }
 
@@ -603,7 +605,11 @@ type simChunkClerk struct {
 	// gate is the caller's state before a call is sent: it waits while
 	// the caller is frozen, and fails if it is dead or cut off the store.
 	gate func(context.Context) error
+	// strays: MaybeStrays (allocations whose answer was lost).
+	strays atomic.Uint64
 }
+
+func (c *simChunkClerk) MaybeStrays() uint64 { return c.strays.Load() }
 
 var (
 	errSimDead = errors.New("sim: this server is dead")
@@ -623,17 +629,28 @@ func (c *simChunkClerk) Allocate(ctx context.Context, size uint64, owner chunk.O
 		s.retiredRefused++
 		return Handle{}, fmt.Errorf("%w: %v", chunk.ErrRetired, owner)
 	}
-	s.next++
-	h := Handle{CM: 1, ID: s.next}
-	s.data[h] = make([]byte, size)
-	s.owner[h] = c.node
-	if !owner.IsZero() {
-		s.tag[h] = owner
+	alloc := func() Handle {
+		s.next++
+		h := Handle{CM: 1, ID: s.next}
+		s.data[h] = make([]byte, size)
+		s.owner[h] = c.node
+		if !owner.IsZero() {
+			s.tag[h] = owner
+		}
+		return h
 	}
+	h := alloc()
 	if s.r.Float64() < s.lossRate {
-		// Allocated, and its answer lost (the clerk's retries failed
-		// too): the caller never learns the id.
+		// Allocated, and its answer lost: the caller never learns the
+		// id. The clerk counts it (MaybeStrays) and tries again, as
+		// chunk.Clerk does; the retry succeeds, or its answer is lost
+		// too and the allocation fails.
 		s.lostAllocs++
+		c.strays.Add(1)
+		if s.r.Intn(2) == 0 {
+			s.retriedAllocs++
+			return alloc(), nil
+		}
 		return Handle{}, fmt.Errorf("sim: the allocation's answer was lost: %w", chunk.ErrMaybeDone)
 	}
 	return h, nil

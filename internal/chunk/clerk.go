@@ -63,6 +63,9 @@ type Clerk struct {
 	}
 	refresh sync.Mutex
 	next    atomic.Uint32 // round robin over the pairs for allocations
+	// maybeStrays counts owned allocations with an attempt that may have
+	// landed without its answer reaching the clerk (MaybeStrays).
+	maybeStrays atomic.Uint64
 }
 
 // NewClerk starts a clerk on the config service m (which it does not
@@ -217,7 +220,7 @@ func (c *Clerk) Allocate(ctx context.Context, size uint64, cm uint32) (Handle, e
 // owner's tag until Disown. An allocation whose answer was lost and that
 // is retried leaves a chunk no handle was returned for; with an owner,
 // Owned lists it, so that the owner's recovery (or the owner itself, at
-// its next start) frees it.
+// its next start, or while it runs: MaybeStrays) frees it.
 func (c *Clerk) AllocateOwned(ctx context.Context, size uint64, cm uint32, owner Owner) (Handle, error) {
 	if !owner.IsZero() && owner.Token.IsZero() {
 		return Handle{}, fmt.Errorf("allocating %d bytes: %w: an owner (log %d) without a token", size, ErrBadRequest, owner.Log)
@@ -249,23 +252,37 @@ func (c *Clerk) AllocateOwned(ctx context.Context, size uint64, cm uint32, owner
 	var err error
 	for _, cm := range cms {
 		var id uint64
+		maybe := false // an attempt may have allocated a chunk whose id never came back
 		err = c.retry(ctx, cm, fmt.Sprintf("allocating %d bytes", size), func(ctx context.Context, p *Pair, _ int) (NodeID, error) {
 			node := p.PrimaryNode()
-			cl, err := c.client(ctx, node)
+			cc, err := c.conn(ctx, node)
 			if err != nil {
 				return node, err
+			}
+			// An attempt that finds its connection down sends nothing: it
+			// cannot have allocated (as WriteFencedReport's).
+			if !transport.Ready(ctx, cc, connectWait) {
+				return node, errNotSent
 			}
 			req := &pb.ChunkServiceAllocateRequest{Cm: cm, Size: size}
 			if !owner.IsZero() {
 				req.OwnerLog, req.OwnerToken = owner.Log, tokenPB(owner.Token)
 			}
-			r, err := cl.Allocate(ctx, req)
+			r, err := pb.NewChunkServiceClient(cc).Allocate(ctx, req)
 			if err != nil {
+				maybe = true // it may have arrived
 				return node, err
 			}
 			id = r.Id
-			return node, ResultError(r.Result, r.Error)
+			err = ResultError(r.Result, r.Error)
+			if errors.Is(err, ErrMaybeDone) {
+				maybe = true
+			}
+			return node, err
 		})
+		if maybe && !owner.IsZero() {
+			c.maybeStrays.Add(1)
+		}
 		if err == nil {
 			return Handle{CM: cm, ID: id}, nil
 		}
@@ -275,6 +292,15 @@ func (c *Clerk) AllocateOwned(ctx context.Context, size uint64, cm uint32, owner
 	}
 	return Handle{}, err
 }
+
+// MaybeStrays counts the owned allocations so far (AllocateOwned with an
+// owner) of which an attempt may have allocated a chunk whose id never
+// reached the clerk: the answer lost with the connection or the pair's
+// primary, the allocation then retried, or failed. Each may have left a
+// chunk tagged with its owner that no handle names. The owner, which
+// alone knows what it allocated and linked, collects such chunks when the
+// count moves (btree.Cache.CollectStrays).
+func (c *Clerk) MaybeStrays() uint64 { return c.maybeStrays.Load() }
 
 // Free deallocates chunk h.
 func (c *Clerk) Free(ctx context.Context, h Handle) error {

@@ -16,6 +16,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -147,12 +148,34 @@ func TestServicePairFailover(t *testing.T) {
 	// they cannot land later, and the write does not report that an
 	// earlier attempt may (a B-tree server would renew its fence and write
 	// again for each such report).
+	//
+	// Owned allocations count those that may have left a chunk no handle
+	// names (MaybeStrays): one whose caller gave up while it was sent
+	// counts; one whose attempts found the old primary's connection down
+	// (below) does not.
+	owner := chunk.Owner{Log: 5, Token: lock.Token{Epoch: 1, Seq: 1}}
+	for i := 1; cl.MaybeStrays() == 0; i++ {
+		if i > 200 {
+			t.Fatalf("200 owned allocations cut off by their deadlines, none counted as a maybe-stray")
+		}
+		actx, acancel := context.WithTimeout(ctx, time.Duration(i%5)*time.Millisecond)
+		_, _ = cl.AllocateOwned(actx, 4096, 0, owner)
+		acancel()
+	}
+	t.Logf("an owned allocation cut off by its deadline counted as a maybe-stray (%d)", cl.MaybeStrays())
 	c.Stop(0)
 	time.Sleep(200 * time.Millisecond) // the connection notices
 	if earlier, err := cl.WriteFencedReport(ctx, hs[0], 0, []byte{8}, nil); err != nil || earlier {
 		t.Fatalf("a write during the takeover: earlier attempt may land %v, err %v (want false, nil)", earlier, err)
 	}
 	want[hs[0]][0] = 8
+	strays := cl.MaybeStrays()
+	if _, err := cl.AllocateOwned(ctx, 4096, 0, owner); err != nil {
+		t.Fatal(err)
+	}
+	if got := cl.MaybeStrays(); got != strays {
+		t.Fatalf("an owned allocation during the takeover counted %d maybe-strays; its attempts found the connection down", got-strays)
+	}
 	h := alloc(8192)
 	if h.ID <= hs[len(hs)-1].ID {
 		t.Fatalf("id %d after takeover, not above %d", h.ID, hs[len(hs)-1].ID)

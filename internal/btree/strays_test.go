@@ -1,0 +1,214 @@
+package btree
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/txn"
+)
+
+// strayRig is a live B-tree server (node 1) on simulated chunks whose
+// allocations carry its owner tag, with a tree of keys keys in fanout-6
+// nodes and a value of its own chunk: its cache knows unlinked chunks (the
+// pool's) and linked ones (a lazy log: no checkpoint disowned them yet).
+type strayRig struct {
+	store  *simChunks
+	chunks *simChunkClerk
+	cache  *Cache
+	tree   *Tree
+	owner  chunk.Owner
+}
+
+func newStrayRig(t *testing.T, ctx context.Context, keys int) *strayRig {
+	t.Helper()
+	r := rand.New(rand.NewSource(1))
+	locks := newSimLocks(ctx, r)
+	store := newSimChunks(r)
+	chunks := store.clerk(1, func(context.Context) error { return nil })
+	solo := newSoloServer(t, ctx, locks, chunks)
+	dev := newSimDevice(txn.HeaderBlocks + 256)
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
+		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Checkpointer: solo.cache, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	solo.cache.cfg.Log = wal
+	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
+	solo.cache.setOwner(owner)
+	ah, _ := emptyTree(t, ctx, chunks, solo.fence, MinNodeSize)
+	tr, err := New(solo.cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6, MaxInline: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < keys; i++ {
+		v := []byte("v")
+		if i == 7 {
+			v = bytes.Repeat([]byte("x"), 500) // a value in a chunk of its own
+		}
+		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), v, Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &strayRig{store: store, chunks: chunks, cache: solo.cache, tree: tr, owner: owner}
+}
+
+// tagged lists the chunks tagged with the rig's owner.
+func (g *strayRig) tagged() map[Handle]bool {
+	g.store.mu.Lock()
+	defer g.store.mu.Unlock()
+	out := map[Handle]bool{}
+	for h, o := range g.store.tag {
+		if o == g.owner && g.store.data[h] != nil {
+			out[h] = true
+		}
+	}
+	return out
+}
+
+// stray leaves a chunk tagged with the owner that no allocation returned,
+// and counts it at the cache's clerk, as a lost answer does.
+func (g *strayRig) stray(t *testing.T, ctx context.Context) Handle {
+	t.Helper()
+	h, err := g.store.clerk(1, func(context.Context) error { return nil }).Allocate(ctx, MinNodeSize, g.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.chunks.strays.Add(1)
+	return h
+}
+
+// TestCollectStraysFreesOnlyWhatNobodyKnows: a live server's stray
+// collection frees the chunk an allocation whose answer was lost left, and
+// none of the chunks its cache knows (pooled, handed out, linked and not
+// disowned yet); it runs only when the clerk's count moved.
+func TestCollectStraysFreesOnlyWhatNobodyKnows(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := newStrayRig(t, ctx, 60)
+	g.cache.mu.Lock()
+	unlinked, links := len(g.cache.mu.unlinked), len(g.cache.mu.links)
+	g.cache.mu.Unlock()
+	if unlinked == 0 || links == 0 {
+		t.Fatalf("the rig knows %d unlinked chunks and %d linked ones; want some of both", unlinked, links)
+	}
+	if n, err := g.cache.CollectStrays(ctx); n != 0 || err != nil {
+		t.Fatalf("a collection with no lost answer: freed %d, %v", n, err)
+	}
+	before := g.tagged()
+	s := g.stray(t, ctx)
+	n, err := g.cache.CollectStrays(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("collection: freed %d, %v; want the one stray", n, err)
+	}
+	after := g.tagged()
+	if after[s] {
+		t.Fatalf("the stray %v is still allocated", s)
+	}
+	for h := range before {
+		if !after[h] {
+			t.Fatalf("chunk %v, which the cache knows, was freed", h)
+		}
+	}
+	for i := 0; i < 60; i++ {
+		if _, ok, err := g.tree.Get(ctx, []byte(fmt.Sprintf("k%03d", i))); !ok || err != nil {
+			t.Fatalf("k%03d after the collection: %v, %v", i, ok, err)
+		}
+	}
+	// The count has not moved since: the next turn lists nothing.
+	g.stray(t, ctx)
+	g.chunks.strays.Add(^uint64(0))
+	if n, err := g.cache.CollectStrays(ctx); n != 0 || err != nil {
+		t.Fatalf("a collection with the count unmoved: freed %d, %v", n, err)
+	}
+	if got := g.cache.Stats().Strays; got != 1 {
+		t.Fatalf("Stats().Strays = %d, want 1", got)
+	}
+}
+
+// slowAllocs holds an allocation, made and tagged at its manager, before
+// its answer comes back, until release closes.
+type slowAllocs struct {
+	*simChunkClerk
+	made, release chan struct{}
+}
+
+func (c *slowAllocs) Allocate(ctx context.Context, size uint64, owner chunk.Owner) (Handle, error) {
+	h, err := c.simChunkClerk.Allocate(ctx, size, owner)
+	if c.made != nil {
+		close(c.made)
+		<-c.release
+	}
+	return h, err
+}
+
+// TestCollectStraysWaitsForAllocations: a chunk allocated and tagged whose
+// answer is on its way when a collection begins is not a stray: the
+// collection waits for the allocation to end before it takes the cache's
+// sets, and holds new allocations back until it has listed.
+func TestCollectStraysWaitsForAllocations(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := newStrayRig(t, ctx, 10)
+	slow := &slowAllocs{simChunkClerk: g.chunks, made: make(chan struct{}), release: make(chan struct{})}
+	g.cache.cfg.Chunks = slow
+	got := make(chan Handle, 1)
+	go func() {
+		h, err := g.cache.allocate(ctx, MinNodeSize)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	<-slow.made
+	g.stray(t, ctx)
+	done := make(chan int, 1)
+	go func() {
+		n, err := g.cache.CollectStrays(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- n
+	}()
+	select {
+	case n := <-done:
+		t.Fatalf("the collection ended (freed %d) while an allocation was under way", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	slow.made = nil
+	close(slow.release)
+	h := <-got
+	if n := <-done; n != 1 {
+		t.Fatalf("freed %d, want the one stray", n)
+	}
+	if !g.tagged()[h] {
+		t.Fatalf("chunk %v, allocated while the collection waited, was freed", h)
+	}
+	// An allocation that begins while a collection holds them back waits
+	// for its listing: it is not taken for a stray either.
+	g.cache.mu.Lock()
+	gate := make(chan struct{})
+	g.cache.mu.strayGate = gate
+	g.cache.mu.Unlock()
+	go func() {
+		h, err := g.cache.allocate(ctx, MinNodeSize)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	select {
+	case h := <-got:
+		t.Fatalf("allocated %v while a collection held allocations back", h)
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.cache.mu.Lock()
+	g.cache.mu.strayGate = nil
+	g.cache.mu.Unlock()
+	close(gate)
+	<-got
+}
