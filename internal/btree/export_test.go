@@ -35,3 +35,27 @@ func (e *EtcdKV) SetForwardServeHookForTest(f func(ctx context.Context)) {
 	}
 	e.testServeHook.Store(&f)
 }
+
+// SetAfterStartForTest runs f with each server the service starts, before
+// the service looks whether the server's incarnation is still on (nil:
+// none).
+func (s *Service) SetAfterStartForTest(f func(*Server)) {
+	if f == nil {
+		s.testAfterStart.Store(nil)
+		return
+	}
+	s.testAfterStart.Store(&f)
+}
+
+// SetLateStopForTest tells f how the service stopped a server that
+// finished starting after its incarnation ended (clean: closed cleanly,
+// with err; otherwise stopped as a fenced one).
+func (s *Service) SetLateStopForTest(f func(clean bool, err error)) { s.testLateStop.Store(&f) }
+
+// FenceForTest fences the service's current incarnation.
+func (s *Service) FenceForTest() {
+	s.mu.Lock()
+	inc := s.mu.inc
+	s.mu.Unlock()
+	s.Fence(inc)
+}

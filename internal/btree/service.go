@@ -37,6 +37,15 @@ type Service struct {
 	// served counts the tree operations (Put, Get, Delete, Scan, Count)
 	// this node's server carried out.
 	served atomic.Uint64
+	// runs counts the incarnations' run loops: Close waits for them, so
+	// that a server that finished starting as the node closed is closed
+	// before the process exits.
+	runs sync.WaitGroup
+	// testAfterStart, testLateStop: tests' hooks (a server started, before
+	// run looks whether its incarnation is still on; run stopped a server
+	// that finished starting after its incarnation ended, cleanly or not).
+	testAfterStart atomic.Pointer[func(*Server)]
+	testLateStop   atomic.Pointer[func(clean bool, err error)]
 	mu     struct {
 		sync.Mutex
 		inc     uint64
@@ -58,6 +67,10 @@ type Service struct {
 		// deadline for peers that may be gone too (a whole cluster
 		// stopping at once).
 		closing context.CancelFunc
+		// closeCtx is Close's context (nil before Close): the clean close
+		// of a server that finishes starting during it runs under it, so
+		// that it has Close's deadline and a fence ends it too.
+		closeCtx context.Context
 		// lastResign is when the node last gave an incarnation up for
 		// its B-tree server's failure.
 		lastResign time.Time
@@ -185,10 +198,12 @@ func (s *Service) launch(inc uint64) {
 		return
 	}
 	s.mu.started = true
+	s.runs.Add(1)
 	go s.run(s.mu.ctx, inc, s.mu.ready)
 }
 
 func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
+	defer s.runs.Done()
 	cfg := s.cfg.Server
 	cfg.Node, cfg.Meta, cfg.Locks, cfg.Chunks, cfg.RLDev, cfg.Log = s.cfg.Node, s.cfg.Meta, s.cfg.Locks, s.cfg.Chunks, s.cfg.RLDev, s.log
 	if s.book != nil && cfg.Repairer == nil {
@@ -197,12 +212,12 @@ func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		srv, err := StartServer(ctx, cfg)
 		if err == nil {
+			if f := s.testAfterStart.Load(); f != nil {
+				(*f)(srv)
+			}
 			s.mu.Lock()
 			if s.mu.inc != inc || s.mu.closed || ctx.Err() != nil {
-				s.mu.Unlock()
-				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				_ = srv.Close(cctx)
-				cancel()
+				s.stopLate(srv, s.mu.closed && s.mu.inc == inc, s.mu.closeCtx)
 				return
 			}
 			s.mu.srv = srv
@@ -223,6 +238,32 @@ func (s *Service) run(ctx context.Context, inc uint64, ready chan struct{}) {
 			case <-time.After(min(time.Duration(attempt+1)*500*time.Millisecond, 5*time.Second)):
 			}
 		}
+	}
+}
+
+// stopLate stops srv, a server that finished starting after its
+// incarnation ended (s.mu held; it unlocks). After Close of a live
+// incarnation (closing, with closeCtx), srv closes cleanly under Close's
+// context: Close waits for it (runs), its deadline bounds it, and a fence
+// of the incarnation ends it (closing). Otherwise the incarnation was
+// fenced, replaced, or crashed: srv's leases are gone (or must not be
+// given back, after Crash), and it stops as stopLocked stops a running
+// server, leaving its log to a recovery.
+func (s *Service) stopLate(srv *Server, closing bool, closeCtx context.Context) {
+	s.mu.Unlock()
+	clean := closing && closeCtx != nil
+	var err error
+	if clean {
+		s.log.Info("closing the B-tree server that finished starting as the node closed")
+		if err = srv.Close(closeCtx); err != nil {
+			s.log.Warn("closing the B-tree server that finished starting as the node closed", "err", err)
+		}
+	} else {
+		srv.cache.Close()
+		srv.stop()
+	}
+	if f := s.testLateStop.Load(); f != nil {
+		(*f)(clean, err)
 	}
 }
 
@@ -308,7 +349,7 @@ func (s *Service) Close() {
 		s.mu.cancel = nil
 		close(s.mu.gone)
 	}
-	s.mu.closing = cancel
+	s.mu.closing, s.mu.closeCtx = cancel, ctx
 	s.mu.Unlock()
 	if srv != nil {
 		if err := srv.Close(ctx); err != nil {
@@ -317,6 +358,18 @@ func (s *Service) Close() {
 			}
 			s.log.Warn("closing the B-tree server", "err", err)
 		}
+	}
+	// A server still starting is closed by its run loop (stopLate), under
+	// ctx: wait for it, as long as ctx lasts.
+	runs := make(chan struct{})
+	go func() {
+		s.runs.Wait()
+		close(runs)
+	}()
+	select {
+	case <-runs:
+	case <-ctx.Done():
+		s.log.Warn("a B-tree server still starting or closing when the node's close ended", "err", ctx.Err())
 	}
 	if s.book != nil {
 		s.closeBook.Do(s.book.Close)
