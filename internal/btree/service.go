@@ -46,7 +46,7 @@ type Service struct {
 	// that finished starting after its incarnation ended, cleanly or not).
 	testAfterStart atomic.Pointer[func(*Server)]
 	testLateStop   atomic.Pointer[func(clean bool, err error)]
-	mu     struct {
+	mu             struct {
 		sync.Mutex
 		inc     uint64
 		ctx     context.Context // the incarnation's: ends with it
