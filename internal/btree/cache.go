@@ -226,12 +226,14 @@ type Cache struct {
 		// refilling: a refill of that size runs.
 		pool      map[uint64][]Handle
 		refilling map[uint64]bool
-		// allocating counts the owned allocations under way (allocate);
-		// strayGate, while a stray collection lists the chunks tagged
-		// with the server's owner, holds new ones back (closed when it
-		// lets them go).
-		allocating int
-		strayGate  chan struct{}
+		// allocSeq numbers the owned allocations begun (allocate);
+		// allocating holds the numbers of those under way. strayWatch,
+		// while a stray collection runs (non-nil), gathers every handle
+		// an owned allocation returned since the collection took the
+		// cache's sets (CollectStrays).
+		allocSeq   uint64
+		allocating map[uint64]bool
+		strayWatch map[Handle]bool
 	}
 	// strays serializes CollectStrays; strayMark is the clerk's
 	// MaybeStrays as of the last collection that listed every pair.
@@ -1334,13 +1336,18 @@ func (c *Cache) allocate(ctx context.Context, size uint64) (Handle, error) {
 	if owner.IsZero() {
 		return c.cfg.Chunks.Allocate(ctx, size, owner)
 	}
-	if err := c.enterAllocation(ctx); err != nil {
-		return Handle{}, err
+	c.mu.Lock()
+	if c.mu.allocating == nil {
+		c.mu.allocating = map[uint64]bool{}
 	}
+	c.mu.allocSeq++
+	seq := c.mu.allocSeq
+	c.mu.allocating[seq] = true
+	c.mu.Unlock()
 	h, err := c.cfg.Chunks.Allocate(ctx, size, owner)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.mu.allocating--
+	delete(c.mu.allocating, seq)
 	if err != nil {
 		return h, err
 	}
@@ -1348,31 +1355,15 @@ func (c *Cache) allocate(ctx context.Context, size uint64) (Handle, error) {
 		c.mu.unlinked = map[Handle]bool{}
 	}
 	c.mu.unlinked[h] = true
+	if c.mu.strayWatch != nil {
+		c.mu.strayWatch[h] = true
+	}
 	return h, nil
 }
 
-// enterAllocation counts an owned allocation under way, once no stray
-// collection holds allocations back.
-func (c *Cache) enterAllocation(ctx context.Context) error {
-	for {
-		c.mu.Lock()
-		g := c.mu.strayGate
-		if g == nil {
-			c.mu.allocating++
-			c.mu.Unlock()
-			return nil
-		}
-		c.mu.Unlock()
-		select {
-		case <-g:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// strayHold bounds how long a stray collection waits for the owned
-// allocations under way to end (it tries again at its next turn).
+// strayHold bounds how long a stray collection waits, after its listing,
+// for the owned allocations begun before the listing answered to end (it
+// tries again later).
 const strayHold = 2 * time.Second
 
 // CollectStrays frees the chunks tagged with the server's owner that
@@ -1385,24 +1376,29 @@ const strayHold = 2 * time.Second
 // Without it such a chunk stays allocated for the life of the server: the
 // collection of the log's earlier holders (collectOrphans) frees it only
 // at the log's next holder. Only the owner itself can tell its strays
-// from its live chunks, and only while no allocation of its own is under
-// way: a chunk tagged with its owner is one it knows — unlinked (allocated
-// and handed out, or pooled, and named by no committed change yet) or
-// linked (named by a committed change, not disowned yet) — or a stray,
-// once the allocation whose answer was lost has ended. So the collection
-// holds new allocations back, waits for those under way to end, takes the
-// server's two sets, lists what the pairs say its owner tags, and lets
-// allocations go. A chunk listed that was in neither set is a stray: it
-// was tagged before the listing, allocated before the sets were taken
-// (none was allocated since), and yet no allocation returned it. A chunk
-// of the sets disowned or freed meanwhile is not taken (the sets were
-// taken before), and a chunk the list leaves out is not freed. Chunks of
-// the log's earlier holders (older tokens) are listed too: they are
-// strays by definition (collectOrphans).
+// from its live chunks: a chunk tagged with its owner is one it knows —
+// unlinked (allocated and handed out, or pooled, and named by no committed
+// change yet) or linked (named by a committed change, not disowned yet) —
+// or one no allocation returned. So the collection takes the server's two
+// sets, then lists what the pairs say its owner tags, then waits until
+// every owned allocation begun before the listing answered has ended, and
+// frees each chunk listed that is neither in the sets nor returned by an
+// allocation since they were taken (strayWatch). A chunk listed was made
+// by a request sent before the listing answered (the managers make a new
+// chunk for every request, never one of an earlier request), so only an
+// allocation begun by then can return it; once each has ended, a chunk
+// listed that none returned, and that the sets did not hold, is a stray.
+// A chunk of the sets disowned or freed meanwhile is not taken (the sets
+// were taken before the listing), and a chunk the list leaves out is not
+// freed. Allocations are never held back: an allocation stuck on a pair
+// that is down delays only the collection (which gives up after strayHold
+// and tries again later). Chunks of the log's earlier holders (older
+// tokens) are listed too: they are strays by definition (collectOrphans).
 //
-// What it cannot see: an allocation whose caller gave up and that lands
-// at its manager after the listing. It stays tagged, for the next
-// collection or the log's next holder.
+// What it cannot see: an attempt the clerk abandoned (its caller gave up,
+// or the attempt timed out) whose request reaches its manager after the
+// listing. That chunk stays tagged, for the collection after the next lost
+// answer, or the log's next holder.
 func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 	if c.cfg.Owner == nil {
 		return 0, nil
@@ -1417,7 +1413,6 @@ func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 	if mark == c.strayMark {
 		return 0, nil
 	}
-	gate := make(chan struct{})
 	c.mu.Lock()
 	switch {
 	case c.mu.err != nil:
@@ -1427,31 +1422,6 @@ func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 		c.mu.Unlock()
 		return 0, errClosing
 	}
-	c.mu.strayGate = gate
-	c.mu.Unlock()
-	open := func() {
-		c.mu.Lock()
-		c.mu.strayGate = nil
-		c.mu.Unlock()
-		close(gate)
-	}
-	wait, cancel := context.WithTimeout(ctx, strayHold)
-	defer cancel()
-	for {
-		c.mu.Lock()
-		n := c.mu.allocating
-		c.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		select {
-		case <-wait.Done():
-			open()
-			return 0, fmt.Errorf("btree: collecting strays: %d allocations still under way after %v", n, strayHold)
-		case <-time.After(time.Millisecond):
-		}
-	}
-	c.mu.Lock()
 	known := make(map[Handle]bool, len(c.mu.unlinked)+len(c.mu.links))
 	for h := range c.mu.unlinked {
 		known[h] = true
@@ -1461,11 +1431,46 @@ func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 			known[h] = true
 		}
 	}
+	c.mu.strayWatch = map[Handle]bool{}
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.mu.strayWatch = nil
+		c.mu.Unlock()
+	}()
 	tagged, err := c.cfg.Chunks.Owned(ctx, owner.Log, lock.Token{Epoch: owner.Token.Epoch, Seq: owner.Token.Seq + 1})
-	open()
 	if err != nil {
-		return 0, fmt.Errorf("btree: collecting strays: %w", err)
+		return 0, fmt.Errorf("btree: collecting strays: listing what this server's log tags: %w", err)
+	}
+	c.mu.Lock()
+	upTo := c.mu.allocSeq
+	c.mu.Unlock()
+	deadline := time.Now().Add(strayHold)
+	for {
+		c.mu.Lock()
+		waiting := 0
+		for seq := range c.mu.allocating {
+			if seq <= upTo {
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			for h := range c.mu.strayWatch {
+				known[h] = true
+			}
+		}
+		c.mu.Unlock()
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("btree: collecting strays: %d allocations begun before the listing still under way after %v", waiting, strayHold)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("btree: collecting strays: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	freed := 0
 	for _, h := range tagged {

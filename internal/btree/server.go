@@ -513,24 +513,31 @@ const StrayEvery = time.Second
 
 // collectStraysEvery runs c's stray collection every period until ctx
 // ends (the server's and the simulator's loop). A collection that fails
-// is tried again at the next turn: MaybeStrays has not been marked.
+// (a pair down, an allocation stuck on it) is tried again after a wait
+// that doubles with each failure, up to 32 periods: MaybeStrays has not
+// been marked.
 func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, logger *slog.Logger) {
-	tk := time.NewTicker(period)
-	defer tk.Stop()
+	wait, failed := period, 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tk.C:
+		case <-time.After(wait):
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		n, err := c.CollectStrays(cctx)
 		cancel()
+		wait = period
 		switch {
 		case err != nil && ctx.Err() == nil && c.Err() == nil:
-			logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err)
+			failed++
+			wait = period << min(failed, 5)
+			logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err, "in", wait)
 		case n > 0:
 			logger.Info("freed the chunks of allocations whose answers were lost", "freed", n)
+		}
+		if err == nil {
+			failed = 0
 		}
 	}
 }

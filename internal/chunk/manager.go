@@ -610,7 +610,9 @@ func (mg *Manager) Retire(env Env, req ReqID, log uint64, below lock.Token) []an
 // Owned lists (the primary only), in order, the chunks after id after
 // that an owner of log below token below allocated and has not disowned,
 // nor freed or begun to free: up to limit of them, and whether there are
-// more. It reads the map as it is: a change under way is not in it yet.
+// more. It reads the map as it is: a change is in it once logged at the
+// primary (before the secondary acknowledged it, and before its answer),
+// not before.
 func (mg *Manager) Owned(env Env, log uint64, below lock.Token, after uint64, limit int) ([]uint64, bool, error) {
 	mg.env = env
 	if err := mg.primaryReady(env); err != nil {
