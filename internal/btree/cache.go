@@ -220,6 +220,8 @@ type Cache struct {
 		// names (its link record's position), not disowned yet.
 		unlinked map[Handle]bool
 		links    map[Handle]loggedFree
+		// refree: chunks whose free failed (free), tried again.
+		refree map[Handle]bool
 		// closing: a clean close began (Quiesce): no commit from now on.
 		closing bool
 		// pool: node chunks allocated ahead, by size (takeNode);
@@ -301,7 +303,7 @@ type CacheStats struct {
 	WriteBacks, Revocations     uint64
 	Evictions, Upgrades, Renews uint64
 	// ValueWrites and ValueReads count values in chunks of their own;
-	// ValueLeaks the value chunks whose write failed and whose free failed
+	// ValueLeaks the value chunks whose write failed and whose first free failed
 	// too. LoggedFrees counts the value chunks a checkpoint freed because
 	// the change that replaced them recorded them and nothing had freed
 	// them yet (the update's own free failed, or has not run yet);
@@ -1196,11 +1198,21 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 
 // free frees chunk h, which no durable image names, and forgets it
 // (freed) once the chunk manager said so.
+// A free that fails leaves h in refree: the server's stray loop tries it
+// again (RefreeFailed), since the chunk, still in the unlinked set, is one
+// the stray collection must leave alone.
 func (c *Cache) free(ctx context.Context, h Handle) error {
 	err := c.cfg.Chunks.Free(ctx, h)
 	if err == nil {
 		c.freed(h)
+		return nil
 	}
+	c.mu.Lock()
+	if c.mu.refree == nil {
+		c.mu.refree = map[Handle]bool{}
+	}
+	c.mu.refree[h] = true
+	c.mu.Unlock()
 	return err
 }
 
@@ -1209,7 +1221,29 @@ func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
 	delete(c.mu.frees, h)
 	delete(c.mu.unlinked, h)
+	delete(c.mu.refree, h)
 	c.mu.Unlock()
+}
+
+// RefreeFailed tries again the frees that failed (Cache.free), and
+// returns how many succeeded now. Each such chunk was given back because
+// nothing names it (a write that failed, a node a failed split never
+// linked, the pool's chunks at a close, a refill that ended late).
+func (c *Cache) RefreeFailed(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	todo := make([]Handle, 0, len(c.mu.refree))
+	for h := range c.mu.refree {
+		todo = append(todo, h)
+	}
+	c.mu.Unlock()
+	n := 0
+	for _, h := range todo {
+		if err := c.free(ctx, h); err != nil {
+			return n, fmt.Errorf("btree: freeing chunk %v again: %w", h, err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // nodePoolSize is how many node chunks a cache keeps allocated ahead,
@@ -1772,7 +1806,7 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 	}
 	if ferr := c.free(context.WithoutCancel(ctx), h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
-		c.log.Warn("freeing a value chunk whose write failed: it stays allocated until a recovery of this server's log, or its next start, frees it", "chunk", h, "err", ferr)
+		c.log.Warn("freeing a value chunk whose write failed failed: the server tries again", "chunk", h, "err", ferr)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
 }
@@ -1842,10 +1876,8 @@ func (s *TreeStore) Abandon(h Handle) {
 	c.releasePin(pin)
 	e.latch.Unlock()
 	c.unref(e)
-	if err := c.cfg.Chunks.Free(context.Background(), h); err != nil {
-		c.log.Warn("freeing an abandoned node's chunk failed: it stays allocated until a recovery of this server's log, or its next start, frees it", "chunk", h, "err", err)
-	} else {
-		c.freed(h)
+	if err := c.free(context.Background(), h); err != nil {
+		c.log.Warn("freeing an abandoned node's chunk failed: the server tries again", "chunk", h, "err", err)
 	}
 }
 

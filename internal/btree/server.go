@@ -511,8 +511,9 @@ func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.T
 // about this long after the allocation that left it ended.
 const StrayEvery = time.Second
 
-// collectStraysEvery runs c's stray collection every period until ctx
-// ends (the server's and the simulator's loop). A collection that fails
+// collectStraysEvery runs c's stray collection, and the frees of its own
+// that failed again (RefreeFailed), every period until ctx ends (the
+// server's and the simulator's loop). A collection that fails
 // (a pair down, an allocation stuck on it) is tried again after a wait
 // that doubles with each failure, up to 32 periods: MaybeStrays has not
 // been marked.
@@ -526,15 +527,20 @@ func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, log
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		n, err := c.CollectStrays(cctx)
+		if err == nil {
+			var m int
+			m, err = c.RefreeFailed(cctx)
+			n += m
+		}
 		cancel()
 		wait = period
 		switch {
 		case err != nil && ctx.Err() == nil && c.Err() == nil:
 			failed++
 			wait = period << min(failed, 5)
-			logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err, "in", wait)
+			logger.Warn("collecting the chunks of allocations whose answers were lost, or freeing again those whose free failed, failed; trying again", "err", err, "in", wait)
 		case n > 0:
-			logger.Info("freed the chunks of allocations whose answers were lost", "freed", n)
+			logger.Info("freed chunks of allocations whose answers were lost, or whose free had failed", "freed", n)
 		}
 		if err == nil {
 			failed = 0

@@ -3,6 +3,7 @@ package btree
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"testing"
@@ -204,5 +205,53 @@ func TestCollectStraysWaitsForAllocations(t *testing.T) {
 	}
 	if tagged[s] {
 		t.Fatalf("the stray %v is still allocated", s)
+	}
+}
+
+// failingFrees fails the first free of each chunk in fail.
+type failingFrees struct {
+	*simChunkClerk
+	fail map[Handle]bool
+}
+
+func (c *failingFrees) Free(ctx context.Context, h Handle) error {
+	if c.fail[h] {
+		delete(c.fail, h)
+		return errors.New("the chunk's pair is down")
+	}
+	return c.simChunkClerk.Free(ctx, h)
+}
+
+// TestRefreeFailed: a chunk the server gave back whose free failed (its
+// pair down) stays in the unlinked set, where the stray collection leaves
+// it alone; the server's loop frees it again (RefreeFailed) instead of
+// leaving it to the log's next holder.
+func TestRefreeFailed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := newStrayRig(t, ctx, 10)
+	h, err := g.cache.allocate(ctx, MinNodeSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.cache.cfg.Chunks = &failingFrees{simChunkClerk: g.chunks, fail: map[Handle]bool{h: true}}
+	if err := g.cache.free(ctx, h); err == nil {
+		t.Fatal("the first free did not fail")
+	}
+	g.chunks.strays.Add(1)
+	if n, err := g.cache.CollectStrays(ctx); n != 0 || err != nil {
+		t.Fatalf("the stray collection: freed %d, %v (the chunk is one the server knows)", n, err)
+	}
+	if !g.tagged()[h] {
+		t.Fatalf("chunk %v was freed by the stray collection", h)
+	}
+	if n, err := g.cache.RefreeFailed(ctx); n != 1 || err != nil {
+		t.Fatalf("RefreeFailed: %d, %v; want 1", n, err)
+	}
+	if g.tagged()[h] {
+		t.Fatalf("chunk %v is still allocated", h)
+	}
+	if n, err := g.cache.RefreeFailed(ctx); n != 0 || err != nil {
+		t.Fatalf("RefreeFailed again: %d, %v; want nothing to do", n, err)
 	}
 }
