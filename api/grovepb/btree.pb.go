@@ -1139,7 +1139,13 @@ type TreeStatResponse struct {
 	ValueChunks uint64 `protobuf:"varint,12,opt,name=value_chunks,json=valueChunks,proto3" json:"value_chunks,omitempty"` // values kept in chunks of their own
 	// Node chunks the answering server allocated ahead (its pool, every
 	// tree's): allocated, in no tree yet.
-	PooledChunks  uint64 `protobuf:"varint,13,opt,name=pooled_chunks,json=pooledChunks,proto3" json:"pooled_chunks,omitempty"`
+	PooledChunks uint64 `protobuf:"varint,13,opt,name=pooled_chunks,json=pooledChunks,proto3" json:"pooled_chunks,omitempty"`
+	// The answering server's fence renewals after node writes of unknown
+	// outcome (an earlier attempt of a write may land later: the renewal
+	// makes the chunk's RLDev refuse it), and the chunks its stray
+	// collections freed (allocations whose answers were lost).
+	FenceRenewals uint64 `protobuf:"varint,14,opt,name=fence_renewals,json=fenceRenewals,proto3" json:"fence_renewals,omitempty"`
+	StrayChunks   uint64 `protobuf:"varint,15,opt,name=stray_chunks,json=strayChunks,proto3" json:"stray_chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1261,6 +1267,20 @@ func (x *TreeStatResponse) GetValueChunks() uint64 {
 func (x *TreeStatResponse) GetPooledChunks() uint64 {
 	if x != nil {
 		return x.PooledChunks
+	}
+	return 0
+}
+
+func (x *TreeStatResponse) GetFenceRenewals() uint64 {
+	if x != nil {
+		return x.FenceRenewals
+	}
+	return 0
+}
+
+func (x *TreeStatResponse) GetStrayChunks() uint64 {
+	if x != nil {
+		return x.StrayChunks
 	}
 	return 0
 }
@@ -1470,7 +1490,7 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x11TreeCountResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\"%\n" +
 	"\x0fTreeStatRequest\x12\x12\n" +
-	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xa1\x03\n" +
+	"\x04tree\x18\x01 \x01(\tR\x04tree\"\xeb\x03\n" +
 	"\x10TreeStatResponse\x12#\n" +
 	"\x04tree\x18\x01 \x01(\v2\x0f.grove.TreeInfoR\x04tree\x12\x16\n" +
 	"\x06height\x18\x02 \x01(\rR\x06height\x12\x14\n" +
@@ -1487,7 +1507,9 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	" \x01(\x04R\vrevocations\x12\x12\n" +
 	"\x04node\x18\v \x01(\rR\x04node\x12!\n" +
 	"\fvalue_chunks\x18\f \x01(\x04R\vvalueChunks\x12#\n" +
-	"\rpooled_chunks\x18\r \x01(\x04R\fpooledChunks\"\x12\n" +
+	"\rpooled_chunks\x18\r \x01(\x04R\fpooledChunks\x12%\n" +
+	"\x0efence_renewals\x18\x0e \x01(\x04R\rfenceRenewals\x12!\n" +
+	"\fstray_chunks\x18\x0f \x01(\x04R\vstrayChunks\"\x12\n" +
 	"\x10TreeNodesRequest\":\n" +
 	"\x11TreeNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.grove.TreeNodeR\x05nodes\".\n" +

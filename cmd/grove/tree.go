@@ -447,6 +447,8 @@ back), and the answering node's cache counters.`,
 				d.Field("cache-misses", r.CacheMisses)
 				d.Field("write-backs", r.WriteBacks)
 				d.Field("revocations", r.Revocations)
+				d.Field("fence-renewals", r.FenceRenewals)
+				d.Field("stray-chunks", r.StrayChunks)
 				return out.Print(os.Stdout, &d)
 			})
 		},

@@ -745,5 +745,6 @@ func (s *Service) Stat(ctx context.Context, r *pb.TreeStatRequest) (*pb.TreeStat
 	st := srv.cache.Stats()
 	return &pb.TreeStatResponse{Tree: treeInfo(e), Height: uint32(sh.Height), Nodes: uint64(sh.Nodes), Keys: uint64(len(sh.Keys)),
 		Removed: uint64(sh.Removed), MissingDownlinks: uint64(sh.Missing), ValueChunks: uint64(sh.Values), CacheHits: st.Hits, CacheMisses: st.Misses,
-		WriteBacks: st.WriteBacks, Revocations: st.Revocations, Node: uint32(s.cfg.Node), PooledChunks: uint64(srv.cache.Pooled())}, nil
+		WriteBacks: st.WriteBacks, Revocations: st.Revocations, Node: uint32(s.cfg.Node), PooledChunks: uint64(srv.cache.Pooled()),
+		FenceRenewals: st.Renews, StrayChunks: st.Strays}, nil
 }

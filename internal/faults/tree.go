@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -27,8 +28,12 @@ const TreeEnv = "GROVE_FAULTS_TREE"
 type TreeConfig struct {
 	Seed   int64
 	Rounds int // each on a new tree, seeds Seed, Seed+1, ...
-	Faults int // network faults per round
+	Faults int // faults per round
 	Nodes  int
+	// PIDs are the nodes' `grove server` processes (PIDs[i-1]: node i),
+	// which the client pauses (SIGSTOP) as one kind of fault: it runs in
+	// another network namespace, not another PID namespace.
+	PIDs []int
 }
 
 // RunTree is the B-link tree's network-fault scenario, run after the lock
@@ -41,8 +46,8 @@ type TreeConfig struct {
 // (it fences itself, is declared dead, and its B-tree server's log is
 // replayed elsewhere), a cut between two nodes only, both ways, while both
 // stay alive to the observers (among them the replicas of one chunk
-// manager pair and of some RLDevs), a one-way cut, and random loss on every
-// link. A history that is not linearizable, a broken tree, or a round that
+// manager pair and of some RLDevs), a one-way cut, random loss on every
+// link, and a node's process paused (a zombie once it resumes). A history that is not linearizable, a broken tree, or a round that
 // cannot finish is a violation.
 func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	r := &Result{Name: "tree: linearizable under network faults", Victim: "—", M: map[string]time.Duration{}, Expected: map[string]bool{},
@@ -79,6 +84,9 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 		return r
 	}
 	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n}
+	for _, x := range s.Cluster.Nodes {
+		cfg.PIDs = append(cfg.PIDs, x.cmd.Process.Pid)
+	}
 	b, _ := json.Marshal(cfg)
 	logPath := filepath.Join(dir, "tree-client.log")
 	lf, err := os.Create(logPath)
@@ -96,6 +104,9 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	cmd.Stdout, cmd.Stderr = lf, lf
 	runErr := cmd.Run()
 	_, _ = s.Net.Heal() // (the client heals after each fault; this is for one that died mid-fault)
+	for _, x := range s.Cluster.Nodes {
+		_ = x.cmd.Process.Signal(syscall.SIGCONT) // (the same for a pause)
+	}
 	r.Length = time.Since(start)
 	r.note("the scenario took %v", r.Length.Round(time.Second))
 	out, _ := os.ReadFile(logPath)
@@ -190,7 +201,7 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 		var failed []string // faults that could not be made or healed: the round proves less than it says
 		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
 			Faults: func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
-				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes)
+				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes, cfg.PIDs)
 				failed = errs
 				return did
 			},
@@ -206,8 +217,34 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 			return fmt.Errorf("tree round seed %d (GROVE_SEED=%d replays its choices): %w", seed, seed, err)
 		}
 		logf("tree round seed %d: %s", seed, res)
+		logf("tree round seed %d, each node's B-tree server (since its start): %s", seed, treeCounters(eps, fmt.Sprintf("netfault-%d", seed)))
 	}
 	return nil
+}
+
+// treeCounters reports, per node, what its B-tree server counted since it
+// started (a node that fenced itself started a new one): its fence
+// renewals after node writes of unknown outcome (the path a write whose
+// earlier attempt may still land takes) and the stray chunks it freed.
+func treeCounters(eps []string, tree string) string {
+	var out []string
+	for i, ep := range eps {
+		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
+		if err != nil {
+			out = append(out, fmt.Sprintf("node %d: %v", i+1, err))
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		r, err := pb.NewTreeServiceClient(cc).Stat(ctx, &pb.TreeStatRequest{Tree: tree})
+		cancel()
+		cc.Close()
+		if err != nil {
+			out = append(out, fmt.Sprintf("node %d: %v", i+1, err))
+			continue
+		}
+		out = append(out, fmt.Sprintf("node %d: %d fence renewals, %d stray chunks freed, %d write-backs, %d revocations", i+1, r.FenceRenewals, r.StrayChunks, r.WriteBacks, r.Revocations))
+	}
+	return strings.Join(out, "; ")
 }
 
 // netFaults makes n network faults one after another, each begun 1–3 s
@@ -220,10 +257,15 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 //     declared dead, while the replicas on those two nodes (a chunk
 //     manager pair, RLDevs, log segments) cannot reach each other;
 //   - a one-way cut between two nodes for 0.5–5 s;
-//   - 5–25 % loss on every link for 1–5 s.
+//   - 5–25 % loss on every link for 1–5 s;
+//   - with pids (the nodes' processes), a node paused (SIGSTOP, then
+//     SIGCONT) for 0.5–5 s: past the grace period it is declared dead
+//     while it cannot fence itself, and resumes as a zombie whose calls in
+//     flight (node write-backs, chunk manager changes, log writes) go out
+//     late and must be refused.
 //
 // It returns what it did, and the faults it could not make or heal.
-func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int) (did, failed []string) {
+func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int, pids []int) (did, failed []string) {
 	sleep := func(lo, hi time.Duration) time.Duration {
 		d := lo + time.Duration(r.Int63n(int64(hi-lo)))
 		select {
@@ -238,7 +280,28 @@ func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, .
 		b := (a-1+1+r.Intn(nodes-1))%nodes + 1 // any other node
 		var what string
 		var err error
-		switch x := r.Intn(8); {
+		kinds := 8
+		if len(pids) == nodes {
+			kinds = 10
+		}
+		switch x := r.Intn(kinds); {
+		case x >= 8:
+			what = fmt.Sprintf("node %d paused", a)
+			if err = pauseProcess(pids[a-1]); err != nil {
+				_ = syscall.Kill(pids[a-1], syscall.SIGCONT)
+				event("fault %q failed: %v", what, err)
+				failed = append(failed, fmt.Sprintf("%s: %v", what, err))
+				continue
+			}
+			event("%s", what)
+			d := sleep(500*time.Millisecond, 5*time.Second)
+			if err := syscall.Kill(pids[a-1], syscall.SIGCONT); err != nil {
+				event("resume failed: %v", err)
+				failed = append(failed, fmt.Sprintf("resuming %s: %v", what, err))
+			}
+			event("resumed")
+			did = append(did, fmt.Sprintf("%s for %v", what, d.Round(time.Millisecond)))
+			continue
 		case x < 3:
 			what = fmt.Sprintf("node %d isolated", a)
 			_, err = net.Isolate(a)
@@ -271,4 +334,18 @@ func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, .
 		did = append(did, fmt.Sprintf("%s for %v", what, d.Round(time.Millisecond)))
 	}
 	return did, failed
+}
+
+// pauseProcess stops process pid (SIGSTOP) and waits until it is seen
+// stopped (the signal is delivered asynchronously).
+func pauseProcess(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(5 * time.Second); !stopped(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d not stopped 5 s after SIGSTOP", pid)
+		}
+	}
+	return nil
 }
