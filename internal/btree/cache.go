@@ -1225,25 +1225,39 @@ func (c *Cache) freed(h Handle) {
 	c.mu.Unlock()
 }
 
-// RefreeFailed tries again the frees that failed (Cache.free), and
-// returns how many succeeded now. Each such chunk was given back because
-// nothing names it (a write that failed, a node a failed split never
-// linked, the pool's chunks at a close, a refill that ended late).
+// RefreeFailed tries again the frees that failed (Cache.free, and so
+// TreeStore.Free), and returns how many succeeded now, and the first
+// failure. Each such chunk was given back because nothing names it or will
+// (a value whose write failed or whose put did not apply, a node a failed
+// split never linked, a removed node past its grace, a refill that ended
+// late); a chunk id is never reused, so a free that landed after all is
+// harmless to repeat. It does nothing once the cache failed or closes:
+// what is left then goes to the log's next holder (the chunks still
+// tagged) or leaks (a removed node's, a replaced value's whose record the
+// log forgot).
 func (c *Cache) RefreeFailed(ctx context.Context) (int, error) {
 	c.mu.Lock()
+	if c.mu.err != nil || c.mu.closing {
+		c.mu.Unlock()
+		return 0, nil
+	}
 	todo := make([]Handle, 0, len(c.mu.refree))
 	for h := range c.mu.refree {
 		todo = append(todo, h)
 	}
 	c.mu.Unlock()
 	n := 0
+	var first error
 	for _, h := range todo {
 		if err := c.free(ctx, h); err != nil {
-			return n, fmt.Errorf("btree: freeing chunk %v again: %w", h, err)
+			if first == nil {
+				first = fmt.Errorf("btree: freeing chunk %v again (%d frees still failing): %w", h, len(todo)-n, err)
+			}
+			continue
 		}
 		n++
 	}
-	return n, nil
+	return n, first
 }
 
 // nodePoolSize is how many node chunks a cache keeps allocated ahead,
@@ -1806,7 +1820,7 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 	}
 	if ferr := c.free(context.WithoutCancel(ctx), h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
-		c.log.Warn("freeing a value chunk whose write failed failed: the server tries again", "chunk", h, "err", ferr)
+		c.log.Warn("freeing a value chunk whose write failed failed: the server tries again while it runs", "chunk", h, "err", ferr)
 	}
 	return ValueRef{}, refused(fmt.Errorf("btree: writing a value chunk: %w", err))
 }
@@ -1877,7 +1891,7 @@ func (s *TreeStore) Abandon(h Handle) {
 	e.latch.Unlock()
 	c.unref(e)
 	if err := c.free(context.Background(), h); err != nil {
-		c.log.Warn("freeing an abandoned node's chunk failed: the server tries again", "chunk", h, "err", err)
+		c.log.Warn("freeing an abandoned node's chunk failed: the server tries again while it runs", "chunk", h, "err", err)
 	}
 }
 
@@ -1893,9 +1907,5 @@ func (s *TreeStore) Durable(ctx context.Context, lsn uint64) error {
 }
 
 func (s *TreeStore) Free(ctx context.Context, h Handle) error {
-	if err := s.c.cfg.Chunks.Free(ctx, h); err != nil {
-		return err
-	}
-	s.c.freed(h)
-	return nil
+	return s.c.free(ctx, h) // (a failure: tried again while the server runs)
 }

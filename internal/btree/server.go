@@ -511,39 +511,54 @@ func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.T
 // about this long after the allocation that left it ended.
 const StrayEvery = time.Second
 
-// collectStraysEvery runs c's stray collection, and the frees of its own
-// that failed again (RefreeFailed), every period until ctx ends (the
-// server's and the simulator's loop). A collection that fails
-// (a pair down, an allocation stuck on it) is tried again after a wait
-// that doubles with each failure, up to 32 periods: MaybeStrays has not
-// been marked.
+// collectStraysEvery runs c's stray collection every period, and the
+// frees of its own that failed again (RefreeFailed), until ctx ends (the
+// server's and the simulator's loop). Each, after a failure (a pair down,
+// an allocation stuck on it), waits twice as long as the last time, up to
+// 32 periods: the collection has not marked MaybeStrays, the frees are
+// still registered.
 func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, logger *slog.Logger) {
-	wait, failed := period, 0
+	var collectFails, refreeFails int
+	var nextCollect, nextRefree time.Time
+	backoff := func(fails int) time.Time { return time.Now().Add(period << min(fails, 5)) }
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-time.After(period):
 		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		n, err := c.CollectStrays(cctx)
-		if err == nil {
-			var m int
-			m, err = c.RefreeFailed(cctx)
-			n += m
+		live := func() bool { return ctx.Err() == nil && c.Err() == nil }
+		if time.Now().After(nextCollect) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			n, err := c.CollectStrays(cctx)
+			cancel()
+			switch {
+			case err != nil && live():
+				collectFails++
+				nextCollect = backoff(collectFails)
+				logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err, "in", time.Until(nextCollect).Round(time.Millisecond))
+			case err == nil:
+				collectFails = 0
+				if n > 0 {
+					logger.Info("freed the chunks of allocations whose answers were lost", "freed", n)
+				}
+			}
 		}
-		cancel()
-		wait = period
-		switch {
-		case err != nil && ctx.Err() == nil && c.Err() == nil:
-			failed++
-			wait = period << min(failed, 5)
-			logger.Warn("collecting the chunks of allocations whose answers were lost, or freeing again those whose free failed, failed; trying again", "err", err, "in", wait)
-		case n > 0:
-			logger.Info("freed chunks of allocations whose answers were lost, or whose free had failed", "freed", n)
-		}
-		if err == nil {
-			failed = 0
+		if time.Now().After(nextRefree) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			n, err := c.RefreeFailed(cctx)
+			cancel()
+			if n > 0 {
+				logger.Info("freed again chunks whose free had failed", "freed", n)
+			}
+			switch {
+			case err != nil && live():
+				refreeFails++
+				nextRefree = backoff(refreeFails)
+				logger.Warn("freeing again chunks whose free had failed failed; trying again", "err", err, "in", time.Until(nextRefree).Round(time.Millisecond))
+			case err == nil:
+				refreeFails = 0
+			}
 		}
 	}
 }

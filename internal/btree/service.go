@@ -344,12 +344,16 @@ func (s *Service) Close() {
 	s.mu.closed = true
 	srv := s.mu.srv
 	s.mu.srv = nil
+	s.mu.closing = cancel
 	if s.mu.cancel != nil {
 		s.mu.cancel()
 		s.mu.cancel = nil
 		close(s.mu.gone)
+		// Only a live incarnation's late server closes cleanly: after a
+		// Crash or a fence (cancel already nil) it stops as fenced
+		// (stopLate).
+		s.mu.closeCtx = ctx
 	}
-	s.mu.closing, s.mu.closeCtx = cancel, ctx
 	s.mu.Unlock()
 	if srv != nil {
 		if err := srv.Close(ctx); err != nil {
