@@ -518,46 +518,41 @@ const StrayEvery = time.Second
 // 32 periods: the collection has not marked MaybeStrays, the frees are
 // still registered.
 func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, logger *slog.Logger) {
-	var collectFails, refreeFails int
-	var nextCollect, nextRefree time.Time
-	backoff := func(fails int) time.Time { return time.Now().Add(period << min(fails, 5)) }
+	type task struct {
+		run         func(context.Context) (int, error)
+		did, failed string
+		fails       int
+		next        time.Time
+	}
+	tasks := []*task{
+		{run: c.CollectStrays, did: "freed the chunks of allocations whose answers were lost",
+			failed: "collecting the chunks of allocations whose answers were lost failed; trying again"},
+		{run: c.RefreeFailed, did: "freed again chunks whose free had failed",
+			failed: "freeing again chunks whose free had failed failed; trying again"},
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(period):
 		}
-		live := func() bool { return ctx.Err() == nil && c.Err() == nil }
-		if time.Now().After(nextCollect) {
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			n, err := c.CollectStrays(cctx)
-			cancel()
-			switch {
-			case err != nil && live():
-				collectFails++
-				nextCollect = backoff(collectFails)
-				logger.Warn("collecting the chunks of allocations whose answers were lost failed; trying again", "err", err, "in", time.Until(nextCollect).Round(time.Millisecond))
-			case err == nil:
-				collectFails = 0
-				if n > 0 {
-					logger.Info("freed the chunks of allocations whose answers were lost", "freed", n)
-				}
+		for _, k := range tasks {
+			if time.Now().Before(k.next) {
+				continue
 			}
-		}
-		if time.Now().After(nextRefree) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			n, err := c.RefreeFailed(cctx)
+			n, err := k.run(cctx)
 			cancel()
 			if n > 0 {
-				logger.Info("freed again chunks whose free had failed", "freed", n)
+				logger.Info(k.did, "freed", n)
 			}
 			switch {
-			case err != nil && live():
-				refreeFails++
-				nextRefree = backoff(refreeFails)
-				logger.Warn("freeing again chunks whose free had failed failed; trying again", "err", err, "in", time.Until(nextRefree).Round(time.Millisecond))
 			case err == nil:
-				refreeFails = 0
+				k.fails = 0
+			case ctx.Err() == nil && c.Err() == nil:
+				k.fails++
+				k.next = time.Now().Add(period << min(k.fails, 5))
+				logger.Warn(k.failed, "err", err, "in", time.Until(k.next).Round(time.Millisecond))
 			}
 		}
 	}
