@@ -22,8 +22,10 @@ type Mode struct {
 	LossFor    time.Duration // per loss rate: long enough to count false self-fences
 	NoiseFor   time.Duration // garbage and forged datagrams
 	// The B-link tree's scenario (RunTree): rounds of the linearizability
-	// workload, each with this many network faults.
+	// workload, each with this many faults; TreeLongPause adds pauses
+	// longer than the chunk clerk's attempt timeout to the faults.
 	TreeRounds, TreeFaults int
+	TreeLongPause          bool
 }
 
 // Modes: short is CI's few-minute run (each scenario once, short
@@ -34,7 +36,7 @@ var Modes = map[string]Mode{
 		TreeRounds: 1, TreeFaults: 5},
 	"full": {Name: "full", Trials: 3, Partitions: []time.Duration{4 * time.Second, 10 * time.Second, 30 * time.Second},
 		OneWay: 10 * time.Second, Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 4 * time.Minute, NoiseFor: 20 * time.Second,
-		TreeRounds: 3, TreeFaults: 8},
+		TreeRounds: 3, TreeFaults: 8, TreeLongPause: true},
 }
 
 // The targets the measurements are reported against (not asserted: the

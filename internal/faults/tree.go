@@ -34,6 +34,11 @@ type TreeConfig struct {
 	// which the client pauses (SIGSTOP) as one kind of fault: it runs in
 	// another network namespace, not another PID namespace.
 	PIDs []int
+	// LongPause: some pauses last 16–20 s, past the chunk clerk's 15 s
+	// attempt timeout, so that a write-back sent to a paused chunk
+	// manager is retried at its pair's new primary while the first
+	// attempt may still land (the fence renewal's path).
+	LongPause bool
 }
 
 // RunTree is the B-link tree's network-fault scenario, run after the lock
@@ -83,7 +88,7 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 		r.violate("%v", err)
 		return r
 	}
-	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n}
+	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n, LongPause: s.Mode.TreeLongPause}
 	for _, x := range s.Cluster.Nodes {
 		cfg.PIDs = append(cfg.PIDs, x.cmd.Process.Pid)
 	}
@@ -201,7 +206,7 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 		var failed []string // faults that could not be made or healed: the round proves less than it says
 		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
 			Faults: func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
-				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes, cfg.PIDs)
+				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes, cfg.PIDs, cfg.LongPause)
 				failed = errs
 				return did
 			},
@@ -262,10 +267,11 @@ func treeCounters(eps []string, tree string) string {
 //     SIGCONT) for 0.5–5 s: past the grace period it is declared dead
 //     while it cannot fence itself, and resumes as a zombie whose calls in
 //     flight (node write-backs, chunk manager changes, log writes) go out
-//     late and must be refused.
+//     late and must be refused; with long, one pause in three lasts
+//     16–20 s instead, past the chunk clerk's 15 s attempt timeout.
 //
 // It returns what it did, and the faults it could not make or heal.
-func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int, pids []int) (did, failed []string) {
+func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, ...any), n, nodes int, pids []int, long bool) (did, failed []string) {
 	sleep := func(lo, hi time.Duration) time.Duration {
 		d := lo + time.Duration(r.Int63n(int64(hi-lo)))
 		select {
@@ -294,7 +300,11 @@ func netFaults(ctx context.Context, net *Net, r *rand.Rand, event func(string, .
 				continue
 			}
 			event("%s", what)
-			d := sleep(500*time.Millisecond, 5*time.Second)
+			lo, hi := 500*time.Millisecond, 5*time.Second
+			if long && r.Intn(3) == 0 {
+				lo, hi = 16*time.Second, 20*time.Second
+			}
+			d := sleep(lo, hi)
 			if err := syscall.Kill(pids[a-1], syscall.SIGCONT); err != nil {
 				event("resume failed: %v", err)
 				failed = append(failed, fmt.Sprintf("resuming %s: %v", what, err))
