@@ -84,14 +84,22 @@ func TreeBench(ctx context.Context, dir string, o TreeOptions, progress io.Write
 	}
 	servers := make([]*btree.Server, 3)
 	for i := range servers {
-		for {
-			s, err := c.Nodes[i].BTree().Server(ctx)
+		// A server that cannot start (no room for its log on the node's
+		// disk, say) retries for ever: each wait is bounded, and after 3
+		// minutes the bench gives up with the server's last error.
+		for start := time.Now(); ; {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			s, err := c.Nodes[i].BTree().Server(sctx)
+			cancel()
 			if err == nil {
 				servers[i] = s
 				break
 			}
 			if ctx.Err() != nil {
 				return nil, err
+			}
+			if time.Since(start) > 3*time.Minute {
+				return nil, fmt.Errorf("node %d's B-tree server did not start in 3 minutes: %w", i+1, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
