@@ -1216,6 +1216,21 @@ func (c *Cache) free(ctx context.Context, h Handle) error {
 	return err
 }
 
+// giveBackWait bounds a free of a chunk the server gives back outside its
+// caller's context (a chunk nothing names: a value whose write failed, a
+// node a split could not use, a refill that ended late): a pair that is
+// down holds neither the operation nor a close up; the free, failed, is
+// tried again by the server's loop (refree).
+var giveBackWait = 10 * time.Second
+
+// giveBack frees h, which nothing names, under a context of its own,
+// bounded by giveBackWait.
+func (c *Cache) giveBack(h Handle) error {
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackWait)
+	defer cancel()
+	return c.free(ctx, h)
+}
+
 // freed notes that chunk h is free (no checkpoint needs to free it).
 func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
@@ -1338,7 +1353,7 @@ func (c *Cache) refill(size uint64) {
 		if late {
 			// The close began while it was allocated (its drain may be
 			// over): give it back here.
-			_ = c.free(context.Background(), h)
+			_ = c.giveBack(h)
 			return
 		}
 	}
@@ -1770,7 +1785,7 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	}
 	e, err := s.entry(h)
 	if err != nil {
-		_ = s.c.free(context.WithoutCancel(ctx), h)
+		_ = s.c.giveBack(h)
 		return Handle{}, err
 	}
 	e.latch.Lock()
@@ -1778,7 +1793,7 @@ func (s *TreeStore) New(ctx context.Context) (Handle, error) {
 	if err != nil {
 		e.latch.Unlock()
 		s.c.unref(e)
-		_ = s.c.free(context.Background(), h)
+		_ = s.c.giveBack(h)
 		return Handle{}, err
 	}
 	s.c.mu.Lock()
@@ -1818,7 +1833,7 @@ func (s *TreeStore) WriteValue(ctx context.Context, val []byte) (ValueRef, error
 			break
 		}
 	}
-	if ferr := c.free(context.WithoutCancel(ctx), h); ferr != nil {
+	if ferr := c.giveBack(h); ferr != nil {
 		c.stats.valueLeaks.Add(1)
 		c.log.Warn("freeing a value chunk whose write failed failed: the server tries again while it runs", "chunk", h, "err", ferr)
 	}
@@ -1890,7 +1905,7 @@ func (s *TreeStore) Abandon(h Handle) {
 	c.releasePin(pin)
 	e.latch.Unlock()
 	c.unref(e)
-	if err := c.free(context.Background(), h); err != nil {
+	if err := c.giveBack(h); err != nil {
 		c.log.Warn("freeing an abandoned node's chunk failed: the server tries again while it runs", "chunk", h, "err", err)
 	}
 }

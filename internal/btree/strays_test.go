@@ -255,3 +255,52 @@ func TestRefreeFailed(t *testing.T) {
 		t.Fatalf("RefreeFailed again: %d, %v; want nothing to do", n, err)
 	}
 }
+
+// hangingFrees: while hang is set, a free does not end until its context
+// does (the chunk's pair is down; the clerk retries until then).
+type hangingFrees struct {
+	*simChunkClerk
+	hang bool
+}
+
+func (c *hangingFrees) Free(ctx context.Context, h Handle) error {
+	if c.hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.simChunkClerk.Free(ctx, h)
+}
+
+// TestGiveBackIsBounded: a chunk the server gives back outside its
+// caller's context (a value whose write failed, a node a split could not
+// use, a refill that ended late) is freed under a bounded context of its
+// own: a pair that is down holds neither the operation nor a close up for
+// ever (before: context.Background or WithoutCancel), and the failed free
+// is tried again by the server's loop.
+func TestGiveBackIsBounded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := newStrayRig(t, ctx, 10)
+	h, err := g.cache.allocate(ctx, MinNodeSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(w time.Duration) { giveBackWait = w }(giveBackWait)
+	giveBackWait = 200 * time.Millisecond
+	hf := &hangingFrees{simChunkClerk: g.chunks, hang: true}
+	g.cache.cfg.Chunks = hf
+	start := time.Now()
+	if err := g.cache.giveBack(h); err == nil {
+		t.Fatal("a give-back to a pair that is down succeeded")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the give-back took %v (bound %v)", took, giveBackWait)
+	}
+	hf.hang = false
+	if n, err := g.cache.RefreeFailed(ctx); n != 1 || err != nil {
+		t.Fatalf("RefreeFailed: %d, %v; want the chunk freed", n, err)
+	}
+	if g.tagged()[h] {
+		t.Fatalf("chunk %v is still allocated", h)
+	}
+}

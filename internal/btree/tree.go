@@ -586,7 +586,12 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 		if r == nil {
 			return
 		}
-		if ferr := t.s.Free(context.WithoutCancel(ctx), r.Chunk); ferr != nil {
+		// Not cut by the caller's end, but bounded: a pair that is down
+		// does not hold the put up (a failed free is tried again).
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackWait)
+		ferr := t.s.Free(fctx, r.Chunk)
+		cancel()
+		if ferr != nil {
 			t.Stats.ValueLeaks.Add(1)
 			return
 		}
