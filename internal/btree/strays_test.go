@@ -208,16 +208,23 @@ func TestCollectStraysWaitsForAllocations(t *testing.T) {
 	}
 }
 
-// failingFrees fails the first free of each chunk in fail.
-type failingFrees struct {
+// downPair is a chunk clerk whose pair is down for frees: the first free
+// of each chunk in fail fails at once; while hang is set, every free lasts
+// until its context ends (the clerk retries until then).
+type downPair struct {
 	*simChunkClerk
 	fail map[Handle]bool
+	hang bool
 }
 
-func (c *failingFrees) Free(ctx context.Context, h Handle) error {
+func (c *downPair) Free(ctx context.Context, h Handle) error {
 	if c.fail[h] {
 		delete(c.fail, h)
 		return errors.New("the chunk's pair is down")
+	}
+	if c.hang {
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	return c.simChunkClerk.Free(ctx, h)
 }
@@ -234,7 +241,7 @@ func TestRefreeFailed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.cache.cfg.Chunks = &failingFrees{simChunkClerk: g.chunks, fail: map[Handle]bool{h: true}}
+	g.cache.cfg.Chunks = &downPair{simChunkClerk: g.chunks, fail: map[Handle]bool{h: true}}
 	if err := g.cache.free(ctx, h); err == nil {
 		t.Fatal("the first free did not fail")
 	}
@@ -256,21 +263,6 @@ func TestRefreeFailed(t *testing.T) {
 	}
 }
 
-// hangingFrees: while hang is set, a free does not end until its context
-// does (the chunk's pair is down; the clerk retries until then).
-type hangingFrees struct {
-	*simChunkClerk
-	hang bool
-}
-
-func (c *hangingFrees) Free(ctx context.Context, h Handle) error {
-	if c.hang {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return c.simChunkClerk.Free(ctx, h)
-}
-
 // TestGiveBackIsBounded: a chunk the server gives back outside its
 // caller's context (a value whose write failed, a node a split could not
 // use, a refill that ended late) is freed under a bounded context of its
@@ -287,7 +279,7 @@ func TestGiveBackIsBounded(t *testing.T) {
 	}
 	defer func(w time.Duration) { giveBackWait = w }(giveBackWait)
 	giveBackWait = 200 * time.Millisecond
-	hf := &hangingFrees{simChunkClerk: g.chunks, hang: true}
+	hf := &downPair{simChunkClerk: g.chunks, hang: true}
 	g.cache.cfg.Chunks = hf
 	start := time.Now()
 	if err := g.cache.giveBack(h); err == nil {
