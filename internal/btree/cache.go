@@ -124,6 +124,12 @@ type CacheConfig struct {
 	// Owner tags the chunks the cache allocates (nil: no tag): the
 	// server's log and its token on it (OwnerOf).
 	Owner func() chunk.Owner
+	// Named returns the chunks the tree directory names (nil: none are
+	// tagged), which the stray collection leaves alone: a tree's anchor
+	// and first root may stay tagged with an earlier holder of the log
+	// (created.go). It fails until the directory refuses creations by
+	// the log's earlier holders (Server.named).
+	Named func(ctx context.Context) (map[Handle]bool, error)
 	// Capacity bounds the nodes cached (default DefaultCacheNodes).
 	Capacity int
 	Log2     *slog.Logger
@@ -1231,6 +1237,29 @@ func (c *Cache) giveBack(h Handle) error {
 	return c.free(ctx, h)
 }
 
+// disownCreated disowns a new tree's anchor and first root once the
+// directory names them (CreateTree), under a bound of its own
+// (giveBackWait), and forgets them as unlinked. A failure leaves them
+// tagged, and unlinked for the life of the server (its stray collection
+// leaves them alone); the collection of the log's orphans at its next
+// holder disowns them, since the directory names them.
+func (c *Cache) disownCreated(hs ...Handle) {
+	if c.cfg.Owner == nil || c.cfg.Owner().IsZero() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackWait)
+	defer cancel()
+	if err := c.cfg.Chunks.Disown(ctx, hs); err != nil {
+		c.log.Warn("disowning a new tree's anchor and root failed: they stay tagged until this log's next holder, which disowns them", "chunks", hs, "err", err)
+		return
+	}
+	c.mu.Lock()
+	for _, h := range hs {
+		delete(c.mu.unlinked, h)
+	}
+	c.mu.Unlock()
+}
+
 // freed notes that chunk h is free (no checkpoint needs to free it).
 func (c *Cache) freed(h Handle) {
 	c.mu.Lock()
@@ -1533,6 +1562,15 @@ func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 		case <-ctx.Done():
 			return 0, fmt.Errorf("btree: collecting strays: %w", ctx.Err())
 		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if c.cfg.Named != nil && len(tagged) > 0 {
+		named, err := c.cfg.Named(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("btree: collecting strays: reading the tree directory: %w", err)
+		}
+		for h := range named {
+			known[h] = true
 		}
 	}
 	freed := 0

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
 )
 
 // CreateTree's decree runs again when the config service's answer to an
@@ -22,15 +23,15 @@ func TestCreateTreeDecreeRetried(t *testing.T) {
 		}
 		return n
 	}
-	ops, existing, err := createTreeOps(ns(), mine)
+	ops, existing, err := createTreeOps(ns(), mine, Handle{}, chunk.Owner{})
 	if err != nil || existing != nil || len(ops) != 1 || ops[0].Key != treeKey("t") {
 		t.Fatalf("a free name: %v %v %v", ops, existing, err)
 	}
-	ops, existing, err = createTreeOps(ns(mine), mine)
+	ops, existing, err = createTreeOps(ns(mine), mine, Handle{}, chunk.Owner{})
 	if err != nil || existing != nil || len(ops) != 0 {
 		t.Fatalf("the decree run again after its own attempt committed: ops %v, existing %+v, %v (want success, nothing to put)", ops, existing, err)
 	}
-	ops, existing, err = createTreeOps(ns(other), mine)
+	ops, existing, err = createTreeOps(ns(other), mine, Handle{}, chunk.Owner{})
 	if err != nil || existing == nil || existing.Anchor != other.Anchor || len(ops) != 0 {
 		t.Fatalf("a name another call took: ops %v, existing %+v, %v (want the clash)", ops, existing, err)
 	}

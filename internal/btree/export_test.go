@@ -59,3 +59,13 @@ func (s *Service) FenceForTest() {
 	s.mu.Unlock()
 	s.Fence(inc)
 }
+
+// SetCreateStopForTest ends CreateTree at a stage as if the server died
+// there (Server.testCreateStop).
+func (s *Server) SetCreateStopForTest(f func(stage string, anchor, root Handle) bool) {
+	s.testCreateStop = f
+}
+
+// SetRecoverWithoutDirectoryForTest makes this server's recovery runs
+// collect a dead server's orphans without the tree directory.
+func (s *Server) SetRecoverWithoutDirectoryForTest() { s.unsafeRecoverWithoutDirectory.Store(true) }

@@ -122,7 +122,7 @@ func TestReview21CloseForgetsLinkOfLateCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wal2.Close(ctx)
-	freed := collectOrphans(ctx, chunks, OwnerLog(1), next, simLog, "start")
+	freed := collectOrphans(ctx, chunks, nil, OwnerLog(1), next, simLog, "start")
 	t.Logf("the next start's collection freed %d chunks (the refused put freed its own value)", freed)
 	b, err := store.clerk(2, func(context.Context) error { return nil }).Read(ctx, rh, MinNodeSize)
 	if err != nil {
@@ -196,7 +196,7 @@ func TestOpenDisownsCommittedLinks(t *testing.T) {
 	if tagged {
 		t.Fatalf("the open of the log left the committed change's value chunk %v tagged: the start's collection would free it", ref.Chunk)
 	}
-	if n := collectOrphans(ctx, chunks, OwnerLog(1), next, simLog, "start"); n != 0 {
+	if n := collectOrphans(ctx, chunks, nil, OwnerLog(1), next, simLog, "start"); n != 0 {
 		t.Fatalf("the start's collection freed %d chunks", n)
 	}
 }

@@ -152,7 +152,7 @@ func TestReview22ShutdownLeavesRefilledChunk(t *testing.T) {
 	t.Logf("after a clean Shutdown: the pool holds %d chunks; %d chunks still tagged with the server's owner %v: %v", cache.Pooled(), len(left), owner, left)
 	if len(left) != 0 || cache.Pooled() != 0 {
 		next := lock.Token{Epoch: solo.logFence.Token.Epoch + 1, Seq: 1}
-		t.Logf("(the collection at the node's next start, below %v, frees %d)", next, collectOrphans(ctx, chunks, OwnerLog(1), next, simLog, "start"))
+		t.Logf("(the collection at the node's next start, below %v, frees %d)", next, collectOrphans(ctx, chunks, nil, OwnerLog(1), next, simLog, "start"))
 		t.Fatalf("a clean Shutdown left %d chunks allocated, tagged and named by nothing (pool: %d): only the node's next start frees them", len(left), cache.Pooled())
 	}
 }

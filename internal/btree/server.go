@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -248,7 +249,16 @@ type Server struct {
 	wg    sync.WaitGroup
 	hints chan hint
 	fence fenceHolder
-	mu    struct {
+	// creatorsRetired: the directory refuses creations by this log's
+	// earlier holders (named).
+	creatorsRetired atomic.Bool
+	// Tests only: testCreateStop ends CreateTree at stage ("written":
+	// before the decree; "decreed": before the disown) as if the server
+	// died there; unsafeRecoverWithoutDirectory collects a dead server's
+	// orphans without the directory (the teeth of TestCreateTreeCrash).
+	testCreateStop                func(stage string, anchor, root Handle) bool
+	unsafeRecoverWithoutDirectory atomic.Bool
+	mu                            struct {
 		sync.Mutex
 		trees map[string]*Tree
 		// unsettled: trees this server marked dropped whose decree failed;
@@ -305,7 +315,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		drop:    func(name string) error { clerk.Drop(name); return nil },
 		fail:    func(err error) { s.cache.fail(err) }}
 	s.cache = NewCache(CacheConfig{Locks: clerkLocks{clerk}, Chunks: chunkStore{cfg.Chunks}, Fence: s.currentFence,
-		Renew: s.renewFence, Capacity: cfg.CacheNodes, Log2: s.log})
+		Renew: s.renewFence, Named: s.named, Capacity: cfg.CacheNodes, Log2: s.log})
 	clerk.OnRevoke(s.cache.Revoked)
 	fail := func(err error) (*Server, error) {
 		s.stop()
@@ -350,7 +360,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}()
 	go func() {
 		defer s.wg.Done()
-		collectOrphans(s.ctx, chunkStore{cfg.Chunks}, owner.Log, owner.Token, s.log, "start")
+		collectOrphans(s.ctx, chunkStore{cfg.Chunks}, MetaDirectory{cfg.Meta}, owner.Log, owner.Token, s.log, "start")
 	}()
 	s.log.Info("B-tree server started", "log", name, "recovered", wal.Recovered().Redone)
 	return s, nil
@@ -460,7 +470,11 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		return err
 	}
 	dev := &txn.RLDevDevice{Clerk: s.cfg.RLDev, ID: e.RLDev, Size: e.Blocks}
-	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, replayUnsafe{}, s.log, leakLogger(s.log, r.Dead))
+	var dir Directory = MetaDirectory{s.cfg.Meta}
+	if s.unsafeRecoverWithoutDirectory.Load() {
+		dir = nil
+	}
+	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, dir, replayUnsafe{}, s.log, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
@@ -470,12 +484,15 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 
 // collectOrphans frees what the holders of log before token below
 // allocated and never linked: it retires them (an allocation of theirs
-// still in flight is refused from then on), lists what they still own and
-// frees it. Every chunk they linked was disowned before: by their own
-// checkpoints, before the log forgot the link records, or by the replay of
-// the log, before this call. A failure only delays the collection: the
-// log's next holder collects everything below its own, newer, token.
-func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.Token, logger *slog.Logger, why string) int {
+// still in flight is refused from then on; with dir, a tree creation of
+// theirs too), lists what they still own and frees it — but disowns what
+// dir names (a tree's anchor and first root, created.go). Every chunk
+// they linked otherwise was disowned before: by their own checkpoints,
+// before the log forgot the link records, or by the replay of the log,
+// before this call. A failure only delays the collection: the log's next
+// holder collects everything below its own, newer, token. dir nil: the
+// holders' trees were made with untagged chunks (tests, the simulator).
+func collectOrphans(ctx context.Context, chunks Chunks, dir Directory, log uint64, below lock.Token, logger *slog.Logger, why string) int {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := chunks.RetireOwners(ctx, log, below); errors.Is(err, chunk.ErrMapFull) {
@@ -487,21 +504,49 @@ func collectOrphans(ctx context.Context, chunks Chunks, log uint64, below lock.T
 		logger.Warn("retiring this log's earlier holders failed: what they allocated and never linked stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
 		return 0
 	}
+	if dir != nil {
+		if err := dir.RetireCreators(ctx, log, below); err != nil {
+			logger.Warn("retiring this log's earlier holders in the tree directory failed: what they allocated and never linked stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
+			return 0
+		}
+	}
 	hs, err := chunks.Owned(ctx, log, below)
 	if err != nil {
 		logger.Warn("listing what this log's earlier holders allocated failed: it stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
 		return 0
 	}
+	var named map[Handle]bool
+	if dir != nil && len(hs) > 0 {
+		// After the directory's mark: no creation of theirs lands later.
+		if named, err = dir.Named(ctx); err != nil {
+			logger.Warn("reading the tree directory failed: what this log's earlier holders allocated and never linked stays allocated until the log's next holder", "log", log, "below", below, "when", why, "err", err)
+			return 0
+		}
+	}
 	freed := 0
+	var disown []Handle
 	for _, h := range hs {
+		if named[h] {
+			disown = append(disown, h)
+			continue
+		}
 		if err := chunks.Free(ctx, h); err != nil {
 			logger.Warn("freeing a chunk an earlier holder of this log allocated and never linked failed", "chunk", h, "when", why, "err", err)
 			continue
 		}
 		freed++
 	}
-	if len(hs) > 0 {
-		logger.Info("freed the chunks earlier holders of this log allocated and never linked", "log", log, "below", below, "when", why, "freed", freed, "found", len(hs))
+	if len(disown) > 0 {
+		// A tree made by an earlier holder that died (or failed to
+		// disown) after the directory's decree.
+		if err := chunks.Disown(ctx, disown); err != nil {
+			logger.Warn("disowning the anchors and roots of trees an earlier holder of this log made failed: they stay tagged, for the log's next holder", "chunks", disown, "when", why, "err", err)
+		} else {
+			logger.Info("disowned the anchors and roots of trees an earlier holder of this log made", "log", log, "below", below, "when", why, "disowned", len(disown))
+		}
+	}
+	if len(hs) > len(disown) {
+		logger.Info("freed the chunks earlier holders of this log allocated and never linked", "log", log, "below", below, "when", why, "freed", freed, "found", len(hs)-len(disown))
 	}
 	return freed
 }
@@ -583,8 +628,12 @@ func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, log
 // found it: a new lock master ran an "all" recovery of an incarnation that
 // died waiting for its log next to the names recovery of the one before).
 // Such a run has nothing to do.
+//
+// Its collection of the dead server's orphans reads no tree directory: it
+// is for logs whose trees were made with untagged chunks (tests); a
+// server's recovery function passes its directory (created.go).
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
-	return replayDead(ctx, dev, r, chunks, replayUnsafe{}, slog.Default(), leakLogger(slog.Default(), r.Dead))
+	return replayDead(ctx, dev, r, chunks, nil, replayUnsafe{}, slog.Default(), leakLogger(slog.Default(), r.Dead))
 }
 
 // leakLogger reports, on log, the value chunks a replay of dead's log let
@@ -601,9 +650,10 @@ func leakLogger(log *slog.Logger, dead lock.ClerkID) func(Handle, error) {
 // collection frees them).
 type replayUnsafe struct{ uncovered, keepTags bool }
 
-// replayDead is ReplayDead, logging on logger, telling leaked (nil:
-// nobody) of the value chunks whose replayed free failed.
-func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, unsafe replayUnsafe, logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
+// replayDead is ReplayDead, collecting the orphans with dir (nil: none),
+// logging on logger, telling leaked (nil: nobody) of the value chunks
+// whose replayed free failed.
+func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, dir Directory, unsafe replayUnsafe, logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
 	if !unsafe.uncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
@@ -643,7 +693,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// The run's token is newer than the dead server's on the log's lock,
 	// and older than the log's next holder's.
 	if !unsafe.uncovered {
-		collectOrphans(ctx, chunks, OwnerLog(node), r.Token, logger, "recovery")
+		collectOrphans(ctx, chunks, dir, OwnerLog(node), r.Token, logger, "recovery")
 	}
 	return rep, nil
 }
@@ -1015,9 +1065,10 @@ func (s *Server) dropPass(ctx context.Context) {
 	s.FinishDrops(ctx, s.DropWait())
 }
 
-// CreateTree makes tree name: its anchor and root chunks, written, then
-// its entry, by decree. A tree of that name already there: ErrTreeExists
-// (the chunks made are freed).
+// CreateTree makes tree name: its anchor and root chunks, allocated tagged
+// with the server's owner, written, then its entry, by decree, then the
+// chunks disowned (created.go says why). A tree of that name already
+// there: ErrTreeExists (the chunks made are freed).
 func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeEntry, error) {
 	if err := CheckTreeName(name); err != nil {
 		return TreeEntry{}, err
@@ -1030,19 +1081,19 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 	} else if !errors.Is(err, ErrNoTree) {
 		return TreeEntry{}, err
 	}
-	cl := s.cfg.Chunks
-	ah, err := cl.Allocate(ctx, AnchorSize, 0)
+	c := s.cache
+	ah, err := c.allocate(ctx, AnchorSize)
 	if err != nil {
 		return TreeEntry{}, fmt.Errorf("btree: allocating the anchor: %w", err)
 	}
-	rh, err := cl.Allocate(ctx, uint64(cfg.NodeSize), 0)
+	rh, err := c.allocate(ctx, uint64(cfg.NodeSize))
 	if err != nil {
-		_ = cl.Free(context.Background(), ah)
+		_ = c.giveBack(ah)
 		return TreeEntry{}, fmt.Errorf("btree: allocating the root: %w", err)
 	}
 	undo := func() {
-		_ = cl.Free(context.Background(), rh)
-		_ = cl.Free(context.Background(), ah)
+		_ = c.giveBack(rh)
+		_ = c.giveBack(ah)
 	}
 	a, root := Init(ah, rh)
 	if err := s.writeNew(ctx, rh, root.Encode(nil)); err != nil {
@@ -1053,40 +1104,39 @@ func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeE
 		undo()
 		return TreeEntry{}, err
 	}
+	if s.testCreateStop != nil && s.testCreateStop("written", ah, rh) {
+		return TreeEntry{}, errTestStop
+	}
 	e := TreeEntry{Name: name, Anchor: ah, NodeSize: cfg.NodeSize, MaxFanout: cfg.MaxFanout}
+	var owner chunk.Owner
+	if c.cfg.Owner != nil {
+		owner = c.cfg.Owner()
+	}
 	var existing *TreeEntry
 	_, err = s.cfg.Meta.Update(ctx, Namespace, "tree "+name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
-		ops, existing, err = createTreeOps(ns, e)
+		ops, existing, err = createTreeOps(ns, e, rh, owner)
 		return ops, err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrCreatorRetired):
+		// A zombie: refused, nothing made (a client tries another node).
+		undo()
+		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w (%w)", name, err, ErrNotApplied)
+	case err != nil:
+		// The decree may have landed all the same (its answer lost, the
+		// client gave up): the chunks stay tagged and known to this
+		// server; the log's next holder frees them, or disowns them if
+		// the directory names them.
 		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w", name, err)
-	}
-	if existing != nil {
+	case existing != nil:
 		undo()
 		return *existing, fmt.Errorf("%w: %q", ErrTreeExists, name)
 	}
+	if s.testCreateStop != nil && s.testCreateStop("decreed", ah, rh) {
+		return TreeEntry{}, errTestStop
+	}
+	c.disownCreated(ah, rh)
 	return e, nil
-}
-
-// createTreeOps is CreateTree's decree for entry e over directory ns: put
-// the entry, or nothing if the name is taken (existing: the entry that has
-// it). The config-service client runs it again when an attempt's answer
-// was lost; if that attempt committed, the name is taken by e itself (its
-// anchor is this call's, never reused): that is success, not a clash —
-// else the caller would free the anchor and root the directory now names.
-func createTreeOps(ns *pb.Namespace, e TreeEntry) ([]*pb.Op, *TreeEntry, error) {
-	ts, err := Trees(ns)
-	if err != nil {
-		return nil, nil, err
-	}
-	if x, ok := ts[e.Name]; ok {
-		if x.Anchor == e.Anchor {
-			return nil, nil, nil // our own earlier attempt
-		}
-		return nil, &x, nil
-	}
-	return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: treeKey(e.Name), Value: encodeEntry(e)}}, nil, nil
 }
 
 // DropTree removes tree name's entry, by decree, then frees every chunk of
@@ -1233,12 +1283,13 @@ func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
 	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
 	done := func() error {
 		_, err := s.cfg.Meta.Update(ctx, Namespace, "dropped tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+			var ops []*pb.Op // the drop's record, and its first root's (created.go)
 			for _, kv := range ns.GetEntries() {
-				if kv.Key == dropKey(e.Anchor) {
-					return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: kv.Key}}, nil
+				if kv.Key == dropKey(e.Anchor) || kv.Key == rootKey(e.Anchor) {
+					ops = append(ops, &pb.Op{Kind: pb.Op_KIND_DELETE, Key: kv.Key})
 				}
 			}
-			return nil, nil
+			return ops, nil
 		})
 		return err
 	}

@@ -234,7 +234,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		if s.isDead() {
 			return errSimDead
 		}
-		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
+		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, nil, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
 			w.replayLeaks.Add(1)
 			w.event("server %d's replay of node %d's log let value chunk %v leak: %v", node, r.Dead.Node, h, err)
 		})
@@ -317,7 +317,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		defer s.done.Done()
 		ctx, cancel := stopped()
 		defer cancel()
-		if n := collectOrphans(ctx, chunks, owner.Log, owner.Token, simLog, "start"); n > 0 {
+		if n := collectOrphans(ctx, chunks, nil, owner.Log, owner.Token, simLog, "start"); n > 0 {
 			w.event("server %d freed %d chunks earlier holders of its log left", node, n)
 		}
 	}()

@@ -1,0 +1,201 @@
+package btree
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+// A new tree's chunks and the collection of a log's orphans.
+//
+// CreateTree allocates a tree's anchor and first root tagged with its
+// server's owner (its log and its token on it, chunk.Owner), as every
+// other chunk a server allocates: a server that dies between the
+// allocation and the directory's decree leaves them to the collection of
+// its log's orphans (collectOrphans), which frees them, where untagged
+// chunks would leak for ever. Once the decree names the tree, the server
+// disowns them. Until then, and if it dies before, the directory is what
+// says they are no orphans: the collection disowns, instead of freeing,
+// every chunk the directory names (an anchor of a tree or of a drop under
+// way, and the first root of either, rootKey).
+//
+// That is safe only if no decree naming a chunk lands after the
+// collection read the directory. So the collection first retires the
+// log's earlier holders in the directory too (retiredKey, by decree), and
+// a creation's decree is conditional on its owner not being retired
+// (createTreeOps): the config service orders the two decrees, and its
+// read-modify-decree loop (meta.Client.Update) makes each conditional on
+// the namespace it read. A creation's decree that landed before the mark
+// is seen by the read after it; one after the mark is refused, and its
+// chunks, tagged and unnamed, are the collection's to free.
+//
+// A server's own stray collection (Cache.CollectStrays) lists the chunks
+// of the log's earlier holders too; it leaves alone what the directory
+// names, and it frees nothing until the directory retired those holders
+// (Server.named).
+
+// rootKey records tree anchor's first root, the leaf CreateTree made: the
+// leftmost leaf for ever (leftmost nodes are never removed), so a live
+// chunk while the tree, or its drop, is listed. The value is the root's
+// handle (putHandle, rootRecordLen bytes). Written by the creation's decree, deleted with the
+// drop's record (finishDrop). Trees made before it have none: their
+// chunks were never tagged.
+func rootKey(anchor Handle) string { return fmt.Sprintf("root/%d-%d", anchor.CM, anchor.ID) }
+
+// rootRecordLen is a root record's length: u32 CM, u64 ID.
+const rootRecordLen = 12
+
+// retiredKey records, for log (OwnerLog), the token below which the
+// log's holders may no longer create a tree: u64 epoch, u64 seq.
+func retiredKey(log uint64) string { return "retired/" + strconv.FormatUint(log, 10) }
+
+func encodeToken(t lock.Token) []byte {
+	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(t.Epoch)), t.Seq)
+}
+
+// retiredBelow is log's mark in directory ns (zero: none).
+func retiredBelow(ns *pb.Namespace, log uint64) lock.Token {
+	key := retiredKey(log)
+	for _, kv := range ns.GetEntries() {
+		if kv.Key == key && len(kv.Value) == 16 {
+			return lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(kv.Value)), Seq: binary.LittleEndian.Uint64(kv.Value[8:])}
+		}
+	}
+	return lock.Token{}
+}
+
+// ErrCreatorRetired refuses a tree creation by a server whose log has a
+// newer holder (a recovery of it ran, or its next incarnation started):
+// the creation's chunks are that holder's to free.
+var ErrCreatorRetired = errors.New("btree: this server's log has a newer holder: it may not create a tree")
+
+// errTestStop ends a CreateTree that a test stopped (Server.testCreateStop).
+var errTestStop = errors.New("btree: stopped by a test")
+
+// createTreeOps is CreateTree's decree for entry e, first root root,
+// created by owner (zero: untagged chunks), over directory ns: put the
+// entry and its root's record, or nothing if the name is taken (existing:
+// the entry that has it). The config-service client runs it again when an
+// attempt's answer was lost; if that attempt committed, the name is taken
+// by e itself (its anchor is this call's, never reused): that is success,
+// not a clash — else the caller would free the anchor and root the
+// directory now names. A retired owner is refused (ErrCreatorRetired),
+// unless its own earlier attempt committed.
+func createTreeOps(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner) ([]*pb.Op, *TreeEntry, error) {
+	ts, err := Trees(ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	if x, ok := ts[e.Name]; ok {
+		if x.Anchor == e.Anchor {
+			return nil, nil, nil // our own earlier attempt
+		}
+		return nil, &x, nil
+	}
+	if !owner.IsZero() {
+		if mark := retiredBelow(ns, owner.Log); owner.Token.Less(mark) {
+			return nil, nil, fmt.Errorf("%w (log %d, token %v, retired below %v)", ErrCreatorRetired, owner.Log, owner.Token, mark)
+		}
+	}
+	ops := []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: treeKey(e.Name), Value: encodeEntry(e)}}
+	if !root.IsZero() {
+		v := make([]byte, rootRecordLen)
+		putHandle(v, root)
+		ops = append(ops, &pb.Op{Kind: pb.Op_KIND_PUT, Key: rootKey(e.Anchor), Value: v})
+	}
+	return ops, nil, nil
+}
+
+// retireCreatorsOps raises log's mark in ns to below (nothing if it is
+// there already).
+func retireCreatorsOps(ns *pb.Namespace, log uint64, below lock.Token) []*pb.Op {
+	if !retiredBelow(ns, log).Less(below) {
+		return nil
+	}
+	return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: retiredKey(log), Value: encodeToken(below)}}
+}
+
+// namedChunks is every chunk directory ns names: the anchors of its trees
+// and of its drops under way, and their first roots.
+func namedChunks(ns *pb.Namespace) (map[Handle]bool, error) {
+	ts, err := Trees(ns)
+	if err != nil {
+		return nil, err
+	}
+	out := map[Handle]bool{}
+	anchors := map[string]bool{}
+	for _, e := range ts {
+		out[e.Anchor] = true
+		anchors[rootKey(e.Anchor)] = true
+	}
+	for _, d := range pendingDrops(ns) {
+		out[d.Anchor] = true
+		anchors[rootKey(d.Anchor)] = true
+	}
+	for _, kv := range ns.GetEntries() {
+		if !strings.HasPrefix(kv.Key, "root/") {
+			continue
+		}
+		if len(kv.Value) != rootRecordLen {
+			return nil, fmt.Errorf("btree: directory key %q: a %d-byte root record", kv.Key, len(kv.Value))
+		}
+		if anchors[kv.Key] {
+			out[getHandle(kv.Value)] = true
+		}
+	}
+	return out, nil
+}
+
+// Directory is what the collection of a log's orphans needs of the tree
+// directory (nil: a test or simulation whose trees' chunks are untagged).
+type Directory interface {
+	// RetireCreators makes the directory refuse, from its answer on,
+	// every tree creation by a holder of log whose token is below below.
+	RetireCreators(ctx context.Context, log uint64, below lock.Token) error
+	// Named returns every chunk the directory names (namedChunks).
+	Named(ctx context.Context) (map[Handle]bool, error)
+}
+
+// MetaDirectory is the tree directory in the config service.
+type MetaDirectory struct{ Meta *meta.Client }
+
+// RetireCreators implements Directory.
+func (d MetaDirectory) RetireCreators(ctx context.Context, log uint64, below lock.Token) error {
+	_, err := d.Meta.Update(ctx, Namespace, fmt.Sprintf("retire tree creators of log %d below %v", log, below), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		return retireCreatorsOps(ns, log, below), nil
+	})
+	return err
+}
+
+// Named implements Directory.
+func (d MetaDirectory) Named(ctx context.Context) (map[Handle]bool, error) {
+	ns, err := d.Meta.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return namedChunks(ns)
+}
+
+// named is the stray collection's CacheConfig.Named: the chunks the
+// directory names, once it refuses creations by the log's earlier holders
+// (the mark the start's collection of orphans makes; until this server
+// has seen it made, it makes it itself).
+func (s *Server) named(ctx context.Context) (map[Handle]bool, error) {
+	dir := MetaDirectory{s.cfg.Meta}
+	if !s.creatorsRetired.Load() {
+		o := s.cache.cfg.Owner()
+		if err := dir.RetireCreators(ctx, o.Log, o.Token); err != nil {
+			return nil, fmt.Errorf("retiring this log's earlier holders in the tree directory: %w", err)
+		}
+		s.creatorsRetired.Store(true)
+	}
+	return dir.Named(ctx)
+}
