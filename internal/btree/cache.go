@@ -1564,7 +1564,11 @@ func (c *Cache) CollectStrays(ctx context.Context) (int, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	if c.cfg.Named != nil && len(tagged) > 0 {
+	unknown := false
+	for _, h := range tagged {
+		unknown = unknown || !known[h]
+	}
+	if c.cfg.Named != nil && unknown {
 		named, err := c.cfg.Named(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("btree: collecting strays: reading the tree directory: %w", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
@@ -61,15 +62,21 @@ func encodeToken(t lock.Token) []byte {
 	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(t.Epoch)), t.Seq)
 }
 
-// retiredBelow is log's mark in directory ns (zero: none).
-func retiredBelow(ns *pb.Namespace, log uint64) lock.Token {
+// retiredBelow is log's mark in directory ns (zero: none). A mark that
+// does not decode is an error: a creation is then refused (not let
+// through as unmarked), and the next retirement replaces it.
+func retiredBelow(ns *pb.Namespace, log uint64) (lock.Token, error) {
 	key := retiredKey(log)
 	for _, kv := range ns.GetEntries() {
-		if kv.Key == key && len(kv.Value) == 16 {
-			return lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(kv.Value)), Seq: binary.LittleEndian.Uint64(kv.Value[8:])}
+		if kv.Key != key {
+			continue
 		}
+		if len(kv.Value) != 16 {
+			return lock.Token{}, fmt.Errorf("btree: directory key %q: a %d-byte mark", key, len(kv.Value))
+		}
+		return lock.Token{Epoch: lock.Epoch(binary.LittleEndian.Uint64(kv.Value)), Seq: binary.LittleEndian.Uint64(kv.Value[8:])}, nil
 	}
-	return lock.Token{}
+	return lock.Token{}, nil
 }
 
 // ErrCreatorRetired refuses a tree creation by a server whose log has a
@@ -94,14 +101,27 @@ func createTreeOps(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner
 	if err != nil {
 		return nil, nil, err
 	}
-	if x, ok := ts[e.Name]; ok {
-		if x.Anchor == e.Anchor {
-			return nil, nil, nil // our own earlier attempt
+	if x, ok := ts[e.Name]; ok && x.Anchor == e.Anchor {
+		return nil, nil, nil // our own earlier attempt
+	}
+	for _, kv := range ns.GetEntries() {
+		if kv.Key == dropKey(e.Anchor) || kv.Key == rootKey(e.Anchor) {
+			// Our own earlier attempt too, and the tree dropped since
+			// (review 28): only this call's decree names this anchor.
+			// Success (a creation, then a drop); its chunks are the
+			// drop's to free.
+			return nil, nil, nil
 		}
+	}
+	if x, ok := ts[e.Name]; ok {
 		return nil, &x, nil
 	}
 	if !owner.IsZero() {
-		if mark := retiredBelow(ns, owner.Log); owner.Token.Less(mark) {
+		mark, err := retiredBelow(ns, owner.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		if owner.Token.Less(mark) {
 			return nil, nil, fmt.Errorf("%w (log %d, token %v, retired below %v)", ErrCreatorRetired, owner.Log, owner.Token, mark)
 		}
 	}
@@ -117,7 +137,7 @@ func createTreeOps(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner
 // retireCreatorsOps raises log's mark in ns to below (nothing if it is
 // there already).
 func retireCreatorsOps(ns *pb.Namespace, log uint64, below lock.Token) []*pb.Op {
-	if !retiredBelow(ns, log).Less(below) {
+	if mark, err := retiredBelow(ns, log); err == nil && !mark.Less(below) {
 		return nil
 	}
 	return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: retiredKey(log), Value: encodeToken(below)}}
@@ -141,15 +161,13 @@ func namedChunks(ns *pb.Namespace) (map[Handle]bool, error) {
 		anchors[rootKey(d.Anchor)] = true
 	}
 	for _, kv := range ns.GetEntries() {
-		if !strings.HasPrefix(kv.Key, "root/") {
-			continue
+		if !strings.HasPrefix(kv.Key, "root/") || !anchors[kv.Key] {
+			continue // (a record of no listed anchor stops nothing)
 		}
 		if len(kv.Value) != rootRecordLen {
 			return nil, fmt.Errorf("btree: directory key %q: a %d-byte root record", kv.Key, len(kv.Value))
 		}
-		if anchors[kv.Key] {
-			out[getHandle(kv.Value)] = true
-		}
+		out[getHandle(kv.Value)] = true
 	}
 	return out, nil
 }
@@ -184,18 +202,24 @@ func (d MetaDirectory) Named(ctx context.Context) (map[Handle]bool, error) {
 	return namedChunks(ns)
 }
 
-// named is the stray collection's CacheConfig.Named: the chunks the
-// directory names, once it refuses creations by the log's earlier holders
-// (the mark the start's collection of orphans makes; until this server
-// has seen it made, it makes it itself).
+// named is the stray collection's CacheConfig.Named (namedAfterRetiring
+// over the config service's directory).
 func (s *Server) named(ctx context.Context) (map[Handle]bool, error) {
-	dir := MetaDirectory{s.cfg.Meta}
-	if !s.creatorsRetired.Load() {
-		o := s.cache.cfg.Owner()
-		if err := dir.RetireCreators(ctx, o.Log, o.Token); err != nil {
+	return namedAfterRetiring(ctx, MetaDirectory{s.cfg.Meta}, s.cache.cfg.Owner(), &s.creatorsRetired)
+}
+
+// namedAfterRetiring returns the chunks dir names, once dir refuses
+// creations by the holders of owner's log before owner (the start's
+// collection of orphans makes that mark too; this server makes it itself
+// the first time, retired then set): else an earlier holder's creation
+// still in flight could land after the read and name a chunk the stray
+// collection then frees.
+func namedAfterRetiring(ctx context.Context, dir Directory, owner chunk.Owner, retired *atomic.Bool) (map[Handle]bool, error) {
+	if !retired.Load() {
+		if err := dir.RetireCreators(ctx, owner.Log, owner.Token); err != nil {
 			return nil, fmt.Errorf("retiring this log's earlier holders in the tree directory: %w", err)
 		}
-		s.creatorsRetired.Store(true)
+		retired.Store(true)
 	}
 	return dir.Named(ctx)
 }

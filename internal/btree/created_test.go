@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,8 +92,11 @@ func TestCreateTreeOpsRetiredCreator(t *testing.T) {
 	if err := d.RetireCreators(context.Background(), 1, newer.Token); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RetireCreators(context.Background(), 1, old.Token); err != nil || retiredBelow(d.ns, 1) != newer.Token {
-		t.Fatalf("a lower mark replaced a higher one: %v, %v", retiredBelow(d.ns, 1), err)
+	if err := d.RetireCreators(context.Background(), 1, old.Token); err != nil {
+		t.Fatal(err)
+	}
+	if mark, err := retiredBelow(d.ns, 1); err != nil || mark != newer.Token {
+		t.Fatalf("a lower mark replaced a higher one: %v, %v", mark, err)
 	}
 	if err := d.create("one", a1, r1, old); err != nil {
 		t.Fatalf("the retired owner's own earlier attempt, run again: %v (want success)", err)
@@ -129,9 +133,48 @@ func TestCreateTreeOpsRetiredCreator(t *testing.T) {
 	if ts, err := Trees(d.ns); err != nil || len(ts) != 3 {
 		t.Fatalf("Trees with the new keys: %v, %v (want the three trees)", ts, err)
 	}
+	applyOps(d.ns, []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: rootKey(Handle{CM: 1, ID: 60}), Value: []byte{1}}})
+	if _, err := namedChunks(d.ns); err != nil {
+		t.Fatalf("a malformed root record of no listed anchor stopped the read: %v", err)
+	}
 	applyOps(d.ns, []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: rootKey(a1), Value: []byte{1}}})
 	if _, err := namedChunks(d.ns); err == nil {
 		t.Fatal("a malformed root record was taken")
+	}
+	// A mark that does not decode refuses creations (it fails closed),
+	// and the next retirement replaces it.
+	applyOps(d.ns, []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: retiredKey(1), Value: []byte{1, 2}}})
+	if err := d.create("five", Handle{CM: 1, ID: 70}, Handle{CM: 1, ID: 71}, newer); err == nil {
+		t.Fatal("a creation under a mark that does not decode was let through")
+	}
+	if err := d.RetireCreators(context.Background(), 1, newer.Token); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.create("five", Handle{CM: 1, ID: 70}, Handle{CM: 1, ID: 71}, newer); err != nil {
+		t.Fatalf("after the retirement replaced the bad mark: %v", err)
+	}
+}
+
+// The stray collection's directory read (namedAfterRetiring) retires the
+// log's earlier holders first, once; a failed retirement reads nothing.
+func TestNamedAfterRetiring(t *testing.T) {
+	ctx := context.Background()
+	d := &memDirectory{ns: &pb.Namespace{Name: Namespace}}
+	owner := chunk.Owner{Log: 1, Token: lock.Token{Epoch: 2, Seq: 3}}
+	var retired atomic.Bool
+	d.failRetire = errors.New("no config service")
+	if _, err := namedAfterRetiring(ctx, d, owner, &retired); err == nil || d.namedReads != 0 || retired.Load() {
+		t.Fatalf("a failed retirement: %v, %d reads, retired %v (want an error, no read)", err, d.namedReads, retired.Load())
+	}
+	d.failRetire = nil
+	if _, err := namedAfterRetiring(ctx, d, owner, &retired); err != nil || !d.retiredBeforeFirstNamed || !retired.Load() {
+		t.Fatalf("%v; retired before the read %v", err, d.retiredBeforeFirstNamed)
+	}
+	if mark, _ := retiredBelow(d.ns, 1); mark != owner.Token {
+		t.Fatalf("mark %v, want %v", mark, owner.Token)
+	}
+	if _, err := namedAfterRetiring(ctx, d, owner, &retired); err != nil || d.retires != 1 || d.namedReads != 2 {
+		t.Fatalf("the second read: %v, %d retirements, %d reads (want 1, 2)", err, d.retires, d.namedReads)
 	}
 }
 
