@@ -172,9 +172,86 @@ func namedChunks(ns *pb.Namespace) (map[Handle]bool, error) {
 	return out, nil
 }
 
-// Directory is what the collection of a log's orphans needs of the tree
-// directory (nil: a test or simulation whose trees' chunks are untagged).
+// createTree makes tree name on cache c's server, through dir, writing
+// the new chunks with write; stop (tests) ends it at a stage as if the
+// server died there ("written": before the decree; "decreed": before the
+// disown).
+func createTree(ctx context.Context, c *Cache, dir Directory, write func(ctx context.Context, h Handle, img []byte) error, name string, cfg Config,
+	stop func(stage string, anchor, root Handle) bool) (TreeEntry, error) {
+	if err := CheckTreeName(name); err != nil {
+		return TreeEntry{}, err
+	}
+	if err := cfg.fill(); err != nil {
+		return TreeEntry{}, err
+	}
+	if e, err := dir.Lookup(ctx, name); err == nil {
+		return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
+	} else if !errors.Is(err, ErrNoTree) {
+		return TreeEntry{}, err
+	}
+	ah, err := c.allocate(ctx, AnchorSize)
+	if err != nil {
+		return TreeEntry{}, fmt.Errorf("btree: allocating the anchor: %w", err)
+	}
+	rh, err := c.allocate(ctx, uint64(cfg.NodeSize))
+	if err != nil {
+		_ = c.giveBack(ah)
+		return TreeEntry{}, fmt.Errorf("btree: allocating the root: %w", err)
+	}
+	undo := func() {
+		_ = c.giveBack(rh)
+		_ = c.giveBack(ah)
+	}
+	a, root := Init(ah, rh)
+	if err := write(ctx, rh, root.Encode(nil)); err != nil {
+		undo()
+		return TreeEntry{}, err
+	}
+	if err := write(ctx, ah, a.Encode(nil)); err != nil {
+		undo()
+		return TreeEntry{}, err
+	}
+	if stop != nil && stop("written", ah, rh) {
+		return TreeEntry{}, errTestStop
+	}
+	e := TreeEntry{Name: name, Anchor: ah, NodeSize: cfg.NodeSize, MaxFanout: cfg.MaxFanout}
+	var owner chunk.Owner
+	if c.cfg.Owner != nil {
+		owner = c.cfg.Owner()
+	}
+	existing, err := dir.Create(ctx, e, rh, owner)
+	switch {
+	case errors.Is(err, ErrCreatorRetired):
+		// A zombie: refused, nothing made (a client tries another node).
+		undo()
+		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w (%w)", name, err, ErrNotApplied)
+	case err != nil:
+		// The decree may have landed all the same (its answer lost, the
+		// client gave up): the chunks stay tagged and known to this
+		// server; the log's next holder frees them, or disowns them if
+		// the directory names them.
+		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w", name, err)
+	case existing != nil:
+		undo()
+		return *existing, fmt.Errorf("%w: %q", ErrTreeExists, name)
+	}
+	if stop != nil && stop("decreed", ah, rh) {
+		return TreeEntry{}, errTestStop
+	}
+	c.disownCreated(ah, rh)
+	return e, nil
+}
+
+// Directory is the tree directory as creations and the collections of
+// orphans need it (nil for a collection: a test or simulation whose
+// trees' chunks are untagged).
 type Directory interface {
+	// Lookup finds tree name (ErrNoTree).
+	Lookup(ctx context.Context, name string) (TreeEntry, error)
+	// Create records tree e, its first root root, made by owner, by
+	// decree (createTreeOps): existing is the entry that has the name if
+	// it is taken; ErrCreatorRetired if owner is retired.
+	Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (existing *TreeEntry, err error)
 	// RetireCreators makes the directory refuse, from its answer on,
 	// every tree creation by a holder of log whose token is below below.
 	RetireCreators(ctx context.Context, log uint64, below lock.Token) error
@@ -184,6 +261,21 @@ type Directory interface {
 
 // MetaDirectory is the tree directory in the config service.
 type MetaDirectory struct{ Meta *meta.Client }
+
+// Lookup implements Directory.
+func (d MetaDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
+	return LookupTree(ctx, d.Meta, name)
+}
+
+// Create implements Directory.
+func (d MetaDirectory) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
+	var existing *TreeEntry
+	_, err := d.Meta.Update(ctx, Namespace, "tree "+e.Name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
+		ops, existing, err = createTreeOps(ns, e, root, owner)
+		return ops, err
+	})
+	return existing, err
+}
 
 // RetireCreators implements Directory.
 func (d MetaDirectory) RetireCreators(ctx context.Context, log uint64, below lock.Token) error {

@@ -3,6 +3,7 @@ package btree
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"sync/atomic"
 	"testing"
@@ -63,17 +64,44 @@ func (d *memDirectory) Named(ctx context.Context) (map[Handle]bool, error) {
 	return namedChunks(d.ns)
 }
 
+// nsCreate applies CreateTree's decree to ns.
+func nsCreate(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
+	ops, existing, err := createTreeOps(ns, e, root, owner)
+	if err != nil || existing != nil {
+		return existing, err
+	}
+	applyOps(ns, ops)
+	return nil, nil
+}
+
+// nsLookup finds tree name in ns.
+func nsLookup(ns *pb.Namespace, name string) (TreeEntry, error) {
+	ts, err := Trees(ns)
+	if err != nil {
+		return TreeEntry{}, err
+	}
+	e, ok := ts[name]
+	if !ok {
+		return TreeEntry{}, fmt.Errorf("%w: %q", ErrNoTree, name)
+	}
+	return e, nil
+}
+
+func (d *memDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
+	return nsLookup(d.ns, name)
+}
+
+func (d *memDirectory) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
+	return nsCreate(d.ns, e, root, owner)
+}
+
 // create is CreateTree's decree.
 func (d *memDirectory) create(name string, anchor, root Handle, owner chunk.Owner) error {
-	ops, existing, err := createTreeOps(d.ns, TreeEntry{Name: name, Anchor: anchor, NodeSize: MinNodeSize, MaxFanout: 6}, root, owner)
-	if err != nil {
-		return err
+	existing, err := d.Create(context.Background(), TreeEntry{Name: name, Anchor: anchor, NodeSize: MinNodeSize, MaxFanout: 6}, root, owner)
+	if err == nil && existing != nil {
+		err = ErrTreeExists
 	}
-	if existing != nil {
-		return ErrTreeExists
-	}
-	applyOps(d.ns, ops)
-	return nil
+	return err
 }
 
 // A creation's decree is refused once its owner's log has a newer holder,

@@ -427,15 +427,21 @@ func (s *Server) Err() error {
 // Cache returns the server's cache (for its statistics).
 func (s *Server) Cache() *Cache { return s.cache }
 
-// writeNew writes a new chunk's first image under the server's fence,
-// again under the newer token if the server's own fence renewal overtook
-// the write (the fence is read without waiting for a renewal in progress:
-// fenceHolder), as WriteValue does.
+// writeNew writes a new chunk's first image under the server's fence
+// (writeFenced).
 func (s *Server) writeNew(ctx context.Context, h Handle, img []byte) error {
+	return writeFenced(ctx, chunkStore{s.cfg.Chunks}, s.currentFence, h, img)
+}
+
+// writeFenced writes a new chunk's first image under the fence current
+// returns, again under the newer token if the server's own fence renewal
+// overtook the write (the fence is read without waiting for a renewal in
+// progress: fenceHolder), as WriteValue does.
+func writeFenced(ctx context.Context, chunks Chunks, current func() *rldev.Fence, h Handle, img []byte) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		f := s.currentFence()
-		if err = (chunkStore{s.cfg.Chunks}).Write(ctx, h, img, f); err == nil || !errors.Is(err, chunk.ErrFenced) || !f.Token.Less(s.currentFence().Token) {
+		f := current()
+		if err = chunks.Write(ctx, h, img, f); err == nil || !errors.Is(err, chunk.ErrFenced) || !f.Token.Less(current().Token) {
 			return err
 		}
 	}
@@ -1067,76 +1073,10 @@ func (s *Server) dropPass(ctx context.Context) {
 
 // CreateTree makes tree name: its anchor and root chunks, allocated tagged
 // with the server's owner, written, then its entry, by decree, then the
-// chunks disowned (created.go says why). A tree of that name already
-// there: ErrTreeExists (the chunks made are freed).
+// chunks disowned (createTree; created.go says why). A tree of that name
+// already there: ErrTreeExists (the chunks made are freed).
 func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeEntry, error) {
-	if err := CheckTreeName(name); err != nil {
-		return TreeEntry{}, err
-	}
-	if err := cfg.fill(); err != nil {
-		return TreeEntry{}, err
-	}
-	if e, err := LookupTree(ctx, s.cfg.Meta, name); err == nil {
-		return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
-	} else if !errors.Is(err, ErrNoTree) {
-		return TreeEntry{}, err
-	}
-	c := s.cache
-	ah, err := c.allocate(ctx, AnchorSize)
-	if err != nil {
-		return TreeEntry{}, fmt.Errorf("btree: allocating the anchor: %w", err)
-	}
-	rh, err := c.allocate(ctx, uint64(cfg.NodeSize))
-	if err != nil {
-		_ = c.giveBack(ah)
-		return TreeEntry{}, fmt.Errorf("btree: allocating the root: %w", err)
-	}
-	undo := func() {
-		_ = c.giveBack(rh)
-		_ = c.giveBack(ah)
-	}
-	a, root := Init(ah, rh)
-	if err := s.writeNew(ctx, rh, root.Encode(nil)); err != nil {
-		undo()
-		return TreeEntry{}, err
-	}
-	if err := s.writeNew(ctx, ah, a.Encode(nil)); err != nil {
-		undo()
-		return TreeEntry{}, err
-	}
-	if s.testCreateStop != nil && s.testCreateStop("written", ah, rh) {
-		return TreeEntry{}, errTestStop
-	}
-	e := TreeEntry{Name: name, Anchor: ah, NodeSize: cfg.NodeSize, MaxFanout: cfg.MaxFanout}
-	var owner chunk.Owner
-	if c.cfg.Owner != nil {
-		owner = c.cfg.Owner()
-	}
-	var existing *TreeEntry
-	_, err = s.cfg.Meta.Update(ctx, Namespace, "tree "+name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
-		ops, existing, err = createTreeOps(ns, e, rh, owner)
-		return ops, err
-	})
-	switch {
-	case errors.Is(err, ErrCreatorRetired):
-		// A zombie: refused, nothing made (a client tries another node).
-		undo()
-		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w (%w)", name, err, ErrNotApplied)
-	case err != nil:
-		// The decree may have landed all the same (its answer lost, the
-		// client gave up): the chunks stay tagged and known to this
-		// server; the log's next holder frees them, or disowns them if
-		// the directory names them.
-		return TreeEntry{}, fmt.Errorf("btree: recording tree %q: %w", name, err)
-	case existing != nil:
-		undo()
-		return *existing, fmt.Errorf("%w: %q", ErrTreeExists, name)
-	}
-	if s.testCreateStop != nil && s.testCreateStop("decreed", ah, rh) {
-		return TreeEntry{}, errTestStop
-	}
-	c.disownCreated(ah, rh)
-	return e, nil
+	return createTree(ctx, s.cache, MetaDirectory{s.cfg.Meta}, s.writeNew, name, cfg, s.testCreateStop)
 }
 
 // DropTree removes tree name's entry, by decree, then frees every chunk of

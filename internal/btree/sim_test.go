@@ -133,6 +133,16 @@ type simWorld struct {
 	closes, closeFailed int
 	closeViolation      string // a clean close that failed with nothing in its way
 	noStragglers        bool   // teeth: Cache.Shutdown skips releaseStragglers
+	// dir is the tree directory (the config service's, simDirectory):
+	// servers create trees in it (creator, non-drop seeds) while they die,
+	// pause and are cut off; every collection of orphans and of strays
+	// reads it. created holds the creations acknowledged; createErrs
+	// counts those that failed (refused: by a retired creator).
+	dir                           *simDirectory
+	created                       map[string]TreeEntry
+	createErrs, createRefused     int
+	createExists                  int
+	unsafeCollectIgnoresDirectory bool // teeth: collections of orphans read no directory
 }
 
 type simServer struct {
@@ -155,6 +165,8 @@ type simServer struct {
 	hints                       chan hint
 	fence                       fenceHolder // the runtime's (Server.fence)
 	logHold                     Hold        // its log's lock (the runtime's log holds it: txn.OpenNamed)
+	dir                         simDirClerk // the tree directory, through its gate
+	creatorsRetired             atomic.Bool // (Server.creatorsRetired)
 }
 
 func (s *simServer) isDead() bool { return s.dead.Load() }
@@ -230,11 +242,16 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	}()
 	chunks := w.chunks.clerk(node, s.gate)
 	s.chunks = chunks
+	s.dir = w.dir.clerk(s.gate)
+	var dir Directory = s.dir
+	if w.unsafeCollectIgnoresDirectory {
+		dir = nil
+	}
 	s.clerk = w.locks.newClerk(node, func(ctx context.Context, r lock.Recovery) error {
 		if s.isDead() {
 			return errSimDead
 		}
-		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, nil, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
+		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, dir, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
 			w.replayLeaks.Add(1)
 			w.event("server %d's replay of node %d's log let value chunk %v leak: %v", node, r.Dead.Node, h, err)
 		})
@@ -285,6 +302,9 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	owner := chunk.Owner{Log: OwnerLog(node), Token: lh.Token()} // as StartServer: the log's lock token
 	if !w.untagged {
 		s.cache.setOwner(owner)
+		s.cache.cfg.Named = func(ctx context.Context) (map[Handle]bool, error) { // as StartServer's (Server.named)
+			return namedAfterRetiring(ctx, s.dir, owner, &s.creatorsRetired)
+		}
 	}
 	if abort(4) {
 		return nil, errSimAborted
@@ -317,7 +337,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		defer s.done.Done()
 		ctx, cancel := stopped()
 		defer cancel()
-		if n := collectOrphans(ctx, chunks, nil, owner.Log, owner.Token, simLog, "start"); n > 0 {
+		if n := collectOrphans(ctx, chunks, dir, owner.Log, owner.Token, simLog, "start"); n > 0 {
 			w.event("server %d freed %d chunks earlier holders of its log left", node, n)
 		}
 	}()
@@ -865,6 +885,7 @@ type simResult struct {
 	aborted, failovers, allRuns                                  int // servers killed while they started; master failovers; "all" runs
 	lostAllocs, orphans, disowned                                int // allocations whose answer was lost; chunks the final collection freed; chunks checkpoints disowned
 	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
+	created, createErrs, createRefused, dirLost, dirRefused      int // creations acknowledged, failed, refused as retired; directory decrees whose answer was lost; creations the directory refused
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -882,6 +903,7 @@ const (
 	teethUncovered                  // recovery runs replay a log whose lock they do not cover
 	teethStragglers                 // clean closes leave the pins of operations still in the cache
 	teethStraysIgnoreLinks          // stray collections free chunks committed changes name, not disowned yet
+	teethCollectIgnoresDirectory    // collections of orphans free what the tree directory names
 	logFreesOnly                    // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -927,6 +949,122 @@ func (w *simWorld) healAll() error {
 
 // dropper marks the tree dropped through a live server, once, a while into
 // the load (retrying through another server if that one fails).
+// simCreations bounds the trees a seed creates.
+const simCreations = 8
+
+// creator creates trees through random live servers every 10-60 ms, up to
+// simCreations, while the faults run: CreateTree's own steps (createTree)
+// on the server's cache, chunks and directory clerk. A quarter of the
+// creations kill their server just after the chunks were written (before
+// the decree), another quarter just after the decree (before the disown):
+// the windows the collections of orphans must get right; an eighth freeze
+// their server past its lease just before the decree (a zombie's
+// creation, which the directory must refuse once a recovery ran).
+func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	for i := 0; i < simCreations; i++ {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(10+w.rand(50)) * time.Millisecond):
+		}
+		s := w.pick()
+		if s == nil {
+			continue
+		}
+		name := fmt.Sprintf("c%02d", i)
+		dieAt := [8]string{"", "", "", "written", "written", "decreed", "decreed", "pause"}[w.rand(8)]
+		write := func(ctx context.Context, h Handle, img []byte) error {
+			return writeFenced(ctx, s.chunks, s.currentFence, h, img)
+		}
+		var paused sync.WaitGroup
+		ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+		e, err := createTree(ctx, s.cache, s.dir, write, name, Config{NodeSize: w.nodeSize, MaxFanout: 4}, func(stage string, a, r Handle) bool {
+			if dieAt == "pause" && stage == "written" && s.disrupted.CompareAndSwap(false, true) {
+				// Frozen past its lease before its decree: declared
+				// dead, its log recovered (its creations retired),
+				// then its decree goes out.
+				w.mu.Lock()
+				w.disrupts++
+				w.mu.Unlock()
+				paused.Add(1)
+				go func() {
+					defer paused.Done()
+					w.disrupt(s, 0, 3*(w.locks.lease+w.locks.grace))
+				}()
+				time.Sleep(time.Millisecond)
+				return false
+			}
+			if stage != dieAt {
+				return false
+			}
+			w.event("server %d dies creating tree %s (%v, %v) once %s", s.node, name, a, r, stage)
+			w.die(s)
+			return true
+		})
+		cancel()
+		paused.Wait()
+		w.mu.Lock()
+		switch {
+		case err == nil:
+			w.created[name] = e
+		case errors.Is(err, ErrCreatorRetired):
+			w.createRefused++
+		case errors.Is(err, ErrTreeExists):
+			w.createExists++
+		default:
+			w.createErrs++
+		}
+		w.mu.Unlock()
+		w.event("server %d created tree %s: %v (%v)", s.node, name, e.Anchor, err)
+	}
+}
+
+// checkCreated checks the trees the directory lists once the faults are
+// over and the orphans collected: every acknowledged creation is listed
+// with its anchor (durable once acknowledged), and every listed tree's
+// anchor and first root are allocated, untagged, and decode as an empty
+// tree's; they join reachable (the leak check's).
+func (w *simWorld) checkCreated(ctx context.Context, reachable map[Handle]bool) error {
+	listed := w.dir.trees()
+	for name, e := range w.created {
+		if x, ok := listed[name]; !ok || x.Anchor != e.Anchor {
+			return fmt.Errorf("tree %s, whose creation was acknowledged (anchor %v), is not listed (%+v)", name, e.Anchor, x)
+		}
+	}
+	named := w.dir.named()
+	cl := w.chunks.clerk(0, func(context.Context) error { return nil })
+	for name, e := range listed {
+		b, err := cl.Read(ctx, e.Anchor, AnchorSize)
+		if err != nil {
+			return fmt.Errorf("listed tree %s: its anchor %v: %v", name, e.Anchor, err)
+		}
+		a, err := DecodeAnchor(b, e.Anchor)
+		if err != nil {
+			return fmt.Errorf("listed tree %s: %v", name, err)
+		}
+		if !named[a.Root] {
+			return fmt.Errorf("listed tree %s: its root %v has no record", name, a.Root)
+		}
+		b, err = cl.Read(ctx, a.Root, uint64(e.NodeSize))
+		if err != nil {
+			return fmt.Errorf("listed tree %s: its root %v: %v", name, a.Root, err)
+		}
+		if _, err := Decode(b, e.Anchor.ID, a.Root); err != nil {
+			return fmt.Errorf("listed tree %s: its root: %v", name, err)
+		}
+		w.chunks.mu.Lock()
+		_, ta := w.chunks.tag[e.Anchor]
+		_, tr := w.chunks.tag[a.Root]
+		w.chunks.mu.Unlock()
+		if ta || tr {
+			return fmt.Errorf("listed tree %s: its anchor or root is still tagged after the collections", name)
+		}
+		reachable[e.Anchor], reachable[a.Root] = true, true
+	}
+	return nil
+}
+
 func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
 	select {
@@ -1039,12 +1177,23 @@ func (w *simWorld) collectAll(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("listing log %d's orphans: %v", n, err)
 		}
+		named := w.dir.named()
+		var disown []Handle
 		for _, h := range hs {
+			if named[h] {
+				disown = append(disown, h) // a created tree's, its creator died before its disown
+				continue
+			}
 			if err := cl.Free(ctx, h); err != nil {
 				return fmt.Errorf("freeing log %d's orphan %v: %v", n, h, err)
 			}
 		}
-		w.orphans.Add(int64(len(hs)))
+		if len(disown) > 0 {
+			if err := cl.Disown(ctx, disown); err != nil {
+				return fmt.Errorf("disowning log %d's created trees' chunks: %v", n, err)
+			}
+		}
+		w.orphans.Add(int64(len(hs) - len(disown)))
 	}
 	return nil
 }
@@ -1092,6 +1241,9 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 	for n := uint64(1); n <= 3; n++ {
 		w.devs[n] = newSimDevice(devBlocks)
 	}
+	w.dir = newSimDirectory(rand.New(rand.NewSource(seed + 3)))
+	w.dir.lossRate = 0.1
+	w.created = map[string]TreeEntry{}
 	w.chunks.next = 2
 	w.anchor = Handle{CM: 1, ID: 1}
 	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
@@ -1128,6 +1280,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.noStragglers = teeth == teethStragglers
 	w.untagged, w.replayKeepsTags = teeth == teethUntagged, teeth == teethReplayKeepsTags
 	w.straysIgnoreLinks = teeth == teethStraysIgnoreLinks
+	w.unsafeCollectIgnoresDirectory = teeth == teethCollectIgnoresDirectory
 	w.biasAborts = teeth == teethUncovered || os.Getenv("GROVE_SIM_BIAS_ABORTS") != ""
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
@@ -1165,6 +1318,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	if w.drop {
 		fwg.Add(1)
 		go w.dropper(stop, &fwg)
+	} else if !w.untagged {
+		fwg.Add(1)
+		go w.creator(stop, &fwg)
 	}
 	cwg.Wait()
 	close(stop)
@@ -1305,9 +1461,17 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			return res, fmt.Errorf("key %q: the chunks hold %q, the final reads %q", k, sh.Vals[i], final[string(k)])
 		}
 	}
-	if err := w.checkLeaks(sh.Chunks, h); err != nil {
+	reachable := sh.Chunks
+	if err := w.checkCreated(ctx, reachable); err != nil {
 		return res, err
 	}
+	if err := w.checkLeaks(reachable, h); err != nil {
+		return res, err
+	}
+	res.created, res.createErrs, res.createRefused = len(w.created), w.createErrs, w.createRefused
+	w.dir.mu.Lock()
+	res.dirLost, res.dirRefused = w.dir.lost, w.dir.refused
+	w.dir.mu.Unlock()
 	w.chunks.mu.Lock()
 	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
 	res.orphans = int(w.orphans.Load())
@@ -1407,13 +1571,20 @@ func TestSimTree(t *testing.T) {
 		total.strays += r.strays
 		total.closes += r.closes
 		total.closeFailed += r.closeFailed
+		total.created += r.created
+		total.createErrs += r.createErrs
+		total.createRefused += r.createRefused
+		total.dirLost += r.dirLost
+		total.dirRefused += r.dirRefused
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
+	t.Logf("tree creations: %d acknowledged, %d failed (half killed their server on purpose, an eighth froze it), %d refused as the creator was retired; %d directory decrees' answers lost",
+		total.created, total.createErrs, total.createRefused, total.dirLost)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0) {
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }
@@ -1548,6 +1719,16 @@ func TestSimTeethReplayKeepsTags(t *testing.T) {
 // take a chunk a committed change names, but that the server has not
 // disowned yet, for a stray free it under the tree: caught (a read finds
 // the chunk gone, the history, or the walk).
+// TestSimTeethCollectIgnoresDirectory: recoveries and starts that collect
+// a log's orphans without the tree directory free the anchor or root of a
+// tree created just before its creator died.
+func TestSimTeethCollectIgnoresDirectory(t *testing.T) {
+	expectTeeth(t, "collections of orphans that ignore the directory", 20, func(seed int64) error {
+		_, err := runSim(t, seed, teethCollectIgnoresDirectory, 40)
+		return err
+	}, "listed tree")
+}
+
 func TestSimTeethStraysIgnoreLinks(t *testing.T) {
 	expectTeeth(t, "stray collections that ignore links", 60, func(seed int64) error {
 		_, err := runSim(t, seed, teethStraysIgnoreLinks, 40)

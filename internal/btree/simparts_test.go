@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
@@ -940,4 +941,119 @@ func newSoloServer(t *testing.T, ctx context.Context, locks *simLocks, chunks Ch
 	clerk.onRevoke = cache.Revoked
 	locks.mu.Unlock()
 	return &soloServer{clerk: clerk, fence: fence, logFence: rldev.Fence{Name: txn.LockName(LogName(1)), Token: lh.Token()}, cache: cache}
+}
+
+// simDirectory is the config service's tree directory as the simulator
+// keeps it: one namespace, each decree computed from it and applied at
+// once, as meta.Client.Update's conditional decrees are, one at a time. A
+// decree's answer is lost lossRate of the time, after it was applied: the
+// caller is told it failed (Update gave up), or, half the time, the
+// decree is computed again from the namespace it changed (Update's retry
+// after a stale version: createTreeOps must take its own committed
+// attempt for success).
+type simDirectory struct {
+	mu       sync.Mutex
+	r        *rand.Rand
+	ns       *pb.Namespace
+	lossRate float64
+	// Counters: decrees whose answer was lost, those run again, the
+	// creations refused as retired, the retirements made.
+	lost, rerun, refused, retires int
+}
+
+func newSimDirectory(r *rand.Rand) *simDirectory {
+	return &simDirectory{r: r, ns: &pb.Namespace{Name: Namespace}}
+}
+
+// clerk is a server's view of the directory: each call passes its gate
+// first (a dead server's fails; a paused one's waits, and goes out late).
+func (d *simDirectory) clerk(gate func(context.Context) error) simDirClerk {
+	return simDirClerk{d: d, gate: gate}
+}
+
+type simDirClerk struct {
+	d    *simDirectory
+	gate func(context.Context) error
+}
+
+var errSimDecreeLost = errors.New("sim: the directory decree's answer was lost")
+
+func (c simDirClerk) Lookup(ctx context.Context, name string) (TreeEntry, error) {
+	if err := c.gate(ctx); err != nil {
+		return TreeEntry{}, err
+	}
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return nsLookup(c.d.ns, name)
+}
+
+func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	d := c.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	existing, err := nsCreate(d.ns, e, root, owner)
+	if errors.Is(err, ErrCreatorRetired) {
+		d.refused++
+	}
+	if err == nil && existing == nil && d.r.Float64() < d.lossRate {
+		d.lost++
+		if d.r.Intn(2) == 0 {
+			return nil, errSimDecreeLost
+		}
+		d.rerun++
+		return nsCreate(d.ns, e, root, owner)
+	}
+	return existing, err
+}
+
+func (c simDirClerk) RetireCreators(ctx context.Context, log uint64, below lock.Token) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	d := c.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ops := retireCreatorsOps(d.ns, log, below); len(ops) > 0 {
+		applyOps(d.ns, ops)
+		d.retires++
+	}
+	if d.r.Float64() < d.lossRate {
+		d.lost++
+		return errSimDecreeLost
+	}
+	return nil
+}
+
+func (c simDirClerk) Named(ctx context.Context) (map[Handle]bool, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return namedChunks(c.d.ns)
+}
+
+// trees lists the directory's trees.
+func (d *simDirectory) trees() map[string]TreeEntry {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ts, err := Trees(d.ns)
+	if err != nil {
+		panic(err)
+	}
+	return ts
+}
+
+// named is what the directory names now.
+func (d *simDirectory) named() map[Handle]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n, err := namedChunks(d.ns)
+	if err != nil {
+		panic(err)
+	}
+	return n
 }
