@@ -893,18 +893,18 @@ type simResult struct {
 type simTeeth int
 
 const (
-	teethNone              simTeeth = iota
-	teethStale                      // caches serve images after giving their leases up
-	teethLeaseTime                  // caches serve images past their leases' time
-	teethIgnoreDropped              // (with a drop) caches serve a dropped tree as a live one
-	teethUntagged                   // allocations carry no owner tag
-	teethReplayKeepsTags            // replays leave the chunks committed changes name tagged
-	teethKeepOldValues              // updates never free the value chunks they replaced
-	teethUncovered                  // recovery runs replay a log whose lock they do not cover
-	teethStragglers                 // clean closes leave the pins of operations still in the cache
-	teethStraysIgnoreLinks          // stray collections free chunks committed changes name, not disowned yet
-	teethCollectIgnoresDirectory    // collections of orphans free what the tree directory names
-	logFreesOnly                    // (not teeth) updates leave the old value's free to their change's free record
+	teethNone                    simTeeth = iota
+	teethStale                            // caches serve images after giving their leases up
+	teethLeaseTime                        // caches serve images past their leases' time
+	teethIgnoreDropped                    // (with a drop) caches serve a dropped tree as a live one
+	teethUntagged                         // allocations carry no owner tag
+	teethReplayKeepsTags                  // replays leave the chunks committed changes name tagged
+	teethKeepOldValues                    // updates never free the value chunks they replaced
+	teethUncovered                        // recovery runs replay a log whose lock they do not cover
+	teethStragglers                       // clean closes leave the pins of operations still in the cache
+	teethStraysIgnoreLinks                // stray collections free chunks committed changes name, not disowned yet
+	teethCollectIgnoresDirectory          // collections of orphans free what the tree directory names
+	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
 // healAll brings every server back and makes sure no dead incarnation's
