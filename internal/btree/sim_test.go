@@ -886,6 +886,7 @@ type simResult struct {
 	lostAllocs, orphans, disowned                                int // allocations whose answer was lost; chunks the final collection freed; chunks checkpoints disowned
 	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
 	created, createErrs, createRefused, dirLost, dirRefused      int // creations acknowledged, failed, refused as retired; directory decrees whose answer was lost; creations the directory refused
+	createExists, dirLate                                        int // creations that found their name taken; creation decrees that landed after their caller was told they failed
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -952,8 +953,8 @@ func (w *simWorld) healAll() error {
 // simCreations bounds the trees a seed creates.
 const simCreations = 8
 
-// creator creates trees through random live servers every 10-60 ms, up to
-// simCreations, while the faults run: CreateTree's own steps (createTree)
+// creator creates trees through random live servers every 5-30 ms, up to
+// simCreations (of fewer names: some clash), while the faults run: CreateTree's own steps (createTree)
 // on the server's cache, chunks and directory clerk. A quarter of the
 // creations kill their server just after the chunks were written (before
 // the decree), another quarter just after the decree (before the disown):
@@ -966,13 +967,13 @@ func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 		select {
 		case <-stop:
 			return
-		case <-time.After(time.Duration(10+w.rand(50)) * time.Millisecond):
+		case <-time.After(time.Duration(5+w.rand(25)) * time.Millisecond):
 		}
 		s := w.pick()
 		if s == nil {
 			continue
 		}
-		name := fmt.Sprintf("c%02d", i)
+		name := fmt.Sprintf("c%02d", w.rand(simCreations*3/4)) // (some names clash)
 		dieAt := [8]string{"", "", "", "written", "written", "decreed", "decreed", "pause"}[w.rand(8)]
 		write := func(ctx context.Context, h Handle, img []byte) error {
 			return writeFenced(ctx, s.chunks, s.currentFence, h, img)
@@ -1007,6 +1008,11 @@ func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 		w.mu.Lock()
 		switch {
 		case err == nil:
+			if x, ok := w.created[name]; ok && x.Anchor != e.Anchor {
+				w.mu.Unlock()
+				w.t.Errorf("seed %d: tree %s created twice, anchors %v and %v", w.seed, name, x.Anchor, e.Anchor)
+				return
+			}
 			w.created[name] = e
 		case errors.Is(err, ErrCreatorRetired):
 			w.createRefused++
@@ -1433,6 +1439,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		}
 	}
 	w.chunks.late.Wait()
+	w.dir.late.Wait()
 	if err := w.collectAll(ctx); err != nil {
 		return res, err
 	}
@@ -1470,7 +1477,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	}
 	res.created, res.createErrs, res.createRefused = len(w.created), w.createErrs, w.createRefused
 	w.dir.mu.Lock()
-	res.dirLost, res.dirRefused = w.dir.lost, w.dir.refused
+	res.dirLost, res.dirRefused, res.dirLate = w.dir.lost, w.dir.refused, w.dir.landedLate
+	res.createExists = w.createExists
 	w.dir.mu.Unlock()
 	w.chunks.mu.Lock()
 	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
@@ -1576,15 +1584,17 @@ func TestSimTree(t *testing.T) {
 		total.createRefused += r.createRefused
 		total.dirLost += r.dirLost
 		total.dirRefused += r.dirRefused
+		total.createExists += r.createExists
+		total.dirLate += r.dirLate
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
-	t.Logf("tree creations: %d acknowledged, %d failed (half killed their server on purpose, an eighth froze it), %d refused as the creator was retired; %d directory decrees' answers lost",
-		total.created, total.createErrs, total.createRefused, total.dirLost)
+	t.Logf("tree creations: %d trees acknowledged, %d creations failed (half killed their server on purpose, an eighth froze it), %d found the name taken, %d refused as the creator was retired; %d directory decrees' answers lost, %d creation decrees landed after their caller was told they failed",
+		total.created, total.createErrs, total.createExists, total.createRefused, total.dirLost, total.dirLate)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0) {
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }

@@ -946,19 +946,25 @@ func newSoloServer(t *testing.T, ctx context.Context, locks *simLocks, chunks Ch
 // simDirectory is the config service's tree directory as the simulator
 // keeps it: one namespace, each decree computed from it and applied at
 // once, as meta.Client.Update's conditional decrees are, one at a time. A
-// decree's answer is lost lossRate of the time, after it was applied: the
-// caller is told it failed (Update gave up), or, half the time, the
-// decree is computed again from the namespace it changed (Update's retry
-// after a stale version: createTreeOps must take its own committed
-// attempt for success).
+// decree's answer is lost lossRate of the time: after it was applied, the
+// caller is told it failed (Update gave up), or, as often, the decree is
+// computed again from the namespace it changed (Update's retry after a
+// stale version: createTreeOps must take its own committed attempt for
+// success); or the creation's decree is held back and lands 1-30 ms after
+// its caller was told it failed (a proposal still in flight when Update
+// gave up), computed then from the namespace as it is (the real decree,
+// conditional on the version it was computed from, is refused after any
+// change: the stand-in lets more through, never less).
 type simDirectory struct {
 	mu       sync.Mutex
 	r        *rand.Rand
 	ns       *pb.Namespace
 	lossRate float64
-	// Counters: decrees whose answer was lost, those run again, the
-	// creations refused as retired, the retirements made.
-	lost, rerun, refused, retires int
+	late     sync.WaitGroup
+	// Counters: decrees whose answer was lost, those run again, those
+	// that landed late, the creations refused as retired, the
+	// retirements made.
+	lost, rerun, landedLate, refused, retires int
 }
 
 func newSimDirectory(r *rand.Rand) *simDirectory {
@@ -994,6 +1000,24 @@ func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner
 	d := c.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.r.Float64() < d.lossRate/2 {
+		d.lost++
+		delay := time.Duration(1+d.r.Intn(30)) * time.Millisecond
+		d.late.Add(1)
+		go func() {
+			defer d.late.Done()
+			time.Sleep(delay)
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			existing, err := nsCreate(d.ns, e, root, owner)
+			if errors.Is(err, ErrCreatorRetired) {
+				d.refused++
+			} else if err == nil && existing == nil {
+				d.landedLate++
+			}
+		}()
+		return nil, fmt.Errorf("sim: the creation's decree is still in flight: %w", context.DeadlineExceeded)
+	}
 	existing, err := nsCreate(d.ns, e, root, owner)
 	if errors.Is(err, ErrCreatorRetired) {
 		d.refused++
