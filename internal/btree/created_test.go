@@ -3,7 +3,6 @@ package btree
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand"
 	"sync/atomic"
 	"testing"
@@ -74,21 +73,8 @@ func nsCreate(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner) (*T
 	return nil, nil
 }
 
-// nsLookup finds tree name in ns.
-func nsLookup(ns *pb.Namespace, name string) (TreeEntry, error) {
-	ts, err := Trees(ns)
-	if err != nil {
-		return TreeEntry{}, err
-	}
-	e, ok := ts[name]
-	if !ok {
-		return TreeEntry{}, fmt.Errorf("%w: %q", ErrNoTree, name)
-	}
-	return e, nil
-}
-
 func (d *memDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
-	return nsLookup(d.ns, name)
+	return lookupIn(d.ns, name)
 }
 
 func (d *memDirectory) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {

@@ -193,6 +193,11 @@ func LookupTree(ctx context.Context, m *meta.Client, name string) (TreeEntry, er
 	if err != nil {
 		return TreeEntry{}, err
 	}
+	return lookupIn(ns, name)
+}
+
+// lookupIn finds tree name in directory ns.
+func lookupIn(ns *pb.Namespace, name string) (TreeEntry, error) {
 	ts, err := Trees(ns)
 	if err != nil {
 		return TreeEntry{}, err

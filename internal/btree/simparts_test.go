@@ -990,7 +990,7 @@ func (c simDirClerk) Lookup(ctx context.Context, name string) (TreeEntry, error)
 	}
 	c.d.mu.Lock()
 	defer c.d.mu.Unlock()
-	return nsLookup(c.d.ns, name)
+	return lookupIn(c.d.ns, name)
 }
 
 func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
