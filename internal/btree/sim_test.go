@@ -174,6 +174,19 @@ type simServer struct {
 func (s *simServer) isDead() bool { return s.dead.Load() }
 
 // gate is what a call of s to the storage meets before it is sent.
+// dirGate is gate for the tree directory's calls: the config service is
+// a service of its own, which a server cut off the storage still reaches
+// (its chunk calls fail while its decrees go through).
+func (s *simServer) dirGate(ctx context.Context) error {
+	if err := s.waitRunning(ctx); err != nil {
+		return err
+	}
+	if s.isDead() {
+		return errSimDead
+	}
+	return nil
+}
+
 func (s *simServer) gate(ctx context.Context) error {
 	if err := s.waitRunning(ctx); err != nil {
 		return err
@@ -244,7 +257,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	}()
 	chunks := w.chunks.clerk(node, s.gate)
 	s.chunks = chunks
-	s.dir = w.dir.clerk(s.gate)
+	s.dir = w.dir.clerk(s.dirGate)
 	var dir Directory = s.dir
 	if w.unsafeCollectIgnoresDirectory {
 		dir = nil
