@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
@@ -257,6 +258,15 @@ type Directory interface {
 	RetireCreators(ctx context.Context, log uint64, below lock.Token) error
 	// Named returns every chunk the directory names (namedChunks).
 	Named(ctx context.Context) (map[Handle]bool, error)
+	// RecordDrop removes tree e's name and records its drop, marked at
+	// marked, by decree (dropTreeOps): ErrNoTree if the name no longer
+	// names e's tree and no drop of it is recorded.
+	RecordDrop(ctx context.Context, e TreeEntry, marked time.Time) error
+	// Drops lists the drops under way.
+	Drops(ctx context.Context) ([]pendingDrop, error)
+	// Dropped removes tree e's drop record and its first root's, by
+	// decree (droppedOps): its chunks are freed.
+	Dropped(ctx context.Context, e TreeEntry) error
 }
 
 // MetaDirectory is the tree directory in the config service.

@@ -73,6 +73,33 @@ func nsCreate(ns *pb.Namespace, e TreeEntry, root Handle, owner chunk.Owner) (*T
 	return nil, nil
 }
 
+// nsRecordDrop is a drop's decree on ns, as MetaDirectory.RecordDrop
+// makes it.
+func nsRecordDrop(ns *pb.Namespace, e TreeEntry, marked time.Time) error {
+	ops, applied, err := dropTreeOps(ns, e, marked)
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return droppedDrop(ns, e)
+	}
+	applyOps(ns, ops)
+	return nil
+}
+
+func (d *memDirectory) RecordDrop(ctx context.Context, e TreeEntry, marked time.Time) error {
+	return nsRecordDrop(d.ns, e, marked)
+}
+
+func (d *memDirectory) Drops(ctx context.Context) ([]pendingDrop, error) {
+	return pendingDrops(d.ns), nil
+}
+
+func (d *memDirectory) Dropped(ctx context.Context, e TreeEntry) error {
+	applyOps(d.ns, droppedOps(d.ns, e.Anchor))
+	return nil
+}
+
 func (d *memDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
 	return lookupIn(d.ns, name)
 }

@@ -1104,31 +1104,15 @@ func (s *Server) DropTree(ctx context.Context, name string) error {
 func (s *Server) DropWait() time.Duration { return 10*s.cfg.OpTimeout + time.Minute }
 
 // BeginDrop marks tree name's anchor dropped, removes the name from the
-// directory and records the drop; the chunks are freed by FinishDrops
-// (every server's dropper runs it). If the mark is made but the decree
-// fails, the tree answers as dropped and the name stays listed until this
-// server's dropper settles it (its next pass), a drop of it is tried
-// again, or an operation on it settles it.
+// directory and records the drop (beginDrop); the chunks are freed by
+// FinishDrops (every server's dropper runs it). If the mark is made but
+// the decree fails, the tree answers as dropped and the name stays listed
+// until this server's dropper settles it (its next pass), a drop of it is
+// tried again, or an operation on it settles it.
 func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) {
-	e, err := LookupTree(ctx, s.cfg.Meta, name)
+	e, unsettled, err := beginDrop(ctx, s.cache, MetaDirectory{s.cfg.Meta}, name, s.testDecreeFails)
 	if err != nil {
-		return TreeEntry{}, err
-	}
-	// First the anchor says "dropped", durably, under its lock (which
-	// takes every server's cached anchor away): the drop takes effect
-	// there, and no operation starts on the tree after it, on any server,
-	// even one that still knows the tree by its name.
-	if err := s.markDropped(ctx, s.cache.Store(e.Anchor, e.NodeSize, nil)); err != nil {
-		return TreeEntry{}, err
-	}
-	if s.testDecreeFails != nil {
-		err = s.testDecreeFails() // (as if the decree failed)
-	}
-	if err == nil {
-		err = s.recordDrop(ctx, e)
-	}
-	if err != nil {
-		if !errors.Is(err, ErrNoTree) {
+		if unsettled {
 			s.mu.Lock()
 			s.mu.unsettled[name] = true
 			s.mu.Unlock()
@@ -1139,167 +1123,27 @@ func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) 
 	return e, nil
 }
 
-// markDropped marks a tree's anchor dropped (nothing if it is already).
-func (s *Server) markDropped(ctx context.Context, st *TreeStore) error { return markDropped(ctx, st) }
-
-func markDropped(ctx context.Context, st *TreeStore) error {
-	a, err := st.lockAnchor(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Unlock(st.anchor, lock.Exclusive)
-	if a.Dropped {
-		return nil
-	}
-	na := a.Clone()
-	na.Dropped = true
-	lsn, err := st.Commit(ctx, nil, na, nil)
-	if err != nil {
-		return err
-	}
-	return st.Durable(ctx, lsn)
-}
-
-// recordDrop, one decree: the name goes, the drop is recorded (so that it
-// is finished even if this server dies before it frees everything).
-// ErrNoTree if the name no longer names that tree (a drop raced with
-// this one).
-func (s *Server) recordDrop(ctx context.Context, e TreeEntry) error {
-	applied := false
-	_, err := s.cfg.Meta.Update(ctx, Namespace, "drop tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
-		applied = false
-		ts, err := Trees(ns)
-		if err != nil {
-			return nil, err
-		}
-		if x, ok := ts[e.Name]; !ok || x.Anchor != e.Anchor {
-			return nil, nil
-		}
-		applied = true
-		return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(e.Name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor),
-			Value: encodeDrop(pendingDrop{TreeEntry: e, Marked: time.Now()})}}, nil
-	})
-	if err == nil && !applied {
-		// Recorded already (another server settled this drop) or dropped
-		// by another drop: either way no longer under this name.
-		if ns, rerr := s.cfg.Meta.Read(ctx, Namespace); rerr == nil {
-			for _, d := range pendingDrops(ns) {
-				if d.Anchor == e.Anchor {
-					return nil
-				}
-			}
-		}
-		err = fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
-	}
-	return err
-}
-
 // SettleDrop finishes the directory's side of a drop cut off between its
-// two steps: tree name's anchor says dropped (an operation found it so),
-// but the directory still lists it. The name goes and the drop is
-// recorded, as DropTree would have done.
-// It fails only if it could not find out or could not settle.
+// two steps (settleDrop). It fails only if it could not find out or could
+// not settle.
 func (s *Server) SettleDrop(ctx context.Context, name string) error {
-	e, err := LookupTree(ctx, s.cfg.Meta, name)
-	if errors.Is(err, ErrNoTree) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	if _, err := s.cache.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx); err == nil {
-		return nil // a live tree (a new one of the same name)
-	} else if !errors.Is(err, ErrNoTree) {
-		return err
-	}
-	err = s.recordDrop(ctx, e)
-	if err == nil {
+	settled, err := settleDrop(ctx, s.cache, MetaDirectory{s.cfg.Meta}, name)
+	if settled {
 		s.log.Info("settled a drop cut off half-way", "tree", name)
-	} else if errors.Is(err, ErrNoTree) {
-		return nil // settled by another
 	}
 	return err
-}
-
-// finishDrop frees a dropped tree's chunks, then removes its drop record.
-// Chunks are freed level by level from the leaves up, the removed nodes
-// of a node's garbage list before it, the anchor last: a drop cut off and
-// resumed finds every chunk not yet freed from the anchor down.
-func (s *Server) finishDrop(ctx context.Context, e TreeEntry) error {
-	st := s.cache.Store(e.Anchor, e.NodeSize, nil)
-	done := func() error {
-		_, err := s.cfg.Meta.Update(ctx, Namespace, "dropped tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
-			var ops []*pb.Op // the drop's record, and its first root's (created.go)
-			for _, kv := range ns.GetEntries() {
-				if kv.Key == dropKey(e.Anchor) || kv.Key == rootKey(e.Anchor) {
-					ops = append(ops, &pb.Op{Kind: pb.Op_KIND_DELETE, Key: kv.Key})
-				}
-			}
-			return ops, nil
-		})
-		return err
-	}
-	if err := s.markDropped(ctx, st); errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
-		return done() // another server finished it
-	} else if err != nil {
-		return err
-	}
-	// The anchor's image, not its lock: after the mark and DropWait
-	// nothing changes the tree (no operation starts on a dropped anchor,
-	// and every one that began before has ended), so the walk needs no
-	// lock, and servers that still know the tree by name read the dropped
-	// anchor meanwhile and look the name up again.
-	if err := freeDropped(ctx, st, s.cfg.Chunks.Free); err != nil {
-		return err
-	}
-	return done()
-}
-
-// freeDropped frees the chunks of a tree whose anchor is marked dropped
-// (markDropped), DropWait after the mark: its nodes in dropOrder, then
-// its anchor (nothing if another server freed it already).
-func freeDropped(ctx context.Context, st *TreeStore, free func(context.Context, Handle) error) error {
-	a, err := st.lockAnchor(ctx)
-	if errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	st.Unlock(st.anchor, lock.Exclusive)
-	if !a.Dropped {
-		return fmt.Errorf("btree: freeing tree %v, whose anchor is not marked dropped", st.anchor)
-	}
-	order, err := dropOrder(ctx, st, a)
-	if err != nil {
-		return err
-	}
-	for _, h := range append(order, st.anchor) {
-		if err := free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
-			return err
-		}
-		st.c.Drop(h)
-	}
-	return nil
 }
 
 // FinishDrops finishes every drop marked at least minAge ago (the dropper
-// passes DropWait).
+// passes DropWait): finishDrops on this server.
 func (s *Server) FinishDrops(ctx context.Context, minAge time.Duration) {
-	ns, err := s.cfg.Meta.Read(ctx, Namespace)
-	if err != nil {
-		return
-	}
-	for _, d := range pendingDrops(ns) {
-		if time.Since(d.Marked) < minAge {
-			continue
-		}
-		e := d.TreeEntry
-		if err := s.finishDrop(ctx, e); err != nil && s.ctx.Err() == nil {
+	finishDrops(ctx, s.cache, MetaDirectory{s.cfg.Meta}, s.cfg.Chunks.Free, minAge, func(e TreeEntry, err error) {
+		if err != nil && s.ctx.Err() == nil {
 			s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
 		} else if err == nil {
 			s.log.Info("finished a tree's drop", "tree", e.Name)
 		}
-	}
+	})
 }
 
 // dropOrder lists a tree's node chunks (not its anchor) in the order a drop

@@ -145,6 +145,15 @@ type simWorld struct {
 	createErrs, createRefused     int
 	createExists                  int
 	unsafeCollectIgnoresDirectory bool // teeth: collections of orphans read no directory
+	// The creator drops trees too (dropOne), and settles and finishes
+	// drops (dropPass). dropped holds the anchors whose drop was
+	// acknowledged, maybeDropped those of acknowledged creations whose
+	// drop failed (its outcome unknown: the oracle excuses them), and
+	// unsettled the names whose drop may have been cut off after its mark.
+	dropped, maybeDropped                 map[Handle]bool
+	unsettled                             map[string]bool
+	drops, dropErrs, dropNoTree, dropDied int
+	settled, dropsFinished, finishErrs    int
 }
 
 type simServer struct {
@@ -902,6 +911,8 @@ type simResult struct {
 	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
 	created, createErrs, createRefused, dirLost, dirRefused      int // creations acknowledged, failed, refused as retired; directory decrees whose answer was lost; creations the directory refused
 	createExists, dirLate, createdTagged                         int // creations that found their name taken; creation decrees that landed after their caller was told they failed; created trees' chunks left tagged for the final collection
+	drops, dropErrs, dropNoTree, dropDied, dropsLate             int // drops acknowledged, failed, of no tree; drops whose server died after the mark; drop decrees that landed after their caller was told they failed
+	settled, dropsFinished, finishErrs                           int // drops cut off after their mark and settled; drops finished; finishes that failed (tried again)
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -920,6 +931,7 @@ const (
 	teethStragglers                       // clean closes leave the pins of operations still in the cache
 	teethStraysIgnoreLinks                // stray collections free chunks committed changes name, not disowned yet
 	teethCollectIgnoresDirectory          // collections of orphans free what the tree directory names
+	teethDropKeepsName                    // a drop's decree leaves the tree's name listed
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -965,20 +977,33 @@ func (w *simWorld) healAll() error {
 
 // dropper marks the tree dropped through a live server, once, a while into
 // the load (retrying through another server if that one fails).
-// simCreations bounds the trees a seed creates.
-const simCreations = 8
+// simCreations and simDrops are how many trees a seed creates and drops,
+// on average (simCreations+simDrops steps in all).
+const simCreations, simDrops = 8, 4
 
-// creator creates trees through random live servers every 5-30 ms, up to
-// simCreations (of fewer names: some clash), while the faults run: CreateTree's own steps (createTree)
-// on the server's cache, chunks and directory clerk. A quarter of the
-// creations kill their server just after the chunks were written (before
-// the decree), another quarter just after the decree (before the disown):
-// the windows the collections of orphans must get right; an eighth freeze
-// their server past its lease just before the decree (a zombie's
-// creation, which the directory must refuse once a recovery ran).
+// simDropWait is the simulator's DropWait: how long after its mark a
+// drop is finished. No operation runs on the created trees, so it need
+// only outlast what a creation or a drop leaves in flight (the stand-ins'
+// late decrees and chunk calls, at most 30 ms).
+const simDropWait = 50 * time.Millisecond
+
+// creator creates and drops trees through random live servers every 5-30
+// ms, while the faults run (about simCreations creations of fewer names:
+// some clash; simDrops drops), and after each step settles the drops cut
+// off after their mark and finishes those simDropWait old (dropPass).
+//
+// A creation runs CreateTree's own steps (createTree) on the server's
+// cache, chunks and directory clerk. A quarter of the creations kill
+// their server just after the chunks were written (before the decree),
+// another quarter just after the decree (before the disown): the windows
+// the collections of orphans must get right; an eighth freeze their server
+// past its lease just before the decree (a zombie's creation, which the
+// directory must refuse once a recovery ran). A drop runs DropTree's
+// (beginDrop); a quarter kill their server between the anchor's mark and
+// the decree.
 func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
-	for i := 0; i < simCreations; i++ {
+	for i := 0; i < simCreations+simDrops; i++ {
 		select {
 		case <-stop:
 			return
@@ -988,64 +1013,226 @@ func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 		if s == nil {
 			continue
 		}
-		name := fmt.Sprintf("c%02d", w.rand(simCreations*3/4)) // (some names clash)
-		dieAt := [8]string{"", "", "", "written", "written", "decreed", "decreed", "pause"}[w.rand(8)]
-		write := func(ctx context.Context, h Handle, img []byte) error {
-			return writeFenced(ctx, s.chunks, s.currentFence, h, img)
+		if w.rand(simCreations+simDrops) < simDrops {
+			w.dropOne(s)
+		} else {
+			w.createOne(s)
 		}
-		var paused sync.WaitGroup
-		ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
-		e, err := createTree(ctx, s.cache, s.dir, write, name, Config{NodeSize: w.nodeSize, MaxFanout: 4}, func(stage string, a, r Handle) bool {
-			if dieAt == "pause" && stage == "written" && s.disrupted.CompareAndSwap(false, true) {
-				// Frozen past its lease before its decree: declared
-				// dead, its log recovered (its creations retired),
-				// then its decree goes out.
-				w.mu.Lock()
-				w.disrupts++
-				w.mu.Unlock()
-				paused.Add(1)
-				go func() {
-					defer paused.Done()
-					w.disrupt(s, 0, 3*(w.locks.lease+w.locks.grace))
-				}()
-				time.Sleep(time.Millisecond)
-				return false
-			}
-			if stage != dieAt {
-				return false
-			}
-			w.event("server %d dies creating tree %s (%v, %v) once %s", s.node, name, a, r, stage)
-			w.die(s)
-			return true
-		})
-		cancel()
-		paused.Wait()
-		w.mu.Lock()
-		switch {
-		case err == nil:
-			if x, ok := w.created[name]; ok && x.Anchor != e.Anchor {
-				w.mu.Unlock()
-				w.t.Errorf("seed %d: tree %s created twice, anchors %v and %v", w.seed, name, x.Anchor, e.Anchor)
-				return
-			}
-			w.created[name] = e
-		case errors.Is(err, ErrCreatorRetired):
-			w.createRefused++
-		case errors.Is(err, ErrTreeExists):
-			w.createExists++
-		default:
-			w.createErrs++
-		}
-		w.mu.Unlock()
-		w.event("server %d created tree %s: %v (%v)", s.node, name, e.Anchor, err)
+		w.dropPass(simDropWait)
 	}
 }
 
+// createOne creates a tree through s (creator).
+func (w *simWorld) createOne(s *simServer) {
+	name := fmt.Sprintf("c%02d", w.rand(simCreations*3/4)) // (some names clash)
+	dieAt := [8]string{"", "", "", "written", "written", "decreed", "decreed", "pause"}[w.rand(8)]
+	write := func(ctx context.Context, h Handle, img []byte) error {
+		return writeFenced(ctx, s.chunks, s.currentFence, h, img)
+	}
+	var paused sync.WaitGroup
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	e, err := createTree(ctx, s.cache, s.dir, write, name, Config{NodeSize: w.nodeSize, MaxFanout: 4}, func(stage string, a, r Handle) bool {
+		if dieAt == "pause" && stage == "written" && s.disrupted.CompareAndSwap(false, true) {
+			// Frozen past its lease before its decree: declared
+			// dead, its log recovered (its creations retired),
+			// then its decree goes out.
+			w.mu.Lock()
+			w.disrupts++
+			w.mu.Unlock()
+			paused.Add(1)
+			go func() {
+				defer paused.Done()
+				w.disrupt(s, 0, 3*(w.locks.lease+w.locks.grace))
+			}()
+			time.Sleep(time.Millisecond)
+			return false
+		}
+		if stage != dieAt {
+			return false
+		}
+		w.event("server %d dies creating tree %s (%v, %v) once %s", s.node, name, a, r, stage)
+		w.die(s)
+		return true
+	})
+	cancel()
+	paused.Wait()
+	w.mu.Lock()
+	switch {
+	case err == nil:
+		if x, ok := w.created[name]; ok && x.Anchor != e.Anchor {
+			w.mu.Unlock()
+			w.t.Errorf("seed %d: tree %s created twice, anchors %v and %v", w.seed, name, x.Anchor, e.Anchor)
+			return
+		}
+		w.created[name] = e
+	case errors.Is(err, ErrCreatorRetired):
+		w.createRefused++
+	case errors.Is(err, ErrTreeExists):
+		w.createExists++
+	default:
+		w.createErrs++
+	}
+	w.mu.Unlock()
+	w.event("server %d created tree %s: %v (%v)", s.node, name, e.Anchor, err)
+}
+
+// dropOne drops a tree through s (creator): three times in four one the
+// directory lists (as an operator would pick it), else a name of the
+// creations', listed or not.
+func (w *simWorld) dropOne(s *simServer) {
+	name := fmt.Sprintf("c%02d", w.rand(simCreations*3/4))
+	var listed []string
+	for n := range w.dir.trees() {
+		listed = append(listed, n)
+	}
+	if sort.Strings(listed); len(listed) > 0 && w.rand(4) > 0 {
+		name = listed[w.rand(len(listed))]
+	}
+	die := w.rand(4) == 0
+	w.mu.Lock()
+	was, acked := w.created[name]
+	w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	e, unsettled, err := beginDrop(ctx, s.cache, s.dir, name, func() error {
+		if !die {
+			return nil
+		}
+		w.event("server %d dies dropping tree %s once its anchor is marked", s.node, name)
+		w.die(s)
+		return errTestStop
+	})
+	cancel()
+	w.mu.Lock()
+	switch {
+	case err == nil:
+		w.drops++
+		w.dropped[e.Anchor] = true
+		if acked && was.Anchor == e.Anchor {
+			delete(w.created, name)
+		}
+	case errors.Is(err, ErrNoTree):
+		w.dropNoTree++
+	default:
+		if die {
+			w.dropDied++
+		} else {
+			w.dropErrs++
+		}
+		if acked {
+			// Its anchor may be marked (and the decree may land late).
+			w.maybeDropped[was.Anchor] = true
+			delete(w.created, name)
+		}
+		if unsettled || die {
+			// The dropper of a live server would settle it; a dead
+			// one's is gone, and an operation on the tree would.
+			w.unsettled[name] = true
+		}
+	}
+	w.mu.Unlock()
+	w.event("server %d dropped tree %s: %v (%v)", s.node, name, e.Anchor, err)
+}
+
+// dropPass is a server's dropper pass (Server.dropPass) on a random live
+// server: the drops cut off after their mark are settled, the drops
+// minAge old finished.
+func (w *simWorld) dropPass(minAge time.Duration) {
+	s := w.pick()
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	defer cancel()
+	w.mu.Lock()
+	var names []string
+	for n := range w.unsettled {
+		names = append(names, n)
+	}
+	w.mu.Unlock()
+	sort.Strings(names)
+	for _, n := range names {
+		settled, err := settleDrop(ctx, s.cache, s.dir, n)
+		w.mu.Lock()
+		if err == nil {
+			delete(w.unsettled, n)
+		}
+		if settled {
+			w.settled++
+		}
+		w.mu.Unlock()
+	}
+	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, minAge, func(e TreeEntry, err error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if err != nil {
+			w.finishErrs++
+		} else {
+			w.dropsFinished++
+		}
+		w.event("server %d finished the drop of tree %s (%v): %v", s.node, e.Name, e.Anchor, err)
+	})
+}
+
+// finishAllDrops settles and finishes every drop once the faults are over
+// (the directory loses no answer), through server 1, as the servers'
+// droppers and the operations that find a dropped anchor would: every
+// listed tree whose anchor is marked dropped is settled (and only those). Then no drop is
+// left, no acknowledged drop's tree is listed, and its anchor is free
+// (the leak check finds any other chunk of it left allocated).
+func (w *simWorld) finishAllDrops(ctx context.Context) error {
+	s := w.servers[1]
+	cl := w.chunks.clerk(0, func(context.Context) error { return nil })
+	for name, e := range w.dir.trees() {
+		// Only a tree whose anchor says dropped: settleDrop takes an
+		// anchor that is gone for dropped too, and would hide a listed
+		// tree whose chunks were freed from checkCreated.
+		if b, err := cl.Read(ctx, e.Anchor, AnchorSize); err != nil {
+			continue
+		} else if a, err := DecodeAnchor(b, e.Anchor); err != nil || !a.Dropped {
+			continue
+		}
+		settled, err := settleDrop(ctx, s.cache, s.dir, name)
+		if err != nil {
+			return fmt.Errorf("settling tree %s's drop: %v", name, err)
+		}
+		if settled {
+			w.settled++
+		}
+	}
+	var failed error
+	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, 0, func(e TreeEntry, err error) {
+		if err != nil && failed == nil {
+			failed = fmt.Errorf("finishing tree %s's drop (%v): %v", e.Name, e.Anchor, err)
+		} else if err == nil {
+			w.dropsFinished++
+		}
+	})
+	if failed != nil {
+		return failed
+	}
+	if ds := w.dir.drops(); len(ds) > 0 {
+		return fmt.Errorf("%d drops left after the last pass, the first of tree %s (%v)", len(ds), ds[0].Name, ds[0].Anchor)
+	}
+	listed := w.dir.trees()
+	for a := range w.dropped {
+		for name, e := range listed {
+			if e.Anchor == a {
+				return fmt.Errorf("tree %s (%v), whose drop was acknowledged, is listed", name, a)
+			}
+		}
+		if _, err := cl.Read(ctx, a, AnchorSize); !errors.Is(err, chunk.ErrUnallocated) {
+			return fmt.Errorf("the anchor %v of a tree whose drop was acknowledged and finished is not free (%v)", a, err)
+		}
+	}
+	return nil
+}
+
 // checkCreated checks the trees the directory lists once the faults are
-// over and the orphans collected: every acknowledged creation is listed
-// with its anchor (durable once acknowledged), and every listed tree's
-// anchor and first root are allocated and decode as an empty tree's; they
-// join reachable (the leak check's). (Their tags are not checked: the
+// over, the drops finished and the orphans collected: every acknowledged
+// creation is listed with its anchor (durable once acknowledged) unless
+// a drop of it failed (its outcome unknown), and every listed tree's
+// anchor and first root are allocated and decode as a live empty tree's;
+// they join reachable (the leak check's). (Their tags are not checked: the
 // final collection, collectAll, disowns what the directory names, as the
 // log's next holder would; it counts them, createdTagged.)
 func (w *simWorld) checkCreated(ctx context.Context, reachable map[Handle]bool) error {
@@ -1065,6 +1252,9 @@ func (w *simWorld) checkCreated(ctx context.Context, reachable map[Handle]bool) 
 		a, err := DecodeAnchor(b, e.Anchor)
 		if err != nil {
 			return fmt.Errorf("listed tree %s: %v", name, err)
+		}
+		if a.Dropped {
+			return fmt.Errorf("listed tree %s: its anchor %v is marked dropped", name, e.Anchor)
 		}
 		if !named[a.Root] {
 			return fmt.Errorf("listed tree %s: its root %v has no record", name, a.Root)
@@ -1261,6 +1451,7 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 	w.dir = newSimDirectory(rand.New(rand.NewSource(seed + 3)))
 	w.dir.lossRate = 0.1
 	w.created = map[string]TreeEntry{}
+	w.dropped, w.maybeDropped, w.unsettled = map[Handle]bool{}, map[Handle]bool{}, map[string]bool{}
 	w.chunks.next = 2
 	w.anchor = Handle{CM: 1, ID: 1}
 	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
@@ -1298,6 +1489,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.untagged, w.replayKeepsTags = teeth == teethUntagged, teeth == teethReplayKeepsTags
 	w.straysIgnoreLinks = teeth == teethStraysIgnoreLinks
 	w.unsafeCollectIgnoresDirectory = teeth == teethCollectIgnoresDirectory
+	w.dir.unsafeKeepName = teeth == teethDropKeepsName
 	w.biasAborts = teeth == teethUncovered || os.Getenv("GROVE_SIM_BIAS_ABORTS") != ""
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
@@ -1451,6 +1643,12 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	}
 	w.chunks.late.Wait()
 	w.dir.late.Wait()
+	w.dir.mu.Lock()
+	w.dir.lossRate = 0
+	w.dir.mu.Unlock()
+	if err := w.finishAllDrops(ctx); err != nil {
+		return res, err
+	}
 	if err := w.collectAll(ctx); err != nil {
 		return res, err
 	}
@@ -1491,7 +1689,12 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	res.dirLost, res.dirRefused, res.dirLate = w.dir.lost, w.dir.refused, w.dir.landedLate
 	res.createExists = w.createExists
 	res.createdTagged = int(w.createdTagged.Load())
+	res.dropsLate = w.dir.dropsLate
 	w.dir.mu.Unlock()
+	w.mu.Lock()
+	res.drops, res.dropErrs, res.dropNoTree, res.dropDied = w.drops, w.dropErrs, w.dropNoTree, w.dropDied
+	res.settled, res.dropsFinished, res.finishErrs = w.settled, w.dropsFinished, w.finishErrs
+	w.mu.Unlock()
 	w.chunks.mu.Lock()
 	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
 	res.orphans = int(w.orphans.Load())
@@ -1599,15 +1802,26 @@ func TestSimTree(t *testing.T) {
 		total.createExists += r.createExists
 		total.dirLate += r.dirLate
 		total.createdTagged += r.createdTagged
+		total.drops += r.drops
+		total.dropErrs += r.dropErrs
+		total.dropNoTree += r.dropNoTree
+		total.dropDied += r.dropDied
+		total.dropsLate += r.dropsLate
+		total.settled += r.settled
+		total.dropsFinished += r.dropsFinished
+		total.finishErrs += r.finishErrs
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
 	t.Logf("tree creations: %d trees acknowledged, %d creations failed (half killed their server on purpose, an eighth froze it), %d found the name taken, %d refused as the creator was retired; %d directory decrees' answers lost, %d creation decrees landed after their caller was told they failed; %d created trees' chunks left tagged for the final collection",
 		total.created, total.createErrs, total.createExists, total.createRefused, total.dirLost, total.dirLate, total.createdTagged)
+	t.Logf("tree drops: %d acknowledged, %d failed, %d killed their server after the mark, %d found no tree; %d drop decrees landed after their caller was told they failed; %d drops cut off after their mark settled; %d drops finished (%d finishes failed and were tried again)",
+		total.drops, total.dropErrs, total.dropDied, total.dropNoTree, total.dropsLate, total.settled, total.dropsFinished, total.finishErrs)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0) {
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+		total.drops == 0 || total.dropDied == 0 || total.settled == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }
@@ -1749,7 +1963,16 @@ func TestSimTeethCollectIgnoresDirectory(t *testing.T) {
 	expectTeeth(t, "collections of orphans that ignore the directory", 20, func(seed int64) error {
 		_, err := runSim(t, seed, teethCollectIgnoresDirectory, 40)
 		return err
-	}, "listed tree")
+	}, "listed tree", "is not listed")
+}
+
+// TestSimTeethDropKeepsName: a drop whose decree leaves the tree's name
+// listed (its chunks then freed under it) is caught.
+func TestSimTeethDropKeepsName(t *testing.T) {
+	expectTeeth(t, "drops that leave the name", 20, func(seed int64) error {
+		_, err := runSim(t, seed, teethDropKeepsName, 40)
+		return err
+	}, "listed tree", "is listed")
 }
 
 func TestSimTeethStraysIgnoreLinks(t *testing.T) {

@@ -963,8 +963,11 @@ type simDirectory struct {
 	late     sync.WaitGroup
 	// Counters: decrees whose answer was lost, those run again, those
 	// that landed late, the creations refused as retired, the
-	// retirements made.
-	lost, rerun, landedLate, refused, retires int
+	// retirements made, the drop decrees that landed late.
+	lost, rerun, landedLate, refused, retires, dropsLate int
+	// unsafeKeepName (teeth): a drop's decree records the drop but
+	// leaves the tree's name.
+	unsafeKeepName bool
 }
 
 func newSimDirectory(r *rand.Rand) *simDirectory {
@@ -1058,6 +1061,97 @@ func (c simDirClerk) Named(ctx context.Context) (map[Handle]bool, error) {
 	c.d.mu.Lock()
 	defer c.d.mu.Unlock()
 	return namedChunks(c.d.ns)
+}
+
+func (c simDirClerk) RecordDrop(ctx context.Context, e TreeEntry, marked time.Time) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	d := c.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.r.Float64() < d.lossRate/2 {
+		d.lost++
+		delay := time.Duration(1+d.r.Intn(30)) * time.Millisecond
+		d.late.Add(1)
+		go func() {
+			defer d.late.Done()
+			time.Sleep(delay)
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if ops, applied, err := d.dropOps(e, marked); err == nil && applied {
+				applyOps(d.ns, ops)
+				d.dropsLate++
+			}
+		}()
+		return fmt.Errorf("sim: the drop's decree is still in flight: %w", context.DeadlineExceeded)
+	}
+	ops, applied, err := d.dropOps(e, marked)
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return droppedDrop(d.ns, e)
+	}
+	applyOps(d.ns, ops)
+	if d.r.Float64() < d.lossRate {
+		d.lost++
+		if d.r.Intn(2) == 0 {
+			return errSimDecreeLost
+		}
+		d.rerun++
+		if _, applied, err := d.dropOps(e, marked); err != nil || applied {
+			return fmt.Errorf("sim: a drop's decree run again applies again (%v)", err)
+		}
+		return droppedDrop(d.ns, e)
+	}
+	return nil
+}
+
+// dropOps is dropTreeOps, or with unsafeKeepName its decree without the
+// name's removal (and then applied only once).
+func (d *simDirectory) dropOps(e TreeEntry, marked time.Time) ([]*pb.Op, bool, error) {
+	ops, applied, err := dropTreeOps(d.ns, e, marked)
+	if !d.unsafeKeepName || !applied {
+		return ops, applied, err
+	}
+	for _, kv := range d.ns.GetEntries() {
+		if kv.Key == dropKey(e.Anchor) {
+			return nil, false, nil
+		}
+	}
+	return ops[1:], true, nil
+}
+
+func (c simDirClerk) Drops(ctx context.Context) ([]pendingDrop, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return pendingDrops(c.d.ns), nil
+}
+
+func (c simDirClerk) Dropped(ctx context.Context, e TreeEntry) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	d := c.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	applyOps(d.ns, droppedOps(d.ns, e.Anchor))
+	if d.r.Float64() < d.lossRate {
+		d.lost++
+		return errSimDecreeLost
+	}
+	return nil
+}
+
+// drops lists the drops under way.
+func (d *simDirectory) drops() []pendingDrop {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return pendingDrops(d.ns)
 }
 
 // trees lists the directory's trees.

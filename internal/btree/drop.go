@@ -1,0 +1,245 @@
+package btree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/lock"
+)
+
+// A tree's drop, in three steps, each safe to cut off and to run again:
+//
+//  1. beginDrop marks the tree's anchor dropped, durably, under its lock:
+//     the drop takes effect there (no operation starts on the tree after
+//     it, on any server).
+//  2. Then one decree removes the name and records the drop
+//     (Directory.RecordDrop: a drop/ key with the entry and the mark's
+//     time). A drop cut off between 1 and 2 is settled (settleDrop) by its
+//     server's next dropper pass, a drop tried again, or an operation that
+//     finds the anchor dropped.
+//  3. DropWait after the mark, any server's dropper (finishDrops) frees
+//     the tree's chunks from the leaves up, the anchor last, then removes
+//     the drop's record and its first root's (Directory.Dropped). While
+//     the record is there the collections of orphans disown, never free,
+//     the anchor and first root (created.go): a creator that died before
+//     its disown leaves them tagged.
+//
+// The server and the simulator run these functions over their own
+// Directory (the config service's, MetaDirectory; the simulator's
+// stand-in, whose decrees lose their answers).
+
+// beginDrop marks tree name's anchor dropped (through c), then removes the
+// name from dir and records the drop. unsettled: the mark is made, the
+// decree failed (the caller settles the drop later). decreeFails (tests)
+// fails the decree as if it had.
+func beginDrop(ctx context.Context, c *Cache, dir Directory, name string, decreeFails func() error) (e TreeEntry, unsettled bool, err error) {
+	e, err = dir.Lookup(ctx, name)
+	if err != nil {
+		return TreeEntry{}, false, err
+	}
+	// First the anchor says "dropped", durably, under its lock (which
+	// takes every server's cached anchor away): the drop takes effect
+	// there, and no operation starts on the tree after it, on any server,
+	// even one that still knows the tree by its name.
+	if err := markDropped(ctx, c.Store(e.Anchor, e.NodeSize, nil)); err != nil {
+		return TreeEntry{}, false, err
+	}
+	if decreeFails != nil {
+		err = decreeFails() // (as if the decree failed)
+	}
+	if err == nil {
+		err = dir.RecordDrop(ctx, e, time.Now())
+	}
+	if err != nil {
+		return TreeEntry{}, !errors.Is(err, ErrNoTree), err
+	}
+	return e, false, nil
+}
+
+// markDropped marks a tree's anchor dropped (nothing if it is already).
+func markDropped(ctx context.Context, st *TreeStore) error {
+	a, err := st.lockAnchor(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Unlock(st.anchor, lock.Exclusive)
+	if a.Dropped {
+		return nil
+	}
+	na := a.Clone()
+	na.Dropped = true
+	lsn, err := st.Commit(ctx, nil, na, nil)
+	if err != nil {
+		return err
+	}
+	return st.Durable(ctx, lsn)
+}
+
+// dropTreeOps is a drop's decree on ns: the name goes, the drop is
+// recorded with its mark's time (so that it is finished even if its server
+// dies before it frees everything). applied false: the name no longer
+// names e's tree (this drop's earlier attempt landed, or another drop).
+func dropTreeOps(ns *pb.Namespace, e TreeEntry, marked time.Time) (ops []*pb.Op, applied bool, err error) {
+	ts, err := Trees(ns)
+	if err != nil {
+		return nil, false, err
+	}
+	if x, ok := ts[e.Name]; !ok || x.Anchor != e.Anchor {
+		return nil, false, nil
+	}
+	return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: treeKey(e.Name)}, {Kind: pb.Op_KIND_PUT, Key: dropKey(e.Anchor),
+		Value: encodeDrop(pendingDrop{TreeEntry: e, Marked: marked})}}, true, nil
+}
+
+// droppedDrop is dropTreeOps not applied: nil if ns records e's drop (an
+// earlier attempt of it, or another server's settling of it), else
+// ErrNoTree (dropped by another drop, and finished).
+func droppedDrop(ns *pb.Namespace, e TreeEntry) error {
+	for _, d := range pendingDrops(ns) {
+		if d.Anchor == e.Anchor {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
+}
+
+// droppedOps is a finished drop's decree: its record and its first
+// root's (created.go) go.
+func droppedOps(ns *pb.Namespace, anchor Handle) []*pb.Op {
+	var ops []*pb.Op
+	for _, kv := range ns.GetEntries() {
+		if kv.Key == dropKey(anchor) || kv.Key == rootKey(anchor) {
+			ops = append(ops, &pb.Op{Kind: pb.Op_KIND_DELETE, Key: kv.Key})
+		}
+	}
+	return ops
+}
+
+// settleDrop finishes the directory's side of a drop cut off between its
+// two steps: tree name's anchor says dropped (an operation found it so),
+// but the directory still lists it. The name goes and the drop is
+// recorded, as beginDrop would have done. settled: this call did it.
+// It fails only if it could not find out or could not settle.
+func settleDrop(ctx context.Context, c *Cache, dir Directory, name string) (settled bool, err error) {
+	e, err := dir.Lookup(ctx, name)
+	if errors.Is(err, ErrNoTree) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	if _, err := c.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx); err == nil {
+		return false, nil // a live tree (a new one of the same name)
+	} else if !errors.Is(err, ErrNoTree) {
+		return false, err
+	}
+	err = dir.RecordDrop(ctx, e, time.Now())
+	if errors.Is(err, ErrNoTree) {
+		return false, nil // settled by another
+	}
+	return err == nil, err
+}
+
+// finishDrops finishes every drop dir records that was marked at least
+// minAge ago (finishDrop), telling done of each (err nil: finished).
+func finishDrops(ctx context.Context, c *Cache, dir Directory, free func(context.Context, Handle) error, minAge time.Duration, done func(TreeEntry, error)) {
+	ds, err := dir.Drops(ctx)
+	if err != nil {
+		return
+	}
+	for _, d := range ds {
+		if time.Since(d.Marked) < minAge {
+			continue
+		}
+		done(d.TreeEntry, finishDrop(ctx, c, dir, free, d.TreeEntry))
+	}
+}
+
+// finishDrop frees a dropped tree's chunks, then removes its drop record.
+// Chunks are freed level by level from the leaves up, the removed nodes
+// of a node's garbage list before it, the anchor last: a drop cut off and
+// resumed finds every chunk not yet freed from the anchor down.
+func finishDrop(ctx context.Context, c *Cache, dir Directory, free func(context.Context, Handle) error, e TreeEntry) error {
+	st := c.Store(e.Anchor, e.NodeSize, nil)
+	if err := markDropped(ctx, st); errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
+		return dir.Dropped(ctx, e) // another server finished it
+	} else if err != nil {
+		return err
+	}
+	// The anchor's image, not its lock: after the mark and DropWait
+	// nothing changes the tree (no operation starts on a dropped anchor,
+	// and every one that began before has ended), so the walk needs no
+	// lock, and servers that still know the tree by name read the dropped
+	// anchor meanwhile and look the name up again.
+	if err := freeDropped(ctx, st, free); err != nil {
+		return err
+	}
+	return dir.Dropped(ctx, e)
+}
+
+// freeDropped frees the chunks of a tree whose anchor is marked dropped
+// (markDropped), DropWait after the mark: its nodes in dropOrder, then
+// its anchor (nothing if another server freed it already).
+func freeDropped(ctx context.Context, st *TreeStore, free func(context.Context, Handle) error) error {
+	a, err := st.lockAnchor(ctx)
+	if errors.Is(err, ErrGone) || errors.Is(err, ErrNoTree) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	st.Unlock(st.anchor, lock.Exclusive)
+	if !a.Dropped {
+		return fmt.Errorf("btree: freeing tree %v, whose anchor is not marked dropped", st.anchor)
+	}
+	order, err := dropOrder(ctx, st, a)
+	if err != nil {
+		return err
+	}
+	for _, h := range append(order, st.anchor) {
+		if err := free(ctx, h); err != nil && !errors.Is(err, chunk.ErrUnallocated) {
+			return err
+		}
+		st.c.Drop(h)
+	}
+	return nil
+}
+
+// RecordDrop implements Directory.
+func (d MetaDirectory) RecordDrop(ctx context.Context, e TreeEntry, marked time.Time) error {
+	applied := false
+	_, err := d.Meta.Update(ctx, Namespace, "drop tree "+e.Name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
+		ops, applied, err = dropTreeOps(ns, e, marked)
+		return ops, err
+	})
+	if err == nil && !applied {
+		// Recorded already (another server settled this drop, or an
+		// attempt of this call landed) or dropped by another drop.
+		ns, rerr := d.Meta.Read(ctx, Namespace)
+		if rerr != nil {
+			return fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
+		}
+		return droppedDrop(ns, e)
+	}
+	return err
+}
+
+// Drops implements Directory.
+func (d MetaDirectory) Drops(ctx context.Context) ([]pendingDrop, error) {
+	ns, err := d.Meta.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return pendingDrops(ns), nil
+}
+
+// Dropped implements Directory.
+func (d MetaDirectory) Dropped(ctx context.Context, e TreeEntry) error {
+	_, err := d.Meta.Update(ctx, Namespace, "dropped tree "+e.Name, func(ns *pb.Namespace) ([]*pb.Op, error) {
+		return droppedOps(ns, e.Anchor), nil
+	})
+	return err
+}
