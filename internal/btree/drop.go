@@ -28,6 +28,15 @@ import (
 //     the anchor and first root (created.go): a creator that died before
 //     its disown leaves them tagged.
 //
+// Every decree of a creation or a drop ends within OpTimeout of its start
+// (Server.CreateTree and BeginDrop bound it, whatever their caller's
+// context), well within DropWait: a creation's decree run again by
+// meta.Client.Update after a lost answer cannot land after the drop of the
+// tree it made was finished (its drop/ and root/ keys gone) and list the
+// freed anchor again (review 30). A decree still in flight when Update
+// gave up cannot land late either: the config service applies it only on
+// the namespace version it was computed from.
+//
 // The server and the simulator run these functions over their own
 // Directory (the config service's, MetaDirectory; the simulator's
 // stand-in, whose decrees lose their answers).
@@ -45,7 +54,13 @@ func beginDrop(ctx context.Context, c *Cache, dir Directory, name string, decree
 	// takes every server's cached anchor away): the drop takes effect
 	// there, and no operation starts on the tree after it, on any server,
 	// even one that still knows the tree by its name.
-	if err := markDropped(ctx, c.Store(e.Anchor, e.NodeSize, nil)); err != nil {
+	if err := markDropped(ctx, c.Store(e.Anchor, e.NodeSize, nil)); errors.Is(err, ErrNoTree) {
+		// The anchor is freed, yet the name is listed (a drop finished
+		// under a name a creation's late attempt listed again, which
+		// the bound on decrees rules out, or a defect): the drop is
+		// recorded all the same, and its finish removes the rest, so
+		// that the name does not stay stuck.
+	} else if err != nil {
 		return TreeEntry{}, false, err
 	}
 	if decreeFails != nil {
@@ -210,19 +225,22 @@ func freeDropped(ctx context.Context, st *TreeStore, free func(context.Context, 
 
 // RecordDrop implements Directory.
 func (d MetaDirectory) RecordDrop(ctx context.Context, e TreeEntry, marked time.Time) error {
-	applied := false
+	var notApplied error
 	_, err := d.Meta.Update(ctx, Namespace, "drop tree "+e.Name, func(ns *pb.Namespace) (ops []*pb.Op, err error) {
-		ops, applied, err = dropTreeOps(ns, e, marked)
+		ops, applied, err := dropTreeOps(ns, e, marked)
+		notApplied = nil
+		if err == nil && !applied {
+			// Recorded already (another server settled this drop, or
+			// an attempt of this call landed) or dropped by another
+			// drop: read on the namespace the decree was computed
+			// from (review 30: a second read could fail, or see the
+			// drop finished meanwhile).
+			notApplied = droppedDrop(ns, e)
+		}
 		return ops, err
 	})
-	if err == nil && !applied {
-		// Recorded already (another server settled this drop, or an
-		// attempt of this call landed) or dropped by another drop.
-		ns, rerr := d.Meta.Read(ctx, Namespace)
-		if rerr != nil {
-			return fmt.Errorf("%w: %q (dropped meanwhile)", ErrNoTree, e.Name)
-		}
-		return droppedDrop(ns, e)
+	if err == nil {
+		return notApplied
 	}
 	return err
 }

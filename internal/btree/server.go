@@ -274,6 +274,9 @@ type Server struct {
 	settling sync.Map // tree names whose drop is being settled (SettleDrop)
 	// testDecreeFails, in tests, fails a drop's decree (it is not made).
 	testDecreeFails func() error
+	// testDirectory, in tests, replaces the config service's tree
+	// directory for creations and drops.
+	testDirectory Directory
 }
 
 type hint struct {
@@ -1080,8 +1083,25 @@ func (s *Server) dropPass(ctx context.Context) {
 // with the server's owner, written, then its entry, by decree, then the
 // chunks disowned (createTree; created.go says why). A tree of that name
 // already there: ErrTreeExists (the chunks made are freed).
+//
+// It is bounded by OpTimeout (OpContext), whatever the caller's context:
+// a drop is finished only DropWait after its mark, so no attempt of this
+// creation's decree (meta.Client.Update runs it again after a lost answer)
+// can land after the drop of the tree it made was finished and name its
+// freed chunks again (drop.go; review 30).
 func (s *Server) CreateTree(ctx context.Context, name string, cfg Config) (TreeEntry, error) {
-	return createTree(ctx, s.cache, MetaDirectory{s.cfg.Meta}, s.writeNew, name, cfg, s.testCreateStop)
+	ctx, cancel := s.OpContext(ctx)
+	defer cancel()
+	return createTree(ctx, s.cache, s.directory(), s.writeNew, name, cfg, s.testCreateStop)
+}
+
+// directory is the tree directory this server's creations and drops use:
+// the config service's (a test's stand-in if set).
+func (s *Server) directory() Directory {
+	if s.testDirectory != nil {
+		return s.testDirectory
+	}
+	return MetaDirectory{s.cfg.Meta}
 }
 
 // DropTree removes tree name's entry, by decree, then frees every chunk of
@@ -1109,8 +1129,12 @@ func (s *Server) DropWait() time.Duration { return 10*s.cfg.OpTimeout + time.Min
 // the decree fails, the tree answers as dropped and the name stays listed
 // until this server's dropper settles it (its next pass), a drop of it is
 // tried again, or an operation on it settles it.
+//
+// It is bounded by OpTimeout (OpContext), as CreateTree is.
 func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) {
-	e, unsettled, err := beginDrop(ctx, s.cache, MetaDirectory{s.cfg.Meta}, name, s.testDecreeFails)
+	ctx, cancel := s.OpContext(ctx)
+	defer cancel()
+	e, unsettled, err := beginDrop(ctx, s.cache, s.directory(), name, s.testDecreeFails)
 	if err != nil {
 		if unsettled {
 			s.mu.Lock()
@@ -1127,7 +1151,9 @@ func (s *Server) BeginDrop(ctx context.Context, name string) (TreeEntry, error) 
 // two steps (settleDrop). It fails only if it could not find out or could
 // not settle.
 func (s *Server) SettleDrop(ctx context.Context, name string) error {
-	settled, err := settleDrop(ctx, s.cache, MetaDirectory{s.cfg.Meta}, name)
+	ctx, cancel := s.OpContext(ctx)
+	defer cancel()
+	settled, err := settleDrop(ctx, s.cache, s.directory(), name)
 	if settled {
 		s.log.Info("settled a drop cut off half-way", "tree", name)
 	}
@@ -1137,7 +1163,7 @@ func (s *Server) SettleDrop(ctx context.Context, name string) error {
 // FinishDrops finishes every drop marked at least minAge ago (the dropper
 // passes DropWait): finishDrops on this server.
 func (s *Server) FinishDrops(ctx context.Context, minAge time.Duration) {
-	finishDrops(ctx, s.cache, MetaDirectory{s.cfg.Meta}, s.cfg.Chunks.Free, minAge, func(e TreeEntry, err error) {
+	finishDrops(ctx, s.cache, s.directory(), s.cfg.Chunks.Free, minAge, func(e TreeEntry, err error) {
 		if err != nil && s.ctx.Err() == nil {
 			s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
 		} else if err == nil {

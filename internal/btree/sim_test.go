@@ -141,17 +141,20 @@ type simWorld struct {
 	// reads it. created holds the creations acknowledged; createErrs
 	// counts those that failed (refused: by a retired creator).
 	dir                           *simDirectory
-	created                       map[string]TreeEntry
+	created                       []simCreation
 	createErrs, createRefused     int
 	createExists                  int
 	unsafeCollectIgnoresDirectory bool // teeth: collections of orphans read no directory
-	// The creator drops trees too (dropOne), and settles and finishes
-	// drops (dropPass). dropped holds the anchors whose drop was
-	// acknowledged, maybeDropped those of acknowledged creations whose
-	// drop failed (its outcome unknown: the oracle excuses them), and
-	// unsettled the names whose drop may have been cut off after its mark.
-	dropped, maybeDropped                 map[Handle]bool
+	// treeDropper drops trees meanwhile (dropOne), and settles and
+	// finishes drops (dropPass). dropped holds the anchors whose drop
+	// was acknowledged, dropFailed per name when each drop that failed
+	// (its outcome unknown) ended, and unsettled the names whose drop may
+	// have been cut off after its mark.
+	dropped                               map[Handle]bool
+	dropFailed                            map[string][]int64
 	unsettled                             map[string]bool
+	dropViolation                         string          // the first checkDropsHold failure
+	finished                              map[Handle]bool // the anchors of the drops finished
 	drops, dropErrs, dropNoTree, dropDied int
 	settled, dropsFinished, finishErrs    int
 }
@@ -550,6 +553,19 @@ func (w *simWorld) event(format string, args ...any) {
 	w.events.lines = append(w.events.lines, fmt.Sprintf("EVENT %d ", w.now()/1000)+fmt.Sprintf(format, args...))
 }
 
+// eventsOf returns the events that contain what, one a line.
+func (w *simWorld) eventsOf(what string) string {
+	w.events.Lock()
+	defer w.events.Unlock()
+	var out []string
+	for _, l := range w.events.lines {
+		if strings.Contains(l, what) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // pick returns a live server (nil if none).
 func (w *simWorld) pick() *simServer {
 	w.mu.Lock()
@@ -932,6 +948,7 @@ const (
 	teethStraysIgnoreLinks                // stray collections free chunks committed changes name, not disowned yet
 	teethCollectIgnoresDirectory          // collections of orphans free what the tree directory names
 	teethDropKeepsName                    // a drop's decree leaves the tree's name listed
+	teethLongRerun                        // creations' decrees run again 100-150 ms after they listed the tree (beyond simDropWait)
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -977,46 +994,69 @@ func (w *simWorld) healAll() error {
 
 // dropper marks the tree dropped through a live server, once, a while into
 // the load (retrying through another server if that one fails).
-// simCreations and simDrops are how many trees a seed creates and drops,
-// on average (simCreations+simDrops steps in all).
+// simCreations and simDrops bound the trees a seed creates and drops.
 const simCreations, simDrops = 8, 4
 
 // simDropWait is the simulator's DropWait: how long after its mark a
 // drop is finished. No operation runs on the created trees, so it need
-// only outlast what a creation or a drop leaves in flight (the stand-ins'
-// late decrees and chunk calls, at most 30 ms).
+// only outlast what a creation or a drop leaves in flight: the stand-ins'
+// late decrees and chunk calls (at most 30 ms), and the attempts of a
+// decree Update runs again (simDirectory.maxRerun, 30 ms).
 const simDropWait = 50 * time.Millisecond
 
-// creator creates and drops trees through random live servers every 5-30
-// ms, while the faults run (about simCreations creations of fewer names:
-// some clash; simDrops drops), and after each step settles the drops cut
-// off after their mark and finishes those simDropWait old (dropPass).
-//
-// A creation runs CreateTree's own steps (createTree) on the server's
-// cache, chunks and directory clerk. A quarter of the creations kill
-// their server just after the chunks were written (before the decree),
-// another quarter just after the decree (before the disown): the windows
-// the collections of orphans must get right; an eighth freeze their server
-// past its lease just before the decree (a zombie's creation, which the
-// directory must refuse once a recovery ran). A drop runs DropTree's
-// (beginDrop); a quarter kill their server between the anchor's mark and
-// the decree.
+// creator creates trees through random live servers every 5-30 ms, up to
+// simCreations (of fewer names: some clash), while the faults run, and
+// while treeDropper drops them: CreateTree's own steps (createTree) on the
+// server's cache, chunks and directory clerk. A quarter of the creations
+// kill their server just after the chunks were written (before the
+// decree), another quarter just after the decree (before the disown): the
+// windows the collections of orphans must get right; an eighth freeze
+// their server past its lease just before the decree (a zombie's
+// creation, which the directory must refuse once a recovery ran).
 func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
-	for i := 0; i < simCreations+simDrops; i++ {
+	for i := 0; i < simCreations; i++ {
 		select {
 		case <-stop:
 			return
 		case <-time.After(time.Duration(5+w.rand(25)) * time.Millisecond):
 		}
+		if s := w.pick(); s != nil {
+			w.createOne(s)
+		}
+	}
+}
+
+// treeDropper drops trees through random live servers, up to simDrops,
+// at the same time as creator creates them (DropTree's steps: beginDrop;
+// a quarter kill their server between the anchor's mark and the decree),
+// and every 5-20 ms runs a dropper pass on a random live server: the drops
+// cut off after their mark are settled, those simDropWait old finished.
+func (w *simWorld) treeDropper(stop chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	drops := 0
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(5+w.rand(15)) * time.Millisecond):
+		}
+		if err := w.checkDropsHold(); err != nil {
+			w.mu.Lock()
+			if w.dropViolation == "" {
+				w.dropViolation = err.Error()
+			}
+			w.mu.Unlock()
+		}
 		s := w.pick()
 		if s == nil {
 			continue
 		}
-		if w.rand(simCreations+simDrops) < simDrops {
+		// (With teethLongRerun, every step drops a listed tree, so
+		// that drops meet the late attempts.)
+		if eager := w.dir.rerunCreations && len(w.dir.trees()) > 0; (drops < simDrops && w.rand(3) == 0) || eager {
+			drops++
 			w.dropOne(s)
-		} else {
-			w.createOne(s)
 		}
 		w.dropPass(simDropWait)
 	}
@@ -1026,11 +1066,15 @@ func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 func (w *simWorld) createOne(s *simServer) {
 	name := fmt.Sprintf("c%02d", w.rand(simCreations*3/4)) // (some names clash)
 	dieAt := [8]string{"", "", "", "written", "written", "decreed", "decreed", "pause"}[w.rand(8)]
+	if w.dir.rerunCreations {
+		dieAt = "" // (teethLongRerun: every creation's late attempt counts)
+	}
 	write := func(ctx context.Context, h Handle, img []byte) error {
 		return writeFenced(ctx, s.chunks, s.currentFence, h, img)
 	}
 	var paused sync.WaitGroup
 	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	began := w.now()
 	e, err := createTree(ctx, s.cache, s.dir, write, name, Config{NodeSize: w.nodeSize, MaxFanout: 4}, func(stage string, a, r Handle) bool {
 		if dieAt == "pause" && stage == "written" && s.disrupted.CompareAndSwap(false, true) {
 			// Frozen past its lease before its decree: declared
@@ -1059,12 +1103,7 @@ func (w *simWorld) createOne(s *simServer) {
 	w.mu.Lock()
 	switch {
 	case err == nil:
-		if x, ok := w.created[name]; ok && x.Anchor != e.Anchor {
-			w.mu.Unlock()
-			w.t.Errorf("seed %d: tree %s created twice, anchors %v and %v", w.seed, name, x.Anchor, e.Anchor)
-			return
-		}
-		w.created[name] = e
+		w.created = append(w.created, simCreation{e: e, began: began})
 	case errors.Is(err, ErrCreatorRetired):
 		w.createRefused++
 	case errors.Is(err, ErrTreeExists):
@@ -1074,6 +1113,24 @@ func (w *simWorld) createOne(s *simServer) {
 	}
 	w.mu.Unlock()
 	w.event("server %d created tree %s: %v (%v)", s.node, name, e.Anchor, err)
+}
+
+// checkDropsHold checks, while the faults run, that no tree whose drop
+// was acknowledged or finished is listed again (a drop of the name would settle it
+// afterwards: the final checks come too late to see it).
+func (w *simWorld) checkDropsHold() error {
+	listed := w.dir.trees()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, e := range listed {
+		if w.dropped[e.Anchor] {
+			return fmt.Errorf("tree %s (%v), whose drop was acknowledged, is listed again", name, e.Anchor)
+		}
+		if w.finished[e.Anchor] {
+			return fmt.Errorf("tree %s (%v), whose drop was finished, is listed again", name, e.Anchor)
+		}
+	}
+	return nil
 }
 
 // dropOne drops a tree through s (creator): three times in four one the
@@ -1089,9 +1146,6 @@ func (w *simWorld) dropOne(s *simServer) {
 		name = listed[w.rand(len(listed))]
 	}
 	die := w.rand(4) == 0
-	w.mu.Lock()
-	was, acked := w.created[name]
-	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
 	e, unsettled, err := beginDrop(ctx, s.cache, s.dir, name, func() error {
 		if !die {
@@ -1107,9 +1161,6 @@ func (w *simWorld) dropOne(s *simServer) {
 	case err == nil:
 		w.drops++
 		w.dropped[e.Anchor] = true
-		if acked && was.Anchor == e.Anchor {
-			delete(w.created, name)
-		}
 	case errors.Is(err, ErrNoTree):
 		w.dropNoTree++
 	default:
@@ -1118,11 +1169,8 @@ func (w *simWorld) dropOne(s *simServer) {
 		} else {
 			w.dropErrs++
 		}
-		if acked {
-			// Its anchor may be marked (and the decree may land late).
-			w.maybeDropped[was.Anchor] = true
-			delete(w.created, name)
-		}
+		// The tree it looked up may be dropped (createdFate).
+		w.dropFailed[name] = append(w.dropFailed[name], w.now())
 		if unsettled || die {
 			// The dropper of a live server would settle it; a dead
 			// one's is gone, and an operation on the tree would.
@@ -1168,6 +1216,7 @@ func (w *simWorld) dropPass(minAge time.Duration) {
 			w.finishErrs++
 		} else {
 			w.dropsFinished++
+			w.finished[e.Anchor] = true
 		}
 		w.event("server %d finished the drop of tree %s (%v): %v", s.node, e.Name, e.Anchor, err)
 	})
@@ -1213,7 +1262,20 @@ func (w *simWorld) finishAllDrops(ctx context.Context) error {
 	if ds := w.dir.drops(); len(ds) > 0 {
 		return fmt.Errorf("%d drops left after the last pass, the first of tree %s (%v)", len(ds), ds[0].Name, ds[0].Anchor)
 	}
+	if rs := w.dir.strayRecords(); len(rs) > 0 {
+		return fmt.Errorf("root records %v name no listed tree and no drop", rs)
+	}
 	listed := w.dir.trees()
+	_, maybe := w.createdFate()
+	for a := range maybe {
+		live := false
+		for _, e := range listed {
+			live = live || e.Anchor == a
+		}
+		if _, err := cl.Read(ctx, a, AnchorSize); live == errors.Is(err, chunk.ErrUnallocated) {
+			return fmt.Errorf("the anchor %v of a tree whose drop failed is listed %v and allocated %v (%v): half dropped", a, live, err == nil, err)
+		}
+	}
 	for a := range w.dropped {
 		for name, e := range listed {
 			if e.Anchor == a {
@@ -1227,6 +1289,44 @@ func (w *simWorld) finishAllDrops(ctx context.Context) error {
 	return nil
 }
 
+// simCreation is an acknowledged creation: its tree, and when its call
+// began (w.now()).
+type simCreation struct {
+	e     TreeEntry
+	began int64
+}
+
+// createdFate sorts the acknowledged creations: must, the trees that must
+// be listed (no drop of theirs was acknowledged, and every drop of their
+// name that failed ended before their creation began: it looked up an
+// earlier tree), and maybe, the anchors of those a failed drop may have
+// dropped (its lookup, after their decree, may have found them): at the
+// end each is a live listed tree's, or free.
+func (w *simWorld) createdFate() (must map[string]TreeEntry, maybe map[Handle]bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	must, maybe = map[string]TreeEntry{}, map[Handle]bool{}
+	for _, c := range w.created {
+		if w.dropped[c.e.Anchor] {
+			continue
+		}
+		excused := false
+		for _, end := range w.dropFailed[c.e.Name] {
+			excused = excused || end > c.began
+		}
+		if excused {
+			maybe[c.e.Anchor] = true
+			continue
+		}
+		if x, ok := must[c.e.Name]; ok {
+			// Both must be listed: the check fails on one of them.
+			w.t.Errorf("seed %d: tree %s created twice, anchors %v and %v, neither dropped", w.seed, c.e.Name, x.Anchor, c.e.Anchor)
+		}
+		must[c.e.Name] = c.e
+	}
+	return must, maybe
+}
+
 // checkCreated checks the trees the directory lists once the faults are
 // over, the drops finished and the orphans collected: every acknowledged
 // creation is listed with its anchor (durable once acknowledged) unless
@@ -1237,9 +1337,10 @@ func (w *simWorld) finishAllDrops(ctx context.Context) error {
 // log's next holder would; it counts them, createdTagged.)
 func (w *simWorld) checkCreated(ctx context.Context, reachable map[Handle]bool) error {
 	listed := w.dir.trees()
-	for name, e := range w.created {
+	must, _ := w.createdFate()
+	for name, e := range must {
 		if x, ok := listed[name]; !ok || x.Anchor != e.Anchor {
-			return fmt.Errorf("tree %s, whose creation was acknowledged (anchor %v), is not listed (%+v)", name, e.Anchor, x)
+			return fmt.Errorf("tree %s, whose creation was acknowledged (anchor %v), is not listed (%+v); its events:\n%s", name, e.Anchor, x, w.eventsOf("tree "+name))
 		}
 	}
 	named := w.dir.named()
@@ -1450,8 +1551,7 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 	}
 	w.dir = newSimDirectory(rand.New(rand.NewSource(seed + 3)))
 	w.dir.lossRate = 0.1
-	w.created = map[string]TreeEntry{}
-	w.dropped, w.maybeDropped, w.unsettled = map[Handle]bool{}, map[Handle]bool{}, map[string]bool{}
+	w.dropped, w.dropFailed, w.unsettled, w.finished = map[Handle]bool{}, map[string][]int64{}, map[string]bool{}, map[Handle]bool{}
 	w.chunks.next = 2
 	w.anchor = Handle{CM: 1, ID: 1}
 	a, root := Init(w.anchor, Handle{CM: 1, ID: 2})
@@ -1490,6 +1590,11 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.straysIgnoreLinks = teeth == teethStraysIgnoreLinks
 	w.unsafeCollectIgnoresDirectory = teeth == teethCollectIgnoresDirectory
 	w.dir.unsafeKeepName = teeth == teethDropKeepsName
+	if teeth == teethLongRerun {
+		// Every creation's decree run again 100-150 ms after it
+		// listed the tree: a drop of it may be finished by then.
+		w.dir.minRerun, w.dir.maxRerun, w.dir.rerunCreations = 100*time.Millisecond, 150*time.Millisecond, true
+	}
 	w.biasAborts = teeth == teethUncovered || os.Getenv("GROVE_SIM_BIAS_ABORTS") != ""
 	w.locks.onExpire = func(c *simClerk) {
 		w.event("server %d's leases expired: the service declared it dead (it does not know yet)", c.node)
@@ -1530,6 +1635,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	} else if !w.untagged {
 		fwg.Add(1)
 		go w.creator(stop, &fwg)
+		fwg.Add(1)
+		go w.treeDropper(stop, &fwg)
 	}
 	cwg.Wait()
 	close(stop)
@@ -1646,6 +1753,12 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.dir.mu.Lock()
 	w.dir.lossRate = 0
 	w.dir.mu.Unlock()
+	if w.dropViolation != "" {
+		return res, errors.New(w.dropViolation)
+	}
+	if err := w.checkDropsHold(); err != nil {
+		return res, err
+	}
 	if err := w.finishAllDrops(ctx); err != nil {
 		return res, err
 	}
@@ -1973,6 +2086,16 @@ func TestSimTeethDropKeepsName(t *testing.T) {
 		_, err := runSim(t, seed, teethDropKeepsName, 40)
 		return err
 	}, "listed tree", "is listed")
+}
+
+// TestSimTeethLongRerun: decrees whose attempts run on past simDropWait
+// (the servers' bound, OpTimeout within DropWait, broken) let a creation's
+// attempt list again a tree whose drop was finished (review 30).
+func TestSimTeethLongRerun(t *testing.T) {
+	expectTeeth(t, "decree attempts beyond the drop's wait", 60, func(seed int64) error {
+		_, err := runSim(t, seed, teethLongRerun, 80) // (a longer load: more drops meet the late attempts)
+		return err
+	}, "whose drop was acknowledged, is listed", "whose drop was finished, is listed", "listed tree", "root records")
 }
 
 func TestSimTeethStraysIgnoreLinks(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -968,10 +969,16 @@ type simDirectory struct {
 	// unsafeKeepName (teeth): a drop's decree records the drop but
 	// leaves the tree's name.
 	unsafeKeepName bool
+	// maxRerun bounds the wait before a decree's attempt is run again
+	// (rerunWait); minRerun (teeth) is its least.
+	maxRerun, minRerun time.Duration
+	// rerunCreations (teeth): every creation's answer is lost after it
+	// was applied, and the decree run again.
+	rerunCreations bool
 }
 
 func newSimDirectory(r *rand.Rand) *simDirectory {
-	return &simDirectory{r: r, ns: &pb.Namespace{Name: Namespace}}
+	return &simDirectory{r: r, ns: &pb.Namespace{Name: Namespace}, maxRerun: 30 * time.Millisecond}
 }
 
 // clerk is a server's view of the directory: each call passes its gate
@@ -1025,15 +1032,39 @@ func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner
 	if errors.Is(err, ErrCreatorRetired) {
 		d.refused++
 	}
-	if err == nil && existing == nil && d.r.Float64() < d.lossRate {
+	if err == nil && existing == nil && (d.r.Float64() < d.lossRate || d.rerunCreations) {
 		d.lost++
-		if d.r.Intn(2) == 0 {
+		if d.r.Intn(2) == 0 && !d.rerunCreations {
 			return nil, errSimDecreeLost
 		}
 		d.rerun++
+		if err := d.rerunWait(ctx); err != nil {
+			return nil, err
+		}
 		return nsCreate(d.ns, e, root, owner)
 	}
 	return existing, err
+}
+
+// rerunWait is the time between an attempt whose answer was lost and
+// Update's next attempt: d.mu is let go for up to maxRerun (drops,
+// settles and finishes go on meanwhile), then taken again; an error if
+// ctx ends first (Update gave up; the outcome stays unknown). maxRerun
+// is the simulator's bound on a decree's attempts, as OpTimeout is the
+// servers' (drop.go): below simDropWait, so that no attempt of a creation
+// lands after the drop of its tree was finished.
+func (d *simDirectory) rerunWait(ctx context.Context) error {
+	delay := d.minRerun + time.Duration(d.r.Int63n(int64(d.maxRerun-d.minRerun)+1))
+	d.mu.Unlock()
+	defer d.mu.Lock()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("sim: Update gave up before it ran the decree again: %w", ctx.Err())
+	case <-t.C:
+		return nil
+	}
 }
 
 func (c simDirClerk) RetireCreators(ctx context.Context, log uint64, below lock.Token) error {
@@ -1100,8 +1131,19 @@ func (c simDirClerk) RecordDrop(ctx context.Context, e TreeEntry, marked time.Ti
 			return errSimDecreeLost
 		}
 		d.rerun++
-		if _, applied, err := d.dropOps(e, marked); err != nil || applied {
-			return fmt.Errorf("sim: a drop's decree run again applies again (%v)", err)
+		if err := d.rerunWait(ctx); err != nil {
+			return err
+		}
+		ops, applied, err := d.dropOps(e, marked)
+		if err != nil {
+			return err
+		}
+		if applied {
+			// (Its first attempt's record finished and the name
+			// listed again meanwhile: a new tree's, which
+			// dropTreeOps's anchor check leaves alone.)
+			applyOps(d.ns, ops)
+			return nil
 		}
 		return droppedDrop(d.ns, e)
 	}
@@ -1145,6 +1187,31 @@ func (c simDirClerk) Dropped(ctx context.Context, e TreeEntry) error {
 		return errSimDecreeLost
 	}
 	return nil
+}
+
+// strayRecords lists the root records that name an anchor no listed tree
+// and no drop under way has (a creation's record outliving its tree).
+func (d *simDirectory) strayRecords() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	live := map[string]bool{}
+	ts, err := Trees(d.ns)
+	if err != nil {
+		panic(err)
+	}
+	for _, e := range ts {
+		live[rootKey(e.Anchor)] = true
+	}
+	for _, dr := range pendingDrops(d.ns) {
+		live[rootKey(dr.Anchor)] = true
+	}
+	var out []string
+	for _, kv := range d.ns.GetEntries() {
+		if strings.HasPrefix(kv.Key, "root/") && !live[kv.Key] {
+			out = append(out, kv.Key)
+		}
+	}
+	return out
 }
 
 // drops lists the drops under way.
