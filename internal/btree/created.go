@@ -249,6 +249,8 @@ func createTree(ctx context.Context, c *Cache, dir Directory, write func(ctx con
 type Directory interface {
 	// Lookup finds tree name (ErrNoTree).
 	Lookup(ctx context.Context, name string) (TreeEntry, error)
+	// Trees lists the trees.
+	Trees(ctx context.Context) (map[string]TreeEntry, error)
 	// Create records tree e, its first root root, made by owner, by
 	// decree (createTreeOps): existing is the entry that has the name if
 	// it is taken; ErrCreatorRetired if owner is retired.
@@ -275,6 +277,15 @@ type MetaDirectory struct{ Meta *meta.Client }
 // Lookup implements Directory.
 func (d MetaDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
 	return LookupTree(ctx, d.Meta, name)
+}
+
+// Trees implements Directory.
+func (d MetaDirectory) Trees(ctx context.Context) (map[string]TreeEntry, error) {
+	ns, err := d.Meta.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return Trees(ns)
 }
 
 // Create implements Directory.

@@ -100,6 +100,8 @@ func (d *memDirectory) Dropped(ctx context.Context, e TreeEntry) error {
 	return nil
 }
 
+func (d *memDirectory) Trees(ctx context.Context) (map[string]TreeEntry, error) { return Trees(d.ns) }
+
 func (d *memDirectory) Lookup(ctx context.Context, name string) (TreeEntry, error) {
 	return lookupIn(d.ns, name)
 }

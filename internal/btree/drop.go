@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -19,8 +20,9 @@ import (
 //  2. Then one decree removes the name and records the drop
 //     (Directory.RecordDrop: a drop/ key with the entry and the mark's
 //     time). A drop cut off between 1 and 2 is settled (settleDrop) by its
-//     server's next dropper pass, a drop tried again, or an operation that
-//     finds the anchor dropped.
+//     server's next dropper pass, a drop tried again, an operation that
+//     finds the anchor dropped, or, if its server died, any server's
+//     dropper pass that reads the anchor's chunk (settleListed).
 //  3. DropWait after the mark, any server's dropper (finishDrops) frees
 //     the tree's chunks from the leaves up, the anchor last, then removes
 //     the drop's record and its first root's (Directory.Dropped). While
@@ -156,6 +158,47 @@ func settleDrop(ctx context.Context, c *Cache, dir Directory, name string) (sett
 		return false, nil // settled by another
 	}
 	return err == nil, err
+}
+
+// settleListed settles (settleDrop) every tree dir lists whose anchor's
+// chunk says dropped: a drop whose server died between the anchor's mark
+// and the decree leaves the name listed, and the tree's chunks allocated,
+// until a DropTree or an operation on the tree settles it, or this (every
+// server's dropper runs it). The anchors are read from their chunks,
+// without their locks: a mark still only in a live server's cache is that
+// server's to settle (its dropper keeps the names whose decree failed), and
+// a dead server's is written to the chunk by the replay of its log. It
+// returns how many it settled, and the first failure.
+func settleListed(ctx context.Context, c *Cache, dir Directory) (int, error) {
+	ts, err := dir.Trees(ctx)
+	if err != nil {
+		return 0, err
+	}
+	names := make([]string, 0, len(ts))
+	for name := range ts {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	n := 0
+	var first error
+	for _, name := range names {
+		e := ts[name]
+		b, err := c.cfg.Chunks.Read(ctx, e.Anchor, AnchorSize)
+		if err != nil {
+			continue // (a freed anchor: a DropTree of the name records its drop)
+		}
+		if a, err := DecodeAnchor(b, e.Anchor); err != nil || !a.Dropped {
+			continue
+		}
+		settled, err := settleDrop(ctx, c, dir, name)
+		if err != nil && first == nil {
+			first = fmt.Errorf("settling tree %q's drop: %w", name, err)
+		}
+		if settled {
+			n++
+		}
+	}
+	return n, first
 }
 
 // finishDrops finishes every drop dir records that was marked at least

@@ -203,3 +203,50 @@ func TestReview30StaleDropLeavesNewTree(t *testing.T) {
 		t.Fatalf("settleDrop removed live tree %v's name: %+v, %v", nu.Anchor, x, err)
 	}
 }
+
+// settleListed (every dropper pass) settles a drop whose server died
+// between the anchor's mark and the decree (review 30: the name stayed
+// listed, and the tree's chunks allocated, until someone touched it), and
+// leaves live trees, and trees whose mark is not in their chunk yet, alone.
+func TestSettleListedSettlesADeadServersDrop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _, c, write := review30Rig(t, ctx)
+	mem := &memDirectory{ns: &pb.Namespace{Name: Namespace}}
+	cfg := Config{NodeSize: MinNodeSize, MaxFanout: 6}
+	live, err := createTree(ctx, c, mem, write, "live", cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, err := createTree(ctx, c, mem, write, "cut", cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The drop's first step only (its server "dies" before the decree).
+	if err := markDropped(ctx, c.Store(cut.Anchor, cut.NodeSize, nil)); err != nil {
+		t.Fatal(err)
+	}
+	// The mark is in the log and the cache, not in the chunk yet: left
+	// to the server that made it.
+	if n, err := settleListed(ctx, c, mem); err != nil || n != 0 {
+		t.Fatalf("settleListed before the write-back: %d, %v (want 0, nil)", n, err)
+	}
+	if err := c.FlushAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := settleListed(ctx, c, mem); err != nil || n != 1 {
+		t.Fatalf("settleListed: %d, %v (want 1, nil)", n, err)
+	}
+	if _, err := lookupIn(mem.ns, "cut"); !errors.Is(err, ErrNoTree) {
+		t.Fatalf("the cut drop's tree is still listed: %v", err)
+	}
+	if x, err := lookupIn(mem.ns, "live"); err != nil || x.Anchor != live.Anchor {
+		t.Fatalf("the live tree: %+v, %v", x, err)
+	}
+	if ds := pendingDrops(mem.ns); len(ds) != 1 || ds[0].Anchor != cut.Anchor {
+		t.Fatalf("drops recorded: %+v (want the cut tree's)", ds)
+	}
+	if n, err := settleListed(ctx, c, mem); err != nil || n != 0 {
+		t.Fatalf("settleListed again: %d, %v (want 0, nil)", n, err)
+	}
+}

@@ -1059,7 +1059,8 @@ func (s *Server) dropper() {
 }
 
 // dropPass is one pass of the dropper: settle this server's drops cut off
-// after their mark, then finish the drops DropWait old.
+// after their mark, and any listed tree's whose anchor says dropped
+// (settleListed), then finish the drops DropWait old.
 func (s *Server) dropPass(ctx context.Context) {
 	s.mu.Lock()
 	var names []string
@@ -1075,6 +1076,11 @@ func (s *Server) dropPass(ctx context.Context) {
 			s.mu.unsettled[n] = true
 			s.mu.Unlock()
 		}
+	}
+	if n, err := settleListed(ctx, s.cache, s.directory()); err != nil && s.ctx.Err() == nil {
+		s.log.Warn("settling the drops of listed trees whose anchors say dropped failed (the next pass tries again)", "settled", n, "err", err)
+	} else if n > 0 {
+		s.log.Info("settled the drops of listed trees whose anchors say dropped (their servers died before the decree)", "settled", n)
 	}
 	s.FinishDrops(ctx, s.DropWait())
 }

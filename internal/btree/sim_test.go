@@ -157,6 +157,7 @@ type simWorld struct {
 	finished                              map[Handle]bool // the anchors of the drops finished
 	drops, dropErrs, dropNoTree, dropDied int
 	settled, dropsFinished, finishErrs    int
+	settledListed                         int // drops settled by settleListed
 }
 
 type simServer struct {
@@ -929,6 +930,7 @@ type simResult struct {
 	createExists, dirLate, createdTagged                         int // creations that found their name taken; creation decrees that landed after their caller was told they failed; created trees' chunks left tagged for the final collection
 	drops, dropErrs, dropNoTree, dropDied, dropsLate             int // drops acknowledged, failed, of no tree; drops whose server died after the mark; drop decrees that landed after their caller was told they failed
 	settled, dropsFinished, finishErrs                           int // drops cut off after their mark and settled; drops finished; finishes that failed (tried again)
+	settledListed                                                int // of settled, those settleListed found (their server died)
 }
 
 // simTeeth names a defect a seed runs with on purpose (the oracle must
@@ -1171,9 +1173,9 @@ func (w *simWorld) dropOne(s *simServer) {
 		}
 		// The tree it looked up may be dropped (createdFate).
 		w.dropFailed[name] = append(w.dropFailed[name], w.now())
-		if unsettled || die {
-			// The dropper of a live server would settle it; a dead
-			// one's is gone, and an operation on the tree would.
+		if unsettled && !die {
+			// Its live server's dropper settles it (a dead one's
+			// drop is left to settleListed).
 			w.unsettled[name] = true
 		}
 	}
@@ -1209,6 +1211,12 @@ func (w *simWorld) dropPass(minAge time.Duration) {
 		}
 		w.mu.Unlock()
 	}
+	if n, err := settleListed(ctx, s.cache, s.dir); n > 0 || err != nil {
+		w.mu.Lock()
+		w.settledListed += n
+		w.mu.Unlock()
+		w.event("server %d settled %d listed trees whose anchors say dropped (%v)", s.node, n, err)
+	}
 	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, minAge, func(e TreeEntry, err error) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -1231,15 +1239,12 @@ func (w *simWorld) dropPass(minAge time.Duration) {
 func (w *simWorld) finishAllDrops(ctx context.Context) error {
 	s := w.servers[1]
 	cl := w.chunks.clerk(0, func(context.Context) error { return nil })
-	for name, e := range w.dir.trees() {
-		// Only a tree whose anchor says dropped: settleDrop takes an
-		// anchor that is gone for dropped too, and would hide a listed
-		// tree whose chunks were freed from checkCreated.
-		if b, err := cl.Read(ctx, e.Anchor, AnchorSize); err != nil {
-			continue
-		} else if a, err := DecodeAnchor(b, e.Anchor); err != nil || !a.Dropped {
-			continue
-		}
+	// A dropper pass's settling, as the servers' (dropPass): the names
+	// whose decree failed on a live server, then every listed tree whose
+	// anchor's chunk says dropped (the dead servers' cut drops). Only
+	// those: settleDrop takes an anchor that is gone for dropped too, and
+	// would hide a listed tree whose chunks were freed from checkCreated.
+	for name := range w.unsettled {
 		settled, err := settleDrop(ctx, s.cache, s.dir, name)
 		if err != nil {
 			return fmt.Errorf("settling tree %s's drop: %v", name, err)
@@ -1248,6 +1253,11 @@ func (w *simWorld) finishAllDrops(ctx context.Context) error {
 			w.settled++
 		}
 	}
+	n, err := settleListed(ctx, s.cache, s.dir)
+	if err != nil {
+		return fmt.Errorf("settling the listed trees whose anchors say dropped: %v", err)
+	}
+	w.settledListed += n
 	var failed error
 	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, 0, func(e TreeEntry, err error) {
 		if err != nil && failed == nil {
@@ -1807,6 +1817,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.mu.Lock()
 	res.drops, res.dropErrs, res.dropNoTree, res.dropDied = w.drops, w.dropErrs, w.dropNoTree, w.dropDied
 	res.settled, res.dropsFinished, res.finishErrs = w.settled, w.dropsFinished, w.finishErrs
+	res.settledListed = w.settledListed
 	w.mu.Unlock()
 	w.chunks.mu.Lock()
 	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
@@ -1923,18 +1934,19 @@ func TestSimTree(t *testing.T) {
 		total.settled += r.settled
 		total.dropsFinished += r.dropsFinished
 		total.finishErrs += r.finishErrs
+		total.settledListed += r.settledListed
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
 	t.Logf("tree creations: %d trees acknowledged, %d creations failed (half killed their server on purpose, an eighth froze it), %d found the name taken, %d refused as the creator was retired; %d directory decrees' answers lost, %d creation decrees landed after their caller was told they failed; %d created trees' chunks left tagged for the final collection",
 		total.created, total.createErrs, total.createExists, total.createRefused, total.dirLost, total.dirLate, total.createdTagged)
-	t.Logf("tree drops: %d acknowledged, %d failed, %d killed their server after the mark, %d found no tree; %d drop decrees landed after their caller was told they failed; %d drops cut off after their mark settled; %d drops finished (%d finishes failed and were tried again)",
-		total.drops, total.dropErrs, total.dropDied, total.dropNoTree, total.dropsLate, total.settled, total.dropsFinished, total.finishErrs)
+	t.Logf("tree drops: %d acknowledged, %d failed, %d killed their server after the mark, %d found no tree; %d drop decrees landed after their caller was told they failed; %d drops cut off after their mark settled by their live server, %d found by the dropper passes (their server died); %d drops finished (%d finishes failed and were tried again)",
+		total.drops, total.dropErrs, total.dropDied, total.dropNoTree, total.dropsLate, total.settled, total.settledListed, total.dropsFinished, total.finishErrs)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
-		total.drops == 0 || total.dropDied == 0 || total.settled == 0 || total.dropsFinished == 0) {
+		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
 }

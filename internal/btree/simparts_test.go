@@ -1003,6 +1003,15 @@ func (c simDirClerk) Lookup(ctx context.Context, name string) (TreeEntry, error)
 	return lookupIn(c.d.ns, name)
 }
 
+func (c simDirClerk) Trees(ctx context.Context) (map[string]TreeEntry, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return Trees(c.d.ns)
+}
+
 func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner chunk.Owner) (*TreeEntry, error) {
 	if err := c.gate(ctx); err != nil {
 		return nil, err
