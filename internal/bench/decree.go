@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/grovestore/grove/internal/ports"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -86,24 +88,9 @@ func runLoad(system string, conc, ops int, op func(worker, i int) error) (Result
 	return Result{System: system, Concurrency: conc, Ops: len(all), Elapsed: elapsed, P50: Percentile(all, 50), P99: Percentile(all, 99)}, nil
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
-}
+// freePorts returns n loopback ports free when checked (ports.Free:
+// below the kernel's ephemeral range).
+func freePorts(n int) ([]int, error) { return ports.Free(n) }
 
 // GroveConfigService is a 3-replica config service on loopback TCP (raft
 // with its durable bolt log, fsync on every commit) with gRPC in front.

@@ -30,14 +30,17 @@ import (
 //     the anchor and first root (created.go): a creator that died before
 //     its disown leaves them tagged.
 //
-// Every decree of a creation or a drop ends within OpTimeout of its start
-// (Server.CreateTree and BeginDrop bound it, whatever their caller's
-// context), well within DropWait: a creation's decree run again by
-// meta.Client.Update after a lost answer cannot land after the drop of the
-// tree it made was finished (its drop/ and root/ keys gone) and list the
-// freed anchor again (review 30). A decree still in flight when Update
-// gave up cannot land late either: the config service applies it only on
-// the namespace version it was computed from.
+// A creation's decree, with every attempt meta.Client.Update makes of it,
+// ends within OpTimeout of the creation's start (Server.CreateTree bounds
+// it, whatever its caller's context), well within DropWait: no attempt of
+// it computed on a namespace read after the drop of the tree it made was
+// finished (its drop/ and root/ keys gone) can list the freed anchor again
+// (review 30). An attempt still in flight when Update gave up may land
+// later, but only on the namespace version it was computed from (the
+// config service refuses it after any change), so never after the drop.
+// DropWait is computed from the finishing server's OpTimeout and clock:
+// servers share OpTimeout (it is not configurable), and their clocks may
+// differ by the minute DropWait allows for (as for operations in flight).
 //
 // The server and the simulator run these functions over their own
 // Directory (the config service's, MetaDirectory; the simulator's
@@ -60,8 +63,10 @@ func beginDrop(ctx context.Context, c *Cache, dir Directory, name string, decree
 		// The anchor is freed, yet the name is listed (a drop finished
 		// under a name a creation's late attempt listed again, which
 		// the bound on decrees rules out, or a defect): the drop is
-		// recorded all the same, and its finish removes the rest, so
-		// that the name does not stay stuck.
+		// recorded all the same, and its finish removes the records, so
+		// that the name does not stay stuck. The tree's other chunks,
+		// if any are left, are not reachable any more.
+		c.log.Warn("dropping a listed tree whose anchor chunk is freed: its name and records go; any other chunk of it left allocated leaks", "tree", name, "anchor", e.Anchor)
 	} else if err != nil {
 		return TreeEntry{}, false, err
 	}
@@ -160,53 +165,87 @@ func settleDrop(ctx context.Context, c *Cache, dir Directory, name string) (sett
 	return err == nil, err
 }
 
-// settleListed settles (settleDrop) every tree dir lists whose anchor's
-// chunk says dropped: a drop whose server died between the anchor's mark
-// and the decree leaves the name listed, and the tree's chunks allocated,
-// until a DropTree or an operation on the tree settles it, or this (every
-// server's dropper runs it). The anchors are read from their chunks,
-// without their locks: a mark still only in a live server's cache is that
-// server's to settle (its dropper keeps the names whose decree failed), and
-// a dead server's is written to the chunk by the replay of its log. It
-// returns how many it settled, and the first failure.
-func settleListed(ctx context.Context, c *Cache, dir Directory) (int, error) {
+// settleListed settles (settleDrop) every tree dir lists for which mine
+// is true (nil: every tree) whose anchor's chunk says dropped: a drop whose
+// server died between the anchor's mark and the decree leaves the name
+// listed, and the tree's chunks allocated, until a DropTree or an
+// operation on the tree settles it, or this (every server's dropper runs
+// it on the trees it repairs, and on every tree every RepairBackstop-th
+// pass). The anchors are read from their chunks, without their locks (a
+// filter: settleDrop looks again under the lock; an anchor never goes from
+// dropped back to live): a mark still only in a live server's cache is
+// that server's to settle (its dropper keeps the names whose decree
+// failed), and a dead server's is written to the chunk by the replay of
+// its log. Each anchor's read, and each settling, is bounded by wait, so
+// that an anchor on a chunk pair that is down costs the pass at most wait.
+// It returns how many it settled, how many anchors it could not read (a
+// pair down, or freed: a DropTree of such a name records its drop), and
+// the first failure to settle or to list.
+func settleListed(ctx context.Context, c *Cache, dir Directory, mine func(string) bool, wait time.Duration) (settled, unreadable int, err error) {
 	ts, err := dir.Trees(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	names := make([]string, 0, len(ts))
 	for name := range ts {
-		names = append(names, name)
+		if mine == nil || mine(name) {
+			names = append(names, name)
+		}
 	}
 	sort.Strings(names)
-	n := 0
-	var first error
 	for _, name := range names {
-		e := ts[name]
-		b, err := c.cfg.Chunks.Read(ctx, e.Anchor, AnchorSize)
-		if err != nil {
-			continue // (a freed anchor: a DropTree of the name records its drop)
+		if ctx.Err() != nil {
+			break
 		}
-		if a, err := DecodeAnchor(b, e.Anchor); err != nil || !a.Dropped {
+		e := ts[name]
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		b, rerr := c.cfg.Chunks.Read(rctx, e.Anchor, AnchorSize)
+		cancel()
+		if rerr != nil {
+			unreadable++
 			continue
 		}
-		settled, err := settleDrop(ctx, c, dir, name)
-		if err != nil && first == nil {
-			first = fmt.Errorf("settling tree %q's drop: %w", name, err)
+		if a, derr := DecodeAnchor(b, e.Anchor); derr != nil || !a.Dropped {
+			continue
 		}
-		if settled {
-			n++
+		sctx, cancel := context.WithTimeout(ctx, wait)
+		ok, serr := settleDrop(sctx, c, dir, name)
+		cancel()
+		if serr != nil && err == nil {
+			err = fmt.Errorf("settling tree %q's drop: %w", name, serr)
+		}
+		if ok {
+			settled++
 		}
 	}
-	return n, first
+	return settled, unreadable, err
+}
+
+// dropPassSteps is what every dropper pass (the server's, the
+// simulator's) does after settling its own cut-off drops: finish the drops
+// minAge old (finishDrops, telling finished of each), then settle the
+// listed trees mine chooses whose anchor says dropped (settleListed, each
+// anchor within wait). Each step has budget of its own, so that one held
+// up (an anchor on a chunk pair that is down, a directory that does not
+// answer) does not starve the other (review 31).
+func dropPassSteps(ctx context.Context, c *Cache, dir Directory, free func(context.Context, Handle) error, minAge, budget time.Duration,
+	finished func(TreeEntry, error), mine func(string) bool, wait time.Duration) (settled, unreadable int, finishErr, settleErr error) {
+	fctx, cancel := context.WithTimeout(ctx, budget)
+	finishErr = finishDrops(fctx, c, dir, free, minAge, finished)
+	cancel()
+	sctx, cancel := context.WithTimeout(ctx, budget)
+	settled, unreadable, settleErr = settleListed(sctx, c, dir, mine, wait)
+	cancel()
+	return settled, unreadable, finishErr, settleErr
 }
 
 // finishDrops finishes every drop dir records that was marked at least
-// minAge ago (finishDrop), telling done of each (err nil: finished).
-func finishDrops(ctx context.Context, c *Cache, dir Directory, free func(context.Context, Handle) error, minAge time.Duration, done func(TreeEntry, error)) {
+// minAge ago (finishDrop), telling done of each (err nil: finished). It
+// fails only if it could not list the drops.
+func finishDrops(ctx context.Context, c *Cache, dir Directory, free func(context.Context, Handle) error, minAge time.Duration, done func(TreeEntry, error)) error {
 	ds, err := dir.Drops(ctx)
 	if err != nil {
-		return
+		return fmt.Errorf("btree: listing the drops under way: %w", err)
 	}
 	for _, d := range ds {
 		if time.Since(d.Marked) < minAge {
@@ -214,6 +253,7 @@ func finishDrops(ctx context.Context, c *Cache, dir Directory, free func(context
 		}
 		done(d.TreeEntry, finishDrop(ctx, c, dir, free, d.TreeEntry))
 	}
+	return nil
 }
 
 // finishDrop frees a dropped tree's chunks, then removes its drop record.

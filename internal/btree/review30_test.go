@@ -3,13 +3,11 @@ package btree
 import (
 	"context"
 	"errors"
-	"math/rand"
 	"testing"
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // Review 30 (outside review of 7a92633: a drop's steps over the tree
@@ -19,19 +17,7 @@ import (
 // a log (a drop's mark is a commit) and its owner set (creations tag).
 func review30Rig(t *testing.T, ctx context.Context) (*simChunks, *simChunkClerk, *Cache, func(context.Context, Handle, []byte) error) {
 	t.Helper()
-	r := rand.New(rand.NewSource(30))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
-	solo := newSoloServer(t, ctx, locks, chunks)
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Checkpointer: solo.cache, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	solo.cache.cfg.Log = wal
-	solo.cache.setOwner(chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token})
+	store, chunks, solo, _ := newLoggedSolo(t, ctx, 30, nil)
 	write := func(ctx context.Context, h Handle, img []byte) error {
 		return writeFenced(ctx, chunks, solo.fence, h, img)
 	}
@@ -228,13 +214,13 @@ func TestSettleListedSettlesADeadServersDrop(t *testing.T) {
 	}
 	// The mark is in the log and the cache, not in the chunk yet: left
 	// to the server that made it.
-	if n, err := settleListed(ctx, c, mem); err != nil || n != 0 {
+	if n, _, err := settleListed(ctx, c, mem, nil, time.Second); err != nil || n != 0 {
 		t.Fatalf("settleListed before the write-back: %d, %v (want 0, nil)", n, err)
 	}
 	if err := c.FlushAll(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := settleListed(ctx, c, mem); err != nil || n != 1 {
+	if n, _, err := settleListed(ctx, c, mem, nil, time.Second); err != nil || n != 1 {
 		t.Fatalf("settleListed: %d, %v (want 1, nil)", n, err)
 	}
 	if _, err := lookupIn(mem.ns, "cut"); !errors.Is(err, ErrNoTree) {
@@ -246,7 +232,7 @@ func TestSettleListedSettlesADeadServersDrop(t *testing.T) {
 	if ds := pendingDrops(mem.ns); len(ds) != 1 || ds[0].Anchor != cut.Anchor {
 		t.Fatalf("drops recorded: %+v (want the cut tree's)", ds)
 	}
-	if n, err := settleListed(ctx, c, mem); err != nil || n != 0 {
+	if n, _, err := settleListed(ctx, c, mem, nil, time.Second); err != nil || n != 0 {
 		t.Fatalf("settleListed again: %d, %v (want 0, nil)", n, err)
 	}
 }

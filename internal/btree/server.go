@@ -277,6 +277,8 @@ type Server struct {
 	// testDirectory, in tests, replaces the config service's tree
 	// directory for creations and drops.
 	testDirectory Directory
+	// dropPasses counts the dropper's passes (settleListed's backstop).
+	dropPasses atomic.Int64
 }
 
 type hint struct {
@@ -1047,9 +1049,7 @@ func (s *Server) dropper() {
 		every = 30 * time.Second
 	}
 	for {
-		ctx, cancel := context.WithTimeout(s.ctx, 10*s.cfg.OpTimeout)
-		s.dropPass(ctx)
-		cancel()
+		s.dropPass(s.ctx)
 		select {
 		case <-s.ctx.Done():
 			return
@@ -1059,9 +1059,13 @@ func (s *Server) dropper() {
 }
 
 // dropPass is one pass of the dropper: settle this server's drops cut off
-// after their mark, and any listed tree's whose anchor says dropped
-// (settleListed), then finish the drops DropWait old.
+// after their mark, finish the drops DropWait old, then settle the trees
+// it repairs (all of them every RepairBackstop-th pass) whose anchor says
+// dropped (settleListed). Each step has a budget of its own (10 ×
+// OpTimeout), so that a step held up (a chunk pair down) does not starve
+// the next.
 func (s *Server) dropPass(ctx context.Context) {
+	pass := s.dropPasses.Add(1)
 	s.mu.Lock()
 	var names []string
 	for n := range s.mu.unsettled {
@@ -1077,13 +1081,28 @@ func (s *Server) dropPass(ctx context.Context) {
 			s.mu.Unlock()
 		}
 	}
-	if n, err := settleListed(ctx, s.cache, s.directory()); err != nil && s.ctx.Err() == nil {
-		s.log.Warn("settling the drops of listed trees whose anchors say dropped failed (the next pass tries again)", "settled", n, "err", err)
-	} else if n > 0 {
+	mine := s.cfg.Repairer
+	if pass%RepairBackstop == 1 {
+		mine = nil // (the first pass, and every RepairBackstop-th)
+	}
+	n, unreadable, ferr, serr := dropPassSteps(ctx, s.cache, s.directory(), s.cfg.Chunks.Free, s.DropWait(), 10*s.cfg.OpTimeout, s.dropFinished, mine, settleWait)
+	if s.ctx.Err() != nil {
+		return
+	}
+	if ferr != nil {
+		s.log.Warn("finishing the drops under way: listing them failed (the next pass tries again)", "err", ferr)
+	}
+	switch {
+	case serr != nil || unreadable > 0:
+		s.log.Warn("settling the drops of listed trees whose anchors say dropped: some could not be looked at (the next pass tries again)", "settled", n, "unreadable", unreadable, "err", serr)
+	case n > 0:
 		s.log.Info("settled the drops of listed trees whose anchors say dropped (their servers died before the decree)", "settled", n)
 	}
-	s.FinishDrops(ctx, s.DropWait())
 }
+
+// settleWait bounds a dropper pass's read of one listed tree's anchor, and
+// its settling (settleListed).
+const settleWait = 5 * time.Second
 
 // CreateTree makes tree name: its anchor and root chunks, allocated tagged
 // with the server's owner, written, then its entry, by decree, then the
@@ -1169,13 +1188,19 @@ func (s *Server) SettleDrop(ctx context.Context, name string) error {
 // FinishDrops finishes every drop marked at least minAge ago (the dropper
 // passes DropWait): finishDrops on this server.
 func (s *Server) FinishDrops(ctx context.Context, minAge time.Duration) {
-	finishDrops(ctx, s.cache, s.directory(), s.cfg.Chunks.Free, minAge, func(e TreeEntry, err error) {
-		if err != nil && s.ctx.Err() == nil {
-			s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
-		} else if err == nil {
-			s.log.Info("finished a tree's drop", "tree", e.Name)
-		}
-	})
+	err := finishDrops(ctx, s.cache, s.directory(), s.cfg.Chunks.Free, minAge, s.dropFinished)
+	if err != nil && s.ctx.Err() == nil {
+		s.log.Warn("finishing the drops under way: listing them failed (the next repair pass tries again)", "err", err)
+	}
+}
+
+// dropFinished logs a drop's finish (err nil), or its failure.
+func (s *Server) dropFinished(e TreeEntry, err error) {
+	if err != nil && s.ctx.Err() == nil {
+		s.log.Warn("finishing a tree's drop failed (the next repair pass tries again)", "tree", e.Name, "err", err)
+	} else if err == nil {
+		s.log.Info("finished a tree's drop", "tree", e.Name)
+	}
 }
 
 // dropOrder lists a tree's node chunks (not its anchor) in the order a drop

@@ -1211,13 +1211,7 @@ func (w *simWorld) dropPass(minAge time.Duration) {
 		}
 		w.mu.Unlock()
 	}
-	if n, err := settleListed(ctx, s.cache, s.dir); n > 0 || err != nil {
-		w.mu.Lock()
-		w.settledListed += n
-		w.mu.Unlock()
-		w.event("server %d settled %d listed trees whose anchors say dropped (%v)", s.node, n, err)
-	}
-	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, minAge, func(e TreeEntry, err error) {
+	n, _, _, _ := dropPassSteps(ctx, s.cache, s.dir, s.chunks.Free, minAge, time.Second, func(e TreeEntry, err error) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if err != nil {
@@ -1227,7 +1221,13 @@ func (w *simWorld) dropPass(minAge time.Duration) {
 			w.finished[e.Anchor] = true
 		}
 		w.event("server %d finished the drop of tree %s (%v): %v", s.node, e.Name, e.Anchor, err)
-	})
+	}, nil, 200*time.Millisecond)
+	if n > 0 {
+		w.mu.Lock()
+		w.settledListed += n
+		w.mu.Unlock()
+		w.event("server %d settled %d listed trees whose anchors say dropped", s.node, n)
+	}
 }
 
 // finishAllDrops settles and finishes every drop once the faults are over
@@ -1253,19 +1253,22 @@ func (w *simWorld) finishAllDrops(ctx context.Context) error {
 			w.settled++
 		}
 	}
-	n, err := settleListed(ctx, s.cache, s.dir)
-	if err != nil {
-		return fmt.Errorf("settling the listed trees whose anchors say dropped: %v", err)
+	n, unreadable, err := settleListed(ctx, s.cache, s.dir, nil, 5*time.Second)
+	if err != nil || unreadable > 0 {
+		return fmt.Errorf("settling the listed trees whose anchors say dropped: %d anchors unreadable, %v", unreadable, err)
 	}
 	w.settledListed += n
 	var failed error
-	finishDrops(ctx, s.cache, s.dir, s.chunks.Free, 0, func(e TreeEntry, err error) {
+	err = finishDrops(ctx, s.cache, s.dir, s.chunks.Free, 0, func(e TreeEntry, err error) {
 		if err != nil && failed == nil {
 			failed = fmt.Errorf("finishing tree %s's drop (%v): %v", e.Name, e.Anchor, err)
 		} else if err == nil {
 			w.dropsFinished++
 		}
 	})
+	if err != nil {
+		return err
+	}
 	if failed != nil {
 		return failed
 	}

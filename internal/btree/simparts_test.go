@@ -924,6 +924,33 @@ type soloServer struct {
 	cache    *Cache
 }
 
+// newLoggedSolo is a soloServer (node 1) on simulated chunks (seed's),
+// with a log (commits are durable in it) and its owner set (allocations
+// tag): the chunks it uses are wrap's of the store's clerk (wrap nil: the
+// clerk itself).
+func newLoggedSolo(t *testing.T, ctx context.Context, seed int64, wrap func(*simChunkClerk) Chunks) (*simChunks, *simChunkClerk, *soloServer, chunk.Owner) {
+	t.Helper()
+	r := rand.New(rand.NewSource(seed))
+	locks := newSimLocks(ctx, r)
+	store := newSimChunks(r)
+	clerk := store.clerk(1, func(context.Context) error { return nil })
+	var chunks Chunks = clerk
+	if wrap != nil {
+		chunks = wrap(clerk)
+	}
+	solo := newSoloServer(t, ctx, locks, chunks)
+	dev := newSimDevice(txn.HeaderBlocks + 256)
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
+		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Checkpointer: solo.cache, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	solo.cache.cfg.Log = wal
+	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
+	solo.cache.setOwner(owner)
+	return store, clerk, solo, owner
+}
+
 func newSoloServer(t *testing.T, ctx context.Context, locks *simLocks, chunks Chunks) *soloServer {
 	t.Helper()
 	clerk := locks.newClerk(1, func(context.Context, lock.Recovery) error { return nil })
@@ -1020,21 +1047,14 @@ func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.r.Float64() < d.lossRate/2 {
-		d.lost++
-		delay := time.Duration(1+d.r.Intn(30)) * time.Millisecond
-		d.late.Add(1)
-		go func() {
-			defer d.late.Done()
-			time.Sleep(delay)
-			d.mu.Lock()
-			defer d.mu.Unlock()
+		d.landLate(func() {
 			existing, err := nsCreate(d.ns, e, root, owner)
 			if errors.Is(err, ErrCreatorRetired) {
 				d.refused++
 			} else if err == nil && existing == nil {
 				d.landedLate++
 			}
-		}()
+		})
 		return nil, fmt.Errorf("sim: the creation's decree is still in flight: %w", context.DeadlineExceeded)
 	}
 	existing, err := nsCreate(d.ns, e, root, owner)
@@ -1053,6 +1073,21 @@ func (c simDirClerk) Create(ctx context.Context, e TreeEntry, root Handle, owner
 		return nsCreate(d.ns, e, root, owner)
 	}
 	return existing, err
+}
+
+// landLate counts a decree's answer lost and applies it (apply, under
+// d.mu) 1-30 ms later: a proposal still in flight when Update gave up.
+func (d *simDirectory) landLate(apply func()) {
+	d.lost++
+	delay := time.Duration(1+d.r.Intn(30)) * time.Millisecond
+	d.late.Add(1)
+	go func() {
+		defer d.late.Done()
+		time.Sleep(delay)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		apply()
+	}()
 }
 
 // rerunWait is the time between an attempt whose answer was lost and
@@ -1111,19 +1146,12 @@ func (c simDirClerk) RecordDrop(ctx context.Context, e TreeEntry, marked time.Ti
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.r.Float64() < d.lossRate/2 {
-		d.lost++
-		delay := time.Duration(1+d.r.Intn(30)) * time.Millisecond
-		d.late.Add(1)
-		go func() {
-			defer d.late.Done()
-			time.Sleep(delay)
-			d.mu.Lock()
-			defer d.mu.Unlock()
+		d.landLate(func() {
 			if ops, applied, err := d.dropOps(e, marked); err == nil && applied {
 				applyOps(d.ns, ops)
 				d.dropsLate++
 			}
-		}()
+		})
 		return fmt.Errorf("sim: the drop's decree is still in flight: %w", context.DeadlineExceeded)
 	}
 	ops, applied, err := d.dropOps(e, marked)

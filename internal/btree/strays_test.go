@@ -5,12 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand"
 	"testing"
 	"time"
 
 	"github.com/grovestore/grove/internal/chunk"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // strayRig is a live B-tree server (node 1) on simulated chunks whose
@@ -27,20 +25,7 @@ type strayRig struct {
 
 func newStrayRig(t *testing.T, ctx context.Context, keys int) *strayRig {
 	t.Helper()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
-	solo := newSoloServer(t, ctx, locks, chunks)
-	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Checkpointer: solo.cache, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	solo.cache.cfg.Log = wal
-	owner := chunk.Owner{Log: OwnerLog(1), Token: solo.logFence.Token}
-	solo.cache.setOwner(owner)
+	store, chunks, solo, owner := newLoggedSolo(t, ctx, 1, nil)
 	ah, _ := emptyTree(t, ctx, chunks, solo.fence, MinNodeSize)
 	tr, err := New(solo.cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6, MaxInline: 64})
 	if err != nil {

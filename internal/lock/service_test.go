@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grovestore/grove/internal/ports"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -70,11 +72,16 @@ func startServices(t *testing.T, n int, det *fakeDetector) []*testNode {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var members []meta.Member
 	var lis []net.Listener
+	raftAddrs, err := ports.FreeAddrs(3) // (below the ephemeral range: no connection takes one meanwhile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := 1; i <= 3; i++ {
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		r, _ := net.Listen("tcp", "127.0.0.1:0")
-		members = append(members, meta.Member{ID: uint64(i), GRPCAddr: l.Addr().String(), RaftAddr: r.Addr().String()})
-		r.Close()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, meta.Member{ID: uint64(i), GRPCAddr: l.Addr().String(), RaftAddr: raftAddrs[i-1]})
 		lis = append(lis, l)
 	}
 	timing := meta.Timing{Heartbeat: 100 * time.Millisecond, Election: 100 * time.Millisecond, LeaderLease: 50 * time.Millisecond}

@@ -7,8 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/grovestore/grove/internal/ports"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
@@ -320,37 +323,68 @@ func FuzzDecodeDecree(f *testing.F) {
 	})
 }
 
-// TestClientOverGRPC runs a real 3-replica group on loopback TCP with gRPC
-// and checks the client: redirects to the leader, Update's read-modify-decree
-// loop under contention, watches, and node registration.
-func TestClientOverGRPC(t *testing.T) {
-	var members []Member
+// startGRPCGroup starts a real 3-replica group on loopback TCP with gRPC,
+// stopped when the test ends. A raft address is a port found free and
+// closed again (ports.Free), which another process may still take before
+// the replica binds it (packages run side by side; once seen in the race
+// detector's phase): the group is then started again on new ports, up to
+// five times.
+func startGRPCGroup(t *testing.T) []Member {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		members, stop, err := tryGRPCGroup(t)
+		if err == nil {
+			t.Cleanup(stop)
+			return members
+		}
+		stop()
+		if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
+		t.Logf("starting the group again on new ports: %v", err)
+	}
+}
+
+func tryGRPCGroup(t *testing.T) (members []Member, stop func(), err error) {
 	var lis []net.Listener
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	raftAddrs, err := ports.FreeAddrs(3)
+	if err != nil {
+		return nil, stop, err
+	}
 	for i := 1; i <= 3; i++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			return nil, stop, err
 		}
-		r, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		raftAddr := r.Addr().String()
-		r.Close()
+		stops = append(stops, func() { l.Close() })
 		lis = append(lis, l)
-		members = append(members, Member{ID: uint64(i), RaftAddr: raftAddr, GRPCAddr: l.Addr().String()})
+		members = append(members, Member{ID: uint64(i), RaftAddr: raftAddrs[i-1], GRPCAddr: l.Addr().String()})
 	}
 	for i, m := range members {
 		s, err := Open(Config{Bootstrap: true, ID: m.ID, Dir: t.TempDir(), Members: members, Timing: fastTiming,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
 		if err != nil {
-			t.Fatal(err)
+			return nil, stop, err
 		}
 		gs := grpc.NewServer()
 		s.RegisterGRPC(gs)
 		go gs.Serve(lis[i])
-		t.Cleanup(func() { gs.Stop(); s.Close() })
+		stops = append(stops, func() { gs.Stop(); s.Close() })
 	}
+	return members, stop, nil
+}
+
+// TestClientOverGRPC runs a real 3-replica group on loopback TCP with gRPC
+// and checks the client: redirects to the leader, Update's read-modify-decree
+// loop under contention, watches, and node registration.
+func TestClientOverGRPC(t *testing.T) {
+	members := startGRPCGroup(t)
 	c := NewClient(members)
 	defer c.Close()
 	wctx, cancel := context.WithCancel(ctx(t))
