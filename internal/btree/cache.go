@@ -1729,7 +1729,7 @@ func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 	defer s.c.unref(e)
 	if err := s.c.lockEntry(ctx, e, lock.Shared); err != nil {
 		if errors.Is(err, ErrGone) {
-			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)", ErrNoTree, s.anchor)
+			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)%w", ErrNoTree, s.anchor, errAnchorFreed)
 		}
 		return nil, err
 	}
@@ -1805,7 +1805,7 @@ func (s *TreeStore) lockAnchor(ctx context.Context) (*Anchor, error) {
 	if err := s.c.lockEntry(ctx, e, lock.Exclusive); err != nil {
 		s.c.unref(e)
 		if errors.Is(err, ErrGone) {
-			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)", ErrNoTree, s.anchor)
+			return nil, fmt.Errorf("%w: its anchor chunk %v is freed (the tree was dropped)%w", ErrNoTree, s.anchor, errAnchorFreed)
 		}
 		return nil, err
 	}

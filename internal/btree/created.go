@@ -186,7 +186,21 @@ func createTree(ctx context.Context, c *Cache, dir Directory, write func(ctx con
 		return TreeEntry{}, err
 	}
 	if e, err := dir.Lookup(ctx, name); err == nil {
-		return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
+		// A tree whose drop was cut off between its mark and its
+		// decree still holds the name: its drop is settled first (as
+		// the dropper would), and the name is free if nothing else took
+		// it meanwhile.
+		if !droppedAnchor(ctx, c, e) {
+			return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
+		}
+		if _, err := settleDrop(ctx, c, dir, name); err != nil {
+			return e, fmt.Errorf("btree: settling the drop of the tree that holds the name %q: %w", name, err)
+		}
+		if e, err := dir.Lookup(ctx, name); err == nil {
+			return e, fmt.Errorf("%w: %q", ErrTreeExists, name)
+		} else if !errors.Is(err, ErrNoTree) {
+			return TreeEntry{}, err
+		}
 	} else if !errors.Is(err, ErrNoTree) {
 		return TreeEntry{}, err
 	}

@@ -82,6 +82,19 @@ func beginDrop(ctx context.Context, c *Cache, dir Directory, name string, decree
 	return e, false, nil
 }
 
+// errAnchorFreed marks an ErrNoTree whose anchor's chunk is freed (the
+// drop finished), as against one marked dropped. It adds nothing to the
+// error's text.
+var errAnchorFreed = errors.New("")
+
+// droppedAnchor reports whether listed tree e's anchor says dropped (read
+// under its lock; not when it is freed: that is a finished drop's, or a
+// defect's, and DropTree of the name handles it).
+func droppedAnchor(ctx context.Context, c *Cache, e TreeEntry) bool {
+	_, err := c.Store(e.Anchor, e.NodeSize, nil).Anchor(ctx)
+	return errors.Is(err, ErrNoTree) && !errors.Is(err, errAnchorFreed)
+}
+
 // markDropped marks a tree's anchor dropped (nothing if it is already).
 func markDropped(ctx context.Context, st *TreeStore) error {
 	a, err := st.lockAnchor(ctx)

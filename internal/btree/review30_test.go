@@ -236,3 +236,46 @@ func TestSettleListedSettlesADeadServersDrop(t *testing.T) {
 		t.Fatalf("settleListed again: %d, %v (want 0, nil)", n, err)
 	}
 }
+
+// CreateTree of a name whose drop was cut off between the anchor's mark
+// and the decree settles that drop and makes the new tree (it answered
+// "exists" until a dropper pass settled the drop); a live tree, or one
+// whose anchor is freed, still holds its name.
+func TestCreateSettlesACutDrop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, chunks, c, write := review30Rig(t, ctx)
+	mem := &memDirectory{ns: &pb.Namespace{Name: Namespace}}
+	cfg := Config{NodeSize: MinNodeSize, MaxFanout: 6}
+	old, err := createTree(ctx, c, mem, write, "t", cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createTree(ctx, c, mem, write, "t", cfg, nil); !errors.Is(err, ErrTreeExists) {
+		t.Fatalf("creating live tree t again: %v (want ErrTreeExists)", err)
+	}
+	if err := markDropped(ctx, c.Store(old.Anchor, old.NodeSize, nil)); err != nil {
+		t.Fatal(err)
+	}
+	nu, err := createTree(ctx, c, mem, write, "t", cfg, nil)
+	if err != nil {
+		t.Fatalf("creating t over its cut drop: %v", err)
+	}
+	if x, err := lookupIn(mem.ns, "t"); err != nil || x.Anchor != nu.Anchor || nu.Anchor == old.Anchor {
+		t.Fatalf("t lists %+v (%v); the new tree is %v, the old %v", x, err, nu.Anchor, old.Anchor)
+	}
+	if ds := pendingDrops(mem.ns); len(ds) != 1 || ds[0].Anchor != old.Anchor {
+		t.Fatalf("drops recorded: %+v (want the old tree's)", ds)
+	}
+	// A listed tree whose anchor is freed (a defect) keeps its name.
+	if err := chunks.Free(ctx, nu.Anchor); err != nil {
+		t.Fatal(err)
+	}
+	c.Drop(nu.Anchor)
+	if review30Allocated(store, nu.Anchor) {
+		t.Fatal("the anchor was not freed")
+	}
+	if _, err := createTree(ctx, c, mem, write, "t", cfg, nil); !errors.Is(err, ErrTreeExists) {
+		t.Fatalf("creating t over a freed anchor: %v (want ErrTreeExists)", err)
+	}
+}
