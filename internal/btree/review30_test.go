@@ -150,10 +150,11 @@ func TestReview30CreateAndDropBounded(t *testing.T) {
 
 // A drop's decree and settleDrop on a name that now names a new tree (the
 // old one dropped and its drop recorded by another server meanwhile) leave
-// the new tree listed. The simulator's creator runs creations and drops
-// one at a time, so it never takes these paths: TestSimTree passes with
-// dropTreeOps not checking the anchor, and with settleDrop not checking
-// that the anchor is dropped (100 seeds each).
+// the new tree listed. When review 30 wrote it the simulator ran creations
+// and drops one at a time and took neither path; since drops run beside
+// creations it catches a drop's decree that does not check the anchor
+// ("root records … name no listed tree"), but still not a settleDrop that
+// does not check that the anchor is dropped (150 seeds): this test does.
 func TestReview30StaleDropLeavesNewTree(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -58,7 +58,7 @@ func (d review31CtxDir) Drops(ctx context.Context) ([]pendingDrop, error) {
 // unreachable, no drop anywhere was finished. Now the pass finishes first,
 // each step has its own budget, each anchor's read is bounded, and the
 // unreadable anchors are counted.
-func TestReview31SettleListedStarvesFinishDrops(t *testing.T) {
+func TestReview31UnreadableAnchorDoesNotStarveFinishing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var chunks *review31HangChunks
