@@ -50,7 +50,9 @@ func benchRLDevCmd() *cobra.Command {
 
 Every server shares this machine's 2 cores and one disk: each replicated write
 is two writes and two fdatasyncs on the same device, so half of fio's write
-figure is the ceiling. Reads hit the page cache (RLDev files are buffered), as
+figure is the ceiling. The iops part's writes are also run as two fio
+processes at once, one per file (two copies, each synced, as many outstanding
+on each as Grove has): FIO-PAIR-OPS-S is their pairs a second. Reads hit the page cache (RLDev files are buffered), as
 fio's buffered reads do. Progress goes to standard error.`,
 		Example: `  grove bench rldev
   grove bench rldev --parts iops --cell 10s
@@ -221,7 +223,12 @@ func idsOf(rs []*rldev.Record) []uint64 {
 }
 
 func (b *rldevBench) fioFile(span uint64) (string, error) {
-	path := filepath.Join(b.dir, "fio.raw")
+	return b.fioFileNamed("fio.raw", span)
+}
+
+// fioFileNamed is a raw file of span bytes for fio, made once.
+func (b *rldevBench) fioFileNamed(name string, span uint64) (string, error) {
+	path := filepath.Join(b.dir, name)
 	if st, err := os.Stat(path); err == nil && uint64(st.Size()) >= span {
 		return path, nil
 	}
@@ -285,7 +292,7 @@ func (b *rldevBench) table1() error {
 
 // iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential.
 func (b *rldevBench) iops() error {
-	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO")
+	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO", "FIO-PAIR-OPS-S", "RATIO-PAIR")
 	for _, path := range b.paths {
 		if err := b.iopsOn(path, tb); err != nil {
 			return err
@@ -314,6 +321,10 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	if err != nil {
 		return err
 	}
+	raw2, err := b.fioFileNamed("fio2.raw", span)
+	if err != nil {
+		return err
+	}
 	cells := []struct {
 		write, seq bool
 		size       uint64
@@ -323,27 +334,45 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	for _, x := range cells {
 		// grove and fio in turn, --repeat times: this shared machine's
 		// figures drift by a fifth between minutes, fio's as much as ours.
-		var gs, fs []bench.IOResult
+		var gs, fs, ps []bench.IOResult
 		for i := 0; i < max(b.repeat, 1); i++ {
 			g, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{id}, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
 			if err != nil {
 				return err
 			}
-			f, err := bench.RunFio(b.ctx, bench.FioLoad{File: raw, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
+			fl := bench.FioLoad{File: raw, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell}
+			f, err := bench.RunFio(b.ctx, fl)
 			if err != nil {
 				return err
 			}
 			gs, fs = append(gs, g), append(fs, f)
+			if x.write {
+				// The same writes as two copies on this one disk, each
+				// synced: what a replicated write asks of it when both
+				// replicas share it (the bound, not the target's peer).
+				p, err := bench.RunFioPair(b.ctx, fl, raw2)
+				if err != nil {
+					return err
+				}
+				ps = append(ps, p)
+			}
 		}
 		g, f := bench.MedianIO(gs), bench.MedianIO(fs)
 		op := map[bool]string{true: "randwrite", false: "randread"}[x.write]
 		if x.seq {
 			op = map[bool]string{true: "write", false: "read"}[x.write]
 		}
-		b.log("  iops %s %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s", path, op, units.FormatSize(int64(x.size)), x.qd,
-			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps())
+		pairOps, pairRatio := any("-"), any("-")
+		pairNote := ""
+		if len(ps) > 0 {
+			p := bench.MedianIO(ps)
+			pairOps, pairRatio = round0(p.PerSec()), round2(g.PerSec()/p.PerSec())
+			pairNote = fmt.Sprintf(", fio two copies %.0f pairs/s (grove %.2f of it)", p.PerSec(), g.PerSec()/p.PerSec())
+		}
+		b.log("  iops %s %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s%s", path, op, units.FormatSize(int64(x.size)), x.qd,
+			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps(), pairNote)
 		tb.Row(path, op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
-			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()))
+			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()), pairOps, pairRatio)
 	}
 	return nil
 }

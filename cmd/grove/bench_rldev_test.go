@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -28,6 +29,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 			QD        int     `json:"qd"`
 			GroveOpsS float64 `json:"grove_ops_s"`
 			FioOpsS   float64 `json:"fio_ops_s"`
+			FioPair   any     `json:"fio_pair_ops_s"` // writes: fio's two copies; reads: "-"
 		} `json:"iops"`
 		Resync []struct {
 			CopyMBs float64 `json:"copy_mb_s"`
@@ -42,6 +44,10 @@ func TestBenchRLDevSmoke(t *testing.T) {
 	for _, x := range out.IOPS {
 		if x.GroveOpsS <= 0 || x.FioOpsS <= 0 {
 			t.Fatalf("%s qd %d: grove %v ops/s, fio %v", x.Op, x.QD, x.GroveOpsS, x.FioOpsS)
+		}
+		pair, isNum := x.FioPair.(float64)
+		if strings.Contains(x.Op, "write") != isNum || isNum && pair <= 0 {
+			t.Fatalf("%s qd %d: fio's two copies %v", x.Op, x.QD, x.FioPair)
 		}
 	}
 	if out.Resync[0].CopyMBs <= 0 {

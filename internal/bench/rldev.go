@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -247,6 +248,47 @@ func RunFio(ctx context.Context, l FioLoad) (IOResult, error) {
 	ns := func(p string) time.Duration { return time.Duration(x.Lat.Percentile[p]) }
 	return IOResult{Result: Result{System: "fio", Concurrency: l.QD, Ops: int(x.IOs), Elapsed: time.Duration(x.Runtime * float64(time.Millisecond)),
 		P50: ns("50.000000"), P99: ns("99.000000")}, Bytes: x.IOBytes}, nil
+}
+
+// RunFioPair runs l on two files at once, one fio process each: the load
+// of a replicated write on one disk (two copies, each written and
+// fdatasync'd, l.QD outstanding on each, as an RLDev whose two replicas
+// share the disk has). Its rate is the pairs of copies a second (the mean
+// of the two processes' rates; their runs overlap but for fio's start-up)
+// and its latencies the slower process's.
+func RunFioPair(ctx context.Context, l FioLoad, second string) (IOResult, error) {
+	var (
+		res  [2]IOResult
+		errs [2]error
+		wg   sync.WaitGroup
+	)
+	for i, file := range []string{l.File, second} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := l
+			x.File = file
+			res[i], errs[i] = RunFio(ctx, x)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return IOResult{}, err
+	}
+	a, b := res[0], res[1]
+	rate := (a.PerSec() + b.PerSec()) / 2
+	out := a
+	if b.P50 > a.P50 {
+		out.P50 = b.P50
+	}
+	if b.P99 > a.P99 {
+		out.P99 = b.P99
+	}
+	out.System = "fio-pair"
+	out.Elapsed = max(a.Elapsed, b.Elapsed)
+	out.Ops = int(rate * out.Elapsed.Seconds())
+	out.Bytes = uint64(out.Ops) * l.Size
+	return out, nil
 }
 
 // PrepareFile makes a file of size bytes filled with data (fio's reads
