@@ -35,7 +35,7 @@ func coverScenario(t *testing.T, allFirst, unsafe bool) (keys, allRead, namesRed
 	all := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 2, Seq: 2}, All: true, Exclude: held, Token: lock.Token{Epoch: 2, Seq: 11}}
 	names := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 1, Seq: 2}, Names: held, Token: lock.Token{Epoch: 2, Seq: 12}}
 	runAll := func() {
-		rep, err := replayDead(ctx, dev, all, store.clerk(2, nop), nil, replayUnsafe{uncovered: unsafe}, simLog, nil)
+		rep, err := replayDead(ctx, dev, all, store.clerk(2, nop), nil, replayUnsafe{uncovered: unsafe}, nil, simLog, nil)
 		if err != nil && allFirst {
 			t.Fatalf("the all run: %v", err)
 		}
@@ -44,7 +44,7 @@ func coverScenario(t *testing.T, allFirst, unsafe bool) (keys, allRead, namesRed
 	if allFirst {
 		runAll()
 	}
-	rep, err := replayDead(ctx, dev, names, store.clerk(3, nop), nil, replayUnsafe{uncovered: unsafe}, simLog, nil)
+	rep, err := replayDead(ctx, dev, names, store.clerk(3, nop), nil, replayUnsafe{uncovered: unsafe}, nil, simLog, nil)
 	if err != nil {
 		t.Fatalf("the names run: %v", err)
 	}

@@ -252,6 +252,7 @@ type Server struct {
 	ctx   context.Context
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
+	bgMu  sync.Mutex // orders background's start with Close's stop
 	hints chan hint
 	fence fenceHolder
 	// creatorsRetired: the directory refuses creations by this log's
@@ -380,9 +381,27 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 // log and the clerk: nothing is left for a recovery to do. An operation
 // still running fails.
 func (s *Server) Close(ctx context.Context) error {
+	s.bgMu.Lock() // no background work starts after this (background)
 	s.stop()
+	s.bgMu.Unlock()
 	s.wg.Wait()
 	return closeSequence(ctx, s.cache, s.wal, nil, &s.fence, s.clerk.Close)
+}
+
+// background runs f on the server's context in a goroutine Close waits
+// for; false: the server is stopping, and f does not run.
+func (s *Server) background(f func(ctx context.Context)) bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.ctx.Err() != nil {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f(s.ctx)
+	}()
+	return true
 }
 
 // closingLog is what closeSequence needs of the server's log (*txn.Log).
@@ -490,7 +509,12 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 	if s.unsafeRecoverWithoutDirectory.Load() {
 		dir = nil
 	}
-	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, dir, replayUnsafe{}, s.log, leakLogger(s.log, r.Dead))
+	later := func(collect func(context.Context)) {
+		if !s.background(collect) {
+			s.log.Info("this server is stopping: the collection of a dead server's orphans is left to its log's next holder", "dead", r.Dead)
+		}
+	}
+	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, dir, replayUnsafe{}, later, s.log, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
@@ -546,7 +570,9 @@ func collectOrphans(ctx context.Context, chunks Chunks, dir Directory, log uint6
 			disown = append(disown, h)
 			continue
 		}
-		if err := chunks.Free(ctx, h); err != nil {
+		if err := chunks.Free(ctx, h); errors.Is(err, chunk.ErrUnallocated) {
+			continue // another collection of the same log's orphans freed it (a recovery run's, which runs late, and the log's next holder's at its start)
+		} else if err != nil {
 			logger.Warn("freeing a chunk an earlier holder of this log allocated and never linked failed", "chunk", h, "when", why, "err", err)
 			continue
 		}
@@ -649,7 +675,7 @@ func collectStraysEvery(ctx context.Context, c *Cache, period time.Duration, log
 // is for logs whose trees were made with untagged chunks (tests); a
 // server's recovery function passes its directory (created.go).
 func ReplayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks) (txn.Report, error) {
-	return replayDead(ctx, dev, r, chunks, nil, replayUnsafe{}, slog.Default(), leakLogger(slog.Default(), r.Dead))
+	return replayDead(ctx, dev, r, chunks, nil, replayUnsafe{}, nil, slog.Default(), leakLogger(slog.Default(), r.Dead))
 }
 
 // leakLogger reports, on log, the value chunks a replay of dead's log let
@@ -669,7 +695,20 @@ type replayUnsafe struct{ uncovered, keepTags bool }
 // replayDead is ReplayDead, collecting the orphans with dir (nil: none),
 // logging on logger, telling leaked (nil: nobody) of the value chunks
 // whose replayed free failed.
-func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, dir Directory, unsafe replayUnsafe, logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
+//
+// later, if not nil, takes the collection of the orphans to run after the
+// run has returned — after the dead server's leases are freed — instead
+// of the run doing it: the collection is a chunk map's retirement mark, a
+// directory decree and read, and a free per orphan, none of which the
+// dead server's nodes need to be available again. It does not depend on
+// the leases: the chunks it frees are tagged with the dead holders' log
+// and tokens older than the run's, which no live server ever links (a
+// server links only what it allocated under its own tag, and the replay
+// disowned, before this, everything a committed change of the dead
+// server names); the retirement refuses their allocations still in
+// flight whenever it lands. A collection that never runs (the recovering
+// server stops first) or fails is the log's next holder's to do.
+func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, dir Directory, unsafe replayUnsafe, later func(collect func(context.Context)), logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
 	if !unsafe.uncovered && !r.Covers(txn.LockName(LogName(node))) {
 		return txn.Report{}, nil
@@ -709,7 +748,14 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 	// The run's token is newer than the dead server's on the log's lock,
 	// and older than the log's next holder's.
 	if !unsafe.uncovered {
-		collectOrphans(ctx, chunks, dir, OwnerLog(node), r.Token, logger, "recovery")
+		collect := func(ctx context.Context) {
+			collectOrphans(ctx, chunks, dir, OwnerLog(node), r.Token, logger, "recovery")
+		}
+		if later != nil {
+			later(collect)
+		} else {
+			collect(ctx)
+		}
 	}
 	return rep, nil
 }

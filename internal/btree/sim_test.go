@@ -92,6 +92,12 @@ type simWorld struct {
 	// every is every server incarnation started, for their counters.
 	every []*simServer
 
+	// collections are the recovery runs' collections of orphans, which
+	// run after the runs (replayDead's later); lateCollections counts
+	// those that ran.
+	collections     sync.WaitGroup
+	lateCollections atomic.Int64
+
 	mu      sync.Mutex
 	r       *rand.Rand
 	servers map[uint64]*simServer // live ones
@@ -279,7 +285,28 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		if s.isDead() {
 			return errSimDead
 		}
-		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, dir, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, simLog, func(h Handle, err error) {
+		// The run's collection of the dead server's orphans runs after
+		// the run, as the server's does (after the leases are freed),
+		// 0-30 ms late, on the recovering server's gates.
+		later := func(collect func(context.Context)) {
+			delay := time.Duration(w.rand(31)) * time.Millisecond
+			w.collections.Add(1)
+			go func() {
+				defer w.collections.Done()
+				select {
+				case <-time.After(delay):
+				case <-w.ctx.Done():
+					return
+				}
+				if s.isDead() {
+					return // a stopped server's is the log's next holder's
+				}
+				collect(w.ctx)
+				w.lateCollections.Add(1)
+				w.event("server %d collects server %v's orphans, %v after its replay", node, r.Dead, delay)
+			}()
+		}
+		rep, err := replayDead(ctx, gatedDevice{w.devs[r.Dead.Node], s.gate}, r, chunks, dir, replayUnsafe{uncovered: w.unsafeUncovered, keepTags: w.replayKeepsTags}, later, simLog, func(h Handle, err error) {
 			w.replayLeaks.Add(1)
 			w.event("server %d's replay of node %d's log let value chunk %v leak: %v", node, r.Dead.Node, h, err)
 		})
@@ -926,6 +953,7 @@ type simResult struct {
 	aborted, failovers, allRuns                                  int // servers killed while they started; master failovers; "all" runs
 	lostAllocs, orphans, disowned                                int // allocations whose answer was lost; chunks the final collection freed; chunks checkpoints disowned
 	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
+	lateCollections                                              int // recovery runs' collections of orphans run after the run
 	created, createErrs, createRefused, dirLost, dirRefused      int // creations acknowledged, failed, refused as retired; directory decrees whose answer was lost; creations the directory refused
 	createExists, dirLate, createdTagged                         int // creations that found their name taken; creation decrees that landed after their caller was told they failed; created trees' chunks left tagged for the final collection
 	drops, dropErrs, dropNoTree, dropDied, dropsLate             int // drops acknowledged, failed, of no tree; drops whose server died after the mark; drop decrees that landed after their caller was told they failed
@@ -1444,6 +1472,7 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 		w.servers[n].halt()
 		w.servers[n].done.Wait()
 	}
+	w.collections.Wait()
 	w.chunks.late.Wait()
 	sv := w.servers[1]
 	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -1761,6 +1790,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			return res, fmt.Errorf("server %d: flush: %v", n, err)
 		}
 	}
+	w.collections.Wait()
 	w.chunks.late.Wait()
 	w.dir.late.Wait()
 	w.dir.mu.Lock()
@@ -1832,6 +1862,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		res.merges += int(st.Merges.Load())
 		w.kill(w.servers[n])
 	}
+	res.lateCollections = int(w.lateCollections.Load())
 	for _, s := range w.every {
 		if s.cache != nil {
 			res.valueWrites += int(s.cache.Stats().ValueWrites)
@@ -1919,6 +1950,7 @@ func TestSimTree(t *testing.T) {
 		total.disowned += r.disowned
 		total.retriedAllocs += r.retriedAllocs
 		total.strays += r.strays
+		total.lateCollections += r.lateCollections
 		total.closes += r.closes
 		total.closeFailed += r.closeFailed
 		total.created += r.created
@@ -1944,8 +1976,8 @@ func TestSimTree(t *testing.T) {
 		total.created, total.createErrs, total.createExists, total.createRefused, total.dirLost, total.dirLate, total.createdTagged)
 	t.Logf("tree drops: %d acknowledged, %d failed, %d killed their server after the mark, %d found no tree; %d drop decrees landed after their caller was told they failed; %d drops cut off after their mark settled by their live server, %d found by the dropper passes (their server died); %d drops finished (%d finishes failed and were tried again)",
 		total.drops, total.dropErrs, total.dropDied, total.dropNoTree, total.dropsLate, total.settled, total.settledListed, total.dropsFinished, total.finishErrs)
-	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d left for the final collection (what a log's next holder frees); no chunk leaked",
-		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.orphans)
+	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d recovery runs' collections of orphans run after their runs, %d chunks left for the final collection (what a log's next holder frees); no chunk leaked",
+		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.lateCollections, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
