@@ -825,7 +825,31 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 			redo = append(redo, r)
 		}
 	}
-	return redo, nil
+	return lastImages(redo), nil
+}
+
+// lastImages keeps, of the node records in redo, each chunk's last one
+// (the others in their order). A node's records are whole images whose
+// versions grow with their LSNs (its writer held it exclusively), so the
+// last is what the replay leaves in the chunk whatever it wrote before;
+// each earlier one would cost a chunk read and a replicated write, in the
+// window where the dead server's nodes are unavailable (a hot leaf has
+// one record per put since its last write-back).
+func lastImages(redo []txn.Record) []txn.Record {
+	last := map[string]int{}
+	for i, r := range redo {
+		if _, err := txn.ParseChunkTarget(r.Target); err == nil {
+			last[string(r.Target)] = i
+		}
+	}
+	out := redo[:0:0]
+	for i, r := range redo {
+		if j, ok := last[string(r.Target)]; ok && j != i {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, data []byte, lsn txn.LSN, _ *rldev.Fence) error {
