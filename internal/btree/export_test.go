@@ -1,6 +1,9 @@
 package btree
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // FailForTest makes the server fail as a failed log would (the cache's
 // sticky error, its leases still standing).
@@ -24,6 +27,20 @@ func SetWriteBackParallelForTest(n int) (undo func()) {
 	old := writeBackParallel
 	writeBackParallel = n
 	return func() { writeBackParallel = old }
+}
+
+// SetReplayParallelForTest sets how many node writes a recovery run has
+// in flight, and returns the undo.
+func SetReplayParallelForTest(n int) (undo func()) {
+	old := replayParallel
+	replayParallel = n
+	return func() { replayParallel = old }
+}
+
+// ReplaysForTest is how many logs this server's recovery runs replayed,
+// and how long the last replay took.
+func (s *Server) ReplaysForTest() (int64, time.Duration) {
+	return s.replays.Load(), time.Duration(s.replayTook.Load())
 }
 
 // SetForwardServeHookForTest runs f before each forwarded call this

@@ -253,8 +253,11 @@ type Server struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	bgMu  sync.Mutex // orders background's start with Close's stop
-	hints chan hint
-	fence fenceHolder
+	// replays counts this server's recovery runs that replayed a log;
+	// replayTook is the last one's duration (ns).
+	replays, replayTook atomic.Int64
+	hints               chan hint
+	fence               fenceHolder
 	// creatorsRetired: the directory refuses creations by this log's
 	// earlier holders (named).
 	creatorsRetired atomic.Bool
@@ -514,11 +517,15 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 			s.log.Info("this server is stopping: the collection of a dead server's orphans is left to its log's next holder", "dead", r.Dead)
 		}
 	}
+	start := time.Now()
 	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, dir, replayUnsafe{}, later, s.log, leakLogger(s.log, r.Dead))
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
-	s.log.Info("replayed a dead B-tree server's log", "dead", r.Dead, "redone", rep.Redone, "undone", rep.Undone)
+	took := time.Since(start)
+	s.replays.Add(1)
+	s.replayTook.Store(int64(took))
+	s.log.Info("replayed a dead B-tree server's log", "dead", r.Dead, "records", rep.Records, "redone", rep.Redone, "undone", rep.Undone, "took", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -696,12 +703,12 @@ type replayUnsafe struct{ uncovered, keepTags bool }
 // logging on logger, telling leaked (nil: nobody) of the value chunks
 // whose replayed free failed.
 //
-// later, if not nil, takes the collection of the orphans to run after the
-// run has returned — after the dead server's leases are freed — instead
-// of the run doing it: the collection is a chunk map's retirement mark, a
-// directory decree and read, and a free per orphan, none of which the
-// dead server's nodes need to be available again. It does not depend on
-// the leases: the chunks it frees are tagged with the dead holders' log
+// later, if not nil, takes the collection of the orphans to run on its
+// own, so that the run returns (and the dead server's leases are freed)
+// without waiting for it: the collection is a chunk map's retirement mark,
+// a directory decree and read, and a free per orphan, none of which the
+// dead server's nodes need to be available again. It may go on while the
+// leases are released or after; its safety depends on no lease: the chunks it frees are tagged with the dead holders' log
 // and tokens older than the run's, which no live server ever links (a
 // server links only what it allocated under its own tag, and the replay
 // disowned, before this, everything a committed change of the dead
@@ -722,9 +729,23 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 		names[n] = true
 	}
 	keep := func(h Handle) bool { return names[LockName(h)] != r.All }
-	a := replayApplier{chunks: chunks, fence: func() *rldev.Fence { f := fence; return &f }, keep: keep, leaked: leaked, keepTags: unsafe.keepTags}
+	// The run's fence, which its writes (up to replayParallel at once) read
+	// and its renewals replace.
+	var fenceMu sync.Mutex
+	current := func() *rldev.Fence {
+		fenceMu.Lock()
+		defer fenceMu.Unlock()
+		f := fence
+		return &f
+	}
+	a := replayApplier{chunks: chunks, fence: current, keep: keep, leaked: leaked, keepTags: unsafe.keepTags, parallel: replayParallel}
 	if r.Renew != nil {
-		a.renew = func(ctx context.Context) error {
+		a.renew = func(ctx context.Context, used lock.Token) error {
+			fenceMu.Lock()
+			defer fenceMu.Unlock()
+			if used.Less(fence.Token) {
+				return nil // another write of the run renewed it since this one went out: again under that token
+			}
 			t, err := r.Renew(ctx)
 			if err != nil {
 				return err
@@ -764,6 +785,12 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 // outcome stays unknown (each after a renewal of the run's token).
 const replayWriteAttempts = 16
 
+// replayParallel bounds the node writes of a recovery run in flight: each
+// node's last image is written once (lastImages), so the writes are
+// independent, and the RLDevs share their syncs among the writes in
+// flight (as a checkpoint's write-backs: writeBackParallel).
+var replayParallel = 16
+
 // replayApplier writes replayed images to their chunks under a B-tree
 // server's fence lock name (the dead server's, for a recovery run): the
 // name its own write-backs carried, so that the RLDev refuses those once
@@ -776,8 +803,13 @@ type replayApplier struct {
 	fence  func() *rldev.Fence
 	keep   func(h Handle) bool
 	// renew takes a newer token for the run (lock.Recovery.Renew; nil: a
-	// write that may land late fails the run).
-	renew func(ctx context.Context) error
+	// write that may land late fails the run), unless the run's token is
+	// already newer than used, the one the write carried (another write
+	// of the run renewed it meanwhile).
+	renew func(ctx context.Context, used lock.Token) error
+	// parallel: the writes of up to this many nodes at once (0, 1: one at
+	// a time; txn.ParallelApplier).
+	parallel int
 	// leaked hears of a value chunk whose replayed free failed (it leaks).
 	leaked func(h Handle, err error)
 	// keepTags: replayUnsafe.keepTags.
@@ -787,7 +819,15 @@ type replayApplier struct {
 // replayFreeAttempts bounds the tries of one replayed free record.
 const replayFreeAttempts = 5
 
-var _ txn.Selector = replayApplier{}
+var _ txn.ParallelApplier = replayApplier{}
+
+// Parallel is how many records recovery may apply at once. Select keeps
+// one image per node, and the records of one chunk commute: a write of a
+// chunk freed since is skipped (chunk.ErrUnallocated), a free is
+// idempotent, and a disown of a freed or disowned chunk does nothing (the
+// chunk managers skip it), so a chunk's link, image and free records may
+// go in any order and leave it as the log's order does.
+func (a replayApplier) Parallel() int { return a.parallel }
 
 // Select keeps the committed updates of the nodes to replay, and no undo.
 func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
@@ -928,9 +968,16 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 		data = cur
 	}
 	for attempt := 1; ; attempt++ {
-		err = a.chunks.Write(ctx, h, data, a.fence())
+		f := a.fence()
+		err = a.chunks.Write(ctx, h, data, f)
 		if err == nil || errors.Is(err, chunk.ErrUnallocated) {
 			return nil
+		}
+		if errors.Is(err, chunk.ErrFenced) && f.Token.Less(a.fence().Token) && attempt < replayWriteAttempts && ctx.Err() == nil {
+			// Another write of this run renewed its token (writes go
+			// several at once), and the newer one reached this RLDev
+			// first: again, under it.
+			continue
 		}
 		if !errors.Is(err, chunk.ErrMaybeDone) || a.renew == nil || attempt == replayWriteAttempts || ctx.Err() != nil {
 			return err
@@ -944,7 +991,7 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 		// Cache.writeBack does with the server's fence). Failing the run
 		// instead would make every new run of a large replay meet a lost
 		// answer again: it succeeds only with probability (1 − p)^N.
-		if rerr := a.renew(ctx); rerr != nil {
+		if rerr := a.renew(ctx, f.Token); rerr != nil {
 			return fmt.Errorf("%w; renewing the run's token: %w", err, rerr)
 		}
 	}

@@ -1108,8 +1108,11 @@ func (w *simWorld) createOne(s *simServer) {
 	e, err := createTree(ctx, s.cache, s.dir, write, name, Config{NodeSize: w.nodeSize, MaxFanout: 4}, func(stage string, a, r Handle) bool {
 		if dieAt == "pause" && stage == "written" && s.disrupted.CompareAndSwap(false, true) {
 			// Frozen past its lease before its decree: declared
-			// dead, its log recovered (its creations retired),
-			// then its decree goes out.
+			// dead, its log recovered, then its decree goes out —
+			// before or after the run's collection (which runs
+			// late) retires its creations: refused after it, and
+			// before it, named when the collection reads the
+			// directory (its chunks disowned, not freed).
 			w.mu.Lock()
 			w.disrupts++
 			w.mu.Unlock()

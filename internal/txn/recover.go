@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
@@ -60,6 +61,17 @@ type Applier interface {
 type Selector interface {
 	Applier
 	Select(p Plan) (redo, undo []Record)
+}
+
+// ParallelApplier is a Selector whose redo records, as its Select returns
+// them, are independent of one another: no two write the same target and
+// none needs another applied before it (the B-link tree keeps one image
+// per node). Recovery then applies up to Parallel() of them at once, and
+// writes the new header only once every one is applied; the undo records,
+// if any, go one at a time after them.
+type ParallelApplier interface {
+	Selector
+	Parallel() int
 }
 
 // ErrUnavailable: recovery cannot decide without a replica that cannot be
@@ -250,11 +262,19 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	if sel, ok := ap.(Selector); ok {
 		plan.Redo, plan.Undo = sel.Select(plan)
 	}
-	for _, r := range plan.Redo {
-		if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &fence); err != nil {
-			return rep, fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
+	if pa, ok := ap.(ParallelApplier); ok && pa.Parallel() > 1 {
+		n, err := applyParallel(ctx, ap, plan.Redo, pa.Parallel(), fence)
+		rep.Redone += n
+		if err != nil {
+			return rep, err
 		}
-		rep.Redone++
+	} else {
+		for _, r := range plan.Redo {
+			if err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &fence); err != nil {
+				return rep, fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
+			}
+			rep.Redone++
+		}
 	}
 	if !u.NoUndo {
 		for _, r := range plan.Undo {
@@ -270,6 +290,51 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 	}
 	rep.NewHeader = nh
 	return rep, nil
+}
+
+// applyParallel applies the independent records rs (ParallelApplier), up
+// to n at once: it returns how many were applied, and the first failure
+// (the others in flight are cancelled).
+func applyParallel(ctx context.Context, ap Applier, rs []Record, n int, fence rldev.Fence) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied int
+		first   error
+	)
+	sem := make(chan struct{}, n)
+	for _, r := range rs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f := fence
+			err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &f)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				applied++
+				return
+			}
+			if first == nil {
+				first = fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		first = ctx.Err()
+	}
+	return applied, first
 }
 
 func fenced(err error) error {
