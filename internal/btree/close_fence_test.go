@@ -47,4 +47,30 @@ func TestCloseEndsWhenTheNodeFences(t *testing.T) {
 	if took > 6*time.Second {
 		t.Fatalf("node 1's close took %v: it waited out its deadline after the node fenced (the fence ends it at once; the deadline is 10 s)", took)
 	}
+	// Nothing the cut-off close left unwritten is lost: it kept its log's
+	// lock, so the whole cluster's restart replays the log before any
+	// lease is granted, and every key is there.
+	tc.c.Crash(0)
+	for i := 0; i < 3; i++ {
+		if err := tc.c.Start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2 := tc.server(t, ctx, 1)
+	tr2, err := s2.Open(ctx, "fenced-close")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i := 0; i < 100; i++ {
+		k := fmt.Sprintf("k%03d", i)
+		want[k] = "v"
+		v, ok, err := tr2.Get(ctx, []byte(k))
+		if err != nil || !ok || string(v) != "v" {
+			t.Fatalf("after the restart, %s = %q %v %v: the cut-off close lost it", k, v, ok, err)
+		}
+	}
+	tc.closeServer(1)
+	sh := walkChunks(t, ctx, tc, "fenced-close", want)
+	t.Logf("after the whole cluster's restart: %d keys, height %d, %d nodes", len(sh.Keys), sh.Height, sh.Nodes)
 }
