@@ -25,6 +25,7 @@ func benchRLDevCmd() *cobra.Command {
 	var servers []int
 	var paths []string
 	repeat := 1
+	var cold bool
 	resyncSize := units.Size(1 << 30)
 	cmd := &cobra.Command{
 		Use:   "rldev",
@@ -52,8 +53,15 @@ Every server shares this machine's 2 cores and one disk: each replicated write
 is two writes and two fdatasyncs on the same device, so half of fio's write
 figure is the ceiling. The iops part's writes are also run as two fio
 processes at once, one per file (two copies, each synced, as many outstanding
-on each as Grove has): FIO-PAIR-OPS-S is their pairs a second. Reads hit the page cache (RLDev files are buffered), as
-fio's buffered reads do. Progress goes to standard error.`,
+on each as Grove has): FIO-PAIR-OPS-S is their pairs a second.
+
+The RLDev files are buffered, and filled before the iops cells, so Grove's
+cells start with the device's blocks in the page cache; fio drops its file's
+pages as each job starts (its default), so its cells start from the disk.
+--cold drops the RLDev files' pages before each Grove cell too: then both
+start from the disk, as on a device larger than memory (a 4 KiB write of an
+RLDev, 4 608 bytes on disk, then reads two pages first). Progress goes to
+standard error.`,
 		Example: `  grove bench rldev
   grove bench rldev --parts iops --cell 10s
   grove bench rldev --parts scaling --servers 2,4,8 -o json`,
@@ -97,7 +105,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 			defer os.RemoveAll(dir)
 			d := &cli.Doc{}
 			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat}
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat, cold: cold}
 			for _, p := range parts {
 				var err error
 				switch p {
@@ -125,6 +133,7 @@ fio's buffered reads do. Progress goes to standard error.`,
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
 	f.IntVar(&repeat, "repeat", 1, "iops: measure each cell `N` times, grove and fio in turn, and report the medians")
+	f.BoolVar(&cold, "cold", false, "iops: drop the RLDev files' pages from the page cache before each grove cell, as fio drops its file's (both start from the disk)")
 	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
 	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
 	out.Register(cmd)
@@ -142,6 +151,7 @@ type rldevBench struct {
 	n      int
 	paths  []string // data paths: iops runs on each, the others on the first
 	repeat int      // iops: runs per cell (medians)
+	cold   bool     // iops: each grove cell starts with the RLDev files out of the page cache (--cold)
 }
 
 // cluster starts n servers with disks of diskSize.
@@ -153,8 +163,11 @@ func (b *rldevBench) cluster(n int, diskSize string) (*bench.RLDevCluster, error
 func (b *rldevBench) clusterOn(n int, diskSize, path string) (*bench.RLDevCluster, error) {
 	b.n++
 	b.log("starting %d servers (grove up --processes --nodes %d --data-path %s)", n, n, path)
-	return bench.StartRLDevCluster(b.ctx, b.bin, filepath.Join(b.dir, fmt.Sprintf("c%d", b.n)), b.port, n, diskSize, path, nil)
+	return bench.StartRLDevCluster(b.ctx, b.bin, b.clusterDir(), b.port, n, diskSize, path, nil)
 }
+
+// clusterDir is the directory of the cluster clusterOn started last.
+func (b *rldevBench) clusterDir() string { return filepath.Join(b.dir, fmt.Sprintf("c%d", b.n)) }
 
 // cpu returns each server's CPU time now.
 func cpu(c *bench.RLDevCluster) map[uint64]time.Duration {
@@ -304,6 +317,7 @@ func (b *rldevBench) iops() error {
 func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	const span = 512 << 20
 	c, err := b.clusterOn(2, "4GiB", path)
+	cdir := b.clusterDir()
 	if err != nil {
 		return err
 	}
@@ -336,6 +350,11 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 		// figures drift by a fifth between minutes, fio's as much as ours.
 		var gs, fs, ps []bench.IOResult
 		for i := 0; i < max(b.repeat, 1); i++ {
+			if b.cold {
+				if err := bench.DropCache(cdir); err != nil {
+					return err
+				}
+			}
 			g, err := bench.RunIO(b.ctx, c.Clerk, bench.IOLoad{IDs: []uint64{id}, Size: x.size, QD: x.qd, Write: x.write, Seq: x.seq, Span: span, For: b.cell})
 			if err != nil {
 				return err

@@ -291,6 +291,30 @@ func RunFioPair(ctx context.Context, l FioLoad, second string) (IOResult, error)
 	return out, nil
 }
 
+// DropCache drops from the page cache the pages of the RLDev disk files
+// (*.img) under dir, written back first, as fio drops its file's pages as
+// a job starts (its default, invalidate=1): a cell then starts from the
+// disk on both sides.
+func DropCache(dir string) error {
+	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".img") {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		return nil
+	})
+}
+
 // PrepareFile makes a file of size bytes filled with data (fio's reads
 // read it back; its writes overwrite it in place, as the RLDev's do). It
 // is written in pieces of disk.WriteChunk, as the RLDevs' disk files are,
