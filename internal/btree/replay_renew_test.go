@@ -150,8 +150,13 @@ func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
 	if len(lossy.strays) == 0 {
 		t.Fatal("no write lost its answer: the test tests nothing")
 	}
-	if !unsafeTakeAsDone && renewals < len(lossy.strays) {
-		t.Fatalf("%d writes may land late, %d renewals", len(lossy.strays), renewals)
+	// At least one renewal; not one per stray: the run writes several
+	// nodes at once, and a write whose answer was lost after another
+	// write renewed the token goes again under that newer token without
+	// a renewal of its own (what matters is checked below: no stray
+	// attempt is admitted once the next server wrote the nodes).
+	if !unsafeTakeAsDone && renewals == 0 {
+		t.Fatalf("%d writes may land late, and the run never renewed its token", len(lossy.strays))
 	}
 	w := &simWorld{chunks: store, anchor: ah}
 	sh, err := Walk(ctx, simChunkReader{w}, false)

@@ -786,7 +786,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 const replayWriteAttempts = 16
 
 // replayParallel bounds the node writes of a recovery run in flight: each
-// node's last image is written once (lastImages), so the writes are
+// node's last image is written once (newestImages), so the writes are
 // independent, and the RLDevs share their syncs among the writes in
 // flight (as a checkpoint's write-backs: writeBackParallel).
 var replayParallel = 16
@@ -865,26 +865,39 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 			redo = append(redo, r)
 		}
 	}
-	return lastImages(redo), nil
+	return newestImages(redo), nil
 }
 
-// lastImages keeps, of the node records in redo, each chunk's last one
-// (the others in their order). A node's records are whole images whose
-// versions grow with their LSNs (its writer held it exclusively), so the
-// last is what the replay leaves in the chunk whatever it wrote before;
-// each earlier one would cost a chunk read and a replicated write, in the
-// window where the dead server's nodes are unavailable (a hot leaf has
-// one record per put since its last write-back).
-func lastImages(redo []txn.Record) []txn.Record {
-	last := map[string]int{}
+// newestImages keeps, of the node records in redo, each chunk's newest
+// image (the highest version; the first of equals), and the others in
+// their order. Applying them all in order leaves the chunk holding the
+// newest of its own image and theirs (Apply rewrites what the chunk holds
+// when it is as new), so one write of the newest does the same; each
+// other one would cost a chunk read and a replicated write, in the window
+// where the dead server's nodes are unavailable (a hot leaf has one record
+// per put since its last write-back). A record whose image does not
+// decode is kept: Apply fails the run on it, as before.
+func newestImages(redo []txn.Record) []txn.Record {
+	keep := map[string]int{} // target: the index of its newest record
+	newest := map[string]uint64{}
+	undecodable := map[int]bool{}
 	for i, r := range redo {
-		if _, err := txn.ParseChunkTarget(r.Target); err == nil {
-			last[string(r.Target)] = i
+		if _, err := txn.ParseChunkTarget(r.Target); err != nil {
+			continue
+		}
+		v, ok := imageVersion(r.Redo)
+		if !ok {
+			undecodable[i] = true
+			continue
+		}
+		k := string(r.Target)
+		if _, seen := keep[k]; !seen || v > newest[k] {
+			keep[k], newest[k] = i, v
 		}
 	}
 	out := redo[:0:0]
 	for i, r := range redo {
-		if j, ok := last[string(r.Target)]; ok && j != i {
+		if j, ok := keep[string(r.Target)]; ok && j != i && !undecodable[i] {
 			continue
 		}
 		out = append(out, r)

@@ -64,9 +64,10 @@ type Selector interface {
 }
 
 // ParallelApplier is a Selector whose redo records, as its Select returns
-// them, are independent of one another: no two write the same target and
-// none needs another applied before it (the B-link tree keeps one image
-// per node). Recovery then applies up to Parallel() of them at once, and
+// them, may be applied in any order and at once: none needs another
+// applied before it, and those that share a target commute (the B-link
+// tree keeps one image per node; a chunk's disowns and frees are
+// idempotent and a write of a freed chunk is skipped). Recovery then applies up to Parallel() of them at once, and
 // writes the new header only once every one is applied; the undo records,
 // if any, go one at a time after them.
 type ParallelApplier interface {
