@@ -9,7 +9,6 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // A recovery run hands its collection of the dead server's orphans to
@@ -28,14 +27,7 @@ func TestRecoveryCollectsOrphansAfterItsRun(t *testing.T) {
 			defer cancel()
 			store, dev, ah := deadServerLog(t, ctx, 1, 60)
 			cl := store.clerk(2, func(context.Context) error { return nil })
-			held := []string{FenceLock(1), txn.LockName(LogName(1))}
-			store.mu.Lock()
-			for h := range store.data {
-				if h != ah {
-					held = append(held, LockName(h))
-				}
-			}
-			store.mu.Unlock()
+			held := deadServerHolds(store, ah)
 			// What the dead server allocated and never linked.
 			orphan, err := cl.Allocate(ctx, MinNodeSize, chunk.Owner{Log: OwnerLog(1), Token: lock.Token{Epoch: 1, Seq: 3}})
 			if err != nil {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // coverScenario: server 1 (incarnation 1) dies with every node it changed
@@ -23,14 +22,7 @@ func coverScenario(t *testing.T, allFirst, unsafe bool) (keys, allRead, namesRed
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	store, dev, ah := deadServerLog(t, ctx, 1, 60)
-	held := []string{FenceLock(1), txn.LockName(LogName(1))}
-	store.mu.Lock()
-	for h := range store.data {
-		if h != ah {
-			held = append(held, LockName(h))
-		}
-	}
-	store.mu.Unlock()
+	held := deadServerHolds(store, ah)
 	nop := func(context.Context) error { return nil }
 	all := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 2, Seq: 2}, All: true, Exclude: held, Token: lock.Token{Epoch: 2, Seq: 11}}
 	names := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 1, Seq: 2}, Names: held, Token: lock.Token{Epoch: 2, Seq: 12}}

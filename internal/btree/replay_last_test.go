@@ -8,7 +8,6 @@ import (
 
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // writeCounter counts the writes of each chunk.
@@ -35,14 +34,7 @@ func TestReplayWritesEachNodeOnce(t *testing.T) {
 	defer cancel()
 	const keys = 200
 	store, dev, ah := deadServerLog(t, ctx, 1, keys)
-	held := []string{FenceLock(1), txn.LockName(LogName(1))}
-	store.mu.Lock()
-	for h := range store.data {
-		if h != ah {
-			held = append(held, LockName(h))
-		}
-	}
-	store.mu.Unlock()
+	held := deadServerHolds(store, ah)
 	wc := &writeCounter{Chunks: store.clerk(2, func(context.Context) error { return nil }), writes: map[Handle]int{}}
 	run := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 1, Seq: 2}, Names: held, Token: lock.Token{Epoch: 2, Seq: 12}}
 	rep, err := replayDead(ctx, dev, run, wc, nil, replayUnsafe{}, nil, simLog, nil)

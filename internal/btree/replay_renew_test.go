@@ -217,6 +217,21 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 	return store, dev, ah
 }
 
+// deadServerHolds is what the dead server of deadServerLog held: its fence
+// and log locks, and every node's lock but the anchor's (a recovery run's
+// names).
+func deadServerHolds(store *simChunks, ah Handle) []string {
+	held := []string{FenceLock(1), txn.LockName(LogName(1))}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	for h := range store.data {
+		if h != ah {
+			held = append(held, LockName(h))
+		}
+	}
+	return held
+}
+
 // emptyTree makes an empty tree's anchor and root on chunks, as
 // CreateTree does, and returns the anchor and the root.
 func emptyTree(t *testing.T, ctx context.Context, chunks Chunks, fence func() *rldev.Fence, nodeSize int) (anchor, root Handle) {
