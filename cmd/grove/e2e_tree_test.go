@@ -172,6 +172,20 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 			t.Fatalf("acknowledged %s=%s; the scan through node 3 has %q", k, v, got[k])
 		}
 	}
+	// The survivors' metrics show the replay of the victim's log and
+	// their caches at work.
+	replays, hits := 0.0, 0.0
+	for _, n := range u.Nodes {
+		if n.ID == victim {
+			continue
+		}
+		m := scrapeMetrics(t, n.GRPC)
+		replays += m["grove_btree_replays_total{outcome=done}"]
+		hits += m["grove_btree_cache_events_total{event=hit}"]
+	}
+	if replays == 0 || hits == 0 {
+		t.Fatalf("the survivors' metrics: %v replays done, %v cache hits", replays, hits)
+	}
 	r = grove(t, bin, nil, "tree", "count", "e2e", ep(3))
 	if n, err := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || err != nil || n != len(got) {
 		t.Fatalf("tree count: %v (the scan has %d)", r, len(got))

@@ -16,6 +16,7 @@ import (
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
 )
@@ -240,6 +241,9 @@ type ServerConfig struct {
 	// forwards to.
 	Repairer func(name string) bool
 	Log      *slog.Logger
+	// Metrics, if set, counts the replays of dead servers' logs this
+	// server runs (grove_btree_replay*).
+	Metrics *metrics.Node
 }
 
 // Server is a node's B-tree server.
@@ -519,10 +523,11 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 	}
 	start := time.Now()
 	rep, err := replayDead(ctx, dev, r, chunkStore{s.cfg.Chunks}, dir, replayUnsafe{}, later, s.log, leakLogger(s.log, r.Dead))
+	took := time.Since(start)
+	s.cfg.Metrics.BTreeReplay(err, took, rep.Redone)
 	if err != nil {
 		return fmt.Errorf("btree: replaying the log of dead server %v: %w", r.Dead, err)
 	}
-	took := time.Since(start)
 	s.replays.Add(1)
 	s.replayTook.Store(int64(took))
 	s.log.Info("replayed a dead B-tree server's log", "dead", r.Dead, "records", rep.Records, "redone", rep.Redone, "undone", rep.Undone, "took", took.Round(time.Millisecond))

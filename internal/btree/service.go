@@ -18,6 +18,7 @@ import (
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/rldev"
 )
 
@@ -110,7 +111,39 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.Meta != nil {
 		s.book = meta.NewAddressBook(cfg.Meta)
 	}
+	s.registerMetrics(cfg.Server.Metrics)
 	return s
+}
+
+// registerMetrics exports the running server's cache counters, read at
+// scrape time (they start again from zero with each server the node runs:
+// a counter reset, to Prometheus).
+func (s *Service) registerMetrics(m *metrics.Node) {
+	if m == nil {
+		return
+	}
+	for _, c := range []struct {
+		event string
+		get   func(CacheStats) uint64
+	}{
+		{"hit", func(st CacheStats) uint64 { return st.Hits }},
+		{"miss", func(st CacheStats) uint64 { return st.Misses }},
+		{"load", func(st CacheStats) uint64 { return st.Loads }},
+		{"write_back", func(st CacheStats) uint64 { return st.WriteBacks }},
+		{"revocation", func(st CacheStats) uint64 { return st.Revocations }},
+		{"eviction", func(st CacheStats) uint64 { return st.Evictions }},
+	} {
+		m.CounterFunc("grove_btree_cache_events_total", "Events of this node's B-tree server's node cache, by kind: hits and misses of lookups, loads of nodes from chunks, write-backs, leases revoked, evictions.",
+			map[string]string{"event": c.event}, func() float64 {
+				s.mu.Lock()
+				srv := s.mu.srv
+				s.mu.Unlock()
+				if srv == nil {
+					return 0
+				}
+				return float64(c.get(srv.cache.Stats()))
+			})
+	}
 }
 
 // repairer reports whether this node is tree name's home over the nodes

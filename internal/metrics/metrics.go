@@ -45,6 +45,13 @@ type Node struct {
 	LockSessions    *prometheus.CounterVec // event: dialed, broken
 	LockMalformed   prometheus.Counter
 
+	// B-tree: recovery runs of this node's server that replayed a dead
+	// server's log (outcome: done, failed), their durations, and the node
+	// writes they made.
+	BTreeReplays      *prometheus.CounterVec
+	BTreeReplayS      prometheus.Histogram
+	BTreeReplayWrites prometheus.Counter
+
 	// Garbage: connections and lines dropped on the node's ports, by port
 	// (grpc, raft) and reason.
 	Garbage *prometheus.CounterVec
@@ -72,6 +79,9 @@ func New(id uint64) *Node {
 	m.LockRecoveries = f.counterVec("grove_lock_recoveries_total", "Recovery runs of this node's clerks, by outcome.", "outcome")
 	m.LockSessions = f.counterVec("grove_lock_sessions_total", "Sessions of this node's clerks to the lock master, by event (dialed, broken).", "event")
 	m.LockMalformed = f.counter("grove_lock_malformed_messages_total", "Malformed lock-session messages dropped (the session is closed).")
+	m.BTreeReplays = f.counterVec("grove_btree_replays_total", "Dead B-tree servers' logs this node's server replayed in recovery runs, by outcome (done, failed).", "outcome")
+	m.BTreeReplayS = f.histogram("grove_btree_replay_seconds", "Duration of this node's replays of dead B-tree servers' logs (the dead server's nodes are unavailable meanwhile).")
+	m.BTreeReplayWrites = f.counter("grove_btree_replay_writes_total", "Node, link and free records this node's replays applied (one write per node: its newest image).")
 	m.Garbage = f.counterVec("grove_garbage_dropped_total", "Garbage dropped on this node's gRPC and raft ports, by port and reason (failure-detector datagrams are counted in grove_fd_datagrams_dropped_total).", "port", "reason")
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -125,6 +135,29 @@ func (m *Node) Gather() (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// BTreeReplay records a replay of a dead B-tree server's log: its outcome,
+// duration and the records it applied.
+func (m *Node) BTreeReplay(err error, d time.Duration, applied int) {
+	if m == nil {
+		return
+	}
+	outcome := "done"
+	if err != nil {
+		outcome = "failed"
+	}
+	m.BTreeReplays.WithLabelValues(outcome).Inc()
+	m.BTreeReplayS.Observe(d.Seconds())
+	m.BTreeReplayWrites.Add(float64(applied))
+}
+
+// CounterFunc registers a counter whose value is read at scrape time.
+func (m *Node) CounterFunc(name, help string, labels prometheus.Labels, fn func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, fn))
 }
 
 // Decree counts a decree's result on the config-service leader.

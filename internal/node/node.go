@@ -227,7 +227,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	n.btc = chunk.NewClerk(n.client)
 	n.btrl = rldev.NewClerk(n.client)
 	n.btree = btree.NewService(btree.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, Chunks: n.btc, RLDev: n.btrl, Log: n.log,
-		Server: btree.ServerConfig{RepairEvery: time.Duration(cfg.BTree.RepairEvery), CacheNodes: cfg.BTree.CacheNodes},
+		Server: btree.ServerConfig{RepairEvery: time.Duration(cfg.BTree.RepairEvery), CacheNodes: cfg.BTree.CacheNodes, Metrics: n.mx},
 		Silent: n.silent,
 		OnFail: func(inc uint64, err error) {
 			if d := n.fdp.Load(); d != nil {
