@@ -126,6 +126,11 @@ func TestEndToEndRLDevSIGKILL(t *testing.T) {
 		t.Fatal("after a write through the survivor: the data read back differs")
 	}
 	waitState(id, "degraded", func(pr, sc segJSON) bool { return pr.Node == s && sc.Stale })
+	// The survivor's metrics count the client writes it served and the
+	// ones it logged in degraded mode.
+	if m := scrapeMetrics(t, u.Nodes[uint64(s)].GRPC); m["grove_rldev_events_total{event=write}"] == 0 || m["grove_rldev_events_total{event=degraded_write}"] == 0 {
+		t.Fatalf("node %d's RLDev metrics: %v writes, %v degraded writes", s, m["grove_rldev_events_total{event=write}"], m["grove_rldev_events_total{event=degraded_write}"])
+	}
 
 	// Bad input: clear errors and exit codes, nothing written.
 	if r := run(nil, "rldev", "read", "999", "0", "4096"); r.code != 5 {

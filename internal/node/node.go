@@ -212,7 +212,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			}
 		}
 		n.rldev = rldev.NewService(rldev.ServiceConfig{Node: cfg.ID, Disks: disks, Meta: n.client, Detector: rldevDetector{n.status},
-			Live: n, Log: n.log, Engine: ecfg, DataPath: cfg.RLDev.DataPath})
+			Live: n, Log: n.log, Engine: ecfg, DataPath: cfg.RLDev.DataPath, Metrics: n.mx})
 		n.guard.Handle(rldev.WireMagic, n.rldev.ServeConn)
 		n.fence.OnFence(func(inc fd.Incarnation) { n.rldev.Fence(uint64(inc)) })
 		pb.RegisterRLDevServiceServer(n.grpc, n.rldev)

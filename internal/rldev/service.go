@@ -17,6 +17,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/ratelog"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -64,6 +65,9 @@ type ServiceConfig struct {
 	// DataPathTCP (the default, frames.go) or DataPathGRPC (a gRPC stream).
 	// A node accepts both.
 	DataPath string
+	// Metrics, if set, exports the engine's counters
+	// (grove_rldev_events_total).
+	Metrics *metrics.Node
 }
 
 // The data paths (frames.go).
@@ -190,6 +194,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.nodes, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
 	s.mu.reqs = map[ReqID]*waiter{}
 	s.mu.out, s.mu.in = map[NodeID]*outLink{}, map[NodeID]*inLink{}
+	s.registerMetrics(cfg.Metrics)
 	for _, d := range cfg.Disks {
 		q := &diskQueue{dev: d.Dev, jobs: make(chan func(), 1024)}
 		s.disks[d.Index] = q
@@ -209,6 +214,39 @@ func NewService(cfg ServiceConfig) *Service {
 		}
 	}
 	return s
+}
+
+// registerMetrics exports the running engine's counters, read at scrape
+// time (from zero again with each engine: each incarnation of the node).
+func (s *Service) registerMetrics(m *metrics.Node) {
+	if m == nil {
+		return
+	}
+	for _, c := range []struct {
+		event string
+		get   func(Stats) uint64
+	}{
+		{"write", func(st Stats) uint64 { return st.Writes }},
+		{"read", func(st Stats) uint64 { return st.Reads }},
+		{"forward", func(st Stats) uint64 { return st.Forwards }},
+		{"repair", func(st Stats) uint64 { return st.Repairs }},
+		{"copied_block", func(st Stats) uint64 { return st.CopiedBlocks }},
+		{"pulled_block", func(st Stats) uint64 { return st.PulledBlocks }},
+		{"degraded_write", func(st Stats) uint64 { return st.DegradedWrites }},
+		{"corrupt_found", func(st Stats) uint64 { return st.CorruptFound }},
+		{"scrubbed_block", func(st Stats) uint64 { return st.ScrubbedBlocks }},
+		{"scrub_repair", func(st Stats) uint64 { return st.ScrubRepairs }},
+	} {
+		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber.",
+			map[string]string{"event": c.event}, func() float64 {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if s.mu.eng == nil {
+					return 0
+				}
+				return float64(c.get(s.mu.eng.Stats()))
+			})
+	}
 }
 
 // Start begins incarnation inc: a new engine, once every disk operation
