@@ -198,6 +198,10 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 	write(g, 0, random(4096))
 	check(1, 3)
 	waitRoles(1, map[uint64]string{2: "primary"})
+	// Node 2, pair 1's primary now, counted the allocation it served.
+	if m := scrapeMetrics(t, u.Nodes[2].GRPC); m["grove_chunk_requests_total{op=allocate,result=ok}"] == 0 {
+		t.Fatalf("node 2's chunk metrics count no allocation: %v", m["grove_chunk_requests_total{op=allocate,result=ok}"])
+	}
 
 	// Node 1 comes back: secondary of both pairs; everything reads back,
 	// frees and allocations go on.

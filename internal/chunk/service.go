@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -51,6 +53,9 @@ type ServiceConfig struct {
 	// IOTimeout bounds one RLDev read or write (default 10 s): the
 	// manager's quarantine (30 s) must outlast a write it was told failed.
 	IOTimeout time.Duration
+	// Metrics, if set, counts the requests this node answers
+	// (grove_chunk_requests_total).
+	Metrics *metrics.Node
 }
 
 // LocalRLDev is a node's RLDev service as the chunk managers read through
@@ -784,6 +789,11 @@ func rpcErr(ctx context.Context, err error) error {
 	return nil
 }
 
+// served counts a request this node answered, by operation and result.
+func (s *Service) served(op string, code pb.ChunkResult) {
+	s.cfg.Metrics.ChunkRequest(op, strings.ToLower(strings.TrimPrefix(code.String(), "CHUNK_RESULT_")))
+}
+
 // Allocate serves an allocation (at the pair's primary).
 func (s *Service) Allocate(ctx context.Context, r *pb.ChunkServiceAllocateRequest) (*pb.ChunkServiceAllocateResponse, error) {
 	owner := Owner{Log: r.OwnerLog, Token: tokenOf(r.OwnerToken)}
@@ -798,6 +808,7 @@ func (s *Service) Allocate(ctx context.Context, r *pb.ChunkServiceAllocateReques
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("allocate", code)
 	return &pb.ChunkServiceAllocateResponse{Result: code, Error: text, Id: h.ID}, nil
 }
 
@@ -808,6 +819,7 @@ func (s *Service) Disown(ctx context.Context, r *pb.ChunkServiceDisownRequest) (
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("disown", code)
 	return &pb.ChunkServiceDisownResponse{Result: code, Error: text}, nil
 }
 
@@ -818,6 +830,7 @@ func (s *Service) Retire(ctx context.Context, r *pb.ChunkServiceRetireRequest) (
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("retire", code)
 	return &pb.ChunkServiceRetireResponse{Result: code, Error: text}, nil
 }
 
@@ -857,6 +870,7 @@ func (s *Service) Free(ctx context.Context, r *pb.ChunkServiceFreeRequest) (*pb.
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("free", code)
 	return &pb.ChunkServiceFreeResponse{Result: code, Error: text}, nil
 }
 
@@ -867,6 +881,7 @@ func (s *Service) Reserve(ctx context.Context, r *pb.ChunkServiceReserveRequest)
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("reserve", code)
 	return &pb.ChunkServiceReserveResponse{Result: code, Error: text, Id: h.ID}, nil
 }
 
@@ -884,6 +899,7 @@ func (s *Service) Commit(ctx context.Context, r *pb.ChunkServiceCommitRequest) (
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("commit", code)
 	return &pb.ChunkServiceCommitResponse{Result: code, Error: text}, nil
 }
 
@@ -894,6 +910,7 @@ func (s *Service) Read(ctx context.Context, r *pb.ChunkServiceReadRequest) (*pb.
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("read", code)
 	return &pb.ChunkServiceReadResponse{Result: code, Error: text, Data: data}, nil
 }
 
@@ -934,6 +951,7 @@ func (s *Service) Write(ctx context.Context, r *pb.ChunkServiceWriteRequest) (*p
 		return nil, e
 	}
 	code, text := resultOf(err)
+	s.served("write", code)
 	return &pb.ChunkServiceWriteResponse{Result: code, Error: text, EarlierMayLand: maybe && err == nil}, nil
 }
 

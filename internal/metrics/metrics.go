@@ -52,6 +52,10 @@ type Node struct {
 	BTreeReplayS      prometheus.Histogram
 	BTreeReplayWrites prometheus.Counter
 
+	// Chunk store: requests this node's chunk service answered, by
+	// operation and result.
+	ChunkRequests *prometheus.CounterVec
+
 	// Garbage: connections and lines dropped on the node's ports, by port
 	// (grpc, raft) and reason.
 	Garbage *prometheus.CounterVec
@@ -82,6 +86,7 @@ func New(id uint64) *Node {
 	m.BTreeReplays = f.counterVec("grove_btree_replays_total", "Dead B-tree servers' logs this node's server replayed in recovery runs, by outcome (done, failed).", "outcome")
 	m.BTreeReplayS = f.histogram("grove_btree_replay_seconds", "Duration of this node's replays of dead B-tree servers' logs (the dead server's nodes are unavailable meanwhile).")
 	m.BTreeReplayWrites = f.counter("grove_btree_replay_writes_total", "Node, link and free records this node's replays applied (one write per node: its newest image).")
+	m.ChunkRequests = f.counterVec("grove_chunk_requests_total", "Chunk requests this node answered (allocate, free, disown, retire, reserve, commit, read, write), by result (ok, or the error's kind: not_primary, unallocated, full, fenced...).", "op", "result")
 	m.Garbage = f.counterVec("grove_garbage_dropped_total", "Garbage dropped on this node's gRPC and raft ports, by port and reason (failure-detector datagrams are counted in grove_fd_datagrams_dropped_total).", "port", "reason")
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -150,6 +155,13 @@ func (m *Node) BTreeReplay(err error, d time.Duration, applied int) {
 	m.BTreeReplays.WithLabelValues(outcome).Inc()
 	m.BTreeReplayS.Observe(d.Seconds())
 	m.BTreeReplayWrites.Add(float64(applied))
+}
+
+// ChunkRequest counts a chunk request answered.
+func (m *Node) ChunkRequest(op, result string) {
+	if m != nil {
+		m.ChunkRequests.WithLabelValues(op, result).Inc()
+	}
 }
 
 // CounterFunc registers a counter whose value is read at scrape time.

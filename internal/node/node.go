@@ -218,7 +218,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		pb.RegisterRLDevServiceServer(n.grpc, n.rldev)
 		n.rlc = rldev.NewClerk(n.client)
 		n.chunk = chunk.NewService(chunk.ServiceConfig{Node: cfg.ID, Meta: n.client, Locks: n.locks, RLDev: n.rlc,
-			Local: n.rldev, Detector: n.status, Live: n, Log: n.log, Manager: chunk.Config{ResvLife: time.Duration(cfg.Chunk.ReservationLife)}})
+			Local: n.rldev, Detector: n.status, Live: n, Log: n.log, Manager: chunk.Config{ResvLife: time.Duration(cfg.Chunk.ReservationLife)}, Metrics: n.mx})
 		n.fence.OnFence(func(inc fd.Incarnation) { n.chunk.Fence(uint64(inc)) })
 		pb.RegisterChunkServiceServer(n.grpc, n.chunk)
 	}
