@@ -713,13 +713,14 @@ type replayUnsafe struct{ uncovered, keepTags bool }
 // without waiting for it: the collection is a chunk map's retirement mark,
 // a directory decree and read, and a free per orphan, none of which the
 // dead server's nodes need to be available again. It may go on while the
-// leases are released or after; its safety depends on no lease: the chunks it frees are tagged with the dead holders' log
-// and tokens older than the run's, which no live server ever links (a
-// server links only what it allocated under its own tag, and the replay
-// disowned, before this, everything a committed change of the dead
-// server names); the retirement refuses their allocations still in
-// flight whenever it lands. A collection that never runs (the recovering
-// server stops first) or fails is the log's next holder's to do.
+// leases are released or after; its safety depends on no lease. The
+// chunks it frees are tagged with the dead holders' log and tokens older
+// than the run's, which no live server ever links (a server links only
+// what it allocated under its own tag, and the replay disowned, before
+// this, everything a committed change of the dead server names); the
+// retirement refuses their allocations still in flight whenever it lands.
+// A collection that never runs (the recovering server stops first) or
+// fails is the log's next holder's to do.
 func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chunks, dir Directory, unsafe replayUnsafe, later func(collect func(context.Context)), logger *slog.Logger, leaked func(Handle, error)) (txn.Report, error) {
 	node := r.Dead.Node
 	if !unsafe.uncovered && !r.Covers(txn.LockName(LogName(node))) {
@@ -791,7 +792,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 const replayWriteAttempts = 16
 
 // replayParallel bounds the node writes of a recovery run in flight: each
-// node's last image is written once (newestImages), so the writes are
+// node's newest image is written once (newestImages), so the writes are
 // independent, and the RLDevs share their syncs among the writes in
 // flight (as a checkpoint's write-backs: writeBackParallel).
 var replayParallel = 16
