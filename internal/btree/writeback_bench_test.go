@@ -10,6 +10,32 @@ import (
 	"github.com/grovestore/grove/internal/btree"
 )
 
+// keys is the size of the benchmarks' trees (writtenTree).
+const keys = 6000
+
+// writtenTree makes tree name on s with keys keys of 256-byte values
+// ("key%08d"), all written back to their chunks.
+func writtenTree(b *testing.B, ctx context.Context, s *btree.Server, name string) *btree.Tree {
+	b.Helper()
+	if _, err := s.CreateTree(ctx, name, btree.Config{}); err != nil {
+		b.Fatal(err)
+	}
+	tr, err := s.Open(ctx, name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	val := make([]byte, 256)
+	for i := 0; i < keys; i++ {
+		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("key%08d", i)), val, btree.Cond{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := s.Cache().FlushAll(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}
+
 // BenchmarkCheckpointWriteBack measures a checkpoint's write-back on the
 // real stack (three in-process nodes, chunks on RLDevs with their disks in
 // files): each round dirties every leaf of a tree of about 300 leaves
@@ -24,23 +50,8 @@ func BenchmarkCheckpointWriteBack(b *testing.B) {
 			defer cancel()
 			tc := startCluster(b, ctx)
 			s := tc.server(b, ctx, 0)
-			if _, err := s.CreateTree(ctx, "wb", btree.Config{}); err != nil {
-				b.Fatal(err)
-			}
-			tr, err := s.Open(ctx, "wb")
-			if err != nil {
-				b.Fatal(err)
-			}
-			const keys = 6000
+			tr := writtenTree(b, ctx, s, "wb")
 			val := make([]byte, 256)
-			for i := 0; i < keys; i++ {
-				if _, err := tr.Put(ctx, []byte(fmt.Sprintf("key%08d", i)), val, btree.Cond{}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := s.Cache().FlushAll(ctx); err != nil {
-				b.Fatal(err)
-			}
 			b.ResetTimer()
 			written := 0
 			for n := 0; n < b.N; n++ {
@@ -82,23 +93,8 @@ func BenchmarkRecoveryReplay(b *testing.B) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 				tc := startCluster(b, ctx)
 				s1, s2 := tc.server(b, ctx, 0), tc.server(b, ctx, 1)
-				if _, err := s1.CreateTree(ctx, "replay", btree.Config{}); err != nil {
-					b.Fatal(err)
-				}
-				tr, err := s1.Open(ctx, "replay")
-				if err != nil {
-					b.Fatal(err)
-				}
-				const keys = 6000
+				tr := writtenTree(b, ctx, s1, "replay")
 				val := make([]byte, 256)
-				for i := 0; i < keys; i++ {
-					if _, err := tr.Put(ctx, []byte(fmt.Sprintf("key%08d", i)), val, btree.Cond{}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if err := s1.Cache().FlushAll(ctx); err != nil {
-					b.Fatal(err)
-				}
 				rng := rand.New(rand.NewPCG(uint64(n), 7))
 				for i := 0; i < 1500; i++ {
 					if _, err := tr.Put(ctx, []byte(fmt.Sprintf("key%08d", rng.IntN(keys))), val, btree.Cond{}); err != nil {
