@@ -254,9 +254,16 @@ type Cache struct {
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
 	unsafeNoOwedRenewal bool
-	stats               cacheCounters
-	done                chan struct{}
-	closeOnce           sync.Once
+	// noDeltas logs every change as a whole image (BenchmarkDeltas'
+	// baseline); unsafeNoRaceImage, the tests' teeth, omits the whole
+	// image a commit owes after a write-back snapshot raced its delta.
+	noDeltas, unsafeNoRaceImage bool
+	// unsafeDeltaAcrossWriteBack, the simulator's teeth: a write-back
+	// snapshot leaves the node's delta base in place.
+	unsafeDeltaAcrossWriteBack bool
+	stats                      cacheCounters
+	done                       chan struct{}
+	closeOnce                  sync.Once
 	// closed ends at Close: lease acquisitions in flight give up then (an
 	// operation waiting for a lease holds none; a clean close does not
 	// wait for it: releaseStragglers).
@@ -319,6 +326,10 @@ type CacheStats struct {
 	// collections freed (CollectStrays).
 	ValueWrites, ValueReads, ValueLeaks, LoggedFrees, FreeRetries uint64
 	Disowned, Strays                                              uint64
+	// Deltas counts the node changes logged as deltas (delta.go), not
+	// whole images; RaceImages the whole images a commit added after its
+	// delta because a write-back snapshot of the node came in between.
+	Deltas, RaceImages uint64
 }
 
 type entry struct {
@@ -341,9 +352,17 @@ type entry struct {
 	dirty   bool
 	recLSN  uint64 // the first change not written back (an LSN just below its record's end)
 	lastLSN uint64 // the last change
-	users   int    // latch holders and waiters, and lock-free readers loading
-	revoke  bool   // a revocation notice came: give the pin up when the users are gone
-	elem    *list.Element
+	// logged is the image of the node's last commit (loggedNode) while
+	// the log holds a whole image of it since its last write-back
+	// snapshot, with a delta for every commit since: the base of the
+	// next commit's delta. nil: the next commit logs a whole image (see
+	// delta.go). snaps counts write-back snapshots of the node.
+	logged     []byte
+	loggedNode *Node
+	snaps      uint64
+	users      int  // latch holders and waiters, and lock-free readers loading
+	revoke     bool // a revocation notice came: give the pin up when the users are gone
+	elem       *list.Element
 }
 
 // NewCache returns an empty cache.
@@ -428,7 +447,8 @@ func (c *Cache) Stats() CacheStats {
 	return CacheStats{Hits: s.hits.Load(), Misses: s.misses.Load(), Loads: s.loads.Load(), WriteBacks: s.writeBacks.Load(),
 		Revocations: s.revocations.Load(), Evictions: s.evictions.Load(), Upgrades: s.upgrades.Load(), Renews: s.renews.Load(),
 		ValueWrites: s.valueWrites.Load(), ValueReads: s.valueReads.Load(), ValueLeaks: s.valueLeaks.Load(),
-		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load(), Disowned: s.disowned.Load(), Strays: s.strays.Load()}
+		LoggedFrees: s.loggedFrees.Load(), FreeRetries: s.freeRetries.Load(), Disowned: s.disowned.Load(), Strays: s.strays.Load(),
+		Deltas: s.deltas.Load(), RaceImages: s.raceImages.Load()}
 }
 
 // cacheCounters are CacheStats as atomics: hits are counted on every
@@ -437,7 +457,7 @@ type cacheCounters struct {
 	hits, misses, loads, writeBacks, revocations, evictions, upgrades, renews atomic.Uint64
 	valueWrites, valueReads, valueLeaks                                       atomic.Uint64
 	loggedFrees, freeRetries, disowned, pooled                                atomic.Uint64
-	strays                                                                    atomic.Uint64
+	strays, deltas, raceImages                                                atomic.Uint64
 }
 
 // Err is why the cache stopped (its server was fenced out), or nil.
@@ -726,6 +746,14 @@ func (c *Cache) writeBack(ctx context.Context, e *entry) error {
 	if n == nil && a == nil {
 		c.mu.Unlock()
 		panic(fmt.Sprintf("btree: node %v is dirty without an image", e.h))
+	}
+	// The chunk is about to change (and a crash may tear it): what the
+	// log holds of the node from now on starts with a whole image. A
+	// commit whose delta was made before this snapshot adds one itself
+	// (commit compares snaps); one made after finds no base.
+	if !c.unsafeDeltaAcrossWriteBack {
+		e.snaps++
+		e.logged, e.loggedNode = nil, nil
 	}
 	var tok lock.Token
 	if e.pin != nil {
@@ -1052,7 +1080,10 @@ func (c *Cache) Dirty() int {
 func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees []Handle) (uint64, error) {
 	type change struct {
 		e     *entry
-		redo  []byte
+		redo  []byte // what is logged: img, or a delta from the node's last image
+		img   []byte // a node's new image (nil: an anchor)
+		delta bool
+		snaps uint64 // e.snaps when the delta was made
 		first uint64
 	}
 	changes := make([]change, 0, len(nodes)+1)
@@ -1069,26 +1100,38 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	// holds an image whose commit is not durable (no steal), so nothing is
 	// rolled back, and replays use committed images only. An image has its
 	// own length: what lies past it in the chunk is never read.
-	add := func(h Handle, redo []byte) {
+	add := func(h Handle) *entry {
 		e := c.mu.m[h]
 		if e == nil || e.pin == nil || e.pinMode != lock.Exclusive {
 			c.mu.Unlock()
 			panic(fmt.Sprintf("btree: commit of node %v, which this server does not hold exclusively", h))
 		}
-		changes = append(changes, change{e: e, redo: redo})
+		return e
 	}
+	deltas := 0 // log bytes of the whole images the deltas may need (see below)
 	for _, n := range nodes {
+		e := add(n.Self)
 		n.Version = 1 // a new node
-		if e := c.mu.m[n.Self]; e != nil && e.node != nil {
+		if e.node != nil {
 			n.Version = e.node.Version + 1
 		}
-		add(n.Self, n.Encode(nil))
+		ch := change{e: e, img: n.Encode(nil)}
+		ch.redo = ch.img
+		if e.logged != nil && e.loggedNode == e.node && e.node != nil && !c.noDeltas {
+			if d, ok := makeDelta(e.logged, ch.img); ok {
+				ch.redo, ch.delta, ch.snaps = d, true, e.snaps
+				deltas += txn.RedoOnlySize(len(txn.ChunkTarget(n.Self)), len(ch.img))
+			}
+		}
+		changes = append(changes, ch)
 	}
 	if anchor != nil {
-		if e := c.mu.m[anchor.Self]; e != nil && e.anchor != nil {
+		e := add(anchor.Self)
+		if e.anchor != nil {
 			anchor.Version = e.anchor.Version + 1
 		}
-		add(anchor.Self, anchor.Encode(nil))
+		img := anchor.Encode(nil)
+		changes = append(changes, change{e: e, redo: img})
 	}
 	// The chunks this change names for the first time: its new nodes and
 	// the new values in its leaves.
@@ -1109,16 +1152,31 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	}
 	c.mu.Unlock()
 	tx := c.cfg.Log.Begin()
+	abort := func(err error) (uint64, error) {
+		if aerr := tx.Abort(context.Background(), nil); aerr != nil {
+			c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+		}
+		return 0, err
+	}
 	for i := range changes {
 		ch := &changes[i]
-		lsn, err := tx.Update(ctx, txn.ChunkTarget(ch.e.h), 0, ch.redo, nil)
+		off := uint64(0)
+		if ch.delta {
+			off = deltaOff
+		}
+		lsn, err := tx.Update(ctx, txn.ChunkTarget(ch.e.h), off, ch.redo, nil)
 		if err != nil {
-			if aerr := tx.Abort(context.Background(), nil); aerr != nil {
-				c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
-			}
-			return 0, err
+			return abort(err)
 		}
 		ch.first = uint64(lsn) - 1
+	}
+	// Room for the whole images of the delta'd nodes, which the commit
+	// logs if a write-back snapshot of the node came after its delta was
+	// made (then the chunk may hold the delta's base only until its next,
+	// possibly torn, write-back). It is logged under c.mu, where waiting
+	// for a checkpoint could deadlock, so the room is set aside now.
+	if err := tx.Reserve(ctx, deltas); err != nil {
+		return abort(err)
 	}
 	freeRecs := make([]uint64, len(frees))
 	for i, h := range frees {
@@ -1151,10 +1209,23 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	c.mu.Lock()
 	if c.mu.closing {
 		c.mu.Unlock()
-		if aerr := tx.Abort(context.Background(), nil); aerr != nil {
-			c.fail(fmt.Errorf("btree: the log failed: %w", aerr))
+		return abort(refused(errClosing))
+	}
+	for i := range changes {
+		ch := &changes[i]
+		if !ch.delta || ch.e.snaps == ch.snaps || c.unsafeNoRaceImage {
+			continue
 		}
-		return 0, refused(errClosing)
+		// A write-back snapshot of the node came between its delta's
+		// making and now: it may have written the delta's base to the
+		// chunk and let the head pass the node's last whole image. Log
+		// the new image whole, after the delta, so that what the log
+		// holds of the node still starts with one (delta.go).
+		if _, err := tx.UpdateReserved(txn.ChunkTarget(ch.e.h), 0, ch.img); err != nil {
+			c.mu.Unlock()
+			return abort(err)
+		}
+		c.stats.raceImages.Add(1)
 	}
 	end, err := tx.Commit(ctx, false)
 	if err != nil {
@@ -1177,6 +1248,10 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 		e := ch.e
 		if i < len(nodes) {
 			e.node = nodes[i]
+			e.logged, e.loggedNode = ch.img, nodes[i]
+			if ch.delta {
+				c.stats.deltas.Add(1)
+			}
 		} else {
 			e.anchor = anchor
 		}

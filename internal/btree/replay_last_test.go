@@ -26,7 +26,7 @@ func (w *writeCounter) Write(ctx context.Context, h Handle, data []byte, f *rlde
 }
 
 // A recovery run writes each node of the dead server's log once, its last
-// committed image (newestImages), however many records the node has: the
+// committed image (replayChains), however many records the node has: the
 // log of 200 puts into a tree of fanout 6 holds several images of most
 // leaves, and the replay leaves every key in place. Writing every image,
 // as before, wrote a hot leaf once per put since its last write-back.

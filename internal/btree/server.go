@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -792,7 +793,7 @@ func replayDead(ctx context.Context, dev txn.Device, r lock.Recovery, chunks Chu
 const replayWriteAttempts = 16
 
 // replayParallel bounds the node writes of a recovery run in flight: each
-// node's newest image is written once (newestImages), so the writes are
+// node's newest image is written once (replayChains), so the writes are
 // independent, and the RLDevs share their syncs among the writes in
 // flight (as a checkpoint's write-backs: writeBackParallel).
 var replayParallel = 16
@@ -821,6 +822,12 @@ type replayApplier struct {
 	// keepTags: replayUnsafe.keepTags.
 	keepTags bool
 }
+
+// errBaseless: a delta Apply could not replay, its base neither in the log
+// nor in the chunk. The full-page-write rule of delta.go makes it
+// impossible (the simulator fails on it); the run fails, so that the dead
+// server's leases stay held rather than a node lose a change.
+var errBaseless = errors.New("btree: a delta without its base")
 
 // replayFreeAttempts bounds the tries of one replayed free record.
 const replayFreeAttempts = 5
@@ -871,42 +878,91 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 			redo = append(redo, r)
 		}
 	}
-	return newestImages(redo), nil
+	return replayChains(redo), nil
 }
 
-// newestImages keeps, of the node records in redo, each chunk's newest
-// image (the highest version; the first of equals), and the others in
-// their order. Applying them all in order leaves the chunk holding the
-// newest of its own image and theirs (Apply rewrites what the chunk holds
-// when it is as new), so one write of the newest does the same; each
-// other one would cost a chunk read and a replicated write, in the window
-// where the dead server's nodes are unavailable (a hot leaf has one record
-// per put since its last write-back). A record whose image does not
-// decode is kept: Apply fails the run on it, as before.
-func newestImages(redo []txn.Record) []txn.Record {
-	keep := map[string]int{} // target: the index of its newest record
-	newest := map[string]uint64{}
-	undecodable := map[int]bool{}
+// replayChains makes, of the node records in redo, each node's newest
+// image: its whole images and deltas (delta.go) in log order, which is
+// the node's version order (a node's commits are serialized by its lock
+// and appended before they are published), each delta applied to the
+// image it was made from. The result is one whole-image record per node,
+// carrying the LSN of the last record it took in, and the other records
+// in their order. Applying them leaves each chunk holding the newer of
+// its own image and that one (Apply rewrites what the chunk holds when
+// it is as new), as applying every image in turn would; each other write
+// would cost a chunk read and a replicated write in the window where the
+// dead server's nodes are unavailable (a hot leaf has one record per put
+// since its last write-back).
+//
+// A delta whose base is not the image made so far is kept as it is, for
+// Apply to check against the chunk: the log's head passed the node's
+// whole image only after a write-back snapshot that came after every
+// delta made from it, so such a delta's change is in the chunk, unless a
+// later whole image in the log supersedes it (then it is dropped here).
+// A record whose image does not decode is kept: Apply fails the run on it.
+func replayChains(redo []txn.Record) []txn.Record {
+	type chain struct {
+		img     []byte
+		version uint64
+		last    int   // index of the last record taken in
+		orphans []int // deltas with no base in the log, newer than img
+	}
+	chains := map[string]*chain{}
+	keep := map[int]bool{}
 	for i, r := range redo {
 		if _, err := txn.ParseChunkTarget(r.Target); err != nil {
-			continue
-		}
-		v, ok := imageVersion(r.Redo)
-		if !ok {
-			undecodable[i] = true
+			keep[i] = true
 			continue
 		}
 		k := string(r.Target)
-		if _, seen := keep[k]; !seen || v > newest[k] {
-			keep[k], newest[k] = i, v
+		c := chains[k]
+		if c == nil {
+			c = &chain{last: -1}
+			chains[k] = c
+		}
+		if r.Off == deltaOff {
+			base, next, ok := deltaVersions(r.Redo)
+			if !ok {
+				keep[i] = true
+				continue
+			}
+			if c.img != nil && c.version == base {
+				if img, err := applyDelta(c.img, r.Redo); err == nil {
+					c.img, c.version, c.last = img, next, i
+					continue
+				}
+			}
+			if c.img == nil || next > c.version {
+				c.orphans = append(c.orphans, i)
+			}
+			continue
+		}
+		v, ok := imageVersion(r.Redo)
+		if !ok || r.Off != 0 {
+			keep[i] = true
+			continue
+		}
+		if c.img == nil || v > c.version {
+			c.img, c.version, c.last = r.Redo, v, i
+			c.orphans = slices.DeleteFunc(c.orphans, func(j int) bool {
+				_, next, _ := deltaVersions(redo[j].Redo)
+				return next <= v
+			})
 		}
 	}
 	out := redo[:0:0]
 	for i, r := range redo {
-		if j, ok := keep[string(r.Target)]; ok && j != i && !undecodable[i] {
+		if keep[i] {
+			out = append(out, r)
 			continue
 		}
-		out = append(out, r)
+		c := chains[string(r.Target)]
+		if c.last == i {
+			r.Off, r.Redo = 0, c.img
+			out = append(out, r)
+		} else if slices.Contains(c.orphans, i) {
+			out = append(out, r)
+		}
 	}
 	return out
 }
@@ -952,12 +1008,22 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 	if err != nil {
 		return err
 	}
-	if off != 0 {
+	var nv uint64
+	switch off {
+	case 0:
+		v, ok := imageVersion(data)
+		if !ok {
+			return fmt.Errorf("btree: the log's image of chunk %v does not decode", h)
+		}
+		nv = v
+	case deltaOff:
+		_, v, ok := deltaVersions(data)
+		if !ok {
+			return fmt.Errorf("btree: the log's delta of chunk %v does not decode", h)
+		}
+		nv = v
+	default:
 		return fmt.Errorf("btree: a record at offset %d of chunk %v: node images start at 0", off, h)
-	}
-	nv, ok := imageVersion(data)
-	if !ok {
-		return fmt.Errorf("btree: the log's image of chunk %v does not decode", h)
 	}
 	cur, err := a.chunks.Read(ctx, h, max(uint64(len(data)), AnchorSize))
 	if errors.Is(err, chunk.ErrUnallocated) {
@@ -971,7 +1037,17 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 			return err
 		}
 	}
-	if cv, _ := imageVersion(cur); cv >= nv {
+	cv, _ := imageVersion(cur)
+	if off == deltaOff && cv < nv {
+		// A delta whose base the log no longer holds (replayChains): the
+		// chunk must hold that base, or the change is lost.
+		img, err := applyDelta(cur, data)
+		if err != nil {
+			return fmt.Errorf("btree: replaying a change of node %v whose base image is neither in the log nor in its chunk (version %d): %w: %w", h, cv, errBaseless, err)
+		}
+		data = img
+	}
+	if cv >= nv {
 		// The chunk holds this image or a newer one. Write what it holds
 		// again anyway, under the run's token: the dead server may have a
 		// write of this node in flight (its answer lost) under an older

@@ -78,6 +78,16 @@ type simWorld struct {
 	// replayLeaks counts the value chunks replays let leak (their free
 	// failed: the replaying server was cut off meanwhile).
 	replayLeaks atomic.Int64
+	// baseless counts replays that met a delta with no base (errBaseless:
+	// the full-page-write rule of delta.go broken); any fails the seed.
+	baseless atomic.Int64
+	// tearOneIn: one node write in tearOneIn is cut off by its writer's
+	// death and lands torn (0: none).
+	tearOneIn int
+	noTears   atomic.Bool
+	// deltaAcrossWriteBack: teeth: a write-back snapshot leaves the node's
+	// delta base in place (no whole image first after a write-back).
+	deltaAcrossWriteBack bool
 	// orphans counts the chunks the final collection freed (collectAll);
 	// createdTagged those it disowned (created trees' anchors and roots
 	// their creators left tagged: died, or the decree's answer was lost).
@@ -275,6 +285,16 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		}
 	}()
 	chunks := w.chunks.clerk(node, s.gate)
+	if w.tearOneIn > 0 {
+		chunks.crash = func() bool {
+			if s.isDead() || w.noTears.Load() || w.rand(w.tearOneIn) != 0 {
+				return false
+			}
+			w.event("server %d's node dies in the middle of a chunk write", node)
+			w.die(s)
+			return true
+		}
+	}
 	s.chunks = chunks
 	s.dir = w.dir.clerk(s.dirGate)
 	var dir Directory = s.dir
@@ -311,6 +331,9 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 			w.event("server %d's replay of node %d's log let value chunk %v leak: %v", node, r.Dead.Node, h, err)
 		})
 		w.event("server %d replays server %v's log (all %v, %d names, %d excluded): %d records, committed %d, redone %d, err %v", node, r.Dead, r.All, len(r.Names), len(r.Exclude), rep.Records, len(rep.Committed), rep.Redone, err)
+		if errors.Is(err, errBaseless) {
+			w.baseless.Add(1)
+		}
 		return err
 	})
 	clerk := s.clerk
@@ -321,6 +344,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	s.cache = NewCache(CacheConfig{Locks: s.clerk, Chunks: chunks, Fence: s.currentFence, Renew: s.renew, Capacity: 24, Log2: simLog})
 	s.cache.unsafeStraysIgnoreLinks = w.straysIgnoreLinks
 	s.cache.unsafeStale = w.stale
+	s.cache.unsafeDeltaAcrossWriteBack = w.deltaAcrossWriteBack
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
 	s.cache.unsafeIgnoreDropped = w.ignoreDropped
 	w.locks.mu.Lock()
@@ -886,7 +910,9 @@ func (w *simWorld) restartOne(mayAbort bool) bool {
 		return false
 	}
 	if err != nil {
-		if w.ctx.Err() == nil {
+		// (A replay that met a delta without its base never ends: the
+		// seed fails on that, not here.)
+		if w.ctx.Err() == nil && w.baseless.Load() == 0 {
 			w.t.Errorf("seed %d: restarting server %d: %v", w.seed, node, err)
 			// What led here, in the test's log (a CI run keeps nothing
 			// else): the last events.
@@ -954,6 +980,8 @@ type simResult struct {
 	lostAllocs, orphans, disowned                                int // allocations whose answer was lost; chunks the final collection freed; chunks checkpoints disowned
 	retriedAllocs, strays                                        int // of lostAllocs, those retried with success; chunks live servers' stray collections freed
 	lateCollections                                              int // recovery runs' collections of orphans run after the run
+	deltas, raceImages                                           int // node changes logged as deltas; whole images commits added after a raced delta
+	torn                                                         int // node writes landed torn, their writer dead
 	created, createErrs, createRefused, dirLost, dirRefused      int // creations acknowledged, failed, refused as retired; directory decrees whose answer was lost; creations the directory refused
 	createExists, dirLate, createdTagged                         int // creations that found their name taken; creation decrees that landed after their caller was told they failed; created trees' chunks left tagged for the final collection
 	drops, dropErrs, dropNoTree, dropDied, dropsLate             int // drops acknowledged, failed, of no tree; drops whose server died after the mark; drop decrees that landed after their caller was told they failed
@@ -979,6 +1007,7 @@ const (
 	teethCollectIgnoresDirectory          // collections of orphans free what the tree directory names
 	teethDropKeepsName                    // a drop's decree leaves the tree's name listed
 	teethLongRerun                        // creations' decrees run again 100-150 ms after they listed the tree (beyond simDropWait)
+	teethDeltaAcrossWriteBack             // deltas go on across write-backs: no whole image first (delta.go's rule)
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -992,6 +1021,10 @@ const (
 func (w *simWorld) healAll() error {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
+		if n := w.baseless.Load(); n > 0 {
+			// (A failed replay keeps the dead server's leases: no heal.)
+			return fmt.Errorf("%d replays met a node delta whose base image was neither in the log nor in its chunk", n)
+		}
 		for w.restartOne(false) {
 		}
 		failed := false
@@ -1628,6 +1661,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		w.inline = 13
 	}
 	w.keepOldValues = teeth == teethKeepOldValues
+	w.tearOneIn = 150
+	w.deltaAcrossWriteBack = teeth == teethDeltaAcrossWriteBack
 	w.logFreesOnly = teeth == logFreesOnly
 	w.unsafeUncovered = teeth == teethUncovered
 	w.noStragglers = teeth == teethStragglers
@@ -1691,6 +1726,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.chunks.mu.Lock()
 	w.chunks.lossRate = 0
 	w.chunks.mu.Unlock()
+	w.noTears.Store(true) // the faults are over
 	if err := w.healAll(); err != nil {
 		return res, err
 	}
@@ -1836,6 +1872,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			return res, fmt.Errorf("key %q: the chunks hold %q, the final reads %q", k, sh.Vals[i], final[string(k)])
 		}
 	}
+	if n := w.baseless.Load(); n > 0 {
+		return res, fmt.Errorf("%d replays met a node delta whose base image was neither in the log nor in its chunk", n)
+	}
 	reachable := sh.Chunks
 	if err := w.checkCreated(ctx, reachable); err != nil {
 		return res, err
@@ -1857,6 +1896,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.mu.Unlock()
 	w.chunks.mu.Lock()
 	res.late, res.refused, res.lostAllocs, res.retriedAllocs = w.chunks.lateCount, w.chunks.refused, w.chunks.lostAllocs, w.chunks.retriedAllocs
+	res.torn = w.chunks.torn
 	res.orphans = int(w.orphans.Load())
 	w.chunks.mu.Unlock()
 	for n := uint64(1); n <= 3; n++ {
@@ -1872,6 +1912,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 			res.loggedFrees += int(s.cache.Stats().LoggedFrees)
 			res.disowned += int(s.cache.Stats().Disowned)
 			res.strays += int(s.cache.Stats().Strays)
+			res.deltas += int(s.cache.Stats().Deltas)
+			res.raceImages += int(s.cache.Stats().RaceImages)
 		}
 		if s.tree != nil {
 			res.valuesFreed += int(s.tree.Stats.ValuesFreed.Load())
@@ -1954,6 +1996,9 @@ func TestSimTree(t *testing.T) {
 		total.retriedAllocs += r.retriedAllocs
 		total.strays += r.strays
 		total.lateCollections += r.lateCollections
+		total.deltas += r.deltas
+		total.raceImages += r.raceImages
+		total.torn += r.torn
 		total.closes += r.closes
 		total.closeFailed += r.closeFailed
 		total.created += r.created
@@ -1975,6 +2020,7 @@ func TestSimTree(t *testing.T) {
 		total.settledListed += r.settledListed
 	}
 	t.Logf("clean closes: %d (%d more failed and left their leases to a recovery)", total.closes, total.closeFailed)
+	t.Logf("node changes logged as deltas: %d (%d whole images logged after a delta a write-back snapshot raced); %d node writes landed torn, their writer's node dead (repaired by the replays)", total.deltas, total.raceImages, total.torn)
 	t.Logf("tree creations: %d trees acknowledged, %d creations failed (half killed their server on purpose, an eighth froze it), %d found the name taken, %d refused as the creator was retired; %d directory decrees' answers lost, %d creation decrees landed after their caller was told they failed; %d created trees' chunks left tagged for the final collection",
 		total.created, total.createErrs, total.createExists, total.createRefused, total.dirLost, total.dirLate, total.createdTagged)
 	t.Logf("tree drops: %d acknowledged, %d failed, %d killed their server after the mark, %d found no tree; %d drop decrees landed after their caller was told they failed; %d drops cut off after their mark settled by their live server, %d found by the dropper passes (their server died); %d drops finished (%d finishes failed and were tried again)",
@@ -1983,7 +2029,7 @@ func TestSimTree(t *testing.T) {
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.lateCollections, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
 		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
@@ -2082,6 +2128,17 @@ func TestSimLogFreesOnly(t *testing.T) {
 		t.Fatalf("%d seeds: no checkpoint freed a value chunk by its record", seeds)
 	}
 	t.Logf("%d seeds from %d: %d value chunks freed by checkpoints from their records, none leaked", seeds, first, freed)
+}
+
+// TestSimTeethDeltaAcrossWriteBack: servers that go on logging deltas
+// after a write-back snapshot of the node (no whole image first) lose a
+// change when a later write-back of the node lands torn: the replay finds
+// the delta's base neither in the log nor in the chunk.
+func TestSimTeethDeltaAcrossWriteBack(t *testing.T) {
+	expectTeeth(t, "deltas across write-backs", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethDeltaAcrossWriteBack, 40)
+		return err
+	}, "whose base image", "not linearizable", "walking the chunks", "chunks hold", "final get")
 }
 
 // TestSimTeethKeepOldValues: updates that never free the value chunk

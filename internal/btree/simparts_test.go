@@ -576,6 +576,7 @@ type simChunks struct {
 	late      sync.WaitGroup
 	lateCount int
 	refused   int
+	torn      int // node writes landed torn (their writer died mid-write)
 	trace     func(string)
 	// Owned allocations (chunk.Owner), as a chunk manager keeps them: tag
 	// per chunk, retirement marks per log. lostAllocs counts allocations
@@ -609,6 +610,10 @@ type simChunkClerk struct {
 	gate func(context.Context) error
 	// strays: MaybeStrays (allocations whose answer was lost).
 	strays atomic.Uint64
+	// crash, if set, is asked before each node write whether the
+	// writer's node crashes in the middle of it: the write then lands
+	// torn (part new image, part old bytes) and the writer is dead.
+	crash func() bool
 }
 
 func (c *simChunkClerk) MaybeStrays() uint64 { return c.strays.Load() }
@@ -757,6 +762,29 @@ func (s *simChunks) apply(h Handle, data []byte, f *rldev.Fence, late bool) erro
 	return nil
 }
 
+// applyTorn lands a write of data to h torn (if its fence admits it):
+// the first cut bytes new and the rest old, or the other way round.
+func (s *simChunks) applyTorn(h Handle, data []byte, f *rldev.Fence) {
+	s.mu.Lock()
+	old := slices.Clone(s.data[h])
+	cut := 1 + s.r.Intn(len(data)-1)
+	newFirst := s.r.Intn(2) == 0
+	s.mu.Unlock()
+	torn := slices.Clone(data)
+	if newFirst {
+		copy(torn[cut:], old[min(cut, len(old)):])
+	} else {
+		copy(torn[:cut], old)
+	}
+	if s.trace != nil {
+		s.trace(fmt.Sprintf("torn write of %v at byte %d (new first %v)", h, cut, newFirst))
+	}
+	_ = s.apply(h, torn, f, false)
+	s.mu.Lock()
+	s.torn++
+	s.mu.Unlock()
+}
+
 func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
 	s := c.s
 	s.mu.Lock()
@@ -765,6 +793,14 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 	s.mu.Unlock()
 	if err := c.gate(ctx); err != nil {
 		return err
+	}
+	if c.crash != nil && len(data) > 1 && string(data[:4]) == nodeMagic && c.crash() {
+		// The writer's machine dies mid-write: the chunk keeps a part of
+		// the new image and a part of what it held (a write of several
+		// blocks cut off; worse than the RLDev's, which keeps each 4 KiB
+		// block whole), and the writer is gone.
+		s.applyTorn(h, data, f)
+		return errSimDead
 	}
 	if lose {
 		// The answer is lost; the write itself lands later (or, if its

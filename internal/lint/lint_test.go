@@ -24,7 +24,7 @@ var cores = []string{
 	"chunk/manager.go", "chunk/chunkmap.go", "chunk/chunkio.go", "chunk/format.go", "chunk/handle.go", "chunk/space.go",
 	"chunk/table.go", "chunk/wire.go",
 	"txn/format.go", "txn/scan.go",
-	"btree/node.go", "btree/anchor.go", "btree/store.go", "btree/tree.go", "btree/compress.go", "btree/scan.go", "btree/walk.go",
+	"btree/node.go", "btree/delta.go", "btree/anchor.go", "btree/store.go", "btree/tree.go", "btree/compress.go", "btree/scan.go", "btree/walk.go",
 }
 
 // banned calls (package.Func) and imports inside a core.

@@ -194,7 +194,8 @@ type Txn struct {
 	id       uint64
 	updates  []Record // for a live abort
 	done     bool
-	reserved int // log bytes set aside for this transaction's abort
+	reserved int // log bytes set aside for this transaction's abort, and extra
+	extra    int // of reserved: what Reserve set aside for UpdateReserved
 }
 
 // Begin starts a transaction (nothing is logged until its first update).
@@ -237,6 +238,64 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 	return lsn + LSN(r.Size()), nil
 }
 
+// RedoOnlySize is the log bytes of a redo-only update of redo bytes of a
+// target of target bytes (what Reserve must set aside for UpdateReserved).
+func RedoOnlySize(target, redo int) int {
+	return (&Record{Kind: KindUpdate, Target: make([]byte, target), Redo: make([]byte, redo)}).Size()
+}
+
+// Reserve sets aside n more bytes of log space for this transaction,
+// waiting for room as an update does (not past ctx), for redo-only
+// updates it may have to log later where it must not wait
+// (UpdateReserved: a caller that holds a latch a checkpoint needs).
+// Commit and Abort give back what is left.
+func (t *Txn) Reserve(ctx context.Context, n int) error {
+	if t.done {
+		return ErrTxnDone
+	}
+	if n <= 0 {
+		return nil
+	}
+	grow := n
+	if t.reserved == 0 {
+		grow += abortReserve
+	}
+	if err := t.l.reserve(ctx, grow); err != nil {
+		return err
+	}
+	t.reserved += grow
+	t.extra += n
+	return nil
+}
+
+// UpdateReserved logs a redo-only update in room Reserve set aside: it
+// never waits for log space (ErrLogFull if the room is not there after
+// all). It returns what Update returns.
+func (t *Txn) UpdateReserved(target []byte, off uint64, redo []byte) (LSN, error) {
+	if t.done {
+		return 0, ErrTxnDone
+	}
+	r := Record{Kind: KindUpdate, Txn: t.id, Target: slices.Clone(target), Off: off, Redo: slices.Clone(redo)}
+	if !r.RedoOnly() {
+		return 0, errors.New("txn: UpdateReserved logs redo-only updates")
+	}
+	size := r.Size()
+	if size > t.extra {
+		return 0, fmt.Errorf("txn: an update of %d bytes from a reserve of %d", size, t.extra)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel() // append returns ErrLogFull instead of waiting
+	lsn, err := t.l.append(done, &r, t.id, -size, false)
+	if err != nil {
+		return 0, err
+	}
+	t.reserved -= size
+	t.extra -= size
+	r.LSN = lsn
+	t.updates = append(t.updates, r)
+	return lsn + LSN(size), nil
+}
+
 // abortReserve is what a transaction sets aside for its abort record and
 // for the padding of the flushes its compensations may fall into.
 var abortReserve = (&Record{Kind: KindAbort}).Size() + Payload
@@ -254,7 +313,7 @@ func (t *Txn) Commit(ctx context.Context, sync bool) (LSN, error) {
 	if err != nil {
 		return 0, err
 	}
-	t.done, t.reserved = true, 0
+	t.done, t.reserved, t.extra = true, 0, 0
 	end := lsn + LSN(r.Size())
 	t.l.ended(sync)
 	if sync {
@@ -294,7 +353,7 @@ func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
 	if _, err := t.l.append(ctx, &r, t.id, -t.reserved, true); err != nil {
 		return err
 	}
-	t.done, t.reserved = true, 0
+	t.done, t.reserved, t.extra = true, 0, 0
 	t.l.mu.Lock()
 	t.l.mu.stats.Aborts++
 	t.l.mu.Unlock()
@@ -335,32 +394,13 @@ func (l *Log) append(ctx context.Context, r *Record, id uint64, grow int, end bo
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for {
-		if err := l.usableLocked(); err != nil {
-			return 0, err
-		}
-		// Room for r and what stays set aside after it: an update needs
-		// room for its future compensation too; a compensation or an end
-		// record only uses what was set aside for it.
-		if l.usedLocked(size+max(l.mu.reserved+grow, 0)) <= l.ring || grow < 0 && l.usedLocked(size) <= l.ring {
-			break
-		}
-		if l.cfg.Manual || l.cfg.Checkpointer == nil {
-			return 0, ErrLogFull
-		}
-		l.checkpointSoonLocked()
-		// Wait for room (a checkpoint, or an end of transaction that lets
-		// one move the head), but not past ctx.
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
-		}
-		stop := context.AfterFunc(ctx, func() {
-			l.mu.Lock()
-			l.mu.space.Broadcast()
-			l.mu.Unlock()
-		})
-		l.mu.space.Wait()
-		stop()
+	// Room for r and what stays set aside after it: an update needs room
+	// for its future compensation too; a compensation or an end record
+	// only uses what was set aside for it.
+	if err := l.waitRoomLocked(ctx, func() bool {
+		return l.usedLocked(size+max(l.mu.reserved+grow, 0)) <= l.ring || grow < 0 && l.usedLocked(size) <= l.ring
+	}); err != nil {
+		return 0, err
 	}
 	lsn := l.mu.bufLSN + LSN(len(l.mu.buf))
 	if len(l.mu.buf) == 0 {
@@ -377,6 +417,47 @@ func (l *Log) append(ctx context.Context, r *Record, id uint64, grow int, end bo
 	}
 	l.mu.stats.Appends++
 	return lsn, nil
+}
+
+// reserve sets aside grow more bytes of log space (Txn.Reserve), waiting
+// for room as append does.
+func (l *Log) reserve(ctx context.Context, grow int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.waitRoomLocked(ctx, func() bool { return l.usedLocked(l.mu.reserved+grow) <= l.ring }); err != nil {
+		return err
+	}
+	l.mu.reserved += grow
+	return nil
+}
+
+// waitRoomLocked returns once fits (l.mu held), waiting for room (a
+// checkpoint, or an end of transaction that lets one move the head), but
+// not past ctx: ErrLogFull then, or at once for a log that does not
+// checkpoint itself.
+func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
+	for {
+		if err := l.usableLocked(); err != nil {
+			return err
+		}
+		if fits() {
+			return nil
+		}
+		if l.cfg.Manual || l.cfg.Checkpointer == nil {
+			return ErrLogFull
+		}
+		l.checkpointSoonLocked()
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
+		}
+		stop := context.AfterFunc(ctx, func() {
+			l.mu.Lock()
+			l.mu.space.Broadcast()
+			l.mu.Unlock()
+		})
+		l.mu.space.Wait()
+		stop()
+	}
 }
 
 func (l *Log) usableLocked() error {
