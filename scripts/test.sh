@@ -134,7 +134,7 @@ fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse
 fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
 fuzz chunk FuzzDecodeMap FuzzDecodePeer
 fuzz txn FuzzDecodeLog
-fuzz btree FuzzDecodeNode FuzzDecodeValue
+fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta
 rm -rf "$fuzz_bins"
 
 phase "fault suite (short): three grove servers and a client in network namespaces"

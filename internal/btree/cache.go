@@ -261,6 +261,9 @@ type Cache struct {
 	// unsafeDeltaAcrossWriteBack, the simulator's teeth: a write-back
 	// snapshot leaves the node's delta base in place.
 	unsafeDeltaAcrossWriteBack bool
+	// testBeforeCommit, if set, runs in commit between the updates and
+	// the commit record (TestRacedDeltaLogsWholeImage).
+	testBeforeCommit func()
 	stats                      cacheCounters
 	done                       chan struct{}
 	closeOnce                  sync.Once
@@ -1177,6 +1180,9 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 	// for a checkpoint could deadlock, so the room is set aside now.
 	if err := tx.Reserve(ctx, deltas); err != nil {
 		return abort(err)
+	}
+	if c.testBeforeCommit != nil {
+		c.testBeforeCommit()
 	}
 	freeRecs := make([]uint64, len(frees))
 	for i, h := range frees {
