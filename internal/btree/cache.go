@@ -264,9 +264,9 @@ type Cache struct {
 	// testBeforeCommit, if set, runs in commit between the updates and
 	// the commit record (TestRacedDeltaLogsWholeImage).
 	testBeforeCommit func()
-	stats                      cacheCounters
-	done                       chan struct{}
-	closeOnce                  sync.Once
+	stats            cacheCounters
+	done             chan struct{}
+	closeOnce        sync.Once
 	// closed ends at Close: lease acquisitions in flight give up then (an
 	// operation waiting for a lease holds none; a clean close does not
 	// wait for it: releaseStragglers).
