@@ -86,3 +86,11 @@ func (s *Server) SetCreateStopForTest(f func(stage string, anchor, root Handle) 
 // SetRecoverWithoutDirectoryForTest makes this server's recovery runs
 // collect a dead server's orphans without the tree directory.
 func (s *Server) SetRecoverWithoutDirectoryForTest() { s.unsafeRecoverWithoutDirectory.Store(true) }
+
+// SetDeltasForTest turns the logging of node changes as deltas on or off
+// for the server's cache (on by default).
+func (s *Server) SetDeltasForTest(on bool) { s.cache.noDeltas = !on }
+
+// LogEndForTest is the server's log's end (LSN: bytes ever appended, with
+// the flushes' padding).
+func (s *Server) LogEndForTest() uint64 { return uint64(s.wal.Stats().End) }
