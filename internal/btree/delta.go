@@ -93,10 +93,15 @@ func deltaVersions(d []byte) (base, next uint64, ok bool) {
 	return binary.LittleEndian.Uint64(d[4:]), binary.LittleEndian.Uint64(d[deltaHdr+84:]), true
 }
 
-// applyDelta returns the image delta d makes of image base, checked: d
-// must be a delta of exactly base, and the result must decode as a node
-// of d's new version.
-func applyDelta(base, d []byte) ([]byte, error) {
+// applyDelta returns the image delta d makes of image base, checked: base
+// must have d's base version and length (and, with exact, its bytes: the
+// CRC), and the result must decode as a node of d's new version. Without
+// exact, base may differ from the image the delta was made from in its
+// header's LSN and token (a chunk's image of that version, which its
+// write-back wrote with the commit's LSN and the pin's token): the delta
+// carries the new header whole, and the new image's CRC, over every byte
+// of its body, refuses a base whose body is not the delta's.
+func applyDelta(base, d []byte, exact bool) ([]byte, error) {
 	bv, nv, ok := deltaVersions(d)
 	if !ok {
 		return nil, fmt.Errorf("%w: not a node delta", ErrCorrupt)
@@ -106,7 +111,7 @@ func applyDelta(base, d []byte) ([]byte, error) {
 	s := int(binary.LittleEndian.Uint32(d[24:]))
 	if blen < headerSize+4 || blen > len(base) || string(base[:4]) != nodeMagic ||
 		int(binary.LittleEndian.Uint32(base[4:])) != blen ||
-		binary.LittleEndian.Uint64(base[84:]) != bv || string(base[8:12]) != string(d[16:20]) {
+		binary.LittleEndian.Uint64(base[84:]) != bv || exact && string(base[8:12]) != string(d[16:20]) {
 		return nil, fmt.Errorf("%w: a delta of node version %d applied to another image", ErrCorrupt, bv)
 	}
 	body := blen - headerSize - 4

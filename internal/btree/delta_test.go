@@ -59,7 +59,7 @@ func TestDeltaRoundTrip(t *testing.T) {
 		if len(base.Keys) > 8 && len(d)*2 > len(n) {
 			t.Errorf("trial %d: a delta of %d bytes for a %d-byte image", trial, len(d), len(n))
 		}
-		got, err := applyDelta(b, d)
+		got, err := applyDelta(b, d, true)
 		if err != nil || !bytes.Equal(got, n) {
 			t.Fatalf("trial %d: the delta rebuilt %d bytes (err %v), want the %d-byte image", trial, len(got), err, len(n))
 		}
@@ -71,9 +71,21 @@ func TestDeltaRoundTrip(t *testing.T) {
 		other := base.Clone()
 		other.Vals[len(other.Vals)-1] = []byte("changed")
 		for _, wrong := range [][]byte{n, other.Encode(nil)} {
-			if _, err := applyDelta(wrong, d); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("trial %d: a delta applied to another image: %v", trial, err)
+			for _, exact := range []bool{true, false} {
+				if _, err := applyDelta(wrong, d, exact); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("trial %d: a delta applied to another image (exact %v): %v", trial, exact, err)
+				}
 			}
+		}
+		// The base as its write-back wrote it to the chunk (another LSN,
+		// the pin's token): not the exact base, but the same body.
+		wb := *base
+		wb.LSN, wb.Token = base.LSN+100, lock.Token{Epoch: 3, Seq: 9}
+		if _, err := applyDelta(wb.Encode(nil), d, true); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("trial %d: an exact delta applied to a base with another header: %v", trial, err)
+		}
+		if got, err := applyDelta(wb.Encode(nil), d, false); err != nil || !bytes.Equal(got, n) {
+			t.Fatalf("trial %d: the delta over the written-back base rebuilt %d bytes (err %v)", trial, len(got), err)
 		}
 	}
 }
@@ -95,9 +107,9 @@ func FuzzNodeDelta(f *testing.F) {
 		var out []byte
 		var err error
 		if asBase {
-			out, err = applyDelta(data, d)
+			out, err = applyDelta(data, d, len(data)%2 == 0)
 		} else {
-			out, err = applyDelta(b, data)
+			out, err = applyDelta(b, data, true)
 		}
 		if err == nil {
 			if _, derr := decode(out); derr != nil {

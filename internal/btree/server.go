@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -894,18 +893,21 @@ func (a replayApplier) Select(p txn.Plan) (redo, undo []txn.Record) {
 // dead server's nodes are unavailable (a hot leaf has one record per put
 // since its last write-back).
 //
-// A delta whose base is not the image made so far is kept as it is, for
-// Apply to check against the chunk: the log's head passed the node's
-// whole image only after a write-back snapshot that came after every
-// delta made from it, so such a delta's change is in the chunk, unless a
-// later whole image in the log supersedes it (then it is dropped here).
+// A delta whose base is not the image made so far (an orphan) is kept,
+// the newest of the node's, for Apply to check against the chunk: the
+// log's head passed the node's whole image only after a write-back
+// snapshot that came after every delta made from it, so such a delta's
+// change is in the chunk, unless a later whole image in the log
+// supersedes it (then it is dropped here). Apply applies it to the chunk
+// if the chunk holds its base version (not expected), and fails the run
+// if the chunk holds an older one (errBaseless).
 // A record whose image does not decode is kept: Apply fails the run on it.
 func replayChains(redo []txn.Record) []txn.Record {
 	type chain struct {
 		img     []byte
 		version uint64
-		last    int   // index of the last record taken in
-		orphans []int // deltas with no base in the log, newer than img
+		last    int // index of the last record taken in
+		orphan  int // the newest delta with no base in the log, if newer than img (else -1)
 	}
 	chains := map[string]*chain{}
 	keep := map[int]bool{}
@@ -917,7 +919,7 @@ func replayChains(redo []txn.Record) []txn.Record {
 		k := string(r.Target)
 		c := chains[k]
 		if c == nil {
-			c = &chain{last: -1}
+			c = &chain{last: -1, orphan: -1}
 			chains[k] = c
 		}
 		if r.Off == deltaOff {
@@ -927,13 +929,13 @@ func replayChains(redo []txn.Record) []txn.Record {
 				continue
 			}
 			if c.img != nil && c.version == base {
-				if img, err := applyDelta(c.img, r.Redo); err == nil {
+				if img, err := applyDelta(c.img, r.Redo, true); err == nil {
 					c.img, c.version, c.last = img, next, i
 					continue
 				}
 			}
 			if c.img == nil || next > c.version {
-				c.orphans = append(c.orphans, i)
+				c.orphan = i // (the newest: records come in version order)
 			}
 			continue
 		}
@@ -944,10 +946,11 @@ func replayChains(redo []txn.Record) []txn.Record {
 		}
 		if c.img == nil || v > c.version {
 			c.img, c.version, c.last = r.Redo, v, i
-			c.orphans = slices.DeleteFunc(c.orphans, func(j int) bool {
-				_, next, _ := deltaVersions(redo[j].Redo)
-				return next <= v
-			})
+			if c.orphan >= 0 {
+				if _, next, _ := deltaVersions(redo[c.orphan].Redo); next <= v {
+					c.orphan = -1
+				}
+			}
 		}
 	}
 	out := redo[:0:0]
@@ -960,7 +963,7 @@ func replayChains(redo []txn.Record) []txn.Record {
 		if c.last == i {
 			r.Off, r.Redo = 0, c.img
 			out = append(out, r)
-		} else if slices.Contains(c.orphans, i) {
+		} else if c.orphan == i {
 			out = append(out, r)
 		}
 	}
@@ -1041,7 +1044,7 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 	if off == deltaOff && cv < nv {
 		// A delta whose base the log no longer holds (replayChains): the
 		// chunk must hold that base, or the change is lost.
-		img, err := applyDelta(cur, data)
+		img, err := applyDelta(cur, data, false)
 		if err != nil {
 			return fmt.Errorf("btree: replaying a change of node %v whose base image is neither in the log nor in its chunk (version %d): %w: %w", h, cv, errBaseless, err)
 		}

@@ -345,6 +345,14 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	s.cache.unsafeStraysIgnoreLinks = w.straysIgnoreLinks
 	s.cache.unsafeStale = w.stale
 	s.cache.unsafeDeltaAcrossWriteBack = w.deltaAcrossWriteBack
+	s.cache.testBeforeCommit = func() {
+		// Now and then a commit dawdles between its updates and its
+		// commit record, so that checkpoints (and their write-back
+		// snapshots) run in between: the race delta.go's rule must close.
+		if w.rand(8) == 0 {
+			time.Sleep(time.Duration(w.rand(3000)) * time.Microsecond)
+		}
+	}
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
 	s.cache.unsafeIgnoreDropped = w.ignoreDropped
 	w.locks.mu.Lock()
