@@ -174,7 +174,7 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	}
 	// The survivors' metrics show the replay of the victim's log and
 	// their caches at work.
-	replays, hits, took, writes := 0.0, 0.0, 0.0, 0.0
+	replays, hits, took, writes, deltas := 0.0, 0.0, 0.0, 0.0, 0.0
 	for _, n := range u.Nodes {
 		if n.ID == victim {
 			continue
@@ -184,11 +184,12 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 		hits += m["grove_btree_cache_events_total{event=hit}"]
 		took += m["grove_btree_replay_seconds_sum"]
 		writes += m["grove_btree_replay_writes_total"]
+		deltas += m["grove_btree_cache_events_total{event=delta}"]
 	}
-	if replays == 0 || hits == 0 {
-		t.Fatalf("the survivors' metrics: %v replays done, %v cache hits", replays, hits)
+	if replays == 0 || hits == 0 || deltas == 0 {
+		t.Fatalf("the survivors' metrics: %v replays done, %v cache hits, %v node changes logged as deltas", replays, hits, deltas)
 	}
-	t.Logf("the survivors replayed node %d's log %v time(s): %.0f records applied in %.0f ms", victim, replays, writes, took*1000)
+	t.Logf("the survivors replayed node %d's log %v time(s): %.0f records applied in %.0f ms; they logged %.0f node changes as deltas", victim, replays, writes, took*1000, deltas)
 	r = grove(t, bin, nil, "tree", "count", "e2e", ep(3))
 	if n, err := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || err != nil || n != len(got) {
 		t.Fatalf("tree count: %v (the scan has %d)", r, len(got))

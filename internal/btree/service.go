@@ -132,8 +132,10 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"write_back", func(st CacheStats) uint64 { return st.WriteBacks }},
 		{"revocation", func(st CacheStats) uint64 { return st.Revocations }},
 		{"eviction", func(st CacheStats) uint64 { return st.Evictions }},
+		{"delta", func(st CacheStats) uint64 { return st.Deltas }},
+		{"race_image", func(st CacheStats) uint64 { return st.RaceImages }},
 	} {
-		m.CounterFunc("grove_btree_cache_events_total", "Events of this node's B-tree server's node cache, by kind: hits and misses of lookups, loads of nodes from chunks, write-backs, leases revoked, evictions.",
+		m.CounterFunc("grove_btree_cache_events_total", "Events of this node's B-tree server's node cache, by kind: hits and misses of lookups, loads of nodes from chunks, write-backs, leases revoked, evictions, node changes logged as deltas, whole images logged after a delta a write-back snapshot raced.",
 			map[string]string{"event": c.event}, func() float64 {
 				s.mu.Lock()
 				srv := s.mu.srv
