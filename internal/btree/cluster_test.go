@@ -326,6 +326,15 @@ func TestServerCrashRecovery(t *testing.T) {
 		}
 	}
 	t.Logf("server 2 read every key %v after server 1 stopped", time.Since(start).Round(time.Millisecond))
+	// The recovery run left the collection of server 1's orphans to
+	// server 2's background (Server.recoverDead's later), which ran it
+	// after the run: the run's end, and the leases' release, did not
+	// wait for it.
+	for deadline := time.Now().Add(30 * time.Second); s2.LateCollectionsForTest() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("server 2's recovery run left no collection of server 1's orphans to its background")
+		}
+	}
 	// More changes on server 2, then node 1 comes back with a new server.
 	for i := 0; i < 50; i++ {
 		k := fmt.Sprintf("k%04d", i)

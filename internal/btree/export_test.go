@@ -94,3 +94,7 @@ func (s *Server) SetDeltasForTest(on bool) { s.cache.noDeltas = !on }
 // LogEndForTest is the server's log's end (LSN: bytes ever appended, with
 // the flushes' padding).
 func (s *Server) LogEndForTest() uint64 { return uint64(s.wal.Stats().End) }
+
+// LateCollectionsForTest is how many collections of dead servers' orphans
+// this server's recovery runs left to its background, and that ran.
+func (s *Server) LateCollectionsForTest() int64 { return s.lateCollections.Load() }

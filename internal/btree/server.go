@@ -257,6 +257,9 @@ type Server struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	bgMu  sync.Mutex // orders background's start with Close's stop
+	// lateCollections counts the collections of dead servers' orphans
+	// this server's recovery runs handed to its background and that ran.
+	lateCollections atomic.Int64
 	// replays counts this server's recovery runs that replayed a log;
 	// replayTook is the last one's duration (ns).
 	replays, replayTook atomic.Int64
@@ -517,7 +520,7 @@ func (s *Server) recoverDead(ctx context.Context, r lock.Recovery) error {
 		dir = nil
 	}
 	later := func(collect func(context.Context)) {
-		if !s.background(collect) {
+		if !s.background(func(ctx context.Context) { collect(ctx); s.lateCollections.Add(1) }) {
 			s.log.Info("this server is stopping: the collection of a dead server's orphans is left to its log's next holder", "dead", r.Dead)
 		}
 	}

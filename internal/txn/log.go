@@ -256,6 +256,11 @@ func (t *Txn) Reserve(ctx context.Context, n int) error {
 	if n <= 0 {
 		return nil
 	}
+	if uint64(n) > t.l.ring*Payload/4 {
+		// (as append refuses a record larger than a quarter of the ring:
+		// room that may never come is not waited for)
+		return fmt.Errorf("txn: a reserve of %d bytes in a log of %d blocks (at most a quarter of it)", n, t.l.ring)
+	}
 	grow := n
 	if t.reserved == 0 {
 		grow += abortReserve
