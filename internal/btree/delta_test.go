@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // deltaLeaf is a leaf of n keys with values of vlen bytes, version v.
@@ -132,25 +131,8 @@ func TestRacedDeltaLogsWholeImage(t *testing.T) {
 		t.Run(fmt.Sprintf("unsafe=%v", unsafe), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			r := rand.New(rand.NewSource(3))
-			locks := newSimLocks(ctx, r)
-			store := newSimChunks(r)
-			chunks := store.clerk(1, func(context.Context) error { return nil })
-			solo := newSoloServer(t, ctx, locks, chunks)
-			cache, fence := solo.cache, solo.fence
-			cache.unsafeNoRaceImage = unsafe
-			dev := newSimDevice(txn.HeaderBlocks + 256)
-			wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-				Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cache.cfg.Log = wal
-			ah, root := emptyTree(t, ctx, chunks, fence, MinNodeSize)
-			tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 64})
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := newSoloTree(t, ctx, 3, 64, func(c *Cache) { c.unsafeNoRaceImage = unsafe })
+			store, dev, cache, wal, ah, root, tr := st.store, st.dev, st.cache, st.wal, st.anchor, st.root, st.tree
 			put := func(k string) {
 				t.Helper()
 				if _, err := tr.Put(ctx, []byte(k), []byte("value-of-"+k), Cond{}); err != nil {
@@ -188,7 +170,7 @@ func TestRacedDeltaLogsWholeImage(t *testing.T) {
 			store.mu.Unlock()
 			held := deadServerHolds(store, ah)
 			run := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 1, Seq: 2}, Names: held, Token: lock.Token{Epoch: 2, Seq: 12}}
-			_, err = replayDead(ctx, dev, run, store.clerk(2, func(context.Context) error { return nil }), nil, replayUnsafe{}, nil, simLog, nil)
+			_, err := replayDead(ctx, dev, run, store.clerk(2, func(context.Context) error { return nil }), nil, replayUnsafe{}, nil, simLog, nil)
 			if unsafe {
 				if !errors.Is(err, errBaseless) {
 					t.Fatalf("without the whole image the replay gave %v, want errBaseless", err)

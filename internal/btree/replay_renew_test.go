@@ -191,12 +191,39 @@ func replayRenewCase(t *testing.T, unsafeTakeAsDone bool) {
 // returns the store, the log's device and the tree's anchor.
 func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*simChunks, *simDevice, Handle) {
 	t.Helper()
+	st := newSoloTree(t, ctx, seed, 6, nil)
+	for i := 0; i < keys; i++ {
+		if _, err := st.tree.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st.store, st.dev, st.anchor
+}
+
+// soloTree is a B-tree server (node 1) with a simulated chunk store and
+// log device, and a new tree of MinNodeSize nodes on it.
+type soloTree struct {
+	store        *simChunks
+	dev          *simDevice
+	cache        *Cache
+	wal          *txn.Log
+	anchor, root Handle
+	tree         *Tree
+}
+
+// newSoloTree makes a soloTree whose tree has the fanout given; set, if
+// not nil, sees the cache before the log opens.
+func newSoloTree(t *testing.T, ctx context.Context, seed int64, fanout int, set func(*Cache)) *soloTree {
+	t.Helper()
 	r := rand.New(rand.NewSource(seed))
 	locks := newSimLocks(ctx, r)
 	store := newSimChunks(r)
 	chunks := store.clerk(1, func(context.Context) error { return nil })
 	solo := newSoloServer(t, ctx, locks, chunks)
 	cache, fence := solo.cache, solo.fence
+	if set != nil {
+		set(cache)
+	}
 	dev := newSimDevice(txn.HeaderBlocks + 256)
 	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
@@ -204,17 +231,12 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 		t.Fatal(err)
 	}
 	cache.cfg.Log = wal
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
-	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: 6})
+	ah, root := emptyTree(t, ctx, chunks, fence, MinNodeSize)
+	tr, err := New(cache.Store(ah, MinNodeSize, nil), ah.ID, Config{NodeSize: MinNodeSize, MaxFanout: fanout})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < keys; i++ {
-		if _, err := tr.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v"), Cond{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return store, dev, ah
+	return &soloTree{store: store, dev: dev, cache: cache, wal: wal, anchor: ah, root: root, tree: tr}
 }
 
 // deadServerHolds is what the dead server of deadServerLog held: its fence
