@@ -254,7 +254,7 @@ type Cache struct {
 	// unsafeNoOwedRenewal, the tests' teeth, never renews the fence
 	// after a node write of unknown outcome.
 	unsafeNoOwedRenewal bool
-	// noDeltas logs every change as a whole image (BenchmarkDeltas'
+	// noDeltas logs every change as a whole image (BenchmarkPutDeltas'
 	// baseline); unsafeNoRaceImage, the tests' teeth, omits the whole
 	// image a commit owes after a write-back snapshot raced its delta.
 	noDeltas, unsafeNoRaceImage bool
