@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/txn"
 )
 
 // deltaLeaf is a leaf of n keys with values of vlen bytes, version v.
@@ -188,5 +189,63 @@ func TestRacedDeltaLogsWholeImage(t *testing.T) {
 				t.Fatalf("after the replay the tree holds %d keys, want 7", len(sh.Keys))
 			}
 		})
+	}
+}
+
+// replayChains makes one record per node: the newest image rebuilt from
+// the node's whole images and deltas; a delta whose base the log does not
+// hold (its whole image passed by the head) is dropped when an image at
+// least as new follows, and otherwise is the node's only record (Apply
+// checks it against the chunk), never beside an image of the same chunk
+// (the parallel apply would write the chunk twice at once).
+func TestReplayChains(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	images := map[uint64][]byte{}
+	leaf := deltaLeaf(r, 20, 64, 5)
+	images[5] = leaf.Encode(nil)
+	for v := uint64(6); v <= 9; v++ {
+		leaf = leaf.Clone()
+		leaf.Version = v
+		leaf.Vals[int(v)%20] = []byte(fmt.Sprintf("value %d", v))
+		images[v] = leaf.Encode(nil)
+	}
+	target := txn.ChunkTarget(leaf.Self)
+	whole := func(v uint64) txn.Record {
+		return txn.Record{Kind: txn.KindUpdate, Target: target, Redo: images[v]}
+	}
+	delta := func(v uint64) txn.Record {
+		d, ok := makeDelta(images[v-1], images[v])
+		if !ok {
+			t.Fatalf("no delta %d→%d", v-1, v)
+		}
+		return txn.Record{Kind: txn.KindUpdate, Target: target, Off: deltaOff, Redo: d}
+	}
+	for _, c := range []struct {
+		name     string
+		recs     []txn.Record
+		want     uint64 // the whole image's version, or
+		orphanTo uint64 // the orphan's new version
+	}{
+		{"whole then deltas", []txn.Record{whole(5), delta(6), delta(7)}, 7, 0},
+		{"a raced delta and its whole image", []txn.Record{whole(5), delta(6), delta(7), whole(7), delta(8)}, 8, 0},
+		{"leading orphans superseded", []txn.Record{delta(6), delta(7), whole(7), delta(8)}, 8, 0},
+		{"orphans only", []txn.Record{delta(6), delta(7)}, 0, 7},
+		{"a gap", []txn.Record{whole(5), delta(6), delta(8), delta(9)}, 0, 9},
+	} {
+		out := replayChains(c.recs)
+		if len(out) != 1 {
+			t.Fatalf("%s: %d records, want 1", c.name, len(out))
+		}
+		switch o := out[0]; {
+		case c.want != 0:
+			if o.Off != 0 || !bytes.Equal(o.Redo, images[c.want]) {
+				v, _ := imageVersion(o.Redo)
+				t.Fatalf("%s: a record at %d of version %d, want the whole image %d", c.name, o.Off, v, c.want)
+			}
+		default:
+			if _, next, ok := deltaVersions(o.Redo); o.Off != deltaOff || !ok || next != c.orphanTo {
+				t.Fatalf("%s: a record at %d (to %d), want the orphan delta to %d", c.name, o.Off, next, c.orphanTo)
+			}
+		}
 	}
 }

@@ -956,6 +956,21 @@ func replayChains(redo []txn.Record) []txn.Record {
 			}
 		}
 	}
+	// One record per node, so that the parallel apply never writes a
+	// chunk twice at once: the image, or an orphan newer than it (a gap
+	// in the log's chain of the node, which the rule makes impossible:
+	// Apply then takes it only if the chunk holds its base or newer, and
+	// fails the run otherwise).
+	for _, c := range chains {
+		if c.orphan < 0 {
+			continue
+		}
+		if _, next, _ := deltaVersions(redo[c.orphan].Redo); c.img != nil && next <= c.version {
+			c.orphan = -1
+		} else {
+			c.last = -1
+		}
+	}
 	out := redo[:0:0]
 	for i, r := range redo {
 		if keep[i] {
