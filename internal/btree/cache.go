@@ -1123,7 +1123,7 @@ func (c *Cache) commit(ctx context.Context, nodes []*Node, anchor *Anchor, frees
 		if e.logged != nil && e.loggedNode == e.node && e.node != nil && !c.noDeltas {
 			if d, ok := makeDelta(e.logged, ch.img); ok {
 				ch.redo, ch.delta, ch.snaps = d, true, e.snaps
-				deltas += txn.RedoOnlySize(len(txn.ChunkTarget(n.Self)), len(ch.img))
+				deltas += txn.RedoOnlySize(txn.ChunkTarget(n.Self), ch.img)
 			}
 		}
 		changes = append(changes, ch)

@@ -238,10 +238,10 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 	return lsn + LSN(r.Size()), nil
 }
 
-// RedoOnlySize is the log bytes of a redo-only update of redo bytes of a
-// target of target bytes (what Reserve must set aside for UpdateReserved).
-func RedoOnlySize(target, redo int) int {
-	return (&Record{Kind: KindUpdate, Target: make([]byte, target), Redo: make([]byte, redo)}).Size()
+// RedoOnlySize is the log bytes of a redo-only update of redo to target
+// (what Reserve must set aside for UpdateReserved).
+func RedoOnlySize(target, redo []byte) int {
+	return (&Record{Kind: KindUpdate, Target: target, Redo: redo}).Size()
 }
 
 // Reserve sets aside n more bytes of log space for this transaction,

@@ -20,7 +20,7 @@ func TestReserveKeepsRoomForUpdateReserved(t *testing.T) {
 	l := openRev(t, d, tok(1), st)
 	defer l.Close(ctx)
 	img := bytes.Repeat([]byte("I"), 3000)
-	size := RedoOnlySize(len("n"), len(img))
+	size := RedoOnlySize([]byte("n"), img)
 	tx := l.Begin()
 	if _, err := tx.Update(ctx, []byte("n"), deltaOffForTest, []byte("small delta"), nil); err != nil {
 		t.Fatal(err)
