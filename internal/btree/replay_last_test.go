@@ -9,6 +9,7 @@ import (
 
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/txn"
 )
 
 // writeCounter counts the writes of each chunk.
@@ -62,20 +63,21 @@ func TestReplayWritesEachNodeOnce(t *testing.T) {
 	t.Logf("%d records, %d redone, %d chunks written once each", rep.Records, rep.Redone, total)
 }
 
-// tearingChunks tears each chunk the first time it is read, in the store
-// itself: its first half flipped, the rest as it was — a write-back cut
-// off by a power loss, on every node a replay reads (those it has records
-// of: the nodes whose write-back could have been in flight).
+// tearingChunks tears each chunk of tear the first time it is read, in
+// the store itself: its first half flipped, the rest as it was — a
+// write-back cut off by a power loss, on every node whose write-back could
+// have been in flight (wholeImaged).
 type tearingChunks struct {
 	Chunks
 	store *simChunks
+	tear  map[Handle]bool
 	mu    sync.Mutex
 	torn  map[Handle]bool
 }
 
 func (c *tearingChunks) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
 	c.mu.Lock()
-	if !c.torn[h] {
+	if c.tear[h] && !c.torn[h] {
 		c.torn[h] = true
 		c.store.mu.Lock()
 		b := c.store.data[h]
@@ -98,8 +100,9 @@ func TestReplayRepairsTornImages(t *testing.T) {
 	const keys = 200
 	store, dev, ah := deadServerLog(t, ctx, 2, keys)
 	held := deadServerHolds(store, ah)
-	tc := &tearingChunks{Chunks: store.clerk(2, func(context.Context) error { return nil }), store: store, torn: map[Handle]bool{}}
 	run := lock.Recovery{Dead: lock.ClerkID{Node: 1, Inc: 1, Seq: 2}, Names: held, Token: lock.Token{Epoch: 2, Seq: 12}}
+	tc := &tearingChunks{Chunks: store.clerk(2, func(context.Context) error { return nil }), store: store,
+		tear: wholeImaged(t, ctx, dev, run), torn: map[Handle]bool{}}
 	rep, err := replayDead(ctx, dev, run, tc, nil, replayUnsafe{}, nil, simLog, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +118,49 @@ func TestReplayRepairsTornImages(t *testing.T) {
 		t.Fatalf("after the replay over %d torn nodes the tree holds %d keys, want %d", len(tc.torn), len(sh.Keys), keys)
 	}
 	t.Logf("%d torn nodes repaired by a replay of %d records (%d writes)", len(tc.torn), rep.Records, rep.Redone)
+}
+
+// wholeImaged is the nodes of which a replay of run over dev writes a
+// whole image the log holds (replayChains), found by a dry run over a copy
+// of dev: the nodes whose write-back could have been in flight when the
+// log's server died. The others' records are orphan deltas, whose node's
+// chunk a write-back wrote whole before the log's head passed the node's
+// last whole image; a write-back since would have been of a change logged
+// whole (the full-page-write rule, Cache.commit), so tearing their chunks
+// would make a crash that cannot happen (and a replay that must fail:
+// errBaseless).
+func wholeImaged(t *testing.T, ctx context.Context, dev *simDevice, run lock.Recovery) map[Handle]bool {
+	t.Helper()
+	names := map[string]bool{}
+	for _, n := range run.Names {
+		names[n] = true
+	}
+	dry := &dryReplay{replayApplier: replayApplier{keep: func(h Handle) bool { return names[LockName(h)] }, keepTags: true}, whole: map[Handle]bool{}}
+	if _, err := txn.Recover(ctx, dev.clone(), rldev.Fence{Name: txn.LockName(LogName(1)), Token: run.Token}, dry, txn.Unsafe{}); err != nil {
+		t.Fatal(err)
+	}
+	return dry.whole
+}
+
+// dryReplay selects as a recovery run does and applies nothing, noting the
+// nodes it would write whole images of.
+type dryReplay struct {
+	replayApplier
+	whole map[Handle]bool
+}
+
+func (d *dryReplay) Select(p txn.Plan) (redo, undo []txn.Record) {
+	redo, undo = d.replayApplier.Select(p)
+	for _, r := range redo {
+		if h, err := txn.ParseChunkTarget(r.Target); err == nil && r.Off == 0 {
+			d.whole[h] = true
+		}
+	}
+	return redo, undo
+}
+
+func (d *dryReplay) Apply(context.Context, []byte, uint64, []byte, txn.LSN, *rldev.Fence) error {
+	return nil
 }
 
 // A write torn the other way — the newer image's first part, with its

@@ -867,6 +867,22 @@ func newSimDevice(blocks uint64) *simDevice {
 
 func (d *simDevice) Blocks() uint64 { return d.blocks }
 
+// clone is a copy of d: its blocks and tokens.
+func (d *simDevice) clone() *simDevice {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := newSimDevice(d.blocks)
+	for r := range d.rep {
+		for b, data := range d.rep[r] {
+			c.rep[r][b] = append([]byte(nil), data...)
+		}
+	}
+	for n, t := range d.tokens {
+		c.tokens[n] = t
+	}
+	return c
+}
+
 // gatedDevice is a server's own view of its log's device: its calls pass
 // the server's gate (frozen, dead, cut off the storage) before they are
 // sent.
