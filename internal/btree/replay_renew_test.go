@@ -2,9 +2,11 @@ package btree
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,6 +199,10 @@ func deadServerLog(t *testing.T, ctx context.Context, seed int64, keys int) (*si
 			t.Fatal(err)
 		}
 	}
+	// Dead: nothing of its own goes on in the background (a checkpoint
+	// that writes nodes back and moves the log's head) while a test
+	// reads its log and chunks.
+	st.kill()
 	return st.store, st.dev, st.anchor
 }
 
@@ -209,23 +215,42 @@ type soloTree struct {
 	wal          *txn.Log
 	anchor, root Handle
 	tree         *Tree
+	dead         atomic.Bool
 }
+
+// errSoloDead is what a killed soloTree's chunk and log writes get.
+var errSoloDead = errors.New("solo server: dead")
+
+// kill stops the server as a crash would: from now on its calls on the
+// chunk store and its log's device fail before they are sent.
+func (st *soloTree) kill() { st.dead.Store(true) }
 
 // newSoloTree makes a soloTree whose tree has the fanout given; set, if
 // not nil, sees the cache before the log opens.
 func newSoloTree(t *testing.T, ctx context.Context, seed int64, fanout int, set func(*Cache)) *soloTree {
 	t.Helper()
 	r := rand.New(rand.NewSource(seed))
-	locks := newSimLocks(ctx, r)
+	// Leases of a second: the tests of a server alone build a scenario
+	// (a log, a race) and must not lose it to a lease that lapsed while
+	// the machine was busy (the suite runs packages side by side); no
+	// other server waits for them.
+	locks := newSimLocksLease(ctx, r, time.Second, 200*time.Millisecond)
 	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
+	st := &soloTree{store: store}
+	gate := func(context.Context) error {
+		if st.dead.Load() {
+			return errSoloDead
+		}
+		return nil
+	}
+	chunks := store.clerk(1, gate)
 	solo := newSoloServer(t, ctx, locks, chunks)
 	cache, fence := solo.cache, solo.fence
 	if set != nil {
 		set(cache)
 	}
 	dev := newSimDevice(txn.HeaderBlocks + 256)
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
+	wal, err := txn.Open(ctx, txn.Config{Device: gatedDevice{dev, gate}, Fence: solo.logFence,
 		Applier: replayApplier{chunks: chunks, fence: fence}, Checkpointer: cache, LazyInterval: time.Hour, Log: simLog})
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +261,8 @@ func newSoloTree(t *testing.T, ctx context.Context, seed int64, fanout int, set 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &soloTree{store: store, dev: dev, cache: cache, wal: wal, anchor: ah, root: root, tree: tr}
+	st.dev, st.cache, st.wal, st.anchor, st.root, st.tree = dev, cache, wal, ah, root, tr
+	return st
 }
 
 // deadServerHolds is what the dead server of deadServerLog held: its fence

@@ -103,10 +103,17 @@ func newSimLocks(ctx context.Context, r *rand.Rand) *simLocks {
 	// deadline and the others' verdict (about 2 % of the lease in
 	// production): small, so that a server that uses its leases past their
 	// time is caught; not smaller than the scheduler's hiccups.
-	s := &simLocks{running: map[*simClerk]bool{}, incs: map[uint64]uint64{}, r: r, ctx: ctx, lease: 30 * time.Millisecond, grace: 5 * time.Millisecond}
+	lease, grace := 30*time.Millisecond, 5*time.Millisecond
 	if raceEnabled { // the race detector's slower scheduling
-		s.lease, s.grace = 90*time.Millisecond, 15*time.Millisecond
+		lease, grace = 90*time.Millisecond, 15*time.Millisecond
 	}
+	return newSimLocksLease(ctx, r, lease, grace)
+}
+
+// newSimLocksLease is newSimLocks with leases of the length and grace
+// given.
+func newSimLocksLease(ctx context.Context, r *rand.Rand, lease, grace time.Duration) *simLocks {
+	s := &simLocks{running: map[*simClerk]bool{}, incs: map[uint64]uint64{}, r: r, ctx: ctx, lease: lease, grace: grace}
 	s.cond = sync.NewCond(&s.mu)
 	go func() { // wake waiters when the world ends
 		<-ctx.Done()
