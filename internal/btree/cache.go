@@ -15,6 +15,7 @@ import (
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/txn"
+	"golang.org/x/sync/errgroup"
 )
 
 // A B-tree server's node cache: the Store of every tree the server serves.
@@ -883,40 +884,19 @@ func (c *Cache) WriteBack(ctx context.Context, upTo txn.LSN) error {
 	// flight (group commit), so a checkpoint of n nodes costs far fewer
 	// than n syncs on each disk, and the log's own flushes, which wait
 	// behind the checkpoint's syncs on the same disks, stall less.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		errMu sync.Mutex
-		first error
-	)
-	sem := make(chan struct{}, writeBackParallel)
+	// The first failure cancels the others.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(writeBackParallel)
 	for _, e := range todo {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
+		if gctx.Err() != nil {
 			break
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := c.writeBack(ctx, e); err != nil {
-				errMu.Lock()
-				if first == nil {
-					first = err
-				}
-				errMu.Unlock()
-				cancel()
-			}
-		}()
+		g.Go(func() error { return c.writeBack(gctx, e) })
 	}
-	wg.Wait()
-	if first == nil {
-		first = ctx.Err()
+	if err := g.Wait(); err != nil {
+		return err
 	}
-	return first
+	return ctx.Err()
 }
 
 // writeBackParallel bounds the write-backs of one WriteBack in flight

@@ -5,10 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
+	"golang.org/x/sync/errgroup"
 )
 
 // Device is the log's RLDev as the log uses it: an RLDev whose dirty-region
@@ -297,45 +298,28 @@ func Recover(ctx context.Context, dev Device, fence rldev.Fence, ap Applier, u U
 // to n at once: it returns how many were applied, and the first failure
 // (the others in flight are cancelled).
 func applyParallel(ctx context.Context, ap Applier, rs []Record, n int, fence rldev.Fence) (int, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		applied int
-		first   error
-	)
-	sem := make(chan struct{}, n)
+	// The first failure cancels the others.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(n)
+	var applied atomic.Int64
 	for _, r := range rs {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
+		if gctx.Err() != nil {
 			break
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
+		g.Go(func() error {
 			f := fence
-			err := ap.Apply(ctx, r.Target, r.Off, r.Redo, r.LSN, &f)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				applied++
-				return
+			if err := ap.Apply(gctx, r.Target, r.Off, r.Redo, r.LSN, &f); err != nil {
+				return fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
 			}
-			if first == nil {
-				first = fmt.Errorf("txn: redo of the record at %d: %w", r.LSN, err)
-				cancel()
-			}
-		}()
+			applied.Add(1)
+			return nil
+		})
 	}
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		first = ctx.Err()
+	err := g.Wait()
+	if err == nil {
+		err = ctx.Err()
 	}
-	return applied, first
+	return int(applied.Load()), err
 }
 
 func fenced(err error) error {
