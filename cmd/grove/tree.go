@@ -9,8 +9,10 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/cli"
 )
 
@@ -39,9 +41,20 @@ Keys and values are text by default; --hex reads and prints them as hex.
 	return cmd
 }
 
-// treeCall runs call through the first endpoint that serves.
+// treeCall runs call, a read, through the first endpoint that serves.
 func treeCall(ctx context.Context, c *cli.Client, op string, call func(ctx context.Context, tc pb.TreeServiceClient) error) error {
 	return c.Do(ctx, op, func(ctx context.Context, conn *cli.Conn) error {
+		return call(ctx, pb.NewTreeServiceClient(conn))
+	})
+}
+
+// treeWrite runs call, a write, through the first endpoint that serves,
+// and sends it to the next only if the node proved it changed nothing
+// (btree.NotApplied), as the Go client does: a write whose answer was lost
+// exits with cli.ExitUnknown rather than go out twice.
+func treeWrite(ctx context.Context, c *cli.Client, op string, call func(ctx context.Context, tc pb.TreeServiceClient) error) error {
+	notApplied := func(err error) bool { return btree.IsNotApplied(status.Convert(err)) }
+	return c.DoWrite(ctx, op, notApplied, func(ctx context.Context, conn *cli.Conn) error {
 		return call(ctx, pb.NewTreeServiceClient(conn))
 	})
 }
@@ -80,7 +93,7 @@ measured with 6; default: as many as fit).`,
 		Example: "  grove tree create users\n  grove tree create paper --fanout 6",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return treeCall(cmd.Context(), &c, "tree create", func(ctx context.Context, tc pb.TreeServiceClient) error {
+			return treeWrite(cmd.Context(), &c, "tree create", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				r, err := tc.Create(ctx, &pb.TreeCreateRequest{Name: args[0], NodeSize: nodeSize, Fanout: fanout})
 				if err != nil {
 					return err
@@ -135,7 +148,7 @@ func treeDropCmd() *cobra.Command {
 		Example: "  grove tree drop users",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return treeCall(cmd.Context(), &c, "tree drop", func(ctx context.Context, tc pb.TreeServiceClient) error {
+			return treeWrite(cmd.Context(), &c, "tree drop", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				_, err := tc.Drop(ctx, &pb.TreeDropRequest{Name: args[0]})
 				return err
 			})
@@ -197,7 +210,7 @@ large for its leaf goes to a chunk of its own); larger ones exit 2.`,
 			if err != nil {
 				return err
 			}
-			return treeCall(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient) error {
+			return treeWrite(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				r, err := tc.Put(ctx, &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect})
 				if err != nil {
 					return err
@@ -274,7 +287,7 @@ not). An absent key exits 5.`,
 			if err != nil {
 				return err
 			}
-			return treeCall(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient) error {
+			return treeWrite(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient) error {
 				r, err := tc.Delete(ctx, &pb.TreeDeleteRequest{Tree: args[0], Key: key, Cond: cond, Expect: expect})
 				if err != nil {
 					return err

@@ -380,9 +380,12 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 			}
 			wg.Add(1)
 			e.forwardedIn.Add(1)
-			cctx, cancel := context.WithCancel(ctx)
+			var cctx context.Context
+			var cancel context.CancelFunc
 			if c.TimeoutUs > 0 {
 				cctx, cancel = context.WithTimeout(ctx, time.Duration(c.TimeoutUs)*time.Microsecond)
+			} else {
+				cctx, cancel = context.WithCancel(ctx)
 			}
 			runMu.Lock()
 			running[c.Id] = cancel
@@ -400,8 +403,13 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 				}
 				ans.Id = c.Id
 				if proto.Size(ans) > forwardAnswerMax {
-					ans.Result = &etcdpb.ForwardAnswer_Error{Error: &etcdpb.ForwardError{Code: uint32(codes.ResourceExhausted),
-						Message: "etcd endpoint: the answer is larger than a message may be (read the range with a limit)"}}
+					msg := "etcd endpoint: the answer is larger than a message may be (read the range with a limit)"
+					if _, read := c.Op.(*etcdpb.ForwardCall_Range); !read {
+						// A delete of a range with its previous values:
+						// done, only its answer cannot be sent.
+						msg = "etcd endpoint: the request was applied, but its answer (with the previous values) is larger than a message may be"
+					}
+					ans.Result = &etcdpb.ForwardAnswer_Error{Error: &etcdpb.ForwardError{Code: uint32(codes.ResourceExhausted), Message: msg}}
 				}
 				out.put(ans)
 			})

@@ -143,6 +143,27 @@ type Conn struct {
 // first other answer. The whole command is bounded by --command-timeout.
 // The error names op and the endpoints that failed, with an exit code.
 func (c *Client) Do(ctx context.Context, op string, call func(ctx context.Context, conn *Conn) error) error {
+	return c.do(ctx, op, nil, call)
+}
+
+// DoWrite is Do for a call that changes something and must not change it
+// twice. It moves on to the next endpoint only if this one could not be
+// reached (nothing was sent), or if notApplied says its error proves the
+// call changed nothing (a B-tree server's NOT_APPLIED). Any other
+// Unavailable answer (the connection lost mid-call, the node stopping
+// under it) leaves the outcome unknown: the command fails at once with
+// ExitUnknown and sends the call nowhere else, since a resend could apply
+// it twice, or undo another client's write that came after it. A write
+// that times out says so too (ExitTimeout).
+func (c *Client) DoWrite(ctx context.Context, op string, notApplied func(error) bool, call func(ctx context.Context, conn *Conn) error) error {
+	if notApplied == nil {
+		notApplied = func(error) bool { return false }
+	}
+	return c.do(ctx, op, notApplied, call)
+}
+
+// do is Do, or DoWrite if notApplied is not nil.
+func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool, call func(ctx context.Context, conn *Conn) error) error {
 	if err := c.Resolve(); err != nil {
 		return err
 	}
@@ -170,10 +191,21 @@ func (c *Client) Do(ctx context.Context, op string, call func(ctx context.Contex
 			return Interrupted{Signal: "interrupt"}
 		}
 		if status.Code(err) == codes.Unavailable && !isCLIError(err) {
+			if notApplied != nil && !notApplied(err) {
+				return &Error{Code: ExitUnknown, Op: op,
+					Msg:  fmt.Sprintf("the call to %s lost its answer (%s): the write may or may not have been applied, and was not sent again", ep, status.Convert(err).Message()),
+					Hint: "read it back before trying again"}
+			}
 			fails = append(fails, FromRPC("", ep, c.CommandTimeout, err).(*Error))
 			continue
 		}
 		ferr := FromRPC(op, ep, c.CommandTimeout, err)
+		var te *Error
+		if notApplied != nil && !isCLIError(err) && errors.As(ferr, &te) && te.Code == ExitTimeout {
+			e := *te
+			e.Msg += " (the write may or may not have been applied)"
+			ferr = &e
+		}
 		var fe *Error
 		if len(fails) > 0 && errors.As(ferr, &fe) {
 			e := *fe

@@ -28,6 +28,7 @@ const (
 	ExitNotFound    = 5   // the named object does not exist (member, lock, key...)
 	ExitDegraded    = 6   // status/health: the cluster answered but is not healthy
 	ExitLeaseLost   = 7   // a held lock's lease was lost (its node fenced itself or was declared dead)
+	ExitUnknown     = 8   // a write's answer was lost: it may or may not have been applied (DoWrite)
 	ExitInterrupted = 130 // SIGINT (128+2); SIGTERM gives 143
 )
 

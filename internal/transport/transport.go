@@ -109,6 +109,16 @@ func DialOptions() []grpc.DialOption {
 		// but whose process is stopped (SIGSTOP) is caught by these.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: UserTimeout, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)),
+		// No call is ever resent by gRPC after it may have reached the
+		// server: a resent write could apply twice, or undo a later write
+		// of another client (the B-tree's clients and the CLI resend only
+		// what a node proved it did not apply, btree.NotApplied). A service
+		// config (which the dns resolver would take from a TXT record) could
+		// turn on a retry policy; neither is used. gRPC's transparent
+		// retries stay: they resend only a call the server never received
+		// or never processed.
+		grpc.WithDisableServiceConfig(),
+		grpc.WithDisableRetry(),
 		// RLDev blocks travel in messages of up to 8 MiB: larger windows
 		// and buffers than gRPC's defaults (64 KiB, 32 KiB) save flow
 		// control round trips and syscalls on every one.
