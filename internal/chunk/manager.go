@@ -82,7 +82,8 @@ import (
 // restarted at every load, so it holds across failovers. A map write that
 // fails may also land later: the manager then gives its lease up (its
 // token with it) and takes over again with a newer token, which refuses
-// the late write.
+// the late write. So it does when a map write or a zeroing succeeded on a
+// retry while an earlier attempt may still land (ErrEarlierMayLand).
 //
 // Checkpoint: the map as of the last LSN is written to the inactive slot
 // (durable), then the superblock names it, with the log's generation
@@ -1603,6 +1604,12 @@ func (mg *Manager) change(reqs []*request) []any {
 				out = append(out, mg.answer(q, Handle{}, fmt.Errorf("zeroing the new chunk: %w", zeroErr))...)
 			}
 			m.quarantine(mg.env.Now.Add(mg.cfg.Quarantine))
+			if errors.Is(zeroErr, ErrEarlierMayLand) {
+				// Its RLDev answered, and a lost attempt of the zeroing
+				// is still on its way: the quarantine bounds it only by
+				// time. Taking the map lock again fences it for good.
+				return append(out, mg.fail(mg.env, fmt.Errorf("zeroing new chunks: %w", zeroErr))...)
+			}
 			return append(out, mg.change(undone(reqs))...)
 		}
 		return mg.logFrame(recs, reqs)
@@ -1625,6 +1632,17 @@ func (mg *Manager) change(reqs []*request) []any {
 	}
 	return out
 }
+
+// ErrEarlierMayLand fails a map-lock write (a map block, a new chunk's
+// zeroing) that succeeded on a retry while an earlier attempt, its answer
+// lost, may still land (rldev.Clerk.WriteReport): under the same token it
+// would be admitted whenever it arrived — over the map's next frame or
+// superblock at the same place, over the data a chunk's owner wrote after
+// the allocation was answered (review 36). The manager then takes the map
+// lock again (fail); the takeover writes the new token to the fence block
+// of the map RLDev and of every data RLDev, which refuse the late attempt
+// from then on.
+var ErrEarlierMayLand = errors.New("an earlier attempt of the write, whose answer was lost, may still land")
 
 // maxChangeRecords bounds the records of one change, counted by
 // request.records (a frame of 5 000

@@ -280,7 +280,10 @@ func (s *Service) execLocked(g *generation, mg *managed, out []any) {
 			}
 			fence := &rldev.Fence{Name: MapLock(mg.cm), Token: x.Token}
 			s.async(g, func(ctx context.Context) func(*managed, Env) []any {
-				err := s.writeBlocks(ctx, rl, x.Block, x.Data, fence)
+				maybe, err := s.writeBlocksReport(ctx, rl, x.Block, x.Data, fence)
+				if err == nil && maybe {
+					err = ErrEarlierMayLand // the manager takes the map lock again (review 36)
+				}
 				return func(mg *managed, env Env) []any { return mg.m.Done(env, x.Op, nil, err) }
 			}, mg.cm)
 		case ZeroWrite:
@@ -444,7 +447,11 @@ var zeros = make([]byte, rldev.MaxIO)
 func (s *Service) zero(ctx context.Context, rl, block, blocks uint64, fence *rldev.Fence) error {
 	for blocks > 0 {
 		n := min(blocks, rldev.MaxIO/BlockSize)
-		if err := s.cfg.RLDev.Write(ctx, rl, block*BlockSize, zeros[:n*BlockSize], rldev.WriteOptions{Fence: fence}); err != nil {
+		maybe, err := s.cfg.RLDev.WriteReport(ctx, rl, block*BlockSize, zeros[:n*BlockSize], rldev.WriteOptions{Fence: fence})
+		if err == nil && maybe {
+			err = ErrEarlierMayLand // the zeroing fails, and the manager takes the map lock again (review 36)
+		}
+		if err != nil {
 			return err
 		}
 		block, blocks = block+n, blocks-n

@@ -21,11 +21,18 @@ import (
 //
 // A write that failed after it began to land (ErrMaybeWritten) or whose
 // answer was lost is tried again too: the write is then applied at least
-// once, the last time by the attempt that succeeded. A write of another
-// writer to the same blocks between the attempts may be overwritten by
-// the later attempt: writers of a block hold a lock on it (the layers
-// above do), and a writer whose lock may have passed on carries the
-// lock's fencing token (WriteOptions.Fence), which replicas check.
+// once. The attempt that succeeded is not always the last to land: an
+// earlier one whose answer was lost may still be on its way to the same
+// node (WriteReport says when), and land later, over anything written to
+// those blocks meanwhile, by this writer too, under the same token. A
+// writer that rewrites blocks, or whose lock may pass on, must act on it
+// (write again under a newer token, or stop: the chunk store's map and
+// zeroing, the transaction log and the B-tree's node writes do; review
+// 36). A write of another writer to the same blocks between the attempts
+// may be overwritten by the later attempt: writers of a block hold a lock
+// on it (the layers above do), and a writer whose lock may have passed on
+// carries the lock's fencing token (WriteOptions.Fence), which replicas
+// check.
 type Clerk struct {
 	meta  *meta.Client
 	opts  ClerkOptions
@@ -139,15 +146,26 @@ func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteO
 
 // WriteReport is Write that also reports, on success, whether an earlier
 // attempt of the write (sent, its answer never received, then retried)
-// may still land later, under the same fence: a writer that hands its
-// lock on must then write again under a newer token (the chunk store
-// passes this on to its clients: chunk.Clerk.WriteFencedReport).
+// may still land later, under the same fence, over this attempt and over
+// anything written to those blocks after it: a writer that hands its
+// lock on, or writes those blocks again, must first write under a newer
+// token (the chunk store passes this on to its clients:
+// chunk.Clerk.WriteFencedReport).
 func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o WriteOptions) (earlierMayLand bool, _ error) {
 	if _, _, err := blockRange(off, uint64(len(data))); err != nil {
 		return false, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
 	}
 	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
-	maybe := false
+	// The nodes an attempt went to whose answer was lost (or that answered
+	// it may have landed in part). Such an attempt may still land later
+	// only at its own node, and only while that node still serves the
+	// RLDev as it did: a node that is no longer primary refuses it, and
+	// one declared dead has fenced itself first. So a success at another
+	// node leaves nothing behind; a success at one of these nodes (over
+	// another connection: the lost one's frames may still be on their
+	// way) may.
+	lost := map[NodeID]bool{}
+	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
 		node := rec.Segs[rec.Primary].Node
 		if o.Replica > 0 {
@@ -159,19 +177,22 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		}
 		r, err := cl.Write(ctx, req)
 		if err != nil {
-			maybe = true // the request may have arrived
+			lost[node] = true // the request may have arrived
 			return node, false, err
 		}
 		err = ResultError(r.Result)
 		if errors.Is(err, ErrMaybeWritten) {
-			maybe = true
+			lost[node] = true
+		}
+		if err == nil {
+			ok = node
 		}
 		return node, err == nil, err
 	})
-	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
+	if err != nil && len(lost) > 0 && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
 	}
-	return maybe, err
+	return err == nil && lost[ok], err
 }
 
 // Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of

@@ -2,6 +2,7 @@ package txn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,10 +25,26 @@ var _ Device = (*RLDevDevice)(nil)
 // Blocks is the RLDev's size.
 func (d *RLDevDevice) Blocks() uint64 { return d.Size }
 
-// Write writes through the RLDev's primary, on both replicas.
+// Write writes through the RLDev's primary, on both replicas. A write
+// that succeeded on a retry while an earlier attempt, its answer lost, may
+// still land fails (ErrEarlierMayLand): under the log's unchanged token
+// that attempt would be admitted whenever it arrived, over a block the log
+// has written again since (the header two checkpoints on, the ring after
+// it wrapped), and recovery would then stop short of committed records.
+// The log fails; its owner opens it again under a newer token, which the
+// recovery's fence write makes the RLDev admit, refusing the late attempt
+// (review 36).
 func (d *RLDevDevice) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
-	return d.Clerk.Write(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f})
+	maybe, err := d.Clerk.WriteReport(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f})
+	if err == nil && maybe {
+		err = fmt.Errorf("txn: log RLDev %d, block %d: %w", d.ID, block, ErrEarlierMayLand)
+	}
+	return err
 }
+
+// ErrEarlierMayLand: a log write succeeded on a retry while an earlier
+// attempt of it may still land (RLDevDevice.Write).
+var ErrEarlierMayLand = errors.New("an earlier attempt of the write, whose answer was lost, may still land")
 
 // ReadReplica reads one replica (ReadReplica of the RLDev), refusing at once
 // one the table marks stale.
