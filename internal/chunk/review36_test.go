@@ -92,11 +92,16 @@ func (p *r36Proxy) pipe(down net.Conn) {
 	defer up.(*net.TCPConn).CloseWrite()
 	br := bufio.NewReaderSize(down, 1<<20)
 	pre, err := br.Peek(6)
-	if err != nil || string(pre) != rldev.WireMagic+"\x01\x01" {
+	n := int64(6) // a clerk's connection: magic, version, kind
+	switch {
+	case err == nil && string(pre) == rldev.WireMagic+"\x01\x01":
+	case err == nil && string(pre) == rldev.WireMagic+"\x01\x03":
+		n += 16 // and the clerk's identity and the connection's sequence number
+	default:
 		io.Copy(up, br) // gRPC, a peer link
 		return
 	}
-	if _, err := io.CopyN(up, br, 6); err != nil {
+	if _, err := io.CopyN(up, br, n); err != nil {
 		return
 	}
 	for {

@@ -21,10 +21,12 @@ import (
 //
 // A write that failed after it began to land (ErrMaybeWritten) or whose
 // answer was lost is tried again too: the write is then applied at least
-// once. The attempt that succeeded is not always the last to land: an
-// earlier one whose answer was lost may still be on its way to the same
-// node (WriteReport says when), and land later, over anything written to
-// those blocks meanwhile, by this writer too, under the same token. A
+// once. On the gRPC data path the attempt that succeeded is not always
+// the last to land: an earlier one whose answer was lost may still be on
+// its way to the same node (WriteReport says when), and land later, over
+// anything written to those blocks meanwhile, by this writer too, under
+// the same token (the framed data path sequences a clerk's connections at
+// each node, so there it cannot: Service.admitClerkConn). A
 // writer that rewrites blocks, or whose lock may pass on, must act on it
 // (write again under a newer token, or stop: the chunk store's map and
 // zeroing, the transaction log and the B-tree's node writes do; review
@@ -161,10 +163,14 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	// only at its own node, and only while that node still serves the
 	// RLDev as it did: a node that is no longer primary refuses it, and
 	// one declared dead has fenced itself first. So a success at another
-	// node leaves nothing behind; a success at one of these nodes (over
-	// another connection: the lost one's frames may still be on their
-	// way) may.
-	lost := map[NodeID]bool{}
+	// node leaves nothing behind. A success at one of these nodes leaves
+	// nothing either on the framed data path, whose connections a node
+	// sequences (Service.admitClerkConn): the lost attempt started on the
+	// engine before the retry, and landed first, or never starts. On the
+	// gRPC data path a lost call's request may still be read after the
+	// retry was answered: there it may.
+	maybe, lost := false, map[NodeID]bool{}
+	sequenced := c.opts.DataPath != DataPathGRPC
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
 		node := rec.Segs[rec.Primary].Node
@@ -177,19 +183,19 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		}
 		r, err := cl.Write(ctx, req)
 		if err != nil {
-			lost[node] = true // the request may have arrived
+			maybe, lost[node] = true, !sequenced // the request may have arrived
 			return node, false, err
 		}
 		err = ResultError(r.Result)
 		if errors.Is(err, ErrMaybeWritten) {
-			lost[node] = true
+			maybe, lost[node] = true, !sequenced
 		}
 		if err == nil {
 			ok = node
 		}
 		return node, err == nil, err
 	})
-	if err != nil && len(lost) > 0 && !errors.Is(err, ErrMaybeWritten) {
+	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
 	}
 	return err == nil && lost[ok], err

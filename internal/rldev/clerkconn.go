@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -48,14 +49,14 @@ type dataConn struct {
 // write among them may have landed.
 var ErrConnLost = errors.New("the connection to the node was lost")
 
-func dialData(ctx context.Context, addr string) (*dataConn, error) {
+func dialData(ctx context.Context, addr string, clerk, seq uint64) (*dataConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := transport.DialContext(dctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Write(preamble(connClient)); err != nil {
+	if _, err := c.Write(clientPreamble(clerk, seq)); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -201,6 +202,13 @@ type dataConns struct {
 	mu    sync.Mutex
 	conns map[string]*dataConn
 	dials map[string]*sync.Mutex // one dial at a time per address
+	// clerk identifies this pool's connections to the nodes, and seq
+	// numbers them in the order they are dialed: a node drops what
+	// arrives on a connection of the pool's once a later one has opened
+	// (Service.admitClerkConn), so that a write sent on a connection that
+	// broke cannot land after its retry on the next one.
+	clerk uint64
+	seq   uint64
 }
 
 func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
@@ -211,6 +219,7 @@ func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
 	}
 	if p.dials == nil {
 		p.conns, p.dials = map[string]*dataConn{}, map[string]*sync.Mutex{}
+		p.clerk = rand.Uint64() | 1 // never 0
 	}
 	dl := p.dials[addr]
 	if dl == nil {
@@ -225,8 +234,10 @@ func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
 		p.mu.Unlock()
 		return d, nil
 	}
+	p.seq++
+	clerk, seq := p.clerk, p.seq
 	p.mu.Unlock()
-	d, err := dialData(ctx, addr)
+	d, err := dialData(ctx, addr, clerk, seq)
 	if err != nil {
 		return nil, err
 	}

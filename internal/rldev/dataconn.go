@@ -3,6 +3,7 @@ package rldev
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -53,12 +54,98 @@ func (s *Service) ServeConn(c net.Conn) {
 		s.warn("rldev data path: connection dropped", "from", c.RemoteAddr(), "err", err)
 		return
 	}
+	var cc *clientConn
+	if kind == connClientSeq {
+		var b [16]byte
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			s.warn("rldev data path: connection dropped", "from", c.RemoteAddr(), "err", err)
+			return
+		}
+		cc = &clientConn{c: c, clerk: binary.BigEndian.Uint64(b[:8]), seq: binary.BigEndian.Uint64(b[8:])}
+		if err := s.admitClerkConn(cc); err != nil {
+			s.warn("rldev data path: connection dropped", "from", c.RemoteAddr(), "err", err)
+			return
+		}
+		defer s.endClerkConn(cc)
+	}
 	c.SetReadDeadline(time.Time{})
 	switch kind {
-	case connClient:
-		s.serveClient(c, br)
+	case connClient, connClientSeq:
+		s.serveClient(c, br, cc)
 	case connPeer:
 		s.servePeerConn(c, br)
+	}
+}
+
+// clientConn is a clerk's sequenced data connection (connClientSeq).
+type clientConn struct {
+	c          net.Conn
+	clerk, seq uint64
+	superseded bool // under s.mu: a later connection of the clerk opened
+}
+
+// clerkConns is what a node knows of one clerk's sequenced connections.
+type clerkConns struct {
+	seq   uint64      // the latest admitted
+	cur   *clientConn // nil once it ended
+	ended time.Time
+}
+
+// errSuperseded: a request read on a clerk's connection after a later
+// connection of the same clerk opened here; it is dropped with the
+// connection, unanswered (the clerk has given that connection up).
+var errSuperseded = errors.New("rldev data path: a later connection of this clerk has opened")
+
+// clerkForget is how long a node remembers a clerk whose connections all
+// ended: a connection older than its last, held up in the network longer
+// than this before its preamble arrives, would be admitted again.
+const clerkForget = 10 * time.Minute
+
+// admitClerkConn admits cc if it is the latest of its clerk's connections
+// here, and supersedes the one before it: from then on that one starts
+// nothing more on the engine (begin checks, under the same lock) and is
+// closed. So a write whose answer the clerk lost, with the connection it
+// was sent on, and which the clerk then sent again on a later connection,
+// either was started on the engine before the retry — and lands before it:
+// the engine orders writes of overlapping blocks as they start — or never
+// starts. Without this, its frame could be read after the retry was
+// answered, and land over whatever the clerk wrote to those blocks next
+// (review 36). A write given up on a live connection is sent again on that
+// connection, behind the first.
+func (s *Service) admitClerkConn(cc *clientConn) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if s.mu.clerks == nil {
+		s.mu.clerks = map[uint64]*clerkConns{}
+	}
+	for id, k := range s.mu.clerks {
+		if k.cur == nil && now.Sub(k.ended) > clerkForget {
+			delete(s.mu.clerks, id)
+		}
+	}
+	k := s.mu.clerks[cc.clerk]
+	if k == nil {
+		k = &clerkConns{}
+		s.mu.clerks[cc.clerk] = k
+	}
+	if cc.seq <= k.seq {
+		return fmt.Errorf("%w: connection %d of clerk %x opened after its connection %d", errFrame, cc.seq, cc.clerk, k.seq)
+	}
+	if old := k.cur; old != nil {
+		old.superseded = true
+		old.c.Close() // its reader, and the requests it started, end
+	}
+	k.seq, k.cur = cc.seq, cc
+	return nil
+}
+
+// endClerkConn notes that cc ended.
+func (s *Service) endClerkConn(cc *clientConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.mu.clerks[cc.clerk]; k != nil && k.cur == cc {
+		k.cur, k.ended = nil, time.Now()
 	}
 }
 
@@ -80,7 +167,7 @@ func (s *Service) warn(msg string, args ...any) {
 // progress when the connection ends, is cancelled on the engine (a write
 // may still land, as with a gRPC call cancelled). The node pings the
 // clerk every pingEvery, so that a clerk notices a stopped node.
-func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
+func (s *Service) serveClient(c net.Conn, br *bufio.Reader, cc *clientConn) {
 	w := newFrameWriter(c)
 	defer w.close(net.ErrClosed)
 	go pinger(w)
@@ -183,7 +270,13 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader) {
 			}
 			w.send(buf, bulk)
 		}
-		g, req, err := s.begin(wt, start)
+		g, req, err := s.begin(wt, start, cc)
+		if errors.Is(err, errSuperseded) {
+			s.mu.Lock()
+			end(wt)
+			s.mu.Unlock()
+			return
+		}
 		s.mu.Lock()
 		if l := open[wt]; l != nil {
 			if err != nil {

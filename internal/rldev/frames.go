@@ -29,9 +29,11 @@ import (
 // `grove bench rldev --data-path` measures both.
 //
 // A connection opens with WireMagic, a version byte and a kind byte
-// (connClient: a clerk's requests, answered in any order; connPeer: an
-// engine's peer link, whose first frame each way is a hello). Then
-// frames, each:
+// (connClient: a clerk's requests, answered in any order; connClientSeq:
+// the same, with the clerk's identity and the connection's sequence
+// number, two u64s, after the kind byte: see Service.admitClerkConn;
+// connPeer: an engine's peer link, whose first frame each way is a
+// hello). Then frames, each:
 //
 //	u32 length of what follows | u8 type | u64 request id | u32 meta length | meta | bulk
 //
@@ -47,8 +49,9 @@ const (
 	WireMagic   = "GRVD"
 	wireVersion = 1
 
-	connClient = 1
-	connPeer   = 2
+	connClient    = 1
+	connPeer      = 2
+	connClientSeq = 3
 
 	frameHello     = 1 // meta: RLDevHello
 	framePeer      = 2 // meta: RLDevServicePeerRequest
@@ -186,6 +189,15 @@ func frameReady(r *bufio.Reader) bool {
 // preamble is what a client of kind sends first.
 func preamble(kind byte) []byte { return append([]byte(WireMagic), wireVersion, kind) }
 
+// clientPreamble is what a clerk sends first: connClientSeq, its identity
+// and the connection's sequence number (among its connections, every
+// node's: later dials have higher ones).
+func clientPreamble(clerk, seq uint64) []byte {
+	b := preamble(connClientSeq)
+	b = binary.BigEndian.AppendUint64(b, clerk)
+	return binary.BigEndian.AppendUint64(b, seq)
+}
+
 // readPreamble reads the version and kind that follow the magic (which
 // the port's guard consumed).
 func readPreamble(r io.Reader) (byte, error) {
@@ -196,7 +208,7 @@ func readPreamble(r io.Reader) (byte, error) {
 	if b[0] != wireVersion {
 		return 0, fmt.Errorf("%w: version %d (this node speaks %d)", errFrame, b[0], wireVersion)
 	}
-	if b[1] != connClient && b[1] != connPeer {
+	if b[1] != connClient && b[1] != connPeer && b[1] != connClientSeq {
 		return 0, fmt.Errorf("%w: connection kind %d", errFrame, b[1])
 	}
 	return b[1], nil

@@ -115,6 +115,9 @@ type Service struct {
 		out     map[NodeID]*outLink
 		in      map[NodeID]*inLink
 		refresh bool // a linearizable table read is in flight
+		// The clerks' sequenced data connections (admitClerkConn), by
+		// clerk identity.
+		clerks map[uint64]*clerkConns
 	}
 	started sync.Once
 	// The data path (dataconn.go): a slot per connection served, and the
@@ -968,7 +971,7 @@ func (in *peerIn) deliver(fs ...*pb.RLDevServicePeerRequest) error {
 // reply (or ctx: the request is cancelled; a write may still land).
 func (s *Service) request(ctx context.Context, id uint64, write bool, start func(e *Engine, env Env, req ReqID) []any) ([]byte, uint64, error) {
 	w := &waiter{ch: make(chan Reply, 1), write: write, id: id}
-	g, req, err := s.begin(w, start)
+	g, req, err := s.begin(w, start, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -983,9 +986,15 @@ func (s *Service) request(ctx context.Context, id uint64, write bool, start func
 
 // begin starts a client request on the current engine; its reply goes to
 // w.
-func (s *Service) begin(w *waiter, start func(e *Engine, env Env, req ReqID) []any) (*generation, ReqID, error) {
+func (s *Service) begin(w *waiter, start func(e *Engine, env Env, req ReqID) []any, cc *clientConn) (*generation, ReqID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if cc != nil && cc.superseded {
+		// Checked under the lock that admits the connection that
+		// superseded this one: what this one starts, it starts before
+		// anything of the newer one.
+		return nil, 0, errSuperseded
+	}
 	g := s.mu.gen
 	if g == nil || s.mu.eng == nil {
 		return nil, 0, fmt.Errorf("%w: node %d has no engine running (fenced itself, or starting)", ErrNotServing, s.cfg.Node)

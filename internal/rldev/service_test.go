@@ -456,11 +456,13 @@ func TestDataPathBusyAndCancel(t *testing.T) {
 }
 
 // TestWriteReportEarlierAttempt: a write whose first attempt reached the
-// RLDev and lost its answer, retried and answered, reports that an
-// earlier attempt may still land (the chunk store passes it on, and the
-// B-tree server then renews its fence and writes again); a write answered
-// at its first attempt does not; a write whose every attempt lost its
-// answer fails with ErrMaybeWritten.
+// RLDev and lost its answer, retried at the same node and answered,
+// reports that an earlier attempt may still land on the gRPC data path
+// (the chunk store passes it on, and the B-tree server then renews its
+// fence and writes again), and not on the framed one, whose connections
+// the node sequences (admitClerkConn: the lost attempt started before the
+// retry, or never starts); a write answered at once reports none; one
+// whose every answer is lost fails with ErrMaybeWritten on both.
 func TestWriteReportEarlierAttempt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -471,29 +473,35 @@ func TestWriteReportEarlierAttempt(t *testing.T) {
 	defer c.Close()
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
-	cl := rldev.NewClerk(mc)
-	defer cl.Close()
-	rldev.LoseWriteAnswers(cl, 1)
-	id := createServed(t, ctx, cl, 16<<20)
-	data := random(4096)
-	earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
-	if err != nil || !earlier {
-		t.Fatalf("a write whose first answer was lost: earlier %v, %v (want true, nil)", earlier, err)
-	}
-	got, err := cl.Read(ctx, id, 0, 4096, 0)
-	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("reading it back: %v", err)
-	}
-	if earlier, err := cl.WriteReport(ctx, id, 4096, data, rldev.WriteOptions{}); err != nil || earlier {
-		t.Fatalf("a write answered at once: earlier %v, %v (want false, nil)", earlier, err)
-	}
-	lost := rldev.NewClerk(mc)
-	defer lost.Close()
-	rldev.LoseWriteAnswers(lost, 1<<30)
-	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
-	defer wcancel()
-	if _, err := lost.WriteReport(wctx, id, 8192, data, rldev.WriteOptions{}); err == nil || !errors.Is(err, rldev.ErrMaybeWritten) {
-		t.Fatalf("a write whose every answer was lost: %v, want ErrMaybeWritten", err)
+	var id uint64
+	for i, path := range []string{rldev.DataPathGRPC, rldev.DataPathTCP} {
+		cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
+		defer cl.Close()
+		rldev.LoseWriteAnswers(cl, 1)
+		if i == 0 {
+			id = createServed(t, ctx, cl, 16<<20)
+		}
+		data := random(4096)
+		earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
+		if want := path == rldev.DataPathGRPC; err != nil || earlier != want {
+			t.Fatalf("%s: a write whose first answer was lost: earlier %v, %v (want %v, nil)", path, earlier, err, want)
+		}
+		got, err := cl.Read(ctx, id, 0, 4096, 0)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: reading it back: %v", path, err)
+		}
+		if earlier, err := cl.WriteReport(ctx, id, 4096, data, rldev.WriteOptions{}); err != nil || earlier {
+			t.Fatalf("%s: a write answered at once: earlier %v, %v (want false, nil)", path, earlier, err)
+		}
+		lost := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
+		defer lost.Close()
+		rldev.LoseWriteAnswers(lost, 1<<30)
+		wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+		if _, err := lost.WriteReport(wctx, id, 8192, data, rldev.WriteOptions{}); err == nil || !errors.Is(err, rldev.ErrMaybeWritten) {
+			wcancel()
+			t.Fatalf("%s: a write whose every answer was lost: %v, want ErrMaybeWritten", path, err)
+		}
+		wcancel()
 	}
 }
 
