@@ -188,7 +188,10 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		}
 		err = ResultError(r.Result)
 		if errors.Is(err, ErrMaybeWritten) {
-			maybe, lost[node] = true, !sequenced
+			// The node started it and answered: sequencing says nothing
+			// of a write the node itself still has in progress (a disk
+			// write that hangs past its replica's failure).
+			maybe, lost[node] = true, true
 		}
 		if err == nil {
 			ok = node

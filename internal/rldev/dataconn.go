@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -119,10 +120,8 @@ func (s *Service) admitClerkConn(cc *clientConn) error {
 	if s.mu.clerks == nil {
 		s.mu.clerks = map[uint64]*clerkConns{}
 	}
-	for id, k := range s.mu.clerks {
-		if k.cur == nil && now.Sub(k.ended) > clerkForget {
-			delete(s.mu.clerks, id)
-		}
+	if now.Sub(s.mu.clerksPruned) > time.Minute || len(s.mu.clerks) >= clerkMax {
+		s.pruneClerksLocked(now)
 	}
 	k := s.mu.clerks[cc.clerk]
 	if k == nil {
@@ -138,6 +137,39 @@ func (s *Service) admitClerkConn(cc *clientConn) error {
 	}
 	k.seq, k.cur = cc.seq, cc
 	return nil
+}
+
+// clerkMax bounds the clerks a node remembers (every CLI command is a
+// clerk of its own; the connections themselves are bounded by
+// maxDataConns, so most remembered clerks have none open).
+const clerkMax = 16384
+
+// pruneClerksLocked forgets the clerks whose connections all ended more
+// than clerkForget ago and, if it found clerkMax remembered, those whose
+// connections ended longest ago, down to half of it.
+func (s *Service) pruneClerksLocked(now time.Time) {
+	s.mu.clerksPruned = now
+	full := len(s.mu.clerks) >= clerkMax
+	var ended []uint64
+	for id, k := range s.mu.clerks {
+		switch {
+		case k.cur != nil:
+		case now.Sub(k.ended) > clerkForget:
+			delete(s.mu.clerks, id)
+		default:
+			ended = append(ended, id)
+		}
+	}
+	if !full {
+		return
+	}
+	slices.SortFunc(ended, func(a, b uint64) int { return s.mu.clerks[a].ended.Compare(s.mu.clerks[b].ended) })
+	for _, id := range ended {
+		if len(s.mu.clerks) <= clerkMax/2 {
+			break
+		}
+		delete(s.mu.clerks, id)
+	}
 }
 
 // endClerkConn notes that cc ended.

@@ -546,9 +546,13 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // error may have been transient), once the table has it stale (it is then
 // resynced), or if it is the only up-to-date copy (its peer stale: nothing
 // was written anywhere else meanwhile, and its logs say what it owes the
-// peer).
+// peer) — and once none of its disk writes is still in progress: the
+// reload drops the range locks, among them those a failed write keeps
+// while its disk write may land (writeOp.held), and a write of the failed
+// life landing after one of the new life's would undo it (review 37). A
+// disk write that never ends keeps the replica failed.
 func (r *replica) retry(env Env) []any {
-	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery {
+	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery && r.pending == 0 {
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank = false
 		// Whatever the failed life left (a lock whose operation ended in

@@ -117,7 +117,8 @@ type Service struct {
 		refresh bool // a linearizable table read is in flight
 		// The clerks' sequenced data connections (admitClerkConn), by
 		// clerk identity.
-		clerks map[uint64]*clerkConns
+		clerks       map[uint64]*clerkConns
+		clerksPruned time.Time
 	}
 	started sync.Once
 	// The data path (dataconn.go): a slot per connection served, and the
