@@ -227,12 +227,20 @@ type Engine struct {
 	decreeID     uint64
 	decreeOut    bool      // a decree is in flight
 	decreeFailed time.Time // when the last one failed (retry after RetryEvery)
-	lastPoll     time.Time
-	lastFlush    time.Time
-	lastRetry    time.Time
-	scrubAt      time.Time // when the scrubber may take its next chunk
-	scrubNext    uint64    // the RLDev it goes to next (round robin)
-	copyAt       time.Time // when the next copy chunk may go (CopyRate)
+	// awaitTable: a decree was decided and no table since is newer than
+	// decreeVer, the version it was conditional on. Until one is, the
+	// table held may not show it: committed, or (answered failed) still
+	// able to commit, as a proposal in flight when its caller gave up may.
+	// A table newer than decreeVer shows it, or proves it never will
+	// commit (see replica.retry).
+	awaitTable bool
+	decreeVer  uint64
+	lastPoll   time.Time
+	lastFlush  time.Time
+	lastRetry  time.Time
+	scrubAt    time.Time // when the scrubber may take its next chunk
+	scrubNext  uint64    // the RLDev it goes to next (round robin)
+	copyAt     time.Time // when the next copy chunk may go (CopyRate)
 
 	// Retiring extents of this node (move.go): replicas retired with
 	// writes still in progress, the extents being wiped and wiped.
@@ -402,6 +410,9 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 	e.table = t
 	if linearizable {
 		e.fresh = true
+	}
+	if t.Version > e.decreeVer {
+		e.awaitTable = false
 	}
 	var out []any
 	// Replicas this node hosts now: a segment, a move's target, or both
@@ -881,6 +892,7 @@ func (e *Engine) decide(env Env) []any {
 	e.decreeOut = true
 	e.decreeID++
 	e.stats.Decrees++
+	e.decreeVer = e.table.Version
 	p := Propose{ID: e.decreeID, Version: e.table.Version, Ops: ops, What: fmt.Sprint(what)}
 	return []any{p, e.logf(1, "rldev decree proposed", "what", p.What, "version", p.Version)}
 }
@@ -893,6 +905,7 @@ func (e *Engine) Decided(env Env, id uint64, err error) []any {
 		return nil
 	}
 	e.decreeOut = false
+	e.awaitTable = e.table.Version <= e.decreeVer // (a watch may have shown it already)
 	if err != nil {
 		e.decreeFailed = env.Now
 		return []any{e.logf(1, "rldev decree not taken", "err", err), Refresh{}}

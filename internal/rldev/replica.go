@@ -66,6 +66,7 @@ type replica struct {
 	tfwd   map[uint64]*writeOp // forwards to a move's target awaiting an ack, by seq
 
 	pending int // its disk writes in progress (writeDurable)
+	reading int // its disk reads in progress (readRun, load)
 
 	// The primary of a moving RLDev (move.go): the epoch in which the
 	// moving secondary confirmed it stopped serving, a probe for it in
@@ -160,7 +161,9 @@ func (r *replica) checkRange(block, n uint64) error {
 // load reads the segment's metadata area; a segment that holds nothing
 // yet is formatted (a new RLDev, or a stale replica about to be copied).
 func (r *replica) load(env Env) []any {
+	r.reading++
 	return r.e.read(r.disk, r.base, MetaSize, func(data []byte, err error) []any {
+		r.reading--
 		if r.state != repLoading {
 			return nil
 		}
@@ -546,13 +549,21 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // error may have been transient), once the table has it stale (it is then
 // resynced), or if it is the only up-to-date copy (its peer stale: nothing
 // was written anywhere else meanwhile, and its logs say what it owes the
-// peer) — and once none of its disk writes is still in progress: the
-// reload drops the range locks, among them those a failed write keeps
-// while its disk write may land (writeOp.held), and a write of the failed
-// life landing after one of the new life's would undo it (review 37). A
-// disk write that never ends keeps the replica failed.
+// peer) — and once none of its disk writes or reads is still in progress
+// and no decree of its engine is: the reload drops the range locks, among
+// them those a failed write keeps while its disk write may land
+// (writeOp.held), and a write of the failed life landing after one of the
+// new life's would undo it (review 37); a read repair's or a scrub's read
+// of the failed life, completing after the reload, would write the peer's
+// data it holds over what was written since, under a lock the new life
+// does not know (review 38); a decree of the failed life (say, the resync
+// done) committing after the reload would make the table say what the new
+// life no longer holds, and so would one decided but not yet seen in a
+// linearizable table (review 38). An I/O that never ends keeps the
+// replica failed.
 func (r *replica) retry(env Env) []any {
-	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery && r.pending == 0 {
+	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery &&
+		r.pending == 0 && r.reading == 0 && !r.e.decreeOut && !r.e.awaitTable {
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank = false
 		// Whatever the failed life left (a lock whose operation ended in
@@ -886,7 +897,9 @@ func markCorrupt(dst []byte) {
 // generations, and the blocks that failed their checks. The runtime reads
 // them vectored and checks them off the engine's lock (ReadRun).
 func (r *replica) readRun(block, n uint64, then func(data []byte, gens []uint64, bad []uint64, err error) []any) []any {
+	r.reading++
 	return r.e.readRun(r.disk, r.base+blockOff(block), BlockRun{ID: r.rec.ID, First: block, N: n}, func(res RunData, err error) []any {
+		r.reading--
 		if err != nil {
 			return then(nil, nil, nil, err)
 		}
