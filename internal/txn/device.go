@@ -29,8 +29,11 @@ func (d *RLDevDevice) Blocks() uint64 { return d.Size }
 // that succeeded on a retry while an earlier attempt, its answer lost, may
 // still land fails (ErrEarlierMayLand): under the log's unchanged token
 // that attempt would be admitted whenever it arrived, over a block the log
-// has written again since (the header two checkpoints on, the ring after
-// it wrapped), and recovery would then stop short of committed records.
+// has written again since (the tail block, which every flush rewrites with
+// more records; the header two checkpoints on; the ring after it wrapped),
+// and recovery would then stop short of committed records. (On the framed
+// data path the RLDev clerk reports none: a node sequences its
+// connections.)
 // The log fails; its owner opens it again under a newer token, which the
 // recovery's fence write makes the RLDev admit, refusing the late attempt
 // (review 36).
