@@ -567,6 +567,7 @@ type pullWait struct {
 	gensOnly bool
 	then     func(PullData) []any
 	sentAt   time.Time
+	to       NodeID // the node it was last sent to (its answer counts from it alone)
 }
 
 // pull asks the peer for its copy of blocks; then runs with the answer.
@@ -576,7 +577,7 @@ func (r *replica) pull(first, n uint64, then func(PullData) []any) []any {
 
 func (r *replica) sendPull(env Env, p *pullWait) []any {
 	seq := r.nextSeq()
-	p.sentAt = env.Now
+	p.sentAt, p.to = env.Now, r.peerNode()
 	r.pulls[seq] = p
 	if !p.gensOnly {
 		r.e.stats.PulledBlocks += p.n
@@ -612,6 +613,11 @@ func (r *replica) onPull(env Env, from NodeID, m Pull) []any {
 			case err != nil:
 				out = append(out, r.fail(err)...)
 				return append(out, reply(PullData{Code: DiskFailed})...)
+			case r.state != repReady || r.rec.Epoch != m.Epoch || r.stale() || from != r.peerNode():
+				// No longer serving it in the epoch asked (retired and
+				// maybe wiped meanwhile, failed, stale, another
+				// peer): what was read answers nothing.
+				return append(out, reply(PullData{Code: NotServing})...)
 			case m.GensOnly:
 				code := OK
 				if len(bad) > 0 {

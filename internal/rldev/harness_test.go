@@ -35,6 +35,24 @@ type harness struct {
 	replies   map[ReqID]Reply
 	nextReq   ReqID
 	trace     bool
+
+	// Interception, for scripted interleavings (the review tests): a disk
+	// read or write that holdRead or holdWrite picks is carried out only
+	// when the test releases it from held (a hung I/O; a read released
+	// reads the disk as it is then); one that failWrite picks fails with
+	// EIO, writing nothing; a decree that holdPropose picks is neither
+	// applied nor answered (a slow config service) until the test
+	// commits it from heldDecrees; with noTables, the tables engines ask
+	// for (Refresh, counted in refreshes) and the watch's deliveries are
+	// dropped.
+	holdRead    func(*hnode, DiskRead) bool
+	holdWrite   func(*hnode, DiskWrite) bool
+	failWrite   func(*hnode, DiskWrite) bool
+	holdPropose func(*hnode, Propose) bool
+	held        []func()
+	heldDecrees []Propose
+	noTables    bool
+	refreshes   int
 }
 
 type hnode struct {
@@ -188,13 +206,46 @@ func (h *harness) propose(d *pb.Decree) error {
 	if _, err := DecodeTable(ns); err != nil {
 		h.t.Fatalf("decree made a bad table: %v", err)
 	}
+	if !h.noTables {
+		h.tables(false)
+	}
+	return nil
+}
+
+// commit applies a proposal as the config service would (propose).
+func (h *harness) commit(x Propose) error {
+	return h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version, Ops: x.Ops})
+}
+
+// tables queues, as a watch would (or a linearizable read), the table to
+// every up node.
+func (h *harness) tables(linearizable bool) {
 	for _, n := range h.sorted() {
 		if n.up {
 			n := n
-			h.queue = append(h.queue, func() { h.exec(n, n.e.SetTable(h.env(n), h.table(), false, h.incs())) })
+			h.queue = append(h.queue, func() { h.exec(n, n.e.SetTable(h.env(n), h.table(), linearizable, h.incs())) })
 		}
 	}
-	return nil
+}
+
+// release carries out the held I/O i (it completes in the queue).
+func (h *harness) release(i int) {
+	f := h.held[i]
+	h.held = append(h.held[:i:i], h.held[i+1:]...)
+	f()
+	h.run()
+}
+
+// tickUntil advances time in 100 ms steps (up to max), ticking every
+// engine and draining the queue after each step, until cond holds.
+func (h *harness) tickUntil(max time.Duration, cond func() bool) bool {
+	for s := time.Duration(0); s < max; s += 100 * time.Millisecond {
+		if cond() {
+			return true
+		}
+		h.tick(100 * time.Millisecond)
+	}
+	return cond()
 }
 
 // exec carries out an engine's effects.
@@ -205,17 +256,35 @@ func (h *harness) exec(n *hnode, out []any) {
 		}
 		switch x := o.(type) {
 		case DiskRead:
-			if x.Run != nil {
-				res, err := ReadRun(n.devs[x.Disk], x.Off, *x.Run)
-				h.later(n, func() []any { return n.e.RunDone(h.env(n), x.Op, res, err) })
+			do := func() {
+				if x.Run != nil {
+					res, err := ReadRun(n.devs[x.Disk], x.Off, *x.Run)
+					h.later(n, func() []any { return n.e.RunDone(h.env(n), x.Op, res, err) })
+					return
+				}
+				buf := make([]byte, x.Len)
+				_, err := n.devs[x.Disk].ReadAt(buf, x.Off)
+				h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, buf, err) })
+			}
+			if h.holdRead != nil && h.holdRead(n, x) {
+				h.held = append(h.held, do)
 				continue
 			}
-			buf := make([]byte, x.Len)
-			_, err := n.devs[x.Disk].ReadAt(buf, x.Off)
-			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, buf, err) })
+			do()
 		case DiskWrite:
-			err := DoWrite(n.devs[x.Disk], x)
-			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
+			fail := h.failWrite != nil && h.failWrite(n, x)
+			do := func() {
+				err := errors.New("EIO (injected)")
+				if !fail {
+					err = DoWrite(n.devs[x.Disk], x)
+				}
+				h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
+			}
+			if h.holdWrite != nil && h.holdWrite(n, x) {
+				h.held = append(h.held, do)
+				continue
+			}
+			do()
 		case DiskSync:
 			err := n.devs[x.Disk].Sync()
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
@@ -234,7 +303,12 @@ func (h *harness) exec(n *hnode, out []any) {
 		case Reply:
 			h.replies[x.Req] = x
 		case Propose:
-			err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: x.Version, Ops: x.Ops})
+			if h.holdPropose != nil && h.holdPropose(n, x) {
+				h.t.Logf("node %d: decree %q (version %d) held", n.id, x.What, x.Version)
+				h.heldDecrees = append(h.heldDecrees, x)
+				continue
+			}
+			err := h.commit(x)
 			h.later(n, func() []any { return n.e.Decided(h.env(n), x.ID, err) })
 		case AskDead:
 			for _, s := range x.Subjects {
@@ -243,6 +317,10 @@ func (h *harness) exec(n *hnode, out []any) {
 				h.later(n, func() []any { return n.e.Verdict(h.env(n), s, dead) })
 			}
 		case Refresh:
+			if h.noTables {
+				h.refreshes++
+				continue
+			}
 			h.later(n, func() []any { return n.e.SetTable(h.env(n), h.table(), true, h.incs()) })
 		case Log:
 			if h.trace || x.Level >= 3 {
@@ -354,6 +432,13 @@ func (h *harness) write(n NodeID, id, block uint64, data []byte, f *Fence) ReqID
 	q := h.nextReq
 	nd := h.nodes[n]
 	h.exec(nd, nd.e.Write(h.env(nd), q, id, block, data, f, -1))
+	return q
+}
+
+// writeBy writes through node n and drains the queue.
+func (h *harness) writeBy(n *hnode, id, block uint64, data []byte) ReqID {
+	q := h.write(n.id, id, block, data, nil)
+	h.run()
 	return q
 }
 

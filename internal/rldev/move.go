@@ -488,14 +488,19 @@ func (r *replica) promote(env Env, rec *Record) []any {
 // ------------------------------------------------------------------ retiring extents
 
 // retireReplica retires r; its extent is wiped only once none of its
-// writes is in progress (a retired replica starts none: writeDurable).
+// writes is in progress (a retired replica starts none: writeDurable),
+// nor its reads: a read that completed after the wipe would find zeroed
+// blocks, which decode as never written, not as lost.
 func (e *Engine) retireReplica(env Env, r *replica, why string) []any {
 	out := r.retire(env, why)
-	if r.pending > 0 {
+	if r.busy() {
 		e.retired = append(e.retired, r)
 	}
 	return out
 }
+
+// busy: a disk write or read of the replica's is in progress.
+func (r *replica) busy() bool { return r.pending > 0 || r.reading > 0 }
 
 // writeDurable is the replica's disk write (the engine's writeDurable in
 // its segment), counted so that its extent is not wiped while one is in
@@ -577,14 +582,14 @@ func (e *Engine) wipeFrom(sg Segment, end int64) []any {
 }
 
 // inUse: a replica here still holds the extent, or a retired one still
-// has a write to it in progress.
+// has a disk write or read of it in progress.
 func (e *Engine) inUse(sg Segment) bool {
 	for _, r := range e.replicas() {
-		if r.place() == sg && (r.state != repRetired || r.pending > 0) {
+		if r.place() == sg && (r.state != repRetired || r.busy()) {
 			return true
 		}
 	}
-	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return r.pending == 0 })
+	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return !r.busy() })
 	for _, r := range e.retired {
 		if r.place() == sg {
 			return true

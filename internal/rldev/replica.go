@@ -563,7 +563,7 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // replica failed.
 func (r *replica) retry(env Env) []any {
 	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery &&
-		r.pending == 0 && r.reading == 0 && !r.e.decreeOut && !r.e.awaitTable {
+		!r.busy() && !r.e.decreeOut && !r.e.awaitTable {
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank = false
 		// Whatever the failed life left (a lock whose operation ended in
@@ -649,9 +649,11 @@ func (r *replica) deliver(env Env, from NodeID, msg any) []any {
 	case PullData:
 		if p := r.pulls[m.Seq]; p != nil {
 			delete(r.pulls, m.Seq)
-			if m.Code == WrongEpoch || m.Code == NotServing || m.Code == Unknown {
-				// The peer is not ready, or acts in another epoch:
-				// ask again later (retry).
+			if from != p.to || from != r.peerNode() || m.Code == WrongEpoch || m.Code == NotServing || m.Code == Unknown {
+				// Another node's, or a former peer's answer (say a
+				// secondary moved away, which may be wiping its
+				// extent); or the peer is not ready, or acts in
+				// another epoch: ask the peer again later (retry).
 				p.sentAt = env.Now
 				r.pulls[r.nextSeq()] = p
 				return []any{Refresh{}}
