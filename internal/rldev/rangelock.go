@@ -34,6 +34,9 @@ func (l *rangeLocks) acquire(first, n uint64, excl bool, granted func(*rangeLock
 	return r, nil
 }
 
+// idle: no range is held or awaited.
+func (l *rangeLocks) idle() bool { return len(l.held) == 0 && len(l.waiting) == 0 }
+
 // free reports whether r conflicts with no held lock and no earlier waiter
 // (the first upto waiters).
 func (l *rangeLocks) free(r *rangeLock, upto int) bool {

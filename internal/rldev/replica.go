@@ -65,6 +65,8 @@ type replica struct {
 	mv     *resyncSrc          // the primary: the copy to a move's target
 	tfwd   map[uint64]*writeOp // forwards to a move's target awaiting an ack, by seq
 
+	reloadHeld bool // a failed replica: its reload waits for an operation of the failed life (logged once)
+
 	pending int // its disk writes in progress (writeDurable)
 	reading int // its disk reads in progress (readRun, load)
 
@@ -549,32 +551,46 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // error may have been transient), once the table has it stale (it is then
 // resynced), or if it is the only up-to-date copy (its peer stale: nothing
 // was written anywhere else meanwhile, and its logs say what it owes the
-// peer) — and once none of its disk writes or reads is still in progress
-// and no decree of its engine is: the reload drops the range locks, among
-// them those a failed write keeps while its disk write may land
-// (writeOp.held), and a write of the failed life landing after one of the
-// new life's would undo it (review 37); a read repair's or a scrub's read
-// of the failed life, completing after the reload, would write the peer's
-// data it holds over what was written since, under a lock the new life
-// does not know (review 38); a decree of the failed life (say, the resync
-// done) committing after the reload would make the table say what the new
-// life no longer holds, and so would one decided but not yet seen in a
-// linearizable table (review 38). An I/O that never ends keeps the
-// replica failed.
+// peer) — and once nothing of its failed life is still in progress: no
+// disk write (one landing after a write of the new life would undo it,
+// review 37), no disk read (a read repair's or a scrub's, completing
+// after the reload, would write the peer's data it holds over what was
+// written since, review 38), no range held or awaited (its operation
+// would act in the new life under a lock the new life does not know, or
+// never end: a read never answered, a move that never switches), no
+// decree of its engine in flight (say, the resync done: committing after
+// the reload it would make the table say what the new life no longer
+// holds, and so would one decided but not yet seen in a linearizable
+// table, review 38). An I/O that never ends keeps the replica failed.
 func (r *replica) retry(env Env) []any {
 	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery &&
 		!r.busy() && !r.e.decreeOut && !r.e.awaitTable {
+		// What still waits for the peer (pulls issued since the failure)
+		// is answered first, in the failed life, so that it ends there
+		// (a pullNewer's peerChanges count, a scrub's busy flag).
+		out := r.abort(fmt.Errorf("%w: the segment is loaded again", ErrDiskFailed))
+		if r.busy() || !r.locks.idle() || r.peerChanges != 0 {
+			// An operation of the failed life still holds or awaits a
+			// range: dropping it would let it act in the new life, or
+			// never end (a read never answered, a move that never
+			// switches). It ends in the failed life first.
+			if !r.reloadHeld {
+				r.reloadHeld = true
+				out = append(out, r.e.logf(2, "rldev failed segment: an operation of its failed life is still in progress; loading it again later", "rldev", r.rec.ID,
+					"locks held", len(r.locks.held), "locks awaited", len(r.locks.waiting), "taking from the peer", r.peerChanges))
+			}
+			return out
+		}
+		r.reloadHeld = false
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank = false
-		// Whatever the failed life left (a lock whose operation ended in
-		// the error) goes with it: everything starts again.
-		r.locks = rangeLocks{}
 		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv = map[uint64]*writeOp{}, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
 		r.scrub.busy = false
-		return append([]any{r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID)}, r.load(env)...)
+		out = append(out, r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID))
+		return append(out, r.load(env)...)
 	}
 	if r.state != repReady {
 		return nil

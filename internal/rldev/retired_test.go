@@ -90,3 +90,63 @@ func TestRetiredReplicaLateReadAnswersPull(t *testing.T) {
 	}
 	h.sameCopies(id)
 }
+
+// TestFailedLifeScrubTakesNothingAfterReload (review 38, a lesser
+// finding): a scrub's read of the failed life, completing after the
+// failure, went on to take the peer's newer blocks (pullNewer), counting
+// itself in peerChanges; its Pull, sent in the failed life, was dropped
+// with the failed life's pulls at the reload, never answered: peerChanges
+// stayed above zero, so that this replica, primary again, could never
+// switch a move (moveCopied). Now a scrub of a replica no longer ready
+// takes nothing from the peer, and a reload answers what the failed life
+// still awaits before anything else, or waits.
+func TestFailedLifeScrubTakesNothingAfterReload(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	rec := h.create(512)
+	id := rec.ID
+	a, b := h.nodes[rec.Segs[0].Node], h.nodes[rec.Segs[1].Node] // a primary, b secondary
+	baseA := rec.Segs[0].Offset
+	old := h.r2Phys(a.id, id, 10)
+	h.mustWrite(a.id, id, 10, pattern(1, 1))
+	h.r2LoseWrite(a.id, id, 10, old) // a's copy of block 10 is older than b's
+
+	// a's scrub reads the chunk with block 10 (step one), learns b's
+	// generations, and reads it again (step two): that read hangs.
+	reads := 0
+	h.holdRead = func(n *hnode, x DiskRead) bool {
+		if n == a && x.Run != nil && x.Run.First <= 10 && 10 < x.Run.First+x.Run.N {
+			reads++
+			return reads == 2
+		}
+		return false
+	}
+	if !h.tickUntil(30*time.Second, func() bool { return len(h.held) == 1 }) {
+		t.Fatalf("setup: a's scrub did not reach block 10's second read (%d reads)", reads)
+	}
+	h.holdRead = nil
+
+	// a's disk fails on a write; it leaves the RLDev (b degraded, primary).
+	h.failWrite = func(n *hnode, x DiskWrite) bool { return n == a && x.Encode != nil && x.Off == baseA+blockOff(100) }
+	h.writeBy(a, id, 100, pattern(9, 1))
+	h.failWrite = nil
+	ra := a.e.reps[id]
+	if !h.tickUntil(3*time.Second, func() bool { r := h.rec(id); return ra.state == repFailed && r.Stale[0] && r.State == Degraded }) {
+		t.Fatalf("setup: record %+v (a %v), want a failed and stale", h.rec(id), ra.state)
+	}
+	// Cut from b, a's scrub read completes in the failed life.
+	h.partition(a.id, b.id)
+	h.release(0)
+	if !h.tickUntil(10*time.Second, func() bool { return ra.state != repFailed }) {
+		t.Fatalf("a not loaded again: %v", ra.state)
+	}
+	if ra.peerChanges != 0 {
+		t.Errorf("after the reload a counts %d ranges being taken from the peer, left by its failed life: a move with a primary here would never switch", ra.peerChanges)
+	}
+	h.heal(a.id, b.id)
+	if !h.tickUntil(30*time.Second, func() bool { r := h.rec(id); return r.State == Normal && !r.Stale[0] && !r.Stale[1] }) {
+		t.Fatalf("not resynced: %+v (a %v)", h.rec(id), ra.state)
+	}
+	h.run()
+	h.mustRead(a.id, id, 10, pattern(1, 1))
+	h.sameCopies(id)
+}

@@ -114,6 +114,9 @@ func (r *replica) scrubGens(first, n uint64, done func(error) []any) []any {
 			if err != nil {
 				return append(r.fail(err), done(err)...)
 			}
+			if r.state != repReady {
+				return done(nil) // failed (or retired) meanwhile: it takes nothing more from the peer
+			}
 			older := olderHere(first, mine, bad, pd)
 			if len(older) == 0 {
 				return done(nil)
@@ -163,8 +166,8 @@ func (r *replica) pullNewer(blocks []uint64, done0 func(error) []any) []any {
 				}
 				return done(failed)
 			}
-			if !pd.usable(g.n) {
-				return finish(nil) // next pass
+			if !pd.usable(g.n) || r.state != repReady {
+				return finish(nil) // next pass (this replica failed or retired meanwhile: none)
 			}
 			var out []any
 			_, out = r.locks.acquire(g.first, g.n, true, func(lk *rangeLock) []any {
