@@ -1,0 +1,374 @@
+package rldev_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
+)
+
+// The clerk's promise about writes whose answer was lost, checked on the
+// runtime that runs (real services, sockets and disk files, the clerk's
+// connection handling), under random faults. rldev.Clerk.WriteReport
+// says, on success, whether an earlier attempt of the write may still
+// land later; when it says no, the writer may write the blocks again
+// under the same fencing token, and no earlier attempt may come back over
+// the newer write. A proxy in front of the primary, seeded, holds some
+// write frames in the network while it cuts the clerk's side of their
+// connection (the clerk retries on a new one; the held frame reaches the
+// node later, on the old connection), drops others, and passes others on
+// before it cuts (the write lands, its answer is lost). Writers act as the
+// chunk store does: after an error or an "earlier attempt may land" they
+// write that block next under a newer token. The oracle: a read after an
+// acknowledged write returns it; once every held frame has arrived, each
+// block holds its last acknowledged value or that of a write that failed
+// after it. Its teeth: the same run with the proxy turning the clerk's
+// sequenced connections into unsequenced ones (the node then does not
+// order the clerk's connections, and the clerk's promise is false) must
+// be caught.
+func TestClerkLateAttemptsRandomized(t *testing.T) {
+	seed := time.Now().UnixNano() % 1_000_000
+	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (GROVE_SEED=%d replays the proxy's fault decisions; the interleavings are the scheduler's)", seed, seed)
+	if bad := runLateAttempts(t, seed, false); len(bad) > 0 {
+		for _, b := range bad {
+			t.Error(b)
+		}
+		t.Fatalf("seed %d: an earlier attempt of a write came back after a newer write the clerk said nothing could come back over", seed)
+	}
+	t.Run("teeth", func(t *testing.T) {
+		for i := int64(0); i < 3; i++ {
+			if bad := runLateAttempts(t, seed+i, true); len(bad) > 0 {
+				t.Logf("caught (seed %d): %s", seed+i, bad[0])
+				return
+			}
+		}
+		t.Fatal("the oracle did not catch late attempts on connections the node does not sequence")
+	})
+}
+
+// lateValue is a 4 KiB block naming its writer's write.
+func lateValue(block, n uint64) []byte {
+	b := make([]byte, 4096)
+	for i := 0; i < len(b); i += 16 {
+		binary.BigEndian.PutUint64(b[i:], block)
+		binary.BigEndian.PutUint64(b[i+8:], n)
+	}
+	return b
+}
+
+func lateValueOf(b []byte) (block, n uint64, ok bool) {
+	if len(b) != 4096 {
+		return 0, 0, false
+	}
+	block, n = binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
+	if b2 := lateValue(block, n); string(b2) != string(b) {
+		return 0, 0, false
+	}
+	return block, n, true
+}
+
+func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	setup := rldev.NewClerk(mc)
+	defer setup.Close()
+	id := createServed(t, ctx, setup, 16<<20)
+	tb := waitNormal(t, ctx, setup, 1)
+	rec := tb.RLDevs[id]
+	prim := uint64(rec.Segs[rec.Primary].Node)
+
+	px := newLateProxy(t, c.Configs[prim-1].GRPCAddr, seed, unsequence)
+	defer px.close()
+	if _, err := mc.Update(ctx, meta.NodesNamespace, "late attempts: node behind a proxy", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		n, err := meta.Registered(ns, prim)
+		if err != nil || n == nil {
+			return nil, err
+		}
+		n.GrpcAddr = px.ln.Addr().String()
+		val, err := proto.Marshal(n)
+		if err != nil {
+			return nil, err
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: meta.NodeKey(prim), Value: val}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cl := rldev.NewClerk(mc) // a new clerk: it dials the registered (proxy's) address
+	defer cl.Close()
+
+	const writers, blocksEach, writesEach = 4, 2, 30
+	type blockState struct {
+		token  uint64
+		acked  uint64   // the last acknowledged write (0: none)
+		failed []uint64 // writes that failed after it
+	}
+	var mu sync.Mutex
+	report := func(format string, args ...any) {
+		mu.Lock()
+		bad = append(bad, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	states := make([]*blockState, writers*blocksEach)
+	var wg sync.WaitGroup
+	var earlier, failures int
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < writesEach && ctx.Err() == nil; i++ {
+				k := w*blocksEach + i%blocksEach
+				block := uint64(k * 67) // each in its own dirty region, some sharing one
+				mu.Lock()
+				st := states[k]
+				if st == nil {
+					st = &blockState{token: 1}
+					states[k] = st
+				}
+				tok := st.token
+				mu.Unlock()
+				n := uint64(i + 1)
+				f := &rldev.Fence{Name: fmt.Sprintf("late/%d", block), Token: lock.Token{Epoch: 1, Seq: tok}}
+				wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+				may, err := cl.WriteReport(wctx, id, block*4096, lateValue(block, n), rldev.WriteOptions{Fence: f})
+				wcancel()
+				mu.Lock()
+				switch {
+				case err != nil:
+					failures++
+					st.failed = append(st.failed, n)
+					st.token++ // as the chunk store does: a newer token before the block is written again
+				case may:
+					earlier++
+					st.acked, st.failed = n, nil
+					st.token++
+				default:
+					st.acked, st.failed = n, nil
+				}
+				mu.Unlock()
+				if err != nil {
+					continue
+				}
+				got, err := cl.Read(ctx, id, block*4096, 4096, 0)
+				if err != nil {
+					report("read of block %d after write %d: %v", block, n, err)
+					continue
+				}
+				if b, m, ok := lateValueOf(got); !ok || b != block || m != n {
+					report("block %d read right after its write %d was acknowledged (earlier attempt may land: %v) holds write %d (%v)", block, n, may, m, ok)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	px.drain() // every held frame has reached the node (or its connection's end)
+	time.Sleep(300 * time.Millisecond)
+	for k, st := range states {
+		if st == nil || st.acked == 0 && len(st.failed) == 0 {
+			continue
+		}
+		block := uint64(k * 67)
+		got, err := cl.Read(ctx, id, block*4096, 4096, 0)
+		if err != nil {
+			report("final read of block %d: %v", block, err)
+			continue
+		}
+		b, m, ok := lateValueOf(got)
+		okv := ok && b == block && (m == st.acked || st.acked == 0 && m == 0)
+		for _, f := range st.failed {
+			okv = okv || ok && b == block && m == f
+		}
+		if !okv {
+			report("block %d holds write %d (well-formed %v) once the network is quiet; its last acknowledged write is %d, failed after it %v", block, m, ok, st.acked, st.failed)
+		}
+	}
+	held, dropped, lost := px.counts()
+	t.Logf("seed %d (unsequenced %v): %d writers × %d writes; proxy held %d write frames, dropped %d, lost %d answers; clerk: %d failures, %d successes with an earlier attempt that may land; %d violations",
+		seed, unsequence, writers, writesEach, held, dropped, lost, failures, earlier, len(bad))
+	return bad
+}
+
+// lateProxy passes TCP connections on to a node, faulting a clerk's write
+// frames at random (seeded): held (the clerk's side cut, the frame passed
+// on after a delay on the old connection), dropped (both sides cut), or
+// passed on with the clerk's side cut right after (the answer lost).
+type lateProxy struct {
+	ln         net.Listener
+	to         string
+	unsequence bool
+	mu         sync.Mutex
+	rnd        *rand.Rand
+	held       sync.WaitGroup
+	nHeld      int
+	nDropped   int
+	nLost      int
+	conns      []net.Conn
+}
+
+func newLateProxy(t *testing.T, to string, seed int64, unsequence bool) *lateProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lateProxy{ln: ln, to: to, unsequence: unsequence, rnd: rand.New(rand.NewSource(seed))}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.pipe(c)
+		}
+	}()
+	return p
+}
+
+func (p *lateProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+func (p *lateProxy) drain() { p.held.Wait() }
+
+func (p *lateProxy) counts() (int, int, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nHeld, p.nDropped, p.nLost
+}
+
+// decide draws a write frame's fate: 0 pass, 1 hold, 2 drop, 3 lose the
+// answer; and a hold's delay.
+func (p *lateProxy) decide() (int, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.rnd.Intn(100)
+	d := time.Duration(20+p.rnd.Intn(300)) * time.Millisecond
+	switch {
+	case r < 12:
+		p.nHeld++
+		return 1, d
+	case r < 16:
+		p.nDropped++
+		return 2, 0
+	case r < 20:
+		p.nLost++
+		return 3, 0
+	}
+	return 0, 0
+}
+
+type lateLenient struct{ c net.Conn }
+
+func (l lateLenient) Write(b []byte) (int, error) { l.c.Write(b); return len(b), nil }
+
+func (p *lateProxy) pipe(down net.Conn) {
+	up, err := net.Dial("tcp", p.to)
+	if err != nil {
+		down.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, down, up)
+	p.mu.Unlock()
+	go func() {
+		io.Copy(lateLenient{down}, up) // drained even once the clerk's side is cut
+		down.Close()
+	}()
+	br := bufio.NewReaderSize(down, 1<<20)
+	pre, err := br.Peek(6)
+	switch {
+	case err == nil && string(pre) == rldev.WireMagic+"\x01\x01":
+		if _, err := io.CopyN(up, br, 6); err != nil {
+			up.Close()
+			return
+		}
+	case err == nil && string(pre) == rldev.WireMagic+"\x01\x03":
+		var b [6 + 16]byte
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			up.Close()
+			return
+		}
+		out := b[:]
+		if p.unsequence { // the teeth: the node sees an unsequenced connection
+			out = append([]byte(rldev.WireMagic+"\x01\x01"), nil...)
+		}
+		if _, err := up.Write(out); err != nil {
+			up.Close()
+			return
+		}
+	default:
+		io.Copy(up, br) // gRPC, a peer link
+		up.(*net.TCPConn).CloseWrite()
+		return
+	}
+	for {
+		hdr := make([]byte, 4)
+		if _, err := io.ReadFull(br, hdr); err != nil {
+			up.(*net.TCPConn).CloseWrite()
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr))
+		if _, err := io.ReadFull(br, body); err != nil {
+			up.(*net.TCPConn).CloseWrite()
+			return
+		}
+		frame := append(hdr, body...)
+		if len(body) >= 1 && body[0] == 4 { // a write
+			switch fate, delay := p.decide(); fate {
+			case 1:
+				down.Close()
+				p.held.Add(1)
+				go func() {
+					defer p.held.Done()
+					time.Sleep(delay)
+					up.Write(frame)
+					time.Sleep(100 * time.Millisecond) // its answer, if any, comes back to nobody
+					up.Close()
+				}()
+				return
+			case 2:
+				down.Close()
+				up.Close()
+				return
+			case 3:
+				up.Write(frame)
+				down.Close()
+				time.Sleep(50 * time.Millisecond)
+				up.Close()
+				return
+			}
+		}
+		if _, err := up.Write(frame); err != nil {
+			return
+		}
+	}
+}
