@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -235,18 +236,28 @@ type Engine struct {
 	// commit (see replica.retry).
 	awaitTable bool
 	decreeVer  uint64
-	lastPoll   time.Time
-	lastFlush  time.Time
-	lastRetry  time.Time
-	scrubAt    time.Time // when the scrubber may take its next chunk
-	scrubNext  uint64    // the RLDev it goes to next (round robin)
-	copyAt     time.Time // when the next copy chunk may go (CopyRate)
+	// unsure: the last decree was answered failed, its table not seen;
+	// unsettled: and a linearizable table since still stands at
+	// decreeVer, so it may commit yet, or never (a lost proposal). decide then proposes a decree conditional on
+	// the same version, changing nothing, to settle it: once one of the
+	// two commits the other cannot, and the table moves past decreeVer
+	// (outside review 39: otherwise, in a quiet cluster, awaitTable held
+	// a failed replica down for good).
+	unsure, unsettled bool
+
+	lastPoll  time.Time
+	lastFlush time.Time
+	lastRetry time.Time
+	scrubAt   time.Time // when the scrubber may take its next chunk
+	scrubNext uint64    // the RLDev it goes to next (round robin)
+	copyAt    time.Time // when the next copy chunk may go (CopyRate)
 
 	// Retiring extents of this node (move.go): replicas retired with
 	// writes still in progress, the extents being wiped and wiped.
-	retired []*replica
-	wiping  map[Segment]bool
-	wiped   map[Segment]bool
+	retired    []*replica
+	wiping     map[Segment]bool
+	wiped      map[Segment]bool
+	waitLogged map[Segment]bool // extents a new replica waits for (extentBusy)
 
 	stats Stats
 }
@@ -284,7 +295,7 @@ func NewEngine(cfg Config) *Engine {
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{}, tgts: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, runs: map[OpID]func(RunData, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
-		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}}
+		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
 		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
 	}
@@ -412,7 +423,9 @@ func (e *Engine) SetTable(env Env, t *Table, linearizable bool, nodes map[NodeID
 		e.fresh = true
 	}
 	if t.Version > e.decreeVer {
-		e.awaitTable = false
+		e.awaitTable, e.unsure, e.unsettled = false, false, false
+	} else if linearizable && e.unsure && !e.decreeOut {
+		e.unsettled = true
 	}
 	var out []any
 	// Replicas this node hosts now: a segment, a move's target, or both
@@ -459,17 +472,26 @@ func (e *Engine) hostSegment(env Env, t *Table, rec *Record) []any {
 		delete(e.reps, id)
 		r = nil
 	}
-	if tg := e.tgts[id]; r == nil && tg != nil && tg.seg == seg && tg.place() == place && tg.ready() {
-		// A move's target the table now puts in the segment's place.
+	if tg := e.tgts[id]; r == nil && tg != nil && tg.seg == seg && tg.place() == place {
+		if tg.ready() {
+			// A move's target the table now puts in the segment's place.
+			delete(e.tgts, id)
+			e.reps[id] = tg
+			return append(out, tg.promote(env, rec)...)
+		}
+		// Not ready (say, joining after its move was parked): a new
+		// replica takes the extent, once this one's I/O has ended.
+		out = append(out, e.retireReplica(env, tg, "its extent now holds the segment")...)
 		delete(e.tgts, id)
-		e.reps[id] = tg
-		return append(out, tg.promote(env, rec)...)
 	}
 	if r != nil {
 		return append(out, r.setRecord(env, rec)...)
 	}
 	if e.disks[place.Disk] == nil {
 		return append(out, e.logf(3, "rldev segment on a disk this node does not have", "rldev", id, "disk", place.Disk))
+	}
+	if e.extentBusy(place) {
+		return append(out, e.logWaitOnce(place, "rldev segment waits for the I/O of a retired replica of its extent to end", "rldev", id, "extent", place.String())...)
 	}
 	r = newReplica(e, rec, seg, place, false)
 	// A segment on a disk whose header is not the one the table
@@ -504,9 +526,60 @@ func (e *Engine) hostTarget(env Env, rec *Record) []any {
 	if e.disks[m.To.Disk] == nil {
 		return append(out, e.logf(3, "rldev move target on a disk this node does not have", "rldev", id, "disk", m.To.Disk))
 	}
+	if e.extentBusy(m.To) {
+		return append(out, e.logWaitOnce(m.To, "rldev move target waits for the I/O of a retired replica of its extent to end", "rldev", id, "extent", m.To.String())...)
+	}
 	r = newReplica(e, rec, m.Seg, m.To, true)
 	e.tgts[id] = r
 	return append(out, r.load(env)...)
+}
+
+// extentBusy: a retired replica's disk I/O on the extent at place is
+// still in progress, or the extent is being wiped. A new replica there
+// waits (Tick asks again): the old I/O, landing after the new replica's
+// load, resync or writes, would undo them (outside review 39: a move's
+// target dropped with its copy write in flight, its extent then given to
+// the segment).
+func (e *Engine) extentBusy(place Segment) bool {
+	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return !r.busy() })
+	if e.wiping[place] {
+		return true
+	}
+	for _, r := range e.retired {
+		if r.place() == place {
+			return true
+		}
+	}
+	delete(e.waitLogged, place)
+	return false
+}
+
+// logWaitOnce logs, once per wait, that a replica waits for its extent.
+func (e *Engine) logWaitOnce(place Segment, msg string, args ...any) []any {
+	if e.waitLogged[place] {
+		return nil
+	}
+	e.waitLogged[place] = true
+	return []any{e.logf(2, msg, args...)}
+}
+
+// hostPending hosts what the table puts on this node and a retired
+// replica's I/O held back (extentBusy).
+func (e *Engine) hostPending(env Env) []any {
+	if len(e.waitLogged) == 0 || !e.fresh {
+		return nil
+	}
+	var out []any
+	for _, id := range e.table.IDs() {
+		rec := e.table.RLDevs[id]
+		if seg := rec.SegmentOf(e.cfg.Node); seg >= 0 && e.reps[id] == nil && e.waitLogged[rec.Segs[seg]] {
+			out = append(out, e.hostSegment(env, e.table, rec)...)
+		}
+		if m := rec.Move; m != nil && m.To.Node == e.cfg.Node && e.tgts[id] == nil && e.waitLogged[m.To] {
+			out = append(out, e.hostTarget(env, rec)...)
+		}
+	}
+	return out
 }
 
 // replicas returns every local replica: segments by RLDev, then move
@@ -815,6 +888,7 @@ func (e *Engine) Tick(env Env) []any {
 			}
 		}
 	}
+	out = append(out, e.hostPending(env)...)
 	out = append(out, e.wipeTick()...)
 	return append(out, e.decide(env)...)
 }
@@ -886,10 +960,19 @@ func (e *Engine) decide(env Env) []any {
 			what = append(what, fmt.Sprintf("rldev %d: %s", id, strings.Join(why, "; ")))
 		}
 	}
+	if len(ops) == 0 && e.unsettled {
+		for _, k := range sortedDisks(e.disks) {
+			d := e.disks[k]
+			ops = append(ops, PutDiskOp(&Disk{Node: e.cfg.Node, Index: k, Size: d.size, Path: d.path, UUID: d.uuid}))
+			what = append(what, fmt.Sprintf("settling decree %d, unanswered: disk %d/%d as registered", e.decreeID, e.cfg.Node, k))
+			break
+		}
+	}
 	if len(ops) == 0 {
 		return nil
 	}
 	e.decreeOut = true
+	e.unsure, e.unsettled = false, false
 	e.decreeID++
 	e.stats.Decrees++
 	e.decreeVer = e.table.Version
@@ -906,6 +989,7 @@ func (e *Engine) Decided(env Env, id uint64, err error) []any {
 	}
 	e.decreeOut = false
 	e.awaitTable = e.table.Version <= e.decreeVer // (a watch may have shown it already)
+	e.unsure = e.awaitTable && err != nil
 	if err != nil {
 		e.decreeFailed = env.Now
 		return []any{e.logf(1, "rldev decree not taken", "err", err), Refresh{}}
