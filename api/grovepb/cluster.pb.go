@@ -26,14 +26,19 @@ const (
 // Node is the membership record kept in the config service's "nodes"
 // namespace, keyed by decimal node id.
 type Node struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	BeaconAddr    string                 `protobuf:"bytes,3,opt,name=beacon_addr,json=beaconAddr,proto3" json:"beacon_addr,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,4,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	Roles         []string               `protobuf:"bytes,5,rep,name=roles,proto3" json:"roles,omitempty"`
-	Disks         []string               `protobuf:"bytes,6,rep,name=disks,proto3" json:"disks,omitempty"`
-	Incarnation   uint64                 `protobuf:"varint,7,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddr    string                 `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	BeaconAddr  string                 `protobuf:"bytes,3,opt,name=beacon_addr,json=beaconAddr,proto3" json:"beacon_addr,omitempty"`
+	RaftAddr    string                 `protobuf:"bytes,4,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	Roles       []string               `protobuf:"bytes,5,rep,name=roles,proto3" json:"roles,omitempty"`
+	Disks       []string               `protobuf:"bytes,6,rep,name=disks,proto3" json:"disks,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,7,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// What this node's build speaks beyond the protocols every build does
+	// (a rolling upgrade mixes builds): "rldev.seq-conns", it sequences a
+	// clerk's data-path connections (kind 3). A clerk uses a feature with
+	// a node only if the node's record names it.
+	Features      []string `protobuf:"bytes,8,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,6 +120,13 @@ func (x *Node) GetIncarnation() uint64 {
 		return x.Incarnation
 	}
 	return 0
+}
+
+func (x *Node) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
 }
 
 type Subject struct {
@@ -627,7 +639,7 @@ var File_grovepb_cluster_proto protoreflect.FileDescriptor
 
 const file_grovepb_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x15grovepb/cluster.proto\x12\bgrove.v1\x1a\x12grovepb/meta.proto\"\xbf\x01\n" +
+	"\x15grovepb/cluster.proto\x12\bgrove.v1\x1a\x12grovepb/meta.proto\"\xdb\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1f\n" +
@@ -636,7 +648,8 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"\traft_addr\x18\x04 \x01(\tR\braftAddr\x12\x14\n" +
 	"\x05roles\x18\x05 \x03(\tR\x05roles\x12\x14\n" +
 	"\x05disks\x18\x06 \x03(\tR\x05disks\x12 \n" +
-	"\vincarnation\x18\a \x01(\x04R\vincarnation\"?\n" +
+	"\vincarnation\x18\a \x01(\x04R\vincarnation\x12\x1a\n" +
+	"\bfeatures\x18\b \x03(\tR\bfeatures\"?\n" +
 	"\aSubject\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"=\n" +

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -14,8 +15,9 @@ type AddressBook struct {
 	done chan struct{}
 	mu   sync.Mutex
 	// addrs by node id; changed is closed (and replaced) at every update.
-	addrs   map[uint64]string
-	changed chan struct{}
+	addrs    map[uint64]string
+	features map[uint64][]string // what each node's build speaks (pb.Node.Features)
+	changed  chan struct{}
 }
 
 // NewAddressBook starts watching the membership through c (which it does
@@ -30,12 +32,13 @@ func NewAddressBook(c *Client) *AddressBook {
 			if err != nil {
 				continue // membership is written only by RegisterNode; the next version will do
 			}
-			addrs := map[uint64]string{}
+			addrs, features := map[uint64]string{}, map[uint64][]string{}
 			for _, n := range nodes {
 				addrs[n.Id] = n.GrpcAddr
+				features[n.Id] = n.Features
 			}
 			b.mu.Lock()
-			b.addrs = addrs
+			b.addrs, b.features = addrs, features
 			close(b.changed)
 			b.changed = make(chan struct{})
 			b.mu.Unlock()
@@ -55,6 +58,14 @@ func (b *AddressBook) Lookup(node uint64) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.addrs[node]
+}
+
+// Has reports whether node's record, as last seen, names feature (what
+// its build speaks beyond what every build does: pb.Node.Features).
+func (b *AddressBook) Has(node uint64, feature string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Contains(b.features[node], feature)
 }
 
 // Nodes returns every node's address as last seen (a copy).

@@ -167,23 +167,26 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	// nothing either on the framed data path, whose connections a node
 	// sequences (Service.admitClerkConn): the lost attempt started on the
 	// engine before the retry, and landed first, or never starts. On the
-	// gRPC data path a lost call's request may still be read after the
-	// retry was answered: there it may.
-	maybe, lost := false, map[NodeID]bool{}
-	sequenced := c.opts.DataPath != DataPathGRPC
+	// gRPC data path, or on a connection the node does not sequence (its
+	// build predates it: FeatureSeqConns), a lost call's request may
+	// still be read after the retry was answered: there it may. (A
+	// success on an unsequenced connection, its node's record having
+	// changed meanwhile, leaves behind any lost attempt at that node.)
+	maybe, lost, sent := false, map[NodeID]bool{}, map[NodeID]bool{}
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
 		node := rec.Segs[rec.Primary].Node
 		if o.Replica > 0 {
 			node = rec.Segs[o.Replica-1].Node
 		}
-		cl, err := c.dataClient(ctx, node)
+		cl, sequenced, err := c.dataClientSeq(ctx, node)
 		if err != nil {
 			return node, false, err
 		}
 		r, err := cl.Write(ctx, req)
 		if err != nil {
-			maybe, lost[node] = true, !sequenced // the request may have arrived
+			maybe, sent[node] = true, true // the request may have arrived
+			lost[node] = lost[node] || !sequenced
 			return node, false, err
 		}
 		err = ResultError(r.Result)
@@ -195,6 +198,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		}
 		if err == nil {
 			ok = node
+			lost[node] = lost[node] || !sequenced && sent[node]
 		}
 		return node, err == nil, err
 	})
@@ -296,39 +300,49 @@ func (c *Clerk) retry(ctx context.Context, id uint64, what string, attempt func(
 
 // dataClient is how reads and writes reach node.
 func (c *Clerk) dataClient(ctx context.Context, node NodeID) (dataClient, error) {
-	d, err := c.rawDataClient(ctx, node)
-	if err == nil && c.wrapData != nil {
-		d = c.wrapData(d)
-	}
+	d, _, err := c.dataClientSeq(ctx, node)
 	return d, err
 }
 
-func (c *Clerk) rawDataClient(ctx context.Context, node NodeID) (dataClient, error) {
+// dataClientSeq is dataClient, and whether the node sequences the
+// connection (WriteReport): only on the framed data path, and only with a
+// node whose build says it does (FeatureSeqConns; an earlier build, met in
+// a rolling upgrade, refuses such connections).
+func (c *Clerk) dataClientSeq(ctx context.Context, node NodeID) (dataClient, bool, error) {
+	d, sequenced, err := c.rawDataClient(ctx, node)
+	if err == nil && c.wrapData != nil {
+		d = c.wrapData(d)
+	}
+	return d, sequenced, err
+}
+
+func (c *Clerk) rawDataClient(ctx context.Context, node NodeID) (dataClient, bool, error) {
 	if c.opts.DataPath == DataPathGRPC {
 		a, err := c.addr(ctx, node)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		cc, err := c.conns.Get(a)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		// A connection that is down sends nothing: an attempt that finds
 		// it so is not one that "may have arrived" (WriteReport).
 		if !transport.Ready(ctx, cc, 2*time.Second) {
-			return nil, fmt.Errorf("node %d at %s: not connected", node, a)
+			return nil, false, fmt.Errorf("node %d at %s: not connected", node, a)
 		}
-		return grpcData{pb.NewRLDevServiceClient(cc)}, nil
+		return grpcData{pb.NewRLDevServiceClient(cc)}, false, nil
 	}
 	a, err := c.addr(ctx, node)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	d, err := c.data.get(ctx, a)
+	sequenced := c.book.Has(uint64(node), FeatureSeqConns)
+	d, err := c.data.get(ctx, a, sequenced)
 	if err != nil {
-		return nil, fmt.Errorf("node %d at %s: %w", node, a, err)
+		return nil, false, fmt.Errorf("node %d at %s: %w", node, a, err)
 	}
-	return d, nil
+	return d, sequenced, nil
 }
 
 func (c *Clerk) client(ctx context.Context, node NodeID) (pb.RLDevServiceClient, error) {

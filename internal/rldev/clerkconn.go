@@ -37,30 +37,39 @@ func (g grpcData) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*p
 // are pipelined, each with an id its reply echoes. A connection that
 // fails fails every request waiting on it; the next request dials again.
 type dataConn struct {
-	addr string
-	w    *frameWriter
-	mu   sync.Mutex
-	next uint64
-	wait map[uint64]chan frame
-	err  error
+	addr      string
+	sequenced bool // opened as kind connClientSeq: the node orders this clerk's connections
+	w         *frameWriter
+	mu        sync.Mutex
+	next      uint64
+	wait      map[uint64]chan frame
+	err       error
 }
 
 // ErrConnLost is a data-path connection that ended with requests on it: a
 // write among them may have landed.
 var ErrConnLost = errors.New("the connection to the node was lost")
 
-func dialData(ctx context.Context, addr string, clerk, seq uint64) (*dataConn, error) {
+// dialData opens a data-path connection to addr: sequenced (kind
+// connClientSeq, with the clerk's identity and the connection's sequence
+// number) to a node whose build sequences them, else of the kind every
+// build serves (connClient).
+func dialData(ctx context.Context, addr string, clerk, seq uint64, sequenced bool) (*dataConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := transport.DialContext(dctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Write(clientPreamble(clerk, seq)); err != nil {
+	pre := preamble(connClient)
+	if sequenced {
+		pre = clientPreamble(clerk, seq)
+	}
+	if _, err := c.Write(pre); err != nil {
 		c.Close()
 		return nil, err
 	}
-	d := &dataConn{addr: addr, w: newFrameWriter(c), wait: map[uint64]chan frame{}}
+	d := &dataConn{addr: addr, sequenced: sequenced, w: newFrameWriter(c), wait: map[uint64]chan frame{}}
 	go d.readLoop(c)
 	return d, nil
 }
@@ -211,11 +220,17 @@ type dataConns struct {
 	seq   uint64
 }
 
-func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
+// get returns the connection to addr, sequenced or not (a node's record
+// changed its mind, say across a rolling upgrade: the other kind's
+// connection is closed and a new one dialed).
+func (p *dataConns) get(ctx context.Context, addr string, sequenced bool) (*dataConn, error) {
 	p.mu.Lock()
 	if d := p.conns[addr]; d != nil && !d.broken() {
-		p.mu.Unlock()
-		return d, nil
+		if d.sequenced == sequenced {
+			p.mu.Unlock()
+			return d, nil
+		}
+		d.fail(errors.New("the node's record changed what its build speaks"))
 	}
 	if p.dials == nil {
 		p.conns, p.dials = map[string]*dataConn{}, map[string]*sync.Mutex{}
@@ -230,14 +245,14 @@ func (p *dataConns) get(ctx context.Context, addr string) (*dataConn, error) {
 	dl.Lock()
 	defer dl.Unlock()
 	p.mu.Lock()
-	if d := p.conns[addr]; d != nil && !d.broken() {
+	if d := p.conns[addr]; d != nil && !d.broken() && d.sequenced == sequenced {
 		p.mu.Unlock()
 		return d, nil
 	}
 	p.seq++
 	clerk, seq := p.clerk, p.seq
 	p.mu.Unlock()
-	d, err := dialData(ctx, addr, clerk, seq)
+	d, err := dialData(ctx, addr, clerk, seq, sequenced)
 	if err != nil {
 		return nil, err
 	}

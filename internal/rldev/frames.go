@@ -44,6 +44,14 @@ import (
 // decode; a request or a peer message that is lost with a connection is
 // what the gRPC path loses with a stream: the clerk tries again (a write
 // then counts as maybe written), the engine resends what matters.
+// FeatureSeqConns, in a node's membership record (pb.Node.Features), says
+// its build sequences a clerk's data-path connections (connClientSeq).
+// A clerk opens such connections only to nodes that say so: an earlier
+// build, met in a rolling upgrade, refuses them; with it the clerk opens
+// connClient ones, and WriteReport counts their lost attempts as it does
+// on gRPC.
+const FeatureSeqConns = "rldev.seq-conns"
+
 const (
 	// WireMagic opens every data-path connection.
 	WireMagic   = "GRVD"

@@ -41,22 +41,28 @@ import (
 // after it. Its teeth: the same run with the proxy turning the clerk's
 // sequenced connections into unsequenced ones (the node then does not
 // order the clerk's connections, and the clerk's promise is false) must
-// be caught.
+// be caught. And the same run against a node of an earlier build (its
+// record names no FeatureSeqConns, and it refuses sequenced connections,
+// as a rolling upgrade meets it): the clerk opens unsequenced connections
+// to it and reports their lost attempts, and the writers renew their
+// token.
 func TestClerkLateAttemptsRandomized(t *testing.T) {
 	seed := time.Now().UnixNano() % 1_000_000
 	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
 		seed = s
 	}
 	t.Logf("seed %d (GROVE_SEED=%d replays the proxy's fault decisions; the interleavings are the scheduler's)", seed, seed)
-	if bad := runLateAttempts(t, seed, false); len(bad) > 0 {
-		for _, b := range bad {
-			t.Error(b)
+	for _, mode := range []lateMode{lateSequenced, lateEarlierBuild} {
+		if bad, _ := runLateAttempts(t, seed, mode); len(bad) > 0 {
+			for _, b := range bad {
+				t.Error(b)
+			}
+			t.Fatalf("seed %d (%s): an earlier attempt of a write came back after a newer write the clerk said nothing could come back over", seed, mode)
 		}
-		t.Fatalf("seed %d: an earlier attempt of a write came back after a newer write the clerk said nothing could come back over", seed)
 	}
 	t.Run("teeth", func(t *testing.T) {
 		for i := int64(0); i < 3; i++ {
-			if bad := runLateAttempts(t, seed+i, true); len(bad) > 0 {
+			if bad, _ := runLateAttempts(t, seed+i, lateUnsequenced); len(bad) > 0 {
 				t.Logf("caught (seed %d): %s", seed+i, bad[0])
 				return
 			}
@@ -86,7 +92,20 @@ func lateValueOf(b []byte) (block, n uint64, ok bool) {
 	return block, n, true
 }
 
-func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
+// lateMode is what the node behind the proxy is.
+type lateMode int
+
+const (
+	lateSequenced    lateMode = iota // this build
+	lateUnsequenced                  // the teeth: the proxy makes the clerk's sequenced connections unsequenced
+	lateEarlierBuild                 // its record names no FeatureSeqConns, and the proxy refuses sequenced connections
+)
+
+func (m lateMode) String() string {
+	return [...]string{"sequenced", "unsequenced (teeth)", "an earlier build"}[m]
+}
+
+func runLateAttempts(t *testing.T, seed int64, mode lateMode) (bad []string, earlierReported int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t)})
@@ -103,7 +122,7 @@ func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
 	rec := tb.RLDevs[id]
 	prim := uint64(rec.Segs[rec.Primary].Node)
 
-	px := newLateProxy(t, c.Configs[prim-1].GRPCAddr, seed, unsequence)
+	px := newLateProxy(t, c.Configs[prim-1].GRPCAddr, seed, mode)
 	defer px.close()
 	if _, err := mc.Update(ctx, meta.NodesNamespace, "late attempts: node behind a proxy", func(ns *pb.Namespace) ([]*pb.Op, error) {
 		n, err := meta.Registered(ns, prim)
@@ -111,6 +130,9 @@ func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
 			return nil, err
 		}
 		n.GrpcAddr = px.ln.Addr().String()
+		if mode == lateEarlierBuild {
+			n.Features = nil
+		}
 		val, err := proto.Marshal(n)
 		if err != nil {
 			return nil, err
@@ -207,10 +229,18 @@ func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
 			report("block %d holds write %d (well-formed %v) once the network is quiet; its last acknowledged write is %d, failed after it %v", block, m, ok, st.acked, st.failed)
 		}
 	}
-	held, dropped, lost := px.counts()
-	t.Logf("seed %d (unsequenced %v): %d writers × %d writes; proxy held %d write frames, dropped %d, lost %d answers; clerk: %d failures, %d successes with an earlier attempt that may land; %d violations",
-		seed, unsequence, writers, writesEach, held, dropped, lost, failures, earlier, len(bad))
-	return bad
+	held, dropped, lost, refused := px.counts()
+	t.Logf("seed %d (%s): %d writers × %d writes; proxy held %d write frames, dropped %d, lost %d answers, refused %d sequenced connections; clerk: %d failures, %d successes with an earlier attempt that may land; %d violations",
+		seed, mode, writers, writesEach, held, dropped, lost, refused, failures, earlier, len(bad))
+	switch {
+	case mode == lateEarlierBuild && refused > 0:
+		bad = append(bad, fmt.Sprintf("the clerk opened %d sequenced connections to a node whose record does not say it takes them", refused))
+	case mode == lateEarlierBuild && held+lost > 2 && earlier == 0:
+		bad = append(bad, fmt.Sprintf("%d attempts held or answers lost on unsequenced connections, and not one success reported an earlier attempt that may land", held+lost))
+	case mode == lateSequenced && earlier > 0:
+		t.Logf("note: %d successes reported an earlier attempt on sequenced connections (a node's own 'may have been written')", earlier)
+	}
+	return bad, earlier
 }
 
 // lateProxy passes TCP connections on to a node, faulting a clerk's write
@@ -220,7 +250,8 @@ func runLateAttempts(t *testing.T, seed int64, unsequence bool) (bad []string) {
 type lateProxy struct {
 	ln         net.Listener
 	to         string
-	unsequence bool
+	mode       lateMode
+	refusedSeq int // sequenced connections refused (lateEarlierBuild)
 	mu         sync.Mutex
 	rnd        *rand.Rand
 	held       sync.WaitGroup
@@ -230,12 +261,12 @@ type lateProxy struct {
 	conns      []net.Conn
 }
 
-func newLateProxy(t *testing.T, to string, seed int64, unsequence bool) *lateProxy {
+func newLateProxy(t *testing.T, to string, seed int64, mode lateMode) *lateProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &lateProxy{ln: ln, to: to, unsequence: unsequence, rnd: rand.New(rand.NewSource(seed))}
+	p := &lateProxy{ln: ln, to: to, mode: mode, rnd: rand.New(rand.NewSource(seed))}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -259,10 +290,10 @@ func (p *lateProxy) close() {
 
 func (p *lateProxy) drain() { p.held.Wait() }
 
-func (p *lateProxy) counts() (int, int, int) {
+func (p *lateProxy) counts() (held, dropped, lost, refused int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.nHeld, p.nDropped, p.nLost
+	return p.nHeld, p.nDropped, p.nLost, p.refusedSeq
 }
 
 // decide draws a write frame's fate: 0 pass, 1 hold, 2 drop, 3 lose the
@@ -311,6 +342,13 @@ func (p *lateProxy) pipe(down net.Conn) {
 			up.Close()
 			return
 		}
+	case err == nil && string(pre) == rldev.WireMagic+"\x01\x03" && p.mode == lateEarlierBuild:
+		p.mu.Lock()
+		p.refusedSeq++ // an earlier build closes a connection of a kind it does not know
+		p.mu.Unlock()
+		down.Close()
+		up.Close()
+		return
 	case err == nil && string(pre) == rldev.WireMagic+"\x01\x03":
 		var b [6 + 16]byte
 		if _, err := io.ReadFull(br, b[:]); err != nil {
@@ -318,7 +356,7 @@ func (p *lateProxy) pipe(down net.Conn) {
 			return
 		}
 		out := b[:]
-		if p.unsequence { // the teeth: the node sees an unsequenced connection
+		if p.mode == lateUnsequenced { // the teeth: the node sees an unsequenced connection
 			out = append([]byte(rldev.WireMagic+"\x01\x01"), nil...)
 		}
 		if _, err := up.Write(out); err != nil {
