@@ -1620,7 +1620,10 @@ func (mg *Manager) change(reqs []*request) []any {
 	for _, q := range allocs {
 		mg.nextOp++
 		mg.ops[mg.nextOp] = func(_ []byte, err error) []any {
-			if err != nil && zeroErr == nil {
+			// The first error is the one answered; but one that says a
+			// lost attempt may still land wins over any other, since it
+			// decides whether the map lock is taken again (below).
+			if err != nil && (zeroErr == nil || errors.Is(err, ErrEarlierMayLand) && !errors.Is(zeroErr, ErrEarlierMayLand)) {
 				zeroErr = err
 			}
 			if pending--; pending > 0 {

@@ -58,6 +58,8 @@ type rvH struct {
 	// release.
 	hold func(from, to NodeID, msg any) bool
 	held []func()
+	// zeroErr, if set, is each new chunk's zeroing's outcome.
+	zeroErr func(ZeroWrite) error
 }
 
 func newRvH(t *testing.T, mapBlocks, dataBlocks uint64, cfg Config) *rvH {
@@ -125,7 +127,11 @@ func (h *rvH) effect(n *rvNode, mg *Manager, o any) {
 		}
 		h.exec(n, mg.Done(env, x.Op, nil, nil))
 	case ZeroWrite:
-		h.exec(n, mg.Done(env, x.Op, nil, nil))
+		var err error
+		if h.zeroErr != nil {
+			err = h.zeroErr(x)
+		}
+		h.exec(n, mg.Done(env, x.Op, nil, err))
 	case Acquire:
 		if n.mode >= x.Mode {
 			n.holds++

@@ -82,7 +82,16 @@ func (d *RLDevDevice) ReadReplica(ctx context.Context, replica int, block, n uin
 	return out, nil
 }
 
-// WriteReplica writes one replica alone (WriteReplica of the RLDev).
+// WriteReplica writes one replica alone (WriteReplica of the RLDev). As
+// Write, it fails with ErrEarlierMayLand if it succeeded on a retry while
+// an earlier attempt may still land: the recovery's repair of a replica
+// writes the log's tail block, which every flush after it rewrites under
+// the same token, and a late attempt would rewind it (outside review 40).
+// The recovery then fails, and the log is recovered under a newer token.
 func (d *RLDevDevice) WriteReplica(ctx context.Context, replica int, block uint64, data []byte, f *rldev.Fence) error {
-	return d.Clerk.Write(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f, Replica: replica + 1})
+	maybe, err := d.Clerk.WriteReport(ctx, d.ID, block*BlockSize, data, rldev.WriteOptions{Fence: f, Replica: replica + 1})
+	if err == nil && maybe {
+		err = fmt.Errorf("txn: log RLDev %d, replica %d, block %d: %w", d.ID, replica, block, ErrEarlierMayLand)
+	}
+	return err
 }
