@@ -3,9 +3,12 @@ package rldev
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"google.golang.org/protobuf/proto"
 )
 
 // LoseWriteAnswers makes c's next n writes reach their RLDev and then lose
@@ -28,4 +31,39 @@ func (l loseAnswers) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) 
 		return nil, errors.New("test: the write's answer was lost")
 	}
 	return resp, err
+}
+
+// DelayWriteAttempts makes some of c's write attempts requests held in
+// the network: for each, fate says how long (0: none); a held attempt's
+// call fails at once (the clerk is told its call broke, as when a gRPC
+// stream breaks with the request sent) and the request reaches the node
+// that much later, its answer going to nobody. wait waits for every held
+// attempt to have arrived. Call it before c's first call.
+func DelayWriteAttempts(c *Clerk, fate func() time.Duration) (wait func()) {
+	var wg sync.WaitGroup
+	c.wrapData = func(d dataClient) dataClient { return delayAttempts{dataClient: d, fate: fate, wg: &wg} }
+	return wg.Wait
+}
+
+type delayAttempts struct {
+	dataClient
+	fate func() time.Duration
+	wg   *sync.WaitGroup
+}
+
+func (h delayAttempts) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	d := h.fate()
+	if d <= 0 {
+		return h.dataClient.Write(ctx, r)
+	}
+	req := proto.Clone(r).(*pb.RLDevServiceWriteRequest)
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		time.Sleep(d)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h.dataClient.Write(ctx, req)
+	}()
+	return nil, errors.New("test: the call broke with the request in the network")
 }

@@ -45,14 +45,16 @@ import (
 // record names no FeatureSeqConns, and it refuses sequenced connections,
 // as a rolling upgrade meets it): the clerk opens unsequenced connections
 // to it and reports their lost attempts, and the writers renew their
-// token.
+// token. And on the gRPC data path, which has no sequencing: there a
+// held call fails at once and its request reaches the node later
+// (rldev.DelayWriteAttempts); the clerk must report those.
 func TestClerkLateAttemptsRandomized(t *testing.T) {
 	seed := time.Now().UnixNano() % 1_000_000
 	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
 		seed = s
 	}
 	t.Logf("seed %d (GROVE_SEED=%d replays the proxy's fault decisions; the interleavings are the scheduler's)", seed, seed)
-	for _, mode := range []lateMode{lateSequenced, lateEarlierBuild} {
+	for _, mode := range []lateMode{lateSequenced, lateEarlierBuild, lateGRPC} {
 		if bad, _ := runLateAttempts(t, seed, mode); len(bad) > 0 {
 			for _, b := range bad {
 				t.Error(b)
@@ -99,16 +101,21 @@ const (
 	lateSequenced    lateMode = iota // this build
 	lateUnsequenced                  // the teeth: the proxy makes the clerk's sequenced connections unsequenced
 	lateEarlierBuild                 // its record names no FeatureSeqConns, and the proxy refuses sequenced connections
+	lateGRPC                         // the gRPC data path: held calls fail at once, their requests arrive later (rldev.DelayWriteAttempts)
 )
 
 func (m lateMode) String() string {
-	return [...]string{"sequenced", "unsequenced (teeth)", "an earlier build"}[m]
+	return [...]string{"sequenced", "unsequenced (teeth)", "an earlier build", "gRPC data path"}[m]
 }
 
 func runLateAttempts(t *testing.T, seed int64, mode lateMode) (bad []string, earlierReported int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t)})
+	path := rldev.DataPathTCP
+	if mode == lateGRPC {
+		path = rldev.DataPathGRPC
+	}
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20, Log: testLog(t), DataPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,26 +129,26 @@ func runLateAttempts(t *testing.T, seed int64, mode lateMode) (bad []string, ear
 	rec := tb.RLDevs[id]
 	prim := uint64(rec.Segs[rec.Primary].Node)
 
-	px := newLateProxy(t, c.Configs[prim-1].GRPCAddr, seed, mode)
-	defer px.close()
-	if _, err := mc.Update(ctx, meta.NodesNamespace, "late attempts: node behind a proxy", func(ns *pb.Namespace) ([]*pb.Op, error) {
-		n, err := meta.Registered(ns, prim)
-		if err != nil || n == nil {
-			return nil, err
-		}
-		n.GrpcAddr = px.ln.Addr().String()
-		if mode == lateEarlierBuild {
-			n.Features = nil
-		}
-		val, err := proto.Marshal(n)
-		if err != nil {
-			return nil, err
-		}
-		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: meta.NodeKey(prim), Value: val}}, nil
-	}); err != nil {
-		t.Fatal(err)
+	var cl *rldev.Clerk
+	var drain func()
+	var counts func() (held, dropped, lost, refused int)
+	if mode == lateGRPC {
+		cl = rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: rldev.DataPathGRPC})
+		var mu sync.Mutex
+		rnd, nHeld := rand.New(rand.NewSource(seed)), 0
+		drain = rldev.DelayWriteAttempts(cl, func() time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			if rnd.Intn(100) < 15 {
+				nHeld++
+				return time.Duration(20+rnd.Intn(300)) * time.Millisecond
+			}
+			return 0
+		})
+		counts = func() (int, int, int, int) { mu.Lock(); defer mu.Unlock(); return nHeld, 0, 0, 0 }
+	} else {
+		cl, drain, counts = lateThroughProxy(t, ctx, c, mc, prim, seed, mode)
 	}
-	cl := rldev.NewClerk(mc) // a new clerk: it dials the registered (proxy's) address
 	defer cl.Close()
 
 	const writers, blocksEach, writesEach = 4, 2, 30
@@ -208,7 +215,7 @@ func runLateAttempts(t *testing.T, seed int64, mode lateMode) (bad []string, ear
 		}(w)
 	}
 	wg.Wait()
-	px.drain() // every held frame has reached the node (or its connection's end)
+	drain() // every held request has reached the node (or its connection's end)
 	time.Sleep(300 * time.Millisecond)
 	for k, st := range states {
 		if st == nil || st.acked == 0 && len(st.failed) == 0 {
@@ -229,18 +236,45 @@ func runLateAttempts(t *testing.T, seed int64, mode lateMode) (bad []string, ear
 			report("block %d holds write %d (well-formed %v) once the network is quiet; its last acknowledged write is %d, failed after it %v", block, m, ok, st.acked, st.failed)
 		}
 	}
-	held, dropped, lost, refused := px.counts()
+	held, dropped, lost, refused := counts()
 	t.Logf("seed %d (%s): %d writers × %d writes; proxy held %d write frames, dropped %d, lost %d answers, refused %d sequenced connections; clerk: %d failures, %d successes with an earlier attempt that may land; %d violations",
 		seed, mode, writers, writesEach, held, dropped, lost, refused, failures, earlier, len(bad))
 	switch {
 	case mode == lateEarlierBuild && refused > 0:
 		bad = append(bad, fmt.Sprintf("the clerk opened %d sequenced connections to a node whose record does not say it takes them", refused))
-	case mode == lateEarlierBuild && held+lost > 2 && earlier == 0:
+	case (mode == lateEarlierBuild || mode == lateGRPC) && held+lost > 2 && earlier == 0:
 		bad = append(bad, fmt.Sprintf("%d attempts held or answers lost on unsequenced connections, and not one success reported an earlier attempt that may land", held+lost))
 	case mode == lateSequenced && earlier > 0:
 		t.Logf("note: %d successes reported an earlier attempt on sequenced connections (a node's own 'may have been written')", earlier)
 	}
 	return bad, earlier
+}
+
+// lateThroughProxy puts a lateProxy in front of node prim (its registered
+// address is the proxy's from now on) and returns a new clerk, which dials
+// the proxy.
+func lateThroughProxy(t *testing.T, ctx context.Context, c *bench.InProcessCluster, mc *meta.Client, prim uint64, seed int64, mode lateMode) (*rldev.Clerk, func(), func() (int, int, int, int)) {
+	px := newLateProxy(t, c.Configs[prim-1].GRPCAddr, seed, mode)
+	t.Cleanup(px.close)
+	if _, err := mc.Update(ctx, meta.NodesNamespace, "late attempts: node behind a proxy", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		n, err := meta.Registered(ns, prim)
+		if err != nil || n == nil {
+			return nil, err
+		}
+		n.GrpcAddr = px.ln.Addr().String()
+		if mode == lateEarlierBuild {
+			n.Features = nil
+		}
+		val, err := proto.Marshal(n)
+		if err != nil {
+			return nil, err
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: meta.NodeKey(prim), Value: val}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cl := rldev.NewClerk(mc) // a new clerk: it dials the registered (proxy's) address
+	return cl, px.drain, px.counts
 }
 
 // lateProxy passes TCP connections on to a node, faulting a clerk's write
