@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -433,6 +434,27 @@ func (h *harness) write(n NodeID, id, block uint64, data []byte, f *Fence) ReqID
 	nd := h.nodes[n]
 	h.exec(nd, nd.e.Write(h.env(nd), q, id, block, data, f, -1))
 	return q
+}
+
+// heldResync: the secondary b dies and the primary a serves alone
+// (degraded); b's next incarnation asks to be resynced, and a's "resync"
+// decree is held (returned, not committed).
+func (h *harness) heldResync(id uint64, a, b *hnode) Propose {
+	h.t.Helper()
+	h.dead[Subject{b.id, b.inc}] = true
+	h.crash(b, false, nil)
+	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[1] }) {
+		h.t.Fatalf("setup: not degraded: %+v", h.rec(id))
+	}
+	h.holdPropose = func(n *hnode, x Propose) bool { return n == a && strings.HasSuffix(x.What, ": resync]") }
+	h.start(b)
+	if !h.tickUntil(10*time.Second, func() bool { return len(h.heldDecrees) == 1 }) {
+		h.t.Fatalf("setup: no resync decree: %+v", h.rec(id))
+	}
+	h.holdPropose = nil
+	held := h.heldDecrees[0]
+	h.heldDecrees = nil
+	return held
 }
 
 // writeBy writes through node n and drains the queue.

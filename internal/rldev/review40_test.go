@@ -24,18 +24,9 @@ func TestReview40LateDecreeBeatsSettle(t *testing.T) {
 	baseA := rec.Segs[0].Offset
 	h.mustWrite(a.id, id, 10, pattern(1, 1))
 
-	h.dead[Subject{b.id, b.inc}] = true
-	h.crash(b, false, nil)
-	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[1] }) {
-		t.Fatalf("setup: not degraded: %+v", h.rec(id))
-	}
-	h.holdPropose = func(n *hnode, x Propose) bool { return n == a && strings.HasSuffix(x.What, ": resync]") }
-	h.start(b)
-	if !h.tickUntil(10*time.Second, func() bool { return len(h.heldDecrees) == 1 }) {
-		t.Fatalf("setup: no resync decree: %+v", h.rec(id))
-	}
-	held := h.heldDecrees[0]
-	h.heldDecrees = nil
+	// b dies; a serves alone; b's next incarnation asks to be resynced,
+	// and a's "resync" decree is held by a slow config service.
+	held := h.heldResync(id, a, b)
 
 	h.failWrite = func(n *hnode, x DiskWrite) bool { return n == a && x.Encode != nil && x.Off == baseA+blockOff(100) }
 	h.writeBy(a, id, 100, pattern(9, 1))
@@ -90,19 +81,9 @@ func TestReview40NoSettleAfterStaleVersion(t *testing.T) {
 	rec := h.create(512)
 	id := rec.ID
 	a, b := h.nodes[rec.Segs[0].Node], h.nodes[rec.Segs[1].Node]
-	h.dead[Subject{b.id, b.inc}] = true
-	h.crash(b, false, nil)
-	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[1] }) {
-		t.Fatalf("setup: not degraded: %+v", h.rec(id))
-	}
-	h.holdPropose = func(n *hnode, x Propose) bool { return n == a && strings.HasSuffix(x.What, ": resync]") }
-	h.start(b)
-	if !h.tickUntil(10*time.Second, func() bool { return len(h.heldDecrees) == 1 }) {
-		t.Fatalf("setup: no resync decree: %+v", h.rec(id))
-	}
-	h.holdPropose = nil
-	held := h.heldDecrees[0]
-	h.heldDecrees = nil
+	// b dies; a serves alone; b's next incarnation asks to be resynced,
+	// and a's "resync" decree is held by a slow config service.
+	held := h.heldResync(id, a, b)
 	// Someone else's decree moves the namespace (watch lost), then a's is
 	// answered stale.
 	h.noTables = true
