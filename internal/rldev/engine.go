@@ -238,11 +238,12 @@ type Engine struct {
 	decreeVer  uint64
 	// unsure: the last decree was answered failed, its table not seen;
 	// unsettled: and a linearizable table since still stands at
-	// decreeVer, so it may commit yet, or never (a lost proposal). decide then proposes a decree conditional on
-	// the same version, changing nothing, to settle it: once one of the
-	// two commits the other cannot, and the table moves past decreeVer
-	// (outside review 39: otherwise, in a quiet cluster, awaitTable held
-	// a failed replica down for good).
+	// decreeVer, so it may commit yet, or never (a lost proposal).
+	// decide then proposes a decree conditional on the same version,
+	// changing nothing, to settle it: once one of the two commits the
+	// other cannot, and the table moves past decreeVer (outside review
+	// 39: otherwise, in a quiet cluster, awaitTable held a failed replica
+	// down for good).
 	unsure, unsettled bool
 
 	lastPoll  time.Time
@@ -253,7 +254,8 @@ type Engine struct {
 	copyAt    time.Time // when the next copy chunk may go (CopyRate)
 
 	// Retiring extents of this node (move.go): replicas retired with
-	// writes still in progress, the extents being wiped and wiped.
+	// disk I/O still in progress, the extents being wiped and wiped, and
+	// the extents a new replica waits for (extentBusy).
 	retired    []*replica
 	wiping     map[Segment]bool
 	wiped      map[Segment]bool
