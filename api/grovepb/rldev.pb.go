@@ -1366,12 +1366,17 @@ func (x *RLDevServiceReadRequest) GetReplica() uint32 {
 // goes through the primary (the node must hold it); 1 or 2 writes that
 // segment alone (WriteReplica).
 type RLDevServiceWriteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rldev         uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
-	Fence         *RLDevFence            `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
-	Replica       uint32                 `protobuf:"varint,5,opt,name=replica,proto3" json:"replica,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Rldev   uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
+	Offset  uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data    []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Fence   *RLDevFence            `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	Replica uint32                 `protobuf:"varint,5,opt,name=replica,proto3" json:"replica,omitempty"`
+	// The node the clerk meant the attempt for (0: any): a node of a build
+	// that says so (the "rldev.node-check" feature) refuses one meant for
+	// another, so that an attempt sent to a node's address that now reaches
+	// another node's process can never land there.
+	Node          uint64 `protobuf:"varint,6,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1437,6 +1442,13 @@ func (x *RLDevServiceWriteRequest) GetFence() *RLDevFence {
 func (x *RLDevServiceWriteRequest) GetReplica() uint32 {
 	if x != nil {
 		return x.Replica
+	}
+	return 0
+}
+
+func (x *RLDevServiceWriteRequest) GetNode() uint64 {
+	if x != nil {
+		return x.Node
 	}
 	return 0
 }
@@ -1959,13 +1971,14 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\rR\areplica\"\xa2\x01\n" +
+	"\areplica\x18\x04 \x01(\rR\areplica\"\xb6\x01\n" +
 	"\x18RLDevServiceWriteRequest\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12*\n" +
 	"\x05fence\x18\x04 \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\x12\x18\n" +
-	"\areplica\x18\x05 \x01(\rR\areplica\"r\n" +
+	"\areplica\x18\x05 \x01(\rR\areplica\x12\x12\n" +
+	"\x04node\x18\x06 \x01(\x04R\x04node\"r\n" +
 	"\vRLDevResult\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12#\n" +

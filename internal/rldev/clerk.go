@@ -169,10 +169,15 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	// engine before the retry, and landed first, or never starts. On the
 	// gRPC data path, or on a connection the node does not sequence (its
 	// build predates it: FeatureSeqConns), a lost call's request may
-	// still be read after the retry was answered: there it may. (A
+	// still be read after the retry was answered: there it may, and not
+	// only at its node: the address the clerk had for that node may reach
+	// another node's process (a record that lags, an address taken over),
+	// which a node of an earlier build does not notice (this build's
+	// refuses a write meant for another node: the request names it). So
+	// such a lost attempt counts whatever node the success comes from. (A
 	// success on an unsequenced connection, its node's record having
 	// changed meanwhile, leaves behind any lost attempt at that node.)
-	maybe, lost, sent := false, map[NodeID]bool{}, map[NodeID]bool{}
+	maybe, lost, sent, lostAnywhere := false, map[NodeID]bool{}, map[NodeID]bool{}, false
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
 		node := rec.Segs[rec.Primary].Node
@@ -183,10 +188,11 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		if err != nil {
 			return node, false, err
 		}
+		req.Node = uint64(node)
 		r, err := cl.Write(ctx, req)
 		if err != nil {
 			maybe, sent[node] = true, true // the request may have arrived
-			lost[node] = lost[node] || !sequenced
+			lostAnywhere = lostAnywhere || !sequenced
 			return node, false, err
 		}
 		err = ResultError(r.Result)
@@ -205,7 +211,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
 	}
-	return err == nil && lost[ok], err
+	return err == nil && (lost[ok] || lostAnywhere), err
 }
 
 // Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of

@@ -193,7 +193,7 @@ func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb
 func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
 	// The request without its data, which travels as the frame's bulk
 	// (proto.Clone would copy it).
-	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica}
+	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica, Node: r.Node}
 	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp)
 	if err != nil {
 		return nil, err
@@ -206,7 +206,7 @@ func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*
 	return &m, nil
 }
 
-// dataConns is a clerk's data-path connections, one per address.
+// dataConns is a clerk's data-path connections, one per address and kind.
 type dataConns struct {
 	mu    sync.Mutex
 	conns map[string]*dataConn
@@ -220,32 +220,35 @@ type dataConns struct {
 	seq   uint64
 }
 
-// get returns the connection to addr, sequenced or not (a node's record
-// changed its mind, say across a rolling upgrade: the other kind's
-// connection is closed and a new one dialed).
+// get returns the connection to addr, sequenced or not: the pool keeps
+// one of each kind per address (a node's record may change its mind, say
+// across a rolling upgrade, and two node ids may share an address
+// meanwhile), so that neither kind's requests in flight fail for the
+// other's sake.
 func (p *dataConns) get(ctx context.Context, addr string, sequenced bool) (*dataConn, error) {
+	key := addr
+	if !sequenced {
+		key = "unsequenced " + addr
+	}
 	p.mu.Lock()
-	if d := p.conns[addr]; d != nil && !d.broken() {
-		if d.sequenced == sequenced {
-			p.mu.Unlock()
-			return d, nil
-		}
-		d.fail(errors.New("the node's record changed what its build speaks"))
+	if d := p.conns[key]; d != nil && !d.broken() {
+		p.mu.Unlock()
+		return d, nil
 	}
 	if p.dials == nil {
 		p.conns, p.dials = map[string]*dataConn{}, map[string]*sync.Mutex{}
 		p.clerk = rand.Uint64() | 1 // never 0
 	}
-	dl := p.dials[addr]
+	dl := p.dials[key]
 	if dl == nil {
 		dl = &sync.Mutex{}
-		p.dials[addr] = dl
+		p.dials[key] = dl
 	}
 	p.mu.Unlock()
 	dl.Lock()
 	defer dl.Unlock()
 	p.mu.Lock()
-	if d := p.conns[addr]; d != nil && !d.broken() && d.sequenced == sequenced {
+	if d := p.conns[key]; d != nil && !d.broken() {
 		p.mu.Unlock()
 		return d, nil
 	}
@@ -257,7 +260,7 @@ func (p *dataConns) get(ctx context.Context, addr string, sequenced bool) (*data
 		return nil, err
 	}
 	p.mu.Lock()
-	p.conns[addr] = d
+	p.conns[key] = d
 	p.mu.Unlock()
 	return d, nil
 }

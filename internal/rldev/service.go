@@ -1079,6 +1079,13 @@ func writeStart(r *pb.RLDevServiceWriteRequest) (func(e *Engine, env Env, req Re
 		return nil, err
 	}
 	return func(e *Engine, env Env, req ReqID) []any {
+		if r.Node != 0 && NodeID(r.Node) != e.cfg.Node {
+			// Meant for another node, whose address reached this node's
+			// process (a record that lags, an address taken over): never
+			// applied here, so that the clerk may count it as an attempt
+			// at the node it meant (WriteReport).
+			return []any{Reply{Req: req, Err: fmt.Errorf("%w: a write meant for node %d reached node %d", ErrNotServing, r.Node, e.cfg.Node)}}
+		}
 		return e.Write(env, req, r.Rldev, block, r.Data, fence, int(r.Replica)-1)
 	}, nil
 }
