@@ -2,7 +2,6 @@ package rldev
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -543,14 +542,8 @@ func (e *Engine) hostTarget(env Env, rec *Record) []any {
 // target dropped with its copy write in flight, its extent then given to
 // the segment).
 func (e *Engine) extentBusy(place Segment) bool {
-	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return !r.busy() })
-	if e.wiping[place] {
+	if e.wiping[place] || e.retiredBusy(place) {
 		return true
-	}
-	for _, r := range e.retired {
-		if r.place() == place {
-			return true
-		}
 	}
 	delete(e.waitLogged, place)
 	return false

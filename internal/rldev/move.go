@@ -589,9 +589,15 @@ func (e *Engine) inUse(sg Segment) bool {
 			return true
 		}
 	}
+	return e.retiredBusy(sg)
+}
+
+// retiredBusy: a retired replica's disk I/O on the extent at place is
+// still in progress.
+func (e *Engine) retiredBusy(place Segment) bool {
 	e.retired = slices.DeleteFunc(e.retired, func(r *replica) bool { return !r.busy() })
 	for _, r := range e.retired {
-		if r.place() == sg {
+		if r.place() == place {
 			return true
 		}
 	}
