@@ -158,25 +158,27 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		return false, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
 	}
 	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
-	// The nodes an attempt went to whose answer was lost (or that answered
-	// it may have landed in part). Such an attempt may still land later
-	// only at its own node, and only while that node still serves the
-	// RLDev as it did: a node that is no longer primary refuses it, and
-	// one declared dead has fenced itself first. So a success at another
-	// node leaves nothing behind. A success at one of these nodes leaves
-	// nothing either on the framed data path, whose connections a node
-	// sequences (Service.admitClerkConn): the lost attempt started on the
-	// engine before the retry, and landed first, or never starts. On the
-	// gRPC data path, or on a connection the node does not sequence (its
-	// build predates it: FeatureSeqConns), a lost call's request may
-	// still be read after the retry was answered: there it may, and not
-	// only at its node: the address the clerk had for that node may reach
-	// another node's process (a record that lags, an address taken over),
-	// which a node of an earlier build does not notice (this build's
-	// refuses a write meant for another node: the request names it). So
-	// such a lost attempt counts whatever node the success comes from. (A
-	// success on an unsequenced connection, its node's record having
-	// changed meanwhile, leaves behind any lost attempt at that node.)
+	// Which attempts whose answer was lost may still land after a later
+	// one succeeded:
+	//   - one on a sequenced connection (the framed data path, to a node
+	//     whose record says FeatureSeqConns): none at the node that
+	//     answered the success, since that node started it before the
+	//     retry, which it then landed after, or never starts it
+	//     (Service.admitClerkConn); none at another node, which refuses
+	//     it once no longer primary, or fenced itself before it was
+	//     declared dead;
+	//   - one a node answered ErrMaybeWritten: the node may still be
+	//     writing it (a disk write that hangs past its replica's
+	//     failure), so it counts if the success is at that node (lost);
+	//   - one on an unsequenced connection (gRPC, a node of an earlier
+	//     build): the node may read it after the retry was answered, and
+	//     the address the clerk had may reach another node's process (a
+	//     record that lags, an address taken over), which this build
+	//     refuses (the request names its node) but an earlier one does
+	//     not: it counts whatever node succeeds (lostAnywhere);
+	//   - a sequenced one at a node whose record then lost the feature,
+	//     the success coming on an unsequenced connection to it, which
+	//     does not supersede the sequenced one there: it counts (sent).
 	maybe, lost, sent, lostAnywhere := false, map[NodeID]bool{}, map[NodeID]bool{}, false
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
