@@ -402,6 +402,40 @@ func (p *lateProxy) pipe(down net.Conn) {
 		up.(*net.TCPConn).CloseWrite()
 		return
 	}
+	forwardFrames(br, up, func(frame []byte) bool {
+		switch fate, delay := p.decide(); fate {
+		case 1:
+			down.Close()
+			p.held.Add(1)
+			go func() {
+				defer p.held.Done()
+				time.Sleep(delay)
+				up.Write(frame)
+				time.Sleep(100 * time.Millisecond) // its answer, if any, comes back to nobody
+				up.Close()
+			}()
+			return false
+		case 2:
+			down.Close()
+			up.Close()
+			return false
+		case 3:
+			up.Write(frame)
+			down.Close()
+			time.Sleep(50 * time.Millisecond)
+			up.Close()
+			return false
+		}
+		return true
+	})
+}
+
+// forwardFrames passes a clerk's data-path frames from br on to up, one
+// at a time, until the clerk's side ends (then up's write side closes).
+// A write frame goes on only if write, given it, says so; if write says
+// not, write took the frame (held it, dropped it, sent it itself) and
+// forwarding ends.
+func forwardFrames(br *bufio.Reader, up net.Conn, write func(frame []byte) bool) {
 	for {
 		hdr := make([]byte, 4)
 		if _, err := io.ReadFull(br, hdr); err != nil {
@@ -414,30 +448,8 @@ func (p *lateProxy) pipe(down net.Conn) {
 			return
 		}
 		frame := append(hdr, body...)
-		if len(body) >= 1 && body[0] == 4 { // a write
-			switch fate, delay := p.decide(); fate {
-			case 1:
-				down.Close()
-				p.held.Add(1)
-				go func() {
-					defer p.held.Done()
-					time.Sleep(delay)
-					up.Write(frame)
-					time.Sleep(100 * time.Millisecond) // its answer, if any, comes back to nobody
-					up.Close()
-				}()
-				return
-			case 2:
-				down.Close()
-				up.Close()
-				return
-			case 3:
-				up.Write(frame)
-				down.Close()
-				time.Sleep(50 * time.Millisecond)
-				up.Close()
-				return
-			}
+		if len(body) >= 1 && body[0] == 4 && !write(frame) { // type 4: a write
+			return
 		}
 		if _, err := up.Write(frame); err != nil {
 			return

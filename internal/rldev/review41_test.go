@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -233,38 +232,25 @@ func (p *aliasProxy) pipe(down net.Conn) {
 		up.Close()
 		return
 	}
-	for {
-		hdr := make([]byte, 4)
-		if _, err := io.ReadFull(br, hdr); err != nil {
-			up.(*net.TCPConn).CloseWrite()
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(hdr))
-		if _, err := io.ReadFull(br, body); err != nil {
-			up.(*net.TCPConn).CloseWrite()
-			return
-		}
-		frame := append(hdr, body...)
+	forwardFrames(br, up, func(frame []byte) bool {
 		p.mu.Lock()
-		hold := len(body) >= 1 && body[0] == 4 && p.held == 0
+		hold := p.held == 0
 		if hold {
 			p.held++
 		}
 		p.mu.Unlock()
-		if hold {
-			if p.onHold != nil {
-				p.onHold()
-			}
-			down.Close() // the clerk's side is cut; the frame is in the network
-			<-p.rel
-			up.Write(frame)
-			close(p.delivered)
-			return // up stays open (closed with the proxy): the node serves the request
+		if !hold {
+			return true
 		}
-		if _, err := up.Write(frame); err != nil {
-			return
+		if p.onHold != nil {
+			p.onHold()
 		}
-	}
+		down.Close() // the clerk's side is cut; the frame is in the network
+		<-p.rel
+		up.Write(frame)
+		close(p.delivered)
+		return false // up stays open (closed with the proxy): the node serves the request
+	})
 }
 
 // TestReview41PoolKindRaceOrphansConn: dataConns.get, asked at once for a
