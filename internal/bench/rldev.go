@@ -155,7 +155,8 @@ func RunIO(ctx context.Context, cl *rldev.Clerk, l IOLoad) (IOResult, error) {
 					if l.Write {
 						err = cl.Write(ctx, id, b*l.Size, buf, rldev.WriteOptions{})
 					} else {
-						_, err = cl.Read(ctx, id, b*l.Size, l.Size, l.Replica)
+						// Into the worker's buffer, used again, as fio's is.
+						err = cl.ReadInto(ctx, id, b*l.Size, buf, l.Replica)
 					}
 					if err != nil && ctx.Err() != nil {
 						break // the caller ended the load: keep what was measured

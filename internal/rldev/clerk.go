@@ -220,6 +220,21 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 // RLDev id, from the primary, or the other replica if the primary cannot
 // serve. replica 1 or 2 reads segment 0 or 1 only (ReadReplica).
 func (c *Clerk) Read(ctx context.Context, id, off, n uint64, replica int) ([]byte, error) {
+	return c.read(ctx, id, off, n, replica, nil)
+}
+
+// ReadInto is Read of len(buf) bytes into buf, which a caller that reads
+// often can use again: on the framed data path the blocks are read from
+// the connection straight into it (a 1 MiB read then allocates nothing;
+// Read's fresh buffer, zeroed first, cost about a tenth of a 1 MiB read's
+// time). buf is the caller's again once ReadInto returned, whatever
+// happened; after an error its content is undefined.
+func (c *Clerk) ReadInto(ctx context.Context, id, off uint64, buf []byte, replica int) error {
+	_, err := c.read(ctx, id, off, uint64(len(buf)), replica, buf)
+	return err
+}
+
+func (c *Clerk) read(ctx context.Context, id, off, n uint64, replica int, dst []byte) ([]byte, error) {
 	if _, _, err := blockRange(off, n); err != nil {
 		return nil, fmt.Errorf("rldev %d: read at %d: %w", id, off, err)
 	}
@@ -239,7 +254,7 @@ func (c *Clerk) Read(ctx context.Context, id, off, n uint64, replica int) ([]byt
 		if err != nil {
 			return node, false, err
 		}
-		r, err := cl.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: id, Offset: off, Length: n, Replica: uint32(replica)})
+		r, err := cl.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: id, Offset: off, Length: n, Replica: uint32(replica)}, dst)
 		if err != nil {
 			return node, false, err
 		}
@@ -248,6 +263,9 @@ func (c *Clerk) Read(ctx context.Context, id, off, n uint64, replica int) ([]byt
 		}
 		if uint64(len(r.Data)) != n {
 			return node, false, fmt.Errorf("%w: %d bytes for a read of %d", ErrBadMessage, len(r.Data), n)
+		}
+		if len(dst) > 0 && &r.Data[0] != &dst[0] {
+			copy(dst, r.Data)
 		}
 		data = r.Data
 		return node, true, nil

@@ -19,14 +19,22 @@ import (
 // dataClient is how a clerk reads and writes blocks on a node: a
 // connection of the framed data path (frames.go), or gRPC.
 type dataClient interface {
-	Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error)
+	// Read reads; if dst is not nil and the answer carries len(dst)
+	// bytes, they are in dst (and the answer's Data is dst). dst is the
+	// caller's again once Read returned, whatever happened.
+	Read(ctx context.Context, r *pb.RLDevServiceReadRequest, dst []byte) (*pb.RLDevServiceReadResponse, error)
 	Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error)
 }
 
 type grpcData struct{ cl pb.RLDevServiceClient }
 
-func (g grpcData) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
-	return g.cl.Read(ctx, r)
+func (g grpcData) Read(ctx context.Context, r *pb.RLDevServiceReadRequest, dst []byte) (*pb.RLDevServiceReadResponse, error) {
+	m, err := g.cl.Read(ctx, r)
+	if err == nil && dst != nil && len(m.Data) == len(dst) {
+		copy(dst, m.Data)
+		m.Data = dst
+	}
+	return m, err
 }
 
 func (g grpcData) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
@@ -42,9 +50,49 @@ type dataConn struct {
 	w         *frameWriter
 	mu        sync.Mutex
 	next      uint64
-	wait      map[uint64]chan frame
+	wait      map[uint64]*pendingCall
 	err       error
 }
+
+// pendingCall is a request waiting for its reply. A read with a buffer of
+// its caller's (dst) has its reply's blocks read straight into it, so
+// that a read allocates (and zeroes) nothing: the reader goroutine marks
+// filling, under the connection's lock, before it reads into dst, and
+// closes filled once it no longer does, whether the read succeeded or
+// not; a call that ends otherwise (given up, the connection lost) waits
+// for filled if filling was set, so that nothing writes into dst once the
+// call returned.
+type pendingCall struct {
+	ch      chan frame
+	dst     []byte
+	filling bool          // under dataConn.mu
+	filled  chan struct{} // closed when the filling ends
+}
+
+// settle waits until the reader no longer writes into p's buffer. A
+// reply still arriving after settleGrace (a node that stalls mid-frame)
+// costs the connection: ending it ends the filling at once.
+func (d *dataConn) settle(p *pendingCall) {
+	d.mu.Lock()
+	filling := p.filling
+	d.mu.Unlock()
+	if !filling {
+		return
+	}
+	t := time.NewTimer(settleGrace)
+	defer t.Stop()
+	select {
+	case <-p.filled:
+	case <-t.C:
+		d.fail(errors.New("a read given up while its reply was arriving"))
+		<-p.filled
+	}
+}
+
+// settleGrace is how long a given-up read waits for the rest of a reply
+// already arriving into its caller's buffer (a 1 MiB reply takes well
+// under a millisecond on a live connection).
+const settleGrace = 100 * time.Millisecond
 
 // ErrConnLost is a data-path connection that ended with requests on it: a
 // write among them may have landed.
@@ -69,7 +117,7 @@ func dialData(ctx context.Context, addr string, clerk, seq uint64, sequenced boo
 		c.Close()
 		return nil, err
 	}
-	d := &dataConn{addr: addr, sequenced: sequenced, w: newFrameWriter(c), wait: map[uint64]chan frame{}}
+	d := &dataConn{addr: addr, sequenced: sequenced, w: newFrameWriter(c), wait: map[uint64]*pendingCall{}}
 	go d.readLoop(c)
 	return d, nil
 }
@@ -79,7 +127,19 @@ func (d *dataConn) readLoop(c net.Conn) {
 	for {
 		// The node pings every pingEvery: a node silent for linkIdle
 		// (stopped, its kernel still answering) fails the requests.
-		f, err := readFrame(br, c, linkIdle)
+		var into *pendingCall // the call whose buffer the frame's bulk is read into
+		f, err := readFrameTo(br, c, linkIdle, func(typ byte, id uint64, bulkLen int) []byte {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if p := d.wait[id]; p != nil && typ == frameReadResp && p.dst != nil && len(p.dst) == bulkLen {
+				into, p.filling = p, true
+				return p.dst
+			}
+			return nil
+		})
+		if into != nil {
+			close(into.filled)
+		}
 		if err == nil && f.typ == framePing {
 			continue
 		}
@@ -91,11 +151,11 @@ func (d *dataConn) readLoop(c net.Conn) {
 			return
 		}
 		d.mu.Lock()
-		ch := d.wait[f.id]
+		p := d.wait[f.id]
 		delete(d.wait, f.id)
 		d.mu.Unlock()
-		if ch != nil {
-			ch <- f
+		if p != nil {
+			p.ch <- f
 		}
 	}
 }
@@ -108,9 +168,9 @@ func (d *dataConn) fail(err error) {
 	if d.err == nil {
 		d.err = err
 	}
-	for id, ch := range d.wait {
+	for id, p := range d.wait {
 		delete(d.wait, id)
-		close(ch)
+		close(p.ch)
 	}
 }
 
@@ -120,9 +180,12 @@ func (d *dataConn) broken() bool {
 	return d.err != nil
 }
 
-// call sends one request and waits for its reply.
-func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk []byte, want byte) (frame, error) {
-	ch := make(chan frame, 1)
+// call sends one request and waits for its reply; a reply's bulk of
+// len(dst) bytes is read into dst (pendingCall), which is the caller's
+// again once call returned.
+func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk []byte, want byte, dst []byte) (frame, error) {
+	p := &pendingCall{ch: make(chan frame, 1), dst: dst, filled: make(chan struct{})}
+	ch := p.ch
 	d.mu.Lock()
 	if d.err != nil {
 		err := d.err
@@ -131,7 +194,7 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 	}
 	d.next++
 	id := d.next
-	d.wait[id] = ch
+	d.wait[id] = p
 	d.mu.Unlock()
 	buf, err := encodeFrame(typ, id, meta, len(bulk))
 	var seq uint64
@@ -147,6 +210,7 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 	select {
 	case f, ok := <-ch:
 		if !ok {
+			d.settle(p) // the connection failed while the reply was read into dst
 			d.mu.Lock()
 			err := d.err
 			d.mu.Unlock()
@@ -161,6 +225,7 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 		d.mu.Lock()
 		delete(d.wait, id)
 		d.mu.Unlock()
+		d.settle(p)
 		if !d.w.written(seq) {
 			// The frame may still be queued, and it holds the caller's
 			// buffer (a write's data), which is the caller's again once
@@ -176,8 +241,8 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 	}
 }
 
-func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
-	f, err := d.call(ctx, frameRead, r, nil, frameReadResp)
+func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest, dst []byte) (*pb.RLDevServiceReadResponse, error) {
+	f, err := d.call(ctx, frameRead, r, nil, frameReadResp, dst)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +259,7 @@ func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*
 	// The request without its data, which travels as the frame's bulk
 	// (proto.Clone would copy it).
 	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica, Node: r.Node}
-	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp)
+	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp, nil)
 	if err != nil {
 		return nil, err
 	}

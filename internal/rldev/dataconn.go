@@ -224,6 +224,7 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader, cc *clientConn) {
 	cancel := func(wt *waiter) { // under s.mu
 		if l := open[wt]; l != nil && s.mu.reqs[l.req] == wt {
 			delete(s.mu.reqs, l.req)
+			delete(s.mu.loans, l.req)
 			if s.mu.gen == l.g && s.mu.eng != nil {
 				l.g.e.Cancel(l.req)
 			}
@@ -293,14 +294,14 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader, cc *clientConn) {
 			}
 			continue
 		}
-		wt.fn = func(r Reply) { // under s.mu
+		wt.fn = func(r Reply, back func()) { // under s.mu
 			end(wt)
 			buf, bulk, err := respond(r, s.epochLocked(id))
 			if err != nil {
 				w.close(err)
 				return
 			}
-			w.send(buf, bulk)
+			w.sendThen(back, buf, bulk)
 		}
 		g, req, err := s.begin(wt, start, cc)
 		if errors.Is(err, errSuperseded) {

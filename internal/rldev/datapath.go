@@ -403,7 +403,7 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 // ------------------------------------------------------------------ reads
 
 func (r *replica) clientRead(env Env, req ReqID, block, n uint64) []any {
-	return r.readServed(block, n, false, func(data []byte, err error) []any {
+	return r.readServed(req, block, n, false, func(data []byte, err error) []any {
 		return r.e.reply(req, data, err)
 	})
 }
@@ -411,10 +411,12 @@ func (r *replica) clientRead(env Env, req ReqID, block, n uint64) []any {
 // readServed reads blocks as a serving replica: under a shared range lock
 // (no write in progress on them here), checked, repaired from the peer if
 // a block fails its check (once), and only while this replica may serve.
-func (r *replica) readServed(block, n uint64, repaired bool, then func([]byte, error) []any) []any {
+// The data read goes to then alone, and then to req's reply alone (the
+// runtime lends the read its buffer on that promise: DiskRead.Lend).
+func (r *replica) readServed(req ReqID, block, n uint64, repaired bool, then func([]byte, error) []any) []any {
 	var out []any
 	_, out = r.locks.acquire(block, n, false, func(lk *rangeLock) []any {
-		return r.readRun(block, n, func(data []byte, _ []uint64, bad []uint64, err error) []any {
+		return r.readRunFor(req, block, n, func(data []byte, _ []uint64, bad []uint64, err error) []any {
 			out := r.locks.release(lk)
 			switch {
 			case err != nil:
@@ -429,7 +431,7 @@ func (r *replica) readServed(block, n uint64, repaired bool, then func([]byte, e
 					if err != nil {
 						return then(nil, err)
 					}
-					return r.readServed(block, n, true, then)
+					return r.readServed(req, block, n, true, then)
 				})...)
 			}
 			return append(out, then(data, nil)...)

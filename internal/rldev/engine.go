@@ -45,6 +45,10 @@ type (
 		Off  int64
 		Len  int
 		Run  *BlockRun
+		// Lend, with Run, says that the run's data goes to client request
+		// Lend's reply and nowhere else: a runtime may lend the read a
+		// buffer and take it back once that reply is sent (see physBufs).
+		Lend ReqID
 	}
 	// DiskWrite writes Data at Off; DiskDone(Op, nil, err) when WriteAt
 	// returned (not yet durable). If Encode is set, Data is nil and the
@@ -325,10 +329,12 @@ func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err 
 
 // readRun issues a read of a run of physical blocks at off; then runs with
 // what ReadRun found.
-func (e *Engine) readRun(disk uint32, off int64, run BlockRun, then func(RunData, error) []any) []any {
+// lend, if not 0, is the client request whose reply alone then gives the
+// data to (DiskRead.Lend).
+func (e *Engine) readRun(disk uint32, off int64, run BlockRun, lend ReqID, then func(RunData, error) []any) []any {
 	e.nextOp++
 	e.runs[e.nextOp] = then
-	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: int(run.N) * PhysBlockSize, Run: &run}}
+	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: int(run.N) * PhysBlockSize, Run: &run, Lend: lend}}
 }
 
 // writeDurable issues a disk write and runs then once it is durable (a

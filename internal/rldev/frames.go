@@ -144,6 +144,13 @@ func parseHeader(h []byte) (body int, typ byte, id uint64, meta int, err error) 
 // deadlines): within idle if idle > 0, and its body within frameTimeout
 // of its header.
 func readFrame(r *bufio.Reader, c net.Conn, idle time.Duration) (frame, error) {
+	return readFrameTo(r, c, idle, nil)
+}
+
+// readFrameTo is readFrame, where dst, if not nil, may give the buffer a
+// frame's bulk is read into: asked once the frame's header is here, it
+// returns a buffer of exactly bulkLen bytes, or nil for a new one.
+func readFrameTo(r *bufio.Reader, c net.Conn, idle time.Duration, dst func(typ byte, id uint64, bulkLen int) []byte) (frame, error) {
 	if c != nil {
 		var d time.Time
 		if idle > 0 && r.Buffered() < frameHeader {
@@ -161,6 +168,25 @@ func readFrame(r *bufio.Reader, c net.Conn, idle time.Duration) (frame, error) {
 	}
 	if c != nil && r.Buffered() < body {
 		c.SetReadDeadline(time.Now().Add(frameTimeout))
+	}
+	if dst != nil && body > m {
+		if bulk := dst(typ, id, body-m); bulk != nil {
+			if len(bulk) != body-m {
+				panic(fmt.Sprintf("rldev: a bulk buffer of %d bytes for %d", len(bulk), body-m))
+			}
+			meta := make([]byte, m)
+			_, err := io.ReadFull(r, meta)
+			if err == nil {
+				_, err = io.ReadFull(r, bulk)
+			}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if err != nil {
+				return frame{}, err
+			}
+			return frame{typ: typ, id: id, meta: meta, bulk: bulk}, nil
+		}
 	}
 	// The body is allocated once its first bytes (up to the read
 	// buffer's size) are here: a header alone, a length with nothing
@@ -230,6 +256,7 @@ type frameWriter struct {
 	c      net.Conn
 	mu     sync.Mutex
 	q      net.Buffers
+	after  []func()  // run once the frames queued so far are written (sendThen)
 	queued int64     // bytes queued or being written
 	room   sync.Cond // signalled when queued drops
 	seq    uint64    // sends so far
@@ -266,11 +293,20 @@ func (w *frameWriter) waitRoom(limit int64) error {
 
 // send queues bufs (one frame, or several) and returns their number: the
 // buffers are the writer's until written(seq) or the writer exited.
-func (w *frameWriter) send(bufs ...[]byte) (uint64, error) {
+func (w *frameWriter) send(bufs ...[]byte) (uint64, error) { return w.sendThen(nil, bufs...) }
+
+// sendThen is send, and then, if not nil, runs on the writer's goroutine
+// once the writev that carried bufs returned, whether it wrote them or
+// failed: from then on the writer holds none of them. If they are never
+// taken to be written (the connection failed first), then never runs.
+func (w *frameWriter) sendThen(then func(), bufs ...[]byte) (uint64, error) {
 	w.mu.Lock()
 	if w.err != nil {
 		w.mu.Unlock()
 		return 0, w.err
+	}
+	if then != nil {
+		w.after = append(w.after, then)
 	}
 	for _, b := range bufs {
 		if len(b) > 0 {
@@ -297,13 +333,19 @@ func (w *frameWriter) run() {
 			return
 		}
 		w.mu.Lock()
-		q, upTo := w.q, w.seq
-		w.q = nil
+		q, upTo, after := w.q, w.seq, w.after
+		w.q, w.after = nil, nil
 		w.mu.Unlock()
 		if len(q) == 0 {
+			for _, f := range after {
+				f()
+			}
 			continue
 		}
 		n, err := q.WriteTo(w.c)
+		for _, f := range after {
+			f()
+		}
 		if err != nil {
 			w.close(err)
 			return
@@ -324,7 +366,7 @@ func (w *frameWriter) close(err error) {
 		return
 	}
 	w.err = err
-	w.q = nil
+	w.q, w.after = nil, nil
 	w.room.Broadcast()
 	close(w.done)
 	w.c.Close()

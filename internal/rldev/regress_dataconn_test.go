@@ -24,7 +24,7 @@ import (
 func TestRegressDataPathWriteBufferRetained(t *testing.T) {
 	node, clerk := net.Pipe()
 	defer node.Close()
-	d := &dataConn{addr: "pipe", w: newFrameWriter(clerk), wait: map[uint64]chan frame{}}
+	d := &dataConn{addr: "pipe", w: newFrameWriter(clerk), wait: map[uint64]*pendingCall{}}
 	go d.readLoop(clerk)
 	defer d.fail(net.ErrClosed)
 
@@ -60,13 +60,13 @@ func TestDataPathSilentNodeFailsRequests(t *testing.T) {
 	node, clerk := net.Pipe()
 	defer node.Close()
 	go io.Copy(io.Discard, node) // reads everything, answers nothing
-	d := &dataConn{addr: "pipe", w: newFrameWriter(clerk), wait: map[uint64]chan frame{}}
+	d := &dataConn{addr: "pipe", w: newFrameWriter(clerk), wait: map[uint64]*pendingCall{}}
 	go d.readLoop(clerk)
 	defer d.fail(net.ErrClosed)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := d.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: 1, Length: BlockSize})
+	_, err := d.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: 1, Length: BlockSize}, nil)
 	if !errors.Is(err, ErrConnLost) {
 		t.Fatalf("a read from a silent node: %v after %v, want ErrConnLost", err, time.Since(start))
 	}

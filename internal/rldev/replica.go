@@ -884,7 +884,7 @@ func (r *replica) encodeRun(block uint64, data []byte, gens []uint64, gen uint64
 // arguments, safe off the engine's lock.
 func encodeBlocks(id, block uint64, data []byte, gens []uint64, gen uint64) []byte {
 	n := len(data) / BlockSize
-	out := make([]byte, n*PhysBlockSize)
+	out := getPhys(n) // every byte written below; DoWrite gives it back
 	for i := 0; i < n; i++ {
 		g := gen
 		if gens != nil {
@@ -915,8 +915,14 @@ func markCorrupt(dst []byte) {
 // generations, and the blocks that failed their checks. The runtime reads
 // them vectored and checks them off the engine's lock (ReadRun).
 func (r *replica) readRun(block, n uint64, then func(data []byte, gens []uint64, bad []uint64, err error) []any) []any {
+	return r.readRunFor(0, block, n, then)
+}
+
+// readRunFor is readRun for client request req, whose reply alone then
+// may give the data to (DiskRead.Lend); 0 for any other read.
+func (r *replica) readRunFor(req ReqID, block, n uint64, then func(data []byte, gens []uint64, bad []uint64, err error) []any) []any {
 	r.reading++
-	return r.e.readRun(r.disk, r.base+blockOff(block), BlockRun{ID: r.rec.ID, First: block, N: n}, func(res RunData, err error) []any {
+	return r.e.readRun(r.disk, r.base+blockOff(block), BlockRun{ID: r.rec.ID, First: block, N: n}, req, func(res RunData, err error) []any {
 		r.reading--
 		if err != nil {
 			return then(nil, nil, nil, err)

@@ -112,6 +112,10 @@ type Service struct {
 		addrs   map[NodeID]string
 		reqs    map[ReqID]*waiter
 		nextReq ReqID
+		// loans are the buffers lent to client reads (DiskRead.Lend), by
+		// request, from the read's completion to its reply: the reply
+		// gives its buffer back once sent, if its data is that buffer.
+		loans   map[ReqID][]byte
 		out     map[NodeID]*outLink
 		in      map[NodeID]*inLink
 		refresh bool // a linearizable table read is in flight
@@ -144,18 +148,24 @@ type generation struct {
 }
 
 type waiter struct {
-	ch    chan Reply
-	fn    func(Reply) // instead of ch: runs under the service's lock, must not block
+	ch chan Reply
+	// fn, instead of ch, runs under the service's lock and must not
+	// block; back, if not nil, gives the reply's data back to physBufs
+	// and is to be called once nothing holds the data any more (or never).
+	fn    func(r Reply, back func())
 	write bool
 	id    uint64
 }
 
-func (w *waiter) reply(r Reply) {
+func (w *waiter) reply(r Reply) { w.replyLent(r, nil) }
+
+// replyLent is reply with a way to give r.Data back (waiter.fn).
+func (w *waiter) replyLent(r Reply, back func()) {
 	if w.fn != nil {
-		w.fn(r)
+		w.fn(r, back)
 		return
 	}
-	w.ch <- r
+	w.ch <- r // gRPC may hold a message after sending it: nothing goes back
 }
 
 type diskQueue struct {
@@ -197,6 +207,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.nodes, s.mu.addrs = map[NodeID]uint64{}, map[NodeID]string{}
 	s.mu.reqs = map[ReqID]*waiter{}
+	s.mu.loans = map[ReqID][]byte{}
 	s.mu.out, s.mu.in = map[NodeID]*outLink{}, map[NodeID]*inLink{}
 	s.registerMetrics(cfg.Metrics)
 	for _, d := range cfg.Disks {
@@ -320,6 +331,7 @@ func (s *Service) fenceLocked(why string) {
 	inc := s.mu.eng.Incarnation()
 	s.mu.eng = nil
 	g.cancel()
+	clear(s.mu.loans)
 	for id, w := range s.mu.reqs {
 		delete(s.mu.reqs, id)
 		err := fmt.Errorf("%w: node %d: %s", ErrNotServing, s.cfg.Node, why)
@@ -385,7 +397,12 @@ func (s *Service) execLocked(g *generation, out []any) {
 			if x.Run != nil {
 				s.diskJob(g, x.Disk, func(dev disk.Device) func(Env) []any {
 					res, err := ReadRun(dev, x.Off, *x.Run)
-					return func(env Env) []any { return e.RunDone(env, x.Op, res, err) }
+					return func(env Env) []any {
+						if x.Lend != 0 && err == nil && len(res.Data) > 0 && s.mu.reqs[x.Lend] != nil {
+							s.mu.loans[x.Lend] = res.Data
+						}
+						return e.RunDone(env, x.Op, res, err)
+					}
 				})
 				continue
 			}
@@ -405,9 +422,15 @@ func (s *Service) execLocked(g *generation, out []any) {
 				s.sendLocked(g, x.To, x.Msg)
 			}
 		case Reply:
+			loan := s.mu.loans[x.Req]
+			delete(s.mu.loans, x.Req)
 			if w := s.mu.reqs[x.Req]; w != nil {
 				delete(s.mu.reqs, x.Req)
-				w.reply(x)
+				var back func()
+				if len(loan) > 0 && len(x.Data) > 0 && &x.Data[0] == &loan[0] {
+					back = func() { putPhys(loan) }
+				}
+				w.replyLent(x, back)
 			}
 		case Propose:
 			s.async(g, 10*time.Second, func(ctx context.Context) func(Env) []any {
@@ -1014,6 +1037,7 @@ func (s *Service) cancel(g *generation, req ReqID, w *waiter) {
 	defer s.mu.Unlock()
 	if s.mu.reqs[req] == w {
 		delete(s.mu.reqs, req)
+		delete(s.mu.loans, req)
 		if s.mu.gen == g && s.mu.eng != nil {
 			g.e.Cancel(req)
 		}

@@ -196,6 +196,7 @@ func benchService(b *testing.B, write bool, size, qd int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			buf := make([]byte, size) // used again, as fio's is
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(b.N) {
@@ -206,7 +207,7 @@ func benchService(b *testing.B, write bool, size, qd int) {
 				if write {
 					err = cl.Write(ctx, id, off, data, rldev.WriteOptions{})
 				} else {
-					_, err = cl.Read(ctx, id, off, uint64(size), 0)
+					err = cl.ReadInto(ctx, id, off, buf, 0)
 				}
 				if err != nil {
 					errs <- err
