@@ -24,7 +24,10 @@ import (
 // Safe for concurrent use; concurrent writes to the same sectors are
 // ordered by the caller, not by the device.
 type Device interface {
+	// ReadAt fills p whole or fails (io.ReaderAt's contract).
 	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt holds no reference to p once it returned: its caller may
+	// use p again at once (the RLDev runtime recycles its buffers so).
 	WriteAt(p []byte, off int64) (int, error)
 	// Sync makes durable every write that returned before Sync began.
 	Sync() error
