@@ -149,27 +149,17 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// (Each step runs on the current leader again if leadership moved under
+// load: onLeader, mustPropose.)
 func TestDecreeSurvivesLeaderLoss(t *testing.T) {
 	g := newGroup(t, 3)
-	l := g.leader()
-	if v, err := g.servers[l].Propose(ctx(t), put("test", 0, "a", "1")); err != nil || v != 1 {
-		t.Fatalf("propose: v=%d err=%v", v, err)
-	}
-	g.stop(l)
-	var rest []int
-	for i := range g.servers {
-		if i != l {
-			rest = append(rest, i)
-		}
-	}
-	l2 := g.leader(rest...)
-	ns, err := g.servers[l2].Read(ctx(t), "test")
+	g.mustPropose(put("test", 0, "a", "1"))
+	g.stop(g.leader()) // the leader that committed it, or its successor
+	ns, err := g.read("test")
 	if err != nil || ns.Version != 1 || value(ns, "a") != "1" {
 		t.Fatalf("after leader loss: %v %v", ns, err)
 	}
-	if _, err := g.servers[l2].Propose(ctx(t), put("test", 1, "b", "2")); err != nil {
-		t.Fatalf("new leader cannot commit: %v", err)
-	}
+	g.mustPropose(put("test", 1, "b", "2")) // the new leader commits
 }
 
 func TestMinorityCannotCommit(t *testing.T) {
@@ -188,10 +178,7 @@ func TestMinorityCannotCommit(t *testing.T) {
 			rest = append(rest, i)
 		}
 	}
-	l2 := g.leader(rest...)
-	if _, err := g.servers[l2].Propose(ctx(t), put("test", 0, "majority", "y")); err != nil {
-		t.Fatalf("majority cannot commit: %v", err)
-	}
+	g.mustProposeOf(rest, put("test", 0, "majority", "y")) // the majority commits
 	g.heal()
 	// After healing, the old leader converges on the majority's history and
 	// its minority decree is nowhere.
@@ -214,9 +201,13 @@ func TestMinorityCannotCommit(t *testing.T) {
 // mustPropose commits d on the current leader (onLeader); an attempt that
 // committed before its leader was lost counts (the namespace, written by
 // this test alone, is then past d's expected version).
-func (g *group) mustPropose(d *pb.Decree) {
+func (g *group) mustPropose(d *pb.Decree) { g.t.Helper(); g.mustProposeOf(nil, d) }
+
+// mustProposeOf is mustPropose among the members idx (nil: every running
+// one).
+func (g *group) mustProposeOf(idx []int, d *pb.Decree) {
 	g.t.Helper()
-	if err := g.onLeader(func(s *Server) error {
+	if err := g.onLeaderOf(idx, func(s *Server) error {
 		if ns, err := s.Read(ctx(g.t), d.Namespace); err == nil && ns.Version > d.ExpectedVersion {
 			return nil
 		}
@@ -236,7 +227,7 @@ func TestStaleVersionRejected(t *testing.T) {
 	if !errors.Is(err, ErrStaleVersion) || v != 1 {
 		t.Fatalf("stale decree: v=%d err=%v", v, err)
 	}
-	ns, _ := g.servers[g.leader()].Read(ctx(t), "locks")
+	ns, _ := g.read("locks")
 	if value(ns, "master") != "1" || ns.Version != 1 {
 		t.Fatalf("stale decree changed state: %v", ns)
 	}
@@ -262,7 +253,7 @@ func TestRestartFromDisk(t *testing.T) {
 		g.start(i)
 	}
 	g.heal()
-	ns, err := g.servers[g.leader()].Read(ctx(t), "test")
+	ns, err := g.read("test")
 	if err != nil || ns.Version != 21 || len(ns.Entries) != 21 || value(ns, "k07") != "7" || value(ns, "after-snapshot") != "x" {
 		t.Fatalf("after restart: %v %v", ns, err)
 	}
@@ -272,10 +263,20 @@ func TestRestartFromDisk(t *testing.T) {
 // leadership moved (the group's fast timing on a loaded machine moves it
 // now and then: a CI run lost this file's TestBadDecreesChangeNothing to
 // "leadership lost while committing log"), for up to 20 s.
-func (g *group) onLeader(fn func(s *Server) error) error {
+func (g *group) onLeader(fn func(s *Server) error) error { return g.onLeaderOf(nil, fn) }
+
+// read reads namespace name linearizably on the current leader
+// (onLeader).
+func (g *group) read(name string) (ns *pb.Namespace, err error) {
+	err = g.onLeader(func(s *Server) (err error) { ns, err = s.Read(ctx(g.t), name); return err })
+	return ns, err
+}
+
+// onLeaderOf is onLeader among the members idx (nil: every running one).
+func (g *group) onLeaderOf(idx []int, fn func(s *Server) error) error {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		err := fn(g.servers[g.leader()])
+		err := fn(g.servers[g.leader(idx...)])
 		if err == nil || time.Now().After(deadline) ||
 			!errors.Is(err, ErrNotLeader) && !errors.Is(err, raft.ErrNotLeader) && !errors.Is(err, raft.ErrLeadershipLost) {
 			return err
@@ -338,7 +339,7 @@ func TestBadDecreesChangeNothing(t *testing.T) {
 			t.Fatalf("bad decree %v applied: %+v", d, resp)
 		}
 	}
-	ns, _ := g.servers[g.leader()].Read(ctx(t), "test")
+	ns, _ := g.read("test")
 	if ns.Version != 1 || len(ns.Entries) != 1 {
 		t.Fatalf("bad decrees changed state: %v", ns)
 	}
@@ -500,13 +501,8 @@ func TestClientOverGRPC(t *testing.T) {
 // added again, catching up from the leader.
 func TestReplaceMemberThatLostItsState(t *testing.T) {
 	g := newGroup(t, 3)
-	l := g.leader()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := g.servers[l].Propose(ctx, &pb.Decree{Namespace: "n", Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "k", Value: []byte("v")}}}); err != nil {
-		t.Fatal(err)
-	}
-	victim := (l + 1) % 3
+	g.mustPropose(&pb.Decree{Namespace: "n", Ops: []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: "k", Value: []byte("v")}}})
+	victim := (g.leader() + 1) % 3
 	g.stop(victim)
 	g.dirs[victim] = t.TempDir() // its disk is gone
 	if has, err := HasState(g.dirs[victim]); err != nil || has {
@@ -522,7 +518,7 @@ func TestReplaceMemberThatLostItsState(t *testing.T) {
 		t.Fatal("a replica without state made itself leader")
 	}
 	g.stop(victim)
-	l = g.leader()
+	l := g.leader()
 	if _, err := g.servers[l].RemoveMember(g.members[victim].ID); err != nil {
 		t.Fatal(err)
 	}
