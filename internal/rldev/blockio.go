@@ -11,11 +11,20 @@ import (
 // simulators (the engine's files do no I/O).
 
 // ReadRun carries out a DiskRead of a run of blocks at off of dev: one
-// read, then the checks (BlockRun.Decode). The result's data lives in a
-// buffer of physBufs; whoever knows that nothing else holds it may give it
-// back (putPhys), and nobody has to.
+// read, then the checks (BlockRun.Decode).
 func ReadRun(dev disk.Device, off int64, run BlockRun) (RunData, error) {
-	raw := getPhys(int(run.N))
+	return readRunInto(dev, off, run, make([]byte, int(run.N)*PhysBlockSize))
+}
+
+// ReadRunLent is ReadRun into a buffer of physBufs (a read the engine
+// lends: DiskRead.Lend), which whoever knows that nothing else holds it
+// may give back (putPhys). Only lent reads are pooled: a buffer that is
+// never given back would cost its size class's rounding for nothing.
+func ReadRunLent(dev disk.Device, off int64, run BlockRun) (RunData, error) {
+	return readRunInto(dev, off, run, getPhys(int(run.N)))
+}
+
+func readRunInto(dev disk.Device, off int64, run BlockRun, raw []byte) (RunData, error) {
 	if _, err := dev.ReadAt(raw, off); err != nil {
 		putPhys(raw)
 		return RunData{}, err

@@ -56,27 +56,34 @@ type dataConn struct {
 
 // pendingCall is a request waiting for its reply. A read with a buffer of
 // its caller's (dst) has its reply's blocks read straight into it, so
-// that a read allocates (and zeroes) nothing: the reader goroutine marks
+// that a read allocates (and zeroes) nothing. The reader goroutine marks
 // filling, under the connection's lock, before it reads into dst, and
-// closes filled once it no longer does, whether the read succeeded or
-// not; a call that ends otherwise (given up, the connection lost) waits
-// for filled if filling was set, so that nothing writes into dst once the
-// call returned.
+// reads the blocks as they arrive (readFrameTo); a call that ends
+// otherwise (given up, the connection lost) marks itself abandoned and,
+// if filling, waits for filled: the reader checks before each read, reads
+// the rest of an abandoned call's reply into nothing, and closes filled
+// once it no longer writes into dst (at the latest when the frame ends,
+// read or failed). So nothing writes into dst once the call returned, and
+// a reply still streaming costs nothing but its own bytes.
 type pendingCall struct {
-	ch      chan frame
-	dst     []byte
-	filling bool          // under dataConn.mu
-	filled  chan struct{} // closed when the filling ends
+	ch        chan frame
+	dst       []byte
+	filling   bool          // under dataConn.mu
+	abandoned bool          // under dataConn.mu: the call ended; the reader stops filling
+	released  bool          // under dataConn.mu: filled is closed
+	filled    chan struct{} // closed when the reader no longer writes into dst
 }
 
-// settle waits until the reader no longer writes into p's buffer. A
-// reply still arriving after settleGrace (a node that stalls mid-frame)
-// costs the connection: ending it ends the filling at once.
-func (d *dataConn) settle(p *pendingCall) {
+// abandon ends p's interest in its reply and waits until the reader no
+// longer writes into p's buffer: at most one read, unless the node
+// stalls mid-frame, which after settleGrace costs the connection (ending
+// it ends the filling at once).
+func (d *dataConn) abandon(p *pendingCall) {
 	d.mu.Lock()
-	filling := p.filling
+	p.abandoned = true
+	wait := p.filling && !p.released
 	d.mu.Unlock()
-	if !filling {
+	if !wait {
 		return
 	}
 	t := time.NewTimer(settleGrace)
@@ -84,14 +91,33 @@ func (d *dataConn) settle(p *pendingCall) {
 	select {
 	case <-p.filled:
 	case <-t.C:
-		d.fail(errors.New("a read given up while its reply was arriving"))
+		d.fail(errors.New("a read given up while its reply stalled mid-frame"))
 		<-p.filled
 	}
 }
 
-// settleGrace is how long a given-up read waits for the rest of a reply
-// already arriving into its caller's buffer (a 1 MiB reply takes well
-// under a millisecond on a live connection).
+// stillFilling reports whether the reader may read more of p's
+// reply into p's buffer; once p is abandoned, it releases the buffer.
+func (d *dataConn) stillFilling(p *pendingCall) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.abandoned {
+		d.releaseLocked(p)
+		return false
+	}
+	return true
+}
+
+func (d *dataConn) releaseLocked(p *pendingCall) {
+	if !p.released {
+		p.released = true
+		close(p.filled)
+	}
+}
+
+// settleGrace is how long a given-up read waits for the read of its reply
+// in progress into its caller's buffer (which returns as soon as any of
+// the reply arrives).
 const settleGrace = 100 * time.Millisecond
 
 // ErrConnLost is a data-path connection that ended with requests on it: a
@@ -128,17 +154,19 @@ func (d *dataConn) readLoop(c net.Conn) {
 		// The node pings every pingEvery: a node silent for linkIdle
 		// (stopped, its kernel still answering) fails the requests.
 		var into *pendingCall // the call whose buffer the frame's bulk is read into
-		f, err := readFrameTo(br, c, linkIdle, func(typ byte, id uint64, bulkLen int) []byte {
+		f, err := readFrameTo(br, c, linkIdle, func(typ byte, id uint64, bulkLen int) ([]byte, func() bool) {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			if p := d.wait[id]; p != nil && typ == frameReadResp && p.dst != nil && len(p.dst) == bulkLen {
+			if p := d.wait[id]; p != nil && typ == frameReadResp && p.dst != nil && len(p.dst) == bulkLen && !p.abandoned {
 				into, p.filling = p, true
-				return p.dst
+				return p.dst, func() bool { return d.stillFilling(p) }
 			}
-			return nil
+			return nil, nil
 		})
 		if into != nil {
-			close(into.filled)
+			d.mu.Lock()
+			d.releaseLocked(into)
+			d.mu.Unlock()
 		}
 		if err == nil && f.typ == framePing {
 			continue
@@ -210,7 +238,7 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 	select {
 	case f, ok := <-ch:
 		if !ok {
-			d.settle(p) // the connection failed while the reply was read into dst
+			d.abandon(p) // the connection failed while the reply was read into dst
 			d.mu.Lock()
 			err := d.err
 			d.mu.Unlock()
@@ -225,7 +253,7 @@ func (d *dataConn) call(ctx context.Context, typ byte, meta proto.Message, bulk 
 		d.mu.Lock()
 		delete(d.wait, id)
 		d.mu.Unlock()
-		d.settle(p)
+		d.abandon(p)
 		if !d.w.written(seq) {
 			// The frame may still be queued, and it holds the caller's
 			// buffer (a write's data), which is the caller's again once

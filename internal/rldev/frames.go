@@ -149,8 +149,13 @@ func readFrame(r *bufio.Reader, c net.Conn, idle time.Duration) (frame, error) {
 
 // readFrameTo is readFrame, where dst, if not nil, may give the buffer a
 // frame's bulk is read into: asked once the frame's header is here, it
-// returns a buffer of exactly bulkLen bytes, or nil for a new one.
-func readFrameTo(r *bufio.Reader, c net.Conn, idle time.Duration, dst func(typ byte, id uint64, bulkLen int) []byte) (frame, error) {
+// returns a buffer of exactly bulkLen bytes and a check, or nil for a new
+// buffer. The bulk is read into the buffer as it arrives, the check asked
+// before each read (each returns what the connection holds: a slow stream
+// is checked often, a fast one in large reads straight from the socket,
+// past the reader's buffer); once it says no, the rest of the bulk is
+// read into nothing and the frame returned without it.
+func readFrameTo(r *bufio.Reader, c net.Conn, idle time.Duration, dst func(typ byte, id uint64, bulkLen int) ([]byte, func() bool)) (frame, error) {
 	if c != nil {
 		var d time.Time
 		if idle > 0 && r.Buffered() < frameHeader {
@@ -170,14 +175,22 @@ func readFrameTo(r *bufio.Reader, c net.Conn, idle time.Duration, dst func(typ b
 		c.SetReadDeadline(time.Now().Add(frameTimeout))
 	}
 	if dst != nil && body > m {
-		if bulk := dst(typ, id, body-m); bulk != nil {
+		if bulk, still := dst(typ, id, body-m); bulk != nil {
 			if len(bulk) != body-m {
 				panic(fmt.Sprintf("rldev: a bulk buffer of %d bytes for %d", len(bulk), body-m))
 			}
 			meta := make([]byte, m)
 			_, err := io.ReadFull(r, meta)
-			if err == nil {
-				_, err = io.ReadFull(r, bulk)
+			for off := 0; err == nil && off < len(bulk); {
+				if !still() {
+					if _, err = io.CopyN(io.Discard, r, int64(len(bulk)-off)); err == nil {
+						return frame{typ: typ, id: id, meta: meta}, nil // its call ended: nobody wants it
+					}
+					break
+				}
+				var k int
+				k, err = r.Read(bulk[off:])
+				off += k
 			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF

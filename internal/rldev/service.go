@@ -396,7 +396,11 @@ func (s *Service) execLocked(g *generation, out []any) {
 		case DiskRead:
 			if x.Run != nil {
 				s.diskJob(g, x.Disk, func(dev disk.Device) func(Env) []any {
-					res, err := ReadRun(dev, x.Off, *x.Run)
+					read := ReadRun
+					if x.Lend != 0 {
+						read = ReadRunLent
+					}
+					res, err := read(dev, x.Off, *x.Run)
 					return func(env Env) []any {
 						if x.Lend != 0 && err == nil && len(res.Data) > 0 && s.mu.reqs[x.Lend] != nil {
 							s.mu.loans[x.Lend] = res.Data
