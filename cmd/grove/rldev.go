@@ -427,9 +427,11 @@ segment 0 or 1 only.`,
 				return err
 			}
 			defer s.Close()
+			buf := make([]byte, min(n, rldev.MaxIO)) // used again for every request
 			for done := uint64(0); done < n; {
 				k := min(n-done, rldev.MaxIO)
-				data, err := s.clerk.Read(ctx, id, off+done, k, replica)
+				data := buf[:k]
+				err := s.clerk.ReadInto(ctx, id, off+done, data, replica)
 				if err != nil {
 					return rldevErr("rldev read", &c, err)
 				}
