@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand"
 	"os"
 	"strconv"
@@ -36,29 +37,8 @@ func TestLentReadBuffersRandomized(t *testing.T) {
 	t.Logf("seed %d", seed)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 128 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	cl := rldev.NewClerk(mc)
-	defer cl.Close()
 	const size = 16 << 20
-	id := createServed(t, ctx, cl, size)
-	pattern := func(off uint64, b []byte) {
-		for i := 0; i < len(b); i += 8 {
-			binary.LittleEndian.PutUint64(b[i:], off+uint64(i))
-		}
-	}
-	chunk := make([]byte, 1<<20)
-	for off := uint64(0); off < size; off += 1 << 20 {
-		pattern(off, chunk)
-		if err := cl.Write(ctx, id, off, chunk, rldev.WriteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cl, id := offsetRLDev(t, ctx, t.TempDir(), 128<<20, size)
 
 	const readers, perReader = 6, 400
 	var mu sync.Mutex
@@ -105,14 +85,10 @@ func TestLentReadBuffersRandomized(t *testing.T) {
 					mu.Unlock()
 					return
 				}
-				for j := 0; j < len(got); j += 8 {
-					if v := binary.LittleEndian.Uint64(got[j:]); v != off+uint64(j) {
-						mu.Lock()
-						bad = append(bad, "read of "+strconv.FormatUint(n, 10)+" bytes at "+strconv.FormatUint(off, 10)+
-							" from replica "+strconv.Itoa(replica)+": word at "+strconv.Itoa(j)+" names offset "+strconv.FormatUint(v, 10))
-						mu.Unlock()
-						break
-					}
+				if j, v := wrongOffset(got, off); j >= 0 {
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("read of %d bytes at %d from replica %d: word at %d names offset %d", n, off, replica, j, v))
+					mu.Unlock()
 				}
 				mu.Lock()
 				reads++
@@ -128,4 +104,44 @@ func TestLentReadBuffersRandomized(t *testing.T) {
 	if reads < readers*perReader/2 {
 		t.Errorf("only %d reads of %d checked", reads, readers*perReader)
 	}
+}
+
+// offsetRLDev starts two store nodes in dir (disks of diskSize bytes) and
+// a clerk, all closed when the test ends, and makes an RLDev of size bytes
+// whose every 8-byte word names its own offset (wrongOffset checks a read
+// of it).
+func offsetRLDev(t *testing.T, ctx context.Context, dir string, diskSize int64, size uint64) (*rldev.Clerk, uint64) {
+	t.Helper()
+	c, err := bench.StartCluster(dir, 2, bench.ClusterOptions{Store: true, DiskSize: diskSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	mc := meta.NewClient(c.Members())
+	t.Cleanup(func() { mc.Close() })
+	cl := rldev.NewClerk(mc)
+	t.Cleanup(func() { cl.Close() })
+	id := createServed(t, ctx, cl, size)
+	chunk := make([]byte, 1<<20)
+	for off := uint64(0); off < size; off += uint64(len(chunk)) {
+		for i := 0; i < len(chunk); i += 8 {
+			binary.LittleEndian.PutUint64(chunk[i:], off+uint64(i))
+		}
+		if err := cl.Write(ctx, id, off, chunk, rldev.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cl, id
+}
+
+// wrongOffset returns the first word of got, read at off of an
+// offsetRLDev, that does not name its offset, and what it names; -1 if
+// none.
+func wrongOffset(got []byte, off uint64) (int, uint64) {
+	for j := 0; j+8 <= len(got); j += 8 {
+		if v := binary.LittleEndian.Uint64(got[j:]); v != off+uint64(j) {
+			return j, v
+		}
+	}
+	return -1, 0
 }

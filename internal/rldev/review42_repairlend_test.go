@@ -2,7 +2,6 @@ package rldev_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -13,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grovestore/grove/internal/bench"
-	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 )
 
@@ -28,29 +25,8 @@ func TestReview42LentReadsThroughRepair(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	c, err := bench.StartCluster(dir, 2, bench.ClusterOptions{Store: true, DiskSize: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	cl := rldev.NewClerk(mc)
-	defer cl.Close()
 	const size = 4 << 20
-	id := createServed(t, ctx, cl, size)
-	pattern := func(off uint64, b []byte) {
-		for i := 0; i < len(b); i += 8 {
-			binary.LittleEndian.PutUint64(b[i:], off+uint64(i))
-		}
-	}
-	chunk := make([]byte, 1<<20)
-	for off := uint64(0); off < size; off += 1 << 20 {
-		pattern(off, chunk)
-		if err := cl.Write(ctx, id, off, chunk, rldev.WriteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cl, id := offsetRLDev(t, ctx, dir, 64<<20, size)
 	tab, err := cl.Table(ctx, true)
 	if err != nil {
 		t.Fatal(err)
@@ -104,13 +80,10 @@ func TestReview42LentReadsThroughRepair(t *testing.T) {
 					continue
 				}
 				reads.Add(1)
-				for j := 0; j < len(got); j += 8 {
-					if v := binary.LittleEndian.Uint64(got[j:]); v != off+uint64(j) {
-						mu.Lock()
-						bad = append(bad, fmt.Sprintf("read of %d at %d: word at %d names %d", n, off, j, v))
-						mu.Unlock()
-						break
-					}
+				if j, v := wrongOffset(got, off); j >= 0 {
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("read of %d at %d: word at %d names %d", n, off, j, v))
+					mu.Unlock()
 				}
 			}
 		}(w)
