@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,7 +26,7 @@ func benchRLDevCmd() *cobra.Command {
 	var servers []int
 	var paths []string
 	repeat := 1
-	var cold bool
+	var cold, direct bool
 	resyncSize := units.Size(1 << 30)
 	cmd := &cobra.Command{
 		Use:   "rldev",
@@ -105,7 +106,7 @@ standard error.`,
 			defer os.RemoveAll(dir)
 			d := &cli.Doc{}
 			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat, cold: cold}
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat, cold: cold, direct: direct}
 			for _, p := range parts {
 				var err error
 				switch p {
@@ -133,6 +134,7 @@ standard error.`,
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
 	f.IntVar(&repeat, "repeat", 1, "iops: measure each cell `N` times, grove and fio in turn, and report the medians")
+	f.BoolVar(&direct, "direct-writes", false, "run the servers with small writes past the page cache ([rldev] direct_writes)")
 	f.BoolVar(&cold, "cold", false, "iops: drop the RLDev files' pages from the page cache before each grove cell, as fio drops its file's (both start from the disk)")
 	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
 	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
@@ -152,6 +154,7 @@ type rldevBench struct {
 	paths  []string // data paths: iops runs on each, the others on the first
 	repeat int      // iops: runs per cell (medians)
 	cold   bool     // iops: each grove cell starts with the RLDev files out of the page cache (--cold)
+	direct bool     // the servers write small blocks past the page cache (--direct-writes)
 }
 
 // cluster starts n servers with disks of diskSize.
@@ -162,8 +165,12 @@ func (b *rldevBench) cluster(n int, diskSize string) (*bench.RLDevCluster, error
 // clusterOn starts n servers whose blocks travel on path.
 func (b *rldevBench) clusterOn(n int, diskSize, path string) (*bench.RLDevCluster, error) {
 	b.n++
-	b.log("starting %d servers (grove up --processes --nodes %d --data-path %s)", n, n, path)
-	return bench.StartRLDevCluster(b.ctx, b.bin, b.clusterDir(), b.port, n, diskSize, path, nil)
+	var extra []string
+	if b.direct {
+		extra = append(extra, "--direct-writes")
+	}
+	b.log("starting %d servers (grove up --processes --nodes %d --data-path %s %s)", n, n, path, strings.Join(extra, " "))
+	return bench.StartRLDevCluster(b.ctx, b.bin, b.clusterDir(), b.port, n, diskSize, path, nil, extra...)
 }
 
 // clusterDir is the directory of the cluster clusterOn started last.

@@ -58,6 +58,7 @@ type upOptions struct {
 	diskSize  units.Size
 	disks     int
 	dataPath  string
+	direct    bool
 	chunkSize units.Size
 	resvLife  time.Duration
 	changed   func(flag string) bool // set on the command line
@@ -144,6 +145,7 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 	f.DurationVar(&o.resvLife, "chunk-reservation-life", 0, "on a new cluster, how long a batching clerk's reservation of chunks stays open without its commit before the primary keeps them all (`DURATION`; default 60s)")
 	f.Var(&o.chunkSize, "chunk-size", "on a new cluster, give each chunk manager pair (one per adjacent node pair) a data RLDev of `SIZE` (default 1GiB, at most --disk-size/8 unless set; 0: no pairs)")
 	f.StringVar(&o.dataPath, "data-path", "tcp", "carry RLDev blocks between nodes on `tcp|grpc` (the nodes' [rldev] data_path; may change between runs)")
+	f.BoolVar(&o.direct, "direct-writes", false, "write small RLDev blocks past the page cache (the nodes' [rldev] direct_writes, for disks larger than memory; may change between runs)")
 	addLogFlags(cmd, &o.logLevel, &o.logFormat)
 	return cmd
 }
@@ -317,6 +319,9 @@ func layout(o upOptions) (cfgs []*node.Config, paths []string, rec upRecord, cre
 			if o.changed != nil && o.changed("data-path") && c.Has(node.RoleStore) && c.RLDev.DataPath != o.dataPath {
 				c.RLDev.DataPath, changed = o.dataPath, true
 			}
+			if o.changed != nil && o.changed("direct-writes") && c.Has(node.RoleStore) && c.RLDev.DirectWrites != o.direct {
+				c.RLDev.DirectWrites, changed = o.direct, true
+			}
 			if c.MetricsAddr == "" {
 				if h, p, err := net.SplitHostPort(c.GRPCAddr); err == nil {
 					if port, err := strconv.Atoi(p); err == nil && port+3 <= 65535 {
@@ -377,6 +382,7 @@ func newConfigs(o upOptions, data, key string) []*node.Config {
 		if o.dataPath != "" && o.dataPath != "tcp" {
 			c.RLDev.DataPath = o.dataPath
 		}
+		c.RLDev.DirectWrites = o.direct
 		c.Chunk.ReservationLife = node.Duration(o.resvLife)
 		if i <= o.members {
 			c.Roles = []string{node.RoleMeta, node.RoleObserver, node.RoleLock, node.RoleStore}

@@ -35,6 +35,8 @@ type ClusterOptions struct {
 	// DataPath is the nodes' [rldev] data_path ("tcp" or "grpc"; default
 	// tcp).
 	DataPath string
+	// DirectWrites is the nodes' [rldev] direct_writes.
+	DirectWrites bool
 	// Log receives the nodes' lines (default: none).
 	Log *slog.Logger
 	// ResvLife is the nodes' [chunk] reservation_life (0: the default).
@@ -82,6 +84,7 @@ func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 			cfg.Roles = append(cfg.Roles, node.RoleStore)
 			cfg.Disks, cfg.DiskSize = []string{"disk0.img"}, units.Size(o.DiskSize)
 			cfg.RLDev.DataPath = o.DataPath
+			cfg.RLDev.DirectWrites = o.DirectWrites
 			cfg.Chunk.ReservationLife = node.Duration(o.ResvLife)
 		}
 		cfg.BTree.RepairEvery = node.Duration(o.RepairEvery)

@@ -35,8 +35,9 @@ type RLDevCluster struct {
 
 // StartRLDevCluster runs n server processes (one config-service member)
 // under dir, each with a disk file of diskSize, their blocks and the
-// clerk's on dataPath (rldev.DataPathTCP or DataPathGRPC).
-func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSize, dataPath string, log io.Writer) (*RLDevCluster, error) {
+// clerk's on dataPath (rldev.DataPathTCP or DataPathGRPC); extra are more
+// flags of grove up.
+func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSize, dataPath string, log io.Writer, extra ...string) (*RLDevCluster, error) {
 	meta1 := "1"
 	if n >= 3 {
 		meta1 = "3"
@@ -44,7 +45,7 @@ func StartRLDevCluster(ctx context.Context, bin, dir string, port, n int, diskSi
 	if dataPath == "" {
 		dataPath = rldev.DataPathTCP
 	}
-	u, err := StartUp(ctx, bin, dir, port, log, "--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize, "--data-path", dataPath, "--chunk-size", "0")
+	u, err := StartUp(ctx, bin, dir, port, log, append([]string{"--nodes", strconv.Itoa(n), "--meta", meta1, "--disk-size", diskSize, "--data-path", dataPath, "--chunk-size", "0"}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,6 +64,14 @@ func CheckAccess(off int64, n int, size int64) error {
 type FileDevice struct {
 	f    *os.File
 	size int64
+	// direct, if not nil, is the device opened again with O_DIRECT: a
+	// write whose buffer, offset and length meet the alignments the file
+	// system asks (memAlign, offAlign, from statx) goes through it,
+	// bypassing the page cache; any other through f. Both reach the same
+	// file: Sync (fdatasync, per file) covers both, and the kernel keeps
+	// the page cache coherent with direct writes.
+	direct             *os.File
+	memAlign, offAlign int
 }
 
 var _ Device = (*FileDevice)(nil)
@@ -71,6 +81,25 @@ var _ Device = (*FileDevice)(nil)
 // entry made durable); an existing file keeps its size, and a smaller one
 // than size is refused (a device never shrinks under its segments).
 func OpenFile(path string, size int64) (*FileDevice, error) {
+	return OpenFileWith(path, size, FileOptions{})
+}
+
+// FileOptions are a FileDevice's choices.
+type FileOptions struct {
+	// DirectWrites sends writes of up to DirectMax bytes past the page
+	// cache (O_DIRECT), where the file system supports it (statx's
+	// STATX_DIOALIGN) and the write meets its alignments; the rest, and
+	// every read, go through the page cache. Measured (README): on a disk
+	// whose blocks are not in the page cache (larger than memory), 3.5x
+	// the 4 KiB random writes at queue depth 32 of buffered writes, which
+	// read the two pages an RLDev's 4 608-byte block covers in part
+	// first; with the blocks cached, a quarter fewer, and reads of blocks
+	// written so then miss the cache. Off by default.
+	DirectWrites bool
+}
+
+// OpenFileWith is OpenFile with opts.
+func OpenFileWith(path string, size int64, opts FileOptions) (*FileDevice, error) {
 	if size%SectorSize != 0 {
 		return nil, fmt.Errorf("disk %s: size %d is not a multiple of %d", path, size, SectorSize)
 	}
@@ -114,7 +143,45 @@ func OpenFile(path string, size int64) (*FileDevice, error) {
 	if got%SectorSize != 0 {
 		got -= got % SectorSize
 	}
-	return &FileDevice{f: f, size: got}, nil
+	d := &FileDevice{f: f, size: got}
+	if opts.DirectWrites {
+		d.openDirect(path)
+	}
+	return d, nil
+}
+
+// DirectMax is the largest write that goes past the page cache
+// (FileOptions.DirectWrites): a small write of a block that does not fill
+// whole pages makes a buffered write read the pages it covers in part
+// first when they are not cached; a large one covers whole pages but at
+// its ends, and is faster buffered (1 MiB writes: 2.3 ms against 3.9 ms
+// direct, in-process).
+const DirectMax = 64 << 10
+
+// openDirect opens the device for direct writes if its file system says
+// how (statx's STATX_DIOALIGN; none on tmpfs, for one): then writes that
+// meet its alignments skip the page cache.
+func (d *FileDevice) openDirect(path string) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_DIOALIGN, &st); err != nil || st.Mask&unix.STATX_DIOALIGN == 0 ||
+		st.Dio_mem_align == 0 || st.Dio_offset_align == 0 || SectorSize%st.Dio_offset_align != 0 {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		return
+	}
+	d.direct, d.memAlign, d.offAlign = f, int(st.Dio_mem_align), int(st.Dio_offset_align)
+}
+
+// Direct reports whether d writes small aligned writes past the page
+// cache (FileOptions.DirectWrites, and the file system supports it).
+func (d *FileDevice) Direct() bool { return d.direct != nil }
+
+// directOK reports whether p at off may be written through d.direct.
+func (d *FileDevice) directOK(p []byte, off int64) bool {
+	return d.direct != nil && len(p) > 0 && len(p) <= DirectMax && len(p)%d.offAlign == 0 && off%int64(d.offAlign) == 0 &&
+		int(uintptr(unsafe.Pointer(&p[0])))%d.memAlign == 0
 }
 
 func syncDir(path string) error {
@@ -160,10 +227,21 @@ func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
 	if err := CheckAccess(off, len(p), d.size); err != nil {
 		return 0, err
 	}
+	f := d.f
+	if d.directOK(p, off) {
+		f = d.direct
+	}
 	n := 0
 	for n < len(p) {
-		k, err := d.f.WriteAt(p[n:min(len(p), n+WriteChunk)], off+int64(n))
+		k, err := f.WriteAt(p[n:min(len(p), n+WriteChunk)], off+int64(n))
 		n += k
+		if err != nil && f == d.direct && errors.Is(err, syscall.EINVAL) {
+			// The file system refused a direct write statx said it
+			// takes: the rest goes through the page cache, as if direct
+			// writes were off, rather than failing the disk.
+			f = d.f
+			continue
+		}
 		if err != nil {
 			return n, err
 		}
@@ -174,5 +252,10 @@ func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
 // Sync is fdatasync(2).
 func (d *FileDevice) Sync() error { return unix.Fdatasync(int(d.f.Fd())) }
 
-func (d *FileDevice) Size() int64  { return d.size }
-func (d *FileDevice) Close() error { return d.f.Close() }
+func (d *FileDevice) Size() int64 { return d.size }
+func (d *FileDevice) Close() error {
+	if d.direct != nil {
+		d.direct.Close()
+	}
+	return d.f.Close()
+}

@@ -73,6 +73,12 @@ type RLDevConfig struct {
 	// port) or "grpc" (a gRPC stream, slower; kept to measure against).
 	// A node accepts both.
 	DataPath string `toml:"data_path"`
+	// DirectWrites writes small blocks (up to 64 KiB) to the node's
+	// disks past the page cache (O_DIRECT, where the file system supports
+	// it): for disks much larger than memory, where a buffered write of a
+	// block not in the page cache reads the pages it covers in part
+	// first. Off by default (with the blocks cached it costs: README).
+	DirectWrites bool `toml:"direct_writes"`
 }
 
 // FDConfig holds the failure detector's tunables.

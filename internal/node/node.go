@@ -289,7 +289,7 @@ func (n *Node) openDisks() ([]rldev.ServiceDisk, error) {
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) && n.cfg.DiskSize == 0 {
 			return nil, fmt.Errorf("node %d: disk %s does not exist (create it, or set disk_size to have the node create it)", n.cfg.ID, path)
 		}
-		dev, err := disk.OpenFile(path, int64(n.cfg.DiskSize))
+		dev, err := disk.OpenFileWith(path, int64(n.cfg.DiskSize), disk.FileOptions{DirectWrites: n.cfg.RLDev.DirectWrites})
 		if err != nil {
 			return nil, fmt.Errorf("node %d: %w", n.cfg.ID, err)
 		}

@@ -63,17 +63,19 @@ func random(n int) []byte {
 // reads through the clerk; a node stops, writes go on in degraded mode; it
 // comes back, is resynced, and both copies are equal.
 // Blocks travel on the framed data path (the default) or on gRPC: both
-// are run.
+// are run; and the framed path once more with the nodes' small writes
+// past the page cache ([rldev] direct_writes).
 func TestServiceDegradedAndResync(t *testing.T) {
 	for _, path := range []string{rldev.DataPathTCP, rldev.DataPathGRPC} {
-		t.Run(path, func(t *testing.T) { testServiceDegradedAndResync(t, path) })
+		t.Run(path, func(t *testing.T) { testServiceDegradedAndResync(t, path, false) })
 	}
+	t.Run("tcp+direct", func(t *testing.T) { testServiceDegradedAndResync(t, rldev.DataPathTCP, true) })
 }
 
-func testServiceDegradedAndResync(t *testing.T, path string) {
+func testServiceDegradedAndResync(t *testing.T, path string, direct bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t), DataPath: path})
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Store: true, DiskSize: 128 << 20, Log: testLog(t), DataPath: path, DirectWrites: direct})
 	if err != nil {
 		t.Fatal(err)
 	}
