@@ -163,14 +163,16 @@ func BenchmarkServiceWrite4KQD32(b *testing.B) { benchService(b, true, 4096, 32)
 func BenchmarkServiceRead4K(b *testing.B) { benchService(b, false, 4096, 1) }
 
 // The benchmarks run on the framed data path, or on gRPC with
-// GROVE_DATA_PATH=grpc; the garbage collector as in a node's process.
+// GROVE_DATA_PATH=grpc; with GROVE_DIRECT_WRITES=1 the nodes write small
+// blocks past the page cache ([rldev] direct_writes); the garbage
+// collector as in a node's process.
 func benchService(b *testing.B, write bool, size, qd int) {
 	ctx := context.Background()
 	if os.Getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
 	}
 	path := os.Getenv("GROVE_DATA_PATH")
-	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20, DataPath: path})
+	c, err := bench.StartCluster(b.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20, DataPath: path, DirectWrites: os.Getenv("GROVE_DIRECT_WRITES") != ""})
 	if err != nil {
 		b.Fatal(err)
 	}
