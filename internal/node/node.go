@@ -293,6 +293,9 @@ func (n *Node) openDisks() ([]rldev.ServiceDisk, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node %d: %w", n.cfg.ID, err)
 		}
+		if n.cfg.RLDev.DirectWrites && !dev.Direct() {
+			n.log.Warn("rldev direct_writes is on, but this disk takes buffered writes only (a block device, or a file system without direct I/O)", "disk", path)
+		}
 		n.devs = append(n.devs, dev)
 		h, fresh, err := rldev.OpenDisk(dev, n.cfg.ID, uint32(i))
 		if err != nil {
