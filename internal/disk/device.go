@@ -189,8 +189,9 @@ func (d *FileDevice) openDirect(path string) {
 	d.direct, d.memAlign = f, int(st.Dio_mem_align)
 }
 
-// Direct reports whether d writes small aligned writes past the page
-// cache (FileOptions.DirectWrites, and the file system supports it).
+// Direct reports whether d writes small writes, and the partial pages of
+// large ones, past the page cache (FileOptions.DirectWrites was asked, the
+// device is a file, and its file system supports it).
 func (d *FileDevice) Direct() bool { return d.direct != nil }
 
 func syncDir(path string) error {
@@ -236,7 +237,7 @@ func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
 	if err := CheckAccess(off, len(p), d.size); err != nil {
 		return 0, err
 	}
-	if d.direct == nil {
+	if d.direct == nil || len(p) == 0 {
 		return writeChunks(d.f, p, off)
 	}
 	if len(p) <= DirectMax {
@@ -280,9 +281,10 @@ func (d *FileDevice) WriteAt(p []byte, off int64) (int, error) {
 // pageSize is the page cache's unit.
 var pageSize = os.Getpagesize()
 
-// writeDirect writes p at off past the page cache, through an aligned
-// copy if p's memory is not aligned as the file system asks (offsets and
-// lengths are: they are multiples of SectorSize, which offAlign divides).
+// writeDirect writes p (not empty) at off past the page cache, through an
+// aligned copy if p's memory is not aligned as the file system asks
+// (offsets and lengths are: they are multiples of SectorSize, which the
+// file system's offset alignment divides, or openDirect opened nothing).
 func (d *FileDevice) writeDirect(p []byte, off int64) (int, error) {
 	if int(uintptr(unsafe.Pointer(&p[0])))%d.memAlign != 0 {
 		b := alignedBytes(len(p), max(d.memAlign, SectorSize))

@@ -144,6 +144,9 @@ func TestFileDeviceDirectWrites(t *testing.T) {
 	if !d.Direct() {
 		t.Skipf("the file system under %s does not take direct writes (statx: no STATX_DIOALIGN)", p)
 	}
+	if n, err := d.WriteAt(nil, 0); n != 0 || err != nil {
+		t.Fatalf("an empty write: %d, %v", n, err)
+	}
 	r := rand.New(rand.NewSource(1))
 	model := make([]byte, size)
 	arena := make([]byte, 2*DirectMax+8192)
