@@ -14,7 +14,7 @@ import (
 // ReadRun carries out a DiskRead of a run of blocks at off of dev: one
 // read, then the checks (BlockRun.Decode).
 func ReadRun(dev disk.Device, off int64, run BlockRun) (RunData, error) {
-	return readRunInto(dev, off, run, make([]byte, int(run.N)*PhysBlockSize))
+	return readRunInto(dev, off, run, make([]byte, int(run.N)*PhysBlockSize), false)
 }
 
 // ReadRunLent is ReadRun into a buffer of physBufs (a read the engine
@@ -22,12 +22,14 @@ func ReadRun(dev disk.Device, off int64, run BlockRun) (RunData, error) {
 // may give back (putPhys). Only lent reads are pooled: a buffer that is
 // never given back would cost its size class's rounding for nothing.
 func ReadRunLent(dev disk.Device, off int64, run BlockRun) (RunData, error) {
-	return readRunInto(dev, off, run, getPhys(int(run.N)))
+	return readRunInto(dev, off, run, getPhys(int(run.N)), true)
 }
 
-func readRunInto(dev disk.Device, off int64, run BlockRun, raw []byte) (RunData, error) {
+func readRunInto(dev disk.Device, off int64, run BlockRun, raw []byte, pooled bool) (RunData, error) {
 	if _, err := dev.ReadAt(raw, off); err != nil {
-		putPhys(raw)
+		if pooled {
+			putPhys(raw) // only the pool's: its buffers are page-aligned
+		}
 		return RunData{}, err
 	}
 	return run.Decode(raw), nil
@@ -56,7 +58,7 @@ func DoWrite(dev disk.Device, w DiskWrite) error {
 // what a buffer held before never leaks. A buffer goes back only from
 // where nothing else can hold it: DoWrite's encoded blocks after WriteAt,
 // and a client read's blocks once its reply frame is written (the node's
-// runtime, Service.lend).
+// runtime: Service's loans, DiskRead.Lend).
 var physBufs [physClasses]sync.Pool
 
 // physClasses bounds the pooled sizes: up to 2^(physClasses-1) blocks (8
