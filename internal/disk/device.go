@@ -287,18 +287,19 @@ var pageSize = os.Getpagesize()
 // file system's offset alignment divides, or openDirect opened nothing).
 func (d *FileDevice) writeDirect(p []byte, off int64) (int, error) {
 	if int(uintptr(unsafe.Pointer(&p[0])))%d.memAlign != 0 {
-		b := alignedBytes(len(p), max(d.memAlign, SectorSize))
+		b := AlignedBytes(len(p), len(p), max(d.memAlign, SectorSize))
 		copy(b, p)
 		p = b
 	}
 	return writeChunks(d.direct, p, off)
 }
 
-// alignedBytes returns n bytes starting at a multiple of align in memory.
-func alignedBytes(n, align int) []byte {
-	b := make([]byte, n+align)
+// AlignedBytes returns n bytes, of capacity c (>= n), starting at a
+// multiple of align in memory (what a direct write's buffer needs).
+func AlignedBytes(n, c, align int) []byte {
+	b := make([]byte, c+align)
 	skip := (align - int(uintptr(unsafe.Pointer(&b[0])))%align) % align
-	return b[skip : skip+n : skip+n]
+	return b[skip : skip+n : skip+c]
 }
 
 // writeChunks writes p at off to f, WriteChunk bytes at a time.

@@ -185,7 +185,7 @@ func onDiskEquals(t *testing.T, p string, want []byte) (int, bool) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	got := alignedBytes(len(want), 4096)
+	got := AlignedBytes(len(want), len(want), 4096)
 	if _, err := f.ReadAt(got, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestFileDeviceDirectWritesSharedPages(t *testing.T) {
 		for s := 0; s < slots; s++ {
 			base := int64(s * (big + 1) * blk)
 			large := make([]byte, big*blk)
-			small := alignedBytes(blk, 4096)
+			small := AlignedBytes(blk, blk, 4096)
 			r.Read(large)
 			r.Read(small)
 			copy(model[base:], large)

@@ -3,7 +3,6 @@ package rldev
 import (
 	"math/bits"
 	"sync"
-	"unsafe"
 
 	"github.com/grovestore/grove/internal/disk"
 )
@@ -77,21 +76,13 @@ func getPhys(n int) []byte {
 	if p, _ := physBufs[k].Get().(*[]byte); p != nil {
 		return (*p)[:n*PhysBlockSize]
 	}
-	return alignedBuf(n*PhysBlockSize, (1<<k)*PhysBlockSize)
+	return disk.AlignedBytes(n*PhysBlockSize, (1<<k)*PhysBlockSize, physAlign)
 }
 
 // physAlign is the memory alignment of physBufs' buffers: a page, which
 // meets every file system's alignment for direct I/O (disk.FileDevice
 // writes an aligned buffer past the page cache).
 const physAlign = 4096
-
-// alignedBuf returns a buffer of length n and capacity c that starts at a
-// multiple of physAlign in memory.
-func alignedBuf(n, c int) []byte {
-	b := make([]byte, c+physAlign)
-	skip := (physAlign - int(uintptr(unsafe.Pointer(&b[0])))%physAlign) % physAlign
-	return b[skip : skip+n : skip+c]
-}
 
 // putPhys gives back a buffer getPhys returned (b may be any slice of it
 // that starts where it starts). Anything else is left to the collector.
