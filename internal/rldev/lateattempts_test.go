@@ -288,7 +288,8 @@ type lateProxy struct {
 	refusedSeq int // sequenced connections refused (lateEarlierBuild)
 	mu         sync.Mutex
 	rnd        *rand.Rand
-	held       sync.WaitGroup
+	held       sync.WaitGroup // holds in flight; Add only under mu, never once draining
+	draining   bool           // drain has begun: no new holds (WaitGroup's rule: no Add racing Wait)
 	nHeld      int
 	nDropped   int
 	nLost      int
@@ -322,7 +323,15 @@ func (p *lateProxy) close() {
 	}
 }
 
-func (p *lateProxy) drain() { p.held.Wait() }
+// drain waits for every held frame to have been passed on. A frame the
+// proxy reads after drain began passes unfaulted: a hold begun then would
+// be an Add racing the Wait (the race detector caught one in CI).
+func (p *lateProxy) drain() {
+	p.mu.Lock()
+	p.draining = true
+	p.mu.Unlock()
+	p.held.Wait()
+}
 
 func (p *lateProxy) counts() (held, dropped, lost, refused int) {
 	p.mu.Lock()
@@ -331,15 +340,20 @@ func (p *lateProxy) counts() (held, dropped, lost, refused int) {
 }
 
 // decide draws a write frame's fate: 0 pass, 1 hold, 2 drop, 3 lose the
-// answer; and a hold's delay.
+// answer; and a hold's delay. A hold is counted in p.held here, under
+// p.mu, so that drain's Wait never races its Add.
 func (p *lateProxy) decide() (int, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.draining {
+		return 0, 0
+	}
 	r := p.rnd.Intn(100)
 	d := time.Duration(20+p.rnd.Intn(300)) * time.Millisecond
 	switch {
 	case r < 12:
 		p.nHeld++
+		p.held.Add(1)
 		return 1, d
 	case r < 16:
 		p.nDropped++
@@ -406,7 +420,6 @@ func (p *lateProxy) pipe(down net.Conn) {
 		switch fate, delay := p.decide(); fate {
 		case 1:
 			down.Close()
-			p.held.Add(1)
 			go func() {
 				defer p.held.Done()
 				time.Sleep(delay)
