@@ -1721,7 +1721,7 @@ type RLDevReplicaStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Rldev           uint64                 `protobuf:"varint,1,opt,name=rldev,proto3" json:"rldev,omitempty"`
 	Segment         uint32                 `protobuf:"varint,2,opt,name=segment,proto3" json:"segment,omitempty"`
-	State           string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // loading, joining, ready, failed, retired
+	State           string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // loading, joining, ready, failed, retired, waiting
 	Stale           bool                   `protobuf:"varint,4,opt,name=stale,proto3" json:"stale,omitempty"`
 	Primary         bool                   `protobuf:"varint,5,opt,name=primary,proto3" json:"primary,omitempty"`
 	DirtyRegions    uint64                 `protobuf:"varint,6,opt,name=dirty_regions,json=dirtyRegions,proto3" json:"dirty_regions,omitempty"`
@@ -1733,8 +1733,14 @@ type RLDevReplicaStatus struct {
 	ScrubRepaired   uint64                 `protobuf:"varint,12,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
 	ScrubNext       uint64                 `protobuf:"varint,13,opt,name=scrub_next,json=scrubNext,proto3" json:"scrub_next,omitempty"` // the next block the scrubber checks
 	Error           string                 `protobuf:"bytes,14,opt,name=error,proto3" json:"error,omitempty"`                           // why it failed
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// What the replica waits for before it can go on, if anything: a new
+	// replica (state "waiting") for a retired replica's I/O on its extent to
+	// end; a failed one for an operation of its failed life before it loads
+	// again.
+	Wait          string `protobuf:"bytes,15,opt,name=wait,proto3" json:"wait,omitempty"`
+	MoveTarget    bool   `protobuf:"varint,16,opt,name=move_target,json=moveTarget,proto3" json:"move_target,omitempty"` // the replica receives the segment by a move
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RLDevReplicaStatus) Reset() {
@@ -1865,6 +1871,20 @@ func (x *RLDevReplicaStatus) GetError() string {
 	return ""
 }
 
+func (x *RLDevReplicaStatus) GetWait() string {
+	if x != nil {
+		return x.Wait
+	}
+	return ""
+}
+
+func (x *RLDevReplicaStatus) GetMoveTarget() bool {
+	if x != nil {
+		return x.MoveTarget
+	}
+	return false
+}
+
 var File_grovepb_rldev_proto protoreflect.FileDescriptor
 
 const file_grovepb_rldev_proto_rawDesc = "" +
@@ -1993,7 +2013,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x1aRLDevServiceStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x128\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xc1\x03\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xf6\x03\n" +
 	"\x12RLDevReplicaStatus\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x18\n" +
 	"\asegment\x18\x02 \x01(\rR\asegment\x12\x14\n" +
@@ -2012,7 +2032,10 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x0escrub_repaired\x18\f \x01(\x04R\rscrubRepaired\x12\x1d\n" +
 	"\n" +
 	"scrub_next\x18\r \x01(\x04R\tscrubNext\x12\x14\n" +
-	"\x05error\x18\x0e \x01(\tR\x05error*v\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error\x12\x12\n" +
+	"\x04wait\x18\x0f \x01(\tR\x04wait\x12\x1f\n" +
+	"\vmove_target\x18\x10 \x01(\bR\n" +
+	"moveTarget*v\n" +
 	"\n" +
 	"RldevState\x12\x1b\n" +
 	"\x17RLDEV_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

@@ -186,9 +186,11 @@ func nodeStatuses(ctx context.Context, s *rldevSession, t *rldev.Table) map[uint
 	return out
 }
 
+// replicaStatus is node's status of its segment of RLDev id (not of a
+// move's target there: a move to another disk of the node has both).
 func replicaStatus(st map[uint64]*pb.RLDevServiceStatusResponse, node, id uint64) *pb.RLDevReplicaStatus {
 	for _, r := range st[node].GetReplicas() {
-		if r.Rldev == id {
+		if r.Rldev == id && !r.MoveTarget {
 			return r
 		}
 	}
@@ -257,8 +259,12 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 			case rs == nil:
 				notes = append(notes, fmt.Sprintf("node %d has not loaded its segment", node))
 				continue
+			case rs.State == "failed" && rs.Wait != "":
+				notes = append(notes, fmt.Sprintf("node %d: segment failed: %s; %s", node, rs.Error, rs.Wait))
 			case rs.State == "failed":
 				notes = append(notes, fmt.Sprintf("node %d: segment failed: %s", node, rs.Error))
+			case rs.Wait != "":
+				notes = append(notes, fmt.Sprintf("node %d: %s: %s", node, rs.State, rs.Wait))
 			case rs.State != "ready":
 				notes = append(notes, fmt.Sprintf("node %d: %s", node, rs.State))
 			case rs.Recovering > 0:
@@ -273,6 +279,13 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 			passes += rs.ScrubPasses
 			repaired += rs.ScrubRepaired
 			scrub = append(scrub, fmt.Sprintf("%d:%d", node, rs.ScrubPasses))
+		}
+		if m := r.Move; m != nil {
+			for _, ts := range st[m.To.Node].GetReplicas() {
+				if ts.Rldev == id && ts.MoveTarget && ts.Wait != "" {
+					notes = append(notes, fmt.Sprintf("move target on node %d: %s", m.To.Node, ts.Wait))
+				}
+			}
 		}
 		if len(r.Retiring) > 0 {
 			notes = append(notes, fmt.Sprintf("%d old extents to free", len(r.Retiring)))

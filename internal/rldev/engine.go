@@ -1005,7 +1005,7 @@ func (e *Engine) Incarnation() uint64 { return e.cfg.Inc }
 type ReplicaStatus struct {
 	RLDev           uint64
 	Segment         int
-	State           string // loading, joining, ready, failed, retired
+	State           string // loading, joining, ready, failed, retired; waiting (Wait)
 	Stale, Primary  bool
 	MoveTarget      bool // this node receives the segment by a move
 	DirtyRegions    uint64
@@ -1017,6 +1017,11 @@ type ReplicaStatus struct {
 	ScrubRepaired   uint64
 	ScrubNext       uint64
 	Err             string
+	// Wait says what the replica waits for before it goes on, if it
+	// waits for something of this node's own: a failed replica's reload
+	// for an operation of its failed life; a new one (State "waiting":
+	// not loaded yet) for a retired replica's I/O on its extent.
+	Wait string
 }
 
 // Status describes the engine's replicas, by RLDev.
@@ -1038,7 +1043,24 @@ func (e *Engine) Status() []ReplicaStatus {
 		if r.err != nil {
 			st.Err = r.err.Error()
 		}
+		if r.state == repFailed && (r.reloadHeld || r.busy()) {
+			st.Wait = "an operation of its failed life is still in progress: it loads again once that ends"
+		}
 		out = append(out, st)
+	}
+	// Segments and move targets this node does not host yet: their
+	// extent's retired replica still has I/O in progress (extentBusy).
+	if len(e.waitLogged) > 0 && e.table != nil {
+		const why = "the I/O of a retired replica of its extent is still in progress"
+		for _, id := range e.table.IDs() {
+			rec := e.table.RLDevs[id]
+			if seg := rec.SegmentOf(e.cfg.Node); seg >= 0 && e.reps[id] == nil && e.waitLogged[rec.Segs[seg]] {
+				out = append(out, ReplicaStatus{RLDev: id, Segment: seg, State: "waiting", Stale: rec.Stale[seg], Primary: rec.Primary == seg, Wait: why})
+			}
+			if m := rec.Move; m != nil && m.To.Node == e.cfg.Node && e.tgts[id] == nil && e.waitLogged[m.To] {
+				out = append(out, ReplicaStatus{RLDev: id, Segment: m.Seg, State: "waiting", MoveTarget: true, Wait: why})
+			}
+		}
 	}
 	return out
 }

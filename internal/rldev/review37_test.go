@@ -60,11 +60,18 @@ func TestReview37ReloadedReplicaLetsEarlierWriteLandLast(t *testing.T) {
 	if rp, ok := h.replies[h.writeBy(pn, r.ID, 10, pattern(1, 2))]; ok && rp.Err == nil {
 		t.Fatal("W2 (the retry) accepted while W1's disk write is still in progress")
 	}
+	// The wait is visible (grove rldev list shows Wait).
+	if st := statusOf(pn.e, r.ID, false); st.State != "failed" || st.Wait == "" {
+		t.Errorf("status of the failed replica waiting for its failed life's write: %+v, want failed with a Wait", st)
+	}
 	// W1's hung I/O completes; the replica then loads again and serves.
 	h.release(0)
 	h.tick(6 * time.Second)
 	if st := pn.e.reps[r.ID].state; st != repReady {
 		t.Fatalf("replica %v once its writes landed and ReloadEvery passed, want ready", st)
+	}
+	if st := statusOf(pn.e, r.ID, false); st.Wait != "" {
+		t.Errorf("status of the reloaded replica: %+v, want no Wait", st)
 	}
 	if rp, ok := h.replies[h.writeBy(pn, r.ID, 10, pattern(1, 2))]; !ok || rp.Err != nil {
 		t.Fatalf("W2 (the retry): %+v (replied %v)", rp.Err, ok)
@@ -81,4 +88,15 @@ func TestReview37ReloadedReplicaLetsEarlierWriteLandLast(t *testing.T) {
 		t.Fatalf("blocks 10-11 hold %#x..., W1's data (started first, answered ErrMaybeWritten), not the acknowledged W3's %#x...: W1's disk write landed after W2 and W3",
 			rp.Data[0], pattern(3, 2)[0])
 	}
+}
+
+// statusOf is e's status of RLDev id's segment (target false) or move
+// target (true); the zero status if e reports none.
+func statusOf(e *Engine, id uint64, target bool) ReplicaStatus {
+	for _, st := range e.Status() {
+		if st.RLDev == id && st.MoveTarget == target {
+			return st
+		}
+	}
+	return ReplicaStatus{}
 }

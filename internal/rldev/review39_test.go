@@ -210,11 +210,18 @@ func TestReview39DroppedTargetLateWriteOverNewReplica(t *testing.T) {
 	if tg.state != repRetired {
 		t.Fatalf("the old target %v, want retired", tg.state)
 	}
+	// The wait is visible (grove rldev list shows Wait).
+	if st := statusOf(c.e, id, false); st.State != "waiting" || st.Wait == "" || st.Segment != 1 {
+		t.Errorf("node %d's status of the segment waiting for its extent: %+v, want waiting with a Wait", c.id, st)
+	}
 	// The old write lands; then c hosts the segment, is resynced, and W
 	// writes block X (D2).
 	h.release(0)
 	if !h.tickUntil(30*time.Second, ready) {
 		t.Fatalf("not resynced once the old target's write ended: %+v (c: %v)", h.rec(id), c.e.reps[id])
+	}
+	if st := statusOf(c.e, id, false); st.State != "ready" || st.Wait != "" {
+		t.Errorf("node %d's status of the segment once hosted: %+v, want ready with no Wait", c.id, st)
 	}
 	h.mustWrite(a.id, id, X, pattern(2, 1))
 	h.tick(time.Second)
