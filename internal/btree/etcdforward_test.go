@@ -122,11 +122,12 @@ func TestEtcdForwardStream(t *testing.T) {
 	// A caller that gives up stops its call at the home: the cancellation
 	// follows the call on the stream (the call would otherwise run to the
 	// home's operation timeout for nobody).
-	ended := make(chan error, 1)
+	ended, entered := make(chan error, 1), make(chan struct{})
 	var once sync.Once
 	homeKV := tc.c.Nodes[home-1].Etcd()
 	homeKV.SetForwardServeHookForTest(func(ctx context.Context) {
 		once.Do(func() {
+			close(entered)
 			select {
 			case <-ctx.Done():
 				ended <- ctx.Err()
@@ -139,7 +140,15 @@ func TestEtcdForwardStream(t *testing.T) {
 	sent0, _ := tc.c.Nodes[home%3].Etcd().CancelStats()
 	_, stopped0 := homeKV.CancelStats()
 	cctx, ccancel := context.WithCancel(ctx)
-	time.AfterFunc(200*time.Millisecond, ccancel)
+	// Cancelled once the call runs at the home (a fixed delay could end it
+	// before it left this node's outbox under load: then it is never sent).
+	go func() {
+		select {
+		case <-entered:
+		case <-time.After(30 * time.Second):
+		}
+		ccancel()
+	}()
 	if _, err := other.Range(cctx, &etcdpb.RangeRequest{Key: []byte("warm")}); status.Code(err) != codes.Canceled {
 		t.Fatalf("a cancelled forwarded range: %v", err)
 	}

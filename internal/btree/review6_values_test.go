@@ -196,9 +196,13 @@ func (s *starveStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error)
 			defer s.writing.Store(false)
 			_, _ = s.tr.Put(context.WithoutCancel(ctx), s.key, s.val(), Cond{})
 		}()
+		// The overwrite lands first unless a lock the reader holds stops
+		// it. The wait is long enough for an overwrite that is not
+		// stopped to land even on a loaded CI machine (a short one let it
+		// land after the read there: too few restarts).
 		select {
 		case <-done:
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	return s.MemStore.ReadValue(ctx, r)

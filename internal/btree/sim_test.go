@@ -1534,7 +1534,9 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 	if err := w.checkLeaks(nil, h); err != nil {
 		return res, fmt.Errorf("after the drop: %v", err)
 	}
+	w.mu.Lock()
 	res.kills, res.restarts = w.kills, w.restart-3
+	w.mu.Unlock()
 	for n := uint64(1); n <= 3; n++ {
 		w.kill(w.servers[n])
 	}
@@ -1780,9 +1782,11 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	}
 	ops := h.Ops()
 	res.ops, res.unknown = len(ops), lincheck.Unknown(ops)
+	w.mu.Lock() // the servers still run: a failure watch may count a resignation and a death
 	res.kills, res.restarts = w.kills, w.restart-3
 	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
 	res.closes, res.closeFailed = w.closes, w.closeFailed
+	w.mu.Unlock()
 	w.locks.mu.Lock()
 	res.runRenewals = w.locks.runRenewals
 	res.failovers, res.allRuns = w.locks.failovers, w.locks.allRuns

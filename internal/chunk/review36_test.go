@@ -127,8 +127,8 @@ func (p *r36Proxy) pipe(down net.Conn) {
 				}
 				p.mu.Unlock()
 				if keep {
-					down.Close() // the clerk's side breaks; the frame is still on its way
-					close(p.held)
+					close(p.held) // before the break: the clerk's retry may be quick
+					down.Close()  // the clerk's side breaks; the frame is still on its way
 					<-p.release
 					up.Write(frame)
 					close(p.passed)

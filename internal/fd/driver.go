@@ -85,10 +85,14 @@ type Registration struct {
 // and completions. Beacon and echo handling never waits for the disk or the
 // config service: those run on their own goroutines.
 type Driver struct {
-	cfg      DriverConfig
-	log      *slog.Logger
-	done     chan struct{}
-	wg       sync.WaitGroup
+	cfg  DriverConfig
+	log  *slog.Logger
+	done chan struct{}
+	wg   sync.WaitGroup
+	// wgMu orders async's Add after a Close's Wait began (a resignation
+	// from another role can reach async from outside the driver's
+	// goroutines): Close closes done under it, async adds only before.
+	wgMu     sync.Mutex
 	rejected *ratelog.Limiter       // "datagram dropped" lines, per reason
 	writes   chan PersistTombstones // the tombstone writer's queue (one in flight)
 	mu       struct {
@@ -158,12 +162,13 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 // Close stops the driver. The node stops beaconing; observers will declare
 // it dead after GracePeriod.
 func (d *Driver) Close() {
-	select {
-	case <-d.done:
+	d.wgMu.Lock()
+	if d.closed() {
+		d.wgMu.Unlock()
 		return
-	default:
 	}
 	close(d.done)
+	d.wgMu.Unlock()
 	d.cfg.Conn.Close()
 	d.wg.Wait()
 }
@@ -278,7 +283,13 @@ func (d *Driver) exec(out []any) {
 // async runs one incarnation step's I/O off the driver's lock, then feeds
 // its completion to the engine.
 func (d *Driver) async(io func(ctx context.Context) func(*Engine, time.Time) []any) {
+	d.wgMu.Lock()
+	if d.closed() {
+		d.wgMu.Unlock()
+		return
+	}
 	d.wg.Add(1)
+	d.wgMu.Unlock()
 	go func() {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -480,7 +480,7 @@ func (s *Server) AddMember(id uint64, raftAddr string) (uint64, error) {
 	}
 	af := s.raft.AddVoter(serverID(id), raft.ServerAddress(raftAddr), f.Index(), 10*time.Second)
 	if err := af.Error(); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrMembership, err)
+		return 0, fmt.Errorf("%w: %w", ErrMembership, err) // raft.ErrLeadershipLost: may have committed
 	}
 	return af.Index(), nil
 }
@@ -538,7 +538,7 @@ func (s *Server) RemoveMember(id uint64) (uint64, error) {
 	}
 	rf := s.raft.RemoveServer(serverID(id), f.Index(), 10*time.Second)
 	if err := rf.Error(); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrMembership, err)
+		return 0, fmt.Errorf("%w: %w", ErrMembership, err) // raft.ErrLeadershipLost: may have committed
 	}
 	return rf.Index(), nil
 }

@@ -25,7 +25,7 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 	go d.readLoop(clerk)
 	defer d.fail(net.ErrClosed)
 
-	nodeDone := make(chan error, 1)
+	nodeDone, half := make(chan error, 1), make(chan struct{})
 	go func() {
 		f, err := readFrame(bufio.NewReader(node), nil, 0)
 		if err != nil {
@@ -39,14 +39,24 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 		}
 		node.Write(hdr)
 		node.Write(bytes.Repeat([]byte{0xbb}, BlockSize/2))
+		close(half)                                         // net.Pipe: a write returns once read, so the reader took the caller's buffer
 		time.Sleep(400 * time.Millisecond)                  // the caller gives up meanwhile
 		node.Write(bytes.Repeat([]byte{0xcc}, BlockSize/2)) // fails if the clerk ended the connection
 		nodeDone <- nil
 	}()
 
 	dst := bytes.Repeat([]byte{0xaa}, BlockSize)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// Given up once half the reply is in (a signal, not a deadline: under
+	// load a deadline could end the call before its reply began).
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-half:
+		case <-time.After(10 * time.Second): // the node failed: end the call anyway
+		}
+		cancel()
+	}()
 	if _, err := d.Read(ctx, &pb.RLDevServiceReadRequest{Rldev: 1, Length: BlockSize}, dst); err == nil {
 		t.Fatal("the read succeeded with half a reply")
 	}

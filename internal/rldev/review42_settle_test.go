@@ -31,13 +31,18 @@ func TestReview42SlowReplyGivenUpCutsOtherRequests(t *testing.T) {
 	defer d.fail(net.ErrClosed)
 
 	const n = 64 * BlockSize // 256 KiB, sent over ~250 ms
-	gotWrite := make(chan struct{})
+	// The steps are ordered by signals, not sleeps (a 2-core CI machine
+	// under the race detector delays goroutines by tens of ms): the read's
+	// frame, then the write's, then the reply streaming, then the read
+	// given up mid-stream.
+	gotRead, gotWrite, streaming := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		br := bufio.NewReader(node)
 		rf, err := readFrame(br, nil, 0)
 		if err != nil {
 			return
 		}
+		close(gotRead)
 		wf, err := readFrame(br, nil, 0)
 		if err != nil {
 			return
@@ -51,6 +56,9 @@ func TestReview42SlowReplyGivenUpCutsOtherRequests(t *testing.T) {
 			if _, err := node.Write(bytes.Repeat([]byte{0x77}, BlockSize)); err != nil {
 				return
 			}
+			if i == 4 {
+				close(streaming)
+			}
 			time.Sleep(4 * time.Millisecond)
 		}
 		whdr, _ := encodeFrame(frameWriteResp, wf.id, &pb.RLDevServiceWriteResponse{}, 0)
@@ -58,14 +66,14 @@ func TestReview42SlowReplyGivenUpCutsOtherRequests(t *testing.T) {
 	}()
 
 	dst := make([]byte, n)
-	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	rctx, rcancel := context.WithCancel(context.Background())
 	defer rcancel()
 	readErr := make(chan error, 1)
 	go func() {
 		_, err := d.Read(rctx, &pb.RLDevServiceReadRequest{Rldev: 1, Length: n}, dst)
 		readErr <- err
 	}()
-	time.Sleep(5 * time.Millisecond) // the read's frame goes first
+	<-gotRead // the read's frame goes first
 	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer wcancel()
 	writeErr := make(chan error, 1)
@@ -74,11 +82,13 @@ func TestReview42SlowReplyGivenUpCutsOtherRequests(t *testing.T) {
 		writeErr <- err
 	}()
 	<-gotWrite
+	<-streaming
 	start := time.Now()
+	rcancel() // given up mid-reply
 	if err := <-readErr; err == nil {
 		t.Fatal("the read succeeded")
 	}
-	t.Logf("the given-up read (a 30 ms deadline) returned %v after the node took the write", time.Since(start))
+	t.Logf("the read given up mid-reply returned %v later", time.Since(start))
 	if err := <-writeErr; err != nil {
 		t.Errorf("a write on the same connection, which the node answered, failed: %v (ErrConnLost: %v)", err, errors.Is(err, ErrConnLost))
 	}
