@@ -130,11 +130,11 @@ fuzz() {
 }
 fuzz fd FuzzDecode
 fuzz meta FuzzDecodeDecree
-fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse
+fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse FuzzDecodeState
 fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
-fuzz chunk FuzzDecodeMap FuzzDecodePeer
+fuzz chunk FuzzDecodeMap FuzzDecodePeer FuzzDecodeTable
 fuzz txn FuzzDecodeLog
-fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta
+fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzDirectory
 rm -rf "$fuzz_bins"
 
 phase "fault suite (short): three grove servers and a client in network namespaces"

@@ -151,6 +151,11 @@ func decodeEntry(b []byte) (TreeEntry, error) {
 	if CheckTreeName(e.Name) != nil || e.Anchor.IsZero() {
 		return TreeEntry{}, errors.New("btree: tree entry does not decode")
 	}
+	// A creation stores a filled configuration (createTree): a node size
+	// or fanout it cannot have written is not taken for the tree's.
+	if cfg := (Config{NodeSize: e.NodeSize, MaxFanout: e.MaxFanout}); e.NodeSize == 0 || cfg.fill() != nil {
+		return TreeEntry{}, fmt.Errorf("btree: tree entry %q: node size %d, fanout %d", e.Name, e.NodeSize, e.MaxFanout)
+	}
 	return e, nil
 }
 

@@ -118,3 +118,36 @@ func FuzzDecodeSessionResponse(f *testing.F) {
 		c.Handle(msg)
 	})
 }
+
+// FuzzDecodeState: the lock namespace (master record, clerk list,
+// recovery records) is read from the config service by every candidate
+// and clerk; any value under any key is decoded or refused, never a
+// panic, and what decodes is a state whose records hold real clerk ids.
+func FuzzDecodeState(f *testing.F) {
+	enc := func(m proto.Message) []byte { b, _ := proto.Marshal(m); return b }
+	f.Add("master", enc(&pb.LockMasterRecord{Node: 1, Incarnation: 2, Epoch: 3, GrpcAddr: "127.0.0.1:1"}))
+	f.Add("clerk/1-2-3", enc(&pb.LockClerkRecord{Id: &pb.ClerkId{Node: 1, Incarnation: 2, Seq: 3}, Kind: "wal", Scope: []string{"a"}}))
+	f.Add("recovery/1-2-3", enc(&pb.LockRecoveryRecord{Dead: &pb.ClerkId{Node: 1, Incarnation: 2, Seq: 3}, Kind: "wal",
+		Leases: []*pb.HeldLease{{Name: []byte("a"), Mode: pb.LockMode_LOCK_MODE_SHARED}}, Names: [][]byte{[]byte("b")}}))
+	f.Fuzz(func(t *testing.T, key string, b []byte) {
+		st, err := DecodeState(&pb.Namespace{Version: 7, Entries: []*pb.Entry{{Key: key, Value: b}}})
+		if err != nil {
+			return
+		}
+		for _, c := range st.Clerks {
+			if _, err := ClerkIDFromPB(ClerkIDToPB(c.ID)); err != nil {
+				t.Fatalf("a clerk record of id %v decoded: %v", c.ID, err)
+			}
+		}
+		for _, r := range st.Records {
+			if _, err := ClerkIDFromPB(ClerkIDToPB(r.Dead)); err != nil {
+				t.Fatalf("a recovery record of id %v decoded: %v", r.Dead, err)
+			}
+			for name, m := range r.Held {
+				if m != Shared && m != Exclusive {
+					t.Fatalf("recovery record holds %q in mode %v", name, m)
+				}
+			}
+		}
+	})
+}
