@@ -326,6 +326,18 @@ func (n *Node) RLDev() *rldev.Service { return n.rldev }
 // Chunk is the node's chunk-manager service (nil unless it is a store).
 func (n *Node) Chunk() *chunk.Service { return n.chunk }
 
+// DirectDisks counts the node's RLDev disks, and those of them that take
+// small writes past the page cache ([rldev] direct_writes where the disk
+// allows it).
+func (n *Node) DirectDisks() (direct, disks int) {
+	for _, d := range n.devs {
+		if f, ok := d.(interface{ Direct() bool }); ok && f.Direct() {
+			direct++
+		}
+	}
+	return direct, len(n.devs)
+}
+
 // metaTiming: the options' timing (tests) over the config file's.
 func metaTiming(cfg *Config, opt Options) meta.Timing {
 	if opt.MetaTiming != (meta.Timing{}) {

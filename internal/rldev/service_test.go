@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
 )
@@ -80,6 +82,14 @@ func testServiceDegradedAndResync(t *testing.T, path string, direct bool) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// The option reaches the disks where the file system takes direct
+	// writes, and only with it on.
+	wantDirect := direct && directWritesHere(t)
+	for _, n := range c.Nodes {
+		if d, all := n.DirectDisks(); all == 0 || wantDirect && d != all || !wantDirect && d != 0 {
+			t.Fatalf("node %d: %d of its %d disks take direct writes (direct_writes %v, the file system allows them: %v)", n.ID(), d, all, direct, wantDirect)
+		}
+	}
 	mc := meta.NewClient(c.Members())
 	defer mc.Close()
 	cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
@@ -535,4 +545,19 @@ func createServed(tb testing.TB, ctx context.Context, cl *rldev.Clerk, size uint
 		time.Sleep(50 * time.Millisecond)
 	}
 	return id
+}
+
+// directWritesHere reports whether the file system under t.TempDir takes
+// direct writes (disk.FileOptions.DirectWrites); the tests that turn them
+// on then check they are used.
+func directWritesHere(t *testing.T) bool {
+	d, err := disk.OpenFileWith(filepath.Join(t.TempDir(), "probe"), 1<<20, disk.FileOptions{DirectWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !d.Direct() {
+		t.Logf("the file system under %s takes buffered writes only: direct writes not checked", t.TempDir())
+	}
+	return d.Direct()
 }
