@@ -313,7 +313,12 @@ func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 	got := map[chunk.Handle]*rec{}
 	uncertain := 0
 	stop := make(chan struct{})
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }) }
 	var wg sync.WaitGroup
+	// The workers log and report through t: they end before the test
+	// does, even one that fails early (t.Fatal below).
+	defer func() { halt(); wg.Wait() }()
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func(w int) {
@@ -387,7 +392,7 @@ func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
 	}
 	killed := time.Now()
 	time.Sleep(5 * time.Second)
-	close(stop)
+	halt()
 	wg.Wait()
 	verify := func(when string) {
 		t.Helper()

@@ -168,13 +168,16 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 		t.Fatal("fresh hold not valid")
 	}
 	// A waiter on node 2's default clerk.
-	got := make(chan *Held, 1)
+	// (Its error travels with it: the goroutine may outlive a test that
+	// failed, and must not call t.Error then.)
+	type heldErr struct {
+		h   *Held
+		err error
+	}
+	got := make(chan heldErr, 1)
 	go func() {
 		h2, err := nodes[1].svc.DefaultClerk().Acquire(ctx, "x", Exclusive)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h2
+		got <- heldErr{h2, err}
 	}()
 	time.Sleep(300 * time.Millisecond)
 	select {
@@ -215,7 +218,11 @@ func TestServiceRecoveryAndFailover(t *testing.T) {
 	close(release)
 	var h2 *Held
 	select {
-	case h2 = <-got:
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("the waiter: %v", r.err)
+		}
+		h2 = r.h
 	case <-ctx.Done():
 		t.Fatal("waiter never granted after recovery")
 	}
