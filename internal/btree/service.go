@@ -522,7 +522,7 @@ func rpcError(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrTreeExists):
 		return status.Error(codes.AlreadyExists, err.Error())
-	case errors.Is(err, ErrKey), errors.Is(err, ErrTooLarge), errors.Is(err, ErrBadRange), errors.Is(err, ErrBadName):
+	case errors.Is(err, ErrKey), errors.Is(err, ErrTooLarge), errors.Is(err, ErrBadRange), errors.Is(err, ErrBadName), errors.Is(err, ErrBadConfig):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrRangeTooLarge):
 		return status.Error(codes.OutOfRange, err.Error())

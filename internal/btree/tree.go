@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -52,10 +53,11 @@ func (c *Config) fill() error {
 		c.NodeSize = MinNodeSize
 	}
 	if c.NodeSize < MinNodeSize || c.NodeSize > MaxNodeSize {
-		return fmt.Errorf("btree: node size %d outside [%d, %d]", c.NodeSize, MinNodeSize, MaxNodeSize)
+		return fmt.Errorf("%w: node size %d outside [%d, %d]", ErrBadConfig, c.NodeSize, MinNodeSize, MaxNodeSize)
 	}
-	if c.MaxFanout != 0 && c.MaxFanout < 4 {
-		return fmt.Errorf("btree: fanout %d: at least 4 (or 0, as many as fit)", c.MaxFanout)
+	if c.MaxFanout != 0 && (c.MaxFanout < 4 || c.MaxFanout > math.MaxUint16) {
+		// (The directory's entry holds it in 16 bits: review 44.)
+		return fmt.Errorf("%w: fanout %d: at least 4 and at most %d (or 0, as many as fit)", ErrBadConfig, c.MaxFanout, math.MaxUint16)
 	}
 	if c.Grace == 0 {
 		c.Grace = 2 * time.Minute
@@ -97,6 +99,9 @@ var (
 	ErrTooLarge      = errors.New("btree: key and value too large for a node")
 	ErrRangeTooLarge = errors.New("btree: the range spans too many leaves for one consistent count")
 	ErrBadRange      = errors.New("btree: the range's start is not below its end")
+	// ErrBadConfig: a tree's node size or fanout is out of range (a
+	// creation refused, changing nothing).
+	ErrBadConfig = errors.New("btree: bad tree configuration")
 )
 
 // ErrNotApplied marks an update's failure that came before any change:

@@ -306,17 +306,30 @@ func (c *Client) Members(ctx context.Context) (*pb.MembersResponse, error) {
 }
 
 // ChangeMembers adds (add) or removes a config-service member, following
-// the leader. It returns the raft index of the change.
+// the leader. It returns the raft index of the change (after an attempt
+// whose answer was lost, the commit index at which the change was found
+// made).
 func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAddr string) (uint64, error) {
 	var idx uint64
+	// maybe: an earlier attempt failed without an answer (lost, or its
+	// leader lost the lead mid-change): it may have committed, and this
+	// attempt's "already in / not in the configuration" may be about it.
+	maybe := false
 	err := c.retry(ctx, func(ctx context.Context, cl pb.ConfigServiceClient) (string, bool, error) {
 		r, err := cl.ChangeMembers(ctx, &pb.ChangeMembersRequest{Add: add, Remove: !add, Id: id, RaftAddr: raftAddr})
 		if s, ok := status.FromError(err); ok && s.Code() == codes.FailedPrecondition {
+			if maybe {
+				if m, merr := cl.Members(ctx, &pb.MembersRequest{}); merr == nil && hasMember(m, id) == add {
+					idx = m.CommitIndex
+					return "", true, nil // the earlier attempt made it
+				}
+			}
 			// The server's message already names ErrMembership.
 			return "", true, fmt.Errorf("%w: %s", ErrMembership, strings.TrimPrefix(s.Message(), ErrMembership.Error()+": "))
 		}
 		switch {
 		case err != nil:
+			maybe = true
 			return "", false, err
 		case r.NotLeader:
 			return r.LeaderAddr, false, nil
@@ -325,6 +338,16 @@ func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAdd
 		return "", true, nil
 	})
 	return idx, err
+}
+
+// hasMember reports whether m lists member id in the raft configuration.
+func hasMember(m *pb.MembersResponse, id uint64) bool {
+	for _, x := range m.GetMembers() {
+		if x.Id == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Watch streams a namespace whenever its version grows past after, until

@@ -174,3 +174,40 @@ func TestClientResendAfterLostAnswer(t *testing.T) {
 		t.Fatalf("namespace after: %v, %v", ns, err)
 	}
 }
+
+// TestChangeMembersAfterLostAnswer: a membership change whose answer is
+// lost is asked again; the leader then refuses it as already made ("not
+// in the configuration"). The client takes that for done, having checked
+// the configuration, instead of reporting the change refused (what it did
+// before: `grove member remove` failed although the member was removed).
+func TestChangeMembersAfterLostAnswer(t *testing.T) {
+	var lose, lost atomic.Int32
+	lose.Store(1)
+	drop := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if r, ok := resp.(*pb.ChangeMembersResponse); ok && err == nil && !r.NotLeader && lose.Add(-1) >= 0 {
+			lost.Add(1)
+			return nil, status.Error(codes.Unavailable, "test: the answer is lost")
+		}
+		return resp, err
+	}
+	g, members := grpcGroup(t, 3, grpc.ChainUnaryInterceptor(drop))
+	c := NewClient(members)
+	defer c.Close()
+	victim := g.members[(g.leader()+1)%3].ID
+	idx, err := c.ChangeMembers(ctx(t), false, victim, "")
+	if lost.Load() != 1 {
+		t.Fatalf("%d answers lost, want 1 (the test's fault did not fire)", lost.Load())
+	}
+	if err != nil || idx == 0 {
+		t.Fatalf("a removal whose answer was lost: index %d, %v; want done", idx, err)
+	}
+	mr, err := c.Members(ctx(t))
+	if err != nil || hasMember(mr, victim) || len(mr.Members) != 2 {
+		t.Fatalf("members after: %v %v", mr, err)
+	}
+	// A removal of a member that is not there, asked once, is still refused.
+	if _, err := c.ChangeMembers(ctx(t), false, victim, ""); !errors.Is(err, ErrMembership) {
+		t.Fatalf("removing a member that is not in the configuration: %v, want ErrMembership", err)
+	}
+}

@@ -680,9 +680,17 @@ func (g *grpcService) ChangeMembers(ctx context.Context, req *pb.ChangeMembersRe
 	switch {
 	case err == nil:
 		return &pb.ChangeMembersResponse{Index: idx}, nil
-	case errors.Is(err, ErrNotLeader):
+	case errors.Is(err, ErrNotLeader), errors.Is(err, raft.ErrNotLeader):
+		// (raft's: this replica lost the lead before the change entered
+		// its log; nothing was proposed, so the client may go on to the
+		// leader.)
 		id, addr := g.s.leaderHint()
 		return &pb.ChangeMembersResponse{NotLeader: true, LeaderId: id, LeaderAddr: addr}, nil
+	case errors.Is(err, raft.ErrLeadershipLost):
+		// The change may have committed under the next leader: not a
+		// refusal. The client asks again, and takes "already done" for
+		// done (Client.ChangeMembers).
+		return nil, status.Error(codes.Unavailable, "meta: leadership lost during the membership change (it may have committed): "+err.Error())
 	case errors.Is(err, ErrMembership):
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
