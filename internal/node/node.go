@@ -328,7 +328,7 @@ func (n *Node) Chunk() *chunk.Service { return n.chunk }
 
 // DirectDisks counts the node's RLDev disks, and those of them that take
 // small writes past the page cache ([rldev] direct_writes where the disk
-// allows it).
+// allows it). Not after Close (which drops the disks).
 func (n *Node) DirectDisks() (direct, disks int) {
 	for _, d := range n.devs {
 		if f, ok := d.(interface{ Direct() bool }); ok && f.Direct() {
