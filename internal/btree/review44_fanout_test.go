@@ -53,3 +53,30 @@ func TestReview44FanoutTruncationWedgesDirectory(t *testing.T) {
 		t.Fatalf("the truncated entry (fanout %d) would open", x.MaxFanout)
 	}
 }
+
+// A directory entry that does not decode (a torn or foreign value) stops
+// the collections that must see every anchor (Trees fails), but not the
+// other trees' operations: a lookup reads its own entry alone.
+func TestLookupReadsItsOwnEntryAlone(t *testing.T) {
+	users := TreeEntry{Name: "users", Anchor: Handle{CM: 1, ID: 7}, NodeSize: MinNodeSize}
+	n := &pb.Namespace{Name: Namespace, Entries: []*pb.Entry{
+		{Key: treeKey("bad"), Value: []byte{1, 2, 3}},
+		{Key: treeKey(users.Name), Value: encodeEntry(users)},
+		{Key: treeKey("misfiled"), Value: encodeEntry(TreeEntry{Name: "other", Anchor: Handle{CM: 1, ID: 9}, NodeSize: MinNodeSize})},
+	}}
+	if _, err := Trees(n); err == nil {
+		t.Fatal("Trees decoded a directory with an entry that does not decode")
+	}
+	if e, err := lookupIn(n, "users"); err != nil || e != users {
+		t.Fatalf("lookup of users beside a bad entry: %+v, %v", e, err)
+	}
+	if _, err := lookupIn(n, "bad"); err == nil || errors.Is(err, ErrNoTree) {
+		t.Fatalf("lookup of the bad entry: %v, want its decoding error", err)
+	}
+	if _, err := lookupIn(n, "misfiled"); err == nil || errors.Is(err, ErrNoTree) {
+		t.Fatalf("lookup of a misfiled entry: %v, want an error", err)
+	}
+	if _, err := lookupIn(n, "absent"); !errors.Is(err, ErrNoTree) {
+		t.Fatalf("lookup of an absent tree: %v, want ErrNoTree", err)
+	}
+}

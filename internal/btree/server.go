@@ -200,17 +200,26 @@ func LookupTree(ctx context.Context, m *meta.Client, name string) (TreeEntry, er
 	return lookupIn(ns, name)
 }
 
-// lookupIn finds tree name in directory ns.
+// lookupIn finds tree name in directory ns. It reads that tree's entry
+// alone: an entry of another tree that does not decode (Trees fails on
+// it, as the collections that must see every anchor should) does not stop
+// this one's operations.
 func lookupIn(ns *pb.Namespace, name string) (TreeEntry, error) {
-	ts, err := Trees(ns)
-	if err != nil {
-		return TreeEntry{}, err
+	key := treeKey(name)
+	for _, kv := range ns.GetEntries() {
+		if kv.Key != key {
+			continue
+		}
+		e, err := decodeEntry(kv.Value)
+		if err != nil {
+			return TreeEntry{}, fmt.Errorf("%w (key %q)", err, kv.Key)
+		}
+		if e.Name != name {
+			return TreeEntry{}, fmt.Errorf("btree: directory key %q holds the entry of tree %q", kv.Key, e.Name)
+		}
+		return e, nil
 	}
-	e, ok := ts[name]
-	if !ok {
-		return TreeEntry{}, fmt.Errorf("%w: %q", ErrNoTree, name)
-	}
-	return e, nil
+	return TreeEntry{}, fmt.Errorf("%w: %q", ErrNoTree, name)
 }
 
 // ServerConfig wires a node's B-tree server.
