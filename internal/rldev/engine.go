@@ -1050,7 +1050,7 @@ func (e *Engine) Status() []ReplicaStatus {
 	}
 	// Segments and move targets this node does not host yet: their
 	// extent's retired replica still has I/O in progress (extentBusy).
-	if len(e.waitLogged) > 0 && e.table != nil {
+	if len(e.waitLogged) > 0 && e.table != nil && e.fresh { // (as hostPending: a table not yet re-read may place them elsewhere)
 		const why = "the I/O of a retired replica of its extent is still in progress"
 		for _, id := range e.table.IDs() {
 			rec := e.table.RLDevs[id]
