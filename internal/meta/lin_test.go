@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -13,9 +14,11 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree/lincheck"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // TestLinearizableUnderPartitions: the config service's history is
@@ -25,9 +28,9 @@ import (
 // order, so that calls start at leader and followers alike) put unique
 // values and put-if-absent through Update (a decree conditional on the
 // version read), and read linearizably, on six keys (each in a namespace
-// of its own),
-// while a seeded schedule cuts off the leader or a follower for 0.3-1.5 s
-// and heals. porcupine checks the history key by key (a write that failed
+// of its own), while a seeded schedule cuts off the leader or a follower
+// for 0.3-1.5 s and heals, or stops a replica (its raft state stays on its
+// disk) and starts it again as long after. porcupine checks the history key by key (a write that failed
 // may have taken effect at any time after it began; a failed read is left
 // out). Its teeth: the same run reading a replica's state directly (a
 // stale read: what a replica that no longer leads, or a follower behind,
@@ -45,7 +48,7 @@ func TestLinearizableUnderPartitions(t *testing.T) {
 	ops, unknown, faults := runMetaLin(t, seed, d, false)
 	began := time.Now()
 	res, _ := porcupine.CheckOperationsVerbose(lincheck.PointModel, ops, time.Minute)
-	t.Logf("%d operations (%d writes of unknown outcome), %d cuts: %v (checked in %v)", len(ops), unknown, faults, res, time.Since(began).Round(time.Millisecond))
+	t.Logf("%d operations (%d writes of unknown outcome), %d faults: %v (checked in %v)", len(ops), unknown, faults, res, time.Since(began).Round(time.Millisecond))
 	switch res {
 	case porcupine.Unknown:
 		t.Fatalf("porcupine timed out (seed %d)", seed)
@@ -53,7 +56,7 @@ func TestLinearizableUnderPartitions(t *testing.T) {
 		t.Fatalf("the config service's history is not linearizable (seed %d)", seed)
 	}
 	if len(ops) < 50 || faults == 0 {
-		t.Fatalf("too little happened to judge: %d operations, %d cuts", len(ops), faults)
+		t.Fatalf("too little happened to judge: %d operations, %d faults", len(ops), faults)
 	}
 }
 
@@ -73,7 +76,34 @@ func TestLinearizableOracleHasTeeth(t *testing.T) {
 // runMetaLin runs the clients and the fault schedule for d; stale reads
 // from a random replica's state instead of Client.Read.
 func runMetaLin(t *testing.T, seed int64, d time.Duration, stale bool) (ops []porcupine.Operation, unknown, faults int) {
-	g, members := grpcGroup(t, 3)
+	// grpcGroup's set-up, with a gRPC server per replica that a restart
+	// replaces (on the same address: the clients' member lists name it).
+	var lis []net.Listener
+	for i := 0; i < 3; i++ {
+		l, err := transport.Listen("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis = append(lis, l)
+	}
+	g := newGroupWith(t, 3, func(i int) string { return lis[i].Addr().String() })
+	members := g.members
+	gs := make([]*grpc.Server, 3)
+	serve := func(i int, l net.Listener) {
+		gs[i] = grpc.NewServer(transport.ServerOptions()...)
+		g.servers[i].RegisterGRPC(gs[i])
+		go gs[i].Serve(l)
+	}
+	for i := range lis {
+		serve(i, lis[i])
+	}
+	defer func() {
+		for _, s := range gs {
+			if s != nil {
+				s.Stop()
+			}
+		}
+	}()
 	g.leader()
 	start := time.Now()
 	now := func() int64 { return int64(time.Since(start)) }
@@ -83,6 +113,7 @@ func runMetaLin(t *testing.T, seed int64, d time.Duration, stale bool) (ops []po
 	defer cancel()
 
 	var mu sync.Mutex // g's servers and transports: the fault schedule and stale reads
+	restarts := 0
 	var wg sync.WaitGroup
 	for c := 0; c < 4; c++ {
 		order := []Member{members[c%3], members[(c+1)%3], members[(c+2)%3]}
@@ -165,7 +196,9 @@ func runMetaLin(t *testing.T, seed int64, d time.Duration, stale bool) (ops []po
 	}
 
 	// The fault schedule: cut the leader (most of the time) or a follower
-	// off, for 0.3-1.5 s, then heal; 0.2-0.6 s between cuts.
+	// off, for 0.3-1.5 s, then heal; or (one fault in three) stop a
+	// replica (its raft state stays on its disk) and start it again after
+	// as long; 0.2-0.6 s between faults.
 	fr := rand.New(rand.NewSource(seed))
 	for ctx.Err() == nil {
 		select {
@@ -183,8 +216,16 @@ func runMetaLin(t *testing.T, seed int64, d time.Duration, stale bool) (ops []po
 				}
 			}
 		}
+		restart := fr.Intn(3) == 0
 		mu.Lock()
-		g.isolate(victim)
+		if restart {
+			gs[victim].Stop() // (closes its listener)
+			gs[victim] = nil
+			g.stop(victim)
+			restarts++
+		} else {
+			g.isolate(victim)
+		}
 		mu.Unlock()
 		faults++
 		select {
@@ -192,9 +233,19 @@ func runMetaLin(t *testing.T, seed int64, d time.Duration, stale bool) (ops []po
 		case <-time.After(time.Duration(300+fr.Intn(1200)) * time.Millisecond):
 		}
 		mu.Lock()
+		if restart {
+			g.start(victim)
+			l, err := transport.Listen(members[victim].GRPCAddr)
+			if err != nil {
+				mu.Unlock()
+				t.Fatalf("listening again on %s: %v", members[victim].GRPCAddr, err)
+			}
+			serve(victim, l)
+		}
 		g.heal()
 		mu.Unlock()
 	}
+	t.Logf("%d of the %d faults were restarts", restarts, faults)
 	wg.Wait()
 	ops = h.Ops()
 	return ops, lincheck.Unknown(ops), faults
