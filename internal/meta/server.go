@@ -165,8 +165,9 @@ func openLogStore(dir string, hl hclog.Logger) (logStore, error) {
 	if err := os.MkdirAll(filepath.Join(dir, walDir), 0o755); err != nil {
 		return nil, err
 	}
-	// raft-wal v0.4.0's Close leaves its meta database open (and its file
-	// locked, so a reopen in the same process blocks): own it and close it.
+	// raft-wal v0.4.0's Close left its meta database open (and its file
+	// locked, so a reopen in the same process blocked): own it and close it
+	// (v0.4.2 closes it too; a second close is a no-op).
 	mdb := &metadb.BoltMetaDB{}
 	w, err := wal.Open(filepath.Join(dir, walDir), wal.WithSegmentSize(walSegmentSize), wal.WithLogger(hl), wal.WithMetaStore(mdb))
 	if err != nil {
