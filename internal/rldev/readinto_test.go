@@ -26,6 +26,7 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 	defer d.fail(net.ErrClosed)
 
 	nodeDone, half := make(chan error, 1), make(chan struct{})
+	var restErr error // (read after nodeDone)
 	go func() {
 		f, err := readFrame(bufio.NewReader(node), nil, 0)
 		if err != nil {
@@ -39,9 +40,10 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 		}
 		node.Write(hdr)
 		node.Write(bytes.Repeat([]byte{0xbb}, BlockSize/2))
-		close(half)                                         // net.Pipe: a write returns once read, so the reader took the caller's buffer
-		time.Sleep(400 * time.Millisecond)                  // the caller gives up meanwhile
-		node.Write(bytes.Repeat([]byte{0xcc}, BlockSize/2)) // fails if the clerk ended the connection
+		close(half)                        // net.Pipe: a write returns once read, so the reader took the caller's buffer
+		time.Sleep(400 * time.Millisecond) // the caller gives up meanwhile
+		// The rest fails to go if the clerk ended the connection.
+		_, restErr = node.Write(bytes.Repeat([]byte{0xcc}, BlockSize/2))
 		nodeDone <- nil
 	}()
 
@@ -53,6 +55,10 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 	go func() {
 		select {
 		case <-half:
+			// Let the reader go back to its read of the rest (it then
+			// stalls there): given up before that read, the reader reads
+			// the rest into nothing instead (review 42), also right.
+			time.Sleep(50 * time.Millisecond)
 		case <-time.After(10 * time.Second): // the node failed: end the call anyway
 		}
 		cancel()
@@ -73,8 +79,17 @@ func TestReadIntoGivenUpMidReply(t *testing.T) {
 			t.Fatalf("byte %d of the caller's buffer is %#x after the read returned (the reply's bytes landed in it later)", i, b)
 		}
 	}
-	if !d.broken() {
-		t.Error("the connection survived a reply stalled mid-frame past settleGrace")
+	// Given up while the reader stalled mid-frame, the connection is cut
+	// after settleGrace (the rest cannot be sent); given up before the
+	// reader's next read (a slow scheduler), the rest was read into
+	// nothing and the connection lives on.
+	switch {
+	case restErr != nil && !d.broken():
+		t.Errorf("the rest of the reply failed to go (%v), yet the connection is not marked broken", restErr)
+	case restErr == nil && d.broken():
+		t.Errorf("the connection was cut, yet the rest of the reply went through")
+	case restErr == nil:
+		t.Logf("the call was given up before the reader's next read: the rest was read into nothing")
 	}
 }
 
