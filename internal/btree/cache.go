@@ -284,6 +284,9 @@ type Cache struct {
 	// simulator's teeth): a server cut off serves its cache until it is
 	// told it lost its leases.
 	unsafeLeaseTime bool
+	// unsafeReadPastLease serves an image or value read that ended past
+	// the leases' time (the simulator's teeth for review 45's rule).
+	unsafeReadPastLease bool
 	// unsafeIgnoreDropped serves a dropped tree as a live one on purpose
 	// (the simulator's teeth for drops).
 	unsafeIgnoreDropped bool
@@ -624,6 +627,18 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 		e.revoke = true // a notice that came while we took the pin
 	}
 	c.mu.Unlock()
+	// The read may have outlived the leases (a pause, a slow read): the
+	// image is then as fresh as the store's, possibly newer than a change
+	// another server made to a node this server holds (its lease moved on
+	// once the service declared this server dead). An operation that
+	// combines the two (a scan's run of leaves, a leaf and the value chunk
+	// it names) would see no state the tree ever had. The image stays
+	// cached under its pin (valid again if the leases are renewed: no
+	// conflicting grant can come before a dead verdict), but it is served
+	// only as a hit is, within the leases' time. (Review 45.)
+	if !c.leaseValid() && !c.unsafeReadPastLease {
+		return ErrLeaseExpired
+	}
 	return nil
 }
 
@@ -1992,6 +2007,12 @@ func (s *TreeStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
 		return nil, err
 	}
 	s.c.stats.valueReads.Add(1)
+	if !s.c.leaseValid() && !s.c.unsafeReadPastLease {
+		// Past the leases' time, the leaf that named the chunk may have
+		// changed elsewhere and the chunk been freed and reused (ensure's
+		// rule for images read, applied to the value).
+		return nil, ErrLeaseExpired
+	}
 	return DecodeValue(b, s.tree, r)
 }
 

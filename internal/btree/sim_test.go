@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,6 +82,12 @@ type simWorld struct {
 	// baseless counts replays that met a delta with no base (errBaseless:
 	// the full-page-write rule of delta.go broken); any fails the seed.
 	baseless atomic.Int64
+	// broke is the first invariant assertion (a panic) an operation or
+	// the run itself met: the world stops at once and the seed fails with
+	// it, its seed printed (a panic left to the runtime would end the
+	// test binary with neither). A teeth seed whose defect trips an
+	// assertion before the oracle sees it is not counted as caught.
+	broke atomic.Pointer[string]
 	// tearOneIn: one node write in tearOneIn is cut off by its writer's
 	// death and lands torn (0: none).
 	tearOneIn int
@@ -123,6 +130,11 @@ type simWorld struct {
 	// ignoreLeaseTime: teeth: caches serve their images past the leases'
 	// guaranteed time (a server cut off keeps serving reads).
 	ignoreLeaseTime bool
+	// readPastLease: teeth: caches serve images and values whose read
+	// ended past the leases' time. pauseMidReadOneIn: one read in so many
+	// pauses its server with the read in flight.
+	readPastLease     bool
+	pauseMidReadOneIn int
 	// drop: this seed drops the tree mid-load (markDropped through a live
 	// server) and frees it at the end; droppedAt is when the mark
 	// returned (w.now(); 0: not yet); afterDrop counts operations that
@@ -297,6 +309,30 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 			return true
 		}
 	}
+	chunks.midRead = func() {
+		// Now and then the server pauses with a read in flight, past its
+		// leases' time: the read ends with the store's image of a node
+		// whose lease the service may have granted elsewhere meanwhile
+		// (review 45: the cache must not serve it with its own images).
+		if w.pauseMidReadOneIn <= 0 || w.noTears.Load() || w.rand(w.pauseMidReadOneIn) != 0 {
+			return
+		}
+		w.mu.Lock()
+		if w.servers[node] != s || !s.disrupted.CompareAndSwap(false, true) {
+			w.mu.Unlock()
+			return // (a server starting: a death now is not the world's to see)
+		}
+		w.disrupts++
+		d := time.Duration(float64(w.locks.lease+w.locks.grace) * (1.2 + w.r.Float64()))
+		if w.readPastLease {
+			// (the teeth: long enough for the others to change the
+			// nodes and write them back, revoked)
+			d *= 5
+		}
+		w.mu.Unlock()
+		w.event("server %d pauses with a read in flight", node)
+		w.disrupt(s, 0, d)
+	}
 	s.chunks = chunks
 	s.dir = w.dir.clerk(s.dirGate)
 	var dir Directory = s.dir
@@ -357,6 +393,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		}
 	}
 	s.cache.unsafeLeaseTime = w.ignoreLeaseTime
+	s.cache.unsafeReadPastLease = w.readPastLease
 	s.cache.unsafeIgnoreDropped = w.ignoreDropped
 	w.locks.mu.Lock()
 	s.clerk.onRevoke = s.cache.Revoked
@@ -461,6 +498,7 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	}()
 	go func() { // compression, as the server's compressor runs it
 		defer s.done.Done()
+		defer w.guard(fmt.Sprintf("server %d's compressor", node))
 		for {
 			select {
 			case <-s.stop:
@@ -652,7 +690,11 @@ func simKey(i int) string { return fmt.Sprintf("k%02d", i) }
 // op runs one random operation on server s and records it.
 func (w *simWorld) op(h *history, client, i int, s *simServer) {
 	in := kvIn{Key: simKey(w.rand(simKeys))}
-	switch x := w.rand(100); {
+	x := w.rand(100)
+	if w.readPastLease && x >= 60 && x < 80 {
+		x = 80 + w.rand(15) // (the teeth: scans for gets, runs of leaves)
+	}
+	switch {
 	case x < 35:
 		in.Kind, in.Val = "put", fmt.Sprintf("c%d.%d", client, i)
 		switch w.rand(6) {
@@ -785,6 +827,7 @@ func (w *simWorld) run(ctx context.Context, s *simServer, in kvIn, out *kvOut) (
 // closes; it returns once every disruption healed.
 func (w *simWorld) faults(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.guard("the faults")
 	var heals sync.WaitGroup
 	defer heals.Wait()
 	for {
@@ -1008,6 +1051,7 @@ const (
 	teethNone                    simTeeth = iota
 	teethStale                            // caches serve images after giving their leases up
 	teethLeaseTime                        // caches serve images past their leases' time
+	teethReadPastLease                    // caches serve images and values whose read ended past the leases' time
 	teethIgnoreDropped                    // (with a drop) caches serve a dropped tree as a live one
 	teethUntagged                         // allocations carry no owner tag
 	teethReplayKeepsTags                  // replays leave the chunks committed changes name tagged
@@ -1089,6 +1133,7 @@ const simDropWait = 50 * time.Millisecond
 // creation, which the directory must refuse once a recovery ran).
 func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.guard("the creator")
 	for i := 0; i < simCreations; i++ {
 		select {
 		case <-stop:
@@ -1108,6 +1153,7 @@ func (w *simWorld) creator(stop chan struct{}, wg *sync.WaitGroup) {
 // cut off after their mark are settled, those simDropWait old finished.
 func (w *simWorld) treeDropper(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.guard("the treeDropper")
 	drops := 0
 	for {
 		select {
@@ -1462,6 +1508,7 @@ func (w *simWorld) checkCreated(ctx context.Context, reachable map[Handle]bool) 
 
 func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.guard("the dropper")
 	select {
 	case <-stop:
 		return
@@ -1651,6 +1698,23 @@ func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devB
 	return w
 }
 
+// guard, deferred, turns a panic (an invariant assertion) of the
+// goroutine it runs in into the seed's failure and stops the world: the
+// panicking operation may hold locks nothing will give back. The stack
+// goes to /tmp/btree-sim-SEED.panic.
+func (w *simWorld) guard(who string) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	msg := fmt.Sprintf("%s panicked: %v", who, p)
+	if w.broke.CompareAndSwap(nil, &msg) {
+		_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.panic", w.seed), append([]byte(msg+"\n\n"), debug.Stack()...), 0o644)
+		w.event("%s", msg)
+	}
+	w.stop()
+}
+
 // runSim runs one seed and reports a violation as an error.
 func runSim(t testing.TB, seed int64, teeth simTeeth, opsPerClient int) (simResult, error) {
 	return runSimDrop(t, seed, teeth, opsPerClient, false)
@@ -1670,11 +1734,21 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	// that is the seed's error, whatever the stop made fail.
 	w.stop = cancel
 	defer func() {
+		if b := w.broke.Load(); b != nil {
+			err = fmt.Errorf("an invariant assertion failed: %s (then: %v)", *b, err)
+			return
+		}
 		if n := w.baseless.Load(); n > 0 {
 			err = fmt.Errorf("%d replays met a node delta whose base image was neither in the log nor in its chunk (then: %v)", n, err)
 		}
 	}()
+	defer w.guard("the run") // (runs before the one above)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
+	w.readPastLease = teeth == teethReadPastLease
+	w.pauseMidReadOneIn = 400
+	if w.readPastLease {
+		w.pauseMidReadOneIn = 20
+	}
 	w.drop, w.ignoreDropped = drop || teeth == teethIgnoreDropped, teeth == teethIgnoreDropped
 	if seed%2 != 0 || teeth == teethKeepOldValues || teeth == logFreesOnly {
 		// Keys "kNN", values "cC.I": an entry of 13 bytes or less
@@ -1721,6 +1795,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		cwg.Add(1)
 		go func(c int) {
 			defer cwg.Done()
+			defer w.guard(fmt.Sprintf("client %d", c))
 			for i := 0; i < opsPerClient && ctx.Err() == nil; i++ {
 				s := w.pick()
 				if s == nil {
@@ -1745,6 +1820,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	cwg.Wait()
 	close(stop)
 	fwg.Wait()
+	if w.broke.Load() != nil {
+		return res, errors.New("the world stopped at the failed assertion")
+	}
 	// Heal: every server back (each waits for its log's replay), no more
 	// lost answers; then every key read through each server.
 	w.chunks.mu.Lock()
@@ -2111,6 +2189,18 @@ func TestSimTreeDrop(t *testing.T) {
 		total.kills += r.kills
 	}
 	t.Logf("seeds %d..%d: %d operations, %d deaths, each seed's tree dropped mid-load and freed whole", first, first+int64(n)-1, total.ops, total.kills)
+}
+
+// TestSimTeethReadPastLease: caches that serve an image or a value whose
+// read ended past the leases' time (a server paused with the read in
+// flight, declared dead meanwhile, its nodes changed elsewhere) are caught:
+// by the history, or by lockRun's assertion that a held leaf's right
+// sibling starts where it ends (review 45, found that way in CI).
+func TestSimTeethReadPastLease(t *testing.T) {
+	expectTeeth(t, "reads served past the leases' time", 60, func(seed int64) error {
+		_, err := runSim(t, seed, teethReadPastLease, 120)
+		return err
+	}, "not linearizable", "invariant assertion failed")
 }
 
 // TestSimTeethIgnoreDropped: caches that serve a dropped tree as a live

@@ -621,6 +621,9 @@ type simChunkClerk struct {
 	// writer's node crashes in the middle of it: the write then lands
 	// torn (part new image, part old bytes) and the writer is dead.
 	crash func() bool
+	// midRead, if set, runs in each read between the gate and the store's
+	// answer: a server paused with a read in flight (review 45).
+	midRead func()
 }
 
 func (c *simChunkClerk) MaybeStrays() uint64 { return c.strays.Load() }
@@ -716,6 +719,9 @@ func (c *simChunkClerk) Owned(ctx context.Context, log uint64, below lock.Token)
 func (c *simChunkClerk) Read(ctx context.Context, h Handle, n uint64) ([]byte, error) {
 	if err := c.gate(ctx); err != nil {
 		return nil, err
+	}
+	if c.midRead != nil {
+		c.midRead()
 	}
 	s := c.s
 	s.mu.Lock()
