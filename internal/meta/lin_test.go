@@ -7,8 +7,6 @@ import (
 	"math"
 	"math/rand"
 	"net"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree/lincheck"
+	"github.com/grovestore/grove/internal/sim"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -36,11 +35,7 @@ import (
 // stale read: what a replica that no longer leads, or a follower behind,
 // holds) is caught.
 func TestLinearizableUnderPartitions(t *testing.T) {
-	seed := time.Now().UnixNano() % 1_000_000
-	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (GROVE_SEED=%d replays the fault schedule and the clients' choices; the interleavings are the scheduler's)", seed, seed)
+	seed := sim.RandomSeed(t, "the fault schedule and the clients' choices")
 	d := 4 * time.Second
 	if testing.Short() {
 		d = 2500 * time.Millisecond

@@ -177,6 +177,40 @@ func openLogStore(dir string, hl hclog.Logger) (logStore, error) {
 	return &walStore{WAL: w, meta: mdb}, nil
 }
 
+// ErrLogDamaged: the replica's raft log has an entry it cannot read.
+// raft.NewRaft would panic on it (it reads every entry after the last
+// snapshot at start); checkLog reports it first, with the way back.
+var ErrLogDamaged = errors.New("its raft log is damaged")
+
+// checkLog reads every entry of the replica's log (at most about two
+// snapshot intervals: TrailingLogs plus SnapshotThreshold) and reports the
+// first it cannot read. The damage known to happen: raft-wal before v0.4.2
+// (Grove before 2026-11-29) left a log whose tail a follower had truncated
+// unreadable (hashicorp/raft-wal#31). The replica's state is then lost; the
+// other replicas have it.
+func checkLog(store raft.LogStore) error {
+	first, err := store.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("%w: its first index: %v", ErrLogDamaged, err)
+	}
+	last, err := store.LastIndex()
+	if err != nil {
+		return fmt.Errorf("%w: its last index: %v", ErrLogDamaged, err)
+	}
+	if first == 0 {
+		return nil // empty
+	}
+	var l raft.Log
+	for i := first; i <= last; i++ {
+		if err := store.GetLog(i, &l); err != nil {
+			return fmt.Errorf("%w: entry %d of %d..%d cannot be read (%v). Its state is lost; the other replicas have it: "+
+				"remove this member (grove member remove ID), move its data directory aside, start it again and add it back (grove member add ID)",
+				ErrLogDamaged, i, first, last, err)
+		}
+	}
+	return nil
+}
+
 type walStore struct {
 	*wal.WAL
 	meta *metadb.BoltMetaDB
@@ -233,6 +267,10 @@ func Open(cfg Config) (*Server, error) {
 	store, err := openLogStore(cfg.Dir, hl)
 	if err != nil {
 		return nil, fmt.Errorf("meta: open raft log: %w", err)
+	}
+	if err := checkLog(store); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("meta: replica %d: %w", cfg.ID, err)
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 2, hl)
 	if err != nil {

@@ -8,8 +8,6 @@ import (
 	"io"
 	"math/rand"
 	"net"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/sim"
 )
 
 // The clerk's promise about writes whose answer was lost, checked on the
@@ -49,11 +48,7 @@ import (
 // held call fails at once and its request reaches the node later
 // (rldev.DelayWriteAttempts); the clerk must report those.
 func TestClerkLateAttemptsRandomized(t *testing.T) {
-	seed := time.Now().UnixNano() % 1_000_000
-	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (GROVE_SEED=%d replays the proxy's fault decisions; the interleavings are the scheduler's)", seed, seed)
+	seed := sim.RandomSeed(t, "the proxy's fault decisions")
 	for _, mode := range []lateMode{lateSequenced, lateEarlierBuild, lateGRPC} {
 		if bad, _ := runLateAttempts(t, seed, mode); len(bad) > 0 {
 			for _, b := range bad {

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/sim"
 )
 
 // Buffers are recycled on both ends of a read: a node lends a client read
@@ -30,11 +29,7 @@ import (
 // checked word by word. Seeded by GROVE_SEED (the interleavings are the
 // scheduler's).
 func TestLentReadBuffersRandomized(t *testing.T) {
-	seed := time.Now().UnixNano() % 1_000_000
-	if s, err := strconv.ParseInt(os.Getenv("GROVE_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d", seed)
+	seed := sim.RandomSeed(t, "the readers' choices")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const size = 16 << 20

@@ -162,6 +162,24 @@ func Seeds(t testing.TB, n int) []int64 {
 	return out
 }
 
+// RandomSeed returns the seed of a randomized test that runs one seed of
+// real goroutines (its faults and choices replay from the seed, its
+// interleavings are the scheduler's): GROVE_SEED if set (a bad value fails
+// the test), else one from the clock. It logs the seed with what it
+// replays.
+func RandomSeed(t testing.TB, replays string) int64 {
+	seed := time.Now().UnixNano() % 1_000_000
+	if s := os.Getenv("GROVE_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("GROVE_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (GROVE_SEED=%d replays %s; the interleavings are the scheduler's)", seed, seed, replays)
+	return seed
+}
+
 // ReplayHint is the line a failing randomized test prints.
 func ReplayHint(test string, seed int64) string {
 	return fmt.Sprintf("replay with: GROVE_SEED=%d go test -run '%s' ./...", seed, test)
