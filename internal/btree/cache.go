@@ -633,9 +633,12 @@ func (c *Cache) ensure(ctx context.Context, e *entry, mode lock.Mode) error {
 	// once the service declared this server dead). An operation that
 	// combines the two (a scan's run of leaves, a leaf and the value chunk
 	// it names) would see no state the tree ever had. The image stays
-	// cached under its pin (valid again if the leases are renewed: no
-	// conflicting grant can come before a dead verdict), but it is served
-	// only as a hit is, within the leases' time. (Review 45.)
+	// cached under its pin but is served only as a hit is, within the
+	// leases' time: in the runtime never again (an incarnation past its
+	// deadline is fenced for good); in the simulator only after a renewal
+	// in time (no dead verdict, hence no conflicting grant). (Review 45,
+	// and review 46: the one check after the last read covers every image
+	// an operation holds, each checked when obtained and pinned since.)
 	if !c.leaseValid() && !c.unsafeReadPastLease {
 		return ErrLeaseExpired
 	}
@@ -2009,8 +2012,9 @@ func (s *TreeStore) ReadValue(ctx context.Context, r ValueRef) ([]byte, error) {
 	s.c.stats.valueReads.Add(1)
 	if !s.c.leaseValid() && !s.c.unsafeReadPastLease {
 		// Past the leases' time, the leaf that named the chunk may have
-		// changed elsewhere and the chunk been freed and reused (ensure's
-		// rule for images read, applied to the value).
+		// changed elsewhere and the chunk been freed (ensure's rule for
+		// images read, applied to the value; chunk ids are never reused,
+		// so this is a second guard beside the reference's checksum).
 		return nil, ErrLeaseExpired
 	}
 	return DecodeValue(b, s.tree, r)
