@@ -278,6 +278,7 @@ func Open(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: open snapshots: %w", err)
 	}
 	trans := cfg.Transport
+	started := false // raft runs: Server.Close owns the transport
 	if trans == nil {
 		addr, err := net.ResolveTCPAddr("tcp", self.RaftAddr)
 		if err != nil {
@@ -301,6 +302,13 @@ func Open(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("meta: listen for raft on %s: %w", self.RaftAddr, err)
 		}
 		trans = t
+		// A later step's failure closes the listener made here (a
+		// Transport the caller gave stays the caller's).
+		defer func() {
+			if !started {
+				t.Close()
+			}
+		}()
 	}
 	fsm := NewFSM(log)
 	has, err := raft.HasExistingState(store, store, snaps)
@@ -327,6 +335,7 @@ func Open(cfg Config) (*Server, error) {
 		store.Close()
 		return nil, fmt.Errorf("meta: start raft: %w", err)
 	}
+	started = true
 	srv := &Server{cfg: cfg, log: log, raft: r, fsm: fsm, trans: trans, store: store}
 	srv.registerGauges()
 	return srv, nil
