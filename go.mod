@@ -50,3 +50,6 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
+
+// hashicorp/raft-wal v0.4.2 with one fix (third_party/raft-wal/PATCHES.md).
+replace github.com/hashicorp/raft-wal => ./third_party/raft-wal
