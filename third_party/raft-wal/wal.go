@@ -244,6 +244,12 @@ func Open(dir string, opts ...walOpt) (*WAL, error) {
 			return nil, err
 		}
 		if sealed {
+			// (A seal with no entry committed before it: recovery keeps no
+			// such seal, segment.Writer.recoverTail. Rotating would record
+			// MaxIndex 0 and a next segment over this one's BaseIndex.)
+			if ti := newState.getTailInfo(); ti == nil || newState.tail.LastIndex() < ti.BaseIndex {
+				return nil, fmt.Errorf("the tail segment is sealed with no entries")
+			}
 			w.writeMu.Lock()
 			err := w.rotateSegmentLocked(indexStart)
 			w.writeMu.Unlock()

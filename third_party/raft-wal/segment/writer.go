@@ -102,6 +102,7 @@ func recoverFile(info types.SegmentInfo, wf types.WritableFile, bufPool *sync.Po
 func (w *Writer) initEmpty() error {
 	// Write header into write buffer to be written out with the first commit.
 	w.writer.writeOffset = 0
+	w.writer.indexStart = 0 // GROVE PATCH: an empty file is not sealed
 	w.ensureBufCap(fileHeaderLen)
 	w.writer.commitBuf = w.writer.commitBuf[:fileHeaderLen]
 
@@ -126,6 +127,10 @@ func (w *Writer) recoverTail() error {
 		offsetsLen int
 	}
 	var prevCommit, finalCommit *commitInfo
+	// GROVE PATCH: where the index frame is, if any. The segment is sealed
+	// only if the commit frame recovery accepts comes after it: an index
+	// frame whose commit was torn is not a seal (upstream took it for one).
+	indexFrame := int64(-1)
 
 	offsets := make([]uint32, 0, 32*1024)
 
@@ -139,7 +144,8 @@ func (w *Writer) recoverTail() error {
 			// So this segment was sealed! (or attempted) keep track of this
 			// indexStart in case it turns out the Seal actually committed completely.
 			// We store the start of the actual array not the frame header.
-			w.writer.indexStart = uint64(offset) + frameHeaderLen
+			// (GROVE PATCH: only once an accepted commit follows it; sealedBy.)
+			indexFrame = offset
 
 		case FrameCommit:
 			// The payload is not the length field in this case!
@@ -165,6 +171,15 @@ func (w *Writer) recoverTail() error {
 		// effectively empty. Init it that way ready for appending. This overwrites
 		// the file header so it doesn't matter if it was valid or not.
 		return w.initEmpty()
+	}
+
+	// GROVE PATCH: the seal counts if the accepted commit follows the index
+	// frame; called with the commit recovery keeps.
+	sealedBy := func(c *commitInfo) {
+		w.writer.indexStart = 0
+		if indexFrame >= 0 && indexFrame < c.offset {
+			w.writer.indexStart = uint64(indexFrame) + frameHeaderLen
+		}
 	}
 
 	// Assume that the final commit is good for now and set the writer state
@@ -193,6 +208,7 @@ func (w *Writer) recoverTail() error {
 		// after the last commit.
 		offsets = offsets[:finalCommit.offsetsLen]
 		w.offsets.Store(offsets)
+		sealedBy(finalCommit)
 
 		// Since at least one commit was found, the header better be valid!
 		return validateFileHeader(*readInfo, w.info)
@@ -216,6 +232,7 @@ func (w *Writer) recoverTail() error {
 		// All is good. We already setup the state we need for writer other than
 		// offsets.
 		w.offsets.Store(offsets)
+		sealedBy(finalCommit)
 
 		// Since at least one commit was found, the header better be valid!
 		return validateFileHeader(*readInfo, w.info)
@@ -231,6 +248,7 @@ func (w *Writer) recoverTail() error {
 	w.writer.writeOffset = uint32(prevCommit.offset + frameHeaderLen)
 	offsets = offsets[:prevCommit.offsetsLen]
 	w.offsets.Store(offsets)
+	sealedBy(prevCommit)
 
 	// Since at least one commit was found, the header better be valid!
 	return validateFileHeader(*readInfo, w.info)
