@@ -125,6 +125,11 @@ func (w *Writer) recoverTail() error {
 		offset     int64
 		crcStart   int64
 		offsetsLen int
+		// GROVE PATCH: the last index frame read before this commit (-1:
+		// none). Not the last in the file: a torn seal recovery discarded
+		// leaves its index frame header past the rewound write offset, and
+		// a later, shorter sealing append can end just before it.
+		indexFrame int64
 	}
 	var prevCommit, finalCommit *commitInfo
 	// GROVE PATCH: where the index frame is, if any. The segment is sealed
@@ -155,6 +160,7 @@ func (w *Writer) recoverTail() error {
 				offset:     offset,
 				crcStart:   0,            // First commit includes the file header
 				offsetsLen: len(offsets), // Track how many entries were found up to this commit point.
+				indexFrame: indexFrame,
 			}
 			if prevCommit != nil {
 				finalCommit.crcStart = prevCommit.offset + frameHeaderLen
@@ -173,12 +179,12 @@ func (w *Writer) recoverTail() error {
 		return w.initEmpty()
 	}
 
-	// GROVE PATCH: the seal counts if the accepted commit follows the index
-	// frame; called with the commit recovery keeps.
+	// GROVE PATCH: the seal counts if an index frame precedes the commit
+	// recovery keeps; called with that commit.
 	sealedBy := func(c *commitInfo) {
 		w.writer.indexStart = 0
-		if indexFrame >= 0 && indexFrame < c.offset {
-			w.writer.indexStart = uint64(indexFrame) + frameHeaderLen
+		if c.indexFrame >= 0 {
+			w.writer.indexStart = uint64(c.indexFrame) + frameHeaderLen
 		}
 	}
 
