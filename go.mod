@@ -51,5 +51,6 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 )
 
-// hashicorp/raft-wal v0.4.2 with one fix (third_party/raft-wal/PATCHES.md).
+// hashicorp/raft-wal v0.4.2 with fixes to its segment rotation and tail recovery
+// (third_party/raft-wal/PATCHES.md).
 replace github.com/hashicorp/raft-wal => ./third_party/raft-wal
