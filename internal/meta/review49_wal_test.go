@@ -2,7 +2,6 @@ package meta
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -50,18 +49,6 @@ func r49Recover(t *testing.T, f *segment.Filer) types.SegmentWriter {
 	return w
 }
 
-func r49ZeroAt(t *testing.T, path string, off, n int64) {
-	t.Helper()
-	fh, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	if _, err := fh.WriteAt(make([]byte, n), off); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func r49Get(t *testing.T, w types.SegmentWriter, idx uint64, n int, b byte) {
 	t.Helper()
 	buf, err := w.GetLog(idx)
@@ -100,7 +87,7 @@ func TestReview49TornSealThenShorterSeal(t *testing.T) {
 		t.Fatalf("first seal: sealed %v IndexStart %d, want true 4208", sealed, start)
 	}
 	w.Close()
-	r49ZeroAt(t, path, 4208, 4264-4208) // index array and commit torn
+	r48Zero(t, path, 4208, 4264-4208) // index array and commit torn
 
 	w = r49Recover(t, f)
 	if sealed, _, _ := w.Sealed(); sealed || w.LastIndex() != 10 {
@@ -141,7 +128,7 @@ func TestReview49StaleCommitNotAccepted(t *testing.T) {
 		t.Fatal("the batch did not seal")
 	}
 	w.Close()
-	r49ZeroAt(t, path, 2184+8+512, 512) // a payload page of entry 11
+	r48Zero(t, path, 2184+8+512, 512) // a payload page of entry 11
 
 	w = r49Recover(t, f)
 	if sealed, _, _ := w.Sealed(); sealed || w.LastIndex() != 9 {
