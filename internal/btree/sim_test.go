@@ -88,6 +88,10 @@ type simWorld struct {
 	// test binary with neither). A teeth seed whose defect trips an
 	// assertion before the oracle sees it is not counted as caught.
 	broke atomic.Pointer[string]
+	// brokeCh is closed with the first broke: the run stops waiting for
+	// its clients and background loops, which may be blocked for good on
+	// a latch the panicking operation held (left behind, with the world).
+	brokeCh chan struct{}
 	// tearOneIn: one node write in tearOneIn is cut off by its writer's
 	// death and lands torn (0: none).
 	tearOneIn int
@@ -1682,7 +1686,7 @@ func (w *simWorld) checkLeaks(reachable map[Handle]bool, h *history) error {
 // chunks and three log devices of devBlocks blocks, and one empty tree,
 // made as CreateTree makes it; no server runs yet.
 func newSimWorld(t testing.TB, ctx context.Context, seed int64, stale bool, devBlocks uint64) *simWorld {
-	w := &simWorld{t: t, seed: seed, ctx: ctx, stop: func() {}, locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
+	w := &simWorld{t: t, seed: seed, ctx: ctx, stop: func() {}, brokeCh: make(chan struct{}), locks: newSimLocks(ctx, rand.New(rand.NewSource(seed+1))), chunks: newSimChunks(rand.New(rand.NewSource(seed + 2))),
 		devs: map[uint64]*simDevice{}, nodeSize: MinNodeSize, stale: stale, r: rand.New(rand.NewSource(seed)), servers: map[uint64]*simServer{}, killed: map[uint64]bool{}, closing: map[uint64]bool{}, start: time.Now()}
 	for n := uint64(1); n <= 3; n++ {
 		w.devs[n] = newSimDevice(devBlocks)
@@ -1711,8 +1715,24 @@ func (w *simWorld) guard(who string) {
 	if w.broke.CompareAndSwap(nil, &msg) {
 		_ = os.WriteFile(fmt.Sprintf("/tmp/btree-sim-%d.panic", w.seed), append([]byte(msg+"\n\n"), debug.Stack()...), 0o644)
 		w.event("%s", msg)
+		close(w.brokeCh)
 	}
 	w.stop()
+}
+
+// waitUnlessBroke waits for wg, or until an assertion broke (false).
+func (w *simWorld) waitUnlessBroke(wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-w.brokeCh:
+		return false
+	}
 }
 
 // runSim runs one seed and reports a violation as an error.
@@ -1817,11 +1837,14 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		fwg.Add(1)
 		go w.treeDropper(stop, &fwg)
 	}
-	cwg.Wait()
+	stopped := errors.New("the world stopped at the failed assertion")
+	if !w.waitUnlessBroke(&cwg) {
+		close(stop)
+		return res, stopped
+	}
 	close(stop)
-	fwg.Wait()
-	if w.broke.Load() != nil {
-		return res, errors.New("the world stopped at the failed assertion")
+	if !w.waitUnlessBroke(&fwg) || w.broke.Load() != nil {
+		return res, stopped
 	}
 	// Heal: every server back (each waits for its log's replay), no more
 	// lost answers; then every key read through each server.
