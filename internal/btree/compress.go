@@ -99,6 +99,14 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		m.Kids = append(m.Kids, b.Kids...)
 	}
 	m.High, m.HighInf, m.Right = b.High, b.HighInf, b.Right
+	if m.Leaf() {
+		// The records follow their keys (completion.go): b's go with
+		// its entries, and the pair's horizon is the larger.
+		if t.unsafeDone != unsafeDoneMergeDrops {
+			m.Done = append(m.Done, b.Done...)
+		}
+		m.Horizon = max(a.Horizon, b.Horizon)
+	}
 	m.Garbage = append(m.Garbage, b.Garbage...)
 	m.Garbage = append(m.Garbage, Garbage{Node: bh, Deadline: now + int64(t.cfg.Grace)})
 	pp := p.Clone()
@@ -106,6 +114,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		gone := &Node{Self: bh, Tree: t.id, Level: b.Level, Deleted: true, Onward: ah, Low: b.Low, High: b.High, HighInf: b.HighInf}
 		pp.Keys = removeAt(pp.Keys, i+1)
 		pp.Kids = removeAt(pp.Kids, i+1)
+		t.trimDone(m)
 		if _, err := t.s.Commit(ctx, []*Node{m, gone, pp}, nil, nil); err != nil {
 			return nil, err
 		}
@@ -141,6 +150,15 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	}
 	sep := nb.Keys[0]
 	na.High, nb.Low = sep, sep
+	if a.Leaf() {
+		// Keys move across the separator: so do their records.
+		splitDone(m.Done, m.Horizon, na, nb)
+		if t.unsafeDone == unsafeDoneRebalanceDrops {
+			na.Done, nb.Done = keepOwn(na.Done, a.Done), keepOwn(nb.Done, b.Done)
+		}
+		t.trimDone(na)
+		t.trimDone(nb)
+	}
 	pp.Keys[i+1] = sep
 	if !t.fits(na) || !t.fits(nb) || !t.fits(pp) {
 		return nil, nil // the new separator does not fit the parent, or a half is too big: leave it

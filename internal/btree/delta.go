@@ -53,7 +53,7 @@ const (
 // if it is smaller than next (a whole image is logged then).
 func makeDelta(base, next []byte) ([]byte, bool) {
 	if len(base) < headerSize+4 || len(next) < headerSize+4 ||
-		string(base[:4]) != nodeMagic || string(next[:4]) != nodeMagic {
+		!isNodeImage(base) || !isNodeImage(next) {
 		return nil, false
 	}
 	bb := base[headerSize : len(base)-4]
@@ -109,7 +109,7 @@ func applyDelta(base, d []byte, exact bool) ([]byte, error) {
 	blen := int(binary.LittleEndian.Uint32(d[12:]))
 	p := int(binary.LittleEndian.Uint32(d[20:]))
 	s := int(binary.LittleEndian.Uint32(d[24:]))
-	if blen < headerSize+4 || blen > len(base) || string(base[:4]) != nodeMagic ||
+	if blen < headerSize+4 || blen > len(base) || !isNodeImage(base) ||
 		int(binary.LittleEndian.Uint32(base[4:])) != blen ||
 		binary.LittleEndian.Uint64(base[84:]) != bv || exact && string(base[8:12]) != string(d[16:20]) {
 		return nil, fmt.Errorf("%w: a delta of node version %d applied to another image", ErrCorrupt, bv)

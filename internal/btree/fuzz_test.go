@@ -18,7 +18,15 @@ func sampleImages() [][]byte {
 	_, ref := EncodeValue(3, Handle{CM: 2, ID: 11}, []byte("a value in a chunk of its own"))
 	ext := &Node{Self: Handle{CM: 1, ID: 10}, Tree: 3, HighInf: true,
 		Keys: [][]byte{[]byte("a"), []byte("b"), []byte("c")}, Vals: [][]byte{[]byte("1"), ref.Encode(), {}}, Ext: []bool{false, true, false}}
-	return [][]byte{leaf.Encode(nil), inner.Encode(nil), gone.Encode(nil), ext.Encode(nil), a.Encode(nil)}
+	// Format version 2: completion records (one of an absent key: a
+	// delete's or a failed condition's) and a horizon.
+	done := leaf.Clone()
+	done.Horizon = 41
+	done.Done = []Completion{
+		{Key: []byte("b"), Client: [16]byte{1, 2, 3}, Seq: 7, Print: 0xfeed, Stamp: 55, Applied: true},
+		{Key: []byte("bb"), Client: [16]byte{9}, Seq: 1, Print: 3, Stamp: 60, Found: true},
+		{Key: []byte("c"), Client: [16]byte{1, 2, 3}, Seq: 8, Print: 4, Stamp: 61, Applied: true, Found: true}}
+	return [][]byte{leaf.Encode(nil), inner.Encode(nil), gone.Encode(nil), ext.Encode(nil), done.Encode(nil), a.Encode(nil)}
 }
 
 // FuzzDecodeValue: any bytes either decode, as a value chunk, to the value
@@ -114,7 +122,7 @@ func FuzzDecodeNode(f *testing.F) {
 }
 
 func TestNodeRoundTrip(t *testing.T) {
-	for _, b := range sampleImages()[:4] {
+	for _, b := range sampleImages()[:5] {
 		n, err := decode(b)
 		if err != nil {
 			t.Fatal(err)
@@ -145,9 +153,9 @@ func TestDecodeOtherFormatVersion(t *testing.T) {
 	if _, err := Decode(b, 7, n.Self); err != nil {
 		t.Fatal(err)
 	}
-	b[3] = '2'
-	if _, err := Decode(b, 7, n.Self); !errors.Is(err, ErrFormatVersion) || !strings.Contains(err.Error(), "format version 2; this build reads version 1") {
-		t.Fatalf("node of version 2: %v", err)
+	b[3] = '3'
+	if _, err := Decode(b, 7, n.Self); !errors.Is(err, ErrFormatVersion) || !strings.Contains(err.Error(), "format version 3; this build reads versions 1 and 2") {
+		t.Fatalf("node of version 3: %v", err)
 	}
 	img, ref := EncodeValue(7, Handle{CM: 1, ID: 10}, []byte("value"))
 	img[3] = '3'

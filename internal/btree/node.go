@@ -79,6 +79,12 @@ type Node struct {
 	Ext     []bool
 	Kids    []Handle // internal nodes
 	Garbage []Garbage
+	// Done holds a leaf's completion records of tokened writes to keys
+	// it covers (completion.go), sorted by key; Horizon is the newest
+	// stamp of a record evicted for room. Both only in format version 2
+	// images: a node without them is written as version 1.
+	Done    []Completion
+	Horizon int64
 }
 
 // Garbage is a removed node waiting for the end of its grace period: no
@@ -109,6 +115,7 @@ func (n *Node) Clone() *Node {
 	if n.Ext != nil {
 		c.Ext = append([]bool(nil), n.Ext...)
 	}
+	c.Done = append([]Completion(nil), n.Done...)
 	if n.Leaf() {
 		c.Kids = nil
 	} else {
@@ -291,8 +298,21 @@ func (n *Node) Entries() int { return len(n.Keys) }
 //	             a leaf's: u32 value length, value
 //	             an internal node's: u32 child CM, u64 child ID
 //	    garbage: u32 CM, u64 ID, i64 deadline, each
+//
+// Version 2 ("GBN2", a leaf with completion records or a horizon:
+// completion.go) adds, before the trailing CRC:
+//
+//	i64  horizon
+//	u16  completion records, then each:
+//	     u16 key length, key, [16] client, u64 seq, u64 fingerprint,
+//	     i64 stamp, u8 flags (1 applied, 2 found)
+//
+// A node without either is written as version 1, so that only tokened
+// writes (which a cluster sends only once every member reads version 2)
+// make version 2 images.
 const (
 	nodeMagic   = "GBN1"
+	nodeMagic2  = "GBN2"
 	headerSize  = 96
 	leafExtra   = 2 + 4 // key and value lengths
 	innerExtra  = 2 + 12
@@ -310,8 +330,22 @@ var ErrCorrupt = errors.New("btree: chunk image is corrupt")
 // tell good images from bad ones.
 var ErrFormatVersion = fmt.Errorf("%w: unknown format version", ErrCorrupt)
 
+// isNodeImage reports whether b starts with a node image's magic, of a
+// version this build reads.
+func isNodeImage(b []byte) bool {
+	return len(b) >= 4 && (string(b[:4]) == nodeMagic || string(b[:4]) == nodeMagic2)
+}
+
 // Size is the length of n's encoding.
 func (n *Node) Size() int {
+	return n.entriesSize() + n.doneSize()
+}
+
+// entriesSize is the length of n's encoding without its completion
+// records: what splits, merges and rebalances go by (fits, underfull,
+// mergeable), since records make room for entries (trimDone), never the
+// reverse.
+func (n *Node) entriesSize() int {
 	s := headerSize + len(n.Low) + 2 + len(n.High) + len(n.Garbage)*garbageSize + 4
 	for i, k := range n.Keys {
 		s += EntrySize(n.Leaf(), k, n.val(i))
@@ -339,6 +373,10 @@ func (n *Node) Encode(b []byte) []byte {
 	start := len(b)
 	var h [headerSize]byte
 	copy(h[0:], nodeMagic)
+	v2 := n.version2()
+	if v2 {
+		copy(h[0:], nodeMagic2)
+	}
 	h[12] = n.Level
 	if n.Deleted {
 		h[13] |= 1
@@ -380,6 +418,9 @@ func (n *Node) Encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint32(b, g.Node.CM)
 		b = binary.LittleEndian.AppendUint64(b, g.Node.ID)
 		b = binary.LittleEndian.AppendUint64(b, uint64(g.Deadline))
+	}
+	if v2 {
+		b = n.appendDone(b)
 	}
 	b = binary.LittleEndian.AppendUint32(b, 0) // room for the CRC, then fill in the length and CRC
 	img := b[start:]
@@ -426,10 +467,10 @@ func formatVersionError(b []byte, magic, what string) error {
 }
 
 func decode(b []byte) (*Node, error) {
-	if err := formatVersionError(b, nodeMagic, "node"); err != nil {
-		return nil, err
+	if len(b) >= 4 && string(b[:4]) != nodeMagic2 && formatVersionError(b, nodeMagic, "node") != nil {
+		return nil, fmt.Errorf("%w: a node image of format version %c; this build reads versions 1 and 2 (written by another Grove version?)", ErrFormatVersion, b[3])
 	}
-	if len(b) < headerSize+6 || string(b[:4]) != nodeMagic {
+	if len(b) < headerSize+6 || !isNodeImage(b) {
 		return nil, fmt.Errorf("%w: no node header", ErrCorrupt)
 	}
 	length := int(binary.LittleEndian.Uint32(b[4:]))
@@ -488,6 +529,9 @@ func decode(b []byte) (*Node, error) {
 		g := Garbage{Node: r.handle()}
 		g.Deadline = int64(r.u64())
 		n.Garbage = append(n.Garbage, g)
+	}
+	if string(b[:4]) == nodeMagic2 {
+		r.done(n)
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, r.err)
@@ -558,7 +602,7 @@ func (n *Node) Check() error {
 	if len(n.Garbage) > MaxGarbage {
 		return fmt.Errorf("%d garbage entries", len(n.Garbage))
 	}
-	return nil
+	return n.checkDone()
 }
 
 type reader struct {

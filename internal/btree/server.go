@@ -1127,7 +1127,7 @@ func (a replayApplier) Apply(ctx context.Context, target []byte, off uint64, dat
 
 // imageLength is the length an image's header claims (0 if none).
 func imageLength(b []byte) int {
-	if len(b) < 8 || string(b[:4]) != nodeMagic && string(b[:4]) != anchorMagic && string(b[:4]) != droppedMagic {
+	if len(b) < 8 || !isNodeImage(b) && string(b[:4]) != anchorMagic && string(b[:4]) != droppedMagic {
 		return 0
 	}
 	return int(binary.LittleEndian.Uint32(b[4:]))
@@ -1140,7 +1140,7 @@ func imageVersion(b []byte) (uint64, bool) {
 		return 0, false
 	}
 	switch string(b[:4]) {
-	case nodeMagic:
+	case nodeMagic, nodeMagic2:
 		if n, err := decode(b); err == nil {
 			return n.Version, true
 		}

@@ -46,6 +46,10 @@ type Config struct {
 	// level and a key it covers): compression's trigger (Sagiv's second
 	// policy). The tree never calls it with a lock held.
 	Underfull func(level int, key []byte)
+
+	// tokenWindow and clockSkew are TokenWindow and ClockSkew but in
+	// tests (completion.go).
+	tokenWindow, clockSkew time.Duration
 }
 
 func (c *Config) fill() error {
@@ -61,6 +65,12 @@ func (c *Config) fill() error {
 	}
 	if c.Grace == 0 {
 		c.Grace = 2 * time.Minute
+	}
+	if c.tokenWindow == 0 {
+		c.tokenWindow = TokenWindow
+	}
+	if c.clockSkew == 0 {
+		c.clockSkew = ClockSkew
 	}
 	if c.MaxScanLeaves == 0 {
 		c.MaxScanLeaves = 256
@@ -144,6 +154,11 @@ type Stats struct {
 	// outcome that left a value chunk (the new or the old one) allocated
 	// and maybe named by nothing.
 	ValuesFreed, ValueLeaks, ValueUnsettled atomic.Uint64
+	// Tokened writes (completion.go): answered from their record;
+	// refused for age or horizon; records dropped for age, and evicted
+	// for room.
+	Repeats, TokensRefused         atomic.Uint64
+	RecordsDropped, RecordsEvicted atomic.Int64
 }
 
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
@@ -165,6 +180,13 @@ type Tree struct {
 	// of the value chunk it replaced: the change's free record alone
 	// frees it (a checkpoint, or the replay of a dead server's log).
 	logFreesOnly bool
+	// onOutcome, set only by tests, is called under the leaf's lock when
+	// a tokened write's outcome (applied or not) is committed afresh:
+	// never twice for one token (completion.go's oracle).
+	onOutcome func(tok WriteToken, key []byte, applied bool)
+	// unsafeDone, set only by teeth tests, breaks one rule of
+	// completion.go (the unsafeDone* constants).
+	unsafeDone int
 }
 
 func (t *Tree) at(point string, level int) error {
@@ -236,8 +258,10 @@ func (t *Tree) valueRef(ctx context.Context, n *Node, i int) ([]byte, *ValueRef,
 	return v, &ref, nil
 }
 
+// fits, underfull and mergeable go by entries alone: completion records
+// take what room the entries leave (trimDone).
 func (t *Tree) fits(n *Node) bool {
-	return n.Size() <= t.cfg.NodeSize && (t.cfg.MaxFanout == 0 || len(n.Keys) <= t.cfg.MaxFanout)
+	return n.entriesSize() <= t.cfg.NodeSize && (t.cfg.MaxFanout == 0 || len(n.Keys) <= t.cfg.MaxFanout)
 }
 
 // underfull is Sagiv's "less than half full".
@@ -245,13 +269,13 @@ func (t *Tree) underfull(n *Node) bool {
 	if t.cfg.MaxFanout != 0 {
 		return len(n.Keys) < t.cfg.MaxFanout/2
 	}
-	return n.Size() < t.cfg.NodeSize/2
+	return n.entriesSize() < t.cfg.NodeSize/2
 }
 
 // mergeable: the merged node leaves room, so that the next insert does not
 // split it again at once.
 func (t *Tree) mergeable(n *Node) bool {
-	return n.Size() <= t.cfg.NodeSize*3/4 && (t.cfg.MaxFanout == 0 || len(n.Keys) < t.cfg.MaxFanout)
+	return n.entriesSize() <= t.cfg.NodeSize*3/4 && (t.cfg.MaxFanout == 0 || len(n.Keys) < t.cfg.MaxFanout)
 }
 
 // target is what a descent looks for: the node covering key, or (below)
@@ -531,19 +555,36 @@ func (c Cond) holds(found bool, cur []byte) bool {
 type Result struct {
 	Applied bool   // the condition held and the change is durable
 	Found   bool   // the key was present before
-	Prev    []byte // its value then
+	Prev    []byte // its value then (not reported when Repeat)
+	// Repeat: a tokened write's answer came from its completion record
+	// (an earlier attempt's outcome); Prev is not known then.
+	Repeat bool
 }
 
 // Put sets key to val if cond holds on the current value. It holds one
 // node lock at a time, even when splits climb several levels.
 func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, error) {
+	return t.PutOnce(ctx, key, val, cond, nil)
+}
+
+// PutOnce is Put with a write token (nil: none): an attempt of a write
+// whose earlier attempt took effect, or failed its condition, is answered
+// with that outcome (Result.Repeat) and changes nothing (completion.go).
+func (t *Tree) PutOnce(ctx context.Context, key, val []byte, cond Cond, tok *WriteToken) (Result, error) {
 	if err := t.CheckEntry(key, val); err != nil {
 		return Result{}, err
 	}
 	stored, ext := val, false
 	var ref ValueRef
 	var pre *known
-	if !t.inline(key, val) && (cond.Kind == IfAbsent || cond.Kind == IfEquals) || t.comparesLarge(key, cond) {
+	var print uint64
+	if tok != nil {
+		print = fingerprint(opPut, key, val, cond)
+	}
+	// (A tokened write skips the lock-free pre-check: its answer could
+	// contradict an earlier attempt's outcome, which only the leaf's
+	// records know.)
+	if tok == nil && (!t.inline(key, val) && (cond.Kind == IfAbsent || cond.Kind == IfEquals) || t.comparesLarge(key, cond)) {
 		// A large value's write is worth sparing a put whose condition
 		// fails: a lock-free read first. If the condition fails there,
 		// the put fails at that read's instant, changing nothing (the
@@ -566,7 +607,7 @@ func (t *Tree) Put(ctx context.Context, key, val []byte, cond Cond) (Result, err
 		}
 		stored, ext = ref.Encode(), true
 	}
-	res, old, lsn, err := t.update(ctx, key, cond, pre, func(n *Node, i int, found bool) {
+	res, old, lsn, err := t.update(ctx, key, cond, pre, tok, print, func(n *Node, i int, found bool) {
 		if found {
 			n.setVal(i, stored, ext)
 			return
@@ -603,6 +644,8 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 		t.Stats.ValuesFreed.Add(1)
 	}
 	switch {
+	case err == nil && res.Repeat || didNothing(err):
+		free(mine) // an earlier attempt's change names its own chunk, if any
 	case err == nil && res.Applied:
 		if t.keepOldValues || t.logFreesOnly {
 			return // teeth: the old value chunk leaks; or the log frees it
@@ -632,6 +675,11 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 // Delete removes key if cond holds. It holds one node lock; a leaf left
 // under-full is reported to Config.Underfull for compression.
 func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error) {
+	return t.DeleteOnce(ctx, key, cond, nil)
+}
+
+// DeleteOnce is Delete with a write token (nil: none), as PutOnce.
+func (t *Tree) DeleteOnce(ctx context.Context, key []byte, cond Cond, tok *WriteToken) (Result, error) {
 	if len(key) == 0 || len(key) > MaxKey {
 		return Result{}, ErrKey
 	}
@@ -642,7 +690,11 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 		cond.Kind = IfExists // deleting an absent key changes nothing
 	}
 	var pre *known
-	if t.comparesLarge(key, cond) {
+	var print uint64
+	if tok != nil {
+		print = fingerprint(opDelete, key, nil, cond)
+	}
+	if tok == nil && t.comparesLarge(key, cond) {
 		// As in Put: a lock-free read first, so that the comparison under
 		// the leaf's exclusive lock need not read a large value's chunk.
 		var failed *Result
@@ -651,7 +703,7 @@ func (t *Tree) Delete(ctx context.Context, key []byte, cond Cond) (Result, error
 			return deref(failed), err
 		}
 	}
-	res, old, lsn, err := t.update(ctx, key, cond, pre, func(n *Node, i int, found bool) {
+	res, old, lsn, err := t.update(ctx, key, cond, pre, tok, print, func(n *Node, i int, found bool) {
 		n.removeEntry(i)
 	})
 	t.settleValues(ctx, res, lsn, err, nil, old)
@@ -698,7 +750,10 @@ func (t *Tree) comparesLarge(key []byte, cond Cond) bool {
 //
 // pre, if not nil, is the key's value read without locks just before: if
 // the leaf names the same chunk, the comparison uses it.
-func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, lsn uint64, err error) {
+//
+// tok, if not nil, is the write's token and print its fingerprint: its
+// record is looked up first, and its outcome recorded (completion.go).
+func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, tok *WriteToken, print uint64, change func(n *Node, i int, found bool)) (res Result, old *ValueRef, lsn uint64, err error) {
 	tg := target{key: key}
 	for attempt := 0; ; attempt++ {
 		if attempt > maxRestarts {
@@ -717,6 +772,17 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 			return Result{}, nil, 0, refused(err)
 		}
 		h := n.Self
+		if tok != nil {
+			if res, done, err := t.lookupDone(ctx, n, tok, print); done {
+				t.s.Unlock(h, lock.Exclusive)
+				if err == nil {
+					// The answer waits until the record is durable (it
+					// may be another server's lazy commit).
+					err = t.s.Durable(ctx, n.LSN)
+				}
+				return res, nil, 0, err
+			}
+		}
 		i, found := n.Search(key)
 		res := Result{Found: found}
 		old = nil
@@ -741,6 +807,22 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 				}
 			}
 		}
+		if !cond.holds(found, res.Prev) && tok != nil && t.unsafeDone != unsafeDoneNoFailure {
+			// The failure is an outcome too: recorded, so that an
+			// earlier attempt arriving later does not apply.
+			nn := n.Clone()
+			nn.addDone(t.completion(key, tok, print, false, found))
+			t.trimDone(nn)
+			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, nil)
+			if err == nil {
+				t.outcome(tok, key, false)
+			}
+			t.s.Unlock(h, lock.Exclusive)
+			if err != nil {
+				return Result{}, nil, 0, err
+			}
+			return res, nil, 0, t.s.Durable(ctx, lsn)
+		}
 		if !cond.holds(found, res.Prev) {
 			t.s.Unlock(h, lock.Exclusive)
 			// Nothing to change; the answer waits until what it read is
@@ -749,6 +831,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 		}
 		nn := n.Clone()
 		change(nn, i, found)
+		if tok != nil {
+			nn.addDone(t.completion(key, tok, print, true, found))
+		}
 		// The value chunk the change stops naming is freed by the
 		// caller once the change is durable (settleValues); the change
 		// records it too, for a server that dies before.
@@ -757,7 +842,11 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 			frees = []Handle{old.Chunk}
 		}
 		if t.fits(nn) {
+			t.trimDone(nn)
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, frees)
+			if err == nil {
+				t.outcome(tok, key, true)
+			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
 				return Result{}, old, 0, err
@@ -769,6 +858,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, ch
 			return res, old, lsn, t.s.Durable(ctx, lsn)
 		}
 		sep, right, lsn, err := t.split(ctx, nn, frees)
+		if err == nil {
+			t.outcome(tok, key, true)
+		}
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
 			return Result{}, old, 0, err
@@ -806,6 +898,14 @@ func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Han
 	}
 	nn.Keys = nn.Keys[:mid:mid]
 	nn.High, nn.HighInf, nn.Right = r.Low, false, rh
+	if nn.Leaf() {
+		splitDone(nn.Done, nn.Horizon, nn, r)
+		if t.unsafeDone == unsafeDoneSplitDrops {
+			r.Done = nil
+		}
+		t.trimDone(nn)
+		t.trimDone(r)
+	}
 	if !t.fits(nn) || !t.fits(r) {
 		panic(fmt.Sprintf("btree: split of %v at %d left halves of %d and %d bytes", nn.Self, mid, nn.Size(), r.Size()))
 	}

@@ -1,0 +1,377 @@
+package btree
+
+// This file is the completion record of a tokened write (RIFL, Lee et al.,
+// SOSP 2015): what lets a client send a put or delete again after an answer
+// it did not get, without the write taking effect twice. It does no I/O
+// (the lint test keeps it so).
+//
+// A write that carries a WriteToken is looked up, under its leaf's
+// exclusive lock and before anything else, among the leaf's completion
+// records: one found is the answer (the write happened, or failed its
+// condition, once, at that record's change). None found, the write is
+// evaluated, and its outcome is recorded in the same image (and so the
+// same log record) as its change, whether or not its condition held: an
+// attempt delayed past a retry that failed its condition must not apply
+// later, after the client was told "not applied".
+//
+// Records follow their keys (each holds its key): a split, a merge and a
+// rebalance partition them as they partition entries, so the record of a
+// write to k is always in the leaf covering k, beside k's entry.
+//
+// Forgetting. A record cannot be kept for ever, so attempts age. A write
+// with no record applies only while now < Stamp + TokenWindow on the
+// server's clock (Stamp is the client's first send); a record is dropped
+// only once now > Stamp + TokenWindow + 2·ClockSkew. With every server's
+// clock within ClockSkew of true time, no attempt that could still apply
+// can arrive after its record is gone. Safety rests on the servers' clocks
+// alone: a client's wrong clock costs it only liveness (a stamp later than
+// now + ClockSkew is refused; one too early ages at once).
+//
+// Room. Records take the room a leaf's entries leave (entries decide
+// splits and merges, never records): when a leaf's image would be too
+// large, its oldest records are evicted and Horizon rises to the newest
+// stamp evicted. A write with no record whose stamp is at or below the
+// horizon may have had its record evicted: a first attempt is refused
+// (ErrTokenExpired: nothing happened, and no other attempt exists), a
+// later one is answered ErrTokenUnknown.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"time"
+)
+
+const (
+	// TokenWindow bounds how long after its first send a tokened write
+	// may still take effect (on the server's clock). The client stops
+	// sending attempts before it ends; it is at least the client's call
+	// timeout. A cluster-wide constant: a server with a longer one could
+	// apply an attempt whose record another server already dropped.
+	TokenWindow = 60 * time.Second
+	// ClockSkew bounds how far a server's clock is from true time (the
+	// loose synchrony garbage deadlines already assume).
+	ClockSkew = 30 * time.Second
+	// completionFixed is a record's encoded size beside its key.
+	completionFixed = 2 + 16 + 8 + 8 + 8 + 1
+	// maxDone bounds a leaf's records (the encoding's u16 count).
+	maxDone = 1<<16 - 1
+)
+
+// Errors of tokened writes. Neither is ErrNotApplied: a tokened write is
+// not resent on another server on these answers.
+var (
+	// ErrTokenExpired: a write's first attempt arrived too late (past the
+	// token window, at or below its leaf's horizon, or stamped in the
+	// future): it did nothing, and never will. The client may send the
+	// write again under a new token.
+	ErrTokenExpired = errors.New("btree: the write's token is too old (or stamped in the future): nothing was done")
+	// ErrTokenUnknown: a later attempt of a write found no record of it,
+	// and an earlier attempt's record may have aged out or been evicted:
+	// the write's outcome cannot be known. This attempt did nothing.
+	ErrTokenUnknown = errors.New("btree: the write's record is gone; whether an earlier attempt took effect is unknown")
+	// ErrTokenReused: the token names another write (another operation,
+	// key, value or condition): nothing was done. A client defect.
+	ErrTokenReused = errors.New("btree: the write's token was used for another write")
+)
+
+// WriteToken identifies one logical write across its attempts.
+type WriteToken struct {
+	Client  [16]byte // random, per client process
+	Seq     uint64   // the client's sequence number of the write (unique per client)
+	Attempt uint32   // 1 for the first send
+	Stamp   int64    // the client's clock at the first send, in Unix nanoseconds
+}
+
+// Completion is a tokened write's completion record, kept in the leaf that
+// covers Key.
+type Completion struct {
+	Key    []byte
+	Client [16]byte
+	Seq    uint64
+	Print  uint64 // fingerprint of the write (fingerprint)
+	Stamp  int64
+	// The write's answer: whether its change applied, and whether the key
+	// was present before it.
+	Applied, Found bool
+}
+
+// Teeth of completion.go's tests (Tree.unsafeDone): each breaks one rule.
+const (
+	unsafeDoneSplitDrops     = iota + 1 // a split's new node gets no records
+	unsafeDoneMergeDrops                // a merge keeps only the left node's records
+	unsafeDoneRebalanceDrops            // a rebalance drops the records of keys that move
+	unsafeDoneNoFailure                 // a failed condition leaves no record
+	unsafeDoneNoAge                     // no age check
+	unsafeDoneNoHorizon                 // eviction does not raise the horizon
+)
+
+// Write kinds, for fingerprints.
+const (
+	opPut    = 1
+	opDelete = 2
+)
+
+// fingerprint identifies a write by what it asks: a token sent again with
+// another write is refused (ErrTokenReused) rather than answered with the
+// first write's outcome.
+func fingerprint(op byte, key, val []byte, cond Cond) uint64 {
+	h := fnv.New64a()
+	var b [13]byte
+	b[0] = op
+	b[1] = byte(cond.Kind)
+	binary.LittleEndian.PutUint32(b[2:], uint32(len(key)))
+	binary.LittleEndian.PutUint32(b[6:], uint32(len(val)))
+	if cond.Kind == IfEquals {
+		b[10] = 1
+	}
+	h.Write(b[:])
+	h.Write(key)
+	h.Write(val)
+	if cond.Kind == IfEquals {
+		h.Write(cond.Value)
+	}
+	return h.Sum64()
+}
+
+// version2 reports whether n's image needs format version 2.
+func (n *Node) version2() bool { return len(n.Done) > 0 || n.Horizon != 0 }
+
+func (n *Node) doneSize() int {
+	if !n.version2() {
+		return 0
+	}
+	s := 8 + 2
+	for _, c := range n.Done {
+		s += completionFixed + len(c.Key)
+	}
+	return s
+}
+
+func (n *Node) appendDone(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(n.Horizon))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)))
+	for _, c := range n.Done {
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Key)))
+		b = append(b, c.Key...)
+		b = append(b, c.Client[:]...)
+		b = binary.LittleEndian.AppendUint64(b, c.Seq)
+		b = binary.LittleEndian.AppendUint64(b, c.Print)
+		b = binary.LittleEndian.AppendUint64(b, uint64(c.Stamp))
+		var f byte
+		if c.Applied {
+			f |= 1
+		}
+		if c.Found {
+			f |= 2
+		}
+		b = append(b, f)
+	}
+	return b
+}
+
+func (r *reader) done(n *Node) {
+	n.Horizon = int64(r.u64())
+	l := r.take(2)
+	if l == nil {
+		return
+	}
+	count := int(binary.LittleEndian.Uint16(l))
+	for i := 0; i < count && r.err == nil; i++ {
+		c := Completion{Key: r.bytes16()}
+		copy(c.Client[:], r.take(16))
+		c.Seq = r.u64()
+		c.Print = r.u64()
+		c.Stamp = int64(r.u64())
+		f := r.take(1)
+		if f == nil {
+			return
+		}
+		if f[0]&^3 != 0 {
+			r.err = fmt.Errorf("completion record %d: unknown flags %#x", i, f[0])
+			return
+		}
+		c.Applied, c.Found = f[0]&1 != 0, f[0]&2 != 0
+		n.Done = append(n.Done, c)
+	}
+	if r.err == nil && count == 0 && n.Horizon == 0 {
+		// Encode writes such a node as version 1: one image, one encoding.
+		r.err = errors.New("a version 2 image with neither records nor a horizon")
+	}
+}
+
+// checkDone: records only in a live leaf, for keys it covers, sorted by
+// key, each token once.
+func (n *Node) checkDone() error {
+	if len(n.Done) == 0 {
+		return nil
+	}
+	if !n.Leaf() || n.Deleted {
+		return errors.New("completion records in an internal or removed node")
+	}
+	if len(n.Done) > maxDone {
+		return fmt.Errorf("%d completion records", len(n.Done))
+	}
+	type id struct {
+		client [16]byte
+		seq    uint64
+	}
+	seen := make(map[id]bool, len(n.Done))
+	for i, c := range n.Done {
+		if len(c.Key) == 0 || len(c.Key) > MaxKey || !n.Covers(c.Key) {
+			return fmt.Errorf("completion record %d: key %q outside [%q, %q)", i, c.Key, n.Low, n.High)
+		}
+		if i > 0 && bytes.Compare(n.Done[i-1].Key, c.Key) > 0 {
+			return fmt.Errorf("completion records %d and %d out of order", i-1, i)
+		}
+		k := id{c.Client, c.Seq}
+		if seen[k] {
+			return fmt.Errorf("completion record %d: a second record of one token", i)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+// findDone returns the index of tok's record in n, or -1.
+func (n *Node) findDone(tok *WriteToken) int {
+	for i := range n.Done {
+		if n.Done[i].Seq == tok.Seq && n.Done[i].Client == tok.Client {
+			return i
+		}
+	}
+	return -1
+}
+
+// addDone inserts c in key order (after the records of the same key).
+func (n *Node) addDone(c Completion) {
+	i := sort.Search(len(n.Done), func(i int) bool { return bytes.Compare(n.Done[i].Key, c.Key) > 0 })
+	n.Done = insertAt(n.Done, i, c)
+}
+
+// splitDone gives r (the upper half of a split or rebalance, from key
+// r.Low on) the records of n at or above r.Low, and both halves the
+// horizon. n and r are new images (their Done slices are their own).
+func splitDone(all []Completion, horizon int64, l, r *Node) {
+	i := sort.Search(len(all), func(i int) bool { return bytes.Compare(all[i].Key, r.Low) >= 0 })
+	l.Done = append([]Completion(nil), all[:i]...)
+	r.Done = append([]Completion(nil), all[i:]...)
+	l.Horizon, r.Horizon = horizon, horizon
+	if len(l.Done) == 0 {
+		l.Done = nil
+	}
+	if len(r.Done) == 0 {
+		r.Done = nil
+	}
+}
+
+// trimDone makes n's image fit size: records past their time are
+// dropped (now > Stamp + window + 2·skew), then the oldest are evicted,
+// raising the horizon, until it fits. Entries are never touched: a caller
+// only trims an image whose entries fit.
+func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped, evicted int) {
+	if len(n.Done) == 0 {
+		return 0, 0
+	}
+	keep := n.Done[:0:0]
+	for _, c := range n.Done {
+		if now > c.Stamp+int64(window)+2*int64(skew) {
+			dropped++
+			continue
+		}
+		keep = append(keep, c)
+	}
+	n.Done = keep
+	for len(n.Done) > 0 && (n.Size() > size || len(n.Done) > maxDone) {
+		old := 0
+		for i, c := range n.Done {
+			if c.Stamp < n.Done[old].Stamp {
+				old = i
+			}
+		}
+		if n.Done[old].Stamp > n.Horizon {
+			n.Horizon = n.Done[old].Stamp
+		}
+		n.Done = removeAt(n.Done, old)
+		evicted++
+	}
+	if len(n.Done) == 0 {
+		n.Done = nil
+	}
+	return dropped, evicted
+}
+
+// didNothing reports whether err is an update's answer that it changed
+// nothing and never will (its value chunk, if any, is unnamed).
+func didNothing(err error) bool {
+	return errors.Is(err, ErrNotApplied) || errors.Is(err, ErrTokenExpired) ||
+		errors.Is(err, ErrTokenUnknown) || errors.Is(err, ErrTokenReused)
+}
+
+// lookupDone is a tokened write's first step, under its leaf's exclusive
+// lock (n): its record's answer (done), or a refusal if it may not apply
+// (done, with an error), or nothing (not done: evaluate the write).
+func (t *Tree) lookupDone(ctx context.Context, n *Node, tok *WriteToken, print uint64) (Result, bool, error) {
+	if j := n.findDone(tok); j >= 0 {
+		c := n.Done[j]
+		if c.Print != print {
+			return Result{}, true, ErrTokenReused
+		}
+		t.Stats.Repeats.Add(1)
+		return Result{Applied: c.Applied, Found: c.Found, Repeat: true}, true, nil
+	}
+	now := t.s.Now()
+	old := now >= tok.Stamp+int64(t.cfg.tokenWindow)
+	if t.unsafeDone == unsafeDoneNoAge {
+		old = false
+	}
+	if tok.Stamp > now+int64(t.cfg.clockSkew) || old || tok.Stamp <= n.Horizon {
+		t.Stats.TokensRefused.Add(1)
+		if tok.Attempt <= 1 {
+			return Result{}, true, ErrTokenExpired
+		}
+		return Result{}, true, ErrTokenUnknown
+	}
+	return Result{}, false, nil
+}
+
+// completion is the record of tok's write with its outcome.
+func (t *Tree) completion(key []byte, tok *WriteToken, print uint64, applied, found bool) Completion {
+	return Completion{Key: key, Client: tok.Client, Seq: tok.Seq, Print: print, Stamp: tok.Stamp, Applied: applied, Found: found}
+}
+
+// trimDone makes a leaf image about to be committed fit its chunk.
+func (t *Tree) trimDone(n *Node) {
+	h := n.Horizon
+	dropped, evicted := trimDone(n, t.cfg.NodeSize, t.s.Now(), t.cfg.tokenWindow, t.cfg.clockSkew)
+	if t.unsafeDone == unsafeDoneNoHorizon {
+		n.Horizon = h
+	}
+	t.Stats.RecordsDropped.Add(int64(dropped))
+	t.Stats.RecordsEvicted.Add(int64(evicted))
+}
+
+// outcome tells the test hook of a tokened write's outcome committed.
+func (t *Tree) outcome(tok *WriteToken, key []byte, applied bool) {
+	if tok != nil && t.onOutcome != nil {
+		t.onOutcome(*tok, key, applied)
+	}
+}
+
+// keepOwn (teeth) keeps the records of got that were in had already.
+func keepOwn(got, had []Completion) []Completion {
+	var out []Completion
+	for _, c := range got {
+		for _, h := range had {
+			if c.Client == h.Client && c.Seq == h.Seq {
+				out = append(out, c)
+				break
+			}
+		}
+	}
+	return out
+}
