@@ -18,17 +18,35 @@
 // A call goes to one endpoint at a time, the last one that answered first.
 // Reads (Get, Scan, Count, Trees, Stat) are retried at the next endpoint on
 // any failure that is not an answer (an unreachable node, a node that is
-// starting or stopping) until the call's context ends. Writes (Put,
-// Delete and their conditional forms, CreateTree, DropTree) are retried
-// only when the answer proves the write was not applied: the node refused
-// it before starting it. Any other failure of a write (the node died
-// mid-call, the connection broke, the deadline passed) is returned as an
-// error that wraps ErrUnknownOutcome: the write may or may not have taken
-// effect, and the client never sends it again on its own, so one write is
-// never applied twice (a retried put could otherwise land after another
-// client's later put of the same key). A caller that retries such a write
-// itself should use a conditional form (PutIfAbsent, CompareAndSwap) or
-// values it can recognise.
+// starting or stopping) until the call's context ends.
+//
+// Puts and deletes (and their conditional forms) carry a write token: a
+// random id of the client, a sequence number, and the time of the first
+// send. A node keeps the outcome of a tokened write (applied, or its
+// condition failed) in the same leaf image as the change, so the client
+// sends the write again, to the next endpoint, after any failure that
+// leaves its outcome unknown (the node died mid-call, the connection
+// broke, an attempt's deadline, Options.AttemptTimeout, passed): an
+// attempt of a write that already took effect is answered with that
+// outcome and changes nothing, and an earlier attempt that arrives late
+// finds the record and does nothing either. One write is never applied
+// twice. Attempts go on until the call's context ends, within the token
+// window (60 s from the first send, on the nodes' clocks). A write still
+// fails with an error that wraps ErrUnknownOutcome when its context ends
+// after an attempt of unknown outcome, or when its record is gone: it aged
+// past the window, or a leaf taking very many tokened writes evicted it
+// for room (see the README's "Idempotency tokens"). The answer of a
+// repeated attempt does not know the previous value (CompareAndSwap's cur
+// is nil then).
+//
+// Writes go untokened, as with Options.NoTokens, while the cluster refuses
+// tokens (a node of an older build is registered, which could not read the
+// records): they are then retried only when the answer proves the write
+// was not applied (the node refused it before starting it), and any other
+// failure wraps ErrUnknownOutcome. CreateTree and DropTree are always
+// such writes. A caller that retries such a write itself should use a
+// conditional form (PutIfAbsent, CompareAndSwap) or values it can
+// recognise.
 //
 // # Routing
 //
@@ -56,6 +74,7 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"iter"
@@ -116,6 +135,14 @@ type Options struct {
 	// default a tree's calls go first to the tree's home node (see Routing
 	// in the package comment).
 	NoRouting bool
+	// NoTokens sends puts and deletes without write tokens: a failure
+	// that leaves a write's outcome unknown is returned, not retried (see
+	// Retries in the package comment).
+	NoTokens bool
+	// AttemptTimeout bounds one attempt of a tokened write (default a
+	// third of CallTimeout): an attempt that hangs is given up and the
+	// write sent again elsewhere.
+	AttemptTimeout time.Duration
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -126,7 +153,17 @@ type Client struct {
 	tcs   []pb.TreeServiceClient
 	cur   atomic.Int64 // the endpoint that answered last
 	route router
+	// id is the client's in write tokens; seq numbers its writes.
+	id  [16]byte
+	seq atomic.Uint64
+	// untokened: until when (Unix ns) writes go without tokens (the
+	// cluster refused them: tokensOffFor).
+	untokened atomic.Int64
 }
+
+// tokensOffFor is how long a client sends writes untokened after the
+// cluster refused a token (a node of an older build is registered).
+const tokensOffFor = 30 * time.Second
 
 // router knows the registered nodes, to send each tree's calls to its home.
 type router struct {
@@ -164,7 +201,13 @@ func DialOptions(_ context.Context, opts Options, endpoints ...string) (*Client,
 	if opts.Backoff <= 0 {
 		opts.Backoff = 50 * time.Millisecond
 	}
+	if opts.AttemptTimeout <= 0 {
+		opts.AttemptTimeout = opts.CallTimeout / 3
+	}
 	c := &Client{opts: opts, eps: endpoints}
+	if _, err := rand.Read(c.id[:]); err != nil {
+		return nil, fmt.Errorf("grove: a client id: %w", err)
+	}
 	c.route.extra = map[string]*grpc.ClientConn{}
 	for _, ep := range endpoints {
 		cc, err := grpc.NewClient(ep, transport.DialOptions()...)
@@ -313,6 +356,102 @@ const (
 // allows; a call on a tree goes first to the tree's home if its connection
 // is up.
 func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
+	return c.run(ctx, k, tree, nil, f)
+}
+
+// tokenWrite is a tokened write's state across its attempts.
+type tokenWrite struct {
+	tok *pb.TreeWriteToken // nil: the write goes untokened
+	// ambiguous counts the attempts of unknown outcome (the token's
+	// attempt number is one more: 1 says that no earlier attempt may still
+	// take effect).
+	ambiguous uint32
+	renewed   int // new tokens taken after a first attempt was refused as too old
+}
+
+// ended is a call's error when its context ended before an answer:
+// nothing changed, unless an attempt of a tokened write may yet have.
+func (w *tokenWrite) ended(ctx context.Context, last error) error {
+	if w != nil && w.ambiguous > 0 {
+		return fmt.Errorf("%w: %v (last: %v)", ErrUnknownOutcome, ctx.Err(), last)
+	}
+	return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
+}
+
+func (c *Client) newToken() *pb.TreeWriteToken {
+	return &pb.TreeWriteToken{Client: c.id[:], Seq: c.seq.Add(1), Attempt: 1, Stamp: time.Now().UnixNano()}
+}
+
+// write runs a put or delete: f sends it, under tok if not nil (PutOnce,
+// DeleteOnce) and plainly otherwise.
+func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) error {
+	w := &tokenWrite{}
+	if !c.opts.NoTokens && time.Now().UnixNano() >= c.untokened.Load() {
+		w.tok = c.newToken()
+	}
+	return c.run(ctx, write, tree, w, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		if w.tok == nil {
+			return f(ctx, tc, nil)
+		}
+		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+		defer cancel()
+		return f(actx, tc, w.tok)
+	})
+}
+
+// tokenAction is what a tokened write does after an attempt failed.
+type tokenAction int
+
+const (
+	tokenRetry   tokenAction = iota // send it again, to the next endpoint
+	tokenAgain                      // send it again to the same endpoint (nothing was done)
+	tokenAnswer                     // the failure is the answer
+	tokenUnknown                    // return ErrUnknownOutcome
+)
+
+// react decides a tokened write's next step after an attempt failed with
+// st (ctxErr: the call's context's error, if it ended).
+func (c *Client) react(w *tokenWrite, st *status.Status, ctxErr error) tokenAction {
+	switch {
+	case st.Code() == codes.Unimplemented || btree.HasReason(st, btree.TokensOff):
+		// A build from before tokens, or a cluster with one: nothing done.
+		if w.ambiguous > 0 {
+			return tokenUnknown
+		}
+		c.untokened.Store(time.Now().Add(tokensOffFor).UnixNano())
+		w.tok = nil
+		return tokenAgain
+	case btree.HasReason(st, btree.TokenExpired):
+		// A first attempt refused as too old (at or below a hot leaf's
+		// horizon, or a clock far off): nothing done, and no other
+		// attempt exists. A new token, a few times.
+		if w.ambiguous > 0 || w.renewed >= 3 {
+			return tokenAnswer
+		}
+		w.renewed++
+		w.tok = c.newToken()
+		return tokenAgain
+	case btree.HasReason(st, btree.TokenUnknown):
+		return tokenUnknown
+	case st.Code() == codes.ResourceExhausted && !btree.IsNotApplied(st):
+		// (gRPC's own limits, past the node's checks: unknown.)
+	case final(st.Code()):
+		return tokenAnswer
+	case btree.IsNotApplied(st):
+		return tokenRetry
+	}
+	// The attempt's outcome is unknown (it may still take effect, until
+	// the window ends): the next one says so.
+	w.ambiguous++
+	w.tok.Attempt = w.ambiguous + 1
+	if ctxErr != nil {
+		return tokenUnknown
+	}
+	return tokenRetry
+}
+
+// run is call; w, if not nil, is a put's or delete's tokens.
+func (c *Client) run(ctx context.Context, k kind, tree string, w *tokenWrite, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
@@ -341,14 +480,39 @@ func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx conte
 			return nil
 		}
 		st, _ := status.FromError(err)
-		if atHome && st.Code() == codes.Unimplemented {
+		tokened := w != nil && w.tok != nil
+		if tokened {
+			switch c.react(w, st, ctx.Err()) {
+			case tokenAgain:
+				if !atHome {
+					tried--
+				} else {
+					tree0 = tree
+				}
+				continue
+			case tokenUnknown:
+				if i >= 0 {
+					c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+				}
+				if atHome {
+					c.rerouteSoon()
+				}
+				return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
+			case tokenAnswer:
+				return mapError(st)
+			case tokenRetry:
+				// On to the next endpoint, below (this attempt's
+				// outcome is in the token's record, if it had one).
+			}
+		}
+		if !tokened && atHome && st.Code() == codes.Unimplemented {
 			// Not a Grove node's tree service at that address (nothing
 			// was done): the endpoints, and no routing for a while.
 			c.stopRouting()
 			tried, tree0 = -1, ""
 			continue
 		}
-		if final(st.Code()) {
+		if !tokened && final(st.Code()) {
 			if st.Code() == codes.ResourceExhausted {
 				switch {
 				case k != write:
@@ -362,7 +526,7 @@ func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx conte
 		if atHome {
 			c.rerouteSoon()
 		}
-		if k == write && !btree.IsNotApplied(st) {
+		if !tokened && k == write && !btree.IsNotApplied(st) {
 			// The next call tries the next endpoint first.
 			if i >= 0 {
 				c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
@@ -376,13 +540,13 @@ func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx conte
 		if !atHome && (tried+1)%len(c.tcs) == 0 {
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
+				return w.ended(ctx, last)
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, time.Second)
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
+			return w.ended(ctx, last)
 		}
 	}
 }
@@ -500,8 +664,15 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, error) {
 }
 
 func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expect []byte) (applied bool, prev []byte, found bool, err error) {
-	err = t.c.call(ctx, write, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
-		r, err := tc.Put(ctx, &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect})
+	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+		req := &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
+		var r *pb.TreePutResponse
+		var err error
+		if tok != nil {
+			r, err = tc.PutOnce(ctx, req)
+		} else {
+			r, err = tc.Put(ctx, req)
+		}
 		if err != nil {
 			return err
 		}
@@ -535,8 +706,15 @@ func (t *Tree) CompareAndSwap(ctx context.Context, key, old, val []byte) (applie
 }
 
 func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []byte) (applied, found bool, err error) {
-	err = t.c.call(ctx, write, t.name, func(ctx context.Context, tc pb.TreeServiceClient) error {
-		r, err := tc.Delete(ctx, &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect})
+	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+		req := &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect, Token: tok}
+		var r *pb.TreeDeleteResponse
+		var err error
+		if tok != nil {
+			r, err = tc.DeleteOnce(ctx, req)
+		} else {
+			r, err = tc.Delete(ctx, req)
+		}
 		if err != nil {
 			return err
 		}

@@ -418,12 +418,14 @@ func (*TreeDropResponse) Descriptor() ([]byte, []int) {
 }
 
 type TreePutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tree          string                 `protobuf:"bytes,1,opt,name=tree,proto3" json:"tree,omitempty"`
-	Key           []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Value         []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	Cond          TreeCond               `protobuf:"varint,4,opt,name=cond,proto3,enum=grove.TreeCond" json:"cond,omitempty"`
-	Expect        []byte                 `protobuf:"bytes,5,opt,name=expect,proto3" json:"expect,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tree   string                 `protobuf:"bytes,1,opt,name=tree,proto3" json:"tree,omitempty"`
+	Key    []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value  []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Cond   TreeCond               `protobuf:"varint,4,opt,name=cond,proto3,enum=grove.TreeCond" json:"cond,omitempty"`
+	Expect []byte                 `protobuf:"bytes,5,opt,name=expect,proto3" json:"expect,omitempty"`
+	// PutOnce only: the write's token (required there; Put refuses one).
+	Token         *TreeWriteToken `protobuf:"bytes,6,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -493,6 +495,85 @@ func (x *TreePutRequest) GetExpect() []byte {
 	return nil
 }
 
+func (x *TreePutRequest) GetToken() *TreeWriteToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+// One logical write across its attempts (PutOnce, DeleteOnce): an attempt
+// of a write that took effect, or failed its condition, is answered with
+// that outcome (repeat) and changes nothing. Attempts are sent only while
+// the first send is younger than the token window (60 s).
+type TreeWriteToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Client        []byte                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`    // 16 random bytes, one per client process
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`         // unique per client
+	Attempt       uint32                 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"` // 1 for the first send
+	Stamp         int64                  `protobuf:"varint,4,opt,name=stamp,proto3" json:"stamp,omitempty"`     // the client's clock at the first send, in Unix nanoseconds
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeWriteToken) Reset() {
+	*x = TreeWriteToken{}
+	mi := &file_grovepb_btree_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeWriteToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeWriteToken) ProtoMessage() {}
+
+func (x *TreeWriteToken) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeWriteToken.ProtoReflect.Descriptor instead.
+func (*TreeWriteToken) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TreeWriteToken) GetClient() []byte {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+func (x *TreeWriteToken) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *TreeWriteToken) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TreeWriteToken) GetStamp() int64 {
+	if x != nil {
+		return x.Stamp
+	}
+	return 0
+}
+
 type TreePutResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Applied bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // the condition held and the change is durable
@@ -500,14 +581,16 @@ type TreePutResponse struct {
 	// Its value then: always when it was kept in its leaf; a value in a
 	// chunk of its own only when the condition needed it (if-equals) or did
 	// not hold.
-	Prev          []byte `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`
+	Prev []byte `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`
+	// The answer is an earlier attempt's outcome (PutOnce): prev is unknown.
+	Repeat        bool `protobuf:"varint,4,opt,name=repeat,proto3" json:"repeat,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TreePutResponse) Reset() {
 	*x = TreePutResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[8]
+	mi := &file_grovepb_btree_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +602,7 @@ func (x *TreePutResponse) String() string {
 func (*TreePutResponse) ProtoMessage() {}
 
 func (x *TreePutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[8]
+	mi := &file_grovepb_btree_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +615,7 @@ func (x *TreePutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreePutResponse.ProtoReflect.Descriptor instead.
 func (*TreePutResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{8}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TreePutResponse) GetApplied() bool {
@@ -556,6 +639,13 @@ func (x *TreePutResponse) GetPrev() []byte {
 	return nil
 }
 
+func (x *TreePutResponse) GetRepeat() bool {
+	if x != nil {
+		return x.Repeat
+	}
+	return false
+}
+
 type TreeGetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tree          string                 `protobuf:"bytes,1,opt,name=tree,proto3" json:"tree,omitempty"`
@@ -566,7 +656,7 @@ type TreeGetRequest struct {
 
 func (x *TreeGetRequest) Reset() {
 	*x = TreeGetRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[9]
+	mi := &file_grovepb_btree_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +668,7 @@ func (x *TreeGetRequest) String() string {
 func (*TreeGetRequest) ProtoMessage() {}
 
 func (x *TreeGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[9]
+	mi := &file_grovepb_btree_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +681,7 @@ func (x *TreeGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeGetRequest.ProtoReflect.Descriptor instead.
 func (*TreeGetRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TreeGetRequest) GetTree() string {
@@ -618,7 +708,7 @@ type TreeGetResponse struct {
 
 func (x *TreeGetResponse) Reset() {
 	*x = TreeGetResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[10]
+	mi := &file_grovepb_btree_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +720,7 @@ func (x *TreeGetResponse) String() string {
 func (*TreeGetResponse) ProtoMessage() {}
 
 func (x *TreeGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[10]
+	mi := &file_grovepb_btree_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +733,7 @@ func (x *TreeGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeGetResponse.ProtoReflect.Descriptor instead.
 func (*TreeGetResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TreeGetResponse) GetFound() bool {
@@ -666,13 +756,14 @@ type TreeDeleteRequest struct {
 	Key           []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	Cond          TreeCond               `protobuf:"varint,3,opt,name=cond,proto3,enum=grove.TreeCond" json:"cond,omitempty"` // ALWAYS or IF_EQUALS
 	Expect        []byte                 `protobuf:"bytes,4,opt,name=expect,proto3" json:"expect,omitempty"`
+	Token         *TreeWriteToken        `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"` // DeleteOnce only
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TreeDeleteRequest) Reset() {
 	*x = TreeDeleteRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[11]
+	mi := &file_grovepb_btree_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +775,7 @@ func (x *TreeDeleteRequest) String() string {
 func (*TreeDeleteRequest) ProtoMessage() {}
 
 func (x *TreeDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[11]
+	mi := &file_grovepb_btree_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +788,7 @@ func (x *TreeDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDeleteRequest.ProtoReflect.Descriptor instead.
 func (*TreeDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TreeDeleteRequest) GetTree() string {
@@ -728,18 +819,26 @@ func (x *TreeDeleteRequest) GetExpect() []byte {
 	return nil
 }
 
+func (x *TreeDeleteRequest) GetToken() *TreeWriteToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 type TreeDeleteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Applied       bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
 	Found         bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`
-	Prev          []byte                 `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"` // as TreePutResponse.prev
+	Prev          []byte                 `protobuf:"bytes,3,opt,name=prev,proto3" json:"prev,omitempty"`      // as TreePutResponse.prev
+	Repeat        bool                   `protobuf:"varint,4,opt,name=repeat,proto3" json:"repeat,omitempty"` // as TreePutResponse.repeat
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TreeDeleteResponse) Reset() {
 	*x = TreeDeleteResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[12]
+	mi := &file_grovepb_btree_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +850,7 @@ func (x *TreeDeleteResponse) String() string {
 func (*TreeDeleteResponse) ProtoMessage() {}
 
 func (x *TreeDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[12]
+	mi := &file_grovepb_btree_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +863,7 @@ func (x *TreeDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDeleteResponse.ProtoReflect.Descriptor instead.
 func (*TreeDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TreeDeleteResponse) GetApplied() bool {
@@ -788,6 +887,13 @@ func (x *TreeDeleteResponse) GetPrev() []byte {
 	return nil
 }
 
+func (x *TreeDeleteResponse) GetRepeat() bool {
+	if x != nil {
+		return x.Repeat
+	}
+	return false
+}
+
 // One page of a scan of [from, to) (no end unless has_to): exactly the
 // entries in [lo, hi) at one instant, in order (reverse: descending).
 type TreeScanRequest struct {
@@ -805,7 +911,7 @@ type TreeScanRequest struct {
 
 func (x *TreeScanRequest) Reset() {
 	*x = TreeScanRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[13]
+	mi := &file_grovepb_btree_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +923,7 @@ func (x *TreeScanRequest) String() string {
 func (*TreeScanRequest) ProtoMessage() {}
 
 func (x *TreeScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[13]
+	mi := &file_grovepb_btree_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +936,7 @@ func (x *TreeScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeScanRequest.ProtoReflect.Descriptor instead.
 func (*TreeScanRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TreeScanRequest) GetTree() string {
@@ -896,7 +1002,7 @@ type TreeScanResponse struct {
 
 func (x *TreeScanResponse) Reset() {
 	*x = TreeScanResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[14]
+	mi := &file_grovepb_btree_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1014,7 @@ func (x *TreeScanResponse) String() string {
 func (*TreeScanResponse) ProtoMessage() {}
 
 func (x *TreeScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[14]
+	mi := &file_grovepb_btree_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1027,7 @@ func (x *TreeScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeScanResponse.ProtoReflect.Descriptor instead.
 func (*TreeScanResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TreeScanResponse) GetKeys() [][]byte {
@@ -978,7 +1084,7 @@ type TreeCountRequest struct {
 
 func (x *TreeCountRequest) Reset() {
 	*x = TreeCountRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[15]
+	mi := &file_grovepb_btree_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1096,7 @@ func (x *TreeCountRequest) String() string {
 func (*TreeCountRequest) ProtoMessage() {}
 
 func (x *TreeCountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[15]
+	mi := &file_grovepb_btree_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1109,7 @@ func (x *TreeCountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeCountRequest.ProtoReflect.Descriptor instead.
 func (*TreeCountRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TreeCountRequest) GetTree() string {
@@ -1043,7 +1149,7 @@ type TreeCountResponse struct {
 
 func (x *TreeCountResponse) Reset() {
 	*x = TreeCountResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[16]
+	mi := &file_grovepb_btree_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1161,7 @@ func (x *TreeCountResponse) String() string {
 func (*TreeCountResponse) ProtoMessage() {}
 
 func (x *TreeCountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[16]
+	mi := &file_grovepb_btree_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1174,7 @@ func (x *TreeCountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeCountResponse.ProtoReflect.Descriptor instead.
 func (*TreeCountResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TreeCountResponse) GetCount() uint64 {
@@ -1087,7 +1193,7 @@ type TreeStatRequest struct {
 
 func (x *TreeStatRequest) Reset() {
 	*x = TreeStatRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[17]
+	mi := &file_grovepb_btree_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1205,7 @@ func (x *TreeStatRequest) String() string {
 func (*TreeStatRequest) ProtoMessage() {}
 
 func (x *TreeStatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[17]
+	mi := &file_grovepb_btree_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1218,7 @@ func (x *TreeStatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeStatRequest.ProtoReflect.Descriptor instead.
 func (*TreeStatRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TreeStatRequest) GetTree() string {
@@ -1152,7 +1258,7 @@ type TreeStatResponse struct {
 
 func (x *TreeStatResponse) Reset() {
 	*x = TreeStatResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[18]
+	mi := &file_grovepb_btree_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1270,7 @@ func (x *TreeStatResponse) String() string {
 func (*TreeStatResponse) ProtoMessage() {}
 
 func (x *TreeStatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[18]
+	mi := &file_grovepb_btree_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1283,7 @@ func (x *TreeStatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeStatResponse.ProtoReflect.Descriptor instead.
 func (*TreeStatResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TreeStatResponse) GetTree() *TreeInfo {
@@ -1295,7 +1401,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[19]
+	mi := &file_grovepb_btree_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1413,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[19]
+	mi := &file_grovepb_btree_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1426,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{20}
 }
 
 type TreeNodesResponse struct {
@@ -1332,7 +1438,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[20]
+	mi := &file_grovepb_btree_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1450,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[20]
+	mi := &file_grovepb_btree_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1463,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TreeNodesResponse) GetNodes() []*TreeNode {
@@ -1377,7 +1483,7 @@ type TreeNode struct {
 
 func (x *TreeNode) Reset() {
 	*x = TreeNode{}
-	mi := &file_grovepb_btree_proto_msgTypes[21]
+	mi := &file_grovepb_btree_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1495,7 @@ func (x *TreeNode) String() string {
 func (*TreeNode) ProtoMessage() {}
 
 func (x *TreeNode) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[21]
+	mi := &file_grovepb_btree_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1508,7 @@ func (x *TreeNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNode.ProtoReflect.Descriptor instead.
 func (*TreeNode) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TreeNode) GetId() uint64 {
@@ -1441,32 +1547,41 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x05trees\x18\x01 \x03(\v2\x0f.grove.TreeInfoR\x05trees\"%\n" +
 	"\x0fTreeDropRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x12\n" +
-	"\x10TreeDropResponse\"\x89\x01\n" +
+	"\x10TreeDropResponse\"\xb6\x01\n" +
 	"\x0eTreePutRequest\x12\x12\n" +
 	"\x04tree\x18\x01 \x01(\tR\x04tree\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12#\n" +
 	"\x04cond\x18\x04 \x01(\x0e2\x0f.grove.TreeCondR\x04cond\x12\x16\n" +
-	"\x06expect\x18\x05 \x01(\fR\x06expect\"U\n" +
+	"\x06expect\x18\x05 \x01(\fR\x06expect\x12+\n" +
+	"\x05token\x18\x06 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"j\n" +
+	"\x0eTreeWriteToken\x12\x16\n" +
+	"\x06client\x18\x01 \x01(\fR\x06client\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\rR\aattempt\x12\x14\n" +
+	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\"m\n" +
 	"\x0fTreePutResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
-	"\x04prev\x18\x03 \x01(\fR\x04prev\"6\n" +
+	"\x04prev\x18\x03 \x01(\fR\x04prev\x12\x16\n" +
+	"\x06repeat\x18\x04 \x01(\bR\x06repeat\"6\n" +
 	"\x0eTreeGetRequest\x12\x12\n" +
 	"\x04tree\x18\x01 \x01(\tR\x04tree\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\"=\n" +
 	"\x0fTreeGetResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"v\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xa3\x01\n" +
 	"\x11TreeDeleteRequest\x12\x12\n" +
 	"\x04tree\x18\x01 \x01(\tR\x04tree\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12#\n" +
 	"\x04cond\x18\x03 \x01(\x0e2\x0f.grove.TreeCondR\x04cond\x12\x16\n" +
-	"\x06expect\x18\x04 \x01(\fR\x06expect\"X\n" +
+	"\x06expect\x18\x04 \x01(\fR\x06expect\x12+\n" +
+	"\x05token\x18\x05 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"p\n" +
 	"\x12TreeDeleteResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
-	"\x04prev\x18\x03 \x01(\fR\x04prev\"\xad\x01\n" +
+	"\x04prev\x18\x03 \x01(\fR\x04prev\x12\x16\n" +
+	"\x06repeat\x18\x04 \x01(\bR\x06repeat\"\xad\x01\n" +
 	"\x0fTreeScanRequest\x12\x12\n" +
 	"\x04tree\x18\x01 \x01(\tR\x04tree\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\fR\x04from\x12\x0e\n" +
@@ -1520,7 +1635,7 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x10TREE_COND_ALWAYS\x10\x00\x12\x17\n" +
 	"\x13TREE_COND_IF_ABSENT\x10\x01\x12\x17\n" +
 	"\x13TREE_COND_IF_EQUALS\x10\x02\x12\x17\n" +
-	"\x13TREE_COND_IF_EXISTS\x10\x032\xd3\x04\n" +
+	"\x13TREE_COND_IF_EXISTS\x10\x032\xd0\x05\n" +
 	"\vTreeService\x12=\n" +
 	"\x06Create\x12\x18.grove.TreeCreateRequest\x1a\x19.grove.TreeCreateResponse\x127\n" +
 	"\x04List\x12\x16.grove.TreeListRequest\x1a\x17.grove.TreeListResponse\x127\n" +
@@ -1531,7 +1646,10 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x04Scan\x12\x16.grove.TreeScanRequest\x1a\x17.grove.TreeScanResponse\x12:\n" +
 	"\x05Count\x12\x17.grove.TreeCountRequest\x1a\x18.grove.TreeCountResponse\x127\n" +
 	"\x04Stat\x12\x16.grove.TreeStatRequest\x1a\x17.grove.TreeStatResponse\x12:\n" +
-	"\x05Nodes\x12\x17.grove.TreeNodesRequest\x1a\x18.grove.TreeNodesResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x05Nodes\x12\x17.grove.TreeNodesRequest\x1a\x18.grove.TreeNodesResponse\x128\n" +
+	"\aPutOnce\x12\x15.grove.TreePutRequest\x1a\x16.grove.TreePutResponse\x12A\n" +
+	"\n" +
+	"DeleteOnce\x12\x18.grove.TreeDeleteRequest\x1a\x19.grove.TreeDeleteResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_btree_proto_rawDescOnce sync.Once
@@ -1546,7 +1664,7 @@ func file_grovepb_btree_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_btree_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_grovepb_btree_proto_goTypes = []any{
 	(TreeCond)(0),              // 0: grove.TreeCond
 	(*TreeInfo)(nil),           // 1: grove.TreeInfo
@@ -1557,53 +1675,60 @@ var file_grovepb_btree_proto_goTypes = []any{
 	(*TreeDropRequest)(nil),    // 6: grove.TreeDropRequest
 	(*TreeDropResponse)(nil),   // 7: grove.TreeDropResponse
 	(*TreePutRequest)(nil),     // 8: grove.TreePutRequest
-	(*TreePutResponse)(nil),    // 9: grove.TreePutResponse
-	(*TreeGetRequest)(nil),     // 10: grove.TreeGetRequest
-	(*TreeGetResponse)(nil),    // 11: grove.TreeGetResponse
-	(*TreeDeleteRequest)(nil),  // 12: grove.TreeDeleteRequest
-	(*TreeDeleteResponse)(nil), // 13: grove.TreeDeleteResponse
-	(*TreeScanRequest)(nil),    // 14: grove.TreeScanRequest
-	(*TreeScanResponse)(nil),   // 15: grove.TreeScanResponse
-	(*TreeCountRequest)(nil),   // 16: grove.TreeCountRequest
-	(*TreeCountResponse)(nil),  // 17: grove.TreeCountResponse
-	(*TreeStatRequest)(nil),    // 18: grove.TreeStatRequest
-	(*TreeStatResponse)(nil),   // 19: grove.TreeStatResponse
-	(*TreeNodesRequest)(nil),   // 20: grove.TreeNodesRequest
-	(*TreeNodesResponse)(nil),  // 21: grove.TreeNodesResponse
-	(*TreeNode)(nil),           // 22: grove.TreeNode
+	(*TreeWriteToken)(nil),     // 9: grove.TreeWriteToken
+	(*TreePutResponse)(nil),    // 10: grove.TreePutResponse
+	(*TreeGetRequest)(nil),     // 11: grove.TreeGetRequest
+	(*TreeGetResponse)(nil),    // 12: grove.TreeGetResponse
+	(*TreeDeleteRequest)(nil),  // 13: grove.TreeDeleteRequest
+	(*TreeDeleteResponse)(nil), // 14: grove.TreeDeleteResponse
+	(*TreeScanRequest)(nil),    // 15: grove.TreeScanRequest
+	(*TreeScanResponse)(nil),   // 16: grove.TreeScanResponse
+	(*TreeCountRequest)(nil),   // 17: grove.TreeCountRequest
+	(*TreeCountResponse)(nil),  // 18: grove.TreeCountResponse
+	(*TreeStatRequest)(nil),    // 19: grove.TreeStatRequest
+	(*TreeStatResponse)(nil),   // 20: grove.TreeStatResponse
+	(*TreeNodesRequest)(nil),   // 21: grove.TreeNodesRequest
+	(*TreeNodesResponse)(nil),  // 22: grove.TreeNodesResponse
+	(*TreeNode)(nil),           // 23: grove.TreeNode
 }
 var file_grovepb_btree_proto_depIdxs = []int32{
 	1,  // 0: grove.TreeCreateResponse.tree:type_name -> grove.TreeInfo
 	1,  // 1: grove.TreeListResponse.trees:type_name -> grove.TreeInfo
 	0,  // 2: grove.TreePutRequest.cond:type_name -> grove.TreeCond
-	0,  // 3: grove.TreeDeleteRequest.cond:type_name -> grove.TreeCond
-	1,  // 4: grove.TreeStatResponse.tree:type_name -> grove.TreeInfo
-	22, // 5: grove.TreeNodesResponse.nodes:type_name -> grove.TreeNode
-	2,  // 6: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
-	4,  // 7: grove.TreeService.List:input_type -> grove.TreeListRequest
-	6,  // 8: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
-	8,  // 9: grove.TreeService.Put:input_type -> grove.TreePutRequest
-	10, // 10: grove.TreeService.Get:input_type -> grove.TreeGetRequest
-	12, // 11: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
-	14, // 12: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
-	16, // 13: grove.TreeService.Count:input_type -> grove.TreeCountRequest
-	18, // 14: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
-	20, // 15: grove.TreeService.Nodes:input_type -> grove.TreeNodesRequest
-	3,  // 16: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
-	5,  // 17: grove.TreeService.List:output_type -> grove.TreeListResponse
-	7,  // 18: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
-	9,  // 19: grove.TreeService.Put:output_type -> grove.TreePutResponse
-	11, // 20: grove.TreeService.Get:output_type -> grove.TreeGetResponse
-	13, // 21: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
-	15, // 22: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
-	17, // 23: grove.TreeService.Count:output_type -> grove.TreeCountResponse
-	19, // 24: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
-	21, // 25: grove.TreeService.Nodes:output_type -> grove.TreeNodesResponse
-	16, // [16:26] is the sub-list for method output_type
-	6,  // [6:16] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 3: grove.TreePutRequest.token:type_name -> grove.TreeWriteToken
+	0,  // 4: grove.TreeDeleteRequest.cond:type_name -> grove.TreeCond
+	9,  // 5: grove.TreeDeleteRequest.token:type_name -> grove.TreeWriteToken
+	1,  // 6: grove.TreeStatResponse.tree:type_name -> grove.TreeInfo
+	23, // 7: grove.TreeNodesResponse.nodes:type_name -> grove.TreeNode
+	2,  // 8: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
+	4,  // 9: grove.TreeService.List:input_type -> grove.TreeListRequest
+	6,  // 10: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
+	8,  // 11: grove.TreeService.Put:input_type -> grove.TreePutRequest
+	11, // 12: grove.TreeService.Get:input_type -> grove.TreeGetRequest
+	13, // 13: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
+	15, // 14: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
+	17, // 15: grove.TreeService.Count:input_type -> grove.TreeCountRequest
+	19, // 16: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
+	21, // 17: grove.TreeService.Nodes:input_type -> grove.TreeNodesRequest
+	8,  // 18: grove.TreeService.PutOnce:input_type -> grove.TreePutRequest
+	13, // 19: grove.TreeService.DeleteOnce:input_type -> grove.TreeDeleteRequest
+	3,  // 20: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
+	5,  // 21: grove.TreeService.List:output_type -> grove.TreeListResponse
+	7,  // 22: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
+	10, // 23: grove.TreeService.Put:output_type -> grove.TreePutResponse
+	12, // 24: grove.TreeService.Get:output_type -> grove.TreeGetResponse
+	14, // 25: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
+	16, // 26: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
+	18, // 27: grove.TreeService.Count:output_type -> grove.TreeCountResponse
+	20, // 28: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
+	22, // 29: grove.TreeService.Nodes:output_type -> grove.TreeNodesResponse
+	10, // 30: grove.TreeService.PutOnce:output_type -> grove.TreePutResponse
+	14, // 31: grove.TreeService.DeleteOnce:output_type -> grove.TreeDeleteResponse
+	20, // [20:32] is the sub-list for method output_type
+	8,  // [8:20] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_btree_proto_init() }
@@ -1617,7 +1742,7 @@ func file_grovepb_btree_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_btree_proto_rawDesc), len(file_grovepb_btree_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

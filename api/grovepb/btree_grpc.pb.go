@@ -22,16 +22,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TreeService_Create_FullMethodName = "/grove.TreeService/Create"
-	TreeService_List_FullMethodName   = "/grove.TreeService/List"
-	TreeService_Drop_FullMethodName   = "/grove.TreeService/Drop"
-	TreeService_Put_FullMethodName    = "/grove.TreeService/Put"
-	TreeService_Get_FullMethodName    = "/grove.TreeService/Get"
-	TreeService_Delete_FullMethodName = "/grove.TreeService/Delete"
-	TreeService_Scan_FullMethodName   = "/grove.TreeService/Scan"
-	TreeService_Count_FullMethodName  = "/grove.TreeService/Count"
-	TreeService_Stat_FullMethodName   = "/grove.TreeService/Stat"
-	TreeService_Nodes_FullMethodName  = "/grove.TreeService/Nodes"
+	TreeService_Create_FullMethodName     = "/grove.TreeService/Create"
+	TreeService_List_FullMethodName       = "/grove.TreeService/List"
+	TreeService_Drop_FullMethodName       = "/grove.TreeService/Drop"
+	TreeService_Put_FullMethodName        = "/grove.TreeService/Put"
+	TreeService_Get_FullMethodName        = "/grove.TreeService/Get"
+	TreeService_Delete_FullMethodName     = "/grove.TreeService/Delete"
+	TreeService_Scan_FullMethodName       = "/grove.TreeService/Scan"
+	TreeService_Count_FullMethodName      = "/grove.TreeService/Count"
+	TreeService_Stat_FullMethodName       = "/grove.TreeService/Stat"
+	TreeService_Nodes_FullMethodName      = "/grove.TreeService/Nodes"
+	TreeService_PutOnce_FullMethodName    = "/grove.TreeService/PutOnce"
+	TreeService_DeleteOnce_FullMethodName = "/grove.TreeService/DeleteOnce"
 )
 
 // TreeServiceClient is the client API for TreeService service.
@@ -48,6 +50,12 @@ type TreeServiceClient interface {
 	Count(ctx context.Context, in *TreeCountRequest, opts ...grpc.CallOption) (*TreeCountResponse, error)
 	Stat(ctx context.Context, in *TreeStatRequest, opts ...grpc.CallOption) (*TreeStatResponse, error)
 	Nodes(ctx context.Context, in *TreeNodesRequest, opts ...grpc.CallOption) (*TreeNodesResponse, error)
+	// Tokened writes, which a client may send again after a lost answer.
+	// Refused (FailedPrecondition, reason TOKENS_OFF, nothing done) until
+	// every registered node's build keeps completion records; a build from
+	// before them answers Unimplemented, nothing done.
+	PutOnce(ctx context.Context, in *TreePutRequest, opts ...grpc.CallOption) (*TreePutResponse, error)
+	DeleteOnce(ctx context.Context, in *TreeDeleteRequest, opts ...grpc.CallOption) (*TreeDeleteResponse, error)
 }
 
 type treeServiceClient struct {
@@ -158,6 +166,26 @@ func (c *treeServiceClient) Nodes(ctx context.Context, in *TreeNodesRequest, opt
 	return out, nil
 }
 
+func (c *treeServiceClient) PutOnce(ctx context.Context, in *TreePutRequest, opts ...grpc.CallOption) (*TreePutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TreePutResponse)
+	err := c.cc.Invoke(ctx, TreeService_PutOnce_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *treeServiceClient) DeleteOnce(ctx context.Context, in *TreeDeleteRequest, opts ...grpc.CallOption) (*TreeDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TreeDeleteResponse)
+	err := c.cc.Invoke(ctx, TreeService_DeleteOnce_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TreeServiceServer is the server API for TreeService service.
 // All implementations must embed UnimplementedTreeServiceServer
 // for forward compatibility.
@@ -172,6 +200,12 @@ type TreeServiceServer interface {
 	Count(context.Context, *TreeCountRequest) (*TreeCountResponse, error)
 	Stat(context.Context, *TreeStatRequest) (*TreeStatResponse, error)
 	Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error)
+	// Tokened writes, which a client may send again after a lost answer.
+	// Refused (FailedPrecondition, reason TOKENS_OFF, nothing done) until
+	// every registered node's build keeps completion records; a build from
+	// before them answers Unimplemented, nothing done.
+	PutOnce(context.Context, *TreePutRequest) (*TreePutResponse, error)
+	DeleteOnce(context.Context, *TreeDeleteRequest) (*TreeDeleteResponse, error)
 	mustEmbedUnimplementedTreeServiceServer()
 }
 
@@ -211,6 +245,12 @@ func (UnimplementedTreeServiceServer) Stat(context.Context, *TreeStatRequest) (*
 }
 func (UnimplementedTreeServiceServer) Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
+}
+func (UnimplementedTreeServiceServer) PutOnce(context.Context, *TreePutRequest) (*TreePutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutOnce not implemented")
+}
+func (UnimplementedTreeServiceServer) DeleteOnce(context.Context, *TreeDeleteRequest) (*TreeDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteOnce not implemented")
 }
 func (UnimplementedTreeServiceServer) mustEmbedUnimplementedTreeServiceServer() {}
 func (UnimplementedTreeServiceServer) testEmbeddedByValue()                     {}
@@ -413,6 +453,42 @@ func _TreeService_Nodes_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TreeService_PutOnce_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TreePutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TreeServiceServer).PutOnce(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TreeService_PutOnce_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TreeServiceServer).PutOnce(ctx, req.(*TreePutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TreeService_DeleteOnce_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TreeDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TreeServiceServer).DeleteOnce(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TreeService_DeleteOnce_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TreeServiceServer).DeleteOnce(ctx, req.(*TreeDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TreeService_ServiceDesc is the grpc.ServiceDesc for TreeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -459,6 +535,14 @@ var TreeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Nodes",
 			Handler:    _TreeService_Nodes_Handler,
+		},
+		{
+			MethodName: "PutOnce",
+			Handler:    _TreeService_PutOnce_Handler,
+		},
+		{
+			MethodName: "DeleteOnce",
+			Handler:    _TreeService_DeleteOnce_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -12,6 +12,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
 )
 
 // tokClock starts the fake clock where stamps are positive.
@@ -524,5 +529,47 @@ func TestTokenedWritesTeeth(t *testing.T) {
 			}
 			t.Fatalf("not caught in 20 seeds from %d", base)
 		})
+	}
+}
+
+// The service's checks before a tokened write reaches a tree: a token is
+// whole, tokens are on (every registered node keeps records), and the
+// untokened methods refuse one.
+func TestServiceTokenChecks(t *testing.T) {
+	ctx := context.Background()
+	on := false
+	s := NewService(ServiceConfig{TokensOn: func() bool { return on }})
+	good := &pb.TreeWriteToken{Client: make([]byte, 16), Seq: 1, Attempt: 1, Stamp: 5}
+	for _, bad := range []*pb.TreeWriteToken{nil, {Client: make([]byte, 8), Seq: 1, Attempt: 1, Stamp: 5},
+		{Client: make([]byte, 16), Attempt: 1, Stamp: 5}, {Client: make([]byte, 16), Seq: 1, Stamp: 5}, {Client: make([]byte, 16), Seq: 1, Attempt: 1}} {
+		if _, err := s.PutOnce(ctx, &pb.TreePutRequest{Tree: "t", Key: []byte("k"), Token: bad}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("token %+v: %v", bad, err)
+		}
+	}
+	for _, err := range []error{
+		func() error { _, err := s.PutOnce(ctx, &pb.TreePutRequest{Tree: "t", Key: []byte("k"), Token: good}); return err }(),
+		func() error { _, err := s.DeleteOnce(ctx, &pb.TreeDeleteRequest{Tree: "t", Key: []byte("k"), Token: good}); return err }(),
+	} {
+		if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !HasReason(st, TokensOff) {
+			t.Fatalf("tokens off: %v", err)
+		}
+	}
+	if _, err := s.Put(ctx, &pb.TreePutRequest{Tree: "t", Key: []byte("k"), Token: good}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a token sent to Put: %v", err)
+	}
+	if _, err := s.Delete(ctx, &pb.TreeDeleteRequest{Tree: "t", Key: []byte("k"), Token: good}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a token sent to Delete: %v", err)
+	}
+	if NewService(ServiceConfig{}).tokensOn() {
+		t.Fatal("tokens on without a membership to check")
+	}
+	// The answers of the tree's refusals carry their reasons.
+	for err, reason := range map[error]string{ErrTokenExpired: TokenExpired, ErrTokenUnknown: TokenUnknown} {
+		if st := status.Convert(rpcError(err)); !HasReason(st, reason) || IsNotApplied(st) {
+			t.Fatalf("%v answers %v", err, st)
+		}
+	}
+	if st := status.Convert(rpcError(ErrTokenReused)); st.Code() != codes.InvalidArgument {
+		t.Fatalf("a reused token answers %v", st)
 	}
 }

@@ -100,6 +100,9 @@ type ServiceConfig struct {
 	// recovers the log on another server, and the next incarnation starts
 	// a new server.
 	OnFail func(inc uint64, err error)
+	// TokensOn, if set, replaces the check that every registered node
+	// keeps completion records (FeatureDone), for tests.
+	TokensOn func() bool
 }
 
 // NewService returns the role; Start runs it in an incarnation.
@@ -434,6 +437,43 @@ const NotApplied = "NOT_APPLIED"
 
 func notApplied(code codes.Code, msg string) error { return NotAppliedError(code, msg) }
 
+// Reasons of tokened writes' answers (ErrorInfo, domain "grove"; nothing
+// was done by the attempt in each case).
+const (
+	// TokensOff: not every registered node's build keeps completion
+	// records (FeatureDone) yet: the client sends the write untokened.
+	TokensOff = "TOKENS_OFF"
+	// TokenExpired: ErrTokenExpired (a first attempt too late).
+	TokenExpired = "TOKEN_EXPIRED"
+	// TokenUnknown: ErrTokenUnknown (a later attempt found no record).
+	TokenUnknown = "TOKEN_UNKNOWN"
+)
+
+// FeatureDone, in a node's membership record, says that its build keeps
+// completion records (format version 2 leaves): tokened writes are served
+// only once every registered node says it, since a build from before
+// reads no version 2 leaf. A node of such a build must not join after.
+const FeatureDone = "btree.completion-records"
+
+// ReasonError is a gRPC error of code carrying reason.
+func ReasonError(code codes.Code, msg, reason string) error {
+	st := status.New(code, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: "grove"}); err == nil {
+		return d.Err()
+	}
+	return st.Err()
+}
+
+// HasReason reports whether st carries reason.
+func HasReason(st *status.Status, reason string) bool {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
 // NotAppliedError is a gRPC error of code that carries the NotApplied
 // reason.
 func NotAppliedError(code codes.Code, msg string) error {
@@ -445,14 +485,7 @@ func NotAppliedError(code codes.Code, msg string) error {
 }
 
 // IsNotApplied reports whether st carries the NotApplied reason.
-func IsNotApplied(st *status.Status) bool {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == NotApplied {
-			return true
-		}
-	}
-	return false
-}
+func IsNotApplied(st *status.Status) bool { return HasReason(st, NotApplied) }
 
 // Server returns the running server, starting it if need be, waiting for
 // it until ctx ends. A wait whose incarnation ends looks again: it goes on
@@ -526,6 +559,12 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrRangeTooLarge):
 		return status.Error(codes.OutOfRange, err.Error())
+	case errors.Is(err, ErrTokenReused):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrTokenExpired):
+		return ReasonError(codes.FailedPrecondition, err.Error(), TokenExpired)
+	case errors.Is(err, ErrTokenUnknown):
+		return ReasonError(codes.Aborted, err.Error(), TokenUnknown)
 	}
 	// Anything else failed mid-way: its outcome is unknown (Unknown, not
 	// Unavailable, which a client may retry elsewhere as "not done"),
@@ -670,18 +709,55 @@ func (s *Service) onTree(ctx context.Context, name string, op func(ctx context.C
 }
 
 func (s *Service) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
+	if r.Token != nil {
+		return nil, status.Error(codes.InvalidArgument, "btree: a tokened put goes to PutOnce")
+	}
+	return s.put(ctx, r, nil)
+}
+
+// PutOnce is Put with the request's write token (completion.go).
+func (s *Service) PutOnce(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
+	tok, err := s.writeToken(r.Token)
+	if err != nil {
+		return nil, err
+	}
+	return s.put(ctx, r, tok)
+}
+
+func (s *Service) put(ctx context.Context, r *pb.TreePutRequest, tok *WriteToken) (*pb.TreePutResponse, error) {
 	if r.Cond > pb.TreeCond_TREE_COND_IF_EXISTS {
 		return nil, status.Errorf(codes.InvalidArgument, "btree: unknown condition %d", r.Cond)
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
-		res, err = t.Put(ctx, r.Key, r.Value, cond(r.Cond, r.Expect))
+		res, err = t.PutOnce(ctx, r.Key, r.Value, cond(r.Cond, r.Expect), tok)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &pb.TreePutResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
+	return &pb.TreePutResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev, Repeat: res.Repeat}, nil
+}
+
+// writeToken checks a tokened write's token, and that tokens are on.
+func (s *Service) writeToken(t *pb.TreeWriteToken) (*WriteToken, error) {
+	if t == nil || len(t.Client) != 16 || t.Seq == 0 || t.Attempt == 0 || t.Stamp <= 0 {
+		return nil, status.Error(codes.InvalidArgument, "btree: a tokened write needs a token: a 16-byte client id, a sequence number, an attempt number and a stamp, none zero")
+	}
+	if !s.tokensOn() {
+		return nil, ReasonError(codes.FailedPrecondition, "btree: tokened writes are off until every registered node runs a build that keeps their records", TokensOff)
+	}
+	tok := &WriteToken{Seq: t.Seq, Attempt: t.Attempt, Stamp: t.Stamp}
+	copy(tok.Client[:], t.Client)
+	return tok, nil
+}
+
+// tokensOn: every registered node keeps completion records (FeatureDone).
+func (s *Service) tokensOn() bool {
+	if s.cfg.TokensOn != nil {
+		return s.cfg.TokensOn()
+	}
+	return s.book != nil && s.book.All(FeatureDone)
 }
 
 func (s *Service) Get(ctx context.Context, r *pb.TreeGetRequest) (*pb.TreeGetResponse, error) {
@@ -698,18 +774,34 @@ func (s *Service) Get(ctx context.Context, r *pb.TreeGetRequest) (*pb.TreeGetRes
 }
 
 func (s *Service) Delete(ctx context.Context, r *pb.TreeDeleteRequest) (*pb.TreeDeleteResponse, error) {
+	if r.Token != nil {
+		return nil, status.Error(codes.InvalidArgument, "btree: a tokened delete goes to DeleteOnce")
+	}
+	return s.del(ctx, r, nil)
+}
+
+// DeleteOnce is Delete with the request's write token (completion.go).
+func (s *Service) DeleteOnce(ctx context.Context, r *pb.TreeDeleteRequest) (*pb.TreeDeleteResponse, error) {
+	tok, err := s.writeToken(r.Token)
+	if err != nil {
+		return nil, err
+	}
+	return s.del(ctx, r, tok)
+}
+
+func (s *Service) del(ctx context.Context, r *pb.TreeDeleteRequest, tok *WriteToken) (*pb.TreeDeleteResponse, error) {
 	if r.Cond != pb.TreeCond_TREE_COND_ALWAYS && r.Cond != pb.TreeCond_TREE_COND_IF_EQUALS && r.Cond != pb.TreeCond_TREE_COND_IF_EXISTS {
 		return nil, status.Error(codes.InvalidArgument, "btree: a delete's condition is always, if-equals or if-exists")
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
-		res, err = t.Delete(ctx, r.Key, cond(r.Cond, r.Expect))
+		res, err = t.DeleteOnce(ctx, r.Key, cond(r.Cond, r.Expect), tok)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &pb.TreeDeleteResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev}, nil
+	return &pb.TreeDeleteResponse{Applied: res.Applied, Found: res.Found, Prev: res.Prev, Repeat: res.Repeat}, nil
 }
 
 func span(from, to []byte, hasTo bool) Span {

@@ -68,6 +68,22 @@ func (b *AddressBook) Has(node uint64, feature string) bool {
 	return slices.Contains(b.features[node], feature)
 }
 
+// All reports whether every node's record, as last seen, names feature,
+// and at least one was seen (false before the watch's first answer).
+func (b *AddressBook) All(feature string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.addrs) == 0 {
+		return false
+	}
+	for id := range b.addrs {
+		if !slices.Contains(b.features[id], feature) {
+			return false
+		}
+	}
+	return true
+}
+
 // Nodes returns every node's address as last seen (a copy).
 func (b *AddressBook) Nodes() map[uint64]string {
 	b.mu.Lock()
