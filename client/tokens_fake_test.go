@@ -105,8 +105,8 @@ func TestClientTokenAnswers(t *testing.T) {
 			a: &fakeTrees{script: []error{btreeReason(codes.FailedPrecondition, "old", btree.TokenExpired)}}, b: &fakeTrees{},
 			attempt: []uint32{1, 1}, sameSeq: false},
 		{name: "record gone: unknown",
-			a: &fakeTrees{script: []error{status.Error(codes.Unknown, "node died")}},
-			b: &fakeTrees{script: []error{btreeReason(codes.Aborted, "gone", btree.TokenUnknown)}},
+			a:    &fakeTrees{script: []error{status.Error(codes.Unknown, "node died")}},
+			b:    &fakeTrees{script: []error{btreeReason(codes.Aborted, "gone", btree.TokenUnknown)}},
 			want: client.ErrUnknownOutcome, attempt: []uint32{1, 2}, sameSeq: true},
 	}
 	for _, c := range cases {

@@ -547,8 +547,14 @@ func TestServiceTokenChecks(t *testing.T) {
 		}
 	}
 	for _, err := range []error{
-		func() error { _, err := s.PutOnce(ctx, &pb.TreePutRequest{Tree: "t", Key: []byte("k"), Token: good}); return err }(),
-		func() error { _, err := s.DeleteOnce(ctx, &pb.TreeDeleteRequest{Tree: "t", Key: []byte("k"), Token: good}); return err }(),
+		func() error {
+			_, err := s.PutOnce(ctx, &pb.TreePutRequest{Tree: "t", Key: []byte("k"), Token: good})
+			return err
+		}(),
+		func() error {
+			_, err := s.DeleteOnce(ctx, &pb.TreeDeleteRequest{Tree: "t", Key: []byte("k"), Token: good})
+			return err
+		}(),
 	} {
 		if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !HasReason(st, TokensOff) {
 			t.Fatalf("tokens off: %v", err)
