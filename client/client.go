@@ -422,17 +422,20 @@ func (c *Client) react(w *tokenWrite, st *status.Status, ctxErr error) tokenActi
 		w.tok = nil
 		return tokenAgain
 	case btree.HasReason(st, btree.TokenExpired):
-		// A first attempt refused as too old (at or below a hot leaf's
-		// horizon, or a clock far off): nothing done, and no other
-		// attempt exists. A new token, a few times.
-		if w.ambiguous > 0 || w.renewed >= 3 {
+		// The attempt came too late (at or below a hot leaf's horizon,
+		// past the window, or a clock far off) and did nothing. With no
+		// attempt of unknown outcome before it, the write did nothing:
+		// a new token, a few times. Otherwise the write's record may be
+		// gone: its outcome is unknown.
+		if w.ambiguous > 0 {
+			return tokenUnknown
+		}
+		if w.renewed >= 3 {
 			return tokenAnswer
 		}
 		w.renewed++
 		w.tok = c.newToken()
 		return tokenAgain
-	case btree.HasReason(st, btree.TokenUnknown):
-		return tokenUnknown
 	case st.Code() == codes.ResourceExhausted && !btree.IsNotApplied(st):
 		// (gRPC's own limits, past the node's checks: unknown.)
 	case final(st.Code()):
@@ -499,6 +502,9 @@ func (c *Client) run(ctx context.Context, k kind, tree string, w *tokenWrite, f 
 				}
 				return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 			case tokenAnswer:
+				if btree.HasReason(st, btree.TokenExpired) {
+					return fmt.Errorf("%w: every new token was refused as too old (is this machine's clock far from the nodes'?): %s", ErrUnavailable, st.Message())
+				}
 				return mapError(st)
 			case tokenRetry:
 				// On to the next endpoint, below (this attempt's

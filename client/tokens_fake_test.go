@@ -104,9 +104,9 @@ func TestClientTokenAnswers(t *testing.T) {
 		{name: "a first attempt too old: a new token",
 			a: &fakeTrees{script: []error{btreeReason(codes.FailedPrecondition, "old", btree.TokenExpired)}}, b: &fakeTrees{},
 			attempt: []uint32{1, 1}, sameSeq: false},
-		{name: "record gone: unknown",
+		{name: "an attempt of unknown outcome, then too old: unknown",
 			a:    &fakeTrees{script: []error{status.Error(codes.Unknown, "node died")}},
-			b:    &fakeTrees{script: []error{btreeReason(codes.Aborted, "gone", btree.TokenUnknown)}},
+			b:    &fakeTrees{script: []error{btreeReason(codes.FailedPrecondition, "gone", btree.TokenExpired)}},
 			want: client.ErrUnknownOutcome, attempt: []uint32{1, 2}, sameSeq: true},
 	}
 	for _, c := range cases {

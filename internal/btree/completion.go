@@ -31,9 +31,17 @@ package btree
 // splits and merges, never records): when a leaf's image would be too
 // large, its oldest records are evicted and Horizon rises to the newest
 // stamp evicted. A write with no record whose stamp is at or below the
-// horizon may have had its record evicted: a first attempt is refused
-// (ErrTokenExpired: nothing happened, and no other attempt exists), a
-// later one is answered ErrTokenUnknown.
+// horizon may have had its record evicted: it is refused. The horizon is
+// cleared once past its time (now > Horizon + TokenWindow + 2·ClockSkew:
+// every write stamped at or below it is refused for age by then).
+//
+// A refusal (ErrTokenExpired) says only that this attempt did nothing and
+// that the write's record, if it had one, is gone. Whether the write did
+// nothing is for the client to say: it did if no other attempt of it was
+// sent (WriteToken.Attempt 1, by the client's rule), and its outcome is
+// unknown otherwise. (The server cannot tell: an attempt numbered 1 may
+// arrive after a later one that applied and whose record was evicted, or
+// on a server whose clock is ahead of the one that applied it.)
 
 import (
 	"bytes"
@@ -56,8 +64,12 @@ const (
 	// ClockSkew bounds how far a server's clock is from true time (the
 	// loose synchrony garbage deadlines already assume).
 	ClockSkew = 30 * time.Second
-	// completionFixed is a record's encoded size beside its key.
+	// completionFixed is a record's encoded size beside its key;
+	// doneOverhead a version 2 image's beside its records (the horizon
+	// and the count), which fits counts in a leaf that has them (and
+	// MaxEntry always), so that a horizon never makes an image too big.
 	completionFixed = 2 + 16 + 8 + 8 + 8 + 1
+	doneOverhead    = 8 + 2
 	// maxDone bounds a leaf's records (the encoding's u16 count).
 	maxDone = 1<<16 - 1
 )
@@ -65,26 +77,27 @@ const (
 // Errors of tokened writes. Neither is ErrNotApplied: a tokened write is
 // not resent on another server on these answers.
 var (
-	// ErrTokenExpired: a write's first attempt arrived too late (past the
-	// token window, at or below its leaf's horizon, or stamped in the
-	// future): it did nothing, and never will. The client may send the
-	// write again under a new token.
-	ErrTokenExpired = errors.New("btree: the write's token is too old (or stamped in the future): nothing was done")
-	// ErrTokenUnknown: a later attempt of a write found no record of it,
-	// and an earlier attempt's record may have aged out or been evicted:
-	// the write's outcome cannot be known. This attempt did nothing.
-	ErrTokenUnknown = errors.New("btree: the write's record is gone; whether an earlier attempt took effect is unknown")
+	// ErrTokenExpired: an attempt arrived too late (past the token window,
+	// at or below its leaf's horizon, or stamped in the future) and did
+	// nothing; the write's record, if it had one, is gone. If no other
+	// attempt of the write was sent, the write did nothing, and the client
+	// may send it again under a new token; otherwise its outcome is
+	// unknown.
+	ErrTokenExpired = errors.New("btree: the write's token is too old, or its record was evicted (or it is stamped in the future): this attempt did nothing")
 	// ErrTokenReused: the token names another write (another operation,
-	// key, value or condition): nothing was done. A client defect.
+	// key, value, condition or stamp): nothing was done. A client defect.
 	ErrTokenReused = errors.New("btree: the write's token was used for another write")
 )
 
-// WriteToken identifies one logical write across its attempts.
+// WriteToken identifies one logical write across its attempts. Every
+// attempt carries the same Client, Seq and Stamp.
 type WriteToken struct {
-	Client  [16]byte // random, per client process
-	Seq     uint64   // the client's sequence number of the write (unique per client)
-	Attempt uint32   // 1 for the first send
-	Stamp   int64    // the client's clock at the first send, in Unix nanoseconds
+	Client [16]byte // random, per client process
+	Seq    uint64   // the client's sequence number of the write (unique per client)
+	// Attempt is 1 while no attempt of unknown outcome was sent before
+	// (the client's rule; diagnostic to the server, see ErrTokenExpired).
+	Attempt uint32
+	Stamp   int64 // the client's clock at the first send, in Unix nanoseconds
 }
 
 // Completion is a tokened write's completion record, kept in the leaf that
@@ -207,18 +220,21 @@ func (r *reader) done(n *Node) {
 // checkDone: records only in a live leaf, for keys it covers, sorted by
 // key, each token once.
 func (n *Node) checkDone() error {
-	if len(n.Done) == 0 {
+	if len(n.Done) == 0 && n.Horizon == 0 {
 		return nil
 	}
 	if !n.Leaf() || n.Deleted {
-		return errors.New("completion records in an internal or removed node")
+		return errors.New("completion records or a horizon in an internal or removed node")
 	}
 	if len(n.Done) > maxDone {
 		return fmt.Errorf("%d completion records", len(n.Done))
 	}
+	// (A token reused for keys of two leaves is refused only within one
+	// leaf: a merge may bring two records of it together, each of its key.)
 	type id struct {
 		client [16]byte
 		seq    uint64
+		key    string
 	}
 	seen := make(map[id]bool, len(n.Done))
 	for i, c := range n.Done {
@@ -228,23 +244,28 @@ func (n *Node) checkDone() error {
 		if i > 0 && bytes.Compare(n.Done[i-1].Key, c.Key) > 0 {
 			return fmt.Errorf("completion records %d and %d out of order", i-1, i)
 		}
-		k := id{c.Client, c.Seq}
+		k := id{c.Client, c.Seq, string(c.Key)}
 		if seen[k] {
-			return fmt.Errorf("completion record %d: a second record of one token", i)
+			return fmt.Errorf("completion record %d: a second record of one token and key", i)
 		}
 		seen[k] = true
 	}
 	return nil
 }
 
-// findDone returns the index of tok's record in n, or -1.
-func (n *Node) findDone(tok *WriteToken) int {
+// findDone returns the index of tok's record in n, or -1: the record of
+// key if there is one, else any record of tok (a reuse of it).
+func (n *Node) findDone(tok *WriteToken, key []byte) int {
+	found := -1
 	for i := range n.Done {
 		if n.Done[i].Seq == tok.Seq && n.Done[i].Client == tok.Client {
-			return i
+			if bytes.Equal(n.Done[i].Key, key) {
+				return i
+			}
+			found = i
 		}
 	}
-	return -1
+	return found
 }
 
 // addDone inserts c in key order (after the records of the same key).
@@ -270,34 +291,57 @@ func splitDone(all []Completion, horizon int64, l, r *Node) {
 }
 
 // trimDone makes n's image fit size: records past their time are
-// dropped (now > Stamp + window + 2·skew), then the oldest are evicted,
-// raising the horizon, until it fits. Entries are never touched: a caller
-// only trims an image whose entries fit.
+// dropped (now > Stamp + window + 2·skew), and so is a horizon past its
+// time; then the oldest records are evicted, raising the horizon, until it
+// fits. Entries are never touched: a caller only trims an image whose
+// entries fit (fits counts a horizon's bytes).
 func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped, evicted int) {
+	life := int64(window) + 2*int64(skew)
+	if n.Horizon != 0 && now > n.Horizon+life {
+		n.Horizon = 0
+	}
 	if len(n.Done) == 0 {
+		n.Done = nil
 		return 0, 0
 	}
 	keep := n.Done[:0:0]
 	for _, c := range n.Done {
-		if now > c.Stamp+int64(window)+2*int64(skew) {
+		if now > c.Stamp+life {
 			dropped++
 			continue
 		}
 		keep = append(keep, c)
 	}
 	n.Done = keep
-	for len(n.Done) > 0 && (n.Size() > size || len(n.Done) > maxDone) {
-		old := 0
-		for i, c := range n.Done {
-			if c.Stamp < n.Done[old].Stamp {
-				old = i
+	over := n.Size() - size
+	if len(n.Done) > maxDone || over > 0 {
+		order := make([]int, len(n.Done))
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(a, b int) bool { return n.Done[order[a]].Stamp < n.Done[order[b]].Stamp })
+		gone := make([]bool, len(n.Done))
+		left := len(n.Done)
+		for _, i := range order {
+			if over <= 0 && left <= maxDone {
+				break
+			}
+			c := n.Done[i]
+			gone[i] = true
+			left--
+			evicted++
+			over -= completionFixed + len(c.Key)
+			if c.Stamp > n.Horizon {
+				n.Horizon = c.Stamp
 			}
 		}
-		if n.Done[old].Stamp > n.Horizon {
-			n.Horizon = n.Done[old].Stamp
+		keep := n.Done[:0:0]
+		for i, c := range n.Done {
+			if !gone[i] {
+				keep = append(keep, c)
+			}
 		}
-		n.Done = removeAt(n.Done, old)
-		evicted++
+		n.Done = keep
 	}
 	if len(n.Done) == 0 {
 		n.Done = nil
@@ -308,17 +352,16 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 // didNothing reports whether err is an update's answer that it changed
 // nothing and never will (its value chunk, if any, is unnamed).
 func didNothing(err error) bool {
-	return errors.Is(err, ErrNotApplied) || errors.Is(err, ErrTokenExpired) ||
-		errors.Is(err, ErrTokenUnknown) || errors.Is(err, ErrTokenReused)
+	return errors.Is(err, ErrNotApplied) || errors.Is(err, ErrTokenExpired) || errors.Is(err, ErrTokenReused)
 }
 
 // lookupDone is a tokened write's first step, under its leaf's exclusive
 // lock (n): its record's answer (done), or a refusal if it may not apply
 // (done, with an error), or nothing (not done: evaluate the write).
-func (t *Tree) lookupDone(ctx context.Context, n *Node, tok *WriteToken, print uint64) (Result, bool, error) {
-	if j := n.findDone(tok); j >= 0 {
+func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteToken, print uint64) (Result, bool, error) {
+	if j := n.findDone(tok, key); j >= 0 {
 		c := n.Done[j]
-		if c.Print != print {
+		if c.Print != print || c.Stamp != tok.Stamp || !bytes.Equal(c.Key, key) {
 			return Result{}, true, ErrTokenReused
 		}
 		t.Stats.Repeats.Add(1)
@@ -331,10 +374,7 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, tok *WriteToken, print u
 	}
 	if tok.Stamp > now+int64(t.cfg.clockSkew) || old || tok.Stamp <= n.Horizon {
 		t.Stats.TokensRefused.Add(1)
-		if tok.Attempt <= 1 {
-			return Result{}, true, ErrTokenExpired
-		}
-		return Result{}, true, ErrTokenUnknown
+		return Result{}, true, ErrTokenExpired
 	}
 	return Result{}, false, nil
 }
@@ -374,4 +414,14 @@ func keepOwn(got, had []Completion) []Completion {
 		}
 	}
 	return out
+}
+
+// durable waits for a change's durability; for a tokened write's, it
+// tells the test hook.
+func (t *Tree) durable(ctx context.Context, lsn uint64, tok *WriteToken) error {
+	err := t.s.Durable(ctx, lsn)
+	if err == nil && tok != nil && t.onDurable != nil {
+		t.onDurable(*tok)
+	}
+	return err
 }

@@ -25,7 +25,7 @@ type losingChunks struct {
 
 func (c *losingChunks) Write(ctx context.Context, h Handle, data []byte, f *rldev.Fence) error {
 	c.mu.Lock()
-	lose := c.lose && len(data) >= 4 && string(data[:4]) == nodeMagic
+	lose := c.lose && isNodeImage(data)
 	if lose {
 		c.lose = false
 		data, fc := append([]byte(nil), data...), *f

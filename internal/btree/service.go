@@ -443,10 +443,10 @@ const (
 	// TokensOff: not every registered node's build keeps completion
 	// records (FeatureDone) yet: the client sends the write untokened.
 	TokensOff = "TOKENS_OFF"
-	// TokenExpired: ErrTokenExpired (a first attempt too late).
+	// TokenExpired: ErrTokenExpired (the attempt came too late, or its
+	// record was evicted: it did nothing; the write did nothing if no
+	// other attempt of it was sent).
 	TokenExpired = "TOKEN_EXPIRED"
-	// TokenUnknown: ErrTokenUnknown (a later attempt found no record).
-	TokenUnknown = "TOKEN_UNKNOWN"
 )
 
 // FeatureDone, in a node's membership record, says that its build keeps
@@ -563,8 +563,6 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrTokenExpired):
 		return ReasonError(codes.FailedPrecondition, err.Error(), TokenExpired)
-	case errors.Is(err, ErrTokenUnknown):
-		return ReasonError(codes.Aborted, err.Error(), TokenUnknown)
 	}
 	// Anything else failed mid-way: its outcome is unknown (Unknown, not
 	// Unavailable, which a client may retry elsewhere as "not done"),

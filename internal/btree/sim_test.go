@@ -161,6 +161,23 @@ type simWorld struct {
 	expired    int // of which the server was declared dead
 	resigned   int // servers that failed with their leases standing
 	notApplied int // operations refused before any change
+	// tokens: puts and deletes carry write tokens (completion.go) and are
+	// sent again, through another live server, after an attempt of
+	// unknown outcome (half the seeds). tokDurable counts, per token, the
+	// outcomes committed and known durable (never twice: tokBad is the
+	// first that was); tokRepeats the answers from records, tokRetried
+	// the writes answered after an attempt of unknown outcome.
+	tokens                 bool
+	tokDurable             map[WriteToken]int
+	tokBad                 string
+	tokRepeats, tokRetried int
+	// late runs the duplicates of answered tokened attempts that arrive
+	// late (tokDups of them, tokDupRepeats answered from a record), as
+	// a request a paused server read before its pause, or one the
+	// network delivered twice.
+	late                   sync.WaitGroup
+	tokDups, tokDupRepeats int
+	unsafeDone             int // teeth: a broken rule of completion.go in every tree
 	// closing: nodes whose server closes cleanly (closeClean) now: none
 	// restarts there until the close ends, as a node's next process
 	// starts after the last one exited. closes counts the clean closes,
@@ -451,6 +468,8 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 		return nil, err
 	}
 	tr.keepOldValues, tr.logFreesOnly = w.keepOldValues, w.logFreesOnly
+	tr.onDurable = w.tokenDurable
+	tr.unsafeDone = w.unsafeDone
 	s.tree = tr
 	s.done.Add(4)
 	stopped := func() (context.Context, context.CancelFunc) { // ends at s.stop
@@ -745,6 +764,9 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 	err := s.waitRunning(ctx) // a frozen server takes the request when it resumes
 	switch {
 	case err != nil:
+	case w.tokens && (in.Kind == "put" || in.Kind == "del"):
+		w.tokened(ctx, h, client, i, s, in, call)
+		return
 	case in.Kind == "get":
 		var v []byte
 		v, out.Found, err = s.tree.Get(ctx, []byte(in.Key))
@@ -783,6 +805,146 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 		return
 	}
 	h.Add(client, in, out, call, ret, "server ", s.node)
+}
+
+// tokened runs a put or delete under a write token: sent to s, then, after
+// an attempt of unknown outcome, to other live servers under the same
+// token (at most 4 attempts, within ctx). It is one operation in the
+// history, from its first send to its answer: open-ended if no attempt
+// was answered and one may have taken effect; left out if every attempt
+// was refused before any change.
+func (w *simWorld) tokened(ctx context.Context, h *history, client, i int, s *simServer, in kvIn, call int64) {
+	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i + 1), Stamp: time.Now().UnixNano()}
+	var ambiguous uint32
+	var servers []uint64
+	var last error
+	for attempt := 0; attempt < 4 && ctx.Err() == nil; attempt++ {
+		if attempt > 0 {
+			if s = w.pick(); s == nil {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+		}
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		err := s.waitRunning(actx)
+		sent := err == nil
+		var r Result
+		if sent {
+			tk := tok
+			tk.Attempt = ambiguous + 1
+			cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true}
+			if in.Kind == "put" {
+				r, err = s.tree.PutOnce(actx, []byte(in.Key), []byte(in.Val), cond, &tk)
+			} else {
+				r, err = s.tree.DeleteOnce(actx, []byte(in.Key), cond, &tk)
+			}
+		}
+		cancel()
+		servers = append(servers, s.node)
+		last = err
+		if err == nil {
+			out := kvOut{Applied: r.Applied, Found: r.Found, Prev: string(r.Prev), FoundOnly: r.Repeat}
+			w.mu.Lock()
+			if r.Repeat {
+				w.tokRepeats++
+			}
+			if ambiguous > 0 {
+				w.tokRetried++
+			}
+			w.mu.Unlock()
+			h.Add(client, in, out, call, w.now(), "servers ", servers, " attempts ", attempt+1, " repeat ", r.Repeat)
+			if w.rand(4) == 0 {
+				tk := tok
+				tk.Attempt = ambiguous + 1
+				w.duplicate(in, tk, r)
+			}
+			return
+		}
+		switch {
+		case errors.Is(err, ErrTokenReused):
+			w.tokenViolation(fmt.Sprintf("write %d.%d: a token of one write refused as another's: %v", client+1, i+1, err))
+			return
+		case errors.Is(err, ErrTokenExpired):
+			// This attempt did nothing, and the write's record may be
+			// gone: the write did nothing if no attempt of unknown
+			// outcome came before (left out), else its outcome is unknown.
+			attempt = 4
+		case !sent || IsNotApplied(status.Convert(rpcError(err))):
+		default:
+			ambiguous++
+		}
+	}
+	if ambiguous == 0 {
+		w.mu.Lock()
+		w.notApplied++
+		w.mu.Unlock()
+		return
+	}
+	h.Add(client, in, kvOut{Unknown: true}, call, math.MaxInt64, "servers ", servers, " err ", last)
+}
+
+// duplicate sends an answered attempt of a tokened write again, late,
+// through a random live server: its answer, if it has one, must be the
+// write's (first).
+func (w *simWorld) duplicate(in kvIn, tok WriteToken, first Result) {
+	delay := time.Duration(w.rand(30)) * time.Millisecond
+	w.late.Add(1)
+	go func() {
+		defer w.late.Done()
+		defer w.guard("a late duplicate")
+		time.Sleep(delay)
+		s := w.pick()
+		if s == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, time.Second)
+		defer cancel()
+		if s.waitRunning(ctx) != nil {
+			return
+		}
+		cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq)}
+		var r Result
+		var err error
+		if in.Kind == "put" {
+			r, err = s.tree.PutOnce(ctx, []byte(in.Key), []byte(in.Val), cond, &tok)
+		} else {
+			r, err = s.tree.DeleteOnce(ctx, []byte(in.Key), cond, &tok)
+		}
+		w.mu.Lock()
+		w.tokDups++
+		if err == nil && r.Repeat {
+			w.tokDupRepeats++
+		}
+		w.mu.Unlock()
+		switch {
+		case err == nil && (!r.Repeat || r.Applied != first.Applied || r.Found != first.Found):
+			w.tokenViolation(fmt.Sprintf("write %d.%d of %q: answered %+v, a late duplicate of attempt %d through server %d %+v",
+				tok.Client[0], tok.Seq, in.Key, first, tok.Attempt, s.node, r))
+		case errors.Is(err, ErrTokenReused):
+			w.tokenViolation(fmt.Sprintf("write %d.%d: a late duplicate refused as another write's: %v", tok.Client[0], tok.Seq, err))
+		}
+	}()
+}
+
+// tokenDurable is every tree's onDurable: a tokened write's outcome
+// committed durably twice is an oracle failure.
+func (w *simWorld) tokenDurable(tok WriteToken) {
+	tok.Attempt = 0
+	w.mu.Lock()
+	w.tokDurable[tok]++
+	n := w.tokDurable[tok]
+	w.mu.Unlock()
+	if n > 1 {
+		w.tokenViolation(fmt.Sprintf("write %d.%d: its outcome committed durably %d times", tok.Client[0], tok.Seq, n))
+	}
+}
+
+func (w *simWorld) tokenViolation(msg string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.tokBad == "" {
+		w.tokBad = msg
+	}
 }
 
 // simCond is the tree's condition for the oracle's.
@@ -1031,6 +1193,7 @@ func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, er
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied                      int
+	tokSeeds, tokRepeats, tokRetried, tokDups, tokDupRepeats     int // seeds with tokened writes; their answers from records, writes answered after an attempt of unknown outcome, late duplicates and those answered from records
 	closes, closeFailed                                          int // clean closes; those that failed (leases left to a recovery)
 	valueWrites, valuesFreed, loggedFrees                        int
 	runRenewals                                                  int // recovery runs' renewed tokens
@@ -1067,6 +1230,7 @@ const (
 	teethDropKeepsName                    // a drop's decree leaves the tree's name listed
 	teethLongRerun                        // creations' decrees run again 100-150 ms after they listed the tree (beyond simDropWait)
 	teethDeltaAcrossWriteBack             // deltas go on across write-backs: no whole image first (delta.go's rule)
+	teethTokenSplitDrops                  // tokened writes, and a split's new node gets no completion records
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -1761,10 +1925,21 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		if n := w.baseless.Load(); n > 0 {
 			err = fmt.Errorf("%d replays met a node delta whose base image was neither in the log nor in its chunk (then: %v)", n, err)
 		}
+		w.mu.Lock()
+		bad := w.tokBad
+		w.mu.Unlock()
+		if bad != "" {
+			err = fmt.Errorf("tokened writes: %s (then: %v)", bad, err)
+		}
 	}()
 	defer w.guard("the run") // (runs before the one above)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
 	w.readPastLease = teeth == teethReadPastLease
+	w.tokens = teeth == teethNone && (seed/2)%2 == 0 || teeth == teethTokenSplitDrops
+	w.tokDurable = map[WriteToken]int{}
+	if teeth == teethTokenSplitDrops {
+		w.unsafeDone = unsafeDoneSplitDrops
+	}
 	w.pauseMidReadOneIn = 400
 	if w.readPastLease {
 		w.pauseMidReadOneIn = 20
@@ -1838,7 +2013,7 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		go w.treeDropper(stop, &fwg)
 	}
 	stopped := errors.New("the world stopped at the failed assertion")
-	if !w.waitUnlessBroke(&cwg) {
+	if !w.waitUnlessBroke(&cwg) || !w.waitUnlessBroke(&w.late) {
 		close(stop)
 		return res, stopped
 	}
@@ -1886,6 +2061,10 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.mu.Lock() // the servers still run: a failure watch may count a resignation and a death
 	res.kills, res.restarts = w.kills, w.restart-3
 	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
+	if w.tokens {
+		res.tokSeeds = 1
+	}
+	res.tokRepeats, res.tokRetried, res.tokDups, res.tokDupRepeats = w.tokRepeats, w.tokRetried, w.tokDups, w.tokDupRepeats
 	res.closes, res.closeFailed = w.closes, w.closeFailed
 	w.mu.Unlock()
 	w.locks.mu.Lock()
@@ -2110,6 +2289,11 @@ func TestSimTree(t *testing.T) {
 		total.valueWrites += r.valueWrites
 		total.valuesFreed += r.valuesFreed
 		total.runRenewals += r.runRenewals
+		total.tokSeeds += r.tokSeeds
+		total.tokRepeats += r.tokRepeats
+		total.tokRetried += r.tokRetried
+		total.tokDups += r.tokDups
+		total.tokDupRepeats += r.tokDupRepeats
 		total.aborted += r.aborted
 		total.failovers += r.failovers
 		total.allRuns += r.allRuns
@@ -2152,7 +2336,9 @@ func TestSimTree(t *testing.T) {
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.lateCollections, total.orphans)
 	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
 		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
-	if n >= 50 && (total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+	t.Logf("tokened writes (%d seeds): %d answered from their record, %d answered after an attempt of unknown outcome; %d late duplicates of answered attempts, %d of them answered from the record (none applied again: no outcome committed durably twice)",
+		total.tokSeeds, total.tokRepeats, total.tokRetried, total.tokDups, total.tokDupRepeats)
+	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
 		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
@@ -2224,6 +2410,18 @@ func TestSimTeethReadPastLease(t *testing.T) {
 		_, err := runSim(t, seed, teethReadPastLease, 120)
 		return err
 	}, "not linearizable", "invariant assertion failed")
+}
+
+// TestSimTeethTokenSplitDrops: with tokened writes, splits that leave the
+// new node without its keys' completion records are caught: a late
+// duplicate of an answered attempt (or a retry) finds no record and
+// applies again, its outcome committed durably twice, or answers
+// otherwise than the write was answered.
+func TestSimTeethTokenSplitDrops(t *testing.T) {
+	expectTeeth(t, "splits dropping completion records", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethTokenSplitDrops, 40)
+		return err
+	}, "tokened writes:")
 }
 
 // TestSimTeethIgnoreDropped: caches that serve a dropped tree as a live

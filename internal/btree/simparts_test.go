@@ -807,7 +807,7 @@ func (c *simChunkClerk) Write(ctx context.Context, h Handle, data []byte, f *rld
 	if err := c.gate(ctx); err != nil {
 		return err
 	}
-	if c.crash != nil && len(data) > 1 && string(data[:4]) == nodeMagic && c.crash() {
+	if c.crash != nil && isNodeImage(data) && c.crash() {
 		// The writer's machine dies mid-write: the chunk keeps a part of
 		// the new image and a part of what it held (a write of several
 		// blocks cut off; worse than the RLDev's, which keeps each 4 KiB

@@ -100,7 +100,7 @@ func (c *Config) fill() error {
 // of size nodeSize holds: two of them fit beside the longest bounds and a
 // full garbage list, so a split always leaves two legal halves.
 func MaxEntry(nodeSize int) int {
-	return (nodeSize - headerSize - 4 - 2*(2+MaxKey) - MaxGarbage*garbageSize) / 2
+	return (nodeSize - headerSize - 4 - 2*(2+MaxKey) - MaxGarbage*garbageSize - doneOverhead) / 2
 }
 
 // Errors of tree operations. Each says what was done: nothing.
@@ -184,6 +184,11 @@ type Tree struct {
 	// a tokened write's outcome (applied or not) is committed afresh:
 	// never twice for one token (completion.go's oracle).
 	onOutcome func(tok WriteToken, key []byte, applied bool)
+	// onDurable, set only by tests, is called when the commit of a
+	// tokened write's outcome is known to be durable: never twice for one
+	// token (the simulator's oracle; a commit lost with its server may be
+	// made again by a later attempt, and is not called).
+	onDurable func(tok WriteToken)
 	// unsafeDone, set only by teeth tests, breaks one rule of
 	// completion.go (the unsafeDone* constants).
 	unsafeDone int
@@ -261,7 +266,11 @@ func (t *Tree) valueRef(ctx context.Context, n *Node, i int) ([]byte, *ValueRef,
 // fits, underfull and mergeable go by entries alone: completion records
 // take what room the entries leave (trimDone).
 func (t *Tree) fits(n *Node) bool {
-	return n.entriesSize() <= t.cfg.NodeSize && (t.cfg.MaxFanout == 0 || len(n.Keys) <= t.cfg.MaxFanout)
+	s := n.entriesSize()
+	if n.version2() {
+		s += doneOverhead
+	}
+	return s <= t.cfg.NodeSize && (t.cfg.MaxFanout == 0 || len(n.Keys) <= t.cfg.MaxFanout)
 }
 
 // underfull is Sagiv's "less than half full".
@@ -773,7 +782,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		}
 		h := n.Self
 		if tok != nil {
-			if res, done, err := t.lookupDone(ctx, n, tok, print); done {
+			if res, done, err := t.lookupDone(ctx, n, key, tok, print); done {
 				t.s.Unlock(h, lock.Exclusive)
 				if err == nil {
 					// The answer waits until the record is durable (it
@@ -821,7 +830,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			if err != nil {
 				return Result{}, nil, 0, err
 			}
-			return res, nil, 0, t.s.Durable(ctx, lsn)
+			return res, nil, 0, t.durable(ctx, lsn, tok)
 		}
 		if !cond.holds(found, res.Prev) {
 			t.s.Unlock(h, lock.Exclusive)
@@ -855,7 +864,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 				t.cfg.Underfull(0, key)
 			}
 			res.Applied = true
-			return res, old, lsn, t.s.Durable(ctx, lsn)
+			return res, old, lsn, t.durable(ctx, lsn, tok)
 		}
 		sep, right, lsn, err := t.split(ctx, nn, frees)
 		if err == nil {
@@ -870,7 +879,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		// the left): the separator's insertion above can fail without
 		// losing anything; Repair puts back a downlink that is missing.
 		t.insertSeparator(ctx, 1, sep, right, path, false)
-		return res, old, lsn, t.s.Durable(ctx, lsn)
+		return res, old, lsn, t.durable(ctx, lsn, tok)
 	}
 }
 

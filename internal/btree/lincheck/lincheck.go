@@ -68,10 +68,13 @@ type Out struct {
 	// NoPrev: the answer does not say what the write found (Found and
 	// Prev are not checked).
 	NoPrev bool
-	Found  bool   // put, del: the key was present; get: found
-	Prev   string // put, del: its value then
-	Val    string // get
-	Count  int
+	// FoundOnly: the answer says whether the write found the key, not its
+	// value (a tokened write answered from its completion record).
+	FoundOnly bool
+	Found     bool   // put, del: the key was present; get: found
+	Prev      string // put, del: its value then
+	Val       string // get
+	Count     int
 	// A scan page: exactly the entries in [Lo, Hi) (Hi infinite if
 	// HiInf), within the span, in order, at most Limit of them; More
 	// false means the page is the whole span.
@@ -130,7 +133,7 @@ var Model = porcupine.Model{
 				c = IfExists
 			}
 			holds := c.holds(found, cur, in.Eq)
-			if !out.Unknown && (out.Applied != holds || !out.NoPrev && (out.Found != found || found && out.Prev != cur)) {
+			if !out.Unknown && (out.Applied != holds || !out.NoPrev && (out.Found != found || found && !out.FoundOnly && out.Prev != cur)) {
 				return false, state
 			}
 			if holds {
