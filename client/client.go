@@ -703,7 +703,9 @@ func (t *Tree) PutIfAbsent(ctx context.Context, key, val []byte) (applied bool, 
 
 // CompareAndSwap sets key to val only if its current value is old; applied
 // says whether it did, and cur is the value it found (nil, found false, if
-// absent).
+// absent). When the answer came from the write's completion record (an
+// attempt sent again after one of unknown outcome: see Retries), found is
+// known but cur is nil.
 func (t *Tree) CompareAndSwap(ctx context.Context, key, old, val []byte) (applied bool, cur []byte, found bool, err error) {
 	if old == nil {
 		old = []byte{}

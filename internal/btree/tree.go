@@ -568,6 +568,9 @@ type Result struct {
 	// Repeat: a tokened write's answer came from its completion record
 	// (an earlier attempt's outcome); Prev is not known then.
 	Repeat bool
+	// unnamed: whatever the error, no change names the write's own value
+	// chunk (a repeat, or a failed condition's record): it is freed.
+	unnamed bool
 }
 
 // Put sets key to val if cond holds on the current value. It holds one
@@ -653,8 +656,8 @@ func (t *Tree) settleValues(ctx context.Context, res Result, lsn uint64, err err
 		t.Stats.ValuesFreed.Add(1)
 	}
 	switch {
-	case err == nil && res.Repeat || didNothing(err):
-		free(mine) // an earlier attempt's change names its own chunk, if any
+	case res.Repeat || res.unnamed || didNothing(err):
+		free(mine) // (an earlier attempt's change names its own chunk, if any)
 	case err == nil && res.Applied:
 		if t.keepOldValues || t.logFreesOnly {
 			return // teeth: the old value chunk leaks; or the log frees it
@@ -828,8 +831,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
-				return Result{}, nil, 0, err
+				return Result{unnamed: true}, nil, 0, err
 			}
+			res.unnamed = true
 			return res, nil, 0, t.durable(ctx, lsn, tok)
 		}
 		if !cond.holds(found, res.Prev) {

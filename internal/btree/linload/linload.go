@@ -473,6 +473,11 @@ func (w *world) op(ctx context.Context, c *loadClient, i int) {
 			var cur []byte
 			out.Applied, cur, out.Found, err = tr.CompareAndSwap(cctx, []byte(in.Key), Value(in.Eq), v)
 			out.Prev = Name(cur)
+			// A found key with no value reported: the answer came from
+			// the write's completion record (an attempt after one of
+			// unknown outcome), which does not keep the value (this
+			// workload's values are never empty).
+			out.FoundOnly = out.Found && cur == nil
 		}
 	case "del":
 		if in.Cond == lincheck.IfEquals {
