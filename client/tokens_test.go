@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -193,5 +194,57 @@ func TestClientResendsUnderToken(t *testing.T) {
 	start := time.Now()
 	if ok, cur, _, err := ptr.CompareAndSwap(ctx, []byte("plain"), []byte("a"), []byte("b")); !errors.Is(err, client.ErrUnknownOutcome) {
 		t.Fatalf("untokened, a lost answer: %v %v %q after %v (the proxy lost nothing?)", ok, cur, err, time.Since(start))
+	}
+}
+
+// BenchmarkClientTokens: what completion records cost a put (256-byte
+// values, 8 goroutines on one routed client): new keys, and updates of 64
+// hot keys (records pile up in few leaves and are evicted), with tokens
+// and without.
+func BenchmarkClientTokens(b *testing.B) {
+	for _, keys := range []string{"new", "hot"} {
+		for _, tokens := range []bool{false, true} {
+			b.Run(fmt.Sprintf("keys=%s/tokens=%v", keys, tokens), func(b *testing.B) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+				defer cancel()
+				_, eps := cluster(b, ctx)
+				c, err := client.DialOptions(ctx, client.Options{NoTokens: !tokens}, eps...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				if err := c.CreateTree(ctx, "bench", client.TreeOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				tr := c.Tree("bench")
+				for i := 0; i < 64; i++ { // warm up, and let routing learn the nodes
+					if err := tr.Put(ctx, []byte(fmt.Sprintf("hot%03d", i)), make([]byte, 256)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				time.Sleep(1500 * time.Millisecond)
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				const workers = 8
+				for w := 0; w < workers; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := w; i < b.N; i += workers {
+							k := fmt.Sprintf("key%08d", i)
+							if keys == "hot" {
+								k = fmt.Sprintf("hot%03d", i%64)
+							}
+							if err := tr.Put(ctx, []byte(k), make([]byte, 256)); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "puts/s")
+			})
+		}
 	}
 }

@@ -69,7 +69,7 @@ const (
 	// and the count), which fits counts in a leaf that has them (and
 	// MaxEntry always), so that a horizon never makes an image too big.
 	completionFixed = 2 + 16 + 8 + 8 + 8 + 1
-	doneOverhead    = 8 + 2
+	doneOverhead    = 8 + 2 + 4
 	// maxDone bounds a leaf's records (the encoding's u16 count).
 	maxDone = 1<<16 - 1
 )
@@ -158,16 +158,19 @@ func (n *Node) doneSize() int {
 	if !n.version2() {
 		return 0
 	}
-	s := 8 + 2
+	s := doneOverhead
 	for _, c := range n.Done {
 		s += completionFixed + len(c.Key)
 	}
 	return s
 }
 
-func (n *Node) appendDone(b []byte) []byte {
+// appendDone appends the records section of the image that starts at
+// b[start]: the horizon, the records, and the section's offset in the
+// image (a node delta cuts the image there: delta.go).
+func (n *Node) appendDone(b []byte, start int) []byte {
+	off := len(b) - start
 	b = binary.LittleEndian.AppendUint64(b, uint64(n.Horizon))
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)))
 	for _, c := range n.Done {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Key)))
 		b = append(b, c.Key...)
@@ -184,16 +187,41 @@ func (n *Node) appendDone(b []byte) []byte {
 		}
 		b = append(b, f)
 	}
-	return b
+	// The count after the records, beside the offset: a record added or
+	// dropped changes the bytes around it and these, not the section's
+	// start (the delta's second part stays small).
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)))
+	return binary.LittleEndian.AppendUint32(b, uint32(off))
+}
+
+// doneOffset is the offset of a version 2 image's records section (its
+// length given, CRC included), read from its trailer: 0 if b is no such
+// image, or the offset is out of its bounds.
+func doneOffset(b []byte) int {
+	if len(b) < headerSize+doneOverhead+4 || string(b[:4]) != nodeMagic2 {
+		return 0
+	}
+	length := int(binary.LittleEndian.Uint32(b[4:]))
+	if length > len(b) || length < headerSize+doneOverhead+4 {
+		return 0
+	}
+	off := int(binary.LittleEndian.Uint32(b[length-8:]))
+	if off < headerSize || off > length-4-doneOverhead {
+		return 0
+	}
+	return off
 }
 
 func (r *reader) done(n *Node) {
+	off := r.off
 	n.Horizon = int64(r.u64())
-	l := r.take(2)
-	if l == nil {
+	// The count is the section's last u16 but the offset's u32, just
+	// before the end of the reader's bytes (the CRC is cut off).
+	if len(r.b) < r.off+6 {
+		r.err = fmt.Errorf("truncated at byte %d", r.off)
 		return
 	}
-	count := int(binary.LittleEndian.Uint16(l))
+	count := int(binary.LittleEndian.Uint16(r.b[len(r.b)-6:]))
 	for i := 0; i < count && r.err == nil; i++ {
 		c := Completion{Key: r.bytes16()}
 		copy(c.Client[:], r.take(16))
@@ -214,6 +242,13 @@ func (r *reader) done(n *Node) {
 	if r.err == nil && count == 0 && n.Horizon == 0 {
 		// Encode writes such a node as version 1: one image, one encoding.
 		r.err = errors.New("a version 2 image with neither records nor a horizon")
+	}
+	if l := r.take(2); l != nil && int(binary.LittleEndian.Uint16(l)) != count {
+		r.err = fmt.Errorf("the records end at byte %d, before the count", r.off)
+		return
+	}
+	if at := r.take(4); at != nil && int(binary.LittleEndian.Uint32(at)) != off {
+		r.err = fmt.Errorf("the records section is at %d, its trailer says %d", off, binary.LittleEndian.Uint32(at))
 	}
 }
 

@@ -592,3 +592,64 @@ func TestServiceTokenChecks(t *testing.T) {
 		t.Fatalf("a reused token answers %v", st)
 	}
 }
+
+// A put to a leaf with completion records changes an entry and adds a
+// record at the other end of the image: the two-part delta (GBD2) carries
+// both changes and little else, rebuilds the next image exactly, and
+// refuses every image but its base.
+func TestDeltaTwoParts(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	twoParts := 0
+	defer func() {
+		if twoParts < 150 {
+			t.Errorf("%d of 200 deltas in two parts", twoParts)
+		}
+	}()
+	for trial := 0; trial < 200; trial++ {
+		base := deltaLeaf(r, 4+r.Intn(24), 256, uint64(1+r.Intn(100)))
+		for j := 0; j < 1+r.Intn(40); j++ {
+			base.addDone(Completion{Key: base.Keys[r.Intn(len(base.Keys))], Client: [16]byte{byte(j)}, Seq: uint64(j + 1), Stamp: int64(j + 1)})
+		}
+		if trial%5 == 0 {
+			base.Horizon = 9
+		}
+		next := base.Clone()
+		next.Version = base.Version + 1
+		i := r.Intn(len(base.Keys))
+		val := make([]byte, 200+r.Intn(100))
+		r.Read(val)
+		next.Vals[i] = val
+		next.addDone(Completion{Key: next.Keys[i], Client: [16]byte{200}, Seq: 7, Stamp: 99, Applied: true, Found: true})
+		aged := r.Intn(3) == 0
+		if aged {
+			next.Done = next.Done[1:] // one aged out too (the second middle spans the records between)
+		}
+		b, n := base.Encode(nil), next.Encode(nil)
+		d, ok := makeDelta(b, n)
+		if !ok {
+			t.Fatalf("trial %d: no delta", trial)
+		}
+		if string(d[:4]) == deltaMagic2 {
+			twoParts++
+		}
+		if !aged && len(d) > 2*len(val)+300 {
+			t.Fatalf("trial %d: a two-part delta of %d bytes for a %d-byte value and a record", trial, len(d), len(val))
+		}
+		got, err := applyDelta(b, d, true)
+		if err != nil || !bytes.Equal(got, n) {
+			t.Fatalf("trial %d: rebuilt %d bytes (%v), want the %d-byte image", trial, len(got), err, len(n))
+		}
+		other := base.Clone()
+		other.Done[len(other.Done)-1].Stamp++
+		for _, wrong := range [][]byte{n, other.Encode(nil)} {
+			if _, err := applyDelta(wrong, d, true); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("trial %d: applied to another image: %v", trial, err)
+			}
+		}
+		plain := base.Clone()
+		plain.Done, plain.Horizon = nil, 0
+		if _, err := applyDelta(plain.Encode(nil), d, false); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("trial %d: applied to a version 1 image: %v", trial, err)
+		}
+	}
+}

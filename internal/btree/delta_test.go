@@ -103,6 +103,16 @@ func FuzzNodeDelta(f *testing.F) {
 	f.Add(d, false)
 	f.Add(d[:len(d)-3], false)
 	f.Add(b, true)
+	// A two-part delta (GBD2) of a leaf with completion records, as data.
+	base2 := base.Clone()
+	base2.addDone(Completion{Key: base2.Keys[2], Seq: 1, Stamp: 5})
+	next2 := base2.Clone()
+	next2.Version = 4
+	next2.Vals[5] = []byte("fuzz")
+	next2.addDone(Completion{Key: next2.Keys[5], Seq: 2, Stamp: 6, Applied: true})
+	if d2, ok := makeDelta(base2.Encode(nil), next2.Encode(nil)); ok {
+		f.Add(d2, false)
+	}
 	f.Fuzz(func(t *testing.T, data []byte, asBase bool) {
 		var out []byte
 		var err error

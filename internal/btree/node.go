@@ -303,9 +303,12 @@ func (n *Node) Entries() int { return len(n.Keys) }
 // completion.go) adds, before the trailing CRC:
 //
 //	i64  horizon
-//	u16  completion records, then each:
+//	     the completion records, each:
 //	     u16 key length, key, [16] client, u64 seq, u64 fingerprint,
 //	     i64 stamp, u8 flags (1 applied, 2 found)
+//	u16  the number of records
+//	u32  the offset of the horizon in the image (a node delta cuts
+//	     the image there: delta.go)
 //
 // A node without either is written as version 1, so that only tokened
 // writes (which a cluster sends only once every member reads version 2)
@@ -420,7 +423,7 @@ func (n *Node) Encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint64(b, uint64(g.Deadline))
 	}
 	if v2 {
-		b = n.appendDone(b)
+		b = n.appendDone(b, start)
 	}
 	b = binary.LittleEndian.AppendUint32(b, 0) // room for the CRC, then fill in the length and CRC
 	img := b[start:]
