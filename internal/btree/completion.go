@@ -170,7 +170,6 @@ func (n *Node) doneSize() int {
 // image (a node delta cuts the image there: delta.go).
 func (n *Node) appendDone(b []byte, start int) []byte {
 	off := len(b) - start
-	b = binary.LittleEndian.AppendUint64(b, uint64(n.Horizon))
 	for _, c := range n.Done {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Key)))
 		b = append(b, c.Key...)
@@ -187,9 +186,10 @@ func (n *Node) appendDone(b []byte, start int) []byte {
 		}
 		b = append(b, f)
 	}
-	// The count after the records, beside the offset: a record added or
-	// dropped changes the bytes around it and these, not the section's
-	// start (the delta's second part stays small).
+	// The horizon and the count after the records, beside the offset: a
+	// record added or evicted changes the bytes around it and these (which
+	// a delta carries whole), not the section's start.
+	b = binary.LittleEndian.AppendUint64(b, uint64(n.Horizon))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)))
 	return binary.LittleEndian.AppendUint32(b, uint32(off))
 }
@@ -214,13 +214,13 @@ func doneOffset(b []byte) int {
 
 func (r *reader) done(n *Node) {
 	off := r.off
-	n.Horizon = int64(r.u64())
-	// The count is the section's last u16 but the offset's u32, just
-	// before the end of the reader's bytes (the CRC is cut off).
-	if len(r.b) < r.off+6 {
+	// The trailer (horizon, count, offset) ends the reader's bytes (the
+	// CRC is cut off).
+	if len(r.b) < r.off+doneOverhead {
 		r.err = fmt.Errorf("truncated at byte %d", r.off)
 		return
 	}
+	n.Horizon = int64(binary.LittleEndian.Uint64(r.b[len(r.b)-doneOverhead:]))
 	count := int(binary.LittleEndian.Uint16(r.b[len(r.b)-6:]))
 	for i := 0; i < count && r.err == nil; i++ {
 		c := Completion{Key: r.bytes16()}
@@ -243,10 +243,11 @@ func (r *reader) done(n *Node) {
 		// Encode writes such a node as version 1: one image, one encoding.
 		r.err = errors.New("a version 2 image with neither records nor a horizon")
 	}
-	if l := r.take(2); l != nil && int(binary.LittleEndian.Uint16(l)) != count {
-		r.err = fmt.Errorf("the records end at byte %d, before the count", r.off)
+	if r.err == nil && r.off != len(r.b)-doneOverhead {
+		r.err = fmt.Errorf("the records end at byte %d, not at the trailer", r.off)
 		return
 	}
+	r.take(8 + 2) // (read above)
 	if at := r.take(4); at != nil && int(binary.LittleEndian.Uint32(at)) != off {
 		r.err = fmt.Errorf("the records section is at %d, its trailer says %d", off, binary.LittleEndian.Uint32(at))
 	}
@@ -349,6 +350,17 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 	}
 	n.Done = keep
 	over := n.Size() - size
+	if over > 0 {
+		// Evict down to three quarters of the records' room, not just
+		// below it: the next puts then only add records (small deltas,
+		// delta.go), and one evicts a batch.
+		rec := 0
+		for _, c := range n.Done {
+			rec += completionFixed + len(c.Key)
+		}
+		room := size - (n.Size() - rec)
+		over = rec - room*3/4
+	}
 	if len(n.Done) > maxDone || over > 0 {
 		order := make([]int, len(n.Done))
 		for i := range order {

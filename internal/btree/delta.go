@@ -47,20 +47,20 @@ const (
 	// a record at the other end of the image, so one middle would carry
 	// most of the leaf; the delta cuts both images at their records
 	// section (its offset is in the image's trailer) and keeps a prefix
-	// and a suffix of each part; the trailer (the records' count and the
-	// section's offset, which most changes move) is carried whole, as the
-	// header is. Layout: as GBD1's to byte 20, then
+	// and a suffix of each part; the trailer (the horizon, the records'
+	// count and the section's offset, which most changes move) is carried
+	// whole, as the header is. Layout: as GBD1's to byte 20, then
 	//
 	//	20  u32  P1, 24 u32 S1: bytes of the base's first part kept
-	//	28  u32  P2, 32 u32 S2: bytes of its second part (the horizon and
-	//	         the records) kept
+	//	28  u32  P2, 32 u32 S2: bytes of its second part (the records)
+	//	         kept
 	//	36  u32  the first part's middle's length
 	//	40  [96] the new image's header
-	//	136 [6]  the new image's trailer
-	//	142      the first middle, the second, then the trailing CRC [4]
+	//	136 [14] the new image's trailer
+	//	150      the first middle, the second, then the trailing CRC [4]
 	deltaMagic2 = "GBD2"
 	deltaHdr2   = 40
-	doneTrailer = 2 + 4 // a version 2 image's records count and section offset
+	doneTrailer = doneOverhead // a version 2 image's horizon, records count and section offset
 	// deltaOff is the record offset that marks a delta (a whole image is
 	// logged at offset 0). A build from before deltas refuses a record
 	// at any other offset (replayApplier.Apply), so it fails a replay

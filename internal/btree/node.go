@@ -302,10 +302,10 @@ func (n *Node) Entries() int { return len(n.Keys) }
 // Version 2 ("GBN2", a leaf with completion records or a horizon:
 // completion.go) adds, before the trailing CRC:
 //
-//	i64  horizon
 //	     the completion records, each:
 //	     u16 key length, key, [16] client, u64 seq, u64 fingerprint,
 //	     i64 stamp, u8 flags (1 applied, 2 found)
+//	i64  horizon
 //	u16  the number of records
 //	u32  the offset of the horizon in the image (a node delta cuts
 //	     the image there: delta.go)

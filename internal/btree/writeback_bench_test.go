@@ -129,9 +129,15 @@ func BenchmarkRecoveryReplay(b *testing.B) {
 // and off. Reported: puts per second and the log's bytes per put (the
 // log's end moved, flush padding included). Run it with -benchtime=Nx,
 // N the puts of a round.
+//
+// tokens=true sends every put under a write token (completion records in
+// the leaves, completion.go), with deltas on; hot=true puts to 64 keys
+// only (their leaves' records are evicted all the time).
 func BenchmarkPutDeltas(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		b.Run(fmt.Sprintf("deltas=%v", on), func(b *testing.B) {
+	type variant struct{ on, tokens, hot bool }
+	for _, v := range []variant{{false, false, false}, {true, false, false}, {true, true, false}, {true, false, true}, {true, true, true}} {
+		on := v.on
+		b.Run(fmt.Sprintf("deltas=%v/tokens=%v/hot=%v", on, v.tokens, v.hot), func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			tc := startCluster(b, ctx)
@@ -148,8 +154,16 @@ func BenchmarkPutDeltas(b *testing.B) {
 					rng := rand.New(rand.NewPCG(uint64(c), 9))
 					val := make([]byte, 256)
 					for i := c; i < b.N; i += clients {
-						k := []byte(fmt.Sprintf("key%08d", rng.IntN(keys)))
-						if _, err := tr.Put(ctx, k, val, btree.Cond{}); err != nil {
+						n := keys
+						if v.hot {
+							n = 64
+						}
+						k := []byte(fmt.Sprintf("key%08d", rng.IntN(n)))
+						var tok *btree.WriteToken
+						if v.tokens {
+							tok = &btree.WriteToken{Client: [16]byte{byte(c + 1)}, Seq: uint64(i + 1), Attempt: 1, Stamp: time.Now().UnixNano()}
+						}
+						if _, err := tr.PutOnce(ctx, k, val, btree.Cond{}, tok); err != nil {
 							errs <- err
 							return
 						}
