@@ -159,6 +159,23 @@ type Client struct {
 	// untokened: until when (Unix ns) writes go without tokens (the
 	// cluster refused them: tokensOffFor).
 	untokened atomic.Int64
+	stats     struct{ resent, repeats, unknown atomic.Uint64 }
+}
+
+// Stats count a client's tokened writes' retries (see Retries).
+type Stats struct {
+	// Resent counts the attempts sent after an attempt of unknown outcome.
+	Resent uint64
+	// Repeats counts the writes answered from their completion record (an
+	// earlier attempt had taken effect, or failed its condition).
+	Repeats uint64
+	// Unknown counts the writes that ended with ErrUnknownOutcome.
+	Unknown uint64
+}
+
+// Stats returns the client's counts since Dial.
+func (c *Client) Stats() Stats {
+	return Stats{Resent: c.stats.resent.Load(), Repeats: c.stats.repeats.Load(), Unknown: c.stats.unknown.Load()}
 }
 
 // tokensOffFor is how long a client sends writes untokened after the
@@ -383,12 +400,18 @@ func (c *Client) newToken() *pb.TreeWriteToken {
 }
 
 // write runs a put or delete: f sends it, under tok if not nil (PutOnce,
-// DeleteOnce) and plainly otherwise.
-func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) error {
+// DeleteOnce) and plainly otherwise; repeat says the answer came from the
+// write's record.
+func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) (err error) {
 	w := &tokenWrite{}
 	if !c.opts.NoTokens && time.Now().UnixNano() >= c.untokened.Load() {
 		w.tok = c.newToken()
 	}
+	defer func() {
+		if errors.Is(err, ErrUnknownOutcome) {
+			c.stats.unknown.Add(1)
+		}
+	}()
 	return c.run(ctx, write, tree, w, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		if w.tok == nil {
 			return f(ctx, tc, nil)
@@ -450,6 +473,7 @@ func (c *Client) react(w *tokenWrite, st *status.Status, ctxErr error) tokenActi
 	if ctxErr != nil {
 		return tokenUnknown
 	}
+	c.stats.resent.Add(1)
 	return tokenRetry
 }
 
@@ -683,6 +707,9 @@ func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expec
 			return err
 		}
 		applied, prev, found = r.Applied, r.Prev, r.Found
+		if r.Repeat {
+			t.c.stats.repeats.Add(1)
+		}
 		return nil
 	})
 	return
@@ -727,6 +754,9 @@ func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []b
 			return err
 		}
 		applied, found = r.Applied, r.Found
+		if r.Repeat {
+			t.c.stats.repeats.Add(1)
+		}
 		return nil
 	})
 	return

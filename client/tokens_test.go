@@ -156,7 +156,11 @@ func TestClientResendsUnderToken(t *testing.T) {
 	if err := otr.Put(ctx, []byte("del"), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.Get(ctx, []byte("cas")); err != nil { // the proxy's connection again
+	// (A client dialed after the cut, so its first endpoint is the
+	// proxy's: the first one moved on to the next endpoint.)
+	c2 := dial(client.Options{})
+	tr2 := c2.Tree("tok")
+	if _, err := tr2.Get(ctx, []byte("cas")); err != nil {
 		t.Fatal(err)
 	}
 	var putBack sync.WaitGroup
@@ -174,13 +178,19 @@ func TestClientResendsUnderToken(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	found, err = tr.Delete(ctx, []byte("del"))
+	found, err = tr2.Delete(ctx, []byte("del"))
 	putBack.Wait()
 	if err != nil || !found {
 		t.Fatalf("a delete whose answer was lost: found %v, %v", found, err)
 	}
 	if v, err := otr.Get(ctx, []byte("del")); err != nil || string(v) != "y" {
 		t.Fatalf("the delete's retry removed the key put back after it: %q %v", v, err)
+	}
+
+	for _, cl := range []*client.Client{c, c2} {
+		if st := cl.Stats(); st.Resent != 1 || st.Repeats != 1 || st.Unknown != 0 {
+			t.Fatalf("a client's counts: %+v (want 1 resent, 1 repeat, none unknown)", st)
+		}
 	}
 
 	// The control: untokened, the same loss is an unknown outcome (a

@@ -306,10 +306,15 @@ func Run(ctx context.Context, cfg Config) (_ string, err error) {
 	if int(st.Keys) != finalKeys[3] { // (st: node 3's walk)
 		return "", fmt.Errorf("the walk through node 3 found %d keys, its final reads %d", st.Keys, finalKeys[3])
 	}
+	var cs client.Stats
+	for _, c := range clients {
+		st := c.c.Stats()
+		cs.Resent, cs.Repeats = cs.Resent+st.Resent, cs.Repeats+st.Repeats
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return fmt.Sprintf("%d operations, %d of them through etcd (%d writes of unknown outcome, %d reported not applied, %d reads failed), faults: %s; then height %d, %d nodes, %d keys, %d missing downlinks",
-		len(ops)+len(eops), len(eops), unknown, w.notApplied, w.dropped, strings.Join(faults, "; "), st.Height, st.Nodes, st.Keys, st.MissingDownlinks), nil
+	return fmt.Sprintf("%d operations, %d of them through etcd (%d writes of unknown outcome, %d reported not applied, %d reads failed; the Go clients resent %d attempts under their tokens, %d writes answered from their records), faults: %s; then height %d, %d nodes, %d keys, %d missing downlinks",
+		len(ops)+len(eops), len(eops), unknown, w.notApplied, w.dropped, cs.Resent, cs.Repeats, strings.Join(faults, "; "), st.Height, st.Nodes, st.Keys, st.MissingDownlinks), nil
 }
 
 // finalReads reads every key through every node (a client per node, no
