@@ -134,7 +134,7 @@ fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse FuzzDecodeState
 fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
 fuzz chunk FuzzDecodeMap FuzzDecodePeer FuzzDecodeTable
 fuzz txn FuzzDecodeLog
-fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzDirectory
+fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzReview51Delta2 FuzzDirectory
 rm -rf "$fuzz_bins"
 
 phase "fault suite (short): three grove servers and a client in network namespaces"

@@ -65,9 +65,10 @@ const (
 	// loose synchrony garbage deadlines already assume).
 	ClockSkew = 30 * time.Second
 	// completionFixed is a record's encoded size beside its key;
-	// doneOverhead a version 2 image's beside its records (the horizon
-	// and the count), which fits counts in a leaf that has them (and
-	// MaxEntry always), so that a horizon never makes an image too big.
+	// doneOverhead a version 2 image's beside its records (its trailer:
+	// the horizon, the count and the section's offset), which fits counts
+	// in a leaf that has them (and MaxEntry always), so that a horizon
+	// never makes an image too big.
 	completionFixed = 2 + 16 + 8 + 8 + 8 + 1
 	doneOverhead    = 8 + 2 + 4
 	// maxDone bounds a leaf's records (the encoding's u16 count).

@@ -198,7 +198,7 @@ func applyDelta(base, d []byte, exact bool) ([]byte, error) {
 		}
 		trailer = d[hdr+headerSize : hdr+headerSize+doneTrailer]
 		mids := d[hdr+headerSize+doneTrailer : len(d)-4]
-		if ob == 0 || m1 > len(mids) || ob > blen-4-doneTrailer {
+		if ob == 0 || m1 < 0 || m1 > len(mids) || ob > blen-4-doneTrailer {
 			return nil, fmt.Errorf("%w: a two-part delta of node version %d applied to an image without records, or cut wrong", ErrCorrupt, bv)
 		}
 		parts = []part{

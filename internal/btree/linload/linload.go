@@ -308,6 +308,9 @@ func Run(ctx context.Context, cfg Config) (_ string, err error) {
 	}
 	var cs client.Stats
 	for _, c := range clients {
+		if c.c == nil {
+			continue // (an etcd client)
+		}
 		st := c.c.Stats()
 		cs.Resent, cs.Repeats = cs.Resent+st.Resent, cs.Repeats+st.Repeats
 	}
