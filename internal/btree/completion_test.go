@@ -287,13 +287,8 @@ type tokOp struct {
 // that disagrees with the order of commits, or a final tree that is not
 // what the commits built.
 func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, stats string) {
-	var hintMu sync.Mutex
-	var hints [][2]any
-	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, Underfull: func(level int, key []byte) {
-		hintMu.Lock()
-		hints = append(hints, [2]any{level, key})
-		hintMu.Unlock()
-	}}
+	comp := &compressor{}
+	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, Underfull: comp.underfull}
 	tr, s, clk := newTokTree(t, cfg)
 	tr.unsafeDone = unsafe
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -367,32 +362,7 @@ func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, 
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
 	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			hintMu.Lock()
-			hs := hints
-			hints = nil
-			hintMu.Unlock()
-			for _, h := range hs {
-				if _, err := tr.Compress(ctx, h[0].(int), h[1].([]byte)); err != nil && ctx.Err() == nil {
-					fail("compress: %v", err)
-				}
-			}
-			if i%20 == 0 {
-				clk.ns.Add(int64(time.Millisecond))
-				if _, err := tr.Repair(ctx); err != nil && ctx.Err() == nil {
-					fail("repair: %v", err)
-				}
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	}()
+	go comp.run(ctx, tr, clk, stop, &bg, fail)
 	const workers = 6
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {

@@ -89,6 +89,56 @@ func checkShape(t *testing.T, s *MemStore, m model, complete bool) Shape {
 	return sh
 }
 
+// compressor collects a tree's Underfull hints (underfull is its
+// Config.Underfull) and, in run, compresses where they point and repairs
+// the tree every 20 passes (the clock a millisecond on), beside a test's
+// workers, until stop closes.
+type compressor struct {
+	mu    sync.Mutex
+	hints []struct {
+		level int
+		key   []byte
+	}
+}
+
+func (c *compressor) underfull(level int, key []byte) {
+	c.mu.Lock()
+	c.hints = append(c.hints, struct {
+		level int
+		key   []byte
+	}{level, key})
+	c.mu.Unlock()
+}
+
+func (c *compressor) run(ctx context.Context, tr *Tree, clk *fakeClock, stop chan struct{}, wg *sync.WaitGroup, fail func(format string, args ...any)) {
+	defer wg.Done()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		c.mu.Lock()
+		hs := c.hints
+		c.hints = nil
+		c.mu.Unlock()
+		for _, h := range hs {
+			if _, err := tr.Compress(ctx, h.level, h.key); err != nil && ctx.Err() == nil {
+				fail("compress: %v", err)
+				return
+			}
+		}
+		if i%20 == 0 {
+			clk.ns.Add(int64(time.Millisecond))
+			if _, err := tr.Repair(ctx); err != nil && ctx.Err() == nil {
+				fail("repair: %v", err)
+				return
+			}
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 func randKey(r *rand.Rand, space int) []byte {
 	return []byte(fmt.Sprintf("k%06d", r.Intn(space)))
 }
@@ -284,18 +334,9 @@ func TestTreeConcurrentDifferential(t *testing.T) {
 func testConcurrentDifferential(t *testing.T, inline int) {
 	seed := seedFromEnv(t, time.Now().UnixNano())
 	t.Logf("seed %d (GROVE_SEED replays the choices; the interleaving is the scheduler's)", seed)
-	var hintMu sync.Mutex
-	type hint struct {
-		level int
-		key   []byte
-	}
-	var hints []hint
+	comp := &compressor{}
 	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, MaxScanLeaves: 6, MaxCountLeaves: 1 << 20, MaxInline: inline,
-		Underfull: func(level int, key []byte) {
-			hintMu.Lock()
-			hints = append(hints, hint{level, key})
-			hintMu.Unlock()
-		}}
+		Underfull: comp.underfull}
 	tr, s, clk := newMemTree(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -315,34 +356,7 @@ func testConcurrentDifferential(t *testing.T, inline int) {
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
 	bg.Add(1)
-	go func() { // compression and repair, beside the workers
-		defer bg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			hintMu.Lock()
-			hs := hints
-			hints = nil
-			hintMu.Unlock()
-			for _, h := range hs {
-				if _, err := tr.Compress(ctx, h.level, h.key); err != nil && ctx.Err() == nil {
-					fail("compress: %v", err)
-					return
-				}
-			}
-			if i%20 == 0 {
-				clk.ns.Add(int64(time.Millisecond))
-				if _, err := tr.Repair(ctx); err != nil && ctx.Err() == nil {
-					fail("repair: %v", err)
-					return
-				}
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
-	}()
+	go comp.run(ctx, tr, clk, stop, &bg, fail) // compression and repair, beside the workers
 	for w := 0; w < workers; w++ {
 		models[w] = model{}
 		wg.Add(1)
