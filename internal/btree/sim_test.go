@@ -843,6 +843,11 @@ func (w *simWorld) tokened(ctx context.Context, h *history, client, i int, s *si
 		servers = append(servers, s.node)
 		last = err
 		if err == nil {
+			if d := w.droppedAt.Load(); d != 0 && call > d {
+				if w.afterDrop.Add(1) == 1 {
+					w.afterDropFirst.Store(fmt.Sprintf("a tokened %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.Kind, in.Key, s.node, (call-d)/1000))
+				}
+			}
 			out := kvOut{Applied: r.Applied, Found: r.Found, Prev: string(r.Prev), FoundOnly: r.Repeat}
 			w.mu.Lock()
 			if r.Repeat {
@@ -1716,10 +1721,14 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 			return res, fmt.Errorf("marking the tree dropped after the load: %v", err)
 		}
 		w.droppedAt.Store(w.now())
+		w.event("server 1 marked the tree dropped after the load")
 	}
 	for n := uint64(1); n <= 3; n++ {
 		if _, _, err := w.servers[n].tree.Get(ctx, []byte(simKey(0))); !errors.Is(err, ErrNoTree) && !w.ignoreDropped {
-			return res, fmt.Errorf("server %d: a get after the drop: %v (want ErrNoTree)", n, err)
+			// (Seen once, in a CI race-detector run, seed 928708, not
+			// reproduced in 600 seeds since: the marks' events say which
+			// server marked, and when.)
+			return res, fmt.Errorf("server %d: a get after the drop: %v (want ErrNoTree); the drop's events:\n%s", n, err, w.eventsOf("dropped"))
 		}
 	}
 	ops := h.Ops()
