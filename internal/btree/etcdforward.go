@@ -372,8 +372,12 @@ func (e *EtcdKV) Forward(stream etcdpb.GroveForward_ForwardServer) error {
 			if c.Cancel {
 				runMu.Lock()
 				if stop := running[c.Id]; stop != nil {
-					stop()
+					// Counted first: whoever sees the call end
+					// sees it counted (TestEtcdForwardStream failed
+					// once under the race detector reading the count
+					// between the two).
 					e.forwardCancelled.Add(1)
+					stop()
 				}
 				runMu.Unlock()
 				continue
