@@ -91,6 +91,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/transport"
+	"github.com/grovestore/grove/internal/treecall"
 )
 
 // Limits of a tree's entries: keys of 1 to MaxKey bytes, values of up to
@@ -361,35 +362,25 @@ func (c *Client) rerouteSoon() {
 	c.route.mu.Unlock()
 }
 
-// write and read say how a call may be retried.
-type kind int
+// write and read say how a call may be retried (treecall.Kind).
+type kind = treecall.Kind
 
 const (
-	read kind = iota
-	write
+	read  = treecall.Read
+	write = treecall.Write
 )
 
 // call runs f at one endpoint after another until it answers, as kind
 // allows; a call on a tree goes first to the tree's home if its connection
 // is up.
 func (c *Client) call(ctx context.Context, k kind, tree string, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
-	return c.run(ctx, k, tree, nil, f)
+	return c.run(ctx, &treecall.Call{Kind: k}, tree, f, nil)
 }
 
-// tokenWrite is a tokened write's state across its attempts.
-type tokenWrite struct {
-	tok *pb.TreeWriteToken // nil: the write goes untokened
-	// ambiguous counts the attempts of unknown outcome (the token's
-	// attempt number is one more: 1 says that no earlier attempt may still
-	// take effect).
-	ambiguous uint32
-	renewed   int // new tokens taken after a first attempt was refused as too old
-}
-
-// ended is a call's error when its context ended before an answer:
-// nothing changed, unless an attempt of a tokened write may yet have.
-func (w *tokenWrite) ended(ctx context.Context, last error) error {
-	if w != nil && w.ambiguous > 0 {
+// ended is a call's error when its context ended before an answer: nothing
+// changed, unless an attempt of a tokened write may yet have.
+func ended(call *treecall.Call, ctx context.Context, last error) error {
+	if call.Ended() == treecall.Unknown {
 		return fmt.Errorf("%w: %v (last: %v)", ErrUnknownOutcome, ctx.Err(), last)
 	}
 	return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
@@ -400,85 +391,45 @@ func (c *Client) newToken() *pb.TreeWriteToken {
 }
 
 // write runs a put or delete: f sends it, under tok if not nil (PutOnce,
-// DeleteOnce) and plainly otherwise; repeat says the answer came from the
-// write's record.
+// DeleteOnce) and plainly otherwise. Its retries are treecall's rules.
 func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) (err error) {
-	w := &tokenWrite{}
+	call := &treecall.Call{Kind: treecall.Write}
+	var tok *pb.TreeWriteToken
 	if !c.opts.NoTokens && time.Now().UnixNano() >= c.untokened.Load() {
-		w.tok = c.newToken()
+		call.Tokened, tok = true, c.newToken()
 	}
 	defer func() {
 		if errors.Is(err, ErrUnknownOutcome) {
 			c.stats.unknown.Add(1)
 		}
 	}()
-	return c.run(ctx, write, tree, w, func(ctx context.Context, tc pb.TreeServiceClient) error {
-		if w.tok == nil {
+	return c.run(ctx, call, tree, func(ctx context.Context, tc pb.TreeServiceClient) error {
+		if !call.Tokened {
 			return f(ctx, tc, nil)
 		}
+		// (The token's message is marshalled within the call: changing
+		// it between attempts is safe.)
+		tok.Attempt = call.Attempt()
 		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
 		defer cancel()
-		return f(actx, tc, w.tok)
+		return f(actx, tc, tok)
+	}, func(d treecall.Decision) {
+		switch {
+		case d.Untokened:
+			// A build from before tokens, or a cluster with one: this
+			// client's writes go untokened for a while.
+			c.untokened.Store(time.Now().Add(tokensOffFor).UnixNano())
+		case d.NewToken:
+			tok = c.newToken()
+		case d.Resend:
+			c.stats.resent.Add(1)
+		}
 	})
 }
 
-// tokenAction is what a tokened write does after an attempt failed.
-type tokenAction int
-
-const (
-	tokenRetry   tokenAction = iota // send it again, to the next endpoint
-	tokenAgain                      // send it again to the same endpoint (nothing was done)
-	tokenAnswer                     // the failure is the answer
-	tokenUnknown                    // return ErrUnknownOutcome
-)
-
-// react decides a tokened write's next step after an attempt failed with
-// st (ctxErr: the call's context's error, if it ended).
-func (c *Client) react(w *tokenWrite, st *status.Status, ctxErr error) tokenAction {
-	switch {
-	case st.Code() == codes.Unimplemented || btree.HasReason(st, btree.TokensOff):
-		// A build from before tokens, or a cluster with one: nothing done.
-		if w.ambiguous > 0 {
-			return tokenUnknown
-		}
-		c.untokened.Store(time.Now().Add(tokensOffFor).UnixNano())
-		w.tok = nil
-		return tokenAgain
-	case btree.HasReason(st, btree.TokenExpired):
-		// The attempt came too late (at or below a hot leaf's horizon,
-		// past the window, or a clock far off) and did nothing. With no
-		// attempt of unknown outcome before it, the write did nothing:
-		// a new token, a few times. Otherwise the write's record may be
-		// gone: its outcome is unknown.
-		if w.ambiguous > 0 {
-			return tokenUnknown
-		}
-		if w.renewed >= 3 {
-			return tokenAnswer
-		}
-		w.renewed++
-		w.tok = c.newToken()
-		return tokenAgain
-	case st.Code() == codes.ResourceExhausted && !btree.IsNotApplied(st):
-		// (gRPC's own limits, past the node's checks: unknown.)
-	case final(st.Code()):
-		return tokenAnswer
-	case btree.IsNotApplied(st):
-		return tokenRetry
-	}
-	// The attempt's outcome is unknown (it may still take effect, until
-	// the window ends): the next one says so.
-	w.ambiguous++
-	w.tok.Attempt = w.ambiguous + 1
-	if ctxErr != nil {
-		return tokenUnknown
-	}
-	c.stats.resent.Add(1)
-	return tokenRetry
-}
-
-// run is call; w, if not nil, is a put's or delete's tokens.
-func (c *Client) run(ctx context.Context, k kind, tree string, w *tokenWrite, f func(ctx context.Context, tc pb.TreeServiceClient) error) error {
+// run is call: f is one attempt, and decided, if not nil, is told each
+// decision after a failed one.
+func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f func(ctx context.Context, tc pb.TreeServiceClient) error, decided func(treecall.Decision)) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
@@ -507,61 +458,49 @@ func (c *Client) run(ctx context.Context, k kind, tree string, w *tokenWrite, f 
 			return nil
 		}
 		st, _ := status.FromError(err)
-		tokened := w != nil && w.tok != nil
-		if tokened {
-			switch c.react(w, st, ctx.Err()) {
-			case tokenAgain:
-				if !atHome {
-					tried--
-				} else {
-					tree0 = tree
-				}
-				continue
-			case tokenUnknown:
-				if i >= 0 {
-					c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
-				}
-				if atHome {
-					c.rerouteSoon()
-				}
-				return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
-			case tokenAnswer:
-				if btree.HasReason(st, btree.TokenExpired) {
-					return fmt.Errorf("%w: every new token was refused as too old (is this machine's clock far from the nodes'?): %s", ErrUnavailable, st.Message())
-				}
-				return mapError(st)
-			case tokenRetry:
-				// On to the next endpoint, below (this attempt's
-				// outcome is in the token's record, if it had one).
-			}
-		}
-		if !tokened && atHome && st.Code() == codes.Unimplemented {
+		if !call.Tokened && atHome && st.Code() == codes.Unimplemented {
 			// Not a Grove node's tree service at that address (nothing
 			// was done): the endpoints, and no routing for a while.
 			c.stopRouting()
 			tried, tree0 = -1, ""
 			continue
 		}
-		if !tokened && final(st.Code()) {
-			if st.Code() == codes.ResourceExhausted {
-				switch {
-				case k != write:
-					return st.Err() // (a read over a limit, e.g. gRPC's message size)
-				case !btree.IsNotApplied(st):
-					return fmt.Errorf("%w: %s", ErrUnknownOutcome, st.Message())
-				}
+		d := call.Failed(st, ctx.Err() != nil)
+		if decided != nil {
+			decided(d)
+		}
+		switch d.Step {
+		case treecall.Again:
+			if !atHome {
+				tried--
+			} else {
+				tree0 = tree
+			}
+			continue
+		case treecall.Answer:
+			switch {
+			case btree.HasReason(st, btree.TokenExpired):
+				return fmt.Errorf("%w: every new token was refused as too old (is this machine's clock far from the nodes'?): %s", ErrUnavailable, st.Message())
+			case st.Code() == codes.ResourceExhausted && call.Kind == read:
+				return st.Err() // (a read over a limit, e.g. gRPC's message size)
 			}
 			return mapError(st)
-		}
-		if atHome {
-			c.rerouteSoon()
-		}
-		if !tokened && k == write && !btree.IsNotApplied(st) {
+		case treecall.Unknown:
 			// The next call tries the next endpoint first.
 			if i >= 0 {
 				c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
 			}
+			if atHome {
+				c.rerouteSoon()
+			}
 			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
+		case treecall.Unavailable:
+			return ended(call, ctx, err)
+		}
+		// Next: on to the next endpoint (a tokened attempt's outcome, if
+		// it had one, is in the token's record).
+		if atHome {
+			c.rerouteSoon()
 		}
 		last = err
 		if i >= 0 {
@@ -570,13 +509,13 @@ func (c *Client) run(ctx context.Context, k kind, tree string, w *tokenWrite, f 
 		if !atHome && (tried+1)%len(c.tcs) == 0 {
 			select {
 			case <-ctx.Done():
-				return w.ended(ctx, last)
+				return ended(call, ctx, last)
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, time.Second)
 		}
 		if ctx.Err() != nil {
-			return w.ended(ctx, last)
+			return ended(call, ctx, last)
 		}
 	}
 }
@@ -588,15 +527,6 @@ func (c *Client) ready(ctx context.Context, i int) bool {
 
 // connectWait bounds the wait for an endpoint's connection.
 const connectWait = 2 * time.Second
-
-// final codes are answers: the call was carried out or refused as a whole.
-func final(c codes.Code) bool {
-	switch c {
-	case codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Unimplemented, codes.PermissionDenied, codes.ResourceExhausted:
-		return true
-	}
-	return false
-}
 
 func mapError(st *status.Status) error {
 	switch st.Code() {

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/treecall"
 )
 
 // Service is a node's B-tree role: in each incarnation of the node it runs
@@ -428,26 +428,24 @@ func (s *Service) Crash() {
 	s.stopLocked()
 }
 
-// NotApplied is the reason (in an errdetails.ErrorInfo of domain "grove")
-// of an error that proves the call changed nothing: it was refused before
-// it started (the node's B-tree server is not running). A client may retry
-// a write that failed so elsewhere; any other failure of a write leaves its
-// outcome unknown.
-const NotApplied = "NOT_APPLIED"
-
-func notApplied(code codes.Code, msg string) error { return NotAppliedError(code, msg) }
-
-// Reasons of tokened writes' answers (ErrorInfo, domain "grove"; nothing
-// was done by the attempt in each case).
+// Reasons of the service's errors (ErrorInfo, domain "grove"): the rules
+// clients go on by are package treecall's, and these its names.
 const (
+	// NotApplied: the call changed nothing; it was refused before it
+	// started (the node's B-tree server is not running). A client may
+	// retry a write that failed so elsewhere; any other failure of a
+	// write leaves its outcome unknown.
+	NotApplied = treecall.NotApplied
 	// TokensOff: not every registered node's build keeps completion
 	// records (FeatureDone) yet: the client sends the write untokened.
-	TokensOff = "TOKENS_OFF"
+	TokensOff = treecall.TokensOff
 	// TokenExpired: ErrTokenExpired (the attempt came too late, or its
 	// record was evicted: it did nothing; the write did nothing if no
 	// other attempt of it was sent).
-	TokenExpired = "TOKEN_EXPIRED"
+	TokenExpired = treecall.TokenExpired
 )
+
+func notApplied(code codes.Code, msg string) error { return NotAppliedError(code, msg) }
 
 // FeatureDone, in a node's membership record, says that its build keeps
 // completion records (format version 2 leaves): tokened writes are served
@@ -457,35 +455,18 @@ const FeatureDone = "btree.completion-records"
 
 // ReasonError is a gRPC error of code carrying reason.
 func ReasonError(code codes.Code, msg, reason string) error {
-	st := status.New(code, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: "grove"}); err == nil {
-		return d.Err()
-	}
-	return st.Err()
+	return treecall.ReasonError(code, msg, reason)
 }
 
 // HasReason reports whether st carries reason.
-func HasReason(st *status.Status, reason string) bool {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == "grove" && info.Reason == reason {
-			return true
-		}
-	}
-	return false
-}
+func HasReason(st *status.Status, reason string) bool { return treecall.HasReason(st, reason) }
 
 // NotAppliedError is a gRPC error of code that carries the NotApplied
 // reason.
-func NotAppliedError(code codes.Code, msg string) error {
-	st := status.New(code, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: NotApplied, Domain: "grove"}); err == nil {
-		return d.Err()
-	}
-	return st.Err()
-}
+func NotAppliedError(code codes.Code, msg string) error { return treecall.NotAppliedError(code, msg) }
 
 // IsNotApplied reports whether st carries the NotApplied reason.
-func IsNotApplied(st *status.Status) bool { return HasReason(st, NotApplied) }
+func IsNotApplied(st *status.Status) bool { return treecall.IsNotApplied(st) }
 
 // Server returns the running server, starting it if need be, waiting for
 // it until ctx ends. A wait whose incarnation ends looks again: it goes on

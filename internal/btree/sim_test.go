@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/grovestore/grove/internal/btree/lincheck"
 	"github.com/grovestore/grove/internal/chunk"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/treecall"
 	"github.com/grovestore/grove/internal/txn"
 )
 
@@ -160,7 +162,8 @@ type simWorld struct {
 	disrupts   int // pauses and partitions
 	expired    int // of which the server was declared dead
 	resigned   int // servers that failed with their leases standing
-	notApplied int // operations refused before any change
+	notApplied int // attempts a server refused before any change (sent again elsewhere, as the client does)
+	leftOut    int // writes that did nothing, by the client's rules (refused, or out of time with nothing sent that took effect)
 	// tokens: puts and deletes carry write tokens (completion.go) and are
 	// sent again, through another live server, after an attempt of
 	// unknown outcome (half the seeds). tokDurable counts, per token, the
@@ -178,6 +181,18 @@ type simWorld struct {
 	late                   sync.WaitGroup
 	tokDups, tokDupRepeats int
 	unsafeDone             int // teeth: a broken rule of completion.go in every tree
+	// aging (a quarter of the seeds, with tokens): records age within the
+	// run. The trees' token window is simWindow and their clock bound
+	// simSkew; each server incarnation's clock (its TreeStore's, which
+	// the garbage deadlines read too) is off true time by up to skewBy
+	// (simSkew; 4·simSkew in the teeth, beyond the bound), each client's
+	// (its stamps) by up to simSkew; a third of the late duplicates come
+	// as late as the records' whole life. tokExpired counts attempts
+	// refused as too old, recordsAged the records dropped for age.
+	aging, skewTeeth        bool
+	skewBy                  time.Duration
+	clientOff               [4]int64
+	tokExpired, recordsAged int
 	// closing: nodes whose server closes cleanly (closeClean) now: none
 	// restarts there until the close ends, as a node's next process
 	// starts after the last one exited. closes counts the clean closes,
@@ -224,6 +239,7 @@ type simServer struct {
 	// cut off the chunk store and its log's RLDev; disrupted: either, or
 	// cut off the lock service, is in progress.
 	paused, cutStore, disrupted atomic.Bool
+	clockOff                    int64        // how far this incarnation's clock is from true time (ns)
 	disruptions                 atomic.Int32 // pauses and cuts begun
 	stop                        chan struct{}
 	once                        sync.Once
@@ -236,6 +252,9 @@ type simServer struct {
 }
 
 func (s *simServer) isDead() bool { return s.dead.Load() }
+
+// now is the server's clock: its trees' (token ages, garbage deadlines).
+func (s *simServer) now() int64 { return time.Now().UnixNano() + s.clockOff }
 
 // gate is what a call of s to the storage meets before it is sent.
 // dirGate is gate for the tree directory's calls: the config service is
@@ -298,6 +317,15 @@ func (w *simWorld) rand(n int) int {
 // too, 4 once it opened its log. startServer then returns errSimAborted.
 func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err error) {
 	s := &simServer{w: w, node: node, stop: make(chan struct{}), hints: make(chan hint, 256)}
+	switch {
+	case w.skewTeeth:
+		// Server 1 as far ahead as server 2 is behind.
+		s.clockOff = [4]int64{0, int64(w.skewBy), -int64(w.skewBy), 0}[node]
+	case w.skewBy > 0:
+		// (Each start a new offset: a restarted machine's clock may have
+		// been set meanwhile, within the bound.)
+		s.clockOff = int64(w.rand(int(2*w.skewBy+1))) - int64(w.skewBy)
+	}
 	w.mu.Lock()
 	w.every = append(w.every, s)
 	w.mu.Unlock()
@@ -457,13 +485,19 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 	if abort(4) {
 		return nil, errSimAborted
 	}
-	tr, err := New(s.cache.Store(w.anchor, w.nodeSize, nil), w.anchor.ID, Config{NodeSize: w.nodeSize, MaxFanout: 4, Grace: 40 * time.Millisecond, MaxInline: w.inline,
+	cfg := Config{NodeSize: w.nodeSize, MaxFanout: 4, Grace: 40 * time.Millisecond, MaxInline: w.inline,
 		Underfull: func(level int, key []byte) {
 			select {
 			case s.hints <- hint{level: level, key: key}:
 			default:
 			}
-		}})
+		}}
+	if w.aging {
+		// Grace covers the servers' clocks' spread as Config.Grace says
+		// (in the teeth too: only the token rule's bound is broken).
+		cfg.tokenWindow, cfg.clockSkew, cfg.Grace = simWindow, simSkew, cfg.Grace+2*w.skewBy
+	}
+	tr, err := New(s.cache.Store(w.anchor, w.nodeSize, s.now), w.anchor.ID, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -759,140 +793,167 @@ func (w *simWorld) op(h *history, client, i int, s *simServer) {
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, timeout)
 	defer cancel()
-	call := w.now()
-	var out kvOut
-	err := s.waitRunning(ctx) // a frozen server takes the request when it resumes
-	switch {
-	case err != nil:
-	case w.tokens && (in.Kind == "put" || in.Kind == "del"):
-		w.tokened(ctx, h, client, i, s, in, call)
-		return
-	case in.Kind == "get":
-		var v []byte
-		v, out.Found, err = s.tree.Get(ctx, []byte(in.Key))
-		out.Val = string(v)
-	default:
-		err = w.run(ctx, s, in, &out)
-	}
-	ret := w.now()
-	if d := w.droppedAt.Load(); err == nil && d != 0 && call > d {
-		if w.afterDrop.Add(1) == 1 {
-			w.afterDropFirst.Store(fmt.Sprintf("a %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.Kind, in.Key, s.node, (call-d)/1000))
-		}
-	}
-	if err != nil {
-		if st := status.Convert(rpcError(err)); IsNotApplied(st) {
-			// The service tells its client that this write was refused
-			// before any change (a retry elsewhere is safe): it is left
-			// out of the history, so a lie here shows as a value no
-			// operation wrote.
-			w.mu.Lock()
-			w.notApplied++
-			if os.Getenv("GROVE_SIM_ERRS") != "" {
-				fmt.Fprintf(os.Stderr, "NOTAPPLIED %v\n", err)
-			}
-			w.mu.Unlock()
-			return
-		}
-		if in.Kind == "put" || in.Kind == "del" {
-			// Its outcome is unknown: it may take effect at any time after
-			// its call.
-			h.Add(client, in, kvOut{Unknown: true}, call, math.MaxInt64, "server ", s.node, " err ", err)
-			if os.Getenv("GROVE_SIM_ERRS") != "" {
-				fmt.Fprintf(os.Stderr, "UNKNOWN %v\n", err)
-			}
-		}
-		return
-	}
-	h.Add(client, in, out, call, ret, "server ", s.node)
+	w.send(ctx, h, client, i, s, in)
 }
 
-// tokened runs a put or delete under a write token: sent to s, then, after
-// an attempt of unknown outcome, to other live servers under the same
-// token (at most 4 attempts, within ctx). It is one operation in the
-// history, from its first send to its answer: open-ended if no attempt
-// was answered and one may have taken effect; left out if every attempt
-// was refused before any change.
-func (w *simWorld) tokened(ctx context.Context, h *history, client, i int, s *simServer, in kvIn, call int64) {
-	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i + 1), Stamp: time.Now().UnixNano()}
-	var ambiguous uint32
+// send runs one operation as the Go client runs a call, by the rules of
+// package treecall (the client's own): an attempt at s, then, as the rules
+// allow, attempts at other live servers within ctx (and at most 4),
+// backing off after each round of them. A put or delete goes under a write token in the
+// tokens seeds (each attempt within a second, as the client's attempt
+// timeout is a third of its call's), untokened otherwise. The operation
+// is one in the history, from its first send to its answer: open-ended
+// if its outcome is unknown, left out if the rules say that nothing was
+// done (refused before any change, or an answer that is a refusal).
+func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simServer, in kvIn) {
+	call := treecall.Call{Kind: treecall.Read}
+	if in.Kind == "put" || in.Kind == "del" {
+		call.Kind, call.Tokened = treecall.Write, w.tokens
+	}
+	// Each write's token is its own: sequence numbers (i+1)·4 + the
+	// renewals (at most treecall.MaxRenewals).
+	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i+1) * 4, Stamp: time.Now().UnixNano() + w.clientOff[client]}
+	start := w.now()
 	var servers []uint64
-	var last error
-	for attempt := 0; attempt < 4 && ctx.Err() == nil; attempt++ {
-		if attempt > 0 {
-			if s = w.pick(); s == nil {
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-		}
-		actx, cancel := context.WithTimeout(ctx, time.Second)
-		err := s.waitRunning(actx)
-		sent := err == nil
+	backoff := 50 * time.Millisecond
+	var err error
+	for tried := 1; ; tried++ {
+		var out kvOut
 		var r Result
-		if sent {
-			tk := tok
-			tk.Attempt = ambiguous + 1
-			cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true}
-			if in.Kind == "put" {
-				r, err = s.tree.PutOnce(actx, []byte(in.Key), []byte(in.Val), cond, &tk)
-			} else {
-				r, err = s.tree.DeleteOnce(actx, []byte(in.Key), cond, &tk)
+		err = errSimNotSent
+		if s != nil {
+			servers = append(servers, s.node)
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if call.Tokened {
+				actx, cancel = context.WithTimeout(ctx, time.Second)
 			}
+			if err = s.waitRunning(actx); err != nil {
+				err = errSimNotSent // (a frozen server takes a request when it resumes)
+			} else if call.Tokened {
+				tk := tok
+				tk.Attempt = call.Attempt()
+				cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true}
+				if in.Kind == "put" {
+					r, err = s.tree.PutOnce(actx, []byte(in.Key), []byte(in.Val), cond, &tk)
+				} else {
+					r, err = s.tree.DeleteOnce(actx, []byte(in.Key), cond, &tk)
+				}
+				out = kvOut{Applied: r.Applied, Found: r.Found, Prev: string(r.Prev), FoundOnly: r.Repeat}
+			} else if in.Kind == "get" {
+				var v []byte
+				v, out.Found, err = s.tree.Get(actx, []byte(in.Key))
+				out.Val = string(v)
+			} else {
+				err = w.run(actx, s, in, &out)
+			}
+			cancel()
 		}
-		cancel()
-		servers = append(servers, s.node)
-		last = err
 		if err == nil {
-			if d := w.droppedAt.Load(); d != 0 && call > d {
+			if d := w.droppedAt.Load(); d != 0 && start > d {
 				if w.afterDrop.Add(1) == 1 {
-					w.afterDropFirst.Store(fmt.Sprintf("a tokened %s of %q through server %d began %dµs after the drop's mark returned and succeeded", in.Kind, in.Key, s.node, (call-d)/1000))
+					w.afterDropFirst.Store(fmt.Sprintf("a %s of %q through server %d began %dµs after the drop's mark returned and succeeded (tokened: %v)", in.Kind, in.Key, s.node, (start-d)/1000, call.Tokened))
 				}
 			}
-			out := kvOut{Applied: r.Applied, Found: r.Found, Prev: string(r.Prev), FoundOnly: r.Repeat}
-			w.mu.Lock()
-			if r.Repeat {
-				w.tokRepeats++
+			if call.Tokened {
+				w.mu.Lock()
+				if r.Repeat {
+					w.tokRepeats++
+				}
+				if call.Ambiguous > 0 {
+					w.tokRetried++
+				}
+				w.mu.Unlock()
 			}
-			if ambiguous > 0 {
-				w.tokRetried++
-			}
-			w.mu.Unlock()
-			h.Add(client, in, out, call, w.now(), "servers ", servers, " attempts ", attempt+1, " repeat ", r.Repeat)
-			if w.rand(4) == 0 {
+			h.Add(client, in, out, start, w.now(), "servers ", servers, " attempts ", tried, " tokened ", call.Tokened, " repeat ", r.Repeat)
+			if call.Tokened && (w.rand(4) == 0 || w.skewTeeth) {
 				tk := tok
-				tk.Attempt = ambiguous + 1
+				tk.Attempt = call.Attempt()
 				w.duplicate(in, tk, r)
 			}
 			return
 		}
-		switch {
-		case errors.Is(err, ErrTokenReused):
-			w.tokenViolation(fmt.Sprintf("write %d.%d: a token of one write refused as another's: %v", client+1, i+1, err))
+		if errors.Is(err, ErrTokenReused) {
+			w.tokenViolation(fmt.Sprintf("write %d.%d: a token of one write refused as another's: %v", client+1, tok.Seq, err))
 			return
-		case errors.Is(err, ErrTokenExpired):
-			// This attempt did nothing, and the write's record may be
-			// gone: the write did nothing if no attempt of unknown
-			// outcome came before (left out), else its outcome is unknown.
-			attempt = 4
-		case !sent || IsNotApplied(status.Convert(rpcError(err))):
-		default:
-			ambiguous++
 		}
+		st := status.Convert(rpcError(err))
+		if os.Getenv("GROVE_SIM_ERRS") != "" {
+			fmt.Fprintf(os.Stderr, "ATTEMPT %s %s: %v\n", in.Kind, in.Key, err)
+		}
+		if err != errSimNotSent && treecall.IsNotApplied(st) {
+			w.mu.Lock()
+			w.notApplied++
+			w.mu.Unlock()
+		}
+		if errors.Is(err, ErrTokenExpired) {
+			w.mu.Lock()
+			w.tokExpired++
+			w.mu.Unlock()
+		}
+		// The client tries until its context ends; the simulator gives a
+		// write up after 4 attempts and a read after one, as if its
+		// context had ended (its time goes to writes: a read's retry
+		// changes nothing the oracle checks), so that a seed whose
+		// servers refuse for long (a teeth's broken tree) stays short.
+		done := ctx.Err() != nil || tried >= 4 || call.Kind == treecall.Read
+		switch d := call.Failed(st, done); d.Step {
+		case treecall.Again:
+			if d.NewToken {
+				tok.Seq, tok.Stamp = uint64(i+1)*4+uint64(call.Renewed), time.Now().UnixNano()+w.clientOff[client]
+			}
+			continue
+		case treecall.Answer, treecall.Unavailable:
+			// Nothing was done: left out, so that a lie here shows as a
+			// value no operation wrote.
+			if call.Kind == treecall.Write {
+				w.mu.Lock()
+				w.leftOut++
+				w.mu.Unlock()
+			}
+			return
+		case treecall.Unknown:
+			// It may take effect at any time after its first send.
+			h.Add(client, in, kvOut{Unknown: true}, start, math.MaxInt64, "servers ", servers, " tokened ", call.Tokened, " err ", err)
+			return
+		}
+		// Next: another live server, after a pause once per round.
+		if tried%3 == 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+		s = w.pick()
 	}
-	if ambiguous == 0 {
-		w.mu.Lock()
-		w.notApplied++
-		w.mu.Unlock()
-		return
-	}
-	h.Add(client, in, kvOut{Unknown: true}, call, math.MaxInt64, "servers ", servers, " err ", last)
 }
+
+// The aging seeds' token window and clock bound (Config.tokenWindow,
+// clockSkew): records live simWindow + 2·simSkew.
+const (
+	simWindow = 250 * time.Millisecond
+	simSkew   = 50 * time.Millisecond
+)
+
+// errSimNotSent is an attempt that found no live server, or one frozen past
+// its time: nothing was sent (the client's unreachable endpoint).
+var errSimNotSent = NotAppliedError(codes.Unavailable, "sim: not sent")
 
 // duplicate sends an answered attempt of a tokened write again, late,
 // through a random live server: its answer, if it has one, must be the
 // write's (first).
 func (w *simWorld) duplicate(in kvIn, tok WriteToken, first Result) {
 	delay := time.Duration(w.rand(30)) * time.Millisecond
+	switch {
+	case w.skewTeeth:
+		// Once the fast server may have dropped the record, before the
+		// slow one's window ends.
+		delay = simWindow/2 + time.Duration(w.rand(int(simWindow/time.Millisecond)))*time.Millisecond
+	case w.aging && w.rand(3) == 0:
+		// As late as a record lives (and its attempt may still apply
+		// somewhere, if a clock is off past the bound).
+		delay = time.Duration(w.rand(int((simWindow+3*simSkew)/time.Millisecond))) * time.Millisecond
+	}
 	w.late.Add(1)
 	go func() {
 		defer w.late.Done()
@@ -917,6 +978,9 @@ func (w *simWorld) duplicate(in kvIn, tok WriteToken, first Result) {
 		}
 		w.mu.Lock()
 		w.tokDups++
+		if errors.Is(err, ErrTokenExpired) {
+			w.tokExpired++
+		}
 		if err == nil && r.Repeat {
 			w.tokDupRepeats++
 		}
@@ -1197,8 +1261,9 @@ func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, er
 
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
-	disrupts, expired, resigned, notApplied                      int
-	tokSeeds, tokRepeats, tokRetried, tokDups, tokDupRepeats     int // seeds with tokened writes; their answers from records, writes answered after an attempt of unknown outcome, late duplicates and those answered from records
+	disrupts, expired, resigned, notApplied, leftOut             int
+	tokSeeds, tokRepeats, tokRetried, tokDups, tokDupRepeats     int
+	agingSeeds, tokExpired, recordsAged                          int // seeds whose records aged; attempts refused as too old; records dropped for age // seeds with tokened writes; their answers from records, writes answered after an attempt of unknown outcome, late duplicates and those answered from records
 	closes, closeFailed                                          int // clean closes; those that failed (leases left to a recovery)
 	valueWrites, valuesFreed, loggedFrees                        int
 	runRenewals                                                  int // recovery runs' renewed tokens
@@ -1236,6 +1301,7 @@ const (
 	teethLongRerun                        // creations' decrees run again 100-150 ms after they listed the tree (beyond simDropWait)
 	teethDeltaAcrossWriteBack             // deltas go on across write-backs: no whole image first (delta.go's rule)
 	teethTokenSplitDrops                  // tokened writes, and a split's new node gets no completion records
+	teethClockSkew                        // tokened writes aging, the servers' clocks off by 4 times the trees' bound
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -1944,7 +2010,17 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	defer w.guard("the run") // (runs before the one above)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
 	w.readPastLease = teeth == teethReadPastLease
-	w.tokens = teeth == teethNone && (seed/2)%2 == 0 || teeth == teethTokenSplitDrops
+	w.tokens = teeth == teethNone && (seed/2)%2 == 0 || teeth == teethTokenSplitDrops || teeth == teethClockSkew
+	w.aging = w.tokens && (seed/4)%2 == 0 && teeth == teethNone || teeth == teethClockSkew
+	if w.aging {
+		w.skewBy = simSkew
+		if teeth == teethClockSkew {
+			w.skewBy, w.skewTeeth = 4*simSkew, true
+		}
+		for c := range w.clientOff {
+			w.clientOff[c] = int64(w.rand(int(2*simSkew+1))) - int64(simSkew)
+		}
+	}
 	w.tokDurable = map[WriteToken]int{}
 	if teeth == teethTokenSplitDrops {
 		w.unsafeDone = unsafeDoneSplitDrops
@@ -2069,11 +2145,20 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	res.ops, res.unknown = len(ops), lincheck.Unknown(ops)
 	w.mu.Lock() // the servers still run: a failure watch may count a resignation and a death
 	res.kills, res.restarts = w.kills, w.restart-3
-	res.disrupts, res.expired, res.resigned, res.notApplied = w.disrupts, w.expired, w.resigned, w.notApplied
+	res.disrupts, res.expired, res.resigned, res.notApplied, res.leftOut = w.disrupts, w.expired, w.resigned, w.notApplied, w.leftOut
 	if w.tokens {
 		res.tokSeeds = 1
 	}
 	res.tokRepeats, res.tokRetried, res.tokDups, res.tokDupRepeats = w.tokRepeats, w.tokRetried, w.tokDups, w.tokDupRepeats
+	res.tokExpired = w.tokExpired
+	if w.aging {
+		res.agingSeeds = 1
+	}
+	for _, s := range w.every {
+		if s.tree != nil {
+			res.recordsAged += int(s.tree.Stats.RecordsDropped.Load())
+		}
+	}
 	res.closes, res.closeFailed = w.closes, w.closeFailed
 	w.mu.Unlock()
 	w.locks.mu.Lock()
@@ -2295,6 +2380,7 @@ func TestSimTree(t *testing.T) {
 		total.expired += r.expired
 		total.resigned += r.resigned
 		total.notApplied += r.notApplied
+		total.leftOut += r.leftOut
 		total.valueWrites += r.valueWrites
 		total.valuesFreed += r.valuesFreed
 		total.runRenewals += r.runRenewals
@@ -2303,6 +2389,9 @@ func TestSimTree(t *testing.T) {
 		total.tokRetried += r.tokRetried
 		total.tokDups += r.tokDups
 		total.tokDupRepeats += r.tokDupRepeats
+		total.agingSeeds += r.agingSeeds
+		total.tokExpired += r.tokExpired
+		total.recordsAged += r.recordsAged
 		total.aborted += r.aborted
 		total.failovers += r.failovers
 		total.allRuns += r.allRuns
@@ -2343,11 +2432,13 @@ func TestSimTree(t *testing.T) {
 		total.drops, total.dropErrs, total.dropDied, total.dropNoTree, total.dropsLate, total.settled, total.settledListed, total.dropsFinished, total.finishErrs)
 	t.Logf("owned allocations: %d chunks disowned by checkpoints, %d allocations' answers lost (%d retried with success), %d chunks freed by live servers' stray collections, %d recovery runs' collections of orphans run after their runs, %d chunks left for the final collection (what a log's next holder frees); no chunk leaked",
 		total.disowned, total.lostAllocs, total.retriedAllocs, total.strays, total.lateCollections, total.orphans)
-	t.Logf("seeds %d..%d: %d operations (%d of unknown outcome, %d more refused before any change), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
-		first, first+int64(n)-1, total.ops, total.unknown, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
+	t.Logf("seeds %d..%d: %d operations (%d writes of unknown outcome, %d that did nothing; %d attempts refused before any change and sent again elsewhere), %d deaths, %d restarts (%d servers died while they started), %d pauses and partitions (%d outlived the lease: declared dead; %d servers resigned after a failure), %d lock-master failovers (%d \"all\" recovery runs), %d writes landed late (%d refused by their fence), %d splits, %d merges, %d values written to chunks of their own (%d freed), %d recovery tokens renewed",
+		first, first+int64(n)-1, total.ops, total.unknown, total.leftOut, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	t.Logf("tokened writes (%d seeds): %d answered from their record, %d answered after an attempt of unknown outcome; %d late duplicates of answered attempts, %d of them answered from the record (none applied again: no outcome committed durably twice)",
 		total.tokSeeds, total.tokRepeats, total.tokRetried, total.tokDups, total.tokDupRepeats)
-	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+	t.Logf("records aging (%d seeds: a %v token window, servers' clocks up to %v off): %d records dropped for age, %d attempts refused as too old",
+		total.agingSeeds, simWindow, simSkew, total.recordsAged, total.tokExpired)
+	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.recordsAged == 0 || total.tokExpired == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
 		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
@@ -2419,6 +2510,17 @@ func TestSimTeethReadPastLease(t *testing.T) {
 		_, err := runSim(t, seed, teethReadPastLease, 120)
 		return err
 	}, "not linearizable", "invariant assertion failed")
+}
+
+// TestSimTeethClockSkew: with records aging, servers whose clocks are off
+// by more than the trees' bound (ClockSkew) drop records while an attempt
+// may still apply elsewhere: the oracle sees a write applied twice (a late
+// duplicate applied again, or its outcome committed twice).
+func TestSimTeethClockSkew(t *testing.T) {
+	expectTeeth(t, "clocks off past the bound", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethClockSkew, 40)
+		return err
+	}, "tokened writes:")
 }
 
 // TestSimTeethTokenSplitDrops: with tokened writes, splits that leave the

@@ -23,7 +23,10 @@ type Config struct {
 	// Grace is how long a removed node stays readable (pointing onward)
 	// before its chunk is freed (default 2 min). No operation may run longer
 	// than Grace holding a pointer it read: the server bounds operations by
-	// a deadline well below it.
+	// a deadline well below it. A removed node's deadline is on the clock
+	// of the server that removed it and is checked on any server's, which
+	// may be 2·ClockSkew ahead: Grace must exceed that and the bound
+	// (the defaults: 30 s + 60 s < 2 min).
 	Grace time.Duration
 	// MaxScanLeaves bounds the leaves one scan page holds at once (default
 	// 256): a page ends early, with More set, rather than hold more.

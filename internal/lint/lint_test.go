@@ -23,8 +23,8 @@ var cores = []string{
 	"rldev/rangelock.go", "rldev/move.go", "rldev/meta.go", "rldev/format.go", "rldev/table.go", "rldev/msgs.go", "rldev/wire.go",
 	"chunk/manager.go", "chunk/chunkmap.go", "chunk/chunkio.go", "chunk/format.go", "chunk/handle.go", "chunk/space.go",
 	"chunk/table.go", "chunk/wire.go",
-	"txn/format.go", "txn/scan.go",
-	"btree/node.go", "btree/delta.go", "btree/anchor.go", "btree/store.go", "btree/tree.go", "btree/compress.go", "btree/scan.go", "btree/walk.go",
+	"txn/format.go", "txn/scan.go", "treecall/treecall.go",
+	"btree/node.go", "btree/delta.go", "btree/anchor.go", "btree/store.go", "btree/tree.go", "btree/compress.go", "btree/scan.go", "btree/walk.go", "btree/completion.go",
 }
 
 // banned calls (package.Func) and imports inside a core.
