@@ -486,6 +486,11 @@ func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f fu
 			}
 			return mapError(st)
 		case treecall.Unknown:
+			if st.Code() == codes.ResourceExhausted {
+				// (gRPC's own size limit, past the node's checks: no
+				// fault of the endpoint's.)
+				return fmt.Errorf("%w: %s", ErrUnknownOutcome, st.Message())
+			}
 			// The next call tries the next endpoint first.
 			if i >= 0 {
 				c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
@@ -494,17 +499,19 @@ func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f fu
 				c.rerouteSoon()
 			}
 			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
-		case treecall.Unavailable:
-			return ended(call, ctx, err)
 		}
-		// Next: on to the next endpoint (a tokened attempt's outcome, if
-		// it had one, is in the token's record).
+		// Next, or Unavailable (the call's time ran out): the next
+		// attempt, or the next call, goes to the next endpoint (a tokened
+		// attempt's outcome, if it had one, is in the token's record).
 		if atHome {
 			c.rerouteSoon()
 		}
 		last = err
 		if i >= 0 {
 			c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
+		}
+		if d.Step == treecall.Unavailable {
+			return ended(call, ctx, last)
 		}
 		if !atHome && (tried+1)%len(c.tcs) == 0 {
 			select {

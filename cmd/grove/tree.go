@@ -210,8 +210,15 @@ large for its leaf goes to a chunk of its own); larger ones exit 2.`,
 			if err != nil {
 				return err
 			}
-			return treeWrite(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient) error {
-				r, err := tc.Put(ctx, &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect})
+			return treeWriteOnce(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+				req := &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
+				var r *pb.TreePutResponse
+				var err error
+				if tok != nil {
+					r, err = tc.PutOnce(ctx, req)
+				} else {
+					r, err = tc.Put(ctx, req)
+				}
 				if err != nil {
 					return err
 				}
@@ -219,7 +226,10 @@ large for its leaf goes to a chunk of its own); larger ones exit 2.`,
 					msg := "the key is present"
 					if cond == pb.TreeCond_TREE_COND_IF_EQUALS {
 						msg = "the key is absent"
-						if r.Found {
+						switch {
+						case r.Found && r.Repeat:
+							msg = "its value was another (an earlier attempt of this put found it so; the answer came from the write's record)"
+						case r.Found:
 							msg = fmt.Sprintf("its value is %q", k.out(r.Prev))
 						}
 					}
@@ -287,14 +297,23 @@ not). An absent key exits 5.`,
 			if err != nil {
 				return err
 			}
-			return treeWrite(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient) error {
-				r, err := tc.Delete(ctx, &pb.TreeDeleteRequest{Tree: args[0], Key: key, Cond: cond, Expect: expect})
+			return treeWriteOnce(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+				req := &pb.TreeDeleteRequest{Tree: args[0], Key: key, Cond: cond, Expect: expect, Token: tok}
+				var r *pb.TreeDeleteResponse
+				var err error
+				if tok != nil {
+					r, err = tc.DeleteOnce(ctx, req)
+				} else {
+					r, err = tc.Delete(ctx, req)
+				}
 				if err != nil {
 					return err
 				}
 				switch {
 				case !r.Found:
 					return &cli.Error{Code: cli.ExitNotFound, Op: "tree del", Msg: fmt.Sprintf("no key %q in tree %q", args[1], args[0])}
+				case !r.Applied && r.Repeat:
+					return &cli.Error{Code: cli.ExitFailed, Op: "tree del", Msg: "condition does not hold: its value was another (an earlier attempt of this delete found it so; the answer came from the write's record)"}
 				case !r.Applied:
 					return &cli.Error{Code: cli.ExitFailed, Op: "tree del", Msg: fmt.Sprintf("condition does not hold: its value is %q", k.out(r.Prev))}
 				}

@@ -25,7 +25,7 @@ package btree
 // clock within ClockSkew of true time, no attempt that could still apply
 // can arrive after its record is gone. Safety rests on the servers' clocks
 // alone: a client's wrong clock costs it only liveness (a stamp later than
-// now + ClockSkew is refused; one too early ages at once).
+// now + 2·ClockSkew is refused; one too early ages at once).
 //
 // Room. Records take the room a leaf's entries leave (entries decide
 // splits and merges, never records): when a leaf's image would be too
@@ -420,8 +420,25 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteTo
 	if t.unsafeDone == unsafeDoneNoAge {
 		old = false
 	}
-	if tok.Stamp > now+int64(t.cfg.clockSkew) || old || tok.Stamp <= n.Horizon {
+	// A stamp from the future is refused only past 2·ClockSkew: a client
+	// and a server each within ClockSkew of true time may be that far
+	// apart (review 52: refused past one ClockSkew, a correct client was
+	// refused by every node whose clock was behind its own). Safety never
+	// rests on stamps (an attempt's life and its record's are both counted
+	// from the stamp, on the servers' clocks); the bound only keeps a client
+	// whose clock is far ahead from pinning records for long.
+	future := tok.Stamp > now+2*int64(t.cfg.clockSkew)
+	horizon := tok.Stamp <= n.Horizon
+	if future || old || horizon {
 		t.Stats.TokensRefused.Add(1)
+		switch {
+		case future:
+			t.Stats.RefusedFuture.Add(1)
+		case old:
+			t.Stats.RefusedOld.Add(1)
+		default:
+			t.Stats.RefusedHorizon.Add(1)
+		}
 		return Result{}, true, ErrTokenExpired
 	}
 	return Result{}, false, nil

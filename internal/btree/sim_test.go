@@ -162,7 +162,7 @@ type simWorld struct {
 	disrupts   int // pauses and partitions
 	expired    int // of which the server was declared dead
 	resigned   int // servers that failed with their leases standing
-	notApplied int // attempts a server refused before any change (sent again elsewhere, as the client does)
+	notApplied int // attempts a server refused before any change (a write's sent again elsewhere, as the client does)
 	leftOut    int // writes that did nothing, by the client's rules (refused, or out of time with nothing sent that took effect)
 	// tokens: puts and deletes carry write tokens (completion.go) and are
 	// sent again, through another live server, after an attempt of
@@ -186,8 +186,8 @@ type simWorld struct {
 	// simSkew; each server incarnation's clock (its TreeStore's, which
 	// the garbage deadlines read too) is off true time by up to skewBy
 	// (simSkew; 4·simSkew in the teeth, beyond the bound), each client's
-	// (its stamps) by up to simSkew; a third of the late duplicates come
-	// as late as the records' whole life. tokExpired counts attempts
+	// (its stamps) by up to simSkew; two thirds of the late duplicates come
+	// up to twice as late as a record lives. tokExpired counts attempts
 	// refused as too old, recordsAged the records dropped for age.
 	aging, skewTeeth        bool
 	skewBy                  time.Duration
@@ -810,14 +810,26 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 	if in.Kind == "put" || in.Kind == "del" {
 		call.Kind, call.Tokened = treecall.Write, w.tokens
 	}
-	// Each write's token is its own: sequence numbers (i+1)·4 + the
-	// renewals (at most treecall.MaxRenewals).
-	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i+1) * 4, Stamp: time.Now().UnixNano() + w.clientOff[client]}
+	// Each write's token is its own: sequence numbers (i+1)·(MaxRenewals+1)
+	// + the renewals.
+	const seqs = treecall.MaxRenewals + 1
+	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i+1) * seqs, Stamp: time.Now().UnixNano() + w.clientOff[client]}
 	start := w.now()
 	var servers []uint64
 	backoff := 50 * time.Millisecond
 	var err error
 	for tried := 1; ; tried++ {
+		if tried > 1 && ctx.Err() != nil {
+			// (Its time ended in the pause before this attempt.)
+			if call.Ended() == treecall.Unknown {
+				h.Add(client, in, kvOut{Unknown: true}, start, math.MaxInt64, "servers ", servers, " tokened ", call.Tokened, " err ", err)
+			} else if call.Kind == treecall.Write {
+				w.mu.Lock()
+				w.leftOut++
+				w.mu.Unlock()
+			}
+			return
+		}
 		var out kvOut
 		var r Result
 		err = errSimNotSent
@@ -899,7 +911,7 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 		switch d := call.Failed(st, done); d.Step {
 		case treecall.Again:
 			if d.NewToken {
-				tok.Seq, tok.Stamp = uint64(i+1)*4+uint64(call.Renewed), time.Now().UnixNano()+w.clientOff[client]
+				tok.Seq, tok.Stamp = uint64(i+1)*seqs+uint64(call.Renewed), time.Now().UnixNano()+w.clientOff[client]
 			}
 			continue
 		case treecall.Answer, treecall.Unavailable:
@@ -931,8 +943,8 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 // The aging seeds' token window and clock bound (Config.tokenWindow,
 // clockSkew): records live simWindow + 2·simSkew.
 const (
-	simWindow = 250 * time.Millisecond
-	simSkew   = 50 * time.Millisecond
+	simWindow = 150 * time.Millisecond
+	simSkew   = 30 * time.Millisecond
 )
 
 // errSimNotSent is an attempt that found no live server, or one frozen past
@@ -949,10 +961,11 @@ func (w *simWorld) duplicate(in kvIn, tok WriteToken, first Result) {
 		// Once the fast server may have dropped the record, before the
 		// slow one's window ends.
 		delay = simWindow/2 + time.Duration(w.rand(int(simWindow/time.Millisecond)))*time.Millisecond
-	case w.aging && w.rand(3) == 0:
-		// As late as a record lives (and its attempt may still apply
-		// somewhere, if a clock is off past the bound).
-		delay = time.Duration(w.rand(int((simWindow+3*simSkew)/time.Millisecond))) * time.Millisecond
+	case w.aging && w.rand(3) != 0:
+		// Up to twice as late as a record lives: inside the window,
+		// past it with the record still kept, and past the record's
+		// life (refused, never applied again).
+		delay = time.Duration(w.rand(int(2*(simWindow+2*simSkew)/time.Millisecond))) * time.Millisecond
 	}
 	w.late.Add(1)
 	go func() {
@@ -1262,8 +1275,9 @@ func (r simChunkReader) ReadValue(ctx context.Context, ref ValueRef) ([]byte, er
 type simResult struct {
 	ops, unknown, kills, restarts, late, refused, splits, merges int
 	disrupts, expired, resigned, notApplied, leftOut             int
-	tokSeeds, tokRepeats, tokRetried, tokDups, tokDupRepeats     int
-	agingSeeds, tokExpired, recordsAged                          int // seeds whose records aged; attempts refused as too old; records dropped for age // seeds with tokened writes; their answers from records, writes answered after an attempt of unknown outcome, late duplicates and those answered from records
+	tokSeeds, tokRepeats, tokRetried, tokDups, tokDupRepeats     int // seeds with tokened writes; their answers from records, writes answered after an attempt of unknown outcome, late duplicates and those answered from records
+	agingSeeds, tokExpired, recordsAged                          int // seeds whose records aged; attempts refused (ErrTokenExpired); records dropped for age
+	refusedOld, refusedFuture, refusedHorizon                    int // the servers' refusals: past the window, stamped in the future, at or below a horizon
 	closes, closeFailed                                          int // clean closes; those that failed (leases left to a recovery)
 	valueWrites, valuesFreed, loggedFrees                        int
 	runRenewals                                                  int // recovery runs' renewed tokens
@@ -2157,6 +2171,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	for _, s := range w.every {
 		if s.tree != nil {
 			res.recordsAged += int(s.tree.Stats.RecordsDropped.Load())
+			res.refusedOld += int(s.tree.Stats.RefusedOld.Load())
+			res.refusedFuture += int(s.tree.Stats.RefusedFuture.Load())
+			res.refusedHorizon += int(s.tree.Stats.RefusedHorizon.Load())
 		}
 	}
 	res.closes, res.closeFailed = w.closes, w.closeFailed
@@ -2392,6 +2409,9 @@ func TestSimTree(t *testing.T) {
 		total.agingSeeds += r.agingSeeds
 		total.tokExpired += r.tokExpired
 		total.recordsAged += r.recordsAged
+		total.refusedOld += r.refusedOld
+		total.refusedFuture += r.refusedFuture
+		total.refusedHorizon += r.refusedHorizon
 		total.aborted += r.aborted
 		total.failovers += r.failovers
 		total.allRuns += r.allRuns
@@ -2436,9 +2456,9 @@ func TestSimTree(t *testing.T) {
 		first, first+int64(n)-1, total.ops, total.unknown, total.leftOut, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	t.Logf("tokened writes (%d seeds): %d answered from their record, %d answered after an attempt of unknown outcome; %d late duplicates of answered attempts, %d of them answered from the record (none applied again: no outcome committed durably twice)",
 		total.tokSeeds, total.tokRepeats, total.tokRetried, total.tokDups, total.tokDupRepeats)
-	t.Logf("records aging (%d seeds: a %v token window, servers' clocks up to %v off): %d records dropped for age, %d attempts refused as too old",
-		total.agingSeeds, simWindow, simSkew, total.recordsAged, total.tokExpired)
-	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.recordsAged == 0 || total.tokExpired == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+	t.Logf("records aging (%d seeds: a %v token window, servers' and clients' clocks up to %v off): %d records dropped for age; %d attempts refused (%d past the window, %d stamped in the future, %d at or below a horizon)",
+		total.agingSeeds, simWindow, simSkew, total.recordsAged, total.tokExpired, total.refusedOld, total.refusedFuture, total.refusedHorizon)
+	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.recordsAged == 0 || total.refusedOld == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
 		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}

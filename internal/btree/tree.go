@@ -158,10 +158,11 @@ type Stats struct {
 	// and maybe named by nothing.
 	ValuesFreed, ValueLeaks, ValueUnsettled atomic.Uint64
 	// Tokened writes (completion.go): answered from their record;
-	// refused for age or horizon; records dropped for age, and evicted
-	// for room.
-	Repeats, TokensRefused         atomic.Uint64
-	RecordsDropped, RecordsEvicted atomic.Int64
+	// refused (for age, a stamp from the future, or the horizon: the
+	// three after it); records dropped for age, and evicted for room.
+	Repeats, TokensRefused                    atomic.Uint64
+	RefusedOld, RefusedFuture, RefusedHorizon atomic.Uint64
+	RecordsDropped, RecordsEvicted            atomic.Int64
 }
 
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent

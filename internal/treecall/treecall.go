@@ -175,7 +175,9 @@ type Decision struct {
 func (c *Call) Failed(st *status.Status, done bool) Decision {
 	d := c.failed(st)
 	if done && (d.Step == Next || d.Step == Again) {
-		d = Decision{Step: c.Ended()}
+		// (Untokened still says what the cluster answered: the client
+		// turns tokens off for its next writes.)
+		d = Decision{Step: c.Ended(), Untokened: d.Untokened}
 	}
 	return d
 }

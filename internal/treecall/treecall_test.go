@@ -70,6 +70,10 @@ func TestFailed(t *testing.T) {
 			want: Decision{Step: Answer}, after: Call{Kind: Write, Tokened: true, Renewed: MaxRenewals}},
 		{name: "expired after an ambiguous attempt", call: Call{Kind: Write, Tokened: true, Ambiguous: 1}, st: reason(codes.FailedPrecondition, TokenExpired),
 			want: Decision{Step: Unknown}, after: Call{Kind: Write, Tokened: true, Ambiguous: 1}},
+		{name: "tokens off out of time", call: Call{Kind: Write, Tokened: true}, st: reason(codes.FailedPrecondition, TokensOff), done: true,
+			want: Decision{Step: Unavailable, Untokened: true}, after: Call{Kind: Write}},
+		{name: "read unimplemented", call: Call{Kind: Read}, st: plain(codes.Unimplemented), want: Decision{Step: Answer}},
+		{name: "write unimplemented", call: Call{Kind: Write}, st: plain(codes.Unimplemented), want: Decision{Step: Answer}},
 		{name: "expired out of time", call: Call{Kind: Write, Tokened: true}, st: reason(codes.FailedPrecondition, TokenExpired), done: true,
 			want: Decision{Step: Unavailable}, after: Call{Kind: Write, Tokened: true, Renewed: 1}},
 	} {
