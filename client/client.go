@@ -631,6 +631,9 @@ func (t *Tree) Get(ctx context.Context, key []byte) ([]byte, error) {
 }
 
 func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expect []byte) (applied bool, prev []byte, found bool, err error) {
+	if err := checkEntry(key, val, expect); err != nil {
+		return false, nil, false, err
+	}
 	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 		req := &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
 		var r *pb.TreePutResponse
@@ -678,6 +681,9 @@ func (t *Tree) CompareAndSwap(ctx context.Context, key, old, val []byte) (applie
 }
 
 func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []byte) (applied, found bool, err error) {
+	if err := checkEntry(key, nil, expect); err != nil {
+		return false, false, err
+	}
 	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 		req := &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect, Token: tok}
 		var r *pb.TreeDeleteResponse
@@ -697,6 +703,23 @@ func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []b
 		return nil
 	})
 	return
+}
+
+// checkEntry refuses, before sending, a write the nodes would refuse: so
+// that a request over gRPC's own size limit (refused by gRPC before any
+// handler, an answer that proves nothing to the retry rules) is never sent
+// (review 53: a 5 MiB tokened put was resent to every endpoint until its
+// time ended, then reported of unknown outcome).
+func checkEntry(key, val, expect []byte) error {
+	switch {
+	case len(key) == 0 || len(key) > MaxKey:
+		return fmt.Errorf("%w: a key is 1 to %d bytes (this one %d)", ErrInvalid, MaxKey, len(key))
+	case len(val) > MaxValue:
+		return fmt.Errorf("%w: a value is at most %d bytes (this one %d)", ErrInvalid, MaxValue, len(val))
+	case len(expect) > MaxValue:
+		return fmt.Errorf("%w: a compared value is at most %d bytes (this one %d)", ErrInvalid, MaxValue, len(expect))
+	}
+	return nil
 }
 
 // Delete removes key; found says whether it was there.

@@ -210,6 +210,9 @@ large for its leaf goes to a chunk of its own); larger ones exit 2.`,
 			if err != nil {
 				return err
 			}
+			if err := checkTreeEntry("tree put", key, val, expect); err != nil {
+				return err
+			}
 			return treeWriteOnce(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 				req := &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
 				var r *pb.TreePutResponse
@@ -295,6 +298,9 @@ not). An absent key exits 5.`,
 			}
 			cond, expect, err := condFlag(false, ifEquals, cmd.Flags().Changed("if-equals"), k)
 			if err != nil {
+				return err
+			}
+			if err := checkTreeEntry("tree del", key, nil, expect); err != nil {
 				return err
 			}
 			return treeWriteOnce(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {

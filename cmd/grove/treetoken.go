@@ -5,12 +5,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/treecall"
 )
@@ -24,7 +24,8 @@ import (
 // answer no longer ends the command with ExitUnknown while the cluster
 // serves: only when the command's time ends after such an attempt, or when
 // the write's record is gone. The endpoints are tried in turn, round after
-// round (a pause between rounds), until the command's time ends. A cluster
+// round (a pause between rounds), until the command's time ends (with no
+// --command-timeout, until treeResendFor after the first send). A cluster
 // that takes no tokens (TOKENS_OFF, or a node of a build from before them:
 // Unimplemented) gets the write untokened, and it is then sent again only
 // where treeWrite would. send makes one attempt: tok nil means untokened
@@ -38,43 +39,74 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx 
 		ctx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
 		defer cancel()
 	}
-	newToken := func() (*pb.TreeWriteToken, error) {
-		id := make([]byte, 16)
-		if _, err := rand.Read(id); err != nil {
-			return nil, fmt.Errorf("a write token's client id: %w", err)
-		}
-		return &pb.TreeWriteToken{Client: id, Seq: 1, Attempt: 1, Stamp: time.Now().UnixNano()}, nil
+	// Each attempt has a third of the command's time; with none (the
+	// default: until done or interrupted), treeAttempt, and rounds of
+	// resends stop treeResendFor after the first send, within the token's
+	// window (review 53: with no time, one round, and one endpoint never
+	// got a resend).
+	attemptTimeout := c.CommandTimeout / 3
+	if c.CommandTimeout <= 0 {
+		attemptTimeout = treeAttempt
 	}
-	tok, err := newToken()
-	if err != nil {
-		return err
-	}
+	// The token is made at the first send (its stamp is that send's time:
+	// the window counts from it, not from the command's start).
+	var tok *pb.TreeWriteToken
+	var firstSend time.Time
 	call := &treecall.Call{Kind: treecall.Write, Tokened: true}
-	var fails []string
-	backoff := 50 * time.Millisecond
+	fails := map[string]*cli.Error{} // the last failure per endpoint
+	var order []string
+	fail := func(ep string, err error) {
+		var ce *cli.Error
+		if !errors.As(err, &ce) {
+			ce = &cli.Error{Code: cli.ExitFailed, Endpoint: ep, Msg: err.Error()}
+		}
+		if _, ok := fails[ep]; !ok {
+			order = append(order, ep)
+		}
+		fails[ep] = ce
+	}
+	var last error
+	interrupted := func() error {
+		if call.Ended() == treecall.Unknown {
+			e := unknownOutcome(op, "", last, call).(*cli.Error)
+			e.Msg += " (interrupted)"
+			return e
+		}
+		return cli.Interrupted{Signal: "interrupt"}
+	}
 	attempt := func(conn *cli.Conn) error {
 		tc := pb.NewTreeServiceClient(conn)
 		if !call.Tokened {
 			return send(ctx, tc, nil)
 		}
-		tok.Attempt = call.Attempt()
-		actx := ctx
-		if c.CommandTimeout > 0 {
-			var cancel context.CancelFunc
-			actx, cancel = context.WithTimeout(ctx, c.CommandTimeout/3)
-			defer cancel()
+		if tok == nil {
+			id := make([]byte, 16)
+			if _, err := rand.Read(id); err != nil {
+				return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: "a write token's client id: " + err.Error()}
+			}
+			tok = &pb.TreeWriteToken{Client: id, Seq: 1, Stamp: time.Now().UnixNano()}
+			if firstSend.IsZero() {
+				firstSend = time.Now()
+			}
 		}
+		tok.Attempt = call.Attempt()
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		defer cancel()
 		return send(actx, tc, tok)
 	}
-	for round := 0; ; round++ {
+	backoff := 50 * time.Millisecond
+	for {
 		for _, ep := range c.Endpoints {
 			if ctx.Err() != nil {
 				break
 			}
 			conn, err := c.Connect(ctx, ep)
 			if err != nil {
-				fails = append(fails, err.Error()) // nothing sent
+				fail(ep, err) // nothing sent
 				continue
+			}
+			if !call.Tokened && firstSend.IsZero() {
+				firstSend = time.Now()
 			}
 			for {
 				err = attempt(conn)
@@ -85,14 +117,16 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx 
 					conn.Close()
 					return err
 				}
+				if errors.Is(ctx.Err(), context.Canceled) {
+					conn.Close()
+					return interrupted()
+				}
+				last = err
 				d := call.Failed(status.Convert(err), ctx.Err() != nil)
 				switch d.Step {
 				case treecall.Again:
 					if d.NewToken {
-						if tok, err = newToken(); err != nil {
-							conn.Close()
-							return err
-						}
+						tok = nil // a new one at the next send
 					}
 					continue
 				case treecall.Answer:
@@ -106,17 +140,14 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx 
 				case treecall.Unknown:
 					conn.Close()
 					return unknownOutcome(op, ep, err, call)
-				case treecall.Unavailable:
-					conn.Close()
-					return cli.FromRPC(op, ep, c.CommandTimeout, err)
 				}
-				fails = append(fails, fmt.Sprintf("%s: %s", ep, status.Convert(err).Message()))
-				break // Next
+				fail(ep, cli.FromRPC("", ep, c.CommandTimeout, err)) // Next, or Unavailable: nothing applied
+				break
 			}
 			conn.Close()
 		}
-		if ctx.Err() != nil || c.CommandTimeout <= 0 {
-			break // (no time bound: one round)
+		if ctx.Err() != nil || c.CommandTimeout <= 0 && (firstSend.IsZero() || time.Since(firstSend) > treeResendFor) {
+			break // (no time bound: nothing was sent this round, or the window is spent)
 		}
 		select {
 		case <-ctx.Done():
@@ -124,15 +155,45 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx 
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return interrupted()
+	}
 	if call.Ended() == treecall.Unknown {
-		return unknownOutcome(op, "", ctx.Err(), call)
+		return unknownOutcome(op, "", last, call)
 	}
-	if len(fails) > 8 {
-		fails = append(fails[:4], fmt.Sprintf("... %d more", len(fails)-4))
+	list := make([]*cli.Error, 0, len(order))
+	for _, ep := range order {
+		list = append(list, fails[ep])
 	}
-	return &cli.Error{Code: cli.ExitUnavailable, Op: op,
-		Msg:  fmt.Sprintf("no endpoint could serve within %v: %s (the write was not applied)", c.CommandTimeout, strings.Join(fails, "; ")),
-		Hint: "raise --command-timeout, or check `grove status`"}
+	return cli.Combine(op, list, errors.Is(ctx.Err(), context.DeadlineExceeded), c.CommandTimeout)
+}
+
+// With no --command-timeout, a tokened write's attempt gets treeAttempt,
+// and no round of resends starts treeResendFor after its first send: both
+// within the token's window (btree.TokenWindow, 60 s), past which a resend
+// is refused. (Variables: tests shorten them.)
+var (
+	treeAttempt   = 15 * time.Second
+	treeResendFor = 30 * time.Second
+)
+
+// checkTreeEntry refuses, before sending, a put or delete the nodes would
+// refuse (exit 2): a request over gRPC's size limit would be refused by
+// gRPC before any handler, an answer that proves nothing to the retry
+// rules (review 53).
+func checkTreeEntry(op string, key, val, expect []byte) error {
+	msg := ""
+	switch {
+	case len(key) == 0 || len(key) > btree.MaxKey:
+		msg = fmt.Sprintf("a key is 1 to %d bytes (this one %d)", btree.MaxKey, len(key))
+	case len(val) > btree.MaxValue:
+		msg = fmt.Sprintf("a value is at most %d bytes (this one %d)", btree.MaxValue, len(val))
+	case len(expect) > btree.MaxValue:
+		msg = fmt.Sprintf("a compared value is at most %d bytes (this one %d)", btree.MaxValue, len(expect))
+	default:
+		return nil
+	}
+	return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: msg}
 }
 
 // unknownOutcome is the error of a write that may or may not have been

@@ -56,10 +56,12 @@ import (
 
 const (
 	// TokenWindow bounds how long after its first send a tokened write
-	// may still take effect (on the server's clock). The client stops
-	// sending attempts before it ends; it is at least the client's call
-	// timeout. A cluster-wide constant: a server with a longer one could
-	// apply an attempt whose record another server already dropped.
+	// may still take effect (on the server's clock). An attempt sent past
+	// it is refused (ErrTokenExpired): the Go client's default call
+	// timeout (30 s) and the CLI's resends (30 s with no command timeout)
+	// end within it; a longer call timeout costs only that refusal. A
+	// cluster-wide constant: a server with a longer one could apply an
+	// attempt whose record another server already dropped.
 	TokenWindow = 60 * time.Second
 	// ClockSkew bounds how far a server's clock is from true time (the
 	// loose synchrony garbage deadlines already assume).

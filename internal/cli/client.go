@@ -377,3 +377,10 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// Combine is the error of a command whose every endpoint failed (fails,
+// one per endpoint tried), as Do reports it: timedOut says that the
+// command's time ran out.
+func Combine(op string, fails []*Error, timedOut bool, timeout time.Duration) error {
+	return combine(op, fails, timedOut, timeout)
+}
