@@ -3,11 +3,8 @@ package client_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/client"
@@ -71,14 +68,4 @@ func TestReview52HungEndpointRotates(t *testing.T) {
 	}
 }
 
-func serveReview52(t *testing.T, f *review52Trees) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	pb.RegisterTreeServiceServer(s, f)
-	go s.Serve(l)
-	t.Cleanup(s.Stop)
-	return l.Addr().String()
-}
+func serveReview52(t *testing.T, f *review52Trees) string { return serveTrees(t, f) }

@@ -3,12 +3,9 @@ package client_test
 import (
 	"context"
 	"errors"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/client"
@@ -58,14 +55,4 @@ func TestReview53OversizeTokenedPut(t *testing.T) {
 	}
 }
 
-func serveReview53(t *testing.T, f *review53Trees) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	pb.RegisterTreeServiceServer(s, f)
-	go s.Serve(l)
-	t.Cleanup(s.Stop)
-	return l.Addr().String()
-}
+func serveReview53(t *testing.T, f *review53Trees) string { return serveTrees(t, f) }

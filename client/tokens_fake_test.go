@@ -60,7 +60,10 @@ func (f *fakeTrees) requests() []*pb.TreePutRequest {
 	return append([]*pb.TreePutRequest(nil), f.sent...)
 }
 
-func serveFake(t *testing.T, f *fakeTrees) string {
+func serveFake(t *testing.T, f *fakeTrees) string { return serveTrees(t, f) }
+
+// serveTrees serves a stand-in tree service on a loopback port.
+func serveTrees(t *testing.T, f pb.TreeServiceServer) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -183,8 +183,11 @@ func treePutCmd() *cobra.Command {
 --if-absent sets it only if the key is absent; --if-equals V only if its
 current value is V. A condition that does not hold changes nothing and exits
 1. The put is durable (in the answering node's log, on two disks) when the
-command returns. Keys are 1 to 1024 bytes, values up to 1 MiB (a value too
-large for its leaf goes to a chunk of its own); larger ones exit 2.`,
+command returns. It carries a write token: if an answer is lost, the put is
+sent again under it (to the next endpoint) and takes effect once; it exits 8
+(outcome unknown) only if that is still so when its time ends. Keys are 1 to
+1024 bytes, values up to 1 MiB (a value too large for its leaf goes to a
+chunk of its own); larger ones exit 2 before anything is sent.`,
 		Example: "  grove tree put users alice 31\n  grove tree put users bob 7 --if-absent\n  grove tree put users bob 8 --if-equals 7\n  cat doc.json | grove tree put docs d1",
 		Args:    cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {

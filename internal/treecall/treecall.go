@@ -16,6 +16,9 @@
 //     (RIFL: a write token, whose completion record a server keeps in the
 //     leaf) is sent again under the same token, which the server answers
 //     from the record if an earlier attempt took effect.
+//   - An answer that refuses a tokened write (no such tree, a full store)
+//     says only that this attempt did nothing: after an attempt of unknown
+//     outcome, the write's outcome stays unknown.
 //   - TOKEN_EXPIRED says that the attempt did nothing and that the write's
 //     record, if it had one, is gone: the write did nothing only if no
 //     earlier attempt's outcome was unknown.
@@ -208,6 +211,15 @@ func (c *Call) failed(st *status.Status) Decision {
 			// Not marked: gRPC's own limits, past the node's checks (the
 			// node marks its own refusals, a full store): unknown.
 		case Final(code):
+			// A refusal says that this attempt did nothing, not that an
+			// earlier one of unknown outcome did not take effect: the tree
+			// dropped since, a store full for this attempt's value chunk.
+			// (Found by the simulator once it ran these rules: an attempt
+			// that applied, its answer lost, then a resend refused as "no
+			// such tree" was reported as a refusal.)
+			if c.Ambiguous > 0 {
+				return Decision{Step: Unknown}
+			}
 			return Decision{Step: Answer}
 		case IsNotApplied(st):
 			return Decision{Step: Next}
