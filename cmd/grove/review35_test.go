@@ -34,10 +34,9 @@ type review35Store struct {
 // "refuse" answers NOT_APPLIED without applying anything.
 type review35Node struct {
 	pb.UnimplementedTreeServiceServer
-	st    *review35Store
-	fail  string
-	mu    sync.Mutex
-	conns []net.Conn
+	st   *review35Store
+	fail string
+	standInConns
 }
 
 func (n *review35Node) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutResponse, error) {
@@ -55,41 +54,57 @@ func (n *review35Node) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreeP
 	}
 	n.st.mu.Unlock()
 	if n.fail == "cut" {
-		n.mu.Lock()
-		for _, c := range n.conns {
-			c.Close()
-		}
-		n.mu.Unlock()
+		n.cut()
 		<-ctx.Done()
 		return nil, status.Error(codes.Unknown, "unreachable")
 	}
 	return res, nil
 }
 
-type review35Listener struct {
-	net.Listener
-	n *review35Node
+func review35Serve(t *testing.T, n *review35Node) string { return serveStandIn(t, n, &n.standInConns) }
+
+// standInConns keeps a stand-in node's accepted connections, so that it
+// can drop them (a node that dies or is cut off after applying a write:
+// its client sees the call fail, its outcome unknown).
+type standInConns struct {
+	mu    sync.Mutex
+	conns []net.Conn
 }
 
-func (l review35Listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.n.mu.Lock()
-		l.n.conns = append(l.n.conns, c)
-		l.n.mu.Unlock()
+func (c *standInConns) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cn := range c.conns {
+		cn.Close()
 	}
-	return c, err
 }
 
-func review35Serve(t *testing.T, n *review35Node) string {
+type standInListener struct {
+	net.Listener
+	c *standInConns
+}
+
+func (l standInListener) Accept() (net.Conn, error) {
+	cn, err := l.Listener.Accept()
+	if err == nil {
+		l.c.mu.Lock()
+		l.c.conns = append(l.c.conns, cn)
+		l.c.mu.Unlock()
+	}
+	return cn, err
+}
+
+// serveStandIn serves a stand-in tree service on a loopback port, its
+// connections kept in c.
+func serveStandIn(t *testing.T, srv pb.TreeServiceServer, c *standInConns) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := grpc.NewServer()
-	pb.RegisterTreeServiceServer(s, n)
-	go s.Serve(review35Listener{Listener: lis, n: n})
+	pb.RegisterTreeServiceServer(s, srv)
+	go s.Serve(standInListener{Listener: lis, c: c})
 	t.Cleanup(s.Stop)
 	return lis.Addr().String()
 }

@@ -5,12 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -36,10 +34,9 @@ type tokStore struct {
 // NOT_APPLIED, "off" answers TOKENS_OFF (and takes untokened puts).
 type tokNode struct {
 	pb.UnimplementedTreeServiceServer
-	st    *tokStore
-	fail  string
-	mu    sync.Mutex
-	conns []net.Conn
+	st   *tokStore
+	fail string
+	standInConns
 }
 
 func (n *tokNode) apply(r *pb.TreePutRequest) *pb.TreePutResponse {
@@ -71,11 +68,7 @@ func (n *tokNode) PutOnce(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePu
 	}
 	n.st.mu.Unlock()
 	if n.fail == "cut" {
-		n.mu.Lock()
-		for _, c := range n.conns {
-			c.Close()
-		}
-		n.mu.Unlock()
+		n.cut()
 		<-ctx.Done()
 		return nil, status.Error(codes.Unknown, "unreachable")
 	}
@@ -89,33 +82,7 @@ func (n *tokNode) Put(ctx context.Context, r *pb.TreePutRequest) (*pb.TreePutRes
 	return n.apply(r), nil
 }
 
-type tokListener struct {
-	net.Listener
-	n *tokNode
-}
-
-func (l tokListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.n.mu.Lock()
-		l.n.conns = append(l.n.conns, c)
-		l.n.mu.Unlock()
-	}
-	return c, err
-}
-
-func tokServe(t *testing.T, n *tokNode) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	pb.RegisterTreeServiceServer(s, n)
-	go s.Serve(tokListener{Listener: lis, n: n})
-	t.Cleanup(s.Stop)
-	return lis.Addr().String()
-}
+func tokServe(t *testing.T, n *tokNode) string { return serveStandIn(t, n, &n.standInConns) }
 
 // TestCLIPutUnderToken: `grove tree put` sends its write under a token and,
 // after an attempt whose answer was lost, sends it again to the next
