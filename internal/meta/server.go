@@ -295,12 +295,13 @@ func Open(cfg Config) (*Server, error) {
 		// loss: three nodes that never stopped on SIGTERM). Replication
 		// is then one AppendEntries (of a batch) at a time per follower;
 		// measured with `grove bench decree` (README).
-		t, err := raft.NewTCPTransportWithConfig(self.RaftAddr, addr, &raft.NetworkTransportConfig{
+		nt, err := raft.NewTCPTransportWithConfig(self.RaftAddr, addr, &raft.NetworkTransportConfig{
 			MaxPool: 3, Timeout: 5 * time.Second, Logger: hl, MaxRPCsInFlight: 1})
 		if err != nil {
 			store.Close()
 			return nil, fmt.Errorf("meta: listen for raft on %s: %w", self.RaftAddr, err)
 		}
+		t := &gatedTransport{NetworkTransport: nt}
 		trans = t
 		// A later step's failure closes the listener made here (a
 		// Transport the caller gave stays the caller's).
@@ -371,6 +372,10 @@ func (s *Server) Close() error {
 		c.Close()
 	}
 	err := f.Error()
+	// No heartbeat may touch the store once it is closed (gatedTransport).
+	if g, ok := s.trans.(*gatedTransport); ok {
+		g.fence()
+	}
 	if e := s.store.Close(); err == nil {
 		err = e
 	}
