@@ -507,11 +507,15 @@ func (x *TreePutRequest) GetToken() *TreeWriteToken {
 // that outcome (repeat) and changes nothing. Attempts are sent only while
 // the first send is younger than the token window (60 s).
 type TreeWriteToken struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Client        []byte                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`    // 16 random bytes, one per client process
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`         // unique per client
-	Attempt       uint32                 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"` // 1 for the first send
-	Stamp         int64                  `protobuf:"varint,4,opt,name=stamp,proto3" json:"stamp,omitempty"`     // the client's clock at the first send, in Unix nanoseconds
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Client  []byte                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`    // 16 random bytes, one per client process
+	Seq     uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`         // unique per client
+	Attempt uint32                 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"` // 1 for the first send
+	Stamp   int64                  `protobuf:"varint,4,opt,name=stamp,proto3" json:"stamp,omitempty"`     // the client's clock at the first send, in Unix nanoseconds
+	// Every write of this client numbered below floor has its answer or was
+	// given up, and is not sent again: a node may forget their completion
+	// records (0: the client says nothing). At most seq.
+	Floor         uint64 `protobuf:"varint,5,opt,name=floor,proto3" json:"floor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -570,6 +574,13 @@ func (x *TreeWriteToken) GetAttempt() uint32 {
 func (x *TreeWriteToken) GetStamp() int64 {
 	if x != nil {
 		return x.Stamp
+	}
+	return 0
+}
+
+func (x *TreeWriteToken) GetFloor() uint64 {
+	if x != nil {
+		return x.Floor
 	}
 	return 0
 }
@@ -1554,12 +1565,13 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12#\n" +
 	"\x04cond\x18\x04 \x01(\x0e2\x0f.grove.TreeCondR\x04cond\x12\x16\n" +
 	"\x06expect\x18\x05 \x01(\fR\x06expect\x12+\n" +
-	"\x05token\x18\x06 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"j\n" +
+	"\x05token\x18\x06 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"\x80\x01\n" +
 	"\x0eTreeWriteToken\x12\x16\n" +
 	"\x06client\x18\x01 \x01(\fR\x06client\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\rR\aattempt\x12\x14\n" +
-	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\"m\n" +
+	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\x12\x14\n" +
+	"\x05floor\x18\x05 \x01(\x04R\x05floor\"m\n" +
 	"\x0fTreePutResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +

@@ -35,6 +35,23 @@ package btree
 // cleared once past its time (now > Horizon + TokenWindow + 2·ClockSkew:
 // every write stamped at or below it is refused for age by then).
 //
+// Floors (RIFL's acknowledgement of answers). A client numbers its writes
+// and sends with each attempt its floor: the lowest sequence number among
+// its writes still waiting for an answer (so every write of it numbered
+// below has its answer, or was given up). When a tokened write commits in
+// a leaf, its client's records there numbered below the floor are dropped,
+// and the leaf keeps one Floor for that client in their place: an attempt
+// of the client numbered below it, with no record, is refused (it is a
+// stale duplicate of a write the client no longer waits for; the client
+// never sent it again, so its refusal reaches nobody). A floor lives as
+// long as the newest record it replaced would have (its Stamp), is evicted
+// for room as records are (raising the horizon to its Stamp), goes to both
+// halves of a split, and a merge keeps the higher of two. So a client
+// that keeps writing to a leaf keeps there about one record per write in
+// flight and one floor, where without floors its records stayed for the
+// whole token window and, on a busy leaf, were evicted first, raising the
+// horizon that refuses every late resend.
+//
 // A refusal (ErrTokenExpired) says only that this attempt did nothing and
 // that the write's record, if it had one, is gone. Whether the write did
 // nothing is for the client to say: it did if no other attempt of it was
@@ -73,8 +90,12 @@ const (
 	// never makes an image too big.
 	completionFixed = 2 + 16 + 8 + 8 + 8 + 1
 	doneOverhead    = 8 + 2 + 4
-	// maxDone bounds a leaf's records (the encoding's u16 count).
+	// maxDone bounds a leaf's records and floors (the encoding's u16
+	// count).
 	maxDone = 1<<16 - 1
+	// floorFlag marks a floor in the records section: a record with no
+	// key, whose Seq is the floor and Print zero.
+	floorFlag = 4
 )
 
 // Errors of tokened writes. Neither is ErrNotApplied: a tokened write is
@@ -87,6 +108,10 @@ var (
 	// may send it again under a new token; otherwise its outcome is
 	// unknown.
 	ErrTokenExpired = errors.New("btree: the write's token is too old, or its record was evicted (or it is stamped in the future): this attempt did nothing")
+	// ErrTokenFloor: the token's floor is above its own sequence number
+	// (a write waits for its own answer, so its floor is at most its
+	// number): nothing was done. A client defect.
+	ErrTokenFloor = errors.New("btree: the write token's floor is above its sequence number")
 	// ErrTokenReused: the token names another write (another operation,
 	// key, value, condition or stamp): nothing was done. A client defect.
 	ErrTokenReused = errors.New("btree: the write's token was used for another write")
@@ -101,6 +126,18 @@ type WriteToken struct {
 	// (the client's rule; diagnostic to the server, see ErrTokenExpired).
 	Attempt uint32
 	Stamp   int64 // the client's clock at the first send, in Unix nanoseconds
+	// Floor: every write of Client numbered below it has its answer or
+	// was given up, and is not sent again (0: the client says nothing).
+	// At most Seq. It may differ between attempts of one write.
+	Floor uint64
+}
+
+// Floor stands for the records of Client's writes numbered below Seq that
+// a leaf dropped (see "Floors" above). Stamp is the newest of their stamps.
+type Floor struct {
+	Client [16]byte
+	Seq    uint64
+	Stamp  int64
 }
 
 // Completion is a tokened write's completion record, kept in the leaf that
@@ -124,6 +161,7 @@ const (
 	unsafeDoneNoFailure                 // a failed condition leaves no record
 	unsafeDoneNoAge                     // no age check
 	unsafeDoneNoHorizon                 // eviction does not raise the horizon
+	unsafeDoneFloorForgets              // records dropped by a floor leave no floor
 )
 
 // Write kinds, for fingerprints.
@@ -155,7 +193,7 @@ func fingerprint(op byte, key, val []byte, cond Cond) uint64 {
 }
 
 // version2 reports whether n's image needs format version 2.
-func (n *Node) version2() bool { return len(n.Done) > 0 || n.Horizon != 0 }
+func (n *Node) version2() bool { return len(n.Done) > 0 || len(n.Floors) > 0 || n.Horizon != 0 }
 
 func (n *Node) doneSize() int {
 	if !n.version2() {
@@ -165,7 +203,7 @@ func (n *Node) doneSize() int {
 	for _, c := range n.Done {
 		s += completionFixed + len(c.Key)
 	}
-	return s
+	return s + len(n.Floors)*completionFixed
 }
 
 // appendDone appends the records section of the image that starts at
@@ -189,11 +227,20 @@ func (n *Node) appendDone(b []byte, start int) []byte {
 		}
 		b = append(b, f)
 	}
+	// Floors after the records, each as a record with no key.
+	for _, f := range n.Floors {
+		b = binary.LittleEndian.AppendUint16(b, 0)
+		b = append(b, f.Client[:]...)
+		b = binary.LittleEndian.AppendUint64(b, f.Seq)
+		b = binary.LittleEndian.AppendUint64(b, 0)
+		b = binary.LittleEndian.AppendUint64(b, uint64(f.Stamp))
+		b = append(b, floorFlag)
+	}
 	// The horizon and the count after the records, beside the offset: a
 	// record added or evicted changes the bytes around it and these (which
 	// a delta carries whole), not the section's start.
 	b = binary.LittleEndian.AppendUint64(b, uint64(n.Horizon))
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(n.Done)+len(n.Floors)))
 	return binary.LittleEndian.AppendUint32(b, uint32(off))
 }
 
@@ -235,8 +282,20 @@ func (r *reader) done(n *Node) {
 		if f == nil {
 			return
 		}
+		if f[0] == floorFlag {
+			if len(c.Key) != 0 || c.Print != 0 {
+				r.err = fmt.Errorf("completion record %d: a floor with a key or a fingerprint", i)
+				return
+			}
+			n.Floors = append(n.Floors, Floor{Client: c.Client, Seq: c.Seq, Stamp: c.Stamp})
+			continue
+		}
 		if f[0]&^3 != 0 {
 			r.err = fmt.Errorf("completion record %d: unknown flags %#x", i, f[0])
+			return
+		}
+		if len(n.Floors) > 0 {
+			r.err = fmt.Errorf("completion record %d after a floor", i)
 			return
 		}
 		c.Applied, c.Found = f[0]&1 != 0, f[0]&2 != 0
@@ -256,17 +315,25 @@ func (r *reader) done(n *Node) {
 	}
 }
 
-// checkDone: records only in a live leaf, for keys it covers, sorted by
-// key, each token once.
+// checkDone: records and floors only in a live leaf; records for keys it
+// covers, sorted by key, each token once; at most one floor per client,
+// none zero.
 func (n *Node) checkDone() error {
-	if len(n.Done) == 0 && n.Horizon == 0 {
+	if len(n.Done) == 0 && len(n.Floors) == 0 && n.Horizon == 0 {
 		return nil
 	}
 	if !n.Leaf() || n.Deleted {
-		return errors.New("completion records or a horizon in an internal or removed node")
+		return errors.New("completion records, floors or a horizon in an internal or removed node")
 	}
-	if len(n.Done) > maxDone {
-		return fmt.Errorf("%d completion records", len(n.Done))
+	if len(n.Done)+len(n.Floors) > maxDone {
+		return fmt.Errorf("%d completion records and %d floors", len(n.Done), len(n.Floors))
+	}
+	floors := make(map[[16]byte]bool, len(n.Floors))
+	for i, f := range n.Floors {
+		if f.Seq == 0 || floors[f.Client] {
+			return fmt.Errorf("floor %d: zero, or a second floor of one client", i)
+		}
+		floors[f.Client] = true
 	}
 	// (A token reused for keys of two leaves is refused only within one
 	// leaf: a merge may bring two records of it together, each of its key.)
@@ -313,14 +380,89 @@ func (n *Node) addDone(c Completion) {
 	n.Done = insertAt(n.Done, i, c)
 }
 
+// floorOf returns the index of client's floor in n, or -1.
+func (n *Node) floorOf(client [16]byte) int {
+	for i := range n.Floors {
+		if n.Floors[i].Client == client {
+			return i
+		}
+	}
+	return -1
+}
+
+// raiseFloor applies a tokened write's floor to n, a new image that
+// records the write's outcome: the client's records numbered below the
+// floor give way to one floor. It returns the number of records dropped.
+// A client's floor with no record to drop and no floor in n yet is not
+// kept: no attempt that could apply here is below it, since an answered
+// write's record is in its key's leaf.
+func (t *Tree) raiseFloor(n *Node, tok *WriteToken) int {
+	if tok.Floor == 0 {
+		return 0
+	}
+	j := n.floorOf(tok.Client)
+	stamp, dropped := int64(0), 0
+	keep := n.Done[:0:0]
+	for _, c := range n.Done {
+		if c.Client == tok.Client && c.Seq < tok.Floor {
+			stamp = max(stamp, c.Stamp)
+			dropped++
+			continue
+		}
+		keep = append(keep, c)
+	}
+	if dropped == 0 && j < 0 {
+		return 0
+	}
+	n.Done = keep
+	if len(n.Done) == 0 {
+		n.Done = nil
+	}
+	if t.unsafeDone == unsafeDoneFloorForgets {
+		return dropped
+	}
+	if j < 0 {
+		n.Floors = append(n.Floors, Floor{Client: tok.Client, Seq: tok.Floor, Stamp: stamp})
+	} else {
+		f := &n.Floors[j]
+		f.Seq, f.Stamp = max(f.Seq, tok.Floor), max(f.Stamp, stamp)
+	}
+	return dropped
+}
+
+// mergeFloors is the floors of a merge of two leaves: per client, the
+// higher floor, kept as long as the longer-lived.
+func mergeFloors(a, b []Floor) []Floor {
+	out := append([]Floor(nil), a...)
+next:
+	for _, f := range b {
+		for i := range out {
+			if out[i].Client == f.Client {
+				out[i].Seq, out[i].Stamp = max(out[i].Seq, f.Seq), max(out[i].Stamp, f.Stamp)
+				continue next
+			}
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 // splitDone gives r (the upper half of a split or rebalance, from key
 // r.Low on) the records of n at or above r.Low, and both halves the
-// horizon. n and r are new images (their Done slices are their own).
-func splitDone(all []Completion, horizon int64, l, r *Node) {
+// horizon and the floors (a floor is a client's, not a key's). n and r
+// are new images (their Done slices are their own).
+func splitDone(all []Completion, floors []Floor, horizon int64, l, r *Node) {
 	i := sort.Search(len(all), func(i int) bool { return bytes.Compare(all[i].Key, r.Low) >= 0 })
 	l.Done = append([]Completion(nil), all[:i]...)
 	r.Done = append([]Completion(nil), all[i:]...)
 	l.Horizon, r.Horizon = horizon, horizon
+	l.Floors, r.Floors = nil, nil
+	if len(floors) > 0 {
+		l.Floors, r.Floors = append([]Floor(nil), floors...), append([]Floor(nil), floors...)
+	}
 	if len(l.Done) == 0 {
 		l.Done = nil
 	}
@@ -329,18 +471,18 @@ func splitDone(all []Completion, horizon int64, l, r *Node) {
 	}
 }
 
-// trimDone makes n's image fit size: records past their time are
-// dropped (now > Stamp + window + 2·skew), and so is a horizon past its
-// time; then the oldest records are evicted, raising the horizon, until it
-// fits. Entries are never touched: a caller only trims an image whose
-// entries fit (fits counts a horizon's bytes).
+// trimDone makes n's image fit size: records and floors past their time
+// are dropped (now > Stamp + window + 2·skew), and so is a horizon past
+// its time; then the oldest records and floors are evicted, raising the
+// horizon, until it fits. Entries are never touched: a caller only trims
+// an image whose entries fit (fits counts a horizon's bytes).
 func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped, evicted int) {
 	life := int64(window) + 2*int64(skew)
 	if n.Horizon != 0 && now > n.Horizon+life {
 		n.Horizon = 0
 	}
-	if len(n.Done) == 0 {
-		n.Done = nil
+	if len(n.Done) == 0 && len(n.Floors) == 0 {
+		n.Done, n.Floors = nil, nil
 		return 0, 0
 	}
 	keep := n.Done[:0:0]
@@ -352,37 +494,57 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 		keep = append(keep, c)
 	}
 	n.Done = keep
+	keepF := n.Floors[:0:0]
+	for _, f := range n.Floors {
+		if now > f.Stamp+life {
+			dropped++
+			continue
+		}
+		keepF = append(keepF, f)
+	}
+	n.Floors = keepF
 	over := n.Size() - size
 	if over > 0 {
 		// Evict down to three quarters of the records' room, not just
 		// below it: the next puts then only add records (small deltas,
 		// delta.go), and one evicts a batch.
-		rec := 0
+		rec := len(n.Floors) * completionFixed
 		for _, c := range n.Done {
 			rec += completionFixed + len(c.Key)
 		}
 		room := size - (n.Size() - rec)
 		over = rec - room*3/4
 	}
-	if len(n.Done) > maxDone || over > 0 {
-		order := make([]int, len(n.Done))
+	if len(n.Done)+len(n.Floors) > maxDone || over > 0 {
+		// Records (i < len(n.Done)) and floors (the rest), oldest first.
+		nd := len(n.Done)
+		stamp := func(i int) int64 {
+			if i < nd {
+				return n.Done[i].Stamp
+			}
+			return n.Floors[i-nd].Stamp
+		}
+		order := make([]int, nd+len(n.Floors))
 		for i := range order {
 			order[i] = i
 		}
-		sort.SliceStable(order, func(a, b int) bool { return n.Done[order[a]].Stamp < n.Done[order[b]].Stamp })
-		gone := make([]bool, len(n.Done))
-		left := len(n.Done)
+		sort.SliceStable(order, func(a, b int) bool { return stamp(order[a]) < stamp(order[b]) })
+		gone := make([]bool, len(order))
+		left := len(order)
 		for _, i := range order {
 			if over <= 0 && left <= maxDone {
 				break
 			}
-			c := n.Done[i]
 			gone[i] = true
 			left--
 			evicted++
-			over -= completionFixed + len(c.Key)
-			if c.Stamp > n.Horizon {
-				n.Horizon = c.Stamp
+			if i < nd {
+				over -= completionFixed + len(n.Done[i].Key)
+			} else {
+				over -= completionFixed
+			}
+			if st := stamp(i); st > n.Horizon {
+				n.Horizon = st
 			}
 		}
 		keep := n.Done[:0:0]
@@ -391,10 +553,19 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 				keep = append(keep, c)
 			}
 		}
-		n.Done = keep
+		keepF := n.Floors[:0:0]
+		for i, f := range n.Floors {
+			if !gone[nd+i] {
+				keepF = append(keepF, f)
+			}
+		}
+		n.Done, n.Floors = keep, keepF
 	}
 	if len(n.Done) == 0 {
 		n.Done = nil
+	}
+	if len(n.Floors) == 0 {
+		n.Floors = nil
 	}
 	return dropped, evicted
 }
@@ -431,13 +602,19 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteTo
 	// whose clock is far ahead from pinning records for long.
 	future := tok.Stamp > now+2*int64(t.cfg.clockSkew)
 	horizon := tok.Stamp <= n.Horizon
-	if future || old || horizon {
+	floored := false
+	if j := n.floorOf(tok.Client); j >= 0 && tok.Seq < n.Floors[j].Seq {
+		floored = true
+	}
+	if future || old || horizon || floored {
 		t.Stats.TokensRefused.Add(1)
 		switch {
 		case future:
 			t.Stats.RefusedFuture.Add(1)
 		case old:
 			t.Stats.RefusedOld.Add(1)
+		case floored:
+			t.Stats.RefusedFloor.Add(1)
 		default:
 			t.Stats.RefusedHorizon.Add(1)
 		}

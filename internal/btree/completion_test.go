@@ -296,6 +296,9 @@ func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, 
 	cfg := Config{MaxFanout: 6, Grace: time.Millisecond, Underfull: comp.underfull}
 	tr, s, clk := newTokTree(t, cfg)
 	tr.unsafeDone = unsafe
+	// Half the seeds carry floors (completion.go): late attempts below
+	// one are refused where a leaf keeps it.
+	floors := seed%2 == 0 || unsafe == unsafeDoneFloorForgets
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -386,6 +389,12 @@ func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, 
 				}
 				key := []byte(fmt.Sprintf("k%03d", r.Intn(60))) // shared by every worker
 				op := &tokOp{tok: WriteToken{Client: [16]byte{byte(w + 1)}, Seq: uint64(i + 1), Stamp: clk.now()}, key: key}
+				if floors {
+					// The worker waits for no earlier write: each
+					// is answered or given up (its late attempts are
+					// stale duplicates).
+					op.tok.Floor = uint64(i + 1)
+				}
 				switch x := r.Intn(100); {
 				case x < 35:
 					op.val = []byte(fmt.Sprintf("%d.%d", w, i))
@@ -462,8 +471,9 @@ func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, 
 			return fmt.Sprintf("seed %d: key %q = %q in the tree, %q (%v) by the commits", seed, k, sh.Vals[i], v, ok), ""
 		}
 	}
-	return "", fmt.Sprintf("%d writes, %d repeats, %d late attempts, %d splits, %d merges, %d rebalances, %d records evicted",
-		len(byTok), repeats.Load(), lateDelivered.Load(), tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(), tr.Stats.RecordsEvicted.Load())
+	return "", fmt.Sprintf("%d writes (floors: %v), %d repeats, %d late attempts, %d splits, %d merges, %d rebalances, %d records evicted, %d dropped below a floor, %d attempts refused below one",
+		len(byTok), floors, repeats.Load(), lateDelivered.Load(), tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(), tr.Stats.RecordsEvicted.Load(),
+		tr.Stats.RecordsFloored.Load(), tr.Stats.RefusedFloor.Load())
 }
 
 func tokSeeds(t *testing.T, def int) int {
@@ -507,6 +517,7 @@ func TestTokenedWritesTeeth(t *testing.T) {
 		{"merge drops records", unsafeDoneMergeDrops},
 		{"rebalance drops moved records", unsafeDoneRebalanceDrops},
 		{"failed condition unrecorded", unsafeDoneNoFailure},
+		{"records dropped below a floor leave none", unsafeDoneFloorForgets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for i := 0; i < 20; i++ {

@@ -104,6 +104,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		// its entries, and the pair's horizon is the larger.
 		if t.unsafeDone != unsafeDoneMergeDrops {
 			m.Done = append(m.Done, b.Done...)
+			m.Floors = mergeFloors(a.Floors, b.Floors)
 		}
 		m.Horizon = max(a.Horizon, b.Horizon)
 	}
@@ -152,7 +153,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	na.High, nb.Low = sep, sep
 	if a.Leaf() {
 		// Keys move across the separator: so do their records.
-		splitDone(m.Done, m.Horizon, na, nb)
+		splitDone(m.Done, m.Floors, m.Horizon, na, nb)
 		if t.unsafeDone == unsafeDoneRebalanceDrops {
 			na.Done, nb.Done = keepOwn(na.Done, a.Done), keepOwn(nb.Done, b.Done)
 		}

@@ -26,7 +26,12 @@ func sampleImages() [][]byte {
 		{Key: []byte("b"), Client: [16]byte{1, 2, 3}, Seq: 7, Print: 0xfeed, Stamp: 55, Applied: true},
 		{Key: []byte("bb"), Client: [16]byte{9}, Seq: 1, Print: 3, Stamp: 60, Found: true},
 		{Key: []byte("c"), Client: [16]byte{1, 2, 3}, Seq: 8, Print: 4, Stamp: 61, Applied: true, Found: true}}
-	return [][]byte{leaf.Encode(nil), inner.Encode(nil), gone.Encode(nil), ext.Encode(nil), done.Encode(nil), a.Encode(nil)}
+	// Floors (after the records), with and without records.
+	floors := done.Clone()
+	floors.Floors = []Floor{{Client: [16]byte{1, 2, 3}, Seq: 7, Stamp: 50}, {Client: [16]byte{4}, Seq: 2, Stamp: 12}}
+	onlyFloor := leaf.Clone()
+	onlyFloor.Floors = []Floor{{Client: [16]byte{5}, Seq: 9, Stamp: 70}}
+	return [][]byte{leaf.Encode(nil), inner.Encode(nil), gone.Encode(nil), ext.Encode(nil), done.Encode(nil), floors.Encode(nil), onlyFloor.Encode(nil), a.Encode(nil)}
 }
 
 // FuzzDecodeValue: any bytes either decode, as a value chunk, to the value

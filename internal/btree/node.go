@@ -85,6 +85,9 @@ type Node struct {
 	// images: a node without them is written as version 1.
 	Done    []Completion
 	Horizon int64
+	// Floors: the floors of clients whose records below them this leaf
+	// dropped (completion.go), in no order; also only in version 2.
+	Floors []Floor
 }
 
 // Garbage is a removed node waiting for the end of its grace period: no
@@ -116,6 +119,7 @@ func (n *Node) Clone() *Node {
 		c.Ext = append([]bool(nil), n.Ext...)
 	}
 	c.Done = append([]Completion(nil), n.Done...)
+	c.Floors = append([]Floor(nil), n.Floors...)
 	if n.Leaf() {
 		c.Kids = nil
 	} else {

@@ -101,7 +101,8 @@ type ServiceConfig struct {
 	// a new server.
 	OnFail func(inc uint64, err error)
 	// TokensOn, if set, replaces the check that every registered node
-	// keeps completion records (FeatureDone), for tests.
+	// keeps completion records (FeatureDone) and reads floors
+	// (FeatureFloors), for tests.
 	TokensOn func() bool
 }
 
@@ -453,6 +454,13 @@ func notApplied(code codes.Code, msg string) error { return NotAppliedError(code
 // reads no version 2 leaf. A node of such a build must not join after.
 const FeatureDone = "btree.completion-records"
 
+// FeatureFloors, in a node's membership record, says that its build reads
+// floors in leaves (completion.go): a token's floor is applied only once
+// every registered node says it (a build from before refuses a leaf with
+// one as undecodable), and ignored before. A node of such a build must not
+// join after.
+const FeatureFloors = "btree.completion-floors"
+
 // ReasonError is a gRPC error of code carrying reason.
 func ReasonError(code codes.Code, msg, reason string) error {
 	return treecall.ReasonError(code, msg, reason)
@@ -726,9 +734,23 @@ func (s *Service) writeToken(t *pb.TreeWriteToken) (*WriteToken, error) {
 	if !s.tokensOn() {
 		return nil, ReasonError(codes.FailedPrecondition, "btree: tokened writes are off until every registered node runs a build that keeps their records", TokensOff)
 	}
+	if t.Floor > t.Seq {
+		return nil, status.Errorf(codes.InvalidArgument, "%v (%d > %d)", ErrTokenFloor, t.Floor, t.Seq)
+	}
 	tok := &WriteToken{Seq: t.Seq, Attempt: t.Attempt, Stamp: t.Stamp}
+	if s.floorsOn() {
+		tok.Floor = t.Floor
+	}
 	copy(tok.Client[:], t.Client)
 	return tok, nil
+}
+
+// floorsOn: every registered node reads floors (FeatureFloors).
+func (s *Service) floorsOn() bool {
+	if s.cfg.TokensOn != nil {
+		return s.cfg.TokensOn()
+	}
+	return s.book != nil && s.book.All(FeatureFloors)
 }
 
 // tokensOn: every registered node keeps completion records (FeatureDone).

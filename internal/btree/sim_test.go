@@ -171,6 +171,7 @@ type simWorld struct {
 	// first that was); tokRepeats the answers from records, tokRetried
 	// the writes answered after an attempt of unknown outcome.
 	tokens                 bool
+	floors                 bool // tokened writes carry their client's floor
 	tokDurable             map[WriteToken]int
 	tokBad                 string
 	tokRepeats, tokRetried int
@@ -845,6 +846,13 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 			} else if call.Tokened {
 				tk := tok
 				tk.Attempt = call.Attempt()
+				if w.floors {
+					// Each client sends one write at a time: every
+					// write before this one has its answer or was
+					// given up (its first number is below every
+					// number of this one).
+					tk.Floor = uint64(i+1) * seqs
+				}
 				cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true}
 				if in.Kind == "put" {
 					r, err = s.tree.PutOnce(actx, []byte(in.Key), []byte(in.Val), cond, &tk)
@@ -891,6 +899,9 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 			if call.Tokened && (w.rand(4) == 0 || w.skewTeeth) {
 				tk := tok
 				tk.Attempt = call.Attempt()
+				if w.floors {
+					tk.Floor = uint64(i+1) * seqs
+				}
 				w.duplicate(in, tk, r)
 			}
 			return
@@ -1025,7 +1036,7 @@ func (w *simWorld) duplicate(in kvIn, tok WriteToken, first Result) {
 // tokenDurable is every tree's onDurable: a tokened write's outcome
 // committed durably twice is an oracle failure.
 func (w *simWorld) tokenDurable(tok WriteToken) {
-	tok.Attempt = 0
+	tok.Attempt, tok.Floor = 0, 0
 	w.mu.Lock()
 	w.tokDurable[tok]++
 	n := w.tokDurable[tok]
@@ -1293,6 +1304,7 @@ type simResult struct {
 	agingSeeds, tokExpired, recordsAged                          int // seeds whose records aged; attempts refused (ErrTokenExpired); records dropped for age
 	tokLost                                                      int // tokened attempts' answers lost
 	refusedOld, refusedFuture, refusedHorizon                    int // the servers' refusals: past the window, stamped in the future, at or below a horizon
+	floorSeeds, recordsFloored, refusedFloor                     int // seeds whose clients send floors; records dropped below a floor; attempts refused below one
 	closes, closeFailed                                          int // clean closes; those that failed (leases left to a recovery)
 	valueWrites, valuesFreed, loggedFrees                        int
 	runRenewals                                                  int // recovery runs' renewed tokens
@@ -1331,6 +1343,7 @@ const (
 	teethDeltaAcrossWriteBack             // deltas go on across write-backs: no whole image first (delta.go's rule)
 	teethTokenSplitDrops                  // tokened writes, and a split's new node gets no completion records
 	teethClockSkew                        // tokened writes aging, the servers' clocks off by 4 times the trees' bound
+	teethFloorForgets                     // tokened writes with floors, and records dropped below a floor leave no floor
 	logFreesOnly                          // (not teeth) updates leave the old value's free to their change's free record
 )
 
@@ -1807,6 +1820,34 @@ func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
 // mark succeeded; then, all operations over, the tree's chunks are freed
 // as FinishDrops frees them, and none is left but those a dead server
 // leaked.
+// checkLinearizable checks a history with porcupine; with GROVE_SIM_DUMP
+// set, a failure's history, the events and porcupine's visualization go to
+// /tmp/btree-sim-SEED.txt(.html), and its explanation to the test's log.
+func (w *simWorld) checkLinearizable(t testing.TB, ops []porcupine.Operation, unknown int) error {
+	check, info := porcupine.CheckOperationsVerbose(kvModel, ops, 30*time.Second)
+	if check == porcupine.Ok {
+		return nil
+	}
+	if check == porcupine.Unknown {
+		return fmt.Errorf("porcupine timed out on %d operations, %d of unknown outcome", len(ops), unknown)
+	}
+	if os.Getenv("GROVE_SIM_DUMP") != "" {
+		for _, l := range lincheck.Explain(ops, 10*time.Second) {
+			t.Log(l)
+		}
+		w.events.Lock()
+		events := append([]string(nil), w.events.lines...)
+		w.events.Unlock()
+		path := fmt.Sprintf("/tmp/btree-sim-%d.txt", w.seed)
+		if err := lincheck.WriteFailure(path, ops, info, events); err == nil {
+			t.Logf("the history and the events are in %s, the visualization in %s.html", path, path)
+		} else {
+			t.Logf("writing the history out: %v", err)
+		}
+	}
+	return fmt.Errorf("history of %d operations is not linearizable (GROVE_SIM_DUMP=1 writes it out)", len(ops))
+}
+
 func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (simResult, error) {
 	if w.droppedAt.Load() == 0 { // (the load ended first: drop it now)
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -1828,8 +1869,8 @@ func (w *simWorld) finishDrop(ctx context.Context, h *history, res simResult) (s
 	}
 	ops := h.Ops()
 	res.ops = len(ops)
-	if check := porcupine.CheckOperations(kvModel, ops); !check {
-		return res, fmt.Errorf("history of %d operations is not linearizable", len(ops))
+	if err := w.checkLinearizable(w.t, ops, res.unknown); err != nil {
+		return res, err
 	}
 	if n := w.afterDrop.Load(); n > 0 {
 		return res, fmt.Errorf("%d operations began after the drop's mark and succeeded; the first: %v", n, w.afterDropFirst.Load())
@@ -2039,7 +2080,10 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	defer w.guard("the run") // (runs before the one above)
 	w.ignoreLeaseTime = teeth == teethLeaseTime
 	w.readPastLease = teeth == teethReadPastLease
-	w.tokens = teeth == teethNone && (seed/2)%2 == 0 || teeth == teethTokenSplitDrops || teeth == teethClockSkew
+	w.tokens = teeth == teethNone && (seed/2)%2 == 0 || teeth == teethTokenSplitDrops || teeth == teethClockSkew || teeth == teethFloorForgets
+	// Clients send floors in three quarters of the tokened seeds (the
+	// rest: a cluster with a node of a build before floors).
+	w.floors = w.tokens && (seed/8)%4 != 0 || teeth == teethFloorForgets
 	w.aging = w.tokens && (seed/4)%2 == 0 && teeth == teethNone || teeth == teethClockSkew
 	if w.aging {
 		w.skewBy = simSkew
@@ -2053,6 +2097,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	w.tokDurable = map[WriteToken]int{}
 	if teeth == teethTokenSplitDrops {
 		w.unsafeDone = unsafeDoneSplitDrops
+	}
+	if teeth == teethFloorForgets {
+		w.unsafeDone = unsafeDoneFloorForgets
 	}
 	w.pauseMidReadOneIn = 400
 	if w.readPastLease {
@@ -2183,12 +2230,17 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	if w.aging {
 		res.agingSeeds = 1
 	}
+	if w.floors {
+		res.floorSeeds = 1
+	}
 	for _, s := range w.every {
 		if s.tree != nil {
 			res.recordsAged += int(s.tree.Stats.RecordsDropped.Load())
 			res.refusedOld += int(s.tree.Stats.RefusedOld.Load())
 			res.refusedFuture += int(s.tree.Stats.RefusedFuture.Load())
 			res.refusedHorizon += int(s.tree.Stats.RefusedHorizon.Load())
+			res.recordsFloored += int(s.tree.Stats.RecordsFloored.Load())
+			res.refusedFloor += int(s.tree.Stats.RefusedFloor.Load())
 		}
 	}
 	res.closes, res.closeFailed = w.closes, w.closeFailed
@@ -2198,24 +2250,8 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 	res.failovers, res.allRuns = w.locks.failovers, w.locks.allRuns
 	res.aborted = w.aborted
 	w.locks.mu.Unlock()
-	check, info := porcupine.CheckOperationsVerbose(kvModel, ops, 30*time.Second)
-	if check != porcupine.Ok {
-		if check == porcupine.Unknown {
-			return res, fmt.Errorf("porcupine timed out on %d operations, %d of unknown outcome", res.ops, res.unknown)
-		}
-		if os.Getenv("GROVE_SIM_DUMP") != "" {
-			for _, l := range lincheck.Explain(ops, 10*time.Second) {
-				t.Log(l)
-			}
-			w.events.Lock()
-			events := append([]string(nil), w.events.lines...)
-			w.events.Unlock()
-			path := fmt.Sprintf("/tmp/btree-sim-%d.txt", seed)
-			if err := lincheck.WriteFailure(path, ops, info, events); err == nil {
-				t.Logf("the history and the events are in %s, the visualization in %s.html", path, path)
-			}
-		}
-		return res, fmt.Errorf("history of %d operations is not linearizable (GROVE_SIM_DUMP=1 writes it out)", len(ops))
+	if err := w.checkLinearizable(t, ops, res.unknown); err != nil {
+		return res, err
 	}
 	// Quiesce and walk the chunks: structure, keys equal to the final
 	// reads, no chunk leaked but by a server that died.
@@ -2428,6 +2464,9 @@ func TestSimTree(t *testing.T) {
 		total.refusedOld += r.refusedOld
 		total.refusedFuture += r.refusedFuture
 		total.refusedHorizon += r.refusedHorizon
+		total.floorSeeds += r.floorSeeds
+		total.recordsFloored += r.recordsFloored
+		total.refusedFloor += r.refusedFloor
 		total.aborted += r.aborted
 		total.failovers += r.failovers
 		total.allRuns += r.allRuns
@@ -2472,6 +2511,8 @@ func TestSimTree(t *testing.T) {
 		first, first+int64(n)-1, total.ops, total.unknown, total.leftOut, total.notApplied, total.kills, total.restarts, total.aborted, total.disrupts, total.expired, total.resigned, total.failovers, total.allRuns, total.late, total.refused, total.splits, total.merges, total.valueWrites, total.valuesFreed, total.runRenewals)
 	t.Logf("tokened writes (%d seeds): %d answers lost after the attempt took effect (resent); %d writes answered from their record, %d answered after an attempt of unknown outcome; %d late duplicates of answered attempts, %d of them answered from the record (none applied again: no outcome committed durably twice)",
 		total.tokSeeds, total.tokLost, total.tokRepeats, total.tokRetried, total.tokDups, total.tokDupRepeats)
+	t.Logf("floors (%d seeds): %d records dropped below their client's floor; %d attempts refused below one (late duplicates)",
+		total.floorSeeds, total.recordsFloored, total.refusedFloor)
 	t.Logf("records aging (%d seeds: a %v token window, servers' and clients' clocks up to %v off): %d records dropped for age; %d attempts refused (%d past the window, %d stamped in the future, %d at or below a horizon)",
 		total.agingSeeds, simWindow, simSkew, total.recordsAged, total.tokExpired, total.refusedOld, total.refusedFuture, total.refusedHorizon)
 	if total.refusedFuture > 0 {
@@ -2479,7 +2520,7 @@ func TestSimTree(t *testing.T) {
 		// 2·simSkew of each other: review 52's bound.)
 		t.Fatalf("%d tokened attempts refused as stamped in the future, with every clock within the bound", total.refusedFuture)
 	}
-	if n >= 50 && (total.tokSeeds == 0 || total.tokDupRepeats == 0 || total.tokRepeats == 0 || total.recordsAged == 0 || total.refusedOld == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
+	if n >= 50 && (total.tokSeeds == 0 || total.recordsFloored == 0 || total.refusedFloor == 0 || total.tokDupRepeats == 0 || total.tokRepeats == 0 || total.recordsAged == 0 || total.refusedOld == 0 || total.kills == 0 || total.late == 0 || total.splits == 0 || total.expired == 0 || total.resigned == 0 || total.notApplied == 0 || total.valueWrites == 0 || total.valuesFreed == 0 || total.aborted == 0 || total.allRuns == 0 || total.closes == 0 || total.strays == 0 || total.deltas == 0 || total.torn == 0 || total.created == 0 || total.createErrs == 0 || total.dirLost == 0 || total.createExists == 0 ||
 		total.drops == 0 || total.dropDied == 0 || total.settled+total.settledListed == 0 || total.settledListed == 0 || total.dropsFinished == 0) {
 		t.Fatal("the faults or the workload did not happen: the simulation tests too little")
 	}
@@ -2560,6 +2601,18 @@ func TestSimTeethReadPastLease(t *testing.T) {
 func TestSimTeethClockSkew(t *testing.T) {
 	expectTeeth(t, "clocks off past the bound", 40, func(seed int64) error {
 		_, err := runSim(t, seed, teethClockSkew, 40)
+		return err
+	}, "tokened writes:")
+}
+
+// TestSimTeethFloorForgets: with floors, a leaf that drops a client's
+// records below its floor but keeps no floor in their place is caught: a
+// late duplicate of an answered attempt finds neither record nor floor and
+// applies again (its outcome committed durably twice, or answered as a
+// new write).
+func TestSimTeethFloorForgets(t *testing.T) {
+	expectTeeth(t, "floors forgotten", 40, func(seed int64) error {
+		_, err := runSim(t, seed, teethFloorForgets, 40)
 		return err
 	}, "tokened writes:")
 }

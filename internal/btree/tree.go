@@ -158,11 +158,12 @@ type Stats struct {
 	// and maybe named by nothing.
 	ValuesFreed, ValueLeaks, ValueUnsettled atomic.Uint64
 	// Tokened writes (completion.go): answered from their record;
-	// refused (for age, a stamp from the future, or the horizon: the
-	// three after it); records dropped for age, and evicted for room.
-	Repeats, TokensRefused                    atomic.Uint64
-	RefusedOld, RefusedFuture, RefusedHorizon atomic.Uint64
-	RecordsDropped, RecordsEvicted            atomic.Int64
+	// refused (for age, a stamp from the future, the horizon, or below
+	// their client's floor: the four after it); records (and floors)
+	// dropped for age, evicted for room, and dropped below a floor.
+	Repeats, TokensRefused                                  atomic.Uint64
+	RefusedOld, RefusedFuture, RefusedHorizon, RefusedFloor atomic.Uint64
+	RecordsDropped, RecordsEvicted, RecordsFloored          atomic.Int64
 }
 
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
@@ -827,6 +828,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			// The failure is an outcome too: recorded, so that an
 			// earlier attempt arriving later does not apply.
 			nn := n.Clone()
+			t.Stats.RecordsFloored.Add(int64(t.raiseFloor(nn, tok)))
 			nn.addDone(t.completion(key, tok, print, false, found))
 			t.trimDone(nn)
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, nil)
@@ -849,6 +851,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		nn := n.Clone()
 		change(nn, i, found)
 		if tok != nil {
+			t.Stats.RecordsFloored.Add(int64(t.raiseFloor(nn, tok)))
 			nn.addDone(t.completion(key, tok, print, true, found))
 		}
 		// The value chunk the change stops naming is freed by the
@@ -916,7 +919,7 @@ func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Han
 	nn.Keys = nn.Keys[:mid:mid]
 	nn.High, nn.HighInf, nn.Right = r.Low, false, rh
 	if nn.Leaf() {
-		splitDone(nn.Done, nn.Horizon, nn, r)
+		splitDone(nn.Done, nn.Floors, nn.Horizon, nn, r)
 		if t.unsafeDone == unsafeDoneSplitDrops {
 			r.Done = nil
 		}

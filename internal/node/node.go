@@ -482,7 +482,7 @@ func (n *Node) registered(ctx context.Context) (fd.Incarnation, error) {
 // registered incarnations.
 func (n *Node) register(ctx context.Context, inc fd.Incarnation) error {
 	rec := &pb.Node{Id: n.cfg.ID, GrpcAddr: n.cfg.GRPCAddr, BeaconAddr: n.cfg.BeaconAddr, RaftAddr: n.cfg.RaftAddr,
-		Roles: n.cfg.Roles, Disks: n.cfg.Disks, Incarnation: uint64(inc), Features: []string{rldev.FeatureSeqConns, btree.FeatureDone}}
+		Roles: n.cfg.Roles, Disks: n.cfg.Disks, Incarnation: uint64(inc), Features: []string{rldev.FeatureSeqConns, btree.FeatureDone, btree.FeatureFloors}}
 	err := meta.RegisterNode(ctx, n.client, rec)
 	if errors.Is(err, meta.ErrOldIncarnation) {
 		return errors.Join(fd.ErrIncarnationTaken, err)
