@@ -2,11 +2,15 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -51,8 +55,25 @@ func StartInProcess(dir string, n int) (*InProcessCluster, error) {
 	return StartCluster(dir, n, ClusterOptions{})
 }
 
-// StartCluster starts n nodes under dir as o says.
+// StartCluster starts n nodes under dir as o says. A start that lost a
+// port to another process between its check and its bind (ports.Free:
+// packages' tests run side by side) is made again on new ports, from empty
+// node directories, up to three times.
 func StartCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error) {
+	for try := 1; ; try++ {
+		c, err := startCluster(dir, n, o)
+		if err == nil || try == 3 || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			return c, err
+		}
+		for i := 0; i < n; i++ {
+			if err := os.RemoveAll(filepath.Join(dir, fmt.Sprintf("node-%d", i+1))); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+func startCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error) {
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err

@@ -20,7 +20,8 @@ import (
 const lo, hi = 20000, 32000
 
 // Free returns n distinct ports on 127.0.0.1, chosen at random in
-// [20000, 32000) and each free when checked (bound and closed). Another
+// [20000, 32000) and each free when checked (bound for TCP and for UDP,
+// and closed). Another
 // process that picks ports the same way can still take one before its
 // owner binds it, rarely: callers that start clusters retry on
 // "address already in use".
@@ -41,6 +42,14 @@ func Free(n int) ([]int, error) {
 			continue
 		}
 		l.Close()
+		// Some are bound for UDP too (a node's failure-detector beacon):
+		// one taken there is not free either (seen in CI: "listen udp
+		// 127.0.0.1:20663: bind: address already in use").
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		u.Close()
 		out = append(out, p)
 	}
 	return out, nil
