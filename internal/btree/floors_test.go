@@ -20,10 +20,11 @@ func floorTok(client byte, seq uint64, attempt uint32, stamp int64, floor uint64
 }
 
 // TestTokenFloors: a client that writes one key over and over, each write
-// carrying its floor, keeps about one record in the leaf (where without
-// floors its records piled up until evicted), another client's records
-// stay, and a late duplicate of an answered write is refused below the
-// floor. The teeth (records dropped, no floor kept): it applies again.
+// carrying its floor, has its records dropped in batches once they take
+// half the leaf's room, none evicted (where without floors they piled up
+// until evicted), another client's record stays, and a late duplicate of
+// an answered write is refused below the floor. The teeth (records
+// dropped, no floor kept): it applies again.
 func TestTokenFloors(t *testing.T) {
 	for _, teeth := range []bool{false, true} {
 		ctx := context.Background()
@@ -59,8 +60,8 @@ func TestTokenFloors(t *testing.T) {
 			}
 			continue
 		}
-		if got := tr.Stats.RecordsFloored.Load(); got != n-1 {
-			t.Fatalf("%d records dropped below the floor, want %d", got, n-1)
+		if got := tr.Stats.RecordsFloored.Load(); got < n/2 {
+			t.Fatalf("%d records dropped below the floor of %d writes", got, n)
 		}
 		if got := tr.Stats.RecordsEvicted.Load(); got != 0 {
 			t.Fatalf("%d records evicted", got)
@@ -87,8 +88,8 @@ func TestTokenFloors(t *testing.T) {
 		if _, err := tr.PutOnce(ctx, []byte("hot"), []byte("y"), Cond{}, floorTok(3, 1, 1, clk.now(), 1)); err != nil {
 			t.Fatal(err)
 		}
-		if got := tr.Stats.RecordsDropped.Load() - dropped; got != 3 {
-			t.Fatalf("past their life, %d records and floors dropped, want 3 (client 1's last record and floor, client 2's record)", got)
+		if got := tr.Stats.RecordsDropped.Load() - dropped; got < 3 {
+			t.Fatalf("past their life, %d records and floors dropped, want at least 3 (client 1's last records and floor, client 2's record)", got)
 		}
 	}
 }
@@ -106,15 +107,21 @@ func TestTokenFloorsSplitMerge(t *testing.T) {
 			applied[tk.Seq]++
 		}
 	}
-	// Client 1 writes "y" (write 1), then "a" with floor 2: the one leaf
-	// drops write 1's record and keeps a floor.
+	// Client 1 writes "y" (write 1), then "a" until its records take
+	// half the one leaf's room: the leaf drops them, write 1's too, and
+	// keeps a floor.
 	s1 := clk.now()
 	if _, err := tr.PutOnce(ctx, []byte("y"), []byte("1"), Cond{}, floorTok(1, 1, 1, s1, 1)); err != nil {
 		t.Fatal(err)
 	}
-	clk.ns.Add(1000)
-	if _, err := tr.PutOnce(ctx, []byte("a"), []byte("2"), Cond{}, floorTok(1, 2, 1, clk.now(), 2)); err != nil {
-		t.Fatal(err)
+	for seq := uint64(2); tr.Stats.RecordsFloored.Load() == 0; seq++ {
+		if seq > 1000 {
+			t.Fatal("no record dropped below a floor in 1000 writes")
+		}
+		clk.ns.Add(1000)
+		if _, err := tr.PutOnce(ctx, []byte("a"), []byte("2"), Cond{}, floorTok(1, seq, 1, clk.now(), seq)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Splits: "y" ends far to the right of "a".
 	for c := 'b'; c <= 'x'; c++ {

@@ -494,6 +494,10 @@ func (w *simWorld) startServer(node uint64, abortAt int) (_ *simServer, err erro
 			default:
 			}
 		}}
+	// Half the floor seeds drop records below a floor at every write,
+	// half once records take half a leaf's room (seldom in runs this
+	// short: the same as no floors, mostly).
+	cfg.eagerFloors = w.floors && (w.seed/32)%2 == 0 || w.unsafeDone == unsafeDoneFloorForgets
 	if w.aging {
 		// Grace covers the servers' clocks' spread as Config.Grace says
 		// (in the teeth too: only the token rule's bound is broken).

@@ -53,6 +53,10 @@ type Config struct {
 	// tokenWindow and clockSkew are TokenWindow and ClockSkew but in
 	// tests (completion.go).
 	tokenWindow, clockSkew time.Duration
+	// eagerFloors applies a token's floor at every write, not only once
+	// the records take half the room (raiseFloor): the simulator's small
+	// runs would otherwise seldom reach it.
+	eagerFloors bool
 }
 
 func (c *Config) fill() error {

@@ -132,12 +132,15 @@ func BenchmarkRecoveryReplay(b *testing.B) {
 //
 // tokens=true sends every put under a write token (completion records in
 // the leaves, completion.go), with deltas on; hot=true puts to 64 keys
-// only (their leaves' records are evicted all the time).
+// only (without floors, their leaves' records are evicted all the time);
+// floors=true sends each client's floor with its tokens (each client has
+// one put in flight: the floor is the put's own number).
 func BenchmarkPutDeltas(b *testing.B) {
-	type variant struct{ on, tokens, hot bool }
-	for _, v := range []variant{{false, false, false}, {true, false, false}, {true, true, false}, {true, false, true}, {true, true, true}} {
+	type variant struct{ on, tokens, hot, floors bool }
+	for _, v := range []variant{{false, false, false, false}, {true, false, false, false}, {true, true, false, false}, {true, true, false, true},
+		{true, false, true, false}, {true, true, true, false}, {true, true, true, true}} {
 		on := v.on
-		b.Run(fmt.Sprintf("deltas=%v/tokens=%v/hot=%v", on, v.tokens, v.hot), func(b *testing.B) {
+		b.Run(fmt.Sprintf("deltas=%v/tokens=%v/hot=%v/floors=%v", on, v.tokens, v.hot, v.floors), func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			tc := startCluster(b, ctx)
@@ -162,6 +165,9 @@ func BenchmarkPutDeltas(b *testing.B) {
 						var tok *btree.WriteToken
 						if v.tokens {
 							tok = &btree.WriteToken{Client: [16]byte{byte(c + 1)}, Seq: uint64(i + 1), Attempt: 1, Stamp: time.Now().UnixNano()}
+							if v.floors {
+								tok.Floor = tok.Seq
+							}
 						}
 						if _, err := tr.PutOnce(ctx, k, val, btree.Cond{}, tok); err != nil {
 							errs <- err
@@ -180,6 +186,7 @@ func BenchmarkPutDeltas(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "puts/s")
 			b.ReportMetric(float64(s.LogEndForTest()-start)/float64(b.N), "log-B/put")
 			b.ReportMetric(float64(s.Cache().Stats().Deltas-before)/float64(b.N), "deltas/put")
+			b.ReportMetric(float64(tr.Stats.RecordsEvicted.Load())/float64(b.N), "evicted/put")
 		})
 	}
 }
