@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/client"
+	"github.com/grovestore/grove/internal/btree"
 )
 
 // floorTrees answers every PutOnce, holding those of key "slow" until
@@ -91,5 +94,34 @@ func TestClientFloors(t *testing.T) {
 	}
 	if tk := f.last(); tk.Floor != tk.Seq || tk.Seq <= gone {
 		t.Fatalf("write %d after write %d was given up: floor %d", tk.Seq, gone, tk.Floor)
+	}
+}
+
+// TestClientFloorsAfterRenewal: a token refused as too old at its first
+// attempt is replaced (the write did nothing), and a build that refuses
+// tokens turns them off; neither leaves a number open, which would hold
+// every later floor at it. The next tokened write's floor is its own
+// number.
+func TestClientFloorsAfterRenewal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := &fakeTrees{script: []error{btreeReason(codes.FailedPrecondition, "old", btree.TokenExpired)}}
+	cl, err := client.DialOptions(ctx, client.Options{NoRouting: true}, serveFake(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	tr := cl.Tree("t")
+	for i := 0; i < 2; i++ {
+		if err := tr.Put(ctx, []byte("k"), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := f.requests()
+	if len(reqs) != 3 || reqs[1].Token.Seq == reqs[0].Token.Seq {
+		t.Fatalf("%d requests (want a refused token, its renewal, the next write)", len(reqs))
+	}
+	if last := reqs[2].Token; last.Floor != last.Seq {
+		t.Fatalf("the write after a renewal: number %d, floor %d (a number left open)", last.Seq, last.Floor)
 	}
 }

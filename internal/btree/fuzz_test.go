@@ -127,7 +127,8 @@ func FuzzDecodeNode(f *testing.F) {
 }
 
 func TestNodeRoundTrip(t *testing.T) {
-	for _, b := range sampleImages()[:5] {
+	imgs := sampleImages()
+	for _, b := range imgs[:len(imgs)-1] { // (the last is an anchor)
 		n, err := decode(b)
 		if err != nil {
 			t.Fatal(err)

@@ -832,12 +832,13 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			// The failure is an outcome too: recorded, so that an
 			// earlier attempt arriving later does not apply.
 			nn := n.Clone()
-			t.Stats.RecordsFloored.Add(int64(t.raiseFloor(nn, tok)))
+			floored := t.raiseFloor(nn, tok)
 			nn.addDone(t.completion(key, tok, print, false, found))
 			t.trimDone(nn)
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, nil)
 			if err == nil {
 				t.outcome(tok, key, false)
+				t.Stats.RecordsFloored.Add(int64(floored))
 			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
@@ -854,8 +855,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		}
 		nn := n.Clone()
 		change(nn, i, found)
+		floored := 0 // (counted once committed)
 		if tok != nil {
-			t.Stats.RecordsFloored.Add(int64(t.raiseFloor(nn, tok)))
+			floored = t.raiseFloor(nn, tok)
 			nn.addDone(t.completion(key, tok, print, true, found))
 		}
 		// The value chunk the change stops naming is freed by the
@@ -870,6 +872,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, frees)
 			if err == nil {
 				t.outcome(tok, key, true)
+				t.Stats.RecordsFloored.Add(int64(floored))
 			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
@@ -884,6 +887,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		sep, right, lsn, err := t.split(ctx, nn, frees)
 		if err == nil {
 			t.outcome(tok, key, true)
+			t.Stats.RecordsFloored.Add(int64(floored))
 		}
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
