@@ -494,24 +494,10 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 		n.Done, n.Floors = nil, nil
 		return 0, 0
 	}
-	keep := n.Done[:0:0]
-	for _, c := range n.Done {
-		if now > c.Stamp+life {
-			dropped++
-			continue
-		}
-		keep = append(keep, c)
-	}
-	n.Done = keep
-	keepF := n.Floors[:0:0]
-	for _, f := range n.Floors {
-		if now > f.Stamp+life {
-			dropped++
-			continue
-		}
-		keepF = append(keepF, f)
-	}
-	n.Floors = keepF
+	var aged int
+	n.Done, dropped = unaged(n.Done, func(c Completion) int64 { return c.Stamp }, now, life)
+	n.Floors, aged = unaged(n.Floors, func(f Floor) int64 { return f.Stamp }, now, life)
+	dropped += aged
 	over := n.Size() - size
 	if over > 0 {
 		// Evict down to three quarters of the records' room, not just
@@ -577,6 +563,18 @@ func trimDone(n *Node, size int, now int64, window, skew time.Duration) (dropped
 		n.Floors = nil
 	}
 	return dropped, evicted
+}
+
+// unaged returns (in a new slice) the xs whose life has not ended at now
+// (now <= stamp + life), and how many it left out.
+func unaged[T any](xs []T, stamp func(T) int64, now, life int64) ([]T, int) {
+	keep := xs[:0:0]
+	for _, x := range xs {
+		if now <= stamp(x)+life {
+			keep = append(keep, x)
+		}
+	}
+	return keep, len(xs) - len(keep)
 }
 
 // didNothing reports whether err is an update's answer that it changed

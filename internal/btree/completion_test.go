@@ -454,26 +454,35 @@ func runTokenLoad(t *testing.T, seed int64, unsafe, ops int) (violation string, 
 		}
 	}
 	clk.ns.Add(int64(time.Second))
-	for i := 0; i < 2; i++ {
-		if _, err := tr.Repair(context.Background()); err != nil {
-			return fmt.Sprintf("seed %d: repair: %v", seed, err), ""
-		}
-	}
-	sh, err := Walk(context.Background(), s, true)
-	if err != nil {
-		return fmt.Sprintf("seed %d: walk: %v", seed, err), ""
-	}
-	if len(sh.Keys) != len(state) {
-		return fmt.Sprintf("seed %d: the tree holds %d keys, the commits built %d", seed, len(sh.Keys), len(state)), ""
-	}
-	for i, k := range sh.Keys {
-		if v, ok := state[string(k)]; !ok || v != string(sh.Vals[i]) {
-			return fmt.Sprintf("seed %d: key %q = %q in the tree, %q (%v) by the commits", seed, k, sh.Vals[i], v, ok), ""
-		}
+	if bad := repairedEquals(tr, s, seed, state); bad != "" {
+		return bad, ""
 	}
 	return "", fmt.Sprintf("%d writes (floors: %v), %d repeats, %d late attempts, %d splits, %d merges, %d rebalances, %d records evicted, %d dropped below a floor, %d attempts refused below one",
 		len(byTok), floors, repeats.Load(), lateDelivered.Load(), tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(), tr.Stats.RecordsEvicted.Load(),
 		tr.Stats.RecordsFloored.Load(), tr.Stats.RefusedFloor.Load())
+}
+
+// repairedEquals runs two repair passes over tr, walks its store and
+// compares the keys with state (what the commits built): "" if equal.
+func repairedEquals(tr *Tree, s *MemStore, seed int64, state map[string]string) string {
+	for i := 0; i < 2; i++ {
+		if _, err := tr.Repair(context.Background()); err != nil {
+			return fmt.Sprintf("seed %d: repair: %v", seed, err)
+		}
+	}
+	sh, err := Walk(context.Background(), s, true)
+	if err != nil {
+		return fmt.Sprintf("seed %d: walk: %v", seed, err)
+	}
+	if len(sh.Keys) != len(state) {
+		return fmt.Sprintf("seed %d: the tree holds %d keys, the commits built %d", seed, len(sh.Keys), len(state))
+	}
+	for i, k := range sh.Keys {
+		if v, ok := state[string(k)]; !ok || v != string(sh.Vals[i]) {
+			return fmt.Sprintf("seed %d: key %q = %q in the tree, %q (%v) by the commits", seed, k, sh.Vals[i], v, ok)
+		}
+	}
+	return ""
 }
 
 func tokSeeds(t *testing.T, def int) int {

@@ -428,22 +428,8 @@ func runReview54Load(t *testing.T, seed int64) (bad, stats string) {
 	if n := openRefused.Load(); n > 0 && tr.Stats.RefusedOld.Load()+tr.Stats.RefusedHorizon.Load()+tr.Stats.RefusedFuture.Load() == 0 {
 		return fmt.Sprintf("seed %d: %d attempts of writes still waiting refused, none for age, the future or a horizon (below a floor)", seed, n), ""
 	}
-	for i := 0; i < 2; i++ {
-		if _, err := tr.Repair(context.Background()); err != nil {
-			return fmt.Sprintf("seed %d: repair: %v", seed, err), ""
-		}
-	}
-	sh, err := Walk(context.Background(), s, true)
-	if err != nil {
-		return fmt.Sprintf("seed %d: walk: %v", seed, err), ""
-	}
-	if len(sh.Keys) != len(state) {
-		return fmt.Sprintf("seed %d: the tree holds %d keys, the commits built %d", seed, len(sh.Keys), len(state)), ""
-	}
-	for i, k := range sh.Keys {
-		if v, ok := state[string(k)]; !ok || v != string(sh.Vals[i]) {
-			return fmt.Sprintf("seed %d: key %q = %q in the tree, %q (%v) by the commits", seed, k, sh.Vals[i], v, ok), ""
-		}
+	if bad := repairedEquals(tr, s, seed, state); bad != "" {
+		return bad, ""
 	}
 	return "", fmt.Sprintf("%d writes, %d late attempts, %d splits, %d merges, %d rebalances, %d records dropped below a floor, %d refused below one, %d evicted, %d aged; %d attempts of waiting writes refused (old %d, horizon %d)",
 		len(ops), late.Load(), tr.Stats.Splits.Load(), tr.Stats.Merges.Load(), tr.Stats.Rebalances.Load(),
