@@ -157,7 +157,7 @@ type Client struct {
 	// id is the client's in write tokens; pend numbers its writes and
 	// knows which wait for an answer (their floor).
 	id   [16]byte
-	pend pending
+	pend treecall.Pending
 	// untokened: until when (Unix ns) writes go without tokens (the
 	// cluster refused them: tokensOffFor).
 	untokened atomic.Int64
@@ -387,61 +387,9 @@ func ended(call *treecall.Call, ctx context.Context, last error) error {
 	return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
 }
 
-// newToken numbers a tokened write; pend.end(tok.Seq) when its call ends.
+// newToken numbers a tokened write; pend.End(tok.Seq) when its call ends.
 func (c *Client) newToken() *pb.TreeWriteToken {
-	return &pb.TreeWriteToken{Client: c.id[:], Seq: c.pend.begin(), Attempt: 1, Stamp: time.Now().UnixNano()}
-}
-
-// pending numbers a client's tokened writes and keeps those whose call has
-// not ended. The least of them is the floor each attempt carries (RIFL's
-// acknowledgement of answers): every write numbered below has its answer,
-// or its call gave up (its outcome unknown), and is never sent again, so a
-// node may drop their completion records and refuse a stale attempt of
-// one (internal/btree/completion.go, "Floors").
-type pending struct {
-	mu   sync.Mutex
-	last uint64 // the last number given
-	open map[uint64]struct{}
-	min  uint64 // the least open number, 0 if none
-}
-
-func (p *pending) begin() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.open == nil {
-		p.open = make(map[uint64]struct{})
-	}
-	p.last++
-	p.open[p.last] = struct{}{}
-	if p.min == 0 {
-		p.min = p.last
-	}
-	return p.last
-}
-
-func (p *pending) end(seq uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.open, seq)
-	if seq != p.min {
-		return
-	}
-	p.min = 0
-	for s := range p.open {
-		if p.min == 0 || s < p.min {
-			p.min = s
-		}
-	}
-}
-
-// floor is the least number still open (the last given plus one if none).
-func (p *pending) floor() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.min == 0 {
-		return p.last + 1
-	}
-	return p.min
+	return &pb.TreeWriteToken{Client: c.id[:], Seq: c.pend.Begin(), Attempt: 1, Stamp: time.Now().UnixNano()}
 }
 
 // write runs a put or delete: f sends it, under tok if not nil (PutOnce,
@@ -454,7 +402,7 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 	}
 	defer func() {
 		if tok != nil {
-			c.pend.end(tok.Seq)
+			c.pend.End(tok.Seq)
 		}
 		if errors.Is(err, ErrUnknownOutcome) {
 			c.stats.unknown.Add(1)
@@ -467,7 +415,7 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 		// (The token's message is marshalled within the call: changing
 		// it between attempts is safe.)
 		tok.Attempt = call.Attempt()
-		tok.Floor = c.pend.floor()
+		tok.Floor = c.pend.Floor()
 		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
 		defer cancel()
 		return f(actx, tc, tok)
@@ -477,12 +425,12 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 			// A build from before tokens, or a cluster with one: this
 			// client's writes go untokened for a while.
 			c.untokened.Store(time.Now().Add(tokensOffFor).UnixNano())
-			c.pend.end(tok.Seq)
+			c.pend.End(tok.Seq)
 			tok = nil
 		case d.NewToken:
 			// The old token's attempt did nothing (the rules say so
 			// only then): it is no longer waited for.
-			c.pend.end(tok.Seq)
+			c.pend.End(tok.Seq)
 			tok = c.newToken()
 		case d.Resend:
 			c.stats.resent.Add(1)

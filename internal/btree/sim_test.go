@@ -191,9 +191,13 @@ type simWorld struct {
 	// (its stamps) by up to simSkew; two thirds of the late duplicates come
 	// up to twice as late as a record lives. tokExpired counts attempts
 	// refused as too old, recordsAged the records dropped for age.
-	aging, skewTeeth        bool
-	skewBy                  time.Duration
-	clientOff               [4]int64
+	aging, skewTeeth bool
+	skewBy           time.Duration
+	clientOff        [4]int64
+	// pend: the tokened writes of each client process (two of the four
+	// clients, whose writes may be in flight at once, share one: its token
+	// id, its numbers, its floors, its clock), as the Go client keeps them.
+	pend                    [2]treecall.Pending
 	tokExpired, recordsAged int
 	// closing: nodes whose server closes cleanly (closeClean) now: none
 	// restarts there until the close ends, as a node's next process
@@ -816,10 +820,19 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 	if in.Kind == "put" || in.Kind == "del" {
 		call.Kind, call.Tokened = treecall.Write, w.tokens
 	}
-	// Each write's token is its own: sequence numbers (i+1)·(MaxRenewals+1)
-	// + the renewals.
-	const seqs = treecall.MaxRenewals + 1
-	tok := WriteToken{Client: [16]byte{byte(client + 1)}, Seq: uint64(i+1) * seqs, Stamp: time.Now().UnixNano() + w.clientOff[client]}
+	// Clients 0 and 1 are one process to the trees, and 2 and 3 another
+	// (one token id, numbered and floored by one treecall.Pending, as the
+	// Go client does), so that one process has writes in flight at once.
+	pend := &w.pend[client/2]
+	tok := WriteToken{Client: [16]byte{byte(client/2 + 1)}}
+	if call.Tokened {
+		tok.Seq, tok.Stamp = pend.Begin(), time.Now().UnixNano()+w.clientOff[client]
+		defer func() {
+			if tok.Seq != 0 {
+				pend.End(tok.Seq)
+			}
+		}()
+	}
 	start := w.now()
 	var servers []uint64
 	backoff := 50 * time.Millisecond
@@ -851,11 +864,7 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 				tk := tok
 				tk.Attempt = call.Attempt()
 				if w.floors {
-					// Each client sends one write at a time: every
-					// write before this one has its answer or was
-					// given up (its first number is below every
-					// number of this one).
-					tk.Floor = uint64(i+1) * seqs
+					tk.Floor = pend.Floor()
 				}
 				cond := Cond{Kind: simCond(in.Cond), Value: []byte(in.Eq), Prev: true}
 				if in.Kind == "put" {
@@ -904,7 +913,7 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 				tk := tok
 				tk.Attempt = call.Attempt()
 				if w.floors {
-					tk.Floor = uint64(i+1) * seqs
+					tk.Floor = pend.Floor()
 				}
 				w.duplicate(in, tk, r)
 			}
@@ -937,7 +946,12 @@ func (w *simWorld) send(ctx context.Context, h *history, client, i int, s *simSe
 		switch d := call.Failed(st, done); d.Step {
 		case treecall.Again:
 			if d.NewToken {
-				tok.Seq, tok.Stamp = uint64(i+1)*seqs+uint64(call.Renewed), time.Now().UnixNano()+w.clientOff[client]
+				pend.End(tok.Seq)
+				tok.Seq, tok.Stamp = pend.Begin(), time.Now().UnixNano()+w.clientOff[client]
+			}
+			if d.Untokened {
+				pend.End(tok.Seq)
+				tok.Seq = 0
 			}
 			continue
 		case treecall.Answer, treecall.Unavailable:
@@ -2094,8 +2108,9 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 		if teeth == teethClockSkew {
 			w.skewBy, w.skewTeeth = 4*simSkew, true
 		}
-		for c := range w.clientOff {
+		for c := 0; c < len(w.clientOff); c += 2 {
 			w.clientOff[c] = int64(w.rand(int(2*simSkew+1))) - int64(simSkew)
+			w.clientOff[c+1] = w.clientOff[c] // (one process, one clock)
 		}
 	}
 	w.tokDurable = map[WriteToken]int{}
