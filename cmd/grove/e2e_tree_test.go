@@ -185,6 +185,10 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 		took += m["grove_btree_replay_seconds_sum"]
 		writes += m["grove_btree_replay_writes_total"]
 		deltas += m["grove_btree_cache_events_total{event=delta}"]
+		// (The CLI's puts go under tokens: their events are exported.)
+		if _, ok := m["grove_btree_token_events_total{event=record_evicted}"]; !ok {
+			t.Fatalf("node %d exports no grove_btree_token_events_total", n.ID)
+		}
 	}
 	if replays == 0 || hits == 0 || deltas == 0 {
 		t.Fatalf("the survivors' metrics: %v replays done, %v cache hits, %v node changes logged as deltas", replays, hits, deltas)

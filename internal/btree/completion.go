@@ -68,6 +68,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
+	"sync/atomic"
 	"time"
 )
 
@@ -593,6 +594,7 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteTo
 			return Result{}, true, ErrTokenReused
 		}
 		t.Stats.Repeats.Add(1)
+		t.cfg.tokens.Repeats.Add(1)
 		return Result{Applied: c.Applied, Found: c.Found, Repeat: true}, true, nil
 	}
 	now := t.s.Now()
@@ -618,12 +620,16 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteTo
 		switch {
 		case future:
 			t.Stats.RefusedFuture.Add(1)
+			t.cfg.tokens.RefusedFuture.Add(1)
 		case old:
 			t.Stats.RefusedOld.Add(1)
+			t.cfg.tokens.RefusedOld.Add(1)
 		case floored:
 			t.Stats.RefusedFloor.Add(1)
+			t.cfg.tokens.RefusedFloor.Add(1)
 		default:
 			t.Stats.RefusedHorizon.Add(1)
+			t.cfg.tokens.RefusedHorizon.Add(1)
 		}
 		return Result{}, true, ErrTokenExpired
 	}
@@ -636,14 +642,43 @@ func (t *Tree) completion(key []byte, tok *WriteToken, print uint64, applied, fo
 }
 
 // trimDone makes a leaf image about to be committed fit its chunk.
-func (t *Tree) trimDone(n *Node) {
+// Its counts go to tc, which the caller adds to the tree's Stats (count)
+// once the image is committed: an image never committed (a rebalance left
+// undone, a failed commit) dropped nothing.
+func (t *Tree) trimDone(n *Node, tc *trims) {
 	h := n.Horizon
 	dropped, evicted := trimDone(n, t.cfg.NodeSize, t.s.Now(), t.cfg.tokenWindow, t.cfg.clockSkew)
 	if t.unsafeDone == unsafeDoneNoHorizon {
 		n.Horizon = h
 	}
-	t.Stats.RecordsDropped.Add(int64(dropped))
-	t.Stats.RecordsEvicted.Add(int64(evicted))
+	tc.dropped += dropped
+	tc.evicted += evicted
+}
+
+// trims counts what images about to be committed dropped: records (and
+// floors) for age, evicted for room, and records dropped below a floor.
+type trims struct{ dropped, evicted, floored int }
+
+// count adds tc to the tree's Stats: the images it counted are committed.
+func (t *Tree) count(tc trims) {
+	t.Stats.RecordsDropped.Add(int64(tc.dropped))
+	t.Stats.RecordsEvicted.Add(int64(tc.evicted))
+	t.Stats.RecordsFloored.Add(int64(tc.floored))
+	t.cfg.tokens.RecordsDropped.Add(uint64(tc.dropped))
+	t.cfg.tokens.RecordsEvicted.Add(uint64(tc.evicted))
+	t.cfg.tokens.RecordsFloored.Add(uint64(tc.floored))
+}
+
+// TokenCounters count the events of tokened writes over every tree a
+// server has open (its metrics, grove_btree_token_events_total): answers
+// from records; refusals past the window, of stamps from the future, at or
+// below a horizon, below a floor; records dropped for age, evicted for
+// room (each eviction may turn a later resend into an unknown outcome),
+// and dropped below a floor.
+type TokenCounters struct {
+	Repeats                                                 atomic.Uint64
+	RefusedOld, RefusedFuture, RefusedHorizon, RefusedFloor atomic.Uint64
+	RecordsDropped, RecordsEvicted, RecordsFloored          atomic.Uint64
 }
 
 // outcome tells the test hook of a tokened write's outcome committed.

@@ -115,10 +115,12 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 		gone := &Node{Self: bh, Tree: t.id, Level: b.Level, Deleted: true, Onward: ah, Low: b.Low, High: b.High, HighInf: b.HighInf}
 		pp.Keys = removeAt(pp.Keys, i+1)
 		pp.Kids = removeAt(pp.Kids, i+1)
-		t.trimDone(m)
+		var tc trims
+		t.trimDone(m, &tc)
 		if _, err := t.s.Commit(ctx, []*Node{m, gone, pp}, nil, nil); err != nil {
 			return nil, err
 		}
+		t.count(tc)
 		if err := t.at("merge", int(m.Level)); err != nil {
 			return nil, err
 		}
@@ -151,14 +153,15 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	}
 	sep := nb.Keys[0]
 	na.High, nb.Low = sep, sep
+	var tc trims
 	if a.Leaf() {
 		// Keys move across the separator: so do their records.
 		splitDone(m.Done, m.Floors, m.Horizon, na, nb)
 		if t.unsafeDone == unsafeDoneRebalanceDrops {
 			na.Done, nb.Done = keepOwn(na.Done, a.Done), keepOwn(nb.Done, b.Done)
 		}
-		t.trimDone(na)
-		t.trimDone(nb)
+		t.trimDone(na, &tc)
+		t.trimDone(nb, &tc)
 	}
 	pp.Keys[i+1] = sep
 	if !t.fits(na) || !t.fits(nb) || !t.fits(pp) {
@@ -167,6 +170,7 @@ func (t *Tree) compressPair(ctx context.Context, p *Node, i int) (*Node, error) 
 	if _, err := t.s.Commit(ctx, []*Node{na, nb, pp}, nil, nil); err != nil {
 		return nil, err
 	}
+	t.count(tc)
 	if err := t.at("rebalance", int(na.Level)); err != nil {
 		return nil, err
 	}

@@ -295,6 +295,9 @@ type Server struct {
 		unsettled map[string]bool
 	}
 	settling sync.Map // tree names whose drop is being settled (SettleDrop)
+	// tokens counts the tokened writes' events of every tree this
+	// server opens (metrics).
+	tokens TokenCounters
 	// testDecreeFails, in tests, fails a drop's decree (it is not made).
 	testDecreeFails func() error
 	// testDirectory, in tests, replaces the config service's tree
@@ -1167,7 +1170,7 @@ func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 		return nil, err
 	}
 	var tr *Tree
-	tr, err = New(s.cache.Store(e.Anchor, e.NodeSize, nil), e.Anchor.ID, Config{NodeSize: e.NodeSize, MaxFanout: e.MaxFanout,
+	tr, err = New(s.cache.Store(e.Anchor, e.NodeSize, nil), e.Anchor.ID, Config{NodeSize: e.NodeSize, MaxFanout: e.MaxFanout, tokens: &s.tokens,
 		Underfull: func(level int, key []byte) {
 			select {
 			case s.hints <- hint{tr, level, key}:

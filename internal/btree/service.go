@@ -150,6 +150,30 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 				return float64(c.get(srv.cache.Stats()))
 			})
 	}
+	for _, c := range []struct {
+		event string
+		get   func(*TokenCounters) uint64
+	}{
+		{"repeat", func(tc *TokenCounters) uint64 { return tc.Repeats.Load() }},
+		{"refused_old", func(tc *TokenCounters) uint64 { return tc.RefusedOld.Load() }},
+		{"refused_future", func(tc *TokenCounters) uint64 { return tc.RefusedFuture.Load() }},
+		{"refused_horizon", func(tc *TokenCounters) uint64 { return tc.RefusedHorizon.Load() }},
+		{"refused_floor", func(tc *TokenCounters) uint64 { return tc.RefusedFloor.Load() }},
+		{"record_aged", func(tc *TokenCounters) uint64 { return tc.RecordsDropped.Load() }},
+		{"record_evicted", func(tc *TokenCounters) uint64 { return tc.RecordsEvicted.Load() }},
+		{"record_floored", func(tc *TokenCounters) uint64 { return tc.RecordsFloored.Load() }},
+	} {
+		m.CounterFunc("grove_btree_token_events_total", "Events of tokened writes (completion records) in this node's B-tree server's trees, by kind: answers from a record (a resend of a write that took effect), attempts refused past the token window, stamped in the future, at or below a leaf's horizon (records evicted for room) or below their client's floor, records dropped for age, evicted for room (a resend of such a write then ends with an unknown outcome), dropped below a floor.",
+			map[string]string{"event": c.event}, func() float64 {
+				s.mu.Lock()
+				srv := s.mu.srv
+				s.mu.Unlock()
+				if srv == nil {
+					return 0
+				}
+				return float64(c.get(&srv.tokens))
+			})
+	}
 }
 
 // repairer reports whether this node is tree name's home over the nodes

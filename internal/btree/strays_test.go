@@ -45,6 +45,11 @@ func newStrayRig(t *testing.T, ctx context.Context, keys int) *strayRig {
 			t.Fatal("the node pool was not refilled")
 		}
 	}
+	// The refill goes on to the pool's size: it must be over before a test
+	// puts another clerk in cfg.Chunks, which it reads unlocked (a CI run
+	// crashed on a torn read of the interface: the new clerk's method on
+	// the old clerk's pointer).
+	solo.cache.refills.Wait()
 	return &strayRig{store: store, chunks: chunks, cache: solo.cache, tree: tr, owner: owner}
 }
 

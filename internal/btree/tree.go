@@ -53,6 +53,9 @@ type Config struct {
 	// tokenWindow and clockSkew are TokenWindow and ClockSkew but in
 	// tests (completion.go).
 	tokenWindow, clockSkew time.Duration
+	// tokens, if set, also counts this tree's tokened writes' events
+	// (its server's, over its trees); New gives the tree its own if not.
+	tokens *TokenCounters
 	// eagerFloors applies a token's floor at every write, not only once
 	// the records take half the room (raiseFloor): the simulator's small
 	// runs would otherwise seldom reach it.
@@ -75,6 +78,9 @@ func (c *Config) fill() error {
 	}
 	if c.tokenWindow == 0 {
 		c.tokenWindow = TokenWindow
+	}
+	if c.tokens == nil {
+		c.tokens = &TokenCounters{}
 	}
 	if c.clockSkew == 0 {
 		c.clockSkew = ClockSkew
@@ -832,13 +838,13 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			// The failure is an outcome too: recorded, so that an
 			// earlier attempt arriving later does not apply.
 			nn := n.Clone()
-			floored := t.raiseFloor(nn, tok)
+			tc := trims{floored: t.raiseFloor(nn, tok)}
 			nn.addDone(t.completion(key, tok, print, false, found))
-			t.trimDone(nn)
+			t.trimDone(nn, &tc)
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, nil)
 			if err == nil {
 				t.outcome(tok, key, false)
-				t.Stats.RecordsFloored.Add(int64(floored))
+				t.count(tc)
 			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
@@ -855,9 +861,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 		}
 		nn := n.Clone()
 		change(nn, i, found)
-		floored := 0 // (counted once committed)
+		var tc trims // (counted once committed)
 		if tok != nil {
-			floored = t.raiseFloor(nn, tok)
+			tc.floored = t.raiseFloor(nn, tok)
 			nn.addDone(t.completion(key, tok, print, true, found))
 		}
 		// The value chunk the change stops naming is freed by the
@@ -868,11 +874,11 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			frees = []Handle{old.Chunk}
 		}
 		if t.fits(nn) {
-			t.trimDone(nn)
+			t.trimDone(nn, &tc)
 			lsn, err := t.s.Commit(ctx, []*Node{nn}, nil, frees)
 			if err == nil {
 				t.outcome(tok, key, true)
-				t.Stats.RecordsFloored.Add(int64(floored))
+				t.count(tc)
 			}
 			t.s.Unlock(h, lock.Exclusive)
 			if err != nil {
@@ -884,10 +890,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			res.Applied = true
 			return res, old, lsn, t.durable(ctx, lsn, tok)
 		}
-		sep, right, lsn, err := t.split(ctx, nn, frees)
+		sep, right, lsn, err := t.split(ctx, nn, frees, tc)
 		if err == nil {
 			t.outcome(tok, key, true)
-			t.Stats.RecordsFloored.Add(int64(floored))
 		}
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
@@ -907,7 +912,7 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 // one. Both images are committed together; the new node's lock is given
 // back before it returns, the caller's is not. It returns the separator
 // (the new node's low bound) and the new node.
-func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Handle, uint64, error) {
+func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle, tc trims) ([]byte, Handle, uint64, error) {
 	rh, err := t.s.New(ctx)
 	if err != nil {
 		return nil, Handle{}, 0, refused(err)
@@ -931,8 +936,8 @@ func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Han
 		if t.unsafeDone == unsafeDoneSplitDrops {
 			r.Done = nil
 		}
-		t.trimDone(nn)
-		t.trimDone(r)
+		t.trimDone(nn, &tc)
+		t.trimDone(r, &tc)
 	}
 	if !t.fits(nn) || !t.fits(r) {
 		panic(fmt.Sprintf("btree: split of %v at %d left halves of %d and %d bytes", nn.Self, mid, nn.Size(), r.Size()))
@@ -945,6 +950,7 @@ func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle) ([]byte, Han
 		t.s.Abandon(rh)
 		return nil, Handle{}, 0, err
 	}
+	t.count(tc)
 	if err := t.at("split", int(nn.Level)); err != nil {
 		return nil, Handle{}, 0, err
 	}
@@ -1047,7 +1053,7 @@ func (t *Tree) insertSeparator(ctx context.Context, level int, sep []byte, child
 			t.s.Unlock(ph, lock.Exclusive)
 			return err
 		}
-		nsep, right, _, err := t.split(ctx, pp, nil)
+		nsep, right, _, err := t.split(ctx, pp, nil, trims{})
 		t.s.Unlock(ph, lock.Exclusive)
 		if err != nil {
 			return err
