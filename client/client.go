@@ -35,7 +35,11 @@
 // fails with an error that wraps ErrUnknownOutcome when its context ends
 // after an attempt of unknown outcome, or when its record is gone: it aged
 // past the window, or a leaf taking very many tokened writes evicted it
-// for room (see the README's "Idempotency tokens"). The answer of a
+// for room (see the README's "Idempotency tokens"). Each attempt also
+// carries the client's floor, the lowest number of its writes still
+// waiting for an answer: nodes drop the records of its writes below it,
+// so that a client that keeps writing leaves few records to evict. The
+// answer of a
 // repeated attempt does not know the previous value (CompareAndSwap's cur
 // is nil then).
 //
