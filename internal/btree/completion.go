@@ -43,14 +43,15 @@ package btree
 // and the leaf keeps one Floor for that client in their place: an attempt
 // of the client numbered below it, with no record, is refused (it is a
 // stale duplicate of a write the client no longer waits for; the client
-// never sent it again, so its refusal reaches nobody). A floor lives as
-// long as the newest record it replaced would have (its Stamp), is evicted
-// for room as records are (raising the horizon to its Stamp), goes to both
-// halves of a split, and a merge keeps the higher of two. So a client
-// that keeps writing to a leaf keeps there about one record per write in
-// flight and one floor, where without floors its records stayed for the
-// whole token window and, on a busy leaf, were evicted first, raising the
-// horizon that refuses every late resend.
+// never sent it again, so its refusal reaches nobody). A leaf does so only
+// once its records take half the room its entries leave (raiseFloor says
+// why). A floor lives as long as the newest record it replaced would have
+// (its Stamp), is evicted for room as records are (raising the horizon to
+// its Stamp), goes to both halves of a split, and a merge keeps the higher
+// of two. So a client that keeps writing to a leaf keeps there its records
+// since the last batch and one floor, where without floors its records
+// stayed for the whole token window and, on a busy leaf, were evicted,
+// raising the horizon that refuses every late resend.
 //
 // A refusal (ErrTokenExpired) says only that this attempt did nothing and
 // that the write's record, if it had one, is gone. Whether the write did
