@@ -651,13 +651,7 @@ func (t *Tree) put(ctx context.Context, key, val []byte, cond pb.TreeCond, expec
 	}
 	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 		req := &pb.TreePutRequest{Tree: t.name, Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
-		var r *pb.TreePutResponse
-		var err error
-		if tok != nil {
-			r, err = tc.PutOnce(ctx, req)
-		} else {
-			r, err = tc.Put(ctx, req)
-		}
+		r, err := btree.SendPut(ctx, tc, req)
 		if err != nil {
 			return err
 		}
@@ -701,13 +695,7 @@ func (t *Tree) del(ctx context.Context, key []byte, cond pb.TreeCond, expect []b
 	}
 	err = t.c.write(ctx, t.name, func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 		req := &pb.TreeDeleteRequest{Tree: t.name, Key: key, Cond: cond, Expect: expect, Token: tok}
-		var r *pb.TreeDeleteResponse
-		var err error
-		if tok != nil {
-			r, err = tc.DeleteOnce(ctx, req)
-		} else {
-			r, err = tc.Delete(ctx, req)
-		}
+		r, err := btree.SendDelete(ctx, tc, req)
 		if err != nil {
 			return err
 		}

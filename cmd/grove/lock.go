@@ -130,14 +130,10 @@ type holding struct {
 // over. --command-timeout bounds the wait for the grant.
 func acquireHold(ctx context.Context, c *cli.Client, req *pb.HoldRequest) (*holding, error) {
 	op := fmt.Sprintf("lock %s", req.Name)
-	if err := c.Resolve(); err != nil {
+	grantCtx, cancel, err := c.Begin(ctx)
+	defer cancel()
+	if err != nil {
 		return nil, err
-	}
-	grantCtx := ctx
-	if c.CommandTimeout > 0 {
-		var cancel context.CancelFunc
-		grantCtx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
-		defer cancel()
 	}
 	start := time.Now()
 	var fails []string

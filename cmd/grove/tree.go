@@ -218,13 +218,7 @@ chunk of its own); larger ones exit 2 before anything is sent.`,
 			}
 			return treeWriteOnce(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 				req := &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
-				var r *pb.TreePutResponse
-				var err error
-				if tok != nil {
-					r, err = tc.PutOnce(ctx, req)
-				} else {
-					r, err = tc.Put(ctx, req)
-				}
+				r, err := btree.SendPut(ctx, tc, req)
 				if err != nil {
 					return err
 				}
@@ -308,13 +302,7 @@ not). An absent key exits 5.`,
 			}
 			return treeWriteOnce(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 				req := &pb.TreeDeleteRequest{Tree: args[0], Key: key, Cond: cond, Expect: expect, Token: tok}
-				var r *pb.TreeDeleteResponse
-				var err error
-				if tok != nil {
-					r, err = tc.DeleteOnce(ctx, req)
-				} else {
-					r, err = tc.Delete(ctx, req)
-				}
+				r, err := btree.SendDelete(ctx, tc, req)
 				if err != nil {
 					return err
 				}

@@ -31,13 +31,10 @@ import (
 // where treeWrite would. send makes one attempt: tok nil means untokened
 // (Put, Delete).
 func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) error {
-	if err := c.Resolve(); err != nil {
+	ctx, cancel, err := c.Begin(ctx)
+	defer cancel()
+	if err != nil {
 		return err
-	}
-	if c.CommandTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
-		defer cancel()
 	}
 	// Each attempt has a third of the command's time; with none (the
 	// default: until done or interrupted), treeAttempt, and rounds of

@@ -140,15 +140,7 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"race_image", func(st CacheStats) uint64 { return st.RaceImages }},
 	} {
 		m.CounterFunc("grove_btree_cache_events_total", "Events of this node's B-tree server's node cache, by kind: hits and misses of lookups, loads of nodes from chunks, write-backs, leases revoked, evictions, node changes logged as deltas, whole images logged after a delta a write-back snapshot raced.",
-			map[string]string{"event": c.event}, func() float64 {
-				s.mu.Lock()
-				srv := s.mu.srv
-				s.mu.Unlock()
-				if srv == nil {
-					return 0
-				}
-				return float64(c.get(srv.cache.Stats()))
-			})
+			map[string]string{"event": c.event}, s.ofServer(func(srv *Server) uint64 { return c.get(srv.cache.Stats()) }))
 	}
 	for _, c := range []struct {
 		event string
@@ -164,15 +156,21 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"record_floored", func(tc *TokenCounters) uint64 { return tc.RecordsFloored.Load() }},
 	} {
 		m.CounterFunc("grove_btree_token_events_total", "Events of tokened writes (completion records) in this node's B-tree server's trees, by kind: answers from a record (a resend of a write that took effect), attempts refused past the token window, stamped in the future, at or below a leaf's horizon (records evicted for room) or below their client's floor, records dropped for age, evicted for room (a resend of such a write then ends with an unknown outcome), dropped below a floor.",
-			map[string]string{"event": c.event}, func() float64 {
-				s.mu.Lock()
-				srv := s.mu.srv
-				s.mu.Unlock()
-				if srv == nil {
-					return 0
-				}
-				return float64(c.get(&srv.tokens))
-			})
+			map[string]string{"event": c.event}, s.ofServer(func(srv *Server) uint64 { return c.get(&srv.tokens) }))
+	}
+}
+
+// ofServer is a metric read from the incarnation's server at scrape time
+// (0 while none runs).
+func (s *Service) ofServer(get func(*Server) uint64) func() float64 {
+	return func() float64 {
+		s.mu.Lock()
+		srv := s.mu.srv
+		s.mu.Unlock()
+		if srv == nil {
+			return 0
+		}
+		return float64(get(srv))
 	}
 }
 
@@ -775,6 +773,26 @@ func (s *Service) floorsOn() bool {
 		return s.cfg.TokensOn()
 	}
 	return s.book != nil && s.book.All(FeatureFloors)
+}
+
+// SendPut sends req as PutOnce when it carries a write token, as Put
+// otherwise (a build from before tokens answers PutOnce Unimplemented,
+// and would ignore a token sent to Put): the Go client's and the CLI's
+// one way to send a put.
+func SendPut(ctx context.Context, tc pb.TreeServiceClient, req *pb.TreePutRequest) (*pb.TreePutResponse, error) {
+	if req.Token != nil {
+		return tc.PutOnce(ctx, req)
+	}
+	return tc.Put(ctx, req)
+}
+
+// SendDelete is SendPut's delete: DeleteOnce under a token, Delete
+// otherwise.
+func SendDelete(ctx context.Context, tc pb.TreeServiceClient, req *pb.TreeDeleteRequest) (*pb.TreeDeleteResponse, error) {
+	if req.Token != nil {
+		return tc.DeleteOnce(ctx, req)
+	}
+	return tc.Delete(ctx, req)
 }
 
 // tokensOn: every registered node keeps completion records (FeatureDone).

@@ -162,15 +162,25 @@ func (c *Client) DoWrite(ctx context.Context, op string, notApplied func(error) 
 	return c.do(ctx, op, notApplied, call)
 }
 
-// do is Do, or DoWrite if notApplied is not nil.
-func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool, call func(ctx context.Context, conn *Conn) error) error {
+// Begin starts a command: it resolves the endpoints and bounds ctx by
+// the command timeout, if any. The caller calls cancel when done.
+func (c *Client) Begin(ctx context.Context) (_ context.Context, cancel context.CancelFunc, err error) {
 	if err := c.Resolve(); err != nil {
-		return err
+		return ctx, func() {}, err
 	}
 	if c.CommandTimeout > 0 {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.CommandTimeout)
-		defer cancel()
+		return ctx, cancel, nil
+	}
+	return ctx, func() {}, nil
+}
+
+// do is Do, or DoWrite if notApplied is not nil.
+func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool, call func(ctx context.Context, conn *Conn) error) error {
+	ctx, cancel, err := c.Begin(ctx)
+	defer cancel()
+	if err != nil {
+		return err
 	}
 	var fails []*Error
 	for _, ep := range c.Endpoints {
