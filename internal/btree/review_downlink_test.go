@@ -53,7 +53,7 @@ func TestReviewLateSeparatorRevivesRemovedNode(t *testing.T) {
 	if tr.fits(nn) {
 		t.Fatalf("setup: leaf %v does not overflow", nn.Keys)
 	}
-	sep, right, _, err := tr.split(ctx, nn, nil, trims{})
+	sep, right, _, err := tr.split(ctx, nn, nil, trims{}, nil)
 	s.Unlock(n.Self, lock.Exclusive)
 	if err != nil {
 		t.Fatal(err)

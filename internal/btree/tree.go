@@ -890,10 +890,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 			res.Applied = true
 			return res, old, lsn, t.durable(ctx, lsn, tok)
 		}
-		sep, right, lsn, err := t.split(ctx, nn, frees, tc)
-		if err == nil {
-			t.outcome(tok, key, true)
-		}
+		// (The outcome is told inside split, before the right half's lock
+		// goes: a write to the key there may commit as soon as it does.)
+		sep, right, lsn, err := t.split(ctx, nn, frees, tc, func() { t.outcome(tok, key, true) })
 		t.s.Unlock(h, lock.Exclusive)
 		if err != nil {
 			return Result{}, old, 0, err
@@ -911,8 +910,9 @@ func (t *Tree) update(ctx context.Context, key []byte, cond Cond, pre *known, to
 // too big to fit) into two: nn keeps the lower half, a new node the upper
 // one. Both images are committed together; the new node's lock is given
 // back before it returns, the caller's is not. It returns the separator
-// (the new node's low bound) and the new node.
-func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle, tc trims) ([]byte, Handle, uint64, error) {
+// (the new node's low bound) and the new node. committed, if not nil, is
+// called once both halves are committed, under both locks.
+func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle, tc trims, committed func()) ([]byte, Handle, uint64, error) {
 	rh, err := t.s.New(ctx)
 	if err != nil {
 		return nil, Handle{}, 0, refused(err)
@@ -951,6 +951,9 @@ func (t *Tree) split(ctx context.Context, nn *Node, frees []Handle, tc trims) ([
 		return nil, Handle{}, 0, err
 	}
 	t.count(tc)
+	if committed != nil {
+		committed()
+	}
 	if err := t.at("split", int(nn.Level)); err != nil {
 		return nil, Handle{}, 0, err
 	}
@@ -1053,7 +1056,7 @@ func (t *Tree) insertSeparator(ctx context.Context, level int, sep []byte, child
 			t.s.Unlock(ph, lock.Exclusive)
 			return err
 		}
-		nsep, right, _, err := t.split(ctx, pp, nil, trims{})
+		nsep, right, _, err := t.split(ctx, pp, nil, trims{}, nil)
 		t.s.Unlock(ph, lock.Exclusive)
 		if err != nil {
 			return err
