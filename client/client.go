@@ -83,6 +83,7 @@ import (
 	"fmt"
 	"iter"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -596,9 +597,11 @@ func (c *Client) DropTree(ctx context.Context, name string) error {
 	})
 }
 
-// Trees lists the trees, by name.
+// Trees lists the trees, by name. If some directory entries do not decode
+// it returns the others with an *UnreadableTreesError.
 func (c *Client) Trees(ctx context.Context) ([]TreeInfo, error) {
 	var out []TreeInfo
+	var unreadable []string
 	err := c.call(ctx, read, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		r, err := tc.List(ctx, &pb.TreeListRequest{})
 		if err != nil {
@@ -608,9 +611,24 @@ func (c *Client) Trees(ctx context.Context) ([]TreeInfo, error) {
 		for _, t := range r.Trees {
 			out = append(out, TreeInfo{Name: t.Name, NodeSize: t.NodeSize, Fanout: t.Fanout})
 		}
+		unreadable = r.Unreadable
 		return nil
 	})
+	if err == nil && len(unreadable) > 0 {
+		err = &UnreadableTreesError{Entries: unreadable}
+	}
 	return out, err
+}
+
+// UnreadableTreesError is Trees' error when directory entries do not
+// decode (written by a newer build, or damaged): the other trees are
+// listed beside it.
+type UnreadableTreesError struct {
+	Entries []string // each "key: error"
+}
+
+func (e *UnreadableTreesError) Error() string {
+	return fmt.Sprintf("grove: %d tree directory entries do not decode: %s", len(e.Entries), strings.Join(e.Entries, "; "))
 }
 
 // Tree is a handle on a named tree; making one does no I/O.

@@ -294,8 +294,11 @@ func (*TreeListRequest) Descriptor() ([]byte, []int) {
 }
 
 type TreeListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Trees         []*TreeInfo            `protobuf:"bytes,1,rep,name=trees,proto3" json:"trees,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Trees []*TreeInfo            `protobuf:"bytes,1,rep,name=trees,proto3" json:"trees,omitempty"`
+	// The directory entries that do not decode, each as "key: error": the
+	// trees above are the others (a listing is not refused for one bad entry).
+	Unreadable    []string `protobuf:"bytes,2,rep,name=unreadable,proto3" json:"unreadable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -333,6 +336,13 @@ func (*TreeListResponse) Descriptor() ([]byte, []int) {
 func (x *TreeListResponse) GetTrees() []*TreeInfo {
 	if x != nil {
 		return x.Trees
+	}
+	return nil
+}
+
+func (x *TreeListResponse) GetUnreadable() []string {
+	if x != nil {
+		return x.Unreadable
 	}
 	return nil
 }
@@ -1553,9 +1563,12 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x06fanout\x18\x03 \x01(\rR\x06fanout\"9\n" +
 	"\x12TreeCreateResponse\x12#\n" +
 	"\x04tree\x18\x01 \x01(\v2\x0f.grove.TreeInfoR\x04tree\"\x11\n" +
-	"\x0fTreeListRequest\"9\n" +
+	"\x0fTreeListRequest\"Y\n" +
 	"\x10TreeListResponse\x12%\n" +
-	"\x05trees\x18\x01 \x03(\v2\x0f.grove.TreeInfoR\x05trees\"%\n" +
+	"\x05trees\x18\x01 \x03(\v2\x0f.grove.TreeInfoR\x05trees\x12\x1e\n" +
+	"\n" +
+	"unreadable\x18\x02 \x03(\tR\n" +
+	"unreadable\"%\n" +
 	"\x0fTreeDropRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x12\n" +
 	"\x10TreeDropResponse\"\xb6\x01\n" +

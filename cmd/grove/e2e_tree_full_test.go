@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/client"
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/btree"
 )
 
 // TestEndToEndTreeFull: a tree on a cluster whose chunk store is tiny
@@ -34,6 +38,7 @@ func TestEndToEndTreeFull(t *testing.T) {
 			t.Fatalf("create: %v", err)
 		}
 	}
+	unreadableEntry(t, ctx, u, bin, c)
 	tr := c.Tree("full")
 	val := func(i int) []byte { return []byte(fmt.Sprintf("%06d-%s", i, strings.Repeat("v", 1000))) }
 	key := func(i int) []byte { return []byte(fmt.Sprintf("key-%06d", i)) }
@@ -121,4 +126,33 @@ func TestEndToEndTreeFull(t *testing.T) {
 		}
 	}
 	check(acked + 100)
+}
+
+// unreadableEntry: a tree directory entry this build cannot decode (a
+// newer build's, or damaged) does not hide the other trees. `grove tree
+// list` prints them and fails (exit 1) naming the entry; the Go client
+// returns them with an *UnreadableTreesError. The entry is then removed.
+func unreadableEntry(t *testing.T, ctx context.Context, u *bench.UpCluster, bin string, c *client.Client) {
+	mc := upMeta(t, ctx, u)
+	const key = "tree/zz-unreadable"
+	set := func(op *pb.Op) {
+		t.Helper()
+		if _, err := mc.Update(ctx, btree.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) { return []*pb.Op{op}, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(&pb.Op{Kind: pb.Op_KIND_PUT, Key: key, Value: []byte{0xff, 1, 2}})
+	r := grove(t, bin, nil, "tree", "list", "--endpoints="+u.Nodes[3].GRPC)
+	if r.code != 1 || !strings.Contains(r.stdout, "full") || !strings.Contains(r.stderr, key) {
+		t.Fatalf("tree list beside an unreadable entry: %v", r)
+	}
+	ts, err := c.Trees(ctx)
+	var ue *client.UnreadableTreesError
+	if !errors.As(err, &ue) || len(ue.Entries) != 1 || len(ts) != 1 || ts[0].Name != "full" {
+		t.Fatalf("Trees beside an unreadable entry: %+v, %v", ts, err)
+	}
+	set(&pb.Op{Kind: pb.Op_KIND_DELETE, Key: key})
+	if r := grove(t, bin, nil, "tree", "list", "--endpoints="+u.Nodes[3].GRPC); r.code != 0 || !strings.Contains(r.stdout, "full") {
+		t.Fatalf("tree list once the entry is gone: %v", r)
+	}
 }

@@ -131,7 +131,17 @@ func treeListCmd() *cobra.Command {
 				for _, x := range r.Trees {
 					t.Row(x.Name, fmt.Sprintf("%d:%d", x.AnchorCm, x.AnchorId), x.NodeSize, x.Fanout)
 				}
-				return out.Print(os.Stdout, &d)
+				if err := out.Print(os.Stdout, &d); err != nil {
+					return err
+				}
+				if len(r.Unreadable) > 0 {
+					// The readable trees are listed; the command still
+					// fails, so that a script sees the directory is not
+					// whole.
+					return cli.Failf("tree list", "%d directory entries do not decode (a build newer than this node's wrote them, or they are damaged): %s",
+						len(r.Unreadable), strings.Join(r.Unreadable, "; "))
+				}
+				return nil
 			})
 		},
 	}

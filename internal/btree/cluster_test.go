@@ -410,7 +410,7 @@ func TestDropResumes(t *testing.T) {
 			freed++
 		}
 	}
-	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
+	if ts, _, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
 		t.Fatalf("a dropped tree is listed: %v %v", ts, err)
 	}
 	// Before DropWait nothing is freed (an operation that began before the
@@ -525,11 +525,11 @@ func TestDropSettledAfterFailedDecree(t *testing.T) {
 		t.Fatal("the drop succeeded with its decree failing")
 	}
 	s1.FailDropDecreesForTest(nil)
-	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 1 {
+	if ts, _, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 1 {
 		t.Fatalf("before the pass: %v %v (want the half-dropped tree listed)", ts, err)
 	}
 	s1.DropPassForTest(ctx)
-	if ts, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
+	if ts, _, err := btree.ListTrees(ctx, tc.mc); err != nil || len(ts) != 0 {
 		t.Fatalf("after the dropper's pass the half-dropped tree is still listed: %v %v", ts, err)
 	}
 	// Recorded: a pass with no wait frees its chunks.

@@ -3,6 +3,7 @@ package btree
 import (
 	"bytes"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 // bytes either decode to a record that encodes back to them, or are
 // refused; the namespace readers never panic, whatever the key.
 func FuzzDirectory(f *testing.F) {
+	f.Add("tree/zzz", []byte{0xff, 1, 2})
 	anchor := Handle{CM: 1, ID: 7}
 	good := encodeEntry(TreeEntry{Name: "users", Anchor: anchor, NodeSize: MinNodeSize})
 	f.Add("tree/users", good)
@@ -56,6 +58,15 @@ func FuzzDirectory(f *testing.F) {
 				}
 			}
 		}
+		// A listing shows every tree whose entry decodes, and names
+		// the entries that do not, where Trees fails.
+		trees, unreadable := listTrees(ns)
+		if (terr != nil) != (len(unreadable) > 0) {
+			t.Fatalf("Trees: %v, but the listing finds %d unreadable entries", terr, len(unreadable))
+		}
+		if len(trees) == 0 || trees[0].Name != "users" && (len(trees) < 2 || trees[1].Name != "users") {
+			t.Fatalf("the listing lost the good tree: %+v", trees)
+		}
 		pendingDrops(ns)
 		namedChunks(ns)
 		if len(key) > len("retired/") {
@@ -65,4 +76,25 @@ func FuzzDirectory(f *testing.F) {
 		}
 		lookupIn(ns, "users")
 	})
+}
+
+// TestListTreesSkipsUnreadable: `grove tree list` shows the trees whose
+// directory entries decode and names the one that does not, where Trees
+// (for the collections) refuses the whole directory.
+func TestListTreesSkipsUnreadable(t *testing.T) {
+	a := encodeEntry(TreeEntry{Name: "a", Anchor: Handle{CM: 1, ID: 7}, NodeSize: MinNodeSize})
+	c := encodeEntry(TreeEntry{Name: "c", Anchor: Handle{CM: 1, ID: 9}, NodeSize: MinNodeSize})
+	ns := &pb.Namespace{Version: 3, Entries: []*pb.Entry{
+		{Key: "tree/c", Value: c}, {Key: "tree/b", Value: []byte{0xff, 0, 1}}, {Key: "tree/a", Value: a}, {Key: "drop/1-5", Value: []byte("x")},
+	}}
+	if _, err := Trees(ns); err == nil {
+		t.Fatal("Trees accepted a directory with an entry that does not decode")
+	}
+	trees, unreadable := listTrees(ns)
+	if len(trees) != 2 || trees[0].Name != "a" || trees[1].Name != "c" {
+		t.Fatalf("listed %+v, want a and c", trees)
+	}
+	if len(unreadable) != 1 || !strings.HasPrefix(unreadable[0], `"tree/b": `) {
+		t.Fatalf("unreadable %q, want tree/b's entry", unreadable)
+	}
 }

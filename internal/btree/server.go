@@ -173,22 +173,35 @@ func Trees(ns *pb.Namespace) (map[string]TreeEntry, error) {
 	return out, nil
 }
 
-// ListTrees returns every tree, by name.
-func ListTrees(ctx context.Context, m *meta.Client) ([]TreeEntry, error) {
+// ListTrees returns every tree whose directory entry decodes, by name, and
+// a line ("key: error") for each entry that does not. A listing is for
+// people: one bad entry does not hide the others (Trees, for the
+// collections that must see every anchor, fails on it instead).
+func ListTrees(ctx context.Context, m *meta.Client) (trees []TreeEntry, unreadable []string, err error) {
 	ns, err := m.Read(ctx, Namespace)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ts, err := Trees(ns)
-	if err != nil {
-		return nil, err
+	trees, unreadable = listTrees(ns)
+	return trees, unreadable, nil
+}
+
+// listTrees is ListTrees on directory ns.
+func listTrees(ns *pb.Namespace) (trees []TreeEntry, unreadable []string) {
+	for _, kv := range ns.GetEntries() {
+		if !strings.HasPrefix(kv.Key, "tree/") {
+			continue // a drop under way (dropKey)
+		}
+		e, err := decodeEntry(kv.Value)
+		if err != nil {
+			unreadable = append(unreadable, fmt.Sprintf("%q: %v", kv.Key, err))
+			continue
+		}
+		trees = append(trees, e)
 	}
-	out := make([]TreeEntry, 0, len(ts))
-	for _, e := range ts {
-		out = append(out, e)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	sort.Slice(trees, func(i, j int) bool { return trees[i].Name < trees[j].Name })
+	sort.Strings(unreadable)
+	return trees, unreadable
 }
 
 // LookupTree finds tree name.

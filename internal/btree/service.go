@@ -667,11 +667,11 @@ func (s *Service) Nodes(ctx context.Context, r *pb.TreeNodesRequest) (*pb.TreeNo
 }
 
 func (s *Service) List(ctx context.Context, r *pb.TreeListRequest) (*pb.TreeListResponse, error) {
-	ts, err := ListTrees(ctx, s.cfg.Meta)
+	ts, unreadable, err := ListTrees(ctx, s.cfg.Meta)
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	out := &pb.TreeListResponse{}
+	out := &pb.TreeListResponse{Unreadable: unreadable}
 	for _, e := range ts {
 		out.Trees = append(out.Trees, treeInfo(e))
 	}
