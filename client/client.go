@@ -63,10 +63,10 @@
 // is not among the endpoints. One server then holds the tree's node
 // leases, so clients dialed to different endpoints share its cache and its
 // log's group commits instead of passing leases from server to server
-// (each pass a write-back). Until the home's connection is up, and after
-// a call to it failed in a way that allows a retry (see Retries), calls go
-// to the endpoints as before: any node serves any tree (coherent through
-// the locks). Options.NoRouting turns routing off.
+// (each pass a write-back). Until the home's connection is up, and for
+// 10 s after a call to it failed (see Retries), calls go to the endpoints
+// as before: any node serves any tree (coherent through the locks).
+// Options.NoRouting turns routing off.
 //
 // # Limits
 //
@@ -197,8 +197,16 @@ type router struct {
 	next     time.Time // when to ask for the nodes again
 	fetching bool
 	extra    map[string]*grpc.ClientConn // connections to nodes that are not endpoints
-	closed   bool
+	// shunned: homes a call failed at (their address, and until when):
+	// calls go to the endpoints meanwhile (review 55: a home whose B-tree
+	// server was starting held every call until its deadline, call after
+	// call, while the endpoints would have served them).
+	shunned map[string]time.Time
+	closed  bool
 }
+
+// shunFor is how long calls avoid a home a call failed at.
+const shunFor = routeRefresh
 
 // routeRefresh is how often the client asks for the registered nodes;
 // routeRetry how soon after a failed ask, or after a call to a home failed.
@@ -285,6 +293,12 @@ func (c *Client) home(tree string) (pb.TreeServiceClient, bool) {
 	if addr == "" {
 		return nil, false
 	}
+	if until, ok := r.shunned[addr]; ok {
+		if time.Now().Before(until) {
+			return nil, false
+		}
+		delete(r.shunned, addr)
+	}
 	var cc *grpc.ClientConn
 	for i, ep := range c.eps {
 		if ep == addr {
@@ -359,13 +373,24 @@ func (c *Client) stopRouting() {
 	c.route.mu.Unlock()
 }
 
-// rerouteSoon asks for the nodes again soon: a call to a home failed.
-func (c *Client) rerouteSoon() {
+// rerouteSoon asks for the nodes again soon, and sends tree's calls to
+// the endpoints for shunFor: a call to tree's home failed.
+func (c *Client) rerouteSoon(tree string) {
 	c.route.mu.Lock()
-	if next := time.Now().Add(routeRetry); next.Before(c.route.next) {
-		c.route.next = next
+	defer c.route.mu.Unlock()
+	r := &c.route
+	if next := time.Now().Add(routeRetry); next.Before(r.next) {
+		r.next = next
 	}
-	c.route.mu.Unlock()
+	if len(r.ids) == 0 {
+		return
+	}
+	if addr := r.nodes[btree.Home(tree, r.ids)]; addr != "" {
+		if r.shunned == nil {
+			r.shunned = map[string]time.Time{}
+		}
+		r.shunned[addr] = time.Now().Add(shunFor)
+	}
 }
 
 // write and read say how a call may be retried (treecall.Kind).
@@ -512,7 +537,7 @@ func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f fu
 				c.cur.CompareAndSwap(int64(i), int64((i+1)%len(c.tcs)))
 			}
 			if atHome {
-				c.rerouteSoon()
+				c.rerouteSoon(tree)
 			}
 			return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 		}
@@ -520,7 +545,7 @@ func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f fu
 		// attempt, or the next call, goes to the next endpoint (a tokened
 		// attempt's outcome, if it had one, is in the token's record).
 		if atHome {
-			c.rerouteSoon()
+			c.rerouteSoon(tree)
 		}
 		last = err
 		if i >= 0 {

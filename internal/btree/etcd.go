@@ -284,6 +284,20 @@ func etcdSpan(key, end []byte) (etcdRange, error) {
 
 func kv(k, v []byte) *etcdpb.KeyValue { return &etcdpb.KeyValue{Key: k, Value: v, Version: 1} }
 
+// etcdAnswerMax bounds what one Range (or DeleteRange with prev_kv)
+// gathers into its answer: one message (review 55: an unlimited range was
+// read whole into memory, then refused by gRPC's send limit).
+const etcdAnswerMax = forwardAnswerMax
+
+// kvSize is an entry's share of an answer (its bytes and the encoding's).
+func kvSize(k, v []byte) int { return len(k) + len(v) + 16 }
+
+// errEtcdAnswerTooLarge refuses a range whose answer would pass
+// etcdAnswerMax, before it is read whole.
+func errEtcdAnswerTooLarge(what string) error {
+	return status.Errorf(codes.ResourceExhausted, "grove etcd endpoint: %s would pass %d MiB (one message); use a limit (etcdctl --limit), --keys-only, or a smaller range", what, etcdAnswerMax>>20)
+}
+
 func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.RangeResponse, error) {
 	if r.Revision != 0 || r.MinModRevision != 0 || r.MaxModRevision != 0 || r.MinCreateRevision != 0 || r.MaxCreateRevision != 0 {
 		return nil, errEtcdNoMVCC
@@ -348,6 +362,7 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 	}
 	reverse := r.SortOrder == etcdpb.RangeRequest_DESCEND
 	limit := int(r.Limit)
+	size := 0
 	for {
 		left := 0
 		if limit > 0 {
@@ -365,6 +380,9 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 			var v []byte
 			if !r.KeysOnly {
 				v = pg.Vals[i]
+			}
+			if size += kvSize(k, v); size > etcdAnswerMax {
+				return nil, errEtcdAnswerTooLarge("the range's answer")
 			}
 			out.Kvs = append(out.Kvs, kv(k, v))
 		}
@@ -485,6 +503,7 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 	ctx, cancel := srv.OpContext(ctx)
 	defer cancel()
 	sp := er.Span
+	prevSize := 0
 	del := func(k []byte) error {
 		res, err := t.Delete(ctx, k, Cond{Prev: r.PrevKv})
 		if err != nil {
@@ -494,6 +513,12 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 			out.Deleted++
 			if r.PrevKv {
 				out.PrevKvs = append(out.PrevKvs, kv(k, res.Prev))
+				if prevSize += kvSize(k, res.Prev); prevSize > etcdAnswerMax {
+					// The answer could not be sent: stop here. The keys
+					// deleted so far stay deleted (a range is deleted
+					// key by key): partial says how many.
+					return errEtcdAnswerTooLarge("the previous values of the deleted keys")
+				}
 			}
 		}
 		return nil

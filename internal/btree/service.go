@@ -504,6 +504,12 @@ func IsNotApplied(st *status.Status) bool { return treecall.IsNotApplied(st) }
 // otherwise fails at once, not applied (the node is out of the cluster,
 // perhaps for long: the caller moves on to another node).
 func (s *Service) Server(ctx context.Context) (*Server, error) {
+	// The wait for a starting server is bounded by one operation's time,
+	// whatever the caller's deadline (review 55: a call with none, as an
+	// etcd client's context.Background(), waited for as long as a start
+	// that kept failing).
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout())
+	defer cancel()
 	for {
 		s.mu.Lock()
 		if s.mu.closed {
@@ -607,7 +613,9 @@ func (s *Service) open(ctx context.Context, name string) (*Server, *Tree, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	t, err := srv.Open(ctx, name)
+	octx, cancel := srv.OpContext(ctx) // (the directory's read, if the tree is not open)
+	defer cancel()
+	t, err := srv.Open(octx, name)
 	if err != nil {
 		if errors.Is(err, ErrNoTree) || errors.Is(err, ErrBadName) {
 			return nil, nil, rpcError(err)
@@ -667,6 +675,8 @@ func (s *Service) Nodes(ctx context.Context, r *pb.TreeNodesRequest) (*pb.TreeNo
 }
 
 func (s *Service) List(ctx context.Context, r *pb.TreeListRequest) (*pb.TreeListResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout())
+	defer cancel()
 	ts, unreadable, err := ListTrees(ctx, s.cfg.Meta)
 	if err != nil {
 		return nil, rpcError(err)
@@ -765,6 +775,14 @@ func (s *Service) writeToken(t *pb.TreeWriteToken) (*WriteToken, error) {
 	}
 	copy(tok.Client[:], t.Client)
 	return tok, nil
+}
+
+// opTimeout is the servers' operation timeout (ServerConfig.OpTimeout).
+func (s *Service) opTimeout() time.Duration {
+	if d := s.cfg.Server.OpTimeout; d > 0 {
+		return d
+	}
+	return 30 * time.Second // (NewServer's default)
 }
 
 // floorsOn: every registered node reads floors (FeatureFloors).
@@ -891,6 +909,9 @@ func (s *Service) Count(ctx context.Context, r *pb.TreeCountRequest) (*pb.TreeCo
 }
 
 func (s *Service) Stat(ctx context.Context, r *pb.TreeStatRequest) (*pb.TreeStatResponse, error) {
+	// A walk of the whole tree: ten operations' time at most.
+	ctx, cancel := context.WithTimeout(ctx, 10*s.opTimeout())
+	defer cancel()
 	srv, err := s.Server(ctx)
 	if err != nil {
 		return nil, err
