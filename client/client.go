@@ -39,7 +39,12 @@
 // carries the client's floor, the lowest number of its writes still
 // waiting for an answer: nodes drop the records of its writes below it,
 // so that a client that keeps writing leaves few records to evict. The
-// answer of a
+// token also names the tree, by its anchor, looked up once per tree name
+// (and again after a refusal): an attempt that reaches a tree made again
+// under the name since is refused and did nothing, and the write then
+// ends ErrUnknownOutcome if an earlier attempt's outcome was unknown, or
+// goes on under a new token (records live in their tree: without the
+// anchor a resend to the new tree would apply afresh). The answer of a
 // repeated attempt does not know the previous value (CompareAndSwap's cur
 // is nil then).
 //
@@ -166,7 +171,13 @@ type Client struct {
 	// untokened: until when (Unix ns) writes go without tokens (the
 	// cluster refused them: tokensOffFor).
 	untokened atomic.Int64
-	stats     struct{ resent, repeats, unknown atomic.Uint64 }
+	stats     struct{ resent, repeats, unknown, treeChanged atomic.Uint64 }
+	// anchors: each tree's anchor as last looked up (name -> btree.Handle),
+	// sent in write tokens (a node refuses an attempt that reaches another
+	// tree under the name: TREE_CHANGED); noLookup: until when (Unix ns)
+	// tokens go without one (a node of a build from before Lookup).
+	anchors  sync.Map
+	noLookup atomic.Int64
 }
 
 // Stats count a client's tokened writes' retries (see Retries).
@@ -178,11 +189,16 @@ type Stats struct {
 	Repeats uint64
 	// Unknown counts the writes that ended with ErrUnknownOutcome.
 	Unknown uint64
+	// TreeChanged counts the attempts refused because their tree was
+	// dropped and made again under its name since the client looked it up
+	// (each did nothing; the write went on under a new token, or ended
+	// ErrUnknownOutcome if an earlier attempt's outcome was unknown).
+	TreeChanged uint64
 }
 
 // Stats returns the client's counts since Dial.
 func (c *Client) Stats() Stats {
-	return Stats{Resent: c.stats.resent.Load(), Repeats: c.stats.repeats.Load(), Unknown: c.stats.unknown.Load()}
+	return Stats{Resent: c.stats.resent.Load(), Repeats: c.stats.repeats.Load(), Unknown: c.stats.unknown.Load(), TreeChanged: c.stats.treeChanged.Load()}
 }
 
 // tokensOffFor is how long a client sends writes untokened after the
@@ -417,6 +433,30 @@ func ended(call *treecall.Call, ctx context.Context, last error) error {
 	return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
 }
 
+// anchor is tree's anchor, for a token's first attempt: as last looked up,
+// or looked up through tc now. Zero (the token says nothing) when the node
+// is of a build from before Lookup. A failed lookup is marked not applied
+// (nothing was sent) unless the tree does not exist (NotFound: the write's
+// answer too).
+func (c *Client) anchor(ctx context.Context, tc pb.TreeServiceClient, tree string) (btree.Handle, error) {
+	if a, ok := c.anchors.Load(tree); ok {
+		return a.(btree.Handle), nil
+	}
+	if time.Now().UnixNano() < c.noLookup.Load() {
+		return btree.Handle{}, nil
+	}
+	a, old, err := btree.LookupAnchor(ctx, tc, tree)
+	if err != nil {
+		return btree.Handle{}, err
+	}
+	if old {
+		c.noLookup.Store(time.Now().Add(tokensOffFor).UnixNano())
+		return btree.Handle{}, nil
+	}
+	c.anchors.Store(tree, a)
+	return a, nil
+}
+
 // newToken numbers a tokened write; pend.End(tok.Seq) when its call ends.
 func (c *Client) newToken() *pb.TreeWriteToken {
 	return &pb.TreeWriteToken{Client: c.id[:], Seq: c.pend.Begin(), Attempt: 1, Stamp: time.Now().UnixNano()}
@@ -438,17 +478,33 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 			c.stats.unknown.Add(1)
 		}
 	}()
+	// anchored: tok carries its tree's anchor (set before its first
+	// attempt, never changed after: a resend must name the tree its first
+	// attempt was meant for).
+	anchored := false
 	return c.run(ctx, call, tree, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		if !call.Tokened {
 			return f(ctx, tc, nil)
+		}
+		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+		defer cancel()
+		if !anchored {
+			a, err := c.anchor(actx, tc, tree)
+			if err != nil {
+				return err // (a lookup: nothing sent)
+			}
+			tok.TreeCm, tok.TreeId, anchored = a.CM, a.ID, true
 		}
 		// (The token's message is marshalled within the call: changing
 		// it between attempts is safe.)
 		tok.Attempt = call.Attempt()
 		tok.Floor = c.pend.Floor()
-		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
-		defer cancel()
-		return f(actx, tc, tok)
+		err := f(actx, tc, tok)
+		if st, ok := status.FromError(err); ok && btree.HasReason(st, btree.TreeChanged) {
+			c.anchors.Delete(tree) // (the next token looks it up again)
+			c.stats.treeChanged.Add(1)
+		}
+		return err
 	}, func(d treecall.Decision) {
 		switch {
 		case d.Untokened:
@@ -461,7 +517,7 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 			// The old token's attempt did nothing (the rules say so
 			// only then): it is no longer waited for.
 			c.pend.End(tok.Seq)
-			tok = c.newToken()
+			tok, anchored = c.newToken(), false
 		case d.Resend:
 			c.stats.resent.Add(1)
 		}
@@ -608,6 +664,7 @@ type TreeInfo struct {
 
 // CreateTree creates an empty tree (ErrExists if there is one).
 func (c *Client) CreateTree(ctx context.Context, name string, o TreeOptions) error {
+	defer c.anchors.Delete(name) // (a new tree under the name)
 	return c.call(ctx, write, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		_, err := tc.Create(ctx, &pb.TreeCreateRequest{Name: name, NodeSize: o.NodeSize, Fanout: o.Fanout})
 		return err
@@ -616,6 +673,7 @@ func (c *Client) CreateTree(ctx context.Context, name string, o TreeOptions) err
 
 // DropTree drops a tree and frees its chunks (ErrNotFound if there is none).
 func (c *Client) DropTree(ctx context.Context, name string) error {
+	defer c.anchors.Delete(name)
 	return c.call(ctx, write, "", func(ctx context.Context, tc pb.TreeServiceClient) error {
 		_, err := tc.Drop(ctx, &pb.TreeDropRequest{Name: name})
 		return err

@@ -174,6 +174,38 @@ func TestClient(t *testing.T) {
 	if st, err := tr.Stat(ctx); err != nil || st.Keys != n-1 || st.Height < 2 {
 		t.Fatalf("stat: %+v %v", st, err)
 	}
+	// Another client drops the tree and makes it again: this client's
+	// next write carries the dropped tree's anchor (as looked up before
+	// its first write), is refused TREE_CHANGED at its first attempt
+	// (nothing done), looks the tree up again, and applies under a new
+	// token, in the new tree (review 55: a resend to a tree made again
+	// under the name would apply afresh without the anchor).
+	other, err := client.Dial(ctx, eps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.DropTree(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.CreateTree(ctx, "t", client.TreeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Put(ctx, key(1), []byte("new")); err != nil {
+		t.Fatalf("a put after the tree was made again: %v", err)
+	}
+	if st := c.Stats(); st.TreeChanged != 1 {
+		t.Fatalf("%d attempts refused for their tree, want 1: the put did not carry the dropped tree's anchor, or was not refused", st.TreeChanged)
+	}
+	if cnt, err := tr.Count(ctx, client.Range{}); err != nil || cnt != 1 {
+		t.Fatalf("the new tree holds %d keys (%v), want the one put", cnt, err)
+	}
+	if found, err := tr.Delete(ctx, key(1)); err != nil || !found {
+		t.Fatal(err)
+	}
+	if err := c.Tree("no-such").Put(ctx, key(1), []byte("v")); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("a put to an unknown tree: %v", err)
+	}
 	if err := c.DropTree(ctx, "t"); err != nil {
 		t.Fatal(err)
 	}

@@ -347,6 +347,94 @@ func (x *TreeListResponse) GetUnreadable() []string {
 	return nil
 }
 
+type TreeLookupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeLookupRequest) Reset() {
+	*x = TreeLookupRequest{}
+	mi := &file_grovepb_btree_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeLookupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeLookupRequest) ProtoMessage() {}
+
+func (x *TreeLookupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeLookupRequest.ProtoReflect.Descriptor instead.
+func (*TreeLookupRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TreeLookupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type TreeLookupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tree          *TreeInfo              `protobuf:"bytes,1,opt,name=tree,proto3" json:"tree,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeLookupResponse) Reset() {
+	*x = TreeLookupResponse{}
+	mi := &file_grovepb_btree_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeLookupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeLookupResponse) ProtoMessage() {}
+
+func (x *TreeLookupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_btree_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeLookupResponse.ProtoReflect.Descriptor instead.
+func (*TreeLookupResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TreeLookupResponse) GetTree() *TreeInfo {
+	if x != nil {
+		return x.Tree
+	}
+	return nil
+}
+
 type TreeDropRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -356,7 +444,7 @@ type TreeDropRequest struct {
 
 func (x *TreeDropRequest) Reset() {
 	*x = TreeDropRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[5]
+	mi := &file_grovepb_btree_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +456,7 @@ func (x *TreeDropRequest) String() string {
 func (*TreeDropRequest) ProtoMessage() {}
 
 func (x *TreeDropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[5]
+	mi := &file_grovepb_btree_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +469,7 @@ func (x *TreeDropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDropRequest.ProtoReflect.Descriptor instead.
 func (*TreeDropRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{5}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TreeDropRequest) GetName() string {
@@ -399,7 +487,7 @@ type TreeDropResponse struct {
 
 func (x *TreeDropResponse) Reset() {
 	*x = TreeDropResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[6]
+	mi := &file_grovepb_btree_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +499,7 @@ func (x *TreeDropResponse) String() string {
 func (*TreeDropResponse) ProtoMessage() {}
 
 func (x *TreeDropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[6]
+	mi := &file_grovepb_btree_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +512,7 @@ func (x *TreeDropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDropResponse.ProtoReflect.Descriptor instead.
 func (*TreeDropResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{6}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{8}
 }
 
 type TreePutRequest struct {
@@ -442,7 +530,7 @@ type TreePutRequest struct {
 
 func (x *TreePutRequest) Reset() {
 	*x = TreePutRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[7]
+	mi := &file_grovepb_btree_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +542,7 @@ func (x *TreePutRequest) String() string {
 func (*TreePutRequest) ProtoMessage() {}
 
 func (x *TreePutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[7]
+	mi := &file_grovepb_btree_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +555,7 @@ func (x *TreePutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreePutRequest.ProtoReflect.Descriptor instead.
 func (*TreePutRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{7}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TreePutRequest) GetTree() string {
@@ -525,14 +613,23 @@ type TreeWriteToken struct {
 	// Every write of this client numbered below floor has its answer or was
 	// given up, and is not sent again: a node may forget their completion
 	// records (0: the client says nothing). At most seq.
-	Floor         uint64 `protobuf:"varint,5,opt,name=floor,proto3" json:"floor,omitempty"`
+	Floor uint64 `protobuf:"varint,5,opt,name=floor,proto3" json:"floor,omitempty"`
+	// The anchor of the tree the write was first meant for, as the client
+	// found it (Lookup) before the token's first attempt, the same in every
+	// attempt (0, 0: not said). A node refuses an attempt whose tree has
+	// another anchor (the name was dropped and made again since):
+	// FailedPrecondition, reason TREE_CHANGED, this attempt did nothing. Its
+	// records live in the tree they were made in, so without this a resend
+	// to a tree made again under the name would apply afresh.
+	TreeCm        uint32 `protobuf:"varint,6,opt,name=tree_cm,json=treeCm,proto3" json:"tree_cm,omitempty"`
+	TreeId        uint64 `protobuf:"varint,7,opt,name=tree_id,json=treeId,proto3" json:"tree_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TreeWriteToken) Reset() {
 	*x = TreeWriteToken{}
-	mi := &file_grovepb_btree_proto_msgTypes[8]
+	mi := &file_grovepb_btree_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +641,7 @@ func (x *TreeWriteToken) String() string {
 func (*TreeWriteToken) ProtoMessage() {}
 
 func (x *TreeWriteToken) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[8]
+	mi := &file_grovepb_btree_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +654,7 @@ func (x *TreeWriteToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeWriteToken.ProtoReflect.Descriptor instead.
 func (*TreeWriteToken) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{8}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TreeWriteToken) GetClient() []byte {
@@ -595,6 +692,20 @@ func (x *TreeWriteToken) GetFloor() uint64 {
 	return 0
 }
 
+func (x *TreeWriteToken) GetTreeCm() uint32 {
+	if x != nil {
+		return x.TreeCm
+	}
+	return 0
+}
+
+func (x *TreeWriteToken) GetTreeId() uint64 {
+	if x != nil {
+		return x.TreeId
+	}
+	return 0
+}
+
 type TreePutResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Applied bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // the condition held and the change is durable
@@ -611,7 +722,7 @@ type TreePutResponse struct {
 
 func (x *TreePutResponse) Reset() {
 	*x = TreePutResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[9]
+	mi := &file_grovepb_btree_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +734,7 @@ func (x *TreePutResponse) String() string {
 func (*TreePutResponse) ProtoMessage() {}
 
 func (x *TreePutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[9]
+	mi := &file_grovepb_btree_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +747,7 @@ func (x *TreePutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreePutResponse.ProtoReflect.Descriptor instead.
 func (*TreePutResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TreePutResponse) GetApplied() bool {
@@ -677,7 +788,7 @@ type TreeGetRequest struct {
 
 func (x *TreeGetRequest) Reset() {
 	*x = TreeGetRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[10]
+	mi := &file_grovepb_btree_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +800,7 @@ func (x *TreeGetRequest) String() string {
 func (*TreeGetRequest) ProtoMessage() {}
 
 func (x *TreeGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[10]
+	mi := &file_grovepb_btree_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +813,7 @@ func (x *TreeGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeGetRequest.ProtoReflect.Descriptor instead.
 func (*TreeGetRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TreeGetRequest) GetTree() string {
@@ -729,7 +840,7 @@ type TreeGetResponse struct {
 
 func (x *TreeGetResponse) Reset() {
 	*x = TreeGetResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[11]
+	mi := &file_grovepb_btree_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +852,7 @@ func (x *TreeGetResponse) String() string {
 func (*TreeGetResponse) ProtoMessage() {}
 
 func (x *TreeGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[11]
+	mi := &file_grovepb_btree_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +865,7 @@ func (x *TreeGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeGetResponse.ProtoReflect.Descriptor instead.
 func (*TreeGetResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TreeGetResponse) GetFound() bool {
@@ -784,7 +895,7 @@ type TreeDeleteRequest struct {
 
 func (x *TreeDeleteRequest) Reset() {
 	*x = TreeDeleteRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[12]
+	mi := &file_grovepb_btree_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +907,7 @@ func (x *TreeDeleteRequest) String() string {
 func (*TreeDeleteRequest) ProtoMessage() {}
 
 func (x *TreeDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[12]
+	mi := &file_grovepb_btree_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +920,7 @@ func (x *TreeDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDeleteRequest.ProtoReflect.Descriptor instead.
 func (*TreeDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TreeDeleteRequest) GetTree() string {
@@ -859,7 +970,7 @@ type TreeDeleteResponse struct {
 
 func (x *TreeDeleteResponse) Reset() {
 	*x = TreeDeleteResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[13]
+	mi := &file_grovepb_btree_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +982,7 @@ func (x *TreeDeleteResponse) String() string {
 func (*TreeDeleteResponse) ProtoMessage() {}
 
 func (x *TreeDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[13]
+	mi := &file_grovepb_btree_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +995,7 @@ func (x *TreeDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeDeleteResponse.ProtoReflect.Descriptor instead.
 func (*TreeDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TreeDeleteResponse) GetApplied() bool {
@@ -932,7 +1043,7 @@ type TreeScanRequest struct {
 
 func (x *TreeScanRequest) Reset() {
 	*x = TreeScanRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[14]
+	mi := &file_grovepb_btree_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1055,7 @@ func (x *TreeScanRequest) String() string {
 func (*TreeScanRequest) ProtoMessage() {}
 
 func (x *TreeScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[14]
+	mi := &file_grovepb_btree_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1068,7 @@ func (x *TreeScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeScanRequest.ProtoReflect.Descriptor instead.
 func (*TreeScanRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TreeScanRequest) GetTree() string {
@@ -1023,7 +1134,7 @@ type TreeScanResponse struct {
 
 func (x *TreeScanResponse) Reset() {
 	*x = TreeScanResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[15]
+	mi := &file_grovepb_btree_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1146,7 @@ func (x *TreeScanResponse) String() string {
 func (*TreeScanResponse) ProtoMessage() {}
 
 func (x *TreeScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[15]
+	mi := &file_grovepb_btree_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1159,7 @@ func (x *TreeScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeScanResponse.ProtoReflect.Descriptor instead.
 func (*TreeScanResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TreeScanResponse) GetKeys() [][]byte {
@@ -1105,7 +1216,7 @@ type TreeCountRequest struct {
 
 func (x *TreeCountRequest) Reset() {
 	*x = TreeCountRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[16]
+	mi := &file_grovepb_btree_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1228,7 @@ func (x *TreeCountRequest) String() string {
 func (*TreeCountRequest) ProtoMessage() {}
 
 func (x *TreeCountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[16]
+	mi := &file_grovepb_btree_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1241,7 @@ func (x *TreeCountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeCountRequest.ProtoReflect.Descriptor instead.
 func (*TreeCountRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TreeCountRequest) GetTree() string {
@@ -1170,7 +1281,7 @@ type TreeCountResponse struct {
 
 func (x *TreeCountResponse) Reset() {
 	*x = TreeCountResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[17]
+	mi := &file_grovepb_btree_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1293,7 @@ func (x *TreeCountResponse) String() string {
 func (*TreeCountResponse) ProtoMessage() {}
 
 func (x *TreeCountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[17]
+	mi := &file_grovepb_btree_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1306,7 @@ func (x *TreeCountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeCountResponse.ProtoReflect.Descriptor instead.
 func (*TreeCountResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TreeCountResponse) GetCount() uint64 {
@@ -1214,7 +1325,7 @@ type TreeStatRequest struct {
 
 func (x *TreeStatRequest) Reset() {
 	*x = TreeStatRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[18]
+	mi := &file_grovepb_btree_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1337,7 @@ func (x *TreeStatRequest) String() string {
 func (*TreeStatRequest) ProtoMessage() {}
 
 func (x *TreeStatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[18]
+	mi := &file_grovepb_btree_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1350,7 @@ func (x *TreeStatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeStatRequest.ProtoReflect.Descriptor instead.
 func (*TreeStatRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TreeStatRequest) GetTree() string {
@@ -1279,7 +1390,7 @@ type TreeStatResponse struct {
 
 func (x *TreeStatResponse) Reset() {
 	*x = TreeStatResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[19]
+	mi := &file_grovepb_btree_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1402,7 @@ func (x *TreeStatResponse) String() string {
 func (*TreeStatResponse) ProtoMessage() {}
 
 func (x *TreeStatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[19]
+	mi := &file_grovepb_btree_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1415,7 @@ func (x *TreeStatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeStatResponse.ProtoReflect.Descriptor instead.
 func (*TreeStatResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TreeStatResponse) GetTree() *TreeInfo {
@@ -1422,7 +1533,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_grovepb_btree_proto_msgTypes[20]
+	mi := &file_grovepb_btree_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1545,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[20]
+	mi := &file_grovepb_btree_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1558,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{22}
 }
 
 type TreeNodesResponse struct {
@@ -1459,7 +1570,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_grovepb_btree_proto_msgTypes[21]
+	mi := &file_grovepb_btree_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1582,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[21]
+	mi := &file_grovepb_btree_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1595,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{21}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TreeNodesResponse) GetNodes() []*TreeNode {
@@ -1504,7 +1615,7 @@ type TreeNode struct {
 
 func (x *TreeNode) Reset() {
 	*x = TreeNode{}
-	mi := &file_grovepb_btree_proto_msgTypes[22]
+	mi := &file_grovepb_btree_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1627,7 @@ func (x *TreeNode) String() string {
 func (*TreeNode) ProtoMessage() {}
 
 func (x *TreeNode) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_btree_proto_msgTypes[22]
+	mi := &file_grovepb_btree_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1640,7 @@ func (x *TreeNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNode.ProtoReflect.Descriptor instead.
 func (*TreeNode) Descriptor() ([]byte, []int) {
-	return file_grovepb_btree_proto_rawDescGZIP(), []int{22}
+	return file_grovepb_btree_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TreeNode) GetId() uint64 {
@@ -1568,7 +1679,11 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x05trees\x18\x01 \x03(\v2\x0f.grove.TreeInfoR\x05trees\x12\x1e\n" +
 	"\n" +
 	"unreadable\x18\x02 \x03(\tR\n" +
-	"unreadable\"%\n" +
+	"unreadable\"'\n" +
+	"\x11TreeLookupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x12TreeLookupResponse\x12#\n" +
+	"\x04tree\x18\x01 \x01(\v2\x0f.grove.TreeInfoR\x04tree\"%\n" +
 	"\x0fTreeDropRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x12\n" +
 	"\x10TreeDropResponse\"\xb6\x01\n" +
@@ -1578,13 +1693,15 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12#\n" +
 	"\x04cond\x18\x04 \x01(\x0e2\x0f.grove.TreeCondR\x04cond\x12\x16\n" +
 	"\x06expect\x18\x05 \x01(\fR\x06expect\x12+\n" +
-	"\x05token\x18\x06 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"\x80\x01\n" +
+	"\x05token\x18\x06 \x01(\v2\x15.grove.TreeWriteTokenR\x05token\"\xb2\x01\n" +
 	"\x0eTreeWriteToken\x12\x16\n" +
 	"\x06client\x18\x01 \x01(\fR\x06client\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\rR\aattempt\x12\x14\n" +
 	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\x12\x14\n" +
-	"\x05floor\x18\x05 \x01(\x04R\x05floor\"m\n" +
+	"\x05floor\x18\x05 \x01(\x04R\x05floor\x12\x17\n" +
+	"\atree_cm\x18\x06 \x01(\rR\x06treeCm\x12\x17\n" +
+	"\atree_id\x18\a \x01(\x04R\x06treeId\"m\n" +
 	"\x0fTreePutResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
@@ -1660,7 +1777,7 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x10TREE_COND_ALWAYS\x10\x00\x12\x17\n" +
 	"\x13TREE_COND_IF_ABSENT\x10\x01\x12\x17\n" +
 	"\x13TREE_COND_IF_EQUALS\x10\x02\x12\x17\n" +
-	"\x13TREE_COND_IF_EXISTS\x10\x032\xd0\x05\n" +
+	"\x13TREE_COND_IF_EXISTS\x10\x032\x8f\x06\n" +
 	"\vTreeService\x12=\n" +
 	"\x06Create\x12\x18.grove.TreeCreateRequest\x1a\x19.grove.TreeCreateResponse\x127\n" +
 	"\x04List\x12\x16.grove.TreeListRequest\x1a\x17.grove.TreeListResponse\x127\n" +
@@ -1671,7 +1788,8 @@ const file_grovepb_btree_proto_rawDesc = "" +
 	"\x04Scan\x12\x16.grove.TreeScanRequest\x1a\x17.grove.TreeScanResponse\x12:\n" +
 	"\x05Count\x12\x17.grove.TreeCountRequest\x1a\x18.grove.TreeCountResponse\x127\n" +
 	"\x04Stat\x12\x16.grove.TreeStatRequest\x1a\x17.grove.TreeStatResponse\x12:\n" +
-	"\x05Nodes\x12\x17.grove.TreeNodesRequest\x1a\x18.grove.TreeNodesResponse\x128\n" +
+	"\x05Nodes\x12\x17.grove.TreeNodesRequest\x1a\x18.grove.TreeNodesResponse\x12=\n" +
+	"\x06Lookup\x12\x18.grove.TreeLookupRequest\x1a\x19.grove.TreeLookupResponse\x128\n" +
 	"\aPutOnce\x12\x15.grove.TreePutRequest\x1a\x16.grove.TreePutResponse\x12A\n" +
 	"\n" +
 	"DeleteOnce\x12\x18.grove.TreeDeleteRequest\x1a\x19.grove.TreeDeleteResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
@@ -1689,7 +1807,7 @@ func file_grovepb_btree_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_btree_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_grovepb_btree_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_grovepb_btree_proto_goTypes = []any{
 	(TreeCond)(0),              // 0: grove.TreeCond
 	(*TreeInfo)(nil),           // 1: grove.TreeInfo
@@ -1697,63 +1815,68 @@ var file_grovepb_btree_proto_goTypes = []any{
 	(*TreeCreateResponse)(nil), // 3: grove.TreeCreateResponse
 	(*TreeListRequest)(nil),    // 4: grove.TreeListRequest
 	(*TreeListResponse)(nil),   // 5: grove.TreeListResponse
-	(*TreeDropRequest)(nil),    // 6: grove.TreeDropRequest
-	(*TreeDropResponse)(nil),   // 7: grove.TreeDropResponse
-	(*TreePutRequest)(nil),     // 8: grove.TreePutRequest
-	(*TreeWriteToken)(nil),     // 9: grove.TreeWriteToken
-	(*TreePutResponse)(nil),    // 10: grove.TreePutResponse
-	(*TreeGetRequest)(nil),     // 11: grove.TreeGetRequest
-	(*TreeGetResponse)(nil),    // 12: grove.TreeGetResponse
-	(*TreeDeleteRequest)(nil),  // 13: grove.TreeDeleteRequest
-	(*TreeDeleteResponse)(nil), // 14: grove.TreeDeleteResponse
-	(*TreeScanRequest)(nil),    // 15: grove.TreeScanRequest
-	(*TreeScanResponse)(nil),   // 16: grove.TreeScanResponse
-	(*TreeCountRequest)(nil),   // 17: grove.TreeCountRequest
-	(*TreeCountResponse)(nil),  // 18: grove.TreeCountResponse
-	(*TreeStatRequest)(nil),    // 19: grove.TreeStatRequest
-	(*TreeStatResponse)(nil),   // 20: grove.TreeStatResponse
-	(*TreeNodesRequest)(nil),   // 21: grove.TreeNodesRequest
-	(*TreeNodesResponse)(nil),  // 22: grove.TreeNodesResponse
-	(*TreeNode)(nil),           // 23: grove.TreeNode
+	(*TreeLookupRequest)(nil),  // 6: grove.TreeLookupRequest
+	(*TreeLookupResponse)(nil), // 7: grove.TreeLookupResponse
+	(*TreeDropRequest)(nil),    // 8: grove.TreeDropRequest
+	(*TreeDropResponse)(nil),   // 9: grove.TreeDropResponse
+	(*TreePutRequest)(nil),     // 10: grove.TreePutRequest
+	(*TreeWriteToken)(nil),     // 11: grove.TreeWriteToken
+	(*TreePutResponse)(nil),    // 12: grove.TreePutResponse
+	(*TreeGetRequest)(nil),     // 13: grove.TreeGetRequest
+	(*TreeGetResponse)(nil),    // 14: grove.TreeGetResponse
+	(*TreeDeleteRequest)(nil),  // 15: grove.TreeDeleteRequest
+	(*TreeDeleteResponse)(nil), // 16: grove.TreeDeleteResponse
+	(*TreeScanRequest)(nil),    // 17: grove.TreeScanRequest
+	(*TreeScanResponse)(nil),   // 18: grove.TreeScanResponse
+	(*TreeCountRequest)(nil),   // 19: grove.TreeCountRequest
+	(*TreeCountResponse)(nil),  // 20: grove.TreeCountResponse
+	(*TreeStatRequest)(nil),    // 21: grove.TreeStatRequest
+	(*TreeStatResponse)(nil),   // 22: grove.TreeStatResponse
+	(*TreeNodesRequest)(nil),   // 23: grove.TreeNodesRequest
+	(*TreeNodesResponse)(nil),  // 24: grove.TreeNodesResponse
+	(*TreeNode)(nil),           // 25: grove.TreeNode
 }
 var file_grovepb_btree_proto_depIdxs = []int32{
 	1,  // 0: grove.TreeCreateResponse.tree:type_name -> grove.TreeInfo
 	1,  // 1: grove.TreeListResponse.trees:type_name -> grove.TreeInfo
-	0,  // 2: grove.TreePutRequest.cond:type_name -> grove.TreeCond
-	9,  // 3: grove.TreePutRequest.token:type_name -> grove.TreeWriteToken
-	0,  // 4: grove.TreeDeleteRequest.cond:type_name -> grove.TreeCond
-	9,  // 5: grove.TreeDeleteRequest.token:type_name -> grove.TreeWriteToken
-	1,  // 6: grove.TreeStatResponse.tree:type_name -> grove.TreeInfo
-	23, // 7: grove.TreeNodesResponse.nodes:type_name -> grove.TreeNode
-	2,  // 8: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
-	4,  // 9: grove.TreeService.List:input_type -> grove.TreeListRequest
-	6,  // 10: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
-	8,  // 11: grove.TreeService.Put:input_type -> grove.TreePutRequest
-	11, // 12: grove.TreeService.Get:input_type -> grove.TreeGetRequest
-	13, // 13: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
-	15, // 14: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
-	17, // 15: grove.TreeService.Count:input_type -> grove.TreeCountRequest
-	19, // 16: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
-	21, // 17: grove.TreeService.Nodes:input_type -> grove.TreeNodesRequest
-	8,  // 18: grove.TreeService.PutOnce:input_type -> grove.TreePutRequest
-	13, // 19: grove.TreeService.DeleteOnce:input_type -> grove.TreeDeleteRequest
-	3,  // 20: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
-	5,  // 21: grove.TreeService.List:output_type -> grove.TreeListResponse
-	7,  // 22: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
-	10, // 23: grove.TreeService.Put:output_type -> grove.TreePutResponse
-	12, // 24: grove.TreeService.Get:output_type -> grove.TreeGetResponse
-	14, // 25: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
-	16, // 26: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
-	18, // 27: grove.TreeService.Count:output_type -> grove.TreeCountResponse
-	20, // 28: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
-	22, // 29: grove.TreeService.Nodes:output_type -> grove.TreeNodesResponse
-	10, // 30: grove.TreeService.PutOnce:output_type -> grove.TreePutResponse
-	14, // 31: grove.TreeService.DeleteOnce:output_type -> grove.TreeDeleteResponse
-	20, // [20:32] is the sub-list for method output_type
-	8,  // [8:20] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 2: grove.TreeLookupResponse.tree:type_name -> grove.TreeInfo
+	0,  // 3: grove.TreePutRequest.cond:type_name -> grove.TreeCond
+	11, // 4: grove.TreePutRequest.token:type_name -> grove.TreeWriteToken
+	0,  // 5: grove.TreeDeleteRequest.cond:type_name -> grove.TreeCond
+	11, // 6: grove.TreeDeleteRequest.token:type_name -> grove.TreeWriteToken
+	1,  // 7: grove.TreeStatResponse.tree:type_name -> grove.TreeInfo
+	25, // 8: grove.TreeNodesResponse.nodes:type_name -> grove.TreeNode
+	2,  // 9: grove.TreeService.Create:input_type -> grove.TreeCreateRequest
+	4,  // 10: grove.TreeService.List:input_type -> grove.TreeListRequest
+	8,  // 11: grove.TreeService.Drop:input_type -> grove.TreeDropRequest
+	10, // 12: grove.TreeService.Put:input_type -> grove.TreePutRequest
+	13, // 13: grove.TreeService.Get:input_type -> grove.TreeGetRequest
+	15, // 14: grove.TreeService.Delete:input_type -> grove.TreeDeleteRequest
+	17, // 15: grove.TreeService.Scan:input_type -> grove.TreeScanRequest
+	19, // 16: grove.TreeService.Count:input_type -> grove.TreeCountRequest
+	21, // 17: grove.TreeService.Stat:input_type -> grove.TreeStatRequest
+	23, // 18: grove.TreeService.Nodes:input_type -> grove.TreeNodesRequest
+	6,  // 19: grove.TreeService.Lookup:input_type -> grove.TreeLookupRequest
+	10, // 20: grove.TreeService.PutOnce:input_type -> grove.TreePutRequest
+	15, // 21: grove.TreeService.DeleteOnce:input_type -> grove.TreeDeleteRequest
+	3,  // 22: grove.TreeService.Create:output_type -> grove.TreeCreateResponse
+	5,  // 23: grove.TreeService.List:output_type -> grove.TreeListResponse
+	9,  // 24: grove.TreeService.Drop:output_type -> grove.TreeDropResponse
+	12, // 25: grove.TreeService.Put:output_type -> grove.TreePutResponse
+	14, // 26: grove.TreeService.Get:output_type -> grove.TreeGetResponse
+	16, // 27: grove.TreeService.Delete:output_type -> grove.TreeDeleteResponse
+	18, // 28: grove.TreeService.Scan:output_type -> grove.TreeScanResponse
+	20, // 29: grove.TreeService.Count:output_type -> grove.TreeCountResponse
+	22, // 30: grove.TreeService.Stat:output_type -> grove.TreeStatResponse
+	24, // 31: grove.TreeService.Nodes:output_type -> grove.TreeNodesResponse
+	7,  // 32: grove.TreeService.Lookup:output_type -> grove.TreeLookupResponse
+	12, // 33: grove.TreeService.PutOnce:output_type -> grove.TreePutResponse
+	16, // 34: grove.TreeService.DeleteOnce:output_type -> grove.TreeDeleteResponse
+	22, // [22:35] is the sub-list for method output_type
+	9,  // [9:22] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_btree_proto_init() }
@@ -1767,7 +1890,7 @@ func file_grovepb_btree_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_btree_proto_rawDesc), len(file_grovepb_btree_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

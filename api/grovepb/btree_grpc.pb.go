@@ -32,6 +32,7 @@ const (
 	TreeService_Count_FullMethodName      = "/grove.TreeService/Count"
 	TreeService_Stat_FullMethodName       = "/grove.TreeService/Stat"
 	TreeService_Nodes_FullMethodName      = "/grove.TreeService/Nodes"
+	TreeService_Lookup_FullMethodName     = "/grove.TreeService/Lookup"
 	TreeService_PutOnce_FullMethodName    = "/grove.TreeService/PutOnce"
 	TreeService_DeleteOnce_FullMethodName = "/grove.TreeService/DeleteOnce"
 )
@@ -50,6 +51,8 @@ type TreeServiceClient interface {
 	Count(ctx context.Context, in *TreeCountRequest, opts ...grpc.CallOption) (*TreeCountResponse, error)
 	Stat(ctx context.Context, in *TreeStatRequest, opts ...grpc.CallOption) (*TreeStatResponse, error)
 	Nodes(ctx context.Context, in *TreeNodesRequest, opts ...grpc.CallOption) (*TreeNodesResponse, error)
+	// Lookup answers one tree's directory entry (NotFound if none).
+	Lookup(ctx context.Context, in *TreeLookupRequest, opts ...grpc.CallOption) (*TreeLookupResponse, error)
 	// Tokened writes, which a client may send again after a lost answer.
 	// Refused (FailedPrecondition, reason TOKENS_OFF, nothing done) until
 	// every registered node's build keeps completion records; a build from
@@ -166,6 +169,16 @@ func (c *treeServiceClient) Nodes(ctx context.Context, in *TreeNodesRequest, opt
 	return out, nil
 }
 
+func (c *treeServiceClient) Lookup(ctx context.Context, in *TreeLookupRequest, opts ...grpc.CallOption) (*TreeLookupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TreeLookupResponse)
+	err := c.cc.Invoke(ctx, TreeService_Lookup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *treeServiceClient) PutOnce(ctx context.Context, in *TreePutRequest, opts ...grpc.CallOption) (*TreePutResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(TreePutResponse)
@@ -200,6 +213,8 @@ type TreeServiceServer interface {
 	Count(context.Context, *TreeCountRequest) (*TreeCountResponse, error)
 	Stat(context.Context, *TreeStatRequest) (*TreeStatResponse, error)
 	Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error)
+	// Lookup answers one tree's directory entry (NotFound if none).
+	Lookup(context.Context, *TreeLookupRequest) (*TreeLookupResponse, error)
 	// Tokened writes, which a client may send again after a lost answer.
 	// Refused (FailedPrecondition, reason TOKENS_OFF, nothing done) until
 	// every registered node's build keeps completion records; a build from
@@ -245,6 +260,9 @@ func (UnimplementedTreeServiceServer) Stat(context.Context, *TreeStatRequest) (*
 }
 func (UnimplementedTreeServiceServer) Nodes(context.Context, *TreeNodesRequest) (*TreeNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
+}
+func (UnimplementedTreeServiceServer) Lookup(context.Context, *TreeLookupRequest) (*TreeLookupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
 }
 func (UnimplementedTreeServiceServer) PutOnce(context.Context, *TreePutRequest) (*TreePutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PutOnce not implemented")
@@ -453,6 +471,24 @@ func _TreeService_Nodes_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TreeService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TreeLookupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TreeServiceServer).Lookup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TreeService_Lookup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TreeServiceServer).Lookup(ctx, req.(*TreeLookupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TreeService_PutOnce_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TreePutRequest)
 	if err := dec(in); err != nil {
@@ -535,6 +571,10 @@ var TreeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Nodes",
 			Handler:    _TreeService_Nodes_Handler,
+		},
+		{
+			MethodName: "Lookup",
+			Handler:    _TreeService_Lookup_Handler,
 		},
 		{
 			MethodName: "PutOnce",

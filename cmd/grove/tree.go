@@ -226,7 +226,7 @@ chunk of its own); larger ones exit 2 before anything is sent.`,
 			if err := checkTreeEntry("tree put", key, val, expect); err != nil {
 				return err
 			}
-			return treeWriteOnce(cmd.Context(), &c, "tree put", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+			return treeWriteOnce(cmd.Context(), &c, "tree put", args[0], func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 				req := &pb.TreePutRequest{Tree: args[0], Key: key, Value: val, Cond: cond, Expect: expect, Token: tok}
 				r, err := btree.SendPut(ctx, tc, req)
 				if err != nil {
@@ -310,7 +310,7 @@ not). An absent key exits 5.`,
 			if err := checkTreeEntry("tree del", key, nil, expect); err != nil {
 				return err
 			}
-			return treeWriteOnce(cmd.Context(), &c, "tree del", func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
+			return treeWriteOnce(cmd.Context(), &c, "tree del", args[0], func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error {
 				req := &pb.TreeDeleteRequest{Tree: args[0], Key: key, Cond: cond, Expect: expect, Token: tok}
 				r, err := btree.SendDelete(ctx, tc, req)
 				if err != nil {

@@ -30,7 +30,11 @@ import (
 // Unimplemented) gets the write untokened, and it is then sent again only
 // where treeWrite would. send makes one attempt: tok nil means untokened
 // (Put, Delete).
-func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) error {
+//
+// The token names the tree (its anchor, looked up before the first send):
+// a node refuses an attempt that reaches a tree made again under the name
+// since (TREE_CHANGED), which would otherwise apply afresh.
+func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send func(ctx context.Context, tc pb.TreeServiceClient, tok *pb.TreeWriteToken) error) error {
 	ctx, cancel, err := c.Begin(ctx)
 	defer cancel()
 	if err != nil {
@@ -77,11 +81,17 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op string, send func(ctx 
 			return send(ctx, tc, nil)
 		}
 		if tok == nil {
+			lctx, lcancel := context.WithTimeout(ctx, attemptTimeout)
+			anchor, _, err := btree.LookupAnchor(lctx, tc, tree)
+			lcancel()
+			if err != nil {
+				return err // (nothing sent; the tree's absence is the answer)
+			}
 			id := make([]byte, 16)
 			if _, err := rand.Read(id); err != nil {
 				return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: "a write token's client id: " + err.Error()}
 			}
-			tok = &pb.TreeWriteToken{Client: id, Seq: 1, Stamp: time.Now().UnixNano()}
+			tok = &pb.TreeWriteToken{Client: id, Seq: 1, Stamp: time.Now().UnixNano(), TreeCm: anchor.CM, TreeId: anchor.ID}
 			if firstSend.IsZero() {
 				firstSend = time.Now()
 			}

@@ -114,6 +114,10 @@ var (
 	// (a write waits for its own answer, so its floor is at most its
 	// number): nothing was done. A client defect.
 	ErrTokenFloor = errors.New("btree: the write token's floor is above its sequence number")
+	// ErrTreeChanged: the token names another tree than the one under
+	// its name now (dropped and made again since the client looked it
+	// up): this attempt did nothing.
+	ErrTreeChanged = errors.New("btree: the tree this write was meant for was dropped, and a tree of its name made since: this attempt did nothing")
 	// ErrTokenReused: the token names another write (another operation,
 	// key, value, condition or stamp): nothing was done. A client defect.
 	ErrTokenReused = errors.New("btree: the write's token was used for another write")
@@ -132,6 +136,12 @@ type WriteToken struct {
 	// was given up, and is not sent again (0: the client says nothing).
 	// At most Seq. It may differ between attempts of one write.
 	Floor uint64
+	// Tree is the anchor of the tree the write was meant for, the same in
+	// every attempt (zero: not said). An attempt that reaches another
+	// tree under the name is refused (Service, ErrTreeChanged): records
+	// live in their tree, and a tree made again under a dropped one's name
+	// has none of the old one's.
+	Tree Handle
 }
 
 // Floor stands for the records of Client's writes numbered below Seq that

@@ -3,11 +3,11 @@ package btree_test
 import (
 	"context"
 	"crypto/rand"
-	"os"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -43,13 +43,13 @@ func review55Trees(t *testing.T, tc *testCluster) []pb.TreeServiceClient {
 // found nothing). The README promises such a resend either the record's
 // answer or a refusal that the client reports as ErrUnknownOutcome.
 //
-// OPEN DEFECT (issue 11; README "Known limits"): this test fails on the
-// current build. It is skipped unless GROVE_KNOWN_DEFECTS=1, so that the
-// next change to tokens can run it.
+// The fix: the client looks the tree up (TreeService.Lookup) before a
+// token's first attempt and sends its anchor in the token, the same in
+// every attempt; a node refuses an attempt whose tree under the name has
+// another anchor (TREE_CHANGED, nothing done). Without the anchor (a
+// client of an older build) the resend still applies afresh, as the
+// second half shows.
 func TestReview55ResendAfterDropRecreate(t *testing.T) {
-	if os.Getenv("GROVE_KNOWN_DEFECTS") == "" {
-		t.Skip("open defect (review 55, finding 1): a resend after its tree was dropped and made again applies afresh; GROVE_KNOWN_DEFECTS=1 runs it")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tc := startCluster(t, ctx)
@@ -65,7 +65,12 @@ func TestReview55ResendAfterDropRecreate(t *testing.T) {
 	if _, err := tcs[0].Put(ctx, &pb.TreePutRequest{Tree: name, Key: key, Value: []byte("a")}); err != nil {
 		t.Fatal(err)
 	}
-	tok := &pb.TreeWriteToken{Client: make([]byte, 16), Seq: 1, Attempt: 1, Stamp: time.Now().UnixNano(), Floor: 1}
+	lk, err := tcs[1].Lookup(ctx, &pb.TreeLookupRequest{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := &pb.TreeWriteToken{Client: make([]byte, 16), Seq: 1, Attempt: 1, Stamp: time.Now().UnixNano(), Floor: 1,
+		TreeCm: lk.Tree.AnchorCm, TreeId: lk.Tree.AnchorId}
 	rand.Read(tok.Client)
 	req := &pb.TreeDeleteRequest{Tree: name, Key: key, Cond: pb.TreeCond_TREE_COND_ALWAYS, Token: tok}
 	// Attempt 1, on node 1: it applies; its answer is "lost".
@@ -102,8 +107,46 @@ func TestReview55ResendAfterDropRecreate(t *testing.T) {
 			"the client reports found=false for a delete that removed the key (a reader saw it gone); want a refusal the client reports as an unknown outcome",
 			r2.Applied, r2.Found, r2.Repeat)
 	}
+	if !treecall.HasReason(status.Convert(err), treecall.TreeChanged) {
+		t.Fatalf("resend refused with %v, want TREE_CHANGED", err)
+	}
 	d := (&treecall.Call{Kind: treecall.Write, Tokened: true, Ambiguous: 1}).Failed(status.Convert(err), false)
 	if d.Step != treecall.Unknown {
 		t.Fatalf("resend refused with %v: the client's step is %v, want unknown", err, d.Step)
+	}
+	// Had attempt 1 been the only one, the client takes a new token and
+	// looks the tree up again: that write applies in the new tree.
+	if d := (&treecall.Call{Kind: treecall.Write, Tokened: true}).Failed(status.Convert(err), false); d.Step != treecall.Again || !d.NewToken {
+		t.Fatalf("a first attempt refused TREE_CHANGED: step %v, new token %v; want again under a new token", d.Step, d.NewToken)
+	}
+	if _, err := tcs[1].Put(ctx, &pb.TreePutRequest{Tree: name, Key: key, Value: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	lk2, err := tcs[0].Lookup(ctx, &pb.TreeLookupRequest{Name: name})
+	if err != nil || lk2.Tree.AnchorId == lk.Tree.AnchorId && lk2.Tree.AnchorCm == lk.Tree.AnchorCm {
+		t.Fatalf("lookup of the new tree: %v, %v", lk2, err)
+	}
+	tok2 := &pb.TreeWriteToken{Client: tok.Client, Seq: 2, Attempt: 1, Stamp: time.Now().UnixNano(), Floor: 2, TreeCm: lk2.Tree.AnchorCm, TreeId: lk2.Tree.AnchorId}
+	// Through node 2, whose server had the dropped tree open until the
+	// refusal above (and node 1's still may): the new tree's token passes.
+	for i, tc := range tcs[:2] {
+		tok2.Seq, tok2.Floor = uint64(2+i), uint64(2+i)
+		r, err := tc.DeleteOnce(ctx, &pb.TreeDeleteRequest{Tree: name, Key: key, Cond: pb.TreeCond_TREE_COND_ALWAYS, Token: tok2})
+		if err != nil {
+			t.Fatalf("node %d: a delete under the new tree's anchor: %v", i+1, err)
+		}
+		if i == 0 && (!r.Applied || !r.Found) {
+			t.Fatalf("node 1: the delete in the new tree: %+v", r)
+		}
+	}
+	// A token without an anchor (a client of an older build) is not
+	// checked: its resend applies afresh, as before the fix.
+	old := &pb.TreeWriteToken{Client: tok.Client, Seq: 9, Attempt: 2, Stamp: time.Now().UnixNano(), Floor: 9}
+	if _, err := tcs[2].PutOnce(ctx, &pb.TreePutRequest{Tree: name, Key: key, Value: []byte("c"), Token: old}); err != nil {
+		t.Fatalf("a token without its tree's anchor: %v", err)
+	}
+	// An unknown tree's lookup is NotFound.
+	if _, err := tcs[0].Lookup(ctx, &pb.TreeLookupRequest{Name: "r55-none"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("lookup of an unknown tree: %v", err)
 	}
 }

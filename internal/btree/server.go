@@ -1193,6 +1193,7 @@ func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 	if err != nil {
 		return nil, err
 	}
+	tr.anchor = e.Anchor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.mu.trees[name]; t != nil {

@@ -466,6 +466,9 @@ const (
 	// record was evicted: it did nothing; the write did nothing if no
 	// other attempt of it was sent).
 	TokenExpired = treecall.TokenExpired
+	// TreeChanged: the token's tree is not the one under its name now
+	// (ErrTreeChanged).
+	TreeChanged = treecall.TreeChanged
 )
 
 func notApplied(code codes.Code, msg string) error { return NotAppliedError(code, msg) }
@@ -580,6 +583,8 @@ func rpcError(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrTokenExpired):
 		return ReasonError(codes.FailedPrecondition, err.Error(), TokenExpired)
+	case errors.Is(err, ErrTreeChanged):
+		return ReasonError(codes.FailedPrecondition, err.Error(), TreeChanged)
 	}
 	// Anything else failed mid-way: its outcome is unknown (Unknown, not
 	// Unavailable, which a client may retry elsewhere as "not done"),
@@ -719,7 +724,9 @@ func (s *Service) onTree(ctx context.Context, name string, op func(ctx context.C
 		if err == nil {
 			return nil
 		}
-		if attempt == 0 && errors.Is(err, ErrNoTree) {
+		if attempt == 0 && (errors.Is(err, ErrNoTree) || errors.Is(err, ErrTreeChanged)) {
+			// (A token's tree other than the one open here: this
+			// server's may be the one dropped; the directory says.)
 			srv.Forget(name)
 			continue
 		}
@@ -749,6 +756,9 @@ func (s *Service) put(ctx context.Context, r *pb.TreePutRequest, tok *WriteToken
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		if err := sameTree(t, tok); err != nil {
+			return err
+		}
 		res, err = t.PutOnce(ctx, r.Key, r.Value, cond(r.Cond, r.Expect), tok)
 		return err
 	})
@@ -769,12 +779,51 @@ func (s *Service) writeToken(t *pb.TreeWriteToken) (*WriteToken, error) {
 	if t.Floor > t.Seq {
 		return nil, status.Errorf(codes.InvalidArgument, "%v (%d > %d)", ErrTokenFloor, t.Floor, t.Seq)
 	}
-	tok := &WriteToken{Seq: t.Seq, Attempt: t.Attempt, Stamp: t.Stamp}
+	tok := &WriteToken{Seq: t.Seq, Attempt: t.Attempt, Stamp: t.Stamp, Tree: Handle{CM: t.TreeCm, ID: t.TreeId}}
 	if s.floorsOn() {
 		tok.Floor = t.Floor
 	}
 	copy(tok.Client[:], t.Client)
 	return tok, nil
+}
+
+// Lookup answers one tree's directory entry: what a client sends in its
+// write tokens (pb.TreeWriteToken.tree_cm, tree_id).
+func (s *Service) Lookup(ctx context.Context, r *pb.TreeLookupRequest) (*pb.TreeLookupResponse, error) {
+	if err := CheckTreeName(r.Name); err != nil {
+		return nil, rpcError(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout())
+	defer cancel()
+	e, err := LookupTree(ctx, s.cfg.Meta, r.Name)
+	if err != nil {
+		if errors.Is(err, ErrNoTree) {
+			return nil, rpcError(err)
+		}
+		return nil, notApplied(codes.Unavailable, err.Error()) // (a read)
+	}
+	return &pb.TreeLookupResponse{Tree: treeInfo(e)}, nil
+}
+
+// LookupAnchor looks tree name up through tc, for a write token's first
+// attempt (pb.TreeWriteToken.tree_cm, tree_id): the Go client's and the
+// CLI's one way to. old says the node is of a build from before Lookup
+// (the token then names no tree). A failure is the tree's absence
+// (NotFound), a bad name, or a failure marked not applied: nothing was
+// sent, the write may go to another node.
+func LookupAnchor(ctx context.Context, tc pb.TreeServiceClient, name string) (a Handle, old bool, err error) {
+	r, err := tc.Lookup(ctx, &pb.TreeLookupRequest{Name: name})
+	if err != nil {
+		st := status.Convert(err)
+		switch {
+		case st.Code() == codes.Unimplemented:
+			return Handle{}, true, nil
+		case st.Code() == codes.NotFound || st.Code() == codes.InvalidArgument || IsNotApplied(st):
+			return Handle{}, false, err
+		}
+		return Handle{}, false, NotAppliedError(codes.Unavailable, "looking the tree up before the write: "+st.Message())
+	}
+	return Handle{CM: r.Tree.GetAnchorCm(), ID: r.Tree.GetAnchorId()}, false, nil
 }
 
 // opTimeout is the servers' operation timeout (ServerConfig.OpTimeout).
@@ -783,6 +832,20 @@ func (s *Service) opTimeout() time.Duration {
 		return d
 	}
 	return 30 * time.Second // (NewServer's default)
+}
+
+// sameTree refuses a tokened attempt meant for another tree than t
+// (ErrTreeChanged): t was made under the name after that one was dropped,
+// and holds none of its records, so the attempt would apply afresh though
+// an earlier one may have applied there (review 55). Checked before the
+// write, on the tree the server has open under the name; a tree found
+// dropped is forgotten and opened again (onTree), so a token meant for
+// the dropped tree meets the new one and is refused.
+func sameTree(t *Tree, tok *WriteToken) error {
+	if tok == nil || tok.Tree.IsZero() || t.Anchor().IsZero() || tok.Tree == t.Anchor() {
+		return nil
+	}
+	return fmt.Errorf("%w (the token's tree %v, now %v)", ErrTreeChanged, tok.Tree, t.Anchor())
 }
 
 // floorsOn: every registered node reads floors (FeatureFloors).
@@ -856,6 +919,9 @@ func (s *Service) del(ctx context.Context, r *pb.TreeDeleteRequest, tok *WriteTo
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
+		if err := sameTree(t, tok); err != nil {
+			return err
+		}
 		res, err = t.DeleteOnce(ctx, r.Key, cond(r.Cond, r.Expect), tok)
 		return err
 	})

@@ -179,10 +179,12 @@ type Stats struct {
 // Tree runs Sagiv's algorithm on one tree over a store. Safe for concurrent
 // use: any number of operations on any number of servers.
 type Tree struct {
-	s     Store
-	id    uint64
-	cfg   Config
-	Stats Stats
+	s  Store
+	id uint64
+	// anchor: the directory entry's anchor (Server.Open sets it).
+	anchor Handle
+	cfg    Config
+	Stats  Stats
 	// crashPoint, set only by tests, is called after each structural
 	// change commits ("split", "merge", "rebalance", with the level of
 	// the nodes changed); an error ends the operation there, as if its
@@ -229,6 +231,10 @@ func (t *Tree) Config() Config { return t.cfg }
 
 // ID is the tree's id.
 func (t *Tree) ID() uint64 { return t.id }
+
+// Anchor is the tree's anchor, as its directory entry names it (zero for a
+// tree not opened through a Server).
+func (t *Tree) Anchor() Handle { return t.anchor }
 
 // Init returns the images of an empty tree: its anchor and a root leaf,
 // for the creator to write.

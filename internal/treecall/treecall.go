@@ -48,6 +48,12 @@ const (
 	// or below its leaf's horizon, or stamped in the future) and did
 	// nothing; the write did nothing if no other attempt of it was sent.
 	TokenExpired = "TOKEN_EXPIRED"
+	// TreeChanged: the token names another tree than the one now under
+	// its name (dropped and made again since the client looked it up):
+	// this attempt did nothing; the write did nothing if no other attempt
+	// of it was sent. The client looks the tree up again before a new
+	// token's first attempt.
+	TreeChanged = "TREE_CHANGED"
 )
 
 // ReasonError is a gRPC error of code carrying reason.
@@ -198,9 +204,10 @@ func (c *Call) failed(st *status.Status) Decision {
 			}
 			c.Tokened = false
 			return Decision{Step: Again, Untokened: true}
-		case HasReason(st, TokenExpired):
+		case HasReason(st, TokenExpired) || HasReason(st, TreeChanged):
 			if c.Ambiguous > 0 {
-				return Decision{Step: Unknown} // the record may be gone
+				// The record may be gone, or in the tree dropped.
+				return Decision{Step: Unknown}
 			}
 			if c.Renewed >= MaxRenewals {
 				return Decision{Step: Answer}
