@@ -174,10 +174,8 @@ type Client struct {
 	stats     struct{ resent, repeats, unknown, treeChanged atomic.Uint64 }
 	// anchors: each tree's anchor as last looked up (name -> btree.Handle),
 	// sent in write tokens (a node refuses an attempt that reaches another
-	// tree under the name: TREE_CHANGED); noLookup: until when (Unix ns)
-	// tokens go without one (a node of a build from before Lookup).
-	anchors  sync.Map
-	noLookup atomic.Int64
+	// tree under the name: TREE_CHANGED).
+	anchors sync.Map
 }
 
 // Stats count a client's tokened writes' retries (see Retries).
@@ -433,27 +431,28 @@ func ended(call *treecall.Call, ctx context.Context, last error) error {
 	return fmt.Errorf("%w: %v (last: %v)", ErrUnavailable, ctx.Err(), last)
 }
 
-// anchor is tree's anchor, for a token's first attempt: as last looked up,
-// or looked up through tc now. Zero (the token says nothing) when the node
-// is of a build from before Lookup. A failed lookup is marked not applied
-// (nothing was sent) unless the tree does not exist (NotFound: the write's
-// answer too).
+// anchor is tree's anchor, for a token's attempt while none before it may
+// have applied: as last looked up, or looked up through tc now. Zero (the
+// token says nothing) when tc's node is of a build from before Lookup: the
+// next attempt, if any, looks again (review 56: a client-wide switch let
+// one old node turn anchors off for tokens sent to new ones). A failed
+// lookup is marked not applied (nothing was sent) unless the tree does not
+// exist (NotFound: the write's answer too). A lookup has a timeout of its
+// own (review 56: within the attempt's, a slow one left the put too
+// little time).
 func (c *Client) anchor(ctx context.Context, tc pb.TreeServiceClient, tree string) (btree.Handle, error) {
 	if a, ok := c.anchors.Load(tree); ok {
 		return a.(btree.Handle), nil
 	}
-	if time.Now().UnixNano() < c.noLookup.Load() {
-		return btree.Handle{}, nil
-	}
-	a, old, err := btree.LookupAnchor(ctx, tc, tree)
-	if err != nil {
+	lctx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+	defer cancel()
+	a, old, err := btree.LookupAnchor(lctx, tc, tree)
+	if err != nil || old {
 		return btree.Handle{}, err
 	}
-	if old {
-		c.noLookup.Store(time.Now().Add(tokensOffFor).UnixNano())
-		return btree.Handle{}, nil
-	}
-	c.anchors.Store(tree, a)
+	// (A lookup that raced a refusal or another lookup leaves the entry
+	// there: a stale one costs one more refusal, never a wrong write.)
+	c.anchors.LoadOrStore(tree, a)
 	return a, nil
 }
 
@@ -478,30 +477,33 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 			c.stats.unknown.Add(1)
 		}
 	}()
-	// anchored: tok carries its tree's anchor (set before its first
-	// attempt, never changed after: a resend must name the tree its first
-	// attempt was meant for).
-	anchored := false
 	return c.run(ctx, call, tree, func(ctx context.Context, tc pb.TreeServiceClient) error {
 		if !call.Tokened {
 			return f(ctx, tc, nil)
 		}
-		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
-		defer cancel()
-		if !anchored {
-			a, err := c.anchor(actx, tc, tree)
+		// tok names its tree from the first attempt that may apply on:
+		// while every attempt before was refused before any change
+		// (call.Ambiguous 0), none applied, and the anchor may still be
+		// set; after, never (a resend must name the tree the attempts of
+		// unknown outcome were meant for, or none, as they did).
+		if call.Ambiguous == 0 && tok.TreeCm == 0 && tok.TreeId == 0 {
+			a, err := c.anchor(ctx, tc, tree)
 			if err != nil {
 				return err // (a lookup: nothing sent)
 			}
-			tok.TreeCm, tok.TreeId, anchored = a.CM, a.ID, true
+			tok.TreeCm, tok.TreeId = a.CM, a.ID
 		}
+		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+		defer cancel()
 		// (The token's message is marshalled within the call: changing
 		// it between attempts is safe.)
 		tok.Attempt = call.Attempt()
 		tok.Floor = c.pend.Floor()
 		err := f(actx, tc, tok)
 		if st, ok := status.FromError(err); ok && btree.HasReason(st, btree.TreeChanged) {
-			c.anchors.Delete(tree) // (the next token looks it up again)
+			// The next token looks it up again (unless another
+			// goroutine's lookup stored a newer anchor meanwhile).
+			c.anchors.CompareAndDelete(tree, btree.Handle{CM: tok.TreeCm, ID: tok.TreeId})
 			c.stats.treeChanged.Add(1)
 		}
 		return err
@@ -517,7 +519,7 @@ func (c *Client) write(ctx context.Context, tree string, f func(ctx context.Cont
 			// The old token's attempt did nothing (the rules say so
 			// only then): it is no longer waited for.
 			c.pend.End(tok.Seq)
-			tok, anchored = c.newToken(), false
+			tok = c.newToken()
 		case d.Resend:
 			c.stats.resent.Add(1)
 		}
@@ -578,6 +580,9 @@ func (c *Client) run(ctx context.Context, call *treecall.Call, tree string, f fu
 			switch {
 			case btree.HasReason(st, btree.TokenExpired):
 				return fmt.Errorf("%w: every new token was refused as too old (is this machine's clock far from the nodes'?): %s", ErrUnavailable, st.Message())
+			case btree.HasReason(st, btree.TreeChanged):
+				// (review 56: it came back as a bare FailedPrecondition.)
+				return fmt.Errorf("%w: the write was refused, doing nothing, each time because the tree was dropped and made again under its name since it was looked up: %s", ErrUnavailable, st.Message())
 			case st.Code() == codes.ResourceExhausted && call.Kind == read:
 				return st.Err() // (a read over a limit, e.g. gRPC's message size)
 			}

@@ -734,6 +734,12 @@ func (w *simWorld) eventsOf(what string) string {
 	return strings.Join(out, "\n")
 }
 
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(s, "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
 // pick returns a live server (nil if none).
 func (w *simWorld) pick() *simServer {
 	w.mu.Lock()
@@ -2231,7 +2237,10 @@ func runSimDrop(t testing.TB, seed int64, teeth simTeeth, opsPerClient int, drop
 				return err
 			})
 			if err != nil {
-				return res, fmt.Errorf("server %d: final get: %v", n, err)
+				// (With what happened to that server, last first: a
+				// CI run once met "leases are lost" here, not
+				// reproduced.)
+				return res, fmt.Errorf("server %d: final get: %v\nits events, the last 20:\n%s", n, err, lastLines(w.eventsOf(fmt.Sprintf("server %d", n)), 20))
 			}
 			h.Add(10+int(n), in, kvOut{Found: ok, Val: string(v)}, call, w.now())
 		}
