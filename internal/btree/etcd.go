@@ -246,6 +246,20 @@ func (e *EtcdKV) open(ctx context.Context) (*Server, *Tree, error) {
 	return srv, t, nil
 }
 
+// againIfDropped runs f, a call's part on this node, once more if it found
+// the endpoint's tree dropped: NotFound here is ErrNoTree alone, found
+// before any change (a range delete that deleted keys answers Unknown
+// instead), and done forgot the tree, so open makes it again, as at the
+// endpoint's first use (review 55: a call after a drop of the endpoint's
+// tree answered NotFound, which etcd never answers).
+func againIfDropped[T any](f func() (T, error)) (T, error) {
+	v, err := f()
+	if status.Code(err) == codes.NotFound {
+		v, err = f()
+	}
+	return v, err
+}
+
 // etcd's own error texts for the checks it makes.
 var (
 	errEtcdEmptyKey = status.Error(codes.InvalidArgument, "etcdserver: key is not provided")
@@ -325,6 +339,11 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 		}
 		// Not sent, or the home did not answer: a read may be served here.
 	}
+	return againIfDropped(func() (*etcdpb.RangeResponse, error) { return e.rangeHere(ctx, r, er) })
+}
+
+// rangeHere serves r on this node.
+func (e *EtcdKV) rangeHere(ctx context.Context, r *etcdpb.RangeRequest, er etcdRange) (*etcdpb.RangeResponse, error) {
 	out := &etcdpb.RangeResponse{Header: e.header()}
 	if er.empty {
 		return out, nil
@@ -458,6 +477,11 @@ func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResp
 			return nil, forwarded(err, true)
 		}
 	}
+	return againIfDropped(func() (*etcdpb.PutResponse, error) { return e.putHere(ctx, r) })
+}
+
+// putHere serves r on this node.
+func (e *EtcdKV) putHere(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResponse, error) {
 	srv, t, err := e.open(ctx)
 	if err != nil {
 		return nil, err
@@ -492,6 +516,11 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 			return nil, forwarded(err, true)
 		}
 	}
+	return againIfDropped(func() (*etcdpb.DeleteRangeResponse, error) { return e.deleteRangeHere(ctx, r, er) })
+}
+
+// deleteRangeHere serves r on this node.
+func (e *EtcdKV) deleteRangeHere(ctx context.Context, r *etcdpb.DeleteRangeRequest, er etcdRange) (*etcdpb.DeleteRangeResponse, error) {
 	out := &etcdpb.DeleteRangeResponse{Header: e.header()}
 	if er.empty {
 		return out, nil
