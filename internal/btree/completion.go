@@ -647,6 +647,21 @@ func (t *Tree) lookupDone(ctx context.Context, n *Node, key []byte, tok *WriteTo
 	return Result{}, false, nil
 }
 
+// sameTree refuses a tokened attempt meant for another tree than t
+// (ErrTreeChanged, before anything is done): t was made under the name
+// after that one was dropped and holds none of its records, so the attempt
+// would apply afresh though an earlier one may have applied there (review
+// 55). A token or a tree with no anchor is not checked (a client of a
+// build from before anchors; a tree not opened through a Server). The
+// Service opens the tree under the name again once before it answers so
+// (its server may hold the dropped one open).
+func (t *Tree) sameTree(tok *WriteToken) error {
+	if tok == nil || tok.Tree.IsZero() || t.anchor.IsZero() || tok.Tree == t.anchor {
+		return nil
+	}
+	return fmt.Errorf("%w (the token's tree %v, now %v)", ErrTreeChanged, tok.Tree, t.anchor)
+}
+
 // completion is the record of tok's write with its outcome.
 func (t *Tree) completion(key []byte, tok *WriteToken, print uint64, applied, found bool) Completion {
 	return Completion{Key: key, Client: tok.Client, Seq: tok.Seq, Print: print, Stamp: tok.Stamp, Applied: applied, Found: found}

@@ -648,3 +648,33 @@ func TestDeltaTwoParts(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenNamesItsTree: a tokened put or delete whose token names another
+// tree than this one (the name dropped and made again since the client
+// looked it up) is refused ErrTreeChanged and does nothing; one naming this
+// tree, or none (an older client), goes through.
+func TestTokenNamesItsTree(t *testing.T) {
+	tr, _, clk := newTokTree(t, Config{})
+	tr.anchor = Handle{CM: 1, ID: 20}
+	ctx := context.Background()
+	tok := func(seq uint64, tree Handle) *WriteToken {
+		return &WriteToken{Client: [16]byte{9}, Seq: seq, Attempt: 2, Stamp: clk.now(), Tree: tree}
+	}
+	if _, err := tr.PutOnce(ctx, []byte("k"), []byte("old"), Cond{}, tok(1, Handle{CM: 1, ID: 10})); !errors.Is(err, ErrTreeChanged) {
+		t.Fatalf("a put meant for another tree: %v", err)
+	}
+	if _, found, _ := tr.Get(ctx, []byte("k")); found {
+		t.Fatal("the refused put was applied")
+	}
+	for i, h := range []Handle{{CM: 1, ID: 20}, {}} {
+		if r, err := tr.PutOnce(ctx, []byte("k"), []byte("v"), Cond{}, tok(uint64(2+i), h)); err != nil || !r.Applied {
+			t.Fatalf("a put naming tree %v: %+v, %v", h, r, err)
+		}
+	}
+	if _, err := tr.DeleteOnce(ctx, []byte("k"), Cond{}, tok(5, Handle{CM: 2, ID: 20})); !errors.Is(err, ErrTreeChanged) {
+		t.Fatalf("a delete meant for another tree: %v", err)
+	}
+	if _, found, _ := tr.Get(ctx, []byte("k")); !found {
+		t.Fatal("the refused delete was applied")
+	}
+}

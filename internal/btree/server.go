@@ -84,6 +84,9 @@ var (
 	ErrBadName    = fmt.Errorf("btree: a tree's name is 1 to %d bytes of letters, digits and -_.", MaxNameLen)
 )
 
+// defaultOpTimeout is ServerConfig.OpTimeout's default.
+const defaultOpTimeout = 30 * time.Second
+
 // CheckTreeName reports a name a tree may not have.
 func CheckTreeName(name string) error {
 	if len(name) == 0 || len(name) > MaxNameLen {
@@ -248,7 +251,8 @@ type ServerConfig struct {
 	// CacheNodes bounds the nodes the cache pins (default
 	// DefaultCacheNodes).
 	CacheNodes int
-	// OpTimeout bounds one operation (default 30 s; well below Grace).
+	// OpTimeout bounds one operation (default defaultOpTimeout; well
+	// below Grace).
 	OpTimeout time.Duration
 	// RepairEvery is how often a tree's repairer runs Repair on it
 	// (default 30 s; 0 keeps the default, negative: never). See Repairer.
@@ -335,7 +339,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		cfg.LogSize = 64 << 20
 	}
 	if cfg.OpTimeout == 0 {
-		cfg.OpTimeout = 30 * time.Second
+		cfg.OpTimeout = defaultOpTimeout
 	}
 	if cfg.RepairEvery == 0 {
 		cfg.RepairEvery = 30 * time.Second

@@ -756,9 +756,6 @@ func (s *Service) put(ctx context.Context, r *pb.TreePutRequest, tok *WriteToken
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
-		if err := sameTree(t, tok); err != nil {
-			return err
-		}
 		res, err = t.PutOnce(ctx, r.Key, r.Value, cond(r.Cond, r.Expect), tok)
 		return err
 	})
@@ -831,21 +828,7 @@ func (s *Service) opTimeout() time.Duration {
 	if d := s.cfg.Server.OpTimeout; d > 0 {
 		return d
 	}
-	return 30 * time.Second // (NewServer's default)
-}
-
-// sameTree refuses a tokened attempt meant for another tree than t
-// (ErrTreeChanged): t was made under the name after that one was dropped,
-// and holds none of its records, so the attempt would apply afresh though
-// an earlier one may have applied there (review 55). Checked before the
-// write, on the tree the server has open under the name; a tree found
-// dropped is forgotten and opened again (onTree), so a token meant for
-// the dropped tree meets the new one and is refused.
-func sameTree(t *Tree, tok *WriteToken) error {
-	if tok == nil || tok.Tree.IsZero() || t.Anchor().IsZero() || tok.Tree == t.Anchor() {
-		return nil
-	}
-	return fmt.Errorf("%w (the token's tree %v, now %v)", ErrTreeChanged, tok.Tree, t.Anchor())
+	return defaultOpTimeout
 }
 
 // floorsOn: every registered node reads floors (FeatureFloors).
@@ -919,9 +902,6 @@ func (s *Service) del(ctx context.Context, r *pb.TreeDeleteRequest, tok *WriteTo
 	}
 	var res Result
 	err := s.onTree(ctx, r.Tree, func(ctx context.Context, t *Tree) (err error) {
-		if err := sameTree(t, tok); err != nil {
-			return err
-		}
 		res, err = t.DeleteOnce(ctx, r.Key, cond(r.Cond, r.Expect), tok)
 		return err
 	})

@@ -607,6 +607,9 @@ func (t *Tree) PutOnce(ctx context.Context, key, val []byte, cond Cond, tok *Wri
 	if err := t.CheckEntry(key, val); err != nil {
 		return Result{}, err
 	}
+	if err := t.sameTree(tok); err != nil {
+		return Result{}, err
+	}
 	stored, ext := val, false
 	var ref ValueRef
 	var pre *known
@@ -718,6 +721,9 @@ func (t *Tree) DeleteOnce(ctx context.Context, key []byte, cond Cond, tok *Write
 	}
 	if cond.Kind == IfAbsent {
 		return Result{}, errors.New("btree: a delete on condition that the key is absent")
+	}
+	if err := t.sameTree(tok); err != nil {
+		return Result{}, err
 	}
 	if cond.Kind == Always {
 		cond.Kind = IfExists // deleting an absent key changes nothing
