@@ -48,8 +48,16 @@ type Config struct {
 	// Manual: no background work; the caller flushes (Flush, FlushNow)
 	// and checkpoints itself (the simulator, which must replay a seed).
 	Manual bool
-	Log    *slog.Logger
-	Unsafe Unsafe
+	// Flushes is how many group commits may be in flight at once
+	// (default 2; a Manual log has one). A commit that arrives while a
+	// flush is in flight need not wait for that flush's whole round trip
+	// (the primary's write and sync, the forward, the secondary's write
+	// and sync, the answer) before its own write starts: the device
+	// overlaps the two. The durable end still moves in log order (see
+	// completeLocked), so nothing is acknowledged out of order.
+	Flushes int
+	Log     *slog.Logger
+	Unsafe  Unsafe
 }
 
 // Errors an append or commit returns.
@@ -88,15 +96,18 @@ type Log struct {
 	hdrMu sync.Mutex // one header write (checkpoint) at a time
 	mu    struct {
 		sync.Mutex
-		hdr      Header
-		head     LSN       // Invariant: head <= durable
-		buf      []byte    // records not yet in a flush, from bufLSN
-		starts   []int     // where records begin in buf
-		bufLSN   LSN       // block-aligned; the in-flight flush's end, or durable
-		since    time.Time // when buf got its first record
-		durable  LSN       // block-aligned: every record below is durable
-		flushing bool
-		waiters  []waiter
+		hdr     Header
+		head    LSN       // Invariant: head <= durable
+		buf     []byte    // records not yet in a flush, from bufLSN
+		starts  []int     // where records begin in buf
+		bufLSN  LSN       // block-aligned; the last flush's end (in flight or durable)
+		since   time.Time // when buf got its first record
+		durable LSN       // block-aligned: every record below is durable
+		// flights: the flushes in flight, in log order (each begins where
+		// the one before it ends, the first at durable). At most
+		// cfg.Flushes.
+		flights []*flight
+		waiters []waiter
 		// active: every transaction with an update whose end (commit or
 		// abort record) is not durable yet → its first record. The head
 		// stays at or below all of them: until its end is durable, a
@@ -127,6 +138,26 @@ type waiter struct {
 	ch  chan error
 }
 
+// flight is one flush in flight: blocks [seq, end) of the log.
+type flight struct {
+	seq     uint64
+	blocks  [][]byte
+	end     LSN
+	records int
+	done    bool // its write returned; it waits for the flights before it
+}
+
+// pipelineBelow: a flush starts while others are in flight only if those
+// carry fewer records than this. Under light load (a few committers, one
+// or two records a flush) a commit then need not wait out the round trip
+// of the flush before it; under heavy load the device, not the round
+// trip, bounds the rate of flushes (about 2 000 a second here, two
+// fdatasyncs each on one disk), and a flush started early would only
+// split a group in two. Measured with grove bench log, 2026-11-30:
+// 2 committers 1 672 → 2 287 commits/s with two flights always allowed,
+// but 64 committers 64 191 → 37 010 (18 records a flush instead of 32).
+const pipelineBelow = 4
+
 // Stats count a log's work.
 type Stats struct {
 	Appends, Commits, LazyCommits, Aborts uint64
@@ -154,6 +185,15 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 	if cfg.LazyInterval == 0 {
 		cfg.LazyInterval = 30 * time.Second
 	}
+	if cfg.Flushes == 0 {
+		cfg.Flushes = 2
+	}
+	if cfg.Manual {
+		cfg.Flushes = 1 // FlushNow's return is then its flush's end
+	}
+	if cfg.Flushes < 1 || cfg.Flushes > 16 {
+		return nil, fmt.Errorf("txn: Flushes %d (1 to 16)", cfg.Flushes)
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -169,8 +209,10 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 	l.mu.space = sync.NewCond(&l.mu.Mutex)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	if !cfg.Manual {
-		l.wg.Add(1)
-		go l.flusher()
+		for range cfg.Flushes {
+			l.wg.Add(1)
+			go l.flusher()
+		}
 	}
 	return l, nil
 }
@@ -492,7 +534,7 @@ func (l *Log) Flush(ctx context.Context, lsn LSN) error {
 				return err
 			}
 			l.mu.Lock()
-			stuck := l.mu.durable < lsn && len(l.mu.buf) == 0 && !l.mu.flushing
+			stuck := l.mu.durable < lsn && len(l.mu.buf) == 0 && len(l.mu.flights) == 0
 			l.mu.Unlock()
 			if stuck {
 				return fmt.Errorf("txn: flush to %d: nothing is buffered that far", lsn)
@@ -547,7 +589,9 @@ func (l *Log) Err() error {
 
 // flusher is the group commit: it writes everything buffered whenever a
 // commit waits for durability (and again at once if more came meanwhile),
-// and at the latest LazyInterval after a record was buffered.
+// and at the latest LazyInterval after a record was buffered. cfg.Flushes
+// flushers run, each writing its flight itself (a hand-off to a goroutine
+// per flight cost one committer 5 % of its commits a second).
 func (l *Log) flusher() {
 	defer l.wg.Done()
 	tick := time.NewTicker(max(l.cfg.LazyInterval/8, time.Millisecond))
@@ -561,62 +605,107 @@ func (l *Log) flusher() {
 		}
 		for {
 			l.mu.Lock()
-			// A flush in flight elsewhere (a checkpoint's) pokes this loop
-			// when it ends: no spinning meanwhile.
-			due := !l.mu.flushing && len(l.mu.buf) > 0 && (len(l.mu.waiters) > 0 || time.Since(l.mu.since) >= l.cfg.LazyInterval)
+			// A flush that ends pokes a flusher: no spinning meanwhile.
+			var f *flight
+			if len(l.mu.buf) > 0 && (len(l.mu.waiters) > 0 || time.Since(l.mu.since) >= l.cfg.LazyInterval) {
+				f = l.startFlushLocked()
+			}
 			l.mu.Unlock()
-			if !due {
+			if f == nil {
 				break
 			}
-			if err := l.FlushNow(l.ctx); err != nil {
+			l.poke() // another flusher may start the next flight meanwhile
+			if err := l.runFlush(l.ctx, f); err != nil {
 				break
 			}
 		}
 	}
 }
 
-// FlushNow writes what is buffered as one flush (if no flush is in
-// flight): the group commit's one write.
+// FlushNow writes what is buffered as one flush (unless cfg.Flushes are
+// in flight already: it then returns nil at once) and returns once that
+// write has returned: the group commit's one write. Its records are
+// durable only once the flushes before it are too (Durable, Flush).
 func (l *Log) FlushNow(ctx context.Context) error {
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil && !(errors.Is(err, ErrClosed) && len(l.mu.buf) > 0) {
 		l.mu.Unlock()
 		return err
 	}
-	if l.mu.flushing || len(l.mu.buf) == 0 {
-		l.mu.Unlock()
+	f := l.startFlushLocked()
+	l.mu.Unlock()
+	if f == nil {
 		return nil
+	}
+	return l.runFlush(ctx, f)
+}
+
+// startFlushLocked takes what is buffered as the next flight, or returns
+// nil: nothing buffered, or cfg.Flushes in flight already.
+func (l *Log) startFlushLocked() *flight {
+	if len(l.mu.flights) >= l.cfg.Flushes || len(l.mu.buf) == 0 || l.mu.err != nil {
+		return nil
+	}
+	carried := 0
+	for _, g := range l.mu.flights {
+		carried += g.records
+	}
+	if carried >= pipelineBelow {
+		return nil // the device is busy with big groups: let this one grow
 	}
 	seq, off := SeqOf(l.mu.bufLSN)
 	if off != 0 {
 		panic("txn: a flush that does not start a block")
 	}
 	blocks := BuildFlush(seq, l.cfg.Fence.Token, l.mu.buf, l.mu.starts)
-	end := LSNOf(seq+uint64(len(blocks)), 0)
-	l.mu.buf, l.mu.starts, l.mu.bufLSN, l.mu.flushing = nil, nil, end, true
+	f := &flight{seq: seq, blocks: blocks, end: LSNOf(seq+uint64(len(blocks)), 0), records: len(l.mu.starts)}
+	l.mu.buf, l.mu.starts, l.mu.bufLSN = nil, nil, f.end
+	l.mu.flights = append(l.mu.flights, f)
 	if l.cfg.Unsafe.AckBeforeWrite {
-		l.durableLocked(end)
+		l.durableLocked(f.end)
 	}
-	l.mu.Unlock()
+	return f
+}
 
-	err := l.writeRing(ctx, seq, blocks)
-
+// runFlush writes flight f and completes it.
+func (l *Log) runFlush(ctx context.Context, f *flight) error {
+	err := l.writeRing(ctx, f.seq, f.blocks)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.mu.flushing = false
+	return l.completeLocked(f, err)
+}
+
+// completeLocked records the end of f's write. The durable end moves only
+// over a prefix of flights whose writes all returned nil: a later flush
+// that lands first acknowledges nothing until every flush before it has
+// landed too, so a commit is never acknowledged while a record before it
+// may still be lost (recovery's scan stops at the first block missing).
+// Any failed write fails the log: it cannot know what of the flight
+// landed, so it stops, and the next owner's recovery decides (every
+// commit in it unacknowledged, those of later flights too).
+func (l *Log) completeLocked(f *flight, err error) error {
 	if len(l.mu.buf) > 0 && !l.cfg.Manual {
 		l.poke() // what came meanwhile: the flusher's turn
 	}
 	if err != nil {
-		// The log cannot know what of the flush landed: it stops, and the
-		// next owner's recovery decides (every commit in it unacknowledged).
-		l.failLocked(fmt.Errorf("txn: log flush of %d blocks at %d failed: %w", len(blocks), seq, fenced(err)))
+		l.failLocked(fmt.Errorf("txn: log flush of %d blocks at %d failed: %w", len(f.blocks), f.seq, fenced(err)))
+	}
+	f.done = true
+	n := 0
+	for n < len(l.mu.flights) && l.mu.flights[n].done {
+		n++
+	}
+	landed := l.mu.flights[:n:n]
+	l.mu.flights = l.mu.flights[n:]
+	if l.mu.err != nil {
 		return l.mu.err
 	}
-	l.mu.stats.Flushes++
-	l.mu.stats.FlushBlocks += uint64(len(blocks))
-	l.durableLocked(end)
-	if !l.cfg.Manual && l.cfg.Checkpointer != nil && float64(l.usedLocked(0)) > l.cfg.CheckpointAt*float64(l.ring) {
+	for _, g := range landed {
+		l.mu.stats.Flushes++
+		l.mu.stats.FlushBlocks += uint64(len(g.blocks))
+		l.durableLocked(g.end)
+	}
+	if len(landed) > 0 && !l.cfg.Manual && l.cfg.Checkpointer != nil && float64(l.usedLocked(0)) > l.cfg.CheckpointAt*float64(l.ring) {
 		l.checkpointSoonLocked()
 	}
 	return nil
@@ -779,7 +868,7 @@ func (l *Log) Close(ctx context.Context) error {
 	var err error
 	for ctx.Err() == nil {
 		l.mu.Lock()
-		idle := !l.mu.flushing && len(l.mu.buf) == 0
+		idle := len(l.mu.flights) == 0 && len(l.mu.buf) == 0
 		failed := l.mu.err
 		l.mu.Unlock()
 		if idle || failed != nil {
