@@ -18,6 +18,12 @@ func (s *Server) FailDropDecreesForTest(err error) {
 	}
 }
 
+// SetOpenLookedForTest calls f in Open after its directory lookup.
+func (s *Server) SetOpenLookedForTest(f func(name string)) { s.testOpenLooked = f }
+
+// AnchorForTest is the anchor of the tree t was opened as.
+func (t *Tree) AnchorForTest() Handle { return t.anchor }
+
 // DropPassForTest runs one pass of the dropper.
 func (s *Server) DropPassForTest(ctx context.Context) { s.dropPass(ctx) }
 

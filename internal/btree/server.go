@@ -303,9 +303,14 @@ type Server struct {
 	// orphans without the directory (the teeth of TestCreateTreeCrash).
 	testCreateStop                func(stage string, anchor, root Handle) bool
 	unsafeRecoverWithoutDirectory atomic.Bool
+	testOpenLooked                func(name string) // Open, after its directory lookup
 	mu                            struct {
 		sync.Mutex
 		trees map[string]*Tree
+		// forgets counts Forget and forgetTree calls: an Open whose
+		// directory lookup began before one does not cache what it found
+		// (it may be the tree just dropped; review 56, N1).
+		forgets uint64
 		// unsettled: trees this server marked dropped whose decree failed;
 		// the dropper settles them (SettleDrop), so that the name does not
 		// stay listed until someone touches it.
@@ -1177,7 +1182,7 @@ func imageVersion(b []byte) (uint64, bool) {
 // Open returns tree name (looked up once, then kept).
 func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 	s.mu.Lock()
-	t := s.mu.trees[name]
+	t, forgets := s.mu.trees[name], s.mu.forgets
 	s.mu.Unlock()
 	if t != nil {
 		return t, nil
@@ -1185,6 +1190,9 @@ func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 	e, err := LookupTree(ctx, s.cfg.Meta, name)
 	if err != nil {
 		return nil, err
+	}
+	if s.testOpenLooked != nil {
+		s.testOpenLooked(name)
 	}
 	var tr *Tree
 	tr, err = New(s.cache.Store(e.Anchor, e.NodeSize, nil), e.Anchor.ID, Config{NodeSize: e.NodeSize, MaxFanout: e.MaxFanout, tokens: &s.tokens,
@@ -1203,6 +1211,12 @@ func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 	if t := s.mu.trees[name]; t != nil {
 		return t, nil
 	}
+	if s.mu.forgets != forgets {
+		// A drop was noticed meanwhile: tr may be the dropped tree. The
+		// caller's operation finds out (ErrNoTree, or a token's anchor
+		// that differs); the next Open looks the directory up again.
+		return tr, nil
+	}
 	s.mu.trees[name] = tr
 	return tr, nil
 }
@@ -1211,6 +1225,7 @@ func (s *Server) Open(ctx context.Context, name string) (*Tree, error) {
 // drop).
 func (s *Server) Forget(name string) {
 	s.mu.Lock()
+	s.mu.forgets++
 	delete(s.mu.trees, name)
 	s.mu.Unlock()
 }
@@ -1219,6 +1234,7 @@ func (s *Server) Forget(name string) {
 func (s *Server) forgetTree(t *Tree) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.mu.forgets++
 	for name, x := range s.mu.trees {
 		if x == t {
 			delete(s.mu.trees, name)
