@@ -161,7 +161,7 @@ const pipelineBelow = 4
 // Stats count a log's work.
 type Stats struct {
 	Appends, Commits, LazyCommits, Aborts uint64
-	Flushes, FlushBlocks                  uint64
+	Flushes, FlushBlocks                  uint64 // flushes that became durable, and their blocks
 	Checkpoints                           uint64
 	Head, Durable, End                    LSN
 	RingBlocks, UsedBlocks                uint64
@@ -188,11 +188,11 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 	if cfg.Flushes == 0 {
 		cfg.Flushes = 2
 	}
-	if cfg.Manual {
-		cfg.Flushes = 1 // FlushNow's return is then its flush's end
-	}
 	if cfg.Flushes < 1 || cfg.Flushes > 16 {
 		return nil, fmt.Errorf("txn: Flushes %d (1 to 16)", cfg.Flushes)
+	}
+	if cfg.Manual {
+		cfg.Flushes = 1 // FlushNow's return is then its flush's end
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -622,10 +622,11 @@ func (l *Log) flusher() {
 	}
 }
 
-// FlushNow writes what is buffered as one flush (unless cfg.Flushes are
-// in flight already: it then returns nil at once) and returns once that
-// write has returned: the group commit's one write. Its records are
-// durable only once the flushes before it are too (Durable, Flush).
+// FlushNow writes what is buffered as one flush and returns once that
+// write has returned: the group commit's one write. It writes nothing and
+// returns nil at once if a flight may not start now (see
+// startFlushLocked). Its records are durable only once every flight
+// before it has landed too: Flush and Durable say when.
 func (l *Log) FlushNow(ctx context.Context) error {
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil && !(errors.Is(err, ErrClosed) && len(l.mu.buf) > 0) {
@@ -641,7 +642,8 @@ func (l *Log) FlushNow(ctx context.Context) error {
 }
 
 // startFlushLocked takes what is buffered as the next flight, or returns
-// nil: nothing buffered, or cfg.Flushes in flight already.
+// nil: nothing buffered, the log failed, cfg.Flushes in flight already, or
+// the flights in flight carry pipelineBelow records or more.
 func (l *Log) startFlushLocked() *flight {
 	if len(l.mu.flights) >= l.cfg.Flushes || len(l.mu.buf) == 0 || l.mu.err != nil {
 		return nil
@@ -793,8 +795,13 @@ func (l *Log) Checkpoint(ctx context.Context) error {
 	}
 	l.hdrMu.Lock()
 	defer l.hdrMu.Unlock()
-	// Lazy commits become durable first, so that the head can pass them.
-	if err := l.FlushNow(ctx); err != nil {
+	// Lazy commits become durable first, so that the head can pass them
+	// (Flush, not FlushNow: with flights in flight FlushNow may write
+	// nothing, or its flight may land before an earlier one).
+	l.mu.Lock()
+	end := l.mu.bufLSN + LSN(len(l.mu.buf))
+	l.mu.Unlock()
+	if err := l.Flush(ctx, end); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -868,18 +875,24 @@ func (l *Log) Close(ctx context.Context) error {
 	var err error
 	for ctx.Err() == nil {
 		l.mu.Lock()
-		idle := len(l.mu.flights) == 0 && len(l.mu.buf) == 0
+		buffered, inFlight := len(l.mu.buf) > 0, len(l.mu.flights) > 0
 		failed := l.mu.err
 		l.mu.Unlock()
-		if idle || failed != nil {
+		if !buffered && !inFlight || failed != nil {
 			err = failed
 			break
 		}
-		if e := l.FlushNow(ctx); e != nil {
-			err = e
-			break
+		if buffered {
+			if e := l.FlushNow(ctx); e != nil {
+				err = e
+				break
+			}
 		}
-		time.Sleep(time.Millisecond) // a flush in flight: wait it out
+		// A flight in flight (a flusher's, or one FlushNow's write left
+		// behind an earlier flight): wait it out, before l.stop cancels
+		// the flushers' writes (review 57: Close gave up on it, and the
+		// log failed under a commit whose write would have landed).
+		time.Sleep(time.Millisecond)
 	}
 	l.stop()
 	l.wg.Wait()
