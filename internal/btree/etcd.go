@@ -133,6 +133,27 @@ func (e *EtcdKV) Close() {
 // lands, never forwarded again.
 const forwardedKey = "grove-etcd-forwarded"
 
+// isForwarded: ctx is a forwarded call's (served where it landed).
+func isForwarded(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(forwardedKey)) > 0
+}
+
+// forwardedStartWait is how long a forwarded call waits at the home for
+// the home's starting B-tree server (making or recovering its log after a
+// restart, which can take seconds). Past it the home answers NOT_APPLIED,
+// Unavailable, and the node that forwarded the call serves it itself
+// (servableHere) instead of holding its caller for the start.
+const forwardedStartWait = 200 * time.Millisecond
+
+// servableHere: the home refused a forwarded call before any change, as
+// unable to serve it now (its server starting or stopping, its node
+// leaving); this node may serve the call itself, while its caller waits.
+func servableHere(ctx context.Context, err error) bool {
+	st := status.Convert(err)
+	return ctx.Err() == nil && st.Code() == codes.Unavailable && IsNotApplied(st)
+}
+
 // Home is the home node of tree among nodes: rendezvous hashing, so that a
 // node joining or leaving moves only the trees whose home it is or
 // becomes.
@@ -158,7 +179,7 @@ func (e *EtcdKV) peer(ctx context.Context) (*forwardLink, bool) {
 	if e.book == nil {
 		return nil, false
 	}
-	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedKey)) > 0 {
+	if isForwarded(ctx) {
 		return nil, false
 	}
 	home, addr := e.homeAddr()
@@ -229,7 +250,13 @@ func (e *EtcdKV) header() *etcdpb.ResponseHeader {
 
 // open finds the tree, making it the first time.
 func (e *EtcdKV) open(ctx context.Context) (*Server, *Tree, error) {
-	srv, err := e.svc.Server(ctx)
+	wait := ctx
+	if isForwarded(ctx) {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, forwardedStartWait)
+		defer cancel()
+	}
+	srv, err := e.svc.Server(wait)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -337,7 +364,8 @@ func (e *EtcdKV) Range(ctx context.Context, r *etcdpb.RangeRequest) (*etcdpb.Ran
 		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
 			return nil, forwarded(err, false)
 		}
-		// Not sent, or the home did not answer: a read may be served here.
+		// Not sent, the home did not answer, or it refused the call
+		// before any change (its server starting): served here.
 	}
 	return againIfDropped(func() (*etcdpb.RangeResponse, error) { return e.rangeHere(ctx, r, er) })
 }
@@ -473,7 +501,7 @@ func (e *EtcdKV) Put(ctx context.Context, r *etcdpb.PutRequest) (*etcdpb.PutResp
 		if err == nil {
 			return nil, status.Error(codes.Unknown, "etcd endpoint: the home node answered with something else")
 		}
-		if !errors.Is(err, errNotSent) {
+		if !errors.Is(err, errNotSent) && !servableHere(ctx, err) {
 			return nil, forwarded(err, true)
 		}
 	}
@@ -512,7 +540,7 @@ func (e *EtcdKV) DeleteRange(ctx context.Context, r *etcdpb.DeleteRangeRequest) 
 		if err == nil {
 			return nil, status.Error(codes.Unknown, "etcd endpoint: the home node answered with something else")
 		}
-		if !errors.Is(err, errNotSent) {
+		if !errors.Is(err, errNotSent) && !servableHere(ctx, err) {
 			return nil, forwarded(err, true)
 		}
 	}

@@ -49,6 +49,21 @@ func (s *Server) ReplaysForTest() (int64, time.Duration) {
 	return s.replays.Load(), time.Duration(s.replayTook.Load())
 }
 
+// PretendStartingForTest makes the service look as if its B-tree server
+// were starting (no server, not ready) until undo: calls wait in Server
+// as they do after a restart, while the server stays running underneath.
+func (s *Service) PretendStartingForTest() (undo func()) {
+	s.mu.Lock()
+	srv, ready := s.mu.srv, s.mu.ready
+	s.mu.srv, s.mu.ready = nil, make(chan struct{})
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.mu.srv, s.mu.ready = srv, ready
+		s.mu.Unlock()
+	}
+}
+
 // SetForwardServeHookForTest runs f before each forwarded call this
 // endpoint serves as the home (nil: none).
 func (e *EtcdKV) SetForwardServeHookForTest(f func(ctx context.Context)) {
