@@ -42,7 +42,12 @@ type MemFaults struct {
 	WriteEIO float64 // a write fails with EIO (and lands nowhere)
 	ReadEIO  float64 // a read fails with EIO
 	SyncEIO  float64 // a sync fails with EIO (the writes since the last one stay unsynced)
-	Full     bool    // every write fails with ENOSPC
+	// SyncLoses: a sync fails with EIO and the writes since the last one
+	// never reach the platter (visible until a crash), as Linux may leave
+	// them after a failed writeback: the pages marked clean and the error
+	// reported once, so that the next sync succeeds without them.
+	SyncLoses float64
+	Full      bool // every write fails with ENOSPC
 	// Misdirect: a write reports success but lands at another offset, a
 	// multiple of MisdirectStride away (the caller's block size).
 	Misdirect       float64
@@ -129,6 +134,10 @@ func (d *MemDevice) Sync() error {
 		return ErrClosed
 	}
 	if d.chance(d.faults.SyncEIO) {
+		return syscall.EIO
+	}
+	if d.chance(d.faults.SyncLoses) {
+		d.pending = nil
 		return syscall.EIO
 	}
 	if d.faults.Lying {

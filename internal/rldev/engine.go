@@ -283,6 +283,16 @@ type diskState struct {
 	path    string
 	waiting []func(error) []any // writes done, waiting for a sync
 	syncing bool
+	// syncFails counts the disk's failed syncs (the last one's error in
+	// syncErr). A write is acknowledged durable only if none failed from
+	// its issue to the end of the sync that covers it: after a failed
+	// writeback Linux may mark the pages clean and report the error once,
+	// to that fdatasync, so a later fdatasync succeeds though a write
+	// whose pages were in the failed writeback — any write in flight
+	// meanwhile, or a neighbour's (a physical block shares its pages) —
+	// was lost.
+	syncFails uint64
+	syncErr   error
 }
 
 type request struct {
@@ -348,13 +358,22 @@ func (e *Engine) writeDurable(disk uint32, off int64, data []byte, then func(err
 // writeDurableEnc is writeDurable of data, or of encode's result (see
 // DiskWrite).
 func (e *Engine) writeDurableEnc(disk uint32, off int64, data []byte, encode func() []byte, then func(err error) []any) []any {
+	var fails uint64 // the disk's failed syncs at the write's issue
+	if d := e.disks[disk]; d != nil {
+		fails = d.syncFails
+	}
 	e.nextOp++
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		if err != nil {
 			return then(err)
 		}
 		d := e.disks[disk]
-		d.waiting = append(d.waiting, then)
+		d.waiting = append(d.waiting, func(err error) []any {
+			if err == nil && d.syncFails != fails {
+				err = fmt.Errorf("a sync of the disk failed while the write was in flight (its pages may have been lost with that writeback): %w", d.syncErr)
+			}
+			return then(err)
+		})
 		return e.maybeSync(d)
 	}
 	return []any{DiskWrite{Op: e.nextOp, Disk: disk, Off: off, Data: data, Encode: encode}}
@@ -370,6 +389,10 @@ func (e *Engine) maybeSync(d *diskState) []any {
 	e.nextOp++
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		d.syncing = false
+		if err != nil {
+			d.syncFails++
+			d.syncErr = err
+		}
 		var out []any
 		for _, fn := range batch {
 			out = append(out, fn(err)...)

@@ -863,8 +863,15 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 				s.rot(rn)
 			case r < 17 && !opts.quiet:
 				dev := rn.devs[uint32(w.Rand.Intn(len(rn.devs)))]
-				s.o.logf("DISK node %d fails writes", rn.id)
-				dev.SetFaults(disk.MemFaults{WriteEIO: 0.05})
+				if simSyncLoses && w.Rand.Intn(2) == 0 {
+					// A failed sync loses the writes it covered, as a
+					// failed writeback may (TestSyncFailureFailsWritesInFlight).
+					s.o.logf("DISK node %d fails syncs, losing their writes", rn.id)
+					dev.SetFaults(disk.MemFaults{SyncLoses: 0.2})
+				} else {
+					s.o.logf("DISK node %d fails writes", rn.id)
+					dev.SetFaults(disk.MemFaults{WriteEIO: 0.05})
+				}
 				// Until its segments failed (failed) or are known
 				// stale, the node's copies may be about to fail: bit rot
 				// at a peer meanwhile hits what may be the only copy.
@@ -1475,6 +1482,15 @@ func reportRSim(t *testing.T, test string, seed int64, s *rsim) {
 }
 
 // TestRLDevSimulation: the simulation above over many seeds (GROVE_SEEDS).
+// simSyncLoses (GROVE_RLDEV_SYNC_LOSES=1) adds failed syncs that lose
+// their writes to the disk faults. Off by default: it changes every seed's
+// random stream, to which the teeth test's seed ranges are tuned. With it,
+// seed 864 (of GROVE_SEEDS=1000) ends with rldevs 4 and 5 normal in the
+// table while node 5's copies, on a disk replaced at 19.9 s, are blank
+// (found 2026-11-30, not yet explained; the same without the engine's
+// sync-failure rule, and with no failed sync on node 5).
+var simSyncLoses = os.Getenv("GROVE_RLDEV_SYNC_LOSES") != ""
+
 func TestRLDevSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 200)
 	var writes, reads, doubles, decrees, moves, cancels, moved, diskMoves, diskMoved, settles, lossy int
