@@ -29,6 +29,10 @@ type holdDev struct {
 	hold    bool
 	pending chan *heldWrite
 	all     []*heldWrite
+	// failCancelled: a held write, once released, fails if its context
+	// was cancelled meanwhile (as a write through the RLDev clerk does
+	// when its caller gives up).
+	failCancelled bool
 }
 
 func (d *holdDev) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
@@ -42,6 +46,9 @@ func (d *holdDev) Write(ctx context.Context, block uint64, data []byte, f *rldev
 		d.mu.Unlock()
 		d.pending <- h
 		if err := <-h.release; err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil && d.failCancelled {
 			return err
 		}
 	}

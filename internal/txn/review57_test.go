@@ -17,31 +17,6 @@ import (
 	"github.com/grovestore/grove/internal/rldev"
 )
 
-// ctxHoldDev is holdDev whose held write, once released, fails if its
-// context was cancelled meanwhile (as a write through the RLDev clerk
-// does when its caller gives up).
-type ctxHoldDev struct{ *holdDev }
-
-func (d ctxHoldDev) Write(ctx context.Context, block uint64, data []byte, f *rldev.Fence) error {
-	d.mu.Lock()
-	hold := d.hold
-	d.mu.Unlock()
-	if hold {
-		h := &heldWrite{block: block, release: make(chan error, 1)}
-		d.mu.Lock()
-		d.all = append(d.all, h)
-		d.mu.Unlock()
-		d.pending <- h
-		if err := <-h.release; err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-	return d.lockedDev.Write(ctx, block, data, f)
-}
-
 // Close while a flight is in flight and nothing is buffered: Close is
 // meant to wait the flight out ("a flush in flight: wait it out"), but
 // FlushNow answers ErrClosed (nothing buffered), Close gives up at once,
@@ -49,8 +24,8 @@ func (d ctxHoldDev) Write(ctx context.Context, block uint64, data []byte, f *rld
 // ErrClosed: the commit in flight fails though its write would have
 // landed, the log fails, and an OpenNamed log keeps its lock.
 func TestReview57CloseWaitsOutFlightInFlight(t *testing.T) {
-	hd := &holdDev{lockedDev: &lockedDev{d: newRevDev(HeaderBlocks + 256)}, pending: make(chan *heldWrite, 4)}
-	d := ctxHoldDev{hd}
+	hd := &holdDev{lockedDev: &lockedDev{d: newRevDev(HeaderBlocks + 256)}, pending: make(chan *heldWrite, 4), failCancelled: true}
+	d := hd
 	l, err := Open(context.Background(), Config{Device: d, Fence: tok(1), Applier: newRevStore(), Flushes: 2, LazyInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
