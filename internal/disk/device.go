@@ -32,6 +32,15 @@ type Device interface {
 	WriteAt(p []byte, off int64) (int, error)
 	// Sync makes durable every write that returned before Sync began.
 	Sync() error
+	// DropCache makes later reads of what a failed Sync lost see what
+	// the disk holds. After a failed writeback Linux may keep the lost
+	// pages cached, clean and up to date, and report the error once:
+	// reads then return writes that a crash will not keep. A reader that
+	// must see only what survives (a replica loading its logs after a
+	// failed sync, a new engine after a fenced one) drops the cache
+	// first. Writes not yet synced stay visible (they are what the
+	// caller wrote and has not been told are lost).
+	DropCache() error
 	// Size is the device's size in bytes (a multiple of SectorSize).
 	Size() int64
 	Close() error
@@ -317,6 +326,20 @@ func writeChunks(f *os.File, p []byte, off int64) (int, error) {
 
 // Sync is fdatasync(2).
 func (d *FileDevice) Sync() error { return unix.Fdatasync(int(d.f.Fd())) }
+
+// DropCache is posix_fadvise(POSIX_FADV_DONTNEED) over the whole file:
+// the kernel starts writeback of the dirty pages and evicts the clean ones
+// that nothing maps, locks or writes back at that moment. The pages a
+// failed writeback left are clean, and nothing but their failed owner
+// touches them (the RLDev engine reloads a segment only when none of its
+// I/O is in progress), so they go; a dirty page stays, and is what the
+// disk will get.
+func (d *FileDevice) DropCache() error {
+	if err := unix.Fadvise(int(d.f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("disk: dropping the page cache: %w", err)
+	}
+	return nil
+}
 
 func (d *FileDevice) Size() int64 { return d.size }
 func (d *FileDevice) Close() error {

@@ -253,3 +253,77 @@ func TestFileDeviceDirectWritesSharedPages(t *testing.T) {
 		unix.Fadvise(int(d.f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	}
 }
+
+// TestMemDeviceFailSyncAndDropCache: a failed sync's writes stay readable
+// (as the pages a failed writeback leaves cached) but not durable; after
+// DropCache reads see the platter plus the writes made since.
+func TestMemDeviceFailSyncAndDropCache(t *testing.T) {
+	d := NewMemDevice(8*SectorSize, nil)
+	fill := func(b byte) []byte { return bytes.Repeat([]byte{b}, SectorSize) }
+	read := func(off int64) byte {
+		p := make([]byte, SectorSize)
+		if _, err := d.ReadAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		return p[0]
+	}
+	d.WriteAt(fill(1), 0)
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	d.WriteAt(fill(2), 0)
+	if err := d.FailSync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("FailSync: %v", err)
+	}
+	if read(0) != 2 {
+		t.Fatal("the lost write is not readable before DropCache")
+	}
+	if d.Platter(0, 1)[0] != 1 {
+		t.Fatal("the lost write reached the platter")
+	}
+	d.WriteAt(fill(3), SectorSize) // not synced: stays visible across DropCache
+	if err := d.DropCache(); err != nil {
+		t.Fatal(err)
+	}
+	if read(0) != 1 || read(SectorSize) != 3 {
+		t.Fatalf("after DropCache: %d %d, want 1 3", read(0), read(SectorSize))
+	}
+}
+
+// TestFileDeviceDropCache: DropCache evicts the file's clean pages (the
+// state a failed writeback leaves its pages in), so that reads go to the
+// disk. Checked with cachestat(2) (Linux 6.5 and later).
+func TestFileDeviceDropCache(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dev")
+	d, err := OpenFile(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	cached := func() uint64 {
+		var st unix.Cachestat_t
+		if err := unix.Cachestat(uint(d.f.Fd()), &unix.CachestatRange{Off: 0, Len: 1 << 20}, &st, 0); err != nil {
+			t.Skipf("cachestat: %v", err)
+		}
+		return st.Cache
+	}
+	if cached() == 0 {
+		t.Skip("the file system keeps no pages of the file cached (tmpfs keeps them all: nothing to drop)")
+	}
+	if err := d.DropCache(); err != nil {
+		t.Fatal(err)
+	}
+	if n := cached(); n != 0 {
+		t.Fatalf("%d pages still cached after DropCache", n)
+	}
+	p := make([]byte, 4096)
+	if _, err := d.ReadAt(p, 4096); err != nil || p[0] != 7 {
+		t.Fatalf("read after DropCache: %v %d", err, p[0])
+	}
+}

@@ -29,6 +29,9 @@ type MemDevice struct {
 	faults   MemFaults
 	misdirec int // misdirected writes so far
 	closed   bool
+	// lost: a failed sync lost writes that reads still see (visible is
+	// more than platter plus pending) until a crash or DropCache.
+	lost bool
 }
 
 type memWrite struct {
@@ -137,8 +140,7 @@ func (d *MemDevice) Sync() error {
 		return syscall.EIO
 	}
 	if d.chance(d.faults.SyncLoses) {
-		d.pending = nil
-		return syscall.EIO
+		return d.loseUnsyncedLocked()
 	}
 	if d.faults.Lying {
 		return nil
@@ -147,6 +149,42 @@ func (d *MemDevice) Sync() error {
 		copy(d.platter[w.off:], w.data)
 	}
 	d.pending = nil
+	return nil
+}
+
+// FailSync is a Sync that fails as a failed writeback may on Linux: with
+// EIO, the writes since the last sync never reaching the platter though
+// reads still see them (the pages left cached and clean) until a crash or
+// DropCache.
+func (d *MemDevice) FailSync() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.loseUnsyncedLocked()
+}
+
+func (d *MemDevice) loseUnsyncedLocked() error {
+	d.lost = true
+	d.pending = nil
+	return syscall.EIO
+}
+
+// DropCache makes reads see the platter plus the writes not yet synced:
+// what a failed sync lost is gone from them too. It draws nothing from the
+// device's random source, and changes nothing a crash keeps.
+func (d *MemDevice) DropCache() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	if !d.lost {
+		return nil // reads see the platter and the pending writes already
+	}
+	copy(d.visible, d.platter)
+	for _, w := range d.pending {
+		copy(d.visible[w.off:], w.data)
+	}
+	d.lost = false
 	return nil
 }
 
@@ -184,6 +222,7 @@ func (d *MemDevice) Crash(r *rand.Rand, torn bool) {
 	}
 	d.pending = nil
 	copy(d.visible, d.platter)
+	d.lost = false
 	d.closed = false
 }
 
@@ -218,4 +257,5 @@ func (d *MemDevice) Wipe() {
 	clear(d.platter)
 	clear(d.visible)
 	d.pending = nil
+	d.lost = false
 }

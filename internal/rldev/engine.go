@@ -68,6 +68,13 @@ type (
 		Op   OpID
 		Disk uint32
 	}
+	// DiskDrop drops the disk's cached pages (disk.Device.DropCache), so
+	// that reads see what survives a crash rather than what a failed sync
+	// lost; DiskDone(Op, nil, err).
+	DiskDrop struct {
+		Op   OpID
+		Disk uint32
+	}
 	// Send delivers Msg to the engine of node To (on an ordered session;
 	// lost if the session breaks: the engine resends what matters).
 	Send struct {
@@ -113,6 +120,10 @@ type LocalDisk struct {
 	Size  int64
 	Path  string
 	UUID  string // from its header (OpenDisk)
+	// Suspect: reads of the disk may see what a failed sync lost (one
+	// failed under an earlier engine, or the process has just started:
+	// diskQueue). The engine drops its cache before reading a segment.
+	Suspect bool
 }
 
 // Config configures an engine.
@@ -293,7 +304,23 @@ type diskState struct {
 	// was lost.
 	syncFails uint64
 	syncErr   error
+	// A replica reads its segment's logs and blocks as the disk holds
+	// them only: on a disk the runtime calls suspect (LocalDisk.Suspect:
+	// the page cache may hold what a failed sync of an earlier engine or
+	// process lost, and that failure went to no one alive now) the first
+	// load of each replica waits for a DropCache of the disk, and so does
+	// each reload after a sync of the disk failed (the replica failed for
+	// it; its lost pages may still be cached). cleanAt is syncFails when
+	// the last DropCache that succeeded was issued (dropped: one did, or
+	// the disk was not suspect).
+	dropped  bool
+	cleanAt  uint64
+	dropping []func(error) []any // waiting for the DropCache in flight (nil: none)
 }
+
+// suspect reports whether reads of the disk may see what a failed sync
+// lost.
+func (d *diskState) suspect() bool { return !d.dropped || d.cleanAt != d.syncFails }
 
 type request struct {
 	id        ReqID
@@ -312,7 +339,7 @@ func NewEngine(cfg Config) *Engine {
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
 		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
-		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path}
+		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path, dropped: !d.Suspect}
 	}
 	// A node reaches itself (a move to another of its disks: the primary
 	// and the target on one node): the driver delivers what it sends
@@ -400,6 +427,33 @@ func (e *Engine) maybeSync(d *diskState) []any {
 		return append(out, e.maybeSync(d)...)
 	}
 	return []any{DiskSync{Op: e.nextOp, Disk: d.idx}}
+}
+
+// dropCache runs then once a DropCache of disk d issued now has returned
+// (err: it failed). Callers waiting at once share one.
+func (e *Engine) dropCache(d *diskState, then func(error) []any) []any {
+	d.dropping = append(d.dropping, then)
+	if len(d.dropping) > 1 {
+		// One is in flight, issued before this caller asked: it may have
+		// been issued before the failure this caller saw, so this caller
+		// checks again when it ends (replica.load loops on suspect).
+		return nil
+	}
+	fails := d.syncFails
+	e.nextOp++
+	e.ops[e.nextOp] = func(_ []byte, err error) []any {
+		if err == nil {
+			d.dropped, d.cleanAt = true, fails
+		}
+		waiting := d.dropping
+		d.dropping = nil
+		var out []any
+		for _, fn := range waiting {
+			out = append(out, fn(err)...)
+		}
+		return out
+	}
+	return []any{DiskDrop{Op: e.nextOp, Disk: d.idx}}
 }
 
 // DiskDone delivers a disk operation's completion.

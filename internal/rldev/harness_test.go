@@ -46,9 +46,13 @@ type harness struct {
 	// commits it from heldDecrees; with noTables, the tables engines ask
 	// for (Refresh, counted in refreshes) and the watch's deliveries are
 	// dropped.
-	holdRead    func(*hnode, DiskRead) bool
-	holdWrite   func(*hnode, DiskWrite) bool
-	failWrite   func(*hnode, DiskWrite) bool
+	holdRead  func(*hnode, DiskRead) bool
+	holdWrite func(*hnode, DiskWrite) bool
+	failWrite func(*hnode, DiskWrite) bool
+	// failSync: a sync it picks fails losing the writes it covered, which
+	// reads still see (MemDevice.FailSync); drops counts the DiskDrops.
+	failSync    func(*hnode, DiskSync) bool
+	drops       int
 	holdPropose func(*hnode, Propose) bool
 	held        []func()
 	heldDecrees []Propose
@@ -63,6 +67,11 @@ type hnode struct {
 	up   bool
 	devs map[uint32]*disk.MemDevice
 	uuid map[uint32]string
+	// As the runtime's diskQueue: per disk, failed syncs (whether their
+	// engine is there to hear or not) and their count when the last
+	// DropCache that succeeded began; start says Suspect while they
+	// differ. A crash empties the cache.
+	fails, clean map[uint32]uint64
 }
 
 // newHarness starts n nodes with one disk each; opts set the harness's
@@ -74,7 +83,8 @@ func newHarness(t *testing.T, n int, diskSize int64, opts ...func(*harness)) *ha
 		o(h)
 	}
 	for i := 1; i <= n; i++ {
-		hn := &hnode{id: NodeID(i), devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(diskSize, nil)}, uuid: map[uint32]string{}}
+		hn := &hnode{id: NodeID(i), devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(diskSize, nil)}, uuid: map[uint32]string{},
+			fails: map[uint32]uint64{}, clean: map[uint32]uint64{}}
 		h.nodes[hn.id] = hn
 	}
 	for _, hn := range h.sorted() {
@@ -112,7 +122,7 @@ func (h *harness) start(n *hnode) {
 			h.t.Fatal(err)
 		}
 		n.uuid[idx] = hdr.UUID
-		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx)})
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx), Suspect: n.fails[idx] != n.clean[idx]})
 	}
 	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks, Unsafe: h.unsafe, ScrubRate: h.scrubRate, CopyRate: h.copyRate})
 	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
@@ -127,8 +137,9 @@ func (h *harness) start(n *hnode) {
 // crash stops n: its disks keep what was synced (torn if torn).
 func (h *harness) crash(n *hnode, torn bool, r *rand.Rand) {
 	n.up = false
-	for _, d := range n.devs {
+	for idx, d := range n.devs {
 		d.Crash(r, torn)
+		n.clean[idx] = n.fails[idx]
 	}
 	for _, p := range h.sorted() {
 		if p != n && p.up {
@@ -287,7 +298,25 @@ func (h *harness) exec(n *hnode, out []any) {
 			}
 			do()
 		case DiskSync:
-			err := n.devs[x.Disk].Sync()
+			var err error
+			if h.failSync != nil && h.failSync(n, x) {
+				err = n.devs[x.Disk].FailSync()
+			} else {
+				err = n.devs[x.Disk].Sync()
+			}
+			if err != nil {
+				n.fails[x.Disk]++
+			}
+			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
+		case DiskDrop:
+			h.drops++
+			f := n.fails[x.Disk]
+			err := n.devs[x.Disk].DropCache()
+			if err != nil {
+				n.fails[x.Disk]++
+			} else {
+				n.clean[x.Disk] = max(n.clean[x.Disk], f)
+			}
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case Send:
 			to := h.nodes[x.To]

@@ -163,6 +163,21 @@ func (r *replica) checkRange(block, n uint64) error {
 // load reads the segment's metadata area; a segment that holds nothing
 // yet is formatted (a new RLDev, or a stale replica about to be copied).
 func (r *replica) load(env Env) []any {
+	if d := r.e.disks[r.disk]; d != nil && d.suspect() {
+		// Its disk's cache may hold what a failed sync lost: drop it
+		// first (diskState.dropped), then look again.
+		r.reading++
+		return r.e.dropCache(d, func(err error) []any {
+			r.reading--
+			if r.state != repLoading {
+				return nil
+			}
+			if err != nil {
+				return r.fail(fmt.Errorf("dropping its disk's cached pages: %w", err))
+			}
+			return r.load(r.e.env)
+		})
+	}
 	r.reading++
 	return r.e.read(r.disk, r.base, MetaSize, func(data []byte, err error) []any {
 		r.reading--

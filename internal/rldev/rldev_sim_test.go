@@ -118,6 +118,13 @@ type rnode struct {
 	// none after a crash.
 	inflight []*landing
 	selfQ    []any // messages the engine sent its own node, to deliver
+	// Per disk, as the runtime's diskQueue: failed syncs (counted where
+	// they run, whether or not their engine is still there to hear) and
+	// their count when the last DropCache that succeeded began. A crash
+	// empties the cache (MemDevice.Crash): nothing is suspect after it, so
+	// unlike a process of the runtime, which cannot know what an earlier
+	// process left cached, a restarted node drops nothing first.
+	fails, clean map[uint32]uint64
 }
 
 // landing is a disk write in flight in the simulator.
@@ -144,7 +151,8 @@ func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	net.Attach(s.adm)
 	for id := NodeID(1); id <= simNodes; id++ {
 		fn := s.fd.Nodes[fd.NodeID(id)]
-		rn := &rnode{id: id, fn: fn, devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(simDisk, w.Rand), 1: disk.NewMemDevice(simDisk, w.Rand)}, sess: map[NodeID]*sim.End{}}
+		rn := &rnode{id: id, fn: fn, devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(simDisk, w.Rand), 1: disk.NewMemDevice(simDisk, w.Rand)}, sess: map[NodeID]*sim.End{},
+			fails: map[uint32]uint64{}, clean: map[uint32]uint64{}}
 		s.n[id] = rn
 		fn.Other = func(from uint64, msg any) {}
 		s.fd.Start(fn)
@@ -230,7 +238,7 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 		if fresh {
 			s.o.logf("node %d: disk %d formatted (uuid %s)", rn.id, idx, h.UUID[:8])
 		}
-		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx)})
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx), Suspect: rn.fails[idx] != rn.clean[idx]})
 	}
 	rn.e = NewEngine(Config{Node: rn.id, Inc: rn.inc, Disks: disks, FlushEvery: 300 * time.Millisecond, PollEvery: 100 * time.Millisecond,
 		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, ScrubRate: s.opts.scrubRate, Unsafe: s.opts.unsafe,
@@ -402,10 +410,34 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 				d = s.w.Between(100*time.Millisecond, 800*time.Millisecond) // a slow disk
 			}
 			p.Go(d, func() {
+				if rn.e != e && !simSyncLoses {
+					// The default stream's (the teeth test's seeds are
+					// tuned to it): a sync of a fenced engine never ran.
+					return
+				}
+				// With simSyncLoses, as the runtime: it runs, and its
+				// failure counts, though its engine was fenced meanwhile
+				// (outside review 58).
+				err := rn.devs[x.Disk].Sync()
+				if err != nil {
+					rn.fails[x.Disk]++
+				}
+				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
+			})
+		case DiskDrop:
+			// Draws nothing from the world's random source: the default
+			// stream has no failed sync, so no drop, and must not move.
+			p.Go(500*time.Microsecond, func() {
 				if rn.e != e {
 					return
 				}
-				err := rn.devs[x.Disk].Sync()
+				f := rn.fails[x.Disk]
+				err := rn.devs[x.Disk].DropCache()
+				if err != nil {
+					rn.fails[x.Disk]++
+				} else {
+					rn.clean[x.Disk] = max(rn.clean[x.Disk], f)
+				}
 				s.exec(rn, e, e.DiskDone(s.env(rn), x.Op, nil, err))
 			})
 		case Send:
@@ -674,6 +706,7 @@ func (s *rsim) crash(rn *rnode, wipe bool) {
 		if wipe {
 			d.Wipe()
 		}
+		rn.clean[idx] = rn.fails[idx] // nothing cached survives a crash
 	}
 	rn.down = true
 }
