@@ -282,7 +282,15 @@ func TestMemDeviceFailSyncAndDropCache(t *testing.T) {
 		t.Fatal("the lost write reached the platter")
 	}
 	d.WriteAt(fill(3), SectorSize) // not synced: stays visible across DropCache
-	if err := d.DropCache(); err != nil {
+	d.SetFaults(MemFaults{StillCached: true})
+	if err := d.DropCache(0, 2*SectorSize); !errors.Is(err, ErrStillCached) || read(0) != 2 {
+		t.Fatalf("DropCache with StillCached: %v, read %d", err, read(0))
+	}
+	d.SetFaults(MemFaults{})
+	if err := d.DropCache(SectorSize, SectorSize); err != nil || read(0) != 2 {
+		t.Fatalf("DropCache of another range: %v, read %d (want the lost 2: not dropped)", err, read(0))
+	}
+	if err := d.DropCache(0, 2*SectorSize); err != nil {
 		t.Fatal(err)
 	}
 	if read(0) != 1 || read(SectorSize) != 3 {
@@ -290,40 +298,66 @@ func TestMemDeviceFailSyncAndDropCache(t *testing.T) {
 	}
 }
 
-// TestFileDeviceDropCache: DropCache evicts the file's clean pages (the
-// state a failed writeback leaves its pages in), so that reads go to the
-// disk. Checked with cachestat(2) (Linux 6.5 and later).
+// TestFileDeviceDropCache: DropCache evicts the clean pages of its range
+// (the state a failed writeback leaves its pages in), so that reads go to
+// the disk, and fails with ErrStillCached while a page of the range is
+// dirty. Checked with cachestat(2) (Linux 6.5 and later).
 func TestFileDeviceDropCache(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dev")
-	d, err := OpenFile(path, 1<<20)
+	d, err := OpenFile(path, 4<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, err := d.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
+	cached := func(off, n uint64) uint64 {
+		var st unix.Cachestat_t
+		if err := unix.Cachestat(uint(d.f.Fd()), &unix.CachestatRange{Off: off, Len: n}, &st, 0); err != nil {
+			t.Skipf("cachestat: %v", err)
+		}
+		return st.Cache
+	}
+	// One large write: the page cache may hold it in large folios, of
+	// which the drops below take parts.
+	if _, err := d.WriteAt(bytes.Repeat([]byte{7}, 2<<20), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	cached := func() uint64 {
-		var st unix.Cachestat_t
-		if err := unix.Cachestat(uint(d.f.Fd()), &unix.CachestatRange{Off: 0, Len: 1 << 20}, &st, 0); err != nil {
-			t.Skipf("cachestat: %v", err)
-		}
-		return st.Cache
+	if cached(0, 2<<20) == 0 {
+		t.Skip("the file system keeps no pages of the file cached")
 	}
-	if cached() == 0 {
-		t.Skip("the file system keeps no pages of the file cached (tmpfs keeps them all: nothing to drop)")
-	}
-	if err := d.DropCache(); err != nil {
+	// A range inside a folio, then the rest.
+	if err := d.DropCache(1<<20+4096, 8192); err != nil {
 		t.Fatal(err)
 	}
-	if n := cached(); n != 0 {
+	if n := cached(1<<20+4096, 8192); n != 0 {
+		t.Fatalf("%d pages of the range still cached after DropCache", n)
+	}
+	if err := d.DropCache(0, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if n := cached(0, 2<<20); n != 0 {
 		t.Fatalf("%d pages still cached after DropCache", n)
 	}
 	p := make([]byte, 4096)
 	if _, err := d.ReadAt(p, 4096); err != nil || p[0] != 7 {
 		t.Fatalf("read after DropCache: %v %d", err, p[0])
+	}
+	// A dirty page stays, and says so.
+	if _, err := d.WriteAt(bytes.Repeat([]byte{8}, 4096), 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DropCache(3<<20, 4096); !errors.Is(err, ErrStillCached) {
+		t.Logf("DropCache of a dirty page: %v (writeback may have been quick)", err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DropCache(3<<20, 4096); err != nil {
+		t.Fatalf("after a sync: %v", err)
+	}
+	if err := d.DropCache(4<<20-4096, 8192); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("a range past the end: %v", err)
 	}
 }

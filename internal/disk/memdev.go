@@ -57,6 +57,8 @@ type MemFaults struct {
 	MisdirectStride int64
 	// Lying: syncs report success without making anything durable.
 	Lying bool
+	// StillCached: DropCache fails with ErrStillCached.
+	StillCached bool
 }
 
 var _ Device = (*MemDevice)(nil)
@@ -168,23 +170,34 @@ func (d *MemDevice) loseUnsyncedLocked() error {
 	return syscall.EIO
 }
 
-// DropCache makes reads see the platter plus the writes not yet synced:
-// what a failed sync lost is gone from them too. It draws nothing from the
-// device's random source, and changes nothing a crash keeps.
-func (d *MemDevice) DropCache() error {
+// DropCache makes reads of [off, off+n) see the platter plus the writes
+// not yet synced: what a failed sync lost is gone from them too. With
+// StillCached set it fails, changing nothing (a page in use). It draws
+// nothing from the device's random source, and changes nothing a crash
+// keeps.
+func (d *MemDevice) DropCache(off, n int64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return ErrClosed
 	}
+	if n <= 0 || off < 0 || off+n > int64(len(d.visible)) {
+		return ErrOutOfRange
+	}
+	if d.faults.StillCached {
+		return ErrStillCached
+	}
 	if !d.lost {
 		return nil // reads see the platter and the pending writes already
 	}
-	copy(d.visible, d.platter)
+	end := off + n
+	copy(d.visible[off:end], d.platter[off:end])
 	for _, w := range d.pending {
-		copy(d.visible[w.off:], w.data)
+		lo, hi := max(w.off, off), min(w.off+int64(len(w.data)), end)
+		if lo < hi {
+			copy(d.visible[lo:hi], w.data[lo-w.off:hi-w.off])
+		}
 	}
-	d.lost = false
 	return nil
 }
 

@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"bytes"
+	"math/rand"
 	"testing"
 	"time"
 )
@@ -130,4 +131,81 @@ func TestNewEngineAfterUnheardSyncFailure(t *testing.T) {
 	if !bytes.Equal(got, durable) {
 		t.Fatalf("read %q..., want the durable %q...", got[:4], durable[:4])
 	}
+}
+
+// TestDropLeavingPagesCachedIsTriedAgain: a drop that leaves pages of the
+// segment cached (a large folio shared with a neighbour's write in
+// flight) does not let the replica load; it is tried again, and the
+// replica then serves what the disk holds. A drop that keeps failing
+// fails the replica: it never serves from the cache.
+func TestDropLeavingPagesCachedIsTriedAgain(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		h := newHarness(t, 2, testDisk)
+		durable, lost := pattern(2, 1), pattern(3, 1)
+		r, p := degradedOnP(t, h, durable)
+		failed := failNextSync(h, p)
+		busy := 0
+		h.failDrop = func(n *hnode, _ DiskDrop) bool {
+			if n == p && (always || busy < 3) {
+				busy++
+				return true
+			}
+			return false
+		}
+		h.write(p.id, r.ID, 0, lost, nil)
+		h.run()
+		if !*failed {
+			t.Fatal("setup: no sync failed")
+		}
+		if always {
+			h.tick(30 * time.Second)
+			q := h.read(p.id, r.ID, 0, 1)
+			h.run()
+			if rp, ok := h.replies[q]; ok && rp.Err == nil {
+				t.Fatalf("drops that always left pages cached: the replica served %q...", rp.Data[:4])
+			}
+			// maxDropTries+1 in a row, then the replica fails; as the
+			// only up-to-date copy it loads again after ReloadEvery.
+			if busy < maxDropTries+1 {
+				t.Errorf("%d drops, want %d in a row before the replica fails", busy, maxDropTries+1)
+			}
+			continue
+		}
+		got := readsEventually(t, h, p, r.ID)
+		if !bytes.Equal(got, durable) {
+			t.Fatalf("read %q..., want the durable %q... (drops %d, %d refused)", got[:4], durable[:4], h.drops, busy)
+		}
+		if busy != 3 {
+			t.Fatalf("%d drops refused, want 3", busy)
+		}
+	}
+}
+
+// TestSuspectDisksAtEveryStart: as in the runtime, every engine starts
+// with its disks suspect, so every replica's first load syncs and drops
+// its segment's pages: writes, a crash, a failover and a resync lose
+// nothing and leave identical copies.
+func TestSuspectDisksAtEveryStart(t *testing.T) {
+	h := newHarness(t, 2, testDisk, func(h *harness) { h.suspect = true })
+	r := h.create(256)
+	if h.drops < 2 {
+		t.Fatalf("%d drops for two new replicas", h.drops)
+	}
+	p, s := h.nodes[r.Segs[0].Node], h.nodes[r.Segs[1].Node]
+	h.mustWrite(p.id, r.ID, 0, pattern(1, 4))
+	drops := h.drops
+	h.crash(s, true, rand.New(rand.NewSource(1)))
+	h.dead[Subject{s.id, s.inc}] = true
+	h.tick(time.Second)
+	h.mustWrite(p.id, r.ID, 100, pattern(2, 4))
+	h.start(s)
+	if !h.tickUntil(10*time.Second, func() bool { rec := h.rec(r.ID); return rec.State == Normal && !rec.Stale[1] }) {
+		t.Fatalf("not resynced: %+v", h.rec(r.ID))
+	}
+	if h.drops == drops {
+		t.Fatal("the restarted replica loaded without a drop")
+	}
+	h.mustRead(s.id, r.ID, 100, pattern(2, 4))
+	h.mustRead(s.id, r.ID, 0, pattern(1, 4))
+	h.sameCopies(r.ID)
 }

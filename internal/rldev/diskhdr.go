@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/grovestore/grove/internal/disk"
@@ -69,7 +70,24 @@ func FormatDisk(dev disk.Device, node uint64, index uint32) (DiskHeader, error) 
 
 // OpenDisk reads a disk's header and formats it if it has none. fresh is
 // true when it was formatted now.
+//
+// The header is read as the disk holds it, not as the page cache may: a
+// process whose FormatDisk sync failed may have left the lost header
+// cached (Linux reports the failure once, to it), and a header taken from
+// there would be gone after a power cut, the disk then formatted anew and
+// every segment on it taken as lost (outside review 59).
 func OpenDisk(dev disk.Device, node uint64, index uint32) (h DiskHeader, fresh bool, err error) {
+	err = dev.DropCache(0, 2*PageSize)
+	if errors.Is(err, disk.ErrStillCached) {
+		// Dirty (a format whose process died before its sync): make it
+		// durable or fail, then drop it.
+		if err = dev.Sync(); err == nil {
+			err = dev.DropCache(0, 2*PageSize)
+		}
+	}
+	if err != nil {
+		return h, false, fmt.Errorf("rldev: reading the disk's header from the disk: %w", err)
+	}
 	h, ok, err := ReadDiskHeader(dev)
 	if err != nil {
 		return h, false, err

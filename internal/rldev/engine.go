@@ -68,12 +68,14 @@ type (
 		Op   OpID
 		Disk uint32
 	}
-	// DiskDrop drops the disk's cached pages (disk.Device.DropCache), so
-	// that reads see what survives a crash rather than what a failed sync
-	// lost; DiskDone(Op, nil, err).
+	// DiskDrop drops the disk's cached pages of [Off, Off+Len)
+	// (disk.Device.DropCache), so that reads see what survives a crash
+	// rather than what a failed sync lost; DiskDone(Op, nil, err).
 	DiskDrop struct {
 		Op   OpID
 		Disk uint32
+		Off  int64
+		Len  int64
 	}
 	// Send delivers Msg to the engine of node To (on an ordered session;
 	// lost if the session breaks: the engine resends what matters).
@@ -120,9 +122,10 @@ type LocalDisk struct {
 	Size  int64
 	Path  string
 	UUID  string // from its header (OpenDisk)
-	// Suspect: reads of the disk may see what a failed sync lost (one
-	// failed under an earlier engine, or the process has just started:
-	// diskQueue). The engine drops its cache before reading a segment.
+	// Suspect: reads of the disk may see what a failed sync lost (under
+	// an earlier engine, whose failure no one alive heard, or an earlier
+	// process: Linux reports such a failure once). Each replica's first
+	// load then drops its segment's cached pages first.
 	Suspect bool
 }
 
@@ -304,23 +307,11 @@ type diskState struct {
 	// was lost.
 	syncFails uint64
 	syncErr   error
-	// A replica reads its segment's logs and blocks as the disk holds
-	// them only: on a disk the runtime calls suspect (LocalDisk.Suspect:
-	// the page cache may hold what a failed sync of an earlier engine or
-	// process lost, and that failure went to no one alive now) the first
-	// load of each replica waits for a DropCache of the disk, and so does
-	// each reload after a sync of the disk failed (the replica failed for
-	// it; its lost pages may still be cached). cleanAt is syncFails when
-	// the last DropCache that succeeded was issued (dropped: one did, or
-	// the disk was not suspect).
-	dropped  bool
-	cleanAt  uint64
-	dropping []func(error) []any // waiting for the DropCache in flight (nil: none)
+	// suspect: the page cache may hold what a failed sync of an earlier
+	// engine or process lost (LocalDisk.Suspect): every replica's first
+	// load drops its segment's cached pages (replica.dropCache).
+	suspect bool
 }
-
-// suspect reports whether reads of the disk may see what a failed sync
-// lost.
-func (d *diskState) suspect() bool { return !d.dropped || d.cleanAt != d.syncFails }
 
 type request struct {
 	id        ReqID
@@ -339,7 +330,7 @@ func NewEngine(cfg Config) *Engine {
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
 		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
-		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path, dropped: !d.Suspect}
+		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path, suspect: d.Suspect}
 	}
 	// A node reaches itself (a move to another of its disks: the primary
 	// and the target on one node): the driver delivers what it sends
@@ -429,31 +420,12 @@ func (e *Engine) maybeSync(d *diskState) []any {
 	return []any{DiskSync{Op: e.nextOp, Disk: d.idx}}
 }
 
-// dropCache runs then once a DropCache of disk d issued now has returned
-// (err: it failed). Callers waiting at once share one.
-func (e *Engine) dropCache(d *diskState, then func(error) []any) []any {
-	d.dropping = append(d.dropping, then)
-	if len(d.dropping) > 1 {
-		// One is in flight, issued before this caller asked: it may have
-		// been issued before the failure this caller saw, so this caller
-		// checks again when it ends (replica.load loops on suspect).
-		return nil
-	}
-	fails := d.syncFails
+// dropRange issues a DropCache of [off, off+n) of disk; then runs with its
+// error once it returned.
+func (e *Engine) dropRange(disk uint32, off, n int64, then func(error) []any) []any {
 	e.nextOp++
-	e.ops[e.nextOp] = func(_ []byte, err error) []any {
-		if err == nil {
-			d.dropped, d.cleanAt = true, fails
-		}
-		waiting := d.dropping
-		d.dropping = nil
-		var out []any
-		for _, fn := range waiting {
-			out = append(out, fn(err)...)
-		}
-		return out
-	}
-	return []any{DiskDrop{Op: e.nextOp, Disk: d.idx}}
+	e.ops[e.nextOp] = func(_ []byte, err error) []any { return then(err) }
+	return []any{DiskDrop{Op: e.nextOp, Disk: disk, Off: off, Len: n}}
 }
 
 // DiskDone delivers a disk operation's completion.

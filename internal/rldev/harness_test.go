@@ -50,9 +50,14 @@ type harness struct {
 	holdWrite func(*hnode, DiskWrite) bool
 	failWrite func(*hnode, DiskWrite) bool
 	// failSync: a sync it picks fails losing the writes it covered, which
-	// reads still see (MemDevice.FailSync); drops counts the DiskDrops.
+	// reads still see (MemDevice.FailSync); a DiskDrop failDrop picks
+	// leaves pages cached (ErrStillCached); drops counts the DiskDrops;
+	// suspect: every engine starts with its disks suspect, as the
+	// runtime's do (not only after a failed sync no engine heard).
 	failSync    func(*hnode, DiskSync) bool
+	failDrop    func(*hnode, DiskDrop) bool
 	drops       int
+	suspect     bool
 	holdPropose func(*hnode, Propose) bool
 	held        []func()
 	heldDecrees []Propose
@@ -67,10 +72,9 @@ type hnode struct {
 	up   bool
 	devs map[uint32]*disk.MemDevice
 	uuid map[uint32]string
-	// As the runtime's diskQueue: per disk, failed syncs (whether their
-	// engine is there to hear or not) and their count when the last
-	// DropCache that succeeded began; start says Suspect while they
-	// differ. A crash empties the cache.
+	// Per disk, failed syncs (whether their engine is there to hear or
+	// not), and their count at the last crash, which empties the cache:
+	// start says Suspect while they differ (or h.suspect).
 	fails, clean map[uint32]uint64
 }
 
@@ -122,7 +126,7 @@ func (h *harness) start(n *hnode) {
 			h.t.Fatal(err)
 		}
 		n.uuid[idx] = hdr.UUID
-		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx), Suspect: n.fails[idx] != n.clean[idx]})
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: hdr.UUID, Path: fmt.Sprintf("disk-%d-%d", n.id, idx), Suspect: h.suspect || n.fails[idx] != n.clean[idx]})
 	}
 	n.e = NewEngine(Config{Node: n.id, Inc: n.inc, Disks: disks, Unsafe: h.unsafe, ScrubRate: h.scrubRate, CopyRate: h.copyRate})
 	h.exec(n, n.e.SetTable(h.env(n), h.table(), true, h.incs()))
@@ -310,12 +314,11 @@ func (h *harness) exec(n *hnode, out []any) {
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case DiskDrop:
 			h.drops++
-			f := n.fails[x.Disk]
-			err := n.devs[x.Disk].DropCache()
-			if err != nil {
-				n.fails[x.Disk]++
+			var err error
+			if h.failDrop != nil && h.failDrop(n, x) {
+				err = fmt.Errorf("%w (injected)", disk.ErrStillCached)
 			} else {
-				n.clean[x.Disk] = max(n.clean[x.Disk], f)
+				err = n.devs[x.Disk].DropCache(x.Off, x.Len)
 			}
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case Send:

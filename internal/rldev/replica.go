@@ -2,10 +2,12 @@ package rldev
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
 
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/lock"
 )
 
@@ -68,7 +70,14 @@ type replica struct {
 	reloadHeld bool // a failed replica: its reload waits for an operation of the failed life (logged once)
 
 	pending int // its disk writes in progress (writeDurable)
-	reading int // its disk reads in progress (readRun, load)
+	reading int // its disk reads in progress (readRun, load, dropCache)
+	// The segment's cached pages were dropped (dropCache) when the disk's
+	// failed syncs were cleanAt (cacheOK: once in this engine); dropAgain:
+	// the last drop left pages cached, tried again at the next retry,
+	// dropTries in a row so far.
+	cacheOK, dropAgain bool
+	cleanAt            uint64
+	dropTries          int
 
 	// The primary of a moving RLDev (move.go): the epoch in which the
 	// moving secondary confirmed it stopped serving, a probe for it in
@@ -163,20 +172,8 @@ func (r *replica) checkRange(block, n uint64) error {
 // load reads the segment's metadata area; a segment that holds nothing
 // yet is formatted (a new RLDev, or a stale replica about to be copied).
 func (r *replica) load(env Env) []any {
-	if d := r.e.disks[r.disk]; d != nil && d.suspect() {
-		// Its disk's cache may hold what a failed sync lost: drop it
-		// first (diskState.dropped), then look again.
-		r.reading++
-		return r.e.dropCache(d, func(err error) []any {
-			r.reading--
-			if r.state != repLoading {
-				return nil
-			}
-			if err != nil {
-				return r.fail(fmt.Errorf("dropping its disk's cached pages: %w", err))
-			}
-			return r.load(r.e.env)
-		})
+	if d := r.e.disks[r.disk]; d != nil && (d.suspect && !r.cacheOK || r.cleanAt != d.syncFails) {
+		return r.dropCache(d)
 	}
 	r.reading++
 	return r.e.read(r.disk, r.base, MetaSize, func(data []byte, err error) []any {
@@ -190,6 +187,54 @@ func (r *replica) load(env Env) []any {
 		return r.loaded(env, data)
 	})
 }
+
+// dropCache makes the segment's reads see what its disk holds, then loads
+// it again: a sync (the drop evicts clean pages only; a failed one is
+// counted as any other, failing the writes it covered), then a DropCache
+// of the segment's extent. One that leaves a page cached (a large folio
+// shared with a neighbour's write in flight) is tried again at the next
+// retry, up to maxDropTries, then the replica fails.
+//
+// Why: after a failed writeback Linux may keep the lost pages cached,
+// clean and readable, and report the error once. The replica failed for
+// it (every write in flight across a failed sync fails), but, loading
+// again from the cache, it would serve, log and copy to its peer writes
+// that a crash takes back. A new engine or process never heard of an
+// earlier one's failure: its disks are suspect (LocalDisk.Suspect).
+func (r *replica) dropCache(d *diskState) []any {
+	r.reading++
+	d.waiting = append(d.waiting, func(err error) []any {
+		if err != nil {
+			r.reading--
+			if r.state != repLoading {
+				return nil
+			}
+			return r.fail(fmt.Errorf("syncing its disk before dropping its cached pages: %w", err))
+		}
+		fails := d.syncFails
+		return r.e.dropRange(r.disk, r.base, SegmentSize(r.rec.Blocks), func(err error) []any {
+			r.reading--
+			if r.state != repLoading {
+				return nil
+			}
+			switch {
+			case err == nil:
+				r.cacheOK, r.cleanAt, r.dropTries = true, fails, 0
+				return r.load(r.e.env)
+			case errors.Is(err, disk.ErrStillCached) && r.dropTries < maxDropTries:
+				r.dropTries++
+				r.dropAgain = true // at the next retry
+				return []any{r.e.logf(1, "rldev segment: pages still cached after a drop; trying again", "rldev", r.rec.ID, "err", err)}
+			}
+			r.dropTries = 0
+			return r.fail(fmt.Errorf("dropping its cached pages: %w", err))
+		})
+	})
+	return r.e.maybeSync(d)
+}
+
+// maxDropTries bounds replica.dropCache's attempts in a row.
+const maxDropTries = 20
 
 func (r *replica) loaded(env Env, meta []byte) []any {
 	page := func(kind uint16) (uint64, []byte, bool, bool) {
@@ -578,6 +623,10 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // holds, and so would one decided but not yet seen in a linearizable
 // table, review 38). An I/O that never ends keeps the replica failed.
 func (r *replica) retry(env Env) []any {
+	if r.state == repLoading && r.dropAgain && !r.busy() {
+		r.dropAgain = false
+		return r.load(env)
+	}
 	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery &&
 		!r.busy() && !r.e.decreeOut && !r.e.awaitTable {
 		// What still waits for the peer (pulls issued since the failure)
@@ -598,7 +647,7 @@ func (r *replica) retry(env Env) []any {
 		}
 		r.reloadHeld = false
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
-		r.blank = false
+		r.blank, r.dropAgain, r.dropTries = false, false, 0
 		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv = map[uint64]*writeOp{}, nil

@@ -171,31 +171,7 @@ func (w *waiter) replyLent(r Reply, back func()) {
 type diskQueue struct {
 	dev  disk.Device
 	jobs chan func()
-	// The disk's failed syncs (and failed DropCaches), counted where the
-	// I/O runs, so that a failure whose engine was fenced meanwhile (its
-	// completion goes to no one) still counts; clean is fails when the
-	// last DropCache that succeeded began. A new engine is told the disk
-	// is suspect (LocalDisk.Suspect) while they differ. fails starts at
-	// 1: a process starts suspecting every disk, as an earlier process
-	// may have died with a failed writeback's pages still cached, and
-	// Linux reports such an error once, to that process.
-	fails, clean atomic.Uint64
 }
-
-// syncFailed counts a failed sync or DropCache of the disk.
-func (q *diskQueue) syncFailed() { q.fails.Add(1) }
-
-// dropped records a DropCache that began when fails was f and succeeded.
-func (q *diskQueue) dropped(f uint64) {
-	for {
-		c := q.clean.Load()
-		if c >= f || q.clean.CompareAndSwap(c, f) {
-			return
-		}
-	}
-}
-
-func (q *diskQueue) suspect() bool { return q.fails.Load() != q.clean.Load() }
 
 type outLink struct {
 	to     NodeID
@@ -236,7 +212,6 @@ func NewService(cfg ServiceConfig) *Service {
 	s.registerMetrics(cfg.Metrics)
 	for _, d := range cfg.Disks {
 		q := &diskQueue{dev: d.Dev, jobs: make(chan func(), 1024)}
-		q.fails.Store(1)
 		s.disks[d.Index] = q
 		for i := 0; i < cfg.DiskWorkers; i++ {
 			s.wg.Add(1)
@@ -317,7 +292,14 @@ func (s *Service) Start(inc uint64) {
 		}
 		var disks []LocalDisk
 		for _, d := range s.cfg.Disks {
-			disks = append(disks, LocalDisk{Index: d.Index, Size: d.Dev.Size(), Path: d.Path, UUID: d.UUID, Suspect: s.disks[d.Index].suspect()})
+			// Suspect, always: an earlier engine of this process may
+			// have been fenced while a sync failed (its failure went to
+			// no one), and an earlier process may have died after one
+			// (Linux reports it once, to that process), leaving the lost
+			// pages cached. Each replica's first load drops its
+			// segment's pages (a sync, fadvise, cachestat), so reads
+			// after a restart start from the disk.
+			disks = append(disks, LocalDisk{Index: d.Index, Size: d.Dev.Size(), Path: d.Path, UUID: d.UUID, Suspect: true})
 		}
 		cfg := s.cfg.Engine
 		cfg.Node, cfg.Inc, cfg.Disks = s.cfg.Node, inc, disks
@@ -443,26 +425,9 @@ func (s *Service) execLocked(g *generation, out []any) {
 		case DiskWrite:
 			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, DoWrite(dev, x) })
 		case DiskSync:
-			q := s.disks[x.Disk]
-			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
-				err := dev.Sync()
-				if err != nil {
-					q.syncFailed()
-				}
-				return nil, err
-			})
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, dev.Sync() })
 		case DiskDrop:
-			q := s.disks[x.Disk]
-			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) {
-				f := q.fails.Load()
-				err := dev.DropCache()
-				if err != nil {
-					q.syncFailed()
-				} else {
-					q.dropped(f)
-				}
-				return nil, err
-			})
+			s.diskOp(g, x.Disk, x.Op, func(dev disk.Device) ([]byte, error) { return nil, dev.DropCache(x.Off, x.Len) })
 		case Send:
 			if x.To == s.cfg.Node {
 				s.sendSelfLocked(g, x.Msg)
