@@ -78,12 +78,14 @@ func FormatDisk(dev disk.Device, node uint64, index uint32) (DiskHeader, error) 
 // every segment on it taken as lost (outside review 59).
 func OpenDisk(dev disk.Device, node uint64, index uint32) (h DiskHeader, fresh bool, err error) {
 	err = dev.DropCache(0, 2*PageSize)
-	if errors.Is(err, disk.ErrStillCached) {
-		// Dirty (a format whose process died before its sync): make it
-		// durable or fail, then drop it.
-		if err = dev.Sync(); err == nil {
-			err = dev.DropCache(0, 2*PageSize)
-		}
+	for i := 0; i < 3 && errors.Is(err, disk.ErrStillCached); i++ {
+		// Dirty (a format whose process died before its sync): a sync
+		// writes it back, or fails and leaves it clean (and lost); the
+		// drop takes it either way. A failure here may also be an
+		// earlier process's, never reported (review 60): not this
+		// disk's end.
+		_ = dev.Sync()
+		err = dev.DropCache(0, 2*PageSize)
 	}
 	if err != nil {
 		return h, false, fmt.Errorf("rldev: reading the disk's header from the disk: %w", err)

@@ -1095,6 +1095,9 @@ func (e *Engine) Status() []ReplicaStatus {
 		if r.state == repFailed && (r.reloadHeld || r.busy()) {
 			st.Wait = "an operation of its failed life is still in progress: it loads again once that ends"
 		}
+		if r.state == repLoading && r.dropAgain {
+			st.Wait = fmt.Sprintf("pages of its segment were still cached after a drop (try %d of %d): it loads once they are gone", r.dropTries, maxDropTries)
+		}
 		out = append(out, st)
 	}
 	// Segments and move targets this node does not host yet: their

@@ -78,6 +78,7 @@ type replica struct {
 	cacheOK, dropAgain bool
 	cleanAt            uint64
 	dropTries          int
+	droppedAt          time.Time
 
 	// The primary of a moving RLDev (move.go): the epoch in which the
 	// moving secondary confirmed it stopped serving, a probe for it in
@@ -204,13 +205,11 @@ func (r *replica) load(env Env) []any {
 func (r *replica) dropCache(d *diskState) []any {
 	r.reading++
 	d.waiting = append(d.waiting, func(err error) []any {
-		if err != nil {
-			r.reading--
-			if r.state != repLoading {
-				return nil
-			}
-			return r.fail(fmt.Errorf("syncing its disk before dropping its cached pages: %w", err))
-		}
+		// A failed sync (counted: the writes in flight across it fail)
+		// leaves the pages it lost clean, and the drop evicts them all
+		// the same; it may also be an earlier process's failure that no
+		// one heard, reported to this one's first sync (outside review
+		// 60). This replica had nothing in flight: it goes on.
 		fails := d.syncFails
 		return r.e.dropRange(r.disk, r.base, SegmentSize(r.rec.Blocks), func(err error) []any {
 			r.reading--
@@ -223,7 +222,7 @@ func (r *replica) dropCache(d *diskState) []any {
 				return r.load(r.e.env)
 			case errors.Is(err, disk.ErrStillCached) && r.dropTries < maxDropTries:
 				r.dropTries++
-				r.dropAgain = true // at the next retry
+				r.dropAgain, r.droppedAt = true, r.e.env.Now // again RetryEvery later
 				return []any{r.e.logf(1, "rldev segment: pages still cached after a drop; trying again", "rldev", r.rec.ID, "err", err)}
 			}
 			r.dropTries = 0
@@ -623,7 +622,7 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // holds, and so would one decided but not yet seen in a linearizable
 // table, review 38). An I/O that never ends keeps the replica failed.
 func (r *replica) retry(env Env) []any {
-	if r.state == repLoading && r.dropAgain && !r.busy() {
+	if r.state == repLoading && r.dropAgain && !r.busy() && env.Now.Sub(r.droppedAt) >= r.e.cfg.RetryEvery {
 		r.dropAgain = false
 		return r.load(env)
 	}
