@@ -92,6 +92,48 @@ func (r *lostPagesRig) fill() {
 
 func (r *lostPagesRig) unfill() { os.Remove(filepath.Join(r.back, "filler")) }
 
+// open opens the rig's loop device (closed at the test's end).
+func (r *lostPagesRig) open() *FileDevice {
+	d, err := OpenFile(r.loop, 0)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// durableThenDoomed writes 0xA over [off, off+n) of d durably, then frees
+// that range of the backing file (at phys) and fills the tmpfs, then
+// writes 0xB over it: the next write-back of it fails. The caller unfills.
+func (r *lostPagesRig) durableThenDoomed(d *FileDevice, off, phys, n int64) {
+	if _, err := d.WriteAt(bytes.Repeat([]byte{0xA}, int(n)), off); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := d.Sync(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.punch(phys, n)
+	r.fill()
+	if _, err := d.WriteAt(bytes.Repeat([]byte{0xB}, int(n)), off); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// directByte reads the byte at off of path past the page cache: what the
+// disk holds.
+func directByte(t *testing.T, path string, off int64) byte {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := AlignedBytes(4096, 4096, 4096)
+	if _, err := f.ReadAt(p, off/4096*4096); err != nil {
+		t.Fatal(err)
+	}
+	return p[off%4096]
+}
+
 func cachedPages(t *testing.T, f *os.File, off, n int64) unix.Cachestat_t {
 	var st unix.Cachestat_t
 	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{Off: uint64(off), Len: uint64(n)}, &st, 0); err != nil {
@@ -114,24 +156,10 @@ func readByte(t *testing.T, d Device, off int64) byte {
 // build on.
 func TestReview59BlockDeviceLostPages(t *testing.T) {
 	r := newLostPagesRig(t)
-	d, err := OpenFile(r.loop, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := r.open()
 	const off, n = 1 << 20, 64 << 10
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xA}, n), off); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	r.punch(off, n)
-	r.fill()
+	r.durableThenDoomed(d, off, off, n)
 	defer r.unfill()
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xB}, n), off); err != nil {
-		t.Fatal(err)
-	}
 	serr := d.Sync()
 	t.Logf("Sync after the write into the hole: %v", serr)
 	if serr == nil {
@@ -201,18 +229,7 @@ func lostThenDirtyNeighbour(t *testing.T, r *lostPagesRig, d *FileDevice, path s
 	if _, err := d.WriteAt(bytes.Repeat([]byte{0xC}, 4096), off+mine); err != nil {
 		t.Fatal(err)
 	}
-	direct := func() byte {
-		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		p := AlignedBytes(4096, 4096, 4096)
-		if _, err := f.ReadAt(p, off); err != nil {
-			t.Fatal(err)
-		}
-		return p[0]
-	}
+	direct := func() byte { return directByte(t, path, off) }
 	err := d.DropCache(off, mine)
 	got := readByte(t, d, off)
 	t.Logf("after a neighbour's write, DropCache: %v; cachestat %+v, read %#x, on the disk %#x", err, cachedPages(t, d.f, off, mine), got, direct())
@@ -234,11 +251,7 @@ func lostThenDirtyNeighbour(t *testing.T, r *lostPagesRig, d *FileDevice, path s
 // loop device itself (a disk that is a block device).
 func TestReview59BlockDeviceDirtyNeighbour(t *testing.T) {
 	r := newLostPagesRig(t)
-	d, err := OpenFile(r.loop, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := r.open()
 	lostThenDirtyNeighbour(t, r, d, r.loop, 1<<20, 1<<20)
 }
 
@@ -290,24 +303,10 @@ func TestReview59Ext4FileDirtyNeighbour(t *testing.T) {
 // engine counts) succeeds. A flush before the drop must be a Sync.
 func TestReview59SyncFileRangeConsumesTheError(t *testing.T) {
 	r := newLostPagesRig(t)
-	d, err := OpenFile(r.loop, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := r.open()
 	const off, n = 1 << 20, 64 << 10
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xA}, n), off); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	r.punch(off, n)
-	r.fill()
+	r.durableThenDoomed(d, off, off, n)
 	defer r.unfill()
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xB}, n), off); err != nil {
-		t.Fatal(err)
-	}
 	serr := unix.SyncFileRange(int(d.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
 	ferr := d.Sync()
 	t.Logf("sync_file_range: %v; the Sync after it: %v", serr, ferr)
@@ -322,24 +321,9 @@ func TestReview59SyncFileRangeConsumesTheError(t *testing.T) {
 // defeats DropCache).
 func TestReview59DirectReadSeesTheDisk(t *testing.T) {
 	r := newLostPagesRig(t)
-	d, err := OpenFile(r.loop, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := r.open()
 	const off, n = 1 << 20, 64 << 10
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xA}, n), off); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	d.DropCache(off, n)
-	r.punch(off, n)
-	r.fill()
-	if _, err := d.WriteAt(bytes.Repeat([]byte{0xB}, n), off); err != nil {
-		t.Fatal(err)
-	}
+	r.durableThenDoomed(d, off, off, n)
 	if d.Sync() == nil {
 		t.Skip("the write-back did not fail")
 	}
@@ -347,17 +331,9 @@ func TestReview59DirectReadSeesTheDisk(t *testing.T) {
 	if _, err := d.WriteAt(bytes.Repeat([]byte{0xC}, SectorSize), off+n-SectorSize); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(r.loop, os.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	p := AlignedBytes(4096, 4096, 4096)
-	if _, err := f.ReadAt(p, off); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("buffered read %#x, O_DIRECT read %#x", readByte(t, d, off), p[0])
-	if p[0] == 0xB {
+	disk := directByte(t, r.loop, off)
+	t.Logf("buffered read %#x, O_DIRECT read %#x", readByte(t, d, off), disk)
+	if disk == 0xB {
 		t.Fatal("an O_DIRECT read saw the lost write")
 	}
 }

@@ -2,7 +2,6 @@ package disk
 
 import (
 	"bytes"
-	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -55,16 +54,7 @@ func TestReview60NewProcessFirstSyncReportsOldFailure(t *testing.T) {
 	if err := d.DropCache(off, n); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(r.loop, os.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	p := AlignedBytes(4096, 4096, 4096)
-	if _, err := f.ReadAt(p, off); err != nil {
-		t.Fatal(err)
-	}
-	if got := readByte(t, d, off); got != p[0] {
-		t.Fatalf("after the drop reads see %#x, the disk holds %#x", got, p[0])
+	if got, disk := readByte(t, d, off), directByte(t, r.loop, off); got != disk {
+		t.Fatalf("after the drop reads see %#x, the disk holds %#x", got, disk)
 	}
 }
