@@ -126,8 +126,10 @@ type Log struct {
 		// a later Flush fails at once (nobody would serve its waiter).
 		stopped bool
 		ckpt    bool // a checkpoint is running
-		space   *sync.Cond
-		stats   Stats
+		// ckptAgain: one was asked for while it ran (checkpointDoneLocked)
+		ckptAgain bool
+		space     *sync.Cond
+		stats     Stats
 	}
 	recovered Report
 	release   func() // the log's lock (OpenNamed), released by Close
@@ -767,7 +769,15 @@ func (l *Log) writeRing(ctx context.Context, seq uint64, blocks [][]byte) error 
 }
 
 func (l *Log) checkpointSoonLocked() {
-	if l.mu.ckpt || l.cfg.Manual || l.cfg.Checkpointer == nil {
+	if l.cfg.Manual || l.cfg.Checkpointer == nil {
+		return
+	}
+	if l.mu.ckpt {
+		// Asked while one runs: its target may predate what the asker
+		// needs (a transaction that ended since), and the asker sleeps
+		// until space is broadcast, which a checkpoint that moves the
+		// head no further never does. One more runs after it.
+		l.mu.ckptAgain = true
 		return
 	}
 	l.mu.ckpt = true
@@ -778,9 +788,23 @@ func (l *Log) checkpointSoonLocked() {
 			l.log.Warn("log checkpoint failed", "err", err)
 		}
 		l.mu.Lock()
-		l.mu.ckpt = false
+		l.checkpointDoneLocked()
 		l.mu.Unlock()
 	}()
+}
+
+// checkpointDoneLocked ends a background checkpoint, and starts the next
+// if one was asked for meanwhile (outside review 57: otherwise an appender
+// that asked for room while a checkpoint ran could wait until its context
+// ended, though a checkpoint then would have made room).
+func (l *Log) checkpointDoneLocked() {
+	l.mu.ckpt = false
+	if l.mu.ckptAgain {
+		l.mu.ckptAgain = false
+		if l.ctx.Err() == nil && l.usableLocked() == nil {
+			l.checkpointSoonLocked()
+		}
+	}
 }
 
 // Checkpoint reclaims log space: it flushes what is buffered, then the head
