@@ -64,6 +64,9 @@ type simOpts struct {
 	// 3 s and does what a scripted test needs.
 	script func(s *rsim)
 	strict bool // the oracle's (roracle.strict)
+	// syncLoses, suspect: as the runtime runs (simSyncLoses, simSuspect;
+	// TestRLDevSimulationAsRun).
+	syncLoses, suspect bool
 }
 
 // simScrubRate: a pass over a node's segments every half second or so,
@@ -242,7 +245,7 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 		if fresh {
 			s.o.logf("node %d: disk %d formatted (uuid %s)", rn.id, idx, h.UUID[:8])
 		}
-		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx), Suspect: rn.fails[idx] != rn.clean[idx]})
+		disks = append(disks, LocalDisk{Index: idx, Size: d.Size(), UUID: h.UUID, Path: fmt.Sprintf("n%d-d%d", rn.id, idx), Suspect: s.opts.suspect || rn.fails[idx] != rn.clean[idx]})
 	}
 	rn.e = NewEngine(Config{Node: rn.id, Inc: rn.inc, Disks: disks, FlushEvery: 300 * time.Millisecond, PollEvery: 100 * time.Millisecond,
 		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, ScrubRate: s.opts.scrubRate, Unsafe: s.opts.unsafe,
@@ -417,7 +420,7 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 			if s.w.Rand.Intn(200) == 0 {
 				d = s.w.Between(100*time.Millisecond, 800*time.Millisecond) // a slow disk
 			}
-			if !simSyncLoses {
+			if !s.opts.syncLoses {
 				// The default stream's (the teeth test's seeds are tuned
 				// to it): a sync of a fenced engine never runs.
 				p.Go(d, func() {
@@ -917,7 +920,7 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 				s.rot(rn)
 			case r < 17 && !opts.quiet:
 				dev := rn.devs[uint32(w.Rand.Intn(len(rn.devs)))]
-				if simSyncLoses && w.Rand.Intn(2) == 0 {
+				if s.opts.syncLoses && w.Rand.Intn(2) == 0 {
 					// A failed sync loses the writes it covered, as a
 					// failed writeback may (TestSyncFailureFailsWritesInFlight).
 					s.o.logf("DISK node %d fails syncs, losing their writes", rn.id)
@@ -1563,13 +1566,37 @@ func reportRSim(t *testing.T, test string, seed int64, s *rsim) {
 // named incarnations to run (diagnosed by a helper, 2026-11-30).
 var simSyncLoses = os.Getenv("GROVE_RLDEV_SYNC_LOSES") != ""
 
+// simSuspect (GROVE_RLDEV_SUSPECT=1) starts every engine with its disks
+// suspect, as the runtime does (rldev.Service): each replica's first load
+// syncs and drops its segment's pages. Off by default for the same reason
+// (the syncs it adds move every seed's stream).
+var simSuspect = os.Getenv("GROVE_RLDEV_SUSPECT") != ""
+
+// TestRLDevSimulationAsRun: the simulation with what the runtime does
+// that the default stream leaves out (it would move the seeds the teeth
+// test is tuned to): every engine starts with its disks suspect, so every
+// replica's first load syncs and drops its pages, and syncs fail losing
+// their writes (still readable until dropped), a fenced engine's among
+// them. Seeds from 5001 (GROVE_SEEDS, GROVE_SEED_BASE as for the others).
+func TestRLDevSimulationAsRun(t *testing.T) {
+	if os.Getenv("GROVE_SEED_BASE") == "" && os.Getenv("GROVE_SEED") == "" {
+		t.Setenv("GROVE_SEED_BASE", "5001")
+	}
+	for _, seed := range sim.Seeds(t, 40) {
+		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true})
+		if len(s.o.fails) > 0 {
+			reportRSim(t, "TestRLDevSimulationAsRun", seed, s)
+		}
+	}
+}
+
 func TestRLDevSimulation(t *testing.T) {
 	seeds := sim.Seeds(t, 200)
 	var writes, reads, doubles, decrees, moves, cancels, moved, diskMoves, diskMoved, settles, lossy int
 	kinds := map[string]int{}
 	var st Stats
 	for _, seed := range seeds {
-		opts := simOpts{}
+		opts := simOpts{syncLoses: simSyncLoses, suspect: simSuspect}
 		if os.Getenv("GROVE_NOSCRUB") != "" {
 			opts.scrubRate = -1
 		}
