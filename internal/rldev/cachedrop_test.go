@@ -2,6 +2,7 @@ package rldev
 
 import (
 	"bytes"
+	"errors"
 	"math/rand"
 	"testing"
 	"time"
@@ -208,4 +209,36 @@ func TestSuspectDisksAtEveryStart(t *testing.T) {
 	h.mustRead(s.id, r.ID, 100, pattern(2, 4))
 	h.mustRead(s.id, r.ID, 0, pattern(1, 4))
 	h.sameCopies(r.ID)
+}
+
+// TestReadRepairWhosePeerTurnsStale (outside review 61): a read meets a
+// corrupt block and asks the peer for its copy; the peer is cut off, then
+// declared dead and made stale. The read must end (not served: the clerk
+// tries again), not wait for an answer no stale peer gives; asked again,
+// it fails at once as corrupt (this replica is the only up-to-date copy).
+func TestReadRepairWhosePeerTurnsStale(t *testing.T) {
+	h := newHarness(t, 2, testDisk)
+	r := h.create(64)
+	p, s := h.nodes[r.Segs[0].Node], h.nodes[r.Segs[1].Node]
+	h.mustWrite(p.id, r.ID, 5, pattern(4, 1))
+	sg := r.Segs[0]
+	p.devs[sg.Disk].FlipBit(sg.Offset+blockOff(5)+HeaderSize+100, 3)
+	h.partition(p.id, s.id)
+	q := h.read(p.id, r.ID, 5, 1)
+	h.run()
+	if _, ok := h.replies[q]; ok {
+		t.Fatalf("setup: the read ended with its peer cut off: %+v", h.replies[q])
+	}
+	h.dead[Subject{s.id, s.inc}] = true
+	if !h.tickUntil(10*time.Second, func() bool { _, ok := h.replies[q]; return ok && h.rec(r.ID).Stale[1] }) {
+		t.Fatalf("the read never ended once its peer was stale (record %+v)", h.rec(r.ID))
+	}
+	if rp := h.replies[q]; !errors.Is(rp.Err, ErrNotServing) {
+		t.Fatalf("the read whose repair lost its peer: %v, want not served", rp.Err)
+	}
+	q = h.read(p.id, r.ID, 5, 1)
+	h.run()
+	if rp, ok := h.replies[q]; !ok || !errors.Is(rp.Err, ErrCorrupt) {
+		t.Fatalf("a read of the block with the peer stale: %+v (replied %v), want corrupt", rp.Err, ok)
+	}
 }

@@ -470,14 +470,17 @@ func (r *replica) repair(bad []uint64, then func(error) []any) []any {
 				if pd.Code == Corrupt {
 					return finish(fmt.Errorf("%w: blocks [%d, %d) of rldev %d: the peer's copy: %v", ErrCorrupt, run.first, run.first+run.n, r.rec.ID, pd.Code.Err()))
 				}
-				// The peer's copy could not be had (the peer not
-				// serving, crashed, in another epoch, its disk failed):
-				// nothing says it is bad, so the block is not lost. The
-				// read fails as one this replica cannot serve now, and
-				// the clerk tries the peer; the scrubber repairs the
-				// block later. (ErrCorrupt here told a client its data
-				// was gone while the peer and a move's target held it:
-				// the simulator, seed 197 with GROVE_RLDEV_SUSPECT.)
+				// The peer's copy could not be had (its read failed:
+				// DiskFailed; or this replica failed or retired during
+				// the repair, which answers its pulls NotServing: abort;
+				// the peer's own NotServing, WrongEpoch and Unknown are
+				// asked again, replica.deliver): nothing says the copy
+				// is bad, so the block is not known lost. The read fails
+				// as one this replica cannot serve now, and the clerk
+				// tries again; once the peer is stale, repair says
+				// ErrCorrupt at once. (ErrCorrupt here told a client its
+				// data was gone while the peer and a move's target held
+				// it: the simulator, seed 197 with GROVE_RLDEV_SUSPECT.)
 				return finish(fmt.Errorf("%w: blocks [%d, %d) of rldev %d fail their check here, and the peer's copy could not be had: %v", ErrNotServing, run.first, run.first+run.n, r.rec.ID, pd.Code.Err()))
 			}
 			return r.rewriteBad(run.first, run.n, pd.Data, pd.Gens, pd.Bad, finish)

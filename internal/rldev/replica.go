@@ -659,6 +659,19 @@ func (r *replica) retry(env Env) []any {
 		return nil
 	}
 	var out []any
+	if r.peerStale() {
+		// A read repair's or the scrubber's pull still waiting for a
+		// peer that turned stale meanwhile: nothing will answer it
+		// (outside review 61: the read hung until its client's timeout,
+		// the pull sent again for ever). Its read fails as not served;
+		// asked again, repair finds the peer stale: ErrCorrupt at once.
+		for _, seq := range sortedSeqs(r.pulls) {
+			if p := r.pulls[seq]; p.q == nil && p.src == nil {
+				delete(r.pulls, seq)
+				out = append(out, p.then(PullData{Code: NotServing})...)
+			}
+		}
+	}
 	if r.peerReachable() {
 		for _, seq := range sortedSeqs(r.fwd) {
 			w := r.fwd[seq]

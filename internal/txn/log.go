@@ -495,6 +495,17 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 		if l.cfg.Manual || l.cfg.Checkpointer == nil {
 			return ErrLogFull
 		}
+		if l.mu.ckpt {
+			// One runs: its target may predate what this appender
+			// needs (a transaction that ended since), and the appender
+			// sleeps until space is broadcast, which a checkpoint that
+			// moves the head no further never does. One more runs after
+			// it. (Only for an appender waiting: the threshold trigger
+			// of completeLocked asking so would chain checkpoints, each
+			// forcing a flush, while a long transaction pins the head:
+			// outside review 61.)
+			l.mu.ckptAgain = true
+		}
 		l.checkpointSoonLocked()
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
@@ -773,11 +784,6 @@ func (l *Log) checkpointSoonLocked() {
 		return
 	}
 	if l.mu.ckpt {
-		// Asked while one runs: its target may predate what the asker
-		// needs (a transaction that ended since), and the asker sleeps
-		// until space is broadcast, which a checkpoint that moves the
-		// head no further never does. One more runs after it.
-		l.mu.ckptAgain = true
 		return
 	}
 	l.mu.ckpt = true
