@@ -389,8 +389,7 @@ func cachedIn(fd int, off, n int64) (cached, dirty, writeback uint64, err error)
 	defer unix.Munmap(m)
 	vec := make([]byte, (hi-lo)/ps)
 	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		err := error(e)
-		return 0, 0, 0, fmt.Errorf("disk: counting cached pages (cachestat unavailable, mincore): %w", err)
+		return 0, 0, 0, fmt.Errorf("disk: counting cached pages (cachestat unavailable, mincore): %w", e)
 	}
 	for _, v := range vec {
 		cached += uint64(v & 1)

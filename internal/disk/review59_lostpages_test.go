@@ -119,6 +119,19 @@ func (r *lostPagesRig) durableThenDoomed(d *FileDevice, off, phys, n int64) {
 	}
 }
 
+// lostWrite opens the loop device and makes [off, off+n) a lost write:
+// 0xA durable, 0xB written and its Sync failed (skips the test if the
+// write-back did not fail); the disk works again afterwards.
+func (r *lostPagesRig) lostWrite(off, n int64) *FileDevice {
+	d := r.open()
+	r.durableThenDoomed(d, off, off, n)
+	if d.Sync() == nil {
+		r.t.Skip("the write-back did not fail")
+	}
+	r.unfill()
+	return d
+}
+
 // directByte reads the byte at off of path past the page cache: what the
 // disk holds.
 func directByte(t *testing.T, path string, off int64) byte {
@@ -296,38 +309,14 @@ func TestReview59Ext4FileDirtyNeighbour(t *testing.T) {
 	lostThenDirtyNeighbour(t, r, d, path, off, phys)
 }
 
-// TestReview59SyncFileRangeConsumesTheError: a caution for a fix that
-// writes dirty folios back before the fadvise: sync_file_range(2) with
-// WAIT_AFTER reports the failed write-back to its caller and advances the
-// file's error cursor, so the fdatasync that follows (Sync: what the
-// engine counts) succeeds. A flush before the drop must be a Sync.
-func TestReview59SyncFileRangeConsumesTheError(t *testing.T) {
-	r := newLostPagesRig(t)
-	d := r.open()
-	const off, n = 1 << 20, 64 << 10
-	r.durableThenDoomed(d, off, off, n)
-	defer r.unfill()
-	serr := unix.SyncFileRange(int(d.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
-	ferr := d.Sync()
-	t.Logf("sync_file_range: %v; the Sync after it: %v", serr, ferr)
-	if serr != nil && ferr == nil {
-		t.Logf("as feared: the Sync reports nothing of the lost write")
-	}
-}
-
 // TestReview59DirectReadSeesTheDisk: what a fix can lean on. An O_DIRECT
 // read sees what the disk holds whatever the page cache keeps (the lost
 // folio shares a dirty neighbour here, as in lostThenDirtyNeighbour, which
 // defeats DropCache).
 func TestReview59DirectReadSeesTheDisk(t *testing.T) {
 	r := newLostPagesRig(t)
-	d := r.open()
 	const off, n = 1 << 20, 64 << 10
-	r.durableThenDoomed(d, off, off, n)
-	if d.Sync() == nil {
-		t.Skip("the write-back did not fail")
-	}
-	r.unfill()
+	d := r.lostWrite(off, n)
 	if _, err := d.WriteAt(bytes.Repeat([]byte{0xC}, SectorSize), off+n-SectorSize); err != nil {
 		t.Fatal(err)
 	}

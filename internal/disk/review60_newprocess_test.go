@@ -17,7 +17,7 @@ import (
 // ("syncing its disk before dropping its cached pages"), is marked stale
 // with FullCopy, and is copied whole, though none of them had anything in
 // flight and the drop that follows would have evicted the lost pages.
-func TestReview60NewProcessFirstSyncReportsOldFailure(t *testing.T) {
+func TestReview60NewProcessDropAfterUnheardFailure(t *testing.T) {
 	r := newLostPagesRig(t)
 	const off, n = 1 << 20, 64 << 10
 	old, err := OpenFile(r.loop, 0) // the process that dies

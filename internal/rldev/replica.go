@@ -204,12 +204,15 @@ func (r *replica) load(env Env) []any {
 // earlier one's failure: its disks are suspect (LocalDisk.Suspect).
 func (r *replica) dropCache(d *diskState) []any {
 	r.reading++
-	d.waiting = append(d.waiting, func(err error) []any {
+	d.waiting = append(d.waiting, func(error) []any {
 		// A failed sync (counted: the writes in flight across it fail)
 		// leaves the pages it lost clean, and the drop evicts them all
 		// the same; it may also be an earlier process's failure that no
 		// one heard, reported to this one's first sync (outside review
-		// 60). This replica had nothing in flight: it goes on.
+		// 60). This replica had nothing in flight: it goes on. (The
+		// flush before the drop must be this counted sync: a
+		// sync_file_range(2) that waits would take the failure's report,
+		// and the next fdatasync would succeed, review 59.)
 		fails := d.syncFails
 		return r.e.dropRange(r.disk, r.base, SegmentSize(r.rec.Blocks), func(err error) []any {
 			r.reading--

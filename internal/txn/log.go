@@ -780,10 +780,7 @@ func (l *Log) writeRing(ctx context.Context, seq uint64, blocks [][]byte) error 
 }
 
 func (l *Log) checkpointSoonLocked() {
-	if l.cfg.Manual || l.cfg.Checkpointer == nil {
-		return
-	}
-	if l.mu.ckpt {
+	if l.mu.ckpt || l.cfg.Manual || l.cfg.Checkpointer == nil {
 		return
 	}
 	l.mu.ckpt = true
