@@ -126,6 +126,7 @@ back. Logs: DIR/node-N/grove.log per node, DIR/grove.log for the gateway.`,
 			o.changed = cmd.Flags().Changed
 			if !o.processes {
 				serverGC() // the nodes run in this process
+				serverProcs(o.nodes)
 			}
 			return runUp(cmd.Context(), o)
 		},
