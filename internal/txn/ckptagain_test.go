@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -79,4 +81,66 @@ func TestCheckpointAskedWhileOneRuns(t *testing.T) {
 		t.Fatalf("after %v the appender that asked during a checkpoint: %v (%d transactions filled the log)", time.Since(start), err, filled)
 	}
 	t.Logf("%d transactions filled the log; the appender got room %v after the running checkpoint ended", filled, time.Since(start).Round(time.Millisecond))
+}
+
+// failCkpt is a checkpointer whose write-back fails once armed.
+type failCkpt struct{ armed *atomic.Bool }
+
+func (c failCkpt) WriteBack(context.Context, LSN) error {
+	if c.armed.Load() {
+		return errors.New("the chunk store refused the write-back")
+	}
+	return nil
+}
+
+// TestFailedCheckpointTellsTheAppender: an appender that waits for room
+// while the checkpoint that would make it fails hears so at once, with the
+// write-back's error, rather than sleeping until its context ends (a
+// failed checkpoint moved no head and broadcast nothing).
+func TestFailedCheckpointTellsTheAppender(t *testing.T) {
+	ctx := context.Background()
+	d, st := newRevDev(16), newRevStore()
+	armed := new(atomic.Bool)
+	l, err := Open(ctx, Config{Device: d, Fence: tok(1), Applier: st, Checkpointer: failCkpt{armed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	armed.Store(true)
+	img := bytes.Repeat([]byte("I"), 3000)
+	start := time.Now()
+	for i := 0; ; i++ {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		o := l.Begin()
+		_, err := o.Update(c, []byte("o"), 0, img, nil)
+		if err == nil {
+			_, err = o.Commit(c, true)
+		}
+		cancel()
+		if err == nil {
+			if i > 1000 {
+				t.Fatal("setup: the log never filled")
+			}
+			continue
+		}
+		if !errors.Is(err, ErrLogFull) || !strings.Contains(err.Error(), "refused the write-back") {
+			t.Fatalf("the appender that found no room: %v, want ErrLogFull with the write-back's error", err)
+		}
+		if el := time.Since(start); el > 2*time.Second {
+			t.Fatalf("the appender heard of the failed checkpoint after %v (its context: 5 s)", el)
+		}
+		t.Logf("after %d transactions, in %v: %v", i, time.Since(start).Round(time.Millisecond), err)
+		break
+	}
+	// The write-back recovers: appenders get room again.
+	armed.Store(false)
+	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	o := l.Begin()
+	if _, err := o.Update(c, []byte("o"), 0, img, nil); err != nil {
+		t.Fatalf("after the write-back recovered: %v", err)
+	}
+	if _, err := o.Commit(c, true); err != nil {
+		t.Fatalf("after the write-back recovered: %v", err)
+	}
 }

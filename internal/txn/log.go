@@ -128,6 +128,11 @@ type Log struct {
 		ckpt    bool // a checkpoint is running
 		// ckptAgain: one was asked for while it ran (checkpointDoneLocked)
 		ckptAgain bool
+		// ckptFails counts the background checkpoints that failed, the
+		// last one's error in ckptErr: an appender waiting for room when
+		// one fails is told (waitRoomLocked), rather than left asleep.
+		ckptFails uint64
+		ckptErr   error
 		space     *sync.Cond
 		stats     Stats
 	}
@@ -506,6 +511,7 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 			// outside review 61.)
 			l.mu.ckptAgain = true
 		}
+		fails := l.mu.ckptFails
 		l.checkpointSoonLocked()
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
@@ -517,6 +523,12 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 		})
 		l.mu.space.Wait()
 		stop()
+		if l.mu.ckptFails != fails && !fits() {
+			// The checkpoint that was to make room failed: the appender
+			// hears why now (a write-back that fails may fail again), not
+			// when its context ends. One asked for meanwhile still runs.
+			return fmt.Errorf("%w: the checkpoint that would make room failed: %w", ErrLogFull, l.mu.ckptErr)
+		}
 	}
 }
 
@@ -787,10 +799,16 @@ func (l *Log) checkpointSoonLocked() {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		if err := l.Checkpoint(l.ctx); err != nil && l.ctx.Err() == nil {
+		err := l.Checkpoint(l.ctx)
+		if err != nil && l.ctx.Err() == nil {
 			l.log.Warn("log checkpoint failed", "err", err)
 		}
 		l.mu.Lock()
+		if err != nil {
+			l.mu.ckptFails++
+			l.mu.ckptErr = err
+			l.mu.space.Broadcast()
+		}
 		l.checkpointDoneLocked()
 		l.mu.Unlock()
 	}()
