@@ -54,7 +54,12 @@ Every server shares this machine's 2 cores and one disk: each replicated write
 is two writes and two fdatasyncs on the same device, so half of fio's write
 figure is the ceiling. The iops part's writes are also run as two fio
 processes at once, one per file (two copies, each synced, as many outstanding
-on each as Grove has): FIO-PAIR-OPS-S is their pairs a second.
+on each as Grove has): FIO-PAIR-OPS-S is their pairs a second. And as a
+replicated write with nothing else (BARE-PAIR-OPS-S, in this process): each
+write to both files, done when both are durable, each file's fdatasyncs
+group-committed one at a time as an RLDev replica's are; no network, block
+headers or logs: the ceiling of that design on this machine, RATIO-BARE
+Grove's share of it.
 
 The RLDev files are buffered, and filled before the iops cells, so Grove's
 cells start with the device's blocks in the page cache; fio drops its file's
@@ -312,7 +317,7 @@ func (b *rldevBench) table1() error {
 
 // iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential.
 func (b *rldevBench) iops() error {
-	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO", "FIO-PAIR-OPS-S", "RATIO-PAIR")
+	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO", "FIO-PAIR-OPS-S", "RATIO-PAIR", "BARE-PAIR-OPS-S", "RATIO-BARE")
 	for _, path := range b.paths {
 		if err := b.iopsOn(path, tb); err != nil {
 			return err
@@ -355,7 +360,7 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 	for _, x := range cells {
 		// grove and fio in turn, --repeat times: this shared machine's
 		// figures drift by a fifth between minutes, fio's as much as ours.
-		var gs, fs, ps []bench.IOResult
+		var gs, fs, ps, bs []bench.IOResult
 		for i := 0; i < max(b.repeat, 1); i++ {
 			if b.cold {
 				if err := bench.DropCache(cdir); err != nil {
@@ -381,6 +386,12 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 					return err
 				}
 				ps = append(ps, p)
+				// And as the replicated write's design alone would do them.
+				bp, err := bench.RunBarePair(b.ctx, fl, raw2)
+				if err != nil {
+					return err
+				}
+				bs = append(bs, bp)
 			}
 		}
 		g, f := bench.MedianIO(gs), bench.MedianIO(fs)
@@ -395,10 +406,16 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 			pairOps, pairRatio = round0(p.PerSec()), round2(g.PerSec()/p.PerSec())
 			pairNote = fmt.Sprintf(", fio two copies %.0f pairs/s (grove %.2f of it)", p.PerSec(), g.PerSec()/p.PerSec())
 		}
+		bareOps, bareRatio := any("-"), any("-")
+		if len(bs) > 0 {
+			bp := bench.MedianIO(bs)
+			bareOps, bareRatio = round0(bp.PerSec()), round2(g.PerSec()/bp.PerSec())
+			pairNote += fmt.Sprintf(", bare two-copy writes %.0f/s (grove %.2f of it)", bp.PerSec(), g.PerSec()/bp.PerSec())
+		}
 		b.log("  iops %s %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s%s", path, op, units.FormatSize(int64(x.size)), x.qd,
 			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps(), pairNote)
 		tb.Row(path, op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
-			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()), pairOps, pairRatio)
+			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()), pairOps, pairRatio, bareOps, bareRatio)
 	}
 	return nil
 }

@@ -29,7 +29,8 @@ func TestBenchRLDevSmoke(t *testing.T) {
 			QD        int     `json:"qd"`
 			GroveOpsS float64 `json:"grove_ops_s"`
 			FioOpsS   float64 `json:"fio_ops_s"`
-			FioPair   any     `json:"fio_pair_ops_s"` // writes: fio's two copies; reads: "-"
+			FioPair   any     `json:"fio_pair_ops_s"`  // writes: fio's two copies; reads: "-"
+			BarePair  any     `json:"bare_pair_ops_s"` // writes: the bare two-copy writes; reads: "-"
 		} `json:"iops"`
 		Resync []struct {
 			CopyMBs float64 `json:"copy_mb_s"`
@@ -48,6 +49,10 @@ func TestBenchRLDevSmoke(t *testing.T) {
 		pair, isNum := x.FioPair.(float64)
 		if strings.Contains(x.Op, "write") != isNum || isNum && pair <= 0 {
 			t.Fatalf("%s qd %d: fio's two copies %v", x.Op, x.QD, x.FioPair)
+		}
+		bare, isNum := x.BarePair.(float64)
+		if strings.Contains(x.Op, "write") != isNum || isNum && bare <= 0 {
+			t.Fatalf("%s qd %d: the bare two-copy writes %v", x.Op, x.QD, x.BarePair)
 		}
 	}
 	if out.Resync[0].CopyMBs <= 0 {
