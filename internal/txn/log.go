@@ -128,13 +128,22 @@ type Log struct {
 		ckpt    bool // a checkpoint is running
 		// ckptAgain: one was asked for while it ran (checkpointDoneLocked)
 		ckptAgain bool
-		// ckptFails counts the background checkpoints that failed, the
-		// last one's error in ckptErr: an appender waiting for room when
-		// one fails is told (waitRoomLocked), rather than left asleep.
-		ckptFails uint64
-		ckptErr   error
-		space     *sync.Cond
-		stats     Stats
+		// The background checkpoints by number, from 1 in the order they
+		// started (ckptStarts: the newest), and the newest that failed
+		// (ckptFailed, its error ckptErr): an appender waiting for room
+		// hears when the checkpoint that was to make it fails, rather
+		// than sleeping until its context ends (waitRoomLocked). After a
+		// failure the next starts no sooner than ckptRetryAt (ckptBackoff,
+		// 50 ms doubling to 1 s, again from nothing after a success;
+		// ckptTimer starts one asked for meanwhile), so that appenders
+		// that retry at once cannot run checkpoints back to back.
+		ckptStarts, ckptFailed uint64
+		ckptErr                error
+		ckptBackoff            time.Duration
+		ckptRetryAt            time.Time
+		ckptTimer              *time.Timer
+		space                  *sync.Cond
+		stats                  Stats
 	}
 	recovered Report
 	release   func() // the log's lock (OpenNamed), released by Close
@@ -500,6 +509,9 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 		if l.cfg.Manual || l.cfg.Checkpointer == nil {
 			return ErrLogFull
 		}
+		// The checkpoint that is to make room is the next to start: now,
+		// once the backoff after a failure ends, or after the one running.
+		need := l.mu.ckptStarts + 1
 		if l.mu.ckpt {
 			// One runs: its target may predate what this appender
 			// needs (a transaction that ended since), and the appender
@@ -510,9 +522,9 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 			// forcing a flush, while a long transaction pins the head:
 			// outside review 61.)
 			l.mu.ckptAgain = true
+		} else {
+			l.checkpointSoonLocked()
 		}
-		fails := l.mu.ckptFails
-		l.checkpointSoonLocked()
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", ErrLogFull, ctx.Err())
 		}
@@ -523,10 +535,10 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 		})
 		l.mu.space.Wait()
 		stop()
-		if l.mu.ckptFails != fails && !fits() {
-			// The checkpoint that was to make room failed: the appender
-			// hears why now (a write-back that fails may fail again), not
-			// when its context ends. One asked for meanwhile still runs.
+		if l.mu.ckptFailed >= need && l.usableLocked() == nil && ctx.Err() == nil && !fits() {
+			// That checkpoint (or a later one) failed: the appender hears
+			// why now, not when its context ends. (One that was running
+			// before it needed room does not count: outside review 62.)
 			return fmt.Errorf("%w: the checkpoint that would make room failed: %w", ErrLogFull, l.mu.ckptErr)
 		}
 	}
@@ -795,7 +807,23 @@ func (l *Log) checkpointSoonLocked() {
 	if l.mu.ckpt || l.cfg.Manual || l.cfg.Checkpointer == nil {
 		return
 	}
+	if wait := time.Until(l.mu.ckptRetryAt); wait > 0 {
+		// The last one failed: this one starts when its backoff ends.
+		if l.mu.ckptTimer == nil {
+			l.mu.ckptTimer = time.AfterFunc(wait, func() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				l.mu.ckptTimer = nil
+				if l.ctx.Err() == nil && l.usableLocked() == nil {
+					l.checkpointSoonLocked()
+				}
+			})
+		}
+		return
+	}
 	l.mu.ckpt = true
+	l.mu.ckptStarts++
+	n := l.mu.ckptStarts
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -805,14 +833,23 @@ func (l *Log) checkpointSoonLocked() {
 		}
 		l.mu.Lock()
 		if err != nil {
-			l.mu.ckptFails++
-			l.mu.ckptErr = err
+			l.mu.ckptFailed, l.mu.ckptErr = n, err
+			l.mu.ckptBackoff = min(max(2*l.mu.ckptBackoff, ckptBackoffMin), ckptBackoffMax)
+			l.mu.ckptRetryAt = time.Now().Add(l.mu.ckptBackoff)
 			l.mu.space.Broadcast()
+		} else {
+			l.mu.ckptBackoff, l.mu.ckptRetryAt = 0, time.Time{}
 		}
 		l.checkpointDoneLocked()
 		l.mu.Unlock()
 	}()
 }
+
+// The backoff of background checkpoints after a failure (Log.mu.ckptBackoff).
+const (
+	ckptBackoffMin = 50 * time.Millisecond
+	ckptBackoffMax = time.Second
+)
 
 // checkpointDoneLocked ends a background checkpoint, and starts the next
 // if one was asked for meanwhile (outside review 57: otherwise an appender
@@ -916,6 +953,10 @@ func (l *Log) Close(ctx context.Context) error {
 	}
 	l.mu.closed = true
 	l.mu.space.Broadcast()
+	if l.mu.ckptTimer != nil {
+		l.mu.ckptTimer.Stop() // (one that fired already finds the log closed)
+		l.mu.ckptTimer = nil
+	}
 	l.mu.Unlock()
 	var err error
 	for ctx.Err() == nil {
