@@ -138,7 +138,7 @@ standard error.`,
 	f.DurationVar(&cell, "cell", 5*time.Second, "measure each cell for `DURATION`")
 	f.IntVar(&port, "base-port", 9300, "run the servers from `PORT` (as grove up --base-port)")
 	f.IntSliceVar(&servers, "servers", []int{2, 4, 8}, "scaling: `N,...` server processes")
-	f.IntVar(&repeat, "repeat", 1, "iops: measure each cell `N` times, grove and fio in turn, and report the medians")
+	f.IntVar(&repeat, "repeat", 1, "iops: measure each cell `N` times, grove and fio in turn, and report the medians (the ratios: the median of each round's own)")
 	f.BoolVar(&direct, "direct-writes", false, "run the servers with small writes past the page cache ([rldev] direct_writes)")
 	f.BoolVar(&cold, "cold", false, "iops: drop the RLDev files' pages from the page cache before each grove cell, as fio drops its file's (both start from the disk)")
 	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
@@ -359,7 +359,10 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 		{true, true, 1 << 20, 1}, {false, true, 1 << 20, 1}}
 	for _, x := range cells {
 		// grove and fio in turn, --repeat times: this shared machine's
-		// figures drift by a fifth between minutes, fio's as much as ours.
+		// figures drift by a fifth between minutes, fio's as much as ours
+		// (and by up to threefold: README). The ratios are the medians of
+		// each round's own (bench.MedianRatio), the rates the medians of
+		// the rates.
 		var gs, fs, ps, bs []bench.IOResult
 		for i := 0; i < max(b.repeat, 1); i++ {
 			if b.cold {
@@ -403,19 +406,21 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 		pairNote := ""
 		if len(ps) > 0 {
 			p := bench.MedianIO(ps)
-			pairOps, pairRatio = round0(p.PerSec()), round2(g.PerSec()/p.PerSec())
-			pairNote = fmt.Sprintf(", fio two copies %.0f pairs/s (grove %.2f of it)", p.PerSec(), g.PerSec()/p.PerSec())
+			r := bench.MedianRatio(gs, ps)
+			pairOps, pairRatio = round0(p.PerSec()), round2(r)
+			pairNote = fmt.Sprintf(", fio two copies %.0f pairs/s (grove %.2f of it)", p.PerSec(), r)
 		}
 		bareOps, bareRatio := any("-"), any("-")
 		if len(bs) > 0 {
 			bp := bench.MedianIO(bs)
-			bareOps, bareRatio = round0(bp.PerSec()), round2(g.PerSec()/bp.PerSec())
-			pairNote += fmt.Sprintf(", bare two-copy writes %.0f/s (grove %.2f of it)", bp.PerSec(), g.PerSec()/bp.PerSec())
+			r := bench.MedianRatio(gs, bs)
+			bareOps, bareRatio = round0(bp.PerSec()), round2(r)
+			pairNote += fmt.Sprintf(", bare two-copy writes %.0f/s (grove %.2f of it)", bp.PerSec(), r)
 		}
 		b.log("  iops %s %s %s qd%d: grove %.0f ops/s %.1f MB/s (p50 %v p99 %v), fio %.0f ops/s %.1f MB/s%s", path, op, units.FormatSize(int64(x.size)), x.qd,
 			g.PerSec(), g.MBps(), g.P50, g.P99, f.PerSec(), f.MBps(), pairNote)
 		tb.Row(path, op, units.FormatSize(int64(x.size)), x.qd, round0(g.PerSec()), round1(g.MBps()), g.P50.Microseconds(), g.P99.Microseconds(),
-			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(g.PerSec()/f.PerSec()), pairOps, pairRatio, bareOps, bareRatio)
+			round0(f.PerSec()), round1(f.MBps()), f.P50.Microseconds(), round2(bench.MedianRatio(gs, fs)), pairOps, pairRatio, bareOps, bareRatio)
 	}
 	return nil
 }

@@ -399,6 +399,24 @@ func DiskBusy(path string) (busy time.Duration, ok bool) {
 
 // MedianIO is the run of rs with the median rate, with the median p50
 // and p99 of all of them.
+// MedianRatio is the median, over rounds, of a[i]'s rate over b[i]'s (a
+// round's two measurements are taken one right after the other, so that
+// the ratio of each pair cancels most of what moves this machine's figures
+// between minutes); 0 if there are none.
+func MedianRatio(a, b []IOResult) float64 {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i].PerSec() > 0 {
+			rs = append(rs, a[i].PerSec()/b[i].PerSec())
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2]
+}
+
 func MedianIO(rs []IOResult) IOResult {
 	if len(rs) == 0 {
 		return IOResult{}
