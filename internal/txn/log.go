@@ -499,6 +499,7 @@ func (l *Log) reserve(ctx context.Context, grow int) error {
 // not past ctx: ErrLogFull then, or at once for a log that does not
 // checkpoint itself.
 func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
+	var need uint64 // the checkpoint that is to make room (below)
 	for {
 		if err := l.usableLocked(); err != nil {
 			return err
@@ -509,9 +510,15 @@ func (l *Log) waitRoomLocked(ctx context.Context, fits func() bool) error {
 		if l.cfg.Manual || l.cfg.Checkpointer == nil {
 			return ErrLogFull
 		}
-		// The checkpoint that is to make room is the next to start: now,
-		// once the backoff after a failure ends, or after the one running.
-		need := l.mu.ckptStarts + 1
+		// The checkpoint that is to make room is the next to start when
+		// the appender first finds none: now, once the backoff after a
+		// failure ends, or after the one running. Fixed for the call: a
+		// wake (another appender giving up, a flush landing) while the
+		// next one runs must not move it on to the one after, or a slow
+		// failure would never be heard (outside review 63).
+		if need == 0 {
+			need = l.mu.ckptStarts + 1
+		}
 		if l.mu.ckpt {
 			// One runs: its target may predate what this appender
 			// needs (a transaction that ended since), and the appender
@@ -804,8 +811,8 @@ func (l *Log) writeRing(ctx context.Context, seq uint64, blocks [][]byte) error 
 }
 
 func (l *Log) checkpointSoonLocked() {
-	if l.mu.ckpt || l.cfg.Manual || l.cfg.Checkpointer == nil {
-		return
+	if l.mu.ckpt || l.mu.closed || l.cfg.Manual || l.cfg.Checkpointer == nil {
+		return // (none once Close began: its flushes' landings ask, review 63)
 	}
 	if wait := time.Until(l.mu.ckptRetryAt); wait > 0 {
 		// The last one failed: this one starts when its backoff ends.
