@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand"
 	"os"
-	"sort"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,67 +42,28 @@ func RunBarePair(ctx context.Context, l FioLoad, second string) (IOResult, error
 		}
 		files[i] = newGroupSync(f)
 	}
-	var (
-		mu       sync.Mutex
-		lat      []time.Duration
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	deadline := time.Now().Add(l.For)
-	start := time.Now()
-	for q := 0; q < l.QD; q++ {
-		wg.Add(1)
-		go func(worker int) {
-			defer wg.Done()
-			r := rand.New(rand.NewSource(int64(worker) * 7919))
-			buf := make([]byte, l.Size)
-			r.Read(buf)
-			var mine []time.Duration
-			next := uint64(worker) * (blocks / uint64(max(l.QD, 1)))
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				var b uint64
-				if l.Seq {
-					b = next % blocks
-					next++
-				} else {
-					b = uint64(r.Int63n(int64(blocks)))
-				}
-				t := time.Now()
-				var errs [2]error
-				var both sync.WaitGroup
-				for i, g := range files {
-					both.Add(1)
-					go func() {
-						defer both.Done()
-						if _, err := g.f.WriteAt(buf, int64(b*l.Size)); err != nil {
-							errs[i] = err
-							return
-						}
-						errs[i] = g.durable()
-					}()
-				}
-				both.Wait()
-				if err := errors.Join(errs[:]...); err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
+	lat, elapsed, err := runWorkers(ctx, l.QD, l.Size, l.Span, l.QD, l.Seq, l.For, func(w int) int64 { return int64(w) * 7919 },
+		func(_ context.Context, _ int, b uint64, buf []byte) error {
+			var errs [2]error
+			var both sync.WaitGroup
+			for i, g := range files {
+				both.Add(1)
+				go func() {
+					defer both.Done()
+					if _, err := g.f.WriteAt(buf, int64(b*l.Size)); err != nil {
+						errs[i] = err
+						return
 					}
-					mu.Unlock()
-					return
-				}
-				mine = append(mine, time.Since(t))
+					errs[i] = g.durable()
+				}()
 			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		}(q)
+			both.Wait()
+			return errors.Join(errs[:]...)
+		})
+	if err != nil {
+		return IOResult{}, err
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return IOResult{}, firstErr
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return IOResult{Result: Result{System: "bare-pair", Concurrency: l.QD, Ops: len(lat), Elapsed: time.Since(start),
+	return IOResult{Result: Result{System: "bare-pair", Concurrency: l.QD, Ops: len(lat), Elapsed: elapsed,
 		P50: Percentile(lat, 50), P99: Percentile(lat, 99)}, Bytes: uint64(len(lat)) * l.Size}, nil
 }
 

@@ -121,72 +121,87 @@ func (r IOResult) MBps() float64 { return float64(r.Bytes) / 1e6 / r.Elapsed.Sec
 
 // RunIO runs l on the clerk for l.For.
 func RunIO(ctx context.Context, cl *rldev.Clerk, l IOLoad) (IOResult, error) {
-	blocks := l.Span / l.Size
-	if blocks == 0 {
-		return IOResult{}, fmt.Errorf("span %d smaller than the request size %d", l.Span, l.Size)
+	qd := max(l.QD, 1)
+	lat, elapsed, err := runWorkers(ctx, len(l.IDs)*l.QD, l.Size, l.Span, qd, l.Seq, l.For,
+		func(w int) int64 { return int64(w)*7919 + int64(l.IDs[w/qd]) },
+		func(ctx context.Context, w int, b uint64, buf []byte) error {
+			id := l.IDs[w/qd]
+			if l.Write {
+				return cl.Write(ctx, id, b*l.Size, buf, rldev.WriteOptions{})
+			}
+			// Into the worker's buffer, used again, as fio's is.
+			return cl.ReadInto(ctx, id, b*l.Size, buf, l.Replica)
+		})
+	if err != nil {
+		return IOResult{}, err
 	}
-	var mu sync.Mutex
-	var lat []time.Duration
-	var firstErr error
-	var total uint64
-	deadline := time.Now().Add(l.For)
-	var wg sync.WaitGroup
+	return IOResult{Result: Result{System: "grove", Concurrency: l.QD * len(l.IDs), Ops: len(lat), Elapsed: elapsed,
+		P50: Percentile(lat, 50), P99: Percentile(lat, 99)}, Bytes: uint64(len(lat)) * l.Size}, nil
+}
+
+// runWorkers runs op for d (or until ctx ends) on n workers at once, each
+// with its own random stream (seed(w)) and a buffer of size random bytes,
+// used again, on blocks of size bytes within span: random, or (seq) in
+// order from worker w's start, w*blocks/qd. It returns the requests'
+// latencies, sorted, the time taken, and the first error (an error
+// after ctx ended ends the load, keeping what was measured).
+func runWorkers(ctx context.Context, n int, size, span uint64, qd int, seq bool, d time.Duration, seed func(w int) int64,
+	op func(ctx context.Context, w int, b uint64, buf []byte) error) ([]time.Duration, time.Duration, error) {
+	blocks := span / size
+	if blocks == 0 {
+		return nil, 0, fmt.Errorf("span %d smaller than the request size %d", span, size)
+	}
+	var (
+		mu       sync.Mutex
+		lat      []time.Duration
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	deadline := time.Now().Add(d)
 	start := time.Now()
-	w := 0
-	for _, id := range l.IDs {
-		for q := 0; q < l.QD; q++ {
-			wg.Add(1)
-			go func(id uint64, worker int) {
-				defer wg.Done()
-				r := rand.New(rand.NewSource(int64(worker)*7919 + int64(id)))
-				buf := make([]byte, l.Size)
-				r.Read(buf)
-				var mine []time.Duration
-				next := uint64(worker) * (blocks / uint64(max(l.QD, 1)))
-				for time.Now().Before(deadline) && ctx.Err() == nil {
-					var b uint64
-					if l.Seq {
-						b = next % blocks
-						next++
-					} else {
-						b = uint64(r.Int63n(int64(blocks)))
-					}
-					t := time.Now()
-					var err error
-					if l.Write {
-						err = cl.Write(ctx, id, b*l.Size, buf, rldev.WriteOptions{})
-					} else {
-						// Into the worker's buffer, used again, as fio's is.
-						err = cl.ReadInto(ctx, id, b*l.Size, buf, l.Replica)
-					}
-					if err != nil && ctx.Err() != nil {
-						break // the caller ended the load: keep what was measured
-					}
-					if err != nil {
-						mu.Lock()
-						if firstErr == nil {
-							firstErr = err
-						}
-						mu.Unlock()
-						return
-					}
-					mine = append(mine, time.Since(t))
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(seed(w)))
+			buf := make([]byte, size)
+			r.Read(buf)
+			var mine []time.Duration
+			next := uint64(w) * (blocks / uint64(max(qd, 1)))
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				var b uint64
+				if seq {
+					b = next % blocks
+					next++
+				} else {
+					b = uint64(r.Int63n(int64(blocks)))
 				}
-				mu.Lock()
-				lat = append(lat, mine...)
-				total += uint64(len(mine)) * l.Size
-				mu.Unlock()
-			}(id, w)
-			w++
-		}
+				t := time.Now()
+				err := op(ctx, w, b, buf)
+				if err != nil && ctx.Err() != nil {
+					break // the caller ended the load: keep what was measured
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return IOResult{}, firstErr
+		return nil, 0, firstErr
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return IOResult{Result: Result{System: "grove", Concurrency: l.QD * len(l.IDs), Ops: len(lat), Elapsed: time.Since(start),
-		P50: Percentile(lat, 50), P99: Percentile(lat, 99)}, Bytes: total}, nil
+	return lat, time.Since(start), nil
 }
 
 // FioLoad is the same cell on a raw file, with fio: writes each followed

@@ -32,13 +32,7 @@ func TestCheckpointAskedWhileOneRuns(t *testing.T) {
 	img := bytes.Repeat([]byte("I"), 3000)
 	filled := 0
 	for {
-		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		o := l.Begin()
-		_, err := o.Update(c, []byte("o"), 0, img, nil)
-		if err == nil {
-			_, err = o.Commit(c, true)
-		}
-		cancel()
+		err := commitImage(ctx, l, 50*time.Millisecond, img)
 		if errors.Is(err, ErrLogFull) {
 			break
 		}
@@ -111,13 +105,7 @@ func TestFailedCheckpointTellsTheAppender(t *testing.T) {
 	img := bytes.Repeat([]byte("I"), 3000)
 	start := time.Now()
 	for i := 0; ; i++ {
-		c, cancel := context.WithTimeout(ctx, 5*time.Second)
-		o := l.Begin()
-		_, err := o.Update(c, []byte("o"), 0, img, nil)
-		if err == nil {
-			_, err = o.Commit(c, true)
-		}
-		cancel()
+		err := commitImage(ctx, l, 5*time.Second, img)
 		if err == nil {
 			if i > 1000 {
 				t.Fatal("setup: the log never filled")
@@ -177,13 +165,7 @@ func TestFailingCheckpointsBackOff(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(stop) {
-				c, cancel := context.WithTimeout(ctx, 5*time.Second)
-				o := l.Begin()
-				_, err := o.Update(c, []byte("o"), 0, img, nil)
-				if err == nil {
-					_, err = o.Commit(c, true)
-				}
-				cancel()
+				err := commitImage(ctx, l, 5*time.Second, img)
 				if errors.Is(err, ErrLogFull) {
 					fulls.Add(1)
 				} else if err != nil {
@@ -201,4 +183,17 @@ func TestFailingCheckpointsBackOff(t *testing.T) {
 	if fulls.Load() == 0 {
 		t.Fatal("no append heard that the log was full")
 	}
+}
+
+// commitImage commits a transaction of one update of img (a synced
+// commit), within d.
+func commitImage(ctx context.Context, l *Log, d time.Duration, img []byte) error {
+	c, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	o := l.Begin()
+	_, err := o.Update(c, []byte("o"), 0, img, nil)
+	if err == nil {
+		_, err = o.Commit(c, true)
+	}
+	return err
 }

@@ -47,13 +47,7 @@ func review62Setup(t *testing.T, ck gateCkpt) (*Log, chan error) {
 	waited := new(atomic.Bool)
 	go func() {
 		for i := 0; i < 1000; i++ {
-			c, cancel := context.WithTimeout(ctx, 10*time.Second)
-			o := l.Begin()
-			_, err := o.Update(c, []byte("o"), 0, img, nil)
-			if err == nil {
-				_, err = o.Commit(c, true)
-			}
-			cancel()
+			err := commitImage(ctx, l, 10*time.Second, img)
 			if err != nil || waited.Load() {
 				done <- err // (the operation that waited for room)
 				return

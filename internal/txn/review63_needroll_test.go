@@ -35,13 +35,7 @@ func review63Run(t *testing.T, noise int) (time.Duration, error) {
 	defer l.Close(ctx)
 	img := bytes.Repeat([]byte("I"), 3000)
 	for i := 0; ; i++ { // fill the log
-		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		o := l.Begin()
-		_, err := o.Update(c, []byte("o"), 0, img, nil)
-		if err == nil {
-			_, err = o.Commit(c, true)
-		}
-		cancel()
+		err := commitImage(ctx, l, 50*time.Millisecond, img)
 		if errors.Is(err, ErrLogFull) {
 			break
 		} else if err != nil || i > 1000 {
