@@ -94,7 +94,7 @@ func (c failCkpt) WriteBack(context.Context, LSN) error {
 // failed checkpoint moved no head and broadcast nothing).
 func TestFailedCheckpointTellsTheAppender(t *testing.T) {
 	ctx := context.Background()
-	d, st := newRevDev(16), newRevStore()
+	d, st := &lockedDev{d: newRevDev(16)}, newRevStore()
 	armed := new(atomic.Bool)
 	l, err := Open(ctx, Config{Device: d, Fence: tok(1), Applier: st, Checkpointer: failCkpt{armed}})
 	if err != nil {
@@ -151,7 +151,7 @@ func (c countCkpt) WriteBack(context.Context, LSN) error {
 func TestFailingCheckpointsBackOff(t *testing.T) {
 	ctx := context.Background()
 	n := new(atomic.Int64)
-	l, err := Open(ctx, Config{Device: newRevDev(16), Fence: tok(1), Applier: newRevStore(), Checkpointer: countCkpt{n}})
+	l, err := Open(ctx, Config{Device: &lockedDev{d: newRevDev(16)}, Fence: tok(1), Applier: newRevStore(), Checkpointer: countCkpt{n}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func (c gateCkpt) WriteBack(context.Context, LSN) error {
 func review62Setup(t *testing.T, ck gateCkpt) (*Log, chan error) {
 	t.Helper()
 	ctx := context.Background()
-	l, err := Open(ctx, Config{Device: newRevDev(16), Fence: tok(1), Applier: newRevStore(), Checkpointer: ck})
+	l, err := Open(ctx, Config{Device: &lockedDev{d: newRevDev(16)}, Fence: tok(1), Applier: newRevStore(), Checkpointer: ck})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 func TestReview63CloseRearmsTimer(t *testing.T) {
 	ctx := context.Background()
 	armed := new(atomic.Bool)
-	l, err := Open(ctx, Config{Device: newRevDev(16), Fence: tok(1), Applier: newRevStore(), Checkpointer: failCkpt{armed}, LazyInterval: time.Hour})
+	l, err := Open(ctx, Config{Device: &lockedDev{d: newRevDev(16)}, Fence: tok(1), Applier: newRevStore(), Checkpointer: failCkpt{armed}, LazyInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func (slowFailCkpt) WriteBack(ctx context.Context, _ LSN) error {
 
 func review63Run(t *testing.T, noise int) (time.Duration, error) {
 	ctx := context.Background()
-	l, err := Open(ctx, Config{Device: newRevDev(16), Fence: tok(1), Applier: newRevStore(), Checkpointer: slowFailCkpt{}})
+	l, err := Open(ctx, Config{Device: &lockedDev{d: newRevDev(16)}, Fence: tok(1), Applier: newRevStore(), Checkpointer: slowFailCkpt{}})
 	if err != nil {
 		t.Fatal(err)
 	}
