@@ -197,3 +197,44 @@ func commitImage(ctx context.Context, l *Log, d time.Duration, img []byte) error
 	}
 	return err
 }
+
+// TestDirectCheckpointEndsTheBackoff: a checkpoint called directly (a
+// B-tree server's close) that succeeds shows the write-back works again:
+// the background ones' backoff after earlier failures ends with it.
+func TestDirectCheckpointEndsTheBackoff(t *testing.T) {
+	ctx := context.Background()
+	armed := new(atomic.Bool)
+	armed.Store(true)
+	l, err := Open(ctx, Config{Device: &lockedDev{d: newRevDev(16)}, Fence: tok(1), Applier: newRevStore(), Checkpointer: failCkpt{armed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	img := bytes.Repeat([]byte("I"), 3000)
+	for i := 0; ; i++ { // until a checkpoint failed
+		if err := commitImage(ctx, l, 5*time.Second, img); errors.Is(err, ErrLogFull) {
+			break
+		} else if err != nil || i > 1000 {
+			t.Fatalf("setup: %v", err)
+		}
+	}
+	l.mu.Lock()
+	backoff := l.mu.ckptBackoff
+	l.mu.Unlock()
+	if backoff == 0 {
+		t.Fatal("setup: no backoff after a failed checkpoint")
+	}
+	armed.Store(false)
+	if err := l.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	backoff, at := l.mu.ckptBackoff, l.mu.ckptRetryAt
+	l.mu.Unlock()
+	if backoff != 0 || !at.IsZero() {
+		t.Fatalf("after a direct checkpoint succeeded: backoff %v until %v", backoff, at)
+	}
+	if err := commitImage(ctx, l, 5*time.Second, img); err != nil {
+		t.Fatalf("an append after it: %v", err)
+	}
+}

@@ -921,6 +921,9 @@ func (l *Log) Checkpoint(ctx context.Context) error {
 	defer l.mu.Unlock()
 	l.mu.hdr, l.mu.head = nh, target
 	l.mu.stats.Checkpoints++
+	// The write-back works again (a direct call's too): background
+	// checkpoints start without a backoff.
+	l.mu.ckptBackoff, l.mu.ckptRetryAt = 0, time.Time{}
 	l.mu.space.Broadcast()
 	return nil
 }
