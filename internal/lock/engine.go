@@ -643,19 +643,27 @@ func (e *Engine) dialAll(env Env) []any {
 		}
 		rec := *e.hint.Master
 		c.sess, c.sessEpoch, c.welcomed = e.id(), rec.Epoch, false
-		// A renewal waiting to be sent again cannot be answered by a newer
-		// master (its Welcome cancels the run): it fails now rather than
-		// wait for that Welcome, which may be long in coming.
-		for _, dead := range sortedRunKeys(c.runs) {
-			if r := c.runs[dead]; r.renewing && r.resend && r.epoch < rec.Epoch {
-				out = append(out, r.renewalFailed("a newer lock master took over"))
-			}
-		}
 		h := c.core.Connect(rec.Epoch)
 		for dead, r := range c.runs {
 			h.Recovering[dead] = r.token
 		}
 		out = append(out, Dial{Session: c.sess, Clerk: id, Master: rec}, SessionSend{c.sess, h})
+		// A renewal waiting to be sent again cannot be answered by a newer
+		// master (its Welcome cancels the run): it fails now rather than
+		// wait for that Welcome, which may be long in coming. After the
+		// Dial and the Hello, which lists the run: a driver may report the
+		// run's end (RecoveryFinished: a RecoveryDone on c.sess) as soon
+		// as it carries the failure out, and that report must follow the
+		// Hello on a session that exists. (Carried out before them, in the
+		// simulator, the report went to a session not dialled yet and was
+		// lost; the new master, which adopted the run from the Hello,
+		// waited for it forever, and every "all" recovery behind it: seed
+		// 555053, diagnosed by outside review 64.)
+		for _, dead := range sortedRunKeys(c.runs) {
+			if r := c.runs[dead]; r.renewing && r.resend && r.epoch < rec.Epoch {
+				out = append(out, r.renewalFailed("a newer lock master took over"))
+			}
+		}
 	}
 	return out
 }

@@ -1285,3 +1285,20 @@ func TestTokenOracleHasTeeth(t *testing.T) {
 func TestRecoveryOrderingHasTeeth(t *testing.T) {
 	expectCaught(t, "freeing before the records are gone", simOpts{freeBeforeForget: true, stormy: true, noClose: true, noWithdraw: true, noRenew: true}, "recovery of", 400)
 }
+
+// TestLockSimSeed555053 (outside review 64): a clerk whose recovery run
+// waited to resend its token renewal when a newer master was found failed
+// the renewal before dialling that master; the simulator reported the
+// run's end at once, on the session not dialled yet, and the report was
+// lost. The new master, which adopted the run from the clerk's Hello,
+// waited for it forever, and every "all" recovery behind it held lock-0
+// and lock-1 back from live clerks ("lock-0 shared at clerk 4.4.1 waiting
+// since 23.8 s, not granted by 40 s"). The engine now dials and says
+// hello first (Engine.dialAll).
+func TestLockSimSeed555053(t *testing.T) {
+	const seed = 555053
+	s := runLockSim(t, seed, simOpts{stormy: seed%4 == 0, scoped: seed%2 == 1})
+	if len(s.o.fails) > 0 {
+		reportLock(t, "TestLockSimSeed555053", seed, s)
+	}
+}
