@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"sync"
 
@@ -22,10 +21,6 @@ import (
 func RunBarePair(ctx context.Context, l FioLoad, second string) (IOResult, error) {
 	if !l.Write {
 		return IOResult{}, errors.New("bench: the bare pair runs writes only")
-	}
-	blocks := l.Span / l.Size
-	if blocks == 0 {
-		return IOResult{}, fmt.Errorf("span %d smaller than the request size %d", l.Span, l.Size)
 	}
 	var files [2]*groupSync
 	for i, name := range []string{l.File, second} {

@@ -412,8 +412,6 @@ func DiskBusy(path string) (busy time.Duration, ok bool) {
 	return 0, false
 }
 
-// MedianIO is the run of rs with the median rate, with the median p50
-// and p99 of all of them.
 // MedianRatio is the median, over rounds, of a[i]'s rate over b[i]'s (a
 // round's two measurements are taken one right after the other, so that
 // the ratio of each pair cancels most of what moves this machine's figures
@@ -432,6 +430,8 @@ func MedianRatio(a, b []IOResult) float64 {
 	return rs[len(rs)/2]
 }
 
+// MedianIO is the run of rs with the median rate, with the median p50
+// and p99 of all of them.
 func MedianIO(rs []IOResult) IOResult {
 	if len(rs) == 0 {
 		return IOResult{}

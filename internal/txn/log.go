@@ -839,13 +839,11 @@ func (l *Log) checkpointSoonLocked() {
 			l.log.Warn("log checkpoint failed", "err", err)
 		}
 		l.mu.Lock()
-		if err != nil {
+		if err != nil { // (a success ended the backoff in Checkpoint)
 			l.mu.ckptFailed, l.mu.ckptErr = n, err
 			l.mu.ckptBackoff = min(max(2*l.mu.ckptBackoff, ckptBackoffMin), ckptBackoffMax)
 			l.mu.ckptRetryAt = time.Now().Add(l.mu.ckptBackoff)
 			l.mu.space.Broadcast()
-		} else {
-			l.mu.ckptBackoff, l.mu.ckptRetryAt = 0, time.Time{}
 		}
 		l.checkpointDoneLocked()
 		l.mu.Unlock()
