@@ -804,10 +804,16 @@ func (e *Engine) CloseClerk(env Env, id ClerkID) ([]any, error) {
 	if len(failed) > 0 {
 		out = append(out, Wake{failed})
 	}
-	for _, r := range c.runs {
-		out = append(out, r.cancel()...)
+	// The runs' cancellations after step's: step may dial the clerk's
+	// next session with a Hello that lists a run whose renewal the
+	// cancellation fails, and a driver may report that run's end on the
+	// session as soon as it carries the failure out (as in dialAll;
+	// outside review 65).
+	out = append(out, e.step(env)...)
+	for _, dead := range sortedRunKeys(c.runs) {
+		out = append(out, c.runs[dead].cancel()...)
 	}
-	return append(out, e.step(env)...), nil
+	return out, nil
 }
 
 // Closing reports whether clerk id is closing (a closed clerk is unknown).
