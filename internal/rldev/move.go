@@ -541,7 +541,7 @@ func (e *Engine) wipeTick() []any {
 	}
 	live := map[Segment]bool{}
 	var out []any
-	for _, id := range e.table.IDs() {
+	for _, id := range e.retiringIDs() { // every tick: not the whole table
 		rec := e.table.RLDevs[id]
 		for _, sg := range rec.Retiring {
 			if sg.Node != e.cfg.Node || e.disks[sg.Disk] == nil {
