@@ -323,6 +323,21 @@ func (b *rldevBench) iops() error {
 			return err
 		}
 	}
+	// One hop of a replicated write's data on this machine: its 1 MiB
+	// writes make two in a row (clerk to primary, primary to secondary),
+	// fio's none.
+	var hops []time.Duration
+	for i := 0; i < max(b.repeat, 1); i++ {
+		h, err := bench.RunLoopback(b.ctx, 1<<20, b.cell)
+		if err != nil {
+			return fmt.Errorf("loopback: %w", err)
+		}
+		hops = append(hops, h.P50)
+	}
+	slices.Sort(hops)
+	hop := hops[len(hops)/2]
+	b.log("  loopback TCP: 1 MiB there and one byte back, p50 %v (median of %d)", hop, len(hops))
+	b.d.FieldText("loopback-1mib-p50-us", hop.Microseconds(), fmt.Sprintf("%d (1 MiB over loopback TCP and a byte back: one of a replicated write's two hops)", hop.Microseconds()))
 	return nil
 }
 

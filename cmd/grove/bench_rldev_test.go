@@ -35,6 +35,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 		Resync []struct {
 			CopyMBs float64 `json:"copy_mb_s"`
 		} `json:"resync"`
+		Hop float64 `json:"loopback-1mib-p50-us"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
@@ -54,6 +55,9 @@ func TestBenchRLDevSmoke(t *testing.T) {
 		if strings.Contains(x.Op, "write") != isNum || isNum && bare <= 0 {
 			t.Fatalf("%s qd %d: the bare two-copy writes %v", x.Op, x.QD, x.BarePair)
 		}
+	}
+	if out.Hop <= 0 {
+		t.Fatalf("loopback: %v µs\n%s", out.Hop, r.stdout)
 	}
 	if out.Resync[0].CopyMBs <= 0 {
 		t.Fatalf("resync: %v MB/s", out.Resync[0].CopyMBs)
