@@ -142,6 +142,19 @@ func TestEndToEndRLDevSIGKILL(t *testing.T) {
 	if r := run(nil, "rldev", "read", ids, "16MiB", "4096"); r.code != 2 || !contains(r.stderr, "outside") {
 		t.Fatalf("past the end: exit %d: %s", r.code, r.stderr)
 	}
+	// Starting inside and running past the end: refused before any I/O
+	// (the read wrote what it could read to the output first, the write
+	// its first parts).
+	if r := run(nil, "rldev", "read", ids, "8MiB", "16MiB"); r.code != 2 || !contains(r.stderr, "outside") || r.stdout != "" {
+		t.Fatalf("a read past the end: exit %d, %d bytes out: %s", r.code, len(r.stdout), r.stderr)
+	}
+	big := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(big, bytes.Repeat([]byte{0xee}, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(nil, "rldev", "write", ids, "15MiB", big); r.code != 2 || !contains(r.stderr, "outside") {
+		t.Fatalf("a write past the end: exit %d: %s", r.code, r.stderr)
+	}
 	if r := run([]byte("hello"), "rldev", "write", ids, "0"); r.code != 2 || !contains(r.stderr, "--pad") {
 		t.Fatalf("a short write: exit %d: %s", r.code, r.stderr)
 	}

@@ -63,6 +63,26 @@ func openRLDev(ctx context.Context, c *cli.Client, op string) (*rldevSession, er
 	return &rldevSession{meta: mc, clerk: rldev.NewClerk(mc)}, nil
 }
 
+// checkSpan refuses, before any I/O, an unknown RLDev or a range
+// [off, off+n) that runs past its end: a read of too much wrote what it
+// could read to the output before failing, a write of too much wrote its
+// first parts.
+func (s *rldevSession) checkSpan(ctx context.Context, c *cli.Client, op string, id, off, n uint64) error {
+	t, err := s.clerk.Table(ctx, false)
+	if err != nil {
+		return rldevErr(op, c, err)
+	}
+	rec := t.RLDevs[id]
+	if rec == nil {
+		return rldevErr(op, c, fmt.Errorf("rldev %d: %w", id, rldev.ErrUnknown))
+	}
+	size := rec.Blocks * rldev.BlockSize
+	if off > size || n > size-off {
+		return cli.Usagef("%d bytes at %d: outside rldev %d (%s, %d bytes); nothing was read or written", n, off, id, units.FormatSize(int64(size)), size)
+	}
+	return nil
+}
+
 func (s *rldevSession) Close() {
 	s.clerk.Close()
 	s.meta.Close()
@@ -424,15 +444,6 @@ segment 0 or 1 only.`,
 			if replica < 0 || replica > 2 {
 				return cli.Usagef("--replica %d: want 0 (any), 1 or 2", replica)
 			}
-			w := io.Writer(os.Stdout)
-			if outFile != "" {
-				f, err := os.Create(outFile)
-				if err != nil {
-					return cli.Failf("rldev read", "%v", err)
-				}
-				defer f.Close()
-				w = f
-			}
 			ctx, cancel := commandCtx(cmd.Context(), &c)
 			defer cancel()
 			s, err := openRLDev(ctx, &c, "rldev read")
@@ -440,6 +451,18 @@ segment 0 or 1 only.`,
 				return err
 			}
 			defer s.Close()
+			if err := s.checkSpan(ctx, &c, "rldev read", id, off, n); err != nil {
+				return err
+			}
+			w := io.Writer(os.Stdout)
+			if outFile != "" { // once the read is known to fit: an existing file is not emptied for nothing
+				f, err := os.Create(outFile)
+				if err != nil {
+					return cli.Failf("rldev read", "%v", err)
+				}
+				defer f.Close()
+				w = f
+			}
 			buf := make([]byte, min(n, rldev.MaxIO)) // used again for every request
 			for done := uint64(0); done < n; {
 				k := min(n-done, rldev.MaxIO)
@@ -490,6 +513,7 @@ landed in part: the error says so.`,
 				return err
 			}
 			r := io.Reader(os.Stdin)
+			var length uint64 // a file's, to check before writing; stdin's is known at its end
 			if len(args) == 3 && args[2] != "-" {
 				f, err := os.Open(args[2])
 				if err != nil {
@@ -497,6 +521,12 @@ landed in part: the error says so.`,
 				}
 				defer f.Close()
 				r = f
+				if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+					length = uint64(st.Size())
+					if pad {
+						length = (length + rldev.BlockSize - 1) / rldev.BlockSize * rldev.BlockSize
+					}
+				}
 			}
 			ctx, cancel := commandCtx(cmd.Context(), &c)
 			defer cancel()
@@ -505,6 +535,9 @@ landed in part: the error says so.`,
 				return err
 			}
 			defer s.Close()
+			if err := s.checkSpan(ctx, &c, "rldev write", id, off, length); err != nil {
+				return err
+			}
 			buf := make([]byte, rldev.MaxIO)
 			written := uint64(0)
 			for {

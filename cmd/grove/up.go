@@ -187,7 +187,11 @@ func checkUpFlags(o upOptions) error {
 	if o.resvLife != 0 && o.resvLife < time.Second {
 		return cli.Usagef("--chunk-reservation-life %v: want at least 1s", o.resvLife)
 	}
-	if o.chunkSize < 0 || o.chunkSize%4096 != 0 || (o.chunkSize > 0 && o.chunkSize < 1<<20) || o.chunkSize > o.diskSize/4 {
+	// The default shrinks to a small --disk-size (chunkPairs): only a size
+	// asked for can be too large for the disks (`grove up --disk-size
+	// 2GiB` was refused for the default's 1GiB).
+	explicit := o.changed != nil && o.changed("chunk-size")
+	if o.chunkSize < 0 || o.chunkSize%4096 != 0 || (o.chunkSize > 0 && o.chunkSize < 1<<20) || explicit && o.chunkSize > o.diskSize/4 {
 		return cli.Usagef("--chunk-size %v: want 0 (no chunk managers) or 1MiB to --disk-size/4 (%v), a multiple of 4KiB", int64(o.chunkSize), int64(o.diskSize/4))
 	}
 	if o.readyWait <= 0 {

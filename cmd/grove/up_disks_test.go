@@ -63,3 +63,19 @@ func TestUpDisks(t *testing.T) {
 		t.Fatalf("--disks 0: %v", err)
 	}
 }
+
+// TestUpSmallDiskDefaultChunkSize: a small --disk-size with the default
+// --chunk-size is accepted (the default shrinks to a disk's eighth); a
+// --chunk-size asked for that the disks cannot hold is refused.
+func TestUpSmallDiskDefaultChunkSize(t *testing.T) {
+	o := upOptions{nodes: 3, members: 1, data: t.TempDir(), basePort: 21000, host: "127.0.0.1", readyWait: 1,
+		logLevel: "info", logFormat: "text", diskSize: 2 << 30, disks: 1, dataPath: "tcp", chunkSize: DefaultChunkSize}
+	o.changed = func(string) bool { return false }
+	if err := checkUpFlags(o); err != nil {
+		t.Fatalf("--disk-size 2GiB with the default chunk size: %v", err)
+	}
+	o.changed = func(f string) bool { return f == "chunk-size" }
+	if err := checkUpFlags(o); err == nil || !strings.Contains(err.Error(), "--chunk-size") {
+		t.Fatalf("--chunk-size 1GiB asked for on 2GiB disks: %v", err)
+	}
+}
