@@ -281,7 +281,7 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 	grow := 0
 	if !r.RedoOnly() { // (a redo-only update has no compensation)
 		c := Record{Kind: KindCompensation, Txn: t.id, Target: r.Target, Off: off, Redo: r.Undo}
-		grow = c.Size()
+		grow = c.Size() + padAllowance // and the padding of a flush that may end right after it (padAllowance)
 	}
 	if t.reserved == 0 {
 		grow += abortReserve
@@ -296,11 +296,31 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 	return lsn + LSN(r.Size()), nil
 }
 
-// RedoOnlySize is the log bytes of a redo-only update of redo to target
-// (what Reserve must set aside for UpdateReserved).
+// RedoOnlySize is what Reserve must set aside for one UpdateReserved of
+// redo to target: the record's log bytes, and the padding of a flush that
+// may end right after it (padAllowance).
 func RedoOnlySize(target, redo []byte) int {
-	return (&Record{Kind: KindUpdate, Target: target, Redo: redo}).Size()
+	return (&Record{Kind: KindUpdate, Target: target, Redo: redo}).Size() + padAllowance
 }
+
+// The room set aside for a record appended without waiting (a
+// compensation, an UpdateReserved record) includes a Payload besides the
+// record's bytes: every flush that ends in a partial block pads it, and
+// the next flush starts a new block, so the padding takes ring room that
+// no reservation counted. An update admitted by waiting for room leaves
+// the free bytes F at least the reserved bytes R; a flush after it may
+// take up to a Payload of F. A record appended from its reservation
+// gives back its Payload with its bytes, so a flush after it finds F
+// again no less than R less one Payload, and so does an end record (the
+// transaction's abortReserve holds one). So each record appended from a
+// reservation finds room, however many flushes fall between them. With
+// the record's bytes alone (before outside review 67), an abort whose
+// compensations each fell into a flush of their own ran out of the room
+// set aside for it (TestReview67CompensationAfterTwoFlushes), and with
+// the transaction's own records pinning the head it waited for ever
+// (TestReview67AbortWaitsWithHeadPinned); UpdateReserved records did
+// likewise (TestReview67UpdateReservedFlushes).
+const padAllowance = Payload
 
 // Reserve sets aside n more bytes of log space for this transaction,
 // waiting for room as an update does (not past ctx), for redo-only
@@ -343,17 +363,18 @@ func (t *Txn) UpdateReserved(target []byte, off uint64, redo []byte) (LSN, error
 		return 0, errors.New("txn: UpdateReserved logs redo-only updates")
 	}
 	size := r.Size()
-	if size > t.extra {
-		return 0, fmt.Errorf("txn: an update of %d bytes from a reserve of %d", size, t.extra)
+	take := size + padAllowance // as RedoOnlySize set it aside
+	if take > t.extra {
+		return 0, fmt.Errorf("txn: an update of %d bytes (%d with its flush's padding) from a reserve of %d", size, take, t.extra)
 	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel() // append returns ErrLogFull instead of waiting
-	lsn, err := t.l.append(done, &r, t.id, -size, false)
+	lsn, err := t.l.append(done, &r, t.id, -take, false)
 	if err != nil {
 		return 0, err
 	}
-	t.reserved -= size
-	t.extra -= size
+	t.reserved -= take
+	t.extra -= take
 	r.LSN = lsn
 	t.updates = append(t.updates, r)
 	return lsn + LSN(size), nil
@@ -394,6 +415,20 @@ func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
 	if t.done {
 		return ErrTxnDone
 	}
+	if t.reserved == 0 {
+		// Nothing of it is in the log (its first Update failed, or it
+		// made none): nothing to roll back or to end there. Its abort
+		// record, appended with nothing set aside, waited for room as an
+		// update does, and failed when a checkpoint failed, or waited for
+		// ever with the head pinned: the B-tree aborts so when an
+		// Update fails, and takes a failed abort for a broken log
+		// (outside review 67, TestReview67EmptyAbortNeedsRoom).
+		t.done, t.updates = true, nil
+		t.l.mu.Lock()
+		t.l.mu.stats.Aborts++
+		t.l.mu.Unlock()
+		return nil
+	}
 	for i := len(t.updates) - 1; i >= 0; i-- {
 		u := t.updates[i]
 		if u.RedoOnly() {
@@ -406,10 +441,11 @@ func (t *Txn) Abort(ctx context.Context, undo func(Record) error) error {
 			}
 		}
 		c := Record{Kind: KindCompensation, Txn: t.id, Target: u.Target, Off: u.Off, Redo: u.Undo}
-		if _, err := t.l.append(ctx, &c, t.id, -c.Size(), false); err != nil {
+		take := c.Size() + padAllowance // as Update set it aside
+		if _, err := t.l.append(ctx, &c, t.id, -take, false); err != nil {
 			return err
 		}
-		t.reserved -= c.Size()
+		t.reserved -= take
 		t.updates = t.updates[:i] // undone and logged: a retried Abort goes on from here
 	}
 	r := Record{Kind: KindAbort, Txn: t.id}
