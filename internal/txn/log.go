@@ -281,7 +281,7 @@ func (t *Txn) Update(ctx context.Context, target []byte, off uint64, redo, undo 
 	grow := 0
 	if !r.RedoOnly() { // (a redo-only update has no compensation)
 		c := Record{Kind: KindCompensation, Txn: t.id, Target: r.Target, Off: off, Redo: r.Undo}
-		grow = c.Size() + padAllowance // and the padding of a flush that may end right after it (padAllowance)
+		grow = c.Size() + padAllowance // and the padding of a flush that may end right after it
 	}
 	if t.reserved == 0 {
 		grow += abortReserve
