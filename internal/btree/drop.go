@@ -103,7 +103,14 @@ func markDropped(ctx context.Context, st *TreeStore) error {
 	}
 	defer st.Unlock(st.anchor, lock.Exclusive)
 	if a.Dropped {
-		return nil
+		// Marked already, maybe by an earlier attempt here whose commit
+		// was published and whose flush failed: the mark counts once it
+		// is durable (a retry that said "marked" at once reported a drop
+		// that a restart of this server, its log failed, took back:
+		// TestDropMarkRetryWaitsForDurability; TestSimTreeDrop seeds
+		// 474298 and 928708 in CI race runs). An anchor read from its
+		// chunk has LSN 0: written back, so durable.
+		return st.Durable(ctx, a.LSN)
 	}
 	na := a.Clone()
 	na.Dropped = true
