@@ -1817,9 +1817,23 @@ func (s *TreeStore) Anchor(ctx context.Context) (*Anchor, error) {
 	s.c.mu.Unlock()
 	s.c.unlatch(e, lock.Shared)
 	if a.Dropped && !s.c.unsafeIgnoreDropped {
-		return nil, fmt.Errorf("%w: tree %d is dropped", ErrNoTree, s.tree)
+		return nil, s.droppedErr(ctx, a)
 	}
 	return a, nil
+}
+
+// droppedErr is what finding anchor a marked dropped answers: ErrNoTree
+// once the mark is durable. A mark whose commit was published and whose
+// flush failed is in the cache only, and a restart of this server (its
+// log failed) takes it back: answered at once, clients were told "no such
+// tree" and settleDrop recorded the drop, for a tree that lives on
+// (outside review 69, TestReview69DropMarkNotDurableAnswered). An anchor
+// read from its chunk has LSN 0: durable.
+func (s *TreeStore) droppedErr(ctx context.Context, a *Anchor) error {
+	if err := s.Durable(ctx, a.LSN); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: tree %d is dropped", ErrNoTree, s.tree)
 }
 
 func (s *TreeStore) Read(ctx context.Context, h Handle) (*Node, error) {
@@ -1870,7 +1884,7 @@ func (s *TreeStore) LockAnchor(ctx context.Context) (*Anchor, error) {
 	a, err := s.lockAnchor(ctx)
 	if err == nil && a.Dropped && !s.c.unsafeIgnoreDropped {
 		s.Unlock(s.anchor, lock.Exclusive)
-		return nil, fmt.Errorf("%w: tree %d is dropped", ErrNoTree, s.tree)
+		return nil, s.droppedErr(ctx, a)
 	}
 	return a, err
 }
