@@ -345,6 +345,9 @@ const moveStall = 5 * time.Second
 // secondary only stops serving when it learns of Switch).
 func (r *replica) moveWant(env Env, rec *Record) (*Record, string) {
 	m := rec.Move
+	if m == nil || m.Inc == 0 {
+		r.tgtDown, r.tgtDownInc = time.Time{}, 0 // the next naming starts a clock of its own
+	}
 	if m == nil || r.state != repReady || r.stale() || rec.State != Normal || !r.isPrimary() || m.Inc == 0 {
 		return nil, ""
 	}
@@ -354,6 +357,9 @@ func (r *replica) moveWant(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("move target node %d dead: the move waits for it", m.To.Node)
 	case r.targetStalled(env):
 		rec.parkMove()
+		// The target may be named again, with the same incarnation,
+		// before this replica sees the park in a table.
+		r.tgtDown, r.tgtDownInc = time.Time{}, 0
 		return rec, fmt.Sprintf("move target node %d unreachable for %v: the move waits for it", m.To.Node, moveStall)
 	case !m.Switch && r.moveCopied() && r.e.cfg.Unsafe.MoveEarly:
 		rec.switchMove()
@@ -402,9 +408,16 @@ func (r *replica) moveStale() {
 }
 
 // targetStalled: the move's target has been unreachable, or has refused
-// a copy, for moveStall.
+// a copy, for moveStall. The clock is the named incarnation's: one named
+// again after it restarted is given moveStall of its own, or the primary
+// would park it at once (the session to it is not up yet, or not up in
+// this direction) and the target ask again at once, a decree each, as
+// fast as the config service takes them (TestMoveTargetBackNotParkedAtOnce).
 func (r *replica) targetStalled(env Env) bool {
 	m := r.rec.Move
+	if r.tgtDownInc != m.Inc {
+		r.tgtDown, r.tgtDownInc = time.Time{}, m.Inc
+	}
 	if r.e.up[m.To.Node] {
 		r.tgtDown = time.Time{}
 	} else if r.tgtDown.IsZero() {

@@ -83,11 +83,13 @@ type replica struct {
 	// The primary of a moving RLDev (move.go): the epoch in which the
 	// moving secondary confirmed it stopped serving, a probe for it in
 	// flight, the target's content possibly behind this replica's (a
-	// range taken from the peer), since when the target is unreachable.
+	// range taken from the peer), since when the target is unreachable
+	// and the target incarnation that clock is for.
 	stopConfirmed uint64
 	probing       bool
 	mvStale       bool
 	tgtDown       time.Time
+	tgtDownInc    uint64
 	peerChanges   int // blocks being taken from the peer (pullNewer) now
 
 	recovering int        // dirty regions still to pull from the peer (after a crash)

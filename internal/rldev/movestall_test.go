@@ -1,0 +1,78 @@
+package rldev
+
+import (
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A move's target that restarts while the primary still cannot reach it
+// (its session to the target not up yet, or a failure in one direction)
+// was parked again at once: the primary's stall clock ran from the
+// previous incarnation's loss, the target asked to be named again at
+// once, and the two traded decrees as fast as the config service took
+// them (about 300 table versions in half a second in a real cluster:
+// grove rldev move, the target SIGKILLed during the copy and restarted).
+// Each naming now has moveStall of its own before the primary parks it.
+func TestMoveTargetBackNotParkedAtOnce(t *testing.T) {
+	h := newHarness(t, 3, testDisk)
+	r := h.create(1024)
+	p, tg := r.Segs[0].Node, NodeID(3)
+	if r.Segs[1].Node == tg {
+		t.Fatalf("setup: node %d holds a segment", tg)
+	}
+	h.rmStartMove(r.ID, 1, tg)
+	if !h.rvStepUntil(h.rmCopied(p, r.ID, 1)) {
+		t.Fatal("setup: no copy")
+	}
+	h.crash(h.nodes[tg], false, rand.New(rand.NewSource(1)))
+	h.tick(6 * time.Second) // not declared dead: parked once unreachable for moveStall
+	if m := h.rec(r.ID).Move; m == nil || m.Inc != 0 {
+		t.Fatalf("setup: the move is not parked: %+v", m)
+	}
+
+	// The target comes back and sees the primary; the primary does not
+	// see the target.
+	var what []string
+	h.holdPropose = func(n *hnode, x Propose) bool {
+		what = append(what, x.What)
+		return len(what) > 40 // a livelock stops here
+	}
+	h.partition(p, tg)
+	tn := h.nodes[tg]
+	h.start(tn)
+	h.exec(tn, tn.e.PeerUp(h.env(tn), p))
+	h.run()
+	h.tick(3 * time.Second)
+	parks := func() (n int) {
+		for _, w := range what {
+			if strings.Contains(w, "the move waits for it") {
+				n++
+			}
+		}
+		return n
+	}
+	t.Logf("decrees in the 3 s after the target's restart: %d, %d of them parking it", len(what), parks())
+	if parks() > 0 || len(what) > 1 {
+		t.Fatalf("DEFECT: the target restarted was parked at once (%d decrees, %d parks in 3 s): %q", len(what), parks(), what[:min(len(what), 6)])
+	}
+	// Still unreachable after moveStall of its own: parked (the target
+	// asks again: one round per moveStall, not per decree).
+	h.tick(9 * time.Second)
+	t.Logf("after 12 s: %d decrees, %d parks", len(what), parks())
+	if parks() < 1 || parks() > 3 {
+		t.Fatalf("a target unreachable for 12 s was parked %d times (want 1-3): %q", parks(), what)
+	}
+	// Reachable again: the move completes.
+	h.holdPropose = nil
+	h.heal(p, tg)
+	if !h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).Move == nil }) {
+		t.Fatalf("the move did not complete after the heal: %+v", h.rec(r.ID).Move)
+	}
+	h.run()
+	if got := h.rec(r.ID).Segs[1].Node; got != tg {
+		t.Fatalf("segment 1 on node %d after the move (want %d)", got, tg)
+	}
+	h.sameCopies(r.ID)
+}
