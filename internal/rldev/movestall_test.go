@@ -1,6 +1,8 @@
 package rldev
 
 import (
+	"bytes"
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
@@ -74,5 +76,75 @@ func TestMoveTargetBackNotParkedAtOnce(t *testing.T) {
 	if got := h.rec(r.ID).Segs[1].Node; got != tg {
 		t.Fatalf("segment 1 on node %d after the move (want %d)", got, tg)
 	}
+	h.sameCopies(r.ID)
+}
+
+// A move's copy chunk that waited for its range while the copy stopped
+// went on once granted: a move of the secondary compares each chunk
+// with the secondary first, and the stopped copy's comparison was asked
+// of the peer after stopCopy had answered the copy's pulls. Nothing
+// answered it when the peer turned stale (only pulls of no copy are
+// answered then), so the chunk held its range for ever and the resync
+// that followed waited behind it: the RLDev never returned to normal
+// (the simulator, seed 5084 of the as-run stream with slow copies).
+func TestStoppedMoveChunkReleasesItsRange(t *testing.T) {
+	h := newHarness(t, 4, testDisk)
+	r := h.create(1024)
+	p, s := h.nodes[r.Segs[0].Node], h.nodes[r.Segs[1].Node]
+	var tg *hnode
+	for _, n := range h.sorted() {
+		if n != p && n != s {
+			tg = n
+			break
+		}
+	}
+	h.mustWrite(p.id, r.ID, 100, pattern(7, 1))
+	// A read of block 100 (in the copy's second chunk) held in p's disk
+	// queue: it shares the range until it is answered.
+	hold := true
+	h.holdRead = func(n *hnode, x DiskRead) bool { return hold && n == p }
+	q := h.read(p.id, r.ID, 100, 1)
+	h.run()
+	hold = false
+	if len(h.held) == 0 {
+		t.Fatal("setup: the read is not held")
+	}
+	h.rmStartMove(r.ID, 1, tg.id) // the secondary's segment
+	h.run()
+	if !h.tickUntil(2*time.Second, func() bool { return p.e.reps[r.ID].mv != nil }) {
+		t.Fatal("setup: no move copy")
+	}
+	// The target dies: the move waits, its copy stops.
+	h.crash(tg, false, nil)
+	h.dead[Subject{tg.id, tg.inc}] = true
+	if !h.tickUntil(5*time.Second, func() bool { m := h.rec(r.ID).Move; return m != nil && m.Inc == 0 }) {
+		t.Fatalf("setup: the move did not wait: %+v", h.rec(r.ID).Move)
+	}
+	// p is cut from s; the read is answered, the stopped chunk granted.
+	h.partition(p.id, s.id)
+	for len(h.held) > 0 {
+		h.release(0)
+	}
+	h.run()
+	if rp, ok := h.replies[q]; !ok || rp.Err != nil || !bytes.Equal(rp.Data, pattern(7, 1)) {
+		t.Fatalf("setup: the held read: answered %v, %v", ok, rp.Err)
+	}
+	// s dies: the target replaces it (stale), comes back and is copied to.
+	h.crash(s, false, nil)
+	h.dead[Subject{s.id, s.inc}] = true
+	if !h.tickUntil(5*time.Second, func() bool { return h.rec(r.ID).State == Degraded }) {
+		t.Fatalf("setup: not degraded: %+v", h.rec(r.ID))
+	}
+	h.start(tg)
+	h.start(s)
+	h.run()
+	if !h.tickUntil(30*time.Second, func() bool { return h.rec(r.ID).State == Normal }) {
+		var held []string
+		for _, l := range p.e.reps[r.ID].locks.held {
+			held = append(held, fmt.Sprintf("[%d,%d)", l.first, l.end))
+		}
+		t.Fatalf("DEFECT: the RLDev is not normal 30 s after its peer came back (%+v); ranges held on the primary: %v", h.rec(r.ID), held)
+	}
+	h.mustRead(p.id, r.ID, 100, pattern(7, 1))
 	h.sameCopies(r.ID)
 }

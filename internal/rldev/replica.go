@@ -670,8 +670,10 @@ func (r *replica) retry(env Env) []any {
 		// (outside review 61: the read hung until its client's timeout,
 		// the pull sent again for ever). Its read fails as not served;
 		// asked again, repair finds the peer stale: ErrCorrupt at once.
+		// A copy's pull is answered when its copy stops (stopCopy); one
+		// of a copy stopped already is answered here.
 		for _, seq := range sortedSeqs(r.pulls) {
-			if p := r.pulls[seq]; p.q == nil && p.src == nil {
+			if p := r.pulls[seq]; p.q == nil && (p.src == nil || !r.live(p.src)) {
 				delete(r.pulls, seq)
 				out = append(out, p.then(PullData{Code: NotServing})...)
 			}

@@ -171,6 +171,15 @@ func (r *replica) readChunk(c *copyChunk) []any {
 			if err != nil {
 				return append(r.locks.release(c.lock), r.fail(err)...)
 			}
+			if !r.live(c.src) {
+				// Stopped while the chunk waited for its range or read
+				// it: nothing more. A move's comparison asked of the peer
+				// now would hold the range until the peer answered, which
+				// a peer turned stale never does: the resync that follows
+				// waited behind it for ever (the simulator, seed 5084 of
+				// the as-run stream; TestStoppedMoveChunkReleasesItsRange).
+				return r.locks.release(c.lock)
+			}
 			send := func() []any {
 				for _, b := range bad {
 					gens[b-c.first] = badGen // the only copy is gone: the target says so too

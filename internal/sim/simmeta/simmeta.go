@@ -46,6 +46,11 @@ type Service struct {
 	index        uint64
 	Decrees      int
 	Ambiguous    int
+	// MaxPerSecond is the most decrees committed in any second of
+	// simulated time: engines that trade decrees without end (a
+	// livelock, each undoing the other's) show here first.
+	MaxPerSecond int
+	recent       []time.Duration // commit times within the last second
 }
 
 // New returns a service with LAN-like latencies and no faults.
@@ -135,6 +140,13 @@ func (s *Service) Propose(p *sim.Process, d *pb.Decree, done func(uint64, error)
 		res = s.fsm.Apply(&raft.Log{Index: s.index, Type: raft.LogCommand, Data: b}).(meta.ApplyResult)
 		if res.Err == nil {
 			s.Decrees++
+			now := s.w.Now()
+			i := 0
+			for i < len(s.recent) && s.recent[i] <= now-time.Second {
+				i++
+			}
+			s.recent = append(s.recent[i:], now)
+			s.MaxPerSecond = max(s.MaxPerSecond, len(s.recent))
 		}
 	})
 	if !late {
