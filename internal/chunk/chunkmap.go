@@ -236,10 +236,20 @@ func (m *chunkMap) openResv(r Resv, own bool) error {
 // quarantine keeps the runs freed since the last call (released to the
 // spaces) out of the allocator until until: what of them is free now (a
 // run freed by a replayed record may have been reused by a later one).
+//
+// Each run kept is at most MaxChunk long, as a checkpoint's must be: a
+// reservation's unused slots are freed as one run, up to 4·MaxChunk
+// (MaxReserve), and a checkpoint holding it did not decode, so that no
+// later load of the map could read it (outside review 70). The pieces of
+// one freed run number at most its reservation's slots, for which the
+// reservation held checkpoint entries (reservedChunks).
 func (m *chunkMap) quarantine(until time.Time) {
+	const most = MaxChunk / BlockSize
 	for _, r := range m.freed {
 		for _, x := range m.spaces[r.RLDev].takeFree(r.Block, r.Blocks) {
-			m.quar = append(m.quar, quarRun{Run{r.RLDev, x.start, x.n}, until})
+			for b, end := x.start, x.start+x.n; b < end; b += most {
+				m.quar = append(m.quar, quarRun{Run{r.RLDev, b, min(most, end-b)}, until})
+			}
 		}
 	}
 	m.freed = nil
@@ -411,6 +421,9 @@ func coverRuns(runs []Run) []Run {
 	})
 	var out []Run
 	for _, r := range rs {
+		if r.Blocks > MaxChunk/BlockSize {
+			panic(fmt.Sprintf("chunk: a quarantined run of %d blocks (at most %d: quarantine splits them)", r.Blocks, MaxChunk/BlockSize))
+		}
 		if n := len(out); n > 0 {
 			last := &out[n-1]
 			if last.RLDev == r.RLDev && r.Block+r.Blocks-last.Block <= MaxChunk/BlockSize {
