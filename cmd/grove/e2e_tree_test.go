@@ -46,6 +46,26 @@ func TestEndToEndTreeSIGKILL(t *testing.T) {
 	if r := grove(t, bin, nil, "tree", "list", "-o", "json", ep(3)); r.code != 0 || !strings.Contains(r.stdout, `"e2e"`) {
 		t.Fatalf("tree list: %v", r)
 	}
+	// Through grove up's gateway, the CLI's default endpoint: it serves no
+	// trees, and the commands go on to the nodes it lists (they failed
+	// with "does not serve this call": the README's own example did).
+	gw := "--endpoints=" + u.Gateway
+	for _, c := range []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"tree", "put", "e2e", "gw-key", "gw-value"}, ""},
+		{[]string{"tree", "put", "e2e", "gw-key2", "v2", "--if-absent"}, ""},
+		{[]string{"tree", "get", "e2e", "gw-key"}, "gw-value"},
+		{[]string{"tree", "list"}, "e2e"},
+		{[]string{"tree", "count", "e2e"}, "2"},
+		{[]string{"tree", "del", "e2e", "gw-key"}, ""},
+		{[]string{"tree", "del", "e2e", "gw-key2"}, ""},
+	} {
+		if r := grove(t, bin, nil, append(c.args, gw)...); r.code != 0 || !strings.Contains(r.stdout, c.out) {
+			t.Fatalf("%v through the gateway: %v", c.args, r)
+		}
+	}
 	// The loaders work through nodes 1 and 2; the one killed is the lock
 	// master's, if it is one of them: the new master does not know what the
 	// dead node's B-tree server held, and recovers it in "all" mode, which

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -102,8 +104,11 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 		return send(actx, tc, tok)
 	}
 	backoff := 50 * time.Millisecond
+	endpoints := slices.Clone(c.Endpoints)
+	expanded, firstEndpoint := false, true
 	for {
-		for _, ep := range c.Endpoints {
+		for i := 0; i < len(endpoints); i++ {
+			ep := endpoints[i]
 			if ctx.Err() != nil {
 				break
 			}
@@ -117,6 +122,22 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 			}
 			for {
 				err = attempt(conn)
+				if status.Code(err) == codes.Unimplemented && !expanded && firstEndpoint {
+					// A grove up gateway (it serves no trees): the
+					// nodes it lists are next (cli.Client.Do does the
+					// same). Nothing took effect anywhere (this is
+					// the first endpoint that answered), so the write
+					// starts afresh there: a new token, looked up at a
+					// node (the gateway's lookup answered as an old
+					// node's would).
+					if nodes := cli.ListedNodes(ctx, conn, endpoints); len(nodes) > 0 {
+						expanded = true
+						endpoints = slices.Insert(endpoints, i+1, nodes...)
+						tok, call = nil, &treecall.Call{Kind: treecall.Write, Tokened: true}
+						break
+					}
+				}
+				firstEndpoint = false
 				var ce *cli.Error
 				if err == nil || errors.As(err, &ce) {
 					// Done, or the command's own answer (a condition

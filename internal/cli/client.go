@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -183,7 +186,10 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 		return err
 	}
 	var fails []*Error
-	for _, ep := range c.Endpoints {
+	endpoints := slices.Clone(c.Endpoints)
+	expanded := false
+	for i := 0; i < len(endpoints); i++ {
+		ep := endpoints[i]
 		if ctx.Err() != nil {
 			break
 		}
@@ -193,6 +199,20 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 			continue
 		}
 		err = call(ctx, conn)
+		if status.Code(err) == codes.Unimplemented && !isCLIError(err) && !expanded {
+			// A grove up gateway serves the cluster's status and locks,
+			// not every node's services (trees): the call goes on to the
+			// nodes it lists, next in the list. Unimplemented changed
+			// nothing, so a write may go on too. Once per command: nodes
+			// that do not serve it either (another version) are not
+			// asked for theirs.
+			if nodes := ListedNodes(ctx, conn, endpoints); len(nodes) > 0 {
+				expanded = true
+				conn.Close()
+				endpoints = slices.Insert(endpoints, i+1, nodes...)
+				continue
+			}
+		}
 		conn.Close()
 		if err == nil {
 			return nil
@@ -234,6 +254,35 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 		return Interrupted{Signal: "interrupt"}
 	}
 	return combine(op, fails, ctx.Err() != nil, c.CommandTimeout)
+}
+
+// ListedNodes is the nodes' gRPC addresses the endpoint of conn lists in
+// its cluster status (alive ones first), those in have left out: where a
+// call a grove up gateway does not serve (Unimplemented) goes on.
+func ListedNodes(ctx context.Context, conn *Conn, have []string) []string {
+	ctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
+	defer cancel()
+	r, err := pb.NewClusterServiceClient(conn).Status(ctx, &pb.StatusRequest{})
+	if err != nil {
+		return nil
+	}
+	ns := slices.Clone(r.Nodes)
+	slices.SortStableFunc(ns, func(a, b *pb.NodeStatus) int {
+		switch {
+		case a.Alive == b.Alive:
+			return cmp.Compare(a.Id, b.Id)
+		case a.Alive:
+			return -1
+		}
+		return 1
+	})
+	var out []string
+	for _, n := range ns {
+		if a := n.GetGrpcAddr(); a != "" && !slices.Contains(have, a) && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func isCLIError(err error) bool {
