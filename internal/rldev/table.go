@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/units"
 )
 
 // Namespace is the config-service namespace of the RLDev table.
@@ -434,7 +435,11 @@ func (t *Table) NextID() uint64 {
 
 // Create lays out a new RLDev of blocks by chained declustering: RLDev i's
 // primary on the i-th storage node (mod N), its secondary on the next one,
-// each segment in free space on that node's disks.
+// each segment in free space on that node's disks. Where that pair lacks
+// room, the next pair of the chain that has it takes the RLDev (nodes k+1
+// and k+2, and so on): it still sits on two neighbours of the chain. A
+// create failed while other pairs had room (a full node stopped every
+// RLDev whose turn fell on it); it now fails only when no pair has.
 func (t *Table) Create(blocks uint64, drlOff bool) (*Record, error) {
 	nodes := t.storageNodes()
 	if len(nodes) < 2 {
@@ -442,16 +447,41 @@ func (t *Table) Create(blocks uint64, drlOff bool) (*Record, error) {
 	}
 	id := t.NextID()
 	k := int((id - 1) % uint64(len(nodes)))
-	p, err := t.placeOn(nodes[k], blocks)
-	if err != nil {
-		return nil, err
+	for step := 0; step < len(nodes); step++ {
+		p, err := t.placeOn(nodes[(k+step)%len(nodes)], blocks)
+		if err != nil {
+			continue
+		}
+		s, err := t.placeOn(nodes[(k+step+1)%len(nodes)], blocks)
+		if err != nil {
+			continue
+		}
+		r := &Record{ID: id, Blocks: blocks, Segs: [2]Segment{p, s}, Primary: 0, State: Normal, Epoch: 1, DRLOff: drlOff}
+		return r, r.Check()
 	}
-	s, err := t.placeOn(nodes[(k+1)%len(nodes)], blocks)
-	if err != nil {
-		return nil, err
+	var room []string
+	for _, n := range nodes {
+		room = append(room, fmt.Sprintf("node %d %s", n, units.FormatSize(t.largestFree(n))))
 	}
-	r := &Record{ID: id, Blocks: blocks, Segs: [2]Segment{p, s}, Primary: 0, State: Normal, Epoch: 1, DRLOff: drlOff}
-	return r, r.Check()
+	return nil, fmt.Errorf("%w: no two neighbouring nodes of the chain each have %s free in one piece on a disk (the RLDev's blocks with their headers and logs); the most each node has: %s",
+		ErrNoSpace, units.FormatSize(SegmentSize(blocks)), strings.Join(room, ", "))
+}
+
+// largestFree is the largest free extent on node's disks.
+func (t *Table) largestFree(node uint64) int64 {
+	var most int64
+	for k, d := range t.Disks {
+		if k.Node != node {
+			continue
+		}
+		at := int64(DiskReserved)
+		for _, e := range t.used(k) {
+			most = max(most, e.off-at)
+			at = max(at, e.end)
+		}
+		most = max(most, d.Size-at)
+	}
+	return most
 }
 
 // CreateOn lays out a new RLDev of blocks with its primary segment on node
