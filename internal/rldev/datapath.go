@@ -663,6 +663,10 @@ type recover struct {
 	first, n uint64
 	lock     *rangeLock
 	pulling  bool
+	// writing: the pulled data's disk writes are in flight. The range
+	// stays held until they land, whatever ends the recovery: a write of
+	// the range ordered after it could land first and be undone.
+	writing bool
 }
 
 const noRegion = ^uint64(0)
@@ -727,6 +731,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 			}
 			left := len(runs)
 			var werr error
+			q.writing = true
 			for _, g := range runs {
 				i := g.first - q.first
 				phys := r.encodeRun(g.first, pd.Data[i*BlockSize:(i+g.n)*BlockSize], pd.Gens[i:i+g.n], 0)
@@ -737,6 +742,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 					if left--; left > 0 {
 						return nil
 					}
+					q.writing = false
 					if werr != nil {
 						return r.fail(werr)
 					}
@@ -777,6 +783,13 @@ func (r *replica) abandonRecovery() []any {
 				if p.q == q {
 					delete(r.pulls, seq)
 				}
+			}
+			if q.writing {
+				// Its pulled data is being written: the range is
+				// released when that lands (pumpRecovery), not now. A
+				// client write let in now and acknowledged could be
+				// undone by it landing later (outside review 71).
+				return nil
 			}
 			return r.recovered(q)
 		})...)

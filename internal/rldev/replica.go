@@ -604,6 +604,13 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 // ------------------------------------------------------------------ peers
 
 func (r *replica) peerUp(env Env, node NodeID) []any {
+	if m := r.rec.Move; m != nil && node == m.To.Node {
+		// The move's target is back: its stall clock stops now, not
+		// when decide next runs (it does not while a decree of this
+		// engine is out: a target away again later was parked at once
+		// on the first loss's clock, outside review 71).
+		r.tgtDown = time.Time{}
+	}
 	if node != r.peerNode() && (r.rec.Move == nil || node != r.rec.Move.To.Node) {
 		return nil
 	}

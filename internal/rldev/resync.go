@@ -82,8 +82,11 @@ func (r *replica) onResyncMe(env Env, from NodeID, m ResyncMe) []any {
 func (r *replica) startResync(env Env) []any {
 	req := r.resyncReq
 	r.resyncReq = nil
-	if req == nil {
-		return nil // decide proposes going back to degraded
+	if req == nil || !r.peerReachable() {
+		// No request of the peer's present incarnation (peerDown drops
+		// them), or no session to it: decide proposes going back to
+		// degraded, and the peer asks again when it is back.
+		return nil
 	}
 	blocks := r.rec.Blocks
 	need := map[uint64]bool{} // block ranges by first block, CopyBlocks-aligned chunks
@@ -322,9 +325,25 @@ func (r *replica) stopCopy(s *resyncSrc, why string) []any {
 }
 
 // peerDown: a resync whose target went away stops (writes must not wait
-// for a stale replica: decide takes the RLDev back to degraded).
+// for a stale replica: decide takes the RLDev back to degraded). A stale
+// peer's request to be resynced is dropped too: it was its incarnation's,
+// and one that comes back (with its disk replaced, say: blank) asks
+// again. A "resync" decree planned from it that commits after the break
+// then starts nothing, and decide takes the RLDev back to degraded
+// (outside review 71: the resync started toward a node that was down
+// never stopped, and one planned from the previous incarnation's request
+// declared a blank segment up to date).
 func (r *replica) peerDown(env Env, node NodeID) []any {
-	if node != r.peerNode() || r.resync == nil {
+	if m := r.rec.Move; m != nil && m.Inc != 0 && node == m.To.Node && r.tgtDown.IsZero() {
+		// The move's target: the stall clock starts now, whether or not
+		// decide runs now (not while a decree of this engine is out).
+		r.tgtDown, r.tgtDownInc = env.Now, m.Inc
+	}
+	if node != r.peerNode() {
+		return nil
+	}
+	r.resyncReq = nil
+	if r.resync == nil {
 		return nil
 	}
 	return r.stopResync("the target's session broke")
