@@ -143,6 +143,11 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 	if !strings.Contains(r.stderr, "rldev "+ids) {
 		t.Fatalf("no progress on standard error: %q", r.stderr)
 	}
+	// Once more, the move done: nothing to do, exit 0 (it said "name the
+	// disk", exit 1).
+	if r := must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", to)); !strings.Contains(r.stderr, "already") {
+		t.Fatalf("the move run again once done: %s", r.stderr)
+	}
 	for _, replica := range []string{"1", "2"} {
 		if got := must(run(nil, "rldev", "read", "--replica", replica, ids, "0", "4MiB")).stdout; !bytes.Equal([]byte(got), want[:4<<20]) {
 			t.Fatalf("replica %s after the move: the data read back differs", replica)

@@ -110,6 +110,9 @@ of the same node: NODE:DISK, the disk named. An RLDev created with
 				// asked again.
 				idx, dst = i, rec.Segs[i]
 				fmt.Fprintf(os.Stderr, "rldev %d: segment %d is at %v already\n", id, idx, dst)
+				if disk < 0 {
+					fmt.Fprintf(os.Stderr, "rldev %d: to move it to another disk of node %d, name the disk (--to %d:DISK)\n", id, node, node)
+				}
 			} else {
 				mv, err := s.clerk.Move(ctx, id, idx, node, disk)
 				if err != nil {
@@ -153,7 +156,9 @@ of the same node: NODE:DISK, the disk named. An RLDev created with
 
 // movedThere finds the segment of rec a move to NODE[:DISK] (disk < 0:
 // any) asked earlier put there, when the command runs again to follow it
-// and no move is in progress: segment idx at exactly NODE:DISK, or either
+// and no move is in progress: segment idx at NODE[:DISK] (the command run
+// again after a move to another node ended said "name the disk", exit 1,
+// though the move it followed was done), or either
 // segment at NODE[:DISK] that is being rebuilt there (its move's moving
 // replica was lost: the target took its place, to be copied whole; after
 // a failover the segment may be the other one than named).
@@ -164,7 +169,7 @@ func movedThere(rec *rldev.Record, idx int, node uint64, disk int) (int, bool) {
 	for _, i := range []int{idx, 1 - idx} {
 		sg := rec.Segs[i]
 		at := sg.Node == node && (disk < 0 || sg.Disk == uint32(disk))
-		if at && (rec.Stale[i] && rec.FullCopy || i == idx && disk >= 0) {
+		if at && (rec.Stale[i] && rec.FullCopy || i == idx) {
 			return i, true
 		}
 	}
