@@ -872,7 +872,10 @@ func (mg *Manager) Status() Status {
 		case mg.peer.serving:
 			s.Peer = "secondary not heard from yet"
 		default:
-			s.Peer = "secondary not serving when last heard from"
+			// Said at the primary's start, often: its secondary was still
+			// loading. One that joined since revoked this primary's lease,
+			// which the primary learns at its next change.
+			s.Peer = "secondary not serving when last heard from (one that joined since gets the next change)"
 		}
 	}
 	return s
