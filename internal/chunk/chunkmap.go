@@ -265,6 +265,16 @@ func (m *chunkMap) expire(now time.Time) {
 	m.quar = m.quar[i:]
 }
 
+// quarantineEntries is the checkpoint entries kept for quarantined runs:
+// one per RLDev of the pair, always, since a checkpoint can write any
+// quarantine so (coarseRuns). Not the runs quarantined now: a reload
+// quarantines again what the log's records freed, so that a map the
+// primary filled while its own quarantine was empty could not be
+// checkpointed by the next primary (outside review 72); and runs
+// quarantined now in many pieces refused allocations though a
+// checkpoint would fit.
+func (m *chunkMap) quarantineEntries() int { return len(m.spaces) }
+
 // quarantined is every run not reusable yet (for a checkpoint). The
 // manager quarantines what it frees at once, so m.freed is empty then.
 func (m *chunkMap) quarantined() []Run {
@@ -379,6 +389,22 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 	return nil
 }
 
+// checkpointIn is the map as a checkpoint of at most slot bytes if it
+// can be: when its quarantined runs, as covering runs of at most
+// MaxChunk, do not fit, as one run per RLDev (coarseRuns). A load
+// quarantines anew what the log's records freed, however long ago their
+// quarantine ended at the primary and however full it filled the map
+// meanwhile: the takeover's checkpoint panicked, and so did every later
+// takeover's (outside review 72). Allocations keep room for one run per
+// RLDev (quarantineEntries).
+func (m *chunkMap) checkpointIn(slot uint64) Checkpoint {
+	c := m.checkpoint()
+	if uint64(len(EncodeCheckpoint(c))) > slot {
+		c.Quarantined = coarseRuns(m.quarantined())
+	}
+	return c
+}
+
 // checkpoint is the map as a checkpoint.
 func (m *chunkMap) checkpoint() Checkpoint {
 	c := Checkpoint{CM: m.cm, Through: m.lsn, HighWater: m.hw, Chunks: make(map[uint64]Extent, len(m.chunks)), Quarantined: coverRuns(m.quarantined())}
@@ -432,6 +458,34 @@ func coverRuns(runs []Run) []Run {
 			}
 		}
 		out = append(out, r)
+	}
+	return out
+}
+
+// coarseRuns covers runs with one run per RLDev, from the first
+// quarantined block to the last: what a checkpoint holds when covering
+// runs of at most MaxChunk would not fit its slot (a load quarantines
+// only what of a run is free: free blocks between the runs wait a
+// quarantine more, chunks among them are not touched).
+func coarseRuns(runs []Run) []Run {
+	span := map[uint64]*Run{}
+	var ids []uint64
+	for _, r := range runs {
+		c := span[r.RLDev]
+		if c == nil {
+			c = &Run{RLDev: r.RLDev, Block: r.Block, Blocks: r.Blocks}
+			span[r.RLDev] = c
+			ids = append(ids, r.RLDev)
+			continue
+		}
+		end := max(c.Block+c.Blocks, r.Block+r.Blocks)
+		c.Block = min(c.Block, r.Block)
+		c.Blocks = end - c.Block
+	}
+	slices.Sort(ids)
+	out := make([]Run, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, *span[id])
 	}
 	return out
 }

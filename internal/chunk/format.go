@@ -441,10 +441,11 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 	for i := uint64(0); i < nq; i++ {
 		p := b[ckHeader+ckEntry*n+24*i:]
 		q := Run{RLDev: le.Uint64(p[0:]), Block: le.Uint64(p[8:]), Blocks: le.Uint64(p[16:])}
-		// At most MaxChunk written since outside review 70; up to a
-		// reservation's whole run (4·MaxChunk) in maps written before,
-		// which a load splits (chunkMap.quarantine).
-		if q.RLDev == 0 || q.Blocks == 0 || q.Blocks > 4*MaxChunk/BlockSize {
+		// Usually at most MaxChunk; longer in maps written before
+		// outside review 70 (a reservation's whole run), and when the
+		// runs are written coarsely to fit the slot (Manager.checkpoint):
+		// bounded by the RLDev's size at load, which splits it.
+		if q.RLDev == 0 || q.Blocks == 0 || q.Block+q.Blocks < q.Block {
 			return Checkpoint{}, fmt.Errorf("%w: checkpoint quarantined run %d (%+v)", ErrCorrupt, i, q)
 		}
 		c.Quarantined = append(c.Quarantined, q)

@@ -1582,7 +1582,7 @@ func (mg *Manager) change(reqs []*request) []any {
 	if m.owned+len(m.retired)+newOwned > 0 {
 		tail = 1
 	}
-	if newChunks+uint64(newOwned) > 0 && uint64(len(m.chunks)+len(m.quarantined())+m.owned+len(m.retired)+newOwned+tail)+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
+	if newChunks+uint64(newOwned) > 0 && uint64(len(m.chunks)+m.quarantineEntries()+m.owned+len(m.retired)+newOwned+tail)+m.reservedChunks()+newChunks > mg.sup.Layout.MaxEntries() {
 		giveBack()
 		full := fmt.Errorf("%w: chunk manager %d holds %d chunks, as many as its map's checkpoint can (%d entries, %d owned, %d retirement marks)", ErrMapFull, mg.cfg.CM, len(m.chunks), mg.sup.Layout.MaxEntries(), m.owned, len(m.retired))
 		for _, q := range allocs {
@@ -1944,7 +1944,7 @@ const checkpointChunk = 256
 // naming it with a new, empty log; then runs then. The primary holds the
 // map lock throughout, and no change is made meanwhile.
 func (mg *Manager) checkpoint(then func() []any) []any {
-	c := mg.m.checkpoint()
+	c := mg.m.checkpointIn(uint64(mg.sup.Layout.SlotBlocks) * BlockSize)
 	if mg.cfg.unsafe.ownersLost {
 		c.Owned = nil
 	}

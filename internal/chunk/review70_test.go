@@ -161,9 +161,18 @@ func TestReview70OldCheckpointWithLongRunLoads(t *testing.T) {
 	if _, err := DecodeCheckpoint(EncodeCheckpoint(m.checkpoint())); err != nil {
 		t.Fatalf("the next checkpoint: %v", err)
 	}
-	// Longer than any reservation frees: corrupt.
-	c.Quarantined = []Run{{RLDev: 7, Block: 256, Blocks: 4*most + 1}}
+	// A run past the end of block numbers is corrupt; one past its
+	// RLDev's end is refused at load.
+	c.Quarantined = []Run{{RLDev: 7, Block: 256, Blocks: ^uint64(0) - 100}}
 	if _, err := DecodeCheckpoint(EncodeCheckpoint(c)); err == nil {
-		t.Fatal("a quarantined run longer than a reservation decoded")
+		t.Fatal("a quarantined run past the end of block numbers decoded")
+	}
+	c.Quarantined = []Run{{RLDev: 7, Block: 256, Blocks: 64 << 10}}
+	got, err = DecodeCheckpoint(EncodeCheckpoint(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newChunkMap(1, []DataRLDev{{ID: 7, Blocks: 64 << 10}}).load(got); err == nil {
+		t.Fatal("a quarantined run past its RLDev's end loaded")
 	}
 }
