@@ -32,7 +32,14 @@ type replica struct {
 	err      error     // why it failed
 	failedAt time.Time // when
 
-	blank        bool // the segment held no RLDev when loaded
+	blank bool // the segment held no RLDev when loaded
+	// loadedStale: the table said the segment stale when this
+	// incarnation loaded it (or it was incomplete), and has not said so
+	// of this incarnation since. A decree that says it up to date
+	// meanwhile is a resync of an earlier incarnation of this node, whose
+	// copies this one may lack and whose degraded-mode regions the
+	// primary has cleared: it is made stale again, copied whole (want).
+	loadedStale  bool
 	lost         bool // its disk was replaced: stale in fact, until the table says so
 	super        Super
 	superSeq     uint64
@@ -251,6 +258,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	drlRB, degRB := regionBlocks(cmp.Or(r.e.cfg.drlRegion, DRLRegionBlocks), r.rec.Blocks), regionBlocks(DegradedRegionBlocks, r.rec.Blocks)
 	var out []any
+	r.loadedStale = r.rec.Stale[r.seg] && !r.target
 	seq, payload, ok, blank := page(PageSuper)
 	switch {
 	case blank:
@@ -454,10 +462,27 @@ func (r *replica) abort(err error) []any {
 
 // setRecord takes a new version of the replica's record.
 func (r *replica) setRecord(env Env, rec *Record) []any {
+	var out []any
+	if r.resync != nil && !r.resync.failed && rec.Inc[r.peer()] != r.resync.peerInc {
+		// The peer's segment is served by another incarnation now: the
+		// copies went to one that is gone, and what this one holds is
+		// its own to tell (it asks again). Declaring it resynced from
+		// them would be a lie (outside review 74).
+		out = r.stopResync("the peer's node restarted")
+	}
+	return append(out, r.takeRecord(env, rec)...)
+}
+
+// takeRecord is setRecord's work once a resync for a past incarnation
+// of the peer is stopped.
+func (r *replica) takeRecord(env Env, rec *Record) []any {
 	old := r.rec
 	r.rec = rec
 	if rec.Stale[r.seg] {
 		r.lost = false // the table says it now
+		if rec.Inc[r.seg] == r.e.cfg.Inc {
+			r.loadedStale = false // of this incarnation: its resync is its own
+		}
 	}
 	if r.target {
 		return r.targetRecord(env)
@@ -545,6 +570,13 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	}
 	me, peer := r.seg, r.peer()
 	switch {
+	case r.loadedStale && (r.state == repJoining || r.state == repReady) && !rec.Stale[me] && !rec.Stale[peer]:
+		// Loaded stale; since then declared up to date, for an earlier
+		// incarnation of this node (loadedStale): copied whole. (A blank
+		// new disk of it served zeros as up to date: outside review 74.)
+		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
+		rec.Epoch++
+		return rec, fmt.Sprintf("segment %d loaded stale on node %d, since declared resynced for an earlier incarnation: copied whole", me, r.e.cfg.Node)
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
@@ -589,7 +621,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		rec.State, rec.Progress, rec.ProgressTotal = Degraded, 0, 0
 		rec.Epoch++
 		return rec, "resync stopped"
-	case rec.State == Resyncing && r.resync.done():
+	case rec.State == Resyncing && r.resync.done() && rec.Inc[peer] == r.resync.peerInc:
 		rec.State, rec.Stale, rec.FullCopy, rec.Progress, rec.ProgressTotal = Normal, [2]bool{}, false, 0, 0
 		rec.Epoch++
 		return rec, "resynced"

@@ -14,6 +14,7 @@ import (
 // the move's target, every block, bound to the target's incarnation.
 type resyncSrc struct {
 	to       NodeID // where the copies go
+	peerInc  uint64 // a resync's: the peer incarnation the table named when it started (only it is declared resynced)
 	move     bool   // a move's copy (to the target) rather than a resync
 	inc      uint64 // a move's: the target incarnation it copies to
 	epoch    uint64
@@ -123,7 +124,7 @@ func (r *replica) startResync(env Env) []any {
 		firsts = append(firsts, f)
 	}
 	sort.Slice(firsts, func(i, j int) bool { return firsts[i] < firsts[j] })
-	s := &resyncSrc{to: r.peerNode(), epoch: r.rec.Epoch, reported: env.Now}
+	s := &resyncSrc{to: r.peerNode(), peerInc: r.rec.Inc[r.peer()], epoch: r.rec.Epoch, reported: env.Now}
 	for _, f := range firsts {
 		n := min(r.e.cfg.CopyBlocks, blocks-f)
 		s.chunks = append(s.chunks, run{f, n})
