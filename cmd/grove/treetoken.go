@@ -105,12 +105,16 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 	}
 	backoff := 50 * time.Millisecond
 	endpoints := slices.Clone(c.Endpoints)
-	expanded, firstEndpoint := false, true
+	gateways := map[string]bool{} // endpoints that serve no trees but list the nodes
+	firstEndpoint := true
 	for {
 		for i := 0; i < len(endpoints); i++ {
 			ep := endpoints[i]
 			if ctx.Err() != nil {
 				break
+			}
+			if gateways[ep] {
+				continue // its nodes are in the list
 			}
 			conn, err := c.Connect(ctx, ep)
 			if err != nil {
@@ -122,18 +126,30 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 			}
 			for {
 				err = attempt(conn)
-				if status.Code(err) == codes.Unimplemented && !expanded && firstEndpoint {
+				if status.Code(err) == codes.Unimplemented {
 					// A grove up gateway (it serves no trees): the
-					// nodes it lists are next (cli.Client.Do does the
-					// same). Nothing took effect anywhere (this is
-					// the first endpoint that answered), so the write
-					// starts afresh there: a new token, looked up at a
-					// node (the gateway's lookup answered as an old
-					// node's would).
-					if nodes := cli.ListedNodes(ctx, conn, endpoints); len(nodes) > 0 {
-						expanded = true
+					// nodes it lists go next (cli.Client.Do does the
+					// same), and it is passed over in later rounds.
+					// Unimplemented applied nothing: it is not an
+					// attempt of unknown outcome (review 74: after a
+					// node lost an answer, the gateway's answer ended
+					// the command with exit 8).
+					if listed := cli.ListedNodes(ctx, conn, nil); len(listed) > 0 {
+						gateways[ep] = true
+						var nodes []string
+						for _, n := range listed {
+							if !slices.Contains(endpoints, n) {
+								nodes = append(nodes, n)
+							}
+						}
 						endpoints = slices.Insert(endpoints, i+1, nodes...)
-						tok, call = nil, &treecall.Call{Kind: treecall.Write, Tokened: true}
+						if firstEndpoint {
+							// Nothing took effect anywhere: the write
+							// starts afresh at the nodes, a new token
+							// looked up there (the gateway's lookup
+							// answered as an old node's would).
+							tok, call = nil, &treecall.Call{Kind: treecall.Write, Tokened: true}
+						}
 						break
 					}
 				}
