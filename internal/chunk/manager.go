@@ -1951,7 +1951,11 @@ func (mg *Manager) checkpoint(then func() []any) []any {
 	b := EncodeCheckpoint(c)
 	blocks := (uint64(len(b)) + BlockSize - 1) / BlockSize
 	if blocks > uint64(mg.sup.Layout.SlotBlocks) {
-		panic(fmt.Sprintf("chunk: a checkpoint of %d blocks in a slot of %d (allocations are refused past MaxEntries)", blocks, mg.sup.Layout.SlotBlocks))
+		// Allocations keep every checkpoint within its slot (MaxEntries,
+		// quarantineEntries); a map filled by an earlier build under
+		// looser rules may not fit. The manager fails (it tries again
+		// later), rather than take the node's process down with it.
+		return mg.fail(mg.env, fmt.Errorf("%w: a checkpoint of %d blocks in a slot of %d: the map holds more entries than its checkpoint slot (a map filled by an earlier build under looser rules)", ErrCorrupt, blocks, mg.sup.Layout.SlotBlocks))
 	}
 	padded := make([]byte, blocks*BlockSize)
 	copy(padded, b)
