@@ -34,8 +34,8 @@ type replica struct {
 
 	blank bool // the segment held no RLDev when loaded
 	// loadedStale: the table said the segment stale when this
-	// incarnation loaded it (or it was incomplete), and has not said so
-	// of this incarnation since. A decree that says it up to date
+	// incarnation loaded it, and has not said so of this incarnation
+	// since (an incomplete one the table does not say stale: lost). A decree that says it up to date
 	// meanwhile is a resync of an earlier incarnation of this node, whose
 	// copies this one may lack and whose degraded-mode regions the
 	// primary has cleared: it is made stale again, copied whole (want).
