@@ -131,3 +131,32 @@ func TestReview74GatewayLostAnswerNoSecondRound(t *testing.T) {
 		t.Fatalf("put: %v, applied %d", err, st.applied)
 	}
 }
+
+// r74GetNode is a stand-in node that answers every get with "v".
+type r74GetNode struct {
+	pb.UnimplementedTreeServiceServer
+	standInConns
+}
+
+func (n *r74GetNode) Get(context.Context, *pb.TreeGetRequest) (*pb.TreeGetResponse, error) {
+	return &pb.TreeGetResponse{Found: true, Value: []byte("v")}, nil
+}
+
+// A gateway first in the list whose nodes are all in the list already
+// (--endpoints GW,N1): the call goes on to the rest of the list. It
+// failed "does not serve this call": the expansion added nothing and
+// the gateway's answer was taken for the command's (found reading the
+// change once more).
+func TestGatewayListingOnlyKnownNodesPassesOn(t *testing.T) {
+	n := &r74GetNode{}
+	n1 := serveStandIn(t, n, &n.standInConns)
+	gw := r74ServeGateway(t, n1)
+	cmd := treeGetCmd()
+	var out strings.Builder
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"t", "k", "--endpoints", gw + "," + n1, "--command-timeout", "3s"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("get through %s,%s: %v", "GW", "N1", err)
+	}
+}

@@ -134,15 +134,9 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 					// attempt of unknown outcome (review 74: after a
 					// node lost an answer, the gateway's answer ended
 					// the command with exit 8).
-					if listed := cli.ListedNodes(ctx, conn, nil); len(listed) > 0 {
+					if missing, ok := cli.GatewayNodes(ctx, conn, endpoints); ok {
 						gateways[ep] = true
-						var nodes []string
-						for _, n := range listed {
-							if !slices.Contains(endpoints, n) {
-								nodes = append(nodes, n)
-							}
-						}
-						endpoints = slices.Insert(endpoints, i+1, nodes...)
+						endpoints = slices.Insert(endpoints, i+1, missing...)
 						if firstEndpoint {
 							// Nothing took effect anywhere: the write
 							// starts afresh at the nodes, a new token

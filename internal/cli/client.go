@@ -187,7 +187,6 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 	}
 	var fails []*Error
 	endpoints := slices.Clone(c.Endpoints)
-	expanded := false
 	for i := 0; i < len(endpoints); i++ {
 		ep := endpoints[i]
 		if ctx.Err() != nil {
@@ -199,17 +198,16 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 			continue
 		}
 		err = call(ctx, conn)
-		if status.Code(err) == codes.Unimplemented && !isCLIError(err) && !expanded {
+		if status.Code(err) == codes.Unimplemented && !isCLIError(err) {
 			// A grove up gateway serves the cluster's status and locks,
 			// not every node's services (trees): the call goes on to the
-			// nodes it lists, next in the list. Unimplemented changed
-			// nothing, so a write may go on too. Once per command: nodes
-			// that do not serve it either (another version) are not
-			// asked for theirs.
-			if nodes := ListedNodes(ctx, conn, endpoints); len(nodes) > 0 {
-				expanded = true
+			// nodes it lists that the list lacks, next, and to the rest
+			// of the list. Unimplemented changed nothing, so a write may
+			// go on too. (Only missing addresses are added: the list
+			// ends, whatever each endpoint lists.)
+			if missing, ok := GatewayNodes(ctx, conn, endpoints); ok {
 				conn.Close()
-				endpoints = slices.Insert(endpoints, i+1, nodes...)
+				endpoints = slices.Insert(endpoints, i+1, missing...)
 				continue
 			}
 		}
@@ -256,15 +254,16 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 	return combine(op, fails, ctx.Err() != nil, c.CommandTimeout)
 }
 
-// ListedNodes is the nodes' gRPC addresses the endpoint of conn lists in
-// its cluster status (alive ones first), those in have left out: where a
-// call a grove up gateway does not serve (Unimplemented) goes on.
-func ListedNodes(ctx context.Context, conn *Conn, have []string) []string {
+// GatewayNodes asks the endpoint of conn, which did not serve a call
+// (Unimplemented: a grove up gateway, say), for the nodes it lists in its
+// cluster status: ok if it lists any, and missing, those of their gRPC
+// addresses have lacks (alive nodes first), where the call goes on.
+func GatewayNodes(ctx context.Context, conn *Conn, have []string) (missing []string, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 	defer cancel()
 	r, err := pb.NewClusterServiceClient(conn).Status(ctx, &pb.StatusRequest{})
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	ns := slices.Clone(r.Nodes)
 	slices.SortStableFunc(ns, func(a, b *pb.NodeStatus) int {
@@ -276,13 +275,17 @@ func ListedNodes(ctx context.Context, conn *Conn, have []string) []string {
 		}
 		return 1
 	})
-	var out []string
 	for _, n := range ns {
-		if a := n.GetGrpcAddr(); a != "" && !slices.Contains(have, a) && !slices.Contains(out, a) {
-			out = append(out, a)
+		a := n.GetGrpcAddr()
+		if a == "" {
+			continue
+		}
+		ok = true
+		if !slices.Contains(have, a) && !slices.Contains(missing, a) {
+			missing = append(missing, a)
 		}
 	}
-	return out
+	return missing, ok
 }
 
 func isCLIError(err error) bool {
