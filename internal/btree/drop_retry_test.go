@@ -26,6 +26,34 @@ func (d *failDevice) Write(ctx context.Context, block uint64, data []byte, f *rl
 	return d.simDevice.Write(ctx, block, data, f)
 }
 
+// failingLogServer is a solo server (node 1) on simulated chunks whose
+// log writes to dev, which fails every write while dev.failing is set,
+// with one empty tree (anchor, root).
+type failingLogServer struct {
+	cache        *Cache
+	chunks       Chunks
+	dev          *failDevice
+	anchor, root Handle
+}
+
+func newFailingLogServer(t *testing.T, ctx context.Context) failingLogServer {
+	t.Helper()
+	r := rand.New(rand.NewSource(1))
+	locks := newSimLocks(ctx, r)
+	store := newSimChunks(r)
+	chunks := store.clerk(1, func(context.Context) error { return nil })
+	solo := newSoloServer(t, ctx, locks, chunks)
+	dev := &failDevice{simDevice: newSimDevice(txn.HeaderBlocks + 64)}
+	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
+		Applier: replayApplier{chunks: chunks, fence: solo.fence}, Manual: true, LazyInterval: time.Hour, Log: simLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	solo.cache.cfg.Log = wal
+	ah, rh := emptyTree(t, ctx, chunks, solo.fence, MinNodeSize)
+	return failingLogServer{cache: solo.cache, chunks: chunks, dev: dev, anchor: ah, root: rh}
+}
+
 // TestDropMarkRetryWaitsForDurability: a drop's mark whose commit was
 // published but whose flush failed leaves the anchor marked dropped in
 // the cache; a retry on the same server found it so and reported the
@@ -37,23 +65,10 @@ func (d *failDevice) Write(ctx context.Context, block uint64, data []byte, f *rl
 func TestDropMarkRetryWaitsForDurability(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
-	solo := newSoloServer(t, ctx, locks, chunks)
-	cache, fence := solo.cache, solo.fence
-	dev := &failDevice{simDevice: newSimDevice(txn.HeaderBlocks + 64)}
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	ah, _ := emptyTree(t, ctx, chunks, fence, MinNodeSize)
-	st := cache.Store(ah, MinNodeSize, nil)
+	f := newFailingLogServer(t, ctx)
+	st := f.cache.Store(f.anchor, MinNodeSize, nil)
 
-	dev.failing.Store(true)
+	f.dev.failing.Store(true)
 	if err := markDropped(ctx, st); err == nil {
 		t.Fatal("the mark's flush failed, and markDropped said marked")
 	}

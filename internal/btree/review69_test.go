@@ -3,13 +3,10 @@ package btree
 import (
 	"context"
 	"errors"
-	"math/rand"
 	"testing"
-	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/chunk"
-	"github.com/grovestore/grove/internal/txn"
 )
 
 // TestReview69DropMarkNotDurableAnswered (outside review 69): the read
@@ -24,39 +21,26 @@ import (
 func TestReview69DropMarkNotDurableAnswered(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := rand.New(rand.NewSource(1))
-	locks := newSimLocks(ctx, r)
-	store := newSimChunks(r)
-	chunks := store.clerk(1, func(context.Context) error { return nil })
-	solo := newSoloServer(t, ctx, locks, chunks)
-	cache, fence := solo.cache, solo.fence
-	dev := &failDevice{simDevice: newSimDevice(txn.HeaderBlocks + 64)}
-	wal, err := txn.Open(ctx, txn.Config{Device: dev, Fence: solo.logFence,
-		Applier: replayApplier{chunks: chunks, fence: fence}, Manual: true, LazyInterval: time.Hour, Log: simLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache.cfg.Log = wal
-	ah, rh := emptyTree(t, ctx, chunks, fence, MinNodeSize)
+	f := newFailingLogServer(t, ctx)
 	dir := &memDirectory{ns: &pb.Namespace{Name: Namespace}}
-	e := TreeEntry{Name: "t", Anchor: ah, NodeSize: MinNodeSize, MaxFanout: 6}
-	if ex, err := dir.Create(ctx, e, rh, chunk.Owner{}); err != nil || ex != nil {
+	e := TreeEntry{Name: "t", Anchor: f.anchor, NodeSize: MinNodeSize, MaxFanout: 6}
+	if ex, err := dir.Create(ctx, e, f.root, chunk.Owner{}); err != nil || ex != nil {
 		t.Fatal(ex, err)
 	}
-	st := cache.Store(ah, MinNodeSize, nil)
-	tr, err := New(st, ah.ID, Config{NodeSize: MinNodeSize})
+	st := f.cache.Store(f.anchor, MinNodeSize, nil)
+	tr, err := New(st, f.anchor.ID, Config{NodeSize: MinNodeSize})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	dev.failing.Store(true)
+	f.dev.failing.Store(true)
 	if err := markDropped(ctx, st); err == nil {
 		t.Fatal("the mark's flush failed, and markDropped said marked")
 	}
 	if _, _, err := tr.Get(ctx, []byte("k")); errors.Is(err, ErrNoTree) {
 		t.Errorf("a Get answered ErrNoTree from a drop mark that is not durable (the log failed): %v", err)
 	}
-	settled, err := settleDrop(ctx, cache, dir, "t")
+	settled, err := settleDrop(ctx, f.cache, dir, "t")
 	if settled {
 		t.Errorf("settleDrop recorded the drop from a mark that is not durable (the log failed; a restart takes the mark back)")
 	}
