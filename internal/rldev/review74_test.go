@@ -12,6 +12,29 @@ import (
 
 // Review 74: the fixes of review 71, tried again.
 
+// r74OneWayRequest restarts b with a's session to it down and b's to a
+// up (a restarted node dials at once, the survivor with backoff), and
+// waits for b's request to be resynced to reach a's replica.
+func r74OneWayRequest(t *testing.T, h *harness, id uint64, a, b *hnode) *replica {
+	t.Helper()
+	h.start(b)
+	h.exec(a, a.e.PeerDown(h.env(a), b.id))
+	h.run()
+	ra := a.e.reps[id]
+	if !h.tickUntil(10*time.Second, func() bool { return ra.resyncReq != nil }) {
+		t.Fatalf("setup: b's request not at a: %+v", h.rec(id))
+	}
+	return ra
+}
+
+// r74SilentDiskLoss crashes b without telling anyone (no PeerDown: the
+// sessions to it were down) and replaces its disk.
+func r74SilentDiskLoss(b *hnode) {
+	b.up = false
+	b.devs[0].Crash(nil, false)
+	b.devs[0] = disk.NewMemDevice(testDisk, nil)
+}
+
 // peerDown drops a stale peer's resync request, so that a "resync"
 // decree planned from a past incarnation's request starts nothing. But a
 // request is kept whenever no PeerDown follows it: the primary's own
@@ -45,20 +68,12 @@ func TestReview74ResyncFromPastIncarnationWithoutPeerDown(t *testing.T) {
 	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded }) {
 		t.Fatalf("setup: not degraded: %+v", h.rec(id))
 	}
-	h.start(b)
-	h.exec(a, a.e.PeerDown(h.env(a), b.id)) // a's session to b down; b's to a up
-	h.run()
-	ra := a.e.reps[id]
-	if !h.tickUntil(10*time.Second, func() bool { return ra.resyncReq != nil }) {
-		t.Fatalf("setup: b's request not at a: %+v", h.rec(id))
-	}
+	r74OneWayRequest(t, h, id, a, b)
 	if h.rec(id).State != Degraded {
 		t.Fatalf("setup: %+v", h.rec(id))
 	}
 	// b crashes; a hears nothing of it (its session to b was down).
-	b.up = false
-	b.devs[0].Crash(nil, false)
-	b.devs[0] = disk.NewMemDevice(testDisk, nil) // the disk replaced
+	r74SilentDiskLoss(b)
 	// b's own decrees (its new disk, its naming) are slow; a's are not.
 	var what []string
 	h.holdPropose = func(n *hnode, x Propose) bool {
@@ -112,19 +127,11 @@ func TestResyncOfPastIncarnationStopsWhenNextIsNamed(t *testing.T) {
 	for blk := uint64(100); blk < 1024; blk += 64 {
 		h.mustWrite(a.id, id, blk, pattern(2, 1)) // degraded-mode regions: a resync of several chunks
 	}
-	h.start(b)
-	h.exec(a, a.e.PeerDown(h.env(a), b.id)) // a's session to b down; b's to a up
-	h.run()
-	ra := a.e.reps[id]
-	if !h.tickUntil(10*time.Second, func() bool { return ra.resyncReq != nil }) {
-		t.Fatalf("setup: b's request not at a: %+v", h.rec(id))
-	}
+	ra := r74OneWayRequest(t, h, id, a, b)
 	// b crashes (a hears nothing: its session to b was down), its disk
 	// replaced; the next incarnation starts, its decrees slow, and a's
 	// resync, planned from the request of the one before, starts (its copies land once the new one is named).
-	b.up = false
-	b.devs[0].Crash(nil, false)
-	b.devs[0] = disk.NewMemDevice(testDisk, nil)
+	r74SilentDiskLoss(b)
 	h.holdPropose = func(n *hnode, x Propose) bool { return n == b }
 	h.start(b)
 	h.run()
