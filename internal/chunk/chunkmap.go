@@ -396,13 +396,15 @@ func (m *chunkMap) apply(lsn uint64, r Record, own bool) error {
 // quarantine ended at the primary and however full it filled the map
 // meanwhile: the takeover's checkpoint panicked, and so did every later
 // takeover's (outside review 72). Allocations keep room for one run per
-// RLDev (quarantineEntries).
-func (m *chunkMap) checkpointIn(slot uint64) Checkpoint {
+// RLDev (quarantineEntries). It returns the checkpoint and its encoding.
+func (m *chunkMap) checkpointIn(slot uint64) (Checkpoint, []byte) {
 	c := m.checkpoint()
-	if uint64(len(EncodeCheckpoint(c))) > slot {
+	b := EncodeCheckpoint(c)
+	if uint64(len(b)) > slot {
 		c.Quarantined = coarseRuns(m.quarantined())
+		b = EncodeCheckpoint(c)
 	}
-	return c
+	return c, b
 }
 
 // checkpoint is the map as a checkpoint.

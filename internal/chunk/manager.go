@@ -1944,11 +1944,11 @@ const checkpointChunk = 256
 // naming it with a new, empty log; then runs then. The primary holds the
 // map lock throughout, and no change is made meanwhile.
 func (mg *Manager) checkpoint(then func() []any) []any {
-	c := mg.m.checkpointIn(uint64(mg.sup.Layout.SlotBlocks) * BlockSize)
+	c, b := mg.m.checkpointIn(uint64(mg.sup.Layout.SlotBlocks) * BlockSize)
 	if mg.cfg.unsafe.ownersLost {
 		c.Owned = nil
+		b = EncodeCheckpoint(c)
 	}
-	b := EncodeCheckpoint(c)
 	blocks := (uint64(len(b)) + BlockSize - 1) / BlockSize
 	if blocks > uint64(mg.sup.Layout.SlotBlocks) {
 		// Allocations keep every checkpoint within its slot (MaxEntries,

@@ -501,7 +501,7 @@ func TestReviewResvReloadOverflowsCheckpoint(t *testing.T) {
 	n2 := h.nodes[2].mg
 	t.Logf("node 2 is %s", n2.st)
 	if n2.m != nil {
-		c := EncodeCheckpoint(n2.m.checkpointIn(uint64(n2.sup.Layout.SlotBlocks) * BlockSize))
+		_, c := n2.m.checkpointIn(uint64(n2.sup.Layout.SlotBlocks) * BlockSize)
 		if uint64(len(c)) > uint64(n2.sup.Layout.SlotBlocks)*BlockSize {
 			t.Errorf("DEFECT: the new primary's map needs a checkpoint of %d bytes; a slot holds %d", len(c), uint64(n2.sup.Layout.SlotBlocks)*BlockSize)
 		}
