@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -106,7 +105,6 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 	backoff := 50 * time.Millisecond
 	endpoints := slices.Clone(c.Endpoints)
 	gateways := map[string]bool{} // endpoints that serve no trees but list the nodes
-	firstEndpoint := true
 	for {
 		for i := 0; i < len(endpoints); i++ {
 			ep := endpoints[i]
@@ -126,7 +124,7 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 			}
 			for {
 				err = attempt(conn)
-				if status.Code(err) == codes.Unimplemented {
+				if cli.UnknownService(err) {
 					// A grove up gateway (it serves no trees): the
 					// nodes it lists go next (cli.Client.Do does the
 					// same), and it is passed over in later rounds.
@@ -137,17 +135,18 @@ func treeWriteOnce(ctx context.Context, c *cli.Client, op, tree string, send fun
 					if missing, ok := cli.GatewayNodes(ctx, conn, endpoints); ok {
 						gateways[ep] = true
 						endpoints = slices.Insert(endpoints, i+1, missing...)
-						if firstEndpoint {
-							// Nothing took effect anywhere: the write
-							// starts afresh at the nodes, a new token
-							// looked up there (the gateway's lookup
-							// answered as an old node's would).
+						if call.Ambiguous == 0 {
+							// No attempt of unknown outcome anywhere:
+							// the write starts afresh at the nodes, a
+							// new token looked up there (one made here
+							// names no tree: the gateway's lookup
+							// answered as an old node's would; review
+							// 75).
 							tok, call = nil, &treecall.Call{Kind: treecall.Write, Tokened: true}
 						}
 						break
 					}
 				}
-				firstEndpoint = false
 				var ce *cli.Error
 				if err == nil || errors.As(err, &ce) {
 					// Done, or the command's own answer (a condition

@@ -198,7 +198,7 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 			continue
 		}
 		err = call(ctx, conn)
-		if status.Code(err) == codes.Unimplemented && !isCLIError(err) {
+		if UnknownService(err) && !isCLIError(err) {
 			// A grove up gateway serves the cluster's status and locks,
 			// not every node's services (trees): the call goes on to the
 			// nodes it lists that the list lacks, next, and to the rest
@@ -252,6 +252,14 @@ func (c *Client) do(ctx context.Context, op string, notApplied func(error) bool,
 		return Interrupted{Signal: "interrupt"}
 	}
 	return combine(op, fails, ctx.Err() != nil, c.CommandTimeout)
+}
+
+// UnknownService reports whether err says the endpoint serves no such
+// service at all (gRPC's "unknown service": a grove up gateway serves
+// no trees), not merely no such method (a node of an older build).
+func UnknownService(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unimplemented && strings.HasPrefix(st.Message(), "unknown service")
 }
 
 // GatewayNodes asks the endpoint of conn, which did not serve a call
