@@ -33,12 +33,15 @@ type replica struct {
 	failedAt time.Time // when
 
 	blank bool // the segment held no RLDev when loaded
-	// loadedStale: the table said the segment stale when this
+	// loadedStale: the segment is incomplete (formatted blank while
+	// stale, not copied whole since), the table said it stale when this
 	// incarnation loaded it, and has not said so of this incarnation
-	// since (an incomplete one the table does not say stale: lost). A decree that says it up to date
-	// meanwhile is a resync of an earlier incarnation of this node, whose
-	// copies this one may lack and whose degraded-mode regions the
-	// primary has cleared: it is made stale again, copied whole (want).
+	// since. A decree that says it up to date meanwhile is a resync of an
+	// earlier incarnation of this node, whose copies this one lacks: it is
+	// lost (takeRecord), stale in fact, serving nothing, and made stale,
+	// copied whole, when the peer is not stale too (outside reviews 74
+	// and 75: a blank disk served zeros as up to date; a segment with its
+	// disk intact is up to date after such a resync, and is left alone).
 	loadedStale  bool
 	lost         bool // its disk was replaced: stale in fact, until the table says so
 	super        Super
@@ -258,7 +261,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	drlRB, degRB := regionBlocks(cmp.Or(r.e.cfg.drlRegion, DRLRegionBlocks), r.rec.Blocks), regionBlocks(DegradedRegionBlocks, r.rec.Blocks)
 	var out []any
-	r.loadedStale = r.rec.Stale[r.seg] && !r.target
+	r.loadedStale = false
 	seq, payload, ok, blank := page(PageSuper)
 	switch {
 	case blank:
@@ -267,6 +270,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		// A stale (or lost) segment formatted now holds nothing: it stays
 		// incomplete, across restarts, until a full copy has run.
 		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale()}
+		r.loadedStale = r.super.Incomplete && r.rec.Stale[r.seg] && !r.target
 		r.drl = newPageLog(r, PageDRL, NewBitmap(drlRB, r.rec.Blocks), 0)
 		r.deg = newPageLog(r, PageDegraded, NewBitmap(degRB, r.rec.Blocks), 0)
 		return r.format(env)
@@ -280,6 +284,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	r.super, r.superSeq = s, seq
 	r.nextGen = s.GenFloor
+	r.loadedStale = s.Incomplete && r.rec.Stale[r.seg] && !r.target
 	if s.Incomplete && !r.rec.Stale[r.seg] && !r.target {
 		// Formatted after its disk was replaced and not yet copied whole,
 		// though the table does not say stale (its peer may be stale too:
@@ -483,6 +488,8 @@ func (r *replica) takeRecord(env Env, rec *Record) []any {
 		if rec.Inc[r.seg] == r.e.cfg.Inc {
 			r.loadedStale = false // of this incarnation: its resync is its own
 		}
+	} else if r.loadedStale {
+		r.lost = true // declared up to date for an earlier incarnation (loadedStale)
 	}
 	if r.target {
 		return r.targetRecord(env)
@@ -570,13 +577,6 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	}
 	me, peer := r.seg, r.peer()
 	switch {
-	case r.loadedStale && (r.state == repJoining || r.state == repReady) && !rec.Stale[me] && !rec.Stale[peer]:
-		// Loaded stale; since then declared up to date, for an earlier
-		// incarnation of this node (loadedStale): copied whole. (A blank
-		// new disk of it served zeros as up to date: outside review 74.)
-		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
-		rec.Epoch++
-		return rec, fmt.Sprintf("segment %d loaded stale on node %d, since declared resynced for an earlier incarnation: copied whole", me, r.e.cfg.Node)
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
