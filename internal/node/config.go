@@ -79,6 +79,12 @@ type RLDevConfig struct {
 	// block not in the page cache reads the pages it covers in part
 	// first. Off by default (with the blocks cached it costs: README).
 	DirectWrites bool `toml:"direct_writes"`
+	// DiskTimeout is how long an operation of one of the node's disks
+	// may go unanswered before the disk counts as hung and its segments
+	// fail, their peers serving alone (default 20s; "-1s": never). A
+	// hung disk leaves its node alive to the failure detector: without
+	// the timeout every write of its RLDevs waits for it.
+	DiskTimeout Duration `toml:"disk_timeout"`
 }
 
 // FDConfig holds the failure detector's tunables.

@@ -204,7 +204,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			udp.Close()
 			return nil, err
 		}
-		ecfg := rldev.Config{CopyRate: int64(cfg.RLDev.CopyRate)}
+		ecfg := rldev.Config{CopyRate: int64(cfg.RLDev.CopyRate), DiskTimeout: time.Duration(cfg.RLDev.DiskTimeout)}
 		if r := cfg.RLDev.ScrubRate; r != nil {
 			ecfg.ScrubRate = int64(*r)
 			if ecfg.ScrubRate == 0 {

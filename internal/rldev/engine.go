@@ -164,6 +164,18 @@ type Config struct {
 	ScrubRate int64
 	// ScrubBlocks is the blocks the scrubber checks at a time (default 64).
 	ScrubBlocks uint64
+	// DiskTimeout is how long a disk operation may stay unanswered before
+	// the disk counts as hung and every segment on it fails (default 20
+	// s; negative: never). Why: a disk that stops answering -- a sync that
+	// never returns, a device whose commands the kernel keeps retrying --
+	// leaves its node alive to the failure detector, and every write of
+	// its RLDevs waits for it, on the primary's own disk or for the
+	// secondary's acknowledgement, for as long as it hangs. Failed, each
+	// segment asks to be marked stale, and its peer serves alone. A hung
+	// disk's segments load again only once none of its operations is
+	// older than DiskTimeout (and, as after any failure, none of the
+	// failed replica's own is in progress): an operation may still land.
+	DiskTimeout time.Duration
 	// CopyRate bounds the bytes per second this node's resyncs and move
 	// copies send, all together (0: unbounded). Every write waits for
 	// the copy's range locks and shares the disk with it: a bound trades
@@ -217,7 +229,17 @@ func (c *Config) defaults() {
 	if c.ReloadEvery == 0 {
 		c.ReloadEvery = 5 * time.Second
 	}
+	if c.DiskTimeout == 0 {
+		c.DiskTimeout = DefaultDiskTimeout
+	}
 }
+
+// DefaultDiskTimeout is Config.DiskTimeout's default: past the 30 s a
+// Linux block device's command timeout is by default, a disk has failed
+// or answered; 20 s keeps a hung disk's writes from waiting that long
+// while leaving a loaded disk's slow syncs (seconds at worst, seen here)
+// well inside it.
+const DefaultDiskTimeout = 20 * time.Second
 
 // Engine is one node incarnation's RLDev service: every local replica,
 // their data paths, logs and recovery, and the decrees they need. It
@@ -240,8 +262,11 @@ type Engine struct {
 	tgts         map[uint64]*replica // the moves' targets this node receives, by RLDev
 	ops          map[OpID]func(data []byte, err error) []any
 	runs         map[OpID]func(RunData, error) []any // reads of block runs
-	nextOp       OpID
-	seq          uint64 // peer message sequence numbers
+	// issued: every disk operation in progress, with its disk and when
+	// it was issued (watchDisks).
+	issued map[OpID]issuedOp
+	nextOp OpID
+	seq    uint64 // peer message sequence numbers
 
 	up       map[NodeID]bool    // peers with a session now
 	suspects map[NodeID]uint64  // peer → incarnation asked about (since its session broke)
@@ -292,6 +317,7 @@ type Stats struct {
 	Writes, Reads, Forwards, Repairs, CopiedBlocks, PulledBlocks uint64
 	DRLWrites, DegradedWrites, Decrees                           uint64
 	DRLAhead                                                     uint64 // regions marked ahead of a sequential writer
+	DiskHangs                                                    uint64 // disks found hung (an operation unanswered for DiskTimeout)
 	CorruptFound                                                 uint64
 	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64
 }
@@ -317,6 +343,16 @@ type diskState struct {
 	// engine or process lost (LocalDisk.Suspect): every replica's first
 	// load drops its segment's cached pages (replica.dropCache).
 	suspect bool
+	// hung: an operation of the disk has been in progress for
+	// Config.DiskTimeout: its segments failed, and none loads again until
+	// no operation of the disk is that old (watchDisks).
+	hung bool
+}
+
+// issuedOp is a disk operation in progress (Engine.issued).
+type issuedOp struct {
+	disk uint32
+	at   time.Time
 }
 
 type request struct {
@@ -332,7 +368,7 @@ func NewEngine(cfg Config) *Engine {
 	}
 	cfg.defaults()
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{}, tgts: map[uint64]*replica{},
-		ops: map[OpID]func([]byte, error) []any{}, runs: map[OpID]func(RunData, error) []any{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
+		ops: map[OpID]func([]byte, error) []any{}, runs: map[OpID]func(RunData, error) []any{}, issued: map[OpID]issuedOp{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
 		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}}
 	for _, d := range cfg.Disks {
@@ -357,7 +393,7 @@ func (e *Engine) logf(level int, msg string, args ...any) Log {
 
 // read issues a disk read; then runs when it completes.
 func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err error) []any) []any {
-	e.nextOp++
+	e.issue(disk)
 	e.ops[e.nextOp] = then
 	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: n}}
 }
@@ -367,7 +403,7 @@ func (e *Engine) read(disk uint32, off int64, n int, then func(data []byte, err 
 // lend, if not 0, is the client request whose reply alone then gives the
 // data to (DiskRead.Lend).
 func (e *Engine) readRun(disk uint32, off int64, run BlockRun, lend ReqID, then func(RunData, error) []any) []any {
-	e.nextOp++
+	e.issue(disk)
 	e.runs[e.nextOp] = then
 	return []any{DiskRead{Op: e.nextOp, Disk: disk, Off: off, Len: int(run.N) * PhysBlockSize, Run: &run, Lend: lend}}
 }
@@ -387,7 +423,7 @@ func (e *Engine) writeDurableEnc(disk uint32, off int64, data []byte, encode fun
 	if d := e.disks[disk]; d != nil {
 		fails = d.syncFails
 	}
-	e.nextOp++
+	e.issue(disk)
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		if err != nil {
 			return then(err)
@@ -411,7 +447,7 @@ func (e *Engine) maybeSync(d *diskState) []any {
 	d.syncing = true
 	batch := d.waiting
 	d.waiting = nil
-	e.nextOp++
+	e.issue(d.idx)
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		d.syncing = false
 		if err != nil {
@@ -430,14 +466,69 @@ func (e *Engine) maybeSync(d *diskState) []any {
 // dropRange issues a DropCache of [off, off+n) of disk; then runs with its
 // error once it returned.
 func (e *Engine) dropRange(disk uint32, off, n int64, then func(error) []any) []any {
-	e.nextOp++
+	e.issue(disk)
 	e.ops[e.nextOp] = func(_ []byte, err error) []any { return then(err) }
 	return []any{DiskDrop{Op: e.nextOp, Disk: disk, Off: off, Len: n}}
+}
+
+// issue takes the next operation id, for an operation of disk issued now.
+func (e *Engine) issue(disk uint32) {
+	e.nextOp++
+	e.issued[e.nextOp] = issuedOp{disk: disk, at: e.env.Now}
+}
+
+// watchDisks fails the segments of a disk one of whose operations has
+// been in progress for Config.DiskTimeout (see there), and counts the
+// disk answering again once none is that old.
+func (e *Engine) watchDisks(env Env) []any {
+	if e.cfg.DiskTimeout < 0 {
+		return nil
+	}
+	oldest := map[uint32]time.Time{}
+	for _, op := range e.issued {
+		if t, ok := oldest[op.disk]; !ok || op.at.Before(t) {
+			oldest[op.disk] = op.at
+		}
+	}
+	var out []any
+	for _, k := range e.diskIx {
+		d := e.disks[k]
+		t, busy := oldest[k]
+		stuck := busy && env.Now.Sub(t) >= e.cfg.DiskTimeout
+		// It answers again once nothing of it is older than a quarter of
+		// the timeout: a disk back from a hang drains its backlog in
+		// moments, and one that answers now and then, slowly, stays hung
+		// rather than have its segments load and fail by turns.
+		answers := !busy || env.Now.Sub(t) < e.cfg.DiskTimeout/4
+		switch {
+		case stuck && !d.hung:
+			d.hung = true
+			e.stats.DiskHangs++
+			err := fmt.Errorf("%w: disk %d (%s) has left an operation unanswered for %v (disk timeout %v)", ErrDiskHung, k, d.path, env.Now.Sub(t).Round(time.Millisecond), e.cfg.DiskTimeout)
+			out = append(out, e.logf(3, "rldev disk hung: failing its segments; they load again once it answers", "disk", k, "path", d.path, "unanswered_for", env.Now.Sub(t).Round(time.Millisecond)))
+			for _, r := range e.replicas() {
+				if r.disk == k {
+					out = append(out, r.fail(err)...)
+				}
+			}
+		case answers && d.hung:
+			d.hung = false
+			out = append(out, e.logf(3, "rldev disk answers again", "disk", k, "path", d.path))
+		}
+	}
+	return out
+}
+
+// diskHung says whether disk idx is hung (watchDisks).
+func (e *Engine) diskHung(idx uint32) bool {
+	d := e.disks[idx]
+	return d != nil && d.hung
 }
 
 // DiskDone delivers a disk operation's completion.
 func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
 	e.env = env
+	delete(e.issued, op)
 	fn := e.ops[op]
 	if fn == nil {
 		return nil
@@ -450,6 +541,7 @@ func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
 // set): what ReadRun returned.
 func (e *Engine) RunDone(env Env, op OpID, res RunData, err error) []any {
 	e.env = env
+	delete(e.issued, op)
 	fn := e.runs[op]
 	if fn == nil {
 		return nil
@@ -922,6 +1014,7 @@ func (e *Engine) Tick(env Env) []any {
 	}
 	if env.Now.Sub(e.lastRetry) >= e.cfg.RetryEvery {
 		e.lastRetry = env.Now
+		out = append(out, e.watchDisks(env)...)
 		if !e.fresh && env.alive() {
 			// Ask again until a linearizable read arrives: the runtime's
 			// read for this engine may be lost (one begun for an earlier

@@ -36,6 +36,7 @@ var (
 	ErrWrongEpoch = errors.New("rldev: configuration changed")
 	ErrStaleToken = errors.New("rldev: stale fencing token")
 	ErrDiskFailed = errors.New("rldev: disk failed")
+	ErrDiskHung   = errors.New("rldev: disk hung")
 	ErrCorrupt    = errors.New("rldev: block corrupt and not repairable")
 	ErrBadRequest = errors.New("rldev: bad request")
 	ErrUnknown    = errors.New("rldev: no such RLDev")

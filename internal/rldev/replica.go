@@ -664,14 +664,17 @@ func (r *replica) peerUp(env Env, node NodeID) []any {
 // decree of its engine in flight (say, the resync done: committing after
 // the reload it would make the table say what the new life no longer
 // holds, and so would one decided but not yet seen in a linearizable
-// table, review 38). An I/O that never ends keeps the replica failed.
+// table, review 38). An I/O that never ends keeps the replica failed, and
+// so does a hung disk (Config.DiskTimeout) until it answers again: a
+// replica loaded on it would only fail again, after its peer had begun to
+// resync it and its writes to wait for it.
 func (r *replica) retry(env Env) []any {
 	if r.state == repLoading && r.dropAgain && !r.busy() && env.Now.Sub(r.droppedAt) >= r.e.cfg.RetryEvery {
 		r.dropAgain = false
 		return r.load(env)
 	}
 	if r.state == repFailed && !r.target && (r.rec.Stale[r.seg] || r.rec.Stale[r.peer()]) && env.Now.Sub(r.failedAt) >= r.e.cfg.ReloadEvery &&
-		!r.busy() && !r.e.decreeOut && !r.e.awaitTable {
+		!r.busy() && !r.e.decreeOut && !r.e.awaitTable && !r.e.diskHung(r.disk) {
 		// What still waits for the peer (pulls issued since the failure)
 		// is answered first, in the failed life, so that it ends there
 		// (a pullNewer's peerChanges count, a scrub's busy flag).

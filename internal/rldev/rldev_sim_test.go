@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -77,7 +78,15 @@ type simOpts struct {
 	// a move's copy of 64 blocks takes about 2 s, long enough for faults
 	// to strike it (TestRLDevSimulationAsRun).
 	slowCopies bool
+	// diskTimeout: the engines' Config.DiskTimeout (0: simDiskTimeout;
+	// negative: off, for the hung-disk teeth test).
+	diskTimeout time.Duration
 }
+
+// simDiskTimeout is the engines' DiskTimeout in the simulator: past the
+// longest a disk operation takes here otherwise (a sync of a slow disk,
+// 0.8 s, issued before a pause of 2.5 s).
+const simDiskTimeout = 4 * time.Second
 
 // simScrubRate: a pass over a node's segments every half second or so,
 // often enough to race with everything else.
@@ -108,6 +117,9 @@ type rsim struct {
 	lossyLiveness  bool
 	diskMoves      int // moves to another disk of the segment's node, committed
 	origin         map[uint64][2]Segment
+	// acks: when each RLDev's writes were acknowledged (the hung-disk
+	// test's availability check).
+	acks map[uint64][]time.Duration
 }
 
 type reqKey struct {
@@ -142,6 +154,18 @@ type rnode struct {
 	// syncs of the engine in flight (with simSyncLoses: they land, as its
 	// writes do, before the next engine starts).
 	syncs []*landing
+	// hungUntil: per disk, the end of a hang (TestRLDevSimulationHungDisk):
+	// no operation of the disk completes before it.
+	hungUntil map[uint32]time.Duration
+}
+
+// diskDelay is the time until a disk operation issued now on disk idx of
+// rn, which takes d, completes: past the end of a hang.
+func (s *rsim) diskDelay(rn *rnode, idx uint32, d time.Duration) time.Duration {
+	if u := rn.hungUntil[idx]; u > s.w.Now() {
+		return u - s.w.Now() + d
+	}
+	return d
 }
 
 // landing is a disk write in flight in the simulator.
@@ -153,7 +177,7 @@ func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	net := w.NewNetwork()
 	svc := simmeta.New(w)
 	s := &rsim{t: t, w: w, net: net, svc: svc, fd: fdsim.New(w, net, svc, cfg, simNodes, fd.DefaultMaxDrift), opts: opts,
-		n: map[NodeID]*rnode{}, pending: map[reqKey]func(Reply){}, origin: map[uint64][2]Segment{}, streams: map[[2]uint64]uint64{}}
+		n: map[NodeID]*rnode{}, pending: map[reqKey]func(Reply){}, origin: map[uint64][2]Segment{}, streams: map[[2]uint64]uint64{}, acks: map[uint64][]time.Duration{}}
 	s.o = newROracle(s)
 	svc.Reachable = s.reachesConfig
 	s.fd.OnStart = s.onStart
@@ -168,7 +192,7 @@ func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 	net.Attach(s.adm)
 	for id := NodeID(1); id <= simNodes; id++ {
 		fn := s.fd.Nodes[fd.NodeID(id)]
-		rn := &rnode{id: id, fn: fn, devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(simDisk, w.Rand), 1: disk.NewMemDevice(simDisk, w.Rand)}, sess: map[NodeID]*sim.End{},
+		rn := &rnode{id: id, fn: fn, devs: map[uint32]*disk.MemDevice{0: disk.NewMemDevice(simDisk, w.Rand), 1: disk.NewMemDevice(simDisk, w.Rand)}, sess: map[NodeID]*sim.End{}, hungUntil: map[uint32]time.Duration{},
 			fails: map[uint32]uint64{}, clean: map[uint32]uint64{}}
 		s.n[id] = rn
 		fn.Other = func(from uint64, msg any) {}
@@ -263,7 +287,7 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 	}
 	rn.e = NewEngine(Config{Node: rn.id, Inc: rn.inc, Disks: disks, FlushEvery: 300 * time.Millisecond, PollEvery: 100 * time.Millisecond,
 		RetryEvery: 200 * time.Millisecond, CopyBlocks: 16, CopyWindow: 2, ProgressEvery: 500 * time.Millisecond, ReloadEvery: time.Second, ScrubRate: s.opts.scrubRate, Unsafe: s.opts.unsafe,
-		CopyRate: copyRate, drlRegion: simRegion})
+		CopyRate: copyRate, DiskTimeout: cmp.Or(s.opts.diskTimeout, simDiskTimeout), drlRegion: simRegion})
 	s.o.logf("node %d starts incarnation %d", rn.id, rn.inc)
 	delete(s.o.fenced, rn.id)
 	s.o.restarted(rn.id)
@@ -402,7 +426,7 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 	for _, o := range out {
 		switch x := o.(type) {
 		case DiskRead:
-			p.Go(s.w.Between(50*time.Microsecond, time.Millisecond), func() {
+			p.Go(s.diskDelay(rn, x.Disk, s.w.Between(50*time.Microsecond, time.Millisecond)), func() {
 				if rn.e != e {
 					return
 				}
@@ -432,12 +456,13 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 				})
 			}
 			rn.inflight = append(rn.inflight, l)
-			p.Go(s.w.Between(0, time.Millisecond), l.land)
+			p.Go(s.diskDelay(rn, x.Disk, s.w.Between(0, time.Millisecond)), l.land)
 		case DiskSync:
 			d := s.w.Between(500*time.Microsecond, 5*time.Millisecond)
 			if s.w.Rand.Intn(200) == 0 {
 				d = s.w.Between(100*time.Millisecond, 800*time.Millisecond) // a slow disk
 			}
+			d = s.diskDelay(rn, x.Disk, d)
 			if !s.opts.syncLoses {
 				// The default stream's (the teeth test's seeds are tuned
 				// to it): a sync of a fenced engine never runs.
@@ -474,7 +499,7 @@ func (s *rsim) exec(rn *rnode, e *Engine, out []any) {
 		case DiskDrop:
 			// Draws nothing from the world's random source: the default
 			// stream has no failed sync, so no drop, and must not move.
-			p.Go(500*time.Microsecond, func() {
+			p.Go(s.diskDelay(rn, x.Disk, 500*time.Microsecond), func() {
 				if rn.e != e {
 					return
 				}
@@ -636,6 +661,7 @@ func (s *rsim) write(c int, id, block, n, v uint64, data []byte, done func()) {
 			if r.Err == nil {
 				s.o.served(rn.id, id, true)
 				s.o.write(c, id, block, n, v, sent, s.w.Now(), true)
+				s.acks[id] = append(s.acks[id], s.w.Now())
 				s.ops--
 				done()
 				return

@@ -251,8 +251,9 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"corrupt_found", func(st Stats) uint64 { return st.CorruptFound }},
 		{"scrubbed_block", func(st Stats) uint64 { return st.ScrubbedBlocks }},
 		{"scrub_repair", func(st Stats) uint64 { return st.ScrubRepairs }},
+		{"disk_hang", func(st Stats) uint64 { return st.DiskHangs }},
 	} {
-		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber.",
+		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber, disks found hung (their segments failed).",
 			map[string]string{"event": c.event}, func() float64 {
 				s.mu.Lock()
 				defer s.mu.Unlock()
