@@ -523,6 +523,11 @@ func (c *Config) Validate() error {
 	if _, err := c.Keyring(); err != nil {
 		return err
 	}
+	if d := time.Duration(c.RLDev.DiskTimeout); d > 0 && d < time.Second {
+		// A loaded disk's sync takes that long now and then: every
+		// segment of the disk would fail, and be copied whole again.
+		return fmt.Errorf("[rldev] disk_timeout = %q: want at least 1s (or negative: never)", d)
+	}
 	if p := c.RLDev.DataPath; p != "" && p != "tcp" && p != "grpc" {
 		return fmt.Errorf("[rldev] data_path = %q: want \"tcp\" or \"grpc\"", p)
 	}

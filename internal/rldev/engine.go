@@ -514,6 +514,17 @@ func (e *Engine) watchDisks(env Env) []any {
 		case answers && d.hung:
 			d.hung = false
 			out = append(out, e.logf(3, "rldev disk answers again", "disk", k, "path", d.path))
+		case d.hung:
+			// A replica placed on the disk since it was found hung (a
+			// new RLDev's segment, a move's target, one hosted once its
+			// extent was free) fails too: loading, it would wait on the
+			// disk while the table counts it, and its peer's writes with
+			// it (outside review 76).
+			for _, r := range e.replicas() {
+				if r.disk == k && r.state != repFailed && r.state != repRetired {
+					out = append(out, r.fail(fmt.Errorf("%w: disk %d (%s) is hung (an operation unanswered for %v or more)", ErrDiskHung, k, d.path, e.cfg.DiskTimeout))...)
+				}
+			}
 		}
 	}
 	return out
