@@ -1737,8 +1737,14 @@ type RLDevReplicaStatus struct {
 	// replica (state "waiting") for a retired replica's I/O on its extent to
 	// end; a failed one for an operation of its failed life before it loads
 	// again.
-	Wait          string `protobuf:"bytes,15,opt,name=wait,proto3" json:"wait,omitempty"`
-	MoveTarget    bool   `protobuf:"varint,16,opt,name=move_target,json=moveTarget,proto3" json:"move_target,omitempty"` // the replica receives the segment by a move
+	Wait       string `protobuf:"bytes,15,opt,name=wait,proto3" json:"wait,omitempty"`
+	MoveTarget bool   `protobuf:"varint,16,opt,name=move_target,json=moveTarget,proto3" json:"move_target,omitempty"` // the replica receives the segment by a move
+	// lost: the replica holds nothing to serve though the table may not say
+	// it stale (its disk was replaced, or it was formatted blank while stale
+	// and never copied whole); incomplete: its superblock says so (formatted
+	// blank, never copied whole since).
+	Lost          bool `protobuf:"varint,17,opt,name=lost,proto3" json:"lost,omitempty"`
+	Incomplete    bool `protobuf:"varint,18,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1885,6 +1891,20 @@ func (x *RLDevReplicaStatus) GetMoveTarget() bool {
 	return false
 }
 
+func (x *RLDevReplicaStatus) GetLost() bool {
+	if x != nil {
+		return x.Lost
+	}
+	return false
+}
+
+func (x *RLDevReplicaStatus) GetIncomplete() bool {
+	if x != nil {
+		return x.Incomplete
+	}
+	return false
+}
+
 var File_grovepb_rldev_proto protoreflect.FileDescriptor
 
 const file_grovepb_rldev_proto_rawDesc = "" +
@@ -2013,7 +2033,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x1aRLDevServiceStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x128\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xf6\x03\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xaa\x04\n" +
 	"\x12RLDevReplicaStatus\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x18\n" +
 	"\asegment\x18\x02 \x01(\rR\asegment\x12\x14\n" +
@@ -2035,7 +2055,11 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05error\x18\x0e \x01(\tR\x05error\x12\x12\n" +
 	"\x04wait\x18\x0f \x01(\tR\x04wait\x12\x1f\n" +
 	"\vmove_target\x18\x10 \x01(\bR\n" +
-	"moveTarget*v\n" +
+	"moveTarget\x12\x12\n" +
+	"\x04lost\x18\x11 \x01(\bR\x04lost\x12\x1e\n" +
+	"\n" +
+	"incomplete\x18\x12 \x01(\bR\n" +
+	"incomplete*v\n" +
 	"\n" +
 	"RldevState\x12\x1b\n" +
 	"\x17RLDEV_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

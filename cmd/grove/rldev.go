@@ -24,7 +24,7 @@ import (
 func rldevCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rldev",
-		Short: "Replicated logical devices: list, create, move, read, write",
+		Short: "Replicated logical devices: list, create, move, read, write, accept-stale",
 		Long: `RLDevs are fixed-size block devices, each two segments on disks of two nodes
 (Boxwood's replicated logical devices): writes go to the primary and are
 acknowledged once durable on both (on the survivor alone, in degraded mode,
@@ -34,7 +34,7 @@ after the failure detector declared the other dead); reads come from either.`,
   grove rldev write 1 0 pattern.bin
   grove rldev read 1 0 1MiB | cmp - pattern.bin`,
 	}
-	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevMoveCmd(), rldevReadCmd(), rldevWriteCmd())
+	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevMoveCmd(), rldevReadCmd(), rldevWriteCmd(), rldevAcceptCmd())
 	return cmd
 }
 
@@ -226,10 +226,17 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 		seg := func(i int) (string, map[string]any) {
 			sg := r.Segs[i]
 			txt := strconv.FormatUint(sg.Node, 10)
+			lost := false
+			if rs := replicaStatus(st, sg.Node, id); rs != nil && rs.Lost && !r.Stale[i] {
+				// Its node knows it holds nothing, though no decree could
+				// say so (its peer is stale too): not up to date.
+				lost = true
+				txt += " (lost)"
+			}
 			if r.Stale[i] {
 				txt += " (stale)"
 			}
-			return txt, map[string]any{"node": sg.Node, "disk": sg.Disk, "offset": sg.Offset, "stale": r.Stale[i], "incarnation": r.Inc[i]}
+			return txt, map[string]any{"node": sg.Node, "disk": sg.Disk, "offset": sg.Offset, "stale": r.Stale[i], "lost": lost, "incarnation": r.Inc[i]}
 		}
 		pt, pj := seg(r.Primary)
 		stt, sj := seg(1 - r.Primary)
@@ -289,9 +296,11 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 				notes = append(notes, fmt.Sprintf("node %d: %s", node, rs.State))
 			case rs.Recovering > 0:
 				notes = append(notes, fmt.Sprintf("node %d: recovering %d dirty regions from its peer", node, rs.Recovering))
+			case rs.Lost && !r.Stale[i] && r.Stale[1-i]:
+				notes = append(notes, fmt.Sprintf("node %d's copy is lost (its disk was replaced) and node %d's is stale: the RLDev waits for an operator (grove rldev accept-stale %d)", node, r.Segs[1-i].Node, id))
 			case rs.Stale && r.State == rldev.Degraded:
 				if st[r.Segs[1-i].Node] == nil {
-					notes = append(notes, fmt.Sprintf("node %d waits to be resynced: the only up-to-date copy (node %d) is down", node, r.Segs[1-i].Node))
+					notes = append(notes, fmt.Sprintf("node %d waits to be resynced: the only up-to-date copy (node %d) is down (if it is gone for good: grove rldev accept-stale %d)", node, r.Segs[1-i].Node, id))
 				} else {
 					notes = append(notes, fmt.Sprintf("node %d waits to be resynced", node))
 				}

@@ -1230,6 +1230,11 @@ type ReplicaStatus struct {
 	// for an operation of its failed life; a new one (State "waiting":
 	// not loaded yet) for a retired replica's I/O on its extent.
 	Wait string
+	// Lost: the replica holds nothing to serve, whatever the table says
+	// (its disk was replaced, or its segment is incomplete); Incomplete:
+	// its superblock says it was formatted blank and not copied whole
+	// since (grove rldev accept-stale refuses such a copy).
+	Lost, Incomplete bool
 }
 
 // Status describes the engine's replicas, by RLDev.
@@ -1237,7 +1242,8 @@ func (e *Engine) Status() []ReplicaStatus {
 	var out []ReplicaStatus
 	for _, r := range e.replicas() {
 		st := ReplicaStatus{RLDev: r.rec.ID, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
-			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next}
+			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
+			Lost: r.lost, Incomplete: r.super.Incomplete}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())
 			st.DegradedRegions = uint64(r.deg.durable.Count())

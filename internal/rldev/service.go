@@ -1168,7 +1168,8 @@ func (s *Service) Status(ctx context.Context, _ *pb.RLDevServiceStatusRequest) (
 		resp.Replicas = append(resp.Replicas, &pb.RLDevReplicaStatus{Rldev: r.RLDev, Segment: uint32(r.Segment), State: r.State,
 			Stale: r.Stale, Primary: r.Primary, DirtyRegions: r.DirtyRegions, DegradedRegions: r.DegradedRegions,
 			Recovering: uint64(r.Recovering), ResyncCopied: r.ResyncCopied, ResyncTotal: r.ResyncTotal,
-			ScrubPasses: r.ScrubPasses, ScrubRepaired: r.ScrubRepaired, ScrubNext: r.ScrubNext, Error: r.Err, Wait: r.Wait, MoveTarget: r.MoveTarget})
+			ScrubPasses: r.ScrubPasses, ScrubRepaired: r.ScrubRepaired, ScrubNext: r.ScrubNext, Error: r.Err, Wait: r.Wait, MoveTarget: r.MoveTarget,
+			Lost: r.Lost, Incomplete: r.Incomplete})
 	}
 	return resp, nil
 }
