@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -14,7 +15,7 @@ import (
 func rldevAcceptCmd() *cobra.Command {
 	var c cli.Client
 	var out cli.Output
-	var lose bool
+	var lose, mixed bool
 	cmd := &cobra.Command{
 		Use:   "accept-stale ID --lose-writes",
 		Short: "Make an RLDev's stale copy the up-to-date one when the other is gone for good",
@@ -27,10 +28,14 @@ as it was before writes acknowledged since), and the other copy, if its node
 returns, is copied whole from it.
 
 The command refuses unless the up-to-date copy's node is dead to the failure
-detector or reports its copy lost (its disk replaced); and unless the stale copy's node is up with its
-segment loaded and not incomplete (a copy formatted blank and never copied
-whole holds nothing). Without --lose-writes it says what it would do and
-exits 2.`,
+detector (the incarnation the table names) or reports its copy lost (its disk
+replaced); unless the stale copy's node is up with its segment loaded and not
+incomplete (a copy formatted blank and never copied whole holds nothing); and
+for a copy a full copy was being written onto (it holds part of each copy's
+history; --mixed takes it anyway). Fencing tokens admitted only by the copy
+given up are forgotten with it: a writer whose lock passed on while the stale
+copy was away may be admitted once more. Without --lose-writes it says what
+it would do and exits 2.`,
 		Example: `  grove rldev list                       # NOTE: "the only up-to-date copy (node 1) is down"
   grove rldev accept-stale 3             # what would be given up
   grove rldev accept-stale 3 --lose-writes`,
@@ -46,15 +51,15 @@ exits 2.`,
 			}
 			ctx, cancel := commandCtx(cmd.Context(), &c)
 			defer cancel()
-			st, _, err := fetchStatus(ctx, &c, op)
-			if err != nil {
-				return err
-			}
 			s, err := openRLDev(ctx, &c, op)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
+			// The table first, then the cluster's status and the nodes':
+			// an up-to-date copy that comes back after they were read
+			// can only serve by a decree that changes the record's epoch,
+			// on which the accept is conditional (outside review 77).
 			t, err := s.clerk.Table(ctx, true)
 			if err != nil {
 				return rldevErr(op, &c, err)
@@ -63,52 +68,26 @@ exits 2.`,
 			if rec == nil {
 				return rldevErr(op, &c, fmt.Errorf("rldev %d: %w", id, rldev.ErrUnknown))
 			}
-			refuse := func(format string, a ...any) error {
-				return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("rldev %d: ", id) + fmt.Sprintf(format, a...), Hint: "grove rldev list shows the RLDev's state"}
-			}
-			switch {
-			case rec.State == rldev.Normal:
-				return refuse("normal: both copies are up to date, nothing to accept")
-			case rec.Move != nil:
-				return refuse("a segment move is in progress: cancel it first (grove rldev move %d --cancel)", id)
+			st, _, err := fetchStatus(ctx, &c, op)
+			if err != nil {
+				return err
 			}
 			stale, up := rec.Secondary(), rec.Primary
 			sNode, uNode := rec.Segs[stale].Node, rec.Segs[up].Node
 			nst := nodeStatuses(ctx, s, t)
-			// The stale copy must be there to serve, and hold something.
-			rs := replicaStatus(nst, sNode, id)
-			switch {
-			case rs == nil:
-				return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: fmt.Sprintf("rldev %d: node %d, which holds the stale copy, does not answer or has not loaded its segment: it must be up to take over", id, sNode)}
-			case rs.Lost || rs.Incomplete:
-				return refuse("node %d's copy is incomplete (formatted blank after its disk was replaced, never copied whole): it holds nothing to accept; the RLDev's data is lost with the other copy", sNode)
-			case rs.State == "failed":
-				return refuse("node %d's copy failed (%s): it must load again first", sNode, rs.Error)
-			}
-			// The up-to-date copy must be gone.
-			gone := ""
-			var ns *pb.NodeStatus
+			v := rldev.AcceptView{Stale: replicaView(replicaStatus(nst, sNode, id)), UpStatus: replicaView(replicaStatus(nst, uNode, id)),
+				StatusCached: st.Stale, Mixed: mixed}
 			for _, n := range st.Nodes {
 				if n.Id == uNode {
-					ns = n
+					v.UpRegistered, v.UpAlive, v.UpInc = true, n.Alive, n.Incarnation
 				}
 			}
-			us := replicaStatus(nst, uNode, id)
+			gone, err := rldev.CheckAccept(rec, v)
 			switch {
-			case ns == nil:
-				gone = fmt.Sprintf("node %d is not registered", uNode)
-			case !ns.Alive:
-				gone = fmt.Sprintf("node %d is dead to the failure detector", uNode)
-			case us != nil && (us.Lost || us.Incomplete):
-				gone = fmt.Sprintf("node %d reports its copy lost (its disk was replaced)", uNode)
-			case us != nil && us.State == "failed":
-				// It loads again every few seconds (a disk error may be
-				// transient) and may serve again.
-				return refuse("node %d reports its copy failed (%s); it loads again now and then and may serve again. If its disk is dead, stop node %d (it is then dead to the failure detector) and run this again", uNode, us.Error, uNode)
-			default:
-				// (A node back with a new incarnation whose copy is not
-				// named yet is here too: its copy, loaded, will serve.)
-				return refuse("node %d's copy is up to date and its node is alive: it may serve again, and accepting node %d's stale copy would give up the writes only it holds. It is accepted only once node %d is dead to the failure detector or reports its copy lost", uNode, sNode, uNode)
+			case errors.Is(err, rldev.ErrAcceptWait):
+				return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: err.Error(), Hint: "grove rldev list shows the RLDev's state", Err: err}
+			case err != nil:
+				return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "grove rldev list shows the RLDev's state", Err: err}
 			}
 			what := fmt.Sprintf("%s; node %d's copy has been stale since it missed a write (epoch %d now): accepting it gives up every write it missed, and node %d's copy, if it returns, is copied whole from it", gone, sNode, rec.Epoch, uNode)
 			if !lose {
@@ -127,7 +106,18 @@ exits 2.`,
 		},
 	}
 	cmd.Flags().BoolVar(&lose, "lose-writes", false, "accept the stale copy, giving up the writes it missed")
+	cmd.Flags().BoolVar(&mixed, "mixed", false, "accept a copy that a full copy was being written onto (it holds part of each copy's history)")
 	c.Register(cmd, cli.DefaultCommandTimeout)
 	out.Register(cmd)
 	return cmd
+}
+
+// replicaView is a node's status of a replica as the rldev package reads
+// it (nil for none).
+func replicaView(r *pb.RLDevReplicaStatus) *rldev.ReplicaStatus {
+	if r == nil {
+		return nil
+	}
+	return &rldev.ReplicaStatus{RLDev: r.Rldev, Segment: int(r.Segment), State: r.State, Stale: r.Stale, Primary: r.Primary,
+		Err: r.Error, Wait: r.Wait, Lost: r.Lost, Incomplete: r.Incomplete, MoveTarget: r.MoveTarget}
 }

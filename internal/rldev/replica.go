@@ -42,7 +42,14 @@ type replica struct {
 	// copied whole, when the peer is not stale too (outside reviews 74
 	// and 75: a blank disk served zeros as up to date; a segment with its
 	// disk intact is up to date after such a resync, and is left alone).
-	loadedStale  bool
+	loadedStale bool
+	// staleSeen: the table said the segment stale at some time since this
+	// life of the replica began (created or loaded again). A blank
+	// segment formatted then holds nothing, even if an operator's
+	// accept-stale declared it up to date while it loaded (outside review
+	// 77: formatted complete, it served zeros as up to date, and its
+	// peer's intact copy was then copied over with them).
+	staleSeen    bool
 	lost         bool // its disk was replaced: stale in fact, until the table says so
 	super        Super
 	superSeq     uint64
@@ -128,7 +135,7 @@ func (s repState) String() string {
 
 // newReplica is segment seg of rec at place (a move's target if target).
 func newReplica(e *Engine, rec *Record, seg int, place Segment, target bool) *replica {
-	return &replica{e: e, rec: rec, seg: seg, disk: place.Disk, base: place.Offset, target: target,
+	return &replica{e: e, rec: rec, seg: seg, disk: place.Disk, base: place.Offset, target: target, staleSeen: rec.Stale[seg],
 		tokens: map[string]lock.Token{}, tokNext: map[string]lock.Token{}, inflight: map[uint64]int{}, touched: map[uint64]bool{},
 		writes: map[*writeOp]bool{}, fwd: map[uint64]*writeOp{}, tfwd: map[uint64]*writeOp{}, pulls: map[uint64]*pullWait{}, copies: map[uint64]*copyChunk{}}
 }
@@ -269,8 +276,12 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		r.blank = true
 		// A stale (or lost) segment formatted now holds nothing: it stays
 		// incomplete, across restarts, until a full copy has run.
-		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale()}
+		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale() || r.staleSeen}
 		r.loadedStale = r.super.Incomplete && r.rec.Stale[r.seg] && !r.target
+		if r.super.Incomplete && !r.rec.Stale[r.seg] && !r.target {
+			r.lost = true
+			out = append(out, r.e.logf(3, "rldev segment blank, stale when it began loading and declared up to date since: it holds nothing and serves nothing", "rldev", r.rec.ID))
+		}
 		r.drl = newPageLog(r, PageDRL, NewBitmap(drlRB, r.rec.Blocks), 0)
 		r.deg = newPageLog(r, PageDegraded, NewBitmap(degRB, r.rec.Blocks), 0)
 		return r.format(env)
@@ -485,12 +496,27 @@ func (r *replica) takeRecord(env Env, rec *Record) []any {
 	r.rec = rec
 	if rec.Stale[r.seg] {
 		r.lost = false // the table says it now
+		r.staleSeen = true
 		if rec.Inc[r.seg] == r.e.cfg.Inc {
 			r.loadedStale = false // of this incarnation: its resync is its own
 		}
 	} else if r.loadedStale {
 		r.lost = true // declared up to date for an earlier incarnation (loadedStale)
+	} else if old.Stale[r.seg] && r.super.Incomplete && rec.State != Normal && !r.target && !r.lost {
+		// Declared up to date other than by a resync's end (which makes
+		// the RLDev normal): an operator's accept-stale. An incomplete
+		// segment holds nothing to serve (outside review 77: it served
+		// zeros as up to date).
+		r.lost = true
+		return append([]any{r.e.logf(3, "rldev segment declared up to date while incomplete (an operator's accept-stale of a copy that holds nothing): it serves nothing", "rldev", rec.ID)},
+			r.takeRecordRest(env, old, rec)...)
 	}
+	return r.takeRecordRest(env, old, rec)
+}
+
+// takeRecordRest is takeRecord once the replica's lost and stale flags
+// follow rec (r.rec); old is the record before.
+func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 	if r.target {
 		return r.targetRecord(env)
 	}
@@ -520,7 +546,7 @@ func (r *replica) takeRecord(env Env, rec *Record) []any {
 	}
 	if old.Stale[r.seg] && !rec.Stale[r.seg] {
 		// Resynced: whole again, and the logs of its past are obsolete.
-		if r.super.Incomplete {
+		if r.super.Incomplete && !r.lost {
 			out = append(out, r.writeSuper(func(s *Super) { s.Incomplete = false }, func(error) []any { return nil })...)
 		}
 		for _, x := range r.drl.durable.List() {
@@ -694,6 +720,7 @@ func (r *replica) retry(env Env) []any {
 		r.reloadHeld = false
 		r.state, r.err, r.failedAt = repLoading, nil, env.Now
 		r.blank, r.dropAgain, r.dropTries = false, false, 0
+		r.staleSeen = r.rec.Stale[r.seg] // (a new life)
 		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv = map[uint64]*writeOp{}, nil
