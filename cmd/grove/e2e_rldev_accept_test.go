@@ -3,9 +3,6 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -25,35 +22,8 @@ import (
 func TestEndToEndRLDevAcceptStaleSIGKILL(t *testing.T) {
 	bin, u, ctx := startCluster(t, 7500)
 	keepLogsOnFailure(t, u, "acceptstale")
-	ep := u.Gateway
-	run := func(stdin []byte, args ...string) ran {
-		t.Helper()
-		full := append(args, "--addr", ep)
-		if stdin == nil {
-			return grove(t, bin, nil, full...)
-		}
-		f := filepath.Join(t.TempDir(), "in")
-		if err := os.WriteFile(f, stdin, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return grove(t, bin, nil, append(full[:len(full):len(full)], f)...)
-	}
-	must := func(r ran) ran {
-		t.Helper()
-		if r.code != 0 {
-			t.Fatalf("exit %d: %s", r.code, r.stderr)
-		}
-		return r
-	}
-	list := func() RLDevListJSON {
-		t.Helper()
-		r := must(run(nil, "rldev", "list", "-o", "json"))
-		var l RLDevListJSON
-		if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
-			t.Fatalf("rldev list -o json: %v\n%s", err, r.stdout)
-		}
-		return l
-	}
+	cl := rldevCLI{t: t, bin: bin, ep: u.Gateway}
+	run, must, list := cl.run, cl.must, cl.list
 	must(run(nil, "rldev", "create", "--size", "16MiB", "--count", "2"))
 	l := list()
 	id, other := l.RLDevs[0].RLDev, l.RLDevs[1].RLDev

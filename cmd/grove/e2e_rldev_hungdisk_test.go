@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,35 +135,8 @@ func TestEndToEndRLDevHungDiskSIGKILL(t *testing.T) {
 	}
 	bin, u, ctx := startCluster(t, 7600)
 	keepLogsOnFailure(t, u, "hungdisk")
-	ep := u.Gateway
-	run := func(stdin []byte, args ...string) ran {
-		t.Helper()
-		full := append(args, "--addr", ep)
-		if stdin == nil {
-			return grove(t, bin, nil, full...)
-		}
-		f := filepath.Join(t.TempDir(), "in")
-		if err := os.WriteFile(f, stdin, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return grove(t, bin, nil, append(full[:len(full):len(full)], f)...)
-	}
-	must := func(r ran) ran {
-		t.Helper()
-		if r.code != 0 {
-			t.Fatalf("exit %d: %s", r.code, r.stderr)
-		}
-		return r
-	}
-	list := func() RLDevListJSON {
-		t.Helper()
-		r := must(run(nil, "rldev", "list", "-o", "json"))
-		var l RLDevListJSON
-		if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
-			t.Fatalf("rldev list -o json: %v\n%s", err, r.stdout)
-		}
-		return l
-	}
+	cl := rldevCLI{t: t, bin: bin, ep: u.Gateway}
+	run, must, list := cl.run, cl.must, cl.list
 
 	// Node 2's disk goes behind the FUSE mount, with a 3 s disk timeout.
 	const victim = 2

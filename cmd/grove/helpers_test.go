@@ -161,3 +161,46 @@ func upMeta(t *testing.T, ctx context.Context, u *bench.UpCluster) *meta.Client 
 	t.Cleanup(mc.Close)
 	return mc
 }
+
+// rldevCLI runs grove commands against one endpoint of a cluster, as an
+// operator's shell does (the real-process RLDev tests).
+type rldevCLI struct {
+	t   *testing.T
+	bin string
+	ep  string
+}
+
+// run runs grove with args and --addr; stdin, if not nil, is written to
+// a file given as the last argument.
+func (c rldevCLI) run(stdin []byte, args ...string) ran {
+	c.t.Helper()
+	full := append(args[:len(args):len(args)], "--addr", c.ep)
+	if stdin == nil {
+		return grove(c.t, c.bin, nil, full...)
+	}
+	f := filepath.Join(c.t.TempDir(), "in")
+	if err := os.WriteFile(f, stdin, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	return grove(c.t, c.bin, nil, append(full, f)...)
+}
+
+// must fails the test unless r exited 0.
+func (c rldevCLI) must(r ran) ran {
+	c.t.Helper()
+	if r.code != 0 {
+		c.t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	return r
+}
+
+// list is `grove rldev list -o json`.
+func (c rldevCLI) list() RLDevListJSON {
+	c.t.Helper()
+	r := c.must(c.run(nil, "rldev", "list", "-o", "json"))
+	var l RLDevListJSON
+	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
+		c.t.Fatalf("rldev list -o json: %v\n%s", err, r.stdout)
+	}
+	return l
+}
