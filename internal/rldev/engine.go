@@ -173,8 +173,8 @@ type Config struct {
 	// secondary's acknowledgement, for as long as it hangs. Failed, each
 	// segment asks to be marked stale, and its peer serves alone. A hung
 	// disk's segments load again only once none of its operations is
-	// older than DiskTimeout (and, as after any failure, none of the
-	// failed replica's own is in progress): an operation may still land.
+	// older than a quarter of DiskTimeout (and, as after any failure, none
+	// of the failed replica's own is in progress: it may still land).
 	DiskTimeout time.Duration
 	// CopyRate bounds the bytes per second this node's resyncs and move
 	// copies send, all together (0: unbounded). Every write waits for
@@ -1259,6 +1259,9 @@ func (e *Engine) Status() []ReplicaStatus {
 		}
 		if r.state == repFailed && (r.reloadHeld || r.busy()) {
 			st.Wait = "an operation of its failed life is still in progress: it loads again once that ends"
+		}
+		if r.state == repFailed && e.diskHung(r.disk) {
+			st.Wait = "its disk is hung: it loads again once the disk answers"
 		}
 		if r.state == repLoading && r.dropAgain {
 			st.Wait = fmt.Sprintf("pages of its segment were still cached after a drop (try %d of %d): it loads once they are gone", r.dropTries, maxDropTries)

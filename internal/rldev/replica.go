@@ -278,7 +278,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		// incomplete, across restarts, until a full copy has run.
 		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale() || r.staleSeen}
 		r.loadedStale = r.super.Incomplete && r.rec.Stale[r.seg] && !r.target
-		if r.super.Incomplete && !r.rec.Stale[r.seg] && !r.target {
+		if r.super.Incomplete && !r.rec.Stale[r.seg] && !r.target && !r.lost {
 			r.lost = true
 			out = append(out, r.e.logf(3, "rldev segment blank, stale when it began loading and declared up to date since: it holds nothing and serves nothing", "rldev", r.rec.ID))
 		}
