@@ -119,7 +119,8 @@ type rsim struct {
 	origin         map[uint64][2]Segment
 	// acks: when each RLDev's writes were acknowledged (the hung-disk
 	// test's availability check).
-	acks map[uint64][]time.Duration
+	acks  map[uint64][]time.Duration
+	hangs int // disks hung by the random faults (the as-run stream)
 }
 
 type reqKey struct {
@@ -966,6 +967,16 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 			case r < 16 && !opts.quiet:
 				// Bit rot in a random block of a segment on the node.
 				s.rot(rn)
+			case r < 17 && !opts.quiet && s.opts.linkLag && w.Rand.Intn(3) == 0:
+				// As run: a disk that stops answering for a while, past
+				// the engines' disk timeout or not (Config.DiskTimeout).
+				idx := uint32(w.Rand.Intn(len(rn.devs)))
+				d := w.Between(simDiskTimeout/2, simDiskTimeout+3*time.Second)
+				s.o.logf("DISK HANG node %d disk %d for %v", rn.id, idx, d)
+				rn.hungUntil[idx] = max(rn.hungUntil[idx], w.Now()+d)
+				s.o.failing[rn.id] = true
+				s.hangs++
+				w.After(d+2*time.Second, func() { delete(s.o.failing, rn.id) })
 			case r < 17 && !opts.quiet:
 				dev := rn.devs[uint32(w.Rand.Intn(len(rn.devs)))]
 				if s.opts.syncLoses && w.Rand.Intn(2) == 0 {
@@ -1632,18 +1643,29 @@ var simSuspect = os.Getenv("GROVE_RLDEV_SUSPECT") != ""
 // replica's first load syncs and drops its pages, and syncs fail losing
 // their writes (still readable until dropped), a fenced engine's among
 // them; and the two ends of a new session learn it is up up to a second
-// apart (linkLag). Seeds from 5001 (GROVE_SEEDS, GROVE_SEED_BASE as for
+// apart (linkLag); and, since 2026-11-30, one disk fault in three is a
+// disk that stops answering for 2-7 s, past the engines' 4 s disk
+// timeout or not. Seeds from 5001 (GROVE_SEEDS, GROVE_SEED_BASE as for
 // the others).
 func TestRLDevSimulationAsRun(t *testing.T) {
 	if os.Getenv("GROVE_SEED_BASE") == "" && os.Getenv("GROVE_SEED") == "" {
 		t.Setenv("GROVE_SEED_BASE", "5001")
 	}
-	for _, seed := range sim.Seeds(t, 40) {
+	var hangs, found uint64
+	seeds := sim.Seeds(t, 40)
+	for _, seed := range seeds {
 		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true, linkLag: true, slowCopies: true})
 		if len(s.o.fails) > 0 {
 			reportRSim(t, "TestRLDevSimulationAsRun", seed, s)
 		}
+		hangs += uint64(s.hangs)
+		for _, rn := range s.n {
+			if rn.e != nil {
+				found += rn.e.Stats().DiskHangs
+			}
+		}
 	}
+	t.Logf("%d seeds: %d disks hung by the faults, %d found hung by the last engines", len(seeds), hangs, found)
 }
 
 // simMaxDecreesPerSecond bounds the decrees of a simulation's busiest
