@@ -18,8 +18,15 @@ import (
 
 // simHang is how long the hung-disk script's disk hangs: well past the
 // disk timeout, so that the window it leaves after detection shows
-// whether writes flow again.
-const simHang = simDiskTimeout + 6*time.Second
+// whether writes flow again, even when the decree that marks the hung
+// segments stale is lost twice (each loss costs the config service's
+// call timeout, 3 s: seed 8244 lost two and had 10 s of hang).
+const simHang = simDiskTimeout + 12*time.Second
+
+// simHangSlack is how long after the disk timeout writes may still wait:
+// detection (a retry tick), the decree (lost twice, 6 s), the clients'
+// retries.
+const simHangSlack = 8 * time.Second
 
 // hungDisk is what the hung-disk script did.
 type hungDisk struct {
@@ -73,11 +80,10 @@ func hangScript(s *rsim, h *hungDisk) {
 }
 
 // checkHangAvailability: every RLDev with a segment on the hung disk
-// acknowledged writes in the last seconds of the hang, from 3 s after
-// the disk timeout on (detection every RetryEvery, a decree, the clients'
-// retries).
+// acknowledged writes in the last seconds of the hang, from simHangSlack
+// after the disk timeout on.
 func checkHangAvailability(s *rsim, h *hungDisk) {
-	from := h.from + hangTimeout(s.opts.diskTimeout) + 3*time.Second
+	from := h.from + hangTimeout(s.opts.diskTimeout) + simHangSlack
 	for _, id := range h.ids {
 		n := 0
 		for _, at := range s.acks[id] {
