@@ -111,6 +111,14 @@ func TestReview77AcceptWhileStaleCopyLoadsBlankDisk(t *testing.T) {
 	h.tickUntil(60*time.Second, func() bool { return h.rec(id).State == Normal })
 	ra := h.rvRead(a.id, id, 20, 1)
 	t.Logf("a back: record %+v; block 20 at a: %x... (%v)", h.rec(id), ra.Data[:min(2, len(ra.Data))], ra.Err)
+	// Fixed: b holds nothing and serves nothing, and nothing is copied
+	// from it over a's intact copy (the RLDev waits for an operator).
+	if rp.Err == nil || !rb.lost {
+		t.Errorf("the accepted blank copy serves (lost %v): %x... %v", rb.lost, rp.Data[:min(2, len(rp.Data))], rp.Err)
+	}
+	if h.rec(id).State == Normal {
+		t.Errorf("the RLDev is normal again: a's intact copy was copied over from a blank one")
+	}
 	if rp.Err == nil && !bytes.Equal(rp.Data, pattern(2, 1)) {
 		t.Fatalf("DEFECT: a blank stale segment (disk replaced, still loading when the CLI checked it) was accepted as up to date: block 20, written on both copies long before, reads %x... at b (want %x...), and a's intact copy is then overwritten with it (a reads %x...)",
 			rp.Data[:2], pattern(2, 1)[:2], ra.Data[:min(2, len(ra.Data))])
