@@ -158,9 +158,12 @@ type RLDevRecord struct {
 	// and a peer's dead verdict degrades the RLDev only if it is about that
 	// incarnation: a verdict on a past life cannot take a segment from a
 	// process that already serves it.
-	ServingInc    []uint64        `protobuf:"varint,12,rep,packed,name=serving_inc,json=servingInc,proto3" json:"serving_inc,omitempty"`
-	Move          *RLDevMove      `protobuf:"bytes,13,opt,name=move,proto3" json:"move,omitempty"`         // a segment move in progress
-	Retiring      []*RLDevSegment `protobuf:"bytes,14,rep,name=retiring,proto3" json:"retiring,omitempty"` // extents to wipe and free (their node removes them)
+	ServingInc []uint64        `protobuf:"varint,12,rep,packed,name=serving_inc,json=servingInc,proto3" json:"serving_inc,omitempty"`
+	Move       *RLDevMove      `protobuf:"bytes,13,opt,name=move,proto3" json:"move,omitempty"`         // a segment move in progress
+	Retiring   []*RLDevSegment `protobuf:"bytes,14,rep,name=retiring,proto3" json:"retiring,omitempty"` // extents to wipe and free (their node removes them)
+	// The epoch of the last operator's accept-stale (0: none): the stale
+	// copy it declared up to date was not resynced (internal/rldev/accept.go).
+	AcceptedEpoch uint64 `protobuf:"varint,15,opt,name=accepted_epoch,json=acceptedEpoch,proto3" json:"accepted_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -291,6 +294,13 @@ func (x *RLDevRecord) GetRetiring() []*RLDevSegment {
 		return x.Retiring
 	}
 	return nil
+}
+
+func (x *RLDevRecord) GetAcceptedEpoch() uint64 {
+	if x != nil {
+		return x.AcceptedEpoch
+	}
+	return 0
 }
 
 // RLDevMove is a segment move in progress (internal/rldev/move.go).
@@ -1913,7 +1923,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xd2\x03\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf9\x03\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -1930,7 +1940,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\vserving_inc\x18\f \x03(\x04R\n" +
 	"servingInc\x12'\n" +
 	"\x04move\x18\r \x01(\v2\x13.grove.v1.RLDevMoveR\x04move\x122\n" +
-	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\"\x84\x01\n" +
+	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\x12%\n" +
+	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\"\x84\x01\n" +
 	"\tRLDevMove\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +

@@ -133,6 +133,7 @@ func (t *Table) AcceptStale(id uint64, epoch uint64) (*Record, error) {
 	nr.Primary, nr.State, nr.FullCopy = seg, Degraded, true
 	nr.Progress, nr.ProgressTotal = 0, 0
 	nr.Epoch++
+	nr.AcceptedEpoch = nr.Epoch
 	return nr, nr.Check()
 }
 

@@ -502,9 +502,10 @@ func (r *replica) takeRecord(env Env, rec *Record) []any {
 		}
 	} else if r.loadedStale {
 		r.lost = true // declared up to date for an earlier incarnation (loadedStale)
-	} else if old.Stale[r.seg] && r.super.Incomplete && rec.State != Normal && !r.target && !r.lost {
-		// Declared up to date other than by a resync's end (which makes
-		// the RLDev normal): an operator's accept-stale. An incomplete
+	} else if old.Stale[r.seg] && rec.AcceptedEpoch > old.Epoch && r.super.Incomplete && !r.target && !r.lost {
+		// Declared up to date by an operator's accept-stale since the
+		// record this replica last saw (not by a resync's end, whose
+		// table it may have missed: outside review 78). An incomplete
 		// segment holds nothing to serve (outside review 77: it served
 		// zeros as up to date).
 		r.lost = true

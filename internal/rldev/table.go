@@ -75,6 +75,12 @@ type Record struct {
 	// decree: nothing else is placed there before no write of their past
 	// can land.
 	Retiring []Segment
+	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
+	// none): a replica that was stale before it and is up to date after
+	// was declared so by an operator, not resynced (accept.go). A state
+	// alone cannot tell the two apart: an engine may miss the table of a
+	// resync's end (outside review 78).
+	AcceptedEpoch uint64
 }
 
 // MaxRetiring bounds Record.Retiring: a move is refused while an RLDev has
@@ -269,7 +275,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 		return nil, fmt.Errorf("%d segments, %d stale flags, %d serving incarnations: want 2", len(m.Segments), len(m.Stale), len(m.ServingInc))
 	}
 	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
-		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy}
+		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch}
 	for i, s := range m.Segments {
 		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
 		r.Stale[i] = m.Stale[i]
@@ -294,7 +300,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 func (r *Record) PB() *pb.RLDevRecord {
 	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
-		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}}
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch}
 	for _, s := range r.Segs {
 		m.Segments = append(m.Segments, segPB(s))
 	}
