@@ -1753,8 +1753,12 @@ type RLDevReplicaStatus struct {
 	// it stale (its disk was replaced, or it was formatted blank while stale
 	// and never copied whole); incomplete: its superblock says so (formatted
 	// blank, never copied whole since).
-	Lost          bool `protobuf:"varint,17,opt,name=lost,proto3" json:"lost,omitempty"`
-	Incomplete    bool `protobuf:"varint,18,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	Lost       bool `protobuf:"varint,17,opt,name=lost,proto3" json:"lost,omitempty"`
+	Incomplete bool `protobuf:"varint,18,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	// overwritten: a full copy from the peer began writing onto this stale
+	// copy and has not ended: it holds parts of two histories (accept-stale
+	// refuses it without --mixed).
+	Overwritten   bool `protobuf:"varint,19,opt,name=overwritten,proto3" json:"overwritten,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1915,6 +1919,13 @@ func (x *RLDevReplicaStatus) GetIncomplete() bool {
 	return false
 }
 
+func (x *RLDevReplicaStatus) GetOverwritten() bool {
+	if x != nil {
+		return x.Overwritten
+	}
+	return false
+}
+
 var File_grovepb_rldev_proto protoreflect.FileDescriptor
 
 const file_grovepb_rldev_proto_rawDesc = "" +
@@ -2044,7 +2055,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x1aRLDevServiceStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x128\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xaa\x04\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xcc\x04\n" +
 	"\x12RLDevReplicaStatus\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x18\n" +
 	"\asegment\x18\x02 \x01(\rR\asegment\x12\x14\n" +
@@ -2070,7 +2081,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x04lost\x18\x11 \x01(\bR\x04lost\x12\x1e\n" +
 	"\n" +
 	"incomplete\x18\x12 \x01(\bR\n" +
-	"incomplete*v\n" +
+	"incomplete\x12 \n" +
+	"\voverwritten\x18\x13 \x01(\bR\voverwritten*v\n" +
 	"\n" +
 	"RldevState\x12\x1b\n" +
 	"\x17RLDEV_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

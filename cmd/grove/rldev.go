@@ -226,8 +226,9 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 		seg := func(i int) (string, map[string]any) {
 			sg := r.Segs[i]
 			txt := strconv.FormatUint(sg.Node, 10)
-			lost := false
-			if rs := replicaStatus(st, sg.Node, id); rs != nil && rs.Lost && !r.Stale[i] {
+			lost, mixed := false, false
+			rs := replicaStatus(st, sg.Node, id)
+			if rs != nil && rs.Lost && !r.Stale[i] {
 				// Its node knows it holds nothing, though no decree could
 				// say so (its peer is stale too): not up to date.
 				lost = true
@@ -235,8 +236,14 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 			}
 			if r.Stale[i] {
 				txt += " (stale)"
+				if rs != nil && rs.Overwritten && !rs.Lost && !rs.Incomplete {
+					// A full copy onto it began and did not end: part of
+					// each history (accept-stale wants --mixed).
+					mixed = true
+					txt += " (part-copied)"
+				}
 			}
-			return txt, map[string]any{"node": sg.Node, "disk": sg.Disk, "offset": sg.Offset, "stale": r.Stale[i], "lost": lost, "incarnation": r.Inc[i]}
+			return txt, map[string]any{"node": sg.Node, "disk": sg.Disk, "offset": sg.Offset, "stale": r.Stale[i], "lost": lost, "part_copied": mixed, "incarnation": r.Inc[i]}
 		}
 		pt, pj := seg(r.Primary)
 		stt, sj := seg(1 - r.Primary)

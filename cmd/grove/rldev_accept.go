@@ -119,5 +119,5 @@ func replicaView(r *pb.RLDevReplicaStatus) *rldev.ReplicaStatus {
 		return nil
 	}
 	return &rldev.ReplicaStatus{RLDev: r.Rldev, Segment: int(r.Segment), State: r.State, Stale: r.Stale, Primary: r.Primary,
-		Err: r.Error, Wait: r.Wait, Lost: r.Lost, Incomplete: r.Incomplete, MoveTarget: r.MoveTarget}
+		Err: r.Error, Wait: r.Wait, Lost: r.Lost, Incomplete: r.Incomplete, Overwritten: r.Overwritten, MoveTarget: r.MoveTarget}
 }

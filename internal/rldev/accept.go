@@ -83,6 +83,8 @@ func CheckAccept(rec *Record, v AcceptView) (gone string, err error) {
 	switch st := v.Stale; {
 	case rec.State == Resyncing && rec.FullCopy && !v.Mixed:
 		return "", fmt.Errorf("%w: a full copy onto node %d's copy was under way: it holds part of node %d's history and part of its own (writes given up before may resurface next to later ones); --mixed accepts it anyway", ErrAccept, sNode, uNode)
+	case st != nil && st.Overwritten && !v.Mixed && !st.Lost && !st.Incomplete:
+		return "", fmt.Errorf("%w: a full copy onto node %d's copy began and did not end: it holds part of node %d's history and part of its own (writes given up before may resurface next to later ones); --mixed accepts it anyway", ErrAccept, sNode, uNode)
 	case st == nil:
 		return "", fmt.Errorf("%w: node %d, which holds the stale copy, does not answer or has not loaded its segment: it must be up to take over", ErrAcceptWait, sNode)
 	case st.Lost || st.Incomplete:
@@ -101,6 +103,14 @@ func CheckAccept(rec *Record, v AcceptView) (gone string, err error) {
 		return "", fmt.Errorf("%w: node %d reports its copy failed (%s); it loads again now and then and may serve again. If its disk is dead, stop node %d (it is then dead to the failure detector) and run this again", ErrAccept, uNode, us.Err, uNode)
 	case us != nil:
 		return "", fmt.Errorf("%w: node %d answers with its copy (%s): it may serve again, and accepting node %d's stale copy would give up the writes only it holds", ErrAccept, uNode, us.State, sNode)
+	case v.UpRegistered && !v.UpAlive && v.UpInc > rec.Inc[up]:
+		// Its last incarnation died before the table named it (outside
+		// review 80: its disk hung while it loaded, and it was powered
+		// off): it never served, and the one the table names ended when
+		// it registered. One named later changes the epoch, on which the
+		// accept is conditional. (An incarnation below the table's is a
+		// verdict of the past: the table was read first, review 77.)
+		return fmt.Sprintf("node %d is dead to the failure detector (incarnation %d, never named; the table names %d, which it replaced)", uNode, v.UpInc, rec.Inc[up]), nil
 	case v.UpRegistered && v.UpInc != rec.Inc[up]:
 		return "", fmt.Errorf("%w: node %d runs incarnation %d, not the %d the table names: its copy will serve once loaded (if its disk was replaced, it reports it lost)", ErrAccept, uNode, v.UpInc, rec.Inc[up])
 	case v.UpRegistered && !v.UpAlive:

@@ -39,12 +39,14 @@ type writeOp struct {
 	peerAcked bool
 	seq       uint64
 	sentAt    time.Time
+	resends   int // times sent again in this epoch (resend)
 
 	// Likewise to a move's target (move.go).
-	tEpoch  uint64
-	tAcked  bool
-	tSeq    uint64
-	tSentAt time.Time
+	tEpoch   uint64
+	tAcked   bool
+	tSeq     uint64
+	tSentAt  time.Time
+	tResends int
 
 	done bool
 	// A write that ends while its local disk write is still in flight
@@ -236,10 +238,47 @@ func (w *writeOp) progress(env Env) []any {
 
 // forward sends the write to the peer in the current epoch.
 func (w *writeOp) forward(env Env) []any {
-	r := w.r
+	w.dropForward()
+	w.resends = 0
+	return w.sendForward(env)
+}
+
+// resend sends the write to the peer again, in the same epoch, its last
+// forward unanswered for resendAfter: the session to the peer, or the
+// answer's, may have lost it. Only the last forward's answer counts: the
+// peer takes a node's messages in the order sent and their ranges in
+// order of arrival, so once the last is answered every earlier copy has
+// been written there or lost, and none can land later, over a write that
+// reached the peer another way (WriteReplica, outside review 79: an
+// earlier copy's answer counted, and the last copy, slow on the link,
+// landed over a client's later WriteReplica). A peer whose disk is
+// behind answers the copies it receives while it writes the first with
+// the first (onForward), so the last one's answer is not later for it.
+func (w *writeOp) resend(env Env) []any {
+	w.dropForward()
+	w.resends++
+	w.r.e.stats.Resends++
+	return w.sendForward(env)
+}
+
+// resendAfter is how long a forward sent again n times waits for its
+// answer before it is sent again: RetryEvery, doubling with each resend up
+// to 8 times that, so that a peer behind its disk is not sent each write
+// more and more often.
+func resendAfter(every time.Duration, n int) time.Duration {
+	return every << min(n, 3)
+}
+
+// dropForward forgets the write's forward to the peer.
+func (w *writeOp) dropForward() {
 	if w.seq != 0 {
-		delete(r.fwd, w.seq)
+		delete(w.r.fwd, w.seq)
+		w.seq = 0
 	}
+}
+
+func (w *writeOp) sendForward(env Env) []any {
+	r := w.r
 	w.seq = r.nextSeq()
 	w.peerEpoch, w.peerAcked, w.sentAt = r.rec.Epoch, false, env.Now
 	r.fwd[w.seq] = w
@@ -299,12 +338,8 @@ func (w *writeOp) finish(err error) []any {
 	w.done = true
 	r := w.r
 	delete(r.writes, w)
-	if w.seq != 0 {
-		delete(r.fwd, w.seq)
-	}
-	if w.tSeq != 0 {
-		delete(r.tfwd, w.tSeq)
-	}
+	w.dropForward()
+	w.dropTargetForward()
 	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
 		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
 	}
@@ -337,6 +372,20 @@ func (w *writeOp) release() []any {
 	return r.locks.release(lk)
 }
 
+// fwdKey names a forwarded write (its generation is the writer's own,
+// taken once per write) from a node.
+type fwdKey struct {
+	from          NodeID
+	gen, block, n uint64
+}
+
+// fwdDup is a forward being written: the seqs of its copies sent again
+// meanwhile, answered with it.
+type fwdDup struct {
+	epoch uint64
+	seqs  []uint64
+}
+
 // onForward applies a write forwarded by the replica that orders writes
 // (the primary; a resync's source to its target), in that replica's epoch.
 func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
@@ -366,6 +415,33 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 	n := uint64(len(m.Data)) / BlockSize
 	if len(m.Data)%BlockSize != 0 || n == 0 || r.checkRange(m.Block, n) != nil {
 		return ack(BadRequest)
+	}
+	// A forward sent again while the first is being written here (this
+	// disk answers more slowly than the sender's RetryEvery) waits for
+	// it: the same write (data, generation, fence) in the same epoch,
+	// answered with it. Written again, each copy would queue one more
+	// write on a disk already behind, and the sender send it again still
+	// more (outside the review: an overloaded secondary).
+	k := fwdKey{from: from, gen: m.Gen, block: m.Block, n: n}
+	if d := r.fwdIn[k]; d != nil && d.epoch == rec.Epoch {
+		d.seqs = append(d.seqs, m.Seq)
+		r.e.stats.Duplicates++
+		return nil
+	}
+	dup := &fwdDup{epoch: rec.Epoch}
+	if r.fwdIn == nil {
+		r.fwdIn = map[fwdKey]*fwdDup{}
+	}
+	r.fwdIn[k] = dup
+	ack = func(c Code) []any {
+		if r.fwdIn[k] == dup {
+			delete(r.fwdIn, k)
+		}
+		out := []any{Send{To: from, Msg: Ack{RLDev: m.RLDev, Seq: m.Seq, Code: c, Epoch: r.rec.Epoch}}}
+		for _, seq := range dup.seqs {
+			out = append(out, Send{To: from, Msg: Ack{RLDev: m.RLDev, Seq: seq, Code: c, Epoch: r.rec.Epoch}})
+		}
+		return out
 	}
 	var out []any
 	// A move's target mirrors the primary, which judged the write's

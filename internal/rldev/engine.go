@@ -166,15 +166,30 @@ type Config struct {
 	ScrubBlocks uint64
 	// DiskTimeout is how long a disk operation may stay unanswered before
 	// the disk counts as hung and every segment on it fails (default 20
-	// s; negative: never). Why: a disk that stops answering -- a sync that
-	// never returns, a device whose commands the kernel keeps retrying --
-	// leaves its node alive to the failure detector, and every write of
-	// its RLDevs waits for it, on the primary's own disk or for the
-	// secondary's acknowledgement, for as long as it hangs. Failed, each
-	// segment asks to be marked stale, and its peer serves alone. A hung
-	// disk's segments load again only once none of its operations is
-	// older than a quarter of DiskTimeout (and, as after any failure, none
-	// of the failed replica's own is in progress: it may still land).
+	// s; negative: never): a sync unanswered for DiskTimeout; any other
+	// operation unanswered for DiskTimeout while nothing of the disk was
+	// answered meanwhile, or for DiskTimeout×StuckFactor whatever the
+	// rest of the disk does. Why: a disk that stops answering -- a sync
+	// that never returns, a device whose commands the kernel keeps
+	// retrying -- leaves its node alive to the failure detector, and
+	// every write of its RLDevs waits for it, on the primary's own disk
+	// or for the secondary's acknowledgement, for as long as it hangs.
+	// Failed, each segment asks to be marked stale, and its peer serves
+	// alone. A hung disk's segments load again only once none of its
+	// operations is older than a quarter of DiskTimeout (and, as after
+	// any failure, none of the failed replica's own is in progress: it
+	// may still land).
+	//
+	// Why the disk's progress counts: an operation's age includes its
+	// wait in the node's disk queue, and a disk that is only overloaded
+	// (a deep queue of large writes on a slow disk, a resync beside its
+	// clients) answers all the while; failing it would have every segment
+	// of it copied whole, more load on a disk already short of it. Why a
+	// sync counts alone: buffered writes and reads of cached pages are
+	// answered by the page cache while the device answers nothing, and
+	// the engine has one sync in flight per disk, so a sync's age is the
+	// device's own (outside review 79: a sync that never returned was
+	// found only at StuckFactor timeouts, and syncs of 45 s each never).
 	DiskTimeout time.Duration
 	// CopyRate bounds the bytes per second this node's resyncs and move
 	// copies send, all together (0: unbounded). Every write waits for
@@ -240,6 +255,14 @@ func (c *Config) defaults() {
 // while leaving a loaded disk's slow syncs (seconds at worst, seen here)
 // well inside it.
 const DefaultDiskTimeout = 20 * time.Second
+
+// StuckFactor: an operation unanswered for DiskTimeout×StuckFactor makes
+// its disk hung even while the disk's other operations are answered (a
+// sector whose reads the device retries for ever holds one worker, and
+// the RLDev request waiting on it, while the other workers go on). An
+// overloaded disk's queue wait stays below it: at 60 s by default, a
+// thousand 1 MiB writes queued on a 20 MB/s disk.
+const StuckFactor = 3
 
 // Engine is one node incarnation's RLDev service: every local replica,
 // their data paths, logs and recovery, and the decrees they need. It
@@ -320,6 +343,10 @@ type Stats struct {
 	DiskHangs                                                    uint64 // disks found hung (an operation unanswered for DiskTimeout)
 	CorruptFound                                                 uint64
 	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64
+	// Resends: forwards sent again, unanswered for a while (resend);
+	// Duplicates: forwards received while the same write was being
+	// written here, answered with it rather than written again.
+	Resends, Duplicates uint64
 }
 
 type diskState struct {
@@ -344,15 +371,20 @@ type diskState struct {
 	// load drops its segment's cached pages (replica.dropCache).
 	suspect bool
 	// hung: an operation of the disk has been in progress for
-	// Config.DiskTimeout: its segments failed, and none loads again until
-	// no operation of the disk is that old (watchDisks).
+	// Config.DiskTimeout with none answered meanwhile, or for StuckFactor
+	// times that: its segments failed, and none loads again until no
+	// operation of the disk is a quarter of the timeout old (watchDisks).
 	hung bool
+	// answered: when an operation of the disk was last answered (zero:
+	// never, by this engine).
+	answered time.Time
 }
 
 // issuedOp is a disk operation in progress (Engine.issued).
 type issuedOp struct {
 	disk uint32
 	at   time.Time
+	sync bool
 }
 
 type request struct {
@@ -448,6 +480,7 @@ func (e *Engine) maybeSync(d *diskState) []any {
 	batch := d.waiting
 	d.waiting = nil
 	e.issue(d.idx)
+	e.issued[e.nextOp] = issuedOp{disk: d.idx, at: e.env.Now, sync: true}
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		d.syncing = false
 		if err != nil {
@@ -478,23 +511,31 @@ func (e *Engine) issue(disk uint32) {
 }
 
 // watchDisks fails the segments of a disk one of whose operations has
-// been in progress for Config.DiskTimeout (see there), and counts the
-// disk answering again once none is that old.
+// been in progress for Config.DiskTimeout while the disk answered nothing,
+// or for StuckFactor times that (see Config.DiskTimeout), and counts the
+// disk answering again once none is a quarter of the timeout old.
 func (e *Engine) watchDisks(env Env) []any {
 	if e.cfg.DiskTimeout < 0 {
 		return nil
 	}
-	oldest := map[uint32]time.Time{}
+	oldest, oldestSync := map[uint32]time.Time{}, map[uint32]time.Time{}
 	for _, op := range e.issued {
 		if t, ok := oldest[op.disk]; !ok || op.at.Before(t) {
 			oldest[op.disk] = op.at
+		}
+		if t, ok := oldestSync[op.disk]; op.sync && (!ok || op.at.Before(t)) {
+			oldestSync[op.disk] = op.at
 		}
 	}
 	var out []any
 	for _, k := range e.diskIx {
 		d := e.disks[k]
 		t, busy := oldest[k]
-		stuck := busy && env.Now.Sub(t) >= e.cfg.DiskTimeout
+		age := env.Now.Sub(t)
+		silent := d.answered.IsZero() || env.Now.Sub(d.answered) >= e.cfg.DiskTimeout
+		ts, syncing := oldestSync[k]
+		syncStuck := syncing && env.Now.Sub(ts) >= e.cfg.DiskTimeout
+		stuck := busy && age >= e.cfg.DiskTimeout && (silent || syncStuck || age >= StuckFactor*e.cfg.DiskTimeout)
 		// It answers again once nothing of it is older than a quarter of
 		// the timeout: a disk back from a hang drains its backlog in
 		// moments, and one that answers now and then, slowly, stays hung
@@ -504,8 +545,15 @@ func (e *Engine) watchDisks(env Env) []any {
 		case stuck && !d.hung:
 			d.hung = true
 			e.stats.DiskHangs++
-			err := fmt.Errorf("%w: disk %d (%s) has left an operation unanswered for %v (disk timeout %v)", ErrDiskHung, k, d.path, env.Now.Sub(t).Round(time.Millisecond), e.cfg.DiskTimeout)
-			out = append(out, e.logf(3, "rldev disk hung: failing its segments; they load again once it answers", "disk", k, "path", d.path, "unanswered_for", env.Now.Sub(t).Round(time.Millisecond)))
+			what := "answering nothing meanwhile"
+			switch {
+			case syncStuck && !silent:
+				age, what = env.Now.Sub(ts), "a sync (writes and reads of the page cache were answered)"
+			case !silent:
+				what = fmt.Sprintf("%d times the disk timeout, though other operations were answered", StuckFactor)
+			}
+			err := fmt.Errorf("%w: disk %d (%s) has left an operation unanswered for %v, %s (disk timeout %v)", ErrDiskHung, k, d.path, age.Round(time.Millisecond), what, e.cfg.DiskTimeout)
+			out = append(out, e.logf(3, "rldev disk hung: failing its segments; they load again once it answers", "disk", k, "path", d.path, "unanswered_for", age.Round(time.Millisecond), "answering_others", !silent))
 			for _, r := range e.replicas() {
 				if r.disk == k {
 					out = append(out, r.fail(err)...)
@@ -539,7 +587,7 @@ func (e *Engine) diskHung(idx uint32) bool {
 // DiskDone delivers a disk operation's completion.
 func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
 	e.env = env
-	delete(e.issued, op)
+	e.answered(op)
 	fn := e.ops[op]
 	if fn == nil {
 		return nil
@@ -552,13 +600,23 @@ func (e *Engine) DiskDone(env Env, op OpID, data []byte, err error) []any {
 // set): what ReadRun returned.
 func (e *Engine) RunDone(env Env, op OpID, res RunData, err error) []any {
 	e.env = env
-	delete(e.issued, op)
+	e.answered(op)
 	fn := e.runs[op]
 	if fn == nil {
 		return nil
 	}
 	delete(e.runs, op)
 	return append(fn(res, err), e.decide(env)...)
+}
+
+// answered notes that disk operation op has been answered (watchDisks).
+func (e *Engine) answered(op OpID) {
+	if x, ok := e.issued[op]; ok {
+		if d := e.disks[x.disk]; d != nil {
+			d.answered = e.env.Now
+		}
+		delete(e.issued, op)
+	}
 }
 
 // ------------------------------------------------------------------ table
@@ -1233,8 +1291,9 @@ type ReplicaStatus struct {
 	// Lost: the replica holds nothing to serve, whatever the table says
 	// (its disk was replaced, or its segment is incomplete); Incomplete:
 	// its superblock says it was formatted blank and not copied whole
-	// since (grove rldev accept-stale refuses such a copy).
-	Lost, Incomplete bool
+	// since (grove rldev accept-stale refuses such a copy); Overwritten:
+	// a full copy began writing onto it (Super.Overwritten).
+	Lost, Incomplete, Overwritten bool
 }
 
 // Status describes the engine's replicas, by RLDev.
@@ -1243,7 +1302,7 @@ func (e *Engine) Status() []ReplicaStatus {
 	for _, r := range e.replicas() {
 		st := ReplicaStatus{RLDev: r.rec.ID, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
 			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
-			Lost: r.lost, Incomplete: r.super.Incomplete}
+			Lost: r.lost, Incomplete: r.super.Incomplete, Overwritten: r.super.Overwritten}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())
 			st.DegradedRegions = uint64(r.deg.durable.Count())

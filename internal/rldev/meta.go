@@ -108,32 +108,77 @@ func decodeBitmap(p []byte, regionBlocks, blocks uint64) (Bitmap, error) {
 // was formatted as a stale replica, or lost with its disk: only a full
 // copy makes it whole, whatever the degraded-mode log says; kept across
 // restarts until a resync completes).
+//
+// TargetInc: the segment was formatted as a move's target by this
+// incarnation of its node (0: not a target), and is incomplete until the
+// move switches to it. The switch names the target's incarnation that
+// received the whole copy (Move.Inc), so a later incarnation that finds
+// its segment incomplete with TargetInc the one the table names holds the
+// whole copy: that target died between the copy's end and the switch,
+// before it could mark the segment complete itself (promote). Without it
+// such a segment counted as lost, and a fault of its peer then left the
+// RLDev nothing to serve (simulator seed 2000316).
+//
+// Overwritten: a full copy from the peer began writing onto this stale
+// segment, which held writes of its own (a copy given up by an accept):
+// until the copy ends it holds parts of two histories, writes the accept
+// gave up beside the accepted copy's later ones, and grove rldev
+// accept-stale refuses it without --mixed (outside review 80: the copy
+// stopped, the RLDev back to degraded, nothing else said so).
+//
+// On disk, little-endian: RLDev, Blocks, GenFloor (8 bytes each), then
+// Incomplete and Overwritten (1 byte each: 0 or 1), 6 zero bytes;
+// TargetInc (8 bytes) follows only when not 0, so that a build before it
+// reads every segment without it. A build before Overwritten refuses a
+// superblock that has it (a cluster's nodes run one version).
 type Super struct {
-	RLDev      uint64
-	Blocks     uint64
-	GenFloor   uint64
-	Incomplete bool
+	RLDev       uint64
+	Blocks      uint64
+	GenFloor    uint64
+	Incomplete  bool
+	Overwritten bool
+	TargetInc   uint64
 }
 
-const superLen = 32
+const (
+	superLen       = 32
+	superTargetLen = 40 // with TargetInc
+)
 
 func encodeSuper(s Super) []byte {
-	p := make([]byte, superLen)
+	n := superLen
+	if s.TargetInc != 0 {
+		n = superTargetLen
+	}
+	p := make([]byte, n)
 	binary.LittleEndian.PutUint64(p[0:], s.RLDev)
 	binary.LittleEndian.PutUint64(p[8:], s.Blocks)
 	binary.LittleEndian.PutUint64(p[16:], s.GenFloor)
 	if s.Incomplete {
 		p[24] = 1
 	}
+	if s.Overwritten {
+		p[25] = 1
+	}
+	if s.TargetInc != 0 {
+		binary.LittleEndian.PutUint64(p[32:], s.TargetInc)
+	}
 	return p
 }
 
 func decodeSuper(p []byte) (Super, error) {
-	if len(p) != superLen || p[24] > 1 || !allZero(p[25:]) {
+	if (len(p) != superLen && len(p) != superTargetLen) || p[24] > 1 || p[25] > 1 || !allZero(p[26:32]) {
 		return Super{}, fmt.Errorf("rldev: superblock of %d bytes does not decode", len(p))
 	}
-	return Super{RLDev: binary.LittleEndian.Uint64(p[0:]), Blocks: binary.LittleEndian.Uint64(p[8:]),
-		GenFloor: binary.LittleEndian.Uint64(p[16:]), Incomplete: p[24] == 1}, nil
+	s := Super{RLDev: binary.LittleEndian.Uint64(p[0:]), Blocks: binary.LittleEndian.Uint64(p[8:]),
+		GenFloor: binary.LittleEndian.Uint64(p[16:]), Incomplete: p[24] == 1, Overwritten: p[25] == 1}
+	if len(p) == superTargetLen {
+		s.TargetInc = binary.LittleEndian.Uint64(p[32:])
+		if s.TargetInc == 0 {
+			return Super{}, fmt.Errorf("rldev: superblock of %d bytes names no target incarnation", len(p))
+		}
+	}
+	return s, nil
 }
 
 // MaxTokenNames bounds the lock names a segment keeps tokens for (their

@@ -265,10 +265,30 @@ func (r *replica) probeStop(env Env) []any {
 
 // forwardTarget sends the write to the move's target in the current epoch.
 func (w *writeOp) forwardTarget(env Env) []any {
-	r := w.r
+	w.dropTargetForward()
+	w.tResends = 0
+	return w.sendTarget(env)
+}
+
+// resendTarget sends the write to the move's target again, in the same
+// epoch (as resend to the peer: only the last one's answer counts).
+func (w *writeOp) resendTarget(env Env) []any {
+	w.dropTargetForward()
+	w.tResends++
+	w.r.e.stats.Resends++
+	return w.sendTarget(env)
+}
+
+// dropTargetForward forgets the write's forward to the move's target.
+func (w *writeOp) dropTargetForward() {
 	if w.tSeq != 0 {
-		delete(r.tfwd, w.tSeq)
+		delete(w.r.tfwd, w.tSeq)
+		w.tSeq = 0
 	}
+}
+
+func (w *writeOp) sendTarget(env Env) []any {
+	r := w.r
 	w.tSeq = r.nextSeq()
 	w.tEpoch, w.tAcked, w.tSentAt = r.rec.Epoch, false, env.Now
 	r.tfwd[w.tSeq] = w
@@ -455,16 +475,24 @@ func (rec *Record) switchMove() {
 }
 
 // moveDegraded adjusts a move as rec leaves the normal state because
-// segment gone is lost (made stale): a moving segment is replaced by the
-// target, stale and due for a full copy; otherwise the move waits.
-// Reports whether the segment was replaced.
-func (rec *Record) moveDegraded(gone int) bool {
+// segment gone is made stale: a moving segment whose disk failed
+// (replace) is replaced by the target, stale and due for a full copy (the
+// move empties a failing disk); otherwise the move waits. Reports whether
+// the segment was replaced.
+//
+// A moving segment whose node died is not replaced: its disk is likely
+// intact, a copy the operator may still accept (grove rldev
+// accept-stale) or resync by its logs alone, where the target holds only
+// part of a copy. Replaced, and its extent wiped as it retired, a death
+// of the other copy's node before the target's full copy ended left
+// nothing of the RLDev (outside review 80).
+func (rec *Record) moveDegraded(gone int, replace bool) bool {
 	m := rec.Move
 	if m == nil {
 		return false
 	}
 	rec.Progress, rec.ProgressTotal = 0, 0
-	if m.Seg == gone {
+	if m.Seg == gone && replace {
 		rec.Retiring = append(rec.Retiring, rec.Segs[gone])
 		rec.Segs[gone] = m.To
 		rec.Inc[gone] = m.Inc
@@ -487,7 +515,7 @@ func (r *replica) promote(env Env, rec *Record) []any {
 	if rec.Stale[r.seg] {
 		return append(out, r.join(env)...)
 	}
-	return append(out, r.writeSuper(func(s *Super) { s.Incomplete = false }, func(err error) []any {
+	return append(out, r.writeSuper(func(s *Super) { s.Incomplete, s.TargetInc = false, 0 }, func(err error) []any {
 		if r.state != repLoading {
 			return nil
 		}

@@ -277,3 +277,44 @@ func TestCopyRateBoundsMove(t *testing.T) {
 		t.Fatalf("copy_rate not applied: %v unbounded, %v at 1 MiB/s", free, bounded)
 	}
 }
+
+// TestMoveTargetCrashAtSwitchKeepsItsCopy: a move's target that crashes
+// once the switch is under way (its whole copy received and durable)
+// restarts to find the table naming its past incarnation in the
+// segment's place. Its copy is whole (Super.TargetInc): it must not count
+// as lost, which costs a full copy and, should its peer fail meanwhile,
+// leaves the RLDev nothing to serve (simulator seed 2000316 of the
+// default stream, whose other copy's disk was lost next). Before the
+// mark, the new incarnation found the segment incomplete every time.
+func TestMoveTargetCrashAtSwitchKeepsItsCopy(t *testing.T) {
+	kept := 0
+	for i := 0; i < 6; i++ {
+		seed := int64(3100 + i)
+		var log []string
+		crashed := false
+		s := runRSim(t, seed, simOpts{quiet: true, script: func(s *rsim) {
+			moveAndCrash(s, "node", []string{"primary", "secondary"}[i%2], "switching", "target", &crashed, &log)
+		}})
+		if len(s.o.fails) > 0 {
+			reportRSim(t, "TestMoveTargetCrashAtSwitchKeepsItsCopy", seed, s)
+		}
+		if !crashed {
+			t.Fatalf("seed %d: the move never reached the switch: %s", seed, strings.Join(log, "; "))
+		}
+		rec := s.table().RLDevs[1]
+		if rec.Segs == s.origin[1] {
+			t.Logf("seed %d: the segment ends back where it was (the switch did not name the crashed target): %s", seed, strings.Join(log, "; "))
+			continue
+		}
+		for _, line := range s.o.trace {
+			if strings.Contains(line, "segment incomplete") || strings.Contains(line, "segment lost with its disk") {
+				t.Fatalf("seed %d: DEFECT: the target's copy, whole and switched to, counted as lost after its node restarted: %s\n%s", seed, line, strings.Join(log, "; "))
+			}
+		}
+		kept++
+	}
+	if kept == 0 {
+		t.Fatalf("no seed switched to the crashed target: the test checks nothing")
+	}
+	t.Logf("%d of 6 seeds switched to the crashed target, whose copy was kept", kept)
+}

@@ -83,8 +83,13 @@ type replica struct {
 	target bool
 	mv     *resyncSrc          // the primary: the copy to a move's target
 	tfwd   map[uint64]*writeOp // forwards to a move's target awaiting an ack, by seq
+	// fwdIn: forwards being written here (as a secondary or a move's
+	// target), by write; a copy of one sent again meanwhile is answered
+	// with it rather than written once more (onForward).
+	fwdIn map[fwdKey]*fwdDup
 
 	reloadHeld bool // a failed replica: its reload waits for an operation of the failed life (logged once)
+	marking    bool // a named move target's superblock write (join)
 
 	pending int // its disk writes in progress (writeDurable)
 	reading int // its disk reads in progress (readRun, load, dropCache)
@@ -277,6 +282,9 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		// A stale (or lost) segment formatted now holds nothing: it stays
 		// incomplete, across restarts, until a full copy has run.
 		r.super = Super{RLDev: r.rec.ID, Blocks: r.rec.Blocks, Incomplete: r.stale() || r.staleSeen}
+		if r.target {
+			r.super.Incomplete, r.super.TargetInc = true, r.e.cfg.Inc
+		}
 		r.loadedStale = r.super.Incomplete && r.rec.Stale[r.seg] && !r.target
 		if r.super.Incomplete && !r.rec.Stale[r.seg] && !r.target && !r.lost {
 			r.lost = true
@@ -296,10 +304,19 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	r.super, r.superSeq = s, seq
 	r.nextGen = s.GenFloor
 	r.loadedStale = s.Incomplete && r.rec.Stale[r.seg] && !r.target
-	if s.Incomplete && !r.rec.Stale[r.seg] && !r.target {
+	var mark func(*Super) // a change to the superblock, durable before the replica joins
+	switch {
+	case s.Incomplete && !r.rec.Stale[r.seg] && !r.target && s.TargetInc != 0 && r.rec.Inc[r.seg] == s.TargetInc:
+		// Moved here: the switch named the target incarnation that
+		// received the whole copy, which died before it marked the
+		// segment complete (promote). It is whole.
+		mark = func(s *Super) { s.Incomplete, s.TargetInc = false, 0 }
+		out = append(out, r.e.logf(2, "rldev moved segment whose target stopped before the switch: the copy it received is whole", "rldev", r.rec.ID, "target_incarnation", s.TargetInc))
+	case s.Incomplete && !r.rec.Stale[r.seg] && !r.target:
 		// Formatted after its disk was replaced and not yet copied whole,
 		// though the table does not say stale (its peer may be stale too:
-		// no decree could say so). It holds nothing to serve.
+		// no decree could say so), or a move's target whose incarnation
+		// the switch did not name. It holds nothing to serve.
 		r.lost = true
 		out = append(out, r.e.logf(3, "rldev segment incomplete (its disk was replaced, no full copy since): it serves nothing", "rldev", r.rec.ID))
 	}
@@ -337,6 +354,17 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	} else if !blank {
 		out = append(out, r.e.logf(3, "rldev token table corrupt: fenced writes are checked from now on only", "rldev", r.rec.ID))
 	}
+	if mark != nil {
+		return append(out, r.writeSuper(mark, func(err error) []any {
+			if r.state != repLoading {
+				return nil
+			}
+			if err != nil {
+				return r.fail(fmt.Errorf("marking the segment's superblock: %w", err))
+			}
+			return r.join(r.e.env)
+		})...)
+	}
 	return append(out, r.join(env)...)
 }
 
@@ -347,6 +375,27 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 // epoch, are refused.
 func (r *replica) join(env Env) []any {
 	if r.named(r.rec) || r.e.cfg.Unsafe.NoJoin && !r.target {
+		if r.target && (r.super.TargetInc != r.e.cfg.Inc || !r.super.Incomplete) {
+			// A move's target named in the table: before it takes the
+			// first block of its copy, its superblock says this
+			// incarnation receives it (Super.TargetInc). Not before it is
+			// named: until then the move may still switch to the
+			// incarnation before it, whose copy this extent holds whole.
+			if r.marking {
+				return nil
+			}
+			r.marking = true
+			return r.writeSuper(func(s *Super) { s.Incomplete, s.TargetInc = true, r.e.cfg.Inc }, func(err error) []any {
+				r.marking = false
+				if r.state != repLoading && r.state != repJoining {
+					return nil
+				}
+				if err != nil {
+					return r.fail(fmt.Errorf("marking the move target's superblock: %w", err))
+				}
+				return r.join(r.e.env)
+			})
+		}
 		r.state = repReady
 		return r.afterLoad(env)
 	}
@@ -547,8 +596,8 @@ func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 	}
 	if old.Stale[r.seg] && !rec.Stale[r.seg] {
 		// Resynced: whole again, and the logs of its past are obsolete.
-		if r.super.Incomplete && !r.lost {
-			out = append(out, r.writeSuper(func(s *Super) { s.Incomplete = false }, func(error) []any { return nil })...)
+		if (r.super.Incomplete || r.super.Overwritten || r.super.TargetInc != 0) && !r.lost {
+			out = append(out, r.writeSuper(func(s *Super) { s.Incomplete, s.Overwritten, s.TargetInc = false, false, 0 }, func(error) []any { return nil })...)
 		}
 		for _, x := range r.drl.durable.List() {
 			r.drl.unmark(x)
@@ -607,7 +656,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
-		if rec.moveDegraded(me) {
+		if rec.moveDegraded(me, true) {
 			return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
 		}
 		if r.lost {
@@ -631,9 +680,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		}
 		rec.Primary, rec.State, rec.Stale[peer] = me, Degraded, true
 		rec.Epoch++
-		if rec.moveDegraded(peer) {
-			return rec, fmt.Sprintf("peer node %d dead: degraded, its segment replaced by the move's target", dead)
-		}
+		rec.moveDegraded(peer, false) // a move waits, its moving segment kept (moveDegraded)
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
@@ -724,7 +771,7 @@ func (r *replica) retry(env Env) []any {
 		r.staleSeen = r.rec.Stale[r.seg] // (a new life)
 		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
-		r.tfwd, r.mv = map[uint64]*writeOp{}, nil
+		r.tfwd, r.mv, r.fwdIn = map[uint64]*writeOp{}, nil, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
 		r.scrub.busy = false
 		out = append(out, r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID))
@@ -752,10 +799,8 @@ func (r *replica) retry(env Env) []any {
 	if r.peerReachable() {
 		for _, seq := range sortedSeqs(r.fwd) {
 			w := r.fwd[seq]
-			if w.peerEpoch == r.rec.Epoch && !w.peerAcked && env.Now.Sub(w.sentAt) >= r.e.cfg.RetryEvery {
-				delete(r.fwd, seq)
-				w.peerEpoch = 0 // send again
-				out = append(out, w.progress(env)...)
+			if w.peerEpoch == r.rec.Epoch && !w.peerAcked && env.Now.Sub(w.sentAt) >= resendAfter(r.e.cfg.RetryEvery, w.resends) {
+				out = append(out, w.resend(env)...)
 			}
 		}
 		for _, seq := range sortedSeqs(r.pulls) {
@@ -776,10 +821,8 @@ func (r *replica) retry(env Env) []any {
 	if m := r.rec.Move; m != nil && r.e.up[m.To.Node] {
 		for _, seq := range sortedSeqs(r.tfwd) {
 			w := r.tfwd[seq]
-			if w.tEpoch == r.rec.Epoch && !w.tAcked && env.Now.Sub(w.tSentAt) >= r.e.cfg.RetryEvery {
-				delete(r.tfwd, seq)
-				w.tEpoch = 0 // send again
-				out = append(out, w.progress(env)...)
+			if w.tEpoch == r.rec.Epoch && !w.tAcked && env.Now.Sub(w.tSentAt) >= resendAfter(r.e.cfg.RetryEvery, w.tResends) {
+				out = append(out, w.resendTarget(env)...)
 			}
 		}
 	}

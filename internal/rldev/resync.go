@@ -368,6 +368,16 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 		return ack(NotServing)
 	case len(m.Data)%BlockSize != 0 || n == 0 || uint64(len(m.Gens)) != n || r.checkRange(m.Block, n) != nil:
 		return ack(BadRequest)
+	case !r.target && r.rec.FullCopy && !r.super.Overwritten:
+		// The first block of a full copy lands only once the superblock
+		// says that one began (Super.Overwritten); the copy is taken
+		// again then, its checks with it.
+		return r.writeSuper(func(s *Super) { s.Overwritten = true }, func(err error) []any {
+			if err != nil {
+				return append(r.fail(fmt.Errorf("marking the segment overwritten by a full copy: %w", err)), ack(DiskFailed)...)
+			}
+			return r.onCopy(r.e.env, from, m)
+		})
 	}
 	var out []any
 	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {

@@ -252,8 +252,10 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"scrubbed_block", func(st Stats) uint64 { return st.ScrubbedBlocks }},
 		{"scrub_repair", func(st Stats) uint64 { return st.ScrubRepairs }},
 		{"disk_hang", func(st Stats) uint64 { return st.DiskHangs }},
+		{"forward_resent", func(st Stats) uint64 { return st.Resends }},
+		{"forward_duplicate", func(st Stats) uint64 { return st.Duplicates }},
 	} {
-		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber, disks found hung (their segments failed).",
+		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber, disks found hung (their segments failed), forwards sent again unanswered and forwards received again while being written (a slow peer).",
 			map[string]string{"event": c.event}, func() float64 {
 				s.mu.Lock()
 				defer s.mu.Unlock()
@@ -1169,7 +1171,7 @@ func (s *Service) Status(ctx context.Context, _ *pb.RLDevServiceStatusRequest) (
 			Stale: r.Stale, Primary: r.Primary, DirtyRegions: r.DirtyRegions, DegradedRegions: r.DegradedRegions,
 			Recovering: uint64(r.Recovering), ResyncCopied: r.ResyncCopied, ResyncTotal: r.ResyncTotal,
 			ScrubPasses: r.ScrubPasses, ScrubRepaired: r.ScrubRepaired, ScrubNext: r.ScrubNext, Error: r.Err, Wait: r.Wait, MoveTarget: r.MoveTarget,
-			Lost: r.Lost, Incomplete: r.Incomplete})
+			Lost: r.Lost, Incomplete: r.Incomplete, Overwritten: r.Overwritten})
 	}
 	return resp, nil
 }
