@@ -26,6 +26,17 @@ type hangSwitch struct {
 	cond *sync.Cond
 	on   bool
 	held int // operations waiting now
+	// slow: each operation takes this long, one at a time (slowMu): an
+	// overloaded disk, answering all the while.
+	slow   time.Duration
+	slowMu sync.Mutex
+}
+
+// setSlow makes every operation take d, one at a time (0: off).
+func (h *hangSwitch) setSlow(d time.Duration) {
+	h.mu.Lock()
+	h.slow = d
+	h.mu.Unlock()
 }
 
 func newHangSwitch() *hangSwitch {
@@ -43,11 +54,17 @@ func (h *hangSwitch) set(on bool) {
 
 func (h *hangSwitch) wait() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	for h.on {
 		h.held++
 		h.cond.Wait()
 		h.held--
+	}
+	slow := h.slow
+	h.mu.Unlock()
+	if slow > 0 {
+		h.slowMu.Lock()
+		time.Sleep(slow)
+		h.slowMu.Unlock()
 	}
 }
 
@@ -203,6 +220,30 @@ func TestEndToEndRLDevHungDiskSIGKILL(t *testing.T) {
 		want[id] = make([]byte, 4<<20)
 		rand.Read(want[id])
 		must(run(want[id][:2<<20], "rldev", "write", strconv.FormatUint(id, 10), "0"))
+	}
+
+	// The disk is slow first: each operation 50 ms, one at a time (its
+	// two scrubbers keep it busy), so a forward to node 2 goes unanswered
+	// past the primary's 500 ms and is sent again. The write still
+	// succeeds, and the disk is not hung: its RLDevs stay normal (before
+	// 2026-12-01 each copy sent again was written again, and the disk
+	// was failed for an operation's age in its queue). With 100 ms a
+	// write took 4-5 s here; with 400 ms the queue grew without end and
+	// an operation waited three disk timeouts: hung, rightly.
+	h.setSlow(50 * time.Millisecond)
+	start := time.Now()
+	must(run(want[asSecondary][2<<20:2<<20+64<<10], "rldev", "write", strconv.FormatUint(asSecondary, 10), "2MiB"))
+	t.Logf("rldev %d: a 64 KiB write with node %d's disk slow took %v", asSecondary, victim, time.Since(start).Round(time.Millisecond))
+	h.setSlow(0)
+	for _, r := range list().RLDevs {
+		if r.State != "normal" {
+			t.Fatalf("rldev %d is %s after writes with node %d's disk slow, not hung: %+v", r.RLDev, r.State, victim, list())
+		}
+	}
+	if m := scrapeMetrics(t, u.Nodes[victim].GRPC); m["grove_rldev_events_total{event=disk_hang}"] != 0 {
+		t.Fatalf("node %d's slow disk was found hung", victim)
+	} else {
+		t.Logf("node %d, its disk slow: %v forwards received again while being written", victim, m["grove_rldev_events_total{event=forward_duplicate}"])
 	}
 
 	// The disk hangs: writes go on once its node fails its segments.
