@@ -37,8 +37,15 @@ The command asks for the move, then follows it with a progress bar (on
 standard error) until the segment serves from its new place. The move goes on
 without it: after Ctrl-C, a timeout or a crash of any node, run the same
 command again to follow it (it never asks twice), or --cancel it. If the
-replica that moves is lost meanwhile, its segment is rebuilt at the target
-from the other copy, and the command follows that copy too.
+disk of the replica that moves fails meanwhile, its segment is rebuilt at the
+target from the other copy, and the command follows that copy too; if its
+node dies, the move waits for it to come back (its copy is kept: it may be
+all that is left should the other copy fail too).
+
+A stale segment of a degraded RLDev (its node down, perhaps for good) is
+re-placed at once: its new place becomes the segment, copied whole from the
+primary, and its old copy is given up. To move the segment of a node gone
+for good whose move waits: --cancel, then move it again.
 
 NODE must not hold the RLDev's other segment (the two copies stay on two
 nodes); DISK is the index of one of its disks (default: the first with room).
@@ -118,8 +125,15 @@ of the same node: NODE:DISK, the disk named. An RLDev created with
 				if err != nil {
 					return moveErr(&c, err)
 				}
-				dst, final = mv.Move.To, mv
-				fmt.Fprintf(os.Stderr, "rldev %d: moving segment %d (%s, %v) to %v\n", id, idx, seg, rec.Segs[idx], dst)
+				if mv.Move == nil {
+					// A stale segment of a degraded RLDev is re-placed at
+					// once (Table.StartMove): rebuilt there by a full copy.
+					dst, final = mv.Segs[idx], mv
+					fmt.Fprintf(os.Stderr, "rldev %d: segment %d (%s, %v) is stale and the RLDev degraded: re-placed at %v, to be copied whole from the primary (its old copy is given up)\n", id, idx, seg, rec.Segs[idx], dst)
+				} else {
+					dst, final = mv.Move.To, mv
+					fmt.Fprintf(os.Stderr, "rldev %d: moving segment %d (%s, %v) to %v\n", id, idx, seg, rec.Segs[idx], dst)
+				}
 			}
 			if !noWait {
 				if final, err = followMove(ctx, s, id, idx, dst); err != nil {
@@ -213,6 +227,7 @@ var errMoveAbandoned = errors.New("the move was abandoned")
 func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rldev.Segment) (*rldev.Record, error) {
 	p := newProgress(os.Stderr, fmt.Sprintf("rldev %d", id))
 	defer p.Finish()
+	hinted := false
 	for fresh := false; ; {
 		// The watched table, which may lag the decree that asked for the
 		// move: an end it shows is confirmed by a read from the leader.
@@ -239,6 +254,11 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 		case m == nil:
 			p.Set(fmt.Sprintf("rebuilding at the target (%v)", rec.State), rec.Progress, progressTotal(rec))
 		case rec.State != rldev.Normal:
+			if rec.State == rldev.Degraded && rec.Stale[m.Seg] && !hinted {
+				hinted = true
+				fmt.Fprintf(os.Stderr, "rldev %d: the moving segment is stale (node %d down?): the move waits for it to be resynced. If node %d is gone for good: grove rldev move %d --cancel, then this command again, to rebuild the segment at the target\n",
+					id, rec.Segs[m.Seg].Node, rec.Segs[m.Seg].Node, id)
+			}
 			p.Set(fmt.Sprintf("waiting: the RLDev is %v", rec.State), 0, rec.Blocks)
 		case m.Switch:
 			p.Set("switching", rec.Blocks, rec.Blocks)

@@ -416,6 +416,18 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 	if len(m.Data)%BlockSize != 0 || n == 0 || r.checkRange(m.Block, n) != nil {
 		return ack(BadRequest)
 	}
+	if !r.target && rec.FullCopy && r.stale() && !r.super.Overwritten {
+		// A write forwarded to the target of a full copy lands, as the
+		// copy's blocks do, only once its superblock says a full copy
+		// began (Super.Overwritten; outside review 81: a forward landing
+		// first left a mix of histories unmarked).
+		return r.writeSuper(func(s *Super) { s.Overwritten = true }, func(err error) []any {
+			if err != nil {
+				return append(r.fail(fmt.Errorf("marking the segment overwritten by a full copy: %w", err)), ack(DiskFailed)...)
+			}
+			return r.onForward(r.e.env, from, m)
+		})
+	}
 	// A forward sent again while the first is being written here (this
 	// disk answers more slowly than the sender's RetryEvery) waits for
 	// it: the same write (data, generation, fence) in the same epoch,

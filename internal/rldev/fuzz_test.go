@@ -133,7 +133,7 @@ func FuzzDecodeOnDisk(f *testing.F) {
 	blk := make([]byte, PhysBlockSize)
 	EncodeBlock(blk, 7, 3, 11, pattern(1, 1))
 	f.Add(blk)
-	for _, payload := range [][]byte{encodeSuper(Super{RLDev: 7, Blocks: 64, GenFloor: 99}), encodeBitmap(NewBitmap(8, 64))} {
+	for _, payload := range [][]byte{encodeSuper(Super{RLDev: 7, Blocks: 64, GenFloor: 99}), encodeSuper(Super{RLDev: 7, Blocks: 64, Incomplete: true, Overwritten: true, TargetInc: 3}), encodeBitmap(NewBitmap(8, 64))} {
 		p, err := EncodePage(PageSuper, 4, payload, PageSize)
 		if err != nil {
 			f.Fatal(err)
@@ -153,7 +153,9 @@ func FuzzDecodeOnDisk(f *testing.F) {
 				decodeTokens(payload)
 			}
 		}
-		decodeSuper(b)
+		if sb, err := decodeSuper(b); err == nil && !bytes.Equal(encodeSuper(sb), b) {
+			t.Fatalf("superblock %x decodes to %+v, which encodes to %x", b, sb, encodeSuper(sb))
+		}
 		decodeBitmap(b, 8, 64)
 		decodeTokens(b)
 		dev := disk.NewMemDevice(DiskReserved+MetaSize, nil)

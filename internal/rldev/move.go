@@ -68,12 +68,20 @@ import (
 //     A target whose disk fails abandons the move (Move cleared, its
 //     extent retiring); `grove rldev list` says so, and the operator picks
 //     another place.
-//   - The moving replica dies (or its disk fails): the RLDev degrades as
-//     always, and the target takes the dead segment's place at once, stale
-//     and due for a full copy (the resync path) -- the move completes as a
-//     rebuild. If the copy was already complete (Switch) and the survivor
-//     is the primary, every write it acknowledged is on the target: the
-//     survivor switches to it with no degraded period.
+//   - The moving replica's disk fails: the RLDev degrades as always, and
+//     the target takes the segment's place at once, stale and due for a
+//     full copy (the resync path) -- the move completes as a rebuild.
+//   - The moving replica's node dies: if the copy was already complete
+//     (Switch) and the survivor is the primary, every write it
+//     acknowledged is on the target: the survivor switches to it with no
+//     degraded period. Otherwise the RLDev degrades as always, the
+//     segment stays in place, stale, and the move waits (Move.Inc 0):
+//     that copy is kept (outside review 80: replaced by the target, its
+//     extent wiped, a death of the other copy before the target's rebuild
+//     ended left nothing). If the node never returns, the operator
+//     cancels the move and asks again: a stale segment of a degraded
+//     RLDev is re-placed at once (StartMove), rebuilt at its new place by
+//     a full copy, its old copy given up.
 //   - The other replica dies: the RLDev degrades, and the move waits
 //     (Move.Inc 0) until it is normal again; then it starts over.
 //   - The primary restarts (before a verdict): its new incarnation copies
@@ -139,6 +147,23 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		to = Segment{Node: node, Disk: uint32(disk), Offset: off}
 	}
 	nr := rec.Clone()
+	if rec.State == Degraded && rec.Stale[seg] {
+		// Re-placed at once: a stale segment of a degraded RLDev (its
+		// node down, perhaps for good) cannot move by copy and switch (a
+		// move copies in the normal state, which needs that node back),
+		// so its new place is the segment now, stale, rebuilt by a full
+		// copy from the primary, as after a disk loss; its old extent
+		// retires (wiped when its node is back). Its copy is given up:
+		// until the rebuild ends the primary is the only copy (outside
+		// review 81: a moving segment whose node died for good kept the
+		// RLDev on one copy for ever).
+		nr.Retiring = append(nr.Retiring, nr.Segs[seg])
+		nr.Segs[seg], nr.Inc[seg] = to, 0
+		nr.FullCopy = true
+		nr.Progress, nr.ProgressTotal = 0, 0
+		nr.Epoch++
+		return nr, nr.Check()
+	}
 	nr.Move = &Move{Seg: seg, To: to}
 	return nr, nr.Check()
 }

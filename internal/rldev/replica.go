@@ -306,12 +306,18 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	r.loadedStale = s.Incomplete && r.rec.Stale[r.seg] && !r.target
 	var mark func(*Super) // a change to the superblock, durable before the replica joins
 	switch {
-	case s.Incomplete && !r.rec.Stale[r.seg] && !r.target && s.TargetInc != 0 && r.rec.Inc[r.seg] == s.TargetInc:
+	case s.Incomplete && !r.target && s.TargetInc != 0 && r.rec.Inc[r.seg] == s.TargetInc && (!r.rec.Stale[r.seg] || !r.rec.FullCopy):
 		// Moved here: the switch named the target incarnation that
 		// received the whole copy, which died before it marked the
-		// segment complete (promote). It is whole.
+		// segment complete (promote). It is whole -- up to date, or
+		// stale since (its death degraded the RLDev after the switch:
+		// outside review 81), to be resynced by the peer's logs. The
+		// table names that incarnation and says a full copy is due only
+		// when the move's moving replica failed before the copy ended
+		// (moveDegraded): that target holds part of a copy.
 		mark = func(s *Super) { s.Incomplete, s.TargetInc = false, 0 }
-		out = append(out, r.e.logf(2, "rldev moved segment whose target stopped before the switch: the copy it received is whole", "rldev", r.rec.ID, "target_incarnation", s.TargetInc))
+		r.loadedStale = false
+		out = append(out, r.e.logf(2, "rldev moved segment whose target stopped before the switch: the copy it received is whole", "rldev", r.rec.ID, "target_incarnation", s.TargetInc, "stale", r.rec.Stale[r.seg]))
 	case s.Incomplete && !r.rec.Stale[r.seg] && !r.target:
 		// Formatted after its disk was replaced and not yet copied whole,
 		// though the table does not say stale (its peer may be stale too:
@@ -444,6 +450,12 @@ func (r *replica) format(env Env) []any {
 func (r *replica) afterLoad(env Env) []any {
 	out := []any{r.e.logf(1, "rldev replica loaded", "rldev", r.rec.ID, "segment", r.seg, "state", r.rec.State,
 		"stale", r.stale(), "blank", r.blank, "dirty_regions", r.drl.durable.Count(), "degraded_regions", r.deg.durable.Count(), "move_target", r.target)}
+	if !r.target && !r.stale() && !r.lost && r.super.Overwritten {
+		// Up to date: the full copy it marked ended (its "resynced" table
+		// unseen by the life that marked it: outside review 81), or an
+		// operator accepted it as it is.
+		out = append(out, r.writeSuper(func(s *Super) { s.Overwritten = false }, func(error) []any { return nil })...)
+	}
 	switch {
 	case r.target:
 		return out // the primary copies everything to it
