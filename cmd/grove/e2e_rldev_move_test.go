@@ -179,4 +179,38 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 			t.Fatalf("the old extent was never freed: %+v", list().RLDevs[0])
 		}
 	}
+
+	// A node lost for good: the target, now the secondary, is SIGKILLed
+	// and never restarted. The RLDev degrades (writes go on); its stale
+	// segment is re-placed on node s by a move, rebuilt there by a full
+	// copy from the primary, and the RLDev is normal again with both
+	// copies whole (outside review 81: such a move waited for ever).
+	if err := u.Kill(target); err != nil {
+		t.Fatal(err)
+	}
+	rand.Read(more)
+	must(run(more, "rldev", "write", ids, "2MiB"))
+	copy(want[2<<20:], more)
+	for deadline := time.Now().Add(30 * time.Second); list().RLDevs[0].State != "degraded"; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("not degraded with node %d gone: %+v", target, list().RLDevs[0])
+		}
+	}
+	from := strconv.FormatUint(s, 10)
+	r = must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", from, "-o", "json"))
+	t.Logf("grove rldev move of the lost node's stale segment:\n%s", r.stderr)
+	if err := json.Unmarshal([]byte(r.stdout), &done); err != nil || done.Move != "moved" || done.SecondaryNode != s || done.State != "normal" {
+		t.Fatalf("re-place: %v %+v\n%s\n%s", err, done, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "re-placed") {
+		t.Fatalf("the move did not say it re-placed the segment: %s", r.stderr)
+	}
+	for _, replica := range []string{"1", "2"} {
+		if got := must(run(nil, "rldev", "read", "--replica", replica, ids, "0", "8MiB")).stdout; !bytes.Equal([]byte(got), want) {
+			t.Fatalf("replica %s after the re-place: the data read back differs", replica)
+		}
+		if got := must(run(nil, "rldev", "read", "--replica", replica, ids, "200MiB", "4MiB")).stdout; !bytes.Equal([]byte(got), late) {
+			t.Fatalf("replica %s after the re-place: the data at 200MiB differs", replica)
+		}
+	}
 }
