@@ -670,6 +670,12 @@ beacon = "127.0.0.1:8762"
 	waitFor(t, 30*time.Second, "the hand-started node healthy", func() bool {
 		return grove(t, bin, nil, "health", "--endpoints", "127.0.0.1:8760").code == 0
 	})
+	// Healthy is the config service answering; the node registers a moment
+	// later (a CI run under load stopped it in between: no "registered").
+	waitFor(t, 30*time.Second, "the hand-started node registered (its own log)", func() bool {
+		b, _ := os.ReadFile(filepath.Join(nd, "data", "grove.log"))
+		return strings.Contains(string(b), "msg=registered")
+	})
 	srv.Process.Signal(syscall.SIGTERM)
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("grove server on SIGTERM: %v, want exit 0", err)

@@ -256,8 +256,11 @@ func followMove(ctx context.Context, s *rldevSession, id uint64, idx int, dst rl
 		case rec.State != rldev.Normal:
 			if rec.State == rldev.Degraded && rec.Stale[m.Seg] && !hinted {
 				hinted = true
-				fmt.Fprintf(os.Stderr, "rldev %d: the moving segment is stale (node %d down?): the move waits for it to be resynced. If node %d is gone for good: grove rldev move %d --cancel, then this command again, to rebuild the segment at the target\n",
-					id, rec.Segs[m.Seg].Node, rec.Segs[m.Seg].Node, id)
+				// (The stale segment of a degraded RLDev is its secondary:
+				// named, since a "primary" asked for first is now the
+				// survivor's segment; outside review 82.)
+				fmt.Fprintf(os.Stderr, "rldev %d: the moving segment is stale (node %d down?): the move waits for it to be resynced. If node %d is gone for good: grove rldev move %d --cancel, then grove rldev move %d --segment secondary --to %s, to rebuild the segment there (its old copy is given up)\n",
+					id, rec.Segs[m.Seg].Node, rec.Segs[m.Seg].Node, id, id, fmt.Sprintf("%d:%d", m.To.Node, m.To.Disk))
 			}
 			p.Set(fmt.Sprintf("waiting: the RLDev is %v", rec.State), 0, rec.Blocks)
 		case m.Switch:

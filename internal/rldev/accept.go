@@ -81,6 +81,9 @@ func CheckAccept(rec *Record, v AcceptView) (gone string, err error) {
 	stale, up := rec.Secondary(), rec.Primary
 	sNode, uNode := rec.Segs[stale].Node, rec.Segs[up].Node
 	switch st := v.Stale; {
+	case st != nil && (st.Lost || st.Incomplete):
+		// (First: --mixed takes nothing that holds nothing.)
+		return "", fmt.Errorf("%w: node %d's copy is incomplete (formatted blank after its disk was replaced or its segment re-placed, never copied whole): it holds nothing to accept; the RLDev's data is gone with the other copy", ErrAccept, sNode)
 	case rec.State == Resyncing && rec.FullCopy && !v.Mixed:
 		return "", fmt.Errorf("%w: a full copy onto node %d's copy was under way: it holds part of node %d's history and part of its own (writes given up before may resurface next to later ones); --mixed accepts it anyway", ErrAccept, sNode, uNode)
 	case st != nil && st.Overwritten && !v.Mixed && !st.Lost && !st.Incomplete:

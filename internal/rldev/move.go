@@ -153,10 +153,11 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		// move copies in the normal state, which needs that node back),
 		// so its new place is the segment now, stale, rebuilt by a full
 		// copy from the primary, as after a disk loss; its old extent
-		// retires (wiped when its node is back). Its copy is given up:
-		// until the rebuild ends the primary is the only copy (outside
-		// review 81: a moving segment whose node died for good kept the
-		// RLDev on one copy for ever).
+		// retires (wiped when its node is back, once the RLDev is normal
+		// again: wipeTick). Its copy is given up: until the rebuild ends
+		// the primary is the only copy, and no command puts the old
+		// extent back (outside review 81: a moving segment whose node
+		// died for good kept the RLDev on one copy for ever).
 		nr.Retiring = append(nr.Retiring, nr.Segs[seg])
 		nr.Segs[seg], nr.Inc[seg] = to, 0
 		nr.FullCopy = true
@@ -615,6 +616,14 @@ func (e *Engine) wipeTick() []any {
 			}
 			live[sg] = true
 			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) {
+				continue
+			}
+			if rec.State != Normal {
+				// Not before the RLDev has both its copies again: the
+				// extent may hold the only other copy there is (a stale
+				// segment re-placed, or replaced by a move's target, and
+				// the primary lost before the rebuild ended; outside
+				// review 82: its node, back, wiped it at once).
 				continue
 			}
 			e.wiping[sg] = true
