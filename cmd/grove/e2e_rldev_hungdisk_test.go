@@ -226,7 +226,7 @@ func TestEndToEndRLDevHungDiskSIGKILL(t *testing.T) {
 	// two scrubbers keep it busy), so a forward to node 2 goes unanswered
 	// past the primary's 500 ms and is sent again. The write still
 	// succeeds, and the disk is not hung: its RLDevs stay normal (before
-	// 2026-12-01 each copy sent again was written again, and the disk
+	// 2026-11-30 (night) each copy sent again was written again, and the disk
 	// was failed for an operation's age in its queue). With 100 ms a
 	// write took 4-5 s here; with 400 ms the queue grew without end and
 	// an operation waited three disk timeouts: hung, rightly.

@@ -130,7 +130,7 @@ func TestStoppedMoveChunkReleasesItsRange(t *testing.T) {
 		t.Fatalf("setup: the held read: answered %v, %v", ok, rp.Err)
 	}
 	// s dies: its segment stays in place, stale (moveDegraded keeps a
-	// dead node's moving segment; until 2026-12-01 the target replaced
+	// dead node's moving segment; until 2026-11-30 (night) the target replaced
 	// it), comes back and is resynced, behind the stopped chunk's range.
 	h.crash(s, false, nil)
 	h.dead[Subject{s.id, s.inc}] = true

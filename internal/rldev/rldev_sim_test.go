@@ -1673,7 +1673,7 @@ var simSuspect = os.Getenv("GROVE_RLDEV_SUSPECT") != ""
 // them; and the two ends of a new session learn it is up up to a second
 // apart (linkLag); and, since 2026-11-30, one disk fault in three is a
 // disk that stops answering for 2-7 s, past the engines' 4 s disk
-// timeout or not, and since 2026-12-01 half of those a disk that answers
+// timeout or not, and since 2026-11-30 (night) half of those a disk that answers
 // slowly instead (one operation at a time, 100-400 ms each, for 2-8 s:
 // forwards to it are sent again). Seeds from 5001 (GROVE_SEEDS, GROVE_SEED_BASE as for
 // the others).
@@ -1778,7 +1778,7 @@ func TestRLDevOracleHasTeeth(t *testing.T) {
 		// afterwards); the search starts near the first that catches it.
 		// Since a forward sent again is answered with the first by a
 		// peer still writing it, and full copies and move targets mark
-		// their superblocks (2026-12-01: every seed's stream moved),
+		// their superblocks (2026-11-30, night: every seed's stream moved),
 		// seeds 1-150 catch no dirty-region log at 98 and 150; a failed
 		// write said unwritten at 10, 41, 128; a verdict on a past
 		// incarnation at 6, 8, 12, 20, 22, 29, 35, 38, 45, 48... (39 of
