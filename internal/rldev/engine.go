@@ -371,8 +371,8 @@ type diskState struct {
 	// load drops its segment's cached pages (replica.dropCache).
 	suspect bool
 	// hung: an operation of the disk has been in progress for
-	// Config.DiskTimeout with none answered meanwhile, or for StuckFactor
-	// times that: its segments failed, and none loads again until no
+	// Config.DiskTimeout with none answered meanwhile (a sync: whatever
+	// else was answered), or for StuckFactor times that: its segments failed, and none loads again until no
 	// operation of the disk is a quarter of the timeout old (watchDisks).
 	hung bool
 	// answered: when an operation of the disk was last answered (zero:
