@@ -167,7 +167,10 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		t.Fatal("with the old node down: the data read back differs")
 	}
 	l = list()
-	if l.RLDevs[0].State != "normal" || len(l.RLDevs[0].Move.Retiring) != 1 {
+	// Its old extent is retiring, or already wiped and freed: the node
+	// wipes it as soon as the RLDev is normal, which may end before the
+	// SIGKILL (a CI run under load read back both copies slowly).
+	if l.RLDevs[0].State != "normal" || len(l.RLDevs[0].Move.Retiring) > 1 {
 		t.Fatalf("with the old node down: %+v", l.RLDevs[0])
 	}
 	// Back, it wipes and frees its old extent.
