@@ -287,6 +287,9 @@ func TestCopyRateBoundsMove(t *testing.T) {
 // default stream, whose other copy's disk was lost next). Before the
 // mark, the new incarnation found the segment incomplete every time.
 func TestMoveTargetCrashAtSwitchKeepsItsCopy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("single-threaded simulations: the full suite runs them; the race pass would spend minutes on them")
+	}
 	kept := 0
 	for i := 0; i < 6; i++ {
 		seed := int64(3100 + i)
