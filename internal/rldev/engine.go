@@ -480,7 +480,7 @@ func (e *Engine) maybeSync(d *diskState) []any {
 	batch := d.waiting
 	d.waiting = nil
 	e.issue(d.idx)
-	e.issued[e.nextOp] = issuedOp{disk: d.idx, at: e.env.Now, sync: true}
+	e.issued[e.nextOp] = issuedOp{disk: d.idx, at: e.env.Now, sync: true} // (issue's entry, marked a sync: watchDisks)
 	e.ops[e.nextOp] = func(_ []byte, err error) []any {
 		d.syncing = false
 		if err != nil {

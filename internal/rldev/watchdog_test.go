@@ -34,7 +34,7 @@ func wdSlowSecondary(t *testing.T, n int) (*harness, uint64, *hnode, *hnode, []R
 // segment must not fail (before the disk's progress counted, it failed at
 // 20 s and the RLDev was degraded, its secondary to be copied whole).
 func TestDiskWatchdogOverloadedDiskIsNotHung(t *testing.T) {
-	h, id, a, b, qs := wdSlowSecondary(t, 30)
+	h, id, _, b, qs := wdSlowSecondary(t, 30)
 	if DefaultDiskTimeout >= 30*time.Second {
 		t.Fatalf("the test wants the queue's wait (30 s) past the disk timeout (%v)", DefaultDiskTimeout)
 	}
@@ -67,7 +67,6 @@ func TestDiskWatchdogOverloadedDiskIsNotHung(t *testing.T) {
 	if rec := h.rec(id); rec.State != Normal || rec.Stale[0] || rec.Stale[1] {
 		t.Fatalf("the RLDev left the normal state: %+v", rec)
 	}
-	_ = a
 }
 
 // One operation stuck while the disk's others are answered (a sector the
