@@ -164,8 +164,14 @@ type RLDevRecord struct {
 	// The epoch of the last operator's accept-stale (0: none): the stale
 	// copy it declared up to date was not resynced (internal/rldev/accept.go).
 	AcceptedEpoch uint64 `protobuf:"varint,15,opt,name=accepted_epoch,json=acceptedEpoch,proto3" json:"accepted_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The entries of retiring that are a move's target given up before it
+	// became a segment (cancelled, or its disk failed): they never held a
+	// copy the RLDev may need, so their node frees them in any state (the
+	// others wait for the RLDev to be normal: one may hold the only other
+	// copy there is). Absent in tables of older builds: all wait.
+	RetiringTargets []*RLDevSegment `protobuf:"bytes,16,rep,name=retiring_targets,json=retiringTargets,proto3" json:"retiring_targets,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RLDevRecord) Reset() {
@@ -301,6 +307,13 @@ func (x *RLDevRecord) GetAcceptedEpoch() uint64 {
 		return x.AcceptedEpoch
 	}
 	return 0
+}
+
+func (x *RLDevRecord) GetRetiringTargets() []*RLDevSegment {
+	if x != nil {
+		return x.RetiringTargets
+	}
+	return nil
 }
 
 // RLDevMove is a segment move in progress (internal/rldev/move.go).
@@ -1934,7 +1947,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf9\x03\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xbc\x04\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -1952,7 +1965,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"servingInc\x12'\n" +
 	"\x04move\x18\r \x01(\v2\x13.grove.v1.RLDevMoveR\x04move\x122\n" +
 	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\x12%\n" +
-	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\"\x84\x01\n" +
+	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\x12A\n" +
+	"\x10retiring_targets\x18\x10 \x03(\v2\x16.grove.v1.RLDevSegmentR\x0fretiringTargets\"\x84\x01\n" +
 	"\tRLDevMove\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +
@@ -2139,34 +2153,35 @@ var file_grovepb_rldev_proto_depIdxs = []int32{
 	0,  // 1: grove.v1.RLDevRecord.state:type_name -> grove.v1.RldevState
 	3,  // 2: grove.v1.RLDevRecord.move:type_name -> grove.v1.RLDevMove
 	1,  // 3: grove.v1.RLDevRecord.retiring:type_name -> grove.v1.RLDevSegment
-	1,  // 4: grove.v1.RLDevMove.to:type_name -> grove.v1.RLDevSegment
-	8,  // 5: grove.v1.RLDevServicePeerRequest.hello:type_name -> grove.v1.RLDevHello
-	9,  // 6: grove.v1.RLDevServicePeerRequest.forward:type_name -> grove.v1.RLDevForward
-	10, // 7: grove.v1.RLDevServicePeerRequest.ack:type_name -> grove.v1.RLDevAck
-	11, // 8: grove.v1.RLDevServicePeerRequest.pull:type_name -> grove.v1.RLDevPull
-	12, // 9: grove.v1.RLDevServicePeerRequest.pull_data:type_name -> grove.v1.RLDevPullData
-	13, // 10: grove.v1.RLDevServicePeerRequest.resync_me:type_name -> grove.v1.RLDevResyncMe
-	14, // 11: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
-	8,  // 12: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
-	5,  // 13: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
-	5,  // 14: grove.v1.RLDevCopy.tokens:type_name -> grove.v1.RLDevFence
-	5,  // 15: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
-	17, // 16: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
-	17, // 17: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
-	22, // 18: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
-	6,  // 19: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
-	15, // 20: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
-	16, // 21: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
-	20, // 22: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
-	7,  // 23: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
-	18, // 24: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
-	19, // 25: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
-	21, // 26: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	1,  // 4: grove.v1.RLDevRecord.retiring_targets:type_name -> grove.v1.RLDevSegment
+	1,  // 5: grove.v1.RLDevMove.to:type_name -> grove.v1.RLDevSegment
+	8,  // 6: grove.v1.RLDevServicePeerRequest.hello:type_name -> grove.v1.RLDevHello
+	9,  // 7: grove.v1.RLDevServicePeerRequest.forward:type_name -> grove.v1.RLDevForward
+	10, // 8: grove.v1.RLDevServicePeerRequest.ack:type_name -> grove.v1.RLDevAck
+	11, // 9: grove.v1.RLDevServicePeerRequest.pull:type_name -> grove.v1.RLDevPull
+	12, // 10: grove.v1.RLDevServicePeerRequest.pull_data:type_name -> grove.v1.RLDevPullData
+	13, // 11: grove.v1.RLDevServicePeerRequest.resync_me:type_name -> grove.v1.RLDevResyncMe
+	14, // 12: grove.v1.RLDevServicePeerRequest.copy:type_name -> grove.v1.RLDevCopy
+	8,  // 13: grove.v1.RLDevServicePeerResponse.hello:type_name -> grove.v1.RLDevHello
+	5,  // 14: grove.v1.RLDevForward.fence:type_name -> grove.v1.RLDevFence
+	5,  // 15: grove.v1.RLDevCopy.tokens:type_name -> grove.v1.RLDevFence
+	5,  // 16: grove.v1.RLDevServiceWriteRequest.fence:type_name -> grove.v1.RLDevFence
+	17, // 17: grove.v1.RLDevServiceReadResponse.result:type_name -> grove.v1.RLDevResult
+	17, // 18: grove.v1.RLDevServiceWriteResponse.result:type_name -> grove.v1.RLDevResult
+	22, // 19: grove.v1.RLDevServiceStatusResponse.replicas:type_name -> grove.v1.RLDevReplicaStatus
+	6,  // 20: grove.v1.RLDevService.Peer:input_type -> grove.v1.RLDevServicePeerRequest
+	15, // 21: grove.v1.RLDevService.Read:input_type -> grove.v1.RLDevServiceReadRequest
+	16, // 22: grove.v1.RLDevService.Write:input_type -> grove.v1.RLDevServiceWriteRequest
+	20, // 23: grove.v1.RLDevService.Status:input_type -> grove.v1.RLDevServiceStatusRequest
+	7,  // 24: grove.v1.RLDevService.Peer:output_type -> grove.v1.RLDevServicePeerResponse
+	18, // 25: grove.v1.RLDevService.Read:output_type -> grove.v1.RLDevServiceReadResponse
+	19, // 26: grove.v1.RLDevService.Write:output_type -> grove.v1.RLDevServiceWriteResponse
+	21, // 27: grove.v1.RLDevService.Status:output_type -> grove.v1.RLDevServiceStatusResponse
+	24, // [24:28] is the sub-list for method output_type
+	20, // [20:24] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_rldev_proto_init() }

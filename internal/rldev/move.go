@@ -158,7 +158,7 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		// the primary is the only copy, and no command puts the old
 		// extent back (outside review 81: a moving segment whose node
 		// died for good kept the RLDev on one copy for ever).
-		nr.Retiring = append(nr.Retiring, nr.Segs[seg])
+		nr.retire(nr.Segs[seg], false)
 		nr.Segs[seg], nr.Inc[seg] = to, 0
 		nr.FullCopy = true
 		nr.Progress, nr.ProgressTotal = 0, 0
@@ -182,7 +182,7 @@ func (t *Table) CancelMove(id uint64) (*Record, error) {
 		return nil, fmt.Errorf("%w: rldev %d has %d extents still to free", ErrMove, id, len(rec.Retiring))
 	}
 	nr := rec.Clone()
-	nr.Retiring = append(nr.Retiring, nr.Move.To)
+	nr.retire(nr.Move.To, true)
 	nr.Move = nil
 	nr.Progress, nr.ProgressTotal = 0, 0
 	nr.Epoch++
@@ -368,7 +368,7 @@ func (r *replica) targetWant(env Env, rec *Record) (*Record, string) {
 	switch {
 	case r.state == repFailed && len(rec.Retiring) < MaxRetiring:
 		rec.Move = nil
-		rec.Retiring = append(rec.Retiring, m.To)
+		rec.retire(m.To, true)
 		rec.Progress, rec.ProgressTotal = 0, 0
 		rec.Epoch++
 		return rec, fmt.Sprintf("move abandoned: the target's disk failed on node %d (%v)", r.e.cfg.Node, r.err)
@@ -492,7 +492,7 @@ func (rec *Record) parkMove() {
 // knows it holds every write acknowledged), the old extent retiring.
 func (rec *Record) switchMove() {
 	m := rec.Move
-	rec.Retiring = append(rec.Retiring, rec.Segs[m.Seg])
+	rec.retire(rec.Segs[m.Seg], false)
 	rec.Segs[m.Seg] = m.To
 	rec.Inc[m.Seg] = m.Inc
 	rec.Move = nil
@@ -519,7 +519,7 @@ func (rec *Record) moveDegraded(gone int, replace bool) bool {
 	}
 	rec.Progress, rec.ProgressTotal = 0, 0
 	if m.Seg == gone && replace {
-		rec.Retiring = append(rec.Retiring, rec.Segs[gone])
+		rec.retire(rec.Segs[gone], false)
 		rec.Segs[gone] = m.To
 		rec.Inc[gone] = m.Inc
 		rec.Stale[gone], rec.FullCopy = true, true
@@ -618,12 +618,14 @@ func (e *Engine) wipeTick() []any {
 			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) {
 				continue
 			}
-			if rec.State != Normal {
+			if rec.State != Normal && !rec.IsRetiringTarget(sg) {
 				// Not before the RLDev has both its copies again: the
 				// extent may hold the only other copy there is (a stale
 				// segment re-placed, or replaced by a move's target, and
 				// the primary lost before the rebuild ended; outside
-				// review 82: its node, back, wiped it at once).
+				// review 82: its node, back, wiped it at once). A move's
+				// target given up never held such a copy (outside review
+				// 83: kept, they filled MaxRetiring).
 				continue
 			}
 			e.wiping[sg] = true
@@ -687,7 +689,7 @@ func (e *Engine) wipeRetiring(env Env, rec, nr *Record) (*Record, string) {
 	if nr != nil {
 		base = nr
 	}
-	var keep []Segment
+	var keep, keepTargets []Segment
 	var gone []string
 	for _, sg := range base.Retiring {
 		if sg.Node == e.cfg.Node && (e.wiped[sg] || e.disks[sg.Disk] == nil) {
@@ -695,6 +697,9 @@ func (e *Engine) wipeRetiring(env Env, rec, nr *Record) (*Record, string) {
 			continue
 		}
 		keep = append(keep, sg)
+		if base.IsRetiringTarget(sg) {
+			keepTargets = append(keepTargets, sg)
+		}
 	}
 	if len(gone) == 0 {
 		return nil, ""
@@ -702,6 +707,6 @@ func (e *Engine) wipeRetiring(env Env, rec, nr *Record) (*Record, string) {
 	if nr == nil {
 		nr = rec.Clone()
 	}
-	nr.Retiring = keep
+	nr.Retiring, nr.RetiringTargets = keep, keepTargets
 	return nr, fmt.Sprintf("extents %v freed", gone)
 }

@@ -3,6 +3,7 @@ package rldev
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,6 +76,14 @@ type Record struct {
 	// decree: nothing else is placed there before no write of their past
 	// can land.
 	Retiring []Segment
+	// RetiringTargets are the entries of Retiring that are a move's
+	// target given up before it became a segment (cancelled, or its disk
+	// failed). They never held a copy the RLDev may need, so their node
+	// wipes them in any state; the others wait for the RLDev to be normal
+	// (wipeTick). Outside review 83: with every entry waiting, four
+	// targets cancelled while the RLDev was degraded reached MaxRetiring
+	// and refused the one command that could repair it.
+	RetiringTargets []Segment
 	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
 	// none): a replica that was stale before it and is up to date after
 	// was declared so by an operator, not resynced (accept.go). A state
@@ -169,8 +178,26 @@ func (r *Record) Check() error {
 	if len(r.Retiring) > MaxRetiring {
 		return fmt.Errorf("rldev %d: %d extents retiring", r.ID, len(r.Retiring))
 	}
+	for i, sg := range r.RetiringTargets {
+		if !slices.Contains(r.Retiring, sg) || slices.Contains(r.RetiringTargets[:i], sg) {
+			return fmt.Errorf("rldev %d: retiring target %v not retiring once", r.ID, sg)
+		}
+	}
 	return nil
 }
+
+// retire lists sg among the extents retiring; target: a move's target
+// given up before it became a segment (RetiringTargets).
+func (r *Record) retire(sg Segment, target bool) {
+	r.Retiring = append(r.Retiring, sg)
+	if target {
+		r.RetiringTargets = append(r.RetiringTargets, sg)
+	}
+}
+
+// IsRetiringTarget reports whether sg retires as a move's target given
+// up before it became a segment (RetiringTargets).
+func (r *Record) IsRetiringTarget(sg Segment) bool { return slices.Contains(r.RetiringTargets, sg) }
 
 // Extents are every extent the record holds: its segments, a move's
 // target, the extents retiring.
@@ -204,6 +231,7 @@ func (r *Record) Clone() *Record {
 		c.Move = &m
 	}
 	c.Retiring = append([]Segment(nil), r.Retiring...)
+	c.RetiringTargets = append([]Segment(nil), r.RetiringTargets...)
 	return &c
 }
 
@@ -293,6 +321,9 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 	for _, s := range m.Retiring {
 		r.Retiring = append(r.Retiring, Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)})
 	}
+	for _, s := range m.RetiringTargets {
+		r.RetiringTargets = append(r.RetiringTargets, Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)})
+	}
 	return r, r.Check()
 }
 
@@ -309,6 +340,9 @@ func (r *Record) PB() *pb.RLDevRecord {
 	}
 	for _, s := range r.Retiring {
 		m.Retiring = append(m.Retiring, segPB(s))
+	}
+	for _, s := range r.RetiringTargets {
+		m.RetiringTargets = append(m.RetiringTargets, segPB(s))
 	}
 	return m
 }
