@@ -35,18 +35,8 @@ type writeOp struct {
 	genWaiting          bool
 	local               int // 0 not started, 1 writing, 2 durable
 
-	peerEpoch uint64 // epoch of the forward in flight (0: none)
-	peerAcked bool
-	seq       uint64
-	sentAt    time.Time
-	resends   int // times sent again in this epoch (resend)
-
-	// Likewise to a move's target (move.go).
-	tEpoch   uint64
-	tAcked   bool
-	tSeq     uint64
-	tSentAt  time.Time
-	tResends int
+	peer leg // the forward to the peer
+	tgt  leg // the forward to a move's target (move.go)
 
 	done bool
 	// A write that ends while its local disk write is still in flight
@@ -64,7 +54,7 @@ func (w *writeOp) degSpan() (uint64, uint64) { return w.r.deg.durable.Span(w.blo
 
 func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fence *Fence, only bool) []any {
 	r.e.seq++
-	w := &writeOp{id: r.e.seq, r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only}
+	w := &writeOp{id: r.e.seq, r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only, tgt: leg{target: true}}
 	w.seqWrite = block == r.lastEnd && block > 0
 	r.lastEnd = block + w.n
 	r.writes[w] = true
@@ -200,11 +190,11 @@ func (w *writeOp) progress(env Env) []any {
 	}
 	// The forwards first: the copies are written in parallel, and the
 	// peer's (the longer way) starts as early as it can.
-	if needPeer && w.peerEpoch != rec.Epoch {
-		out = append(out, w.forward(env)...)
+	if needPeer && w.peer.epoch != rec.Epoch {
+		out = append(out, w.send(env, &w.peer, false)...)
 	}
-	if needTgt && w.tEpoch != rec.Epoch {
-		out = append(out, w.forwardTarget(env)...)
+	if needTgt && w.tgt.epoch != rec.Epoch {
+		out = append(out, w.send(env, &w.tgt, false)...)
 	}
 	if w.local == 0 {
 		w.local = 1
@@ -229,36 +219,80 @@ func (w *writeOp) progress(env Env) []any {
 			return append(out, w.progress(r.e.env)...)
 		})...)
 	}
-	if w.local == 2 && (!needPeer || (w.peerAcked && w.peerEpoch == rec.Epoch)) && (!needTgt || (w.tAcked && w.tEpoch == rec.Epoch)) &&
+	if w.local == 2 && (!needPeer || w.peer.answered(rec.Epoch)) && (!needTgt || w.tgt.answered(rec.Epoch)) &&
 		(!needDeg || w.degDone) && (!needDRL || w.drlDone) {
 		out = append(out, w.finish(nil)...)
 	}
 	return out
 }
 
-// forward sends the write to the peer in the current epoch.
-func (w *writeOp) forward(env Env) []any {
-	w.dropForward()
-	w.resends = 0
-	return w.sendForward(env)
+// leg is a write's forward to one other copy: the peer, or a move's
+// target. The two are alike but for where they go and the map their
+// answers are found in (replica.fwd, replica.tfwd).
+type leg struct {
+	target  bool   // the move's target, not the peer
+	epoch   uint64 // epoch of the forward in flight (0: none)
+	acked   bool   // that forward was answered OK
+	seq     uint64 // its key in the replica's map (0: none)
+	sentAt  time.Time
+	resends int // times sent again in this epoch
 }
 
-// resend sends the write to the peer again, in the same epoch, its last
-// forward unanswered for resendAfter: the session to the peer, or the
-// answer's, may have lost it. Only the last forward's answer counts: the
-// peer takes a node's messages in the order sent and their ranges in
-// order of arrival, so once the last is answered every earlier copy has
-// been written there or lost, and none can land later, over a write that
-// reached the peer another way (WriteReplica, outside review 79: an
-// earlier copy's answer counted, and the last copy, slow on the link,
-// landed over a client's later WriteReplica). A peer whose disk is
-// behind answers the copies it receives while it writes the first with
-// the first (onForward), so the last one's answer is not later for it.
-func (w *writeOp) resend(env Env) []any {
-	w.dropForward()
-	w.resends++
-	w.r.e.stats.Resends++
-	return w.sendForward(env)
+// answered reports whether the leg's forward in epoch was answered OK.
+func (l *leg) answered(epoch uint64) bool { return l.acked && l.epoch == epoch }
+
+// due reports whether the leg's forward in epoch awaits its answer past
+// resendAfter (sent again on the replica's tick).
+func (l *leg) due(now time.Time, epoch uint64, every time.Duration) bool {
+	return l.epoch == epoch && !l.acked && now.Sub(l.sentAt) >= resendAfter(every, l.resends)
+}
+
+// inFlight is the replica's map of forwards awaiting an answer on l.
+func (w *writeOp) inFlight(l *leg) map[uint64]*writeOp {
+	if l.target {
+		return w.r.tfwd
+	}
+	return w.r.fwd
+}
+
+// send sends the write on l in the current epoch: for the first time
+// (again false), or again in the same epoch, its last forward unanswered
+// for resendAfter: the session, or the answer's, may have lost it. Only
+// the last forward's answer counts: the peer takes a node's messages in
+// the order sent and their ranges in order of arrival, so once the last
+// is answered every earlier copy has been written there or lost, and
+// none can land later, over a write that reached the peer another way
+// (WriteReplica, outside review 79: an earlier copy's answer counted, and
+// the last copy, slow on the link, landed over a client's later
+// WriteReplica). A peer whose disk is behind answers the copies it
+// receives while it writes the first with the first (onForward), so the
+// last one's answer is not later for it. A move's target is sent the
+// write the same way.
+func (w *writeOp) send(env Env, l *leg, again bool) []any {
+	w.drop(l)
+	r := w.r
+	if again {
+		l.resends++
+		r.e.stats.Resends++
+	} else {
+		l.resends = 0
+	}
+	l.seq = r.nextSeq()
+	l.epoch, l.acked, l.sentAt = r.rec.Epoch, false, env.Now
+	w.inFlight(l)[l.seq] = w
+	r.e.stats.Forwards++
+	to, reachable := r.peerNode(), r.peerReachable()
+	if l.target {
+		to = r.rec.Move.To.Node
+		reachable = r.e.up[to]
+	}
+	if !reachable {
+		// Sent again when it is back (the replica's tick), or dropped:
+		// the peer's by degraded mode, the target's once it is declared
+		// dead.
+		return nil
+	}
+	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: l.seq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence, Target: l.target}}}
 }
 
 // resendAfter is how long a forward sent again n times waits for its
@@ -269,24 +303,12 @@ func resendAfter(every time.Duration, n int) time.Duration {
 	return every << min(n, 3)
 }
 
-// dropForward forgets the write's forward to the peer.
-func (w *writeOp) dropForward() {
-	if w.seq != 0 {
-		delete(w.r.fwd, w.seq)
-		w.seq = 0
+// drop forgets the write's forward on l.
+func (w *writeOp) drop(l *leg) {
+	if l.seq != 0 {
+		delete(w.inFlight(l), l.seq)
+		l.seq = 0
 	}
-}
-
-func (w *writeOp) sendForward(env Env) []any {
-	r := w.r
-	w.seq = r.nextSeq()
-	w.peerEpoch, w.peerAcked, w.sentAt = r.rec.Epoch, false, env.Now
-	r.fwd[w.seq] = w
-	r.e.stats.Forwards++
-	if !r.peerReachable() {
-		return nil // sent again when the peer is back (retry), or dropped by degraded mode
-	}
-	return []any{Send{To: r.peerNode(), Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.seq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence}}}
 }
 
 // acked handles the peer's answer to a forward.
@@ -294,8 +316,8 @@ func (w *writeOp) acked(env Env, a Ack) []any {
 	r := w.r
 	switch a.Code {
 	case OK:
-		if w.peerEpoch == r.rec.Epoch {
-			w.peerAcked = true
+		if w.peer.epoch == r.rec.Epoch {
+			w.peer.acked = true
 		}
 		return w.progress(env)
 	case StaleToken:
@@ -322,8 +344,8 @@ func (w *writeOp) acked(env Env, a Ack) []any {
 	// Another epoch there, not ready there yet, or its disk failed (a
 	// secondary leaves by decree): sent again on the next retry (the
 	// write stays registered as awaiting an answer).
-	w.sentAt = env.Now
-	r.fwd[w.seq] = w
+	w.peer.sentAt = env.Now
+	r.fwd[w.peer.seq] = w
 	if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
 		return append(out, Refresh{})
 	}
@@ -338,8 +360,8 @@ func (w *writeOp) finish(err error) []any {
 	w.done = true
 	r := w.r
 	delete(r.writes, w)
-	w.dropForward()
-	w.dropTargetForward()
+	w.drop(&w.peer)
+	w.drop(&w.tgt)
 	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
 		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
 	}

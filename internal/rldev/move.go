@@ -289,55 +289,18 @@ func (r *replica) probeStop(env Env) []any {
 	}})
 }
 
-// forwardTarget sends the write to the move's target in the current epoch.
-func (w *writeOp) forwardTarget(env Env) []any {
-	w.dropTargetForward()
-	w.tResends = 0
-	return w.sendTarget(env)
-}
-
-// resendTarget sends the write to the move's target again, in the same
-// epoch (as resend to the peer: only the last one's answer counts).
-func (w *writeOp) resendTarget(env Env) []any {
-	w.dropTargetForward()
-	w.tResends++
-	w.r.e.stats.Resends++
-	return w.sendTarget(env)
-}
-
-// dropTargetForward forgets the write's forward to the move's target.
-func (w *writeOp) dropTargetForward() {
-	if w.tSeq != 0 {
-		delete(w.r.tfwd, w.tSeq)
-		w.tSeq = 0
-	}
-}
-
-func (w *writeOp) sendTarget(env Env) []any {
-	r := w.r
-	w.tSeq = r.nextSeq()
-	w.tEpoch, w.tAcked, w.tSentAt = r.rec.Epoch, false, env.Now
-	r.tfwd[w.tSeq] = w
-	r.e.stats.Forwards++
-	to := r.rec.Move.To.Node
-	if !r.e.up[to] {
-		return nil // sent again when the target is back (retry), or dropped when it is declared dead
-	}
-	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: w.tSeq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence, Target: true}}}
-}
-
 // targetAcked handles the move target's answer to a forward; anything but
 // OK in this epoch is sent again on the next retry.
 func (w *writeOp) targetAcked(env Env, a Ack) []any {
 	r := w.r
 	if a.Code == OK {
-		if w.tEpoch == r.rec.Epoch {
-			w.tAcked = true
+		if w.tgt.epoch == r.rec.Epoch {
+			w.tgt.acked = true
 		}
 		return w.progress(env)
 	}
-	w.tSentAt = env.Now
-	r.tfwd[w.tSeq] = w
+	w.tgt.sentAt = env.Now
+	r.tfwd[w.tgt.seq] = w
 	if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
 		return []any{Refresh{}}
 	}

@@ -811,8 +811,8 @@ func (r *replica) retry(env Env) []any {
 	if r.peerReachable() {
 		for _, seq := range sortedSeqs(r.fwd) {
 			w := r.fwd[seq]
-			if w.peerEpoch == r.rec.Epoch && !w.peerAcked && env.Now.Sub(w.sentAt) >= resendAfter(r.e.cfg.RetryEvery, w.resends) {
-				out = append(out, w.resend(env)...)
+			if w.peer.due(env.Now, r.rec.Epoch, r.e.cfg.RetryEvery) {
+				out = append(out, w.send(env, &w.peer, true)...)
 			}
 		}
 		for _, seq := range sortedSeqs(r.pulls) {
@@ -833,8 +833,8 @@ func (r *replica) retry(env Env) []any {
 	if m := r.rec.Move; m != nil && r.e.up[m.To.Node] {
 		for _, seq := range sortedSeqs(r.tfwd) {
 			w := r.tfwd[seq]
-			if w.tEpoch == r.rec.Epoch && !w.tAcked && env.Now.Sub(w.tSentAt) >= resendAfter(r.e.cfg.RetryEvery, w.tResends) {
-				out = append(out, w.resendTarget(env)...)
+			if w.tgt.due(env.Now, r.rec.Epoch, r.e.cfg.RetryEvery) {
+				out = append(out, w.send(env, &w.tgt, true)...)
 			}
 		}
 	}

@@ -1625,7 +1625,7 @@ func (s *rsim) dump() string {
 					break
 				}
 				fmt.Fprintf(&b, "    write [%d,%d) locked %v admitted %v drl %v deg %v gen %d local %d peer-epoch %d acked %v\n",
-					w.block, w.block+w.n, w.locked, w.admitted, w.drlDone, w.degDone, w.gen, w.local, w.peerEpoch, w.peerAcked)
+					w.block, w.block+w.n, w.locked, w.admitted, w.drlDone, w.degDone, w.gen, w.local, w.peer.epoch, w.peer.acked)
 			}
 		}
 	}
