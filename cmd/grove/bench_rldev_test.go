@@ -11,6 +11,7 @@ import (
 // on both data paths, and a resync) and checks that it reports figures:
 // the benchmark is kept working; README quotes a full run.
 func TestBenchRLDevSmoke(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	if testing.Short() {
 		t.Skip("real processes")
 	}
@@ -18,6 +19,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 		t.Skip("fio is not installed (scripts/test.sh installs it as root)")
 	}
 	bin := buildGrove(t)
+	claimPorts(t, 9500)
 	r := grove(t, bin, nil, "bench", "rldev", "--parts", "iops,resync", "--cell", "300ms", "--resync-size", "32MiB", "--base-port", "9500", "-o", "json")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)

@@ -9,6 +9,7 @@ import (
 // TestBenchTreeSmoke runs `grove bench tree` briefly and checks that it
 // reports figures: the benchmark is kept working; README quotes a full run.
 func TestBenchTreeSmoke(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	if testing.Short() {
 		t.Skip("a cluster in the benchmark's process")
 	}

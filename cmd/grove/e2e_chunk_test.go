@@ -43,6 +43,7 @@ type ChunkStatJSON struct {
 // whole through node 2, which took over; both pairs allocate again, with
 // ids never handed out before; node 1 restarts and rejoins as secondary.
 func TestEndToEndChunkSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, _ := startCluster(t, 9600, "--chunk-size", "32MiB")
 	ep := u.Gateway
 	tmp := t.TempDir()
@@ -297,6 +298,7 @@ func TestEndToEndChunkSIGKILL(t *testing.T) {
 // bytes (through the new primary, and after the node's restart); every
 // acknowledged free reads as unallocated; the new primary holds them all.
 func TestEndToEndChunkLoadSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	_, u, ctx := startCluster(t, 9900, "--chunk-size", "64MiB")
 	mc := upMeta(t, ctx, u)
 	cl := chunk.NewClerk(mc)

@@ -20,6 +20,7 @@ import (
 // lacks the flag), reverse order, deletes;
 // and clear errors for what it does not have (revisions, leases, txn).
 func TestEndToEndEtcdctl(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	etcdctl, err := exec.LookPath("etcdctl")
 	if err != nil {
 		t.Skip("etcdctl not installed (apt-get install etcd-client; scripts/test.sh does)")

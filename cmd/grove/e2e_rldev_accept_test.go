@@ -20,6 +20,7 @@ import (
 // equal. Refusals: a normal RLDev, an unknown one, one whose up-to-date
 // copy is alive.
 func TestEndToEndRLDevAcceptStaleSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 7500)
 	keepLogsOnFailure(t, u, "acceptstale")
 	cl := rldevCLI{t: t, bin: bin, ep: u.Gateway}

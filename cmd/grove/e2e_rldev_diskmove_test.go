@@ -22,6 +22,7 @@ import (
 // only copy left when the primary's node is SIGKILLed, and everything
 // reads back from it. Bad requests get clear errors.
 func TestEndToEndRLDevDiskMoveSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 9300, "--disks", "2")
 	ep := u.Gateway
 	run := func(stdin []byte, args ...string) ran {

@@ -20,6 +20,7 @@ import (
 // matters (SIGKILLed, the RLDev stays normal), and once it is back its old
 // extent is freed. Bad requests get clear errors.
 func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 9800)
 	ep := u.Gateway
 	run := func(stdin []byte, args ...string) ran {

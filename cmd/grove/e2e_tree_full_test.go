@@ -22,6 +22,7 @@ import (
 // updates in place still work. Growing the store (grove chunk grow) lets
 // puts go on.
 func TestEndToEndTreeFull(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 9400, "--chunk-size", "1MiB")
 	keepLogsOnFailure(t, u, "grove-e2e-tree-full")
 	c, err := client.Dial(ctx, u.Nodes[1].GRPC, u.Nodes[2].GRPC, u.Nodes[3].GRPC)

@@ -23,6 +23,7 @@ import (
 // granted (Boxwood §3.7). Every acknowledged put is read back, through the
 // Go client.
 func TestEndToEndTreeKillAll(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	_, u, ctx := startCluster(t, 9000, "--chunk-size", "64MiB")
 	keepLogsOnFailure(t, u, "grove-e2e-killall")
 	eps := []string{u.Nodes[1].GRPC, u.Nodes[2].GRPC, u.Nodes[3].GRPC}

@@ -48,6 +48,7 @@ import (
 // the same cluster (seeds S, S+1, ...), each on a new tree; the default is
 // one round of four faults.
 func TestEndToEndTreeLinearizable(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	seed := time.Now().UnixNano() % 1_000_000
 	if s := os.Getenv("GROVE_SEED"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)

@@ -30,6 +30,7 @@ import (
 // Every acknowledged key is then read back through the CLI on node 3 (get,
 // scan, count), and through node 2 once it has restarted.
 func TestEndToEndTreeSIGKILL(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 8800, "--chunk-size", "64MiB")
 	keepLogsOnFailure(t, u, "grove-e2e-tree")
 	ep := func(id uint64) string { return "--endpoints=" + u.Nodes[id].GRPC }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,6 +88,37 @@ func parseStatus(t *testing.T, b []byte) StatusJSON {
 	return s
 }
 
+// parallelTests: the longest real-process tests call t.Parallel (two at
+// a time on a 2-core machine, once the package's other tests have run):
+// they mostly wait on processes and timers, and one after the other they
+// were half of this package's time. Each has a base port of its own, a
+// block of 100 (a node uses base + 10i .. + 3; the tests use at most 5
+// nodes), which startCluster claims: a test that reuses another's block
+// while it runs fails at once, naming both. Tests that time what they
+// observe (the failure detector's verdicts, TestEndToEndKillRestart) stay
+// sequential.
+var portBlocks = struct {
+	sync.Mutex
+	owner map[int]string
+}{owner: map[int]string{}}
+
+// claimPorts claims port's block of 100 for t until it ends.
+func claimPorts(t *testing.T, port int) {
+	t.Helper()
+	b := port / 100
+	portBlocks.Lock()
+	defer portBlocks.Unlock()
+	if o, ok := portBlocks.owner[b]; ok {
+		t.Fatalf("base port %d: its block (%d-%d) is %s's while it runs: give this test a block of its own", port, b*100, b*100+99, o)
+	}
+	portBlocks.owner[b] = t.Name()
+	t.Cleanup(func() {
+		portBlocks.Lock()
+		defer portBlocks.Unlock()
+		delete(portBlocks.owner, b)
+	})
+}
+
 // startCluster builds grove and runs `grove up --processes` on base port
 // port for a real-process test; it is stopped when the test ends.
 func startCluster(t *testing.T, port int, extra ...string) (string, *bench.UpCluster, context.Context) {
@@ -94,6 +126,7 @@ func startCluster(t *testing.T, port int, extra ...string) (string, *bench.UpClu
 	if testing.Short() {
 		t.Skip("real processes")
 	}
+	claimPorts(t, port)
 	bin := buildGrove(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
