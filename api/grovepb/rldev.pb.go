@@ -388,12 +388,16 @@ func (x *RLDevMove) GetSwitch() bool {
 // RLDevDisk is one disk of a node that holds segments, key
 // "disk/<node>/<index>".
 type RLDevDisk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
-	Index         uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
-	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"` // bytes
-	Path          string                 `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`  // as the node's config names it (for operators)
-	Uuid          string                 `protobuf:"bytes,5,opt,name=uuid,proto3" json:"uuid,omitempty"`  // written in the disk's header when it was first used: a replaced disk has another
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
+	Index uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Size  uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"` // bytes
+	Path  string                 `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`  // as the node's config names it (for operators)
+	Uuid  string                 `protobuf:"bytes,5,opt,name=uuid,proto3" json:"uuid,omitempty"`  // written in the disk's header when it was first used: a replaced disk has another
+	// Its node was forgotten, gone for good (grove rldev forget-node):
+	// nothing is placed on it, and its node, if it ever runs again with this
+	// disk (this uuid), does not register it anew.
+	Forgotten     bool `protobuf:"varint,6,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -461,6 +465,13 @@ func (x *RLDevDisk) GetUuid() string {
 		return x.Uuid
 	}
 	return ""
+}
+
+func (x *RLDevDisk) GetForgotten() bool {
+	if x != nil {
+		return x.Forgotten
+	}
+	return false
 }
 
 // RLDevFence is a lock-service fencing token carried by a write.
@@ -1972,13 +1983,14 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +
 	"\n" +
 	"target_inc\x18\x03 \x01(\x04R\ttargetInc\x12\x16\n" +
-	"\x06switch\x18\x04 \x01(\bR\x06switch\"q\n" +
+	"\x06switch\x18\x04 \x01(\bR\x06switch\"\x8f\x01\n" +
 	"\tRLDevDisk\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x12\n" +
-	"\x04uuid\x18\x05 \x01(\tR\x04uuid\"H\n" +
+	"\x04uuid\x18\x05 \x01(\tR\x04uuid\x12\x1c\n" +
+	"\tforgotten\x18\x06 \x01(\bR\tforgotten\"H\n" +
 	"\n" +
 	"RLDevFence\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +

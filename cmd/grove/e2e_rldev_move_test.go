@@ -217,4 +217,41 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 			t.Fatalf("replica %s after the re-place: the data at 200MiB differs", replica)
 		}
 	}
+
+	// The lost node is forgotten: its old extent, retiring, is dropped
+	// (only it could wipe it), and its disk marked so that nothing is
+	// placed there again. Refused for a live node, and without
+	// --gone-for-good (which says what it would do).
+	lost := strconv.FormatUint(target, 10)
+	if r := run(nil, "rldev", "forget-node", strconv.FormatUint(p, 10), "--gone-for-good"); r.code != 1 || !strings.Contains(r.stderr, "is alive") {
+		t.Fatalf("forget-node of a live node: %v", r)
+	}
+	if r := run(nil, "rldev", "forget-node", lost); r.code != 2 || !strings.Contains(r.stderr, "drops the 1 extent retiring") || !strings.Contains(r.stderr, "--gone-for-good") {
+		t.Fatalf("forget-node without --gone-for-good: %v", r)
+	} else {
+		t.Logf("grove rldev forget-node %s: %s", lost, r.stderr)
+	}
+	if got := list().RLDevs[0].Move.Retiring; len(got) != 1 {
+		t.Fatalf("before the forget, retiring %v: want the lost node's old extent", got)
+	}
+	var forgot struct {
+		Node    uint64              `json:"node"`
+		Disks   []uint32            `json:"disks_forgotten"`
+		Dropped map[string][]string `json:"retiring_dropped"`
+	}
+	r = must(run(nil, "rldev", "forget-node", lost, "--gone-for-good", "-o", "json"))
+	if err := json.Unmarshal([]byte(r.stdout), &forgot); err != nil || forgot.Node != target || len(forgot.Disks) != 1 || len(forgot.Dropped[ids]) != 1 {
+		t.Fatalf("forget-node: %v %+v\n%s", err, forgot, r.stdout)
+	}
+	t.Logf("grove rldev forget-node %s --gone-for-good -o json: %s", lost, r.stdout)
+	if got := list().RLDevs[0].Move.Retiring; len(got) != 0 {
+		t.Fatalf("after the forget, still retiring: %v", got)
+	}
+	// New RLDevs chain over the two nodes left.
+	must(run(nil, "rldev", "create", "--size", "16MiB", "--count", "3"))
+	for _, rd := range list().RLDevs {
+		if rd.Primary.Node == target || rd.Secondary.Node == target {
+			t.Fatalf("rldev %d placed on the forgotten node %d", rd.RLDev, target)
+		}
+	}
 }

@@ -24,7 +24,7 @@ import (
 func rldevCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rldev",
-		Short: "Replicated logical devices: list, create, move, read, write, accept-stale",
+		Short: "Replicated logical devices: list, create, move, read, write, accept-stale, forget-node",
 		Long: `RLDevs are fixed-size block devices, each two segments on disks of two nodes
 (Boxwood's replicated logical devices): writes go to the primary and are
 acknowledged once durable on both (on the survivor alone, in degraded mode,
@@ -34,7 +34,7 @@ after the failure detector declared the other dead); reads come from either.`,
   grove rldev write 1 0 pattern.bin
   grove rldev read 1 0 1MiB | cmp - pattern.bin`,
 	}
-	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevMoveCmd(), rldevReadCmd(), rldevWriteCmd(), rldevAcceptCmd())
+	cmd.AddCommand(rldevListCmd(), rldevCreateCmd(), rldevMoveCmd(), rldevReadCmd(), rldevWriteCmd(), rldevAcceptCmd(), rldevForgetCmd())
 	return cmd
 }
 

@@ -331,6 +331,9 @@ type Engine struct {
 	wiping     map[Segment]bool
 	wiped      map[Segment]bool
 	waitLogged map[Segment]bool // extents a new replica waits for (extentBusy)
+	// forgottenLogged: disks of this node found forgotten in the table
+	// (forget.go), said once.
+	forgottenLogged map[uint32]bool
 
 	stats Stats
 }
@@ -402,7 +405,7 @@ func NewEngine(cfg Config) *Engine {
 	e := &Engine{cfg: cfg, nodes: map[NodeID]uint64{}, disks: map[uint32]*diskState{}, reps: map[uint64]*replica{}, tgts: map[uint64]*replica{},
 		ops: map[OpID]func([]byte, error) []any{}, runs: map[OpID]func(RunData, error) []any{}, issued: map[OpID]issuedOp{}, up: map[NodeID]bool{}, suspects: map[NodeID]uint64{},
 		dead: map[NodeID]uint64{}, reqs: map[ReqID]*request{}, table: &Table{RLDevs: map[uint64]*Record{}, Disks: map[DiskKey]*Disk{}},
-		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}}
+		wiping: map[Segment]bool{}, wiped: map[Segment]bool{}, waitLogged: map[Segment]bool{}, forgottenLogged: map[uint32]bool{}}
 	for _, d := range cfg.Disks {
 		e.disks[d.Index] = &diskState{idx: d.Index, size: d.Size, uuid: d.UUID, path: d.Path, suspect: d.Suspect}
 	}
@@ -1141,9 +1144,21 @@ func (e *Engine) decide(env Env) []any {
 	}
 	var ops []*pb.Op
 	var what []string
+	var out []any
 	for _, k := range e.diskIx {
 		d := e.disks[k]
-		if td := e.table.Disks[DiskKey{e.cfg.Node, k}]; td == nil || td.UUID != d.uuid || td.Size != d.size || td.Path != d.path {
+		td := e.table.Disks[DiskKey{e.cfg.Node, k}]
+		if td != nil && td.Forgotten && td.UUID == d.uuid {
+			// Its node was forgotten, gone for good (forget.go): this
+			// disk's extents hold what the table gave up; only a wiped
+			// or new disk (another UUID) is registered.
+			if !e.forgottenLogged[k] {
+				e.forgottenLogged[k] = true
+				out = append(out, e.logf(3, "rldev disk forgotten by an operator (grove rldev forget-node): not used; wipe it, or use a new one, to store segments here again", "disk", k, "path", d.path))
+			}
+			continue
+		}
+		if td == nil || td.UUID != d.uuid || td.Size != d.size || td.Path != d.path {
 			ops = append(ops, PutDiskOp(&Disk{Node: e.cfg.Node, Index: k, Size: d.size, Path: d.path, UUID: d.uuid}))
 			what = append(what, fmt.Sprintf("disk %d/%d registered", e.cfg.Node, k))
 		}
@@ -1185,13 +1200,17 @@ func (e *Engine) decide(env Env) []any {
 	if len(ops) == 0 && e.unsettled {
 		for _, k := range e.diskIx {
 			d := e.disks[k]
-			ops = append(ops, PutDiskOp(&Disk{Node: e.cfg.Node, Index: k, Size: d.size, Path: d.path, UUID: d.uuid}))
+			nd := &Disk{Node: e.cfg.Node, Index: k, Size: d.size, Path: d.path, UUID: d.uuid}
+			if td := e.table.Disks[DiskKey{e.cfg.Node, k}]; td != nil && td.Forgotten {
+				nd = td // as it is: a forgotten disk stays so
+			}
+			ops = append(ops, PutDiskOp(nd))
 			what = append(what, fmt.Sprintf("settling decree %d, unanswered: disk %d/%d as registered", e.decreeID, e.cfg.Node, k))
 			break
 		}
 	}
 	if len(ops) == 0 {
-		return nil
+		return out
 	}
 	e.decreeOut = true
 	e.unsure, e.unsettled = false, false
@@ -1199,7 +1218,7 @@ func (e *Engine) decide(env Env) []any {
 	e.stats.Decrees++
 	e.decreeVer = e.table.Version
 	p := Propose{ID: e.decreeID, Version: e.table.Version, Ops: ops, What: fmt.Sprint(what)}
-	return []any{p, e.logf(1, "rldev decree proposed", "what", p.What, "version", p.Version)}
+	return append(out, p, e.logf(1, "rldev decree proposed", "what", p.What, "version", p.Version))
 }
 
 // decideIDs returns, in order, the RLDevs decide may change: those this

@@ -179,6 +179,8 @@ func FuzzDecodeTable(f *testing.F) {
 	f.Add("rldev/0000000001", b)
 	d, _ := proto.Marshal(&pb.RLDevDisk{Node: 1, Size: 1 << 30, Uuid: "ab"})
 	f.Add("disk/1/0", d)
+	d, _ = proto.Marshal(&pb.RLDevDisk{Node: 3, Index: 1, Size: 1 << 30, Uuid: "cd", Forgotten: true}) // forget.go
+	f.Add("disk/3/1", d)
 	f.Fuzz(func(t *testing.T, key string, value []byte) {
 		tb, err := DecodeTable(&pb.Namespace{Version: 1, Entries: []*pb.Entry{{Key: key, Value: value}}})
 		if err != nil {

@@ -242,6 +242,10 @@ type Disk struct {
 	Size  int64
 	Path  string
 	UUID  string // from the disk's header: another one means the disk was replaced
+	// Forgotten: its node is gone for good (Table.Forget): nothing is
+	// placed on it, and the node, if it runs again with this disk (this
+	// UUID), does not register it anew (a wiped or new disk has another).
+	Forgotten bool
 }
 
 // DiskReserved is the space at the start of every disk that holds its
@@ -289,7 +293,7 @@ func DecodeTable(ns *pb.Namespace) (*Table, error) {
 			if err := proto.Unmarshal(e.Value, m); err != nil {
 				return nil, fmt.Errorf("rldev: disk %q: %w", e.Key, err)
 			}
-			d := &Disk{Node: m.Node, Index: m.Index, Size: int64(m.Size), Path: m.Path, UUID: m.Uuid}
+			d := &Disk{Node: m.Node, Index: m.Index, Size: int64(m.Size), Path: m.Path, UUID: m.Uuid, Forgotten: m.Forgotten}
 			t.Disks[DiskKey{d.Node, d.Index}] = d
 		default:
 			return nil, fmt.Errorf("rldev: unknown key %q", e.Key)
@@ -365,7 +369,7 @@ func (r *Record) PutOp() *pb.Op {
 
 // PutDiskOp is the decree op that stores d.
 func PutDiskOp(d *Disk) *pb.Op {
-	b, err := proto.Marshal(&pb.RLDevDisk{Node: d.Node, Index: d.Index, Size: uint64(d.Size), Path: d.Path, Uuid: d.UUID})
+	b, err := proto.Marshal(&pb.RLDevDisk{Node: d.Node, Index: d.Index, Size: uint64(d.Size), Path: d.Path, Uuid: d.UUID, Forgotten: d.Forgotten})
 	if err != nil {
 		panic(err)
 	}
@@ -403,7 +407,7 @@ func (t *Table) used(k DiskKey) []extent {
 // returning its offset.
 func (t *Table) FreeExtent(k DiskKey, blocks uint64) (int64, bool) {
 	d := t.Disks[k]
-	if d == nil {
+	if d == nil || d.Forgotten {
 		return 0, false
 	}
 	need := SegmentSize(blocks)
@@ -420,7 +424,7 @@ func (t *Table) FreeExtent(k DiskKey, blocks uint64) (int64, bool) {
 // FreeBytes is the free space of disk k.
 func (t *Table) FreeBytes(k DiskKey) int64 {
 	d := t.Disks[k]
-	if d == nil {
+	if d == nil || d.Forgotten {
 		return 0
 	}
 	free := d.Size - DiskReserved
@@ -434,8 +438,8 @@ func (t *Table) FreeBytes(k DiskKey) int64 {
 func (t *Table) storageNodes() []uint64 {
 	seen := map[uint64]bool{}
 	var out []uint64
-	for k := range t.Disks {
-		if !seen[k.Node] {
+	for k, d := range t.Disks {
+		if !seen[k.Node] && !d.Forgotten {
 			seen[k.Node] = true
 			out = append(out, k.Node)
 		}
@@ -511,7 +515,7 @@ func (t *Table) Create(blocks uint64, drlOff bool) (*Record, error) {
 func (t *Table) largestFree(node uint64) int64 {
 	var most int64
 	for k, d := range t.Disks {
-		if k.Node != node {
+		if k.Node != node || d.Forgotten {
 			continue
 		}
 		at := int64(DiskReserved)

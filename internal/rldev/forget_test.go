@@ -1,0 +1,136 @@
+package rldev
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
+)
+
+// forgetCommit passes node's Forget by decree, conditional on the table.
+func (h *harness) forgetCommit(node NodeID) (*ForgetPlan, error) {
+	h.t.Helper()
+	tb := h.table()
+	plan, err := tb.Forget(uint64(node))
+	if err != nil {
+		return nil, err
+	}
+	if len(plan.Ops) > 0 {
+		if err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: tb.Version, Ops: plan.Ops}); err != nil {
+			h.t.Fatalf("decree: %v", err)
+		}
+	}
+	h.run()
+	return plan, nil
+}
+
+// A node lost for good: forgetting it is refused while it holds a
+// segment; once that segment is re-placed, the forget drops the old extent
+// retiring there (its node will never wipe it) and marks its disk
+// forgotten, so that nothing is placed there again. The node, back with
+// the same disk, does not register it anew and serves nothing; back with
+// a wiped disk, it is a node like any other.
+func TestForgetNodeGoneForGood(t *testing.T) {
+	h, id, p, s, tg := r81ThreeNodes(t)
+	h.mustWrite(p.id, id, 5, pattern(1, 1))
+	seg := h.rec(id).SegmentOf(uint64(s.id))
+	h.crash(s, false, nil)
+	h.dead[Subject{s.id, s.inc}] = true
+	h.run()
+	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
+		t.Fatalf("setup: not degraded: %+v", h.rec(id))
+	}
+	h.mustWrite(p.id, id, 6, pattern(2, 1))
+
+	// Refused while node s holds the stale segment.
+	if _, err := h.forgetCommit(s.id); !errors.Is(err, ErrForget) || !strings.Contains(err.Error(), "rldev 1's") {
+		t.Fatalf("forget of a node holding a segment: %v", err)
+	}
+	if _, err := h.table().Forget(99); !errors.Is(err, ErrForget) {
+		t.Fatalf("forget of a node with no disk: %v", err)
+	}
+
+	// Re-placed on tg: the old extent retires on s, which never wipes it.
+	tb := h.table()
+	nr, err := tb.StartMove(id, seg, uint64(tg.id), -1)
+	if err != nil || nr.Move != nil {
+		t.Fatalf("re-place: %v %+v", err, nr)
+	}
+	old := tb.RLDevs[id].Segs[seg]
+	h.r83Commit(tb, nr)
+	if !h.tickUntil(30*time.Second, func() bool { return h.rec(id).State == Normal }) {
+		t.Fatalf("the re-placed segment was not rebuilt: %+v", h.rec(id))
+	}
+	if r := h.rec(id); len(r.Retiring) != 1 || r.Retiring[0] != old {
+		t.Fatalf("retiring %v, want the old extent %v", r.Retiring, old)
+	}
+	plan, err := h.forgetCommit(s.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.DroppedCount() != 1 || len(plan.Disks) != 1 {
+		t.Fatalf("plan %+v", plan)
+	}
+	r := h.rec(id)
+	if len(r.Retiring) != 0 {
+		t.Fatalf("still retiring after the forget: %v", r.Retiring)
+	}
+	if d := h.table().Disks[DiskKey{uint64(s.id), 0}]; d == nil || !d.Forgotten {
+		t.Fatalf("disk of node %d: %+v", s.id, d)
+	}
+	// Forgetting again changes nothing.
+	if plan, err := h.table().Forget(uint64(s.id)); err != nil || len(plan.Ops) != 0 || !strings.Contains(plan.Describe(), "already") {
+		t.Fatalf("second forget: %+v %v", plan, err)
+	}
+	// Nothing is placed on the forgotten node: two nodes are left to
+	// chain over, and a move there is refused.
+	for i := 0; i < 4; i++ {
+		nr := h.create(256)
+		for _, sg := range nr.Segs {
+			if sg.Node == uint64(s.id) {
+				t.Fatalf("rldev %d placed on the forgotten node: %v", nr.ID, nr.Segs)
+			}
+		}
+	}
+	if _, err := h.table().StartMove(id, seg, uint64(s.id), -1); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a move to the forgotten node: %v", err)
+	}
+
+	// The node comes back with its old disk: not registered anew, and the
+	// RLDevs go on as they were.
+	h.start(s)
+	h.tick(5 * time.Second)
+	if d := h.table().Disks[DiskKey{uint64(s.id), 0}]; d == nil || !d.Forgotten {
+		t.Fatalf("the forgotten disk was registered anew: %+v", d)
+	}
+	if r := h.rec(id); r.State != Normal || r.Segs[seg].Node != uint64(tg.id) {
+		t.Fatalf("rldev %d after the forgotten node came back: %+v", id, r)
+	}
+	h.mustRead(p.id, id, 5, pattern(1, 1))
+	h.mustRead(tg.id, id, 6, pattern(2, 1))
+
+	// Back with a wiped disk (another header): a disk like any other.
+	h.crash(s, false, nil)
+	s.devs[0] = disk.NewMemDevice(testDisk, nil)
+	h.start(s)
+	h.tick(5 * time.Second)
+	if d := h.table().Disks[DiskKey{uint64(s.id), 0}]; d == nil || d.Forgotten || d.UUID != s.uuid[0] {
+		t.Fatalf("a wiped disk on the forgotten node: %+v (its uuid %s)", d, s.uuid[0])
+	}
+	nr = nil
+	for i := 0; i < 3 && nr == nil; i++ {
+		c := h.create(256)
+		for _, sg := range c.Segs {
+			if sg.Node == uint64(s.id) {
+				nr = c
+			}
+		}
+	}
+	if nr == nil {
+		t.Fatalf("nothing placed on the node with a wiped disk")
+	}
+	h.mustWrite(p.id, nr.ID, 1, pattern(3, 1))
+}
