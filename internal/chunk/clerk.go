@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,7 +63,10 @@ type Clerk struct {
 		table *Table
 	}
 	refresh sync.Mutex
-	next    atomic.Uint32 // round robin over the pairs for allocations
+	// next: round robin over the pairs for allocations, from a random
+	// pair: a clerk per command (grove chunk alloc) started at the same
+	// pair every time, and many short-lived clients loaded that one alone.
+	next atomic.Uint32
 	// maybeStrays counts owned allocations with an attempt that may have
 	// landed without its answer reaching the clerk (MaybeStrays).
 	maybeStrays atomic.Uint64
@@ -71,11 +75,18 @@ type Clerk struct {
 // NewClerk starts a clerk on the config service m (which it does not
 // close).
 func NewClerk(m *meta.Client) *Clerk {
-	c := &Clerk{meta: m}
-	c.ctx, c.stop = context.WithCancel(context.Background())
+	c := newClerk(m)
 	c.book = meta.NewAddressBook(m)
 	c.wg.Add(1)
 	go c.watchTable()
+	return c
+}
+
+// newClerk is a clerk watching nothing yet (no table, no addresses).
+func newClerk(m *meta.Client) *Clerk {
+	c := &Clerk{meta: m}
+	c.next.Store(rand.Uint32())
+	c.ctx, c.stop = context.WithCancel(context.Background())
 	return c
 }
 
@@ -216,6 +227,13 @@ func (c *Clerk) Allocate(ctx context.Context, size uint64, cm uint32) (Handle, e
 	return c.AllocateOwned(ctx, size, cm, Owner{})
 }
 
+// allocOrder is the order in which an allocation with no pair named
+// tries the pairs ids: all of them, from the next in turn.
+func (c *Clerk) allocOrder(ids []uint32) []uint32 {
+	k := int(c.next.Add(1) % uint32(len(ids)))
+	return append(slices.Clone(ids[k:]), ids[:k]...)
+}
+
 // AllocateOwned is Allocate for owner (Owner; zero: none): the chunk keeps
 // owner's tag until Disown. An allocation whose answer was lost and that
 // is retried leaves a chunk no handle was returned for; with an owner,
@@ -243,11 +261,7 @@ func (c *Clerk) AllocateOwned(ctx context.Context, size uint64, cm uint32, owner
 		if len(ids) == 0 {
 			return Handle{}, fmt.Errorf("allocating %d bytes: %w: the cluster has no chunk manager pair (grove up --chunk-size)", size, ErrUnknownManager)
 		}
-		k := int(c.next.Add(1))
-		cms = nil
-		for i := range ids {
-			cms = append(cms, ids[(k+i)%len(ids)])
-		}
+		cms = c.allocOrder(ids)
 	}
 	var err error
 	for _, cm := range cms {
