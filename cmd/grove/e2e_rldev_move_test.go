@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -200,6 +201,17 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 			t.Fatalf("not degraded with node %d gone: %+v", target, list().RLDevs[0])
 		}
 	}
+	// The lost node cannot be forgotten while it holds the segment;
+	// --re-place would re-place it (said, without --gone-for-good).
+	lost := strconv.FormatUint(target, 10)
+	if r := run(nil, "rldev", "forget-node", lost, "--gone-for-good"); r.code != 1 || !strings.Contains(r.stderr, "still holds rldev "+ids+"'s secondary") {
+		t.Fatalf("forget-node of a node holding a segment: %v", r)
+	}
+	if r := run(nil, "rldev", "forget-node", lost, "--re-place"); r.code != 2 || !strings.Contains(r.stderr, fmt.Sprintf("its secondary re-placed on node %d", s)) {
+		t.Fatalf("forget-node --re-place without --gone-for-good: %v", r)
+	} else {
+		t.Logf("grove rldev forget-node %s --re-place: %s", lost, r.stderr)
+	}
 	from := strconv.FormatUint(s, 10)
 	r = must(run(nil, "rldev", "move", ids, "--segment", "secondary", "--to", from, "-o", "json"))
 	t.Logf("grove rldev move of the lost node's stale segment:\n%s", r.stderr)
@@ -222,7 +234,6 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 	// (only it could wipe it), and its disk marked so that nothing is
 	// placed there again. Refused for a live node, and without
 	// --gone-for-good (which says what it would do).
-	lost := strconv.FormatUint(target, 10)
 	if r := run(nil, "rldev", "forget-node", strconv.FormatUint(p, 10), "--gone-for-good"); r.code != 1 || !strings.Contains(r.stderr, "is alive") {
 		t.Fatalf("forget-node of a live node: %v", r)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -15,9 +16,9 @@ import (
 func rldevForgetCmd() *cobra.Command {
 	var c cli.Client
 	var out cli.Output
-	var gone bool
+	var gone, replace bool
 	cmd := &cobra.Command{
-		Use:   "forget-node NODE --gone-for-good",
+		Use:   "forget-node NODE [--re-place] --gone-for-good",
 		Short: "Forget a node lost for good: no RLDev is placed on its disks again",
 		Long: `A node lost for good still has its disks in the RLDev table: new RLDevs and
 moves go on being placed there (an RLDev created on it starts degraded), and
@@ -28,6 +29,12 @@ copied whole from the other copy), forget it: its disks are marked forgotten
 and every extent retiring on them is dropped, in one decree. What they hold
 is given up.
 
+--re-place does that first: each RLDev's segment on the node is re-placed on
+the live node without its other copy that has the most room, a move's target
+there given up, one decree per RLDev (the copies run in the background:
+grove rldev list shows them); the RLDevs must be degraded already (exit 3
+until the failure detector's verdict on the node has reached them).
+
 The command refuses while the node is alive to the failure detector, or
 still holds a segment or a move's target (it names them). If the node ever
 runs again with a forgotten disk, that disk is not used (its log says so);
@@ -36,7 +43,8 @@ exits 2.`,
 		Example: `  grove rldev list                       # the node's RLDevs: degraded
   grove rldev move 4 --segment secondary --to 2
   grove rldev forget-node 3              # what would be given up
-  grove rldev forget-node 3 --gone-for-good`,
+  grove rldev forget-node 3 --gone-for-good
+  grove rldev forget-node 3 --re-place --gone-for-good   # all in one`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			const op = "rldev forget-node"
@@ -72,13 +80,53 @@ exits 2.`,
 			if err != nil {
 				return rldevErr(op, &c, err)
 			}
+			// --re-place: every RLDev's segment there re-placed on the
+			// live node without its other copy that has the most room.
+			var cands []uint64
+			for _, n := range st.Nodes {
+				if n.Alive && n.Id != node {
+					cands = append(cands, n.Id)
+				}
+			}
+			var replaced []string
+			if replace {
+				for _, id := range t.IDs() {
+					nr, what, err := t.Evacuate(id, node, cands)
+					if err != nil {
+						return forgetErr(op, &c, err)
+					}
+					if nr != nil {
+						replaced = append(replaced, fmt.Sprintf("rldev %d: %s", id, what))
+					}
+				}
+			}
 			plan, err := t.Forget(node)
+			if len(replaced) > 0 && errors.Is(err, rldev.ErrForget) {
+				err = nil // once re-placed
+			}
 			if err != nil {
 				return forgetErr(op, &c, err)
 			}
 			if !gone {
-				return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: fmt.Sprintf("node %d: %s", node, plan.Describe()),
+				what := ""
+				if plan != nil {
+					what = plan.Describe()
+				} else {
+					what = "forgetting it then marks its disks forgotten (nothing is placed there again) and drops the extents retiring there, giving up what they hold"
+				}
+				if len(replaced) > 0 {
+					what = strings.Join(replaced, "; ") + "; " + what
+				}
+				return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: fmt.Sprintf("node %d: %s", node, what),
 					Hint: "run again with --gone-for-good to forget it"}
+			}
+			if replace {
+				err := s.clerk.Evacuate(ctx, node, cands, func(id uint64, what string) {
+					fmt.Fprintf(os.Stderr, "rldev %d: %s\n", id, what)
+				})
+				if err != nil {
+					return forgetErr(op, &c, err)
+				}
 			}
 			if plan, err = s.clerk.Forget(ctx, node); err != nil {
 				return forgetErr(op, &c, err)
@@ -103,12 +151,16 @@ exits 2.`,
 		},
 	}
 	cmd.Flags().BoolVar(&gone, "gone-for-good", false, "forget the node, giving up what its disks hold")
+	cmd.Flags().BoolVar(&replace, "re-place", false, "first re-place every RLDev's segment on the node (and give up its move targets there)")
 	c.Register(cmd, cli.DefaultCommandTimeout)
 	out.Register(cmd)
 	return cmd
 }
 
 func forgetErr(op string, c *cli.Client, err error) error {
+	if errors.Is(err, rldev.ErrForgetWait) {
+		return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: err.Error(), Hint: "run again in a few seconds (grove rldev list shows the RLDev degraded once it is)", Err: err}
+	}
 	if errors.Is(err, rldev.ErrForget) {
 		return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "grove rldev list shows the RLDevs and where they are", Err: err}
 	}

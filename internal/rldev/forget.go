@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/units"
 )
 
 // Forgetting a node gone for good (grove rldev forget-node).
@@ -75,23 +77,11 @@ func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
 			ErrForget, node, strings.Join(held, ", "), more)
 	}
 	for _, id := range t.IDs() {
-		rec := t.RLDevs[id]
-		var keep, keepTargets, dropped []Segment
-		for _, sg := range rec.Retiring {
-			if sg.Node == node {
-				dropped = append(dropped, sg)
-				continue
-			}
-			keep = append(keep, sg)
-			if rec.IsRetiringTarget(sg) {
-				keepTargets = append(keepTargets, sg)
-			}
-		}
+		nr := t.RLDevs[id].Clone()
+		dropped := nr.dropRetiringOn(node)
 		if len(dropped) == 0 {
 			continue
 		}
-		nr := rec.Clone()
-		nr.Retiring, nr.RetiringTargets = keep, keepTargets
 		if err := nr.Check(); err != nil {
 			return nil, err
 		}
@@ -106,6 +96,137 @@ func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
 		}
 	}
 	return p, nil
+}
+
+// Evacuate returns, for a decree conditional on t's version, RLDev id's
+// record with nothing left on node (gone for good, before Forget): a
+// move's target there is given up (CancelMove), a move in progress
+// otherwise too, and a segment there re-placed (StartMove's re-place of a
+// stale segment of a degraded RLDev, rebuilt by a full copy from the
+// primary) on the node among candidates that does not hold the other
+// segment and has the most room. nil: nothing of the RLDev is on node.
+// A segment there that is not stale yet (the failure detector's verdict
+// has not reached its other node) is ErrForgetWait.
+func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string, error) {
+	rec := t.RLDevs[id]
+	if rec == nil {
+		return nil, "", fmt.Errorf("%w: no rldev %d", ErrUnknown, id)
+	}
+	seg := rec.SegmentOf(node)
+	onTarget := rec.Move != nil && rec.Move.To.Node == node
+	if seg < 0 && !onTarget {
+		return nil, "", nil
+	}
+	if seg >= 0 && (rec.State != Degraded || !rec.Stale[seg]) {
+		return nil, "", fmt.Errorf("%w: rldev %d's %s is on node %d, and the RLDev is %s, not degraded with it stale: the failure detector's verdict on the node has not reached the other copy's yet",
+			ErrForgetWait, id, SegmentName(rec, seg), node, rec.State)
+	}
+	// Worked on a copy of the table, one step after the other: the
+	// extents retiring on node dropped first (as Forget does: they would
+	// count against MaxRetiring), then the move cancelled, then the
+	// re-place.
+	tt := &Table{Version: t.Version, Disks: t.Disks, RLDevs: maps.Clone(t.RLDevs)}
+	nr, what := rec.Clone(), ""
+	if dropped := nr.dropRetiringOn(node); len(dropped) > 0 {
+		what = fmt.Sprintf("%s retiring on node %d dropped", Count(len(dropped), "extent"), node)
+	}
+	tt.RLDevs[id] = nr
+	if nr.Move != nil {
+		to := nr.Move.To.Node
+		var err error
+		if nr, err = tt.CancelMove(id); err != nil {
+			return nil, "", err
+		}
+		tt.RLDevs[id] = nr
+		what = joinWhat(what, fmt.Sprintf("its move to node %d cancelled", to))
+	}
+	if seg < 0 {
+		return nr, what, nil
+	}
+	best, room := uint64(0), int64(-1)
+	for _, n := range candidates {
+		if n == node || n == nr.Segs[1-seg].Node {
+			continue
+		}
+		if _, err := tt.placeOn(n, nr.Blocks); err != nil {
+			continue
+		}
+		if f := tt.largestFree(n); f > room || f == room && n < best {
+			best, room = n, f
+		}
+	}
+	if room < 0 {
+		return nil, "", fmt.Errorf("%w: rldev %d: no live node without its other copy has %s free on a disk for its %s", ErrNoSpace, id, units.FormatSize(SegmentSize(nr.Blocks)), SegmentName(nr, seg))
+	}
+	rp, err := tt.StartMove(id, seg, best, -1)
+	if err != nil {
+		return nil, "", err
+	}
+	return rp, joinWhat(what, fmt.Sprintf("its %s re-placed on node %d (%v), to be copied whole from the primary", SegmentName(nr, seg), best, rp.Segs[seg])), nil
+}
+
+func joinWhat(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// dropRetiringOn removes from r the extents retiring on node (and from
+// RetiringTargets), returning them.
+func (r *Record) dropRetiringOn(node uint64) []Segment {
+	var keep, keepTargets, dropped []Segment
+	for _, sg := range r.Retiring {
+		if sg.Node == node {
+			dropped = append(dropped, sg)
+			continue
+		}
+		keep = append(keep, sg)
+		if r.IsRetiringTarget(sg) {
+			keepTargets = append(keepTargets, sg)
+		}
+	}
+	if len(dropped) > 0 {
+		r.Retiring, r.RetiringTargets = keep, keepTargets
+	}
+	return dropped
+}
+
+// ErrForgetWait: a node cannot be forgotten yet; it may be later.
+var ErrForgetWait = errors.New("rldev: cannot forget the node yet")
+
+// Evacuate re-places, by one decree per RLDev, everything of every RLDev
+// on node (Table.Evacuate) on candidates; report is called after each.
+func (c *Clerk) Evacuate(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) error {
+	t, err := c.Table(ctx, true)
+	if err != nil {
+		return err
+	}
+	for _, id := range t.IDs() {
+		var what string
+		_, err := c.meta.Update(ctx, Namespace, "grove rldev forget-node --re-place", func(ns *pb.Namespace) ([]*pb.Op, error) {
+			t, err := DecodeTable(ns)
+			if err != nil {
+				return nil, err
+			}
+			if t.RLDevs[id] == nil {
+				return nil, nil
+			}
+			nr, w, err := t.Evacuate(id, node, candidates)
+			if err != nil || nr == nil {
+				return nil, err
+			}
+			what = w
+			return []*pb.Op{nr.PutOp()}, nil
+		})
+		if err != nil {
+			return err
+		}
+		if what != "" {
+			report(id, what)
+		}
+	}
+	return nil
 }
 
 // DroppedCount is the number of retiring extents dropped.

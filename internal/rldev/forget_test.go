@@ -134,3 +134,101 @@ func TestForgetNodeGoneForGood(t *testing.T) {
 	}
 	h.mustWrite(p.id, nr.ID, 1, pattern(3, 1))
 }
+
+// grove rldev forget-node --re-place: every RLDev with something on a node
+// lost for good is evacuated (a segment there re-placed on the live node
+// without its other copy that has the most room, a move's target there
+// given up), one decree each; every RLDev is normal again with both copies
+// off that node, and the forget then drops what still retires there.
+func TestEvacuateNodeGoneForGood(t *testing.T) {
+	h := newHarness(t, 4, testDisk, func(h *harness) { h.copyRate = 256 * BlockSize })
+	var ids []uint64
+	for i := 0; i < 4; i++ {
+		r := h.create(256)
+		ids = append(ids, r.ID)
+		h.mustWrite(NodeID(r.Segs[r.Primary].Node), r.ID, 3, pattern(byte(i), 1))
+	}
+	lost := NodeID(4)
+	// A move to the node that will be lost, of an RLDev not on it.
+	var moving uint64
+	for _, id := range ids {
+		if h.rec(id).SegmentOf(uint64(lost)) < 0 {
+			moving = id
+			break
+		}
+	}
+	tb := h.table()
+	nr, err := tb.StartMove(moving, 1-h.rec(moving).Primary, uint64(lost), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r83Commit(tb, nr)
+	// Not yet: the RLDevs on the node are normal.
+	for _, id := range ids {
+		if h.rec(id).SegmentOf(uint64(lost)) >= 0 {
+			if _, _, err := h.table().Evacuate(id, uint64(lost), []uint64{1, 2, 3}); !errors.Is(err, ErrForgetWait) {
+				t.Fatalf("evacuating normal rldev %d: %v", id, err)
+			}
+		}
+	}
+	n := h.nodes[lost]
+	h.crash(n, false, nil)
+	h.dead[Subject{n.id, n.inc}] = true
+	h.run()
+	if !h.tickUntil(10*time.Second, func() bool {
+		for _, id := range ids {
+			if r := h.rec(id); r.SegmentOf(uint64(lost)) >= 0 && r.State != Degraded {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("setup: not degraded")
+	}
+	for _, id := range ids {
+		tb := h.table()
+		nr, what, err := tb.Evacuate(id, uint64(lost), []uint64{1, 2, 3})
+		if err != nil {
+			t.Fatalf("evacuate rldev %d: %v", id, err)
+		}
+		t.Logf("rldev %d: %s", id, what)
+		if (nr != nil) != (tb.RLDevs[id].SegmentOf(uint64(lost)) >= 0 || id == moving) {
+			t.Fatalf("rldev %d: evacuated %v (%q)", id, nr != nil, what)
+		}
+		if nr != nil {
+			h.r83Commit(tb, nr)
+		}
+	}
+	if !h.tickUntil(60*time.Second, func() bool {
+		for _, id := range ids {
+			if r := h.rec(id); r.State != Normal || r.Move != nil {
+				return false
+			}
+		}
+		return true
+	}) {
+		for _, id := range ids {
+			t.Logf("%+v", h.rec(id))
+		}
+		t.Fatalf("not all normal again")
+	}
+	for i, id := range ids {
+		r := h.rec(id)
+		if r.SegmentOf(uint64(lost)) >= 0 {
+			t.Fatalf("rldev %d still on the lost node: %v", id, r.Segs)
+		}
+		for _, sg := range r.Segs {
+			h.mustRead(NodeID(sg.Node), id, 3, pattern(byte(i), 1))
+		}
+	}
+	if _, err := h.forgetCommit(lost); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		for _, sg := range h.rec(id).Retiring {
+			if sg.Node == uint64(lost) {
+				t.Fatalf("rldev %d: %v still retiring on the forgotten node", id, sg)
+			}
+		}
+	}
+}

@@ -78,11 +78,16 @@ type Record struct {
 	Retiring []Segment
 	// RetiringTargets are the entries of Retiring that are a move's
 	// target given up before it became a segment (cancelled, or its disk
-	// failed). They never held a copy the RLDev may need, so their node
-	// wipes them in any state; the others wait for the RLDev to be normal
+	// failed). Never a segment, no protocol path reads them again (a
+	// parked target is copied from the start), so their node wipes them
+	// in any state; the others wait for the RLDev to be normal
 	// (wipeTick). Outside review 83: with every entry waiting, four
 	// targets cancelled while the RLDev was degraded reached MaxRetiring
-	// and refused the one command that could repair it.
+	// and refused the one command that could repair it. A target whose
+	// copy ended before the RLDev degraded does hold a whole copy (review
+	// 84); like a segment's old place, no command could use it, only a
+	// recovery by hand. An older build rewriting the record drops this
+	// list (all its entries then wait): a cluster runs one version.
 	RetiringTargets []Segment
 	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
 	// none): a replica that was stale before it and is up to date after
