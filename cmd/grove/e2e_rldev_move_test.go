@@ -190,15 +190,35 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 	// segment is re-placed on node s by a move, rebuilt there by a full
 	// copy from the primary, and the RLDev is normal again with both
 	// copies whole (outside review 81: such a move waited for ever).
+	// Two more RLDevs, each with a segment on that node (chained over
+	// the three), for forget-node --re-place below.
+	must(run(nil, "rldev", "create", "--size", "16MiB", "--count", "2"))
+	small := map[uint64][]byte{}
+	for _, rd := range list().RLDevs[1:] {
+		if rd.Primary.Node != target && rd.Secondary.Node != target {
+			t.Fatalf("rldev %d is not on node %d: %+v", rd.RLDev, target, rd)
+		}
+		small[rd.RLDev] = make([]byte, 1<<20)
+		rand.Read(small[rd.RLDev])
+		must(run(small[rd.RLDev], "rldev", "write", strconv.FormatUint(rd.RLDev, 10), "4MiB"))
+	}
 	if err := u.Kill(target); err != nil {
 		t.Fatal(err)
 	}
 	rand.Read(more)
 	must(run(more, "rldev", "write", ids, "2MiB"))
 	copy(want[2<<20:], more)
-	for deadline := time.Now().Add(30 * time.Second); list().RLDevs[0].State != "degraded"; time.Sleep(200 * time.Millisecond) {
+	degraded := func() bool {
+		for _, rd := range list().RLDevs {
+			if rd.State != "degraded" {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(30 * time.Second); !degraded(); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("not degraded with node %d gone: %+v", target, list().RLDevs[0])
+			t.Fatalf("not degraded with node %d gone: %+v", target, list().RLDevs)
 		}
 	}
 	// The lost node cannot be forgotten while it holds the segment;
@@ -230,17 +250,23 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		}
 	}
 
-	// The lost node is forgotten: its old extent, retiring, is dropped
-	// (only it could wipe it), and its disk marked so that nothing is
-	// placed there again. Refused for a live node, and without
-	// --gone-for-good (which says what it would do).
+	// The lost node is forgotten, with --re-place: the other two RLDevs'
+	// segments there are re-placed on the nodes left and copied whole,
+	// rldev 1's old extent (retiring: only the lost node could wipe it)
+	// and theirs are dropped, and its disk is marked so that nothing is
+	// placed there again. Refused for a live node; without --re-place
+	// while it holds segments; without --gone-for-good (it says what it
+	// would do).
 	if r := run(nil, "rldev", "forget-node", strconv.FormatUint(p, 10), "--gone-for-good"); r.code != 1 || !strings.Contains(r.stderr, "is alive") {
 		t.Fatalf("forget-node of a live node: %v", r)
 	}
-	if r := run(nil, "rldev", "forget-node", lost); r.code != 2 || !strings.Contains(r.stderr, "drops the 1 extent retiring") || !strings.Contains(r.stderr, "--gone-for-good") {
-		t.Fatalf("forget-node without --gone-for-good: %v", r)
+	if r := run(nil, "rldev", "forget-node", lost, "--gone-for-good"); r.code != 1 || !strings.Contains(r.stderr, "still holds rldev 2's") {
+		t.Fatalf("forget-node of a node still holding segments: %v", r)
+	}
+	if r := run(nil, "rldev", "forget-node", lost, "--re-place"); r.code != 2 || !strings.Contains(r.stderr, "rldev 2: its") || !strings.Contains(r.stderr, "rldev 3: its") || !strings.Contains(r.stderr, "--gone-for-good") {
+		t.Fatalf("forget-node --re-place without --gone-for-good: %v", r)
 	} else {
-		t.Logf("grove rldev forget-node %s: %s", lost, r.stderr)
+		t.Logf("grove rldev forget-node %s --re-place: %s", lost, r.stderr)
 	}
 	if got := list().RLDevs[0].Move.Retiring; len(got) != 1 {
 		t.Fatalf("before the forget, retiring %v: want the lost node's old extent", got)
@@ -250,13 +276,31 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		Disks   []uint32            `json:"disks_forgotten"`
 		Dropped map[string][]string `json:"retiring_dropped"`
 	}
-	r = must(run(nil, "rldev", "forget-node", lost, "--gone-for-good", "-o", "json"))
-	if err := json.Unmarshal([]byte(r.stdout), &forgot); err != nil || forgot.Node != target || len(forgot.Disks) != 1 || len(forgot.Dropped[ids]) != 1 {
+	r = must(run(nil, "rldev", "forget-node", lost, "--re-place", "--gone-for-good", "-o", "json"))
+	t.Logf("grove rldev forget-node %s --re-place --gone-for-good -o json: %s\n%s", lost, r.stderr, r.stdout)
+	if err := json.Unmarshal([]byte(r.stdout), &forgot); err != nil || forgot.Node != target || len(forgot.Disks) != 1 || len(forgot.Dropped) != 3 || len(forgot.Dropped[ids]) != 1 {
 		t.Fatalf("forget-node: %v %+v\n%s", err, forgot, r.stdout)
 	}
-	t.Logf("grove rldev forget-node %s --gone-for-good -o json: %s", lost, r.stdout)
-	if got := list().RLDevs[0].Move.Retiring; len(got) != 0 {
-		t.Fatalf("after the forget, still retiring: %v", got)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		l, settled := list(), true
+		for _, rd := range l.RLDevs {
+			if rd.State != "normal" || len(rd.Move.Retiring) > 0 || rd.Primary.Node == target || rd.Secondary.Node == target {
+				settled = false
+			}
+		}
+		if settled {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("not settled after forget-node --re-place: %+v", l.RLDevs)
+		}
+	}
+	for id, data := range small {
+		for _, replica := range []string{"1", "2"} {
+			if got := must(run(nil, "rldev", "read", "--replica", replica, strconv.FormatUint(id, 10), "4MiB", "1MiB")).stdout; !bytes.Equal([]byte(got), data) {
+				t.Fatalf("rldev %d replica %s after forget-node --re-place: the data read back differs", id, replica)
+			}
+		}
 	}
 	// New RLDevs chain over the two nodes left.
 	must(run(nil, "rldev", "create", "--size", "16MiB", "--count", "3"))

@@ -90,14 +90,8 @@ exits 2.`,
 			}
 			var replaced []string
 			if replace {
-				for _, id := range t.IDs() {
-					nr, what, err := t.Evacuate(id, node, cands)
-					if err != nil {
-						return forgetErr(op, &c, err)
-					}
-					if nr != nil {
-						replaced = append(replaced, fmt.Sprintf("rldev %d: %s", id, what))
-					}
+				if replaced, err = t.EvacuateAll(node, cands); err != nil {
+					return forgetErr(op, &c, err)
 				}
 			}
 			plan, err := t.Forget(node)
@@ -120,8 +114,9 @@ exits 2.`,
 				return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: fmt.Sprintf("node %d: %s", node, what),
 					Hint: "run again with --gone-for-good to forget it"}
 			}
+			var first *rldev.ForgetPlan
 			if replace {
-				err := s.clerk.Evacuate(ctx, node, cands, func(id uint64, what string) {
+				first, err = s.clerk.Evacuate(ctx, node, cands, func(id uint64, what string) {
 					fmt.Fprintf(os.Stderr, "rldev %d: %s\n", id, what)
 				})
 				if err != nil {
@@ -130,6 +125,11 @@ exits 2.`,
 			}
 			if plan, err = s.clerk.Forget(ctx, node); err != nil {
 				return forgetErr(op, &c, err)
+			}
+			if first != nil { // what the first step dropped too
+				for id, sgs := range first.Dropped {
+					plan.Dropped[id] = append(sgs, plan.Dropped[id]...)
+				}
 			}
 			d := &cli.Doc{}
 			d.Field("node", node)

@@ -1154,7 +1154,7 @@ func (e *Engine) decide(env Env) []any {
 			// or new disk (another UUID) is registered.
 			if !e.forgottenLogged[k] {
 				e.forgottenLogged[k] = true
-				out = append(out, e.logf(3, "rldev disk forgotten by an operator (grove rldev forget-node): not used; wipe it, or use a new one, to store segments here again", "disk", k, "path", d.path))
+				out = append(out, e.logf(3, "rldev disk forgotten by an operator (grove rldev forget-node): not used; to store segments here again, wipe the whole disk (its old extents were never wiped), or use a new one", "disk", k, "path", d.path))
 			}
 			continue
 		}

@@ -46,16 +46,6 @@ type ForgetPlan struct {
 // the node (re-place it first), or if the table has no disk of the node.
 // A node already forgotten, with nothing retiring there, gives no ops.
 func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
-	p := &ForgetPlan{Node: node, Dropped: map[uint64][]Segment{}}
-	for k := range t.Disks {
-		if k.Node == node {
-			p.Disks = append(p.Disks, k)
-		}
-	}
-	if len(p.Disks) == 0 {
-		return nil, fmt.Errorf("%w: the table has no disk of node %d", ErrForget, node)
-	}
-	slices.SortFunc(p.Disks, func(a, b DiskKey) int { return int(a.Index) - int(b.Index) })
 	var held []string
 	for _, id := range t.IDs() {
 		rec := t.RLDevs[id]
@@ -73,9 +63,32 @@ func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
 		if len(held) > 8 {
 			more, held = fmt.Sprintf(" and %d more", len(held)-8), held[:8]
 		}
-		return nil, fmt.Errorf("%w: node %d still holds %s%s: re-place each first (grove rldev move ID --segment primary|secondary --to NODE; a move's target: grove rldev move ID --cancel)",
+		return nil, fmt.Errorf("%w: node %d still holds %s%s: re-place each first (grove rldev forget-node --re-place does; or grove rldev move ID --segment primary|secondary --to NODE, and a move's target: grove rldev move ID --cancel)",
 			ErrForget, node, strings.Join(held, ", "), more)
 	}
+	return t.ForgetDisks(node)
+}
+
+// ForgetDisks returns the decree ops that mark node's disks forgotten and
+// drop every extent retiring there, whatever still lies on the node: the
+// first step of an evacuation (forget-node --re-place), so that no extent
+// of the node is ever free to place on before it is forgotten (outside
+// review 85: the evacuation dropped, unwiped, extents on a disk not yet
+// forgotten, and a command stopped half-way left them free: a new RLDev
+// placed there failed to load, on one copy for good). Segments still on
+// the node are untouched: they go on as before (and a node back after all
+// serves them), only nothing new is placed there.
+func (t *Table) ForgetDisks(node uint64) (*ForgetPlan, error) {
+	p := &ForgetPlan{Node: node, Dropped: map[uint64][]Segment{}}
+	for k := range t.Disks {
+		if k.Node == node {
+			p.Disks = append(p.Disks, k)
+		}
+	}
+	if len(p.Disks) == 0 {
+		return nil, fmt.Errorf("%w: the table has no disk of node %d", ErrForget, node)
+	}
+	slices.SortFunc(p.Disks, func(a, b DiskKey) int { return int(a.Index) - int(b.Index) })
 	for _, id := range t.IDs() {
 		nr := t.RLDevs[id].Clone()
 		dropped := nr.dropRetiringOn(node)
@@ -98,6 +111,20 @@ func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
 	return p, nil
 }
 
+// forgotten reports whether the table has disks of node, all forgotten.
+func (t *Table) forgotten(node uint64) bool {
+	n := 0
+	for k, d := range t.Disks {
+		if k.Node == node {
+			if !d.Forgotten {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
+}
+
 // Evacuate returns, for a decree conditional on t's version, RLDev id's
 // record with nothing left on node (gone for good, before Forget): a
 // move's target there is given up (CancelMove), a move in progress
@@ -117,18 +144,25 @@ func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string,
 	if seg < 0 && !onTarget {
 		return nil, "", nil
 	}
+	if seg >= 0 && !rec.Stale[seg] && rec.Stale[1-seg] {
+		// Outside review 85: answered "wait", which no verdict changes.
+		return nil, "", fmt.Errorf("%w: node %d holds rldev %d's only up-to-date copy (its %s; node %d's copy is stale): the RLDev serves nothing without it; if the node is gone for good, accept the stale copy first (grove rldev accept-stale %d --lose-writes), or bring the node back",
+			ErrForget, node, id, SegmentName(rec, seg), rec.Segs[1-seg].Node, id)
+	}
 	if seg >= 0 && (rec.State != Degraded || !rec.Stale[seg]) {
 		return nil, "", fmt.Errorf("%w: rldev %d's %s is on node %d, and the RLDev is %s, not degraded with it stale: the failure detector's verdict on the node has not reached the other copy's yet",
 			ErrForgetWait, id, SegmentName(rec, seg), node, rec.State)
 	}
 	// Worked on a copy of the table, one step after the other: the
-	// extents retiring on node dropped first (as Forget does: they would
-	// count against MaxRetiring), then the move cancelled, then the
-	// re-place.
+	// extents retiring on node dropped first if its disks are forgotten
+	// (ForgetDisks; else they wait for Forget, which marks them in the
+	// same decree), then the move cancelled, then the re-place.
 	tt := &Table{Version: t.Version, Disks: t.Disks, RLDevs: maps.Clone(t.RLDevs)}
 	nr, what := rec.Clone(), ""
-	if dropped := nr.dropRetiringOn(node); len(dropped) > 0 {
-		what = fmt.Sprintf("%s retiring on node %d dropped", Count(len(dropped), "extent"), node)
+	if t.forgotten(node) {
+		if dropped := nr.dropRetiringOn(node); len(dropped) > 0 {
+			what = fmt.Sprintf("%s retiring on node %d dropped", Count(len(dropped), "extent"), node)
+		}
 	}
 	tt.RLDevs[id] = nr
 	if nr.Move != nil {
@@ -192,15 +226,62 @@ func (r *Record) dropRetiringOn(node uint64) []Segment {
 	return dropped
 }
 
+// EvacuateAll is what forget-node --re-place would do, RLDev after RLDev
+// as Clerk.Evacuate does it, each step on the table the last left (two
+// re-places do not take the same extent: outside review 85), the node's
+// disks forgotten first: per RLDev changed, what changes.
+func (t *Table) EvacuateAll(node uint64, candidates []uint64) ([]string, error) {
+	p, err := t.ForgetDisks(node)
+	if err != nil {
+		return nil, err
+	}
+	tt := &Table{Version: t.Version, Disks: maps.Clone(t.Disks), RLDevs: maps.Clone(t.RLDevs)}
+	for _, k := range p.Disks {
+		d := *tt.Disks[k]
+		d.Forgotten = true
+		tt.Disks[k] = &d
+	}
+	var out []string
+	for _, id := range tt.IDs() {
+		nr, what, err := tt.Evacuate(id, node, candidates)
+		if err != nil {
+			return nil, err
+		}
+		if nr != nil {
+			tt.RLDevs[id] = nr
+			out = append(out, fmt.Sprintf("rldev %d: %s", id, what))
+		}
+	}
+	return out, nil
+}
+
 // ErrForgetWait: a node cannot be forgotten yet; it may be later.
 var ErrForgetWait = errors.New("rldev: cannot forget the node yet")
 
-// Evacuate re-places, by one decree per RLDev, everything of every RLDev
-// on node (Table.Evacuate) on candidates; report is called after each.
-func (c *Clerk) Evacuate(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) error {
+// Evacuate forgets node's disks (ForgetDisks), then re-places, by one
+// decree per RLDev, everything of every RLDev on node (Table.Evacuate) on
+// candidates; report is called after each.
+// It returns the first step's plan (ForgetDisks).
+func (c *Clerk) Evacuate(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) (*ForgetPlan, error) {
+	// Its disks forgotten first (ForgetDisks): nothing is placed there
+	// meanwhile, and no extent dropped from the node is free to place.
+	var first *ForgetPlan
+	if _, err := c.meta.Update(ctx, Namespace, "grove rldev forget-node --re-place", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		t, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		first, err = t.ForgetDisks(node)
+		if err != nil {
+			return nil, err
+		}
+		return first.Ops, nil
+	}); err != nil {
+		return nil, err
+	}
 	t, err := c.Table(ctx, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, id := range t.IDs() {
 		var what string
@@ -220,13 +301,13 @@ func (c *Clerk) Evacuate(ctx context.Context, node uint64, candidates []uint64, 
 			return []*pb.Op{nr.PutOp()}, nil
 		})
 		if err != nil {
-			return err
+			return first, err
 		}
 		if what != "" {
 			report(id, what)
 		}
 	}
-	return nil
+	return first, nil
 }
 
 // DroppedCount is the number of retiring extents dropped.

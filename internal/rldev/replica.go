@@ -681,7 +681,13 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("segment %d served by incarnation %d", me, r.e.cfg.Inc)
 	case r.state != repReady:
 		return nil, ""
-	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
+	case rec.State == Normal && !rec.Stale[me] && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
+		// Recovering or not: dirty regions still to pull from a dead
+		// peer are this copy's to serve once the peer is stale
+		// (abandonRecovery puts them in the degraded-mode log, for the
+		// resync). Waiting for the pulls, a primary back from a crash
+		// whose peer died meanwhile kept the RLDev normal and every
+		// write waiting for ever (simulated lost nodes, as-run seed 5002).
 		dead := rec.Segs[peer].Node
 		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() && r.moveCopied() {
 			// The moving replica died after the copy was complete: the

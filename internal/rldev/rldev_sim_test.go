@@ -78,6 +78,11 @@ type simOpts struct {
 	// a move's copy of 64 blocks takes about 2 s, long enough for faults
 	// to strike it (TestRLDevSimulationAsRun).
 	slowCopies bool
+	// lostNodes: one seed in three, a node is lost for good (never
+	// restarted) while the faults go on, and the operator evacuates and
+	// forgets it (grove rldev forget-node --re-place: Table.Evacuate,
+	// Table.Forget), retrying until it can (TestRLDevSimulationAsRun).
+	lostNodes bool
 	// diskTimeout: the engines' Config.DiskTimeout (0: simDiskTimeout;
 	// negative: off, for the hung-disk teeth test).
 	diskTimeout time.Duration
@@ -121,7 +126,15 @@ type rsim struct {
 	// test's availability check).
 	acks  map[uint64][]time.Duration
 	hangs int // disks hung by the random faults (the as-run stream)
-	slows int // disks slowed by the random faults (the as-run stream)
+	// gone: a node lost for good (opts.lostNodes; 0: none), never
+	// restarted; forgotten once the operator's forget committed; evacs:
+	// the evacuation decrees committed.
+	gone      NodeID
+	goneIDs   []uint64 // the RLDevs with a segment on it when it was lost
+	forgotten bool
+	evacs     int
+	lastEvac  string // the operator's last line in the trace (said once)
+	slows     int    // disks slowed by the random faults (the as-run stream)
 }
 
 type reqKey struct {
@@ -793,7 +806,7 @@ func (s *rsim) crash(rn *rnode, wipe bool) {
 }
 
 func (s *rsim) restart(rn *rnode) {
-	if rn.fn.Proc.Up() {
+	if rn.fn.Proc.Up() || rn.id == s.gone {
 		return
 	}
 	rn.down = false
@@ -909,6 +922,9 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 		c := c
 		w.At(2*time.Second, func() { s.clientLoop(c) })
 	}
+	if opts.lostNodes && opts.script == nil && w.Rand.Intn(3) == 0 {
+		w.At(w.Between(4*time.Second, simSafety-8*time.Second), s.loseNode)
+	}
 	// Three seeds in four are gentle: a fault that would take down a
 	// node (crash, pause, partition) strikes only where it is a single
 	// fault, so that most RLDevs keep the full linearizability check; the
@@ -924,6 +940,12 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 			r := w.Rand.Intn(20)
 			if gentle && ((r < 9 || r == 16) && !s.calm(rn.id) || r >= 9 && r < 11 && (s.cuts > 0 || s.groups != nil || !s.calm(0))) {
 				return // crash, disk loss, pause, partition, failing disk, cut: one at a time
+			}
+			if (r == 4 || r >= 14 && r < 17) && s.soleCopy(rn.id) {
+				// A disk fault where a node lost for good leaves the only
+				// copy: a second fault, which only an operator's
+				// accept-stale could answer (lostNodes).
+				return
 			}
 			switch {
 			case r >= 7 && r < 9 && gentle:
@@ -1159,6 +1181,9 @@ func (s *rsim) moveOp() {
 		} else {
 			seg := w.Rand.Intn(2)
 			node := NodeID(1 + w.Rand.Intn(simNodes))
+			if node == s.gone {
+				return nil, nil // known lost: not a place for anything
+			}
 			disk := -1
 			if node == rec.Segs[seg].Node { // to another disk of its node
 				disk = w.Rand.Intn(len(s.n[node].devs))
@@ -1186,6 +1211,112 @@ func (s *rsim) moveOp() {
 				s.cancels++
 			}
 		}
+	})
+}
+
+// soleCopy: node holds the only copy of an RLDev whose other copy was on
+// the node lost for good (s.gone), not yet rebuilt elsewhere.
+func (s *rsim) soleCopy(node NodeID) bool {
+	if s.gone == 0 {
+		return false
+	}
+	t := s.table()
+	for _, id := range s.goneIDs {
+		if rec := t.RLDevs[id]; rec != nil && rec.SegmentOf(uint64(node)) >= 0 && rec.State != Normal {
+			return true
+		}
+	}
+	return false
+}
+
+// loseNode loses a node for good, where that is a single fault (every
+// RLDev on it has its other copy up to date), or tries again a second
+// later; then the operator evacuates it and forgets it.
+func (s *rsim) loseNode() {
+	w := s.w
+	rn := s.n[NodeID(1+w.Rand.Intn(simNodes))]
+	if !rn.fn.Proc.Up() || !s.o.singleFault(rn.id) || len(s.o.failing) > 0 {
+		if w.Now() < simSafety-4*time.Second {
+			w.After(time.Second, s.loseNode)
+		}
+		return
+	}
+	s.o.logf("NODE LOST FOR GOOD %d", rn.id)
+	t := s.table()
+	for _, id := range t.IDs() {
+		if t.RLDevs[id].SegmentOf(uint64(rn.id)) >= 0 {
+			s.goneIDs = append(s.goneIDs, id)
+		}
+	}
+	s.crash(rn, false)
+	s.gone = rn.id
+	w.After(w.Between(time.Second, 4*time.Second), s.evacuate)
+}
+
+// evacuate is the operator's grove rldev forget-node --re-place on the
+// lost node, one decree at a time (its RLDevs, then the forget), from the
+// table as it is then; it tries again every half second while an RLDev
+// there is not degraded yet, a decree is refused or lost, or the faults
+// get in the way (a candidate node down is still a place: its copy is
+// rebuilt when it is back).
+func (s *rsim) evacuate() {
+	w := s.w
+	var cands []uint64
+	for _, rn := range s.sorted() {
+		if rn.id != s.gone {
+			cands = append(cands, uint64(rn.id))
+		}
+	}
+	var what string
+	s.svc.Update(s.adm, Namespace, "evacuate", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		tb, err := DecodeTable(ns)
+		if err != nil {
+			return nil, err
+		}
+		if !tb.forgotten(uint64(s.gone)) {
+			plan, err := tb.ForgetDisks(uint64(s.gone))
+			if err != nil {
+				return nil, err
+			}
+			what = fmt.Sprintf("EVACUATE node %d: its disks forgotten first: %s", s.gone, plan.Describe())
+			return plan.Ops, nil
+		}
+		for _, id := range tb.IDs() {
+			nr, why, err := tb.Evacuate(id, uint64(s.gone), cands)
+			if err != nil {
+				what = fmt.Sprintf("EVACUATE rldev %d refused: %v", id, err)
+				return nil, nil
+			}
+			if nr != nil {
+				what = fmt.Sprintf("EVACUATE rldev %d: %s", id, why)
+				return []*pb.Op{nr.PutOp()}, nil
+			}
+		}
+		plan, err := tb.Forget(uint64(s.gone))
+		if err != nil {
+			what = fmt.Sprintf("FORGET node %d refused: %v", s.gone, err)
+			return nil, nil
+		}
+		what = fmt.Sprintf("FORGET node %d: %s", s.gone, plan.Describe())
+		if len(plan.Ops) == 0 {
+			return nil, nil
+		}
+		return plan.Ops, nil
+	}, func(_ uint64, err error) {
+		if what != "" && (err == nil || strings.Contains(what, "refused")) && what != s.lastEvac {
+			s.o.logf("%s", what)
+			s.lastEvac = what
+		}
+		switch {
+		case err == nil && strings.HasPrefix(what, "FORGET") && !strings.Contains(what, "refused"):
+			s.forgotten = true
+			return
+		case err == nil && strings.HasPrefix(what, "EVACUATE") && !strings.Contains(what, "refused"):
+			s.evacs++
+			w.After(10*time.Millisecond, s.evacuate)
+			return
+		}
+		w.After(500*time.Millisecond, s.evacuate)
 	})
 }
 
@@ -1456,6 +1587,15 @@ func (o *roracle) singleFault(node NodeID) bool {
 		if seg >= 0 && (rec.State != Normal || o.impaired(rec.Segs[1-seg].Node) || !o.whole(rec, 1-seg) || o.failed(rec, 1-seg) || o.rotten(rec, 1-seg) != nil) {
 			return false
 		}
+		// As run (its hung disks): a peer whose disk hangs, not yet
+		// found (its replica fails at the disk timeout), is no second
+		// copy either. A disk lost beside it lost the RLDev, and the
+		// liveness check, which no operator answers, failed (as-run
+		// seed 5025 of the stream with lost nodes). Not in the default
+		// stream: its seeds, to which the teeth test is tuned, would move.
+		if seg >= 0 && o.s.opts.linkLag && o.failing[rec.Segs[1-seg].Node] {
+			return false
+		}
 	}
 	return true
 }
@@ -1681,15 +1821,22 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 	if os.Getenv("GROVE_SEED_BASE") == "" && os.Getenv("GROVE_SEED") == "" {
 		t.Setenv("GROVE_SEED_BASE", "5001")
 	}
-	var hangs, slows, found, resends, dups uint64
+	var hangs, slows, found, resends, dups, lost, forgotten, evacs uint64
 	seeds := sim.Seeds(t, 40)
 	for _, seed := range seeds {
-		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true, linkLag: true, slowCopies: true})
+		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true, linkLag: true, slowCopies: true, lostNodes: true})
 		if len(s.o.fails) > 0 {
 			reportRSim(t, "TestRLDevSimulationAsRun", seed, s)
 		}
 		hangs += uint64(s.hangs)
 		slows += uint64(s.slows)
+		if s.gone != 0 {
+			lost++
+		}
+		if s.forgotten {
+			forgotten++
+		}
+		evacs += uint64(s.evacs)
 		for _, rn := range s.n {
 			if rn.e != nil {
 				found += rn.e.Stats().DiskHangs
@@ -1698,7 +1845,7 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again", len(seeds), hangs, slows, found, resends, dups)
+	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again; %d nodes lost for good, %d evacuation decrees, %d nodes forgotten", len(seeds), hangs, slows, found, resends, dups, lost, evacs, forgotten)
 }
 
 // simMaxDecreesPerSecond bounds the decrees of a simulation's busiest
