@@ -111,10 +111,14 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		return nil, fmt.Errorf("%w: segment %d: want 0 or 1", ErrMove, seg)
 	case rec.Move != nil && rec.Move.Seg == seg && rec.Move.To.Node == node && (disk < 0 || rec.Move.To.Disk == uint32(disk)):
 		return rec.Clone(), nil
-	case rec.DRLOff:
+	case rec.DRLOff && !(rec.State == Degraded && rec.Stale[seg]):
 		// Its client writes and reads each replica on its own (and
 		// reconciles them from its log): a copy of the primary would not
-		// be the segment that moves.
+		// be the segment that moves. A stale segment of a degraded one
+		// is re-placed (below) as after a disk loss: rebuilt whole from
+		// the primary, the only copy serving (outside review 85: refused,
+		// a transaction log's RLDev on a node lost for good stayed on one
+		// copy, and the node could never be forgotten).
 		return nil, fmt.Errorf("%w: rldev %d has its dirty-region log off (its client keeps the replicas itself): it cannot be moved", ErrMove, id)
 	case rec.Move != nil:
 		return nil, fmt.Errorf("%w: rldev %d is already moving segment %d to %v (cancel it first)", ErrMove, id, rec.Move.Seg, rec.Move.To)
