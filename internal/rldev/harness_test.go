@@ -59,6 +59,9 @@ type harness struct {
 	drops       int
 	suspect     bool
 	holdPropose func(*hnode, Propose) bool
+	// mute: a message it picks is dropped, the session staying up (a
+	// peer that is up but silent: its engine wedged).
+	mute        func(from, to NodeID, msg any) bool
 	held        []func()
 	heldDecrees []Propose
 	noTables    bool
@@ -323,7 +326,7 @@ func (h *harness) exec(n *hnode, out []any) {
 			h.later(n, func() []any { return n.e.DiskDone(h.env(n), x.Op, nil, err) })
 		case Send:
 			to := h.nodes[x.To]
-			if to == nil || !to.up || h.isCut(n.id, x.To) {
+			if to == nil || !to.up || h.isCut(n.id, x.To) || h.mute != nil && h.mute(n.id, x.To, x.Msg) {
 				continue
 			}
 			inc := to.inc

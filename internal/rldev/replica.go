@@ -117,6 +117,7 @@ type replica struct {
 	recovering int        // dirty regions still to pull from the peer (after a crash)
 	recoverQ   []*recover // those regions, in order
 	resyncReq  *ResyncMe  // a stale peer's request
+	resyncHeld time.Time  // no resync started before (resyncHold)
 	resync     *resyncSrc // this replica is the source of a resync
 	askedAt    time.Time  // a stale replica: when it last asked to be resynced
 	scrub      scrubState
@@ -681,13 +682,17 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("segment %d served by incarnation %d", me, r.e.cfg.Inc)
 	case r.state != repReady:
 		return nil, ""
-	case rec.State == Normal && !rec.Stale[me] && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
-		// Recovering or not: dirty regions still to pull from a dead
-		// peer are this copy's to serve once the peer is stale
-		// (abandonRecovery puts them in the degraded-mode log, for the
-		// resync). Waiting for the pulls, a primary back from a crash
-		// whose peer died meanwhile kept the RLDev normal and every
-		// write waiting for ever (simulated lost nodes, as-run seed 5002).
+	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
+		// Not while recovering: a region still to pull from the peer
+		// may hold a block torn at this copy's crash, or a write the
+		// peer refused for its token, which only the peer's copy
+		// repairs; degraded, this copy would serve it, and the resync
+		// would copy it over the peer's good block (outside review 86,
+		// of a change that degraded here: an acknowledged write lost,
+		// a fenced-out write served). So a primary back from a crash
+		// whose peer is declared dead before its pulls end keeps the
+		// RLDev normal, its writes waiting, until the peer is back; a
+		// peer lost for good leaves it so (README, known limits).
 		dead := rec.Segs[peer].Node
 		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() && r.moveCopied() {
 			// The moving replica died after the copy was complete: the
@@ -702,7 +707,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
-	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node]:
+	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && !env.Now.Before(r.resyncHeld):
 		rec.State, rec.Progress, rec.ProgressTotal = Resyncing, 0, 0
 		if r.resyncReq.Blank {
 			rec.FullCopy = true
@@ -826,6 +831,18 @@ func (r *replica) retry(env Env) []any {
 			if env.Now.Sub(p.sentAt) >= r.e.cfg.RetryEvery {
 				delete(r.pulls, seq)
 				out = append(out, r.sendPull(env, p)...)
+			}
+		}
+	}
+	if s := r.resync; s != nil && !s.failed {
+		for _, c := range r.copies {
+			if c.src == s && !c.since.IsZero() && env.Now.Sub(c.since) > copyStall {
+				// Up, its session too, and silent for copyStall: every
+				// write waits for its answer. Given up (the RLDev is
+				// degraded again), and its next request held (resyncHold).
+				r.resyncHeld = env.Now.Add(resyncHold)
+				out = append(out, r.stopResync(fmt.Sprintf("the target has answered no copy for %v", copyStall))...)
+				break
 			}
 		}
 	}

@@ -51,6 +51,13 @@ type copyChunk struct {
 // back to degraded and the target asks again when it can.
 const copyStall = 30 * time.Second
 
+// resyncHold: a resync given up because its target answered no copy for
+// copyStall (up, its session too, but silent: its engine wedged) is not
+// started again before this has passed: every write waits for a resync
+// target's answer, and without the hold a target that asks again at once
+// would hold them up again and again.
+const resyncHold = 2 * copyStall
+
 // askResync: a stale replica asks the up-to-date one, every RetryEvery,
 // to bring it up to date, while the RLDev is degraded (while it is
 // resyncing, the source is at work; if it stops, the RLDev goes back to
