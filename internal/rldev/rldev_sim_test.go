@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -298,6 +299,20 @@ func (s *rsim) onStart(fn *fdsim.Node) {
 	for _, idx := range rn.diskIDs() {
 		d := rn.devs[idx]
 		h, fresh, err := OpenDisk(d, rn.id, idx)
+		if errors.Is(err, syscall.EIO) || errors.Is(err, disk.ErrFull) {
+			// As the runtime does (node.openDisks): a disk that fails to
+			// open stops the node, which its supervisor starts again
+			// (default seed 4100025: a disk failing writes as its node
+			// restarted was taken for a violation).
+			s.o.logf("node %d disk %d: %v: the node stops, to be started again", rn.id, idx, err)
+			s.w.After(10*time.Millisecond, func() {
+				if rn.life == life {
+					s.crash(rn, false)
+					s.w.After(s.w.Between(500*time.Millisecond, 2*time.Second), func() { s.restart(rn) })
+				}
+			})
+			return
+		}
 		if err != nil {
 			s.o.fail("node %d disk %d: %v", rn.id, idx, err)
 			return
