@@ -848,8 +848,16 @@ func (r *replica) retry(env Env) []any {
 	}
 	for _, seq := range sortedSeqs(r.copies) {
 		c := r.copies[seq]
-		if r.e.up[c.src.to] && env.Now.Sub(c.sentAt) >= r.e.cfg.RetryEvery {
+		// Sent again, backing off as forwards do (resendAfter): only the
+		// last send's answer counts (an earlier copy landing after the
+		// chunk's range is released could overwrite a later write), so a
+		// target slower per chunk than the interval -- each send one more
+		// write in its queue -- never had an answer counted, and the
+		// resync never ended (outside review 87: 486 copies answered, 4
+		// counted).
+		if r.e.up[c.src.to] && env.Now.Sub(c.sentAt) >= resendAfter(r.e.cfg.RetryEvery, c.resends) {
 			delete(r.copies, seq)
+			c.resends++
 			out = append(out, r.sendCopy(env, c)...)
 		}
 	}

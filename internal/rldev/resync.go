@@ -32,14 +32,15 @@ func (s *resyncSrc) done() bool { return !s.failed && s.next == len(s.chunks) &&
 // copyChunk is one chunk in flight: read under an exclusive range lock
 // (no write interleaves until the target has it), sent, acknowledged.
 type copyChunk struct {
-	src    *resyncSrc
-	first  uint64
-	n      uint64
-	lock   *rangeLock
-	data   []byte
-	gens   []uint64
-	sentAt time.Time
-	since  time.Time // first sent: a target that refuses it for CopyStall stops the resync
+	src     *resyncSrc
+	first   uint64
+	n       uint64
+	lock    *rangeLock
+	data    []byte
+	gens    []uint64
+	sentAt  time.Time
+	since   time.Time // first sent: a target that refuses it for CopyStall stops the resync
+	resends int       // times sent again (resendAfter)
 	// repaired: a move's chunk had blocks failing their check, repaired
 	// from the peer once before it is read again; compared: its
 	// generations were compared with the moving secondary's.
