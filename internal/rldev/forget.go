@@ -22,6 +22,9 @@ import (
 // by grove rldev move, rebuilt from the other copy), an operator forgets
 // it: one decree marks its disks forgotten and drops the extents retiring
 // there. Their data is given up: a forgotten disk is never read again.
+// forget-node --re-place does all of it: ForgetDisks first (nothing is
+// placed on the node meanwhile, and nothing dropped there is ever free),
+// then Evacuate, a decree per RLDev, then Forget.
 //
 // The disks stay in the table, marked, rather than deleted: a node that
 // runs again registers the disks it does not find in the table, and would
