@@ -118,9 +118,12 @@ type replica struct {
 	recoverQ   []*recover // those regions, in order
 	resyncReq  *ResyncMe  // a stale peer's request
 	resyncHeld time.Time  // no resync started before (resyncHold)
-	resync     *resyncSrc // this replica is the source of a resync
-	askedAt    time.Time  // a stale replica: when it last asked to be resynced
-	scrub      scrubState
+	// resyncHeldInc: the target incarnation resyncHeld is for (a new one,
+	// restarted, is not held).
+	resyncHeldInc uint64
+	resync        *resyncSrc // this replica is the source of a resync
+	askedAt       time.Time  // a stale replica: when it last asked to be resynced
+	scrub         scrubState
 }
 
 func (s repState) String() string {
@@ -707,7 +710,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
-	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && !env.Now.Before(r.resyncHeld):
+	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc):
 		rec.State, rec.Progress, rec.ProgressTotal = Resyncing, 0, 0
 		if r.resyncReq.Blank {
 			rec.FullCopy = true
@@ -836,11 +839,13 @@ func (r *replica) retry(env Env) []any {
 	}
 	if s := r.resync; s != nil && !s.failed {
 		for _, c := range r.copies {
-			if c.src == s && !c.since.IsZero() && env.Now.Sub(c.since) > copyStall {
+			if c.src == s && !c.since.IsZero() && !c.refused && env.Now.Sub(c.since) > copyStall {
 				// Up, its session too, and silent for copyStall: every
 				// write waits for its answer. Given up (the RLDev is
-				// degraded again), and its next request held (resyncHold).
-				r.resyncHeld = env.Now.Add(resyncHold)
+				// degraded again), and this incarnation's next request
+				// held (resyncHold). A target that refuses is given up
+				// by copyAcked, not held.
+				r.resyncHeld, r.resyncHeldInc = env.Now.Add(resyncHold), s.peerInc
 				out = append(out, r.stopResync(fmt.Sprintf("the target has answered no copy for %v", copyStall))...)
 				break
 			}

@@ -30,8 +30,11 @@ func TestReview87HoldOutlivesTargetIncarnation(t *testing.T) {
 	}
 	wait := h.now.Sub(t0)
 	t.Logf("a new incarnation of the given-up target waited %v for its resync (hold %v, until %v after its start)", wait, resyncHold, pr.resyncHeld.Sub(t0))
-	if wait > resyncHold {
-		t.Fatalf("held longer than resyncHold: %v", wait)
+	if wait > resyncHold/2 {
+		// The hold is for the incarnation that was silent: a restarted
+		// target (an operator's fix) is resynced at once (since review
+		// 87's limitation; it waited the whole hold).
+		t.Fatalf("the restarted target was held %v", wait)
 	}
 	if !h.tickUntil(120*time.Second, func() bool { return h.rec(r.ID).State == Normal }) {
 		t.Fatalf("not resynced: %+v", h.rec(r.ID))
