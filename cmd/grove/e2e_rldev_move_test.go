@@ -48,7 +48,8 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		Retiring []string `json:"retiring"`
 	}
 	type listJSON struct {
-		RLDevs []struct {
+		Forgotten map[string][]uint32 `json:"forgotten"`
+		RLDevs    []struct {
 			RLDev     uint64 `json:"rldev"`
 			State     string `json:"state"`
 			Primary   segJSON
@@ -294,6 +295,12 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			t.Fatalf("not settled after forget-node --re-place: %+v", l.RLDevs)
 		}
+	}
+	if f := list().Forgotten; len(f) != 1 || len(f[lost]) != 1 {
+		t.Fatalf("rldev list -o json: forgotten %v, want node %s's disk", f, lost)
+	}
+	if r := must(run(nil, "rldev", "list")); !strings.Contains(r.stdout, "forgotten: node "+lost) {
+		t.Fatalf("rldev list does not show the forgotten node:\n%s", r.stdout)
 	}
 	for id, data := range small {
 		for _, replica := range []string{"1", "2"} {

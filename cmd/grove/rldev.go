@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -220,6 +223,24 @@ func replicaStatus(st map[uint64]*pb.RLDevServiceStatusResponse, node, id uint64
 func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) *cli.Doc {
 	d := &cli.Doc{}
 	d.Field("version", t.Version)
+	// Nodes forgotten (grove rldev forget-node): their disks, listed only
+	// when there are some.
+	forgot := map[string][]uint32{}
+	var ftext []string
+	for _, k := range slices.SortedFunc(maps.Keys(t.Disks), func(a, b rldev.DiskKey) int {
+		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Index, b.Index))
+	}) {
+		if t.Disks[k].Forgotten {
+			n := strconv.FormatUint(k.Node, 10)
+			if forgot[n] == nil {
+				ftext = append(ftext, "node "+n)
+			}
+			forgot[n] = append(forgot[n], k.Index)
+		}
+	}
+	if len(forgot) > 0 {
+		d.FieldText("forgotten", forgot, strings.Join(ftext, ", ")+" (grove rldev forget-node: nothing is placed on their disks)")
+	}
 	tb := d.Table("rldevs", "RLDEV", "SIZE", "STATE", "PRIMARY", "SECONDARY", "EPOCH", "RESYNC", "MOVE", "SCRUB", "NOTE")
 	for _, id := range t.IDs() {
 		r := t.RLDevs[id]
