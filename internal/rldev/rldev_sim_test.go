@@ -1283,12 +1283,16 @@ func (s *rsim) loseNode() {
 		}
 	}
 	// Nor while a copy on another node pulls its dirty regions from this
-	// one: it would wait for them for ever (a known limit; review 86).
+	// one, or may yet (loading, or not yet named by the table: as-run
+	// seed 4700718 lost the node while its peer, just restarted, waited
+	// for its decree): it would wait for them for ever (a known limit;
+	// review 86).
 	t := s.table()
 	for _, id := range t.IDs() {
 		rec := t.RLDevs[id]
 		if seg := rec.SegmentOf(uint64(rn.id)); seg >= 0 {
-			if x := s.n[NodeID(rec.Segs[1-seg].Node)]; x.e != nil && x.e.reps[id] != nil && x.e.reps[id].recovering > 0 {
+			x := s.n[NodeID(rec.Segs[1-seg].Node)]
+			if x.e == nil || x.e.reps[id] == nil || x.e.reps[id].recovering > 0 || x.e.reps[id].state != repReady || rec.Inc[1-seg] != x.inc {
 				calm = false
 			}
 		}
