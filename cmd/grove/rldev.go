@@ -283,11 +283,7 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 			case m.Inc == 0:
 				phase = fmt.Sprintf("waiting for node %d", m.To.Node)
 			}
-			which := "secondary"
-			if m.Seg == r.Primary {
-				which = "primary"
-			}
-			move = fmt.Sprintf("%s to %d: %s", which, m.To.Node, phase)
+			move = fmt.Sprintf("%s to %d: %s", r.SegmentName(m.Seg), m.To.Node, phase)
 			if phase == "copying" && r.ProgressTotal > 0 {
 				move += fmt.Sprintf(" %d%%", 100*r.Progress/r.ProgressTotal)
 			}

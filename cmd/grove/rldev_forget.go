@@ -114,22 +114,15 @@ exits 2.`,
 				return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: fmt.Sprintf("node %d: %s", node, what),
 					Hint: "run again with --gone-for-good to forget it"}
 			}
-			var first *rldev.ForgetPlan
 			if replace {
-				first, err = s.clerk.Evacuate(ctx, node, cands, func(id uint64, what string) {
+				plan, err = s.clerk.ForgetReplacing(ctx, node, cands, func(id uint64, what string) {
 					fmt.Fprintf(os.Stderr, "rldev %d: %s\n", id, what)
 				})
-				if err != nil {
-					return forgetErr(op, &c, err)
-				}
+			} else {
+				plan, err = s.clerk.Forget(ctx, node)
 			}
-			if plan, err = s.clerk.Forget(ctx, node); err != nil {
+			if err != nil {
 				return forgetErr(op, &c, err)
-			}
-			if first != nil { // what the first step dropped too
-				for id, sgs := range first.Dropped {
-					plan.Dropped[id] = append(sgs, plan.Dropped[id]...)
-				}
 			}
 			d := &cli.Doc{}
 			d.Field("node", node)

@@ -54,7 +54,7 @@ func (t *Table) Forget(node uint64) (*ForgetPlan, error) {
 		rec := t.RLDevs[id]
 		for seg, sg := range rec.Segs {
 			if sg.Node == node {
-				held = append(held, fmt.Sprintf("rldev %d's %s", id, SegmentName(rec, seg)))
+				held = append(held, fmt.Sprintf("rldev %d's %s", id, rec.SegmentName(seg)))
 			}
 		}
 		if rec.Move != nil && rec.Move.To.Node == node {
@@ -150,11 +150,11 @@ func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string,
 	if seg >= 0 && !rec.Stale[seg] && rec.Stale[1-seg] {
 		// Outside review 85: answered "wait", which no verdict changes.
 		return nil, "", fmt.Errorf("%w: node %d holds rldev %d's only up-to-date copy (its %s; node %d's copy is stale): the RLDev serves nothing without it; if the node is gone for good, accept the stale copy first (grove rldev accept-stale %d --lose-writes), or bring the node back",
-			ErrForget, node, id, SegmentName(rec, seg), rec.Segs[1-seg].Node, id)
+			ErrForget, node, id, rec.SegmentName(seg), rec.Segs[1-seg].Node, id)
 	}
 	if seg >= 0 && (rec.State != Degraded || !rec.Stale[seg]) {
 		return nil, "", fmt.Errorf("%w: rldev %d's %s is on node %d, and the RLDev is %s, not degraded with it stale: the failure detector's verdict on the node has not reached the other copy's yet",
-			ErrForgetWait, id, SegmentName(rec, seg), node, rec.State)
+			ErrForgetWait, id, rec.SegmentName(seg), node, rec.State)
 	}
 	// Worked on a copy of the table, one step after the other: the
 	// extents retiring on node dropped first if its disks are forgotten
@@ -193,13 +193,13 @@ func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string,
 		}
 	}
 	if room < 0 {
-		return nil, "", fmt.Errorf("%w: rldev %d: no live node without its other copy has %s free on a disk for its %s", ErrNoSpace, id, units.FormatSize(SegmentSize(nr.Blocks)), SegmentName(nr, seg))
+		return nil, "", fmt.Errorf("%w: rldev %d: no live node without its other copy has %s free on a disk for its %s", ErrNoSpace, id, units.FormatSize(SegmentSize(nr.Blocks)), nr.SegmentName(seg))
 	}
 	rp, err := tt.StartMove(id, seg, best, -1)
 	if err != nil {
 		return nil, "", err
 	}
-	return rp, joinWhat(what, fmt.Sprintf("its %s re-placed on node %d (%v), to be copied whole from the primary", SegmentName(nr, seg), best, rp.Segs[seg])), nil
+	return rp, joinWhat(what, fmt.Sprintf("its %s re-placed on node %d (%v), to be copied whole from the primary", nr.SegmentName(seg), best, rp.Segs[seg])), nil
 }
 
 func joinWhat(a, b string) string {
@@ -261,56 +261,78 @@ func (t *Table) EvacuateAll(node uint64, candidates []uint64) ([]string, error) 
 // ErrForgetWait: a node cannot be forgotten yet; it may be later.
 var ErrForgetWait = errors.New("rldev: cannot forget the node yet")
 
-// Evacuate forgets node's disks (ForgetDisks), then re-places, by one
-// decree per RLDev, everything of every RLDev on node (Table.Evacuate) on
-// candidates; report is called after each.
-// It returns the first step's plan (ForgetDisks).
-func (c *Clerk) Evacuate(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) (*ForgetPlan, error) {
-	// Its disks forgotten first (ForgetDisks): nothing is placed there
-	// meanwhile, and no extent dropped from the node is free to place.
-	var first *ForgetPlan
-	if _, err := c.meta.Update(ctx, Namespace, "grove rldev forget-node --re-place", func(ns *pb.Namespace) ([]*pb.Op, error) {
-		t, err := DecodeTable(ns)
+// EvacStep is one decree of forget-node --re-place (NextEvacStep).
+type EvacStep struct {
+	Ops   []*pb.Op
+	What  string
+	ID    uint64      // the RLDev evacuated (0: the disks' step or the last)
+	Plan  *ForgetPlan // the first and the last steps': what they forget
+	Final bool        // the last step (Forget): the node is forgotten
+}
+
+// NextEvacStep is the next decree of forget-node --re-place from t as it
+// is, the whole sequence in one place for the clerk and the simulator:
+// the node's disks forgotten first (ForgetDisks: nothing is placed there
+// meanwhile, and nothing dropped there is ever free), then each RLDev
+// with something on it evacuated (Evacuate), one decree each, then the
+// forget (Forget, Final). A caller applies each step's Ops by a decree
+// conditional on t's version and asks again on the table that follows.
+func (t *Table) NextEvacStep(node uint64, candidates []uint64) (EvacStep, error) {
+	if !t.forgotten(node) {
+		p, err := t.ForgetDisks(node)
 		if err != nil {
-			return nil, err
+			return EvacStep{}, err
 		}
-		first, err = t.ForgetDisks(node)
-		if err != nil {
-			return nil, err
-		}
-		return first.Ops, nil
-	}); err != nil {
-		return nil, err
-	}
-	t, err := c.Table(ctx, true)
-	if err != nil {
-		return nil, err
+		return EvacStep{Ops: p.Ops, Plan: p, What: fmt.Sprintf("its disks forgotten first: %s", p.Describe())}, nil
 	}
 	for _, id := range t.IDs() {
-		var what string
+		nr, what, err := t.Evacuate(id, node, candidates)
+		if err != nil {
+			return EvacStep{}, err
+		}
+		if nr != nil {
+			return EvacStep{Ops: []*pb.Op{nr.PutOp()}, ID: id, What: what}, nil
+		}
+	}
+	p, err := t.Forget(node)
+	if err != nil {
+		return EvacStep{}, err
+	}
+	return EvacStep{Ops: p.Ops, Plan: p, What: p.Describe(), Final: true}, nil
+}
+
+// ForgetReplacing is forget-node --re-place: NextEvacStep, a decree each,
+// until the node is forgotten; report is called after each RLDev's. It
+// returns what the first and the last steps forgot together.
+func (c *Clerk) ForgetReplacing(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) (*ForgetPlan, error) {
+	var plan *ForgetPlan
+	for {
+		var step EvacStep
 		_, err := c.meta.Update(ctx, Namespace, "grove rldev forget-node --re-place", func(ns *pb.Namespace) ([]*pb.Op, error) {
 			t, err := DecodeTable(ns)
 			if err != nil {
 				return nil, err
 			}
-			if t.RLDevs[id] == nil {
-				return nil, nil
-			}
-			nr, w, err := t.Evacuate(id, node, candidates)
-			if err != nil || nr == nil {
-				return nil, err
-			}
-			what = w
-			return []*pb.Op{nr.PutOp()}, nil
+			step, err = t.NextEvacStep(node, candidates)
+			return step.Ops, err
 		})
 		if err != nil {
-			return first, err
+			return nil, err
 		}
-		if what != "" {
-			report(id, what)
+		switch {
+		case step.Final && plan != nil:
+			for id, sgs := range plan.Dropped {
+				step.Plan.Dropped[id] = append(sgs, step.Plan.Dropped[id]...)
+			}
+			return step.Plan, nil
+		case step.Final:
+			return step.Plan, nil
+		case step.Plan != nil:
+			plan = step.Plan
+		default:
+			report(step.ID, step.What)
 		}
 	}
-	return first, nil
 }
 
 // DroppedCount is the number of retiring extents dropped.
@@ -340,14 +362,6 @@ func Count(n int, word string) string {
 		return "1 " + word
 	}
 	return fmt.Sprintf("%d %ss", n, word)
-}
-
-// SegmentName is "primary" or "secondary": what segment seg of rec is now.
-func SegmentName(rec *Record, seg int) string {
-	if seg == rec.Primary {
-		return "primary"
-	}
-	return "secondary"
 }
 
 // Forget forgets node by decree (Table.Forget), conditional on the table

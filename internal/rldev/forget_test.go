@@ -2,6 +2,8 @@ package rldev
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -230,5 +232,65 @@ func TestEvacuateNodeGoneForGood(t *testing.T) {
 				t.Fatalf("rldev %d: %v still retiring on the forgotten node", id, sg)
 			}
 		}
+	}
+}
+
+// The steps of forget-node --re-place (NextEvacStep, what the clerk and
+// the simulator both run): the disks forgotten first, then the RLDev
+// re-placed, then the forget, which drops the re-placed segment's old
+// extent; asked again, the last step again, with nothing to do.
+func TestNextEvacStepOrder(t *testing.T) {
+	h, id, p, s, tg := r81ThreeNodes(t)
+	h.mustWrite(p.id, id, 5, pattern(1, 1))
+	seg := h.rec(id).SegmentOf(uint64(s.id))
+	h.crash(s, false, nil)
+	h.dead[Subject{s.id, s.inc}] = true
+	h.run()
+	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
+		t.Fatalf("setup: not degraded: %+v", h.rec(id))
+	}
+	cands := []uint64{uint64(p.id), uint64(tg.id)}
+	var kinds []string
+	for i := 0; ; i++ {
+		tb := h.table()
+		st, err := tb.NextEvacStep(uint64(s.id), cands)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		switch {
+		case st.Final:
+			kinds = append(kinds, "forget")
+		case st.ID != 0:
+			kinds = append(kinds, fmt.Sprintf("rldev %d", st.ID))
+		default:
+			kinds = append(kinds, "disks")
+		}
+		if len(st.Ops) > 0 {
+			if err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: tb.Version, Ops: st.Ops}); err != nil {
+				t.Fatal(err)
+			}
+			h.run()
+		}
+		if st.Final {
+			if st.Plan.DroppedCount() != 1 {
+				t.Fatalf("the forget dropped %v, want the re-placed segment's old extent", st.Plan.Dropped)
+			}
+			break
+		}
+		if i > 5 {
+			t.Fatalf("no end: %v", kinds)
+		}
+	}
+	if want := []string{"disks", fmt.Sprintf("rldev %d", id), "forget"}; !slices.Equal(kinds, want) {
+		t.Fatalf("steps %v, want %v", kinds, want)
+	}
+	if st, err := h.table().NextEvacStep(uint64(s.id), cands); err != nil || !st.Final || len(st.Ops) != 0 {
+		t.Fatalf("asked again: %+v %v", st, err)
+	}
+	if !h.tickUntil(30*time.Second, func() bool { return h.rec(id).State == Normal }) {
+		t.Fatalf("not rebuilt: %+v", h.rec(id))
+	}
+	if r := h.rec(id); r.SegmentOf(uint64(s.id)) >= 0 || len(r.Retiring) != 0 {
+		t.Fatalf("after the steps: %+v", r)
 	}
 }

@@ -1328,51 +1328,37 @@ func (s *rsim) evacuate() {
 			cands = append(cands, uint64(rn.id))
 		}
 	}
-	var what string
+	var step EvacStep
+	var refused error
 	s.svc.Update(s.adm, Namespace, "evacuate", func(ns *pb.Namespace) ([]*pb.Op, error) {
 		tb, err := DecodeTable(ns)
 		if err != nil {
 			return nil, err
 		}
-		if !tb.forgotten(uint64(s.gone)) {
-			plan, err := tb.ForgetDisks(uint64(s.gone))
-			if err != nil {
-				return nil, err
-			}
-			what = fmt.Sprintf("EVACUATE node %d: its disks forgotten first: %s", s.gone, plan.Describe())
-			return plan.Ops, nil
-		}
-		for _, id := range tb.IDs() {
-			nr, why, err := tb.Evacuate(id, uint64(s.gone), cands)
-			if err != nil {
-				what = fmt.Sprintf("EVACUATE rldev %d refused: %v", id, err)
-				return nil, nil
-			}
-			if nr != nil {
-				what = fmt.Sprintf("EVACUATE rldev %d: %s", id, why)
-				return []*pb.Op{nr.PutOp()}, nil
-			}
-		}
-		plan, err := tb.Forget(uint64(s.gone))
-		if err != nil {
-			what = fmt.Sprintf("FORGET node %d refused: %v", s.gone, err)
+		step, refused = tb.NextEvacStep(uint64(s.gone), cands)
+		if refused != nil {
 			return nil, nil
 		}
-		what = fmt.Sprintf("FORGET node %d: %s", s.gone, plan.Describe())
-		if len(plan.Ops) == 0 {
-			return nil, nil
-		}
-		return plan.Ops, nil
+		return step.Ops, nil
 	}, func(_ uint64, err error) {
-		if what != "" && (err == nil || strings.Contains(what, "refused")) && what != s.lastEvac {
+		what := fmt.Sprintf("EVACUATE node %d: %s", s.gone, step.What)
+		switch {
+		case refused != nil:
+			what = fmt.Sprintf("EVACUATE node %d refused: %v", s.gone, refused)
+		case step.Final:
+			what = fmt.Sprintf("FORGET node %d: %s", s.gone, step.What)
+		case step.ID != 0:
+			what = fmt.Sprintf("EVACUATE rldev %d: %s", step.ID, step.What)
+		}
+		if (err == nil || refused != nil) && what != s.lastEvac {
 			s.o.logf("%s", what)
 			s.lastEvac = what
 		}
 		switch {
-		case err == nil && strings.HasPrefix(what, "FORGET") && !strings.Contains(what, "refused"):
+		case err == nil && refused == nil && step.Final:
 			s.forgotten = true
 			return
-		case err == nil && strings.HasPrefix(what, "EVACUATE") && !strings.Contains(what, "refused"):
+		case err == nil && refused == nil:
 			s.evacs++
 			w.After(10*time.Millisecond, s.evacuate)
 			return

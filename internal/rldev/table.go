@@ -218,6 +218,14 @@ func (r *Record) Extents() []Segment {
 // stale (a segment being resynced receives writes but serves nothing).
 func (r *Record) Serves(i int) bool { return !r.Stale[i] }
 
+// SegmentName is "primary" or "secondary": what segment seg is now.
+func (r *Record) SegmentName(seg int) string {
+	if seg == r.Primary {
+		return "primary"
+	}
+	return "secondary"
+}
+
 // StaleSeg returns the stale segment's index, or -1.
 func (r *Record) StaleSeg() int {
 	for i, s := range r.Stale {
