@@ -839,12 +839,12 @@ func (r *replica) retry(env Env) []any {
 	}
 	if s := r.resync; s != nil && !s.failed {
 		for _, c := range r.copies {
-			if c.src == s && !c.since.IsZero() && !c.refused && env.Now.Sub(c.since) > copyStall {
+			if c.src == s && !c.since.IsZero() && env.Now.Sub(maxTime(c.since, c.answeredAt)) > copyStall {
 				// Up, its session too, and silent for copyStall: every
 				// write waits for its answer. Given up (the RLDev is
 				// degraded again), and this incarnation's next request
-				// held (resyncHold). A target that refuses is given up
-				// by copyAcked, not held.
+				// held (resyncHold). A target that keeps refusing is
+				// given up by copyAcked, not held.
 				r.resyncHeld, r.resyncHeldInc = env.Now.Add(resyncHold), s.peerInc
 				out = append(out, r.stopResync(fmt.Sprintf("the target has answered no copy for %v", copyStall))...)
 				break

@@ -41,7 +41,10 @@ type copyChunk struct {
 	sentAt  time.Time
 	since   time.Time // first sent: a target that refuses it for CopyStall stops the resync
 	resends int       // times sent again (resendAfter)
-	refused bool      // the target answered it with a refusal (not silent)
+	// answeredAt: the target's last answer to it (a refusal): silence is
+	// counted from then (a target that refused, then went silent, is
+	// given up as silent: outside review 88).
+	answeredAt time.Time
 	// repaired: a move's chunk had blocks failing their check, repaired
 	// from the peer once before it is read again; compared: its
 	// generations were compared with the moving secondary's.
@@ -279,7 +282,7 @@ func (r *replica) copyAcked(env Env, c *copyChunk, a Ack) []any {
 			return append(out, r.stopResync(fmt.Sprintf("the target has refused a copy for %v: %v", copyStall, a.Code.Err()))...)
 		}
 		// The target has not caught up with this epoch yet: again soon.
-		c.sentAt, c.refused = env.Now, true
+		c.sentAt, c.answeredAt = env.Now, env.Now
 		r.copies[r.nextSeq()] = c
 		if a.Code == WrongEpoch && a.Epoch > r.rec.Epoch {
 			return []any{Refresh{}}
