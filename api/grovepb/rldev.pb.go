@@ -986,6 +986,7 @@ type RLDevPull struct {
 	Block         uint64                 `protobuf:"varint,4,opt,name=block,proto3" json:"block,omitempty"`
 	Count         uint64                 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
 	GensOnly      bool                   `protobuf:"varint,6,opt,name=gens_only,json=gensOnly,proto3" json:"gens_only,omitempty"`
+	Owed          bool                   `protobuf:"varint,7,opt,name=owed,proto3" json:"owed,omitempty"` // owed blocks, from a peer stale since (answered from a whole copy only)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1058,6 +1059,13 @@ func (x *RLDevPull) GetCount() uint64 {
 func (x *RLDevPull) GetGensOnly() bool {
 	if x != nil {
 		return x.GensOnly
+	}
+	return false
+}
+
+func (x *RLDevPull) GetOwed() bool {
+	if x != nil {
+		return x.Owed
 	}
 	return false
 }
@@ -1782,7 +1790,11 @@ type RLDevReplicaStatus struct {
 	// overwritten: a full copy from the peer began writing onto this stale
 	// copy and has not ended: it holds parts of two histories (accept-stale
 	// refuses it without --mixed).
-	Overwritten   bool `protobuf:"varint,19,opt,name=overwritten,proto3" json:"overwritten,omitempty"`
+	Overwritten bool `protobuf:"varint,19,opt,name=overwritten,proto3" json:"overwritten,omitempty"`
+	// owed: ranges whose up-to-date copy is the peer's (a crash's dirty
+	// regions not yet pulled from it): nothing here serves them until they
+	// are pulled, or the peer's copy is gone for good.
+	Owed          uint64 `protobuf:"varint,20,opt,name=owed,proto3" json:"owed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1950,6 +1962,13 @@ func (x *RLDevReplicaStatus) GetOverwritten() bool {
 	return false
 }
 
+func (x *RLDevReplicaStatus) GetOwed() uint64 {
+	if x != nil {
+		return x.Owed
+	}
+	return 0
+}
+
 var File_grovepb_rldev_proto protoreflect.FileDescriptor
 
 const file_grovepb_rldev_proto_rawDesc = "" +
@@ -2025,14 +2044,15 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\rR\x04code\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x92\x01\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\xa6\x01\n" +
 	"\tRLDevPull\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05block\x18\x04 \x01(\x04R\x05block\x12\x14\n" +
 	"\x05count\x18\x05 \x01(\x04R\x05count\x12\x1b\n" +
-	"\tgens_only\x18\x06 \x01(\bR\bgensOnly\"\xa2\x01\n" +
+	"\tgens_only\x18\x06 \x01(\bR\bgensOnly\x12\x12\n" +
+	"\x04owed\x18\a \x01(\bR\x04owed\"\xa2\x01\n" +
 	"\rRLDevPullData\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -2081,7 +2101,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x1aRLDevServiceStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x128\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xcc\x04\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.RLDevReplicaStatusR\breplicas\"\xe0\x04\n" +
 	"\x12RLDevReplicaStatus\x12\x14\n" +
 	"\x05rldev\x18\x01 \x01(\x04R\x05rldev\x12\x18\n" +
 	"\asegment\x18\x02 \x01(\rR\asegment\x12\x14\n" +
@@ -2108,7 +2128,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\n" +
 	"incomplete\x18\x12 \x01(\bR\n" +
 	"incomplete\x12 \n" +
-	"\voverwritten\x18\x13 \x01(\bR\voverwritten*v\n" +
+	"\voverwritten\x18\x13 \x01(\bR\voverwritten\x12\x12\n" +
+	"\x04owed\x18\x14 \x01(\x04R\x04owed*v\n" +
 	"\n" +
 	"RldevState\x12\x1b\n" +
 	"\x17RLDEV_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

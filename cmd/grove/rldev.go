@@ -115,6 +115,8 @@ func rldevErr(op string, c *cli.Client, err error) error {
 		return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: err.Error(), Hint: "grove rldev list shows the RLDevs", Err: err}
 	case errors.Is(err, rldev.ErrBadRequest):
 		return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: err.Error(), Err: err}
+	case errors.Is(err, rldev.ErrUnavailable):
+		return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: err.Error(), Hint: "grove rldev list says which node's copy the blocks wait for", Err: err}
 	case errors.Is(err, rldev.ErrNotServing), errors.Is(err, rldev.ErrNotPrimary), errors.Is(err, rldev.ErrWrongEpoch):
 		return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: err.Error(), Hint: "grove rldev list shows the RLDev's state", Err: err}
 	}
@@ -318,6 +320,8 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 				notes = append(notes, fmt.Sprintf("node %d: %s: %s", node, rs.State, rs.Wait))
 			case rs.State != "ready":
 				notes = append(notes, fmt.Sprintf("node %d: %s", node, rs.State))
+			case rs.Owed > 0 && r.Stale[1-i]:
+				notes = append(notes, fmt.Sprintf("node %d: %d ranges wait for node %d's copy, unavailable until it is back (if it is gone for good: grove rldev forget-node %d --re-place)", node, rs.Owed, r.Segs[1-i].Node, r.Segs[1-i].Node))
 			case rs.Recovering > 0:
 				notes = append(notes, fmt.Sprintf("node %d: recovering %d dirty regions from its peer", node, rs.Recovering))
 			case rs.Lost && !r.Stale[i] && r.Stale[1-i]:

@@ -273,9 +273,12 @@ func (c *Clerk) read(ctx context.Context, id, off, n uint64, replica int, dst []
 	return data, err
 }
 
-// final errors: trying again cannot help.
+// final errors: trying again cannot help. ErrUnavailable too: the blocks
+// wait for a peer that is down (owed.go), which takes longer than a
+// request should wait; the caller is told at once.
 func final(err error) bool {
-	return errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrBadMessage)
+	return errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrBadMessage) ||
+		errors.Is(err, ErrUnavailable)
 }
 
 // retry runs one attempt at a time until one succeeds, fails for good, or

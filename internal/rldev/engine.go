@@ -343,6 +343,7 @@ type Stats struct {
 	Writes, Reads, Forwards, Repairs, CopiedBlocks, PulledBlocks uint64
 	DRLWrites, DegradedWrites, Decrees                           uint64
 	DRLAhead                                                     uint64 // regions marked ahead of a sequential writer
+	OwedWrites                                                   uint64 // owed-page writes (owed.go)
 	DiskHangs                                                    uint64 // disks found hung (an operation unanswered for DiskTimeout)
 	CorruptFound                                                 uint64
 	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64
@@ -993,6 +994,9 @@ func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte,
 			return []any{Reply{Req: req, Err: fmt.Errorf("%w: fence: %v", ErrBadRequest, err)}}
 		}
 	}
+	if err := r.owedErr(block, uint64(len(data))/BlockSize); err != nil {
+		return []any{Reply{Req: req, Err: err}}
+	}
 	e.reqs[req] = &request{id: req}
 	e.stats.Writes++
 	return r.clientWrite(env, req, block, data, fence, replica >= 0)
@@ -1014,6 +1018,9 @@ func (e *Engine) Read(env Env, req ReqID, id uint64, block, count uint64, replic
 		if err == nil {
 			err = fmt.Errorf("%w: a read of 0 blocks", ErrBadRequest)
 		}
+		return []any{Reply{Req: req, Err: err}}
+	}
+	if err := r.owedErr(block, count); err != nil {
 		return []any{Reply{Req: req, Err: err}}
 	}
 	e.reqs[req] = &request{id: req}
@@ -1296,6 +1303,7 @@ type ReplicaStatus struct {
 	DirtyRegions    uint64
 	DegradedRegions uint64
 	Recovering      int
+	Owed            int // of Recovering, the ranges owed by the peer's copy (owed.go)
 	ResyncCopied    uint64
 	ResyncTotal     uint64
 	ScrubPasses     uint64
@@ -1320,7 +1328,7 @@ func (e *Engine) Status() []ReplicaStatus {
 	var out []ReplicaStatus
 	for _, r := range e.replicas() {
 		st := ReplicaStatus{RLDev: r.rec.ID, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
-			Recovering: r.recovering, ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
+			Recovering: r.recovering, Owed: r.owedCount(), ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
 			Lost: r.lost, Incomplete: r.super.Incomplete, Overwritten: r.super.Overwritten}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())

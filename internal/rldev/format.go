@@ -15,6 +15,7 @@ import (
 //	  8 KiB          dirty-region log A     12 KiB  dirty-region log B
 //	 16 KiB          degraded-mode log A    20 KiB  degraded-mode log B
 //	 24 KiB          token table A (64 KiB) 88 KiB  token table B (64 KiB)
+//	152 KiB          owed ranges A (8 KiB) 160 KiB  owed ranges B (8 KiB)
 //	256 KiB        physical blocks, PhysBlockSize (4608) bytes each:
 //	  +0             header (HeaderSize = 512 bytes, little endian):
 //	                   0  magic "GRVB" (u32)    4  version (u16)   6  flags (u16, 0)
@@ -49,6 +50,8 @@ const (
 	offDegraded = 16 << 10
 	offTokens   = 24 << 10
 	tokenArea   = 64 << 10
+	offOwed     = 152 << 10
+	owedArea    = 8 << 10
 )
 
 const (
@@ -149,6 +152,7 @@ const (
 	PageDRL      = 2
 	PageDegraded = 3
 	PageTokens   = 4
+	PageOwed     = 5 // owed.go
 )
 
 // ErrBadPage: neither copy of a metadata page is valid.
@@ -222,6 +226,8 @@ func pageSlot(kind uint16, copyIdx uint64) (off int64, size int) {
 		return offDegraded + int64(copyIdx)*PageSize, PageSize
 	case PageTokens:
 		return offTokens + int64(copyIdx)*tokenArea, tokenArea
+	case PageOwed:
+		return offOwed + int64(copyIdx)*owedArea, owedArea
 	}
 	panic(fmt.Sprintf("rldev: unknown page kind %d", kind))
 }

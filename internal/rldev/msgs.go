@@ -27,19 +27,31 @@ const (
 	Corrupt         // a block failed its check here and could not be repaired from the peer
 	BadRequest      // unaligned, out of range, or malformed
 	Unknown         // no such RLDev
+	// Unavailable: the blocks' up-to-date copy is the peer's, which is
+	// down (owed ranges, owed.go): nothing here may serve them until it
+	// is back, or an operator forgets it.
+	Unavailable
+	// NotWhole answers a pull of owed blocks: this stale copy is not
+	// whole (blank, incomplete, lost, being overwritten), so the puller's
+	// own copy is all there is.
+	NotWhole
+
+	lastCode = NotWhole // decoders refuse a code above it
 )
 
 // Errors a request can end with (Reply.Err wraps one with details).
 var (
-	ErrNotPrimary = errors.New("rldev: not the primary")
-	ErrNotServing = errors.New("rldev: this replica is not serving")
-	ErrWrongEpoch = errors.New("rldev: configuration changed")
-	ErrStaleToken = errors.New("rldev: stale fencing token")
-	ErrDiskFailed = errors.New("rldev: disk failed")
-	ErrDiskHung   = errors.New("rldev: disk hung")
-	ErrCorrupt    = errors.New("rldev: block corrupt and not repairable")
-	ErrBadRequest = errors.New("rldev: bad request")
-	ErrUnknown    = errors.New("rldev: no such RLDev")
+	ErrNotPrimary  = errors.New("rldev: not the primary")
+	ErrNotServing  = errors.New("rldev: this replica is not serving")
+	ErrWrongEpoch  = errors.New("rldev: configuration changed")
+	ErrStaleToken  = errors.New("rldev: stale fencing token")
+	ErrDiskFailed  = errors.New("rldev: disk failed")
+	ErrDiskHung    = errors.New("rldev: disk hung")
+	ErrCorrupt     = errors.New("rldev: block corrupt and not repairable")
+	ErrBadRequest  = errors.New("rldev: bad request")
+	ErrUnknown     = errors.New("rldev: no such RLDev")
+	ErrUnavailable = errors.New("rldev: blocks unavailable")
+	errNotWhole    = errors.New("rldev: this copy is not whole")
 
 	// ErrMaybeWritten accompanies a write's error when the write had
 	// begun to land (on this replica's disk, forwarded to the peer)
@@ -72,13 +84,17 @@ func (c Code) Err() error {
 		return ErrBadRequest
 	case Unknown:
 		return ErrUnknown
+	case Unavailable:
+		return ErrUnavailable
+	case NotWhole:
+		return errNotWhole
 	}
 	return fmt.Errorf("rldev: code %d", int(c))
 }
 
 // CodeOf maps an error to its code.
 func CodeOf(err error) Code {
-	for c := OK + 1; c <= Unknown; c++ {
+	for c := OK + 1; c <= lastCode; c++ {
 		if errors.Is(err, c.Err()) {
 			return c
 		}
@@ -120,6 +136,9 @@ type Pull struct {
 	RLDev, Epoch, Seq uint64
 	Block, Count      uint64
 	GensOnly          bool // the scrubber: the generations (and Bad) without the data
+	// Owed: a pull of owed blocks (owed.go) from a peer that is stale
+	// since: it answers from its copy if that is whole, NotWhole if not.
+	Owed bool
 }
 
 // PullData answers a Pull: the blocks' data and generations. With Code

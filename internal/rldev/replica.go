@@ -116,6 +116,9 @@ type replica struct {
 
 	recovering int        // dirty regions still to pull from the peer (after a crash)
 	recoverQ   []*recover // those regions, in order
+	owedW      owedWriter // the owed page (owed.go)
+	owedLogged bool       // "ranges wait for the peer's copy" said
+	owedAtLoad []*recover // the owed page's ranges, read at load (afterLoad takes them)
 	resyncReq  *ResyncMe  // a stale peer's request
 	resyncHeld time.Time  // no resync started before (resyncHold)
 	// resyncHeldInc: the target incarnation resyncHeld is for (a new one,
@@ -296,6 +299,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		}
 		r.drl = newPageLog(r, PageDRL, NewBitmap(drlRB, r.rec.Blocks), 0)
 		r.deg = newPageLog(r, PageDegraded, NewBitmap(degRB, r.rec.Blocks), 0)
+		r.owedW, r.owedAtLoad = owedWriter{}, nil
 		return r.format(env)
 	case !ok:
 		return r.fail(fmt.Errorf("%w: both superblocks of rldev %d's segment are corrupt", ErrDiskFailed, r.rec.ID))
@@ -355,6 +359,9 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	}
 	r.drl = loadLog(PageDRL, drlRB)
 	r.deg = loadLog(PageDegraded, degRB)
+	var olog []any
+	r.owedAtLoad, olog = r.loadOwed(meta)
+	out = append(out, olog...)
 	if seq, payload, ok, blank := page(PageTokens); ok {
 		if m, err := decodeTokens(payload); err == nil {
 			r.tokens, r.tokSeq = m, seq
@@ -460,16 +467,46 @@ func (r *replica) afterLoad(env Env) []any {
 		// operator accepted it as it is.
 		out = append(out, r.writeSuper(func(s *Super) { s.Overwritten = false }, func(error) []any { return nil })...)
 	}
+	owed := r.owedAtLoad
+	r.owedAtLoad = nil
+	if len(owed) > 0 && (r.target || r.stale() || !r.isPrimary()) {
+		// Stale (the peer's resync, a full copy after an accept or a
+		// disk loss, overwrites this copy), or a secondary (its primary
+		// is up to date: pulling from it would wait on the primary's
+		// writes in flight, which wait on this replica): nothing is owed.
+		out = append(out, r.e.logf(2, "rldev owed ranges dropped: this copy is stale, or not the primary", "rldev", r.rec.ID, "ranges", len(owed)))
+		out = append(out, r.dropOwed()...)
+		owed = nil
+	}
 	switch {
 	case r.target:
 		return out // the primary copies everything to it
 	case r.stale():
 		return append(out, r.askResync(env)...)
-	case !r.drl.durable.Empty() && r.rec.State == Normal && !r.peerStale() && r.isPrimary():
+	case (len(owed) > 0 || !r.drl.durable.Empty()) && r.rec.State == Normal && !r.peerStale() && r.isPrimary():
 		// This replica crashed, as the primary, while writes were in
-		// flight: its peer's copy of those regions is the one readers
-		// may have seen.
-		return append(out, r.startRecovery(env)...)
+		// flight (or while it pulled such regions): its peer's copy of
+		// those regions is the one readers may have seen.
+		return append(out, r.startRecovery(env, owed)...)
+	case len(owed) > 0:
+		// Owed ranges and a stale peer: they wait for its copy (pulled
+		// from it once it is back: owed.go), served by nobody
+		// meanwhile. The dirty regions not owed are this copy's, as
+		// below: writes in flight when the peer went stale, which may
+		// have been acknowledged in degraded mode.
+		out = append(out, r.holdRecover(owed)...)
+		out = append(out, r.abandonRecovery()...)
+		out = append(out, r.pumpRecovery(env)...)
+		var mine []uint64
+		for _, x := range r.drl.durable.List() {
+			if !hasOwedRegion(owed, x) {
+				mine = append(mine, x)
+			}
+		}
+		if len(mine) > 0 {
+			out = append(out, r.drlToDeg(mine)...)
+		}
+		return out
 	case !r.drl.durable.Empty() && r.peerStale():
 		// The only up-to-date copy, back from a crash with writes in
 		// flight: they may be here and not at the stale peer. Their
@@ -685,17 +722,16 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("segment %d served by incarnation %d", me, r.e.cfg.Inc)
 	case r.state != repReady:
 		return nil, ""
-	case rec.State == Normal && !rec.Stale[me] && r.recovering == 0 && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
-		// Not while recovering: a region still to pull from the peer
-		// may hold a block torn at this copy's crash, or a write the
-		// peer refused for its token, which only the peer's copy
-		// repairs; degraded, this copy would serve it, and the resync
-		// would copy it over the peer's good block (outside review 86,
-		// of a change that degraded here: an acknowledged write lost,
-		// a fenced-out write served). So a primary back from a crash
-		// whose peer is declared dead before its pulls end keeps the
-		// RLDev normal, its writes waiting, until the peer is back; a
-		// peer lost for good leaves it so (README, known limits).
+	case rec.State == Normal && !rec.Stale[me] && r.recoveryOwed() && r.e.peerDead(rec.Segs[peer].Node, rec.Inc[peer]):
+		// While recovering, only once every range still to pull is
+		// durably owed (owed.go): such a range may hold a block torn at
+		// this copy's crash, or a write the peer refused for its token,
+		// which only the peer's copy repairs. Degraded, this copy serves
+		// every other block and answers Unavailable for those, which
+		// wait for the peer's copy; without the owed page it would
+		// serve them, and the resync would copy them over the peer's
+		// good blocks (outside review 86: an acknowledged write lost, a
+		// fenced-out write served).
 		dead := rec.Segs[peer].Node
 		if m := rec.Move; m != nil && m.Seg == peer && m.Switch && r.isPrimary() && r.moveCopied() {
 			// The moving replica died after the copy was complete: the
@@ -710,7 +746,10 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
-	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc):
+	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering == 0:
+		// (Not while a range is owed: it is pulled from the stale peer
+		// first, whose copy of it must be what it was when it went
+		// stale, not a resync's half-written copy.)
 		rec.State, rec.Progress, rec.ProgressTotal = Resyncing, 0, 0
 		if r.resyncReq.Blank {
 			rec.FullCopy = true
@@ -799,6 +838,7 @@ func (r *replica) retry(env Env) []any {
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv, r.fwdIn = map[uint64]*writeOp{}, nil, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
+		r.owedW, r.owedLogged, r.owedAtLoad = owedWriter{}, false, nil
 		r.scrub.busy = false
 		out = append(out, r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID))
 		return append(out, r.load(env)...)

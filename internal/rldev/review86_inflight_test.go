@@ -9,9 +9,9 @@ import (
 
 // Outside review 86: the recovery's pulled data is being written at the
 // primary (q.writing) when the secondary is declared dead. The RLDev
-// stays normal (no degrade while recovering); a client write of the
-// range waits for the pulled data and the secondary, is not undone, and
-// both copies end with it once the secondary is back.
+// degrades (the range is durably owed: owed.go); a client write of the
+// range waits for the pulled data, is not undone, and both copies end
+// with it once the secondary is back.
 func TestReview86PullWritingWhenDegraded(t *testing.T) {
 	h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate = -1 })
 	r := h.create(256)
@@ -43,8 +43,8 @@ func TestReview86PullWritingWhenDegraded(t *testing.T) {
 	if rp, ok := h.replies[q]; ok {
 		t.Fatalf("a client write of the range was answered (%v) while the pulled data's write was still in flight", rp.Err)
 	}
-	if st := h.rec(r.ID).State; st != Normal {
-		t.Fatalf("degraded while recovering: %v", st)
+	if st := h.rec(r.ID).State; st != Degraded || !pr.recoveryOwed() {
+		t.Fatalf("not degraded on the verdict with the range durably owed: %v", st)
 	}
 	for len(h.held) > 0 {
 		h.release(0)
@@ -62,8 +62,9 @@ func TestReview86PullWritingWhenDegraded(t *testing.T) {
 	h.sameCopies(r.ID)
 }
 
-// Outside review 86 (failing on e91bbe6, which degraded here; now the
-// RLDev stays normal until the pull-back ends): a
+// Outside review 86 (failing on e91bbe6, which degraded and served the
+// range here; now the RLDev degrades with the range owed, unserved, until
+// the pull-back ends): a
 // write the secondary refused (ErrStaleToken: it admitted a newer token)
 // landed at the primary, which pulls the range back from the secondary
 // (x = noRegion). The secondary is declared dead before the pull-back:
@@ -103,8 +104,16 @@ func TestReview86RefusedWriteServedAfterDegrade(t *testing.T) {
 	h.crash(h.nodes[s], false, nil)
 	h.dead[Subject{s, h.nodes[s].inc}] = true
 	h.tick(5 * time.Second)
-	if st := h.rec(r.ID).State; st != Normal || pr.recovering == 0 {
-		t.Fatalf("the primary, its pull-back waiting, degraded on the verdict: %v (recovering %d)", st, pr.recovering)
+	// Degraded with the pull-back owed (owed.go): block 0 waits for the
+	// secondary's copy, unserved; the rest is served.
+	if st := h.rec(r.ID).State; st != Degraded || pr.owedCount() != 1 {
+		t.Fatalf("the primary, its pull-back owed, not degraded on the verdict: %v (owed %d)", st, pr.owedCount())
+	}
+	if rp := h.rvRead(p, r.ID, 0, 1); !errors.Is(rp.Err, ErrUnavailable) {
+		t.Fatalf("the owed block read at the degraded primary: %v, want ErrUnavailable", rp.Err)
+	}
+	if rp := h.rvRead(p, r.ID, 500, 1); rp.Err != nil || !bytes.Equal(rp.Data, pattern(2, 1)) {
+		t.Fatalf("block 500 read at the degraded primary: %v", rp.Err)
 	}
 	delete(h.cut, [2]NodeID{p, s})
 	delete(h.cut, [2]NodeID{s, p})

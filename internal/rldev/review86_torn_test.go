@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"math/rand"
-	"os"
 	"testing"
 	"time"
 )
@@ -79,44 +78,104 @@ func TestReview86TornDirtyBlockRecoveredWhenPeerReturns(t *testing.T) {
 	h.sameCopies(r.ID)
 }
 
-// Outside review 86 (failing on e91bbe6; now the RLDev stays normal, and
-// the recovery pulls A once the secondary is back): the secondary, whose
-// disk holds A (the last acknowledged value of block 100), was declared
-// dead while the primary recovers; the RLDev degraded (e91bbe6), abandonRecovery puts the region in the
-// degraded-mode log, and block 100 reads ErrCorrupt at the primary. When
-// the secondary comes back the resync copies the region from the primary,
-// the torn block as badGen: the secondary's good copy of A is overwritten
-// with a block that fails its check, and the acknowledged A is gone for
-// good from both copies. Before e91bbe6 the RLDev stayed normal (writes
-// waiting) until the secondary returned, and the recovery pulled A.
+// Outside review 86 (failing on e91bbe6, which degraded and served the
+// region; now the RLDev degrades with the region owed: owed.go): the
+// secondary, whose disk holds A (the last acknowledged value of block
+// 100), is declared dead while the primary recovers. e91bbe6 degraded,
+// abandonRecovery put the region in the degraded-mode log, block 100 read
+// ErrCorrupt at the primary, and when the secondary came back the resync
+// copied the torn block over its good copy of A: gone from both copies.
+// Now the region is owed: the RLDev degrades, block 100 answers
+// ErrUnavailable at once, and when the secondary is back (stale, its copy
+// whole) the region is pulled from it before the resync.
 func TestReview86TornDirtyBlockOverwritesPeerAtResync(t *testing.T) {
 	h, r, p, s, a := r86TornSetup(t)
 	h.dead[Subject{s.id, s.inc}] = true
-	h.tick(5 * time.Second)
-	if st := h.rec(r.ID).State; st != Normal || p.e.reps[r.ID].recovering == 0 {
-		t.Fatalf("degraded on the verdict while recovering: %v", st)
+	if !h.tickUntil(5*time.Second, func() bool { return h.rec(r.ID).State == Degraded }) {
+		t.Fatalf("not degraded on the verdict while recovering (owed %d): %+v", p.e.reps[r.ID].owedCount(), h.rec(r.ID))
+	}
+	if rp := h.rvRead(p.id, r.ID, 100, 1); !errors.Is(rp.Err, ErrUnavailable) {
+		t.Fatalf("block 100 at the degraded primary: %v, want ErrUnavailable", rp.Err)
+	}
+	wq := h.write(p.id, r.ID, 100, pattern(7, 1), nil)
+	h.run()
+	if rp := h.replies[wq]; !errors.Is(rp.Err, ErrUnavailable) {
+		t.Fatalf("a write of block 100 at the degraded primary: %v, want ErrUnavailable", rp.Err)
+	}
+	// A restart of the primary meanwhile finds the region owed again.
+	h.crash(p, false, nil)
+	h.start(p)
+	if !h.tickUntil(5*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.ready() && rp.owedCount() == 1 }) {
+		t.Fatalf("the restarted primary does not owe the region: %+v", h.rec(r.ID))
+	}
+	if rp := h.rvRead(p.id, r.ID, 100, 1); !errors.Is(rp.Err, ErrUnavailable) {
+		t.Fatalf("block 100 at the restarted primary: %v, want ErrUnavailable", rp.Err)
 	}
 	h.dead = map[Subject]bool{}
 	h.start(s)
-	if !h.tickUntil(10*time.Second, func() bool { return p.e.reps[r.ID].recovering == 0 }) {
-		t.Fatalf("not recovered: %+v", h.rec(r.ID))
+	if !h.tickUntil(20*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 }) {
+		t.Fatalf("not resynced: %+v", h.rec(r.ID))
 	}
 	h.mustRead(p.id, r.ID, 100, a)
 	h.mustRead(s.id, r.ID, 100, a)
 	h.sameCopies(r.ID)
 }
 
-// DEFECT, pre-existing (fails, here and before e91bbe6): the same loss by
-// abandonRecovery's older use -- the secondary's disk fails a read while
-// the primary pulls the torn block's region (it turns stale by its own
-// failure), then it loads again (the error was transient) and is
-// resynced: the torn block, sent as badGen, overwrites its whole copy of
-// A. Only a double fault reached it before; e91bbe6 makes a dead verdict
-// (both nodes lost power, the secondary slower to come back) enough.
-func TestReview86TornDirtyBlockOverwritesPeerAfterPeerDiskError(t *testing.T) {
-	if os.Getenv("GROVE_KNOWN_DEFECTS") == "" {
-		t.Skip("a known defect, not fixed yet (README, RLDev known limits): GROVE_KNOWN_DEFECTS=1 runs it, and it fails")
+// The secondary is lost for good while the primary owes it the region:
+// its segment is re-placed (forget-node --re-place's decree) on the third
+// node, whose blank copy answers the owed pull NotWhole; the primary's
+// copy then stands (the torn block reads as corrupt: both copies of A are
+// gone, one torn, one lost), and the RLDev ends normal on the new pair.
+func TestOwedRangeReleasedWhenPeerReplaced(t *testing.T) {
+	h, r, p, s, _ := r86TornSetup(t)
+	h.dead[Subject{s.id, s.inc}] = true
+	if !h.tickUntil(5*time.Second, func() bool { return h.rec(r.ID).State == Degraded }) {
+		t.Fatalf("not degraded: %+v", h.rec(r.ID))
 	}
+	var live []uint64
+	for id := range h.nodes {
+		if id != s.id {
+			live = append(live, uint64(id))
+		}
+	}
+	tb := h.table()
+	nr, what, err := tb.Evacuate(r.ID, uint64(s.id), live)
+	if err != nil || nr == nil {
+		t.Fatalf("evacuate: %v %v", nr, err)
+	}
+	t.Logf("evacuate: %s", what)
+	h.r83Commit(tb, nr)
+	if !h.tickUntil(30*time.Second, func() bool {
+		rec := h.rec(r.ID)
+		return rec.State == Normal && p.e.reps[r.ID].recovering == 0
+	}) {
+		t.Fatalf("not normal on the new pair: %+v (owed %d)", h.rec(r.ID), p.e.reps[r.ID].owedCount())
+	}
+	rec := h.rec(r.ID)
+	for _, sg := range rec.Segs {
+		if NodeID(sg.Node) == s.id {
+			t.Fatalf("the lost node still holds a segment: %+v", rec)
+		}
+	}
+	for _, sg := range rec.Segs {
+		n := NodeID(sg.Node)
+		if rp := h.rvRead(n, r.ID, 0, 1); rp.Err != nil {
+			t.Fatalf("block 0 at node %d: %v", n, rp.Err)
+		}
+		if rp := h.rvRead(n, r.ID, 100, 1); !errors.Is(rp.Err, ErrCorrupt) {
+			t.Fatalf("block 100 (torn on the only copy left) at node %d: %v, want ErrCorrupt", n, rp.Err)
+		}
+	}
+}
+
+// Outside review 86, a defect older than e91bbe6 (failing before owed
+// ranges): the same loss by abandonRecovery's older use -- the
+// secondary's disk fails a read while the primary pulls the torn block's
+// region (it turns stale by its own failure), then it loads again (the
+// error was transient) and is resynced: the torn block, sent as badGen,
+// overwrote its whole copy of A. Now the region is owed, pulled from the
+// secondary once it is back, before the resync.
+func TestReview86TornDirtyBlockOverwritesPeerAfterPeerDiskError(t *testing.T) {
 	h, r, p, s, a := r86TornSetup(t)
 	h.holdRead = func(n *hnode, x DiskRead) bool { return n == s && x.Run != nil }
 	h.start(s)
@@ -143,6 +202,6 @@ func TestReview86TornDirtyBlockOverwritesPeerAfterPeerDiskError(t *testing.T) {
 	rp := h.replies[q]
 	t.Logf("after the resync: the secondary's block 100 is %v on disk; a read answers %v (primary recovering %d)", st, rp.Err, p.e.reps[r.ID].recovering)
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) && !bytes.Equal(rp.Data, pattern(9, 1)) {
-		t.Errorf("DEFECT (pre-existing): block 100's acknowledged value A, whole on the secondary, was overwritten by the resync with the primary's torn block (%v, read: %v)", st, rp.Err)
+		t.Errorf("block 100's acknowledged value A, whole on the secondary, was overwritten by the resync with the primary's torn block (%v, read: %v)", st, rp.Err)
 	}
 }

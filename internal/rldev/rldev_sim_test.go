@@ -99,15 +99,17 @@ const simDiskTimeout = 4 * time.Second
 const simScrubRate = 1 << 20
 
 type rsim struct {
-	t    *testing.T
-	w    *sim.World
-	net  *sim.Network
-	svc  *simmeta.Service
-	fd   *fdsim.Cluster
-	opts simOpts
-	n    map[NodeID]*rnode
-	o    *roracle
-	adm  *sim.Process
+	// owedWrites: owed-page writes (owed.go) of the engines stopped so far
+	owedWrites uint64
+	t          *testing.T
+	w          *sim.World
+	net        *sim.Network
+	svc        *simmeta.Service
+	fd         *fdsim.Cluster
+	opts       simOpts
+	n          map[NodeID]*rnode
+	o          *roracle
+	adm        *sim.Process
 
 	nextReq ReqID
 	pending map[reqKey]func(Reply)
@@ -388,6 +390,7 @@ func (s *rsim) stopEngine(rn *rnode, why string) {
 		return
 	}
 	s.o.logf("node %d engine stops: %s", rn.id, why)
+	s.owedWrites += rn.e.Stats().OwedWrites
 	rn.e = nil
 	rn.selfQ = nil // what it sent itself goes with it
 	// The disk writes in flight land (in any order) before anything else.
@@ -956,14 +959,6 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 			if gentle && ((r < 9 || r == 16) && !s.calm(rn.id) || r >= 9 && r < 11 && (s.cuts > 0 || s.groups != nil || !s.calm(0))) {
 				return // crash, disk loss, pause, partition, failing disk, cut: one at a time
 			}
-			if r < 11 && s.goneUndegraded() {
-				// A node lost for good, its RLDevs not degraded yet: a
-				// crash, pause or cut now may restart a primary that then
-				// pulls its dirty regions from the lost node for ever (a
-				// known limit: it does not degrade while recovering,
-				// outside review 86). One fault at a time.
-				return
-			}
 			if (r == 4 || r >= 14 && r < 17) && s.soleCopy(rn.id) {
 				// A disk fault where a node lost for good leaves the only
 				// copy: a second fault, which only an operator's
@@ -1237,21 +1232,6 @@ func (s *rsim) moveOp() {
 	})
 }
 
-// goneUndegraded: an RLDev with a segment on the node lost for good is
-// still normal (the verdict on the node has not degraded it yet).
-func (s *rsim) goneUndegraded() bool {
-	if s.gone == 0 {
-		return false
-	}
-	t := s.table()
-	for _, id := range s.goneIDs {
-		if rec := t.RLDevs[id]; rec != nil && rec.SegmentOf(uint64(s.gone)) >= 0 && rec.State == Normal {
-			return true
-		}
-	}
-	return false
-}
-
 // soleCopy: node holds the only copy of an RLDev whose other copy was on
 // the node lost for good (s.gone), not yet rebuilt elsewhere.
 func (s *rsim) soleCopy(node NodeID) bool {
@@ -1282,21 +1262,12 @@ func (s *rsim) loseNode() {
 			calm = false
 		}
 	}
-	// Nor while a copy on another node pulls its dirty regions from this
-	// one, or may yet (loading, or not yet named by the table: as-run
-	// seed 4700718 lost the node while its peer, just restarted, waited
-	// for its decree): it would wait for them for ever (a known limit;
-	// review 86).
+	// A copy on another node may be pulling its dirty regions from this
+	// one, or about to (loading, not yet named by the table): it owes
+	// them (owed.go), degrades, and the re-place's blank copy answers
+	// that its copy is not whole. Before owed ranges such a copy waited
+	// for the lost node for ever (review 86; as-run seed 4700718).
 	t := s.table()
-	for _, id := range t.IDs() {
-		rec := t.RLDevs[id]
-		if seg := rec.SegmentOf(uint64(rn.id)); seg >= 0 {
-			x := s.n[NodeID(rec.Segs[1-seg].Node)]
-			if x.e == nil || x.e.reps[id] == nil || x.e.reps[id].recovering > 0 || x.e.reps[id].state != repReady || rec.Inc[1-seg] != x.inc {
-				calm = false
-			}
-		}
-	}
 	if !rn.fn.Proc.Up() || !s.o.singleFault(rn.id) || len(s.o.failing) > 0 || !calm || s.groups != nil || s.cuts > 0 {
 		if w.Now() < simSafety-4*time.Second {
 			w.After(time.Second, s.loseNode)
@@ -1868,7 +1839,7 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 	if os.Getenv("GROVE_SEED_BASE") == "" && os.Getenv("GROVE_SEED") == "" {
 		t.Setenv("GROVE_SEED_BASE", "5001")
 	}
-	var hangs, slows, found, resends, dups, lost, forgotten, evacs uint64
+	var hangs, slows, found, resends, dups, lost, forgotten, evacs, owed uint64
 	seeds := sim.Seeds(t, 40)
 	for _, seed := range seeds {
 		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true, linkLag: true, slowCopies: true, lostNodes: true})
@@ -1889,10 +1860,12 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 				found += rn.e.Stats().DiskHangs
 				resends += rn.e.Stats().Resends
 				dups += rn.e.Stats().Duplicates
+				owed += rn.e.Stats().OwedWrites
 			}
 		}
+		owed += s.owedWrites
 	}
-	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again; %d nodes lost for good, %d evacuation decrees, %d nodes forgotten", len(seeds), hangs, slows, found, resends, dups, lost, evacs, forgotten)
+	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again; %d nodes lost for good, %d evacuation decrees, %d nodes forgotten; %d owed-page writes", len(seeds), hangs, slows, found, resends, dups, lost, evacs, forgotten, owed)
 }
 
 // simMaxDecreesPerSecond bounds the decrees of a simulation's busiest

@@ -1169,7 +1169,7 @@ func (s *Service) Status(ctx context.Context, _ *pb.RLDevServiceStatusRequest) (
 	for _, r := range e.Status() {
 		resp.Replicas = append(resp.Replicas, &pb.RLDevReplicaStatus{Rldev: r.RLDev, Segment: uint32(r.Segment), State: r.State,
 			Stale: r.Stale, Primary: r.Primary, DirtyRegions: r.DirtyRegions, DegradedRegions: r.DegradedRegions,
-			Recovering: uint64(r.Recovering), ResyncCopied: r.ResyncCopied, ResyncTotal: r.ResyncTotal,
+			Recovering: uint64(r.Recovering), Owed: uint64(r.Owed), ResyncCopied: r.ResyncCopied, ResyncTotal: r.ResyncTotal,
 			ScrubPasses: r.ScrubPasses, ScrubRepaired: r.ScrubRepaired, ScrubNext: r.ScrubNext, Error: r.Err, Wait: r.Wait, MoveTarget: r.MoveTarget,
 			Lost: r.Lost, Incomplete: r.Incomplete, Overwritten: r.Overwritten})
 	}

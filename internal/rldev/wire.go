@@ -34,7 +34,7 @@ func EncodePeer(msg any) *pb.RLDevServicePeerRequest {
 			Rldev: m.RLDev, Seq: m.Seq, Code: uint32(m.Code), Epoch: m.Epoch}}}
 	case Pull:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Pull{Pull: &pb.RLDevPull{
-			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Count: m.Count, GensOnly: m.GensOnly}}}
+			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Count: m.Count, GensOnly: m.GensOnly, Owed: m.Owed}}}
 	case PullData:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_PullData{PullData: &pb.RLDevPullData{
 			Rldev: m.RLDev, Seq: m.Seq, Code: uint32(m.Code), Data: m.Data, Gens: m.Gens, Bad: m.Bad,
@@ -72,7 +72,7 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 		return Forward{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: f, Target: m.Target}, nil
 	case *pb.RLDevServicePeerRequest_Ack:
 		m := x.Ack
-		if m == nil || Code(m.Code) > Unknown {
+		if m == nil || Code(m.Code) > lastCode {
 			return nil, badMsg("ack: bad code")
 		}
 		return Ack{RLDev: m.Rldev, Seq: m.Seq, Code: Code(m.Code), Epoch: m.Epoch}, nil
@@ -81,10 +81,10 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 		if m == nil || m.Count == 0 || m.Count > MaxPullBlocks {
 			return nil, badMsg("pull: bad count")
 		}
-		return Pull{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Count: m.Count, GensOnly: m.GensOnly}, nil
+		return Pull{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Count: m.Count, GensOnly: m.GensOnly, Owed: m.Owed}, nil
 	case *pb.RLDevServicePeerRequest_PullData:
 		m := x.PullData
-		if m == nil || Code(m.Code) > Unknown {
+		if m == nil || Code(m.Code) > lastCode {
 			return nil, badMsg("pull data: bad code")
 		}
 		pd := PullData{RLDev: m.Rldev, Seq: m.Seq, Code: Code(m.Code), Bad: m.Bad}
@@ -181,7 +181,7 @@ func ResultError(r *pb.RLDevResult) error {
 	if c == OK {
 		return nil
 	}
-	if c > Unknown {
+	if c > lastCode {
 		c = BadRequest
 	}
 	e := &resultError{code: c, msg: r.Error, maybe: r.MaybeWritten}
