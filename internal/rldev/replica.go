@@ -323,9 +323,12 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		// table names that incarnation and says a full copy is due only
 		// when the move's moving replica failed before the copy ended
 		// (moveDegraded): that target holds part of a copy.
-		mark = func(s *Super) { s.Incomplete, s.TargetInc = false, 0 }
+		// The same for a full copy's target (onCopy): the "resynced"
+		// decree named the incarnation that received it, which died
+		// before it cleared Incomplete.
+		mark = func(s *Super) { s.Incomplete, s.TargetInc, s.Overwritten = false, 0, false }
 		r.loadedStale = false
-		out = append(out, r.e.logf(2, "rldev moved segment whose target stopped before the switch: the copy it received is whole", "rldev", r.rec.ID, "target_incarnation", s.TargetInc, "stale", r.rec.Stale[r.seg]))
+		out = append(out, r.e.logf(2, "rldev segment whose copy ended as its incarnation stopped (a move's switch, or a full copy's \"resynced\"): the copy it received is whole", "rldev", r.rec.ID, "target_incarnation", s.TargetInc, "stale", r.rec.Stale[r.seg]))
 	case s.Incomplete && !r.rec.Stale[r.seg] && !r.target:
 		// Formatted after its disk was replaced and not yet copied whole,
 		// though the table does not say stale (its peer may be stale too:

@@ -380,11 +380,23 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 		return ack(NotServing)
 	case len(m.Data)%BlockSize != 0 || n == 0 || uint64(len(m.Gens)) != n || r.checkRange(m.Block, n) != nil:
 		return ack(BadRequest)
-	case !r.target && r.rec.FullCopy && !r.super.Overwritten:
+	case !r.target && r.rec.FullCopy && (!r.super.Overwritten || r.super.Incomplete && r.super.TargetInc != r.e.cfg.Inc):
 		// The first block of a full copy lands only once the superblock
 		// says that one began (Super.Overwritten); the copy is taken
-		// again then, its checks with it.
-		return r.writeSuper(func(s *Super) { s.Overwritten = true }, func(err error) []any {
+		// again then, its checks with it. An incomplete segment's
+		// superblock also names the incarnation the copy goes to
+		// (TargetInc, as a move's target does): the "resynced" decree
+		// is for that incarnation alone (resyncSrc.peerInc), so one that
+		// finds its segment incomplete, the table naming that
+		// incarnation and saying it up to date, holds the whole copy --
+		// it died between the decree and clearing Incomplete -- and is
+		// not taken for lost (loaded).
+		return r.writeSuper(func(s *Super) {
+			s.Overwritten = true
+			if s.Incomplete {
+				s.TargetInc = r.e.cfg.Inc
+			}
+		}, func(err error) []any {
 			if err != nil {
 				return append(r.fail(fmt.Errorf("marking the segment overwritten by a full copy: %w", err)), ack(DiskFailed)...)
 			}
