@@ -901,6 +901,9 @@ func (r *replica) pumpRecovery(env Env) []any {
 					if werr != nil {
 						return r.fail(werr)
 					}
+					if q.owe && r.peerStale() {
+						r.e.stats.OwedPulled++
+					}
 					r.moveStale() // landed: a move's target may lack it
 					return r.recovered(q)
 				})...)
@@ -957,6 +960,7 @@ func (r *replica) abandonRecovery() []any {
 	}
 	if owed > 0 && !r.owedLogged {
 		r.owedLogged = true
+		r.e.stats.OwedWaits++
 		out = append(out, r.e.logf(2, "rldev peer stale while ranges were being pulled from it: they wait for its copy, unserved (Unavailable)", "rldev", r.rec.ID, "ranges", owed, "peer", r.peerNode()))
 	}
 	if len(r.recoverQ) > owed {

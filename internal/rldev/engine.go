@@ -344,6 +344,7 @@ type Stats struct {
 	DRLWrites, DegradedWrites, Decrees                           uint64
 	DRLAhead                                                     uint64 // regions marked ahead of a sequential writer
 	OwedWrites                                                   uint64 // owed-page writes (owed.go)
+	OwedWaits, OwedPulled, OwedNotWhole                          uint64 // owed ranges: peer stale while owed (times), pulled from a stale peer, kept as the peer's copy was not whole
 	DiskHangs                                                    uint64 // disks found hung (an operation unanswered for DiskTimeout)
 	CorruptFound                                                 uint64
 	ScrubbedBlocks, ScrubRepairs, ScrubPasses                    uint64

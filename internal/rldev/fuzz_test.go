@@ -127,7 +127,7 @@ func FuzzDecodePeer(f *testing.F) {
 
 // FuzzDecodeOnDisk feeds the same bytes to every on-disk decoder: a data
 // block, a metadata page and the payloads in it (superblock, a log's
-// bitmap, the token table), a disk header. None may panic; what a page
+// bitmap, the token table, the owed ranges), a disk header. None may panic; what a page
 // decoder accepts must carry a valid checksum.
 func FuzzDecodeOnDisk(f *testing.F) {
 	blk := make([]byte, PhysBlockSize)
@@ -142,15 +142,36 @@ func FuzzDecodeOnDisk(f *testing.F) {
 	}
 	tok, _ := encodeTokens(map[string]lock.Token{"map": {Epoch: 2, Seq: 5}})
 	f.Add(tok)
+	ob := NewBitmap(8, 64)
+	ob.Set(2)
+	f.Add(encodeOwed(ob, []run{{first: 3, n: 2}, {first: 60, n: 4}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) >= PhysBlockSize {
 			DecodeBlock(b[:PhysBlockSize], 7, 3)
 		}
-		for _, kind := range []uint16{PageSuper, PageDRL, PageDegraded, PageTokens, PageDisk} {
+		for _, kind := range []uint16{PageSuper, PageDRL, PageDegraded, PageTokens, PageDisk, PageOwed} {
 			if _, payload, ok := DecodePage(b, kind); ok {
 				decodeSuper(payload)
 				decodeBitmap(payload, 8, 64)
 				decodeTokens(payload)
+				decodeOwed(payload, 8, 64)
+			}
+		}
+		// An owed page that decodes names whole regions and ranges inside
+		// the segment only, and encodes back to itself.
+		if bits, runs, err := decodeOwed(b, 8, 64); err == nil {
+			for _, x := range bits.List() {
+				if x*8 >= 64 {
+					t.Fatalf("owed page %x names region %d past the segment", b, x)
+				}
+			}
+			for _, g := range runs {
+				if g.n == 0 || g.first+g.n > 64 {
+					t.Fatalf("owed page %x names range %+v outside the segment", b, g)
+				}
+			}
+			if !bytes.Equal(encodeOwed(bits, runs), b) {
+				t.Fatalf("owed page %x decodes to %v %v, which encodes otherwise", b, bits, runs)
 			}
 		}
 		if sb, err := decodeSuper(b); err == nil && !bytes.Equal(encodeSuper(sb), b) {

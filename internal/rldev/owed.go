@@ -273,6 +273,7 @@ func (r *replica) dropOwed() []any {
 // all there is. It goes into the degraded-mode log (the resync copies it)
 // before it is let go.
 func (r *replica) owedNotWhole(q *recover) []any {
+	r.e.stats.OwedNotWhole++
 	a, b := r.deg.durable.Span(q.first, q.n)
 	out := []any{r.e.logf(3, "rldev owed range: the peer's copy is not whole; this copy stands (a block torn here at the crash stays corrupt)", "rldev", r.rec.ID,
 		"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", r.peerNode())}

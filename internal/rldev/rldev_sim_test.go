@@ -99,17 +99,18 @@ const simDiskTimeout = 4 * time.Second
 const simScrubRate = 1 << 20
 
 type rsim struct {
-	// owedWrites: owed-page writes (owed.go) of the engines stopped so far
-	owedWrites uint64
-	t          *testing.T
-	w          *sim.World
-	net        *sim.Network
-	svc        *simmeta.Service
-	fd         *fdsim.Cluster
-	opts       simOpts
-	n          map[NodeID]*rnode
-	o          *roracle
-	adm        *sim.Process
+	// owed: the engines stopped so far's owed-page writes, waits, ranges
+	// pulled from a stale peer, ranges kept (owed.go)
+	owed [4]uint64
+	t    *testing.T
+	w    *sim.World
+	net  *sim.Network
+	svc  *simmeta.Service
+	fd   *fdsim.Cluster
+	opts simOpts
+	n    map[NodeID]*rnode
+	o    *roracle
+	adm  *sim.Process
 
 	nextReq ReqID
 	pending map[reqKey]func(Reply)
@@ -390,7 +391,11 @@ func (s *rsim) stopEngine(rn *rnode, why string) {
 		return
 	}
 	s.o.logf("node %d engine stops: %s", rn.id, why)
-	s.owedWrites += rn.e.Stats().OwedWrites
+	st := rn.e.Stats()
+	s.owed[0] += st.OwedWrites
+	s.owed[1] += st.OwedWaits
+	s.owed[2] += st.OwedPulled
+	s.owed[3] += st.OwedNotWhole
 	rn.e = nil
 	rn.selfQ = nil // what it sent itself goes with it
 	// The disk writes in flight land (in any order) before anything else.
@@ -1839,7 +1844,8 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 	if os.Getenv("GROVE_SEED_BASE") == "" && os.Getenv("GROVE_SEED") == "" {
 		t.Setenv("GROVE_SEED_BASE", "5001")
 	}
-	var hangs, slows, found, resends, dups, lost, forgotten, evacs, owed uint64
+	var hangs, slows, found, resends, dups, lost, forgotten, evacs uint64
+	var owed [4]uint64
 	seeds := sim.Seeds(t, 40)
 	for _, seed := range seeds {
 		s := runRSim(t, seed, simOpts{syncLoses: true, suspect: true, linkLag: true, slowCopies: true, lostNodes: true})
@@ -1860,12 +1866,18 @@ func TestRLDevSimulationAsRun(t *testing.T) {
 				found += rn.e.Stats().DiskHangs
 				resends += rn.e.Stats().Resends
 				dups += rn.e.Stats().Duplicates
-				owed += rn.e.Stats().OwedWrites
+				st := rn.e.Stats()
+				owed[0] += st.OwedWrites
+				owed[1] += st.OwedWaits
+				owed[2] += st.OwedPulled
+				owed[3] += st.OwedNotWhole
 			}
 		}
-		owed += s.owedWrites
+		for i := range owed {
+			owed[i] += s.owed[i]
+		}
 	}
-	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again; %d nodes lost for good, %d evacuation decrees, %d nodes forgotten; %d owed-page writes", len(seeds), hangs, slows, found, resends, dups, lost, evacs, forgotten, owed)
+	t.Logf("%d seeds: %d disks hung by the faults, %d slowed; the last engines found %d hung, sent %d forwards again and answered %d received again; %d nodes lost for good, %d evacuation decrees, %d nodes forgotten; owed ranges: %d page writes, %d waits for a stale peer, %d ranges pulled from it, %d kept (its copy not whole)", len(seeds), hangs, slows, found, resends, dups, lost, evacs, forgotten, owed[0], owed[1], owed[2], owed[3])
 }
 
 // simMaxDecreesPerSecond bounds the decrees of a simulation's busiest
