@@ -170,8 +170,13 @@ type RLDevRecord struct {
 	// others wait for the RLDev to be normal: one may hold the only other
 	// copy there is). Absent in tables of older builds: all wait.
 	RetiringTargets []*RLDevSegment `protobuf:"bytes,16,rep,name=retiring_targets,json=retiringTargets,proto3" json:"retiring_targets,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The primary owes ranges to the stale segment's copy (a crash's dirty
+	// regions it was pulling from it: internal/rldev/owed.go): re-placing
+	// that segment gives them up (grove rldev move refuses it; forget-node
+	// --re-place, for a node gone for good, says so).
+	Owed          bool `protobuf:"varint,17,opt,name=owed,proto3" json:"owed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RLDevRecord) Reset() {
@@ -314,6 +319,13 @@ func (x *RLDevRecord) GetRetiringTargets() []*RLDevSegment {
 		return x.RetiringTargets
 	}
 	return nil
+}
+
+func (x *RLDevRecord) GetOwed() bool {
+	if x != nil {
+		return x.Owed
+	}
+	return false
 }
 
 // RLDevMove is a segment move in progress (internal/rldev/move.go).
@@ -1977,7 +1989,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xbc\x04\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xd0\x04\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -1996,7 +2008,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x04move\x18\r \x01(\v2\x13.grove.v1.RLDevMoveR\x04move\x122\n" +
 	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\x12%\n" +
 	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\x12A\n" +
-	"\x10retiring_targets\x18\x10 \x03(\v2\x16.grove.v1.RLDevSegmentR\x0fretiringTargets\"\x84\x01\n" +
+	"\x10retiring_targets\x18\x10 \x03(\v2\x16.grove.v1.RLDevSegmentR\x0fretiringTargets\x12\x12\n" +
+	"\x04owed\x18\x11 \x01(\bR\x04owed\"\x84\x01\n" +
 	"\tRLDevMove\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +

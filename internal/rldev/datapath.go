@@ -60,6 +60,7 @@ func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fen
 	r.writes[w] = true
 	var out []any
 	w.lock, out = r.locks.acquire(block, w.n, true, func(lk *rangeLock) []any {
+		r.owedUnwait(lk)
 		if w.done {
 			return r.locks.release(lk)
 		}
@@ -75,6 +76,9 @@ func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fen
 		}
 		return w.progress(r.e.env)
 	})
+	if !w.locked && !w.done {
+		r.owedAwait(w.lock, block, w.n, func(err error) []any { return w.finish(err) })
+	}
 	return out
 }
 
@@ -526,8 +530,10 @@ func (r *replica) clientRead(env Env, req ReqID, block, n uint64) []any {
 // The data read goes to then alone, and then to req's reply alone (the
 // runtime lends the read its buffer on that promise: DiskRead.Lend).
 func (r *replica) readServed(req ReqID, block, n uint64, repaired bool, then func([]byte, error) []any) []any {
-	var out []any
-	_, out = r.locks.acquire(block, n, false, func(lk *rangeLock) []any {
+	granted := false
+	lk, out := r.locks.acquire(block, n, false, func(lk *rangeLock) []any {
+		granted = true
+		r.owedUnwait(lk)
 		return r.readRunFor(req, block, n, func(data []byte, _ []uint64, bad []uint64, err error) []any {
 			out := r.locks.release(lk)
 			switch {
@@ -549,6 +555,9 @@ func (r *replica) readServed(req ReqID, block, n uint64, repaired bool, then fun
 			return append(out, then(data, nil)...)
 		})
 	})
+	if !granted {
+		r.owedAwait(lk, block, n, func(err error) []any { return append(r.locks.release(lk), then(nil, err)...) })
+	}
 	return out
 }
 
@@ -785,6 +794,9 @@ type recover struct {
 	// stays held until they land, whatever ends the recovery: a write of
 	// the range ordered after it could land first and be undone.
 	writing bool
+	// landed: blocks from first pulled and written (a range larger than
+	// a pull goes in parts).
+	landed uint64
 	// owe: the range is (to be) in the owed page (owed.go); owed: the
 	// page that names it is durable; clearing: its removal from the page
 	// is being written (the range is let go once it is durable).
@@ -854,11 +866,17 @@ func (r *replica) pumpRecovery(env Env) []any {
 			continue
 		}
 		q.pulling = true
-		out = append(out, r.sendPull(env, &pullWait{first: q.first, n: q.n, q: q, then: func(pd PullData) []any {
+		// A range larger than a pull (a dirty region of an RLDev over
+		// about 500 GiB: regionBlocks) is pulled in parts, one after the
+		// other, each written before the next is asked (outside review
+		// 89: the peer refused the one pull, and the range was asked
+		// again for ever).
+		first, n := q.first+q.landed, min(q.n-q.landed, MaxPullBlocks)
+		out = append(out, r.sendPull(env, &pullWait{first: first, n: n, q: q, then: func(pd PullData) []any {
 			switch {
 			case q.owe && pd.Code == NotWhole:
 				return r.owedNotWhole(q)
-			case q.owe && !pd.usable(q.n):
+			case q.owe && !pd.usable(n):
 				// The peer could not read its copy (its disk failing:
 				// it leaves the RLDev, and the range waits for it as
 				// owed): this copy may hold a block torn at the crash
@@ -866,11 +884,11 @@ func (r *replica) pumpRecovery(env Env) []any {
 				// 86). Asked again on the next tick.
 				q.pulling = false
 				return []any{r.e.logf(2, "rldev owed range not pulled: the peer could not read it; asking again", "rldev", r.rec.ID,
-					"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", pd.Code.Err())}
-			case !pd.usable(q.n):
+					"blocks", fmt.Sprintf("[%d, %d)", first, first+n), "peer", pd.Code.Err())}
+			case !pd.usable(n):
 				// The peer's copy is unreadable: this one is all there is.
 				return append([]any{r.e.logf(3, "rldev dirty region not pulled: keeping this copy", "rldev", r.rec.ID,
-					"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", pd.Code.Err())}, r.recovered(q)...)
+					"blocks", fmt.Sprintf("[%d, %d)", first, first+n), "peer", pd.Code.Err())}, r.recovered(q)...)
 			}
 			// Take every block the peer could read; keep this copy of
 			// those it could not (the peer repairs them from here on
@@ -880,15 +898,26 @@ func (r *replica) pumpRecovery(env Env) []any {
 				log = append(log, r.e.logf(3, "rldev dirty region pulled except blocks corrupt at the peer: keeping this copy of those", "rldev", r.rec.ID,
 					"blocks", pd.Bad))
 			}
-			runs := goodRuns(q.first, q.n, pd.Bad)
+			partDone := func() []any {
+				q.landed += n
+				q.pulling = false
+				if q.landed < q.n {
+					return r.pumpRecovery(r.e.env) // the next part
+				}
+				if q.owe && r.peerStale() {
+					r.e.stats.OwedPulled++
+				}
+				return r.recovered(q)
+			}
+			runs := goodRuns(first, n, pd.Bad)
 			if len(runs) == 0 {
-				return append(log, r.recovered(q)...)
+				return append(log, partDone()...)
 			}
 			left := len(runs)
 			var werr error
 			q.writing = true
 			for _, g := range runs {
-				i := g.first - q.first
+				i := g.first - first
 				phys := r.encodeRun(g.first, pd.Data[i*BlockSize:(i+g.n)*BlockSize], pd.Gens[i:i+g.n], 0)
 				log = append(log, r.writeDurable(r.base+blockOff(g.first), phys, func(err error) []any {
 					if err != nil && werr == nil {
@@ -901,11 +930,8 @@ func (r *replica) pumpRecovery(env Env) []any {
 					if werr != nil {
 						return r.fail(werr)
 					}
-					if q.owe && r.peerStale() {
-						r.e.stats.OwedPulled++
-					}
 					r.moveStale() // landed: a move's target may lack it
-					return r.recovered(q)
+					return partDone()
 				})...)
 			}
 			return log
@@ -957,6 +983,9 @@ func (r *replica) abandonRecovery() []any {
 			}
 			return r.recovered(q)
 		})...)
+	}
+	if owed > 0 {
+		out = append(out, r.owedFail()...)
 	}
 	if owed > 0 && !r.owedLogged {
 		r.owedLogged = true

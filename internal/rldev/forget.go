@@ -195,11 +195,17 @@ func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string,
 	if room < 0 {
 		return nil, "", fmt.Errorf("%w: rldev %d: no live node without its other copy has %s free on a disk for its %s", ErrNoSpace, id, units.FormatSize(SegmentSize(nr.Blocks)), nr.SegmentName(seg))
 	}
-	rp, err := tt.StartMove(id, seg, best, -1)
+	rp, err := tt.startMove(id, seg, best, -1, true)
 	if err != nil {
 		return nil, "", err
 	}
-	return rp, joinWhat(what, fmt.Sprintf("its %s re-placed on node %d (%v), to be copied whole from the primary", nr.SegmentName(seg), best, rp.Segs[seg])), nil
+	gave := ""
+	if nr.Owed && nr.Stale[seg] {
+		// Gone for good with the node: the primary's own copy of the
+		// ranges it owed that copy stands (owed.go, NotWhole).
+		gave = "; the ranges its primary was pulling from that copy after a crash are given up (the primary's copy of them stands)"
+	}
+	return rp, joinWhat(what, fmt.Sprintf("its %s re-placed on node %d (%v), to be copied whole from the primary%s", nr.SegmentName(seg), best, rp.Segs[seg], gave)), nil
 }
 
 func joinWhat(a, b string) string {

@@ -95,7 +95,7 @@ func decodeBitmap(p []byte, regionBlocks, blocks uint64) (Bitmap, error) {
 	want := NewBitmap(regionBlocks, blocks)
 	if len(p) != 8+len(want.Bits) || binary.LittleEndian.Uint64(p) != regionBlocks {
 		return Bitmap{}, fmt.Errorf("rldev: bitmap of %d bytes (region %d), want %d bytes (region %d)",
-			len(p), binary.LittleEndian.Uint64(append(p, make([]byte, 8)...)), 8+len(want.Bits), regionBlocks)
+			len(p), binary.LittleEndian.Uint64(append(append([]byte(nil), p[:min(len(p), 8)]...), make([]byte, 8)...)), 8+len(want.Bits), regionBlocks)
 	}
 	copy(want.Bits, p[8:])
 	return want, nil

@@ -103,6 +103,13 @@ var ErrMove = errors.New("rldev: move")
 // returned as it is (moving is idempotent: the command can be run again
 // to follow it).
 func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, error) {
+	return t.startMove(id, seg, node, disk, false)
+}
+
+// startMove is StartMove; giveUpOwed re-places a stale segment the
+// primary owes ranges to (Record.Owed) all the same: Evacuate's, for a
+// node gone for good, whose copy of them is gone with it.
+func (t *Table) startMove(id uint64, seg int, node uint64, disk int, giveUpOwed bool) (*Record, error) {
 	rec := t.RLDevs[id]
 	switch {
 	case rec == nil:
@@ -132,6 +139,13 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		return nil, fmt.Errorf("%w: rldev %d's segment %d is on disk %d of node %d already", ErrMove, id, seg, disk, node)
 	case len(rec.Retiring) >= MaxRetiring:
 		return nil, fmt.Errorf("%w: rldev %d has %d extents still to free (their node is down?)", ErrMove, id, len(rec.Retiring))
+	case rec.Owed && rec.State == Degraded && rec.Stale[seg] && !giveUpOwed:
+		// Re-placed, its copy would be given up: the up-to-date copy of
+		// the ranges the primary owes it (outside review 89: the
+		// primary's torn block then stood, the good copy on a node
+		// merely down wiped).
+		return nil, fmt.Errorf("%w: rldev %d's primary owes ranges to its %s on node %d (it was pulling them from it after a crash): re-placing that copy gives them up; wait for node %d, or if it is gone for good: grove rldev forget-node %d --re-place --gone-for-good",
+			ErrMove, id, rec.SegmentName(seg), rec.Segs[seg].Node, rec.Segs[seg].Node, rec.Segs[seg].Node)
 	}
 	var to Segment
 	if disk < 0 {
@@ -161,8 +175,11 @@ func (t *Table) StartMove(id uint64, seg int, node uint64, disk int) (*Record, e
 		// again: wipeTick). Its copy is given up: until the rebuild ends
 		// the primary is the only copy, and no command puts the old
 		// extent back (outside review 81: a moving segment whose node
-		// died for good kept the RLDev on one copy for ever).
+		// died for good kept the RLDev on one copy for ever). What the
+		// primary owed that copy (giveUpOwed) is its own copy's now: the
+		// new segment answers that it is not whole.
 		nr.retire(nr.Segs[seg], false)
+		nr.Owed = false
 		nr.Segs[seg], nr.Inc[seg] = to, 0
 		nr.FullCopy = true
 		nr.Progress, nr.ProgressTotal = 0, 0

@@ -134,7 +134,7 @@ func (r *replica) flushOwed() []any {
 	}
 	b := NewBitmap(r.drl.durable.RegionBlocks, r.rec.Blocks)
 	var runs []run
-	for _, q := range r.recoverQ {
+	for _, q := range append(r.recoverQ[:len(r.recoverQ):len(r.recoverQ)], r.owedAtLoad...) {
 		switch {
 		case !q.owe:
 		case q.x != noRegion:
@@ -210,7 +210,7 @@ func (r *replica) owedErr(block, n uint64) error {
 		return nil
 	}
 	for _, q := range r.recoverQ {
-		if q.owe && !q.writing && !q.clearing && q.first < block+n && block < q.first+q.n {
+		if q.owe && !q.writing && !q.clearing && q.first < block+n && block < q.first+q.n { // (owedBlocking)
 			return fmt.Errorf("%w: blocks [%d, %d) of rldev %d wait for node %d's copy, which is down (this one was pulling them from it after a crash): back when node %d is, or once it is forgotten (grove rldev forget-node %d --re-place)",
 				ErrUnavailable, q.first, q.first+q.n, r.rec.ID, r.peerNode(), r.peerNode(), r.peerNode())
 		}
@@ -257,6 +257,41 @@ func (r *replica) loadOwed(meta []byte) (qs []*recover, log []any) {
 		qs = append(qs, &recover{x: noRegion, first: g.first, n: g.n, owe: true, owed: true})
 	}
 	return qs, nil
+}
+
+// owedDirty, at load: the dirty regions not owed whole already that no
+// degraded-mode write touched (no mark of the degraded-mode log in their
+// span), as new owed entries. Such a region's writes were all forwarded
+// (normal state), so the peer's copy of it is the one readers may have
+// seen; a write acknowledged in degraded mode marks its degraded-mode
+// region durably first (as do writes while resyncing), so a region that
+// may hold one is left out: this copy of it stands. This holds whatever
+// the table this replica has seen says (it may be older than a decree
+// its peer made on its own failure while this one was down): the rule
+// reads only this segment's logs. A secondary's or a stale replica's
+// entries are dropped once the table names it (afterLoad).
+func (r *replica) owedDirty() []*recover {
+	if r.target || r.rec.DRLOff {
+		return nil
+	}
+	rb := r.drl.durable.RegionBlocks
+	var out []*recover
+	for _, x := range r.drl.durable.List() {
+		first := x * rb
+		if first >= r.rec.Blocks || hasOwedRegion(r.owedAtLoad, x) {
+			continue
+		}
+		n := min(rb, r.rec.Blocks-first)
+		a, b := r.deg.durable.Span(first, n)
+		touched := false
+		for y := a; y <= b; y++ {
+			touched = touched || r.deg.durable.Has(y)
+		}
+		if !touched {
+			out = append(out, &recover{x: x, first: first, n: n, owe: true})
+		}
+	}
+	return out
 }
 
 // dropOwed empties the owed page (this replica is stale or not the
@@ -308,4 +343,93 @@ func (r *replica) owedServe(m Pull) Code {
 		return NotWhole
 	}
 	return OK
+}
+
+// owedWaiter is a client request waiting for a range an owed entry holds
+// (admitted while the peer was not stale: owedErr let it wait).
+type owedWaiter struct {
+	lock     *rangeLock
+	first, n uint64
+	fail     func(error) []any
+}
+
+// owedAwait notes a client request whose range lock lk waits, if an owed
+// range holds it back: when the peer turns stale it is answered
+// Unavailable, as a request arriving then is (outside review 89: it
+// waited until the peer came back, for ever if it never did).
+func (r *replica) owedAwait(lk *rangeLock, first, n uint64, fail func(error) []any) {
+	if r.owedBlocking(first, n) {
+		r.owedWaiters = append(r.owedWaiters, owedWaiter{lk, first, n, fail})
+	}
+}
+
+// owedUnwait: lk was granted.
+func (r *replica) owedUnwait(lk *rangeLock) {
+	for i, w := range r.owedWaiters {
+		if w.lock == lk {
+			r.owedWaiters = append(r.owedWaiters[:i], r.owedWaiters[i+1:]...)
+			return
+		}
+	}
+}
+
+// owedBlocking reports whether an owed range not yet pulled overlaps
+// [first, first+n).
+func (r *replica) owedBlocking(first, n uint64) bool {
+	for _, q := range r.recoverQ {
+		if q.owe && !q.writing && !q.clearing && q.first < first+n && first < q.first+q.n {
+			return true
+		}
+	}
+	return false
+}
+
+// owedFail answers Unavailable the requests still waiting for an owed
+// range (the peer is stale).
+func (r *replica) owedFail() []any {
+	var out []any
+	ws := r.owedWaiters
+	r.owedWaiters = nil
+	for _, w := range ws {
+		if w.lock.done || r.heldNow(w.lock) {
+			continue
+		}
+		if err := r.owedErr(w.first, w.n); err != nil {
+			out = append(out, w.fail(err)...)
+			continue
+		}
+		r.owedWaiters = append(r.owedWaiters, w)
+	}
+	return out
+}
+
+// dropRecovery: this replica turned stale while it pulled ranges from its
+// peer. Its copy is the resync's to overwrite (they stay in its
+// dirty-region log, which its request to be resynced names), or, if an
+// operator accepts it as it is, its own: what it owed the peer is owed no
+// more (outside review 89: accepted, it went on pulling the owed ranges
+// from the copy it was accepted in place of, a newer history, once that
+// one came back). A range whose pulled data is being written keeps its
+// lock until that lands (pumpRecovery ends it).
+func (r *replica) dropRecovery() []any {
+	if r.recovering == 0 {
+		return nil
+	}
+	var out []any
+	var keep []*recover
+	for _, q := range r.recoverQ {
+		if q.writing {
+			keep = append(keep, q)
+			continue
+		}
+		q.owe = false
+		out = append(out, r.locks.release(q.lock)...)
+	}
+	for seq, p := range r.pulls {
+		if p.q != nil && !slices.Contains(keep, p.q) {
+			delete(r.pulls, seq)
+		}
+	}
+	r.recoverQ, r.recovering = keep, len(keep)
+	return append(out, r.syncOwed(func(error) []any { return nil })...)
 }

@@ -114,13 +114,14 @@ type replica struct {
 	tgtDownInc    uint64
 	peerChanges   int // blocks being taken from the peer (pullNewer) now
 
-	recovering int        // dirty regions still to pull from the peer (after a crash)
-	recoverQ   []*recover // those regions, in order
-	owedW      owedWriter // the owed page (owed.go)
-	owedLogged bool       // "ranges wait for the peer's copy" said
-	owedAtLoad []*recover // the owed page's ranges, read at load (afterLoad takes them)
-	resyncReq  *ResyncMe  // a stale peer's request
-	resyncHeld time.Time  // no resync started before (resyncHold)
+	recovering  int          // dirty regions still to pull from the peer (after a crash)
+	recoverQ    []*recover   // those regions, in order
+	owedW       owedWriter   // the owed page (owed.go)
+	owedLogged  bool         // "ranges wait for the peer's copy" said
+	owedAtLoad  []*recover   // the owed page's ranges, read at load (afterLoad takes them)
+	owedWaiters []owedWaiter // client requests waiting for an owed range (owedFail)
+	resyncReq   *ResyncMe    // a stale peer's request
+	resyncHeld  time.Time    // no resync started before (resyncHold)
 	// resyncHeldInc: the target incarnation resyncHeld is for (a new one,
 	// restarted, is not held).
 	resyncHeldInc uint64
@@ -374,8 +375,30 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 	} else if !blank {
 		out = append(out, r.e.logf(3, "rldev token table corrupt: fenced writes are checked from now on only", "rldev", r.rec.ID))
 	}
+	if fresh := r.owedDirty(); len(fresh) > 0 {
+		// Dirty regions no degraded-mode write touched are owed to the
+		// peer before anything else (owed.go): durable before this
+		// replica joins, so that no decree -- not even one its peer makes
+		// on its own failure while this one loads -- can leave them to
+		// this copy (outside review 89).
+		r.owedAtLoad = append(r.owedAtLoad, fresh...)
+		return append(out, r.syncOwed(func(err error) []any {
+			if err != nil || r.state != repLoading {
+				return nil // failed (flushOwed did it)
+			}
+			for _, q := range fresh {
+				q.owed = q.owe
+			}
+			return r.loadedTail(mark)
+		})...)
+	}
+	return append(out, r.loadedTail(mark)...)
+}
+
+// loadedTail: the superblock's change (mark) durable, then join.
+func (r *replica) loadedTail(mark func(*Super)) []any {
 	if mark != nil {
-		return append(out, r.writeSuper(mark, func(err error) []any {
+		return r.writeSuper(mark, func(err error) []any {
 			if r.state != repLoading {
 				return nil
 			}
@@ -383,9 +406,9 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 				return r.fail(fmt.Errorf("marking the segment's superblock: %w", err))
 			}
 			return r.join(r.e.env)
-		})...)
+		})
 	}
-	return append(out, r.join(env)...)
+	return r.join(r.e.env)
 }
 
 // join: the replica is loaded. It serves once the table names this
@@ -649,6 +672,7 @@ func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 		for _, w := range r.sortedWrites() {
 			out = append(out, w.finish(fmt.Errorf("%w: this replica is stale", ErrNotServing))...)
 		}
+		out = append(out, r.dropRecovery()...)
 	}
 	if old.Stale[r.seg] && !rec.Stale[r.seg] {
 		// Resynced: whole again, and the logs of its past are obsolete.
@@ -744,16 +768,27 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 			return rec, fmt.Sprintf("peer node %d dead while its segment moved: switched to the target", dead)
 		}
 		rec.Primary, rec.State, rec.Stale[peer] = me, Degraded, true
+		rec.Owed = r.owedCount() > 0 // (Record.Owed)
 		rec.Epoch++
 		rec.moveDegraded(peer, false) // a move waits, its moving segment kept (moveDegraded)
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
+	case rec.State == Degraded && rec.Stale[peer] && rec.Owed != (r.owedCount() > 0) && r.recoveryOwed():
+		// The table says whether this primary owes ranges to the stale
+		// copy (Record.Owed: a re-place would give them up): set when
+		// the peer turned stale by its own decree, cleared once they are
+		// pulled (or the copy answered that it is not whole).
+		rec.Owed = !rec.Owed
+		if rec.Owed {
+			return rec, fmt.Sprintf("ranges owed to the stale copy on node %d", rec.Segs[peer].Node)
+		}
+		return rec, "no range owed to the stale copy any more"
 	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering == 0:
 		// (Not while a range is owed: it is pulled from the stale peer
 		// first, whose copy of it must be what it was when it went
 		// stale, not a resync's half-written copy.)
-		rec.State, rec.Progress, rec.ProgressTotal = Resyncing, 0, 0
+		rec.State, rec.Progress, rec.ProgressTotal, rec.Owed = Resyncing, 0, 0, false
 		if r.resyncReq.Blank {
 			rec.FullCopy = true
 		}
@@ -841,7 +876,7 @@ func (r *replica) retry(env Env) []any {
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv, r.fwdIn = map[uint64]*writeOp{}, nil, nil
 		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
-		r.owedW, r.owedLogged, r.owedAtLoad = owedWriter{}, false, nil
+		r.owedW, r.owedLogged, r.owedAtLoad, r.owedWaiters = owedWriter{}, false, nil, nil
 		r.scrub.busy = false
 		out = append(out, r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID))
 		return append(out, r.load(env)...)

@@ -89,6 +89,12 @@ type Record struct {
 	// recovery by hand. An older build rewriting the record drops this
 	// list (all its entries then wait): a cluster runs one version.
 	RetiringTargets []Segment
+	// Owed: the primary owes ranges to the stale segment's copy (owed.go:
+	// its dirty regions after a crash, which it was pulling from that
+	// copy when it went down), set and cleared by the primary's decrees.
+	// Re-placing that segment would give them up: StartMove refuses it,
+	// and Evacuate (a node gone for good) says it does.
+	Owed bool
 	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
 	// none): a replica that was stale before it and is up to date after
 	// was declared so by an operator, not resynced (accept.go). A state
@@ -320,7 +326,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 		return nil, fmt.Errorf("%d segments, %d stale flags, %d serving incarnations: want 2", len(m.Segments), len(m.Stale), len(m.ServingInc))
 	}
 	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
-		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch}
+		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch, Owed: m.Owed}
 	for i, s := range m.Segments {
 		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
 		r.Stale[i] = m.Stale[i]
@@ -348,7 +354,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 func (r *Record) PB() *pb.RLDevRecord {
 	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
-		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch}
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch, Owed: r.Owed}
 	for _, s := range r.Segs {
 		m.Segments = append(m.Segments, segPB(s))
 	}
