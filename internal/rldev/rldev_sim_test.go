@@ -1032,11 +1032,31 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 					// Or one that answers, slowly: one operation at a
 					// time, each 100-400 ms, for 2-8 s. Its queue's wait
 					// passes the peers' resend interval (forwards sent
-					// again), not the disk timeout: it never counts as hung.
+					// again), and under load the disk timeout too: the
+					// operations queued in the window drain at that pace
+					// after it (as-run seed 5300000: one waited 12 s, the
+					// engine found the disk hung and failed its segment).
+					// Until the queue has drained the node counts as
+					// failing (bit rot at a peer meanwhile may hit the only
+					// copy there will be).
 					sl := &slowDisk{until: w.Now() + w.Between(2*time.Second, 8*time.Second), per: w.Between(100*time.Millisecond, 400*time.Millisecond)}
 					s.o.logf("DISK SLOW node %d disk %d for %v, %v an operation", rn.id, idx, sl.until-w.Now(), sl.per)
 					rn.slow[idx] = sl
 					s.slows++
+					s.o.failing[rn.id] = true
+					var drained func()
+					drained = func() {
+						if max(sl.until, sl.busy) > w.Now() {
+							w.After(500*time.Millisecond, drained)
+							return
+						}
+						w.After(2*time.Second, func() {
+							if rn.slow[idx] == sl && rn.hungUntil[idx] <= w.Now() {
+								delete(s.o.failing, rn.id)
+							}
+						})
+					}
+					w.After(sl.until-w.Now(), drained)
 					break
 				}
 				d := w.Between(simDiskTimeout/2, simDiskTimeout+3*time.Second)
