@@ -174,7 +174,11 @@ type RLDevRecord struct {
 	// regions it was pulling from it: internal/rldev/owed.go): re-placing
 	// that segment gives them up (grove rldev move refuses it; forget-node
 	// --re-place, for a node gone for good, says so).
-	Owed          bool `protobuf:"varint,17,opt,name=owed,proto3" json:"owed,omitempty"`
+	Owed bool `protobuf:"varint,17,opt,name=owed,proto3" json:"owed,omitempty"`
+	// An operator's accept-stale gave the stale segment's copy up (cleared
+	// when it is resynced): it answers no pull of owed ranges (it is a
+	// history given up), and the accepted copy owes it nothing.
+	StaleGivenUp  bool `protobuf:"varint,18,opt,name=stale_given_up,json=staleGivenUp,proto3" json:"stale_given_up,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -324,6 +328,13 @@ func (x *RLDevRecord) GetRetiringTargets() []*RLDevSegment {
 func (x *RLDevRecord) GetOwed() bool {
 	if x != nil {
 		return x.Owed
+	}
+	return false
+}
+
+func (x *RLDevRecord) GetStaleGivenUp() bool {
+	if x != nil {
+		return x.StaleGivenUp
 	}
 	return false
 }
@@ -1989,7 +2000,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xd0\x04\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf6\x04\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -2009,7 +2020,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\bretiring\x18\x0e \x03(\v2\x16.grove.v1.RLDevSegmentR\bretiring\x12%\n" +
 	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\x12A\n" +
 	"\x10retiring_targets\x18\x10 \x03(\v2\x16.grove.v1.RLDevSegmentR\x0fretiringTargets\x12\x12\n" +
-	"\x04owed\x18\x11 \x01(\bR\x04owed\"\x84\x01\n" +
+	"\x04owed\x18\x11 \x01(\bR\x04owed\x12$\n" +
+	"\x0estale_given_up\x18\x12 \x01(\bR\fstaleGivenUp\"\x84\x01\n" +
 	"\tRLDevMove\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +

@@ -902,7 +902,11 @@ func (r *replica) pumpRecovery(env Env) []any {
 				q.landed += n
 				q.pulling = false
 				if q.landed < q.n {
-					return r.pumpRecovery(r.e.env) // the next part
+					out := r.pumpRecovery(r.e.env) // the next part
+					if q.owe && r.peerStale() {
+						out = append(out, r.owedFail()...) // it waits for the peer now
+					}
+					return out
 				}
 				if q.owe && r.peerStale() {
 					r.e.stats.OwedPulled++
@@ -960,6 +964,12 @@ func (r *replica) abandonRecovery() []any {
 	owed := 0
 	for _, q := range append([]*recover{}, r.recoverQ...) {
 		q := q
+		if q.owe && r.rec.StaleGivenUp {
+			// An operator gave the stale copy up for this one: what this
+			// one owed it is its own now (Record.StaleGivenUp).
+			out = append(out, r.owedGiveUp(q, "rldev owed range: the stale copy was given up (accept-stale); this copy stands")...)
+			continue
+		}
 		if q.owe {
 			owed++
 			continue

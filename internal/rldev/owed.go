@@ -210,7 +210,7 @@ func (r *replica) owedErr(block, n uint64) error {
 		return nil
 	}
 	for _, q := range r.recoverQ {
-		if q.owe && !q.writing && !q.clearing && q.first < block+n && block < q.first+q.n { // (owedBlocking)
+		if q.owe && !q.writing && !q.clearing && q.first < block+n && block < q.first+q.n {
 			return fmt.Errorf("%w: blocks [%d, %d) of rldev %d wait for node %d's copy, which is down (this one was pulling them from it after a crash): back when node %d is, or once it is forgotten (grove rldev forget-node %d --re-place)",
 				ErrUnavailable, q.first, q.first+q.n, r.rec.ID, r.peerNode(), r.peerNode(), r.peerNode())
 		}
@@ -271,7 +271,12 @@ func (r *replica) loadOwed(meta []byte) (qs []*recover, log []any) {
 // reads only this segment's logs. A secondary's or a stale replica's
 // entries are dropped once the table names it (afterLoad).
 func (r *replica) owedDirty() []*recover {
-	if r.target || r.rec.DRLOff {
+	if r.target || r.rec.DRLOff || r.drlCorrupt {
+		// (drlCorrupt: both copies of the log's page failed their check,
+		// and every region reads as dirty: owing them all would make the
+		// whole RLDev unavailable while its peer is stale, for marks
+		// that say nothing. The old rule stands: pulled if the peer is
+		// up to date, this copy's if it is stale. Outside review 90.)
 		return nil
 	}
 	rb := r.drl.durable.RegionBlocks
@@ -308,9 +313,22 @@ func (r *replica) dropOwed() []any {
 // all there is. It goes into the degraded-mode log (the resync copies it)
 // before it is let go.
 func (r *replica) owedNotWhole(q *recover) []any {
+	return r.owedGiveUp(q, "rldev owed range: the peer's copy is not whole; this copy stands (a block torn here at the crash stays corrupt)")
+}
+
+// owedGiveUp: the copy a range is owed by is gone (why): this copy of it
+// stands. Into the degraded-mode log (the resync copies it), then let go.
+func (r *replica) owedGiveUp(q *recover, why string) []any {
+	if q.clearing || !q.owe || q.writing {
+		// (writing: a part pulled is landing; the range is let go once
+		// it has, and its next part, asked of the copy now, answered
+		// NotWhole: as review 71 showed, a range let go while pulled
+		// data lands lets a write in that the landing undoes.)
+		return nil
+	}
 	r.e.stats.OwedNotWhole++
 	a, b := r.deg.durable.Span(q.first, q.n)
-	out := []any{r.e.logf(3, "rldev owed range: the peer's copy is not whole; this copy stands (a block torn here at the crash stays corrupt)", "rldev", r.rec.ID,
+	out := []any{r.e.logf(3, why, "rldev", r.rec.ID,
 		"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", r.peerNode())}
 	return append(out, r.deg.mark(a, b, func(err error) []any {
 		if err != nil {
@@ -339,7 +357,9 @@ func (r *replica) owedServe(m Pull) Code {
 	switch {
 	case r.target || m.GensOnly || r.rec.State != Degraded:
 		return NotServing
-	case r.lost || r.blank || r.super.Incomplete || r.super.Overwritten:
+	case r.lost || r.blank || r.super.Incomplete || r.super.Overwritten || r.rec.StaleGivenUp:
+		// (StaleGivenUp: an operator gave this copy up for the other:
+		// its writes are not to come back.)
 		return NotWhole
 	}
 	return OK
@@ -354,12 +374,17 @@ type owedWaiter struct {
 }
 
 // owedAwait notes a client request whose range lock lk waits, if an owed
-// range holds it back: when the peer turns stale it is answered
-// Unavailable, as a request arriving then is (outside review 89: it
-// waited until the peer came back, for ever if it never did).
+// range holds it back: when the peer turns stale, or a part of the range
+// landed with the peer stale, it is answered Unavailable, as a request
+// arriving then is (outside review 89: it waited until the peer came
+// back, for ever if it never did; review 90: one that arrived while a
+// part's data was being written, the same).
 func (r *replica) owedAwait(lk *rangeLock, first, n uint64, fail func(error) []any) {
-	if r.owedBlocking(first, n) {
-		r.owedWaiters = append(r.owedWaiters, owedWaiter{lk, first, n, fail})
+	for _, q := range r.recoverQ {
+		if q.owe && q.first < first+n && first < q.first+q.n {
+			r.owedWaiters = append(r.owedWaiters, owedWaiter{lk, first, n, fail})
+			return
+		}
 	}
 }
 
@@ -371,17 +396,6 @@ func (r *replica) owedUnwait(lk *rangeLock) {
 			return
 		}
 	}
-}
-
-// owedBlocking reports whether an owed range not yet pulled overlaps
-// [first, first+n).
-func (r *replica) owedBlocking(first, n uint64) bool {
-	for _, q := range r.recoverQ {
-		if q.owe && !q.writing && !q.clearing && q.first < first+n && first < q.first+q.n {
-			return true
-		}
-	}
-	return false
 }
 
 // owedFail answers Unavailable the requests still waiting for an owed

@@ -120,6 +120,7 @@ type replica struct {
 	owedLogged  bool         // "ranges wait for the peer's copy" said
 	owedAtLoad  []*recover   // the owed page's ranges, read at load (afterLoad takes them)
 	owedWaiters []owedWaiter // client requests waiting for an owed range (owedFail)
+	drlCorrupt  bool         // both copies of the dirty-region log's page failed their check at load
 	resyncReq   *ResyncMe    // a stale peer's request
 	resyncHeld  time.Time    // no resync started before (resyncHold)
 	// resyncHeldInc: the target incarnation resyncHeld is for (a new one,
@@ -338,11 +339,13 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		r.lost = true
 		out = append(out, r.e.logf(3, "rldev segment incomplete (its disk was replaced, no full copy since): it serves nothing", "rldev", r.rec.ID))
 	}
+	r.drlCorrupt = false
 	loadLog := func(kind uint16, rb uint64) *pageLog {
 		seq, payload, ok, blank := page(kind)
 		if blank || !ok {
 			b := NewBitmap(rb, r.rec.Blocks)
 			if !blank {
+				r.drlCorrupt = r.drlCorrupt || kind == PageDRL
 				// Both copies corrupt: take every region as dirty
 				// (costs a copy, loses nothing).
 				for i := range b.Bits {
@@ -354,6 +357,7 @@ func (r *replica) loaded(env Env, meta []byte) []any {
 		}
 		b, err := decodeBitmap(payload, rb, r.rec.Blocks)
 		if err != nil {
+			r.drlCorrupt = r.drlCorrupt || kind == PageDRL
 			b = NewBitmap(rb, r.rec.Blocks)
 			for i := range b.Bits {
 				b.Bits[i] = 0xff
@@ -709,6 +713,15 @@ func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 	if r.stale() {
 		out = append(out, r.askResync(env)...)
 	}
+	if r.recovering > 0 && old.Segs[r.peer()] != rec.Segs[r.peer()] {
+		// The copy this one owed ranges to is no longer the RLDev's
+		// (re-placed: forget-node --re-place, a move's target after its
+		// disk failed): they are this copy's now, without waiting for
+		// the new segment to answer that it is not whole.
+		for _, q := range append([]*recover{}, r.recoverQ...) {
+			out = append(out, r.owedGiveUp(q, "rldev owed range: the copy it was owed by was re-placed; this copy stands")...)
+		}
+	}
 	if r.recovering > 0 && rec.Stale[r.peer()] {
 		out = append(out, r.abandonRecovery()...)
 	}
@@ -736,7 +749,12 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
-		if rec.moveDegraded(me, true) {
+		// A moving segment whose primary owes it ranges (Record.Owed) is
+		// kept, stale, the move waiting, as after its node's death: its
+		// copy of them is the good one (outside review 90: replaced by
+		// the target, the primary's torn block stood and the extent that
+		// held the acknowledged value was wiped).
+		if rec.moveDegraded(me, !rec.Owed) {
 			return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
 		}
 		if r.lost {
@@ -774,16 +792,18 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, fmt.Sprintf("peer node %d dead: degraded", dead)
 	case rec.Primary != me || rec.Stale[me]:
 		return nil, ""
-	case rec.State == Degraded && rec.Stale[peer] && rec.Owed != (r.owedCount() > 0) && r.recoveryOwed():
-		// The table says whether this primary owes ranges to the stale
-		// copy (Record.Owed: a re-place would give them up): set when
-		// the peer turned stale by its own decree, cleared once they are
-		// pulled (or the copy answered that it is not whole).
+	case rec.State != Resyncing && rec.Owed != (r.owedCount() > 0 && !rec.StaleGivenUp) && r.recoveryOwed():
+		// The table says whether this primary owes ranges to its peer's
+		// copy (Record.Owed: a re-place, or a move replacing that copy
+		// after its disk failed, would give them up), in the normal
+		// state too (outside review 90: the peer's own failure replaced
+		// it by its move's target); cleared once they are pulled, or
+		// given up.
 		rec.Owed = !rec.Owed
 		if rec.Owed {
-			return rec, fmt.Sprintf("ranges owed to the stale copy on node %d", rec.Segs[peer].Node)
+			return rec, fmt.Sprintf("ranges owed to the copy on node %d", rec.Segs[peer].Node)
 		}
-		return rec, "no range owed to the stale copy any more"
+		return rec, "no range owed to the peer's copy any more"
 	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering == 0:
 		// (Not while a range is owed: it is pulled from the stale peer
 		// first, whose copy of it must be what it was when it went
@@ -800,6 +820,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, "resync stopped"
 	case rec.State == Resyncing && r.resync.done() && rec.Inc[peer] == r.resync.peerInc:
 		rec.State, rec.Stale, rec.FullCopy, rec.Progress, rec.ProgressTotal = Normal, [2]bool{}, false, 0, 0
+		rec.Owed, rec.StaleGivenUp = false, false
 		rec.Epoch++
 		return rec, "resynced"
 	case rec.State == Resyncing && r.resync.copied != rec.Progress && env.Now.Sub(r.resync.reported) >= r.e.cfg.ProgressEvery:

@@ -95,6 +95,13 @@ type Record struct {
 	// Re-placing that segment would give them up: StartMove refuses it,
 	// and Evacuate (a node gone for good) says it does.
 	Owed bool
+	// StaleGivenUp: an operator's accept-stale gave the stale segment's
+	// copy up (cleared when it is resynced). It answers no pull of owed
+	// ranges (owedServe: a history given up), and the accepted copy owes
+	// it nothing (outside review 90: the accepted copy, back from a crash
+	// with dirty regions, owed them to the copy given up, and pulled the
+	// writes the accept gave up back from it).
+	StaleGivenUp bool
 	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
 	// none): a replica that was stale before it and is up to date after
 	// was declared so by an operator, not resynced (accept.go). A state
@@ -326,7 +333,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 		return nil, fmt.Errorf("%d segments, %d stale flags, %d serving incarnations: want 2", len(m.Segments), len(m.Stale), len(m.ServingInc))
 	}
 	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
-		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch, Owed: m.Owed}
+		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch, Owed: m.Owed, StaleGivenUp: m.StaleGivenUp}
 	for i, s := range m.Segments {
 		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
 		r.Stale[i] = m.Stale[i]
@@ -354,7 +361,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 func (r *Record) PB() *pb.RLDevRecord {
 	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
-		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch, Owed: r.Owed}
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch, Owed: r.Owed, StaleGivenUp: r.StaleGivenUp}
 	for _, s := range r.Segs {
 		m.Segments = append(m.Segments, segPB(s))
 	}
