@@ -797,6 +797,9 @@ type recover struct {
 	// landed: blocks from first pulled and written (a range larger than
 	// a pull goes in parts).
 	landed uint64
+	// givingUp: owedGiveUp let it go to this copy (its degraded-mode
+	// mark being written): no longer served as owed, nor pulled.
+	givingUp bool
 	// owe: the range is (to be) in the owed page (owed.go); owed: the
 	// page that names it is durable; clearing: its removal from the page
 	// is being written (the range is let go once it is durable).
@@ -873,6 +876,13 @@ func (r *replica) pumpRecovery(env Env) []any {
 		// again for ever).
 		first, n := q.first+q.landed, min(q.n-q.landed, MaxPullBlocks)
 		out = append(out, r.sendPull(env, &pullWait{first: first, n: n, q: q, then: func(pd PullData) []any {
+			if !slices.Contains(r.recoverQ, q) || q.givingUp {
+				// Let go meanwhile (given up, dropped): its range is no
+				// longer held, and this answer must not land on it
+				// (outside review 91: it undid a write acknowledged
+				// since).
+				return nil
+			}
 			switch {
 			case q.owe && pd.Code == NotWhole:
 				return r.owedNotWhole(q)
@@ -901,6 +911,11 @@ func (r *replica) pumpRecovery(env Env) []any {
 			partDone := func() []any {
 				q.landed += n
 				q.pulling = false
+				if q.landed < q.n && q.owe && r.rec.StaleGivenUp {
+					// The rest is owed to a copy given up since: this
+					// copy of it stands (outside review 91).
+					return r.owedGiveUp(q, "rldev owed range: the stale copy was given up (accept-stale); this copy stands")
+				}
 				if q.landed < q.n {
 					out := r.pumpRecovery(r.e.env) // the next part
 					if q.owe && r.peerStale() {
@@ -964,6 +979,9 @@ func (r *replica) abandonRecovery() []any {
 	owed := 0
 	for _, q := range append([]*recover{}, r.recoverQ...) {
 		q := q
+		if q.givingUp {
+			continue
+		}
 		if q.owe && r.rec.StaleGivenUp {
 			// An operator gave the stale copy up for this one: what this
 			// one owed it is its own now (Record.StaleGivenUp).
@@ -1037,6 +1055,11 @@ func (r *replica) recoveredNow(q *recover) []any {
 	}
 	r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
 	r.recovering--
+	for seq, p := range r.pulls {
+		if p.q == q {
+			delete(r.pulls, seq) // (its answer would land on a range let go)
+		}
+	}
 	if q.x != noRegion {
 		r.drl.unmark(q.x)
 	}

@@ -210,7 +210,7 @@ func (r *replica) owedErr(block, n uint64) error {
 		return nil
 	}
 	for _, q := range r.recoverQ {
-		if q.owe && !q.writing && !q.clearing && q.first < block+n && block < q.first+q.n {
+		if q.owe && !q.writing && !q.clearing && !q.givingUp && q.first < block+n && block < q.first+q.n {
 			return fmt.Errorf("%w: blocks [%d, %d) of rldev %d wait for node %d's copy, which is down (this one was pulling them from it after a crash): back when node %d is, or once it is forgotten (grove rldev forget-node %d --re-place)",
 				ErrUnavailable, q.first, q.first+q.n, r.rec.ID, r.peerNode(), r.peerNode(), r.peerNode())
 		}
@@ -319,7 +319,7 @@ func (r *replica) owedNotWhole(q *recover) []any {
 // owedGiveUp: the copy a range is owed by is gone (why): this copy of it
 // stands. Into the degraded-mode log (the resync copies it), then let go.
 func (r *replica) owedGiveUp(q *recover, why string) []any {
-	if q.clearing || !q.owe || q.writing {
+	if q.clearing || !q.owe || q.writing || q.givingUp {
 		// (writing: a part pulled is landing; the range is let go once
 		// it has, and its next part, asked of the copy now, answered
 		// NotWhole: as review 71 showed, a range let go while pulled
@@ -327,6 +327,12 @@ func (r *replica) owedGiveUp(q *recover, why string) []any {
 		return nil
 	}
 	r.e.stats.OwedNotWhole++
+	q.givingUp = true
+	for seq, p := range r.pulls {
+		if p.q == q {
+			delete(r.pulls, seq)
+		}
+	}
 	a, b := r.deg.durable.Span(q.first, q.n)
 	out := []any{r.e.logf(3, why, "rldev", r.rec.ID,
 		"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", r.peerNode())}

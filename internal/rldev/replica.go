@@ -754,7 +754,14 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		// copy of them is the good one (outside review 90: replaced by
 		// the target, the primary's torn block stood and the extent that
 		// held the acknowledged value was wiped).
-		if rec.moveDegraded(me, !rec.Owed) {
+		//
+		// Nor unless the table names the incarnation the primary's node
+		// runs, and a session to it is up: a primary down, or back and
+		// loading, may yet owe this copy ranges (its decree saying so
+		// comes with its naming: outside review 91).
+		pn := NodeID(rec.Segs[peer].Node)
+		primaryLive := r.e.up[pn] && rec.Inc[peer] != 0 && rec.Inc[peer] == r.e.nodes[pn]
+		if rec.moveDegraded(me, !rec.Owed && primaryLive) {
 			return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
 		}
 		if r.lost {
@@ -763,6 +770,13 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node)
 	case r.state == repJoining && rec.Inc[me] < r.e.cfg.Inc:
 		rec.Inc[me] = r.e.cfg.Inc
+		if rec.Primary == me && !rec.Stale[me] && !rec.StaleGivenUp && len(r.owedAtLoad) > 0 {
+			// Durable already (loaded): the table says so from the
+			// moment it names this incarnation, so that the peer's own
+			// failure cannot replace its copy by a move's target
+			// meanwhile (outside review 91; Record.Owed).
+			rec.Owed = true
+		}
 		rec.Epoch++
 		return rec, fmt.Sprintf("segment %d served by incarnation %d", me, r.e.cfg.Inc)
 	case r.state != repReady:
