@@ -178,7 +178,11 @@ type RLDevRecord struct {
 	// An operator's accept-stale gave the stale segment's copy up (cleared
 	// when it is resynced): it answers no pull of owed ranges (it is a
 	// history given up), and the accepted copy owes it nothing.
-	StaleGivenUp  bool `protobuf:"varint,18,opt,name=stale_given_up,json=staleGivenUp,proto3" json:"stale_given_up,omitempty"`
+	StaleGivenUp bool `protobuf:"varint,18,opt,name=stale_given_up,json=staleGivenUp,proto3" json:"stale_given_up,omitempty"`
+	// The move's moving segment (a secondary) failed on its disk: the
+	// primary replaces it by the move's target, stale, to be copied whole,
+	// once it owes that copy nothing (internal/rldev/owed.go).
+	MovingFailed  bool `protobuf:"varint,19,opt,name=moving_failed,json=movingFailed,proto3" json:"moving_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -335,6 +339,13 @@ func (x *RLDevRecord) GetOwed() bool {
 func (x *RLDevRecord) GetStaleGivenUp() bool {
 	if x != nil {
 		return x.StaleGivenUp
+	}
+	return false
+}
+
+func (x *RLDevRecord) GetMovingFailed() bool {
+	if x != nil {
+		return x.MovingFailed
 	}
 	return false
 }
@@ -2000,7 +2011,7 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\fRLDevSegment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x12\n" +
 	"\x04disk\x18\x02 \x01(\rR\x04disk\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\xf6\x04\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\x9b\x05\n" +
 	"\vRLDevRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x122\n" +
@@ -2021,7 +2032,8 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x0eaccepted_epoch\x18\x0f \x01(\x04R\racceptedEpoch\x12A\n" +
 	"\x10retiring_targets\x18\x10 \x03(\v2\x16.grove.v1.RLDevSegmentR\x0fretiringTargets\x12\x12\n" +
 	"\x04owed\x18\x11 \x01(\bR\x04owed\x12$\n" +
-	"\x0estale_given_up\x18\x12 \x01(\bR\fstaleGivenUp\"\x84\x01\n" +
+	"\x0estale_given_up\x18\x12 \x01(\bR\fstaleGivenUp\x12#\n" +
+	"\rmoving_failed\x18\x13 \x01(\bR\fmovingFailed\"\x84\x01\n" +
 	"\tRLDevMove\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\rR\asegment\x12&\n" +
 	"\x02to\x18\x02 \x01(\v2\x16.grove.v1.RLDevSegmentR\x02to\x12\x1d\n" +

@@ -865,7 +865,7 @@ func (r *replica) startRecoveryOf(env Env, block, n uint64, lk *rangeLock) []any
 func (r *replica) pumpRecovery(env Env) []any {
 	var out []any
 	for _, q := range r.recoverQ {
-		if q.pulling || !r.heldNow(q.lock) {
+		if q.pulling || q.givingUp || !r.heldNow(q.lock) {
 			continue
 		}
 		q.pulling = true

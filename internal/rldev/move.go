@@ -204,7 +204,7 @@ func (t *Table) CancelMove(id uint64) (*Record, error) {
 	}
 	nr := rec.Clone()
 	nr.retire(nr.Move.To, true)
-	nr.Move = nil
+	nr.Move, nr.MovingFailed = nil, false
 	nr.Progress, nr.ProgressTotal = 0, 0
 	nr.Epoch++
 	return nr, nr.Check()

@@ -747,22 +747,28 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 	me, peer := r.seg, r.peer()
 	switch {
 	case (r.state == repFailed || r.lost) && !rec.Stale[me] && !rec.Stale[peer]:
+		wasPrimary := rec.Primary == me
 		rec.Primary, rec.State, rec.Stale[me], rec.FullCopy = peer, Degraded, true, true
 		rec.Epoch++
-		// A moving segment whose primary owes it ranges (Record.Owed) is
-		// kept, stale, the move waiting, as after its node's death: its
-		// copy of them is the good one (outside review 90: replaced by
-		// the target, the primary's torn block stood and the extent that
-		// held the acknowledged value was wiped).
-		//
-		// Nor unless the table names the incarnation the primary's node
-		// runs, and a session to it is up: a primary down, or back and
-		// loading, may yet owe this copy ranges (its decree saying so
-		// comes with its naming: outside review 91).
-		pn := NodeID(rec.Segs[peer].Node)
-		primaryLive := r.e.up[pn] && rec.Inc[peer] != 0 && rec.Inc[peer] == r.e.nodes[pn]
-		if rec.moveDegraded(me, !rec.Owed && primaryLive) {
-			return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
+		if wasPrimary {
+			// A moving primary is replaced by the move's target at once:
+			// the new primary, its peer, owes this copy nothing (only a
+			// primary pulls ranges back).
+			rec.Owed = false
+			if rec.moveDegraded(me, true) {
+				return rec, "segment failed on node " + fmt.Sprint(r.e.cfg.Node) + ": replaced by the move's target"
+			}
+		} else if m := rec.Move; m != nil && m.Seg == me {
+			// A moving secondary is kept, stale, the move waiting; the
+			// primary replaces it by the target once it owes it nothing
+			// (Record.MovingFailed): only it knows (outside reviews 90 to
+			// 92: a restarting primary, or one pulling back a refused
+			// write, could owe this copy ranges whose only good copy it
+			// is, and the replace gave them up).
+			rec.moveDegraded(me, false)
+			rec.MovingFailed = true
+		} else {
+			rec.moveDegraded(me, false)
 		}
 		if r.lost {
 			return rec, "segment lost with its disk on node " + fmt.Sprint(r.e.cfg.Node)
@@ -818,6 +824,15 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 			return rec, fmt.Sprintf("ranges owed to the copy on node %d", rec.Segs[peer].Node)
 		}
 		return rec, "no range owed to the peer's copy any more"
+	case rec.MovingFailed && rec.State == Degraded && rec.Stale[peer] && rec.Move != nil && rec.Move.Seg == peer && r.recovering == 0 && !rec.Owed:
+		// The moving secondary failed on its disk, and this primary owes
+		// it nothing: the move's target takes its place, to be copied
+		// whole (Record.MovingFailed).
+		gone := rec.Segs[peer].Node
+		rec.moveDegraded(peer, true)
+		rec.MovingFailed = false
+		rec.Epoch++
+		return rec, fmt.Sprintf("moving segment failed on node %d: replaced by the move's target", gone)
 	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering == 0:
 		// (Not while a range is owed: it is pulled from the stale peer
 		// first, whose copy of it must be what it was when it went
@@ -834,7 +849,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		return rec, "resync stopped"
 	case rec.State == Resyncing && r.resync.done() && rec.Inc[peer] == r.resync.peerInc:
 		rec.State, rec.Stale, rec.FullCopy, rec.Progress, rec.ProgressTotal = Normal, [2]bool{}, false, 0, 0
-		rec.Owed, rec.StaleGivenUp = false, false
+		rec.Owed, rec.StaleGivenUp, rec.MovingFailed = false, false, false
 		rec.Epoch++
 		return rec, "resynced"
 	case rec.State == Resyncing && r.resync.copied != rec.Progress && env.Now.Sub(r.resync.reported) >= r.e.cfg.ProgressEvery:

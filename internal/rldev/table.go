@@ -102,6 +102,14 @@ type Record struct {
 	// with dirty regions, owed them to the copy given up, and pulled the
 	// writes the accept gave up back from it).
 	StaleGivenUp bool
+	// MovingFailed: the move's moving segment, a secondary, failed on its
+	// disk. The primary replaces it by the move's target (stale, to be
+	// copied whole: the move emptied a failing disk) once it owes that
+	// copy nothing, deciding again at every turn; the failing secondary
+	// no longer does it itself (outside review 92: it could not know
+	// what a primary restarting, or pulling back a refused write, owed
+	// its copy, and replaced the only good copy of it).
+	MovingFailed bool
 	// AcceptedEpoch is the epoch of the last accept-stale decree (0:
 	// none): a replica that was stale before it and is up to date after
 	// was declared so by an operator, not resynced (accept.go). A state
@@ -333,7 +341,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 		return nil, fmt.Errorf("%d segments, %d stale flags, %d serving incarnations: want 2", len(m.Segments), len(m.Stale), len(m.ServingInc))
 	}
 	r := &Record{ID: m.Id, Blocks: m.Blocks, Primary: int(m.Primary), State: State(m.State), Epoch: m.Epoch,
-		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch, Owed: m.Owed, StaleGivenUp: m.StaleGivenUp}
+		DRLOff: m.DrlOff, Progress: m.Progress, ProgressTotal: m.ProgressTotal, FullCopy: m.FullCopy, AcceptedEpoch: m.AcceptedEpoch, Owed: m.Owed, StaleGivenUp: m.StaleGivenUp, MovingFailed: m.MovingFailed}
 	for i, s := range m.Segments {
 		r.Segs[i] = Segment{Node: s.Node, Disk: s.Disk, Offset: int64(s.Offset)}
 		r.Stale[i] = m.Stale[i]
@@ -361,7 +369,7 @@ func recordFromPB(m *pb.RLDevRecord) (*Record, error) {
 func (r *Record) PB() *pb.RLDevRecord {
 	m := &pb.RLDevRecord{Id: r.ID, Blocks: r.Blocks, Primary: uint32(r.Primary), State: pb.RldevState(r.State),
 		Stale: []bool{r.Stale[0], r.Stale[1]}, Epoch: r.Epoch, DrlOff: r.DRLOff, Progress: r.Progress,
-		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch, Owed: r.Owed, StaleGivenUp: r.StaleGivenUp}
+		ProgressTotal: r.ProgressTotal, FullCopy: r.FullCopy, ServingInc: []uint64{r.Inc[0], r.Inc[1]}, AcceptedEpoch: r.AcceptedEpoch, Owed: r.Owed, StaleGivenUp: r.StaleGivenUp, MovingFailed: r.MovingFailed}
 	for _, s := range r.Segs {
 		m.Segments = append(m.Segments, segPB(s))
 	}
