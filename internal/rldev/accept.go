@@ -143,7 +143,7 @@ func (t *Table) AcceptStale(id uint64, epoch uint64) (*Record, error) {
 	seg := rec.Secondary() // the stale one (Check: degraded and resyncing have exactly one, not the primary)
 	nr := rec.Clone()
 	nr.Stale[seg], nr.Stale[1-seg] = false, true
-	nr.Primary, nr.State, nr.FullCopy, nr.Owed, nr.StaleGivenUp = seg, Degraded, true, false, true
+	nr.Primary, nr.State, nr.FullCopy, nr.Owed, nr.StaleGivenUp, nr.MovingFailed = seg, Degraded, true, false, true, false
 	nr.Progress, nr.ProgressTotal = 0, 0
 	nr.Epoch++
 	nr.AcceptedEpoch = nr.Epoch

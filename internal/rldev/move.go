@@ -351,7 +351,7 @@ func (r *replica) targetWant(env Env, rec *Record) (*Record, string) {
 	}
 	switch {
 	case r.state == repFailed && len(rec.Retiring) < MaxRetiring:
-		rec.Move = nil
+		rec.Move, rec.MovingFailed = nil, false
 		rec.retire(m.To, true)
 		rec.Progress, rec.ProgressTotal = 0, 0
 		rec.Epoch++

@@ -824,10 +824,15 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 			return rec, fmt.Sprintf("ranges owed to the copy on node %d", rec.Segs[peer].Node)
 		}
 		return rec, "no range owed to the peer's copy any more"
-	case rec.MovingFailed && rec.State == Degraded && rec.Stale[peer] && rec.Move != nil && rec.Move.Seg == peer && r.recovering == 0 && !rec.Owed:
+	case rec.MovingFailed && rec.State == Degraded && rec.Stale[peer] && rec.Move != nil && rec.Move.Seg == peer && r.recovering == 0 && !rec.Owed &&
+		r.e.up[NodeID(rec.Move.To.Node)]:
 		// The moving secondary failed on its disk, and this primary owes
 		// it nothing: the move's target takes its place, to be copied
-		// whole (Record.MovingFailed).
+		// whole (Record.MovingFailed). Not while the target's node is
+		// unreachable (outside review 93: the RLDev stayed on one copy
+		// until it came back, the failed copy, back after a transient
+		// error, retiring): the failed copy may be resynced meanwhile,
+		// which ends the flag.
 		gone := rec.Segs[peer].Node
 		rec.moveDegraded(peer, true)
 		rec.MovingFailed = false
