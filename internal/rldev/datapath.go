@@ -363,6 +363,16 @@ func (w *writeOp) finish(err error) []any {
 	}
 	w.done = true
 	r := w.r
+	if err == nil && !r.e.env.alive() {
+		// Durable where it must be, but this node's lease ran out
+		// meanwhile (it was paused): it may have been declared dead and
+		// its segment made stale, and a fenced node acknowledges
+		// nothing. Told "maybe written" (below), the client asks again
+		// (default seed 6400070: a primary paused past its lease
+		// acknowledged, once it ran again, a write its peer had
+		// acknowledged before the RLDev degraded).
+		err = fmt.Errorf("%w: this node's lease ran out before the write was acknowledged", ErrNotServing)
+	}
 	delete(r.writes, w)
 	w.drop(&w.peer)
 	w.drop(&w.tgt)
