@@ -1050,11 +1050,7 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 							w.After(500*time.Millisecond, drained)
 							return
 						}
-						w.After(2*time.Second, func() {
-							if rn.slow[idx] == sl && rn.hungUntil[idx] <= w.Now() {
-								delete(s.o.failing, rn.id)
-							}
-						})
+						w.After(2*time.Second, func() { s.clearFailing(rn) })
 					}
 					w.After(sl.until-w.Now(), drained)
 					break
@@ -1064,7 +1060,7 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 				rn.hungUntil[idx] = max(rn.hungUntil[idx], w.Now()+d)
 				s.o.failing[rn.id] = true
 				s.hangs++
-				w.After(d+2*time.Second, func() { delete(s.o.failing, rn.id) })
+				w.After(d+2*time.Second, func() { s.clearFailing(rn) })
 			case r < 17 && !opts.quiet:
 				dev := rn.devs[uint32(w.Rand.Intn(len(rn.devs)))]
 				if s.opts.syncLoses && w.Rand.Intn(2) == 0 {
@@ -1081,7 +1077,7 @@ func runRSim(t *testing.T, seed int64, opts simOpts) *rsim {
 				// at a peer meanwhile hits what may be the only copy.
 				s.o.failing[rn.id] = true
 				w.After(w.Between(100*time.Millisecond, time.Second), func() { dev.SetFaults(disk.MemFaults{}) })
-				w.After(2*time.Second, func() { delete(s.o.failing, rn.id) })
+				w.After(2*time.Second, func() { s.clearFailing(rn) })
 			default:
 				net.DropRate = 0.2 * w.Rand.Float64()
 			}
@@ -1257,6 +1253,24 @@ func (s *rsim) moveOp() {
 	})
 }
 
+// clearFailing ends a disk fault's "failing" mark on rn, unless another
+// disk fault of the node still runs (a hang, a slow disk's queue): each
+// clears it when it ends (as-run seed 6500274: a write-failing fault's
+// end cleared the mark of a hang begun after it, and a node was lost for
+// good while the hung disk held the other copy).
+func (s *rsim) clearFailing(rn *rnode) {
+	now := s.w.Now()
+	for idx := range rn.devs {
+		if rn.hungUntil[idx] > now {
+			return
+		}
+		if sl := rn.slow[idx]; sl != nil && max(sl.until, sl.busy) > now {
+			return
+		}
+	}
+	delete(s.o.failing, rn.id)
+}
+
 // soleCopy: node holds the only copy of an RLDev whose other copy was on
 // the node lost for good (s.gone), not yet rebuilt elsewhere.
 func (s *rsim) soleCopy(node NodeID) bool {
@@ -1265,7 +1279,11 @@ func (s *rsim) soleCopy(node NodeID) bool {
 	}
 	t := s.table()
 	for _, id := range s.goneIDs {
-		if rec := t.RLDevs[id]; rec != nil && rec.SegmentOf(uint64(node)) >= 0 && rec.State != Normal {
+		// Not yet degraded counts too (the lost node's death not yet
+		// declared): its copy is gone all the same (as-run seed 6500274,
+		// once faults were no longer held back until the lost node's
+		// RLDevs degraded: the other copy's disk failed meanwhile).
+		if rec := t.RLDevs[id]; rec != nil && rec.SegmentOf(uint64(node)) >= 0 && (rec.State != Normal || rec.SegmentOf(uint64(s.gone)) >= 0) {
 			return true
 		}
 	}
