@@ -926,6 +926,18 @@ func (r *replica) pumpRecovery(env Env) []any {
 					// copy of it stands (outside review 91).
 					return r.owedGiveUp(q, "rldev owed range: the stale copy was given up (accept-stale); this copy stands")
 				}
+				if q.landed < q.n && !q.owe && r.peerStale() {
+					// Abandoned while this part landed: the rest is this
+					// copy's, as abandonRecovery leaves it, once its
+					// regions are durably in the degraded-mode log.
+					a, b := r.deg.durable.Span(q.first, q.n)
+					return r.deg.mark(a, b, func(err error) []any {
+						if err != nil {
+							return nil // the replica failed
+						}
+						return r.recovered(q)
+					})
+				}
 				if q.landed < q.n {
 					out := r.pumpRecovery(r.e.env) // the next part
 					if q.owe && r.peerStale() {
@@ -969,6 +981,17 @@ func (r *replica) pumpRecovery(env Env) []any {
 	return out
 }
 
+// forgetPulls drops q's pull, if one is out: not sent again, and an
+// answer would find no pullWait (one already delivered finds q let go:
+// pumpRecovery's callback checks).
+func (r *replica) forgetPulls(q *recover) {
+	for seq, p := range r.pulls {
+		if p.q == q {
+			delete(r.pulls, seq)
+		}
+	}
+}
+
 func (r *replica) heldNow(lk *rangeLock) bool {
 	for _, h := range r.locks.held {
 		if h == lk {
@@ -1006,11 +1029,6 @@ func (r *replica) abandonRecovery() []any {
 		out = append(out, r.deg.mark(a, b, func(err error) []any {
 			if err != nil {
 				return nil // the replica failed (deg.flush did it)
-			}
-			for seq, p := range r.pulls {
-				if p.q == q {
-					delete(r.pulls, seq)
-				}
 			}
 			if q.writing {
 				// Its pulled data is being written: the range is
@@ -1065,11 +1083,7 @@ func (r *replica) recoveredNow(q *recover) []any {
 	}
 	r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
 	r.recovering--
-	for seq, p := range r.pulls {
-		if p.q == q {
-			delete(r.pulls, seq) // (its answer would land on a range let go)
-		}
-	}
+	r.forgetPulls(q)
 	if q.x != noRegion {
 		r.drl.unmark(q.x)
 	}

@@ -328,11 +328,7 @@ func (r *replica) owedGiveUp(q *recover, why string) []any {
 	}
 	r.e.stats.OwedNotWhole++
 	q.givingUp = true
-	for seq, p := range r.pulls {
-		if p.q == q {
-			delete(r.pulls, seq)
-		}
-	}
+	r.forgetPulls(q)
 	a, b := r.deg.durable.Span(q.first, q.n)
 	out := []any{r.e.logf(3, why, "rldev", r.rec.ID,
 		"blocks", fmt.Sprintf("[%d, %d)", q.first, q.first+q.n), "peer", r.peerNode())}

@@ -34,34 +34,60 @@ func r86Block(h *harness, n *hnode, id, b uint64) ([]byte, BlockStatus) {
 // primary's unsynced write torn (a seed that tears block 100 is taken);
 // the primary restarts first and is recovering the region.
 func r86TornSetup(t *testing.T) (*harness, *Record, *hnode, *hnode, []byte) {
+	c := tornPair(t)
+	h, r, p, s := c.h, c.r, c.p, c.s
+	t.Logf("seed %d tears block 100 on the primary (node %d); the secondary (node %d) holds A", c.seed, p.id, s.id)
+	h.start(p)
+	if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering > 0 }) {
+		t.Fatalf("setup: the primary is not recovering: %+v", h.rec(r.ID))
+	}
+	return h, r, p, s, c.a
+}
+
+// tornCase is where every torn-block probe starts (r86TornSetup,
+// r89TornSetup, reviews 90-93): block 100 holds A (acknowledged, on both
+// copies); a write of B to it was in flight at the primary (its local
+// write issued, not synced; its forward never delivered); both nodes
+// crashed, the primary's unsynced write torn (the first seed that tears
+// block 100 is taken). Both nodes are down; third is the RLDev's other
+// node.
+type tornCase struct {
+	h           *harness
+	r           *Record
+	p, s, third *hnode
+	a           []byte
+	seed        int64
+}
+
+func tornPair(t *testing.T) tornCase {
+	t.Helper()
 	for seed := int64(1); seed < 64; seed++ {
 		h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate = -1 })
 		r := h.create(256)
-		p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-		a := pattern(1, 1)
-		h.mustWrite(p.id, r.ID, 100, a) // acknowledged; its region stays dirty (lazy clearing)
-		q := h.write(p.id, r.ID, 100, pattern(9, 1), nil)
-		h.crash(s, false, nil) // the forward (queued) is never delivered
-		h.crash(p, true, rand.New(rand.NewSource(seed)))
+		c := tornCase{h: h, r: r, p: h.nodes[NodeID(r.Segs[r.Primary].Node)], s: h.nodes[NodeID(r.Segs[1-r.Primary].Node)], a: pattern(1, 1), seed: seed}
+		for _, n := range h.nodes {
+			if n != c.p && n != c.s {
+				c.third = n
+			}
+		}
+		h.mustWrite(c.p.id, r.ID, 100, c.a) // acknowledged; its region stays dirty (lazy clearing)
+		q := h.write(c.p.id, r.ID, 100, pattern(9, 1), nil)
+		h.crash(c.s, false, nil) // the forward (queued) is never delivered
+		h.crash(c.p, true, rand.New(rand.NewSource(seed)))
 		h.run()
 		if _, ok := h.replies[q]; ok {
 			t.Fatalf("setup: the write of B was answered: %+v", h.replies[q])
 		}
-		if _, st := r86Block(h, p, r.ID, 100); st != BlockCorrupt {
+		if _, st := r86Block(h, c.p, r.ID, 100); st != BlockCorrupt {
 			continue
 		}
-		if d, st := r86Block(h, s, r.ID, 100); st != BlockOK || !bytes.Equal(d, a) {
+		if d, st := r86Block(h, c.s, r.ID, 100); st != BlockOK || !bytes.Equal(d, c.a) {
 			t.Fatalf("setup: the secondary's block 100 is %v", st)
 		}
-		t.Logf("seed %d tears block 100 on the primary (node %d); the secondary (node %d) holds A", seed, p.id, s.id)
-		h.start(p)
-		if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering > 0 }) {
-			t.Fatalf("setup: the primary is not recovering: %+v", h.rec(r.ID))
-		}
-		return h, r, p, s, a
+		return c
 	}
 	t.Fatal("setup: no seed tears block 100")
-	return nil, nil, nil, nil, nil
+	return tornCase{}
 }
 
 // Control (passes): the secondary comes back before any dead verdict

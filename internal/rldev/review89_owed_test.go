@@ -3,7 +3,6 @@ package rldev
 import (
 	"bytes"
 	"errors"
-	"math/rand"
 	"strings"
 	"testing"
 	"time"
@@ -15,33 +14,12 @@ import (
 // restarts (to hold its I/O): block 100 holds A on the secondary, torn on
 // the primary; both are down; the primary is started (the secondary not).
 func r89TornSetup(t *testing.T, before func(h *harness, r *Record, p, s *hnode)) (*harness, *Record, *hnode, *hnode, []byte) {
-	for seed := int64(1); seed < 64; seed++ {
-		h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate = -1 })
-		r := h.create(256)
-		p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-		a := pattern(1, 1)
-		h.mustWrite(p.id, r.ID, 100, a)
-		q := h.write(p.id, r.ID, 100, pattern(9, 1), nil)
-		h.crash(s, false, nil)
-		h.crash(p, true, rand.New(rand.NewSource(seed)))
-		h.run()
-		if _, ok := h.replies[q]; ok {
-			t.Fatalf("setup: the write of B was answered: %+v", h.replies[q])
-		}
-		if _, st := r86Block(h, p, r.ID, 100); st != BlockCorrupt {
-			continue
-		}
-		if d, st := r86Block(h, s, r.ID, 100); st != BlockOK || !bytes.Equal(d, a) {
-			t.Fatalf("setup: the secondary's block 100 is %v", st)
-		}
-		if before != nil {
-			before(h, r, p, s)
-		}
-		h.start(p)
-		return h, r, p, s, a
+	c := tornPair(t)
+	if before != nil {
+		before(c.h, c.r, c.p, c.s)
 	}
-	t.Fatal("setup: no seed tears block 100")
-	return nil, nil, nil, nil, nil
+	c.h.start(c.p)
+	return c.h, c.r, c.p, c.s, c.a
 }
 
 // isOwedPageWrite: a write of n's owed page (either copy) of rec's segment

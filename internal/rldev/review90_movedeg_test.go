@@ -3,7 +3,6 @@ package rldev
 import (
 	"bytes"
 	"errors"
-	"math/rand"
 	"testing"
 	"time"
 )
@@ -33,61 +32,38 @@ func TestReview90ControlPeerFailsNoMove(t *testing.T) {
 }
 
 func r90MoveDegraded(t *testing.T, move bool) {
-	for seed := int64(1); seed < 64; seed++ {
-		h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate = -1 })
-		r := h.create(256)
-		p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-		var third *hnode
-		for _, n := range h.nodes {
-			if n != p && n != s {
-				third = n
-			}
-		}
-		sseg := 1 - r.Primary
-		a := pattern(1, 1)
-		h.mustWrite(p.id, r.ID, 100, a)
-		q := h.write(p.id, r.ID, 100, pattern(9, 1), nil)
-		h.crash(s, false, nil)
-		h.crash(p, true, rand.New(rand.NewSource(seed)))
+	c := tornPair(t)
+	h, r, p, s, third, a, seed := c.h, c.r, c.p, c.s, c.third, c.a, c.seed
+	sseg := 1 - r.Primary
+	if move {
+		// The operator empties s's failing disk: its segment moves
+		// to the third node (the move waits for the RLDev).
+		h.rmStartMove(r.ID, sseg, third.id)
 		h.run()
-		if _, ok := h.replies[q]; ok {
-			t.Fatalf("setup: the write of B was answered")
-		}
-		if _, st := r86Block(h, p, r.ID, 100); st != BlockCorrupt {
-			continue
-		}
-		if move {
-			// The operator empties s's failing disk: its segment moves
-			// to the third node (the move waits for the RLDev).
-			h.rmStartMove(r.ID, sseg, third.id)
-			h.run()
-		}
-		// The primary is back and owes region 0 to s; s is back, its
-		// pulls not answered yet (muted), and fails on its own (EIO).
-		h.mute = func(from, to NodeID, msg any) bool {
-			_, pull := msg.(Pull)
-			return pull && from == p.id && to == s.id
-		}
-		h.start(p)
-		h.start(s)
-		sr := func() *replica { return s.e.reps[r.ID] }
-		if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering > 0 }) {
-			t.Fatalf("setup: not recovering with s ready: %+v", h.rec(r.ID))
-		}
-		h.exec(s, sr().fail(errors.New("EIO (injected)")))
-		h.run()
-		if !h.tickUntil(5*time.Second, func() bool { return h.rec(r.ID).State == Degraded }) {
-			t.Fatalf("setup: s's failure did not degrade: %+v", h.rec(r.ID))
-		}
-		h.mute = nil
-		t.Logf("seed %d; after s's failure: %+v", seed, h.rec(r.ID))
-		h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
-		rp := h.rvRead(p.id, r.ID, 100, 1)
-		if rp.Err != nil || !bytes.Equal(rp.Data, a) {
-			t.Errorf("block 100's acknowledged value A (whole on s's old extent) is lost: read %v; table %+v; owed-not-whole %d",
-				rp.Err, h.rec(r.ID), p.e.stats.OwedNotWhole)
-		}
-		return
 	}
-	t.Fatal("setup: no seed tears block 100")
+	// The primary is back and owes region 0 to s; s is back, its
+	// pulls not answered yet (muted), and fails on its own (EIO).
+	h.mute = func(from, to NodeID, msg any) bool {
+		_, pull := msg.(Pull)
+		return pull && from == p.id && to == s.id
+	}
+	h.start(p)
+	h.start(s)
+	sr := func() *replica { return s.e.reps[r.ID] }
+	if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering > 0 }) {
+		t.Fatalf("setup: not recovering with s ready: %+v", h.rec(r.ID))
+	}
+	h.exec(s, sr().fail(errors.New("EIO (injected)")))
+	h.run()
+	if !h.tickUntil(5*time.Second, func() bool { return h.rec(r.ID).State == Degraded }) {
+		t.Fatalf("setup: s's failure did not degrade: %+v", h.rec(r.ID))
+	}
+	h.mute = nil
+	t.Logf("seed %d; after s's failure: %+v", seed, h.rec(r.ID))
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	rp := h.rvRead(p.id, r.ID, 100, 1)
+	if rp.Err != nil || !bytes.Equal(rp.Data, a) {
+		t.Errorf("block 100's acknowledged value A (whole on s's old extent) is lost: read %v; table %+v; owed-not-whole %d",
+			rp.Err, h.rec(r.ID), p.e.stats.OwedNotWhole)
+	}
 }

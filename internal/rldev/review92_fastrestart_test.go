@@ -3,7 +3,6 @@ package rldev
 import (
 	"bytes"
 	"errors"
-	"math/rand"
 	"testing"
 	"time"
 )
@@ -19,63 +18,40 @@ import (
 // durable, its naming decree -- the one that sets Owed -- not yet made):
 // the move's target replaces the only good copy of block 100.
 func TestReview92MoveDegradedPrimaryRestartedRegistrationLags(t *testing.T) {
-	for seed := int64(1); seed < 64; seed++ {
-		h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate = -1 })
-		r := h.create(256)
-		p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-		var third *hnode
-		for _, n := range h.nodes {
-			if n != p && n != s {
-				third = n
-			}
-		}
-		sseg := 1 - r.Primary
-		a := pattern(1, 1)
-		h.mustWrite(p.id, r.ID, 100, a)
-		q := h.write(p.id, r.ID, 100, pattern(9, 1), nil)
-		h.crash(s, false, nil)
-		h.crash(p, true, rand.New(rand.NewSource(seed)))
-		h.run()
-		if _, ok := h.replies[q]; ok {
-			t.Fatalf("setup: the write of B was answered")
-		}
-		if _, st := r86Block(h, p, r.ID, 100); st != BlockCorrupt {
-			continue
-		}
-		h.rmStartMove(r.ID, sseg, third.id)
-		h.run()
-		sr := func() *replica { return s.e.reps[r.ID] }
-		h.start(s)
-		if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() }) {
-			t.Fatalf("setup: s not ready: %+v", h.rec(r.ID))
-		}
-		oldInc := p.inc
-		// (The target is cut from p for the moment: its "receiving"
-		// decree would otherwise bring every engine a table, and in the
-		// harness the registered incarnations with it.)
-		h.partition(p.id, third.id)
-		h.start(p) // PeerUp at s; s's e.nodes still has p's old incarnation
-		pn := NodeID(h.rec(r.ID).Segs[r.Primary].Node)
-		t.Logf("seed %d: p restarted as %d; at s: up %v, e.nodes[p] %d, table Inc %d, Owed %v",
-			seed, p.inc, s.e.up[pn], s.e.nodes[pn], h.rec(r.ID).Inc[r.Primary], h.rec(r.ID).Owed)
-		if s.e.nodes[pn] != oldInc {
-			t.Fatalf("setup: s already knows p's new incarnation")
-		}
-		h.exec(s, sr().fail(errors.New("EIO (injected)")))
-		h.exec(s, s.e.Tick(h.env(s))) // s's decree (before p's load ends)
-		h.run()
-		h.heal(p.id, third.id)
-		rec := h.rec(r.ID)
-		replaced := NodeID(rec.Segs[sseg].Node) == third.id
-		t.Logf("after s's failure: %+v (s's copy replaced by the target: %v)", rec, replaced)
-		h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
-		h.tick(5 * time.Second)
-		rp := h.rvRead(p.id, r.ID, 100, 1)
-		if rp.Err != nil || !bytes.Equal(rp.Data, a) {
-			t.Errorf("block 100's acknowledged value A (whole on s's old extent) is lost: read %v; replaced %v; table %+v; owed-not-whole %d",
-				rp.Err, replaced, h.rec(r.ID), p.e.stats.OwedNotWhole)
-		}
-		return
+	c := tornPair(t)
+	h, r, p, s, third, a, seed := c.h, c.r, c.p, c.s, c.third, c.a, c.seed
+	sseg := 1 - r.Primary
+	h.rmStartMove(r.ID, sseg, third.id)
+	h.run()
+	sr := func() *replica { return s.e.reps[r.ID] }
+	h.start(s)
+	if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() }) {
+		t.Fatalf("setup: s not ready: %+v", h.rec(r.ID))
 	}
-	t.Fatal("setup: no seed tears block 100")
+	oldInc := p.inc
+	// (The target is cut from p for the moment: its "receiving"
+	// decree would otherwise bring every engine a table, and in the
+	// harness the registered incarnations with it.)
+	h.partition(p.id, third.id)
+	h.start(p) // PeerUp at s; s's e.nodes still has p's old incarnation
+	pn := NodeID(h.rec(r.ID).Segs[r.Primary].Node)
+	t.Logf("seed %d: p restarted as %d; at s: up %v, e.nodes[p] %d, table Inc %d, Owed %v",
+		seed, p.inc, s.e.up[pn], s.e.nodes[pn], h.rec(r.ID).Inc[r.Primary], h.rec(r.ID).Owed)
+	if s.e.nodes[pn] != oldInc {
+		t.Fatalf("setup: s already knows p's new incarnation")
+	}
+	h.exec(s, sr().fail(errors.New("EIO (injected)")))
+	h.exec(s, s.e.Tick(h.env(s))) // s's decree (before p's load ends)
+	h.run()
+	h.heal(p.id, third.id)
+	rec := h.rec(r.ID)
+	replaced := NodeID(rec.Segs[sseg].Node) == third.id
+	t.Logf("after s's failure: %+v (s's copy replaced by the target: %v)", rec, replaced)
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	h.tick(5 * time.Second)
+	rp := h.rvRead(p.id, r.ID, 100, 1)
+	if rp.Err != nil || !bytes.Equal(rp.Data, a) {
+		t.Errorf("block 100's acknowledged value A (whole on s's old extent) is lost: read %v; replaced %v; table %+v; owed-not-whole %d",
+			rp.Err, replaced, h.rec(r.ID), p.e.stats.OwedNotWhole)
+	}
 }
