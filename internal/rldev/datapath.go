@@ -930,10 +930,15 @@ func (r *replica) pumpRecovery(env Env) []any {
 					// Abandoned while this part landed: the rest is this
 					// copy's, as abandonRecovery leaves it, once its
 					// regions are durably in the degraded-mode log.
+					// No part is asked meanwhile (givingUp; outside review
+					// 94: the next part, pulled and landing, was undone by
+					// nothing and the range let go while it landed).
+					q.givingUp = true
+					r.forgetPulls(q)
 					a, b := r.deg.durable.Span(q.first, q.n)
 					return r.deg.mark(a, b, func(err error) []any {
-						if err != nil {
-							return nil // the replica failed
+						if err != nil || q.writing {
+							return nil // the replica failed; (writing: cannot be, givingUp)
 						}
 						return r.recovered(q)
 					})
