@@ -34,16 +34,27 @@ func readRunInto(dev disk.Device, off int64, run BlockRun, raw []byte, pooled bo
 	return run.Decode(raw), nil
 }
 
-// DoWrite carries out a DiskWrite on dev: its data, or Encode's (whose
-// buffer only this write uses: it goes back to physBufs once WriteAt
-// returned, which the disk.Device contract says no longer holds it).
+// DoWrite carries out a DiskWrite on dev: its data, or Encode's blocks,
+// in one vectored write where dev writes them so (disk.VecWriter: a
+// buffered file), else gathered into a buffer of physBufs (the simulator's
+// devices, and direct writes, whose buffers must be aligned). What Encode
+// made is only this write's: its headers, and the gathered buffer, go back
+// to their pools once the write returned, which the disk.Device contract
+// says no longer holds them.
 func DoWrite(dev disk.Device, w DiskWrite) error {
-	data := w.Data
-	if w.Encode != nil {
-		data = w.Encode()
-		defer putPhys(data)
+	if w.Encode == nil {
+		_, err := dev.WriteAt(w.Data, w.Off)
+		return err
 	}
-	_, err := dev.WriteAt(data, w.Off)
+	enc := w.Encode()
+	defer enc.release()
+	if vw, ok := dev.(disk.VecWriter); ok && vw.WritesVec() {
+		_, err := vw.WriteAtVec(enc.Vec, w.Off)
+		return err
+	}
+	buf := enc.gather()
+	defer putPhys(buf)
+	_, err := dev.WriteAt(buf, w.Off)
 	return err
 }
 
@@ -97,4 +108,39 @@ func putPhys(b []byte) {
 	}
 	b = b[:cap(b)]
 	physBufs[k].Put(&b)
+}
+
+// hdrBufs recycles the block headers of vectored writes (Encoded), by
+// size class: class k holds room for 2^k headers. Every byte of a buffer
+// handed out is written before it is used (EncodeHeader, or a copy of
+// corruptBlock's), and one goes back only once its write returned.
+var hdrBufs [physClasses]sync.Pool
+
+// getHdrs returns a buffer of n headers.
+func getHdrs(n int) []byte {
+	if n <= 0 {
+		return nil
+	}
+	k := bits.Len(uint(n - 1))
+	if k >= physClasses {
+		return make([]byte, n*HeaderSize)
+	}
+	if p, _ := hdrBufs[k].Get().(*[]byte); p != nil {
+		return (*p)[:n*HeaderSize]
+	}
+	return make([]byte, n*HeaderSize, (1<<k)*HeaderSize)
+}
+
+// putHdrs gives back a buffer getHdrs returned.
+func putHdrs(b []byte) {
+	c := cap(b) / HeaderSize
+	if c == 0 || cap(b)%HeaderSize != 0 || c&(c-1) != 0 {
+		return
+	}
+	k := bits.Len(uint(c)) - 1
+	if k >= physClasses {
+		return
+	}
+	b = b[:cap(b)]
+	hdrBufs[k].Put(&b)
 }

@@ -55,13 +55,13 @@ type (
 	// returned (not yet durable). If Encode is set, Data is nil and the
 	// bytes are Encode's result: pure computation (checksumming blocks)
 	// that the runtime does off the engine's lock, on the goroutine that
-	// writes.
+	// writes (DoWrite).
 	DiskWrite struct {
 		Op     OpID
 		Disk   uint32
 		Off    int64
 		Data   []byte
-		Encode func() []byte
+		Encode func() Encoded
 	}
 	// DiskSync makes the writes done before it durable; DiskDone(Op, nil,
 	// err).
@@ -455,7 +455,7 @@ func (e *Engine) writeDurable(disk uint32, off int64, data []byte, then func(err
 
 // writeDurableEnc is writeDurable of data, or of encode's result (see
 // DiskWrite).
-func (e *Engine) writeDurableEnc(disk uint32, off int64, data []byte, encode func() []byte, then func(err error) []any) []any {
+func (e *Engine) writeDurableEnc(disk uint32, off int64, data []byte, encode func() Encoded, then func(err error) []any) []any {
 	var fails uint64 // the disk's failed syncs at the write's issue
 	if d := e.disks[disk]; d != nil {
 		fails = d.syncFails

@@ -93,21 +93,39 @@ func EncodeBlock(dst []byte, id uint64, b uint64, gen uint64, data []byte) {
 	if len(dst) != PhysBlockSize || len(data) != BlockSize {
 		panic(fmt.Sprintf("rldev: EncodeBlock of %d bytes with %d of data", len(dst), len(data)))
 	}
-	clear(dst[:HeaderSize])
-	binary.LittleEndian.PutUint32(dst[0:], blockMagic)
-	binary.LittleEndian.PutUint16(dst[4:], formatVer)
-	binary.LittleEndian.PutUint64(dst[8:], id)
-	binary.LittleEndian.PutUint64(dst[16:], b)
-	binary.LittleEndian.PutUint64(dst[24:], gen)
 	copy(dst[HeaderSize:], data)
-	binary.LittleEndian.PutUint32(dst[32:], blockCRC(dst))
+	EncodeHeader(dst[:HeaderSize], id, b, gen, dst[HeaderSize:])
 }
 
-func blockCRC(p []byte) uint32 {
+// EncodeHeader fills hdr (HeaderSize bytes) with the header of block b of
+// RLDev id at generation gen holding data (BlockSize bytes), which is
+// written right after it on disk: EncodeBlock without the data's copy
+// (the runtime writes the header and the data from where each is, in one
+// vectored write: encodeBlocksVec).
+func EncodeHeader(hdr []byte, id uint64, b uint64, gen uint64, data []byte) {
+	if len(hdr) != HeaderSize || len(data) != BlockSize {
+		panic(fmt.Sprintf("rldev: EncodeHeader of %d bytes with %d of data", len(hdr), len(data)))
+	}
+	clear(hdr)
+	binary.LittleEndian.PutUint32(hdr[0:], blockMagic)
+	binary.LittleEndian.PutUint16(hdr[4:], formatVer)
+	binary.LittleEndian.PutUint64(hdr[8:], id)
+	binary.LittleEndian.PutUint64(hdr[16:], b)
+	binary.LittleEndian.PutUint64(hdr[24:], gen)
+	binary.LittleEndian.PutUint32(hdr[32:], headerCRC(hdr, data))
+}
+
+// blockCRC is the CRC of a physical block (header and data together).
+func blockCRC(p []byte) uint32 { return headerCRC(p[:HeaderSize], p[HeaderSize:]) }
+
+// headerCRC is the CRC of a block whose header is hdr and data data: over
+// the header with its CRC field taken as zero, then the data.
+func headerCRC(hdr, data []byte) uint32 {
 	var zero [4]byte
-	c := crc32.Update(0, castagnoli, p[:32])
+	c := crc32.Update(0, castagnoli, hdr[:32])
 	c = crc32.Update(c, castagnoli, zero[:])
-	return crc32.Update(c, castagnoli, p[36:])
+	c = crc32.Update(c, castagnoli, hdr[36:])
+	return crc32.Update(c, castagnoli, data)
 }
 
 // DecodeBlock checks a physical block read from where block b of RLDev id

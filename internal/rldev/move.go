@@ -565,10 +565,10 @@ func (r *replica) writeDurable(off int64, data []byte, then func(error) []any) [
 // gens[i] for block i, or gen for all if gens is nil.
 func (r *replica) writeBlocks(block uint64, data []byte, gens []uint64, gen uint64, then func(error) []any) []any {
 	id := r.rec.ID
-	return r.writeDurableEnc(r.base+blockOff(block), nil, func() []byte { return encodeBlocks(id, block, data, gens, gen) }, then)
+	return r.writeDurableEnc(r.base+blockOff(block), nil, func() Encoded { return encodeBlocksVec(id, block, data, gens, gen) }, then)
 }
 
-func (r *replica) writeDurableEnc(off int64, data []byte, encode func() []byte, then func(error) []any) []any {
+func (r *replica) writeDurableEnc(off int64, data []byte, encode func() Encoded, then func(error) []any) []any {
 	if r.state == repRetired {
 		return then(fmt.Errorf("%w: the replica is retired", ErrNotServing))
 	}
