@@ -114,6 +114,10 @@ func (t *Table) ForgetDisks(node uint64) (*ForgetPlan, error) {
 	return p, nil
 }
 
+// Forgotten reports whether node was forgotten (grove rldev forget-node):
+// the table has disks of it, all marked forgotten.
+func (t *Table) Forgotten(node uint64) bool { return t.forgotten(node) }
+
 // forgotten reports whether the table has disks of node, all forgotten.
 func (t *Table) forgotten(node uint64) bool {
 	n := 0
@@ -274,6 +278,9 @@ type EvacStep struct {
 	ID    uint64      // the RLDev evacuated (0: the disks' step or the last)
 	Plan  *ForgetPlan // the first and the last steps': what they forget
 	Final bool        // the last step (Forget): the node is forgotten
+	// Dropped: an RLDev's step, the extents retiring on the node it
+	// drops (the node's disks forgotten already: Evacuate).
+	Dropped []Segment
 }
 
 // NextEvacStep is the next decree of forget-node --re-place from t as it
@@ -297,7 +304,13 @@ func (t *Table) NextEvacStep(node uint64, candidates []uint64) (EvacStep, error)
 			return EvacStep{}, err
 		}
 		if nr != nil {
-			return EvacStep{Ops: []*pb.Op{nr.PutOp()}, ID: id, What: what}, nil
+			var dropped []Segment
+			for _, sg := range t.RLDevs[id].Retiring {
+				if sg.Node == node && !slices.Contains(nr.Retiring, sg) {
+					dropped = append(dropped, sg)
+				}
+			}
+			return EvacStep{Ops: []*pb.Op{nr.PutOp()}, ID: id, What: what, Dropped: dropped}, nil
 		}
 	}
 	p, err := t.Forget(node)
@@ -309,9 +322,11 @@ func (t *Table) NextEvacStep(node uint64, candidates []uint64) (EvacStep, error)
 
 // ForgetReplacing is forget-node --re-place: NextEvacStep, a decree each,
 // until the node is forgotten; report is called after each RLDev's. It
-// returns what the first and the last steps forgot together.
+// returns what the steps forgot together: the disks, and every extent
+// retiring there dropped, by the RLDevs' steps or the last.
 func (c *Clerk) ForgetReplacing(ctx context.Context, node uint64, candidates []uint64, report func(id uint64, what string)) (*ForgetPlan, error) {
 	var plan *ForgetPlan
+	mid := map[uint64][]Segment{} // dropped by the RLDevs' steps
 	for {
 		var step EvacStep
 		_, err := c.meta.Update(ctx, Namespace, "grove rldev forget-node --re-place", func(ns *pb.Namespace) ([]*pb.Op, error) {
@@ -326,16 +341,22 @@ func (c *Clerk) ForgetReplacing(ctx context.Context, node uint64, candidates []u
 			return nil, err
 		}
 		switch {
-		case step.Final && plan != nil:
-			for id, sgs := range plan.Dropped {
-				step.Plan.Dropped[id] = append(sgs, step.Plan.Dropped[id]...)
-			}
-			return step.Plan, nil
 		case step.Final:
+			for _, p := range []*ForgetPlan{plan, {Dropped: mid}} {
+				if p == nil {
+					continue
+				}
+				for id, sgs := range p.Dropped {
+					step.Plan.Dropped[id] = append(slices.Clone(sgs), step.Plan.Dropped[id]...)
+				}
+			}
 			return step.Plan, nil
 		case step.Plan != nil:
 			plan = step.Plan
 		default:
+			if len(step.Dropped) > 0 {
+				mid[step.ID] = append(mid[step.ID], step.Dropped...)
+			}
 			report(step.ID, step.What)
 		}
 	}

@@ -294,3 +294,41 @@ func TestNextEvacStepOrder(t *testing.T) {
 		t.Fatalf("after the steps: %+v", r)
 	}
 }
+
+// An extent retiring on the node that appears after its disks were
+// forgotten (a move ending meanwhile) is dropped by its RLDev's step, and
+// that step says so (EvacStep.Dropped), so that forget-node's plan counts
+// it (ForgetReplacing: before, only the first and last steps' were).
+func TestNextEvacStepReportsMidDrops(t *testing.T) {
+	h, id, p, s, tg := r81ThreeNodes(t)
+	seg := h.rec(id).SegmentOf(uint64(s.id))
+	h.crash(s, false, nil)
+	h.dead[Subject{s.id, s.inc}] = true
+	h.run()
+	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
+		t.Fatalf("setup: not degraded: %+v", h.rec(id))
+	}
+	cands := []uint64{uint64(p.id), uint64(tg.id)}
+	tb := h.table()
+	st, err := tb.NextEvacStep(uint64(s.id), cands)
+	if err != nil || st.ID != 0 || st.Final {
+		t.Fatalf("first step: %+v %v", st, err)
+	}
+	if err := h.propose(&pb.Decree{Namespace: Namespace, ExpectedVersion: tb.Version, Ops: st.Ops}); err != nil {
+		t.Fatal(err)
+	}
+	h.run()
+	tb = h.table()
+	rec := tb.RLDevs[id].Clone()
+	old := rec.Segs[seg]
+	extra := Segment{Node: old.Node, Disk: old.Disk, Offset: old.Offset + SegmentSize(rec.Blocks) + 1<<20}
+	rec.Retiring = append(rec.Retiring, extra)
+	tb.RLDevs[id] = rec
+	st, err = tb.NextEvacStep(uint64(s.id), cands)
+	if err != nil || st.ID != id {
+		t.Fatalf("the RLDev's step: %+v %v", st, err)
+	}
+	if !slices.Equal(st.Dropped, []Segment{extra}) {
+		t.Fatalf("the RLDev's step dropped %v, want %v", st.Dropped, extra)
+	}
+}
