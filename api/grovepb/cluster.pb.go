@@ -339,8 +339,13 @@ type NodeStatus struct {
 	// How many observers hear this incarnation's beacons (a majority: the
 	// node is up, acknowledged, not merely "not yet declared dead").
 	ObserversHeard uint32 `protobuf:"varint,9,opt,name=observers_heard,json=observersHeard,proto3" json:"observers_heard,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Forgotten by the RLDev layer (grove rldev forget-node): every disk of
+	// the node is marked forgotten in the RLDev table, nothing is placed
+	// there again. A forgotten node that is dead is not a problem of the
+	// cluster's health: it was declared lost for good.
+	Forgotten     bool `protobuf:"varint,10,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -434,6 +439,13 @@ func (x *NodeStatus) GetObserversHeard() uint32 {
 		return x.ObserversHeard
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetForgotten() bool {
+	if x != nil {
+		return x.Forgotten
+	}
+	return false
 }
 
 type StatusResponse struct {
@@ -659,7 +671,7 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"\bobserver\x18\x01 \x01(\x04R\bobserver\x12\x12\n" +
 	"\x04dead\x18\x02 \x03(\bR\x04dead\x12\x14\n" +
 	"\x05heard\x18\x03 \x03(\bR\x05heard\"\x0f\n" +
-	"\rStatusRequest\"\xa7\x02\n" +
+	"\rStatusRequest\"\xc5\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
@@ -671,7 +683,9 @@ const file_grovepb_cluster_proto_rawDesc = "" +
 	"beaconAddr\x12-\n" +
 	"\x12observers_answered\x18\a \x01(\rR\x11observersAnswered\x12%\n" +
 	"\x0eobservers_dead\x18\b \x01(\rR\robserversDead\x12'\n" +
-	"\x0fobservers_heard\x18\t \x01(\rR\x0eobserversHeard\"\x97\x02\n" +
+	"\x0fobservers_heard\x18\t \x01(\rR\x0eobserversHeard\x12\x1c\n" +
+	"\tforgotten\x18\n" +
+	" \x01(\bR\tforgotten\"\x97\x02\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\x04R\x06leader\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12*\n" +

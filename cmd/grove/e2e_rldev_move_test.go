@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -301,6 +302,17 @@ func TestEndToEndRLDevMoveSIGKILL(t *testing.T) {
 	}
 	if r := must(run(nil, "rldev", "list")); !strings.Contains(r.stdout, "forgotten: node "+lost) {
 		t.Fatalf("rldev list does not show the forgotten node:\n%s", r.stdout)
+	}
+	// Lost for good and forgotten, the node is no longer a problem of the
+	// cluster's health: status shows it forgotten, health does not list
+	// it (here the node was a config-service member too, which still does
+	// not answer: that stays a problem until the member is replaced).
+	if r := run(nil, "health"); strings.Contains(r.stdout, "node "+lost+" is dead") || !strings.Contains(r.stdout, "forgotten: 1") ||
+		r.code == 6 && !strings.Contains(r.stdout, "member "+lost+" does not answer") {
+		t.Fatalf("grove health once the lost node was forgotten: %v", r)
+	}
+	if r := run(nil, "status"); !regexp.MustCompile(`(?m)^\s*` + lost + `\s+forgotten\s`).MatchString(r.stdout) {
+		t.Fatalf("grove status does not show node %s forgotten:\n%s", lost, r.stdout)
 	}
 	for id, data := range small {
 		for _, replica := range []string{"1", "2"} {

@@ -11,6 +11,7 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/rldev"
 )
 
 // fetchStatus asks the endpoints, in order, for the cluster's status.
@@ -32,11 +33,15 @@ func fetchStatus(ctx context.Context, c *cli.Client, op string) (*pb.StatusRespo
 }
 
 // nodeState is a node's STATE: dead (a majority of all observers said so),
-// alive (a majority hears its registered incarnation), or joining (neither:
-// just restarted, or cut off and not yet declared dead).
+// forgotten (dead, and lost for good: grove rldev forget-node forgot it;
+// not a problem), alive (a majority hears its registered incarnation), or
+// joining (neither: just restarted, or cut off and not yet declared dead).
 func nodeState(n *pb.NodeStatus, observers int) string {
 	switch {
 	case !n.Alive:
+		if n.Forgotten {
+			return "forgotten" // lost for good (grove rldev forget-node): not a problem
+		}
 		return "dead"
 	case int(n.ObserversHeard) <= observers/2:
 		return "joining"
@@ -177,7 +182,8 @@ last node list read (marked stale).
 
 Exits 0 when the cluster is healthy, 6 when it answered but is degraded (a node
 dead or joining, a member not answering, no leader), 3 when no endpoint could
-be reached.`,
+be reached. A dead node that grove rldev forget-node forgot (lost for good) is
+shown as forgotten and is not a problem.`,
 		Example: `  grove status
   grove status -o json
   grove status --endpoints 10.0.0.1:7410,10.0.0.2:7410`,
@@ -212,8 +218,9 @@ func healthCmd() *cobra.Command {
 		Short: "Exit 0 only if every node is alive and the config service has a leader",
 		Long: `Check the cluster's health for scripts and container health checks: exit 0 only
 if the config service has a leader and every registered node is alive (heard by
-a majority of observers); 6 if the cluster answered but is degraded, with the
-reasons; 3 if no endpoint could be reached; 4 on a timeout.`,
+a majority of observers), but for the dead ones grove rldev forget-node forgot
+(lost for good); 6 if the cluster answered but is degraded, with the reasons; 3
+if no endpoint could be reached; 4 on a timeout.`,
 		Example: `  grove health && echo ok
   grove health --endpoints 10.0.0.1:7410 --command-timeout 3s
   grove health -o json`,
@@ -227,15 +234,21 @@ reasons; 3 if no endpoint could be reached; 4 on a timeout.`,
 				return err
 			}
 			ps := problems(r)
-			alive := 0
+			alive, forgotten := 0, 0
 			obs := len(r.MemberHealth)
 			for _, n := range r.Nodes {
-				if nodeState(n, obs) == "alive" {
+				switch nodeState(n, obs) {
+				case "alive":
 					alive++
+				case "forgotten":
+					forgotten++
 				}
 			}
 			d := &cli.Doc{}
-			text := fmt.Sprintf("%d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes), r.Leader, via)
+			text := fmt.Sprintf("%d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes)-forgotten, r.Leader, via)
+			if forgotten > 0 {
+				text = fmt.Sprintf("%d/%d nodes alive (and %s lost for good, forgotten), config-service leader %d (asked %s)", alive, len(r.Nodes)-forgotten, rldev.Count(forgotten, "node"), r.Leader, via)
+			}
 			if len(ps) > 0 {
 				text = fmt.Sprintf("no: %s (asked %s)", problemText(ps), via)
 			}
@@ -246,6 +259,7 @@ reasons; 3 if no endpoint could be reached; 4 on a timeout.`,
 			d.Field("leader", r.Leader)
 			d.Field("nodes", len(r.Nodes))
 			d.Field("alive", alive)
+			d.Field("forgotten", forgotten)
 			d.Field("endpoint", via)
 			d.FieldText("problems", ps, problemText(ps))
 			if err := out.Print(os.Stdout, d); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -108,15 +109,41 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 		out.LastLeader = s.mu.lastLeader
 	}
 	s.mu.Unlock()
+	forgotten := s.forgotten(ctx, out.Stale)
 	dead, heard, answered := s.Query(ctx, nodes)
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
 			Id: n.Id, Incarnation: n.Incarnation, Roles: n.Roles, GrpcAddr: n.GrpcAddr, BeaconAddr: n.BeaconAddr,
 			Alive: !fd.CombineVerdicts(dead[i], len(s.observers)), ObserversAnswered: uint32(answered), ObserversDead: uint32(dead[i]),
-			ObserversHeard: uint32(heard[i]),
+			ObserversHeard: uint32(heard[i]), Forgotten: forgotten != nil && forgotten.Forgotten(n.Id),
 		})
 	}
 	return out, nil
+}
+
+// forgotten reads the RLDev table, which says which nodes were forgotten
+// (grove rldev forget-node): from the config service, or its last copy
+// read when the config service did not answer (stale). nil if there is
+// none or it does not decode: no node is then reported forgotten (it is
+// reported dead, a problem, as before it was forgotten).
+func (s *StatusService) forgotten(ctx context.Context, stale bool) *rldev.Table {
+	var ns *pb.Namespace
+	if !stale {
+		rctx, cancel := context.WithTimeout(ctx, StatusReadTimeout)
+		ns, _ = s.client.Read(rctx, rldev.Namespace)
+		cancel()
+	}
+	if ns == nil {
+		ns = s.client.Hint(rldev.Namespace)
+	}
+	if ns == nil {
+		return nil
+	}
+	t, err := rldev.DecodeTable(ns)
+	if err != nil {
+		return nil
+	}
+	return t
 }
 
 // probeMembers asks every configured member for its own view, in parallel,
