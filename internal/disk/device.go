@@ -392,13 +392,17 @@ func (d *FileDevice) WriteAtVec(bufs [][]byte, off int64) (int, error) {
 		}
 		var k int
 		var werr error
-		// The raw connection holds the file open while the call runs (a
-		// concurrent Close waits for it), as os.File's own calls do.
-		if err := rc.Write(func(fd uintptr) bool {
+		// Control holds a reference on the descriptor while the call runs
+		// (a concurrent Close waits for it, and its number is not reused
+		// meanwhile), as WriteAt's pwrite does, and no lock: RawConn.Write
+		// would take the file's write lock, and a disk's writes would run
+		// one at a time (outside review 95; on a block device, whose
+		// buffered writes the kernel does not serialize, its workers
+		// would no longer write in parallel).
+		if err := rc.Control(func(fd uintptr) {
 			k, werr = pwritevFull(int(fd), iov, off+int64(n))
-			return true
 		}); err != nil {
-			return n, err
+			return n, &os.PathError{Op: "pwritev", Path: d.f.Name(), Err: os.ErrClosed} // Control fails only on a closed file
 		}
 		n += k
 		if werr != nil {
