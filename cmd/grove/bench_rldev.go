@@ -40,7 +40,8 @@ func benchRLDevCmd() *cobra.Command {
            256 KiB; one outstanding request per disk. fio: the same request
            size and count of outstanding requests, fdatasync after each write.
   iops     one RLDev: 4 KiB random writes and reads at queue depth 1 and 32,
-           1 MiB sequential writes and reads; fio likewise. Run once per
+           1 MiB sequential writes and reads at queue depth 1 and 8 (8
+           streams); fio likewise. Run once per
            --data-path (blocks on the framed TCP data path, and on gRPC).
   resync   a replica's node is killed (SIGKILL), --resync-size is written in
            degraded mode, the node restarts: the copy's MB/s and duration, and
@@ -315,7 +316,8 @@ func (b *rldevBench) table1() error {
 	return nil
 }
 
-// iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential.
+// iops: one RLDev, 4 KiB random at QD 1 and 32, 1 MiB sequential at QD 1
+// and 8.
 func (b *rldevBench) iops() error {
 	tb := b.d.Table("iops", "PATH", "OP", "SIZE", "QD", "GROVE-OPS-S", "GROVE-MB-S", "GROVE-P50-US", "GROVE-P99-US", "FIO-OPS-S", "FIO-MB-S", "FIO-P50-US", "RATIO", "FIO-PAIR-OPS-S", "RATIO-PAIR", "BARE-PAIR-OPS-S", "RATIO-BARE")
 	for _, path := range b.paths {
@@ -371,7 +373,12 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 		size       uint64
 		qd         int
 	}{{true, false, 4 << 10, 1}, {true, false, 4 << 10, 32}, {false, false, 4 << 10, 1}, {false, false, 4 << 10, 32},
-		{true, true, 1 << 20, 1}, {false, true, 1 << 20, 1}}
+		{true, true, 1 << 20, 1}, {false, true, 1 << 20, 1},
+		// Sequential 1 MiB streams at queue depth 8 (fio: 8 jobs, each its
+		// own stretch of the file, an fdatasync per write): a stream's
+		// writes overlap their transfers and share syncs, as a client
+		// that streams data would have them.
+		{true, true, 1 << 20, 8}, {false, true, 1 << 20, 8}}
 	for _, x := range cells {
 		// grove and fio in turn, --repeat times: this shared machine's
 		// figures drift by a fifth between minutes, fio's as much as ours

@@ -42,7 +42,7 @@ func TestBenchRLDevSmoke(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
 	}
-	if len(out.IOPS) != 12 || len(out.Resync) != 1 || out.IOPS[0].Path != "tcp" || out.IOPS[6].Path != "grpc" {
+	if len(out.IOPS) != 16 || len(out.Resync) != 1 || out.IOPS[0].Path != "tcp" || out.IOPS[8].Path != "grpc" {
 		t.Fatalf("%d iops rows, %d resync rows:\n%s", len(out.IOPS), len(out.Resync), r.stdout)
 	}
 	for _, x := range out.IOPS {
