@@ -229,7 +229,7 @@ func (r *Record) dropRetiringOn(node uint64) []Segment {
 			continue
 		}
 		keep = append(keep, sg)
-		if r.IsRetiringTarget(sg) {
+		if r.isRetiringTarget(sg) {
 			keepTargets = append(keepTargets, sg)
 		}
 	}

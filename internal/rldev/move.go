@@ -602,7 +602,7 @@ func (e *Engine) wipeTick() []any {
 			if e.wiping[sg] || e.wiped[sg] || e.inUse(sg) {
 				continue
 			}
-			if rec.State != Normal && !rec.IsRetiringTarget(sg) {
+			if rec.State != Normal && !rec.isRetiringTarget(sg) {
 				// Not before the RLDev has both its copies again: the
 				// extent may hold the only other copy there is (a stale
 				// segment re-placed, or replaced by a move's target, and
@@ -681,7 +681,7 @@ func (e *Engine) wipeRetiring(env Env, rec, nr *Record) (*Record, string) {
 			continue
 		}
 		keep = append(keep, sg)
-		if base.IsRetiringTarget(sg) {
+		if base.isRetiringTarget(sg) {
 			keepTargets = append(keepTargets, sg)
 		}
 	}

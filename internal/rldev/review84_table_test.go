@@ -177,7 +177,7 @@ func r84TableWalk(t *testing.T, seed int64) {
 				if ok {
 					fail("%v retiring again (was %v)", sg, k)
 				}
-				kind[id][sg] = nr.IsRetiringTarget(sg)
+				kind[id][sg] = nr.isRetiringTarget(sg)
 				want := op == "cancel" || op == "abandon"
 				if kind[id][sg] != want {
 					fail("%s retired %v as target=%v", op, sg, kind[id][sg])
@@ -196,7 +196,7 @@ func r84TableWalk(t *testing.T, seed int64) {
 		}
 		if !stripped[id] {
 			for sg, k := range kind[id] {
-				if k && !nr.IsRetiringTarget(sg) {
+				if k && !nr.isRetiringTarget(sg) {
 					fail("target %v lost from RetiringTargets by %s", sg, op)
 				}
 			}

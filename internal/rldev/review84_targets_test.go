@@ -43,7 +43,7 @@ func TestReview84CancelWhileSwitching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !nr.IsRetiringTarget(x) || len(nr.RetiringTargets) != 1 || len(nr.Retiring) != 1 {
+	if !nr.isRetiringTarget(x) || len(nr.RetiringTargets) != 1 || len(nr.Retiring) != 1 {
 		t.Fatalf("cancel: %+v", nr)
 	}
 	h.r83Commit(tb, nr)
@@ -95,7 +95,7 @@ func TestReview84SwitchedInTargetRetiresAsSegment(t *testing.T) {
 		}
 		h.failWrite = nil
 		nr := h.r82Replace(id, sseg, s.id, -1)
-		if !slices.Contains(nr.Retiring, x) || nr.IsRetiringTarget(x) || len(nr.RetiringTargets) != 0 {
+		if !slices.Contains(nr.Retiring, x) || nr.isRetiringTarget(x) || len(nr.RetiringTargets) != 0 {
 			t.Fatalf("DEFECT: the switched-in extent retires as %v (targets %v)", nr.Retiring, nr.RetiringTargets)
 		}
 		h.run()
@@ -129,7 +129,7 @@ func TestReview84SwitchedInTargetRetiresAsSegment(t *testing.T) {
 			t.Fatalf("setup: the target did not replace the failed moving segment: %+v", h.rec(id))
 		}
 		rec := h.rec(id)
-		if !slices.Contains(rec.Retiring, old) || rec.IsRetiringTarget(old) || len(rec.RetiringTargets) != 0 {
+		if !slices.Contains(rec.Retiring, old) || rec.isRetiringTarget(old) || len(rec.RetiringTargets) != 0 {
 			t.Fatalf("DEFECT: moveDegraded: retiring %v targets %v", rec.Retiring, rec.RetiringTargets)
 		}
 		h.failWrite = nil

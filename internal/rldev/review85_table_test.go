@@ -186,7 +186,7 @@ func TestReview85EvacuateWalk(t *testing.T) {
 					if sg.Node != node && !slices.Contains(nr.Retiring, sg) {
 						t.Fatalf("seed %d: rldev %d dropped %v, not on node %d", seed, id, sg, node)
 					}
-					if sg.Node != node && rec.IsRetiringTarget(sg) != nr.IsRetiringTarget(sg) {
+					if sg.Node != node && rec.isRetiringTarget(sg) != nr.isRetiringTarget(sg) {
 						t.Fatalf("seed %d: rldev %d: %v's target mark changed", seed, id, sg)
 					}
 				}

@@ -221,9 +221,9 @@ func (r *Record) retire(sg Segment, target bool) {
 	}
 }
 
-// IsRetiringTarget reports whether sg retires as a move's target given
+// isRetiringTarget reports whether sg retires as a move's target given
 // up before it became a segment (RetiringTargets).
-func (r *Record) IsRetiringTarget(sg Segment) bool { return slices.Contains(r.RetiringTargets, sg) }
+func (r *Record) isRetiringTarget(sg Segment) bool { return slices.Contains(r.RetiringTargets, sg) }
 
 // Extents are every extent the record holds: its segments, a move's
 // target, the extents retiring.
