@@ -26,6 +26,11 @@ import (
 //     had refused was served in place of the acknowledged value. Before
 //     owed ranges such a primary kept the RLDev normal, every write
 //     waiting, until the peer came back (for ever if it never did);
+//     Owing only the blocks that fail their check would not do: a block
+//     that passes it may hold a write the peer would have refused for its
+//     fencing token (this replica crashed before the refusal reached it),
+//     and served, or resynced to the peer, a fenced writer's write would
+//     stand over a newer writer's on both copies;
 //   - a restart finds them again in the page;
 //   - when the peer is back, stale but with its copy whole since (nothing
 //     is written to a stale copy while the RLDev is degraded, and the
