@@ -226,22 +226,31 @@ func rldevListDoc(t *rldev.Table, st map[uint64]*pb.RLDevServiceStatusResponse) 
 	d := &cli.Doc{}
 	d.Field("version", t.Version)
 	// Nodes forgotten (grove rldev forget-node): their disks, listed only
-	// when there are some.
-	forgot := map[string][]uint32{}
-	var ftext []string
+	// when there are some; a node whose disks are marked while RLDevs are
+	// still on it is listed apart (forget-node --re-place stopped
+	// half-way: outside review 96).
+	forgot, forgetting := map[string][]uint32{}, map[string][]uint32{}
+	var ftext, gtext []string
 	for _, k := range slices.SortedFunc(maps.Keys(t.Disks), func(a, b rldev.DiskKey) int {
 		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Index, b.Index))
 	}) {
 		if t.Disks[k].Forgotten {
 			n := strconv.FormatUint(k.Node, 10)
-			if forgot[n] == nil {
-				ftext = append(ftext, "node "+n)
+			m, text := forgot, &ftext
+			if t.Forgetting(k.Node) {
+				m, text = forgetting, &gtext
 			}
-			forgot[n] = append(forgot[n], k.Index)
+			if m[n] == nil {
+				*text = append(*text, "node "+n)
+			}
+			m[n] = append(m[n], k.Index)
 		}
 	}
 	if len(forgot) > 0 {
 		d.FieldText("forgotten", forgot, strings.Join(ftext, ", ")+" (grove rldev forget-node: nothing is placed on their disks)")
+	}
+	if len(forgetting) > 0 {
+		d.FieldText("forgetting", forgetting, strings.Join(gtext, ", ")+" (their disks are forgotten but RLDevs are still on them: run grove rldev forget-node NODE --re-place --gone-for-good again to finish)")
 	}
 	tb := d.Table("rldevs", "RLDEV", "SIZE", "STATE", "PRIMARY", "SECONDARY", "EPOCH", "RESYNC", "MOVE", "SCRUB", "NOTE")
 	for _, id := range t.IDs() {

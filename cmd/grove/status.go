@@ -11,7 +11,6 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/cli"
-	"github.com/grovestore/grove/internal/rldev"
 )
 
 // fetchStatus asks the endpoints, in order, for the cluster's status.
@@ -215,7 +214,7 @@ func healthCmd() *cobra.Command {
 	var out cli.Output
 	cmd := &cobra.Command{
 		Use:   "health",
-		Short: "Exit 0 only if every node is alive and the config service has a leader",
+		Short: "Exit 0 only if every node is alive (or forgotten) and the config service has a leader",
 		Long: `Check the cluster's health for scripts and container health checks: exit 0 only
 if the config service has a leader and every registered node is alive (heard by
 a majority of observers), but for the dead ones grove rldev forget-node forgot
@@ -245,9 +244,9 @@ if no endpoint could be reached; 4 on a timeout.`,
 				}
 			}
 			d := &cli.Doc{}
-			text := fmt.Sprintf("%d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes)-forgotten, r.Leader, via)
+			text := fmt.Sprintf("%d/%d nodes alive, config-service leader %d (asked %s)", alive, len(r.Nodes), r.Leader, via)
 			if forgotten > 0 {
-				text = fmt.Sprintf("%d/%d nodes alive (and %s lost for good, forgotten), config-service leader %d (asked %s)", alive, len(r.Nodes)-forgotten, rldev.Count(forgotten, "node"), r.Leader, via)
+				text = fmt.Sprintf("%d/%d nodes alive, %d forgotten (lost for good), config-service leader %d (asked %s)", alive, len(r.Nodes), forgotten, r.Leader, via)
 			}
 			if len(ps) > 0 {
 				text = fmt.Sprintf("no: %s (asked %s)", problemText(ps), via)

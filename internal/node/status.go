@@ -57,6 +57,7 @@ const (
 const (
 	StatusReadTimeout  = 2 * time.Second
 	MemberProbeTimeout = time.Second
+	StatusTableGrace   = 200 * time.Millisecond
 )
 
 func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
@@ -71,7 +72,22 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 		views <- v
 	}()
 	rctx, rcancel := context.WithTimeout(ctx, StatusReadTimeout)
+	// The RLDev table (which nodes were forgotten) is read beside the node
+	// list, under the same deadline, and waited for at most
+	// StatusTableGrace once the node list is here (then its last copy
+	// serves): it only says which dead nodes are no problem, and a status
+	// must not take longer for it (outside review 96).
+	tables := make(chan *pb.Namespace, 1)
+	go func() {
+		t, _ := s.client.Read(rctx, rldev.Namespace)
+		tables <- t
+	}()
 	ns, err := s.client.Read(rctx, meta.NodesNamespace)
+	var table *pb.Namespace
+	select {
+	case table = <-tables:
+	case <-time.After(StatusTableGrace):
+	}
 	rcancel()
 	if err != nil {
 		// Report what can be known: the last copy read, marked stale.
@@ -109,7 +125,7 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 		out.LastLeader = s.mu.lastLeader
 	}
 	s.mu.Unlock()
-	forgotten := s.forgotten(ctx, out.Stale)
+	forgotten := s.forgotten(table)
 	dead, heard, answered := s.Query(ctx, nodes)
 	for i, n := range nodes {
 		out.Nodes = append(out.Nodes, &pb.NodeStatus{
@@ -121,18 +137,12 @@ func (s *StatusService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 	return out, nil
 }
 
-// forgotten reads the RLDev table, which says which nodes were forgotten
-// (grove rldev forget-node): from the config service, or its last copy
-// read when the config service did not answer (stale). nil if there is
-// none or it does not decode: no node is then reported forgotten (it is
+// forgotten decodes the RLDev table, which says which nodes were
+// forgotten whole (grove rldev forget-node, rldev.Table.Forgotten): ns as
+// read, or, if the read failed, the last copy read. nil if there is none
+// or it does not decode: no node is then reported forgotten (each is
 // reported dead, a problem, as before it was forgotten).
-func (s *StatusService) forgotten(ctx context.Context, stale bool) *rldev.Table {
-	var ns *pb.Namespace
-	if !stale {
-		rctx, cancel := context.WithTimeout(ctx, StatusReadTimeout)
-		ns, _ = s.client.Read(rctx, rldev.Namespace)
-		cancel()
-	}
+func (s *StatusService) forgotten(ns *pb.Namespace) *rldev.Table {
 	if ns == nil {
 		ns = s.client.Hint(rldev.Namespace)
 	}

@@ -114,9 +114,34 @@ func (t *Table) ForgetDisks(node uint64) (*ForgetPlan, error) {
 	return p, nil
 }
 
-// Forgotten reports whether node was forgotten (grove rldev forget-node):
-// the table has disks of it, all marked forgotten.
-func (t *Table) Forgotten(node uint64) bool { return t.forgotten(node) }
+// Forgotten reports whether node was forgotten whole (grove rldev
+// forget-node done): the table has disks of it, all marked forgotten, and
+// nothing of any RLDev is on it any more (no segment, move target or
+// retiring extent: Forget would have nothing left to do). A node whose
+// disks are marked but that still holds something is half-way (Forgetting):
+// forget-node --re-place marks the disks first, and a command stopped
+// there leaves RLDevs on one copy (outside review 96).
+func (t *Table) Forgotten(node uint64) bool { return t.forgotten(node) && !t.holdsAny(node) }
+
+// Forgetting reports whether node's disks are all marked forgotten while
+// something of an RLDev is still on it (forget-node --re-place unfinished).
+func (t *Table) Forgetting(node uint64) bool { return t.forgotten(node) && t.holdsAny(node) }
+
+// holdsAny reports whether a segment, move target or retiring extent of
+// an RLDev is on node.
+func (t *Table) holdsAny(node uint64) bool {
+	for _, rec := range t.RLDevs {
+		if rec.SegmentOf(node) >= 0 || rec.Move != nil && rec.Move.To.Node == node {
+			return true
+		}
+		for _, sg := range rec.Retiring {
+			if sg.Node == node {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // forgotten reports whether the table has disks of node, all forgotten.
 func (t *Table) forgotten(node uint64) bool {
@@ -342,7 +367,9 @@ func (c *Clerk) ForgetReplacing(ctx context.Context, node uint64, candidates []u
 		}
 		switch {
 		case step.Final:
-			for _, p := range []*ForgetPlan{plan, {Dropped: mid}} {
+			// Prepended in turn: the first step's, the middle steps',
+			// then the last's.
+			for _, p := range []*ForgetPlan{{Dropped: mid}, plan} {
 				if p == nil {
 					continue
 				}
