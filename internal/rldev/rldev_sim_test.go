@@ -1429,7 +1429,12 @@ func (s *rsim) rot(rn *rnode) {
 		}
 		b := uint64(s.w.Rand.Int63n(int64(rec.Blocks)))
 		off := rec.Segs[seg].Offset + blockOff(b) + int64(s.w.Rand.Intn(PhysBlockSize))
-		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg) ||
+		// The peer's node back from a crash but its copy not named yet
+		// counts as down (rejoining; as-run seed 7300136: rot here 50 ms
+		// after the peer restarted, then the degrade, and the block was
+		// lost on both: a second fault before the first was recovered
+		// from).
+		only := rec.Stale[1-seg] || s.o.down(rec.Segs[1-seg].Node) || s.o.rejoining(rec, 1-seg) || !s.o.whole(rec, 1-seg) || s.o.failed(rec, 1-seg) ||
 			s.o.failing[rec.Segs[1-seg].Node] || slices.Contains(s.o.rotten(rec, 1-seg), b)
 		if only && s.o.gentle {
 			return
@@ -1645,7 +1650,7 @@ func (o *roracle) singleFault(node NodeID) bool {
 	t := o.s.table()
 	for _, rec := range t.RLDevs {
 		seg := rec.SegmentOf(node)
-		if seg >= 0 && (rec.State != Normal || o.impaired(rec.Segs[1-seg].Node) || !o.whole(rec, 1-seg) || o.failed(rec, 1-seg) || o.rotten(rec, 1-seg) != nil) {
+		if seg >= 0 && (rec.State != Normal || o.impaired(rec.Segs[1-seg].Node) || o.rejoining(rec, 1-seg) || !o.whole(rec, 1-seg) || o.failed(rec, 1-seg) || o.rotten(rec, 1-seg) != nil) {
 			return false
 		}
 		// As run (its hung disks): a peer whose disk hangs, not yet
@@ -1659,6 +1664,26 @@ func (o *roracle) singleFault(node NodeID) bool {
 		}
 	}
 	return true
+}
+
+// rejoining: segment seg's node is back from a crash (or runs no engine)
+// and the table does not name the incarnation it runs for the segment
+// yet: its copy serves nothing, and a verdict on its past life, or a
+// degrade decree still in flight (a config-service stall), may yet make
+// it stale. It is no second copy until it has rejoined (as-run seeds
+// 7300136: bit rot on the other copy then, and 7300213: the other copy's
+// disk lost then, a degrade decree committing after the stall: both
+// copies lost, counted a single fault).
+//
+// Not with the teeth test's NoJoin, where the table never names a new
+// incarnation (every restarted node would count as rejoining for good,
+// and the faults that show the broken rule would be held back).
+func (o *roracle) rejoining(rec *Record, seg int) bool {
+	if o.s.opts.unsafe.NoJoin {
+		return false
+	}
+	pn := o.s.n[rec.Segs[seg].Node]
+	return pn == nil || pn.e == nil || pn.inc != rec.Inc[seg]
 }
 
 // impaired: node is down, or paused or cut off lately (it may fence
