@@ -69,72 +69,65 @@ func DoWrite(dev disk.Device, w DiskWrite) error {
 // where nothing else can hold it: DoWrite's encoded blocks after WriteAt,
 // and a client read's blocks once its reply frame is written (the node's
 // runtime: Service's loans, DiskRead.Lend).
-var physBufs [physClasses]sync.Pool
+var physBufs = sizedPool{unit: PhysBlockSize, alloc: func(n, c int) []byte { return disk.AlignedBytes(n, c, physAlign) }}
 
 // physClasses bounds the pooled sizes: up to 2^(physClasses-1) blocks (8
 // MiB of data); larger runs are allocated each time.
 const physClasses = 12
-
-// getPhys returns a buffer of n physical blocks.
-func getPhys(n int) []byte {
-	if n <= 0 {
-		return nil
-	}
-	k := bits.Len(uint(n - 1)) // the smallest k with 2^k >= n
-	if k >= physClasses {
-		return make([]byte, n*PhysBlockSize)
-	}
-	if p, _ := physBufs[k].Get().(*[]byte); p != nil {
-		return (*p)[:n*PhysBlockSize]
-	}
-	return disk.AlignedBytes(n*PhysBlockSize, (1<<k)*PhysBlockSize, physAlign)
-}
 
 // physAlign is the memory alignment of physBufs' buffers: a page, which
 // meets every file system's alignment for direct I/O (disk.FileDevice
 // writes an aligned buffer past the page cache).
 const physAlign = 4096
 
+// getPhys returns a buffer of n physical blocks.
+func getPhys(n int) []byte { return physBufs.get(n) }
+
 // putPhys gives back a buffer getPhys returned (b may be any slice of it
 // that starts where it starts). Anything else is left to the collector.
-func putPhys(b []byte) {
-	c := cap(b) / PhysBlockSize
-	if c == 0 || cap(b)%PhysBlockSize != 0 || c&(c-1) != 0 {
-		return
-	}
-	k := bits.Len(uint(c)) - 1
-	if k >= physClasses {
-		return
-	}
-	b = b[:cap(b)]
-	physBufs[k].Put(&b)
-}
+func putPhys(b []byte) { physBufs.put(b) }
 
 // hdrBufs recycles the block headers of vectored writes (Encoded), by
 // size class: class k holds room for 2^k headers. Every byte of a buffer
 // handed out is written before it is used (EncodeHeader, or a copy of
 // corruptBlock's), and one goes back only once its write returned.
-var hdrBufs [physClasses]sync.Pool
+var hdrBufs = sizedPool{unit: HeaderSize, alloc: func(n, c int) []byte { return make([]byte, n, c) }}
 
 // getHdrs returns a buffer of n headers.
-func getHdrs(n int) []byte {
+func getHdrs(n int) []byte { return hdrBufs.get(n) }
+
+// putHdrs gives back a buffer getHdrs returned.
+func putHdrs(b []byte) { hdrBufs.put(b) }
+
+// sizedPool recycles buffers of a whole number of units by size class:
+// class k holds buffers of 2^k units (physClasses classes; larger ones
+// are allocated each time and never kept).
+type sizedPool struct {
+	unit  int
+	pools [physClasses]sync.Pool
+	alloc func(n, c int) []byte // a new buffer of n bytes and capacity c
+}
+
+// get returns a buffer of n units.
+func (p *sizedPool) get(n int) []byte {
 	if n <= 0 {
 		return nil
 	}
-	k := bits.Len(uint(n - 1))
+	k := bits.Len(uint(n - 1)) // the smallest k with 2^k >= n
 	if k >= physClasses {
-		return make([]byte, n*HeaderSize)
+		return make([]byte, n*p.unit)
 	}
-	if p, _ := hdrBufs[k].Get().(*[]byte); p != nil {
-		return (*p)[:n*HeaderSize]
+	if b, _ := p.pools[k].Get().(*[]byte); b != nil {
+		return (*b)[:n*p.unit]
 	}
-	return make([]byte, n*HeaderSize, (1<<k)*HeaderSize)
+	return p.alloc(n*p.unit, (1<<k)*p.unit)
 }
 
-// putHdrs gives back a buffer getHdrs returned.
-func putHdrs(b []byte) {
-	c := cap(b) / HeaderSize
-	if c == 0 || cap(b)%HeaderSize != 0 || c&(c-1) != 0 {
+// put gives back a buffer get returned (any slice of it that starts
+// where it starts); anything else is left to the collector.
+func (p *sizedPool) put(b []byte) {
+	c := cap(b) / p.unit
+	if c == 0 || cap(b)%p.unit != 0 || c&(c-1) != 0 {
 		return
 	}
 	k := bits.Len(uint(c)) - 1
@@ -142,5 +135,5 @@ func putHdrs(b []byte) {
 		return
 	}
 	b = b[:cap(b)]
-	hdrBufs[k].Put(&b)
+	p.pools[k].Put(&b)
 }
