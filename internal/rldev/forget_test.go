@@ -240,16 +240,7 @@ func TestEvacuateNodeGoneForGood(t *testing.T) {
 // re-placed, then the forget, which drops the re-placed segment's old
 // extent; asked again, the last step again, with nothing to do.
 func TestNextEvacStepOrder(t *testing.T) {
-	h, id, p, s, tg := r81ThreeNodes(t)
-	h.mustWrite(p.id, id, 5, pattern(1, 1))
-	seg := h.rec(id).SegmentOf(uint64(s.id))
-	h.crash(s, false, nil)
-	h.dead[Subject{s.id, s.inc}] = true
-	h.run()
-	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
-		t.Fatalf("setup: not degraded: %+v", h.rec(id))
-	}
-	cands := []uint64{uint64(p.id), uint64(tg.id)}
+	h, id, s, _, cands := lostSecondary(t)
 	var kinds []string
 	for i := 0; ; i++ {
 		tb := h.table()
@@ -300,15 +291,7 @@ func TestNextEvacStepOrder(t *testing.T) {
 // that step says so (EvacStep.Dropped), so that forget-node's plan counts
 // it (ForgetReplacing: before, only the first and last steps' were).
 func TestNextEvacStepReportsMidDrops(t *testing.T) {
-	h, id, p, s, tg := r81ThreeNodes(t)
-	seg := h.rec(id).SegmentOf(uint64(s.id))
-	h.crash(s, false, nil)
-	h.dead[Subject{s.id, s.inc}] = true
-	h.run()
-	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
-		t.Fatalf("setup: not degraded: %+v", h.rec(id))
-	}
-	cands := []uint64{uint64(p.id), uint64(tg.id)}
+	h, id, s, seg, cands := lostSecondary(t)
 	tb := h.table()
 	st, err := tb.NextEvacStep(uint64(s.id), cands)
 	if err != nil || st.ID != 0 || st.Final {
@@ -331,4 +314,20 @@ func TestNextEvacStepReportsMidDrops(t *testing.T) {
 	if !slices.Equal(st.Dropped, []Segment{extra}) {
 		t.Fatalf("the RLDev's step dropped %v, want %v", st.Dropped, extra)
 	}
+}
+
+// lostSecondary: r81ThreeNodes with a write, then the secondary's node s
+// crashed and declared dead, the RLDev degraded with s's segment (seg)
+// stale; cands are the nodes an evacuation of s may use.
+func lostSecondary(t *testing.T) (h *harness, id uint64, s *hnode, seg int, cands []uint64) {
+	h, id, p, s, tg := r81ThreeNodes(t)
+	h.mustWrite(p.id, id, 5, pattern(1, 1))
+	seg = h.rec(id).SegmentOf(uint64(s.id))
+	h.crash(s, false, nil)
+	h.dead[Subject{s.id, s.inc}] = true
+	h.run()
+	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded && r.Stale[seg] }) {
+		t.Fatalf("setup: not degraded: %+v", h.rec(id))
+	}
+	return h, id, s, seg, []uint64{uint64(p.id), uint64(tg.id)}
 }

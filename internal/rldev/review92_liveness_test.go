@@ -22,15 +22,7 @@ func TestReview92MovingSecondaryFailedDuringPartitionKeptForEver(t *testing.T) {
 func TestReview92MovingSecondaryFailedControl(t *testing.T) { r92MovingFailed(t, false) }
 
 func r92MovingFailed(t *testing.T, cut bool) {
-	h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate, h.copyRate = -1, 4096 })
-	r := h.create(256)
-	p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-	var third *hnode
-	for _, n := range h.nodes {
-		if n != p && n != s {
-			third = n
-		}
-	}
+	h, r, p, s, third := slowMoveTrio(t)
 	sseg := 1 - r.Primary
 	h.mustWrite(p.id, r.ID, 0, pattern(1, 1))
 	h.rmStartMove(r.ID, sseg, third.id)
@@ -53,4 +45,20 @@ func r92MovingFailed(t *testing.T, cut bool) {
 	if NodeID(rec.Segs[sseg].Node) != third.id {
 		t.Errorf("the moving secondary's failed disk (p alive, owing nothing) is still the segment after 2 min: state %v, move %+v", rec.State, rec.Move)
 	}
+}
+
+// slowMoveTrio: three nodes, no scrubber, copies at 4 KiB/s (a move's copy
+// is still going seconds later); an RLDev of 256 blocks, its primary p,
+// its secondary s, and the third node, where nothing of it is.
+func slowMoveTrio(t *testing.T) (*harness, *Record, *hnode, *hnode, *hnode) {
+	h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate, h.copyRate = -1, 4096 })
+	r := h.create(256)
+	p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
+	var third *hnode
+	for _, n := range h.nodes {
+		if n != p && n != s {
+			third = n
+		}
+	}
+	return h, r, p, s, third
 }

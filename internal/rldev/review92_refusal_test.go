@@ -19,15 +19,7 @@ import (
 // the acknowledged value A.
 func TestReview92MoveDegradedRefusalPullBackBeforeToggle(t *testing.T) {
 	// (The move's copy slow: it is still going when s fails.)
-	h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate, h.copyRate = -1, 4096 })
-	r := h.create(256)
-	p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-	var third *hnode
-	for _, n := range h.nodes {
-		if n != p && n != s {
-			third = n
-		}
-	}
+	h, r, p, s, third := slowMoveTrio(t)
 	sseg := 1 - r.Primary
 	a := pattern(1, 1)
 	h.mustWrite(p.id, r.ID, 0, a)

@@ -12,15 +12,7 @@ import (
 // reloads fine a moment later) by an extent on a node that is down, and
 // the RLDev stays on one copy until that node returns.
 func TestReview93ReplaceOntoDownTarget(t *testing.T) {
-	h := newHarness(t, 3, testDisk, func(h *harness) { h.scrubRate, h.copyRate = -1, 4096 })
-	r := h.create(256)
-	p, s := h.nodes[NodeID(r.Segs[r.Primary].Node)], h.nodes[NodeID(r.Segs[1-r.Primary].Node)]
-	var third *hnode
-	for _, n := range h.nodes {
-		if n != p && n != s {
-			third = n
-		}
-	}
+	h, r, p, s, third := slowMoveTrio(t)
 	sseg := 1 - r.Primary
 	h.mustWrite(p.id, r.ID, 0, pattern(1, 1))
 	h.rmStartMove(r.ID, sseg, third.id)

@@ -2,7 +2,6 @@ package rldev
 
 import (
 	"testing"
-	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
 )
@@ -14,15 +13,9 @@ import (
 // A command stopped here (interrupted, timed out, a lost answer) leaves
 // the RLDev on one copy with nothing re-placed, and grove health exits 0.
 func TestReview96ForgottenBeforeEvacuated(t *testing.T) {
-	h, id, p, s, tg := r81ThreeNodes(t)
-	h.crash(s, false, nil)
-	h.dead[Subject{s.id, s.inc}] = true
-	h.run()
-	if !h.tickUntil(10*time.Second, func() bool { r := h.rec(id); return r.State == Degraded }) {
-		t.Fatalf("setup: not degraded: %+v", h.rec(id))
-	}
+	h, id, s, _, cands := lostSecondary(t)
 	tb := h.table()
-	st, err := tb.NextEvacStep(uint64(s.id), []uint64{uint64(p.id), uint64(tg.id)})
+	st, err := tb.NextEvacStep(uint64(s.id), cands)
 	if err != nil || st.ID != 0 || st.Final {
 		t.Fatalf("first step: %+v %v", st, err)
 	}
