@@ -78,7 +78,10 @@ phase "race detector (protocol packages, fewer simulation seeds)"
 # too: one goroutine runs every simulated node's protocol core on
 # internal/sim's event queue, so the race detector has nothing to compare
 # there; two seeds each keep them building and running under it, and the
-# full seed counts run above. What it watches here is the runtimes' own
+# full seed counts run above. The RLDevs' tests on their harness or
+# simulator (one goroutine) skip themselves under -race -short
+# (skipOneGoroutineUnderRace): 4½ min of this phase, checking nothing the
+# main phase did not. What it watches here is the runtimes' own
 # goroutines (the services' in-process tests, the log's group commit, the
 # B-tree servers): the RLDev runtime (its in-process cluster test), the
 # chunk managers' runtime (its in-process failover test), the transaction

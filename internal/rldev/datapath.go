@@ -839,7 +839,7 @@ func (r *replica) startRecovery(env Env, owed []*recover) []any {
 	out = append(out, r.holdRecover(append(owed, news...))...)
 	fresh = r.owe(news)
 	out = append(out, fresh...)
-	out = append(out, r.e.logf(2, "rldev pulling dirty regions from the peer after a crash", "rldev", r.rec.ID, "regions", r.recovering, "owed_at_load", len(owed)))
+	out = append(out, r.e.logf(2, "rldev pulling dirty regions from the peer after a crash", "rldev", r.rec.ID, "regions", r.recovering(), "owed_at_load", len(owed)))
 	return append(out, r.pumpRecovery(env)...)
 }
 
@@ -851,7 +851,6 @@ func (r *replica) holdRecover(qs []*recover) []any {
 		q.lock, o = r.locks.acquire(q.first, q.n, true, func(*rangeLock) []any { return nil })
 		out = append(out, o...)
 		r.recoverQ = append(r.recoverQ, q)
-		r.recovering++
 	}
 	return out
 }
@@ -864,7 +863,6 @@ func (r *replica) startRecoveryOf(env Env, block, n uint64, lk *rangeLock) []any
 	q := &recover{x: noRegion, first: block, n: n, lock: lk}
 	r.moveStale()
 	r.recoverQ = append(r.recoverQ, q)
-	r.recovering++
 	var out []any
 	if !r.peerStale() && r.owedRuns() < maxOwedRuns {
 		out = r.owe([]*recover{q})
@@ -1087,13 +1085,12 @@ func (r *replica) recoveredNow(q *recover) []any {
 		return nil
 	}
 	r.recoverQ = append(r.recoverQ[:i], r.recoverQ[i+1:]...)
-	r.recovering--
 	r.forgetPulls(q)
 	if q.x != noRegion {
 		r.drl.unmark(q.x)
 	}
 	out := r.locks.release(q.lock)
-	if r.recovering == 0 {
+	if r.recovering() == 0 {
 		r.owedLogged = false
 		out = append(out, r.drl.flush()...)
 		out = append(out, r.e.logf(1, "rldev dirty regions recovered from the peer", "rldev", r.rec.ID))
@@ -1175,3 +1172,7 @@ func (r *replica) drlToDeg(xs []uint64) []any {
 	}
 	return out
 }
+
+// recovering is how many dirty regions are still to pull from the peer
+// (after a crash).
+func (r *replica) recovering() int { return len(r.recoverQ) }

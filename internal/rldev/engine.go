@@ -1329,7 +1329,7 @@ func (e *Engine) Status() []ReplicaStatus {
 	var out []ReplicaStatus
 	for _, r := range e.replicas() {
 		st := ReplicaStatus{RLDev: r.rec.ID, Segment: r.seg, State: r.state.String(), Stale: r.stale(), Primary: r.isPrimary(), MoveTarget: r.target,
-			Recovering: r.recovering, Owed: r.owedCount(), ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
+			Recovering: r.recovering(), Owed: r.owedCount(), ScrubPasses: r.scrub.passes, ScrubRepaired: r.scrub.repaired, ScrubNext: r.scrub.next,
 			Lost: r.lost, Incomplete: r.super.Incomplete, Overwritten: r.super.Overwritten}
 		if r.drl != nil {
 			st.DirtyRegions = uint64(r.drl.durable.Count())

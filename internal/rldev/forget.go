@@ -193,7 +193,7 @@ func (t *Table) Evacuate(id, node uint64, candidates []uint64) (*Record, string,
 	nr, what := rec.Clone(), ""
 	if t.forgotten(node) {
 		if dropped := nr.dropRetiringOn(node); len(dropped) > 0 {
-			what = fmt.Sprintf("%s retiring on node %d dropped", Count(len(dropped), "extent"), node)
+			what = fmt.Sprintf("%s retiring on node %d dropped", count(len(dropped), "extent"), node)
 		}
 	}
 	tt.RLDevs[id] = nr
@@ -400,9 +400,9 @@ func (p *ForgetPlan) DroppedCount() int {
 
 // Describe says what forgetting the node does.
 func (p *ForgetPlan) Describe() string {
-	what := fmt.Sprintf("forgetting it marks its %s forgotten (nothing is placed there again)", Count(len(p.Disks), "disk"))
+	what := fmt.Sprintf("forgetting it marks its %s forgotten (nothing is placed there again)", count(len(p.Disks), "disk"))
 	if n := p.DroppedCount(); n > 0 {
-		what += fmt.Sprintf(" and drops the %s retiring there (of %s), giving up what they hold", Count(n, "extent"), Count(len(p.Dropped), "RLDev"))
+		what += fmt.Sprintf(" and drops the %s retiring there (of %s), giving up what they hold", count(n, "extent"), count(len(p.Dropped), "RLDev"))
 	}
 	if len(p.Ops) == 0 {
 		what = "already forgotten, nothing retiring there"
@@ -410,8 +410,8 @@ func (p *ForgetPlan) Describe() string {
 	return what
 }
 
-// Count is n and word, plural unless n is 1.
-func Count(n int, word string) string {
+// count is n and word, plural unless n is 1.
+func count(n int, word string) string {
 	if n == 1 {
 		return "1 " + word
 	}

@@ -81,9 +81,23 @@ type hnode struct {
 	fails, clean map[uint32]uint64
 }
 
+// skipOneGoroutineUnderRace skips a test of the harness or the simulator
+// in CI's race phase (-race -short): one goroutine runs every node's
+// engine, its disks and its network, so the race detector has nothing to
+// compare, and the test already ran in the main phase. The race phase
+// keeps the tests whose goroutines do run at once (the service's, the
+// data path's, the clerk's).
+func skipOneGoroutineUnderRace(t testing.TB) {
+	t.Helper()
+	if raceEnabled && testing.Short() {
+		t.Skip("one goroutine (harness or simulator): nothing for the race detector; runs without -race")
+	}
+}
+
 // newHarness starts n nodes with one disk each; opts set the harness's
 // engine options first.
 func newHarness(t *testing.T, n int, diskSize int64, opts ...func(*harness)) *harness {
+	skipOneGoroutineUnderRace(t)
 	h := &harness{t: t, now: time.Unix(1000, 0), nodes: map[NodeID]*hnode{}, ns: &pb.Namespace{Name: Namespace},
 		cut: map[[2]NodeID]bool{}, dead: map[Subject]bool{}, replies: map[ReqID]Reply{}}
 	for _, o := range opts {

@@ -426,7 +426,7 @@ func (r *replica) moveWant(env Env, rec *Record) (*Record, string) {
 // and nothing changed here behind the target's back since.
 func (r *replica) moveCopied() bool {
 	m := r.rec.Move
-	return m != nil && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed && r.mv.done() && !r.mvStale && r.recovering == 0 && r.peerChanges == 0
+	return m != nil && r.mv != nil && r.mv.inc == m.Inc && !r.mv.failed && r.mv.done() && !r.mvStale && r.recovering() == 0 && r.peerChanges == 0
 }
 
 // moveStale: this replica's content changes from its peer (not by a

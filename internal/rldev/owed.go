@@ -433,7 +433,7 @@ func (r *replica) owedFail() []any {
 // one came back). A range whose pulled data is being written keeps its
 // lock until that lands (pumpRecovery ends it).
 func (r *replica) dropRecovery() []any {
-	if r.recovering == 0 {
+	if r.recovering() == 0 {
 		return nil
 	}
 	var out []any
@@ -451,6 +451,6 @@ func (r *replica) dropRecovery() []any {
 			delete(r.pulls, seq)
 		}
 	}
-	r.recoverQ, r.recovering = keep, len(keep)
+	r.recoverQ = keep
 	return append(out, r.syncOwed(func(error) []any { return nil })...)
 }

@@ -142,8 +142,8 @@ func TestRegressMove2PullBackRegionClearedBeforePull(t *testing.T) {
 	h.tick(3 * time.Second)
 	drl := h.rvPlatterLog(p, r.ID, PageDRL)
 	pr := h.nodes[p].e.reps[r.ID]
-	t.Logf("primary: recovering %d, dirty regions on the platter %v", pr.recovering, drl)
-	if pr.recovering == 0 {
+	t.Logf("primary: recovering %d, dirty regions on the platter %v", pr.recovering(), drl)
+	if pr.recovering() == 0 {
 		t.Skip("setup: the pull-back completed")
 	}
 	cleared := !slices.Contains(drl, 0)

@@ -114,8 +114,7 @@ type replica struct {
 	tgtDownInc    uint64
 	peerChanges   int // blocks being taken from the peer (pullNewer) now
 
-	recovering  int          // dirty regions still to pull from the peer (after a crash)
-	recoverQ    []*recover   // those regions, in order
+	recoverQ    []*recover   // dirty regions still to pull from the peer (after a crash), in order
 	owedW       owedWriter   // the owed page (owed.go)
 	owedLogged  bool         // "ranges wait for the peer's copy" said
 	owedAtLoad  []*recover   // the owed page's ranges, read at load (afterLoad takes them)
@@ -602,7 +601,7 @@ func (r *replica) abort(err error) []any {
 	for _, q := range r.recoverQ {
 		out = append(out, r.locks.release(q.lock)...)
 	}
-	r.recoverQ, r.recovering = nil, 0
+	r.recoverQ = nil
 	return out
 }
 
@@ -713,7 +712,7 @@ func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 	if r.stale() {
 		out = append(out, r.askResync(env)...)
 	}
-	if r.recovering > 0 && old.Segs[r.peer()] != rec.Segs[r.peer()] {
+	if r.recovering() > 0 && old.Segs[r.peer()] != rec.Segs[r.peer()] {
 		// The copy this one owed ranges to is no longer the RLDev's
 		// (re-placed: forget-node --re-place, a move's target after its
 		// disk failed): they are this copy's now, without waiting for
@@ -722,7 +721,7 @@ func (r *replica) takeRecordRest(env Env, old, rec *Record) []any {
 			out = append(out, r.owedGiveUp(q, "rldev owed range: the copy it was owed by was re-placed; this copy stands")...)
 		}
 	}
-	if r.recovering > 0 && rec.Stale[r.peer()] {
+	if r.recovering() > 0 && rec.Stale[r.peer()] {
 		out = append(out, r.abandonRecovery()...)
 	}
 	out = append(out, r.moveTick(env)...)
@@ -824,7 +823,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 			return rec, fmt.Sprintf("ranges owed to the copy on node %d", rec.Segs[peer].Node)
 		}
 		return rec, "no range owed to the peer's copy any more"
-	case rec.MovingFailed && rec.State == Degraded && rec.Stale[peer] && rec.Move != nil && rec.Move.Seg == peer && r.recovering == 0 && !rec.Owed &&
+	case rec.MovingFailed && rec.State == Degraded && rec.Stale[peer] && rec.Move != nil && rec.Move.Seg == peer && r.recovering() == 0 && !rec.Owed &&
 		r.e.up[NodeID(rec.Move.To.Node)]:
 		// The moving secondary failed on its disk, and this primary owes
 		// it nothing: the move's target takes its place, to be copied
@@ -838,7 +837,7 @@ func (r *replica) want(env Env, rec *Record) (*Record, string) {
 		rec.MovingFailed = false
 		rec.Epoch++
 		return rec, fmt.Sprintf("moving segment failed on node %d: replaced by the move's target", gone)
-	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering == 0:
+	case rec.State == Degraded && r.resyncReq != nil && r.e.up[rec.Segs[peer].Node] && (!env.Now.Before(r.resyncHeld) || rec.Inc[peer] != r.resyncHeldInc) && r.recovering() == 0:
 		// (Not while a range is owed: it is pulled from the stale peer
 		// first, whose copy of it must be what it was when it went
 		// stale, not a resync's half-written copy.)
@@ -930,7 +929,7 @@ func (r *replica) retry(env Env) []any {
 		r.inflight, r.touched = map[uint64]int{}, map[uint64]bool{}
 		r.writes, r.fwd, r.pulls, r.copies = map[*writeOp]bool{}, map[uint64]*writeOp{}, map[uint64]*pullWait{}, map[uint64]*copyChunk{}
 		r.tfwd, r.mv, r.fwdIn = map[uint64]*writeOp{}, nil, nil
-		r.resync, r.resyncReq, r.recoverQ, r.recovering = nil, nil, nil, 0
+		r.resync, r.resyncReq, r.recoverQ = nil, nil, nil
 		r.owedW, r.owedLogged, r.owedAtLoad, r.owedWaiters = owedWriter{}, false, nil, nil
 		r.scrub.busy = false
 		out = append(out, r.e.logf(1, "rldev failed segment: loading it again", "rldev", r.rec.ID))
@@ -1011,7 +1010,7 @@ func (r *replica) retry(env Env) []any {
 	if r.stale() && !r.target {
 		out = append(out, r.askResync(env)...)
 	}
-	if r.recovering > 0 {
+	if r.recovering() > 0 {
 		out = append(out, r.pumpRecovery(env)...)
 	}
 	return out

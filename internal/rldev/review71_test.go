@@ -98,11 +98,11 @@ func TestReview71AbandonedRecoveryWriteLandsAfterNewWrite(t *testing.T) {
 	h.run()
 	h.joined(id)
 	if !h.tickUntil(3*time.Second, func() bool { return held }) {
-		t.Fatalf("setup: no recovery write of region 0 (recovering %d)", a.e.reps[id].recovering)
+		t.Fatalf("setup: no recovery write of region 0 (recovering %d)", a.e.reps[id].recovering())
 	}
 	h.holdWrite = nil
 	ra := a.e.reps[id]
-	if ra.recovering == 0 {
+	if ra.recovering() == 0 {
 		t.Fatal("setup: not recovering")
 	}
 	// b's disk fails on a forward of block 300 (another dirty region).
@@ -124,7 +124,7 @@ func TestReview71AbandonedRecoveryWriteLandsAfterNewWrite(t *testing.T) {
 	if rp, ok := h.replies[q2]; !ok || rp.Err != nil {
 		t.Fatalf("W2 of block 0 answered %v: %v", ok, rp.Err)
 	}
-	t.Logf("W2 answered before the recovery's write landed: %v; recovering now %d", early, ra.recovering)
+	t.Logf("W2 answered before the recovery's write landed: %v; recovering now %d", early, ra.recovering())
 	rp := h.rvRead(a.id, id, 0, 1)
 	t.Logf("read of block 0 at the only up-to-date replica: %x... (%v)", rp.Data[:2], rp.Err)
 	if rp.Err != nil || !bytes.Equal(rp.Data, pattern(2, 1)) {

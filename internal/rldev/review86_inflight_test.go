@@ -33,8 +33,8 @@ func TestReview86PullWritingWhenDegraded(t *testing.T) {
 	}
 	h.holdWrite = nil
 	pr := p.e.reps[r.ID]
-	if pr.recovering == 0 || len(pr.recoverQ) == 0 || !pr.recoverQ[0].writing {
-		t.Fatalf("setup: recovering %d", pr.recovering)
+	if pr.recovering() == 0 || len(pr.recoverQ) == 0 || !pr.recoverQ[0].writing {
+		t.Fatalf("setup: recovering %d", pr.recovering())
 	}
 	h.crash(s, false, nil)
 	h.dead[Subject{s.id, s.inc}] = true
@@ -98,7 +98,7 @@ func TestReview86RefusedWriteServedAfterDegrade(t *testing.T) {
 	h.partition(p, s) // the pull-back waits
 	h.tick(time.Second)
 	pr := h.nodes[p].e.reps[r.ID]
-	if pr.recovering == 0 {
+	if pr.recovering() == 0 {
 		t.Fatal("setup: the pull-back completed")
 	}
 	h.crash(h.nodes[s], false, nil)
@@ -119,7 +119,7 @@ func TestReview86RefusedWriteServedAfterDegrade(t *testing.T) {
 	delete(h.cut, [2]NodeID{s, p})
 	h.dead = map[Subject]bool{}
 	h.start(h.nodes[s])
-	if !h.tickUntil(20*time.Second, func() bool { return pr.recovering == 0 && h.rec(r.ID).State == Normal }) {
+	if !h.tickUntil(20*time.Second, func() bool { return pr.recovering() == 0 && h.rec(r.ID).State == Normal }) {
 		t.Fatalf("the pull-back did not end: %+v", h.rec(r.ID))
 	}
 	for _, n := range []NodeID{p, s} {

@@ -38,7 +38,7 @@ func r86TornSetup(t *testing.T) (*harness, *Record, *hnode, *hnode, []byte) {
 	h, r, p, s := c.h, c.r, c.p, c.s
 	t.Logf("seed %d tears block 100 on the primary (node %d); the secondary (node %d) holds A", c.seed, p.id, s.id)
 	h.start(p)
-	if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering > 0 }) {
+	if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering() > 0 }) {
 		t.Fatalf("setup: the primary is not recovering: %+v", h.rec(r.ID))
 	}
 	return h, r, p, s, c.a
@@ -96,7 +96,7 @@ func tornPair(t *testing.T) tornCase {
 func TestReview86TornDirtyBlockRecoveredWhenPeerReturns(t *testing.T) {
 	h, r, p, s, a := r86TornSetup(t)
 	h.start(s)
-	if !h.tickUntil(10*time.Second, func() bool { return p.e.reps[r.ID].recovering == 0 }) {
+	if !h.tickUntil(10*time.Second, func() bool { return p.e.reps[r.ID].recovering() == 0 }) {
 		t.Fatalf("not recovered: %+v", h.rec(r.ID))
 	}
 	h.mustRead(p.id, r.ID, 100, a)
@@ -139,7 +139,7 @@ func TestReview86TornDirtyBlockOverwritesPeerAtResync(t *testing.T) {
 	}
 	h.dead = map[Subject]bool{}
 	h.start(s)
-	if !h.tickUntil(20*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 }) {
+	if !h.tickUntil(20*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 }) {
 		t.Fatalf("not resynced: %+v", h.rec(r.ID))
 	}
 	h.mustRead(p.id, r.ID, 100, a)
@@ -173,7 +173,7 @@ func TestOwedRangeReleasedWhenPeerReplaced(t *testing.T) {
 	h.r83Commit(tb, nr)
 	if !h.tickUntil(30*time.Second, func() bool {
 		rec := h.rec(r.ID)
-		return rec.State == Normal && p.e.reps[r.ID].recovering == 0
+		return rec.State == Normal && p.e.reps[r.ID].recovering() == 0
 	}) {
 		t.Fatalf("not normal on the new pair: %+v (owed %d)", h.rec(r.ID), p.e.reps[r.ID].owedCount())
 	}
@@ -226,7 +226,7 @@ func TestReview86TornDirtyBlockOverwritesPeerAfterPeerDiskError(t *testing.T) {
 	q := h.read(s.id, r.ID, 100, 1)
 	h.run()
 	rp := h.replies[q]
-	t.Logf("after the resync: the secondary's block 100 is %v on disk; a read answers %v (primary recovering %d)", st, rp.Err, p.e.reps[r.ID].recovering)
+	t.Logf("after the resync: the secondary's block 100 is %v on disk; a read answers %v (primary recovering %d)", st, rp.Err, p.e.reps[r.ID].recovering())
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) && !bytes.Equal(rp.Data, pattern(9, 1)) {
 		t.Errorf("block 100's acknowledged value A, whole on the secondary, was overwritten by the resync with the primary's torn block (%v, read: %v)", st, rp.Err)
 	}

@@ -145,7 +145,7 @@ func TestReview89StaleSegmentMovedWhileOwed(t *testing.T) {
 	// The node comes back instead: the owed range is pulled from it.
 	h.dead = map[Subject]bool{}
 	h.start(s)
-	if !h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 }) {
+	if !h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 }) {
 		t.Fatalf("not normal: %+v", h.rec(r.ID))
 	}
 	if h.rec(r.ID).Owed {
@@ -164,7 +164,7 @@ func TestReview89StaleSegmentMovedWhileOwed(t *testing.T) {
 // while the same read issued a moment later fails at once.
 func TestReview89WaitingRequestNotToldUnavailable(t *testing.T) {
 	h, r, p, s, _ := r89TornSetup(t, nil)
-	if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering > 0 }) {
+	if !h.tickUntil(3*time.Second, func() bool { rp := p.e.reps[r.ID]; return rp != nil && rp.recovering() > 0 }) {
 		t.Fatalf("setup: not recovering")
 	}
 	q := h.read(p.id, r.ID, 100, 1)
@@ -271,7 +271,7 @@ func TestReview89RegionLargerThanAPullNeverRecovers(t *testing.T) {
 	}
 	q := h.write(p.id, r.ID, 200, pattern(2, 1), nil)
 	h.tick(30 * time.Second)
-	if rp, ok := h.replies[q]; !ok || p.e.reps[r.ID].recovering > 0 {
-		t.Errorf("30 s on, both nodes up: the primary still recovering %d ranges; the write of block 200 answered %v (%v)", p.e.reps[r.ID].recovering, ok, rp.Err)
+	if rp, ok := h.replies[q]; !ok || p.e.reps[r.ID].recovering() > 0 {
+		t.Errorf("30 s on, both nodes up: the primary still recovering %d ranges; the write of block 200 answered %v (%v)", p.e.reps[r.ID].recovering(), ok, rp.Err)
 	}
 }

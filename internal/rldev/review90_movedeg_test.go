@@ -50,7 +50,7 @@ func r90MoveDegraded(t *testing.T, move bool) {
 	h.start(p)
 	h.start(s)
 	sr := func() *replica { return s.e.reps[r.ID] }
-	if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering > 0 }) {
+	if !h.tickUntil(5*time.Second, func() bool { return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering() > 0 }) {
 		t.Fatalf("setup: not recovering with s ready: %+v", h.rec(r.ID))
 	}
 	h.exec(s, sr().fail(errors.New("EIO (injected)")))
@@ -60,7 +60,7 @@ func r90MoveDegraded(t *testing.T, move bool) {
 	}
 	h.mute = nil
 	t.Logf("seed %d; after s's failure: %+v", seed, h.rec(r.ID))
-	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 })
 	rp := h.rvRead(p.id, r.ID, 100, 1)
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) {
 		t.Errorf("block 100's acknowledged value A (whole on s's old extent) is lost: read %v; table %+v; owed-not-whole %d",

@@ -46,7 +46,7 @@ func TestReview91GivenUpRangePullLeaksAndUndoesWrite(t *testing.T) {
 			leaked++
 		}
 	}
-	t.Logf("a: recovering %d, pulls %d (of ranges let go: %d), table %+v", rp.recovering, len(rp.pulls), leaked, h.rec(id))
+	t.Logf("a: recovering %d, pulls %d (of ranges let go: %d), table %+v", rp.recovering(), len(rp.pulls), leaked, h.rec(id))
 	if leaked > 0 {
 		t.Errorf("%d pull(s) of owed ranges given up (StaleGivenUp) are still waiting in r.pulls", leaked)
 	}

@@ -55,7 +55,7 @@ func r91MoveDegraded(t *testing.T, mode string) {
 		// (no separate "ranges owed" decree to hold): once p is
 		// named, s's failure keeps its moving copy.
 		if !h.tickUntil(5*time.Second, func() bool {
-			return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering > 0 && (len(h.heldDecrees) > 0 || h.rec(r.ID).Owed)
+			return sr() != nil && sr().ready() && p.e.reps[r.ID].recovering() > 0 && (len(h.heldDecrees) > 0 || h.rec(r.ID).Owed)
 		}) {
 			t.Fatalf("setup: not recovering with s ready and the owed decree held: %+v", h.rec(r.ID))
 		}
@@ -73,7 +73,7 @@ func r91MoveDegraded(t *testing.T, mode string) {
 		h.mute = nil
 		t.Logf("seed %d; s failed before p's owed decree (%v): %+v", seed, err, h.rec(r.ID))
 	}
-	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 })
 	h.tick(5 * time.Second)
 	rp := h.rvRead(p.id, r.ID, 100, 1)
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) {

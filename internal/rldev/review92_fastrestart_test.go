@@ -47,7 +47,7 @@ func TestReview92MoveDegradedPrimaryRestartedRegistrationLags(t *testing.T) {
 	rec := h.rec(r.ID)
 	replaced := NodeID(rec.Segs[sseg].Node) == third.id
 	t.Logf("after s's failure: %+v (s's copy replaced by the target: %v)", rec, replaced)
-	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 })
 	h.tick(5 * time.Second)
 	rp := h.rvRead(p.id, r.ID, 100, 1)
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) {

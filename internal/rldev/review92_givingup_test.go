@@ -42,7 +42,7 @@ func TestReview92PullSentForRangeBeingGivenUp(t *testing.T) {
 			n++
 		}
 	}
-	t.Logf("a: recovering %d, pulls %d, of ranges being given up %d", rp.recovering, len(rp.pulls), n)
+	t.Logf("a: recovering %d, pulls %d, of ranges being given up %d", rp.recovering(), len(rp.pulls), n)
 	if n > 0 {
 		t.Errorf("%d pull(s) sent for ranges being given up (pumpRecovery does not skip givingUp)", n)
 	}

@@ -47,7 +47,7 @@ func TestReview92MoveDegradedRefusalPullBackBeforeToggle(t *testing.T) {
 		t.Fatalf("setup: W1 not refused by s: %v", h.replies[q1].Err)
 	}
 	pr := p.e.reps[r.ID]
-	t.Logf("p recovering %d (owed %d); table Owed %v, move %+v", pr.recovering, pr.owedCount(), h.rec(r.ID).Owed, h.rec(r.ID).Move)
+	t.Logf("p recovering %d (owed %d); table Owed %v, move %+v", pr.recovering(), pr.owedCount(), h.rec(r.ID).Owed, h.rec(r.ID).Move)
 
 	sr := s.e.reps[r.ID]
 	h.exec(s, sr.fail(errors.New("EIO (injected)")))
@@ -61,7 +61,7 @@ func TestReview92MoveDegradedRefusalPullBackBeforeToggle(t *testing.T) {
 	}
 	h.holdPropose, h.heldDecrees, h.mute = nil, nil, nil
 	h.run()
-	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering == 0 })
+	h.tickUntil(60*time.Second, func() bool { return h.rec(r.ID).State == Normal && p.e.reps[r.ID].recovering() == 0 })
 	h.tick(5 * time.Second)
 	rp := h.rvRead(p.id, r.ID, 0, 1)
 	if rp.Err != nil || !bytes.Equal(rp.Data, a) {

@@ -202,6 +202,7 @@ func (s *rsim) diskDelay(rn *rnode, idx uint32, d time.Duration) time.Duration {
 type landing struct{ land func() }
 
 func newRSim(t *testing.T, seed int64, opts simOpts) *rsim {
+	skipOneGoroutineUnderRace(t)
 	w := sim.NewWorld(seed)
 	cfg := fd.Config{Interval: fd.DefaultInterval, GracePeriod: fd.DefaultGracePeriod, MaxDrift: fd.DefaultMaxDrift, Observers: []fd.NodeID{1, 2, 3}}
 	net := w.NewNetwork()
@@ -1839,7 +1840,7 @@ func (s *rsim) dump() string {
 		for _, id := range sortedIDs(rn.e.reps) {
 			r := rn.e.reps[id]
 			fmt.Fprintf(&b, "node %d rldev %d: state %d epoch %d stale %v primary %v up-peer %v copies %d fwd %d pulls %d writes %d recovering %d locks %d held %d waiting\n",
-				rn.id, id, r.state, r.rec.Epoch, r.stale(), r.isPrimary(), r.peerReachable(), len(r.copies), len(r.fwd), len(r.pulls), len(r.writes), r.recovering, len(r.locks.held), len(r.locks.waiting))
+				rn.id, id, r.state, r.rec.Epoch, r.stale(), r.isPrimary(), r.peerReachable(), len(r.copies), len(r.fwd), len(r.pulls), len(r.writes), r.recovering(), len(r.locks.held), len(r.locks.waiting))
 			if r.resync != nil {
 				fmt.Fprintf(&b, "    resync epoch %d next %d/%d inflight %d copied %d failed %v\n", r.resync.epoch, r.resync.next, len(r.resync.chunks), r.resync.inflight, r.resync.copied, r.resync.failed)
 			}

@@ -39,7 +39,7 @@ func (e *Engine) scrub(env Env) []any {
 	for i := range ids {
 		id := ids[(int(e.scrubNext)+i)%len(ids)]
 		r := e.reps[id]
-		if r.scrub.busy || !r.ready() || r.stale() || r.recovering > 0 {
+		if r.scrub.busy || !r.ready() || r.stale() || r.recovering() > 0 {
 			continue
 		}
 		e.scrubNext = uint64((int(e.scrubNext) + i + 1) % len(ids))
