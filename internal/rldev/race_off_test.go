@@ -2,5 +2,5 @@
 
 package rldev
 
-// raceEnabled: this test binary runs under the race detector.
+// raceEnabled: whether this test binary runs under the race detector (not here).
 const raceEnabled = false
