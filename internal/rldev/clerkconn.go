@@ -143,7 +143,7 @@ func dialData(ctx context.Context, addr string, clerk, seq uint64, sequenced boo
 		c.Close()
 		return nil, err
 	}
-	d := &dataConn{addr: addr, sequenced: sequenced, w: newFrameWriter(c), wait: map[uint64]*pendingCall{}}
+	d := &dataConn{addr: addr, sequenced: sequenced, w: newClerkFrameWriter(c), wait: map[uint64]*pendingCall{}}
 	go d.readLoop(c)
 	return d, nil
 }

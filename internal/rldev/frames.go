@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -278,14 +279,28 @@ type frameWriter struct {
 	wake   chan struct{}
 	done   chan struct{}
 	exited chan struct{} // closed when the writer no longer touches any buffer
+	// join: when one send is queued, let the goroutines ready to run go
+	// first (runtime.Gosched) so that the sends they make go out with it
+	// (the clerk's: see newClerkFrameWriter).
+	join bool
 }
 
-func newFrameWriter(c net.Conn) *frameWriter {
-	w := &frameWriter{c: c, wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
+func newFrameWriter(c net.Conn) *frameWriter { return startFrameWriter(c, false) }
+
+func startFrameWriter(c net.Conn, join bool) *frameWriter {
+	w := &frameWriter{c: c, wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}), join: join}
 	w.room.L = &w.mu
 	go w.run()
 	return w
 }
+
+// newClerkFrameWriter is a clerk's frameWriter: its callers, each with
+// one request at a time, are woken together by a read of several replies
+// and send their next requests within microseconds of each other. Without
+// joining them a clerk at queue depth 32 made 0.89 writev calls per 4 KiB
+// write (perf stat), each a system call and a wake-up of the node's
+// reader.
+func newClerkFrameWriter(c net.Conn) *frameWriter { return startFrameWriter(c, true) }
 
 // written reports whether the send numbered seq was written whole.
 func (w *frameWriter) written(seq uint64) bool {
@@ -344,6 +359,14 @@ func (w *frameWriter) run() {
 		case <-w.wake:
 		case <-w.done:
 			return
+		}
+		if w.join {
+			w.mu.Lock()
+			one := w.seq == w.sent+1
+			w.mu.Unlock()
+			if one {
+				runtime.Gosched()
+			}
 		}
 		w.mu.Lock()
 		q, upTo, after := w.q, w.seq, w.after
