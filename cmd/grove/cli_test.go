@@ -41,7 +41,13 @@ func (r ran) String() string {
 // returns its outputs and exit code; a run longer than 90 s fails the test.
 func grove(t *testing.T, bin string, env []string, args ...string) ran {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	return groveWithin(t, 90*time.Second, bin, env, args...)
+}
+
+// groveWithin is grove with its own limit (a benchmark's smoke run).
+func groveWithin(t *testing.T, limit time.Duration, bin string, env []string, args ...string) ran {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(append(os.Environ(), "GROVE_ENDPOINTS="), env...)
