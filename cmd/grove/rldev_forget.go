@@ -139,7 +139,7 @@ exits 2.`,
 				}
 				dropped[strconv.FormatUint(id, 10)] = ex
 			}
-			d.FieldText("retiring_dropped", dropped, fmt.Sprintf("%s of %s", cli.Count(plan.DroppedCount(), "extent"), cli.Count(len(plan.Dropped), "RLDev")))
+			d.FieldText("retiring_dropped", dropped, plan.DroppedText())
 			return out.Print(os.Stdout, d)
 		},
 	}

@@ -240,11 +240,3 @@ func (d *Doc) WriteJSON(w io.Writer) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
-
-// Count is n and word, plural unless n is 1 ("1 extent", "3 extents").
-func Count(n int, word string) string {
-	if n == 1 {
-		return "1 " + word
-	}
-	return fmt.Sprintf("%d %ss", n, word)
-}

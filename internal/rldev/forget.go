@@ -398,6 +398,12 @@ func (p *ForgetPlan) DroppedCount() int {
 	return n
 }
 
+// DroppedText is the retiring extents the plan drops, and of how many
+// RLDevs ("3 extents of 2 RLDevs").
+func (p *ForgetPlan) DroppedText() string {
+	return fmt.Sprintf("%s of %s", count(p.DroppedCount(), "extent"), count(len(p.Dropped), "RLDev"))
+}
+
 // Describe says what forgetting the node does.
 func (p *ForgetPlan) Describe() string {
 	what := fmt.Sprintf("forgetting it marks its %s forgotten (nothing is placed there again)", count(len(p.Disks), "disk"))
