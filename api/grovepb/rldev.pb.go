@@ -1532,11 +1532,18 @@ func (x *RLDevServiceWriteRequest) GetNode() uint64 {
 // RLDevResult ends a read or write. code is an rldev.Code (0 OK);
 // maybe_written marks a failed write that had begun to land.
 type RLDevResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	MaybeWritten  bool                   `protobuf:"varint,3,opt,name=maybe_written,json=maybeWritten,proto3" json:"maybe_written,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"` // the replica's epoch of the RLDev
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Code         uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Error        string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	MaybeWritten bool                   `protobuf:"varint,3,opt,name=maybe_written,json=maybeWritten,proto3" json:"maybe_written,omitempty"`
+	Epoch        uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"` // the replica's epoch of the RLDev
+	// incarnation: the node's engine incarnation that answered (0: none
+	// did, or a node of an earlier build). A node's next engine starts
+	// only once every disk operation of the one before has landed, so a
+	// write one incarnation answered "maybe written" cannot land after a
+	// later incarnation of that node answered anything (the clerk's
+	// WriteReport relies on it).
+	Incarnation   uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1595,6 +1602,13 @@ func (x *RLDevResult) GetMaybeWritten() bool {
 func (x *RLDevResult) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RLDevResult) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -2123,12 +2137,13 @@ const file_grovepb_rldev_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12*\n" +
 	"\x05fence\x18\x04 \x01(\v2\x14.grove.v1.RLDevFenceR\x05fence\x12\x18\n" +
 	"\areplica\x18\x05 \x01(\rR\areplica\x12\x12\n" +
-	"\x04node\x18\x06 \x01(\x04R\x04node\"r\n" +
+	"\x04node\x18\x06 \x01(\x04R\x04node\"\x94\x01\n" +
 	"\vRLDevResult\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12#\n" +
 	"\rmaybe_written\x18\x03 \x01(\bR\fmaybeWritten\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"]\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"]\n" +
 	"\x18RLDevServiceReadResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\v2\x15.grove.v1.RLDevResultR\x06result\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"J\n" +

@@ -167,9 +167,20 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	//     (Service.admitClerkConn); none at another node, which refuses
 	//     it once no longer primary, or fenced itself before it was
 	//     declared dead;
-	//   - one a node answered ErrMaybeWritten: the node may still be
-	//     writing it (a disk write that hangs past its replica's
-	//     failure), so it counts if the success is at that node (lost);
+	//   - one a node answered ErrMaybeWritten: the engine incarnation
+	//     that answered may still be writing it (a disk write that hangs
+	//     past its replica's failure), so it counts if the success is
+	//     from that incarnation of that node (maybeAt; or from that node
+	//     when either answer names no incarnation: an earlier build).
+	//     Not if from a later one: a node's next engine starts only once
+	//     every disk operation of the one before has landed (Service's
+	//     generation.ops), and a fenced engine's forwards are refused by
+	//     a peer that names its successor, or were begun there first, in
+	//     which case the peer's range holds the retry behind them, as for
+	//     a success at another node (real processes, 2026-12-01: a node
+	//     SIGSTOPped past its grace fenced itself, answering a write in
+	//     progress ErrMaybeWritten, and its next engine took the retry;
+	//     that was reported as an attempt that might land later);
 	//   - one on an unsequenced connection (gRPC, a node of an earlier
 	//     build): the node may read it after the retry was answered, and
 	//     the address the clerk had may reach another node's process (a
@@ -180,6 +191,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	//     the success coming on an unsequenced connection to it, which
 	//     does not supersede the sequenced one there: it counts (sent).
 	maybe, lost, sent, lostAnywhere := false, map[NodeID]bool{}, map[NodeID]bool{}, false
+	maybeAt := map[NodeID]map[uint64]bool{} // ErrMaybeWritten answers, by the incarnation that gave them (0: not named)
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
 		node := rec.Segs[rec.Primary].Node
@@ -198,15 +210,21 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 			return node, false, err
 		}
 		err = ResultError(r.Result)
+		inc := r.Result.GetIncarnation()
 		if errors.Is(err, ErrMaybeWritten) {
 			// The node started it and answered: sequencing says nothing
 			// of a write the node itself still has in progress (a disk
 			// write that hangs past its replica's failure).
-			maybe, lost[node] = true, true
+			maybe = true
+			if maybeAt[node] == nil {
+				maybeAt[node] = map[uint64]bool{}
+			}
+			maybeAt[node][inc] = true
 		}
 		if err == nil {
 			ok = node
-			lost[node] = lost[node] || !sequenced && sent[node]
+			at := maybeAt[node]
+			lost[node] = lost[node] || !sequenced && sent[node] || at[inc] || at[0] || inc == 0 && len(at) > 0
 		}
 		return node, err == nil, err
 	})

@@ -238,8 +238,8 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader, cc *clientConn) {
 		}
 		s.mu.Unlock()
 	}()
-	answer := func(respond func(Reply, uint64) ([]byte, []byte, error), err error) bool {
-		buf, bulk, err := respond(Reply{Err: err}, 0)
+	answer := func(respond func(Reply, uint64, uint64) ([]byte, []byte, error), err error) bool {
+		buf, bulk, err := respond(Reply{Err: err}, 0, 0)
 		if err == nil {
 			_, err = w.send(buf, bulk)
 		}
@@ -296,7 +296,7 @@ func (s *Service) serveClient(c net.Conn, br *bufio.Reader, cc *clientConn) {
 		}
 		wt.fn = func(r Reply, back func()) { // under s.mu
 			end(wt)
-			buf, bulk, err := respond(r, s.epochLocked(id))
+			buf, bulk, err := respond(r, s.epochLocked(id), wt.inc)
 			if err != nil {
 				w.close(err)
 				return
@@ -346,8 +346,8 @@ func pinger(w *frameWriter) {
 // RLDev, and how to encode its reply. An error wrapping errFrame (or a
 // meta that does not decode: start is nil) ends the connection; one
 // wrapping ErrBadRequest is answered.
-func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id uint64, size int64, respond func(r Reply, epoch uint64) ([]byte, []byte, error), err error) {
-	respond = func(Reply, uint64) ([]byte, []byte, error) { return nil, nil, errFrame }
+func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id uint64, size int64, respond func(r Reply, epoch, inc uint64) ([]byte, []byte, error), err error) {
+	respond = func(Reply, uint64, uint64) ([]byte, []byte, error) { return nil, nil, errFrame }
 	switch f.typ {
 	case frameRead:
 		var m pb.RLDevServiceReadRequest
@@ -358,8 +358,8 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 			id, size = m.Rldev, int64(m.Length)
 			start, err = readStart(&m)
 		}
-		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
-			buf, err := encodeFrame(frameReadResp, f.id, &pb.RLDevServiceReadResponse{Result: ResultOf(r.Err, epoch)}, len(r.Data))
+		respond = func(r Reply, epoch, inc uint64) ([]byte, []byte, error) {
+			buf, err := encodeFrame(frameReadResp, f.id, &pb.RLDevServiceReadResponse{Result: ResultOf(r.Err, epoch, inc)}, len(r.Data))
 			return buf, r.Data, err
 		}
 	case frameWrite:
@@ -371,8 +371,8 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 			m.Data, id, size = f.bulk, m.Rldev, int64(len(f.bulk))
 			start, err = writeStart(&m)
 		}
-		respond = func(r Reply, epoch uint64) ([]byte, []byte, error) {
-			buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: ResultOf(r.Err, epoch)}, 0)
+		respond = func(r Reply, epoch, inc uint64) ([]byte, []byte, error) {
+			buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: ResultOf(r.Err, epoch, inc)}, 0)
 			return buf, nil, err
 		}
 	default:

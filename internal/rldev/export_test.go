@@ -3,6 +3,7 @@ package rldev
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,4 +67,41 @@ func (h delayAttempts) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest
 		h.dataClient.Write(ctx, req)
 	}()
 	return nil, errors.New("test: the call broke with the request in the network")
+}
+
+// AnswerFirstWriteMaybe makes c's first write attempt reach its RLDev
+// (it lands) and its answer, whatever it was, replaced by a "not serving,
+// maybe written" one from incarnation first(the answering engine's): as a
+// node fencing itself answers the writes it had in progress; the later
+// answers are told as from incarnation later(the engine's). seen gets
+// each real answer's incarnation. Call it before c's first call.
+func AnswerFirstWriteMaybe(c *Clerk, first, later func(real uint64) uint64, seen func(uint64)) {
+	f := &atomic.Bool{}
+	f.Store(true)
+	c.wrapData = func(d dataClient) dataClient {
+		return answerMaybe{dataClient: d, isFirst: f, first: first, later: later, seen: seen}
+	}
+}
+
+type answerMaybe struct {
+	dataClient
+	isFirst      *atomic.Bool
+	first, later func(uint64) uint64
+	seen         func(uint64)
+}
+
+func (a answerMaybe) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
+	resp, err := a.dataClient.Write(ctx, r)
+	if err != nil {
+		return resp, err
+	}
+	real := resp.GetResult().GetIncarnation()
+	a.seen(real)
+	if a.isFirst.Swap(false) {
+		maybe := fmt.Errorf("%w: test: the node fenced itself (%w)", ErrNotServing, ErrMaybeWritten)
+		return &pb.RLDevServiceWriteResponse{Result: ResultOf(maybe, 0, a.first(real))}, nil
+	}
+	resp = proto.Clone(resp).(*pb.RLDevServiceWriteResponse)
+	resp.Result.Incarnation = a.later(real)
+	return resp, nil
 }

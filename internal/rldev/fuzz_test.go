@@ -86,7 +86,7 @@ func normalize(m any) any {
 
 func TestResultErrors(t *testing.T) {
 	for _, err := range []error{nil, ErrNotPrimary, ErrCorrupt, errors.Join(ErrNotServing, ErrMaybeWritten)} {
-		got := ResultError(ResultOf(err, 3))
+		got := ResultError(ResultOf(err, 3, 7))
 		if (got == nil) != (err == nil) {
 			t.Fatalf("%v → %v", err, got)
 		}
@@ -313,7 +313,7 @@ func FuzzDataFrames(f *testing.F) {
 					t.Fatalf("request %d: no start without an error", fr.typ)
 				}
 				if err == nil {
-					if _, _, err := respond(Reply{}, 1); err != nil {
+					if _, _, err := respond(Reply{}, 1, 2); err != nil {
 						t.Fatalf("the reply to a request does not encode: %v", err)
 					}
 				}

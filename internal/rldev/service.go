@@ -155,6 +155,9 @@ type waiter struct {
 	fn    func(r Reply, back func())
 	write bool
 	id    uint64
+	// inc is the incarnation of the engine the request was begun on, set
+	// by begin: the one whose reply (or fence) answers it.
+	inc uint64
 }
 
 func (w *waiter) reply(r Reply) { w.replyLent(r, nil) }
@@ -1009,18 +1012,18 @@ func (in *peerIn) deliver(fs ...*pb.RLDevServicePeerRequest) error {
 
 // request runs a client request on the current engine and waits for its
 // reply (or ctx: the request is cancelled; a write may still land).
-func (s *Service) request(ctx context.Context, id uint64, write bool, start func(e *Engine, env Env, req ReqID) []any) ([]byte, uint64, error) {
+func (s *Service) request(ctx context.Context, id uint64, write bool, start func(e *Engine, env Env, req ReqID) []any) ([]byte, *pb.RLDevResult, error) {
 	w := &waiter{ch: make(chan Reply, 1), write: write, id: id}
 	g, req, err := s.begin(w, start, nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, ResultOf(err, 0, 0), err
 	}
 	select {
 	case r := <-w.ch:
-		return r.Data, s.epoch(id), r.Err
+		return r.Data, ResultOf(r.Err, s.epoch(id), w.inc), r.Err
 	case <-ctx.Done():
 		s.cancel(g, req, w)
-		return nil, 0, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 }
 
@@ -1041,6 +1044,7 @@ func (s *Service) begin(w *waiter, start func(e *Engine, env Env, req ReqID) []a
 	}
 	s.mu.nextReq++
 	req := s.mu.nextReq
+	w.inc = g.e.Incarnation()
 	s.mu.reqs[req] = w
 	s.execLocked(g, start(g.e, s.env(g.e), req))
 	return g, req, nil
@@ -1134,26 +1138,26 @@ func writeStart(r *pb.RLDevServiceWriteRequest) (func(e *Engine, env Env, req Re
 func (s *Service) Read(ctx context.Context, r *pb.RLDevServiceReadRequest) (*pb.RLDevServiceReadResponse, error) {
 	start, err := readStart(r)
 	if err != nil {
-		return &pb.RLDevServiceReadResponse{Result: ResultOf(err, 0)}, nil
+		return &pb.RLDevServiceReadResponse{Result: ResultOf(err, 0, 0)}, nil
 	}
-	data, epoch, err := s.request(ctx, r.Rldev, false, start)
+	data, res, err := s.request(ctx, r.Rldev, false, start)
 	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
 		return nil, status.FromContextError(cerr).Err()
 	}
-	return &pb.RLDevServiceReadResponse{Result: ResultOf(err, epoch), Data: data}, nil
+	return &pb.RLDevServiceReadResponse{Result: res, Data: data}, nil
 }
 
 // Write serves a client write.
 func (s *Service) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
 	start, err := writeStart(r)
 	if err != nil {
-		return &pb.RLDevServiceWriteResponse{Result: ResultOf(err, 0)}, nil
+		return &pb.RLDevServiceWriteResponse{Result: ResultOf(err, 0, 0)}, nil
 	}
-	_, epoch, err := s.request(ctx, r.Rldev, true, start)
+	_, res, err := s.request(ctx, r.Rldev, true, start)
 	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
 		return nil, status.FromContextError(cerr).Err()
 	}
-	return &pb.RLDevServiceWriteResponse{Result: ResultOf(err, epoch)}, nil
+	return &pb.RLDevServiceWriteResponse{Result: res}, nil
 }
 
 // Status describes this node's replicas.

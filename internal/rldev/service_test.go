@@ -470,6 +470,70 @@ func TestDataPathBusyAndCancel(t *testing.T) {
 	}
 }
 
+// TestWriteReportMaybeWrittenByIncarnation: every answer names the engine
+// incarnation that gave it, on both data paths; a write answered "maybe
+// written" by one incarnation of a node (as a node answers the writes it
+// had in progress when it fences itself) and then answered by that node
+// again reports that the first attempt may land later only if the same
+// incarnation (or one that names none: an earlier build) answered both.
+// A node's next engine starts once every disk operation of the one
+// before has landed (Service.generation.ops), so a later incarnation's
+// answer comes after anything the earlier one could still write.
+func TestWriteReportMaybeWrittenByIncarnation(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 2, bench.ClusterOptions{Store: true, DiskSize: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	plain := rldev.NewClerk(mc)
+	defer plain.Close()
+	id := createServed(t, ctx, plain, 16<<20)
+	tb, err := plain.Table(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tb.RLDevs[id]
+	primaryInc := rec.Inc[rec.Primary]
+	for _, path := range []string{rldev.DataPathTCP, rldev.DataPathGRPC} {
+		same := func(r uint64) uint64 { return r }
+		for _, tc := range []struct {
+			name         string
+			first, later func(uint64) uint64
+			earlier      bool
+		}{
+			{"the same incarnation", same, same, true},
+			{"an earlier incarnation", same, func(r uint64) uint64 { return r + 1 }, false},
+			{"no incarnation named", func(uint64) uint64 { return 0 }, same, true},
+			{"an incarnation, then none (an earlier build)", same, func(uint64) uint64 { return 0 }, true},
+		} {
+			cl := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
+			var seen []uint64
+			var mu sync.Mutex
+			rldev.AnswerFirstWriteMaybe(cl, tc.first, tc.later, func(inc uint64) { mu.Lock(); seen = append(seen, inc); mu.Unlock() })
+			data := random(4096)
+			earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
+			cl.Close()
+			if err != nil || earlier != tc.earlier {
+				t.Fatalf("%s, maybe written by %s: earlier %v, %v (want %v, nil)", path, tc.name, earlier, err, tc.earlier)
+			}
+			mu.Lock()
+			for _, inc := range seen {
+				if inc != primaryInc {
+					t.Fatalf("%s: an answer names incarnation %d; the primary runs %d", path, inc, primaryInc)
+				}
+			}
+			if len(seen) != 2 {
+				t.Fatalf("%s: %d answers seen, want 2", path, len(seen))
+			}
+			mu.Unlock()
+		}
+	}
+}
+
 // TestWriteReportEarlierAttempt: a write whose first attempt reached the
 // RLDev and lost its answer, retried at the same node and answered,
 // reports that an earlier attempt may still land on the gRPC data path

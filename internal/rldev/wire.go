@@ -163,12 +163,13 @@ func fenceFromPB(f *pb.RLDevFence) (*Fence, error) {
 	return &Fence{Name: f.Name, Token: lock.Token{Epoch: lock.Epoch(f.Epoch), Seq: f.Seq}}, nil
 }
 
-// ResultOf is a request's outcome as a client sees it.
-func ResultOf(err error, epoch uint64) *pb.RLDevResult {
+// ResultOf is a request's outcome as a client sees it; inc is the engine
+// incarnation that answered (0: none).
+func ResultOf(err error, epoch, inc uint64) *pb.RLDevResult {
 	if err == nil {
-		return &pb.RLDevResult{Epoch: epoch}
+		return &pb.RLDevResult{Epoch: epoch, Incarnation: inc}
 	}
-	return &pb.RLDevResult{Code: uint32(CodeOf(err)), Error: err.Error(), MaybeWritten: errors.Is(err, ErrMaybeWritten), Epoch: epoch}
+	return &pb.RLDevResult{Code: uint32(CodeOf(err)), Error: err.Error(), MaybeWritten: errors.Is(err, ErrMaybeWritten), Epoch: epoch, Incarnation: inc}
 }
 
 // ResultError is the error a result carries (nil for OK): it wraps the
