@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand"
 	"os"
 	"sort"
@@ -19,6 +18,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/grovestore/grove/internal/rldev"
+	"github.com/grovestore/grove/internal/rldev/blockcheck"
 )
 
 // TestEndToEndRLDevLinearizable is the real-process counterpart of the
@@ -306,11 +306,6 @@ func linValueOf(p []byte, id, b uint64) (uint64, bool) {
 
 type linKey struct{ id, block uint64 }
 
-type linIn struct {
-	write bool
-	v     uint64
-}
-
 // linHistory is each block's history, a register's.
 type linHistory struct {
 	start    time.Time
@@ -332,7 +327,7 @@ func (h *linHistory) write(c int, id, b, n, v uint64, call, ret time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.nw++
-	r := int64(math.MaxInt64)
+	r := int64(blockcheck.Open)
 	if ret.IsZero() {
 		h.open++
 	} else {
@@ -340,7 +335,7 @@ func (h *linHistory) write(c int, id, b, n, v uint64, call, ret time.Time) {
 	}
 	for i := uint64(0); i < n; i++ {
 		k := linKey{id, b + i}
-		h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: linIn{write: true, v: v}, Call: h.at(call), Return: r})
+		h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: blockcheck.In{Write: true, V: v}, Call: h.at(call), Return: r})
 	}
 }
 
@@ -380,29 +375,13 @@ func (h *linHistory) read(c int, id, b, v uint64, call, ret time.Time, replica i
 	defer h.mu.Unlock()
 	h.nr++
 	k := linKey{id, b}
-	h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: linIn{}, Output: v, Call: h.at(call), Return: h.at(ret), Metadata: replica})
+	h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: blockcheck.In{}, Output: v, Call: h.at(call), Return: h.at(ret), Metadata: fmt.Sprintf("replica %d", replica)})
 }
 
 func (h *linHistory) counts() (writes, reads, open, refused int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.nw, h.nr, h.open, h.nrefused
-}
-
-var linRegister = porcupine.Model{
-	Init: func() any { return uint64(0) },
-	Step: func(state, input, output any) (bool, any) {
-		if in := input.(linIn); in.write {
-			return true, in.v
-		}
-		return output.(uint64) == state.(uint64), state
-	},
-	DescribeOperation: func(input, output any) string {
-		if in := input.(linIn); in.write {
-			return fmt.Sprintf("write(%d)", in.v)
-		}
-		return fmt.Sprintf("read() -> %v", output)
-	},
 }
 
 // check returns what is wrong with the histories ("" if nothing): a
@@ -423,55 +402,17 @@ func (h *linHistory) check() string {
 			continue
 		}
 		for _, op := range h.ops[k] {
-			if in := op.Input.(linIn); !in.write {
+			if in := op.Input.(blockcheck.In); !in.Write {
 				if why, ok := h.refusals[k][op.Output.(uint64)]; ok {
 					return fmt.Sprintf("rldev %d block %d: read back the value of a refused write (%s)", k.id, k.block, why)
 				}
 			}
 		}
-		ops := linObserved(h.ops[k])
-		if porcupine.CheckOperationsTimeout(linRegister, ops, 20*time.Second) != porcupine.Ok {
-			return fmt.Sprintf("rldev %d block %d: the history is not linearizable (%d operations)%s", k.id, k.block, len(ops), linDescribe(ops))
+		if ops := blockcheck.Observed(h.ops[k]); blockcheck.Check(ops, 20*time.Second) != porcupine.Ok {
+			return fmt.Sprintf("rldev %d block %d: the history is not linearizable (%d operations)%s", k.id, k.block, len(ops), blockcheck.Describe(ops))
 		}
 	}
 	return ""
-}
-
-// linObserved drops the writes of unknown outcome whose value no read
-// returned: such a write can always be placed after every other
-// operation, and each one left in multiplies the checker's search.
-func linObserved(h []porcupine.Operation) []porcupine.Operation {
-	seen := map[uint64]bool{}
-	for _, op := range h {
-		if in := op.Input.(linIn); !in.write {
-			seen[op.Output.(uint64)] = true
-		}
-	}
-	var out []porcupine.Operation
-	for _, op := range h {
-		if in := op.Input.(linIn); in.write && op.Return == math.MaxInt64 && !seen[in.v] {
-			continue
-		}
-		out = append(out, op)
-	}
-	return out
-}
-
-func linDescribe(h []porcupine.Operation) string {
-	ops := append([]porcupine.Operation{}, h...)
-	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
-	var b strings.Builder
-	for _, op := range ops {
-		ret := "open"
-		if op.Return != math.MaxInt64 {
-			ret = fmt.Sprintf("%.3fs", time.Duration(op.Return).Seconds())
-		}
-		fmt.Fprintf(&b, "\n    client %d [%.3fs, %s] %s", op.ClientId, time.Duration(op.Call).Seconds(), ret, linRegister.DescribeOperation(op.Input, op.Output))
-		if op.Metadata != nil {
-			fmt.Fprintf(&b, " (replica %v)", op.Metadata)
-		}
-	}
-	return b.String()
 }
 
 // TestRLDevLinOracleHasTeeth: the real-process test's checker catches a

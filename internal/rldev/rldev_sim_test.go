@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"os"
 	"slices"
 	"sort"
@@ -22,6 +21,7 @@ import (
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/fd/fdsim"
 	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/rldev/blockcheck"
 	"github.com/grovestore/grove/internal/sim"
 	"github.com/grovestore/grove/internal/sim/simmeta"
 )
@@ -1509,21 +1509,16 @@ func (o *roracle) served(node NodeID, id uint64, write bool) {
 	}
 }
 
-type regIn struct {
-	write bool
-	v     uint64
-}
-
 func (o *roracle) write(c int, id, block, n, v uint64, start, end time.Duration, ok bool) {
 	ret := int64(end)
 	if ok {
 		o.writes++
 	} else {
-		ret = math.MaxInt64 // it may have happened at any time after it began
+		ret = blockcheck.Open // it may have happened at any time after it began
 	}
 	for i := uint64(0); i < n; i++ {
 		k := blockKey{id, block + i}
-		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: regIn{write: true, v: v}, Call: int64(start), Return: ret})
+		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: blockcheck.In{Write: true, V: v}, Call: int64(start), Return: ret})
 	}
 }
 
@@ -1536,7 +1531,7 @@ func (o *roracle) read(c int, id, block, n uint64, data []byte, start, end time.
 			continue
 		}
 		k := blockKey{id, block + i}
-		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: regIn{}, Output: v, Call: int64(start), Return: int64(end), Metadata: node})
+		o.hist[k] = append(o.hist[k], porcupine.Operation{ClientId: c + 1, Input: blockcheck.In{}, Output: v, Call: int64(start), Return: int64(end), Metadata: fmt.Sprintf("node %d", node)})
 	}
 }
 
@@ -1730,30 +1725,12 @@ func (o *roracle) converged() {
 					v0, _ := valueOf(x, b)
 					v1, _ := valueOf(y, b)
 					o.fail("rldev %d: the copies differ after healing, first at block %d (write %d on node %d, write %d on node %d)%s",
-						id, b, v0, rec.Segs[0].Node, v1, rec.Segs[1].Node, describeHist(o.hist[blockKey{id, b}]))
+						id, b, v0, rec.Segs[0].Node, v1, rec.Segs[1].Node, blockcheck.Describe(o.hist[blockKey{id, b}]))
 					break
 				}
 			}
 		}
 	}
-}
-
-var registerModel = porcupine.Model{
-	Init: func() any { return uint64(0) },
-	Step: func(state, input, output any) (bool, any) {
-		in := input.(regIn)
-		if in.write {
-			return true, in.v
-		}
-		return output.(uint64) == state.(uint64), state
-	},
-	DescribeOperation: func(input, output any) string {
-		in := input.(regIn)
-		if in.write {
-			return fmt.Sprintf("write(%d)", in.v)
-		}
-		return fmt.Sprintf("read() -> %v", output)
-	},
 }
 
 // check runs the per-block linearizability check and the corrupt-read
@@ -1778,53 +1755,14 @@ func (o *roracle) check() {
 		if o.double[k.id] {
 			continue // data may be lost: only the other checks hold
 		}
-		h := observed(o.hist[k])
-		res := porcupine.CheckOperationsTimeout(registerModel, h, 10*time.Second)
-		switch res {
+		h := blockcheck.Observed(o.hist[k])
+		switch blockcheck.Check(h, 10*time.Second) {
 		case porcupine.Illegal:
-			o.fail("rldev %d block %d: the history is not linearizable (%d operations)%s", k.id, k.block, len(h), describeHist(h))
+			o.fail("rldev %d block %d: the history is not linearizable (%d operations)%s", k.id, k.block, len(h), blockcheck.Describe(h))
 		case porcupine.Unknown:
-			o.fail("rldev %d block %d: linearizability check timed out (%d operations)%s", k.id, k.block, len(h), describeHist(h))
+			o.fail("rldev %d block %d: linearizability check timed out (%d operations)%s", k.id, k.block, len(h), blockcheck.Describe(h))
 		}
 	}
-}
-
-// observed drops the writes of unknown outcome whose value no read
-// returned: such a write can always be placed after every other operation,
-// so it does not change the verdict, and each one left in multiplies the
-// checker's search.
-func observed(h []porcupine.Operation) []porcupine.Operation {
-	seen := map[uint64]bool{}
-	for _, op := range h {
-		if in := op.Input.(regIn); !in.write {
-			seen[op.Output.(uint64)] = true
-		}
-	}
-	var out []porcupine.Operation
-	for _, op := range h {
-		if in := op.Input.(regIn); in.write && op.Return == math.MaxInt64 && !seen[in.v] {
-			continue
-		}
-		out = append(out, op)
-	}
-	return out
-}
-
-func describeHist(h []porcupine.Operation) string {
-	ops := append([]porcupine.Operation{}, h...)
-	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
-	var b strings.Builder
-	for _, op := range ops {
-		ret := "open"
-		if op.Return != math.MaxInt64 {
-			ret = fmt.Sprintf("%.3fs", time.Duration(op.Return).Seconds())
-		}
-		fmt.Fprintf(&b, "\n    client %d [%.3fs, %s] %s", op.ClientId, time.Duration(op.Call).Seconds(), ret, registerModel.DescribeOperation(op.Input, op.Output))
-		if op.Metadata != nil {
-			fmt.Fprintf(&b, " from node %v", op.Metadata)
-		}
-	}
-	return b.String()
 }
 
 // ------------------------------------------------------------------ tests
