@@ -107,13 +107,17 @@ func TestFaults(t *testing.T) {
 	}
 	t.Logf("cluster up after %v; `grove status` from the client namespace:\n%s", time.Since(start).Round(time.Second), cliStatus(bin))
 	s.Run()
-	if n := len(s.Results); (n == 0 || !s.Results[n-1].broken) && (s.Only == nil || s.Only.MatchString("tree")) {
-		seed := time.Now().UnixNano() % 1_000_000
-		if v := os.Getenv("GROVE_SEED"); v != "" {
-			if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-				t.Fatalf("GROVE_SEED=%q: %v", v, err)
-			}
+	seed := time.Now().UnixNano() % 1_000_000
+	if v := os.Getenv("GROVE_SEED"); v != "" {
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("GROVE_SEED=%q: %v", v, err)
 		}
+	}
+	unbroken := func() bool { n := len(s.Results); return n == 0 || !s.Results[n-1].broken }
+	if unbroken() && (s.Only == nil || s.Only.MatchString("rldev")) {
+		s.RunRLDev(dir, seed)
+	}
+	if unbroken() && (s.Only == nil || s.Only.MatchString("tree")) {
 		s.RunTree(bin, dir, seed)
 	}
 	table := s.Table()
@@ -170,6 +174,23 @@ func TestFaultTreeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := runTreeClient(cfg, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFaultRLDevClient is the RLDev scenario's client (rldev.go) when
+// TestFaults re-executes the test binary inside the client namespace;
+// otherwise it does nothing.
+func TestFaultRLDevClient(t *testing.T) {
+	env := os.Getenv(RLDevEnv)
+	if env == "" {
+		t.Skip("runs only as TestFaults' RLDev client")
+	}
+	var cfg RLDevConfig
+	if err := json.NewDecoder(strings.NewReader(env)).Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRLDevClient(cfg, t.Logf); err != nil {
 		t.Fatal(err)
 	}
 }

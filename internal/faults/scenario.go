@@ -26,6 +26,9 @@ type Mode struct {
 	// longer than the chunk clerk's attempt timeout to the faults.
 	TreeRounds, TreeFaults int
 	TreeLongPause          bool
+	// The RLDevs' scenario (RunRLDev): rounds of the block workload, each
+	// with TreeFaults faults.
+	RLDevRounds int
 }
 
 // Modes: short is CI's few-minute run (each scenario once, short
@@ -33,10 +36,10 @@ type Mode struct {
 var Modes = map[string]Mode{
 	"short": {Name: "short", Trials: 1, Partitions: []time.Duration{4 * time.Second}, OneWay: 5 * time.Second,
 		Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 12 * time.Second, NoiseFor: 8 * time.Second,
-		TreeRounds: 1, TreeFaults: 5},
+		TreeRounds: 1, TreeFaults: 5, RLDevRounds: 1},
 	"full": {Name: "full", Trials: 3, Partitions: []time.Duration{4 * time.Second, 10 * time.Second, 30 * time.Second},
 		OneWay: 10 * time.Second, Pause: 3 * time.Second, Losses: []int{10, 20, 30}, LossFor: 4 * time.Minute, NoiseFor: 20 * time.Second,
-		TreeRounds: 3, TreeFaults: 8, TreeLongPause: true},
+		TreeRounds: 3, TreeFaults: 8, TreeLongPause: true, RLDevRounds: 3},
 }
 
 // The targets the measurements are reported against (not asserted: the

@@ -83,58 +83,22 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 			return r
 		}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		r.violate("%v", err)
-		return r
-	}
-	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n, LongPause: s.Mode.TreeLongPause}
-	for _, x := range s.Cluster.Nodes {
-		cfg.PIDs = append(cfg.PIDs, x.cmd.Process.Pid)
-	}
-	b, _ := json.Marshal(cfg)
-	logPath := filepath.Join(dir, "tree-client.log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		r.violate("%v", err)
-		return r
-	}
-	defer lf.Close()
+	cfg := TreeConfig{Seed: seed, Rounds: s.Mode.TreeRounds, Faults: s.Mode.TreeFaults, Nodes: n, LongPause: s.Mode.TreeLongPause, PIDs: s.pids()}
 	s.Logf("tree scenario: seed %d (GROVE_SEED=%d replays its choices; the interleaving is the machine's), %d round(s) of %d network faults; the client's log: %s",
-		seed, seed, cfg.Rounds, cfg.Faults, logPath)
+		seed, seed, cfg.Rounds, cfg.Faults, filepath.Join(dir, "tree-client.log"))
 	// (a round: up to 5 minutes of load and final reads, two porcupine
 	// checks of up to 90 s each, the walk)
-	cmd := Exec(clientNS, self, "-test.run=^TestFaultTreeClient$", "-test.count=1", "-test.v", fmt.Sprintf("-test.timeout=%v", 9*time.Minute*time.Duration(cfg.Rounds)))
-	cmd.Env = append(os.Environ(), TreeEnv+"="+string(b))
-	cmd.Stdout, cmd.Stderr = lf, lf
-	runErr := cmd.Run()
-	_, _ = s.Net.Heal() // (the client heals after each fault; this is for one that died mid-fault)
-	for _, x := range s.Cluster.Nodes {
-		_ = x.cmd.Process.Signal(syscall.SIGCONT) // (the same for a pause)
-	}
+	s.runClient(r, clientRun{test: "TestFaultTreeClient", env: TreeEnv, cfg: cfg, log: filepath.Join(dir, "tree-client.log"),
+		timeout: 9 * time.Minute * time.Duration(cfg.Rounds), done: treeRoundDone, mark: "tree round", rounds: cfg.Rounds, seed: seed})
 	r.Length = time.Since(start)
 	r.note("the scenario took %v", r.Length.Round(time.Second))
-	out, _ := os.ReadFile(logPath)
-	passed := 0 // rounds the client reports done (a client that skipped, or never ran, reports none)
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "tree round") {
-			r.note("%s", strings.TrimSpace(l))
-		}
-		if treeRoundDone.MatchString(l) {
-			passed++
-		}
-	}
-	if runErr == nil && passed != cfg.Rounds {
-		runErr = fmt.Errorf("the client exited without error but reports %d of %d rounds done", passed, cfg.Rounds)
-	}
-	if runErr != nil {
-		tail := string(out)
-		if len(tail) > 6000 {
-			tail = tail[len(tail)-6000:]
-		}
-		s.Logf("the tree client's log, tail:\n%s", tail)
-		r.violate("the tree client failed (%v): seed %d; see %s", runErr, seed, logPath)
-	}
+	s.countFences(r, m0)
+	return r
+}
+
+// countFences sets r's elections and self-fences columns: what the nodes'
+// metrics counted since m0.
+func (s *Suite) countFences(r *Result, m0 map[int]map[string]float64) {
 	m1 := s.scrape()
 	r.Elections = int(deltaMax(m0, m1, "grove_meta_raft_term"))
 	r.MetricFences = int(deltaSum(m0, m1, "grove_fd_self_fences_total"))
@@ -145,7 +109,74 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 			}
 		}
 	}
-	return r
+}
+
+// pids are the nodes' server processes, in node order.
+func (s *Suite) pids() []int {
+	var out []int
+	for _, x := range s.Cluster.Nodes {
+		out = append(out, x.cmd.Process.Pid)
+	}
+	return out
+}
+
+// clientRun is a scenario's client: this test binary re-executed in the
+// client namespace, running test with cfg (JSON) in env.
+type clientRun struct {
+	test, env string
+	cfg       any
+	log       string         // its output
+	timeout   time.Duration  // the test binary's -test.timeout
+	done      *regexp.Regexp // a line it logs for each round that passed
+	mark      string         // its lines that go into the result's notes
+	rounds    int
+	seed      int64
+}
+
+// runClient runs c to its end, heals whatever fault it left on, and
+// notes in r what it logged and whether it passed every round.
+func (s *Suite) runClient(r *Result, c clientRun) {
+	self, err := os.Executable()
+	if err != nil {
+		r.violate("%v", err)
+		return
+	}
+	b, _ := json.Marshal(c.cfg)
+	lf, err := os.Create(c.log)
+	if err != nil {
+		r.violate("%v", err)
+		return
+	}
+	defer lf.Close()
+	cmd := Exec(clientNS, self, "-test.run=^"+c.test+"$", "-test.count=1", "-test.v", fmt.Sprintf("-test.timeout=%v", c.timeout))
+	cmd.Env = append(os.Environ(), c.env+"="+string(b))
+	cmd.Stdout, cmd.Stderr = lf, lf
+	runErr := cmd.Run()
+	_, _ = s.Net.Heal() // (the client heals after each fault; this is for one that died mid-fault)
+	for _, x := range s.Cluster.Nodes {
+		_ = x.cmd.Process.Signal(syscall.SIGCONT) // (the same for a pause)
+	}
+	out, _ := os.ReadFile(c.log)
+	passed := 0 // rounds the client reports done (a client that skipped, or never ran, reports none)
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, c.mark) {
+			r.note("%s", strings.TrimSpace(l))
+		}
+		if c.done.MatchString(l) {
+			passed++
+		}
+	}
+	if runErr == nil && passed != c.rounds {
+		runErr = fmt.Errorf("the client exited without error but reports %d of %d rounds done", passed, c.rounds)
+	}
+	if runErr != nil {
+		tail := string(out)
+		if len(tail) > 6000 {
+			tail = tail[len(tail)-6000:]
+		}
+		s.Logf("the client's log (%s), tail:\n%s", c.test, tail)
+		r.violate("the client failed (%v): seed %d; see %s", runErr, c.seed, c.log)
+	}
 }
 
 // treeRoundDone matches the line the tree client logs for each round that
@@ -155,9 +186,30 @@ var treeRoundDone = regexp.MustCompile(`tree round seed [0-9]+: `)
 // runTreeClient is TestFaultTreeClient's body, in the client namespace: the
 // rounds of the linearizability workload, each with its network faults.
 func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
-	net := &Net{Nodes: cfg.Nodes}
+	return clientRounds("tree", cfg.Seed, cfg.Rounds, logf, func(ctx context.Context, seed int64, eps []string, healed func(context.Context) error, faults faultsFunc) (string, error) {
+		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
+			Faults: faults(cfg.Faults, cfg.Nodes, cfg.PIDs, cfg.LongPause), Healed: healed, Logf: logf, Trace: true})
+		if err != nil {
+			return "", err
+		}
+		return res + fmt.Sprintf("\ntree round seed %d, each node's B-tree server (since its start): %s", seed, treeCounters(eps, fmt.Sprintf("netfault-%d", seed))), nil
+	}, cfg.Nodes)
+}
+
+// faultsFunc makes a round's network faults (netFaults with n faults on
+// nodes, pids and long) as a workload's Faults.
+type faultsFunc func(n, nodes int, pids []int, long bool) func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string
+
+// clientRounds runs a scenario client's rounds, each of seed seed+round
+// and at most 5 minutes: round runs one, given the nodes' endpoints, a
+// function that waits until they are healed, and its faults. A fault that
+// could not be made or healed fails the round (it proves less than it
+// says). Each round that passes logs "KIND round seed S: ...".
+func clientRounds(kind string, seed0 int64, rounds int, logf func(string, ...any),
+	round func(ctx context.Context, seed int64, eps []string, healed func(context.Context) error, faults faultsFunc) (string, error), nodes int) error {
+	net := &Net{Nodes: nodes}
 	var eps []string
-	for i := 1; i <= cfg.Nodes; i++ {
+	for i := 1; i <= nodes; i++ {
 		eps = append(eps, GRPC(i))
 	}
 	var conns []pb.ClusterServiceClient
@@ -169,11 +221,41 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 		defer cc.Close()
 		conns = append(conns, pb.NewClusterServiceClient(cc))
 	}
-	// healed: every node alive and heard by a majority of the observers,
-	// as some node's status says. (Not by every observer: an observer's
-	// dead verdict on a live incarnation, after a one-way cut, lasts until
-	// the node's next incarnation; see Suite.fullCoverage.)
-	healed := func(ctx context.Context) error {
+	healed := healedFunc(conns, nodes)
+	for k := 0; k < rounds; k++ {
+		seed := seed0 + int64(k)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		var failed []string
+		faults := func(n, nodes int, pids []int, long bool) func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
+			return func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
+				did, errs := netFaults(ctx, net, r, event, n, nodes, pids, long)
+				failed = errs
+				return did
+			}
+		}
+		res, err := round(ctx, seed, eps, healed, faults)
+		cancel()
+		if _, herr := net.Heal(); herr != nil {
+			failed = append(failed, fmt.Sprintf("the final heal: %v", herr))
+		}
+		if err == nil && len(failed) > 0 {
+			err = fmt.Errorf("faults failed: %s", strings.Join(failed, "; "))
+		}
+		if err != nil {
+			return fmt.Errorf("%s round seed %d (GROVE_SEED=%d replays its choices): %w", kind, seed, seed, err)
+		}
+		logf("%s round seed %d: %s", kind, seed, res)
+	}
+	return nil
+}
+
+// healedFunc returns a function that waits until every node is alive and
+// heard by a majority of the observers, as some node's status says. (Not
+// by every observer: an observer's dead verdict on a live incarnation,
+// after a one-way cut, lasts until the node's next incarnation; see
+// Suite.fullCoverage.)
+func healedFunc(conns []pb.ClusterServiceClient, nodes int) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
 		last := "no status answer"
 		for {
 			for _, c := range conns {
@@ -184,9 +266,9 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 					last = err.Error()
 					continue
 				}
-				ok := len(st.Nodes) == cfg.Nodes
+				ok := len(st.Nodes) == nodes
 				for _, x := range st.Nodes {
-					ok = ok && x.Alive && int(x.ObserversHeard) > cfg.Nodes/2
+					ok = ok && x.Alive && int(x.ObserversHeard) > nodes/2
 				}
 				if ok {
 					return nil
@@ -200,31 +282,6 @@ func runTreeClient(cfg TreeConfig, logf func(string, ...any)) error {
 			}
 		}
 	}
-	for round := 0; round < cfg.Rounds; round++ {
-		seed := cfg.Seed + int64(round)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		var failed []string // faults that could not be made or healed: the round proves less than it says
-		res, err := linload.Run(ctx, linload.Config{Tree: fmt.Sprintf("netfault-%d", seed), Seed: seed, Endpoints: eps,
-			Faults: func(ctx context.Context, r *rand.Rand, event func(string, ...any)) []string {
-				did, errs := netFaults(ctx, net, r, event, cfg.Faults, cfg.Nodes, cfg.PIDs, cfg.LongPause)
-				failed = errs
-				return did
-			},
-			Healed: healed, Logf: logf, Trace: true})
-		cancel()
-		if _, herr := net.Heal(); herr != nil {
-			failed = append(failed, fmt.Sprintf("the final heal: %v", herr))
-		}
-		if err == nil && len(failed) > 0 {
-			err = fmt.Errorf("faults failed: %s", strings.Join(failed, "; "))
-		}
-		if err != nil {
-			return fmt.Errorf("tree round seed %d (GROVE_SEED=%d replays its choices): %w", seed, seed, err)
-		}
-		logf("tree round seed %d: %s", seed, res)
-		logf("tree round seed %d, each node's B-tree server (since its start): %s", seed, treeCounters(eps, fmt.Sprintf("netfault-%d", seed)))
-	}
-	return nil
 }
 
 // treeCounters reports, per node, what its B-tree server counted since it
