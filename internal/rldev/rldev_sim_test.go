@@ -108,9 +108,11 @@ type rsim struct {
 	svc  *simmeta.Service
 	fd   *fdsim.Cluster
 	opts simOpts
-	n    map[NodeID]*rnode
-	o    *roracle
-	adm  *sim.Process
+	// tableCache: the table last decoded by table()
+	tableCache *Table
+	n          map[NodeID]*rnode
+	o          *roracle
+	adm        *sim.Process
 
 	nextReq ReqID
 	pending map[reqKey]func(Reply)
@@ -669,11 +671,19 @@ func (s *rsim) clientLoop(c int) {
 }
 
 func (s *rsim) table() *Table {
-	t, err := DecodeTable(s.svc.Current(Namespace))
-	if err != nil {
-		panic(err)
+	// Decoded once per version of the namespace (decoding at every call
+	// was a sixth of the simulator's CPU), a copy returned: callers may
+	// change what they get.
+	// (A version names one state of the namespace: every decree that
+	// changes it raises it.)
+	if v := s.svc.CurrentVersion(Namespace); s.tableCache == nil || s.tableCache.Version != v {
+		t, err := DecodeTable(s.svc.Current(Namespace))
+		if err != nil {
+			panic(err)
+		}
+		s.tableCache = t
 	}
-	return t
+	return s.tableCache.Clone()
 }
 
 const clientDeadline = 4 * time.Second

@@ -269,6 +269,20 @@ func (r *Record) Clone() *Record {
 	return &c
 }
 
+// Clone returns a deep copy: its records and disks may be changed without
+// touching t's.
+func (t *Table) Clone() *Table {
+	c := &Table{Version: t.Version, RLDevs: make(map[uint64]*Record, len(t.RLDevs)), Disks: make(map[DiskKey]*Disk, len(t.Disks))}
+	for id, r := range t.RLDevs {
+		c.RLDevs[id] = r.Clone()
+	}
+	for k, d := range t.Disks {
+		dc := *d
+		c.Disks[k] = &dc
+	}
+	return c
+}
+
 // Disk is one disk of a node that holds segments.
 type Disk struct {
 	Node  uint64

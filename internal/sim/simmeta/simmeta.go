@@ -85,6 +85,10 @@ func (s *Service) when() time.Duration {
 	return t
 }
 
+// CurrentVersion returns a namespace's committed version now (0 if it was
+// never written), without copying it as Current does.
+func (s *Service) CurrentVersion(name string) uint64 { return s.fsm.Version(name) }
+
 // Current returns a namespace as committed now (for checkers: ground truth).
 func (s *Service) Current(name string) *pb.Namespace {
 	ns, _ := s.fsm.Namespace(name)
