@@ -28,6 +28,7 @@ func benchRLDevCmd() *cobra.Command {
 	repeat := 1
 	var cold, direct bool
 	resyncSize := units.Size(1 << 30)
+	iopsSize := units.Size(512 << 20)
 	cmd := &cobra.Command{
 		Use:   "rldev",
 		Short: "RLDev throughput and latency (Boxwood Table 1, Figures 4-5), IOPS next to fio, resync and move speed",
@@ -93,6 +94,9 @@ standard error.`,
 			if repeat < 1 || repeat > 9 {
 				return cli.Usagef("--repeat %d: want 1..9", repeat)
 			}
+			if iopsSize < 16<<20 || iopsSize%(1<<20) != 0 {
+				return cli.Usagef("--iops-size %s: want a whole number of MiB, at least 16 MiB", units.FormatSize(int64(iopsSize)))
+			}
 			if cell < 100*time.Millisecond {
 				return cli.Usagef("--cell %v: want at least 100ms (cells under a second are for smoke tests: their figures are noisy)", cell)
 			}
@@ -112,7 +116,7 @@ standard error.`,
 			defer os.RemoveAll(dir)
 			d := &cli.Doc{}
 			progress := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat, cold: cold, direct: direct}
+			b := &rldevBench{ctx: ctx, bin: bin, dir: dir, port: port, cell: cell, d: d, log: progress, paths: paths, repeat: repeat, cold: cold, direct: direct, iopsSpan: uint64(iopsSize)}
 			for _, p := range parts {
 				var err error
 				switch p {
@@ -143,6 +147,7 @@ standard error.`,
 	f.BoolVar(&direct, "direct-writes", false, "run the servers with small writes past the page cache ([rldev] direct_writes)")
 	f.BoolVar(&cold, "cold", false, "iops: drop the RLDev files' pages from the page cache before each grove cell, as fio drops its file's (both start from the disk)")
 	f.StringSliceVar(&paths, "data-path", []string{rldev.DataPathTCP, rldev.DataPathGRPC}, "iops: run once per `PATH,...` blocks travel on (tcp, grpc); the other parts use the first")
+	f.Var(&iopsSize, "iops-size", "iops: the RLDev and fio's files are `SIZE` (written first; the README's figures are of 512 MiB)")
 	f.Var(&resyncSize, "resync-size", "resync: write `SIZE` in degraded mode (the RLDev is that size); move: the size of the RLDev moved")
 	out.Register(cmd)
 	return cmd
@@ -161,6 +166,9 @@ type rldevBench struct {
 	repeat int      // iops: runs per cell (medians)
 	cold   bool     // iops: each grove cell starts with the RLDev files out of the page cache (--cold)
 	direct bool     // the servers write small blocks past the page cache (--direct-writes)
+	// iopsSpan: iops: the RLDev's and fio's files' size, written first
+	// (--iops-size)
+	iopsSpan uint64
 }
 
 // cluster starts n servers with disks of diskSize.
@@ -344,7 +352,7 @@ func (b *rldevBench) iops() error {
 }
 
 func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
-	const span = 512 << 20
+	span := b.iopsSpan
 	c, err := b.clusterOn(2, "4GiB", path)
 	cdir := b.clusterDir()
 	if err != nil {
@@ -356,7 +364,7 @@ func (b *rldevBench) iopsOn(path string, tb *cli.Table) error {
 		return err
 	}
 	id := recs[0].ID
-	b.log("  filling rldev %d (%s)", id, units.FormatSize(span))
+	b.log("  filling rldev %d (%s)", id, units.FormatSize(int64(span)))
 	if err := bench.Fill(b.ctx, c.Clerk, id, span); err != nil {
 		return err
 	}
