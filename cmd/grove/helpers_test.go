@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/cli"
 	"github.com/grovestore/grove/internal/meta"
 )
 
@@ -227,10 +228,19 @@ func (c rldevCLI) must(r ran) ran {
 	return r
 }
 
-// list is `grove rldev list -o json`.
+// list is `grove rldev list -o json`. A list that finds no config-service
+// leader (exit 3 or 4: after a test killed two of the three members, one
+// restarted must rejoin first, which took past the command's timeout on a
+// loaded CI machine) is asked again for up to 30 s, as an operator would.
 func (c rldevCLI) list() RLDevListJSON {
 	c.t.Helper()
-	r := c.must(c.run(nil, "rldev", "list", "-o", "json"))
+	r := c.run(nil, "rldev", "list", "-o", "json")
+	for deadline := time.Now().Add(30 * time.Second); (r.code == cli.ExitUnavailable || r.code == cli.ExitTimeout) && time.Now().Before(deadline); {
+		c.t.Logf("rldev list: exit %d (%s): asking again", r.code, strings.TrimSpace(r.stderr))
+		time.Sleep(time.Second)
+		r = c.run(nil, "rldev", "list", "-o", "json")
+	}
+	c.must(r)
 	var l RLDevListJSON
 	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
 		c.t.Fatalf("rldev list -o json: %v\n%s", err, r.stdout)

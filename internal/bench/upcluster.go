@@ -168,8 +168,14 @@ func (u *UpCluster) Stop(id uint64, timeout time.Duration) error {
 	return fmt.Errorf("node %d (pid %d) still running %v after SIGTERM", id, pid, timeout)
 }
 
-// Exited reports whether a process is gone or a zombie (it has exited and
-// released its resources, but its parent has not reaped it yet).
+// Exited reports whether a process is gone, or a zombie with every thread
+// gone (it has exited and released its resources, but its parent has not
+// reaped it yet). The main thread turns zombie as soon as it exits, while
+// other threads may still be leaving the kernel (one in an fdatasync): the
+// process's files, and its flock on a data directory, are released only
+// when the last of them has. Taken for gone before that, a SIGKILLed node
+// restarted at once found its data directory still locked (CI, 2026-12-02:
+// TestEndToEndRLDevOwedSIGKILL, "locked by another process", its own pid).
 func Exited(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -177,8 +183,11 @@ func Exited(pid int) bool {
 	}
 	// The state follows the command name, which is in parentheses.
 	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] == 'Z' || s[i+2] == 'X'
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X') {
+		// A thread that has finished exiting is no longer listed; the
+		// zombie main thread stays until the process is reaped.
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		return err != nil || len(tasks) <= 1
 	}
 	return false
 }
