@@ -87,7 +87,7 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	s.Logf("tree scenario: seed %d (GROVE_SEED=%d replays its choices; the interleaving is the machine's), %d round(s) of %d network faults; the client's log: %s",
 		seed, seed, cfg.Rounds, cfg.Faults, filepath.Join(dir, "tree-client.log"))
 	// (a round: up to 5 minutes of load and final reads, two porcupine
-	// checks of up to 90 s each, the walk)
+	// checks of up to 240 s each, the walk)
 	s.runClient(r, clientRun{test: "TestFaultTreeClient", env: TreeEnv, cfg: cfg, log: filepath.Join(dir, "tree-client.log"),
 		timeout: 9 * time.Minute * time.Duration(cfg.Rounds), done: treeRoundDone, mark: "tree round", rounds: cfg.Rounds, seed: seed})
 	r.Length = time.Since(start)
