@@ -89,7 +89,7 @@ func (s *Suite) RunTree(bin, dir string, seed int64) *Result {
 	// (a round: up to 5 minutes of load and final reads, two porcupine
 	// checks of up to 240 s each, the walk)
 	s.runClient(r, clientRun{test: "TestFaultTreeClient", env: TreeEnv, cfg: cfg, log: filepath.Join(dir, "tree-client.log"),
-		timeout: 9 * time.Minute * time.Duration(cfg.Rounds), done: treeRoundDone, mark: "tree round", rounds: cfg.Rounds, seed: seed})
+		timeout: 13 * time.Minute * time.Duration(cfg.Rounds), done: treeRoundDone, mark: "tree round", rounds: cfg.Rounds, seed: seed})
 	r.Length = time.Since(start)
 	r.note("the scenario took %v", r.Length.Round(time.Second))
 	s.countFences(r, m0)
