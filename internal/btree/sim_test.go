@@ -1860,7 +1860,7 @@ func (w *simWorld) dropper(stop chan struct{}, wg *sync.WaitGroup) {
 // set, a failure's history, the events and porcupine's visualization go to
 // /tmp/btree-sim-SEED.txt(.html), and its explanation to the test's log.
 func (w *simWorld) checkLinearizable(t testing.TB, ops []porcupine.Operation, unknown int) error {
-	check, info := porcupine.CheckOperationsVerbose(kvModel, ops, 90*time.Second) // 30 s timed out once under -race in CI (seed 748166, 226 operations, 12 of unknown outcome, 2026-12-02)
+	check, info := lincheck.Check(kvModel, ops, 90*time.Second) // 30 s timed out once under -race in CI (seed 748166, 226 operations, 12 of unknown outcome, 2026-12-02)
 	if check == porcupine.Ok {
 		return nil
 	}
