@@ -146,7 +146,7 @@ ft=${GROVE_FUZZTIME:-30000x}
 # corpus cache and timeout: compiling is most of a short run's time, and
 # three of the packages have more than one target.
 fuzz_bins=$(mktemp -d)
-fuzz_pkgs="fd meta lock rldev chunk txn btree"
+fuzz_pkgs="fd meta node lock rldev chunk txn btree"
 printf '%s\n' $fuzz_pkgs | xargs -P 2 -I{} go test -c -fuzz=. -o "$fuzz_bins/{}.test" ./internal/{}
 fuzz() {
   local pkg=$1 ip
@@ -158,10 +158,11 @@ fuzz() {
       -test.fuzzminimizetime 0 -test.timeout 10m -test.paniconexit0 -test.fuzzcachedir "$(go env GOCACHE)/fuzz/$ip")
   done
 }
-fuzz fd FuzzDecode
-fuzz meta FuzzDecodeDecree
+fuzz fd FuzzDecode FuzzPersistedState
+fuzz meta FuzzDecodeDecree FuzzRestoreSnapshot FuzzDecodeNodes
+fuzz node FuzzConfig
 fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse FuzzDecodeState
-fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames
+fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames FuzzReview89DecodeOwed
 fuzz chunk FuzzDecodeMap FuzzDecodePeer FuzzDecodeTable
 fuzz txn FuzzDecodeLog
 fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzReview51Delta2 FuzzDirectory

@@ -192,6 +192,11 @@ func LoadConfig(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	return validated(path, c)
+}
+
+// validated is c, validated, or the error naming file path.
+func validated(path string, c *Config) (*Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -213,6 +218,12 @@ func ReadConfig(path string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	return parseConfig(path, b)
+}
+
+// parseConfig is ReadConfig of the file's bytes b (path names the file in
+// errors and anchors relative paths).
+func parseConfig(path string, b []byte) (*Config, error) {
 	c := &Config{}
 	dec := toml.NewDecoder(bytes.NewReader(b)).DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
