@@ -336,7 +336,9 @@ func PruneUnseen(ops []porcupine.Operation) []porcupine.Operation {
 	kept := make([]porcupine.Operation, 0, len(ops))
 	for _, o := range ops {
 		in, out := o.Input.(In), o.Output.(Out)
-		if out.Unknown && in.Kind == "put" && !seen[in.Key+"="+in.Val] {
+		// Only an open-ended one (Return MaxInt64) may be placed last: an
+		// unknown put with an end must take effect before it if it can.
+		if out.Unknown && o.Return == math.MaxInt64 && in.Kind == "put" && !seen[in.Key+"="+in.Val] {
 			continue
 		}
 		kept = append(kept, o)
