@@ -424,7 +424,7 @@ func (s *Suite) run(sc scenario) *Result {
 	ns := "faults-" + lock
 	h := s.hold(lock, holder)
 	if _, ok := s.granted(h, 15*time.Second); !ok {
-		r.violate("the holder on n%d was not granted the free lock %q within 15 s", holder, lock)
+		r.violate("the holder on n%d was not granted the free lock %q within 15 s: %s", holder, lock, s.describeLock(lock, h, snap))
 		s.release(h)
 		return r
 	}

@@ -158,12 +158,18 @@ func (s *Suite) runClient(r *Result, c clientRun) {
 	}
 	out, _ := os.ReadFile(c.log)
 	passed := 0 // rounds the client reports done (a client that skipped, or never ran, reports none)
+	why := ""   // the round's error, which goes into the violation: CI shows only the tail of a failed run
 	for _, l := range strings.Split(string(out), "\n") {
 		if strings.Contains(l, c.mark) {
 			r.note("%s", strings.TrimSpace(l))
 		}
 		if c.done.MatchString(l) {
 			passed++
+		} else if strings.Contains(l, c.mark+" seed ") && strings.Contains(l, "GROVE_SEED=") && why == "" {
+			why = strings.TrimSpace(l)
+			if len(why) > 1500 {
+				why = why[:1500] + "…"
+			}
 		}
 	}
 	if runErr == nil && passed != c.rounds {
@@ -175,7 +181,10 @@ func (s *Suite) runClient(r *Result, c clientRun) {
 			tail = tail[len(tail)-6000:]
 		}
 		s.Logf("the client's log (%s), tail:\n%s", c.test, tail)
-		r.violate("the client failed (%v): seed %d; see %s", runErr, c.seed, c.log)
+		if why != "" {
+			why = "; it said: " + why
+		}
+		r.violate("the client failed (%v): seed %d; see %s%s", runErr, c.seed, c.log, why)
 	}
 }
 
