@@ -85,6 +85,10 @@ type Event struct {
 	Master  uint64 `json:"master,omitempty"`
 	Serving bool   `json:"serving,omitempty"`
 	Clerks  int    `json:"clerks,omitempty"` // connected and not dead
+	// Nodes with a connected, live default clerk (kind ""): the one a
+	// Hold through that node uses (a B-tree server's clerk, kind btree,
+	// is counted in Clerks only).
+	Defaults int `json:"defaults,omitempty"`
 	// list with a name: that lock's holders (clerk:mode@token) and waiters
 	Holders []string `json:"holders,omitempty"`
 	Waiters []string `json:"waiters,omitempty"`
@@ -387,11 +391,16 @@ func (a *agent) list(ctx context.Context, c Command) {
 		cancel()
 		if err == nil {
 			e.Master, e.Serving = r.Master.GetNode(), r.Serving
+			defaults := map[uint64]bool{}
 			for _, k := range r.Clerks {
 				if k.Connected && !k.Dead {
 					e.Clerks++
+					if k.Kind == "" {
+						defaults[k.Id.GetNode()] = true
+					}
 				}
 			}
+			e.Defaults = len(defaults)
 			for _, l := range r.Locks {
 				if string(l.Name) != c.Name {
 					continue
