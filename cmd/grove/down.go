@@ -24,7 +24,9 @@ func downCmd() *cobra.Command {
 then any node of the directory still running (one restarted by hand). Each
 process is found by the pid recorded in its lock file (DIR/up.lock,
 DIR/node-N/LOCK) and is signalled only while it holds that lock, so a stale pid
-is never signalled. SIGTERM first; SIGKILL after --timeout.`,
+is never signalled. SIGTERM first; SIGKILL after --timeout. A node process
+started while grove down runs, and not yet holding its lock, is not seen:
+run grove down again once it is up.`,
 		Example: `  grove down
   grove down --data /tmp/g --timeout 30s`,
 		Args: cobra.NoArgs,

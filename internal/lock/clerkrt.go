@@ -66,9 +66,15 @@ func (c *ClerkRT) Acquire(ctx context.Context, name string, mode Mode) (*Held, e
 	}
 	s.mu.Lock()
 	w, out, err := c.e.Acquire(s.env(c.e), c.id, name, mode)
+	joining, told := time.Now(), false
 	for errors.Is(err, ErrNotAlive) && !c.e.Fenced() {
 		// The incarnation is still joining (not yet acknowledged by a
-		// majority of observers): wait for it rather than fail.
+		// majority of observers): wait for it rather than fail. Said
+		// once if it lasts: a caller waiting here is otherwise invisible.
+		if !told && time.Since(joining) > 5*time.Second {
+			told = true
+			s.log.Warn("lock acquire waiting for this incarnation to be acknowledged by a majority of observers", "clerk", c.id, "lock", name, "waited", time.Since(joining).Round(time.Millisecond))
+		}
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
