@@ -212,6 +212,10 @@ func TestCheckPrunesOnlyWhatIsSound(t *testing.T) {
 			op(0, 0, inf, put("a", "1"), unknown),
 			op(1, 20, 30, get("a"), Out{Found: true, Val: "1"}),
 		}},
+		{"an unknown write with an end is kept (it must take effect before its end)", false, 0, []porcupine.Operation{
+			op(0, 0, 10, put("a", "1"), unknown),
+			op(1, 20, 30, In{Kind: "count"}, Out{Count: 0}),
+		}},
 		{"a dropped write that a count relied on: the whole check passes", true, 1, []porcupine.Operation{
 			op(0, 0, inf, put("a", "1"), unknown),
 			op(1, 20, 30, In{Kind: "count"}, Out{Count: 1}),
