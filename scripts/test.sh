@@ -78,6 +78,33 @@ fi
 # 9 min; with four, 4.6 min.
 go test -p 4 -count=1 -timeout 20m ./...
 
+phase "fault suite (short) started in the background"
+# The fault suite (real processes in network namespaces, below) waits on
+# its faults' timers: 3.5-4.5 min at 10-25 % of the cores. It starts here
+# and runs in the background while the race detector's tests and then the
+# fuzzers use the cores (beside the fuzzers alone it outlasted them by
+# 1-2 min), and its output follows theirs. Both keep the two cores busy,
+# as the fuzzers alone did: the suite sees no more contention than before.
+# Its checks of safety do not rest on timing; its timings are reported,
+# not asserted (README "Fault suite": the figures come from the full run,
+# alone).
+faults_log=$(mktemp)
+faults_pid=
+if [ "${GROVE_FAULTS:-short}" = off ]; then
+  echo "(fault suite skipped: GROVE_FAULTS=off)" >"$faults_log"
+elif [ "$(id -u)" != 0 ]; then
+  echo "(fault suite skipped: not root; the suite creates network namespaces)" >"$faults_log"
+else
+  # Real processes on a bridged test network with nftables faults; needs
+  # root and the kernel's network namespaces (CI runs as root).
+  # scripts/faults.sh full runs the full version.
+  bash scripts/faults.sh "${GROVE_FAULTS:-short}" >"$faults_log" 2>&1 &
+  faults_pid=$!
+  # A race or fuzz failure ends this script: the fault suite still ends first
+  # (its processes and namespaces are its to clean), and its output shows.
+  trap 'if [ -n "$faults_pid" ]; then echo "(waiting for the fault suite to end)"; wait "$faults_pid" || true; cat "$faults_log"; fi' EXIT
+fi
+
 phase "race detector (protocol packages, fewer simulation seeds)"
 # -short: the oracles' teeth sweeps are single-threaded simulations; they
 # run once in the full suite above. The failure detector's, lock service's,
@@ -116,29 +143,7 @@ if [ "$race_btree" != 0 ] || [ "$race_rest" != 0 ]; then
   exit 1
 fi
 
-phase "fuzz (short), beside the fault suite (short)"
-# The fault suite (real processes in network namespaces, below) waits on
-# its faults' timers: about 2.7 min at 10-25 % of the cores. It runs in the
-# background while the fuzzers use the cores, and its output follows
-# theirs. Its checks of safety do not rest on timing; its timings are
-# reported, not asserted (README "Fault suite": the figures come from the
-# full run, alone).
-faults_log=$(mktemp)
-faults_pid=
-if [ "${GROVE_FAULTS:-short}" = off ]; then
-  echo "(fault suite skipped: GROVE_FAULTS=off)" >"$faults_log"
-elif [ "$(id -u)" != 0 ]; then
-  echo "(fault suite skipped: not root; the suite creates network namespaces)" >"$faults_log"
-else
-  # Real processes on a bridged test network with nftables faults; needs
-  # root and the kernel's network namespaces (CI runs as root).
-  # scripts/faults.sh full runs the full version.
-  bash scripts/faults.sh "${GROVE_FAULTS:-short}" >"$faults_log" 2>&1 &
-  faults_pid=$!
-  # A fuzz failure ends this script: the fault suite still ends first
-  # (its processes and namespaces are its to clean), and its output shows.
-  trap 'if [ -n "$faults_pid" ]; then echo "(waiting for the fault suite to end)"; wait "$faults_pid" || true; cat "$faults_log"; fi' EXIT
-fi
+phase "fuzz (short)"
 # A count, not a duration: Go 1.26's fuzz coordinator can report
 # "context deadline exceeded" (and fail) when a duration -fuzztime expires
 # while a worker is mid-call (golang/go#75804, fixed in Go 1.27); a count has
