@@ -371,14 +371,24 @@ func (d *Driver) Incarnation() (Incarnation, Phase) {
 // incarnations, to their registered beacon addresses, and accepts beacons
 // only from those addresses.
 func (d *Driver) SetMembership(version uint64, regs map[NodeID]Registration) {
+	// The addresses are resolved before the lock is taken: a beacon
+	// address may be a host name, and a slow resolver must not hold up
+	// the ticks, beacons, echoes and Alive checks that take the lock (a
+	// healthy node fenced itself in outside review 110's test).
 	incs := map[NodeID]Incarnation{}
-	d.mu.Lock()
+	addrs := map[NodeID]*net.UDPAddr{}
 	for n, r := range regs {
 		incs[n] = r.Incarnation
-		a, err := net.ResolveUDPAddr("udp", r.BeaconAddr)
-		if err != nil {
-			continue
+		if a, err := net.ResolveUDPAddr("udp", r.BeaconAddr); err == nil {
+			addrs[n] = a
 		}
+	}
+	d.mu.Lock()
+	if version <= d.mu.e.MembershipVersion() {
+		d.mu.Unlock() // not newer than the one installed (perhaps while this one resolved)
+		return
+	}
+	for n, a := range addrs {
 		if old := d.mu.addrs[n]; old != nil && d.mu.byAddr[old.String()] == n {
 			delete(d.mu.byAddr, old.String())
 		}

@@ -343,6 +343,10 @@ func (e *Engine) SetRegistered(now time.Time, version uint64, regs map[NodeID]In
 	}
 }
 
+// MembershipVersion is the version of the membership SetRegistered last
+// took (0: none yet).
+func (e *Engine) MembershipVersion() uint64 { return e.membership }
+
 // Query asks this observer about node incarnations. The Answer comes at once
 // unless a new verdict must first be made durable.
 func (e *Engine) Query(now time.Time, id QueryID, qs []Question) []any {

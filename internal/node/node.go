@@ -493,17 +493,50 @@ func (n *Node) register(ctx context.Context, inc fd.Incarnation) error {
 // watchMembership feeds the failure detector the registered nodes.
 func (n *Node) watchMembership() {
 	defer n.wg.Done()
-	for ns := range n.client.Watch(n.ctx, meta.NodesNamespace, 0) {
+	feedMembership(n.ctx, n.client.Read, n.client.Watch, n.fd.SetMembership, n.log)
+}
+
+// feedMembership gives set the membership namespace: first as read
+// linearizably, after the failure detector started, then every newer
+// version the watch brings. The first membership must not be older than
+// the detector's start: a replacement observer takes every incarnation
+// registered in it as one whose verdict it cannot know (fd's
+// preexisting), and a watch may be served by a replica that lags
+// (outside review 110: an incarnation the lost observer had condemned,
+// missing from a stale first snapshot, would have been echoed). Until the
+// read answers the observer echoes nobody.
+func feedMembership(ctx context.Context, read func(context.Context, string) (*pb.Namespace, error),
+	watch func(context.Context, string, uint64) <-chan *pb.Namespace, set func(uint64, map[fd.NodeID]fd.Registration), log *slog.Logger) {
+	apply := func(ns *pb.Namespace) {
 		nodes, err := meta.DecodeNodes(ns)
 		if err != nil {
-			n.log.Warn("membership does not decode", "err", err)
-			continue
+			log.Warn("membership does not decode", "err", err)
+			return
 		}
 		regs := map[fd.NodeID]fd.Registration{}
 		for _, r := range nodes {
 			regs[fd.NodeID(r.Id)] = fd.Registration{Incarnation: fd.Incarnation(r.Incarnation), BeaconAddr: r.BeaconAddr}
 		}
-		n.fd.SetMembership(ns.Version, regs)
+		set(ns.Version, regs)
+	}
+	var ns *pb.Namespace
+	for ns == nil {
+		var err error
+		if ns, err = read(ctx, meta.NodesNamespace); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("membership read failed; trying again", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+	apply(ns)
+	for ns := range watch(ctx, meta.NodesNamespace, ns.Version) {
+		apply(ns)
 	}
 }
 
