@@ -59,6 +59,10 @@ type DriverConfig struct {
 	// Metrics counts datagrams, fences, answers and tombstone writes (nil:
 	// none).
 	Metrics *metrics.Node
+	// Clocks reads the clocks a ClockGuard compares. Nil: ReadClocks if
+	// Clock is RealClock (or nil) on Linux, else no guard (a test's own
+	// clock).
+	Clocks func() (ClockSample, bool)
 }
 
 // kindLabel names a datagram's kind for metrics (byte 4 of the format).
@@ -102,6 +106,10 @@ type Driver struct {
 		byAddr  map[string]NodeID       // who sent: source address → node
 		answers map[QueryID]chan Answer
 		nextQID QueryID
+		// guard checks the clock's rate (nil: no guard); resigned is
+		// the last untrusted episode whose incarnation was given up.
+		guard    *ClockGuard
+		resigned uint64
 	}
 }
 
@@ -110,6 +118,9 @@ type Driver struct {
 func StartDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = RealClock{}
+	}
+	if _, real := cfg.Clock.(RealClock); cfg.Clocks == nil && real && clocksReadable {
+		cfg.Clocks = ReadClocks
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -140,6 +151,9 @@ func StartDriver(cfg DriverConfig) (*Driver, error) {
 	d.mu.addrs = map[NodeID]*net.UDPAddr{}
 	d.mu.byAddr = map[string]NodeID{}
 	d.mu.answers = map[QueryID]chan Answer{}
+	if cfg.Clocks != nil {
+		d.mu.guard = NewClockGuard(cfg.Engine.MaxDrift, 2*cfg.Engine.GracePeriod)
+	}
 	for _, o := range cfg.Engine.Observers {
 		a, err := net.ResolveUDPAddr("udp", cfg.ObserverAddrs[o])
 		if err != nil {
@@ -334,7 +348,24 @@ func (d *Driver) writer() {
 func (d *Driver) Alive() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.mu.e.Alive(d.cfg.Clock.Now())
+	return d.clockTrustedLocked(false) && d.mu.e.Alive(d.cfg.Clock.Now())
+}
+
+// clockTrustedLocked reads the clocks and asks the guard whether the
+// clock is trusted now (always, without a guard). keep: a tick's reading,
+// kept by the guard; one that could not be read is then skipped (the last
+// answer stands), while a check's counts as untrusted.
+func (d *Driver) clockTrustedLocked(keep bool) bool {
+	g := d.mu.guard
+	if g == nil {
+		return true
+	}
+	s, ok := d.cfg.Clocks()
+	if !ok {
+		return keep && g.trusted
+	}
+	ok, _ = g.Check(s, keep)
+	return ok
 }
 
 // Resign gives incarnation inc up now (Engine.Resign).
@@ -347,7 +378,7 @@ func (d *Driver) Resign(inc Incarnation, why string) {
 func (d *Driver) AliveAs(inc Incarnation) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.mu.e.AliveAs(d.cfg.Clock.Now(), inc)
+	return d.clockTrustedLocked(false) && d.mu.e.AliveAs(d.cfg.Clock.Now(), inc)
 }
 
 // Deadline returns the local time until which incarnation inc is
@@ -356,6 +387,9 @@ func (d *Driver) AliveAs(inc Incarnation) bool {
 func (d *Driver) Deadline(inc Incarnation) (time.Time, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.clockTrustedLocked(false) {
+		return time.Time{}, false
+	}
 	return d.mu.e.Deadline(d.cfg.Clock.Now(), inc)
 }
 
@@ -409,7 +443,14 @@ func (d *Driver) Query(ctx context.Context, qs []Question) (dead, heard []bool, 
 	id := d.mu.nextQID
 	d.mu.answers[id] = ch
 	d.mu.Unlock()
-	d.step(func(e *Engine, now time.Time) []any { return e.Query(now, id, qs) })
+	d.step(func(e *Engine, now time.Time) []any {
+		if !d.clockTrustedLocked(false) {
+			// The silences it would judge were measured on a clock
+			// that ran outside the drift bound.
+			return []any{Answer{Query: id, Err: ErrClockUntrusted}}
+		}
+		return e.Query(now, id, qs)
+	})
 	select {
 	case a := <-ch:
 		return a.Dead, a.Heard, a.Err
@@ -443,7 +484,27 @@ func (d *Driver) tickLoop() {
 			return
 		case <-t.C:
 		}
-		d.step(func(e *Engine, now time.Time) []any { return e.Tick(now) })
+		d.step(func(e *Engine, now time.Time) []any {
+			out := e.Tick(now)
+			if g := d.mu.guard; g != nil {
+				was := g.trusted
+				ok := d.clockTrustedLocked(true)
+				switch {
+				case !ok && g.Episode() > d.mu.resigned:
+					// Its deadlines were measured on that clock:
+					// every role stops, and the next incarnation's
+					// leases count once the clock is trusted again.
+					d.mu.resigned = g.Episode()
+					inc, _ := e.Incarnation(now)
+					d.log.Error("clock untrusted: giving the incarnation up; no lease and no verdict until it is trusted again",
+						"incarnation", inc, "why", g.why, "for", g.window)
+					out = append(out, e.Resign(now, inc, "clock untrusted: "+g.why)...)
+				case ok && !was:
+					d.log.Warn("clock trusted again")
+				}
+			}
+			return out
+		})
 	}
 }
 

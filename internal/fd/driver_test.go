@@ -97,6 +97,13 @@ func startReal(t *testing.T, n int, disks []disk.FS) ([]*realNode, *registry) {
 // startRealObs runs n nodes, the first obs of them observers.
 func startRealObs(t *testing.T, n, obs int, disks []disk.FS) ([]*realNode, *registry) {
 	t.Helper()
+	return startRealClocks(t, n, obs, disks, nil)
+}
+
+// startRealClocks is startRealObs with each node's clock readings for its
+// ClockGuard (clocks[i] nil: the real ones).
+func startRealClocks(t *testing.T, n, obs int, disks []disk.FS, clocks []func() (ClockSample, bool)) ([]*realNode, *registry) {
+	t.Helper()
 	reg := &registry{incs: map[NodeID]Incarnation{}, addrs: map[NodeID]string{}}
 	addrs := map[NodeID]string{}
 	cfg := testCfg
@@ -120,7 +127,12 @@ func startRealObs(t *testing.T, n, obs int, disks []disk.FS) ([]*realNode, *regi
 	dir := t.TempDir()
 	for i, rn := range nodes {
 		id := NodeID(i + 1)
+		var cl func() (ClockSample, bool)
+		if clocks != nil {
+			cl = clocks[i]
+		}
 		d, err := StartDriver(DriverConfig{
+			Clocks: cl,
 			Engine: EngineConfig{Config: cfg, Self: id, Observe: i < obs, Keys: Keyring{Sign: testKey}}, ObserverAddrs: addrs,
 			Conn: rn.conn, Disk: rn.disk, Log: testLog(t),
 			IncarnationFile: filepath.Join(dir, "inc"+string(rune('a'+i))),

@@ -15,7 +15,7 @@ import (
 
 // cores are the files that must stay pure.
 var cores = []string{
-	"fd/fd.go", "fd/wire.go", "fd/engine.go",
+	"fd/fd.go", "fd/wire.go", "fd/engine.go", "fd/clockguard.go",
 	"lock/lock.go", "lock/master.go", "lock/clerk.go", "lock/wire.go", "lock/engine.go", "lock/state.go", "lock/token.go",
 	"meta/fsm.go",
 	"rldev/engine.go", "rldev/replica.go", "rldev/datapath.go", "rldev/resync.go", "rldev/scrub.go", "rldev/pagelog.go",

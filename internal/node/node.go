@@ -779,7 +779,7 @@ func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.
 	switch {
 	case errors.Is(err, fd.ErrNotObserver):
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, fd.ErrNoMajority), errors.Is(err, fd.ErrVerdictNotDurable):
+	case errors.Is(err, fd.ErrNoMajority), errors.Is(err, fd.ErrVerdictNotDurable), errors.Is(err, fd.ErrClockUntrusted):
 		return nil, status.Error(codes.Unavailable, err.Error())
 	case err != nil:
 		return nil, status.FromContextError(err).Err()
