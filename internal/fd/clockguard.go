@@ -59,16 +59,44 @@ type ClockGuard struct {
 	trusted  bool          // as of the last check
 }
 
-// MinClockBound is the least rate error a ClockGuard allows whatever ρ:
-// ntpd slews at most 500 ppm, and a guard tighter than the time daemon
-// would fence nodes for ordinary corrections.
+// MinClockBound is the least rate error a ClockGuard allows: ntpd slews
+// at most 500 ppm, and a guard tighter than the time daemon would fence
+// nodes for ordinary corrections. Config.Validate asks ρ ≥ MinMaxDrift =
+// 2·MinClockBound, so that the guard's bound is ρ/2 (outside review 111:
+// with ρ = 0 a guard at 500 ppm let clocks through that the proof rules
+// out).
 const MinClockBound = 500e-6
+
+// MaxSlewRate is the fastest the kernel slews CLOCK_MONOTONIC (adjtimex's
+// tick adjustment: ±10 %). A lease user that compares a deadline it holds
+// with its own clock is not stopped by the guard until the driver's next
+// tick gives the incarnation up (Interval/4 later, or later still if the
+// tick is late): Driver.Deadline hands out deadlines LeaseMargin early,
+// which covers a slew at that rate over two tick periods (outside review
+// 111: a deadline cached before a 10 % slew that began just after a tick,
+// the tick then 130-150 ms late, was used 1.8-4.1 ms after the
+// observers' verdict, beyond the proof's own headroom).
+const MaxSlewRate = 0.1
+
+// LeaseMargin is how much earlier than the engine's deadline the driver's
+// Deadline is: MaxSlewRate over two tick periods (2·Interval/4); 10 ms
+// for the default Interval.
+func LeaseMargin(interval time.Duration) time.Duration {
+	return time.Duration(MaxSlewRate * float64(2*(interval/4)))
+}
 
 // ClockSlack is the skew allowed between two readings of the clocks.
 const ClockSlack = 100 * time.Microsecond
 
 // NewClockGuard returns a guard for drift bound rho (Config.MaxDrift) and
 // a window (2·GracePeriod in the driver).
+//
+// A host that was suspended (or a clock slewed) between the last check
+// and the next tick is noticed at that tick at the latest: the driver's
+// ticker runs on the monotonic clock, so it fires within Interval/4 of
+// waking. A lease user that compares a deadline it holds with its own
+// clock in that time acts, as after a pause of its own process between
+// a check and the act: fencing tokens are what protect storage from it.
 func NewClockGuard(rho float64, window time.Duration) *ClockGuard {
 	return &ClockGuard{bound: max(rho/2, MinClockBound), slack: ClockSlack, window: window, trusted: true}
 }

@@ -81,6 +81,10 @@ const (
 	// MinGraceIntervals is how many ΔT GracePeriod must span, so that a
 	// single lost beacon or echo never fences a node.
 	MinGraceIntervals = 3
+	// MinMaxDrift is the least drift bound: a node's ClockGuard lets
+	// through rate errors up to MaxDrift/2 but never fewer than ntpd's
+	// 500 ppm, and the proof needs the rates within MaxDrift.
+	MinMaxDrift = 2 * MinClockBound
 )
 
 // Validate rejects settings under which the invariant or liveness fails.
@@ -90,8 +94,8 @@ func (c Config) Validate() error {
 		return errors.New("fd: Interval must be positive")
 	case c.GracePeriod < MinGraceIntervals*c.Interval:
 		return fmt.Errorf("fd: GracePeriod %v must be at least %d×Interval (%v)", c.GracePeriod, MinGraceIntervals, MinGraceIntervals*c.Interval)
-	case c.MaxDrift < 0 || c.MaxDrift > 0.1:
-		return fmt.Errorf("fd: MaxDrift %v must be in [0, 0.1]", c.MaxDrift)
+	case c.MaxDrift < MinMaxDrift || c.MaxDrift > 0.1:
+		return fmt.Errorf("fd: MaxDrift %v must be in [%v, 0.1]", c.MaxDrift, MinMaxDrift)
 	case len(c.Observers) == 0:
 		return errors.New("fd: no observers")
 	}

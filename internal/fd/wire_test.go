@@ -180,6 +180,8 @@ func TestConfigValidate(t *testing.T) {
 		{Interval: 0, GracePeriod: time.Second, Observers: []NodeID{1}},
 		{Interval: 500 * time.Millisecond, GracePeriod: time.Second, Observers: []NodeID{1}},
 		{Interval: DefaultInterval, GracePeriod: time.Second, MaxDrift: 0.5, Observers: []NodeID{1}},
+		{Interval: DefaultInterval, GracePeriod: time.Second, MaxDrift: 0, Observers: []NodeID{1}},      // below MinMaxDrift
+		{Interval: DefaultInterval, GracePeriod: time.Second, MaxDrift: 0.0009, Observers: []NodeID{1}}, // below MinMaxDrift
 		{Interval: DefaultInterval, GracePeriod: time.Second},
 		{Interval: DefaultInterval, GracePeriod: time.Second, Observers: []NodeID{1, 1}},
 	}
@@ -301,7 +303,7 @@ func TestObserverSilenceCountsFromReconnection(t *testing.T) {
 // the incarnation and does not move with later contacts, even after a gap
 // (a node on a bursty link must still be able to condemn: found by review).
 func TestSubjectContactSince(t *testing.T) {
-	cfg := Config{Interval: DefaultInterval, GracePeriod: DefaultGracePeriod, Observers: []NodeID{1, 2, 3}}
+	cfg := Config{Interval: DefaultInterval, GracePeriod: DefaultGracePeriod, MaxDrift: DefaultMaxDrift, Observers: []NodeID{1, 2, 3}}
 	now := simNow()
 	s := NewSubject(cfg, 1, 1, now)
 	ack := func(at time.Time) {

@@ -625,8 +625,8 @@ func (c *Config) checkTiming() error {
 		return fmt.Errorf("[fd] interval = %q: want a positive duration", iv)
 	case gp < fd.MinGraceIntervals*iv:
 		return fmt.Errorf("[fd] grace_period = %q: must be at least %d × interval (%v)", gp, fd.MinGraceIntervals, fd.MinGraceIntervals*iv)
-	case drift < 0 || drift > 0.1:
-		return fmt.Errorf("[fd] max_drift = %v: want 0 to 0.1", drift)
+	case drift < fd.MinMaxDrift || drift > 0.1:
+		return fmt.Errorf("[fd] max_drift = %v: want %v to 0.1 (each node checks its clock's rate against the oscillator and allows time daemons' corrections up to max_drift/2, never under ntpd's 500 ppm)", drift, fd.MinMaxDrift)
 	}
 	if fc := c.FDConfig(); fc.SelfGrace() < 2*iv {
 		return fmt.Errorf("[fd] grace_period = %q is too short for max_drift = %v (a node's own grace would be under 2 × interval)", gp, drift)

@@ -115,8 +115,13 @@ func TestConfigFileErrorsAndDefaults(t *testing.T) {
 	if c.DataDir != filepath.Join(dir, "data") {
 		t.Fatalf("relative data_dir resolved to %q, want %q", c.DataDir, filepath.Join(dir, "data"))
 	}
-	c, err = load(configText("", "[fd]\nmax_drift = 0.0\n"))
-	if err != nil || c.FD.MaxDrift != 0 || c.FD.Interval != DefaultFD.Interval {
-		t.Fatalf("max_drift = 0 is a setting: %+v %v", c.FD, err)
+	c, err = load(configText("", "[fd]\nmax_drift = 0.002\n"))
+	if err != nil || c.FD.MaxDrift != 0.002 || c.FD.Interval != DefaultFD.Interval {
+		t.Fatalf("max_drift = 0.002 with the rest of [fd] left out: %+v %v", c.FD, err)
+	}
+	// max_drift = 0 is a setting, not an omission: refused, since each
+	// node's clock guard allows up to 500 ppm (fd.MinMaxDrift).
+	if _, err = load(configText("", "[fd]\nmax_drift = 0.0\n")); err == nil || !strings.Contains(err.Error(), "max_drift") {
+		t.Fatalf("max_drift = 0: %v, want an error naming it", err)
 	}
 }
