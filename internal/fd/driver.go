@@ -515,6 +515,9 @@ func (d *Driver) tickLoop() {
 					// every role stops, and the next incarnation's
 					// leases count once the clock is trusted again.
 					d.mu.resigned = g.Episode()
+					if m := d.cfg.Metrics; m != nil {
+						metrics.Inc(m.FDClockBad)
+					}
 					inc, _ := e.Incarnation(now)
 					d.log.Error("clock untrusted: giving the incarnation up; no lease and no verdict until it is trusted again",
 						"incarnation", inc, "why", g.why, "for", g.window)

@@ -28,6 +28,7 @@ type Node struct {
 	FDReceived    *prometheus.CounterVec // kind: beacon, echo
 	FDDropped     *prometheus.CounterVec // reason
 	FDSelfFences  prometheus.Counter
+	FDClockBad    prometheus.Counter     // the clock guard's untrusted episodes
 	FDVerdicts    *prometheus.CounterVec // answer: dead, alive (per subject), refused (per query)
 	FDTombstones  prometheus.Counter     // tombstone files written
 	FDIncarnation prometheus.Gauge
@@ -71,6 +72,7 @@ func New(id uint64) *Node {
 	m.FDReceived = f.counterVec("grove_fd_datagrams_accepted_total", "Authenticated failure-detector datagrams accepted, by kind.", "kind")
 	m.FDDropped = f.counterVec("grove_fd_datagrams_dropped_total", "Failure-detector datagrams dropped, by reason (malformed, forged, replayed, wrong address, membership moving...).", "reason")
 	m.FDSelfFences = f.counter("grove_fd_self_fences_total", "Incarnations of this node that fenced themselves (no majority of observers acknowledged within the grace period).")
+	m.FDClockBad = f.counter("grove_fd_clock_untrusted_total", "Times this node's clock guard found its clock's rate off by more than max_drift/2 from the oscillator's, or the host suspended (each gives the running incarnation up; no lease and no verdict for 2 x grace_period).")
 	m.FDVerdicts = f.counterVec("grove_fd_answers_total", "Answers this observer gave about node incarnations, by answer.", "answer")
 	m.FDTombstones = f.counter("grove_fd_tombstone_writes_total", "Durable writes of this observer's verdict file.")
 	m.FDIncarnation = f.gauge("grove_fd_incarnation", "This node's running incarnation (0 while fenced or joining).")
