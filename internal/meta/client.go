@@ -305,6 +305,41 @@ func (c *Client) Members(ctx context.Context) (*pb.MembersResponse, error) {
 	return out, err
 }
 
+// ConfirmedMembers asks the leader for the committed configuration
+// (MembersRequest.confirmed), following the leader; an answer that is not
+// confirmed (a member of an earlier build, which ignores the request's
+// field) counts as none.
+func (c *Client) ConfirmedMembers(ctx context.Context) (*pb.MembersResponse, error) {
+	var out *pb.MembersResponse
+	err := c.retry(ctx, func(ctx context.Context, cl pb.ConfigServiceClient) (string, bool, error) {
+		r, err := confirmedMembers(ctx, cl)
+		if err != nil || r == nil {
+			return "", false, err
+		}
+		if r.NotLeader {
+			return r.LeaderAddr, false, nil
+		}
+		out = r
+		return "", true, nil
+	})
+	return out, err
+}
+
+// confirmedMembers asks one member for a confirmed answer: nil, nil if it
+// could not give one and names no leader.
+func confirmedMembers(ctx context.Context, cl pb.ConfigServiceClient) (*pb.MembersResponse, error) {
+	r, err := cl.Members(ctx, &pb.MembersRequest{Confirmed: true})
+	switch {
+	case err != nil:
+		return nil, err
+	case r.NotLeader:
+		return r, nil
+	case !r.Confirmed:
+		return nil, errors.New("meta: a member of an earlier build cannot confirm the configuration")
+	}
+	return r, nil
+}
+
 // ChangeMembers adds (add) or removes a config-service member, following
 // the leader. It returns the raft index of the change (after an attempt
 // whose answer was lost, the commit index at which the change was found
@@ -319,7 +354,9 @@ func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAdd
 		r, err := cl.ChangeMembers(ctx, &pb.ChangeMembersRequest{Add: add, Remove: !add, Id: id, RaftAddr: raftAddr})
 		if s, ok := status.FromError(err); ok && s.Code() == codes.FailedPrecondition {
 			if maybe {
-				if m, merr := cl.Members(ctx, &pb.MembersRequest{}); merr == nil && hasMember(m, id) == add {
+				// Only a confirmed answer: the configuration another
+				// member holds may not be committed (review 112).
+				if m, merr := confirmedMembers(ctx, cl); merr == nil && m != nil && !m.NotLeader && hasMember(m, id) == add {
 					idx = m.CommitIndex
 					return "", true, nil // the earlier attempt made it
 				}

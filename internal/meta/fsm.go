@@ -74,6 +74,13 @@ type FSM struct {
 		// next applied decree (or a restore). Only namespaces someone
 		// waits on have one, so a decree wakes only its own watchers.
 		changed map[string]chan struct{}
+		// applied is the index of the last command entry Apply took
+		// (whatever its outcome); advanced is closed and replaced when
+		// it moves. restored: a snapshot was restored since, whose
+		// index the FSM is not told (Server.readIndex learns it).
+		applied  uint64
+		advanced chan struct{}
+		restored bool
 	}
 }
 
@@ -112,7 +119,33 @@ func NewFSM(log *slog.Logger) *FSM {
 	f := &FSM{log: log}
 	f.mu.ns = map[string]*nsState{}
 	f.mu.changed = map[string]chan struct{}{}
+	f.mu.advanced = make(chan struct{})
 	return f
+}
+
+// Applied returns the index of the last command entry applied, whether a
+// snapshot was restored since, and a channel closed when it next moves.
+func (f *FSM) Applied() (uint64, bool, <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mu.applied, f.mu.restored, f.mu.advanced
+}
+
+// appliedAtLeast raises the applied index to idx (a restored snapshot's,
+// once known) and clears the restored mark.
+func (f *FSM) appliedAtLeast(idx uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mu.restored = false
+	f.advanceLocked(idx)
+}
+
+func (f *FSM) advanceLocked(idx uint64) {
+	if idx > f.mu.applied {
+		f.mu.applied = idx
+		close(f.mu.advanced)
+		f.mu.advanced = make(chan struct{})
+	}
 }
 
 func opsSize(ops []*pb.Op) int {
@@ -199,10 +232,14 @@ func (f *FSM) Apply(l *raft.Log) any {
 	d, err := DecodeDecree(l.Data)
 	if err != nil {
 		f.log.Warn("rejected decree", "index", l.Index, "err", err)
+		f.mu.Lock()
+		f.advanceLocked(l.Index)
+		f.mu.Unlock()
 		return ApplyResult{Err: err}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.advanceLocked(l.Index)
 	ns := f.mu.ns[d.Namespace]
 	if ns == nil {
 		ns = &nsState{entries: map[string][]byte{}}
@@ -358,6 +395,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mu.ns = m
+	f.mu.restored = true
 	for name, ch := range f.mu.changed {
 		close(ch)
 		delete(f.mu.changed, name)

@@ -479,12 +479,18 @@ func (s *Server) Propose(ctx context.Context, d *pb.Decree) (uint64, error) {
 
 // Read returns a namespace linearizably: this replica confirms it is still
 // the leader (VerifyLeader) after having applied everything committed before
-// its term began (one Barrier per term), so the read sees every decree that
-// completed before it started.
+// its term began (one Barrier per term), and answers once its FSM has
+// applied every entry committed when the read began (a read index), so the
+// read sees every decree that completed before it started, and every
+// version a watch served by any replica delivered before it started.
+// Without the read index a leader's FSM, which applies committed entries
+// on its own goroutine, could answer a version older than one a follower's
+// watch had already delivered (outside review 112).
 func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 	if s.raft.State() != raft.Leader {
 		return nil, ErrNotLeader
 	}
+	ci := s.raft.CommitIndex()
 	if term := s.raft.CurrentTerm(); s.barrierTerm.Load() != term {
 		if err := s.raft.Barrier(5 * time.Second).Error(); err != nil {
 			return nil, fmt.Errorf("%w: barrier: %v", ErrNotLeader, err)
@@ -496,8 +502,55 @@ func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 	if err := s.raft.VerifyLeader().Error(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
 	}
+	if err := s.awaitApplied(ctx, ci); err != nil {
+		return nil, err
+	}
 	ns, _ := s.fsm.Namespace(name)
 	return ns, nil
+}
+
+// awaitApplied waits until the FSM has applied every command entry up to
+// index ci. Entries of other kinds (a term's no-op, barriers,
+// configurations) change no namespace, so it waits for the last command
+// entry at or before ci, found by walking the log back from ci down to
+// what is applied; an entry no longer in the log was compacted into a
+// snapshot, which this FSM took or restored, so it has it.
+func (s *Server) awaitApplied(ctx context.Context, ci uint64) error {
+	applied, restored, _ := s.fsm.Applied()
+	if restored {
+		// A restored snapshot's index: raft records it as the last
+		// snapshot once the FSM's Restore returns (at start, or when a
+		// follower installs one; a leader installs none).
+		if v, err := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64); err == nil {
+			s.fsm.appliedAtLeast(v)
+			applied, _, _ = s.fsm.Applied()
+		}
+	}
+	need := uint64(0)
+	for idx := ci; idx > applied; idx-- {
+		var l raft.Log
+		if err := s.store.GetLog(idx, &l); err != nil {
+			if errors.Is(err, raft.ErrLogNotFound) {
+				break // compacted into a snapshot
+			}
+			return fmt.Errorf("%w: reading log entry %d: %v", ErrNotLeader, idx, err)
+		}
+		if l.Type == raft.LogCommand {
+			need = idx
+			break
+		}
+	}
+	for {
+		applied, _, advanced := s.fsm.Applied()
+		if applied >= need {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for this replica to apply entry %d (applied %d): %v", ErrNotLeader, need, applied, ctx.Err())
+		}
+	}
 }
 
 // ErrMembership wraps a refused membership change.
@@ -750,13 +803,33 @@ func (g *grpcService) ChangeMembers(ctx context.Context, req *pb.ChangeMembersRe
 	return nil, status.Error(codes.Unavailable, err.Error())
 }
 
-func (g *grpcService) Members(ctx context.Context, _ *pb.MembersRequest) (*pb.MembersResponse, error) {
+func (g *grpcService) Members(ctx context.Context, req *pb.MembersRequest) (*pb.MembersResponse, error) {
 	f := g.s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
+	confirmed := false
+	if req.GetConfirmed() {
+		// GetConfiguration is the latest configuration in this
+		// replica's log, committed or not: only the leader, still
+		// leading, whose commit index covers it, may say it is the
+		// configuration (outside review 112: a removal appended by a
+		// leader that then lost the lead let a member that lost its
+		// disk vote again, and a committed decree was lost).
+		if g.s.raft.State() != raft.Leader || g.s.raft.VerifyLeader().Error() != nil {
+			r := &pb.MembersResponse{NotLeader: true, LeaderId: g.s.KnownLeader()}
+			if id := r.LeaderId; id != 0 && id != g.s.cfg.ID {
+				r.LeaderAddr = g.s.member(id).GRPCAddr
+			}
+			return r, nil
+		}
+		if f.Index() > g.s.raft.CommitIndex() {
+			return nil, status.Error(codes.Unavailable, "meta: a membership change is being committed; ask again")
+		}
+		confirmed = true
+	}
 	out := &pb.MembersResponse{LeaderId: g.s.KnownLeader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex(),
-		RaftState: strings.ToLower(g.s.raft.State().String())}
+		RaftState: strings.ToLower(g.s.raft.State().String()), Confirmed: confirmed}
 	if out.RaftState == "follower" {
 		if lc := g.s.raft.LastContact(); !lc.IsZero() {
 			out.LastContactMs = uint64(time.Since(lc).Milliseconds())

@@ -423,10 +423,14 @@ func confirmNotVoter(cfg *Config, members []meta.Member, timeout time.Duration) 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	// A removal just made may not have reached the member that answers:
-	// look again for a few seconds before refusing.
+	// look again for a few seconds before refusing. Only the leader's
+	// committed configuration counts (ConfirmedMembers): another member's
+	// latest one, or a removal appended but not committed, may be undone,
+	// and this member's vote would then count again in the configuration
+	// that still lists it (outside review 112: a committed decree lost).
 	listed := time.Time{}
 	for {
-		r, err := c.Members(ctx)
+		r, err := c.ConfirmedMembers(ctx)
 		if err != nil {
 			return fmt.Errorf("node %d: this config-service member has no raft state and no other member answered to confirm it may join (%v); "+
 				"if this is a brand-new cluster, start every member with --bootstrap (grove up does)", cfg.ID, err)
