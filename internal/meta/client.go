@@ -356,7 +356,13 @@ func (c *Client) ChangeMembers(ctx context.Context, add bool, id uint64, raftAdd
 			if maybe {
 				// Only a confirmed answer: the configuration another
 				// member holds may not be committed (review 112).
-				if m, merr := confirmedMembers(ctx, cl); merr == nil && m != nil && !m.NotLeader && hasMember(m, id) == add {
+				m, merr := confirmedMembers(ctx, cl)
+				switch {
+				case merr != nil || m == nil:
+					return "", false, merr // no confirmed answer yet (a change committing): ask again
+				case m.NotLeader:
+					return m.LeaderAddr, false, nil
+				case hasMember(m, id) == add:
 					idx = m.CommitIndex
 					return "", true, nil // the earlier attempt made it
 				}

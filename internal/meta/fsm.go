@@ -76,11 +76,12 @@ type FSM struct {
 		changed map[string]chan struct{}
 		// applied is the index of the last command entry Apply took
 		// (whatever its outcome); advanced is closed and replaced when
-		// it moves. restored: a snapshot was restored since, whose
-		// index the FSM is not told (Server.readIndex learns it).
-		applied  uint64
-		advanced chan struct{}
-		restored bool
+		// it moves. restores counts Restore calls; learned is the count
+		// at which a restored snapshot's index, which the FSM is not
+		// told, was last learned (Server.awaitApplied).
+		applied           uint64
+		advanced          chan struct{}
+		restores, learned uint64
 	}
 }
 
@@ -123,20 +124,29 @@ func NewFSM(log *slog.Logger) *FSM {
 	return f
 }
 
-// Applied returns the index of the last command entry applied, whether a
-// snapshot was restored since, and a channel closed when it next moves.
-func (f *FSM) Applied() (uint64, bool, <-chan struct{}) {
+// Applied returns the index of the last command entry applied, the
+// restore whose snapshot index is not yet learned (0: none), and a
+// channel closed when the index next moves.
+func (f *FSM) Applied() (uint64, uint64, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.mu.applied, f.mu.restored, f.mu.advanced
+	pending := uint64(0)
+	if f.mu.restores != f.mu.learned {
+		pending = f.mu.restores
+	}
+	return f.mu.applied, pending, f.mu.advanced
 }
 
-// appliedAtLeast raises the applied index to idx (a restored snapshot's,
-// once known) and clears the restored mark.
-func (f *FSM) appliedAtLeast(idx uint64) {
+// appliedAtLeast raises the applied index to idx, the snapshot index
+// learned for restore number restore, unless another restore came since
+// (its index is then still to learn).
+func (f *FSM) appliedAtLeast(idx, restore uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.mu.restored = false
+	if restore != f.mu.restores {
+		return
+	}
+	f.mu.learned = restore
 	f.advanceLocked(idx)
 }
 
@@ -395,7 +405,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mu.ns = m
-	f.mu.restored = true
+	f.mu.restores++
 	for name, ch := range f.mu.changed {
 		close(ch)
 		delete(f.mu.changed, name)

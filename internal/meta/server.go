@@ -118,6 +118,11 @@ type Server struct {
 	trans       raft.Transport
 	store       logStore
 	barrierTerm atomic.Uint64 // term in which this leader's Barrier completed
+	// testStall, set only by tests before use, runs at a named point of
+	// Read ("read": the read index taken, the lead not yet confirmed)
+	// and of a confirmed Members ("members": the lead confirmed, the
+	// configuration not yet read), to stall there.
+	testStall func(point string)
 }
 
 // HasState reports whether a replica directory holds raft state (a log,
@@ -490,8 +495,14 @@ func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 	if s.raft.State() != raft.Leader {
 		return nil, ErrNotLeader
 	}
+	// The term first, then the read index, and the lead confirmed in
+	// that same term: a leader that stalled after taking the index, lost
+	// the lead and won it again could otherwise confirm its later lead
+	// over an index of the earlier one, missing a decree another leader
+	// committed in between (outside review 113).
+	term := s.raft.CurrentTerm()
 	ci := s.raft.CommitIndex()
-	if term := s.raft.CurrentTerm(); s.barrierTerm.Load() != term {
+	if s.barrierTerm.Load() != term {
 		if err := s.raft.Barrier(5 * time.Second).Error(); err != nil {
 			return nil, fmt.Errorf("%w: barrier: %v", ErrNotLeader, err)
 		}
@@ -499,14 +510,38 @@ func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 			s.barrierTerm.Store(term)
 		}
 	}
+	if s.testStall != nil {
+		s.testStall("read")
+	}
 	if err := s.raft.VerifyLeader().Error(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	if s.raft.CurrentTerm() != term {
+		return nil, fmt.Errorf("%w: the term moved during the read", ErrNotLeader)
 	}
 	if err := s.awaitApplied(ctx, ci); err != nil {
 		return nil, err
 	}
 	ns, _ := s.fsm.Namespace(name)
 	return ns, nil
+}
+
+// configCommitted reports an error unless no configuration entry lies
+// past the commit index in this replica's log: the latest configuration
+// is then committed.
+func (s *Server) configCommitted() error {
+	ci := s.raft.CommitIndex()
+	last := s.raft.LastIndex()
+	for idx := ci + 1; idx <= last; idx++ {
+		var l raft.Log
+		if err := s.store.GetLog(idx, &l); err != nil {
+			return fmt.Errorf("meta: reading log entry %d: %v; ask again", idx, err)
+		}
+		if l.Type == raft.LogConfiguration {
+			return fmt.Errorf("meta: a membership change (log entry %d) is being committed; ask again", idx)
+		}
+	}
+	return nil
 }
 
 // awaitApplied waits until the FSM has applied every command entry up to
@@ -516,13 +551,14 @@ func (s *Server) Read(ctx context.Context, name string) (*pb.Namespace, error) {
 // what is applied; an entry no longer in the log was compacted into a
 // snapshot, which this FSM took or restored, so it has it.
 func (s *Server) awaitApplied(ctx context.Context, ci uint64) error {
-	applied, restored, _ := s.fsm.Applied()
-	if restored {
+	applied, restore, _ := s.fsm.Applied()
+	if restore != 0 && s.raft.State() == raft.Leader {
 		// A restored snapshot's index: raft records it as the last
 		// snapshot once the FSM's Restore returns (at start, or when a
-		// follower installs one; a leader installs none).
+		// follower installs one; a leader installs none, so a leader
+		// reads it after that). Learned for that restore only.
 		if v, err := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64); err == nil {
-			s.fsm.appliedAtLeast(v)
+			s.fsm.appliedAtLeast(v, restore)
 			applied, _, _ = s.fsm.Applied()
 		}
 	}
@@ -804,29 +840,47 @@ func (g *grpcService) ChangeMembers(ctx context.Context, req *pb.ChangeMembersRe
 }
 
 func (g *grpcService) Members(ctx context.Context, req *pb.MembersRequest) (*pb.MembersResponse, error) {
+	confirmed, confirmedTerm := false, uint64(0)
+	if req.GetConfirmed() {
+		// GetConfiguration is the latest configuration in this
+		// replica's log, committed or not: only the leader, still
+		// leading in the term it confirmed, with no configuration entry
+		// past its commit index, may say it is the configuration
+		// (outside review 112: a removal appended by a leader that then
+		// lost the lead let a member that lost its disk vote again, and
+		// a committed decree was lost; review 113: GetConfiguration's
+		// Index is always 0 in hashicorp/raft 1.7, so the log is read).
+		s := g.s
+		term := s.raft.CurrentTerm()
+		confirmedTerm = term
+		if s.raft.State() != raft.Leader || s.raft.VerifyLeader().Error() != nil || s.raft.CurrentTerm() != term {
+			r := &pb.MembersResponse{NotLeader: true, LeaderId: s.KnownLeader()}
+			if id := r.LeaderId; id != 0 && id != s.cfg.ID {
+				r.LeaderAddr = s.member(id).GRPCAddr
+			}
+			return r, nil
+		}
+		if err := s.configCommitted(); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		if s.testStall != nil {
+			s.testStall("members")
+		}
+		confirmed = true
+	}
 	f := g.s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	confirmed := false
-	if req.GetConfirmed() {
-		// GetConfiguration is the latest configuration in this
-		// replica's log, committed or not: only the leader, still
-		// leading, whose commit index covers it, may say it is the
-		// configuration (outside review 112: a removal appended by a
-		// leader that then lost the lead let a member that lost its
-		// disk vote again, and a committed decree was lost).
-		if g.s.raft.State() != raft.Leader || g.s.raft.VerifyLeader().Error() != nil {
-			r := &pb.MembersResponse{NotLeader: true, LeaderId: g.s.KnownLeader()}
-			if id := r.LeaderId; id != 0 && id != g.s.cfg.ID {
-				r.LeaderAddr = g.s.member(id).GRPCAddr
-			}
-			return r, nil
+	if confirmed {
+		// A change appended since configCommitted looked is past the
+		// commit index read there: look again, in the same term.
+		if err := g.s.configCommitted(); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
 		}
-		if f.Index() > g.s.raft.CommitIndex() {
-			return nil, status.Error(codes.Unavailable, "meta: a membership change is being committed; ask again")
+		if g.s.raft.CurrentTerm() != confirmedTerm {
+			return nil, status.Error(codes.Unavailable, "meta: the term moved while the configuration was read; ask again")
 		}
-		confirmed = true
 	}
 	out := &pb.MembersResponse{LeaderId: g.s.KnownLeader(), Term: g.s.raft.CurrentTerm(), CommitIndex: g.s.raft.CommitIndex(),
 		RaftState: strings.ToLower(g.s.raft.State().String()), Confirmed: confirmed}
