@@ -72,8 +72,13 @@ func TestReview52HungEndpointRotates(t *testing.T) {
 		}
 	}
 	// The first get may fail (it spent its time at the hung endpoint);
-	// the next ones must go to the other endpoint.
-	if fails > 1 {
+	// the next ones must go to the other endpoint. One more may fail on
+	// a machine loaded enough that the other endpoint's connection is not
+	// ready within connectWait (2 s) when the second get first uses it:
+	// it then goes back to the hung one (CI, 2026-12-02, at the start of
+	// the main phase: 2 of 5 failed in 5.00 s). A client that never moves
+	// off the hung endpoint fails all five.
+	if fails > 2 {
 		t.Fatalf("%d of 5 gets failed at the hung endpoint: the client never moved off it", fails)
 	}
 }

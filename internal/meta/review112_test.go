@@ -147,34 +147,10 @@ func (w *gateWriter) Write(p []byte) (int, error) {
 // begins after that returns version v from the leader.
 func TestReview112ReadBehindFollower(t *testing.T) {
 	w := &gateWriter{release: make(chan struct{}), blocked: make(chan struct{}, 1)}
-	g := &group{t: t}
-	for i := 1; i <= 3; i++ {
-		g.dirs = append(g.dirs, t.TempDir())
-		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
-	}
-	g.servers = make([]*Server, 3)
-	g.trans = make([]*raft.InmemTransport, 3)
-	for i := range g.members {
-		_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
-		g.trans[i] = tr
-		for j := 0; j < i; j++ {
-			g.heal2(i, j)
-		}
-		s, err := Open(Config{Bootstrap: true, ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: fastTiming, Transport: tr,
-			Logger: slog.New(slog.NewTextHandler(w, nil)), RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.servers[i] = s
-	}
+	g := newLoggedGroup(t, w, false)
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(w.release) }) }
-	t.Cleanup(func() {
-		unblock()
-		for _, s := range g.servers {
-			s.Close()
-		}
-	})
+	t.Cleanup(unblock) // before the servers close
 	g.mustPropose(put("n", 0, "a", "0"))
 	L := g.leader()
 	F := (L + 1) % 3
@@ -235,4 +211,43 @@ func TestReview112ReadBehindFollower(t *testing.T) {
 	if seen != v+1 {
 		t.Errorf("the follower did not reach version %d (%d): nothing was checked", v+1, seen)
 	}
+}
+
+// newLoggedGroup starts three bootstrapped in-memory replicas whose logs
+// go to out (a gateWriter can hold a replica's FSM up on its own log
+// line); with slowFirst, replica 1 has a 4 s heartbeat, election timeout
+// and leader lease, so that it goes on believing it leads after the
+// others elected a new leader (what VerifyLeader is for). The servers
+// close at the test's end.
+func newLoggedGroup(t *testing.T, out io.Writer, slowFirst bool) *group {
+	g := &group{t: t}
+	for i := 1; i <= 3; i++ {
+		g.dirs = append(g.dirs, t.TempDir())
+		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
+	}
+	g.servers = make([]*Server, 3)
+	g.trans = make([]*raft.InmemTransport, 3)
+	for i := range g.members {
+		_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
+		g.trans[i] = tr
+		for j := 0; j < i; j++ {
+			g.heal2(i, j)
+		}
+		tm := fastTiming
+		if slowFirst && i == 0 {
+			tm = Timing{Heartbeat: 4 * time.Second, Election: 4 * time.Second, LeaderLease: 4 * time.Second}
+		}
+		s, err := Open(Config{Bootstrap: true, ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: tm, Transport: tr,
+			Logger: slog.New(slog.NewTextHandler(out, nil)), RaftLog: io.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.servers[i] = s
+	}
+	t.Cleanup(func() {
+		for _, s := range g.servers {
+			s.Close()
+		}
+	})
+	return g
 }

@@ -31,39 +31,10 @@ import (
 // after the others elected a new leader (what VerifyLeader is for).
 func TestReview113ReadTermChange(t *testing.T) {
 	w := &gateWriter{release: make(chan struct{}), blocked: make(chan struct{}, 1)}
-	g := &group{t: t}
-	for i := 1; i <= 3; i++ {
-		g.dirs = append(g.dirs, t.TempDir())
-		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
-	}
-	g.servers = make([]*Server, 3)
-	g.trans = make([]*raft.InmemTransport, 3)
-	slow := Timing{Heartbeat: 4 * time.Second, Election: 4 * time.Second, LeaderLease: 4 * time.Second}
-	for i := range g.members {
-		_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
-		g.trans[i] = tr
-		for j := 0; j < i; j++ {
-			g.heal2(i, j)
-		}
-		tm := fastTiming
-		if i == 0 {
-			tm = slow
-		}
-		s, err := Open(Config{Bootstrap: true, ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: tm, Transport: tr,
-			Logger: slog.New(slog.NewTextHandler(w, nil)), RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.servers[i] = s
-	}
+	g := newLoggedGroup(t, w, true)
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(w.release) }) }
-	t.Cleanup(func() {
-		unblock()
-		for _, s := range g.servers {
-			s.Close()
-		}
-	})
+	t.Cleanup(unblock) // before the servers close
 	g.mustPropose(put("n", 0, "a", "0"))
 	const L = 0
 	s := g.servers[L]
@@ -235,36 +206,7 @@ func TestReview113ChangeMembersLostAnswerWhileCommitting(t *testing.T) {
 // between the checks and the read, while a removal that will never commit
 // is appended; the answer must not be a confirmed one without member 3.
 func TestReview113ConfirmedMembersStaleConfiguration(t *testing.T) {
-	g := &group{t: t}
-	for i := 1; i <= 3; i++ {
-		g.dirs = append(g.dirs, t.TempDir())
-		g.members = append(g.members, Member{ID: uint64(i), RaftAddr: fmt.Sprintf("inmem-%d", i)})
-	}
-	g.servers = make([]*Server, 3)
-	g.trans = make([]*raft.InmemTransport, 3)
-	slow := Timing{Heartbeat: 4 * time.Second, Election: 4 * time.Second, LeaderLease: 4 * time.Second}
-	for i := range g.members {
-		_, tr := raft.NewInmemTransport(raft.ServerAddress(g.members[i].RaftAddr))
-		g.trans[i] = tr
-		for j := 0; j < i; j++ {
-			g.heal2(i, j)
-		}
-		tm := fastTiming
-		if i == 0 {
-			tm = slow
-		}
-		s, err := Open(Config{Bootstrap: true, ID: g.members[i].ID, Dir: g.dirs[i], Members: g.members, Timing: tm, Transport: tr,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.servers[i] = s
-	}
-	t.Cleanup(func() {
-		for _, s := range g.servers {
-			s.Close()
-		}
-	})
+	g := newLoggedGroup(t, io.Discard, true)
 	g.mustPropose(put("n", 0, "a", "0"))
 	const L, V = 0, 2
 	s := g.servers[L]
