@@ -178,26 +178,7 @@ func TestReview110SlewedClockGuarded(t *testing.T) {
 		m := subjClock(real)
 		return ClockSample{Mono: m, Raw: 10*time.Second + real, Boot: 10*time.Second + m.Sub(base)}
 	}
-	s := NewSubject(cfg, 4, 1, subjClock(0))
-	var obs []*Observer
-	for _, id := range cfg.Observers {
-		o := NewObserver(id, cfg.GracePeriod, obsClock(0), nil)
-		o.SetRegistered(obsClock(0), map[NodeID]Incarnation{1: 1, 2: 1, 3: 1, 4: 1})
-		obs = append(obs, o)
-	}
-	b, send, _ := s.Tick(subjClock(0))
-	if !send {
-		t.Fatal("no beacon")
-	}
-	for _, o := range obs {
-		e, err := o.Beacon(obsClock(0), b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Echo(subjClock(0), e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s, obs := echoedSubject(t, cfg, subjClock(0), obsClock(0))
 	resigned := false // the driver's tick gives the incarnation up
 	alive := func(r time.Duration) bool {
 		if resigned {
@@ -320,4 +301,35 @@ func TestDriverClockGuard(t *testing.T) {
 			t.Fatalf("node %d, on the real clocks, fenced %d times", i+2, f)
 		}
 	}
+}
+
+// echoedSubject returns subject (4, 1) and observers 1-3 (every node's
+// first incarnation registered), after one beacon sent at subjNow and
+// echoed by every observer at obsNow: the subject is alive.
+func echoedSubject(t *testing.T, cfg Config, subjNow, obsNow time.Time) (*Subject, []*Observer) {
+	t.Helper()
+	s := NewSubject(cfg, 4, 1, subjNow)
+	var obs []*Observer
+	for _, id := range cfg.Observers {
+		o := NewObserver(id, cfg.GracePeriod, obsNow, nil)
+		o.SetRegistered(obsNow, map[NodeID]Incarnation{1: 1, 2: 1, 3: 1, 4: 1})
+		obs = append(obs, o)
+	}
+	b, send, _ := s.Tick(subjNow)
+	if !send {
+		t.Fatal("no beacon")
+	}
+	for _, o := range obs {
+		e, err := o.Beacon(obsNow, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Echo(subjNow, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.Alive(subjNow) {
+		t.Fatal("subject not alive after a majority's echoes")
+	}
+	return s, obs
 }

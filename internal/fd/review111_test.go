@@ -59,23 +59,7 @@ func review111Run(t *testing.T, rho, preRate, slowRate, obsRate, subjRaw, obsRaw
 				t.Fatalf("observer untrusted: %s", why)
 			}
 		}
-		s := NewSubject(cfg, 4, 1, subjClock(0))
-		var obs []*Observer
-		for _, id := range cfg.Observers {
-			o := NewObserver(id, cfg.GracePeriod, obsClock(0), nil)
-			o.SetRegistered(obsClock(0), map[NodeID]Incarnation{1: 1, 2: 1, 3: 1, 4: 1})
-			obs = append(obs, o)
-		}
-		b, _, _ := s.Tick(subjClock(0))
-		for _, o := range obs {
-			e, err := o.Beacon(obsClock(0), b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Echo(subjClock(0), e); err != nil {
-				t.Fatal(err)
-			}
-		}
+		s, obs := echoedSubject(t, cfg, subjClock(0), obsClock(0))
 		// The lease user's Deadline, with the driver's check.
 		if ok, _ := guard.Check(sample(0), false); !ok {
 			t.Fatal("untrusted at Deadline")
@@ -259,18 +243,7 @@ func TestReview111SuspendCachedDeadline(t *testing.T) {
 			t.Fatal("untrusted before")
 		}
 	}
-	s := NewSubject(cfg, 4, 1, base)
-	var obs []*Observer
-	for _, id := range cfg.Observers {
-		o := NewObserver(id, cfg.GracePeriod, base, nil)
-		o.SetRegistered(base, map[NodeID]Incarnation{1: 1, 2: 1, 3: 1, 4: 1})
-		obs = append(obs, o)
-	}
-	b, _, _ := s.Tick(base)
-	for _, o := range obs {
-		e, _ := o.Beacon(base, b)
-		s.Echo(base, e)
-	}
+	s, obs := echoedSubject(t, cfg, base, base)
 	if ok, _ := guard.Check(sample(0), false); !ok {
 		t.Fatal("untrusted at Deadline")
 	}

@@ -121,7 +121,17 @@ type gateWriter struct {
 	block   string // "replica=N"
 	release chan struct{}
 	blocked chan struct{}
+	once    sync.Once
 }
+
+// newGateWriter returns a gate open until its block is set
+// (newLoggedGroup opens it for good before the servers close).
+func newGateWriter() *gateWriter {
+	return &gateWriter{release: make(chan struct{}), blocked: make(chan struct{}, 1)}
+}
+
+// unblock releases the line held up, and every later one.
+func (w *gateWriter) unblock() { w.once.Do(func() { close(w.release) }) }
 
 func (w *gateWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
@@ -146,11 +156,9 @@ func (w *gateWriter) Write(p []byte) (int, error) {
 // follower (and a watch it serves) is at version v+1, and a Read that
 // begins after that returns version v from the leader.
 func TestReview112ReadBehindFollower(t *testing.T) {
-	w := &gateWriter{release: make(chan struct{}), blocked: make(chan struct{}, 1)}
+	w := newGateWriter()
 	g := newLoggedGroup(t, w, false)
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(w.release) }) }
-	t.Cleanup(unblock) // before the servers close
+	unblock := w.unblock
 	g.mustPropose(put("n", 0, "a", "0"))
 	L := g.leader()
 	F := (L + 1) % 3
@@ -218,7 +226,7 @@ func TestReview112ReadBehindFollower(t *testing.T) {
 // line); with slowFirst, replica 1 has a 4 s heartbeat, election timeout
 // and leader lease, so that it goes on believing it leads after the
 // others elected a new leader (what VerifyLeader is for). The servers
-// close at the test's end.
+// close at the test's end (a gateWriter opened first).
 func newLoggedGroup(t *testing.T, out io.Writer, slowFirst bool) *group {
 	g := &group{t: t}
 	for i := 1; i <= 3; i++ {
@@ -249,5 +257,8 @@ func newLoggedGroup(t *testing.T, out io.Writer, slowFirst bool) *group {
 			s.Close()
 		}
 	})
+	if w, ok := out.(*gateWriter); ok {
+		t.Cleanup(w.unblock) // first: a replica held up on a log line could not close
+	}
 	return g
 }

@@ -30,11 +30,9 @@ import (
 // Replica 1 has a long leader lease, so that it still believes it leads
 // after the others elected a new leader (what VerifyLeader is for).
 func TestReview113ReadTermChange(t *testing.T) {
-	w := &gateWriter{release: make(chan struct{}), blocked: make(chan struct{}, 1)}
+	w := newGateWriter()
 	g := newLoggedGroup(t, w, true)
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(w.release) }) }
-	t.Cleanup(unblock) // before the servers close
+	unblock := w.unblock
 	g.mustPropose(put("n", 0, "a", "0"))
 	const L = 0
 	s := g.servers[L]
