@@ -141,6 +141,14 @@ type WriteOptions struct {
 // Write writes data (whole 4 KiB blocks, at most MaxIO) at byte offset off
 // of RLDev id, durably on both replicas (on the one alone in degraded
 // mode) when it returns nil.
+//
+// An attempt whose outcome the clerk could not learn (its answer lost, or
+// ErrMaybeWritten: the node failed over mid-way) is sent again, through
+// the primary the table then names: that retry is a new write of the same
+// data, so the write may take effect more than once (WriteInfo says how
+// many times it may have), and a write of another writer to the same
+// blocks may land between two of them. Writers of a block share a lock,
+// as every layer above does, for a write to be one register write.
 func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteOptions) error {
 	_, err := c.WriteReport(ctx, id, off, data, o)
 	return err
@@ -154,8 +162,33 @@ func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteO
 // token (the chunk store passes this on to its clients:
 // chunk.Clerk.WriteFencedReport).
 func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o WriteOptions) (earlierMayLand bool, _ error) {
+	info, err := c.WriteInfo(ctx, id, off, data, o)
+	return info.EarlierMayLand, err
+}
+
+// WriteResult is what a successful write reports beyond its success.
+type WriteResult struct {
+	// EarlierMayLand: see WriteReport.
+	EarlierMayLand bool
+	// Applied is how many times the write may have been applied: 1, and
+	// 1 more for each earlier attempt that may have landed (its answer
+	// lost, or ErrMaybeWritten) before the clerk sent it again. A retry
+	// is a new write of the same data (ErrMaybeWritten), so with Applied
+	// above 1 a write of another writer to those blocks may have landed
+	// between two of them, and a reader may have seen this write's data,
+	// then the other's, then this one's again. The replicas stay
+	// identical and each application is linearizable as a write of its
+	// own; writers of a block that share a lock (every layer above) never
+	// see the difference.
+	Applied int
+}
+
+// WriteInfo is Write that also reports, on success, what WriteResult
+// says: whether an earlier attempt may land later, and how many times the
+// write may have been applied.
+func (c *Clerk) WriteInfo(ctx context.Context, id, off uint64, data []byte, o WriteOptions) (WriteResult, error) {
 	if _, _, err := blockRange(off, uint64(len(data))); err != nil {
-		return false, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
+		return WriteResult{}, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
 	}
 	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
 	// Which attempts whose answer was lost may still land after a later
@@ -191,6 +224,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	//     the success coming on an unsequenced connection to it, which
 	//     does not supersede the sequenced one there: it counts (sent).
 	maybe, lost, sent, lostAnywhere := false, map[NodeID]bool{}, map[NodeID]bool{}, false
+	landed := 0                             // attempts that may have landed, the successful one aside (WriteResult.Applied)
 	maybeAt := map[NodeID]map[uint64]bool{} // ErrMaybeWritten answers, by the incarnation that gave them (0: not named)
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
@@ -206,6 +240,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 		r, err := cl.Write(ctx, req)
 		if err != nil {
 			maybe, sent[node] = true, true // the request may have arrived
+			landed++
 			lostAnywhere = lostAnywhere || !sequenced
 			return node, false, err
 		}
@@ -216,6 +251,7 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 			// of a write the node itself still has in progress (a disk
 			// write that hangs past its replica's failure).
 			maybe = true
+			landed++
 			if maybeAt[node] == nil {
 				maybeAt[node] = map[uint64]bool{}
 			}
@@ -231,7 +267,10 @@ func (c *Clerk) WriteReport(ctx context.Context, id, off uint64, data []byte, o 
 	if err != nil && maybe && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w: an earlier attempt may have landed)", err, ErrMaybeWritten)
 	}
-	return err == nil && (lost[ok] || lostAnywhere), err
+	if err != nil {
+		return WriteResult{}, err
+	}
+	return WriteResult{EarlierMayLand: lost[ok] || lostAnywhere, Applied: 1 + landed}, nil
 }
 
 // Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of

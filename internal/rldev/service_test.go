@@ -540,7 +540,9 @@ func TestWriteReportMaybeWrittenByIncarnation(t *testing.T) {
 // (the chunk store passes it on, and the B-tree server then renews its
 // fence and writes again), and not on the framed one, whose connections
 // the node sequences (admitClerkConn: the lost attempt started before the
-// retry, or never starts); a write answered at once reports none; one
+// retry, or never starts), and on both that it may have been applied
+// twice (WriteResult.Applied); a write answered at once reports none and
+// once; one
 // whose every answer is lost fails with ErrMaybeWritten on both.
 func TestWriteReportEarlierAttempt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -561,16 +563,16 @@ func TestWriteReportEarlierAttempt(t *testing.T) {
 			id = createServed(t, ctx, cl, 16<<20)
 		}
 		data := random(4096)
-		earlier, err := cl.WriteReport(ctx, id, 0, data, rldev.WriteOptions{})
-		if want := path == rldev.DataPathGRPC; err != nil || earlier != want {
-			t.Fatalf("%s: a write whose first answer was lost: earlier %v, %v (want %v, nil)", path, earlier, err, want)
+		info, err := cl.WriteInfo(ctx, id, 0, data, rldev.WriteOptions{})
+		if want := path == rldev.DataPathGRPC; err != nil || info.EarlierMayLand != want || info.Applied != 2 {
+			t.Fatalf("%s: a write whose first answer was lost: %+v, %v (want earlier %v, applied 2 times, nil)", path, info, err, want)
 		}
 		got, err := cl.Read(ctx, id, 0, 4096, 0)
 		if err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("%s: reading it back: %v", path, err)
 		}
-		if earlier, err := cl.WriteReport(ctx, id, 4096, data, rldev.WriteOptions{}); err != nil || earlier {
-			t.Fatalf("%s: a write answered at once: earlier %v, %v (want false, nil)", path, earlier, err)
+		if info, err := cl.WriteInfo(ctx, id, 4096, data, rldev.WriteOptions{}); err != nil || info.EarlierMayLand || info.Applied != 1 {
+			t.Fatalf("%s: a write answered at once: %+v, %v (want no earlier attempt, applied once, nil)", path, info, err)
 		}
 		lost := rldev.NewClerkWith(mc, rldev.ClerkOptions{DataPath: path})
 		defer lost.Close()

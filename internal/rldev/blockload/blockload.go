@@ -21,7 +21,14 @@
 //
 // A write acknowledged with "an earlier attempt may land later"
 // (Clerk.WriteReport) leaves its blocks out of the check: the clerk's
-// contract lets that attempt land over later writes. Run counts them.
+// contract lets that attempt land over later writes. Run counts them. A
+// write acknowledged after attempts of unknown outcome is one register
+// write per attempt that may have landed, each within the call
+// (rldev.WriteResult.Applied): the clerk's retry is a new write of the
+// same data, and another client's write may land between two of them
+// (CI, seed 62704: a value read while its write was in flight, another
+// client's write acknowledged, then the first value again, written by
+// the retry after a failover).
 package blockload
 
 import (
@@ -75,10 +82,13 @@ type Result struct {
 	Did                          []string // the faults
 	Moves                        int      // moves asked and accepted
 	Writes, Reads, Open, Refused int
-	FirstRefusal                 string
-	Blocks                       int      // blocks with a history
-	LeftOut                      []string // blocks left out, and why
-	Settle                       time.Duration
+	// Reapplied: acknowledged writes the clerk sent again after an
+	// attempt of unknown outcome (each attempt checked as a write).
+	Reapplied    int
+	FirstRefusal string
+	Blocks       int      // blocks with a history
+	LeftOut      []string // blocks left out, and why
+	Settle       time.Duration
 }
 
 func (r *Result) String() string {
@@ -86,8 +96,8 @@ func (r *Result) String() string {
 	if r.FirstRefusal != "" {
 		refusal = "; the first: " + r.FirstRefusal
 	}
-	return fmt.Sprintf("faults %s; %d moves asked; %d writes (%d of unknown outcome, %d refused%s) and %d reads checked on %d blocks; settled in %v; %d blocks left out (%s)",
-		strings.Join(r.Did, ", "), r.Moves, r.Writes, r.Open, r.Refused, refusal, r.Reads, r.Blocks, r.Settle.Round(time.Millisecond), len(r.LeftOut), strings.Join(r.LeftOut, "; "))
+	return fmt.Sprintf("faults %s; %d moves asked; %d writes (%d of unknown outcome, %d sent again after an attempt of unknown outcome, %d refused%s) and %d reads checked on %d blocks; settled in %v; %d blocks left out (%s)",
+		strings.Join(r.Did, ", "), r.Moves, r.Writes, r.Open, r.Reapplied, r.Refused, refusal, r.Reads, r.Blocks, r.Settle.Round(time.Millisecond), len(r.LeftOut), strings.Join(r.LeftOut, "; "))
 }
 
 // Run runs the workload and its checks. Its error names the seed and ends
@@ -162,15 +172,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 					for i := uint64(0); i < n; i++ {
 						Fill(data[i*rldev.BlockSize:(i+1)*rldev.BlockSize], v, id, b+i)
 					}
-					earlier, err := cl.WriteReport(octx, id, b*rldev.BlockSize, data, rldev.WriteOptions{})
+					info, err := cl.WriteInfo(octx, id, b*rldev.BlockSize, data, rldev.WriteOptions{})
 					ret := time.Now()
 					switch {
-					case err == nil && earlier:
+					case err == nil && info.EarlierMayLand:
 						// An earlier attempt may land later, over later
 						// writes (the clerk's contract): no register.
 						h.Taint(id, b, n, "write %d acknowledged with an earlier attempt that may land later", v)
 					case err == nil:
-						h.Write(c, id, b, n, v, call, ret)
+						// Each attempt that may have landed is a write of
+						// its own, within the call (the clerk's contract:
+						// a retry is a new write of the same data).
+						h.WriteTimes(c, id, b, n, v, call, ret, info.Applied)
 					case errors.Is(err, rldev.ErrMaybeWritten) || ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
 						h.Write(c, id, b, n, v, call, time.Time{}) // open: it may land any time after call
 					default:
@@ -307,6 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	h.mu.Lock()
 	res.Writes, res.Reads, res.Open, res.Refused, res.FirstRefusal = h.nw, h.nr, h.open, h.nrefused, h.firstRefusal
+	res.Reapplied = h.reapplied
 	res.Blocks, res.LeftOut = len(h.ops), h.taintWhy
 	h.mu.Unlock()
 	if res.Writes < 50 || res.Reads < 50 {
@@ -369,7 +383,10 @@ type History struct {
 	taintWhy []string
 	nw, nr   int
 	open     int
-	nrefused int
+	// reapplied: acknowledged writes that may have taken effect more
+	// than once (WriteTimes).
+	reapplied int
+	nrefused  int
 	// firstRefusal: the first refused write's error, for the summary.
 	firstRefusal string
 }
@@ -384,9 +401,20 @@ func (h *History) at(t time.Time) int64 { return int64(t.Sub(h.start)) }
 // Write records client c's write of v to blocks [b, b+n) of RLDev id,
 // called at call and acknowledged at ret (zero: its outcome is unknown).
 func (h *History) Write(c int, id, b, n, v uint64, call, ret time.Time) {
+	h.WriteTimes(c, id, b, n, v, call, ret, 1)
+}
+
+// WriteTimes is Write of a write that may have taken effect up to times
+// times between call and ret (the clerk sent it again after attempts of
+// unknown outcome: rldev.WriteResult.Applied): one register write each,
+// so that another client's write may come between two of them.
+func (h *History) WriteTimes(c int, id, b, n, v uint64, call, ret time.Time, times int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.nw++
+	if times > 1 {
+		h.reapplied++
+	}
 	r := int64(blockcheck.Open)
 	if ret.IsZero() {
 		h.open++
@@ -395,7 +423,9 @@ func (h *History) Write(c int, id, b, n, v uint64, call, ret time.Time) {
 	}
 	for i := uint64(0); i < n; i++ {
 		k := key{id, b + i}
-		h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: blockcheck.In{Write: true, V: v}, Call: h.at(call), Return: r})
+		for j := 0; j < max(times, 1); j++ {
+			h.ops[k] = append(h.ops[k], porcupine.Operation{ClientId: c, Input: blockcheck.In{Write: true, V: v}, Call: h.at(call), Return: r})
+		}
 	}
 }
 

@@ -54,6 +54,33 @@ func TestHistoryHasTeeth(t *testing.T) {
 		t.Fatalf("a refused write read back is not caught: %q", msg)
 	}
 
+	// CI, seed 62704: write 1 read while in flight, write 2 acknowledged,
+	// then write 1 read again (the clerk's retry after a failover landed
+	// after write 2). One application of write 1 cannot explain it; two,
+	// each within its call, can (WriteTimes); a read of 1 after the call
+	// ended and write 2 after it is still stale.
+	retried := func(times int, lateRead bool) string {
+		h := NewHistory(t0)
+		h.WriteTimes(0, 1, 0, 1, 1, at(0), at(100), times)
+		h.Read(1, 1, 0, 1, at(5), at(6), 2)
+		h.Write(2, 1, 0, 1, 2, at(90), at(91))
+		h.Read(1, 1, 0, 1, at(200), at(201), 2)
+		if lateRead {
+			h.Write(2, 1, 0, 1, 3, at(210), at(220))
+			h.Read(1, 1, 0, 1, at(230), at(231), 2)
+		}
+		return h.Check()
+	}
+	if msg := retried(1, false); !strings.Contains(msg, "not linearizable") {
+		t.Fatalf("a write applied twice, checked as once, is not caught: %q", msg)
+	}
+	if msg := retried(2, false); msg != "" {
+		t.Fatalf("a write the clerk may have applied twice is refused: %s", msg)
+	}
+	if msg := retried(2, true); !strings.Contains(msg, "not linearizable") {
+		t.Fatalf("a stale read after a retried write is not caught: %q", msg)
+	}
+
 	p := make([]byte, rldev.BlockSize) // a block of another RLDev, or torn
 	Fill(p, 7, 1, 3)
 	if v, ok := ValueOf(p, 1, 3); !ok || v != 7 {
