@@ -2,9 +2,12 @@ package rldev
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/grovestore/grove/api/grovepb"
@@ -52,6 +55,10 @@ type Clerk struct {
 	// wrapData, set only by tests (before the first call), stands in
 	// front of every data connection (to lose answers).
 	wrapData func(dataClient) dataClient
+	// writer and writeSeq name each write (WriteID): a random writer,
+	// so that two clerks, of one process or of two, never share one.
+	writer   uint64
+	writeSeq atomic.Uint64
 }
 
 // ClerkOptions tune a clerk.
@@ -68,6 +75,13 @@ func NewClerk(m *meta.Client) *Clerk { return NewClerkWith(m, ClerkOptions{}) }
 // NewClerkWith starts a clerk with options.
 func NewClerkWith(m *meta.Client, o ClerkOptions) *Clerk {
 	c := &Clerk{meta: m, opts: o}
+	var b [8]byte
+	for c.writer == 0 {
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("rldev: no randomness for the clerk's writer id: %v", err)) // crypto/rand does not fail on Linux
+		}
+		c.writer = binary.LittleEndian.Uint64(b[:])
+	}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	c.book = meta.NewAddressBook(m)
 	c.wg.Add(1)
@@ -144,11 +158,15 @@ type WriteOptions struct {
 //
 // An attempt whose outcome the clerk could not learn (its answer lost, or
 // ErrMaybeWritten: the node failed over mid-way) is sent again, through
-// the primary the table then names: that retry is a new write of the same
-// data, so the write may take effect more than once (WriteInfo says how
-// many times it may have), and a write of another writer to the same
-// blocks may land between two of them. Writers of a block share a lock,
-// as every layer above does, for a write to be one register write.
+// the primary the table then names, with the same WriteID: a copy on
+// which an earlier attempt landed, in its current engine and within
+// LandedFor, does not apply it again (landed.go). Elsewhere (that copy's
+// engine ended since: a crash, a restart, a fence) the retry is a new
+// write of the same data, so the write may take effect more than once
+// (WriteInfo says how many times it may have), and a write of another
+// writer to the same blocks may land between two of them. Writers of a
+// block share a lock, as every layer above does, for a write to be one
+// register write whatever fails.
 func (c *Clerk) Write(ctx context.Context, id, off uint64, data []byte, o WriteOptions) error {
 	_, err := c.WriteReport(ctx, id, off, data, o)
 	return err
@@ -172,15 +190,19 @@ type WriteResult struct {
 	EarlierMayLand bool
 	// Applied is how many times the write may have been applied: 1, and
 	// 1 more for each earlier attempt that may have landed (its answer
-	// lost, or ErrMaybeWritten) before the clerk sent it again. A retry
-	// is a new write of the same data (ErrMaybeWritten), so with Applied
-	// above 1 a write of another writer to those blocks may have landed
-	// between two of them, and a reader may have seen this write's data,
-	// then the other's, then this one's again. The replicas stay
-	// identical and each application is linearizable as a write of its
-	// own; writers of a block that share a lock (every layer above) never
-	// see the difference.
+	// lost, or ErrMaybeWritten) before the clerk sent it again, unless
+	// the success says it applied nothing, an earlier attempt having
+	// landed on the copy that answered (landed.go): then only the earlier
+	// attempts count. With Applied above 1 a write of another writer to
+	// those blocks may have landed between two of them, and a reader may
+	// have seen this write's data, then the other's, then this one's
+	// again. The replicas stay identical and each application is
+	// linearizable as a write of its own; writers of a block that share a
+	// lock (every layer above) never see the difference.
 	Applied int
+	// LandedBefore: the attempt that succeeded applied nothing, an
+	// earlier one having landed on the copy that answered (landed.go).
+	LandedBefore bool
 }
 
 // WriteInfo is Write that also reports, on success, what WriteResult
@@ -190,7 +212,10 @@ func (c *Clerk) WriteInfo(ctx context.Context, id, off uint64, data []byte, o Wr
 	if _, _, err := blockRange(off, uint64(len(data))); err != nil {
 		return WriteResult{}, fmt.Errorf("rldev %d: write at %d: %w", id, off, err)
 	}
-	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica)}
+	// One WriteID for every attempt: a copy on which an earlier attempt
+	// landed does not apply it again (landed.go).
+	req := &pb.RLDevServiceWriteRequest{Rldev: id, Offset: off, Data: data, Fence: fenceToPB(o.Fence), Replica: uint32(o.Replica),
+		Writer: c.writer, WriteSeq: c.writeSeq.Add(1)}
 	// Which attempts whose answer was lost may still land after a later
 	// one succeeded:
 	//   - one on a sequenced connection (the framed data path, to a node
@@ -225,6 +250,7 @@ func (c *Clerk) WriteInfo(ctx context.Context, id, off uint64, data []byte, o Wr
 	//     does not supersede the sequenced one there: it counts (sent).
 	maybe, lost, sent, lostAnywhere := false, map[NodeID]bool{}, map[NodeID]bool{}, false
 	landed := 0                             // attempts that may have landed, the successful one aside (WriteResult.Applied)
+	landedBefore := false                   // the success applied nothing: an earlier attempt had landed there
 	maybeAt := map[NodeID]map[uint64]bool{} // ErrMaybeWritten answers, by the incarnation that gave them (0: not named)
 	var ok NodeID
 	err := c.retry(ctx, id, fmt.Sprintf("write of %d bytes at %d", len(data), off), func(ctx context.Context, rec *Record) (NodeID, bool, error) {
@@ -259,6 +285,7 @@ func (c *Clerk) WriteInfo(ctx context.Context, id, off uint64, data []byte, o Wr
 		}
 		if err == nil {
 			ok = node
+			landedBefore = r.Result.GetLandedBefore()
 			at := maybeAt[node]
 			lost[node] = lost[node] || !sequenced && sent[node] || at[inc] || at[0] || inc == 0 && len(at) > 0
 		}
@@ -270,7 +297,13 @@ func (c *Clerk) WriteInfo(ctx context.Context, id, off uint64, data []byte, o Wr
 	if err != nil {
 		return WriteResult{}, err
 	}
-	return WriteResult{EarlierMayLand: lost[ok] || lostAnywhere, Applied: 1 + landed}, nil
+	applied := 1 + landed
+	if landedBefore {
+		// The success wrote the range's content as it was: one of the
+		// earlier attempts had landed, and only they may have applied it.
+		applied = max(landed, 1)
+	}
+	return WriteResult{EarlierMayLand: lost[ok] || lostAnywhere, Applied: applied, LandedBefore: landedBefore}, nil
 }
 
 // Read reads n bytes (whole blocks, at most MaxIO) at byte offset off of

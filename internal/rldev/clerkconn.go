@@ -286,7 +286,7 @@ func (d *dataConn) Read(ctx context.Context, r *pb.RLDevServiceReadRequest, dst 
 func (d *dataConn) Write(ctx context.Context, r *pb.RLDevServiceWriteRequest) (*pb.RLDevServiceWriteResponse, error) {
 	// The request without its data, which travels as the frame's bulk
 	// (proto.Clone would copy it).
-	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica, Node: r.Node}
+	meta := &pb.RLDevServiceWriteRequest{Rldev: r.Rldev, Offset: r.Offset, Fence: r.Fence, Replica: r.Replica, Node: r.Node, Writer: r.Writer, WriteSeq: r.WriteSeq}
 	f, err := d.call(ctx, frameWrite, meta, r.Data, frameWriteResp, nil)
 	if err != nil {
 		return nil, err

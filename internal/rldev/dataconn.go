@@ -372,7 +372,9 @@ func clientRequest(f frame) (start func(e *Engine, env Env, req ReqID) []any, id
 			start, err = writeStart(&m)
 		}
 		respond = func(r Reply, epoch, inc uint64) ([]byte, []byte, error) {
-			buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: ResultOf(r.Err, epoch, inc)}, 0)
+			res := ResultOf(r.Err, epoch, inc)
+			res.LandedBefore = r.LandedBefore
+			buf, err := encodeFrame(frameWriteResp, f.id, &pb.RLDevServiceWriteResponse{Result: res}, 0)
 			return buf, nil, err
 		}
 	default:

@@ -1,6 +1,7 @@
 package rldev
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -20,6 +21,7 @@ type writeOp struct {
 	id       uint64 // order of arrival
 	r        *replica
 	req      ReqID
+	wid      WriteID // the client's write (landed.go)
 	block, n uint64
 	data     []byte
 	fence    *Fence
@@ -34,6 +36,13 @@ type writeOp struct {
 	gen                 uint64
 	genWaiting          bool
 	local               int // 0 not started, 1 writing, 2 durable
+	// rewrite: the write landed here before, with generation landedGen
+	// (an earlier attempt, its WriteID remembered when the range was
+	// granted): it writes the range's current content instead of its
+	// data, read once the logs are marked (reread), and answers
+	// LandedBefore.
+	rewrite, reread, rereading bool
+	landedGen                  uint64
 
 	peer leg // the forward to the peer
 	tgt  leg // the forward to a move's target (move.go)
@@ -52,9 +61,9 @@ type writeOp struct {
 func (w *writeOp) drlSpan() (uint64, uint64) { return w.r.drl.durable.Span(w.block, w.n) }
 func (w *writeOp) degSpan() (uint64, uint64) { return w.r.deg.durable.Span(w.block, w.n) }
 
-func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fence *Fence, only bool) []any {
+func (r *replica) clientWrite(env Env, req ReqID, wid WriteID, block uint64, data []byte, fence *Fence, only bool) []any {
 	r.e.seq++
-	w := &writeOp{id: r.e.seq, r: r, req: req, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only, tgt: leg{target: true}}
+	w := &writeOp{id: r.e.seq, r: r, req: req, wid: wid, block: block, n: uint64(len(data)) / BlockSize, data: data, fence: fence, only: only, tgt: leg{target: true}}
 	w.seqWrite = block == r.lastEnd && block > 0
 	r.lastEnd = block + w.n
 	r.writes[w] = true
@@ -65,6 +74,11 @@ func (r *replica) clientWrite(env Env, req ReqID, block uint64, data []byte, fen
 			return r.locks.release(lk)
 		}
 		w.lock, w.locked = lk, true
+		// Looked up once the range is granted: an earlier attempt still
+		// in progress here has landed, or failed, by then.
+		if !w.only && !r.e.cfg.Unsafe.ApplyRetries {
+			w.landedGen, w.rewrite = r.landed.landed(w.wid, w.block, w.n, r.e.env.Now)
+		}
 		a, b := w.drlSpan()
 		for x := a; x <= b; x++ {
 			r.inflight[x]++
@@ -178,6 +192,38 @@ func (w *writeOp) progress(env Env) []any {
 		}
 		return out
 	}
+	// A write that landed here before writes what the range holds now
+	// (landed.go): its own data again could land over a later write.
+	if w.rewrite && !w.reread {
+		if !w.rereading {
+			w.rereading = true
+			out = append(out, r.readRun(w.block, w.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
+				w.rereading = false
+				switch {
+				case w.done:
+					return nil
+				case err != nil:
+					return append(r.fail(err), w.finish(err)...) // fail ends the write first
+				}
+				w.reread = true
+				// Every block the write's or newer, and sound: the disk
+				// kept it. Else (a lost or misplaced write, rot) the
+				// write's own data goes, as if never seen here.
+				older := len(bad) > 0
+				for _, g := range gens {
+					older = older || g < w.landedGen
+				}
+				if older {
+					w.rewrite = false
+					r.e.stats.LandedStale++
+					return append([]any{r.e.logf(2, "rldev write landed before, its blocks now older or corrupt here: applied again", "rldev", r.rec.ID, "block", w.block, "blocks", w.n, "bad", bad)}, w.progress(r.e.env)...)
+				}
+				w.data = data
+				return w.progress(r.e.env)
+			})...)
+		}
+		return out
+	}
 	if w.gen == 0 {
 		if !w.genWaiting {
 			w.genWaiting = true
@@ -204,6 +250,11 @@ func (w *writeOp) progress(env Env) []any {
 		w.local = 1
 		out = append(out, r.writeBlocks(w.block, w.data, nil, w.gen, func(err error) []any {
 			w.local = 2
+			if err == nil && w.pullBack == nil && !w.only {
+				// Before a held range is let go: a retry waiting for it
+				// finds the write landed (outside review 114).
+				r.landed.remember(w.wid, w.block, w.n, w.gen, r.e.env.Now)
+			}
 			var out []any
 			if w.held {
 				w.held = false
@@ -296,7 +347,7 @@ func (w *writeOp) send(env Env, l *leg, again bool) []any {
 		// dead.
 		return nil
 	}
-	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: l.seq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence, Target: l.target}}}
+	return []any{Send{To: to, Msg: Forward{RLDev: r.rec.ID, Epoch: r.rec.Epoch, Seq: l.seq, Block: w.block, Gen: w.gen, Data: w.data, Fence: w.fence, Target: l.target, WID: w.wid}}}
 }
 
 // resendAfter is how long a forward sent again n times waits for its
@@ -376,10 +427,13 @@ func (w *writeOp) finish(err error) []any {
 	delete(r.writes, w)
 	w.drop(&w.peer)
 	w.drop(&w.tgt)
-	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe {
+	if err != nil && w.local != 0 && !r.e.cfg.Unsafe.NoMaybe && !errors.Is(err, ErrMaybeWritten) {
 		err = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
 	}
-	out := r.e.reply(w.req, nil, err)
+	if err == nil && w.rewrite {
+		r.e.stats.LandedBefore++
+	}
+	out := r.e.replyWith(Reply{Req: w.req, Err: err, LandedBefore: err == nil && w.rewrite})
 	if w.local == 1 {
 		w.held = true // released when the local write lands
 		return out
@@ -514,6 +568,9 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 				return append(ack(CodeOf(err)), r.locks.release(lk)...)
 			}
 			return r.writeBlocks(m.Block, m.Data, nil, m.Gen, func(err error) []any {
+				if err == nil {
+					r.landed.remember(m.WID, m.Block, n, m.Gen, r.e.env.Now)
+				}
 				out := r.locks.release(lk)
 				if err != nil {
 					out = append(out, r.fail(err)...)
@@ -650,6 +707,7 @@ func (r *replica) rewriteBad(first, n uint64, data []byte, gens []uint64, peerBa
 			left := len(bad)
 			var werr error
 			var out []any
+			r.forgetLanded() // the peer's blocks land here
 			for _, b := range bad {
 				i := b - first
 				phys := r.encodeRun(b, data[i*BlockSize:(i+1)*BlockSize], gens[i:i+1], 0)
@@ -960,6 +1018,7 @@ func (r *replica) pumpRecovery(env Env) []any {
 			left := len(runs)
 			var werr error
 			q.writing = true
+			r.forgetLanded() // the peer's blocks land here
 			for _, g := range runs {
 				i := g.first - first
 				phys := r.encodeRun(g.first, pd.Data[i*BlockSize:(i+g.n)*BlockSize], pd.Gens[i:i+g.n], 0)

@@ -69,6 +69,15 @@
 // pulls those regions from its peer before serving them. A stale replica
 // whose peer, the only up-to-date copy, is dead waits, visibly.
 //
+// Retries: a client's write carries a WriteID, the same in each attempt;
+// every copy remembers for a while the writes that landed on it, and a
+// write whose earlier attempt landed on the primary is not applied again
+// there (landed.go): a clerk's retry after a failover does not land over
+// a later write of another client, unless that copy forgot the write
+// (its engine ended, another copy's blocks landed on it since, the write
+// is too old) or its disk lost it; the clerk then counts it applied
+// twice (WriteResult.Applied).
+//
 // Fencing: a write may carry a lock's fencing token; each replica keeps
 // the newest token admitted per lock name (durable in the segment's token
 // table before a write with a newer token is acknowledged) and refuses

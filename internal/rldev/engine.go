@@ -89,6 +89,9 @@ type (
 		Req  ReqID
 		Data []byte
 		Err  error
+		// LandedBefore: a write done without being applied again, an
+		// earlier attempt of it (its WriteID) having landed here.
+		LandedBefore bool
 	}
 	// Propose passes a decree on the RLDev namespace, conditional on
 	// Version; the driver calls Decided(ID, err). The table the engine
@@ -214,6 +217,9 @@ type Unsafe struct {
 	NoJoin     bool // a replica serves without the table naming its incarnation; a verdict on any incarnation counts
 	NoMaybe    bool // a write that began to land and failed does not say it may have taken effect
 	MoveEarly  bool // a move's copy complete, the primary switches at once: the moving replica never stops serving first
+	// ApplyRetries: a write that landed here before (its WriteID
+	// remembered) is applied again (landed.go).
+	ApplyRetries bool
 }
 
 func (c *Config) defaults() {
@@ -352,6 +358,13 @@ type Stats struct {
 	// Duplicates: forwards received while the same write was being
 	// written here, answered with it rather than written again.
 	Resends, Duplicates uint64
+	// LandedBefore: client writes not applied again, an earlier attempt
+	// having landed here (landed.go); LandedForgotten: times a copy
+	// forgot the writes that landed on it (another copy's blocks landed).
+	LandedBefore, LandedForgotten uint64
+	// LandedStale: writes that landed here before found their blocks
+	// older or corrupt, and were applied again (landed.go).
+	LandedStale uint64
 }
 
 type diskState struct {
@@ -979,6 +992,13 @@ func (e *Engine) refuse(to NodeID, msg any, c Code) []any {
 // log off: WriteReplica). The engine replies once the write is durable
 // where it must be.
 func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte, fence *Fence, replica int) []any {
+	return e.WriteAs(env, req, WriteID{}, id, block, data, fence, replica)
+}
+
+// WriteAs is Write of the client's write wid (the same in each of its
+// attempts): through the primary, a write that landed on this copy
+// before is not applied again (landed.go).
+func (e *Engine) WriteAs(env Env, req ReqID, wid WriteID, id uint64, block uint64, data []byte, fence *Fence, replica int) []any {
 	e.env = env
 	r, code := e.replicaFor(env, id, replica, true)
 	if code != OK {
@@ -1000,7 +1020,7 @@ func (e *Engine) Write(env Env, req ReqID, id uint64, block uint64, data []byte,
 	}
 	e.reqs[req] = &request{id: req}
 	e.stats.Writes++
-	return r.clientWrite(env, req, block, data, fence, replica >= 0)
+	return r.clientWrite(env, req, wid, block, data, fence, replica >= 0)
 }
 
 // Read asks for count blocks at block, from this node's replica (replica
@@ -1039,15 +1059,20 @@ func (e *Engine) Cancel(req ReqID) {
 
 // reply ends a client request (once).
 func (e *Engine) reply(req ReqID, data []byte, err error) []any {
-	q := e.reqs[req]
+	return e.replyWith(Reply{Req: req, Data: data, Err: err})
+}
+
+// replyWith ends a client request (once) with r.
+func (e *Engine) replyWith(r Reply) []any {
+	q := e.reqs[r.Req]
 	if q == nil {
 		return nil
 	}
-	delete(e.reqs, req)
+	delete(e.reqs, r.Req)
 	if q.cancelled {
 		return nil
 	}
-	return []any{Reply{Req: req, Data: data, Err: err}}
+	return []any{r}
 }
 
 // replicaFor finds the local replica that can take a request: replica -1
@@ -1105,6 +1130,7 @@ func (e *Engine) Tick(env Env) []any {
 		}
 		for _, r := range e.replicas() {
 			out = append(out, r.retry(env)...)
+			r.landed.expire(env.Now) // an idle copy's memory too
 		}
 	}
 	out = append(out, e.scrub(env)...)

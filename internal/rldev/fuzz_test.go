@@ -224,7 +224,7 @@ func FuzzDecodeTable(f *testing.F) {
 func TestDataFrameRoundTrip(t *testing.T) {
 	// dataConn.Write copies a write request's fields but its data by
 	// name: a new field must be added there.
-	if n := (&pb.RLDevServiceWriteRequest{}).ProtoReflect().Descriptor().Fields().Len(); n != 6 {
+	if n := (&pb.RLDevServiceWriteRequest{}).ProtoReflect().Descriptor().Fields().Len(); n != 8 {
 		t.Fatalf("RLDevServiceWriteRequest has %d fields: copy the new ones in dataConn.Write", n)
 	}
 	var stream []byte

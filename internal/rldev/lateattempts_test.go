@@ -411,7 +411,10 @@ func (p *lateProxy) pipe(down net.Conn) {
 		up.(*net.TCPConn).CloseWrite()
 		return
 	}
-	forwardFrames(br, up, func(frame []byte) bool {
+	// The teeth are of a clerk without write ids too: a copy that
+	// remembers a write does not apply a late attempt of it again
+	// (landed.go), which also keeps it from landing over a newer write.
+	forwardFrames(br, up, p.mode == lateUnsequenced, func(frame []byte) bool {
 		switch fate, delay := p.decide(); fate {
 		case 1:
 			down.Close()
@@ -438,12 +441,33 @@ func (p *lateProxy) pipe(down net.Conn) {
 	})
 }
 
+// stripWriteID returns a write frame without its request's write id.
+func stripWriteID(frame []byte) []byte {
+	const hdr = 17 // length, type, request id, meta length
+	m := binary.BigEndian.Uint32(frame[13:])
+	var req pb.RLDevServiceWriteRequest
+	if err := proto.Unmarshal(frame[hdr:hdr+m], &req); err != nil {
+		panic(err)
+	}
+	req.Writer, req.WriteSeq = 0, 0
+	meta, err := proto.Marshal(&req)
+	if err != nil {
+		panic(err)
+	}
+	out := append(append(append([]byte(nil), frame[:hdr]...), meta...), frame[hdr+m:]...)
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	binary.BigEndian.PutUint32(out[13:], uint32(len(meta)))
+	return out
+}
+
 // forwardFrames passes a clerk's data-path frames from br on to up, one
 // at a time, until the clerk's side ends (then up's write side closes).
 // A write frame goes on only if write, given it, says so; if write says
 // not, write took the frame (held it, dropped it, sent it itself) and
 // forwarding ends.
-func forwardFrames(br *bufio.Reader, up net.Conn, write func(frame []byte) bool) {
+//
+// With strip, write frames go on without their write id (stripWriteID).
+func forwardFrames(br *bufio.Reader, up net.Conn, strip bool, write func(frame []byte) bool) {
 	for {
 		hdr := make([]byte, 4)
 		if _, err := io.ReadFull(br, hdr); err != nil {
@@ -456,6 +480,9 @@ func forwardFrames(br *bufio.Reader, up net.Conn, write func(frame []byte) bool)
 			return
 		}
 		frame := append(hdr, body...)
+		if strip && len(body) >= 1 && body[0] == 4 {
+			frame = stripWriteID(frame)
+		}
 		if len(body) >= 1 && body[0] == 4 && !write(frame) { // type 4: a write
 			return
 		}

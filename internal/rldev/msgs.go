@@ -121,6 +121,8 @@ type Forward struct {
 	// the segment it holds (a node may hold both: a move to another of
 	// its disks).
 	Target bool
+	// WID: the client's write (landed.go), remembered where it lands.
+	WID WriteID
 }
 
 // Ack answers a Forward or a Copy (by Seq).

@@ -87,6 +87,9 @@ type replica struct {
 	// target), by write; a copy of one sent again meanwhile is answered
 	// with it rather than written once more (onForward).
 	fwdIn map[fwdKey]*fwdDup
+	// landed: the client writes that landed on this copy in this engine
+	// (landed.go): a retry of one is not applied again.
+	landed landedWrites
 
 	reloadHeld bool // a failed replica: its reload waits for an operation of the failed life (logged once)
 	marking    bool // a named move target's superblock write (join)
@@ -566,6 +569,7 @@ func (r *replica) fail(err error) []any {
 	r.state = repFailed
 	r.err = err
 	r.failedAt = r.e.env.Now
+	r.forgetLanded()
 	out := []any{r.e.logf(3, "rldev segment failed: leaving the RLDev", "rldev", r.rec.ID, "err", err)}
 	return append(out, r.abort(fmt.Errorf("%w: %v", ErrDiskFailed, err))...)
 }

@@ -405,6 +405,7 @@ func (r *replica) onCopy(env Env, from NodeID, m Copy) []any {
 	}
 	var out []any
 	_, out = r.locks.acquire(m.Block, n, true, func(lk *rangeLock) []any {
+		r.forgetLanded() // the source's blocks land here
 		return r.writeBlocks(m.Block, m.Data, m.Gens, 0, func(err error) []any {
 			if err != nil {
 				out := r.locks.release(lk)

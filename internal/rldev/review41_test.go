@@ -232,7 +232,7 @@ func (p *aliasProxy) pipe(down net.Conn) {
 		up.Close()
 		return
 	}
-	forwardFrames(br, up, func(frame []byte) bool {
+	forwardFrames(br, up, false, func(frame []byte) bool {
 		p.mu.Lock()
 		hold := p.held == 0
 		if hold {

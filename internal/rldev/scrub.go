@@ -188,6 +188,7 @@ func (r *replica) pullNewer(blocks []uint64, done0 func(error) []any) []any {
 					left := len(write)
 					var werr error
 					var out []any
+					r.forgetLanded() // the peer's blocks land here
 					for _, b := range write {
 						i := b - g.first
 						r.scrub.repaired++

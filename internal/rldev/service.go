@@ -257,8 +257,11 @@ func (s *Service) registerMetrics(m *metrics.Node) {
 		{"disk_hang", func(st Stats) uint64 { return st.DiskHangs }},
 		{"forward_resent", func(st Stats) uint64 { return st.Resends }},
 		{"forward_duplicate", func(st Stats) uint64 { return st.Duplicates }},
+		{"landed_before", func(st Stats) uint64 { return st.LandedBefore }},
+		{"landed_forgotten", func(st Stats) uint64 { return st.LandedForgotten }},
+		{"landed_stale", func(st Stats) uint64 { return st.LandedStale }},
 	} {
-		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber, disks found hung (their segments failed), forwards sent again unanswered and forwards received again while being written (a slow peer).",
+		m.CounterFunc("grove_rldev_events_total", "Events of this node's RLDev engine, by kind: client writes and reads served, writes forwarded to a mirror, blocks repaired from the peer, blocks copied by resyncs and moves and pulled by targets, writes logged in degraded mode, corrupt blocks found, blocks scrubbed and repaired by the scrubber, disks found hung (their segments failed), forwards sent again unanswered and forwards received again while being written (a slow peer), client writes not applied again as an earlier attempt had landed, times a copy forgot the writes that landed on it (another copy's blocks landed), and writes that had landed but found their blocks older or corrupt (applied again).",
 			map[string]string{"event": c.event}, func() float64 {
 				s.mu.Lock()
 				defer s.mu.Unlock()
@@ -1020,7 +1023,9 @@ func (s *Service) request(ctx context.Context, id uint64, write bool, start func
 	}
 	select {
 	case r := <-w.ch:
-		return r.Data, ResultOf(r.Err, s.epoch(id), w.inc), r.Err
+		res := ResultOf(r.Err, s.epoch(id), w.inc)
+		res.LandedBefore = r.LandedBefore
+		return r.Data, res, r.Err
 	case <-ctx.Done():
 		s.cancel(g, req, w)
 		return nil, nil, ctx.Err()
@@ -1130,7 +1135,7 @@ func writeStart(r *pb.RLDevServiceWriteRequest) (func(e *Engine, env Env, req Re
 			// at the node it meant (WriteReport).
 			return []any{Reply{Req: req, Err: fmt.Errorf("%w: a write meant for node %d reached node %d", ErrNotServing, r.Node, e.cfg.Node)}}
 		}
-		return e.Write(env, req, r.Rldev, block, r.Data, fence, int(r.Replica)-1)
+		return e.WriteAs(env, req, WriteID{Writer: r.Writer, Seq: r.WriteSeq}, r.Rldev, block, r.Data, fence, int(r.Replica)-1)
 	}, nil
 }
 

@@ -28,7 +28,8 @@ func EncodePeer(msg any) *pb.RLDevServicePeerRequest {
 	switch m := msg.(type) {
 	case Forward:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Forward{Forward: &pb.RLDevForward{
-			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: fenceToPB(m.Fence), Target: m.Target}}}
+			Rldev: m.RLDev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: fenceToPB(m.Fence), Target: m.Target,
+			Writer: m.WID.Writer, WriteSeq: m.WID.Seq}}}
 	case Ack:
 		return &pb.RLDevServicePeerRequest{Msg: &pb.RLDevServicePeerRequest_Ack{Ack: &pb.RLDevAck{
 			Rldev: m.RLDev, Seq: m.Seq, Code: uint32(m.Code), Epoch: m.Epoch}}}
@@ -69,7 +70,8 @@ func DecodePeer(f *pb.RLDevServicePeerRequest) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return Forward{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: f, Target: m.Target}, nil
+		return Forward{RLDev: m.Rldev, Epoch: m.Epoch, Seq: m.Seq, Block: m.Block, Gen: m.Gen, Data: m.Data, Fence: f, Target: m.Target,
+			WID: WriteID{Writer: m.Writer, Seq: m.WriteSeq}}, nil
 	case *pb.RLDevServicePeerRequest_Ack:
 		m := x.Ack
 		if m == nil || Code(m.Code) > lastCode {

@@ -84,7 +84,10 @@ type Result struct {
 	Writes, Reads, Open, Refused int
 	// Reapplied: acknowledged writes the clerk sent again after an
 	// attempt of unknown outcome (each attempt checked as a write).
-	Reapplied    int
+	Reapplied int
+	// LandedBefore: acknowledged writes whose last attempt found an
+	// earlier one landed, and applied nothing (rldev.WriteResult).
+	LandedBefore int
 	FirstRefusal string
 	Blocks       int      // blocks with a history
 	LeftOut      []string // blocks left out, and why
@@ -96,8 +99,8 @@ func (r *Result) String() string {
 	if r.FirstRefusal != "" {
 		refusal = "; the first: " + r.FirstRefusal
 	}
-	return fmt.Sprintf("faults %s; %d moves asked; %d writes (%d of unknown outcome, %d sent again after an attempt of unknown outcome, %d refused%s) and %d reads checked on %d blocks; settled in %v; %d blocks left out (%s)",
-		strings.Join(r.Did, ", "), r.Moves, r.Writes, r.Open, r.Reapplied, r.Refused, refusal, r.Reads, r.Blocks, r.Settle.Round(time.Millisecond), len(r.LeftOut), strings.Join(r.LeftOut, "; "))
+	return fmt.Sprintf("faults %s; %d moves asked; %d writes (%d of unknown outcome, %d that may have been applied twice, %d retries that found an earlier attempt landed, %d refused%s) and %d reads checked on %d blocks; settled in %v; %d blocks left out (%s)",
+		strings.Join(r.Did, ", "), r.Moves, r.Writes, r.Open, r.Reapplied, r.LandedBefore, r.Refused, refusal, r.Reads, r.Blocks, r.Settle.Round(time.Millisecond), len(r.LeftOut), strings.Join(r.LeftOut, "; "))
 }
 
 // Run runs the workload and its checks. Its error names the seed and ends
@@ -153,7 +156,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var next atomic.Uint64 // write values, unique over the run
-	var bad atomic.Value   // the first impossible answer
+	var landedBefore atomic.Int64
+	var bad atomic.Value // the first impossible answer
 	for c := 0; c < cfg.Clients; c++ {
 		r := rand.New(rand.NewSource(cfg.Seed*100 + int64(c) + 1))
 		wg.Add(1)
@@ -184,6 +188,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 						// its own, within the call (the clerk's contract:
 						// a retry is a new write of the same data).
 						h.WriteTimes(c, id, b, n, v, call, ret, info.Applied)
+						if info.LandedBefore {
+							landedBefore.Add(1)
+						}
 					case errors.Is(err, rldev.ErrMaybeWritten) || ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
 						h.Write(c, id, b, n, v, call, time.Time{}) // open: it may land any time after call
 					default:
@@ -321,6 +328,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	h.mu.Lock()
 	res.Writes, res.Reads, res.Open, res.Refused, res.FirstRefusal = h.nw, h.nr, h.open, h.nrefused, h.firstRefusal
 	res.Reapplied = h.reapplied
+	res.LandedBefore = int(landedBefore.Load())
 	res.Blocks, res.LeftOut = len(h.ops), h.taintWhy
 	h.mu.Unlock()
 	if res.Writes < 50 || res.Reads < 50 {
