@@ -198,28 +198,55 @@ func (w *writeOp) progress(env Env) []any {
 		if !w.rereading {
 			w.rereading = true
 			out = append(out, r.readRun(w.block, w.n, func(data []byte, gens []uint64, bad []uint64, err error) []any {
-				w.rereading = false
 				switch {
 				case w.done:
 					return nil
 				case err != nil:
+					w.rereading = false
 					return append(r.fail(err), w.finish(err)...) // fail ends the write first
 				}
-				w.reread = true
-				// Every block the write's or newer, and sound: the disk
-				// kept it. Else (a lost or misplaced write, rot) the
-				// write's own data goes, as if never seen here.
-				older := len(bad) > 0
-				for _, g := range gens {
-					older = older || g < w.landedGen
+				// Per block, the newest sound copy of this one's and (normal
+				// state) the peer's: a block lost or rotten here, or a later
+				// write this disk lost, is taken from the peer; only a block
+				// older than the write on both copies gets the write's own
+				// data (review 115).
+				merge := func(pd *PullData) []any {
+					w.reread, w.rereading = true, false
+					own, merged := 0, make([]byte, len(data))
+					for i := uint64(0); i < w.n; i++ {
+						b := w.block + i
+						best, src := uint64(0), []byte(nil)
+						if !slices.Contains(bad, b) {
+							best, src = gens[i], data[i*BlockSize:(i+1)*BlockSize]
+						}
+						if pd != nil && !slices.Contains(pd.Bad, b) && (src == nil || pd.Gens[i] > best) {
+							best, src = pd.Gens[i], pd.Data[i*BlockSize:(i+1)*BlockSize]
+						}
+						if src == nil || best < w.landedGen {
+							own++
+							src = w.data[i*BlockSize : (i+1)*BlockSize]
+						}
+						copy(merged[i*BlockSize:], src)
+					}
+					if own > 0 {
+						w.rewrite = false // applied again, in part: the clerk counts it
+						r.e.stats.LandedStale++
+					}
+					w.data = merged
+					return w.progress(r.e.env)
 				}
-				if older {
-					w.rewrite = false
-					r.e.stats.LandedStale++
-					return append([]any{r.e.logf(2, "rldev write landed before, its blocks now older or corrupt here: applied again", "rldev", r.rec.ID, "block", w.block, "blocks", w.n, "bad", bad)}, w.progress(r.e.env)...)
+				if r.rec.State != Normal || r.peerStale() {
+					return merge(nil)
 				}
-				w.data = data
-				return w.progress(r.e.env)
+				return r.pull(w.block, w.n, func(pd PullData) []any {
+					if w.done {
+						return nil
+					}
+					if !pd.usable(w.n) {
+						return merge(nil)
+					}
+					return merge(&pd)
+				})
 			})...)
 		}
 		return out
@@ -253,7 +280,7 @@ func (w *writeOp) progress(env Env) []any {
 			if err == nil && w.pullBack == nil && !w.only {
 				// Before a held range is let go: a retry waiting for it
 				// finds the write landed (outside review 114).
-				r.landed.remember(w.wid, w.block, w.n, w.gen, r.e.env.Now)
+				r.rememberLanded(w.wid, w.block, w.n, w.gen)
 			}
 			var out []any
 			if w.held {
@@ -569,7 +596,11 @@ func (r *replica) onForward(env Env, from NodeID, m Forward) []any {
 			}
 			return r.writeBlocks(m.Block, m.Data, nil, m.Gen, func(err error) []any {
 				if err == nil {
-					r.landed.remember(m.WID, m.Block, n, m.Gen, r.e.env.Now)
+					r.rememberLanded(m.WID, m.Block, n, m.Gen)
+					// This copy's own generations (WriteReplica) stay above
+					// every one landed here (review 115); gen raises the
+					// durable floor before using them.
+					r.nextGen = max(r.nextGen, m.Gen+1)
 				}
 				out := r.locks.release(lk)
 				if err != nil {

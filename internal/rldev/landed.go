@@ -28,12 +28,19 @@ import "time"
 // landed there, as whatever lands otherwise -- another copy's blocks, in
 // a repair, a pull, a resync's or a move's copy -- makes the copy forget
 // every write it remembers (forgetLanded). The disk is not trusted with
-// it: the blocks read back must carry the write's generation or a later
-// one (generations only grow, across epochs too) and pass their checks;
-// a block older than the write (a disk that lost the write, or misplaced
-// it) or corrupt makes the write apply its own data, as before (outside
+// it: each block written is the newest sound copy, by generation, of
+// this copy's and (in the normal state) the peer's, pulled under the
+// write's range lock; only a block older than the write on both (a disk
+// that lost or misplaced the write), or sound on neither, gets the
+// write's own data, and the write then counts as applied again (outside
 // review 114: the rewrite copied a lost write's older block over the
-// peer's good copy; a rotted block failed the retry for good).
+// peer's good copy, and a rotted block failed the retry for good; review
+// 115: a later write this disk lost, a rotten block, or one block of
+// several older made the retry land over a later write the peer held).
+// Generations grow with every write a copy takes, its own or forwarded,
+// across epochs too, so a later write never carries an older one
+// (review 115: a forward now raises the copy's own counter, which a
+// WriteReplica of the same epoch took from below it).
 //
 // What it does not cover: a retry of a write that landed on a copy whose
 // engine has ended since (a crash, a restart, a fence), that is older
@@ -114,6 +121,16 @@ func (l *landedWrites) landed(id WriteID, block, n uint64, now time.Time) (uint6
 // one, which may then hold older data than a write it remembers.
 func (l *landedWrites) forget() {
 	l.m, l.order = nil, nil
+}
+
+// rememberLanded is landedWrites.remember for the replica, while it is
+// live: a disk write of a failed copy that lands afterwards is not
+// remembered into its next life (review 115).
+func (r *replica) rememberLanded(id WriteID, block, n, gen uint64) {
+	if r.state == repFailed || r.state == repRetired {
+		return
+	}
+	r.landed.remember(id, block, n, gen, r.e.env.Now)
 }
 
 // forgetLanded is landedWrites.forget for the replica: blocks of another

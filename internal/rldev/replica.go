@@ -208,6 +208,7 @@ func (r *replica) checkRange(block, n uint64) error {
 // load reads the segment's metadata area; a segment that holds nothing
 // yet is formatted (a new RLDev, or a stale replica about to be copied).
 func (r *replica) load(env Env) []any {
+	r.landed.forget() // a new life of the copy: what landed in a failed one is not known whole (review 115)
 	if d := r.e.disks[r.disk]; d != nil && (d.suspect && !r.cacheOK || r.cleanAt != d.syncFails) {
 		return r.dropCache(d)
 	}
