@@ -16,6 +16,22 @@ func (h *harness) writeAs(n NodeID, wid WriteID, id, block uint64, data []byte) 
 	return q
 }
 
+// landedOnce writes W (pattern 9, WriteID 7/1) at block 10 of a new
+// RLDev of two nodes, through its primary p (s: the secondary).
+func landedOnce(t *testing.T) (h *harness, rec *Record, p, s Segment, wid WriteID, w []byte) {
+	t.Helper()
+	h = newHarness(t, 2, testDisk)
+	rec = h.create(128)
+	p, s = rec.Segs[rec.Primary], rec.Segs[1-rec.Primary]
+	w, wid = pattern(9, 1), WriteID{Writer: 7, Seq: 1}
+	q := h.writeAs(p.Node, wid, rec.ID, 10, w)
+	h.run()
+	if r := h.replies[q]; r.Err != nil {
+		t.Fatalf("setup: %v", r.Err)
+	}
+	return h, rec, p, s, wid, w
+}
+
 // TestRetryAfterFailoverNotAppliedAgain is CI's seed 62704 (2026-12-02)
 // in the harness: write A is forwarded and lands on the secondary while
 // the primary's own disk write hangs; the primary dies, the secondary

@@ -20,16 +20,8 @@ func TestReview115LostLaterWrite(t *testing.T)        { review115LostLater(t, tr
 func TestReview115LostLaterWriteControl(t *testing.T) { review115LostLater(t, false) }
 
 func review115LostLater(t *testing.T, retry bool) {
-	h := newHarness(t, 2, testDisk)
-	rec := h.create(128)
-	p, s := rec.Segs[rec.Primary], rec.Segs[1-rec.Primary]
-	w, b := pattern(9, 1), pattern(3, 1)
-	wid := WriteID{Writer: 7, Seq: 1}
-	q := h.writeAs(p.Node, wid, rec.ID, 10, w)
-	h.run()
-	if r := h.replies[q]; r.Err != nil {
-		t.Fatalf("setup: %v", r.Err)
-	}
+	h, rec, p, s, wid, w := landedOnce(t)
+	b := pattern(3, 1)
 	dev := h.nodes[p.Node].devs[p.Disk]
 	at := p.Offset + blockOff(10)
 	old := dev.Platter(at, PhysBlockSize) // W, W's generation
@@ -43,7 +35,7 @@ func review115LostLater(t *testing.T, retry bool) {
 	}
 	var r Reply
 	if retry {
-		q = h.writeAs(p.Node, wid, rec.ID, 10, w)
+		q := h.writeAs(p.Node, wid, rec.ID, 10, w)
 		h.run()
 		r = h.replies[q]
 	}

@@ -13,20 +13,12 @@ import (
 // held B intact (a repair from it would give B, newer than W). Outside
 // review 115; now the retry takes each block's newest sound copy.
 func TestReview115RotAfterLaterWrite(t *testing.T) {
-	h := newHarness(t, 2, testDisk)
-	rec := h.create(128)
-	p, s := rec.Segs[rec.Primary], rec.Segs[1-rec.Primary]
-	w, b := pattern(9, 1), pattern(3, 1)
-	wid := WriteID{Writer: 7, Seq: 1}
-	q := h.writeAs(p.Node, wid, rec.ID, 10, w)
-	h.run()
-	if r := h.replies[q]; r.Err != nil {
-		t.Fatalf("setup: %v", r.Err)
-	}
+	h, rec, p, s, wid, w := landedOnce(t)
+	b := pattern(3, 1)
 	h.mustWrite(p.Node, rec.ID, 10, b)
 	h.mustRead(s.Node, rec.ID, 10, b) // a reader saw B
 	h.nodes[p.Node].devs[p.Disk].FlipBit(p.Offset+blockOff(10)+HeaderSize+7, 3)
-	q = h.writeAs(p.Node, wid, rec.ID, 10, w) // the clerk's retry of W
+	q := h.writeAs(p.Node, wid, rec.ID, 10, w) // the clerk's retry of W
 	h.run()
 	r := h.replies[q]
 	pg, sg := h.rvPlatterBlock(p.Node, rec.ID, 10), h.rvPlatterBlock(s.Node, rec.ID, 10)
