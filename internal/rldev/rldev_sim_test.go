@@ -700,8 +700,8 @@ const clientDeadline = 4 * time.Second
 // may have taken effect at any time after it began, and the attempt
 // after it is a new write of the same value; one refused without
 // ErrMaybeWritten must never be seen. A success that says an earlier
-// attempt landed (Reply.LandedBefore) applied nothing: after one such
-// attempt, that attempt took effect between its start and this answer.
+// attempt landed (Reply.LandedBefore) applied nothing: one of the earlier
+// attempts took effect between the first's start and this answer.
 func (s *rsim) write(c int, id, block, n, v uint64, data []byte, done func()) {
 	start := s.w.Now()
 	s.ops++
@@ -709,14 +709,16 @@ func (s *rsim) write(c int, id, block, n, v uint64, data []byte, done func()) {
 	wid := WriteID{Writer: uint64(c + 1), Seq: s.writeSeq}
 	var maybes []time.Duration // attempts that may have landed, by start: recorded once the write ends
 	settle := func(landedBefore bool, end time.Duration) {
-		if landedBefore && len(maybes) <= 1 {
+		if landedBefore {
+			// One of the attempts landed before the answer: a write
+			// between the first's start and it; any other may have
+			// landed too, at any time after it began.
 			from := start // none: an attempt refused outright landed (Unsafe.NoMaybe)
-			if len(maybes) == 1 {
-				from = maybes[0]
+			if len(maybes) > 0 {
+				from, maybes = maybes[0], maybes[1:]
 			}
 			s.o.write(c, id, block, n, v, from, end, true)
 			s.landedBefore++
-			return
 		}
 		for _, at := range maybes {
 			s.o.write(c, id, block, n, v, at, 0, false)
@@ -1979,7 +1981,7 @@ func TestRLDevSimulation(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d seeds with decrees lost while the nodes come back, %d decrees proposed to settle an unanswered one; at most %d decrees in one second; %d retries answered as landed before (one earlier attempt: checked as one write)", lossy, settles, busiest, landed)
+	t.Logf("%d seeds with decrees lost while the nodes come back, %d decrees proposed to settle an unanswered one; at most %d decrees in one second; %d retries answered as landed before (checked as a write done by the answer)", lossy, settles, busiest, landed)
 	t.Logf("%d seeds (first %d): %d writes, %d reads checked; %d decrees; %d moves asked (%d to another disk of the segment's node), %d cancelled, %d segments elsewhere at the end (%d on another disk of their node); %d of %d RLDevs with a double fault %v; blocks copied %d, repaired %d, pulled %d, dirty-region log writes %d, regions marked ahead %d (live engines at the end); no violation",
 		len(seeds), seeds[0], writes, reads, decrees, moves, diskMoves, cancels, moved, diskMoved, doubles, len(seeds)*simRLDevs, kinds, st.CopiedBlocks, st.Repairs, st.PulledBlocks, st.DRLWrites, st.DRLAhead)
 }
