@@ -177,7 +177,7 @@ fuzz() {
   done
 }
 fuzz fd FuzzDecode FuzzPersistedState
-fuzz meta FuzzDecodeDecree FuzzRestoreSnapshot FuzzDecodeNodes
+fuzz meta FuzzDecodeDecree FuzzRestoreSnapshot FuzzDecodeNodes FuzzDecodeCounted
 fuzz node FuzzConfig
 fuzz lock FuzzDecodeSessionRequest FuzzDecodeSessionResponse FuzzDecodeState
 fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames FuzzReview89DecodeOwed

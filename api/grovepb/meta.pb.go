@@ -897,7 +897,13 @@ type MembersRequest struct {
 	// decision to let a member that lost its raft state vote again rests on:
 	// another member's latest configuration may be uncommitted (outside
 	// review 112).
-	Confirmed     bool `protobuf:"varint,1,opt,name=confirmed,proto3" json:"confirmed,omitempty"`
+	Confirmed bool `protobuf:"varint,1,opt,name=confirmed,proto3" json:"confirmed,omitempty"`
+	// vouch_for: the asker is this member, without raft state, asking
+	// whether anyone counted its answers. The replica first fences it: an
+	// answer of its to an RPC sent before this request is no longer counted
+	// (one in flight could otherwise be counted after this answer said
+	// "never"; outside review 116).
+	VouchFor      uint64 `protobuf:"varint,2,opt,name=vouch_for,json=vouchFor,proto3" json:"vouch_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -939,6 +945,13 @@ func (x *MembersRequest) GetConfirmed() bool {
 	return false
 }
 
+func (x *MembersRequest) GetVouchFor() uint64 {
+	if x != nil {
+		return x.VouchFor
+	}
+	return 0
+}
+
 type MembersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LeaderId      uint64                 `protobuf:"varint,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
@@ -950,6 +963,13 @@ type MembersResponse struct {
 	Confirmed     bool                   `protobuf:"varint,7,opt,name=confirmed,proto3" json:"confirmed,omitempty"`                                // a confirmed answer (MembersRequest.confirmed): the committed configuration, from the leader
 	NotLeader     bool                   `protobuf:"varint,8,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`               // a confirmed answer was asked of a member that cannot give one
 	LeaderAddr    string                 `protobuf:"bytes,9,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`             // then the leader's gRPC address, if known
+	// counted_known: this member keeps a durable record of the peers whose
+	// raft answers (a vote granted, an append or a snapshot acknowledged) it
+	// has counted, since it first had state; counted lists them. A member
+	// without raft state may join as a voter only if every other member
+	// answers counted_known without it (node.clusterIsNew; meta/counted.go).
+	CountedKnown  bool     `protobuf:"varint,10,opt,name=counted_known,json=countedKnown,proto3" json:"counted_known,omitempty"`
+	Counted       []uint64 `protobuf:"varint,11,rep,packed,name=counted,proto3" json:"counted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1065,20 @@ func (x *MembersResponse) GetLeaderAddr() string {
 		return x.LeaderAddr
 	}
 	return ""
+}
+
+func (x *MembersResponse) GetCountedKnown() bool {
+	if x != nil {
+		return x.CountedKnown
+	}
+	return false
+}
+
+func (x *MembersResponse) GetCounted() []uint64 {
+	if x != nil {
+		return x.Counted
+	}
+	return nil
 }
 
 // ChangeMembersRequest adds or removes one config-service member.
@@ -1252,9 +1286,10 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x14\n" +
-	"\x05voter\x18\x04 \x01(\bR\x05voter\".\n" +
+	"\x05voter\x18\x04 \x01(\bR\x05voter\"K\n" +
 	"\x0eMembersRequest\x12\x1c\n" +
-	"\tconfirmed\x18\x01 \x01(\bR\tconfirmed\"\xb6\x02\n" +
+	"\tconfirmed\x18\x01 \x01(\bR\tconfirmed\x12\x1b\n" +
+	"\tvouch_for\x18\x02 \x01(\x04R\bvouchFor\"\xf5\x02\n" +
 	"\x0fMembersResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\x04R\bleaderId\x12*\n" +
 	"\amembers\x18\x02 \x03(\v2\x10.grove.v1.MemberR\amembers\x12\x12\n" +
@@ -1267,7 +1302,10 @@ const file_grovepb_meta_proto_rawDesc = "" +
 	"\n" +
 	"not_leader\x18\b \x01(\bR\tnotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\t \x01(\tR\n" +
-	"leaderAddr\"m\n" +
+	"leaderAddr\x12#\n" +
+	"\rcounted_known\x18\n" +
+	" \x01(\bR\fcountedKnown\x12\x18\n" +
+	"\acounted\x18\v \x03(\x04R\acounted\"m\n" +
 	"\x14ChangeMembersRequest\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\bR\x03add\x12\x16\n" +
 	"\x06remove\x18\x02 \x01(\bR\x06remove\x12\x0e\n" +

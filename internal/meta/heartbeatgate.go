@@ -33,6 +33,17 @@ type gatedTransport struct {
 	*raft.NetworkTransport
 	mu     sync.RWMutex
 	fenced bool
+	// counted, if set, records each peer whose answer raft counts before
+	// raft sees it, and each peer this replica answers positively before
+	// the answer leaves (counted.go).
+	counted *counted
+	// For counted's receiving side: the channel raft consumes from (the
+	// transport's, forwarded), and done, closed by Close.
+	once      sync.Once
+	consumeCh chan raft.RPC
+	done      chan struct{}
+	closeOnce sync.Once // makes done
+	shut      sync.Once // closes done
 }
 
 func (g *gatedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
@@ -47,7 +58,7 @@ func (g *gatedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
 			rpc.Respond(nil, errHeartbeatFenced)
 			return
 		}
-		cb(rpc)
+		cb(g.watchAnswer(rpc))
 	})
 }
 

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/metrics"
 	"github.com/grovestore/grove/internal/transport"
 )
@@ -117,6 +118,7 @@ type Server struct {
 	fsm         *FSM
 	trans       raft.Transport
 	store       logStore
+	counted     *counted      // nil: this replica vouches for nobody (counted.go)
 	barrierTerm atomic.Uint64 // term in which this leader's Barrier completed
 	// testStall, set only by tests before use, runs at a named point of
 	// Read ("read": the read index taken, the lead not yet confirmed)
@@ -322,6 +324,17 @@ func Open(cfg Config) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
+	// The record of counted peers, kept only where this package owns the
+	// transport that feeds it: a replica on a caller's transport (tests)
+	// vouches for nobody.
+	var cnt *counted
+	if g, ok := trans.(*gatedTransport); ok {
+		if cnt, err = openCounted(disk.OS{}, cfg.Dir, has); err != nil {
+			store.Close()
+			return nil, fmt.Errorf("meta: replica %d: %w", cfg.ID, err)
+		}
+		g.counted = cnt
+	}
 	if !has && cfg.Bootstrap {
 		var servers []raft.Server
 		for _, m := range cfg.Members {
@@ -334,7 +347,7 @@ func Open(cfg Config) (*Server, error) {
 		log.Info("bootstrapped config service", "members", len(servers))
 	}
 	if !has && !cfg.Bootstrap {
-		log.Warn("config-service replica has no state: waiting for the leader to add it (grove member add)", "id", cfg.ID)
+		log.Warn("config-service replica has no state: waiting for the leader to replicate to it (a member that joins a configuration listing it, or one being added with grove member add)", "id", cfg.ID)
 	}
 	r, err := raft.NewRaft(rc, fsm, store, store, snaps, trans)
 	if err != nil {
@@ -342,7 +355,7 @@ func Open(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: start raft: %w", err)
 	}
 	started = true
-	srv := &Server{cfg: cfg, log: log, raft: r, fsm: fsm, trans: trans, store: store}
+	srv := &Server{cfg: cfg, log: log, raft: r, fsm: fsm, trans: trans, store: store, counted: cnt}
 	srv.registerGauges()
 	return srv, nil
 }
@@ -888,6 +901,9 @@ func (g *grpcService) Members(ctx context.Context, req *pb.MembersRequest) (*pb.
 		if lc := g.s.raft.LastContact(); !lc.IsZero() {
 			out.LastContactMs = uint64(time.Since(lc).Milliseconds())
 		}
+	}
+	if c := g.s.counted; c != nil {
+		out.CountedKnown, out.Counted = c.list(req.VouchFor)
 	}
 	for _, sv := range f.Configuration().Servers {
 		id, _ := strconv.ParseUint(string(sv.ID), 10, 64)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,8 +84,11 @@ type Options struct {
 	// BootstrapIfNew bootstraps like Bootstrap, but only if no other
 	// member reports a cluster that has committed anything (for deployments
 	// that start every member with one command line, such as
-	// deploy/compose.yaml). A member that lost its state while the others
-	// are unreachable would bootstrap alone; see clusterIsNew.
+	// deploy/compose.yaml). A member that finds a cluster that has run
+	// joins it empty if every other member vouches that it never counted
+	// this member's raft answers (a late start), and is a replacement
+	// otherwise. A member that lost its state while the others are
+	// unreachable would bootstrap alone; see clusterIsNew.
 	BootstrapIfNew bool
 	// JoinTimeout bounds how long a member without state waits for another
 	// member to confirm it may join (default 30 s).
@@ -156,15 +160,22 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			udp.Close()
 			return nil, fmt.Errorf("node %d: config-service state in %s: %w", cfg.ID, dir, err)
 		}
-		bootstrap := opt.Bootstrap
+		bootstrap, joinNew := opt.Bootstrap, false
 		if !has && !bootstrap && opt.BootstrapIfNew {
-			bootstrap = clusterIsNew(cfg, members, n.log)
+			mode := clusterIsNew(cfg, members, n.log)
+			bootstrap, joinNew = mode == startBootstrap, mode == startJoinNew
 		}
 		if !has && !bootstrap {
-			if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
-				udp.Close()
-				return nil, err
+			if !joinNew {
+				if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
+					udp.Close()
+					return nil, err
+				}
 			}
+			// A member joining empty is a replacement to the failure
+			// detector too: it cannot know the verdicts of incarnations
+			// registered before it started (its observer may have run in
+			// a life whose raft answers nobody counted).
 			replacement = true
 		}
 		// raft logs one line per bad connection on its port: rate-limit
@@ -346,57 +357,222 @@ func metaTiming(cfg *Config, opt Options) meta.Timing {
 	return cfg.Raft.Timing()
 }
 
-// clusterIsNew decides --bootstrap-if-new for a member without raft state:
-// the cluster is new unless another member answers with a configuration
+// startMode is what --bootstrap-if-new decided for a member without raft
+// state (clusterIsNew).
+type startMode int
+
+const (
+	// startReplacement: the ordinary rule for a member without state
+	// (confirmNotVoter: the cluster must not list it as a voter).
+	startReplacement startMode = iota
+	// startBootstrap: a new cluster; bootstrap from the member list.
+	startBootstrap
+	// startJoinNew: a cluster that has run, whose every other member
+	// vouches that it never counted this member's vote or acknowledgement:
+	// it never had state that mattered, and joins empty as the voter the
+	// configuration lists; the leader catches it up.
+	startJoinNew
+)
+
+// probeAnswer is one member's answer to clusterIsNew's probe.
+type probeAnswer struct {
+	id         uint64
+	answered   bool
+	commit     uint64
+	term       uint64
+	state      bool     // it has a configuration (raft state)
+	known      bool     // it keeps the record of whom it counted (meta/counted.go)
+	countedMe  bool     // ... and that record lists the member asking
+	config     []uint64 // the members of its latest configuration
+	configAddr map[uint64]string
+}
+
+// clusterIsNew decides --bootstrap-if-new for a member without raft state.
+//
+// The cluster is new unless another member answers with a configuration
 // and a commit index past the bootstrap entry (index 1: some leader has
-// committed something, so the cluster has run, and this member, if it was
-// part of it, has lost its state and must be replaced, not bootstrapped).
-// Members that do not answer (not started yet) or answer without state
-// count as new; so do members that bootstrapped moments ago and have not
-// yet elected a leader. The rule cannot tell a member that lost its state
-// while every other member was unreachable from a new one: that member
+// committed something) or a term past the bootstrap's (1: an election
+// began, which with pre-vote on takes a live majority). The term matters
+// after a whole cluster restarts: hashicorp/raft keeps no commit index on
+// disk, so a member that has run answers commit 0 until a leader is
+// elected (outside review 116). Members that do not answer (not started
+// yet) or answer without state count as new; so do members that
+// bootstrapped moments ago and have not yet elected a leader. Then every
+// member bootstraps the same configuration.
+//
+// A cluster that has run is joined empty (startJoinNew) only if every other
+// member of its configuration answers that it keeps a record of the peers
+// whose raft answers it counted and that this member is not among them
+// (meta/counted.go): a member that started late (a compose container a
+// second behind the others) never voted or acknowledged anything that
+// counted, so it has nothing to forget. A member that some other member
+// counted has lost its state, and takes the ordinary path (startReplacement:
+// `grove member remove`, start, `grove member add`). Until every member has
+// answered (up to joinWait), it asks again.
+//
+// The rule cannot tell a member that lost its state while every other
+// member stayed unreachable for bootstrapWait from a new one: that member
 // bootstraps and may vote again in a term it voted in before. Use it only
 // where volumes are lost all together (a compose project's `down -v`).
-func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) bool {
+func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) startMode {
+	addrs := map[uint64]string{}
+	for _, m := range members {
+		if m.ID != cfg.ID {
+			addrs[m.ID] = m.GRPCAddr
+		}
+	}
+	deadline := time.Now().Add(bootstrapWait)
+	for {
+		answers := probeMembers(cfg.ID, addrs)
+		all := true
+		for _, a := range answers {
+			if hasRun(a) {
+				log.Info("another member's cluster has run: asking whether any member counted this one's vote or acknowledgement", "member", a.id, "commit_index", a.commit, "term", a.term)
+				return joinOrReplace(cfg.ID, addrs, answers, log)
+			}
+			all = all && a.answered
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	log.Info("bootstrapping a new config service (--bootstrap-if-new): no other member has a cluster that has run")
+	return startBootstrap
+}
+
+// hasRun reports whether an answer shows a cluster that has run: a
+// configuration, and a commit index past the bootstrap entry or a term
+// past the bootstrap's (clusterIsNew).
+func hasRun(a probeAnswer) bool {
+	return a.state && (a.commit > 1 || a.term > 1)
+}
+
+// bootstrapWait is how long a member without state asks the other members
+// before it bootstraps, unless all of them answered sooner: after a host
+// restarts, the members that kept their state start at about the same time
+// as one that lost it, and must have a chance to answer (a member still
+// deciding serves no answers, so a new cluster's members each wait this
+// long once).
+const bootstrapWait = 10 * time.Second
+
+// joinWait bounds how long a member that found a cluster that has run asks
+// for every other member's answer before it takes the ordinary path.
+const joinWait = 15 * time.Second
+
+func joinOrReplace(self uint64, addrs map[uint64]string, answers map[uint64]probeAnswer, log *slog.Logger) startMode {
+	deadline := time.Now().Add(joinWait)
+	for {
+		mode, why, final := vouched(self, answers)
+		if mode == startJoinNew {
+			log.Info("joining a cluster that has run as a new member (--bootstrap-if-new): every other member answers that it never counted this member's vote or acknowledgement; the leader will catch it up")
+			return mode
+		}
+		if final || time.Now().After(deadline) {
+			log.Info("not joining as a new member", "why", why)
+			return mode
+		}
+		time.Sleep(500 * time.Millisecond)
+		for _, a := range answers {
+			for id, addr := range a.configAddr {
+				if _, ok := addrs[id]; !ok && id != self && addr != "" {
+					addrs[id] = addr
+				}
+			}
+		}
+		answers = probeMembers(self, addrs)
+	}
+}
+
+// vouched is joinOrReplace's decision on one round of answers: startJoinNew,
+// or startReplacement with the reason and whether asking again could
+// change it.
+func vouched(self uint64, answers map[uint64]probeAnswer) (mode startMode, why string, final bool) {
+	need := map[uint64]bool{}
+	listed := false
+	for id, a := range answers {
+		need[id] = true
+		if !a.state {
+			continue
+		}
+		for _, m := range a.config {
+			listed = listed || m == self
+			need[m] = true
+		}
+	}
+	delete(need, self)
+	if !listed {
+		return startReplacement, "no answering member's configuration lists this member (it is added with grove member add)", true
+	}
+	ids := make([]uint64, 0, len(need))
+	for id := range need {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		a, ok := answers[id]
+		switch {
+		case ok && a.answered && a.countedMe:
+			return startReplacement, fmt.Sprintf("member %d counted this member's vote or acknowledgement: this member lost its raft state", id), true
+		case ok && a.answered && !a.known:
+			return startReplacement, fmt.Sprintf("member %d keeps no record of whom it counted (it had state before it kept one): it cannot vouch", id), true
+		}
+	}
+	for _, id := range ids {
+		a, ok := answers[id]
+		switch {
+		case !ok || !a.answered:
+			return startReplacement, fmt.Sprintf("member %d did not answer", id), false
+		case !a.state:
+			// A member with no raft state started from an empty
+			// directory too: its record is as new as it is, and it may
+			// itself have lost one that counted this member. It vouches
+			// once the leader has caught it up (its record then covers
+			// the life that began with a vouched join).
+			return startReplacement, fmt.Sprintf("member %d has no raft state yet: it cannot vouch", id), false
+		}
+	}
+	return startJoinNew, "", true
+}
+
+// probeMembers asks each member (id to gRPC address) for its configuration,
+// commit index and record of counted peers (does it list self?), for up
+// to 3 s.
+func probeMembers(self uint64, addrs map[uint64]string) map[uint64]probeAnswer {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var p transport.Pool
 	defer p.Close()
-	type answer struct {
-		id     uint64
-		commit uint64
-		state  bool
-	}
-	ch := make(chan answer, len(members))
-	asked := 0
-	for _, m := range members {
-		if m.ID == cfg.ID {
-			continue
-		}
-		asked++
+	ch := make(chan probeAnswer, len(addrs))
+	for id, addr := range addrs {
 		go func() {
-			cc, err := p.Get(m.GRPCAddr)
+			a := probeAnswer{id: id}
+			defer func() { ch <- a }()
+			cc, err := p.Get(addr)
 			if err != nil {
-				ch <- answer{id: m.ID}
 				return
 			}
-			r, err := pb.NewConfigServiceClient(cc).Members(ctx, &pb.MembersRequest{})
+			r, err := pb.NewConfigServiceClient(cc).Members(ctx, &pb.MembersRequest{VouchFor: self})
 			if err != nil {
-				ch <- answer{id: m.ID}
 				return
 			}
-			ch <- answer{id: m.ID, commit: r.CommitIndex, state: len(r.Members) > 0}
+			a.answered, a.commit, a.term, a.state, a.known = true, r.CommitIndex, r.Term, len(r.Members) > 0, r.CountedKnown
+			a.configAddr = map[uint64]string{}
+			for _, m := range r.Members {
+				a.config = append(a.config, m.Id)
+				a.configAddr[m.Id] = m.GrpcAddr
+			}
+			for _, c := range r.Counted {
+				a.countedMe = a.countedMe || c == self
+			}
 		}()
 	}
-	for i := 0; i < asked; i++ {
+	out := map[uint64]probeAnswer{}
+	for range addrs {
 		a := <-ch
-		if a.state && a.commit > 1 {
-			log.Info("not bootstrapping: another member's cluster has run", "member", a.id, "commit_index", a.commit)
-			return false
-		}
+		out[a.id] = a
 	}
-	log.Info("bootstrapping a new config service (--bootstrap-if-new): no other member has a cluster that has run")
-	return true
+	return out
 }
 
 // confirmNotVoter is the rule that keeps a config-service member that lost
