@@ -256,9 +256,10 @@ func (g *gatedTransport) Consumer() <-chan raft.RPC {
 		return g.NetworkTransport.Consumer()
 	}
 	g.once.Do(func() {
-		g.consumeCh = make(chan raft.RPC)
+		g.consumeCh, g.forwarded = make(chan raft.RPC), make(chan struct{})
 		in, done := g.NetworkTransport.Consumer(), g.doneCh()
 		go func() {
+			defer close(g.forwarded)
 			for {
 				select {
 				case rpc := <-in:

@@ -253,6 +253,11 @@ func TestCountedAnswers(t *testing.T) {
 		t.Fatal("an append from a non-member id was answered")
 	}
 	g.Close()
+	select {
+	case <-g.forwarded:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the forwarding goroutine")
+	}
 	if err := asker.AppendEntries("self", to, append_("2"), &ar); err == nil {
 		t.Fatal("a closed transport answered")
 	}

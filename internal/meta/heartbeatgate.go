@@ -44,6 +44,8 @@ type gatedTransport struct {
 	done      chan struct{}
 	closeOnce sync.Once // makes done
 	shut      sync.Once // closes done
+	// forwarded is closed when the forwarding goroutine ends (tests).
+	forwarded chan struct{}
 }
 
 func (g *gatedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {

@@ -410,8 +410,10 @@ type probeAnswer struct {
 // `grove member remove`, start, `grove member add`). Until every member has
 // answered (up to joinWait), it asks again.
 //
-// The rule cannot tell a member that lost its state while every other
-// member stayed unreachable for bootstrapWait from a new one: that member
+// The rule cannot tell a member that lost its state from a new one when,
+// for bootstrapWait, no member that answers has run: every other member
+// unreachable, or the only ones answering never heard from the cluster
+// after its bootstrap (term 1, commit 0: outside review 117). That member
 // bootstraps and may vote again in a term it voted in before. Use it only
 // where volumes are lost all together (a compose project's `down -v`).
 func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) startMode {
