@@ -171,8 +171,8 @@ func lateMemberThenLoss(t *testing.T, base int, victimKind string) {
 	case <-time.After(90 * time.Second):
 		t.Fatalf("member %d without its state did not refuse within 90 s:\n%s\nits log:\n%s", victim, again.out, logOf(victim))
 	}
-	if out := again.out.String(); !strings.Contains(out, "lost its data") {
-		t.Fatalf("member %d's refusal does not say it lost its data:\n%s", victim, out)
+	if out := again.out.String(); !strings.Contains(out, "lost its data") || !strings.Contains(out, "did not join it as a new member: member") {
+		t.Fatalf("member %d's refusal does not say it lost its data, and which member counted it:\n%s", victim, out)
 	}
 	if l := logOf(victim); !strings.Contains(l, "counted this member's vote or acknowledgement: this member lost its raft state") {
 		t.Fatalf("member %d's log does not say which member counted it:\n%s", victim, l)

@@ -160,15 +160,21 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			udp.Close()
 			return nil, fmt.Errorf("node %d: config-service state in %s: %w", cfg.ID, dir, err)
 		}
-		bootstrap, joinNew := opt.Bootstrap, false
+		bootstrap, joinNew, why := opt.Bootstrap, false, ""
 		if !has && !bootstrap && opt.BootstrapIfNew {
-			mode := clusterIsNew(cfg, members, n.log)
+			var mode startMode
+			mode, why = clusterIsNew(cfg, members, n.log)
 			bootstrap, joinNew = mode == startBootstrap, mode == startJoinNew
 		}
 		if !has && !bootstrap {
 			if !joinNew {
 				if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
 					udp.Close()
+					if why != "" {
+						// Say why it did not join as a new member: "did
+						// not answer" is not "lost its data".
+						err = fmt.Errorf("%w (--bootstrap-if-new did not join it as a new member: %s)", err, why)
+					}
 					return nil, err
 				}
 			}
@@ -416,7 +422,7 @@ type probeAnswer struct {
 // after its bootstrap (term 1, commit 0: outside review 117). That member
 // bootstraps and may vote again in a term it voted in before. Use it only
 // where volumes are lost all together (a compose project's `down -v`).
-func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) startMode {
+func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) (startMode, string) {
 	addrs := map[uint64]string{}
 	for _, m := range members {
 		if m.ID != cfg.ID {
@@ -424,6 +430,7 @@ func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) startMod
 		}
 	}
 	deadline := time.Now().Add(bootstrapWait)
+	log.Info("no raft state (--bootstrap-if-new): asking the other members whether their cluster has run", "wait_at_most", bootstrapWait)
 	for {
 		answers := probeMembers(cfg.ID, addrs)
 		all := true
@@ -440,7 +447,7 @@ func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) startMod
 		time.Sleep(500 * time.Millisecond)
 	}
 	log.Info("bootstrapping a new config service (--bootstrap-if-new): no other member has a cluster that has run")
-	return startBootstrap
+	return startBootstrap, ""
 }
 
 // hasRun reports whether an answer shows a cluster that has run: a
@@ -462,17 +469,19 @@ const bootstrapWait = 10 * time.Second
 // for every other member's answer before it takes the ordinary path.
 const joinWait = 15 * time.Second
 
-func joinOrReplace(self uint64, addrs map[uint64]string, answers map[uint64]probeAnswer, log *slog.Logger) startMode {
+// joinOrReplace asks until vouched gives a final answer or joinWait ends;
+// it returns the mode and, for a replacement, why.
+func joinOrReplace(self uint64, addrs map[uint64]string, answers map[uint64]probeAnswer, log *slog.Logger) (startMode, string) {
 	deadline := time.Now().Add(joinWait)
 	for {
 		mode, why, final := vouched(self, answers)
 		if mode == startJoinNew {
 			log.Info("joining a cluster that has run as a new member (--bootstrap-if-new): every other member answers that it never counted this member's vote or acknowledgement; the leader will catch it up")
-			return mode
+			return mode, ""
 		}
 		if final || time.Now().After(deadline) {
 			log.Info("not joining as a new member", "why", why)
-			return mode
+			return mode, why
 		}
 		time.Sleep(500 * time.Millisecond)
 		for _, a := range answers {
