@@ -33,9 +33,13 @@ func TestBootstrapIfNewLateMember(t *testing.T) {
 	for _, tc := range []struct {
 		victim string
 		base   int
-	}{{"follower", 10400}, {"leader", 10500}, {"reboot", 10600}} {
+	}{{"follower", 10400}, {"leader", 10500}, {"reboot", 10600}, {"unheard", 10700}} {
 		t.Run(tc.victim, func(t *testing.T) {
 			t.Parallel() // its own ports and directories: see parallelTests
+			if tc.victim == "unheard" {
+				lostWhileHolderDown(t, tc.base)
+				return
+			}
 			lateMemberThenLoss(t, tc.base, tc.victim)
 		})
 	}
@@ -48,54 +52,13 @@ func TestBootstrapIfNewLateMember(t *testing.T) {
 // hashicorp/raft keeps none on disk, and member 3 must not take that for a
 // new cluster; outside review 116).
 func lateMemberThenLoss(t *testing.T, base int, victimKind string) {
-	claimPorts(t, base)
-	bin := buildGrove(t)
-	dir := t.TempDir()
-	addr := func(id, k int) string { return fmt.Sprintf("127.0.0.1:%d", base+id*10+k) }
-	var members strings.Builder
-	for id := 1; id <= 3; id++ {
-		fmt.Fprintf(&members, "\n[[members]]\nid = %d\ngrpc = %q\nraft = %q\nbeacon = %q\n", id, addr(id, 0), addr(id, 1), addr(id, 2))
-	}
-	cfgPath := func(id int) string { return filepath.Join(dir, fmt.Sprintf("node-%d.toml", id)) }
-	dataDir := func(id int) string { return filepath.Join(dir, fmt.Sprintf("node-%d", id)) }
-	for id := 1; id <= 3; id++ {
-		cfg := fmt.Sprintf("id = %d\ndata_dir = %q\ngrpc_addr = %q\nraft_addr = %q\nbeacon_addr = %q\nroles = [\"meta\", \"observer\", \"lock\"]\ncluster_key = %q\n%s",
-			id, dataDir(id), addr(id, 0), addr(id, 1), addr(id, 2), strings.Repeat("cd", 32), members.String())
-		if err := os.WriteFile(cfgPath(id), []byte(cfg), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	type proc struct {
-		cmd  *exec.Cmd
-		done chan error
-		out  *lockedBuf
-	}
-	start := func(id int) *proc {
-		t.Helper()
-		p := &proc{cmd: exec.Command(bin, "server", "--config", cfgPath(id), "--bootstrap-if-new"), done: make(chan error, 1), out: &lockedBuf{}}
-		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { p.done <- p.cmd.Wait() }()
-		t.Cleanup(func() {
-			p.cmd.Process.Kill()
-			<-p.done
-		})
-		return p
-	}
-	logOf := func(id int) string {
-		b, _ := os.ReadFile(filepath.Join(dataDir(id), "grove.log"))
-		return string(b)
-	}
-	defer func() {
-		if t.Failed() {
-			for id := 1; id <= 3; id++ {
-				t.Logf("node %d's log:\n%s", id, logOf(id))
-			}
-		}
-	}()
-	procs := map[int]*proc{1: start(1), 3: start(3)}
+	h := newBootHarness(t, base)
+	start := func(id int) *bootProc { return h.start(id, "--bootstrap-if-new") }
+	logOf, dataDir, addr, bin := h.logOf, h.dataDir, h.addr, h.bin
+	// Members 1 and 3 bootstrap without member 2 (as the waiting log
+	// advises when a member will not start: --bootstrap for those that
+	// did); member 2 then starts late with the compose command line.
+	procs := map[int]*bootProc{1: h.start(1, "--bootstrap"), 3: h.start(3, "--bootstrap")}
 	waitFor(t, 60*time.Second, "nodes 1 and 3 registered (the cluster has run)", func() bool {
 		return strings.Contains(logOf(1), "msg=registered") && strings.Contains(logOf(3), "msg=registered")
 	})
@@ -128,8 +91,7 @@ func lateMemberThenLoss(t *testing.T, base int, victimKind string) {
 	victim, vp := 2, late
 	if victimKind == "reboot" {
 		for id := 1; id <= 3; id++ {
-			procs[id].cmd.Process.Signal(syscall.SIGKILL)
-			procs[id].done <- <-procs[id].done
+			procs[id].kill()
 		}
 		if err := os.RemoveAll(dataDir(3)); err != nil {
 			t.Fatal(err)
@@ -152,8 +114,7 @@ func lateMemberThenLoss(t *testing.T, base int, victimKind string) {
 	}
 	if victimKind != "reboot" {
 		t.Logf("killing member %d and removing its directory", victim)
-		vp.cmd.Process.Signal(syscall.SIGKILL)
-		vp.done <- <-vp.done // put back for the cleanup
+		vp.kill()
 		if err := os.RemoveAll(dataDir(victim)); err != nil {
 			t.Fatal(err)
 		}
@@ -162,21 +123,148 @@ func lateMemberThenLoss(t *testing.T, base int, victimKind string) {
 	if victimKind != "reboot" {
 		again = start(victim)
 	}
-	select {
-	case err := <-again.done:
-		again.done <- err // for the cleanup
-		if err == nil {
-			t.Fatalf("member %d without its state exited 0:\n%s", victim, again.out)
-		}
-	case <-time.After(90 * time.Second):
-		t.Fatalf("member %d without its state did not refuse within 90 s:\n%s\nits log:\n%s", victim, again.out, logOf(victim))
-	}
-	if out := again.out.String(); !strings.Contains(out, "lost its data") || !strings.Contains(out, "did not join it as a new member: member") {
+	out := again.refused(t, 90*time.Second, fmt.Sprintf("member %d without its state", victim))
+	if !strings.Contains(out, "lost its data") || !strings.Contains(out, "did not join it as a new member: member") {
 		t.Fatalf("member %d's refusal does not say it lost its data, and which member counted it:\n%s", victim, out)
 	}
 	if l := logOf(victim); !strings.Contains(l, "counted this member's vote or acknowledgement: this member lost its raft state") {
 		t.Fatalf("member %d's log does not say which member counted it:\n%s", victim, l)
 	}
+}
+
+// lostWhileHolderDown (outside review 117): member 3 bootstrapped and never
+// heard from the cluster after that (term 1, commit index 0: it was down
+// while members 1 and 2 elected a leader and committed decrees). Then
+// member 1 loses its directory while member 2, the only other holder of
+// the decrees, is down. Started with --bootstrap-if-new, member 1 hears
+// only member 3, whose answer looks like a new cluster's; with a 10 s
+// limit on the asking it bootstrapped anew, and with member 3 could have
+// elected a leader over a log without the decrees. It must wait for member
+// 2 and then refuse, since member 2 counted it.
+func lostWhileHolderDown(t *testing.T, base int) {
+	h := newBootHarness(t, base)
+	p3 := h.start(3, "--bootstrap")
+	waitFor(t, 60*time.Second, "member 3 bootstrapped", func() bool { return strings.Contains(p3.out.String(), "node 3 pid=") })
+	p3.kill()
+	p1, p2 := h.start(1, "--bootstrap"), h.start(2, "--bootstrap")
+	waitFor(t, 60*time.Second, "members 1 and 2 registered (decrees committed without member 3)", func() bool {
+		return strings.Contains(h.logOf(1), "msg=registered") && strings.Contains(h.logOf(2), "msg=registered")
+	})
+	p1.kill()
+	p2.kill()
+	if err := os.RemoveAll(h.dataDir(1)); err != nil {
+		t.Fatal(err)
+	}
+	h.start(3, "--bootstrap-if-new")
+	p1 = h.start(1, "--bootstrap-if-new")
+	waitFor(t, 60*time.Second, "member 1 waiting for member 2's answer (or deciding)", func() bool {
+		l := h.logOf(1)
+		return strings.Contains(l, "silent=[2]") || strings.Contains(l, `msg="bootstrapping a new config service`) ||
+			strings.Contains(l, "another member's cluster has run")
+	})
+	switch l := h.logOf(1); {
+	case strings.Contains(l, `msg="bootstrapping a new config service`):
+		t.Fatalf("member 1, which lost its data, bootstrapped while member 2 was down:\n%s", l)
+	case strings.Contains(l, "another member's cluster has run"):
+		// Member 3 answered a term past 1: not the case this test is for.
+		t.Fatalf("member 3's answer showed a cluster that has run (the test needs it to look new):\n%s", l)
+	case !strings.Contains(l, "waiting for every member to answer before bootstrapping"):
+		t.Fatalf("member 1 does not say why it waits:\n%s", l)
+	}
+	h.start(2, "--bootstrap-if-new")
+	out := p1.refused(t, 90*time.Second, "member 1 without its state")
+	if !strings.Contains(out, "lost its data") || !strings.Contains(out, "member 2 counted") {
+		t.Fatalf("member 1's refusal does not say member 2 counted it:\n%s", out)
+	}
+}
+
+// bootHarness runs three config-service members as real processes, on
+// ports from base, each with its own config file and directory.
+type bootHarness struct {
+	t    *testing.T
+	base int
+	bin  string
+	dir  string
+}
+
+// bootProc is one member's process.
+type bootProc struct {
+	cmd  *exec.Cmd
+	done chan error
+	out  *lockedBuf
+}
+
+func newBootHarness(t *testing.T, base int) *bootHarness {
+	claimPorts(t, base)
+	h := &bootHarness{t: t, base: base, bin: buildGrove(t), dir: t.TempDir()}
+	var members strings.Builder
+	for id := 1; id <= 3; id++ {
+		fmt.Fprintf(&members, "\n[[members]]\nid = %d\ngrpc = %q\nraft = %q\nbeacon = %q\n", id, h.addr(id, 0), h.addr(id, 1), h.addr(id, 2))
+	}
+	for id := 1; id <= 3; id++ {
+		cfg := fmt.Sprintf("id = %d\ndata_dir = %q\ngrpc_addr = %q\nraft_addr = %q\nbeacon_addr = %q\nroles = [\"meta\", \"observer\", \"lock\"]\ncluster_key = %q\n%s",
+			id, h.dataDir(id), h.addr(id, 0), h.addr(id, 1), h.addr(id, 2), strings.Repeat("cd", 32), members.String())
+		if err := os.WriteFile(h.cfgPath(id), []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for id := 1; id <= 3; id++ {
+				t.Logf("node %d's log:\n%s", id, h.logOf(id))
+			}
+		}
+	})
+	return h
+}
+
+func (h *bootHarness) addr(id, k int) string { return fmt.Sprintf("127.0.0.1:%d", h.base+id*10+k) }
+func (h *bootHarness) cfgPath(id int) string {
+	return filepath.Join(h.dir, fmt.Sprintf("node-%d.toml", id))
+}
+func (h *bootHarness) dataDir(id int) string { return filepath.Join(h.dir, fmt.Sprintf("node-%d", id)) }
+
+func (h *bootHarness) logOf(id int) string {
+	b, _ := os.ReadFile(filepath.Join(h.dataDir(id), "grove.log"))
+	return string(b)
+}
+
+// start runs `grove server` for member id with the flags given.
+func (h *bootHarness) start(id int, flags ...string) *bootProc {
+	h.t.Helper()
+	p := &bootProc{cmd: exec.Command(h.bin, append([]string{"server", "--config", h.cfgPath(id)}, flags...)...), done: make(chan error, 1), out: &lockedBuf{}}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	h.t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *bootProc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.done <- <-p.done // put back for the cleanup
+}
+
+// refused waits up to d for the process to exit non-zero, and returns its
+// output.
+func (p *bootProc) refused(t *testing.T, d time.Duration, what string) string {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err // for the cleanup
+		if err == nil {
+			t.Fatalf("%s exited 0:\n%s", what, p.out)
+		}
+	case <-time.After(d):
+		t.Fatalf("%s did not refuse within %v:\n%s", what, d, p.out)
+	}
+	return p.out.String()
 }
 
 // lockedBuf is a process's output, written by exec's copier and read by the

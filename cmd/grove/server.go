@@ -34,10 +34,10 @@ server"). The node logs to DATA_DIR/grove.log unless --log-file says otherwise
 
 --bootstrap creates a brand-new config service: give it only on the very first
 start of a new cluster's members, never to a member that lost its data.
---bootstrap-if-new does so only if no other member answers with a cluster that
-has committed anything (for deployments whose members always start with the
-same command line; a member that lost its data while every other member was
-down would bootstrap alone, so use it only where data is lost all together).`,
+--bootstrap-if-new does so only once every member has answered and none has a
+cluster that has run (for deployments whose members always start with the
+same command line; it waits for silent members, saying so every 10 s; use it
+only where data is lost all together).`,
 		Example: `  grove server --config /etc/grove/grove.toml
   grove server --config node-1/grove.toml --log-file - --log-format json`,
 		Args: cobra.NoArgs,
@@ -89,7 +89,7 @@ down would bootstrap alone, so use it only where data is lost all together).`,
 	}
 	cmd.Flags().StringVar(&path, "config", "", "read the node's config from `FILE` (TOML)")
 	cmd.Flags().BoolVar(&bootstrap, "bootstrap", false, "create a brand-new config service (first start of a new cluster's members only; never for a member that lost its data)")
-	cmd.Flags().BoolVar(&bootstrapIfNew, "bootstrap-if-new", false, "bootstrap only if no other member reports a cluster that has run (one command line for every start, as in deploy/compose.yaml; see README)")
+	cmd.Flags().BoolVar(&bootstrapIfNew, "bootstrap-if-new", false, "bootstrap only once every member has answered and none reports a cluster that has run (one command line for every start, as in deploy/compose.yaml; see README)")
 	cmd.Flags().StringVar(&logFile, "log-file", "", "log to `FILE` (default DATA_DIR/grove.log; - for standard error)")
 	addLogFlags(cmd, &logLevel, &logFormat)
 	return cmd

@@ -1,8 +1,18 @@
 package node
 
 import (
+	"context"
+	"net"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/transport"
 )
 
 // TestVouched: a member without state joins a cluster that has run only if
@@ -66,4 +76,82 @@ func TestHasRun(t *testing.T) {
 			t.Errorf("hasRun(%+v) = %v, want %v", tc.a, got, tc.want)
 		}
 	}
+}
+
+// A round of answers: a member whose cluster has run decides it (the join
+// path); otherwise the silent members keep the member asking, and only a
+// round where every member answered means a new cluster (outside review
+// 117: member 2, which held the decrees, silent while member 3 had never
+// heard from the cluster after its bootstrap, term 1).
+func TestNewClusterRound(t *testing.T) {
+	deciding := probeAnswer{answered: true}
+	unheard := probeAnswer{answered: true, state: true, term: 1}
+	ran := probeAnswer{answered: true, state: true, commit: 0, term: 4}
+	for _, tc := range []struct {
+		name    string
+		answers map[uint64]probeAnswer
+		ran     uint64
+		silent  []uint64
+	}{
+		{"all deciding", map[uint64]probeAnswer{2: deciding, 3: deciding}, 0, nil},
+		{"all answered, one bootstrapped", map[uint64]probeAnswer{2: unheard, 3: deciding}, 0, nil},
+		{"review 117: the member that ran is silent", map[uint64]probeAnswer{2: {}, 3: unheard}, 0, []uint64{2}},
+		{"none answered", map[uint64]probeAnswer{2: {}, 3: {}}, 0, []uint64{2, 3}},
+		{"one ran, one silent", map[uint64]probeAnswer{2: {}, 3: ran}, 3, nil},
+	} {
+		for id, a := range tc.answers {
+			a.id = id
+			tc.answers[id] = a
+		}
+		r, silent := newClusterRound(tc.answers)
+		got := uint64(0)
+		if r != nil {
+			got = r.id
+		}
+		if got != tc.ran || !slices.Equal(silent, tc.silent) {
+			t.Errorf("%s: ran %d, silent %v; want ran %d, silent %v", tc.name, got, silent, tc.ran, tc.silent)
+		}
+	}
+}
+
+// The deciding server answers a probe with "no raft state", and refuses
+// everything else as Unavailable, saying why: a plain Members call (what
+// `grove member add` asks a member it adds, and `grove status`), a
+// confirmed one, another config-service method and another service.
+func TestServeDeciding(t *testing.T) {
+	l, err := transport.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := transport.Guard(l, func(net.Addr, string) {})
+	defer g.Close()
+	s := serveDeciding(g, 7)
+	defer s.Stop()
+	var p transport.Pool
+	defer p.Close()
+	cc, err := p.Get(l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := pb.NewConfigServiceClient(cc)
+	r, err := c.Members(ctx, &pb.MembersRequest{VouchFor: 2})
+	if err != nil || len(r.Members) != 0 || r.CommitIndex != 0 || r.Term != 0 || r.CountedKnown || r.RaftState != "deciding" {
+		t.Fatalf("a probe: %v, %v; want no configuration, state deciding", r, err)
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "deciding whether to bootstrap") {
+			t.Errorf("%s: %v, want Unavailable saying it is deciding", what, err)
+		}
+	}
+	_, err = c.Members(ctx, &pb.MembersRequest{})
+	refused("plain Members", err)
+	_, err = c.Members(ctx, &pb.MembersRequest{VouchFor: 2, Confirmed: true})
+	refused("confirmed Members", err)
+	_, err = c.ChangeMembers(ctx, &pb.ChangeMembersRequest{Add: true, Id: 9})
+	refused("ChangeMembers", err)
+	_, err = pb.NewClusterServiceClient(cc).Status(ctx, &pb.StatusRequest{})
+	refused("another service", err)
 }

@@ -81,14 +81,14 @@ type Options struct {
 	// without it is a replacement: it starts only once the other members
 	// confirm it is not a voter any more, and waits to be added.
 	Bootstrap bool
-	// BootstrapIfNew bootstraps like Bootstrap, but only if no other
-	// member reports a cluster that has committed anything (for deployments
-	// that start every member with one command line, such as
-	// deploy/compose.yaml). A member that finds a cluster that has run
-	// joins it empty if every other member vouches that it never counted
-	// this member's raft answers (a late start), and is a replacement
-	// otherwise. A member that lost its state while the others are
-	// unreachable would bootstrap alone; see clusterIsNew.
+	// BootstrapIfNew bootstraps like Bootstrap, but only once every other
+	// member has answered and none reports a cluster that has run (for
+	// deployments that start every member with one command line, such as
+	// deploy/compose.yaml); it waits for silent members without limit. A
+	// member that finds a cluster that has run joins it empty if every
+	// other member vouches that it never counted this member's raft
+	// answers (a late start), and is a replacement otherwise; see
+	// clusterIsNew.
 	BootstrapIfNew bool
 	// JoinTimeout bounds how long a member without state waits for another
 	// member to confirm it may join (default 30 s).
@@ -162,8 +162,13 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		}
 		bootstrap, joinNew, why := opt.Bootstrap, false, ""
 		if !has && !bootstrap && opt.BootstrapIfNew {
+			// While it decides, it answers the other members' probes
+			// ("no raft state"): a new cluster's members wait for each
+			// other's answers before they bootstrap.
+			deciding := serveDeciding(n.guard, cfg.ID)
 			var mode startMode
 			mode, why = clusterIsNew(cfg, members, n.log)
+			deciding.Stop()
 			bootstrap, joinNew = mode == startBootstrap, mode == startJoinNew
 		}
 		if !has && !bootstrap {
@@ -395,16 +400,22 @@ type probeAnswer struct {
 
 // clusterIsNew decides --bootstrap-if-new for a member without raft state.
 //
-// The cluster is new unless another member answers with a configuration
-// and a commit index past the bootstrap entry (index 1: some leader has
-// committed something) or a term past the bootstrap's (1: an election
-// began, which with pre-vote on takes a live majority). The term matters
-// after a whole cluster restarts: hashicorp/raft keeps no commit index on
-// disk, so a member that has run answers commit 0 until a leader is
-// elected (outside review 116). Members that do not answer (not started
-// yet) or answer without state count as new; so do members that
-// bootstrapped moments ago and have not yet elected a leader. Then every
-// member bootstraps the same configuration.
+// The cluster is new only if every other member of the config file answers
+// and none answers with a configuration and a commit index past the
+// bootstrap entry (index 1: some leader has committed something) or a term
+// past the bootstrap's (1: an election began, which with pre-vote on takes
+// a live majority). A member that answers without state (it is deciding
+// too: serveDeciding), or that bootstrapped moments ago and has not yet
+// elected a leader, counts as new; then every member bootstraps the same
+// configuration. A member that does not answer may be the one that holds
+// what this member lost, so the member asks until it does, however long
+// that takes (outside review 117: with a 10 s limit, a member that lost its
+// data bootstrapped anew when the only member answering had never heard
+// from the cluster after its bootstrap, term 1 and commit 0, while the
+// member that had the cluster's decrees was down). The term matters after
+// a whole cluster restarts: hashicorp/raft keeps no commit index on disk,
+// so a member that has run answers commit 0 until a leader is elected
+// (outside review 116).
 //
 // A cluster that has run is joined empty (startJoinNew) only if every other
 // member of its configuration answers that it keeps a record of the peers
@@ -416,12 +427,12 @@ type probeAnswer struct {
 // `grove member remove`, start, `grove member add`). Until every member has
 // answered (up to joinWait), it asks again.
 //
-// The rule cannot tell a member that lost its state from a new one when,
-// for bootstrapWait, no member that answers has run: every other member
-// unreachable, or the only ones answering never heard from the cluster
-// after its bootstrap (term 1, commit 0: outside review 117). That member
-// bootstraps and may vote again in a term it voted in before. Use it only
-// where volumes are lost all together (a compose project's `down -v`).
+// What the rule cannot see: members that the configuration gained but the
+// config file does not list are not asked before one answers; and when
+// every member that kept its state never heard from the cluster after the
+// bootstrap, the decrees lived only on members that lost their data, and
+// this one bootstraps anew. Use it only where volumes are lost all
+// together (a compose project's `down -v`).
 func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) (startMode, string) {
 	addrs := map[uint64]string{}
 	for _, m := range members {
@@ -429,25 +440,48 @@ func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) (startMo
 			addrs[m.ID] = m.GRPCAddr
 		}
 	}
-	deadline := time.Now().Add(bootstrapWait)
-	log.Info("no raft state (--bootstrap-if-new): asking the other members whether their cluster has run", "wait_at_most", bootstrapWait)
+	log.Info("no raft state (--bootstrap-if-new): asking the other members whether their cluster has run; it bootstraps only once every member has answered")
+	nextWarn := time.Now().Add(waitLogEvery)
 	for {
 		answers := probeMembers(cfg.ID, addrs)
-		all := true
-		for _, a := range answers {
-			if hasRun(a) {
-				log.Info("another member's cluster has run: asking whether any member counted this one's vote or acknowledgement", "member", a.id, "commit_index", a.commit, "term", a.term)
-				return joinOrReplace(cfg.ID, addrs, answers, log)
-			}
-			all = all && a.answered
+		ran, silent := newClusterRound(answers)
+		if ran != nil {
+			log.Info("another member's cluster has run: asking whether any member counted this one's vote or acknowledgement", "member", ran.id, "commit_index", ran.commit, "term", ran.term)
+			return joinOrReplace(cfg.ID, addrs, answers, log)
 		}
-		if all || time.Now().After(deadline) {
+		if len(silent) == 0 {
 			break
+		}
+		if time.Now().After(nextWarn) {
+			log.Warn("waiting for every member to answer before bootstrapping a new config service (--bootstrap-if-new): a member that does not answer may hold the cluster this member lost; start it, or if this is a new cluster and it will not start, start the members that did with --bootstrap instead", "silent", silent)
+			nextWarn = time.Now().Add(waitLogEvery)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	log.Info("bootstrapping a new config service (--bootstrap-if-new): no other member has a cluster that has run")
+	log.Info("bootstrapping a new config service (--bootstrap-if-new): every other member answered, and none has a cluster that has run")
 	return startBootstrap, ""
+}
+
+// newClusterRound is clusterIsNew's reading of one round of answers: a
+// member whose cluster has run (ran), or else the members that did not
+// answer (silent, in order); neither means every member answered and the
+// cluster is new.
+func newClusterRound(answers map[uint64]probeAnswer) (ran *probeAnswer, silent []uint64) {
+	ids := make([]uint64, 0, len(answers))
+	for id := range answers {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		a := answers[id]
+		if hasRun(a) {
+			return &a, nil
+		}
+		if !a.answered {
+			silent = append(silent, id)
+		}
+	}
+	return nil, silent
 }
 
 // hasRun reports whether an answer shows a cluster that has run: a
@@ -457,13 +491,9 @@ func hasRun(a probeAnswer) bool {
 	return a.state && (a.commit > 1 || a.term > 1)
 }
 
-// bootstrapWait is how long a member without state asks the other members
-// before it bootstraps, unless all of them answered sooner: after a host
-// restarts, the members that kept their state start at about the same time
-// as one that lost it, and must have a chance to answer (a member still
-// deciding serves no answers, so a new cluster's members each wait this
-// long once).
-const bootstrapWait = 10 * time.Second
+// waitLogEvery is how often a member without state that waits for the
+// other members' answers says so in its log.
+const waitLogEvery = 10 * time.Second
 
 // joinWait bounds how long a member that found a cluster that has run asks
 // for every other member's answer before it takes the ordinary path.

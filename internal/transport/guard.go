@@ -166,3 +166,55 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 	}
 	return c.Conn.Read(b)
 }
+
+// View is a listener over the guard's connections whose Close ends only
+// the view: a server that serves for a while (a node deciding whether to
+// bootstrap answers its probes) hands the port to the next one without
+// closing the socket, so a client's connection attempt is never refused
+// in between. A connection is taken by one view's Accept, or by the
+// guard's own.
+func (g *Guarded) View() net.Listener {
+	return &view{g: g, done: make(chan struct{})}
+}
+
+type view struct {
+	g    *Guarded
+	done chan struct{}
+	once sync.Once
+}
+
+func (v *view) Accept() (net.Conn, error) {
+	select {
+	case <-v.done:
+		return nil, net.ErrClosed
+	default:
+	}
+	select {
+	case c := <-v.g.conns:
+		select {
+		case <-v.done:
+			// Closed while taking it: it belongs to the next server.
+			go func() {
+				select {
+				case v.g.conns <- c:
+				case <-v.g.done:
+					c.Close()
+				}
+			}()
+			return nil, net.ErrClosed
+		default:
+			return c, nil
+		}
+	case <-v.done:
+		return nil, net.ErrClosed
+	case <-v.g.done:
+		return v.g.Accept()
+	}
+}
+
+func (v *view) Close() error {
+	v.once.Do(func() { close(v.done) })
+	return nil
+}
+
+func (v *view) Addr() net.Addr { return v.g.Addr() }

@@ -131,3 +131,44 @@ func TestGuardHandsOverMagic(t *testing.T) {
 		}()
 	}
 }
+
+// A view hands the port from one gRPC server to the next: stopping the
+// first closes only its view, and the next server answers on the same
+// socket (a node that answered probes while it decided whether to
+// bootstrap, then its real server).
+func TestGuardViewHandsOver(t *testing.T) {
+	l, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := Guard(l, func(net.Addr, string) {})
+	answer := func(code codes.Code) *grpc.Server {
+		return grpc.NewServer(append(ServerOptions(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+			return status.Error(code, "marker")
+		}))...)
+	}
+	call := func() codes.Code {
+		cc, err := grpc.NewClient(l.Addr().String(), DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return status.Code(cc.Invoke(ctx, "/grove.Nothing/Here", &emptypb.Empty{}, &emptypb.Empty{}))
+	}
+	first := answer(codes.Unavailable)
+	go first.Serve(g.View())
+	if c := call(); c != codes.Unavailable {
+		t.Fatalf("through the view: %v, want the first server's Unavailable", c)
+	}
+	first.Stop()
+	second := answer(codes.AlreadyExists)
+	go second.Serve(g)
+	defer second.Stop()
+	for i := 0; i < 3; i++ {
+		if c := call(); c != codes.AlreadyExists {
+			t.Fatalf("call %d after the hand-over: %v, want the second server's AlreadyExists", i, c)
+		}
+	}
+}
