@@ -33,11 +33,15 @@ func TestBootstrapIfNewLateMember(t *testing.T) {
 	for _, tc := range []struct {
 		victim string
 		base   int
-	}{{"follower", 10400}, {"leader", 10500}, {"reboot", 10600}, {"unheard", 10700}} {
+	}{{"follower", 10400}, {"leader", 10500}, {"reboot", 10600}, {"unheard", 10700}, {"fresh", 10800}} {
 		t.Run(tc.victim, func(t *testing.T) {
 			t.Parallel() // its own ports and directories: see parallelTests
-			if tc.victim == "unheard" {
+			switch tc.victim {
+			case "unheard":
 				lostWhileHolderDown(t, tc.base)
+				return
+			case "fresh":
+				freshStaggered(t, tc.base)
 				return
 			}
 			lateMemberThenLoss(t, tc.base, tc.victim)
@@ -157,9 +161,11 @@ func lostWhileHolderDown(t *testing.T, base int) {
 	}
 	h.start(3, "--bootstrap-if-new")
 	p1 = h.start(1, "--bootstrap-if-new")
-	waitFor(t, 60*time.Second, "member 1 waiting for member 2's answer (or deciding)", func() bool {
+	// Two warnings, 10 s apart: a time limit of 10-20 s on the asking
+	// would show here.
+	waitFor(t, 60*time.Second, "member 1 waiting for member 2's answer twice (or deciding)", func() bool {
 		l := h.logOf(1)
-		return strings.Contains(l, "silent=[2]") || strings.Contains(l, `msg="bootstrapping a new config service`) ||
+		return strings.Count(l, "silent=[2]") >= 2 || strings.Contains(l, `msg="bootstrapping a new config service`) ||
 			strings.Contains(l, "another member's cluster has run")
 	})
 	switch l := h.logOf(1); {
@@ -168,13 +174,66 @@ func lostWhileHolderDown(t *testing.T, base int) {
 	case strings.Contains(l, "another member's cluster has run"):
 		// Member 3 answered a term past 1: not the case this test is for.
 		t.Fatalf("member 3's answer showed a cluster that has run (the test needs it to look new):\n%s", l)
-	case !strings.Contains(l, "waiting for every member to answer before bootstrapping"):
-		t.Fatalf("member 1 does not say why it waits:\n%s", l)
+	case !strings.Contains(l, "waiting for every member to answer before bootstrapping"),
+		!strings.Contains(l, "never start this member with --bootstrap"), !strings.Contains(l, "3: raft state, term 1"):
+		t.Fatalf("member 1 does not say why it waits, what member 3 answered, and not to use --bootstrap:\n%s", l)
 	}
 	h.start(2, "--bootstrap-if-new")
 	out := p1.refused(t, 90*time.Second, "member 1 without its state")
 	if !strings.Contains(out, "lost its data") || !strings.Contains(out, "member 2 counted") {
 		t.Fatalf("member 1's refusal does not say member 2 counted it:\n%s", out)
+	}
+}
+
+// freshStaggered: a new cluster, every member with --bootstrap-if-new.
+// Member 1, alone and deciding, stops cleanly on SIGTERM (outside review
+// 118: the signal was ignored, and the wait has no limit). Then members
+// start 2 s apart, member 2 is killed while it decides and member 3
+// starts: members 1 and 3 wait for member 2 (each answers the other's
+// probes while it decides) and do not bootstrap. Member 2 back, all three
+// bootstrap together and the cluster is healthy.
+func freshStaggered(t *testing.T, base int) {
+	h := newBootHarness(t, base)
+	asking := func(id int) func() bool {
+		return func() bool { return strings.Contains(h.logOf(id), "asking the other members") }
+	}
+	p1 := h.start(1, "--bootstrap-if-new")
+	waitFor(t, 30*time.Second, "member 1 asking", asking(1))
+	p1.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p1.done:
+		p1.done <- err
+		if err != nil {
+			t.Fatalf("member 1, stopped while deciding: %v (want exit 0):\n%s", err, p1.out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("member 1 ignored SIGTERM while deciding:\n%s", h.logOf(1))
+	}
+	h.start(1, "--bootstrap-if-new")
+	time.Sleep(2 * time.Second)
+	p2 := h.start(2, "--bootstrap-if-new")
+	waitFor(t, 30*time.Second, "member 2 asking", asking(2))
+	p2.kill()
+	h.start(3, "--bootstrap-if-new")
+	waitFor(t, 60*time.Second, "members 1 and 3 waiting for member 2", func() bool {
+		return strings.Contains(h.logOf(1), "silent=[2]") && strings.Contains(h.logOf(3), "silent=[2]")
+	})
+	for _, id := range []int{1, 3} {
+		if l := h.logOf(id); strings.Contains(l, `msg="bootstrapping a new config service`) {
+			t.Fatalf("member %d bootstrapped while member 2 was silent:\n%s", id, l)
+		} else if !strings.Contains(l, "2: silent") || !strings.Contains(l, map[int]string{1: "3", 3: "1"}[id]+": no raft state") {
+			t.Fatalf("member %d does not say member 2 is silent and the other answered without state:\n%s", id, l)
+		}
+	}
+	h.start(2, "--bootstrap-if-new")
+	all := h.addr(1, 0) + "," + h.addr(2, 0) + "," + h.addr(3, 0)
+	waitFor(t, 60*time.Second, "the new cluster healthy", func() bool {
+		return grove(t, h.bin, nil, "health", "--endpoints", all, "--command-timeout", "5s").code == 0
+	})
+	for id := 1; id <= 3; id++ {
+		if l := h.logOf(id); !strings.Contains(l, `msg="bootstrapping a new config service`) && !strings.Contains(l, "joining a cluster that has run as a new member") {
+			t.Fatalf("member %d neither bootstrapped nor joined:\n%s", id, l)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -68,7 +69,12 @@ only where data is lost all together).`,
 			// Standard output may be a pipe to grove up, which can go away
 			// first: a write then fails (EPIPE) instead of killing the node.
 			signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-			n, err := node.Start(cfg, node.Options{Logger: log, Bootstrap: bootstrap, BootstrapIfNew: bootstrapIfNew})
+			n, err := node.Start(cfg, node.Options{Logger: log, Bootstrap: bootstrap, BootstrapIfNew: bootstrapIfNew, Context: cmd.Context()})
+			if errors.Is(err, node.ErrStopped) {
+				// A signal while it waited for the other members: a clean stop.
+				log.Info("stopped", "why", err)
+				return nil
+			}
 			if err != nil {
 				log.Error("start failed", "err", err)
 				return cli.Failf("", "%v", err)

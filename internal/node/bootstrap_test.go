@@ -2,6 +2,9 @@ package node
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/transport"
 )
 
@@ -42,6 +46,9 @@ func TestVouched(t *testing.T) {
 		// A member without state answers with a record as new as it is:
 		// it may have lost one that counted this member. Asked again.
 		{"an empty member answers", []probeAnswer{ran(1, false), {id: 3, answered: true, known: true}}, startReplacement, false, "member 3 has no raft state yet"},
+		// A member deciding too (serveDeciding) answers with no record
+		// at all: asked again, not "cannot vouch" (outside review 118).
+		{"a deciding member answers", []probeAnswer{ran(1, false), {id: 3, answered: true}}, startReplacement, false, "member 3 has no raft state yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := map[uint64]probeAnswer{}
@@ -140,6 +147,14 @@ func TestServeDeciding(t *testing.T) {
 	if err != nil || len(r.Members) != 0 || r.CommitIndex != 0 || r.Term != 0 || r.CountedKnown || r.RaftState != "deciding" {
 		t.Fatalf("a probe: %v, %v; want no configuration, state deciding", r, err)
 	}
+	// Through the probe a member sends: answered, without state.
+	a := probeMembers(ctx, 2, map[uint64]string{7: l.Addr().String()})[7]
+	if !a.answered || a.state || a.known {
+		t.Fatalf("probeMembers of a deciding member: %+v; want answered, no state, no record", a)
+	}
+	if _, why, final := vouched(2, map[uint64]probeAnswer{1: {id: 1, answered: true, commit: 5, state: true, known: true, config: []uint64{1, 2, 7}}, 7: a}); final {
+		t.Fatalf("a deciding member's answer ended the join path: %s", why)
+	}
 	refused := func(what string, err error) {
 		t.Helper()
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "deciding whether to bootstrap") {
@@ -154,4 +169,34 @@ func TestServeDeciding(t *testing.T) {
 	refused("ChangeMembers", err)
 	_, err = pb.NewClusterServiceClient(cc).Status(ctx, &pb.StatusRequest{})
 	refused("another service", err)
+}
+
+// A member waiting for silent members stops when told to (outside review
+// 118: a signal while it decided was ignored; the wait has no limit).
+func TestClusterIsNewStops(t *testing.T) {
+	cfg := &Config{ID: 1}
+	members := []meta.Member{{ID: 1}, {ID: 2, GRPCAddr: "127.0.0.1:1"}}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	_, _, err := clusterIsNew(ctx, cfg, members, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, ErrStopped) || time.Since(start) > 5*time.Second {
+		t.Fatalf("clusterIsNew after a cancel: %v after %v; want ErrStopped at once", err, time.Since(start))
+	}
+}
+
+// The waiting log says what each member answered, and warns against
+// --bootstrap where a member answered with raft state (outside review 118).
+func TestWaitingMessage(t *testing.T) {
+	unheard := map[uint64]probeAnswer{2: {id: 2}, 3: {id: 3, answered: true, state: true, term: 1}}
+	if m := waitingMessage(unheard); !strings.Contains(m, "never start this member with --bootstrap") || strings.Contains(m, "start the members that did with --bootstrap") {
+		t.Errorf("with a member answering raft state: %q", m)
+	}
+	if d := describeAnswers(unheard); d != "2: silent, 3: raft state, term 1, commit 0" {
+		t.Errorf("describeAnswers: %q", d)
+	}
+	fresh := map[uint64]probeAnswer{2: {id: 2}, 3: {id: 3, answered: true}}
+	if m := waitingMessage(fresh); !strings.Contains(m, "start the members that did with --bootstrap") {
+		t.Errorf("with no member answering raft state: %q", m)
+	}
 }

@@ -90,6 +90,10 @@ type Options struct {
 	// answers (a late start), and is a replacement otherwise; see
 	// clusterIsNew.
 	BootstrapIfNew bool
+	// Context, if set, ends the waits of a member without state
+	// (--bootstrap-if-new asks without limit): Start then returns an error
+	// wrapping ErrStopped (a signal while it decides is a clean stop).
+	Context context.Context
 	// JoinTimeout bounds how long a member without state waits for another
 	// member to confirm it may join (default 30 s).
 	JoinTimeout time.Duration
@@ -166,9 +170,17 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			// ("no raft state"): a new cluster's members wait for each
 			// other's answers before they bootstrap.
 			deciding := serveDeciding(n.guard, cfg.ID)
+			ctx := opt.Context
+			if ctx == nil {
+				ctx = context.Background()
+			}
 			var mode startMode
-			mode, why = clusterIsNew(cfg, members, n.log)
+			mode, why, err = clusterIsNew(ctx, cfg, members, n.log)
 			deciding.Stop()
+			if err != nil {
+				udp.Close()
+				return nil, err
+			}
 			bootstrap, joinNew = mode == startBootstrap, mode == startJoinNew
 		}
 		if !has && !bootstrap {
@@ -433,7 +445,7 @@ type probeAnswer struct {
 // bootstrap, the decrees lived only on members that lost their data, and
 // this one bootstraps anew. Use it only where volumes are lost all
 // together (a compose project's `down -v`).
-func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) (startMode, string) {
+func clusterIsNew(ctx context.Context, cfg *Config, members []meta.Member, log *slog.Logger) (startMode, string, error) {
 	addrs := map[uint64]string{}
 	for _, m := range members {
 		if m.ID != cfg.ID {
@@ -443,23 +455,82 @@ func clusterIsNew(cfg *Config, members []meta.Member, log *slog.Logger) (startMo
 	log.Info("no raft state (--bootstrap-if-new): asking the other members whether their cluster has run; it bootstraps only once every member has answered")
 	nextWarn := time.Now().Add(waitLogEvery)
 	for {
-		answers := probeMembers(cfg.ID, addrs)
+		answers := probeMembers(ctx, cfg.ID, addrs)
 		ran, silent := newClusterRound(answers)
 		if ran != nil {
 			log.Info("another member's cluster has run: asking whether any member counted this one's vote or acknowledgement", "member", ran.id, "commit_index", ran.commit, "term", ran.term)
-			return joinOrReplace(cfg.ID, addrs, answers, log)
+			return joinOrReplace(ctx, cfg.ID, addrs, answers, log)
 		}
 		if len(silent) == 0 {
 			break
 		}
 		if time.Now().After(nextWarn) {
-			log.Warn("waiting for every member to answer before bootstrapping a new config service (--bootstrap-if-new): a member that does not answer may hold the cluster this member lost; start it, or if this is a new cluster and it will not start, start the members that did with --bootstrap instead", "silent", silent)
+			log.Warn(waitingMessage(answers), "silent", silent, "answers", describeAnswers(answers))
 			nextWarn = time.Now().Add(waitLogEvery)
 		}
-		time.Sleep(500 * time.Millisecond)
+		if err := pause(ctx, 500*time.Millisecond); err != nil {
+			return startReplacement, "", err
+		}
 	}
 	log.Info("bootstrapping a new config service (--bootstrap-if-new): every other member answered, and none has a cluster that has run")
-	return startBootstrap, ""
+	return startBootstrap, "", nil
+}
+
+// ErrStopped: the node was told to stop while a member without state
+// waited for the other members (Options.Context).
+var ErrStopped = errors.New("stopped while deciding whether to bootstrap or join")
+
+// pause sleeps for d, or returns ErrStopped once ctx ends.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("node: %w (%v)", ErrStopped, context.Cause(ctx))
+	}
+}
+
+// waitingMessage is what a member waiting for silent members logs. Where a
+// member answered with raft state, the cluster may not be new: --bootstrap
+// is then right only if it never committed anything (outside review 118:
+// the advice alone could lead an operator to bootstrap a member that lost
+// its data beside one that never heard from the cluster).
+func waitingMessage(answers map[uint64]probeAnswer) string {
+	msg := "waiting for every member to answer before bootstrapping a new config service (--bootstrap-if-new): a member that does not answer may hold the cluster this member lost; start it"
+	for _, a := range answers {
+		if a.state {
+			return msg + ". A member answered with raft state, so this may not be a new cluster: never start this member with --bootstrap unless the cluster has never committed anything (if it lost its data, replace it: grove member remove, start, grove member add)"
+		}
+	}
+	return msg + ", or if this is a new cluster and that member will not start, start the members that did with --bootstrap instead"
+}
+
+// describeAnswers lists each member's answer for the log, in id order:
+// "2: silent, 3: raft state, term 1, commit 0".
+func describeAnswers(answers map[uint64]probeAnswer) string {
+	ids := make([]uint64, 0, len(answers))
+	for id := range answers {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		a := answers[id]
+		switch {
+		case !a.answered:
+			fmt.Fprintf(&b, "%d: silent", id)
+		case !a.state:
+			fmt.Fprintf(&b, "%d: no raft state", id)
+		default:
+			fmt.Fprintf(&b, "%d: raft state, term %d, commit %d", id, a.term, a.commit)
+		}
+	}
+	return b.String()
 }
 
 // newClusterRound is clusterIsNew's reading of one round of answers: a
@@ -501,19 +572,21 @@ const joinWait = 15 * time.Second
 
 // joinOrReplace asks until vouched gives a final answer or joinWait ends;
 // it returns the mode and, for a replacement, why.
-func joinOrReplace(self uint64, addrs map[uint64]string, answers map[uint64]probeAnswer, log *slog.Logger) (startMode, string) {
+func joinOrReplace(ctx context.Context, self uint64, addrs map[uint64]string, answers map[uint64]probeAnswer, log *slog.Logger) (startMode, string, error) {
 	deadline := time.Now().Add(joinWait)
 	for {
 		mode, why, final := vouched(self, answers)
 		if mode == startJoinNew {
 			log.Info("joining a cluster that has run as a new member (--bootstrap-if-new): every other member answers that it never counted this member's vote or acknowledgement; the leader will catch it up")
-			return mode, ""
+			return mode, "", nil
 		}
 		if final || time.Now().After(deadline) {
 			log.Info("not joining as a new member", "why", why)
-			return mode, why
+			return mode, why, nil
 		}
-		time.Sleep(500 * time.Millisecond)
+		if err := pause(ctx, 500*time.Millisecond); err != nil {
+			return startReplacement, "", err
+		}
 		for _, a := range answers {
 			for id, addr := range a.configAddr {
 				if _, ok := addrs[id]; !ok && id != self && addr != "" {
@@ -521,7 +594,7 @@ func joinOrReplace(self uint64, addrs map[uint64]string, answers map[uint64]prob
 				}
 			}
 		}
-		answers = probeMembers(self, addrs)
+		answers = probeMembers(ctx, self, addrs)
 	}
 }
 
@@ -555,7 +628,9 @@ func vouched(self uint64, answers map[uint64]probeAnswer) (mode startMode, why s
 		switch {
 		case ok && a.answered && a.countedMe:
 			return startReplacement, fmt.Sprintf("member %d counted this member's vote or acknowledgement: this member lost its raft state", id), true
-		case ok && a.answered && !a.known:
+		case ok && a.answered && a.state && !a.known:
+			// (A member without state, deciding too, keeps no record
+			// either: it is asked again below, not final.)
 			return startReplacement, fmt.Sprintf("member %d keeps no record of whom it counted (it had state before it kept one): it cannot vouch", id), true
 		}
 	}
@@ -579,8 +654,8 @@ func vouched(self uint64, answers map[uint64]probeAnswer) (mode startMode, why s
 // probeMembers asks each member (id to gRPC address) for its configuration,
 // commit index and record of counted peers (does it list self?), for up
 // to 3 s.
-func probeMembers(self uint64, addrs map[uint64]string) map[uint64]probeAnswer {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+func probeMembers(ctx context.Context, self uint64, addrs map[uint64]string) map[uint64]probeAnswer {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var p transport.Pool
 	defer p.Close()
