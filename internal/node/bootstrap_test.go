@@ -200,3 +200,38 @@ func TestWaitingMessage(t *testing.T) {
 		t.Errorf("with no member answering raft state: %q", m)
 	}
 }
+
+// A member told to stop while it waits for silent members returns
+// ErrStopped from Start and frees its ports (outside review 118: the
+// guarded gRPC listener stayed open after a Start that failed before
+// serving).
+func TestStartStopsWhileDeciding(t *testing.T) {
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	var ms []MemberConfig
+	for id := uint64(1); id <= 3; id++ {
+		ms = append(ms, MemberConfig{ID: id, GRPC: free(), Raft: free(), Beacon: free()})
+	}
+	cfg := &Config{ID: 1, DataDir: t.TempDir(), GRPCAddr: ms[0].GRPC, RaftAddr: ms[0].Raft, BeaconAddr: ms[0].Beacon,
+		Roles: []string{RoleMeta, RoleObserver}, Members: ms, FD: DefaultFD, ClusterKey: strings.Repeat("ab", 32)}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(500*time.Millisecond, cancel)
+	n, err := Start(cfg, Options{BootstrapIfNew: true, Context: ctx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if !errors.Is(err, ErrStopped) {
+		if n != nil {
+			n.Close()
+		}
+		t.Fatalf("Start while members 2 and 3 are silent, then cancelled: %v; want ErrStopped", err)
+	}
+	l, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		t.Fatalf("the gRPC port after the stop: %v", err)
+	}
+	l.Close()
+}

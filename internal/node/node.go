@@ -933,6 +933,11 @@ func (n *Node) Close() {
 	if n.grpc != nil {
 		n.grpc.Stop()
 	}
+	if n.guard != nil {
+		// Stop closed it if it served; a Start that failed before serving
+		// (a refused member without state) must free the port too.
+		n.guard.Close()
+	}
 	if n.etcd != nil {
 		n.etcd.Close() // (after the gRPC server: no call forwards any more)
 	}
