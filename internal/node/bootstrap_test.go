@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,10 @@ func TestVouched(t *testing.T) {
 		{"one counted it", []probeAnswer{ran(1, true), ran(3, false)}, startReplacement, true, "member 1 counted"},
 		{"one cannot vouch", []probeAnswer{ran(1, false), func() probeAnswer { a := ran(3, false); a.known = false; return a }()}, startReplacement, true, "member 3 keeps no record"},
 		{"one silent", []probeAnswer{ran(1, false), {id: 3}}, startReplacement, false, "member 3 did not answer"},
+		// Nobody with state answered this round: not "not listed", asked
+		// again (outside review 119).
+		{"all silent", []probeAnswer{{id: 1}, {id: 3}}, startReplacement, false, "no member with raft state answered"},
+		{"silent and deciding", []probeAnswer{{id: 1}, {id: 3, answered: true}}, startReplacement, false, "no member with raft state answered"},
 		{"counted beats silent", []probeAnswer{{id: 1}, ran(3, true)}, startReplacement, true, "member 3 counted"},
 		{"not listed", []probeAnswer{func() probeAnswer { a := ran(1, false); a.config = []uint64{1, 3, 4}; return a }(), func() probeAnswer { a := ran(3, false); a.config = []uint64{1, 3, 4}; return a }()}, startReplacement, true, "no answering member's configuration lists"},
 		// A configuration member outside the config file must answer too.
@@ -178,25 +183,102 @@ func TestClusterIsNewStops(t *testing.T) {
 	members := []meta.Member{{ID: 1}, {ID: 2, GRPCAddr: "127.0.0.1:1"}}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(300*time.Millisecond, cancel)
-	start := time.Now()
-	_, _, err := clusterIsNew(ctx, cfg, members, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if !errors.Is(err, ErrStopped) || time.Since(start) > 5*time.Second {
-		t.Fatalf("clusterIsNew after a cancel: %v after %v; want ErrStopped at once", err, time.Since(start))
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := clusterIsNew(ctx, cfg, members, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrStopped) {
+			t.Fatalf("clusterIsNew after a cancel: %v; want ErrStopped", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("clusterIsNew still waiting 5 s after a cancel")
 	}
+}
+
+// blackhole is an address that accepts connections and never answers:
+// a member whose probe round lasts the probe's whole timeout.
+func blackhole(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// A stop during the join path's probe round ends it with ErrStopped; the
+// cut-short round read as "no member lists this one", final, and the
+// member went on to confirmNotVoter (outside review 119).
+func TestJoinOrReplaceStopsDuringProbe(t *testing.T) {
+	bh := blackhole(t)
+	first := map[uint64]probeAnswer{2: {id: 2, answered: true, state: true, known: true, commit: 5, term: 3, config: []uint64{1, 2, 3}}, 3: {id: 3}}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(900*time.Millisecond, cancel) // during the second round's probes
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := joinOrReplace(ctx, 1, map[uint64]string{2: bh, 3: bh}, first, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrStopped) {
+			t.Fatalf("joinOrReplace stopped during a probe: %v; want ErrStopped", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("joinOrReplace still asking 10 s after a cancel")
+	}
+}
+
+// cancelOn is a log handler that cancels when a message containing s is
+// logged.
+type cancelOn struct {
+	slog.Handler
+	s      string
+	cancel context.CancelFunc
+}
+
+func (c cancelOn) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, c.s) {
+		c.cancel()
+	}
+	return c.Handler.Handle(ctx, r)
+}
+func (c cancelOn) WithAttrs(a []slog.Attr) slog.Handler {
+	return cancelOn{c.Handler.WithAttrs(a), c.s, c.cancel}
+}
+func (c cancelOn) WithGroup(g string) slog.Handler {
+	return cancelOn{c.Handler.WithGroup(g), c.s, c.cancel}
 }
 
 // The waiting log says what each member answered, and warns against
 // --bootstrap where a member answered with raft state (outside review 118).
 func TestWaitingMessage(t *testing.T) {
 	unheard := map[uint64]probeAnswer{2: {id: 2}, 3: {id: 3, answered: true, state: true, term: 1}}
-	if m := waitingMessage(unheard); !strings.Contains(m, "never start this member with --bootstrap") || strings.Contains(m, "start the members that did with --bootstrap") {
+	if m := waitingMessage(true); !strings.Contains(m, "never start this member with --bootstrap") || strings.Contains(m, "start the members that did with --bootstrap") {
 		t.Errorf("with a member answering raft state: %q", m)
 	}
 	if d := describeAnswers(unheard); d != "2: silent, 3: raft state, term 1, commit 0" {
 		t.Errorf("describeAnswers: %q", d)
 	}
-	fresh := map[uint64]probeAnswer{2: {id: 2}, 3: {id: 3, answered: true}}
-	if m := waitingMessage(fresh); !strings.Contains(m, "start the members that did with --bootstrap") {
+	if m := waitingMessage(false); !strings.Contains(m, "start the members that did with --bootstrap") {
 		t.Errorf("with no member answering raft state: %q", m)
 	}
 }
@@ -220,18 +302,56 @@ func TestStartStopsWhileDeciding(t *testing.T) {
 	}
 	cfg := &Config{ID: 1, DataDir: t.TempDir(), GRPCAddr: ms[0].GRPC, RaftAddr: ms[0].Raft, BeaconAddr: ms[0].Beacon,
 		Roles: []string{RoleMeta, RoleObserver}, Members: ms, FD: DefaultFD, ClusterKey: strings.Repeat("ab", 32)}
+	startStopped := func(what string, ctx context.Context, log *slog.Logger) {
+		t.Helper()
+		type result struct {
+			n   *Node
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			n, err := Start(cfg, Options{BootstrapIfNew: true, Context: ctx, Logger: log})
+			done <- result{n, err}
+		}()
+		select {
+		case r := <-done:
+			if r.n != nil {
+				r.n.Close()
+			}
+			if !errors.Is(r.err, ErrStopped) {
+				t.Fatalf("%s: Start returned %v; want ErrStopped", what, r.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Start still running 10 s after the stop", what)
+		}
+		if has, err := meta.HasState(filepath.Join(cfg.DataDir, "meta")); has || err != nil {
+			t.Fatalf("%s: raft state after the stop (%v, %v)", what, has, err)
+		}
+		l, err := net.Listen("tcp", cfg.GRPCAddr)
+		if err != nil {
+			t.Fatalf("%s: the gRPC port after the stop: %v", what, err)
+		}
+		l.Close()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(500*time.Millisecond, cancel)
-	n, err := Start(cfg, Options{BootstrapIfNew: true, Context: ctx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if !errors.Is(err, ErrStopped) {
-		if n != nil {
-			n.Close()
+	startStopped("members 2 and 3 silent", ctx, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	// Members 2 and 3 deciding too: member 1 decides to bootstrap, and the
+	// stop lands as it logs so. It must not bootstrap after the stop
+	// (outside review 119).
+	for _, m := range ms[1:] {
+		l, err := transport.Listen(m.GRPC)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Fatalf("Start while members 2 and 3 are silent, then cancelled: %v; want ErrStopped", err)
+		g := transport.Guard(l, func(net.Addr, string) {})
+		defer g.Close()
+		s := serveDeciding(g, m.ID)
+		defer s.Stop()
 	}
-	l, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		t.Fatalf("the gRPC port after the stop: %v", err)
-	}
-	l.Close()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	startStopped("stopped as it decides to bootstrap", ctx,
+		slog.New(cancelOn{slog.NewTextHandler(io.Discard, nil), "bootstrapping a new config service", cancel}))
 }

@@ -165,18 +165,23 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 			return nil, fmt.Errorf("node %d: config-service state in %s: %w", cfg.ID, dir, err)
 		}
 		bootstrap, joinNew, why := opt.Bootstrap, false, ""
+		ctx := opt.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
 		if !has && !bootstrap && opt.BootstrapIfNew {
 			// While it decides, it answers the other members' probes
 			// ("no raft state"): a new cluster's members wait for each
 			// other's answers before they bootstrap.
 			deciding := serveDeciding(n.guard, cfg.ID)
-			ctx := opt.Context
-			if ctx == nil {
-				ctx = context.Background()
-			}
 			var mode startMode
 			mode, why, err = clusterIsNew(ctx, cfg, members, n.log)
 			deciding.Stop()
+			if err == nil && ctx.Err() != nil {
+				// Told to stop once decided: no bootstrap or join after
+				// that (outside review 119).
+				err = stopped(ctx)
+			}
 			if err != nil {
 				udp.Close()
 				return nil, err
@@ -185,8 +190,11 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		}
 		if !has && !bootstrap {
 			if !joinNew {
-				if err := confirmNotVoter(cfg, members, opt.JoinTimeout); err != nil {
+				if err := confirmNotVoter(ctx, cfg, members, opt.JoinTimeout); err != nil {
 					udp.Close()
+					if ctx.Err() != nil {
+						return nil, stopped(ctx)
+					}
 					if why != "" {
 						// Say why it did not join as a new member: "did
 						// not answer" is not "lost its data".
@@ -443,8 +451,12 @@ type probeAnswer struct {
 // config file does not list are not asked before one answers; and when
 // every member that kept its state never heard from the cluster after the
 // bootstrap, the decrees lived only on members that lost their data, and
-// this one bootstraps anew. Use it only where volumes are lost all
-// together (a compose project's `down -v`).
+// this one bootstraps anew. Two members without state that each found a
+// cluster that has run cannot vouch for each other: both wait joinWait and
+// take the ordinary path. A member that lost its data and came back
+// through `grove member remove`/`add` vouches from a record begun then.
+// Use it only where volumes are lost all together (a compose project's
+// `down -v`).
 func clusterIsNew(ctx context.Context, cfg *Config, members []meta.Member, log *slog.Logger) (startMode, string, error) {
 	addrs := map[uint64]string{}
 	for _, m := range members {
@@ -454,8 +466,18 @@ func clusterIsNew(ctx context.Context, cfg *Config, members []meta.Member, log *
 	}
 	log.Info("no raft state (--bootstrap-if-new): asking the other members whether their cluster has run; it bootstraps only once every member has answered")
 	nextWarn := time.Now().Add(waitLogEvery)
+	sawState := false // some member answered with raft state, in any round
 	for {
 		answers := probeMembers(ctx, cfg.ID, addrs)
+		if ctx.Err() != nil {
+			// The round's probes were cut short: no answers to read.
+			return startReplacement, "", stopped(ctx)
+		}
+		if !sawState {
+			for _, a := range answers {
+				sawState = sawState || a.state
+			}
+		}
 		ran, silent := newClusterRound(answers)
 		if ran != nil {
 			log.Info("another member's cluster has run: asking whether any member counted this one's vote or acknowledgement", "member", ran.id, "commit_index", ran.commit, "term", ran.term)
@@ -465,7 +487,7 @@ func clusterIsNew(ctx context.Context, cfg *Config, members []meta.Member, log *
 			break
 		}
 		if time.Now().After(nextWarn) {
-			log.Warn(waitingMessage(answers), "silent", silent, "answers", describeAnswers(answers))
+			log.Warn(waitingMessage(sawState), "silent", silent, "answers", describeAnswers(answers))
 			nextWarn = time.Now().Add(waitLogEvery)
 		}
 		if err := pause(ctx, 500*time.Millisecond); err != nil {
@@ -488,21 +510,25 @@ func pause(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("node: %w (%v)", ErrStopped, context.Cause(ctx))
+		return stopped(ctx)
 	}
 }
 
+// stopped is ErrStopped, with the cause.
+func stopped(ctx context.Context) error {
+	return fmt.Errorf("node: %w (%v)", ErrStopped, context.Cause(ctx))
+}
+
 // waitingMessage is what a member waiting for silent members logs. Where a
-// member answered with raft state, the cluster may not be new: --bootstrap
-// is then right only if it never committed anything (outside review 118:
-// the advice alone could lead an operator to bootstrap a member that lost
-// its data beside one that never heard from the cluster).
-func waitingMessage(answers map[uint64]probeAnswer) string {
+// member answered with raft state (in any round: it may be silent now),
+// the cluster may not be new: --bootstrap is then right only if no leader
+// was ever elected (outside reviews 118 and 119: the advice alone could
+// lead an operator to bootstrap a member that lost its data beside one
+// that never heard from the cluster).
+func waitingMessage(sawState bool) string {
 	msg := "waiting for every member to answer before bootstrapping a new config service (--bootstrap-if-new): a member that does not answer may hold the cluster this member lost; start it"
-	for _, a := range answers {
-		if a.state {
-			return msg + ". A member answered with raft state, so this may not be a new cluster: never start this member with --bootstrap unless the cluster has never committed anything (if it lost its data, replace it: grove member remove, start, grove member add)"
-		}
+	if sawState {
+		return msg + ". A member answered with raft state, so this may not be a new cluster: never start this member with --bootstrap unless you know no leader was ever elected (if this member lost its data, it is replaced once the silent members are back: grove member remove, start, grove member add)"
 	}
 	return msg + ", or if this is a new cluster and that member will not start, start the members that did with --bootstrap instead"
 }
@@ -595,6 +621,11 @@ func joinOrReplace(ctx context.Context, self uint64, addrs map[uint64]string, an
 			}
 		}
 		answers = probeMembers(ctx, self, addrs)
+		if ctx.Err() != nil {
+			// Cut short: a round without answers would read as "not
+			// listed" (outside review 119).
+			return startReplacement, "", stopped(ctx)
+		}
 	}
 }
 
@@ -615,6 +646,15 @@ func vouched(self uint64, answers map[uint64]probeAnswer) (mode startMode, why s
 		}
 	}
 	delete(need, self)
+	stateful := false
+	for _, a := range answers {
+		stateful = stateful || a.state
+	}
+	if !stateful {
+		// Nobody with raft state answered this round (restarting, cut
+		// off): no configuration to read; ask again (outside review 119).
+		return startReplacement, "no member with raft state answered", false
+	}
 	if !listed {
 		return startReplacement, "no answering member's configuration lists this member (it is added with grove member add)", true
 	}
@@ -697,7 +737,7 @@ func probeMembers(ctx context.Context, self uint64, addrs map[uint64]string) map
 // starts, another member must confirm that the current configuration does
 // not list it. The operator removes it first (`grove member remove`), starts
 // it, and adds it back (`grove member add`).
-func confirmNotVoter(cfg *Config, members []meta.Member, timeout time.Duration) error {
+func confirmNotVoter(parent context.Context, cfg *Config, members []meta.Member, timeout time.Duration) error {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
@@ -712,7 +752,7 @@ func confirmNotVoter(cfg *Config, members []meta.Member, timeout time.Duration) 
 	}
 	c := meta.NewClient(others)
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	// A removal just made may not have reached the member that answers:
 	// look again for a few seconds before refusing. Only the leader's
