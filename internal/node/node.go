@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -536,11 +537,7 @@ func waitingMessage(sawState bool) string {
 // describeAnswers lists each member's answer for the log, in id order:
 // "2: silent, 3: raft state, term 1, commit 0".
 func describeAnswers(answers map[uint64]probeAnswer) string {
-	ids := make([]uint64, 0, len(answers))
-	for id := range answers {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	ids := slices.Sorted(maps.Keys(answers))
 	var b strings.Builder
 	for i, id := range ids {
 		if i > 0 {
@@ -564,11 +561,7 @@ func describeAnswers(answers map[uint64]probeAnswer) string {
 // answer (silent, in order); neither means every member answered and the
 // cluster is new.
 func newClusterRound(answers map[uint64]probeAnswer) (ran *probeAnswer, silent []uint64) {
-	ids := make([]uint64, 0, len(answers))
-	for id := range answers {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	ids := slices.Sorted(maps.Keys(answers))
 	for _, id := range ids {
 		a := answers[id]
 		if hasRun(a) {
@@ -658,11 +651,7 @@ func vouched(self uint64, answers map[uint64]probeAnswer) (mode startMode, why s
 	if !listed {
 		return startReplacement, "no answering member's configuration lists this member (it is added with grove member add)", true
 	}
-	ids := make([]uint64, 0, len(need))
-	for id := range need {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	ids := slices.Sorted(maps.Keys(need))
 	for _, id := range ids {
 		a, ok := answers[id]
 		switch {
