@@ -164,7 +164,7 @@ ft=${GROVE_FUZZTIME:-30000x}
 # corpus cache and timeout: compiling is most of a short run's time, and
 # three of the packages have more than one target.
 fuzz_bins=$(mktemp -d)
-fuzz_pkgs="fd meta node lock rldev chunk txn btree"
+fuzz_pkgs="fd meta node lock rldev chunk txn btree ddstable"
 printf '%s\n' $fuzz_pkgs | xargs -P 2 -I{} go test -c -fuzz=. -o "$fuzz_bins/{}.test" ./internal/{}
 fuzz() {
   local pkg=$1 ip
@@ -184,6 +184,7 @@ fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames FuzzRe
 fuzz chunk FuzzDecodeMap FuzzDecodePeer FuzzDecodeTable
 fuzz txn FuzzDecodeLog
 fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzReview51Delta2 FuzzDirectory
+fuzz ddstable FuzzDecodeMaps
 rm -rf "$fuzz_bins"
 
 phase "fault suite (short): three grove servers and a client in network namespaces"

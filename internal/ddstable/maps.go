@@ -1,0 +1,209 @@
+package ddstable
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"slices"
+)
+
+// BrickID names a brick: the node id of the Grove node that runs it (one
+// brick per node; DDS ran one per CPU).
+type BrickID = uint64
+
+// Limits of a table's maps.
+const (
+	MaxReplicas  = 8   // members of one replica group
+	MaxTableName = 128 // bytes of a table's name
+)
+
+// Maps are one table's pair of metadata maps (DDS §4.2): the DP map
+// (key → partition) and the RG map (partition → the bricks serving as its
+// replicas), with the epoch of the decree that last changed either.
+//
+// Departure from DDS: the authoritative maps live in the config service
+// (DDS kept them only on the nodes). Every change (a brick removed from
+// replica groups after the failure detector declared it dead, a brick
+// joining a group after recovery, a split or a merge) is a decree that
+// bumps Epoch; bricks and libraries hold copies and repair them lazily, as
+// DDS does, from the Stamp piggybacked on every call.
+//
+// Invariants (Validate): every partition of DP has an RG entry and every
+// RG entry is a partition of DP; every group has 1 to MaxReplicas distinct
+// members (DDS: "the replica group membership maps for all partitions in
+// the hash table must have at least one member").
+type Maps struct {
+	Table    string
+	Epoch    uint64
+	Replicas int // the replication degree groups are brought back to
+	DP       *DPMap
+	RG       map[Partition][]BrickID
+}
+
+// Stamp is what a call piggybacks so that a brick can tell whether the
+// caller's maps are its own: the epoch, and a 32-bit hash of the encoded
+// maps (DDS footnote 2: "we currently use 32 bits"). The epoch orders two
+// stamps; the hash catches two copies of one epoch that differ, which
+// would be a bug.
+type Stamp struct {
+	Epoch uint64
+	Hash  uint32
+}
+
+// Stamp of m.
+func (m *Maps) Stamp() Stamp {
+	return Stamp{Epoch: m.Epoch, Hash: crc32.Checksum(m.AppendBinary(nil), crc32.MakeTable(crc32.Castagnoli))}
+}
+
+// Group is the replica group of the partition holding key.
+func (m *Maps) Group(key uint64) (Partition, []BrickID) {
+	p := m.DP.Lookup(key)
+	return p, m.RG[p]
+}
+
+// Validate checks the invariants.
+func (m *Maps) Validate() error {
+	if m.Table == "" || len(m.Table) > MaxTableName {
+		return fmt.Errorf("ddstable: table name of %d bytes (1 to %d)", len(m.Table), MaxTableName)
+	}
+	if m.Replicas < 1 || m.Replicas > MaxReplicas {
+		return fmt.Errorf("ddstable: table %q: replication degree %d (1 to %d)", m.Table, m.Replicas, MaxReplicas)
+	}
+	if m.DP == nil {
+		return fmt.Errorf("ddstable: table %q: no DP map", m.Table)
+	}
+	leaves := m.DP.Leaves()
+	if len(leaves) != len(m.RG) {
+		return fmt.Errorf("ddstable: table %q: %d partitions but %d replica groups", m.Table, len(leaves), len(m.RG))
+	}
+	for _, p := range leaves {
+		g, ok := m.RG[p]
+		if !ok {
+			return fmt.Errorf("ddstable: table %q: partition %v has no replica group", m.Table, p)
+		}
+		if len(g) < 1 || len(g) > MaxReplicas {
+			return fmt.Errorf("ddstable: table %q: replica group %v has %d members (1 to %d)", m.Table, p, len(g), MaxReplicas)
+		}
+		for i, b := range g {
+			if slices.Contains(g[:i], b) {
+				return fmt.Errorf("ddstable: table %q: brick %d twice in replica group %v", m.Table, b, p)
+			}
+		}
+	}
+	return nil
+}
+
+// Clone is a deep copy.
+func (m *Maps) Clone() *Maps {
+	c := *m
+	c.DP = m.DP.Clone()
+	c.RG = make(map[Partition][]BrickID, len(m.RG))
+	for p, g := range m.RG {
+		c.RG[p] = slices.Clone(g)
+	}
+	return &c
+}
+
+const mapsVersion = 1
+
+// AppendBinary appends the canonical encoding of m:
+//
+//	byte      format version (1)
+//	uvarint   len(Table), then Table's bytes
+//	uvarint   Epoch
+//	uvarint   Replicas
+//	...       the DP map (DPMap.AppendBinary)
+//	per partition, in the DP map's trie order:
+//	  uvarint   group size, then each member as a uvarint, in group order
+//
+// A group's order is kept (it is not sorted): the first member is the one a
+// recovering brick asks first, so it is part of what the hash covers.
+func (m *Maps) AppendBinary(b []byte) []byte {
+	b = append(b, mapsVersion)
+	b = appendUvarint(b, uint64(len(m.Table)))
+	b = append(b, m.Table...)
+	b = appendUvarint(b, m.Epoch)
+	b = appendUvarint(b, uint64(m.Replicas))
+	b = m.DP.AppendBinary(b)
+	for _, p := range m.DP.Leaves() {
+		g := m.RG[p]
+		b = appendUvarint(b, uint64(len(g)))
+		for _, id := range g {
+			b = appendUvarint(b, id)
+		}
+	}
+	return b
+}
+
+// DecodeMaps reads what AppendBinary wrote, all of b, and validates it.
+func DecodeMaps(b []byte) (*Maps, error) {
+	if len(b) == 0 {
+		return nil, errors.New("ddstable: maps: empty")
+	}
+	if b[0] != mapsVersion {
+		return nil, fmt.Errorf("ddstable: maps: format version %d, this build reads %d", b[0], mapsVersion)
+	}
+	b = b[1:]
+	n, b, err := readUvarint(b, "table name length")
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n > MaxTableName || n > uint64(len(b)) {
+		return nil, fmt.Errorf("ddstable: maps: table name of %d bytes (1 to %d, %d left)", n, MaxTableName, len(b))
+	}
+	m := &Maps{Table: string(b[:n])}
+	b = b[n:]
+	if m.Epoch, b, err = readUvarint(b, "epoch"); err != nil {
+		return nil, err
+	}
+	r, b, err := readUvarint(b, "replication degree")
+	if err != nil {
+		return nil, err
+	}
+	if r < 1 || r > MaxReplicas {
+		return nil, fmt.Errorf("ddstable: maps: replication degree %d (1 to %d)", r, MaxReplicas)
+	}
+	m.Replicas = int(r)
+	if m.DP, b, err = decodeDPMap(b); err != nil {
+		return nil, err
+	}
+	m.RG = make(map[Partition][]BrickID, m.DP.Len())
+	for _, p := range m.DP.Leaves() {
+		var k uint64
+		if k, b, err = readUvarint(b, "group size"); err != nil {
+			return nil, err
+		}
+		if k < 1 || k > MaxReplicas {
+			return nil, fmt.Errorf("ddstable: maps: replica group %v of %d members (1 to %d)", p, k, MaxReplicas)
+		}
+		g := make([]BrickID, k)
+		for i := range g {
+			if g[i], b, err = readUvarint(b, "brick id"); err != nil {
+				return nil, err
+			}
+		}
+		m.RG[p] = g
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("ddstable: maps: %d bytes left over", len(b))
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func appendUvarint(b []byte, v uint64) []byte { return binary.AppendUvarint(b, v) }
+
+func readUvarint(b []byte, what string) (uint64, []byte, error) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 {
+		return 0, nil, fmt.Errorf("ddstable: %s: a truncated or overlong varint", what)
+	}
+	if n != len(binary.AppendUvarint(nil, v)) {
+		// One value, one encoding: the encoding is what the hash covers.
+		return 0, nil, fmt.Errorf("ddstable: %s: a varint of %d bytes for %d", what, n, v)
+	}
+	return v, b[n:], nil
+}

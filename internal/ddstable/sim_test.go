@@ -1,0 +1,816 @@
+package ddstable
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The two-phase commit simulator: bricks running Participants, libraries
+// running Coordinators, a config service holding the maps and the outcome
+// registers, all on one virtual clock and one seeded network that delays,
+// drops and duplicates messages. Libraries crash (some between their
+// decisions' sends), bricks crash and are removed from their groups by a
+// decree that reaches every node at its own later time, as the failure
+// detector and the config service do. The oracle (oracle.go's twin in
+// this file) is independent of the protocol: a porcupine model of a map
+// of keys to values checks every client's history, and after healing the
+// live replicas of each partition must hold the same data and agree on
+// every operation's outcome.
+
+type simEvent struct {
+	at  time.Time
+	seq int
+	fn  func()
+}
+
+type eventQ []*simEvent
+
+func (q eventQ) Len() int { return len(q) }
+func (q eventQ) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQ) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQ) Push(x any)   { *q = append(*q, x.(*simEvent)) }
+func (q *eventQ) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type simConfig struct {
+	clients, opsPerClient int
+	keys                  uint64
+	drop, dup             float64 // per message
+	clientCrash           float64 // per operation
+	partialCrash          float64 // per decision: send it to some members, then crash
+	brickCrashes          int     // at most, per run
+	crashAfterAnswer      float64 // per termination answer: the answering brick crashes right after
+	pauses                int     // per brick and per library
+	unsafe                UnsafeParticipant
+}
+
+func defaultSimConfig() simConfig {
+	return simConfig{clients: 4, opsPerClient: 40, keys: 4, drop: 0.03, dup: 0.02,
+		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 2, crashAfterAnswer: 0.1, pauses: 2}
+}
+
+type sim struct {
+	t       testing.TB
+	seed    uint64
+	cfg     simConfig
+	rng     *rand.Rand
+	now     time.Time
+	q       eventQ
+	seq     int
+	faults  bool
+	crashed int
+
+	maps     *Maps         // the config service's
+	outcomes map[OpID]bool // the config service's outcome registers
+	bricks   map[BrickID]*simBrick
+	clients  []*simClient
+	hist     []porcupine.Operation
+	opIDs    []OpID
+	values   int
+	pcfg     ParticipantConfig
+	ccfg     CoordinatorConfig
+	violates []string
+}
+
+// pauser is a node that can pause (a long GC, a stalled VM): what arrives
+// meanwhile waits until it resumes.
+type pauser struct{ pausedUntil time.Time }
+
+// on wraps fn to run at p, later if p is paused then.
+func (s *sim) on(p *pauser, fn func()) func() {
+	var w func()
+	w = func() {
+		if s.now.Before(p.pausedUntil) {
+			s.at(p.pausedUntil.Sub(s.now), w)
+			return
+		}
+		fn()
+	}
+	return w
+}
+
+func (s *sim) pauses(p *pauser) {
+	for range s.cfg.pauses {
+		at := time.Duration(s.rng.IntN(8000)) * time.Millisecond
+		d := time.Duration(50+s.rng.IntN(350)) * time.Millisecond
+		s.at(at, func() {
+			if s.faults {
+				p.pausedUntil = s.now.Add(d)
+			}
+		})
+	}
+}
+
+type simBrick struct {
+	pauser
+	id    BrickID
+	alive bool
+	parts map[Partition]*Participant
+	store map[Partition]map[uint64]string
+}
+
+type simClient struct {
+	pauser
+	id    int
+	inc   int // incarnation: replies to an earlier one are dropped
+	coord *Coordinator
+	left  int
+	cur   *simOp
+	dead  bool
+}
+
+type simOp struct {
+	kind    string // put del get
+	key     uint64
+	value   string
+	call    time.Time
+	op      OpID // writes: the attempt in flight
+	tries   int
+	readTo  BrickID
+	readSeq int
+}
+
+const simEnd = math.MaxInt64 / 2
+
+func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
+	s := &sim{t: t, seed: seed, cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
+		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, bricks: map[BrickID]*simBrick{}, faults: true}
+	dp, _ := NewDPMapUniform(1)
+	s.maps = &Maps{Table: "sim", Epoch: 1, Replicas: 3, DP: dp, RG: map[Partition][]BrickID{
+		{Bits: 0, Depth: 1}: {1, 2, 3},
+		{Bits: 1, Depth: 1}: {2, 3, 4},
+	}}
+	if err := s.maps.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s.pcfg = ParticipantConfig{PrepareTimeout: 150 * time.Millisecond, QueryEvery: 50 * time.Millisecond,
+		RecordLife: 2 * time.Second, MaxOps: 1 << 20, Unsafe: cfg.unsafe}
+	s.ccfg = CoordinatorConfig{RetryEvery: 40 * time.Millisecond, VoteTimeout: 120 * time.Millisecond,
+		Deadline: 600 * time.Millisecond, MaxOps: 16}
+	for id := BrickID(1); id <= 4; id++ {
+		b := &simBrick{id: id, alive: true, parts: map[Partition]*Participant{}, store: map[Partition]map[uint64]string{}}
+		for p, g := range s.maps.RG {
+			if slices.Contains(g, id) {
+				pc := s.pcfg
+				pc.Self = id
+				pt, err := NewParticipant(pc, s.maps, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.parts[p], b.store[p] = pt, map[uint64]string{}
+			}
+		}
+		s.bricks[id] = b
+	}
+	for i := range cfg.clients {
+		c := &simClient{id: i, left: cfg.opsPerClient}
+		s.clients = append(s.clients, c)
+		s.restartClient(c)
+	}
+	return s
+}
+
+func (s *sim) at(d time.Duration, fn func()) {
+	s.seq++
+	heap.Push(&s.q, &simEvent{at: s.now.Add(d), seq: s.seq, fn: fn})
+}
+
+// net delivers fn after a network delay, unless dropped; it may deliver
+// twice.
+func (s *sim) net(fn func()) {
+	if s.faults && s.rng.Float64() < s.cfg.drop {
+		return
+	}
+	d := time.Duration(1+s.rng.IntN(20)) * time.Millisecond
+	if s.faults && s.rng.IntN(20) == 0 {
+		d += time.Duration(s.rng.IntN(150)) * time.Millisecond
+	}
+	s.at(d, fn)
+	if s.faults && s.rng.Float64() < s.cfg.dup {
+		s.at(time.Duration(1+s.rng.IntN(40))*time.Millisecond, fn)
+	}
+}
+
+func (s *sim) trace(format string, args ...any) {
+	if os.Getenv("GROVE_DDS_TRACE") != "" {
+		s.t.Logf("%8.3fs "+format, append([]any{s.now.Sub(time.Unix(1_000_000, 0)).Seconds()}, args...)...)
+	}
+}
+
+func (s *sim) fail(format string, args ...any) {
+	s.violates = append(s.violates, fmt.Sprintf(format, args...))
+}
+
+// ---- bricks
+
+func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
+	for _, a := range e.Applied {
+		if a.Update.Remove {
+			delete(b.store[p], a.Update.Key)
+		} else {
+			b.store[p][a.Update.Key] = string(a.Update.Value)
+		}
+	}
+	for _, q := range e.Queries {
+		to, query := q.To, q.Query
+		peer := s.bricks[to]
+		s.net(s.on(&peer.pauser, func() {
+			if !peer.alive || !b.alive {
+				return
+			}
+			pp, ok := peer.parts[p]
+			if !ok {
+				return
+			}
+			st := pp.Query(s.now, query)
+			s.trace("brick %d asks %d about %v (sweep %v): %v", b.id, to, query.Op, query.Sweep, st)
+			if s.faults && !query.Sweep && s.rng.Float64() < s.cfg.crashAfterAnswer {
+				s.net(s.on(&b.pauser, func() {
+					if pt, ok := b.parts[p]; ok && b.alive {
+						s.brickEffects(b, p, pt.Answer(s.now, to, query, st))
+					}
+				}))
+				s.crashBrick(to)
+				return
+			}
+			s.net(s.on(&b.pauser, func() {
+				if pt, ok := b.parts[p]; ok && b.alive {
+					s.brickEffects(b, p, pt.Answer(s.now, to, query, st))
+				}
+			}))
+		}))
+	}
+	for _, pr := range e.Proposals {
+		pr := pr
+		s.net(func() { // to the config service
+			v, ok := s.outcomes[pr.Op]
+			if !ok {
+				v = pr.Commit
+				s.outcomes[pr.Op] = v
+			}
+			s.trace("brick %d proposes %v commit=%v: decreed commit=%v", b.id, pr.Op, pr.Commit, v)
+			s.net(s.on(&b.pauser, func() {
+				if pt, ok := b.parts[p]; ok && b.alive {
+					s.brickEffects(b, p, pt.Outcome(s.now, pr.Op, v))
+				}
+			}))
+		})
+	}
+}
+
+func (s *sim) brickTick() {
+	for _, id := range []BrickID{1, 2, 3, 4} {
+		b := s.bricks[id]
+		if !b.alive || s.now.Before(b.pausedUntil) {
+			continue
+		}
+		for _, p := range sortedParts(b.parts) {
+			s.brickEffects(b, p, b.parts[p].Tick(s.now))
+		}
+	}
+	s.at(10*time.Millisecond, s.brickTick)
+}
+
+func sortedParts(m map[Partition]*Participant) []Partition {
+	var ps []Partition
+	for p := range m {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b Partition) int { return int(a.Bits) - int(b.Bits) })
+	return ps
+}
+
+// crashBrick stops a brick (want, or any if 0) whose groups all keep
+// another live member, within the run's budget of brick crashes, then,
+// after the failure detector's delay, decrees it out of every group; the
+// decree reaches each brick and library at its own time.
+func (s *sim) crashBrick(want BrickID) {
+	if s.crashed >= s.cfg.brickCrashes {
+		return
+	}
+	var cands []BrickID
+	for _, id := range []BrickID{1, 2, 3, 4} {
+		ok := s.bricks[id].alive && (want == 0 || want == id)
+		for _, g := range s.maps.RG {
+			if !slices.Contains(g, id) {
+				continue
+			}
+			others := 0
+			for _, b := range g {
+				if b != id && s.bricks[b].alive {
+					others++
+				}
+			}
+			ok = ok && others > 0
+		}
+		if ok {
+			cands = append(cands, id)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	s.crashed++
+	id := cands[s.rng.IntN(len(cands))]
+	s.bricks[id].alive = false
+	s.trace("brick %d crashes", id)
+	s.at(time.Duration(200+s.rng.IntN(400))*time.Millisecond, func() {
+		m := s.maps.Clone()
+		m.Epoch++
+		for p, g := range m.RG {
+			m.RG[p] = slices.DeleteFunc(slices.Clone(g), func(b BrickID) bool { return b == id })
+		}
+		if err := m.Validate(); err != nil {
+			s.t.Fatalf("seed %d: decree: %v", s.seed, err)
+		}
+		s.maps = m
+		s.trace("decree: epoch %d without brick %d", m.Epoch, id)
+		for _, bid := range []BrickID{1, 2, 3, 4} {
+			b := s.bricks[bid]
+			s.at(time.Duration(s.rng.IntN(300))*time.Millisecond, s.on(&b.pauser, func() {
+				if !b.alive {
+					return
+				}
+				for _, p := range sortedParts(b.parts) {
+					e, member := b.parts[p].SetMaps(s.now, m)
+					s.brickEffects(b, p, e)
+					if !member {
+						delete(b.parts, p)
+					}
+				}
+			}))
+		}
+		for _, c := range s.clients {
+			inc := c.inc
+			s.at(time.Duration(s.rng.IntN(300))*time.Millisecond, s.on(&c.pauser, func() {
+				if c.inc == inc && !c.dead {
+					s.clientEffects(c, c.coord.SetMaps(s.now, m))
+				}
+			}))
+		}
+	})
+}
+
+// ---- clients
+
+func (s *sim) restartClient(c *simClient) {
+	c.inc++
+	cfg := s.ccfg
+	cfg.Session = s.rng.Uint64()
+	co, err := NewCoordinator(cfg, s.maps)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c.coord, c.dead, c.cur = co, false, nil
+	inc := c.inc
+	var tick func()
+	tick = func() {
+		if c.inc != inc || c.dead {
+			return
+		}
+		if s.now.Before(c.pausedUntil) {
+			s.at(10*time.Millisecond, tick)
+			return
+		}
+		s.clientEffects(c, c.coord.Tick(s.now))
+		if c.cur != nil && c.cur.kind == "get" && s.now.Sub(c.cur.call) > 3*time.Second {
+			c.cur = nil // a read that never got an answer constrains nothing
+			s.at(0, func() { s.nextOp(c, inc) })
+		}
+		s.at(10*time.Millisecond, tick)
+	}
+	s.at(10*time.Millisecond, tick)
+	s.at(time.Millisecond, func() { s.nextOp(c, inc) })
+}
+
+func (s *sim) crashClient(c *simClient) {
+	s.trace("library %d crashes", c.id)
+	if c.cur != nil && c.cur.kind != "get" && c.cur.tries > 0 {
+		s.record(c, c.cur, "", false, true) // may or may not take effect
+	}
+	c.dead, c.cur = true, nil
+	inc := c.inc
+	s.at(time.Duration(50+s.rng.IntN(150))*time.Millisecond, func() {
+		if c.inc == inc {
+			s.restartClient(c)
+		}
+	})
+}
+
+func (s *sim) nextOp(c *simClient, inc int) {
+	if c.inc != inc || c.dead || c.cur != nil || c.left == 0 {
+		return
+	}
+	c.left--
+	op := &simOp{key: s.rng.Uint64N(s.cfg.keys), call: s.now}
+	switch r := s.rng.IntN(100); {
+	case r < 45:
+		op.kind = "put"
+	case r < 60:
+		op.kind = "del"
+	default:
+		op.kind = "get"
+	}
+	c.cur = op
+	s.attempt(c, op)
+}
+
+func (s *sim) attempt(c *simClient, op *simOp) {
+	if c.dead || c.cur != op {
+		return
+	}
+	if s.faults && s.rng.Float64() < s.cfg.clientCrash {
+		s.crashClient(c)
+		return
+	}
+	op.tries++
+	inc := c.inc
+	if op.kind == "get" {
+		_, g := c.coord.Maps().Group(op.key)
+		to := g[s.rng.IntN(len(g))]
+		op.readSeq++
+		rs := op.readSeq
+		stamp := c.coord.Maps().Stamp()
+		key := op.key
+		b := s.bricks[to]
+		s.net(s.on(&b.pauser, func() {
+			if !b.alive {
+				return
+			}
+			p := s.maps.DP.Lookup(key)
+			pt, ok := b.parts[p]
+			var err error
+			var v string
+			if !ok {
+				err = ErrRepair
+			} else if err = pt.Read(key, stamp); err == nil {
+				v = b.store[p][key]
+			}
+			s.net(s.on(&c.pauser, func() {
+				if c.inc != inc || c.cur != op || op.readSeq != rs {
+					return
+				}
+				switch err {
+				case nil:
+					s.record(c, op, v, true, false)
+					c.cur = nil
+					s.at(0, func() { s.nextOp(c, inc) })
+				case ErrRepair:
+					s.clientEffects(c, c.coord.SetMaps(s.now, s.maps))
+					s.at(time.Millisecond, func() { s.attempt(c, op) })
+				default:
+					s.at(20*time.Millisecond, func() { s.attempt(c, op) })
+				}
+			}))
+		}))
+		s.at(100*time.Millisecond, s.on(&c.pauser, func() { // no answer: ask another replica
+			if c.inc == inc && c.cur == op && op.readSeq == rs {
+				s.attempt(c, op)
+			}
+		}))
+		return
+	}
+	s.values++
+	op.value = fmt.Sprintf("v%d", s.values)
+	u := Update{Key: op.key, Value: []byte(op.value), Remove: op.kind == "del"}
+	if u.Remove {
+		u.Value = nil
+	}
+	id, e, err := c.coord.Begin(s.now, u)
+	if err != nil {
+		s.t.Fatalf("seed %d: begin: %v", s.seed, err)
+	}
+	op.op = id
+	s.opIDs = append(s.opIDs, id)
+	s.clientEffects(c, e)
+}
+
+func (s *sim) clientEffects(c *simClient, e CoordEffects) {
+	inc := c.inc
+	sends := e.Sends
+	if s.faults && len(sends) > 1 && sends[0].Decide != nil && s.rng.Float64() < s.cfg.partialCrash {
+		// Crash between the decision's sends: some members hear it, the
+		// others must terminate without the library.
+		n := s.rng.IntN(len(sends))
+		for _, snd := range sends[:n] {
+			s.deliver(c, inc, snd)
+		}
+		s.crashClient(c)
+		return
+	}
+	for _, snd := range sends {
+		s.deliver(c, inc, snd)
+	}
+	for _, r := range e.Results {
+		op := c.cur
+		if op == nil || op.op != r.Op {
+			continue
+		}
+		switch r.Outcome {
+		case Succeeded:
+			s.record(c, op, "", true, false)
+		case Unknown:
+			s.record(c, op, "", false, true)
+		case Failed:
+			// Applied nowhere: left out of the history, so a read that
+			// returns its value is caught. Try again.
+			if r.Reason == ReasonRepair {
+				s.clientEffects(c, c.coord.SetMaps(s.now, s.maps))
+			}
+			s.at(time.Duration(5+s.rng.IntN(30))*time.Millisecond, func() { s.attempt(c, op) })
+			continue
+		}
+		c.cur = nil
+		s.at(0, func() { s.nextOp(c, inc) })
+	}
+}
+
+func (s *sim) deliver(c *simClient, inc int, snd Send) {
+	to := snd.To
+	b := s.bricks[to]
+	s.net(s.on(&b.pauser, func() {
+		if !b.alive {
+			return
+		}
+		var p Partition
+		if snd.Prepare != nil {
+			p = snd.Prepare.Partition
+		} else {
+			p = snd.Decide.Partition
+		}
+		pt, ok := b.parts[p]
+		if !ok {
+			return
+		}
+		if snd.Prepare != nil {
+			v := pt.Prepare(s.now, *snd.Prepare)
+			s.trace("brick %d prepare %v key %d: %+v", to, snd.Prepare.Op, snd.Prepare.Update.Key, v)
+			op := snd.Prepare.Op
+			s.net(s.on(&c.pauser, func() {
+				if c.inc == inc && !c.dead {
+					s.clientEffects(c, c.coord.OnVote(s.now, to, op, v))
+				}
+			}))
+			return
+		}
+		a, applied := pt.Decide(s.now, *snd.Decide)
+		s.trace("brick %d decide %v commit=%v: %v", to, snd.Decide.Op, snd.Decide.Commit, a.State)
+		s.brickEffects(b, p, Effects{Applied: applied})
+		op := snd.Decide.Op
+		s.net(s.on(&c.pauser, func() {
+			if c.inc == inc && !c.dead {
+				s.clientEffects(c, c.coord.OnAck(s.now, to, op, a))
+			}
+		}))
+	}))
+}
+
+type kvIn struct {
+	kind  string
+	key   uint64
+	value string
+}
+
+type kvOut struct {
+	value string
+}
+
+func (s *sim) record(c *simClient, op *simOp, got string, done, open bool) {
+	ret := s.now.Sub(time.Unix(0, 0)).Nanoseconds()
+	if open {
+		ret = simEnd
+	}
+	in := kvIn{kind: op.kind, key: op.key, value: op.value}
+	s.hist = append(s.hist, porcupine.Operation{ClientId: c.id, Input: in,
+		Call: op.call.Sub(time.Unix(0, 0)).Nanoseconds(), Output: kvOut{value: got}, Return: ret})
+}
+
+var kvModel = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[uint64][]porcupine.Operation{}
+		var keys []uint64
+		for _, o := range h {
+			k := o.Input.(kvIn).key
+			if _, ok := by[k]; !ok {
+				keys = append(keys, k)
+			}
+			by[k] = append(by[k], o)
+		}
+		slices.Sort(keys)
+		var out [][]porcupine.Operation
+		for _, k := range keys {
+			out = append(out, by[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		in, cur := input.(kvIn), state.(string)
+		switch in.kind {
+		case "put":
+			return true, in.value
+		case "del":
+			return true, ""
+		default:
+			return output.(kvOut).value == cur, cur
+		}
+	},
+	Equal: func(a, b any) bool { return a == b },
+	DescribeOperation: func(input, output any) string {
+		in := input.(kvIn)
+		if in.kind == "get" {
+			return fmt.Sprintf("get(%d) → %q", in.key, output.(kvOut).value)
+		}
+		return fmt.Sprintf("%s(%d, %q)", in.kind, in.key, in.value)
+	},
+}
+
+// run drives the workload with faults, heals, settles and checks.
+func (s *sim) run() {
+	s.at(10*time.Millisecond, s.brickTick)
+	for _, id := range []BrickID{1, 2, 3, 4} {
+		s.pauses(&s.bricks[id].pauser)
+	}
+	for _, c := range s.clients {
+		s.pauses(&c.pauser)
+	}
+	for i := 0; i < s.cfg.brickCrashes; i++ {
+		s.at(time.Duration(100+s.rng.IntN(3000))*time.Millisecond, func() { s.crashBrick(0) })
+	}
+	limit := s.now.Add(60 * time.Second)
+	for s.q.Len() > 0 && s.now.Before(limit) {
+		e := heap.Pop(&s.q).(*simEvent)
+		s.now = e.at
+		e.fn()
+		if s.allDone() {
+			break
+		}
+	}
+	if !s.allDone() {
+		s.fail("workload did not finish in 60 s of virtual time")
+	}
+	// Heal: no more loss or crashes; let terminations and sweeps run.
+	s.faults = false
+	settle := s.now.Add(5 * time.Second)
+	for s.q.Len() > 0 && s.now.Before(settle) {
+		e := heap.Pop(&s.q).(*simEvent)
+		s.now = e.at
+		e.fn()
+	}
+	s.check()
+}
+
+func (s *sim) allDone() bool {
+	for _, c := range s.clients {
+		if c.left > 0 || c.cur != nil || c.dead {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *sim) check() {
+	for p, g := range s.maps.RG {
+		var ref map[uint64]string
+		var refID BrickID
+		for _, id := range g {
+			b := s.bricks[id]
+			if !b.alive {
+				s.fail("brick %d is dead but in group %v after the decrees", id, p)
+				continue
+			}
+			pt := b.parts[p]
+			if pt == nil {
+				s.fail("brick %d has no participant for %v", id, p)
+				continue
+			}
+			if n := pt.InDoubt(); n > 0 {
+				s.fail("brick %d partition %v: %d operations still in doubt after healing", id, p, n)
+			}
+			if ref == nil {
+				ref, refID = b.store[p], id
+				continue
+			}
+			for k := uint64(0); k < s.cfg.keys; k++ {
+				if b.store[p][k] != ref[k] {
+					s.fail("partition %v key %d: brick %d holds %q, brick %d holds %q", p, k, refID, ref[k], id, b.store[p][k])
+				}
+			}
+		}
+		for _, op := range s.opIDs {
+			var committed, aborted []BrickID
+			for _, id := range g {
+				if pt := s.bricks[id].parts[p]; pt != nil {
+					switch pt.StateOf(op) {
+					case Committed:
+						committed = append(committed, id)
+					case Aborted:
+						aborted = append(aborted, id)
+					}
+				}
+			}
+			if len(committed) > 0 && len(aborted) > 0 {
+				s.fail("operation %v: committed at %v, aborted at %v", op, committed, aborted)
+			}
+		}
+	}
+	res, info := porcupine.CheckOperationsVerbose(kvModel, s.hist, 20*time.Second)
+	switch res {
+	case porcupine.Illegal:
+		s.fail("history of %d operations is not linearizable", len(s.hist))
+		if dir := os.Getenv("GROVE_DDS_VIS"); dir != "" {
+			f, err := os.Create(fmt.Sprintf("%s/dds-seed-%d.html", dir, s.seed))
+			if err == nil {
+				_ = porcupine.Visualize(kvModel, info, f)
+				f.Close()
+			}
+		}
+	case porcupine.Unknown:
+		s.fail("linearizability check timed out on %d operations", len(s.hist))
+	}
+}
+
+func simSeeds(t *testing.T, def int) (uint64, int) {
+	base, n := uint64(1), def
+	if v := os.Getenv("GROVE_DDS_SEED"); v != "" {
+		x, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, n = x, 1
+	}
+	if v := os.Getenv("GROVE_DDS_SEEDS"); v != "" {
+		x, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = x
+	}
+	return base, n
+}
+
+// TestSimTwoPhaseCommit: many seeds of the workload under faults; every
+// seed must pass the oracle. Replay one with GROVE_DDS_SEED=N.
+func TestSimTwoPhaseCommit(t *testing.T) {
+	base, n := simSeeds(t, 200)
+	for seed := base; seed < base+uint64(n); seed++ {
+		s := newSim(t, seed, defaultSimConfig())
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("seed %d (replay: GROVE_DDS_SEED=%d): panic: %v", seed, seed, r)
+				}
+			}()
+			s.run()
+		}()
+		if len(s.violates) > 0 {
+			t.Fatalf("seed %d (replay: GROVE_DDS_SEED=%d go test ./internal/ddstable -run TestSimTwoPhaseCommit): %v",
+				seed, seed, s.violates)
+		}
+	}
+	t.Logf("seeds %d..%d passed", base, base+uint64(n)-1)
+}
+
+// TestSimTeeth: the oracle catches each broken rule on some seed.
+func TestSimTeeth(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		unsafe UnsafeParticipant
+	}{
+		{"paper-rule", UnsafeParticipant{PaperRule: true}},
+		{"no-freeze", UnsafeParticipant{NoFreeze: true}},
+		{"local-decide", UnsafeParticipant{LocalDecide: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 2000; seed++ {
+				cfg := defaultSimConfig()
+				cfg.unsafe = tc.unsafe
+				s := newSim(t, seed, cfg)
+				s.run()
+				if len(s.violates) > 0 {
+					t.Logf("caught at seed %d: %v", seed, s.violates[0])
+					return
+				}
+			}
+			t.Fatal("no seed in 1..2000 caught the broken rule")
+		})
+	}
+}
