@@ -151,7 +151,7 @@ func testMaps() *Maps {
 	dp, _ := NewDPMapUniform(2)
 	m := &Maps{Table: "users", Epoch: 7, Replicas: 2, DP: dp, RG: map[Partition][]BrickID{}}
 	for i, p := range dp.Leaves() {
-		m.RG[p] = []BrickID{BrickID(i%3 + 1), BrickID((i+1)%3 + 1)}
+		m.RG[p] = []BrickID{br(uint64(i%3 + 1)), br(uint64((i+1)%3 + 1))}
 	}
 	return m
 }
@@ -187,11 +187,11 @@ func TestMapsEncoding(t *testing.T) {
 	}
 	bad := []*Maps{
 		func() *Maps { c := m.Clone(); c.RG[p] = nil; return c }(),
-		func() *Maps { c := m.Clone(); c.RG[p] = []BrickID{1, 1}; return c }(),
+		func() *Maps { c := m.Clone(); c.RG[p] = []BrickID{br(1), {Node: 1, Inc: 2}}; return c }(),
 		func() *Maps { c := m.Clone(); c.Replicas = 0; return c }(),
 		func() *Maps { c := m.Clone(); c.Table = ""; return c }(),
 		func() *Maps { c := m.Clone(); delete(c.RG, p); return c }(),
-		func() *Maps { c := m.Clone(); c.RG[Partition{Bits: 1, Depth: 5}] = []BrickID{1}; return c }(),
+		func() *Maps { c := m.Clone(); c.RG[Partition{Bits: 1, Depth: 5}] = []BrickID{br(1)}; return c }(),
 	}
 	for i, c := range bad {
 		if err := c.Validate(); err == nil {
@@ -204,7 +204,7 @@ func FuzzDecodeMaps(f *testing.F) {
 	f.Add(testMaps().AppendBinary(nil))
 	m := testMaps()
 	m.DP = NewDPMap()
-	m.RG = map[Partition][]BrickID{Root: {9}}
+	m.RG = map[Partition][]BrickID{Root: {br(9)}}
 	f.Add(m.AppendBinary(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMaps(b)

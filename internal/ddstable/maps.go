@@ -8,9 +8,36 @@ import (
 	"slices"
 )
 
-// BrickID names a brick: the node id of the Grove node that runs it (one
-// brick per node; DDS ran one per CPU).
-type BrickID = uint64
+// BrickID names a brick: the Grove node that runs it (one brick per node;
+// DDS ran one per CPU) and the node's incarnation when the brick joined
+// the group. A node that restarts lost its replicas (they live in memory,
+// as DDS's do): its new incarnation is another brick, which serves only
+// groups it joins by recovery, and the operations of its past life never
+// take it for the member they prepared at.
+type BrickID struct {
+	Node, Inc uint64
+}
+
+func (b BrickID) String() string { return fmt.Sprintf("%d.%d", b.Node, b.Inc) }
+
+func brickLess(a, b BrickID) int {
+	switch {
+	case a.Node != b.Node:
+		return cmpU64(a.Node, b.Node)
+	default:
+		return cmpU64(a.Inc, b.Inc)
+	}
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
 
 // Limits of a table's maps.
 const (
@@ -86,8 +113,13 @@ func (m *Maps) Validate() error {
 			return fmt.Errorf("ddstable: table %q: replica group %v has %d members (1 to %d)", m.Table, p, len(g), MaxReplicas)
 		}
 		for i, b := range g {
-			if slices.Contains(g[:i], b) {
-				return fmt.Errorf("ddstable: table %q: brick %d twice in replica group %v", m.Table, b, p)
+			if b.Node == 0 || b.Inc == 0 {
+				return fmt.Errorf("ddstable: table %q: brick %v in replica group %v: node and incarnation must be non-zero", m.Table, b, p)
+			}
+			for _, o := range g[:i] {
+				if o.Node == b.Node {
+					return fmt.Errorf("ddstable: table %q: node %d twice in replica group %v", m.Table, b.Node, p)
+				}
 			}
 		}
 	}
@@ -115,7 +147,8 @@ const mapsVersion = 1
 //	uvarint   Replicas
 //	...       the DP map (DPMap.AppendBinary)
 //	per partition, in the DP map's trie order:
-//	  uvarint   group size, then each member as a uvarint, in group order
+//	  uvarint   group size, then each member as two uvarints (node,
+//	            incarnation), in group order
 //
 // A group's order is kept (it is not sorted): the first member is the one a
 // recovering brick asks first, so it is part of what the hash covers.
@@ -130,7 +163,8 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 		g := m.RG[p]
 		b = appendUvarint(b, uint64(len(g)))
 		for _, id := range g {
-			b = appendUvarint(b, id)
+			b = appendUvarint(b, id.Node)
+			b = appendUvarint(b, id.Inc)
 		}
 	}
 	return b
@@ -179,7 +213,10 @@ func DecodeMaps(b []byte) (*Maps, error) {
 		}
 		g := make([]BrickID, k)
 		for i := range g {
-			if g[i], b, err = readUvarint(b, "brick id"); err != nil {
+			if g[i].Node, b, err = readUvarint(b, "brick node"); err != nil {
+				return nil, err
+			}
+			if g[i].Inc, b, err = readUvarint(b, "brick incarnation"); err != nil {
 				return nil, err
 			}
 		}

@@ -312,7 +312,7 @@ func NewParticipant(cfg ParticipantConfig, m *Maps, p Partition) (*Participant, 
 		return nil, fmt.Errorf("ddstable: partition %v is not in table %q's maps", p, m.Table)
 	}
 	if !slices.Contains(g, cfg.Self) {
-		return nil, fmt.Errorf("ddstable: brick %d is not in partition %v's replica group %v", cfg.Self, p, g)
+		return nil, fmt.Errorf("ddstable: brick %v is not in partition %v's replica group %v", cfg.Self, p, g)
 	}
 	return &Participant{
 		cfg: cfg, partition: p, stamp: m.Stamp(), members: slices.Clone(g),

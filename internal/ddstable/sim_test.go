@@ -26,6 +26,11 @@ import (
 // live replicas of each partition must hold the same data and agree on
 // every operation's outcome.
 
+// br is node n's brick in its first incarnation.
+func br(n uint64) BrickID { return BrickID{Node: n, Inc: 1} }
+
+var simBricks = []BrickID{br(1), br(2), br(3), br(4)}
+
 type simEvent struct {
 	at  time.Time
 	seq int
@@ -155,8 +160,8 @@ func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
 		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, bricks: map[BrickID]*simBrick{}, faults: true}
 	dp, _ := NewDPMapUniform(1)
 	s.maps = &Maps{Table: "sim", Epoch: 1, Replicas: 3, DP: dp, RG: map[Partition][]BrickID{
-		{Bits: 0, Depth: 1}: {1, 2, 3},
-		{Bits: 1, Depth: 1}: {2, 3, 4},
+		{Bits: 0, Depth: 1}: {br(1), br(2), br(3)},
+		{Bits: 1, Depth: 1}: {br(2), br(3), br(4)},
 	}}
 	if err := s.maps.Validate(); err != nil {
 		t.Fatal(err)
@@ -165,7 +170,7 @@ func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
 		RecordLife: 2 * time.Second, MaxOps: 1 << 20, Unsafe: cfg.unsafe}
 	s.ccfg = CoordinatorConfig{RetryEvery: 40 * time.Millisecond, VoteTimeout: 120 * time.Millisecond,
 		Deadline: 600 * time.Millisecond, MaxOps: 16}
-	for id := BrickID(1); id <= 4; id++ {
+	for _, id := range simBricks {
 		b := &simBrick{id: id, alive: true, parts: map[Partition]*Participant{}, store: map[Partition]map[uint64]string{}}
 		for p, g := range s.maps.RG {
 			if slices.Contains(g, id) {
@@ -241,7 +246,7 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 				return
 			}
 			st := pp.Query(s.now, query)
-			s.trace("brick %d asks %d about %v (sweep %v): %v", b.id, to, query.Op, query.Sweep, st)
+			s.trace("brick %v asks %v about %v (sweep %v): %v", b.id, to, query.Op, query.Sweep, st)
 			if s.faults && !query.Sweep && s.rng.Float64() < s.cfg.crashAfterAnswer {
 				s.net(s.on(&b.pauser, func() {
 					if pt, ok := b.parts[p]; ok && b.alive {
@@ -266,7 +271,7 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 				v = pr.Commit
 				s.outcomes[pr.Op] = v
 			}
-			s.trace("brick %d proposes %v commit=%v: decreed commit=%v", b.id, pr.Op, pr.Commit, v)
+			s.trace("brick %v proposes %v commit=%v: decreed commit=%v", b.id, pr.Op, pr.Commit, v)
 			s.net(s.on(&b.pauser, func() {
 				if pt, ok := b.parts[p]; ok && b.alive {
 					s.brickEffects(b, p, pt.Outcome(s.now, pr.Op, v))
@@ -277,7 +282,7 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 }
 
 func (s *sim) brickTick() {
-	for _, id := range []BrickID{1, 2, 3, 4} {
+	for _, id := range simBricks {
 		b := s.bricks[id]
 		if !b.alive || s.now.Before(b.pausedUntil) {
 			continue
@@ -303,12 +308,13 @@ func sortedParts(m map[Partition]*Participant) []Partition {
 // after the failure detector's delay, decrees it out of every group; the
 // decree reaches each brick and library at its own time.
 func (s *sim) crashBrick(want BrickID) {
+	var none BrickID
 	if s.crashed >= s.cfg.brickCrashes {
 		return
 	}
 	var cands []BrickID
-	for _, id := range []BrickID{1, 2, 3, 4} {
-		ok := s.bricks[id].alive && (want == 0 || want == id)
+	for _, id := range simBricks {
+		ok := s.bricks[id].alive && (want == none || want == id)
 		for _, g := range s.maps.RG {
 			if !slices.Contains(g, id) {
 				continue
@@ -331,7 +337,7 @@ func (s *sim) crashBrick(want BrickID) {
 	s.crashed++
 	id := cands[s.rng.IntN(len(cands))]
 	s.bricks[id].alive = false
-	s.trace("brick %d crashes", id)
+	s.trace("brick %v crashes", id)
 	s.at(time.Duration(200+s.rng.IntN(400))*time.Millisecond, func() {
 		m := s.maps.Clone()
 		m.Epoch++
@@ -342,8 +348,8 @@ func (s *sim) crashBrick(want BrickID) {
 			s.t.Fatalf("seed %d: decree: %v", s.seed, err)
 		}
 		s.maps = m
-		s.trace("decree: epoch %d without brick %d", m.Epoch, id)
-		for _, bid := range []BrickID{1, 2, 3, 4} {
+		s.trace("decree: epoch %d without brick %v", m.Epoch, id)
+		for _, bid := range simBricks {
 			b := s.bricks[bid]
 			s.at(time.Duration(s.rng.IntN(300))*time.Millisecond, s.on(&b.pauser, func() {
 				if !b.alive {
@@ -562,7 +568,7 @@ func (s *sim) deliver(c *simClient, inc int, snd Send) {
 		}
 		if snd.Prepare != nil {
 			v := pt.Prepare(s.now, *snd.Prepare)
-			s.trace("brick %d prepare %v key %d: %+v", to, snd.Prepare.Op, snd.Prepare.Update.Key, v)
+			s.trace("brick %v prepare %v key %d: %+v", to, snd.Prepare.Op, snd.Prepare.Update.Key, v)
 			op := snd.Prepare.Op
 			s.net(s.on(&c.pauser, func() {
 				if c.inc == inc && !c.dead {
@@ -572,7 +578,7 @@ func (s *sim) deliver(c *simClient, inc int, snd Send) {
 			return
 		}
 		a, applied := pt.Decide(s.now, *snd.Decide)
-		s.trace("brick %d decide %v commit=%v: %v", to, snd.Decide.Op, snd.Decide.Commit, a.State)
+		s.trace("brick %v decide %v commit=%v: %v", to, snd.Decide.Op, snd.Decide.Commit, a.State)
 		s.brickEffects(b, p, Effects{Applied: applied})
 		op := snd.Decide.Op
 		s.net(s.on(&c.pauser, func() {
@@ -646,14 +652,14 @@ var kvModel = porcupine.Model{
 // run drives the workload with faults, heals, settles and checks.
 func (s *sim) run() {
 	s.at(10*time.Millisecond, s.brickTick)
-	for _, id := range []BrickID{1, 2, 3, 4} {
+	for _, id := range simBricks {
 		s.pauses(&s.bricks[id].pauser)
 	}
 	for _, c := range s.clients {
 		s.pauses(&c.pauser)
 	}
 	for i := 0; i < s.cfg.brickCrashes; i++ {
-		s.at(time.Duration(100+s.rng.IntN(3000))*time.Millisecond, func() { s.crashBrick(0) })
+		s.at(time.Duration(100+s.rng.IntN(3000))*time.Millisecond, func() { s.crashBrick(BrickID{}) })
 	}
 	limit := s.now.Add(60 * time.Second)
 	for s.q.Len() > 0 && s.now.Before(limit) {
@@ -694,16 +700,16 @@ func (s *sim) check() {
 		for _, id := range g {
 			b := s.bricks[id]
 			if !b.alive {
-				s.fail("brick %d is dead but in group %v after the decrees", id, p)
+				s.fail("brick %v is dead but in group %v after the decrees", id, p)
 				continue
 			}
 			pt := b.parts[p]
 			if pt == nil {
-				s.fail("brick %d has no participant for %v", id, p)
+				s.fail("brick %v has no participant for %v", id, p)
 				continue
 			}
 			if n := pt.InDoubt(); n > 0 {
-				s.fail("brick %d partition %v: %d operations still in doubt after healing", id, p, n)
+				s.fail("brick %v partition %v: %d operations still in doubt after healing", id, p, n)
 			}
 			if ref == nil {
 				ref, refID = b.store[p], id
@@ -711,7 +717,7 @@ func (s *sim) check() {
 			}
 			for k := uint64(0); k < s.cfg.keys; k++ {
 				if b.store[p][k] != ref[k] {
-					s.fail("partition %v key %d: brick %d holds %q, brick %d holds %q", p, k, refID, ref[k], id, b.store[p][k])
+					s.fail("partition %v key %d: brick %v holds %q, brick %v holds %q", p, k, refID, ref[k], id, b.store[p][k])
 				}
 			}
 		}
