@@ -140,7 +140,7 @@ $GROVE_ENDPOINTS. Exit codes: 0 ok, 1 failed, 2 usage, 3 unavailable,
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(upCmd(), downCmd(), serverCmd(), statusCmd(), healthCmd(), lockCmd(), rldevCmd(), chunkCmd(), treeCmd(), memberCmd(), benchCmd(), versionCmd(), keygenCmd())
+	root.AddCommand(upCmd(), downCmd(), serverCmd(), statusCmd(), healthCmd(), lockCmd(), rldevCmd(), chunkCmd(), treeCmd(), tableCmd(), memberCmd(), benchCmd(), versionCmd(), keygenCmd())
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return cli.Usagef("%v", err) })
 	root.SetHelpCommand(&cobra.Command{
 		Use:     "help [COMMAND...]",

@@ -61,7 +61,7 @@ type CoordinatorConfig struct {
 // DefaultCoordinatorConfig has the defaults for session.
 func DefaultCoordinatorConfig(session uint64) CoordinatorConfig {
 	return CoordinatorConfig{Session: session, RetryEvery: 200 * time.Millisecond,
-		VoteTimeout: time.Second, Deadline: 5 * time.Second, MaxOps: 4096}
+		VoteTimeout: time.Second, Deadline: 20 * time.Second, MaxOps: 4096}
 }
 
 // ErrTooManyOps is Begin's answer when MaxOps operations are in flight.

@@ -28,6 +28,7 @@ import (
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree"
 	"github.com/grovestore/grove/internal/chunk"
+	"github.com/grovestore/grove/internal/ddstable"
 	"github.com/grovestore/grove/internal/disk"
 	"github.com/grovestore/grove/internal/fd"
 	"github.com/grovestore/grove/internal/lock"
@@ -51,14 +52,15 @@ type Node struct {
 	fd     *fd.Driver
 	fdp    atomic.Pointer[fd.Driver] // for Alive, readable before Start returns
 	locks  *lock.Service
-	rldev  *rldev.Service // nil unless RoleStore
-	chunk  *chunk.Service // nil unless RoleStore
-	btree  *btree.Service // every node's B-tree role
-	etcd   *btree.EtcdKV  // its etcd-compatible endpoint
-	btc    *chunk.Clerk   // the B-tree role's chunk clerk
-	btrl   *rldev.Clerk   // the B-tree role's RLDev clerk
-	rlc    *rldev.Clerk   // the chunk managers' RLDev clerk
-	devs   []disk.Device  // the store's disks
+	rldev  *rldev.Service    // nil unless RoleStore
+	chunk  *chunk.Service    // nil unless RoleStore
+	btree  *btree.Service    // every node's B-tree role
+	etcd   *btree.EtcdKV     // its etcd-compatible endpoint
+	tables *ddstable.Service // every node's DDS brick
+	btc    *chunk.Clerk      // the B-tree role's chunk clerk
+	btrl   *rldev.Clerk      // the B-tree role's RLDev clerk
+	rlc    *rldev.Clerk      // the chunk managers' RLDev clerk
+	devs   []disk.Device     // the store's disks
 	status *StatusService
 	fence  *Fence
 	mx     *metrics.Node
@@ -279,6 +281,11 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 		}})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.btree.Fence(uint64(inc)) })
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
+	// Every node runs a DDS brick (it holds replicas once a table's groups
+	// list the node's incarnation).
+	n.tables = ddstable.NewService(ddstable.ServiceConfig{Node: cfg.ID, Meta: n.client, Detector: n.status, Live: n, Log: n.log})
+	n.fence.OnFence(func(inc fd.Incarnation) { n.tables.Fence(uint64(inc)) })
+	pb.RegisterTableServiceServer(n.grpc, n.tables)
 	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
 	etcdpb.RegisterKVServer(n.grpc, n.etcd)
 	etcdpb.RegisterGroveForwardServer(n.grpc, n.etcd)
@@ -308,6 +315,7 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 				n.chunk.Start(uint64(inc))
 			}
 			n.btree.Start(uint64(inc))
+			n.tables.Start(uint64(inc))
 		},
 		OnDriver: func(d *fd.Driver) { n.fdp.Store(d) },
 	})
@@ -937,6 +945,9 @@ func (n *Node) Crash() {
 // Close stops every role, in reverse order of start. Safe to call twice.
 func (n *Node) Close() {
 	n.cancel()
+	if n.tables != nil {
+		n.tables.Close()
+	}
 	if n.btree != nil {
 		n.btree.Close() // its dirty nodes go to their chunks first
 		n.btc.Close()
@@ -1116,3 +1127,6 @@ func (o *observerService) Query(ctx context.Context, req *pb.QueryRequest) (*pb.
 	}
 	return &pb.QueryResponse{Observer: o.n.cfg.ID, Dead: dead, Heard: heard}, nil
 }
+
+// Tables is the node's DDS brick.
+func (n *Node) Tables() *ddstable.Service { return n.tables }

@@ -1,0 +1,436 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/ddstable"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
+	"github.com/grovestore/grove/internal/units"
+)
+
+func tableCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "table",
+		Short: "DDS hash tables: create, put, get, remove; partitions and replica groups",
+		Long: `Distributed hash tables (Gribble et al., "Scalable, Distributed Data Structures
+for Internet Service Construction", OSDI 2000). Keys are 64-bit integers
+(decimal, or 0x... hex); values are byte strings of up to 1 MiB. A table is
+split into partitions by the low bits of the key (its DP map); each partition
+is replicated on a group of bricks (its RG map), one brick per node, kept
+identical by two-phase commit. Any replica serves a read. When a node dies, the
+failure detector declares it and its brick leaves every group; the survivors
+go on serving. Replicas live in memory, as DDS's do: a table survives the loss
+of all but one replica of each partition, not the loss of every one.`,
+		Example: `  grove table create sessions --partitions 8 --replicas 3
+  grove table put sessions 42 'hello'
+  grove table get sessions 42
+  grove table del sessions 42
+  grove table stat sessions`,
+	}
+	cmd.AddCommand(tableCreateCmd(), tableListCmd(), tableStatCmd(), tablePutCmd(), tableGetCmd(), tableDelCmd(), tableDropCmd())
+	return cmd
+}
+
+// tableSession is what a table command talks through: the config service
+// and a DDS library (the two-phase commit coordinator) of its own.
+type tableSession struct {
+	meta *meta.Client
+	lib  *ddstable.Library
+}
+
+func openTable(ctx context.Context, c *cli.Client, op string) (*tableSession, error) {
+	s, err := openRLDev(ctx, c, op)
+	if err != nil {
+		return nil, err
+	}
+	s.clerk.Close()
+	return &tableSession{meta: s.meta, lib: ddstable.NewLibrary(ddstable.LibraryConfig{Meta: s.meta})}, nil
+}
+
+func (s *tableSession) Close() {
+	s.lib.Close()
+	s.meta.Close()
+}
+
+// tableErr maps a table error to the exit codes.
+func tableErr(op string, c *cli.Client, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ddstable.ErrOutcomeUnknown):
+		return &cli.Error{Code: cli.ExitUnknown, Op: op, Msg: err.Error(), Hint: "read the key to see whether it took effect", Err: err}
+	case errors.Is(err, ddstable.ErrNoTable):
+		return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: err.Error(), Hint: "grove table list shows the tables", Err: err}
+	case errors.Is(err, ddstable.ErrBadName), errors.Is(err, ddstable.ErrTooLarge):
+		return &cli.Error{Code: cli.ExitUsage, Op: op, Msg: err.Error(), Err: err}
+	case errors.Is(err, ddstable.ErrUnavailable):
+		return &cli.Error{Code: cli.ExitUnavailable, Op: op, Msg: err.Error(), Hint: "grove table stat shows which bricks answer", Err: err}
+	}
+	return rldevErr(op, c, err)
+}
+
+func parseTableKey(s string) (uint64, error) {
+	k, err := strconv.ParseUint(s, 0, 64)
+	if err != nil {
+		return 0, cli.Usagef("%q is not a key: keys are 64-bit unsigned integers (decimal, or 0x... hex)", s)
+	}
+	return k, nil
+}
+
+func tableCreateCmd() *cobra.Command {
+	var c cli.Client
+	var partitions, replicas int
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a table",
+		Long: `Create table NAME with --partitions partitions (a power of two), each replicated
+on --replicas bricks (one per node; at most the number of nodes). Partition i's
+group is the nodes i, i+1, ... in node order, so every node holds about as many
+replicas.`,
+		Example: "  grove table create sessions\n  grove table create big --partitions 64 --replicas 2",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if partitions < 1 || partitions > ddstable.MaxPartitions || partitions&(partitions-1) != 0 {
+				return cli.Usagef("--partitions %d: a power of two from 1 to %d", partitions, ddstable.MaxPartitions)
+			}
+			if replicas < 1 || replicas > ddstable.MaxReplicas {
+				return cli.Usagef("--replicas %d: 1 to %d", replicas, ddstable.MaxReplicas)
+			}
+			if err := ddstable.CheckName(args[0]); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table create")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			m, err := ddstable.CreateTable(ctx, s.meta, args[0], partitions, replicas)
+			if errors.Is(err, ddstable.ErrExists) {
+				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Err: err}
+			}
+			if errors.Is(err, ddstable.ErrTooFewBricks) {
+				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Hint: "lower --replicas, or add nodes", Err: err}
+			}
+			if err != nil {
+				return tableErr("table create", &c, err)
+			}
+			fmt.Printf("table %s: %d partitions, %d replicas each\n", m.Table, m.DP.Len(), m.Replicas)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&partitions, "partitions", 4, "`N` partitions, a power of two (1 to 65536)")
+	cmd.Flags().IntVar(&replicas, "replicas", 3, "replicate each partition on `R` bricks")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	return cmd
+}
+
+func tableDropCmd() *cobra.Command {
+	var c cli.Client
+	cmd := &cobra.Command{
+		Use:     "drop NAME",
+		Short:   "Drop a table and everything in it",
+		Example: "  grove table drop sessions",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table drop")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return tableErr("table drop", &c, ddstable.DropTable(ctx, s.meta, args[0]))
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	return cmd
+}
+
+func tableListCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	cmd := &cobra.Command{
+		Use:     "list",
+		Short:   "List the tables",
+		Example: "  grove table list\n  grove table list -o json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table list")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ts, err := ddstable.ListTables(ctx, s.meta)
+			if err != nil {
+				return tableErr("table list", &c, err)
+			}
+			d := &cli.Doc{}
+			tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS")
+			for _, m := range ts {
+				short := 0
+				for _, g := range m.RG {
+					if len(g) < m.Replicas {
+						short++
+					}
+				}
+				tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short)
+			}
+			return out.Print(os.Stdout, d)
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
+	return cmd
+}
+
+func tableStatCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	cmd := &cobra.Command{
+		Use:   "stat NAME",
+		Short: "Show a table's partitions, their replica groups and each replica's keys",
+		Long: `Show table NAME's partitions (by the low bits of the key, least significant
+bit rightmost; * is every key) and each one's replica group, and what each
+replica's brick reports: keys, bytes, operations in doubt (prepared, not yet
+decided). A brick that does not answer is shown as such; a group shorter than
+the table's replication degree lost a brick (it serves on with the others).`,
+		Example: "  grove table stat sessions\n  grove table stat sessions -o json",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table stat")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ts, err := ddstable.ListTables(ctx, s.meta)
+			if err != nil {
+				return tableErr("table stat", &c, err)
+			}
+			i := slices.IndexFunc(ts, func(m *ddstable.Maps) bool { return m.Table == args[0] })
+			if i < 0 {
+				return tableErr("table stat", &c, fmt.Errorf("%w: %q", ddstable.ErrNoTable, args[0]))
+			}
+			m := ts[i]
+			st := brickStatuses(ctx, s, m)
+			d := &cli.Doc{}
+			d.Field("table", m.Table)
+			d.Field("epoch", m.Epoch)
+			d.Field("replication", m.Replicas)
+			tb := d.Table("replicas", "PARTITION", "GROUP", "BRICK", "KEYS", "BYTES", "IN-DOUBT", "NOTE")
+			for _, p := range m.DP.Leaves() {
+				g := m.RG[p]
+				var names []string
+				for _, b := range g {
+					names = append(names, b.String())
+				}
+				for _, b := range g {
+					r := st[b]
+					note := ""
+					if len(g) < m.Replicas {
+						note = "short group"
+					}
+					var rs *pb.TableReplicaStatus
+					if r != nil {
+						for _, x := range r.Replicas {
+							if x.Table == m.Table && x.Partition.GetBits() == p.Bits && x.Partition.GetDepth() == uint32(p.Depth) {
+								rs = x
+							}
+						}
+					}
+					if rs == nil {
+						why := "no answer"
+						if r != nil {
+							why = "not serving"
+						}
+						tb.Row(p.String(), strings.Join(names, ","), b.String(), nil, nil, nil, why)
+						continue
+					}
+					tb.Row(p.String(), strings.Join(names, ","), b.String(), rs.Keys,
+						cli.C(units.FormatSize(int64(rs.Bytes)), rs.Bytes), rs.InDoubt, note)
+				}
+			}
+			return out.Print(os.Stdout, d)
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	out.Register(cmd)
+	return cmd
+}
+
+// brickStatuses asks every brick of m's groups for its status (2 s each,
+// at once; a brick that does not answer, or runs another incarnation, is
+// left out).
+func brickStatuses(ctx context.Context, s *tableSession, m *ddstable.Maps) map[ddstable.BrickID]*pb.TableBrickStatus {
+	bricks := map[ddstable.BrickID]bool{}
+	for _, g := range m.RG {
+		for _, b := range g {
+			bricks[b] = true
+		}
+	}
+	book := meta.NewAddressBook(s.meta)
+	defer book.Close()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	out := map[ddstable.BrickID]*pb.TableBrickStatus{}
+	for b := range bricks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			addr, err := book.Addr(sctx, b.Node)
+			if err != nil {
+				return
+			}
+			r, err := tableStatusAt(sctx, addr)
+			if err == nil && r.Inc == b.Inc {
+				mu.Lock()
+				out[b] = r
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func tablePutCmd() *cobra.Command {
+	var c cli.Client
+	cmd := &cobra.Command{
+		Use:   "put NAME KEY VALUE|-",
+		Short: "Set a key's value (- reads it from standard input)",
+		Long: `Set KEY to VALUE in table NAME, on every replica of its partition (two-phase
+commit). A write refused because another write to the key was in progress, or
+because a replica's maps changed, is tried again until --command-timeout. If
+the write's outcome cannot be known (exit 8), read the key.`,
+		Example: "  grove table put sessions 42 hello\n  grove table put blobs 0xff - < file.bin",
+		Args:    cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseTableKey(args[1])
+			if err != nil {
+				return err
+			}
+			value := []byte(args[2])
+			if args[2] == "-" {
+				if value, err = io.ReadAll(io.LimitReader(os.Stdin, ddstable.MaxValue+1)); err != nil {
+					return err
+				}
+			}
+			if len(value) > ddstable.MaxValue {
+				return cli.Usagef("a value is at most %s; nothing was written", units.FormatSize(ddstable.MaxValue))
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table put")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return tableErr("table put", &c, s.lib.Put(ctx, args[0], key, value))
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	return cmd
+}
+
+func tableGetCmd() *cobra.Command {
+	var c cli.Client
+	var raw bool
+	cmd := &cobra.Command{
+		Use:     "get NAME KEY",
+		Short:   "Print a key's value (exit 5 if absent)",
+		Example: "  grove table get sessions 42\n  grove table get blobs 0xff --raw > file.bin",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseTableKey(args[1])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table get")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			v, found, err := s.lib.Get(ctx, args[0], key)
+			if err != nil {
+				return tableErr("table get", &c, err)
+			}
+			if !found {
+				return &cli.Error{Code: cli.ExitNotFound, Op: "table get", Msg: fmt.Sprintf("no key %d in table %q", key, args[0])}
+			}
+			if raw {
+				_, err = os.Stdout.Write(v)
+				return err
+			}
+			fmt.Println(string(v))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&raw, "raw", false, "write the value's bytes alone, without a newline")
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	return cmd
+}
+
+func tableDelCmd() *cobra.Command {
+	var c cli.Client
+	cmd := &cobra.Command{
+		Use:     "del NAME KEY",
+		Short:   "Remove a key (removing an absent key succeeds)",
+		Example: "  grove table del sessions 42",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := parseTableKey(args[1])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := commandCtx(cmd.Context(), &c)
+			defer cancel()
+			s, err := openTable(ctx, &c, "table del")
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return tableErr("table del", &c, s.lib.Remove(ctx, args[0], key))
+		},
+	}
+	c.Register(cmd, cli.DefaultCommandTimeout)
+	return cmd
+}
+
+func tableStatusAt(ctx context.Context, addr string) (*pb.TableBrickStatus, error) {
+	var p transport.Pool
+	defer p.Close()
+	cc, err := p.Get(addr)
+	if err != nil {
+		return nil, err
+	}
+	return pb.NewTableServiceClient(cc).Status(ctx, &pb.TableBrickStatusRequest{})
+}

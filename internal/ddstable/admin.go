@@ -1,0 +1,233 @@
+package ddstable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/bits"
+	"slices"
+	"strings"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+// The config service's namespaces.
+const (
+	// Namespace holds one record per table, key TableKey(name), value
+	// Maps.AppendBinary: the authoritative maps (departure from DDS, which
+	// kept them only on the nodes).
+	Namespace = "dds"
+	// OutcomeNamespace holds the outcome registers of operations whose
+	// coordinator failed between its phases: key outcomeKey, value
+	// "commit" or "abort", written once (participant.go, rule 2).
+	OutcomeNamespace = "dds-outcome"
+)
+
+// TableKey is table name's record in Namespace.
+func TableKey(name string) string { return "table/" + name }
+
+func outcomeKey(table string, p Partition, op OpID) string {
+	return fmt.Sprintf("%s/%v/%016x/%d", table, p, op.Session, op.Seq)
+}
+
+// Errors of the table administration.
+var (
+	ErrExists       = errors.New("ddstable: a table of that name exists")
+	ErrNoTable      = errors.New("ddstable: no such table")
+	ErrBadName      = errors.New("ddstable: a table name is 1 to 128 bytes of letters, digits and . _ -")
+	ErrTooFewBricks = errors.New("ddstable: fewer live bricks than the replication degree")
+)
+
+// CheckName validates a table name.
+func CheckName(name string) error {
+	if name == "" || len(name) > MaxTableName {
+		return ErrBadName
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-", c)) {
+			return ErrBadName
+		}
+	}
+	return nil
+}
+
+// DecodeTables reads every table's maps from Namespace.
+func DecodeTables(ns *pb.Namespace) (map[string]*Maps, error) {
+	out := map[string]*Maps{}
+	for _, e := range ns.GetEntries() {
+		name, ok := strings.CutPrefix(e.Key, "table/")
+		if !ok {
+			continue
+		}
+		m, err := DecodeMaps(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("table %q: %w", name, err)
+		}
+		if m.Table != name {
+			return nil, fmt.Errorf("ddstable: record %q holds table %q", e.Key, m.Table)
+		}
+		out[name] = m
+	}
+	return out, nil
+}
+
+// Bricks are the bricks a new table's groups may use: every registered
+// node's current incarnation, in node order.
+func Bricks(ns *pb.Namespace) ([]BrickID, error) {
+	nodes, err := meta.DecodeNodes(ns)
+	if err != nil {
+		return nil, err
+	}
+	var out []BrickID
+	for _, n := range nodes {
+		if n.Incarnation != 0 {
+			out = append(out, BrickID{Node: n.Id, Inc: n.Incarnation})
+		}
+	}
+	return out, nil
+}
+
+// NewTableMaps places a new table of partitions (a power of two) groups of
+// replicas bricks: partition i's group is bricks i, i+1, ... (mod the
+// count), so every brick serves about as many partitions, and first
+// members rotate (DDS §3.1 balances by spreading partitions evenly).
+func NewTableMaps(name string, partitions, replicas int, bricks []BrickID) (*Maps, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if partitions < 1 || partitions > MaxPartitions || partitions&(partitions-1) != 0 {
+		return nil, fmt.Errorf("ddstable: %d partitions: a power of two from 1 to %d", partitions, MaxPartitions)
+	}
+	if replicas < 1 || replicas > MaxReplicas {
+		return nil, fmt.Errorf("ddstable: replication degree %d (1 to %d)", replicas, MaxReplicas)
+	}
+	if len(bricks) < replicas {
+		return nil, fmt.Errorf("%w: %d bricks, %d replicas", ErrTooFewBricks, len(bricks), replicas)
+	}
+	dp, err := NewDPMapUniform(uint8(bits.TrailingZeros(uint(partitions))))
+	if err != nil {
+		return nil, err
+	}
+	m := &Maps{Table: name, Epoch: 1, Replicas: replicas, DP: dp, RG: map[Partition][]BrickID{}}
+	for i, p := range dp.Leaves() {
+		g := make([]BrickID, replicas)
+		for j := range g {
+			g[j] = bricks[(i+j)%len(bricks)]
+		}
+		m.RG[p] = g
+	}
+	return m, m.Validate()
+}
+
+// CreateTable decrees a new table over the registered nodes.
+func CreateTable(ctx context.Context, mc *meta.Client, name string, partitions, replicas int) (*Maps, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	nodes, err := mc.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return nil, err
+	}
+	bricks, err := Bricks(nodes)
+	if err != nil {
+		return nil, err
+	}
+	m, err := NewTableMaps(name, partitions, replicas, bricks)
+	if err != nil {
+		return nil, err
+	}
+	_, err = mc.Update(ctx, Namespace, "dds-create", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		for _, e := range ns.GetEntries() {
+			if e.Key == TableKey(name) {
+				// (A resend of this very decree is answered by meta.Client's
+				// decree id, not seen here.)
+				return nil, fmt.Errorf("%w: %q", ErrExists, name)
+			}
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: TableKey(name), Value: m.AppendBinary(nil)}}, nil
+	})
+	return m, err
+}
+
+// DropTable decrees a table away; its bricks drop their replicas.
+func DropTable(ctx context.Context, mc *meta.Client, name string) error {
+	found := false
+	_, err := mc.Update(ctx, Namespace, "dds-drop", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		for _, e := range ns.GetEntries() {
+			if e.Key == TableKey(name) {
+				found = true
+				return []*pb.Op{{Kind: pb.Op_KIND_DELETE, Key: e.Key}}, nil
+			}
+		}
+		return nil, nil
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("%w: %q", ErrNoTable, name)
+	}
+	return err
+}
+
+// ListTables reads every table's maps, in name order.
+func ListTables(ctx context.Context, mc *meta.Client) ([]*Maps, error) {
+	ns, err := mc.Read(ctx, Namespace)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := DecodeTables(ns)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Maps, 0, len(ts))
+	for _, m := range ts {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *Maps) int { return strings.Compare(a.Table, b.Table) })
+	return out, nil
+}
+
+// withoutDead is m less the dead bricks, in every group that keeps another
+// member (DDS: "the replica group membership maps for all partitions in
+// the hash table must have at least one member"; a group whose every
+// member died is lost, and stays listed so that its loss shows). It
+// reports whether anything changed; the epoch is bumped if so.
+func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
+	c := m.Clone()
+	changed := false
+	for p, g := range c.RG {
+		keep := slices.DeleteFunc(slices.Clone(g), func(b BrickID) bool { return dead[b] })
+		if len(keep) > 0 && len(keep) < len(g) {
+			c.RG[p] = keep
+			changed = true
+		}
+	}
+	if changed {
+		c.Epoch++
+	}
+	return c, changed
+}
+
+// RemoveDead decrees the dead bricks out of every table's groups (DDS
+// §4.3: "if a brick fails, it is removed from all RG maps that contain
+// it"). Only bricks the failure detector declared dead may be passed: a
+// declared brick has stopped, so no replica it held serves again.
+func RemoveDead(ctx context.Context, mc *meta.Client, dead map[BrickID]bool) (int, error) {
+	n := 0
+	_, err := mc.Update(ctx, Namespace, "dds-janitor", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		ts, err := DecodeTables(ns)
+		if err != nil {
+			return nil, err
+		}
+		var ops []*pb.Op
+		n = 0
+		for _, name := range slices.Sorted(maps.Keys(ts)) {
+			if c, changed := withoutDead(ts[name], dead); changed {
+				ops = append(ops, &pb.Op{Kind: pb.Op_KIND_PUT, Key: TableKey(name), Value: c.AppendBinary(nil)})
+				n++
+			}
+		}
+		return ops, nil
+	})
+	return n, err
+}

@@ -1,0 +1,531 @@
+package ddstable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/grovestore/grove/api/grovepb"
+	"github.com/grovestore/grove/internal/lock"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/transport"
+)
+
+// Detector is the failure detector as the bricks ask it: which node
+// incarnations are dead (final verdicts).
+type Detector interface {
+	Dead(ctx context.Context, subjects []lock.Subject) ([]bool, error)
+}
+
+// Liveness is the node's view of itself, per incarnation.
+type Liveness interface {
+	// Deadline is the local time until which inc is guaranteed alive, if
+	// inc is running and alive.
+	Deadline(inc uint64) (time.Time, bool)
+}
+
+// ServiceConfig wires a node's brick into the node.
+type ServiceConfig struct {
+	Node     uint64
+	Meta     *meta.Client
+	Detector Detector
+	Live     Liveness
+	Log      *slog.Logger
+	// Participant tunes every replica's participant (Self is filled in).
+	Participant ParticipantConfig
+	// Tick is how often participants are ticked (default 50 ms).
+	Tick time.Duration
+	// JanitorEvery is how often the brick asks the failure detector about
+	// the other members of its groups (default 1 s).
+	JanitorEvery time.Duration
+	// CallTimeout bounds one query to a peer or one decree (default 2 s).
+	CallTimeout time.Duration
+}
+
+// Service is a node's brick (DDS §4): the replicas of the table partitions
+// whose groups list the node's running incarnation, each a Participant
+// and an in-memory store. It serves the libraries' two-phase commit and
+// reads, its peers' termination queries, and runs the participants'
+// effects: queries to peers, outcome proposals to the config service. It
+// implements pb.TableServiceServer.
+//
+// Durability contract (DDS's: "the image of each replica must only be
+// consistent through its brick's cache"): a committed update is in the
+// brick's memory before its acknowledgement leaves; replicas are kept
+// identical by two-phase commit, and a table survives the loss of all but
+// one member of each group. A restarted node's brick holds nothing and
+// serves no group it was in: its new incarnation is another brick
+// (BrickID), and its old one is decreed out of every group once the
+// failure detector declares it dead.
+//
+// Serving rule: a brick answers anything only while its incarnation is
+// running and guaranteed alive (Liveness): once the detector may declare
+// it dead, and the janitor remove it, it must not vote, answer a peer or
+// serve a read.
+type Service struct {
+	pb.UnimplementedTableServiceServer
+	cfg   ServiceConfig
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	conns transport.Pool
+	book  *meta.AddressBook
+	mu    struct {
+		sync.Mutex
+		inc     uint64 // the running incarnation; 0 when none
+		fenced  uint64 // the latest incarnation fenced
+		tables  map[string]*Maps
+		reps    map[repKey]*replica
+		retired map[repKey]bool // replicas this incarnation dropped: never served again
+	}
+	started sync.Once
+}
+
+type repKey struct {
+	table string
+	part  Partition
+}
+
+// replica is one partition's replica on this brick.
+type replica struct {
+	pt    *Participant
+	store map[uint64][]byte
+	bytes int
+}
+
+// NewService returns a stopped service; Start runs an incarnation.
+func NewService(cfg ServiceConfig) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 50 * time.Millisecond
+	}
+	if cfg.JanitorEvery == 0 {
+		cfg.JanitorEvery = time.Second
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = 2 * time.Second
+	}
+	if cfg.Participant == (ParticipantConfig{}) {
+		cfg.Participant = DefaultParticipantConfig(BrickID{})
+	}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta)}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.mu.tables = map[string]*Maps{}
+	s.mu.reps = map[repKey]*replica{}
+	s.mu.retired = map[repKey]bool{}
+	return s
+}
+
+// Start runs incarnation inc: the brick serves the groups that list
+// BrickID{Node, inc}.
+func (s *Service) Start(inc uint64) {
+	s.started.Do(func() {
+		s.wg.Add(3)
+		go s.watch()
+		go s.ticker()
+		go s.janitor()
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if inc <= s.mu.inc || inc <= s.mu.fenced {
+		return
+	}
+	s.dropAllLocked()
+	s.mu.inc = inc
+	s.syncLocked(time.Now())
+}
+
+// Fence stops incarnation inc: its replicas are gone with it.
+func (s *Service) Fence(inc uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.fenced = max(s.mu.fenced, inc)
+	if s.mu.inc == inc {
+		s.dropAllLocked()
+		s.mu.inc = 0
+		s.log.Warn("brick stopped: the node fenced itself", "incarnation", inc)
+	}
+}
+
+func (s *Service) dropAllLocked() {
+	clear(s.mu.reps)
+	clear(s.mu.retired)
+}
+
+// Close stops the service.
+func (s *Service) Close() {
+	s.stop()
+	s.wg.Wait()
+	s.conns.Close()
+	s.book.Close()
+}
+
+func (s *Service) self() BrickID { return BrickID{Node: s.cfg.Node, Inc: s.mu.inc} }
+
+func (s *Service) watch() {
+	defer s.wg.Done()
+	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
+		ts, err := DecodeTables(ns)
+		if err != nil {
+			s.log.Error("table maps do not decode; keeping the last good ones", "err", err)
+			continue
+		}
+		s.mu.Lock()
+		s.mu.tables = ts
+		s.syncLocked(time.Now())
+		s.mu.Unlock()
+	}
+}
+
+// syncLocked makes the replicas those of the latest maps: new groups that
+// list this brick get a fresh replica (a group that lists a brick from its
+// creation commits nothing without it), maps are passed on, and replicas
+// no longer listed are dropped for good.
+func (s *Service) syncLocked(now time.Time) {
+	if s.mu.inc == 0 {
+		return
+	}
+	self := s.self()
+	for k, r := range s.mu.reps {
+		m, ok := s.mu.tables[k.table]
+		if !ok {
+			delete(s.mu.reps, k)
+			s.mu.retired[k] = true
+			s.log.Info("replica dropped: table dropped", "table", k.table, "partition", k.part)
+			continue
+		}
+		if m.Epoch > r.pt.Stamp().Epoch {
+			e, member := r.pt.SetMaps(now, m)
+			s.effectsLocked(k, r, e)
+			if !member {
+				delete(s.mu.reps, k)
+				s.mu.retired[k] = true
+				s.log.Warn("replica dropped: this brick left the group", "table", k.table, "partition", k.part, "epoch", m.Epoch)
+			}
+		}
+	}
+	for name, m := range s.mu.tables {
+		for p, g := range m.RG {
+			k := repKey{name, p}
+			if !slices.Contains(g, self) || s.mu.reps[k] != nil || s.mu.retired[k] {
+				continue
+			}
+			pc := s.cfg.Participant
+			pc.Self = self
+			pt, err := NewParticipant(pc, m, p)
+			if err != nil {
+				s.log.Error("replica not started", "table", name, "partition", p, "err", err)
+				continue
+			}
+			s.mu.reps[k] = &replica{pt: pt, store: map[uint64][]byte{}}
+		}
+	}
+}
+
+// effectsLocked carries out a participant's effects: updates applied now
+// (before the caller's reply leaves), queries and proposals sent.
+func (s *Service) effectsLocked(k repKey, r *replica, e Effects) {
+	for _, a := range e.Applied {
+		old, had := r.store[a.Update.Key]
+		if had {
+			r.bytes -= len(old)
+		}
+		if a.Update.Remove {
+			delete(r.store, a.Update.Key)
+		} else {
+			r.store[a.Update.Key] = a.Update.Value
+			r.bytes += len(a.Update.Value)
+		}
+	}
+	for _, q := range e.Queries {
+		s.wg.Add(1)
+		go s.query(k, r, q)
+	}
+	for _, p := range e.Proposals {
+		s.wg.Add(1)
+		go s.propose(k, r, p)
+	}
+}
+
+func (s *Service) query(k repKey, r *replica, q PeerSend) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	s.mu.Lock()
+	from := s.self()
+	s.mu.Unlock()
+	cl, err := s.client(ctx, q.To.Node)
+	if err != nil {
+		return
+	}
+	a, err := cl.Query(ctx, &pb.TableQueryRequest{Table: k.table, To: brickPB(q.To), From: brickPB(from),
+		Partition: partPB(k.part), Op: opPB(q.Query.Op), Sweep: q.Query.Sweep})
+	if err != nil {
+		return // asked again at a later tick
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.reps[k] == r {
+		s.effectsLocked(k, r, r.pt.Answer(time.Now(), q.To, q.Query, stateOf(a.State)))
+	}
+}
+
+func (s *Service) propose(k repKey, r *replica, p Proposal) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	key := outcomeKey(k.table, k.part, p.Op)
+	var decided bool
+	_, err := s.cfg.Meta.Update(ctx, OutcomeNamespace, fmt.Sprintf("dds-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		for _, e := range ns.GetEntries() {
+			if e.Key == key {
+				decided = string(e.Value) == "commit"
+				return nil, nil
+			}
+		}
+		decided = p.Commit
+		v := "abort"
+		if p.Commit {
+			v = "commit"
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: key, Value: []byte(v)}}, nil
+	})
+	if err != nil {
+		return // proposed again at a later tick
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.reps[k] == r {
+		s.log.Info("operation resolved through the config service", "table", k.table, "partition", k.part, "op", p.Op, "commit", decided)
+		s.effectsLocked(k, r, r.pt.Outcome(time.Now(), p.Op, decided))
+	}
+}
+
+func (s *Service) client(ctx context.Context, node uint64) (pb.TableServiceClient, error) {
+	addr, err := s.book.Addr(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := s.conns.Get(addr)
+	if err != nil {
+		return nil, err
+	}
+	return pb.NewTableServiceClient(cc), nil
+}
+
+func (s *Service) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		now := time.Now()
+		for k, r := range s.mu.reps {
+			s.effectsLocked(k, r, r.pt.Tick(now))
+		}
+		s.mu.Unlock()
+	}
+}
+
+// janitor asks the failure detector about the other members of this
+// brick's groups and decrees the dead ones out (DDS §4.3; here only after
+// the detector's verdict, since DDS's "cannot communicate means stopped"
+// does not hold across a partition).
+func (s *Service) janitor() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.JanitorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		self := s.self()
+		seen := map[BrickID]bool{}
+		var peers []BrickID
+		for _, r := range s.mu.reps {
+			for _, b := range r.pt.Members() {
+				if b != self && !seen[b] {
+					seen[b] = true
+					peers = append(peers, b)
+				}
+			}
+		}
+		s.mu.Unlock()
+		if len(peers) == 0 || s.cfg.Detector == nil {
+			continue
+		}
+		subs := make([]lock.Subject, len(peers))
+		for i, b := range peers {
+			subs[i] = lock.Subject{Node: b.Node, Inc: b.Inc}
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+		dead, err := s.cfg.Detector.Dead(ctx, subs)
+		if err == nil {
+			set := map[BrickID]bool{}
+			for i, d := range dead {
+				if d {
+					set[peers[i]] = true
+				}
+			}
+			if len(set) > 0 {
+				n, err := RemoveDead(ctx, s.cfg.Meta, set)
+				if err != nil {
+					s.log.Warn("dead bricks not yet removed from their groups", "bricks", fmt.Sprint(slices.Collect(mapKeys(set))), "err", err)
+				} else if n > 0 {
+					s.log.Warn("dead bricks removed from their groups", "bricks", fmt.Sprint(slices.Collect(mapKeys(set))), "tables", n)
+				}
+			}
+		}
+		cancel()
+	}
+}
+
+func mapKeys(m map[BrickID]bool) func(func(BrickID) bool) {
+	return func(yield func(BrickID) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+var errNotServing = status.Error(codes.Unavailable, "ddstable: this brick does not serve that replica")
+
+// serving is the replica a request may use: addressed to this brick's
+// running incarnation, while that incarnation is guaranteed alive.
+func (s *Service) servingLocked(table string, p *pb.TablePartition, to *pb.TableBrick) (repKey, *replica, error) {
+	part, ok := partOf(p)
+	if !ok {
+		return repKey{}, nil, status.Error(codes.InvalidArgument, "ddstable: invalid partition")
+	}
+	if s.mu.inc == 0 || brickOf(to) != s.self() {
+		return repKey{}, nil, errNotServing
+	}
+	if s.cfg.Live != nil {
+		if dl, ok := s.cfg.Live.Deadline(s.mu.inc); !ok || !time.Now().Before(dl) {
+			return repKey{}, nil, status.Error(codes.Unavailable, "ddstable: this brick's incarnation is not known alive")
+		}
+	}
+	k := repKey{table, part}
+	r := s.mu.reps[k]
+	if r == nil {
+		return k, nil, errNotServing
+	}
+	return k, r, nil
+}
+
+// Prepare serves phase 1.
+func (s *Service) Prepare(_ context.Context, req *pb.TablePrepareRequest) (*pb.TableVote, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if errors.Is(err, errNotServing) && s.mu.inc != 0 && brickOf(req.To) == s.self() {
+		// The brick does not have the replica (yet, or any more): the
+		// caller's maps differ from what this brick runs.
+		st := Stamp{}
+		if m := s.mu.tables[req.Table]; m != nil {
+			st = m.Stamp()
+		}
+		return &pb.TableVote{Reason: uint32(ReasonRepair), Stamp: stampPB(st)}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	part, _ := partOf(req.Partition)
+	v := r.pt.Prepare(time.Now(), Prepare{Op: opOf(req.Op), Partition: part, Stamp: stampOf(req.Stamp), Group: groupOf(req.Group),
+		Update: Update{Key: req.Key, Value: req.Value, Remove: req.Remove}, Done: req.Done})
+	return &pb.TableVote{Yes: v.Yes, Reason: uint32(v.Reason), Stamp: stampPB(v.Stamp)}, nil
+}
+
+// Decide serves phase 2.
+func (s *Service) Decide(_ context.Context, req *pb.TableDecideRequest) (*pb.TableAck, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if err != nil {
+		return nil, err
+	}
+	part, _ := partOf(req.Partition)
+	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Commit: req.Commit, Done: req.Done})
+	s.effectsLocked(k, r, Effects{Applied: applied})
+	return &pb.TableAck{State: uint32(a.State)}, nil
+}
+
+// Query answers a peer's termination or sweep query. A brick without the
+// replica does not answer: only a participant's records are an answer.
+func (s *Service) Query(_ context.Context, req *pb.TableQueryRequest) (*pb.TableQueryAnswer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if err != nil {
+		return nil, err
+	}
+	st := r.pt.Query(time.Now(), Query{Op: opOf(req.Op), Sweep: req.Sweep})
+	return &pb.TableQueryAnswer{State: uint32(st)}, nil
+}
+
+// Get serves a read at this replica (rule 5: not while a write to the key
+// is in doubt here).
+func (s *Service) Get(_ context.Context, req *pb.TableGetRequest) (*pb.TableGetResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.mu.tables[req.Table]
+	if m == nil {
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_NOT_SERVING}, nil
+	}
+	_, r, err := s.servingLocked(req.Table, partPB(m.DP.Lookup(req.Key)), req.To)
+	if errors.Is(err, errNotServing) {
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_NOT_SERVING, Stamp: stampPB(m.Stamp())}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch err := r.pt.Read(req.Key, stampOf(req.Stamp)); {
+	case errors.Is(err, ErrBusy):
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_BUSY}, nil
+	case errors.Is(err, ErrRepair):
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_REPAIR, Stamp: stampPB(r.pt.Stamp())}, nil
+	}
+	v, ok := r.store[req.Key]
+	return &pb.TableGetResponse{Found: ok, Value: v}, nil
+}
+
+// Status reports the brick's replicas.
+func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.TableBrickStatus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &pb.TableBrickStatus{Node: s.cfg.Node, Inc: s.mu.inc}
+	for k, r := range s.mu.reps {
+		out.Replicas = append(out.Replicas, &pb.TableReplicaStatus{Table: k.table, Partition: partPB(k.part),
+			Epoch: r.pt.Stamp().Epoch, Keys: uint64(len(r.store)), Bytes: uint64(r.bytes), InDoubt: uint64(r.pt.InDoubt())})
+	}
+	slices.SortFunc(out.Replicas, func(a, b *pb.TableReplicaStatus) int {
+		if a.Table != b.Table {
+			if a.Table < b.Table {
+				return -1
+			}
+			return 1
+		}
+		return cmpU64(a.Partition.Bits, b.Partition.Bits)
+	})
+	return out, nil
+}

@@ -1,0 +1,170 @@
+package ddstable_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/ddstable"
+	"github.com/grovestore/grove/internal/meta"
+)
+
+func testLog() *slog.Logger {
+	if os.Getenv("GROVE_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// The runtime end to end, in one process: three nodes, a table of four
+// partitions with three replicas each; puts, removes and gets from two
+// libraries at once; one node crashes, the failure detector declares it
+// dead and its brick is decreed out of every group; writes and reads go
+// on with the two survivors; every acknowledged write is read back from
+// each survivor alone.
+func TestServiceTableFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	waitRegistered(t, ctx, mc, 3)
+	m, err := ddstable.CreateTable(ctx, mc, "users", 4, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ddstable.CreateTable(ctx, mc, "users", 4, 3); err == nil {
+		t.Fatal("a second table of the same name was created")
+	}
+	t.Logf("table: %d partitions, groups %v", m.DP.Len(), m.RG)
+
+	libs := []*ddstable.Library{ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc}), ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})}
+	defer libs[0].Close()
+	defer libs[1].Close()
+
+	var mu sync.Mutex
+	want := map[uint64][]byte{} // acknowledged writes; each key written by one library
+	load := func(lib *ddstable.Library, from, to uint64, round int) error {
+		for k := from; k < to; k++ {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			var err error
+			var v []byte
+			if k%7 == 3 && round > 0 {
+				err = lib.Remove(cctx, "users", k)
+			} else {
+				v = []byte(fmt.Sprintf("value %d round %d", k, round))
+				err = lib.Put(cctx, "users", k, v)
+			}
+			cancel()
+			if err != nil {
+				return fmt.Errorf("key %d round %d: %w", k, round, err)
+			}
+			mu.Lock()
+			if v == nil {
+				delete(want, k)
+			} else {
+				want[k] = v
+			}
+			mu.Unlock()
+		}
+		return nil
+	}
+	check := func(lib *ddstable.Library, what string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		for k := uint64(0); k < 200; k++ {
+			got, found, err := lib.Get(ctx, "users", k)
+			if err != nil {
+				t.Fatalf("%s: get %d: %v", what, k, err)
+			}
+			w, ok := want[k]
+			if found != ok || !bytes.Equal(got, w) {
+				t.Fatalf("%s: key %d: got %q (found %v), want %q (found %v)", what, k, got, found, w, ok)
+			}
+		}
+	}
+	parallel := func(round int) {
+		t.Helper()
+		errs := make(chan error, 2)
+		go func() { errs <- load(libs[0], 0, 100, round) }()
+		go func() { errs <- load(libs[1], 100, 200, round) }()
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	parallel(0)
+	check(libs[0], "before the crash")
+
+	c.Crash(2)
+	start := time.Now()
+	parallel(1) // waits, then goes on once the dead brick is decreed out
+	t.Logf("writes during and after the failover took %v", time.Since(start))
+	check(libs[1], "after the crash")
+
+	// The maps no longer list node 3, and each survivor's replicas hold
+	// every key: read each key from each survivor alone.
+	ms, err := ddstable.ListTables(ctx, mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, g := range ms[0].RG {
+		for _, b := range g {
+			if b.Node == 3 {
+				t.Fatalf("partition %v still lists the dead node: %v", p, g)
+			}
+		}
+		if len(g) != 2 {
+			t.Fatalf("partition %v: group %v", p, g)
+		}
+	}
+	if ms[0].Epoch < 2 {
+		t.Fatalf("epoch %d after a removal", ms[0].Epoch)
+	}
+	for _, i := range []int{0, 1} {
+		st, err := c.Nodes[i].Tables().Status(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := uint64(0)
+		for _, r := range st.Replicas {
+			keys += r.Keys
+			if r.InDoubt != 0 {
+				t.Errorf("node %d: %d in doubt in %v", i+1, r.InDoubt, r.Partition)
+			}
+		}
+		mu.Lock()
+		if keys != uint64(len(want)) {
+			t.Errorf("node %d holds %d keys, want %d", i+1, keys, len(want))
+		}
+		mu.Unlock()
+	}
+}
+
+func waitRegistered(t *testing.T, ctx context.Context, mc *meta.Client, n int) {
+	t.Helper()
+	for {
+		ns, err := mc.Read(ctx, meta.NodesNamespace)
+		if err == nil {
+			if b, err := ddstable.Bricks(ns); err == nil && len(b) >= n {
+				return
+			}
+		}
+		if !bench.SleepCtx(ctx, 100*time.Millisecond) {
+			t.Fatal("nodes did not register")
+		}
+	}
+}
