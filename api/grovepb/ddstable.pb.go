@@ -473,6 +473,7 @@ type TableDecideRequest struct {
 	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
 	Commit        bool                   `protobuf:"varint,5,opt,name=commit,proto3" json:"commit,omitempty"`
 	Done          uint64                 `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	Digest        uint32                 `protobuf:"varint,7,opt,name=digest,proto3" json:"digest,omitempty"` // the update's checksum (ddstable.Update.Digest)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -545,6 +546,13 @@ func (x *TableDecideRequest) GetCommit() bool {
 func (x *TableDecideRequest) GetDone() uint64 {
 	if x != nil {
 		return x.Done
+	}
+	return 0
+}
+
+func (x *TableDecideRequest) GetDigest() uint32 {
+	if x != nil {
+		return x.Digest
 	}
 	return 0
 }
@@ -1074,14 +1082,15 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\tTableVote\x12\x10\n" +
 	"\x03yes\x18\x01 \x01(\bR\x03yes\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\rR\x06reason\x12*\n" +
-	"\x05stamp\x18\x03 \x01(\v2\x14.grove.v1.TableStampR\x05stamp\"\xd9\x01\n" +
+	"\x05stamp\x18\x03 \x01(\v2\x14.grove.v1.TableStampR\x05stamp\"\xf1\x01\n" +
 	"\x12TableDecideRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12#\n" +
 	"\x02op\x18\x03 \x01(\v2\x13.grove.v1.TableOpIDR\x02op\x126\n" +
 	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x16\n" +
 	"\x06commit\x18\x05 \x01(\bR\x06commit\x12\x12\n" +
-	"\x04done\x18\x06 \x01(\x04R\x04done\" \n" +
+	"\x04done\x18\x06 \x01(\x04R\x04done\x12\x16\n" +
+	"\x06digest\x18\a \x01(\rR\x06digest\" \n" +
 	"\bTableAck\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\rR\x05state\"\xec\x01\n" +
 	"\x11TableQueryRequest\x12\x14\n" +

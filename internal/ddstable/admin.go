@@ -36,22 +36,8 @@ func outcomeKey(table string, p Partition, op OpID) string {
 var (
 	ErrExists       = errors.New("ddstable: a table of that name exists")
 	ErrNoTable      = errors.New("ddstable: no such table")
-	ErrBadName      = errors.New("ddstable: a table name is 1 to 128 bytes of letters, digits and . _ -")
 	ErrTooFewBricks = errors.New("ddstable: fewer live bricks than the replication degree")
 )
-
-// CheckName validates a table name.
-func CheckName(name string) error {
-	if name == "" || len(name) > MaxTableName {
-		return ErrBadName
-	}
-	for _, c := range name {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-", c)) {
-			return ErrBadName
-		}
-	}
-	return nil
-}
 
 // DecodeTables reads every table's maps from Namespace.
 func DecodeTables(ns *pb.Namespace) (map[string]*Maps, error) {

@@ -73,24 +73,27 @@ var ErrTooManyOps = errors.New("ddstable: too many operations in flight at this 
 // votes are missing after VoteTimeout), and delivers the decision.
 //
 // What it reports, and why that is safe against the participants' rules
-// (participant.go): Succeeded once every member acknowledged the commit
-// (or, at the deadline, once commit is decided: no termination can then
-// conclude abort); Failed only once every member acknowledged the abort —
+// (participant.go): it decides commit only once every member the prepare
+// named voted yes; Succeeded once every member still in the group
+// acknowledged the commit (or, at the deadline, once commit is decided: no
+// termination can then conclude abort); Failed only once every member acknowledged the abort —
 // a member resolving with its peers refuses an abort and may yet commit,
 // and then the coordinator learns Committed from it and follows; Unknown
 // otherwise. A member removed from the group by decree is not waited for.
 //
 // Not safe for concurrent use; the library's runtime serializes calls.
 type Coordinator struct {
-	cfg  CoordinatorConfig
-	maps *Maps
-	next uint64
-	ops  map[uint64]*cop // by Seq: the operations not finished
+	cfg   CoordinatorConfig
+	maps  *Maps
+	stamp Stamp // of maps (encoding them per operation costs too much)
+	next  uint64
+	ops   map[uint64]*cop // by Seq: the operations not finished
 }
 
 type cop struct {
 	id       OpID
 	update   Update
+	digest   uint32
 	part     Partition
 	group    []BrickID
 	stamp    Stamp
@@ -112,7 +115,7 @@ func NewCoordinator(cfg CoordinatorConfig, m *Maps) (*Coordinator, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	return &Coordinator{cfg: cfg, maps: m.Clone(), next: 1, ops: map[uint64]*cop{}}, nil
+	return &Coordinator{cfg: cfg, maps: m.Clone(), stamp: m.Stamp(), next: 1, ops: map[uint64]*cop{}}, nil
 }
 
 // Maps are the coordinator's maps.
@@ -137,8 +140,8 @@ func (c *Coordinator) Begin(now time.Time, u Update) (OpID, CoordEffects, error)
 	}
 	part, group := c.maps.Group(u.Key)
 	o := &cop{
-		id: OpID{Session: c.cfg.Session, Seq: c.next}, update: u, part: part, group: slices.Clone(group),
-		stamp: c.maps.Stamp(), start: now, votes: map[BrickID]Vote{}, acks: map[BrickID]State{}, sent: map[BrickID]time.Time{},
+		id: OpID{Session: c.cfg.Session, Seq: c.next}, update: u, digest: u.Digest(), part: part, group: slices.Clone(group),
+		stamp: c.stamp, start: now, votes: map[BrickID]Vote{}, acks: map[BrickID]State{}, sent: map[BrickID]time.Time{},
 	}
 	c.next++
 	c.ops[o.id.Seq] = o
@@ -156,15 +159,16 @@ func (c *Coordinator) prepare(now time.Time, o *cop, b BrickID) Send {
 
 func (c *Coordinator) decide(now time.Time, o *cop, b BrickID) Send {
 	o.sent[b] = now
-	return Send{To: b, Decide: &Decide{Op: o.id, Partition: o.part, Commit: o.decision == Committed, Done: c.Done()}}
+	return Send{To: b, Decide: &Decide{Op: o.id, Partition: o.part, Digest: o.digest, Commit: o.decision == Committed, Done: c.Done()}}
 }
 
 // members are o's group members still in the group by the coordinator's
-// maps. A partition split or merged away keeps its whole group.
+// maps; none if the partition was split or merged away (its participants
+// are gone, and whatever the operation did with them).
 func (c *Coordinator) members(o *cop) []BrickID {
 	cur, ok := c.maps.RG[o.part]
 	if !ok {
-		return o.group
+		return nil
 	}
 	var out []BrickID
 	for _, b := range o.group {
@@ -180,7 +184,7 @@ func (c *Coordinator) SetMaps(now time.Time, m *Maps) CoordEffects {
 	if m.Epoch <= c.maps.Epoch {
 		return CoordEffects{}
 	}
-	c.maps = m.Clone()
+	c.maps, c.stamp = m.Clone(), m.Stamp()
 	var e CoordEffects
 	for _, o := range c.ops {
 		c.step(now, o, &e)
@@ -244,9 +248,17 @@ func (c *Coordinator) OnAck(now time.Time, from BrickID, op OpID, a Ack) CoordEf
 		}
 		// An abort answered to a commit breaks the rules; the simulator's
 		// oracle reports what follows from it. Not acknowledged.
-	case Prepared, Absent:
-		// Refused while the member resolves (Prepared), or unknown there:
+	case Absent:
+		if o.decision == Committed {
+			// Every member voted yes and commit is final, so a member with
+			// no record committed and swept it (a library stalled longer
+			// than RecordLife; review 120, finding 5).
+			o.acks[from] = Committed
+		}
+		// For an abort, no record may mean a brick too full to keep one:
 		// asked again at the next retry.
+	case Prepared:
+		// Refused while the member resolves: asked again at the next retry.
 	}
 	c.step(now, o, &e)
 	return e
@@ -256,8 +268,8 @@ func (c *Coordinator) OnAck(now time.Time, from BrickID, op OpID, a Ack) CoordEf
 func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 	mem := c.members(o)
 	if len(mem) == 0 {
-		// Every member of its group was removed: whatever it did went with
-		// them, or was copied to a newcomer before it joined.
+		// Every member of its group was removed, or its partition retired:
+		// whatever it did went with them, or was copied on before that.
 		delete(c.ops, o.id.Seq)
 		if !o.reported {
 			o.reported = true
@@ -266,7 +278,13 @@ func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 		return
 	}
 	if o.decision == Absent {
-		for _, b := range mem {
+		// Commit needs the yes of every member the prepare named, not only
+		// of those still members: a member removed since may have said no
+		// for good (rule 1), and a peer may have had abort decreed on that
+		// answer before the removal (outside review 120, finding 1). An
+		// operation that lost a member before it voted aborts at
+		// VoteTimeout and is tried again with the new maps.
+		for _, b := range o.group {
 			if v, ok := o.votes[b]; !ok || !v.Yes {
 				return
 			}
@@ -321,8 +339,8 @@ func (c *Coordinator) Tick(now time.Time) CoordEffects {
 		if !o.reported && age >= c.cfg.Deadline {
 			o.reported = true
 			out := Unknown
-			if o.decision == Committed {
-				out = Succeeded
+			if o.decision == Committed && len(c.members(o)) > 0 {
+				out = Succeeded // final: every member voted yes
 			}
 			e.Results = append(e.Results, Result{Op: o.id, Outcome: out})
 		}

@@ -392,7 +392,7 @@ func (l *Library) send(t *libTable, snd Send) {
 	}
 	d := snd.Decide
 	a, err := cl.Decide(ctx, &pb.TableDecideRequest{Table: t.name, To: brickPB(snd.To), Op: opPB(d.Op), Partition: partPB(d.Partition),
-		Commit: d.Commit, Done: d.Done})
+		Commit: d.Commit, Done: d.Done, Digest: d.Digest})
 	if err != nil {
 		return
 	}

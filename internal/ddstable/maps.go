@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"strings"
 )
 
 // BrickID names a brick: the Grove node that runs it (one brick per node;
@@ -44,6 +45,23 @@ const (
 	MaxReplicas  = 8   // members of one replica group
 	MaxTableName = 128 // bytes of a table's name
 )
+
+// ErrBadName: a table name is 1 to MaxTableName bytes of letters, digits
+// and . _ - (it is part of config-service keys).
+var ErrBadName = errors.New("ddstable: a table name is 1 to 128 bytes of letters, digits and . _ -")
+
+// CheckName validates a table name.
+func CheckName(name string) error {
+	if name == "" || len(name) > MaxTableName {
+		return ErrBadName
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-", c)) {
+			return ErrBadName
+		}
+	}
+	return nil
+}
 
 // Maps are one table's pair of metadata maps (DDS §4.2): the DP map
 // (key → partition) and the RG map (partition → the bricks serving as its
@@ -91,8 +109,8 @@ func (m *Maps) Group(key uint64) (Partition, []BrickID) {
 
 // Validate checks the invariants.
 func (m *Maps) Validate() error {
-	if m.Table == "" || len(m.Table) > MaxTableName {
-		return fmt.Errorf("ddstable: table name of %d bytes (1 to %d)", len(m.Table), MaxTableName)
+	if err := CheckName(m.Table); err != nil {
+		return fmt.Errorf("%w: %q", err, m.Table)
 	}
 	if m.Replicas < 1 || m.Replicas > MaxReplicas {
 		return fmt.Errorf("ddstable: table %q: replication degree %d (1 to %d)", m.Table, m.Replicas, MaxReplicas)
@@ -109,8 +127,8 @@ func (m *Maps) Validate() error {
 		if !ok {
 			return fmt.Errorf("ddstable: table %q: partition %v has no replica group", m.Table, p)
 		}
-		if len(g) < 1 || len(g) > MaxReplicas {
-			return fmt.Errorf("ddstable: table %q: replica group %v has %d members (1 to %d)", m.Table, p, len(g), MaxReplicas)
+		if len(g) < 1 || len(g) > m.Replicas {
+			return fmt.Errorf("ddstable: table %q: replica group %v has %d members (1 to the replication degree, %d)", m.Table, p, len(g), m.Replicas)
 		}
 		for i, b := range g {
 			if b.Node == 0 || b.Inc == 0 {

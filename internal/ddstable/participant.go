@@ -1,8 +1,10 @@
 package ddstable
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"slices"
 	"time"
 )
@@ -23,6 +25,20 @@ type Update struct {
 	Value  []byte
 	Remove bool
 }
+
+// Digest is a checksum of u (CRC-32C of the key, the remove flag and the
+// value), carried by decisions so that a participant never takes one
+// operation for another under a reused id.
+func (u Update) Digest() uint32 {
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:8], u.Key)
+	if u.Remove {
+		b[8] = 1
+	}
+	return crc32.Update(crc32.Checksum(b[:], castagnoli), castagnoli, u.Value)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // State is a participant's record of one operation.
 type State uint8
@@ -106,6 +122,7 @@ type Vote struct {
 type Decide struct {
 	Op        OpID
 	Partition Partition // as in the Prepare: which participant of the brick
+	Digest    uint32    // the update's (Update.Digest)
 	Commit    bool
 	Done      uint64
 }
@@ -159,8 +176,15 @@ type ParticipantConfig struct {
 	// It must exceed the longest a message can take to arrive, so that a
 	// prepare delivered late finds the record that refuses it.
 	RecordLife time.Duration
-	// MaxOps bounds the records held; prepares beyond it are refused busy.
+	// MaxOps bounds the operations in doubt (Prepared); prepares beyond
+	// it are refused busy (admission control). Refusals are still
+	// recorded: a "no" must be final (rule 1).
 	MaxOps int
+	// MaxRecords bounds every record, tombstones too (default 8 × MaxOps).
+	// A brick at the bound votes busy without a record, answers an abort
+	// and a termination query "absent" (no answer), and keeps no new
+	// tombstone: what it cannot record it does not promise.
+	MaxRecords int
 	// Unsafe variants for the oracle's teeth tests; never set otherwise.
 	Unsafe UnsafeParticipant
 }
@@ -201,6 +225,8 @@ func (c ParticipantConfig) Validate() error {
 		return fmt.Errorf("ddstable: record life %v must be at least 4 prepare timeouts (%v)", c.RecordLife, 4*c.PrepareTimeout)
 	case c.MaxOps < 1:
 		return errors.New("ddstable: MaxOps must be positive")
+	case c.MaxRecords != 0 && c.MaxRecords < c.MaxOps:
+		return errors.New("ddstable: MaxRecords must be at least MaxOps")
 	}
 	return nil
 }
@@ -252,9 +278,15 @@ func (c ParticipantConfig) Validate() error {
 // a library dropped a brick it could not reach; here only a decree after
 // the failure detector's verdict removes one (rule 4).
 //
-// Recovery (adding a member) must not reuse the id of a member that an
-// undecided operation's group lists: the operation's peers would take the
-// newcomer's empty records for that member's answer.
+// Recovery (adding a member) and splits and merges (retiring a
+// partition) must first drain the partition (DDS §4.3's write lease: no
+// prepare accepted, none in doubt at any member) before the maps change: a
+// newcomer would miss a commit in flight, and a retired participant takes
+// its in-doubt records with it. A newcomer is a new BrickID (an
+// incarnation), never taken for a member an old operation's group lists.
+// Operation ids must be unique (sessions are random 64-bit numbers); a
+// reused one is refused at prepare and at decide (Update.Digest), but
+// peers' termination assumes unique ids.
 //
 // A Participant is not safe for concurrent use; its runtime serializes
 // calls. Durability contract: the caller applies each Applied update to the
@@ -279,6 +311,7 @@ type Participant struct {
 type record struct {
 	state     State
 	update    Update
+	digest    uint32    // update's
 	group     []BrickID // the operation's group, from its prepare
 	at        time.Time // when it was prepared, or decided
 	frozen    bool      // answered a peer "prepared", or resolving (rule 3)
@@ -292,6 +325,7 @@ type record struct {
 type session struct {
 	done      uint64 // operations below this are finished
 	lastHeard time.Time
+	seqs      map[uint64]bool // the session's operations with a record here
 }
 
 // Applied is an update that this call committed; the caller applies it to
@@ -313,6 +347,9 @@ func NewParticipant(cfg ParticipantConfig, m *Maps, p Partition) (*Participant, 
 	}
 	if !slices.Contains(g, cfg.Self) {
 		return nil, fmt.Errorf("ddstable: brick %v is not in partition %v's replica group %v", cfg.Self, p, g)
+	}
+	if cfg.MaxRecords == 0 {
+		cfg.MaxRecords = 8 * cfg.MaxOps
 	}
 	return &Participant{
 		cfg: cfg, partition: p, stamp: m.Stamp(), members: slices.Clone(g),
@@ -383,15 +420,22 @@ func (pt *Participant) SetMaps(now time.Time, m *Maps) (Effects, bool) {
 func (pt *Participant) Prepare(now time.Time, req Prepare) Vote {
 	s := pt.heard(now, req.Op.Session, req.Done)
 	if r, ok := pt.ops[req.Op]; ok {
-		switch r.state {
-		case Prepared, Committed:
-			return Vote{Yes: true} // a duplicate; the first answer stands
-		default:
+		switch {
+		case r.state == Aborted:
 			return Vote{Reason: ReasonOld}
+		case r.digest != req.Update.Digest():
+			// Another operation under a used id (a session id reused):
+			// never taken for the first (review 120, finding 6).
+			return Vote{Reason: ReasonOld}
+		default:
+			return Vote{Yes: true} // a duplicate; the first answer stands
 		}
 	}
 	if req.Op.Seq < s.done {
 		return Vote{Reason: ReasonOld}
+	}
+	if len(pt.ops) >= pt.cfg.MaxRecords {
+		return Vote{Reason: ReasonBusy} // no record: it would be one more
 	}
 	if req.Stamp != pt.stamp || req.Partition != pt.partition || !slices.Equal(req.Group, pt.members) || !pt.partition.Contains(req.Update.Key) {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRepair, Stamp: pt.stamp})
@@ -399,40 +443,71 @@ func (pt *Participant) Prepare(now time.Time, req Prepare) Vote {
 	if _, held := pt.locks[req.Update.Key]; held {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonConflict})
 	}
-	if len(pt.ops) >= pt.cfg.MaxOps {
-		return Vote{Reason: ReasonBusy} // no record: it would be one more
+	if len(pt.locks) >= pt.cfg.MaxOps {
+		return pt.refuse(now, req.Op, Vote{Reason: ReasonBusy})
 	}
-	pt.ops[req.Op] = &record{state: Prepared, update: req.Update, group: slices.Clone(req.Group), at: now}
+	pt.ops[req.Op] = &record{state: Prepared, update: req.Update, digest: req.Update.Digest(), group: slices.Clone(req.Group), at: now}
+	s.seqs[req.Op.Seq] = true
 	pt.locks[req.Update.Key] = req.Op
 	return Vote{Yes: true}
 }
 
-// refuse records a no vote (rule 1) unless the records are full.
+// refuse records a no vote (rule 1). Callers have checked MaxRecords.
 func (pt *Participant) refuse(now time.Time, op OpID, v Vote) Vote {
-	if len(pt.ops) < pt.cfg.MaxOps {
-		pt.ops[op] = &record{state: Aborted, at: now}
-	}
+	pt.ops[op] = &record{state: Aborted, at: now}
+	pt.sessions[op.Session].seqs[op.Seq] = true
 	return v
+}
+
+// tombstone records that op will never be prepared here, if there is room
+// and the operation is not finished (below its session's Done mark: then
+// it may have committed here and been forgotten). ok: it is recorded.
+func (pt *Participant) tombstone(now time.Time, op OpID) bool {
+	if len(pt.ops) >= pt.cfg.MaxRecords {
+		return false
+	}
+	if s, known := pt.sessions[op.Session]; known && op.Seq < s.done {
+		return false
+	}
+	s := pt.session(op.Session)
+	s.seqs[op.Seq] = true
+	pt.ops[op] = &record{state: Aborted, at: now}
+	return true
 }
 
 // heard notes a message from session id, with its Done mark, and forgets
 // the session's decided records below the mark.
 func (pt *Participant) heard(now time.Time, id, done uint64) *session {
-	s, ok := pt.sessions[id]
-	if !ok {
-		s = &session{}
-		pt.sessions[id] = s
-	}
+	s := pt.session(id)
 	s.lastHeard = now
 	if done > s.done {
 		s.done = done
-		for op, r := range pt.ops {
-			if op.Session == id && op.Seq < done && r.state != Prepared {
+		for seq := range s.seqs {
+			op := OpID{Session: id, Seq: seq}
+			if r := pt.ops[op]; seq < done && (r == nil || r.state != Prepared) {
 				delete(pt.ops, op)
+				delete(s.seqs, seq)
 			}
 		}
 	}
 	return s
+}
+
+func (pt *Participant) session(id uint64) *session {
+	s, ok := pt.sessions[id]
+	if !ok {
+		s = &session{seqs: map[uint64]bool{}}
+		pt.sessions[id] = s
+	}
+	return s
+}
+
+// forget drops op's record.
+func (pt *Participant) forget(op OpID) {
+	delete(pt.ops, op)
+	if s, ok := pt.sessions[op.Session]; ok {
+		delete(s.seqs, op.Seq)
+	}
 }
 
 // Decide handles phase 2.
@@ -441,12 +516,21 @@ func (pt *Participant) Decide(now time.Time, req Decide) (Ack, []Applied) {
 	r, ok := pt.ops[req.Op]
 	if !ok {
 		if req.Commit {
-			// Never prepared here (or forgotten): the coordinator cannot have
-			// had this brick's yes, unless the record was swept, which needs
-			// every member decided. Say so; the coordinator reports it.
+			// Committed and swept (a commit needs this brick's yes): the
+			// coordinator counts the answer as the commit's acknowledgement.
 			return Ack{State: Absent}, nil
 		}
-		pt.refuse(now, req.Op, Vote{})
+		if !pt.tombstone(now, req.Op) {
+			// Finished and forgotten (a late abort, after the operation
+			// may have committed here), or no room to promise: no
+			// acknowledgement of the abort (review 120, findings 2, 3).
+			return Ack{State: Absent}, nil
+		}
+		return Ack{State: Aborted}, nil
+	}
+	if r.state != Aborted && r.digest != req.Digest {
+		// Another operation under this id (a reused session id): this one
+		// was never prepared here, and never will be (rule 1).
 		return Ack{State: Aborted}, nil
 	}
 	if r.state != Prepared {
@@ -487,12 +571,16 @@ func (pt *Participant) Query(now time.Time, q Query) State {
 		}
 		if s, known := pt.sessions[q.Op.Session]; known && q.Op.Seq < s.done {
 			// Finished (every member acknowledged its outcome) and forgotten
-			// here: the asker decided it too, and this is a late query. No
-			// tombstone: this member may have committed it.
+			// here. An asker still Prepared holds a late duplicate of the
+			// prepare, which must not be applied: abort it. No tombstone:
+			// this member may have committed the operation itself.
+			return Aborted
+		}
+		// Rule 1: say no for good before saying it; with no room to
+		// record, say nothing (the asker asks again).
+		if !pt.tombstone(now, q.Op) {
 			return Absent
 		}
-		// Rule 1: say no for good before saying it.
-		pt.ops[q.Op] = &record{state: Aborted, at: now}
 		return Aborted
 	}
 	if r.state == Prepared && !q.Sweep {
@@ -511,13 +599,13 @@ func (pt *Participant) Answer(now time.Time, from BrickID, q Query, s State) Eff
 		if r.state != Prepared && r.answers != nil {
 			r.answers[from] = s
 			if pt.swept(r) {
-				delete(pt.ops, q.Op)
+				pt.forget(q.Op)
 			}
 		}
 		return Effects{}
 	}
-	if r.state != Prepared || !r.resolving {
-		return Effects{}
+	if r.state != Prepared || !r.resolving || s == Absent {
+		return Effects{} // no answer: asked again at a later tick
 	}
 	r.answers[from] = s
 	return pt.conclude(now, q.Op, r)
@@ -632,14 +720,14 @@ func (pt *Participant) Tick(now time.Time) Effects {
 				r.answers, r.asked = map[BrickID]State{}, map[BrickID]time.Time{}
 			}
 			if pt.swept(r) {
-				delete(pt.ops, op)
+				pt.forget(op)
 				continue
 			}
 			e.Queries = append(e.Queries, pt.ask(now, op, r, true)...)
 		}
 	}
 	for id, s := range pt.sessions {
-		if now.Sub(s.lastHeard) >= pt.cfg.RecordLife {
+		if len(s.seqs) == 0 && now.Sub(s.lastHeard) >= pt.cfg.RecordLife {
 			delete(pt.sessions, id)
 		}
 	}

@@ -465,7 +465,7 @@ func (s *Service) Decide(_ context.Context, req *pb.TableDecideRequest) (*pb.Tab
 		return nil, err
 	}
 	part, _ := partOf(req.Partition)
-	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Commit: req.Commit, Done: req.Done})
+	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Digest: req.Digest, Commit: req.Commit, Done: req.Done})
 	s.effectsLocked(k, r, Effects{Applied: applied})
 	return &pb.TableAck{State: uint32(a.State)}, nil
 }
