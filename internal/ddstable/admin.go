@@ -173,8 +173,8 @@ func ListTables(ctx context.Context, mc *meta.Client) ([]*Maps, error) {
 	return out, nil
 }
 
-// withoutDead is m less the dead bricks, in every group that keeps another
-// member (DDS: "the replica group membership maps for all partitions in
+// withoutDead is m less the dead bricks (and their write leases), in every
+// group that keeps another member (DDS: "the replica group membership maps for all partitions in
 // the hash table must have at least one member"; a group whose every
 // member died is lost, and stays listed so that its loss shows). It
 // reports whether anything changed; the epoch is bumped if so.
@@ -185,6 +185,13 @@ func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
 		keep := slices.DeleteFunc(slices.Clone(g), func(b BrickID) bool { return dead[b] })
 		if len(keep) > 0 && len(keep) < len(g) {
 			c.RG[p] = keep
+			changed = true
+		}
+	}
+	for p, j := range c.Joining {
+		if dead[j] {
+			// DDS-F9: a recovering brick that dies loses its write lease.
+			delete(c.Joining, p)
 			changed = true
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -84,6 +85,10 @@ type Maps struct {
 	Replicas int // the replication degree groups are brought back to
 	DP       *DPMap
 	RG       map[Partition][]BrickID
+	// Joining: the partitions a brick is recovering into (DDS §4.3's write
+	// lease): their members refuse prepares until the brick joins the
+	// group or gives up; reads go on. Absent for most partitions.
+	Joining map[Partition]BrickID
 }
 
 // Stamp is what a call piggybacks so that a brick can tell whether the
@@ -122,6 +127,22 @@ func (m *Maps) Validate() error {
 	if len(leaves) != len(m.RG) {
 		return fmt.Errorf("ddstable: table %q: %d partitions but %d replica groups", m.Table, len(leaves), len(m.RG))
 	}
+	for p, b := range m.Joining {
+		if !m.DP.Has(p) {
+			return fmt.Errorf("ddstable: table %q: brick %v joins partition %v, which the DP map lacks", m.Table, b, p)
+		}
+		if b.Node == 0 || b.Inc == 0 {
+			return fmt.Errorf("ddstable: table %q: joining brick %v: node and incarnation must be non-zero", m.Table, b)
+		}
+		for _, o := range m.RG[p] {
+			if o.Node == b.Node {
+				return fmt.Errorf("ddstable: table %q: node %d joins partition %v, whose group lists it", m.Table, b.Node, p)
+			}
+		}
+		if len(m.RG[p]) >= m.Replicas {
+			return fmt.Errorf("ddstable: table %q: brick %v joins partition %v, whose group is full", m.Table, b, p)
+		}
+	}
 	for _, p := range leaves {
 		g, ok := m.RG[p]
 		if !ok {
@@ -152,6 +173,7 @@ func (m *Maps) Clone() *Maps {
 	for p, g := range m.RG {
 		c.RG[p] = slices.Clone(g)
 	}
+	c.Joining = maps.Clone(m.Joining)
 	return &c
 }
 
@@ -167,6 +189,8 @@ const mapsVersion = 1
 //	per partition, in the DP map's trie order:
 //	  uvarint   group size, then each member as two uvarints (node,
 //	            incarnation), in group order
+//	  uvarint   the joining brick's node, 0 if none; if not 0, its
+//	            incarnation as a uvarint
 //
 // A group's order is kept (it is not sorted): the first member is the one a
 // recovering brick asks first, so it is part of what the hash covers.
@@ -184,6 +208,13 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 			b = appendUvarint(b, id.Node)
 			b = appendUvarint(b, id.Inc)
 		}
+		j, ok := m.Joining[p]
+		if !ok {
+			b = appendUvarint(b, 0)
+			continue
+		}
+		b = appendUvarint(b, j.Node)
+		b = appendUvarint(b, j.Inc)
 	}
 	return b
 }
@@ -239,6 +270,19 @@ func DecodeMaps(b []byte) (*Maps, error) {
 			}
 		}
 		m.RG[p] = g
+		var j BrickID
+		if j.Node, b, err = readUvarint(b, "joining node"); err != nil {
+			return nil, err
+		}
+		if j.Node != 0 {
+			if j.Inc, b, err = readUvarint(b, "joining incarnation"); err != nil {
+				return nil, err
+			}
+			if m.Joining == nil {
+				m.Joining = map[Partition]BrickID{}
+			}
+			m.Joining[p] = j
+		}
 	}
 	if len(b) != 0 {
 		return nil, fmt.Errorf("ddstable: maps: %d bytes left over", len(b))
@@ -261,4 +305,65 @@ func readUvarint(b []byte, what string) (uint64, []byte, error) {
 		return 0, nil, fmt.Errorf("ddstable: %s: a varint of %d bytes for %d", what, n, v)
 	}
 	return v, b[n:], nil
+}
+
+// Errors of the recovery transitions.
+var (
+	ErrNotShort   = errors.New("ddstable: the partition's group is full")
+	ErrLeaseHeld  = errors.New("ddstable: another brick is recovering into the partition")
+	ErrLeaseLost  = errors.New("ddstable: the brick's write lease on the partition is gone")
+	ErrInGroup    = errors.New("ddstable: the brick's node is in the partition's group")
+	ErrNoSuchPart = errors.New("ddstable: no such partition")
+)
+
+// WithLease is m with brick b holding partition p's write lease for its
+// recovery into p's group (DDS §4.3, step 1), the epoch bumped: the
+// members refuse prepares from the new epoch on.
+func WithLease(m *Maps, p Partition, b BrickID) (*Maps, error) {
+	g, ok := m.RG[p]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: %v", ErrNoSuchPart, p)
+	case len(g) >= m.Replicas:
+		return nil, ErrNotShort
+	case slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == b.Node }):
+		return nil, ErrInGroup
+	}
+	if j, ok := m.Joining[p]; ok && j != b {
+		return nil, fmt.Errorf("%w: %v", ErrLeaseHeld, j)
+	}
+	c := m.Clone()
+	if c.Joining == nil {
+		c.Joining = map[Partition]BrickID{}
+	}
+	c.Joining[p] = b
+	c.Epoch++
+	return c, c.Validate()
+}
+
+// Joined is m with brick b, which holds p's write lease and has copied the
+// whole partition, in p's group and the lease released (DDS §4.3: "a
+// recovering node only joins the replica group after it has successfully
+// copied over the entire partition's data but before it release its
+// write lease").
+func Joined(m *Maps, p Partition, b BrickID) (*Maps, error) {
+	if j, ok := m.Joining[p]; !ok || j != b {
+		return nil, ErrLeaseLost
+	}
+	c := m.Clone()
+	c.RG[p] = append(c.RG[p], b)
+	delete(c.Joining, p)
+	c.Epoch++
+	return c, c.Validate()
+}
+
+// WithoutLease is m with b's lease on p released (a recovery given up).
+func WithoutLease(m *Maps, p Partition, b BrickID) (*Maps, bool) {
+	if j, ok := m.Joining[p]; !ok || j != b {
+		return m, false
+	}
+	c := m.Clone()
+	delete(c.Joining, p)
+	c.Epoch++
+	return c, true
 }

@@ -80,6 +80,7 @@ const (
 	ReasonRepair          // the caller's maps differ from the brick's (DDS §4.2); Vote.Stamp is the brick's
 	ReasonBusy            // the brick holds MaxOps records: admission control
 	ReasonOld             // the operation is older than its session's Done mark, or was aborted here
+	ReasonRecovering      // a brick is recovering into the group: writes wait (DDS §4.3's write lease)
 )
 
 func (r Reason) String() string {
@@ -94,6 +95,8 @@ func (r Reason) String() string {
 		return "busy"
 	case ReasonOld:
 		return "old or aborted"
+	case ReasonRecovering:
+		return "recovering"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -185,6 +188,10 @@ type ParticipantConfig struct {
 	// and a termination query "absent" (no answer), and keeps no new
 	// tombstone: what it cannot record it does not promise.
 	MaxRecords int
+	// OnDecide, if set, is told of every prepared operation this
+	// participant decides, as it decides it (the simulator's oracle keeps
+	// the decisions; records are forgotten). It must not call back.
+	OnDecide func(op OpID, s State)
 	// Unsafe variants for the oracle's teeth tests; never set otherwise.
 	Unsafe UnsafeParticipant
 }
@@ -203,6 +210,12 @@ type UnsafeParticipant struct {
 	// Aborted answer, commit when all answered Prepared) without the
 	// config service's register.
 	LocalDecide bool
+	// IgnoreLease accepts prepares while a brick holds the partition's
+	// write lease: writes commit while it copies, and it misses them.
+	IgnoreLease bool
+	// CopyInDoubt lets a recovering brick copy while operations are in
+	// doubt here: one that commits after the copy is missing from it.
+	CopyInDoubt bool
 }
 
 // DefaultParticipantConfig has the defaults for brick self.
@@ -299,6 +312,7 @@ type Participant struct {
 	partition Partition
 	stamp     Stamp
 	members   []BrickID
+	joining   BrickID // the brick holding the partition's write lease; zero if none
 
 	// locks: key → the Prepared operation holding its write lock.
 	// Invariant: locks[k] == op iff ops[op].state == Prepared and
@@ -352,7 +366,7 @@ func NewParticipant(cfg ParticipantConfig, m *Maps, p Partition) (*Participant, 
 		cfg.MaxRecords = 8 * cfg.MaxOps
 	}
 	return &Participant{
-		cfg: cfg, partition: p, stamp: m.Stamp(), members: slices.Clone(g),
+		cfg: cfg, partition: p, stamp: m.Stamp(), members: slices.Clone(g), joining: m.Joining[p],
 		locks: map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
 	}, nil
 }
@@ -407,6 +421,7 @@ func (pt *Participant) SetMaps(now time.Time, m *Maps) (Effects, bool) {
 		return Effects{}, false
 	}
 	pt.members = slices.Clone(g)
+	pt.joining = m.Joining[pt.partition]
 	var e Effects
 	for op, r := range pt.ops {
 		if r.resolving {
@@ -439,6 +454,9 @@ func (pt *Participant) Prepare(now time.Time, req Prepare) Vote {
 	}
 	if req.Stamp != pt.stamp || req.Partition != pt.partition || !slices.Equal(req.Group, pt.members) || !pt.partition.Contains(req.Update.Key) {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRepair, Stamp: pt.stamp})
+	}
+	if pt.joining != (BrickID{}) && !pt.cfg.Unsafe.IgnoreLease {
+		return pt.refuse(now, req.Op, Vote{Reason: ReasonRecovering})
 	}
 	if _, held := pt.locks[req.Update.Key]; held {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonConflict})
@@ -556,6 +574,9 @@ func (pt *Participant) decide(now time.Time, op OpID, r *record, s State) []Appl
 	}
 	delete(pt.locks, r.update.Key)
 	r.state, r.at, r.resolving, r.answers, r.asked, r.proposal = s, now, false, nil, nil, Absent
+	if pt.cfg.OnDecide != nil {
+		pt.cfg.OnDecide(op, s)
+	}
 	if s == Committed {
 		return []Applied{{Op: op, Update: r.update}}
 	}
@@ -748,6 +769,27 @@ func (pt *Participant) ask(now time.Time, op OpID, r *record, sweep bool) []Peer
 		out = append(out, PeerSend{To: b, Query: Query{Op: op, Sweep: sweep}})
 	}
 	return out
+}
+
+// Errors of CopyReady.
+var (
+	ErrNoLease = errors.New("ddstable: the brick asking to copy holds no write lease on the partition here")
+	ErrInDoubt = errors.New("ddstable: operations are in doubt at this replica; retry")
+)
+
+// CopyReady says whether a recovering brick may copy this replica now
+// (DDS §4.3, step 2): this participant's maps give it the partition's
+// write lease, so no prepare is accepted, and nothing is in doubt here, so
+// every operation that could still commit with this replica's yes has
+// been decided here. The caller snapshots the store under the same lock.
+func (pt *Participant) CopyReady(joiner BrickID) error {
+	if joiner == (BrickID{}) || pt.joining != joiner {
+		return ErrNoLease
+	}
+	if len(pt.locks) > 0 && !pt.cfg.Unsafe.CopyInDoubt {
+		return ErrInDoubt
+	}
+	return nil
 }
 
 // Read checks that key may be read here with the caller's maps: nil, or

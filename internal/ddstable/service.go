@@ -115,7 +115,7 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 2 * time.Second
 	}
-	if cfg.Participant == (ParticipantConfig{}) {
+	if cfg.Participant.PrepareTimeout == 0 {
 		cfg.Participant = DefaultParticipantConfig(BrickID{})
 	}
 	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta)}
