@@ -75,12 +75,12 @@ func (s State) String() string {
 type Reason uint8
 
 const (
-	ReasonNone     Reason = iota
-	ReasonConflict        // another operation holds the key's write lock (DDS §4.1)
-	ReasonRepair          // the caller's maps differ from the brick's (DDS §4.2); Vote.Stamp is the brick's
-	ReasonBusy            // the brick holds MaxOps records: admission control
-	ReasonOld             // the operation is older than its session's Done mark, or was aborted here
-	ReasonRecovering      // a brick is recovering into the group: writes wait (DDS §4.3's write lease)
+	ReasonNone       Reason = iota
+	ReasonConflict          // another operation holds the key's write lock (DDS §4.1)
+	ReasonRepair            // the caller's maps differ from the brick's (DDS §4.2); Vote.Stamp is the brick's
+	ReasonBusy              // the brick holds MaxOps records: admission control
+	ReasonOld               // the operation is older than its session's Done mark, or was aborted here
+	ReasonRecovering        // a brick is recovering into the group: writes wait (DDS §4.3's write lease)
 )
 
 func (r Reason) String() string {
