@@ -1048,6 +1048,188 @@ func (x *TableReplicaStatus) GetInDoubt() uint64 {
 	return 0
 }
 
+// A recovering brick copies a whole partition from a member (DDS §4.3),
+// under its write lease, once nothing is in doubt at that member.
+type TableCopyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	To            *TableBrick            `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`     // the member copied from
+	From          *TableBrick            `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"` // the recovering brick, holder of the lease
+	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableCopyRequest) Reset() {
+	*x = TableCopyRequest{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableCopyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableCopyRequest) ProtoMessage() {}
+
+func (x *TableCopyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableCopyRequest.ProtoReflect.Descriptor instead.
+func (*TableCopyRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TableCopyRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *TableCopyRequest) GetTo() *TableBrick {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *TableCopyRequest) GetFrom() *TableBrick {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *TableCopyRequest) GetPartition() *TablePartition {
+	if x != nil {
+		return x.Partition
+	}
+	return nil
+}
+
+type TableEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableEntry) Reset() {
+	*x = TableEntry{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableEntry) ProtoMessage() {}
+
+func (x *TableEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableEntry.ProtoReflect.Descriptor instead.
+func (*TableEntry) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TableEntry) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *TableEntry) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type TableCopyChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*TableEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	Last          bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`   // the copy is complete
+	Total         uint64                 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"` // on the last chunk: the entries sent in all
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableCopyChunk) Reset() {
+	*x = TableCopyChunk{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableCopyChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableCopyChunk) ProtoMessage() {}
+
+func (x *TableCopyChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableCopyChunk.ProtoReflect.Descriptor instead.
+func (*TableCopyChunk) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TableCopyChunk) GetEntries() []*TableEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *TableCopyChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *TableCopyChunk) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 var File_grovepb_ddstable_proto protoreflect.FileDescriptor
 
 const file_grovepb_ddstable_proto_rawDesc = "" +
@@ -1128,13 +1310,27 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
-	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt2\xd2\x02\n" +
+	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\"\xb0\x01\n" +
+	"\x10TableCopyRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
+	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +
+	"\x04from\x18\x03 \x01(\v2\x14.grove.v1.TableBrickR\x04from\x126\n" +
+	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\"4\n" +
+	"\n" +
+	"TableEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"j\n" +
+	"\x0eTableCopyChunk\x12.\n" +
+	"\aentries\x18\x01 \x03(\v2\x14.grove.v1.TableEntryR\aentries\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\bR\x04last\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total2\x92\x03\n" +
 	"\fTableService\x12=\n" +
 	"\aPrepare\x12\x1d.grove.v1.TablePrepareRequest\x1a\x13.grove.v1.TableVote\x12:\n" +
 	"\x06Decide\x12\x1c.grove.v1.TableDecideRequest\x1a\x12.grove.v1.TableAck\x12@\n" +
 	"\x05Query\x12\x1b.grove.v1.TableQueryRequest\x1a\x1a.grove.v1.TableQueryAnswer\x12<\n" +
 	"\x03Get\x12\x19.grove.v1.TableGetRequest\x1a\x1a.grove.v1.TableGetResponse\x12G\n" +
-	"\x06Status\x12!.grove.v1.TableBrickStatusRequest\x1a\x1a.grove.v1.TableBrickStatusB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x06Status\x12!.grove.v1.TableBrickStatusRequest\x1a\x1a.grove.v1.TableBrickStatus\x12>\n" +
+	"\x04Copy\x12\x1a.grove.v1.TableCopyRequest\x1a\x18.grove.v1.TableCopyChunk0\x01B)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_ddstable_proto_rawDescOnce sync.Once
@@ -1149,7 +1345,7 @@ func file_grovepb_ddstable_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_ddstable_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_grovepb_ddstable_proto_goTypes = []any{
 	(TableGetResponse_Result)(0),    // 0: grove.v1.TableGetResponse.Result
 	(*TableBrick)(nil),              // 1: grove.v1.TableBrick
@@ -1167,6 +1363,9 @@ var file_grovepb_ddstable_proto_goTypes = []any{
 	(*TableBrickStatusRequest)(nil), // 13: grove.v1.TableBrickStatusRequest
 	(*TableBrickStatus)(nil),        // 14: grove.v1.TableBrickStatus
 	(*TableReplicaStatus)(nil),      // 15: grove.v1.TableReplicaStatus
+	(*TableCopyRequest)(nil),        // 16: grove.v1.TableCopyRequest
+	(*TableEntry)(nil),              // 17: grove.v1.TableEntry
+	(*TableCopyChunk)(nil),          // 18: grove.v1.TableCopyChunk
 }
 var file_grovepb_ddstable_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.TablePrepareRequest.to:type_name -> grove.v1.TableBrick
@@ -1188,21 +1387,27 @@ var file_grovepb_ddstable_proto_depIdxs = []int32{
 	4,  // 16: grove.v1.TableGetResponse.stamp:type_name -> grove.v1.TableStamp
 	15, // 17: grove.v1.TableBrickStatus.replicas:type_name -> grove.v1.TableReplicaStatus
 	2,  // 18: grove.v1.TableReplicaStatus.partition:type_name -> grove.v1.TablePartition
-	5,  // 19: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
-	7,  // 20: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
-	9,  // 21: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
-	11, // 22: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
-	13, // 23: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
-	6,  // 24: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
-	8,  // 25: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
-	10, // 26: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
-	12, // 27: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
-	14, // 28: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	1,  // 19: grove.v1.TableCopyRequest.to:type_name -> grove.v1.TableBrick
+	1,  // 20: grove.v1.TableCopyRequest.from:type_name -> grove.v1.TableBrick
+	2,  // 21: grove.v1.TableCopyRequest.partition:type_name -> grove.v1.TablePartition
+	17, // 22: grove.v1.TableCopyChunk.entries:type_name -> grove.v1.TableEntry
+	5,  // 23: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
+	7,  // 24: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
+	9,  // 25: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
+	11, // 26: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
+	13, // 27: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
+	16, // 28: grove.v1.TableService.Copy:input_type -> grove.v1.TableCopyRequest
+	6,  // 29: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
+	8,  // 30: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
+	10, // 31: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
+	12, // 32: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
+	14, // 33: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
+	18, // 34: grove.v1.TableService.Copy:output_type -> grove.v1.TableCopyChunk
+	29, // [29:35] is the sub-list for method output_type
+	23, // [23:29] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_ddstable_proto_init() }
@@ -1216,7 +1421,7 @@ func file_grovepb_ddstable_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_ddstable_proto_rawDesc), len(file_grovepb_ddstable_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

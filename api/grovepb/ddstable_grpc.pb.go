@@ -30,6 +30,7 @@ const (
 	TableService_Query_FullMethodName   = "/grove.v1.TableService/Query"
 	TableService_Get_FullMethodName     = "/grove.v1.TableService/Get"
 	TableService_Status_FullMethodName  = "/grove.v1.TableService/Status"
+	TableService_Copy_FullMethodName    = "/grove.v1.TableService/Copy"
 )
 
 // TableServiceClient is the client API for TableService service.
@@ -41,6 +42,7 @@ type TableServiceClient interface {
 	Query(ctx context.Context, in *TableQueryRequest, opts ...grpc.CallOption) (*TableQueryAnswer, error)
 	Get(ctx context.Context, in *TableGetRequest, opts ...grpc.CallOption) (*TableGetResponse, error)
 	Status(ctx context.Context, in *TableBrickStatusRequest, opts ...grpc.CallOption) (*TableBrickStatus, error)
+	Copy(ctx context.Context, in *TableCopyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableCopyChunk], error)
 }
 
 type tableServiceClient struct {
@@ -101,6 +103,25 @@ func (c *tableServiceClient) Status(ctx context.Context, in *TableBrickStatusReq
 	return out, nil
 }
 
+func (c *tableServiceClient) Copy(ctx context.Context, in *TableCopyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableCopyChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TableService_ServiceDesc.Streams[0], TableService_Copy_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TableCopyRequest, TableCopyChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TableService_CopyClient = grpc.ServerStreamingClient[TableCopyChunk]
+
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
@@ -110,6 +131,7 @@ type TableServiceServer interface {
 	Query(context.Context, *TableQueryRequest) (*TableQueryAnswer, error)
 	Get(context.Context, *TableGetRequest) (*TableGetResponse, error)
 	Status(context.Context, *TableBrickStatusRequest) (*TableBrickStatus, error)
+	Copy(*TableCopyRequest, grpc.ServerStreamingServer[TableCopyChunk]) error
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -134,6 +156,9 @@ func (UnimplementedTableServiceServer) Get(context.Context, *TableGetRequest) (*
 }
 func (UnimplementedTableServiceServer) Status(context.Context, *TableBrickStatusRequest) (*TableBrickStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedTableServiceServer) Copy(*TableCopyRequest, grpc.ServerStreamingServer[TableCopyChunk]) error {
+	return status.Error(codes.Unimplemented, "method Copy not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -246,6 +271,17 @@ func _TableService_Status_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TableService_Copy_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TableCopyRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TableServiceServer).Copy(m, &grpc.GenericServerStream[TableCopyRequest, TableCopyChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TableService_CopyServer = grpc.ServerStreamingServer[TableCopyChunk]
+
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -274,6 +310,12 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _TableService_Status_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Copy",
+			Handler:       _TableService_Copy_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "grovepb/ddstable.proto",
 }

@@ -35,9 +35,9 @@ type TableStatJSON struct {
 // write keys while node 3 is SIGKILLed under them: writes go on once the
 // failure detector declares it and its brick leaves every group; every
 // acknowledged write reads back, through the CLI, from each survivor. Node
-// 3 restarts (a new incarnation: it serves no group, its replicas having
-// died with it); then node 1 is SIGKILLed too, and every key still reads
-// back, from node 2 alone.
+// 3 restarts (a new incarnation, its replicas having died with it) and
+// recovers into every group by copying whole partitions; then node 1 is
+// SIGKILLed too, and every key still reads back, from nodes 2 and 3.
 func TestEndToEndTableSIGKILL(t *testing.T) {
 	t.Parallel() // its own ports and directories: see parallelTests
 	bin, u, ctx := startCluster(t, 11000)
@@ -227,11 +227,31 @@ func TestEndToEndTableSIGKILL(t *testing.T) {
 	}
 	check("after node 3's SIGKILL")
 
-	// Node 3 comes back: a new incarnation, in no group.
+	// Node 3 comes back: a new incarnation, which recovers into every
+	// group (DDS §4.3: write lease, whole-partition copy, join).
 	if err := u.Restart(3); err != nil {
 		t.Fatal(err)
 	}
-	// Node 1 is SIGKILLed: every partition is left with node 2 alone.
+	restarted := time.Now()
+	for {
+		s = stat()
+		full := len(s.Replicas) == 12
+		for _, r := range s.Replicas {
+			full = full && strings.Count(r.Group, ",") == 2 && r.Keys != nil
+		}
+		if full {
+			break
+		}
+		if time.Since(restarted) > 90*time.Second {
+			t.Fatalf("the groups did not get their third replica back: %+v", s.Replicas)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("node 3 recovered into every group %v after its restart", time.Since(restarted).Round(time.Millisecond))
+	check("after node 3 recovered")
+
+	// Node 1 is SIGKILLed: every partition is left with nodes 2 and 3, and
+	// node 3's replicas are the recovered ones.
 	if err := u.Kill(1); err != nil {
 		t.Fatal(err)
 	}
@@ -241,11 +261,11 @@ func TestEndToEndTableSIGKILL(t *testing.T) {
 	mu.Lock()
 	want[7] = []byte("seven again")
 	mu.Unlock()
-	check("after node 1's SIGKILL, from node 2 alone")
+	check("after node 1's SIGKILL, from nodes 2 and 3")
 	s = stat()
 	for _, r := range s.Replicas {
-		if r.Group != r.Brick || !strings.HasPrefix(r.Brick, "2.") {
-			t.Fatalf("after two SIGKILLs: %+v", r)
+		if strings.Contains(r.Group, "1.") || strings.Count(r.Group, ",") != 1 {
+			t.Fatalf("after node 1's SIGKILL: %+v", r)
 		}
 	}
 }

@@ -33,8 +33,11 @@ split into partitions by the low bits of the key (its DP map); each partition
 is replicated on a group of bricks (its RG map), one brick per node, kept
 identical by two-phase commit. Any replica serves a read. When a node dies, the
 failure detector declares it and its brick leaves every group; the survivors
-go on serving. Replicas live in memory, as DDS's do: a table survives the loss
-of all but one replica of each partition, not the loss of every one.`,
+go on serving. When it comes back (or another node has room), its brick
+recovers into the groups left short by copying whole partitions, writes to a
+partition waiting while it is copied. Replicas live in memory, as DDS's do: a
+table survives the loss of all but one replica of each partition, not the
+loss of every one.`,
 		Example: `  grove table create sessions --partitions 8 --replicas 3
   grove table put sessions 42 'hello'
   grove table get sessions 42
@@ -186,7 +189,7 @@ func tableListCmd() *cobra.Command {
 				return tableErr("table list", &c, err)
 			}
 			d := &cli.Doc{}
-			tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS")
+			tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING")
 			for _, m := range ts {
 				short := 0
 				for _, g := range m.RG {
@@ -194,7 +197,7 @@ func tableListCmd() *cobra.Command {
 						short++
 					}
 				}
-				tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short)
+				tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining))
 			}
 			return out.Print(os.Stdout, d)
 		},
@@ -254,6 +257,9 @@ the table's replication degree lost a brick (it serves on with the others).`,
 					note := ""
 					if len(g) < m.Replicas {
 						note = "short group"
+					}
+					if j, ok := m.Joining[p]; ok {
+						note = fmt.Sprintf("brick %v recovering into the group: writes wait", j)
 					}
 					var rs *pb.TableReplicaStatus
 					if r != nil {

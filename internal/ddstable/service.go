@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -84,7 +85,13 @@ type Service struct {
 		fenced  uint64 // the latest incarnation fenced
 		tables  map[string]*Maps
 		reps    map[repKey]*replica
-		retired map[repKey]bool // replicas this incarnation dropped: never served again
+		retired map[repKey]bool // replicas this incarnation left: never served again
+		// pending: partitions this incarnation copied under its write
+		// lease, installed as the replica when the join decree lists it.
+		pending map[repKey]map[uint64][]byte
+		// joining: partitions this incarnation is recovering into; a group
+		// that lists the brick there is served only from the copy.
+		joining map[repKey]bool
 	}
 	started sync.Once
 }
@@ -123,6 +130,8 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.tables = map[string]*Maps{}
 	s.mu.reps = map[repKey]*replica{}
 	s.mu.retired = map[repKey]bool{}
+	s.mu.pending = map[repKey]map[uint64][]byte{}
+	s.mu.joining = map[repKey]bool{}
 	return s
 }
 
@@ -130,10 +139,11 @@ func NewService(cfg ServiceConfig) *Service {
 // BrickID{Node, inc}.
 func (s *Service) Start(inc uint64) {
 	s.started.Do(func() {
-		s.wg.Add(3)
+		s.wg.Add(4)
 		go s.watch()
 		go s.ticker()
 		go s.janitor()
+		go s.recoverer()
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -160,6 +170,8 @@ func (s *Service) Fence(inc uint64) {
 func (s *Service) dropAllLocked() {
 	clear(s.mu.reps)
 	clear(s.mu.retired)
+	clear(s.mu.pending)
+	clear(s.mu.joining)
 }
 
 // Close stops the service.
@@ -199,8 +211,7 @@ func (s *Service) syncLocked(now time.Time) {
 	for k, r := range s.mu.reps {
 		m, ok := s.mu.tables[k.table]
 		if !ok {
-			delete(s.mu.reps, k)
-			s.mu.retired[k] = true
+			delete(s.mu.reps, k) // (a table of that name created again is another)
 			s.log.Info("replica dropped: table dropped", "table", k.table, "partition", k.part)
 			continue
 		}
@@ -220,6 +231,13 @@ func (s *Service) syncLocked(now time.Time) {
 			if !slices.Contains(g, self) || s.mu.reps[k] != nil || s.mu.retired[k] {
 				continue
 			}
+			store, copied := s.mu.pending[k]
+			if !copied && s.mu.joining[k] {
+				// Listed by a recovery of this incarnation whose copy is gone:
+				// never serve it empty.
+				s.log.Error("replica not started: joined without a copy", "table", name, "partition", p)
+				continue
+			}
 			pc := s.cfg.Participant
 			pc.Self = self
 			pt, err := NewParticipant(pc, m, p)
@@ -227,7 +245,18 @@ func (s *Service) syncLocked(now time.Time) {
 				s.log.Error("replica not started", "table", name, "partition", p, "err", err)
 				continue
 			}
-			s.mu.reps[k] = &replica{pt: pt, store: map[uint64][]byte{}}
+			r := &replica{pt: pt, store: map[uint64][]byte{}}
+			if copied {
+				// A group this brick recovered into (DDS §4.3): its copy.
+				r.store = store
+				for _, v := range store {
+					r.bytes += len(v)
+				}
+				delete(s.mu.pending, k)
+				delete(s.mu.joining, k)
+				s.log.Info("replica serves, recovered", "table", name, "partition", p, "keys", len(store), "epoch", m.Epoch)
+			}
+			s.mu.reps[k] = r
 		}
 	}
 }
@@ -528,4 +557,247 @@ func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.Tabl
 		return cmpU64(a.Partition.Bits, b.Partition.Bits)
 	})
 	return out, nil
+}
+
+// Copy streams a whole replica to a brick recovering into its group (DDS
+// §4.3, step 2), once this participant's maps give that brick the
+// partition's write lease and nothing is in doubt here (CopyReady). The
+// snapshot is taken under the brick's lock; no write can commit at this
+// replica after it until the lease ends (prepares are refused).
+func (s *Service) Copy(req *pb.TableCopyRequest, stream pb.TableService_CopyServer) error {
+	s.mu.Lock()
+	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if err == nil {
+		if err = r.pt.CopyReady(brickOf(req.From)); err != nil {
+			err = status.Error(codes.FailedPrecondition, err.Error())
+		}
+	}
+	var entries []*pb.TableEntry
+	if err == nil {
+		entries = make([]*pb.TableEntry, 0, len(r.store))
+		for k, v := range r.store {
+			entries = append(entries, &pb.TableEntry{Key: k, Value: v})
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(entries, func(a, b *pb.TableEntry) int { return cmpU64(a.Key, b.Key) })
+	const chunkBytes = 1 << 20
+	var chunk []*pb.TableEntry
+	size := 0
+	for i, e := range entries {
+		chunk = append(chunk, e)
+		size += len(e.Value) + 16
+		if size >= chunkBytes || i == len(entries)-1 {
+			last := i == len(entries)-1
+			msg := &pb.TableCopyChunk{Entries: chunk, Last: last}
+			if last {
+				msg.Total = uint64(len(entries))
+			}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+			chunk, size = nil, 0
+		}
+	}
+	if len(entries) == 0 {
+		return stream.Send(&pb.TableCopyChunk{Last: true})
+	}
+	return nil
+}
+
+// recoverer brings short groups back to the table's replication degree
+// with this brick (DDS §4.3): one partition at a time, it takes the
+// partition's write lease by decree, copies the whole partition from a
+// member, and joins the group by decree, which also ends the lease; the
+// watch then installs the copy as the replica. A recovery that fails gives
+// its lease up; one whose brick dies loses it to the janitor (DDS-F9).
+func (s *Service) recoverer() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.JanitorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		self := s.self()
+		var k repKey
+		found := false
+		if s.mu.inc != 0 {
+			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
+				m := s.mu.tables[name]
+				for _, p := range m.DP.Leaves() {
+					if _, err := WithLease(m, p, self); err == nil && !s.mu.retired[repKey{name, p}] {
+						k, found = repKey{name, p}, true
+						break
+					}
+				}
+				if found {
+					break
+				}
+			}
+		}
+		if found {
+			s.mu.joining[k] = true
+		}
+		s.mu.Unlock()
+		if found && s.recoverInto(k, self) {
+			t.Reset(10 * time.Millisecond) // the next short group at once
+		}
+	}
+}
+
+// recoverInto runs one recovery; it reports whether the brick joined.
+func (s *Service) recoverInto(k repKey, self BrickID) bool {
+	start := time.Now()
+	log := s.log.With("table", k.table, "partition", k.part)
+	update := func(fn func(m *Maps) (*Maps, error)) error {
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+		defer cancel()
+		_, err := s.cfg.Meta.Update(ctx, Namespace, fmt.Sprintf("dds-recover-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
+			ts, err := DecodeTables(ns)
+			if err != nil {
+				return nil, err
+			}
+			m, ok := ts[k.table]
+			if !ok {
+				return nil, fmt.Errorf("%w: %q", ErrNoTable, k.table)
+			}
+			c, err := fn(m)
+			if err != nil || c == nil {
+				return nil, err
+			}
+			return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: TableKey(k.table), Value: c.AppendBinary(nil)}}, nil
+		})
+		return err
+	}
+	giveUp := func(why error) {
+		s.mu.Lock()
+		delete(s.mu.pending, k)
+		delete(s.mu.joining, k)
+		s.mu.Unlock()
+		err := update(func(m *Maps) (*Maps, error) {
+			c, ok := WithoutLease(m, k.part, self)
+			if !ok {
+				return nil, nil
+			}
+			return c, nil
+		})
+		log.Warn("recovery given up", "why", why, "lease released", err == nil)
+	}
+	// 1. The write lease.
+	err := update(func(m *Maps) (*Maps, error) {
+		if j, ok := m.Joining[k.part]; ok && j == self {
+			return nil, nil // a resend found it taken
+		}
+		return WithLease(m, k.part, self)
+	})
+	if err != nil {
+		s.mu.Lock()
+		delete(s.mu.joining, k)
+		s.mu.Unlock()
+		if !errors.Is(err, ErrLeaseHeld) && !errors.Is(err, ErrNotShort) && !errors.Is(err, ErrInGroup) {
+			log.Warn("recovery not started", "err", err)
+		}
+		return false
+	}
+	log.Info("recovering into the group: write lease taken")
+	// 2. The copy, from any member, once nothing is in doubt there.
+	var data map[uint64][]byte
+	var from BrickID
+	for try := 0; data == nil; try++ {
+		if try >= 600 || s.ctx.Err() != nil {
+			giveUp(errors.New("no member gave a copy"))
+			return false
+		}
+		s.mu.Lock()
+		m := s.mu.tables[k.table]
+		var g []BrickID
+		lease := false
+		if m != nil {
+			g = slices.Clone(m.RG[k.part])
+			lease = m.Joining[k.part] == self
+		}
+		live := s.mu.inc == self.Inc
+		s.mu.Unlock()
+		if !live {
+			return false // fenced: the lease goes with the incarnation
+		}
+		if !lease || len(g) == 0 {
+			// The watch has not shown the lease yet, or it is gone.
+			if try > 50 && !lease {
+				giveUp(ErrLeaseLost)
+				return false
+			}
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		from = g[try%len(g)]
+		d, err := s.copyFrom(k, from, self)
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		data = d
+	}
+	s.mu.Lock()
+	s.mu.pending[k] = data
+	s.mu.Unlock()
+	// 3. The join, ending the lease.
+	for try := 0; ; try++ {
+		err = update(func(m *Maps) (*Maps, error) {
+			if slices.Contains(m.RG[k.part], self) {
+				return nil, nil // a resend found it done
+			}
+			return Joined(m, k.part, self)
+		})
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrLeaseLost) || try >= 10 || s.ctx.Err() != nil {
+			giveUp(err)
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+// copyFrom copies replica k from member from.
+func (s *Service) copyFrom(k repKey, from, self BrickID) (map[uint64][]byte, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+	defer cancel()
+	cl, err := s.client(ctx, from.Node)
+	if err != nil {
+		return nil, err
+	}
+	st, err := cl.Copy(ctx, &pb.TableCopyRequest{Table: k.table, To: brickPB(from), From: brickPB(self), Partition: partPB(k.part)})
+	if err != nil {
+		return nil, err
+	}
+	data := map[uint64][]byte{}
+	for {
+		c, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range c.Entries {
+			if !k.part.Contains(e.Key) {
+				return nil, fmt.Errorf("ddstable: copy from %v: key %d is not in partition %v", from, e.Key, k.part)
+			}
+			data[e.Key] = e.Value
+		}
+		if c.Last {
+			if c.Total != uint64(len(data)) {
+				return nil, fmt.Errorf("ddstable: copy from %v: %d entries, the source counted %d", from, len(data), c.Total)
+			}
+			return data, nil
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/ddstable"
 	"github.com/grovestore/grove/internal/meta"
@@ -151,6 +152,102 @@ func TestServiceTableFailover(t *testing.T) {
 			t.Errorf("node %d holds %d keys, want %d", i+1, keys, len(want))
 		}
 		mu.Unlock()
+	}
+}
+
+// The crashed node comes back: a new incarnation, which recovers into
+// every group (DDS §4.3: a write lease, a copy of the whole partition, the
+// join), so that each partition has three replicas again, node 3's as
+// full as the others; writes go on through it.
+func TestServiceTableRecovery(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	waitRegistered(t, ctx, mc, 3)
+	if _, err := ddstable.CreateTable(ctx, mc, "users", 4, 3); err != nil {
+		t.Fatal(err)
+	}
+	lib := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
+	defer lib.Close()
+	want := map[uint64]string{}
+	put := func(from, to uint64, round int) {
+		t.Helper()
+		for k := from; k < to; k++ {
+			v := fmt.Sprintf("%d/%d", k, round)
+			if err := lib.Put(ctx, "users", k, []byte(v)); err != nil {
+				t.Fatalf("put %d: %v", k, err)
+			}
+			want[k] = v
+		}
+	}
+	put(0, 300, 0)
+	c.Crash(2)
+	put(0, 100, 1) // waits for the removal, then goes on with two replicas
+	if err := c.Start(2); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		ms, err := ddstable.ListTables(ctx, mc)
+		if err == nil && len(ms) == 1 {
+			full := true
+			for _, g := range ms[0].RG {
+				full = full && len(g) == 3
+			}
+			if full && len(ms[0].Joining) == 0 {
+				t.Logf("every group has three replicas again %v after the restart (epoch %d)", time.Since(start).Round(time.Millisecond), ms[0].Epoch)
+				break
+			}
+		}
+		if !bench.SleepCtx(ctx, 200*time.Millisecond) {
+			t.Fatal("the groups never got their third replica back")
+		}
+	}
+	put(100, 200, 2) // through every replica, node 3's recovered ones too
+	// Every replica of every partition holds the same number of keys.
+	keys := map[string][]uint64{}
+	for i := range 3 {
+		var st *pb.TableBrickStatus
+		for {
+			st, err = c.Nodes[i].Tables().Status(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.Replicas) == 4 {
+				break
+			}
+			if !bench.SleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("node %d serves %d replicas", i+1, len(st.Replicas))
+			}
+		}
+		for _, r := range st.Replicas {
+			p := fmt.Sprintf("%d/%d", r.Partition.Bits, r.Partition.Depth)
+			keys[p] = append(keys[p], r.Keys)
+		}
+	}
+	total := uint64(0)
+	for p, ks := range keys {
+		if len(ks) != 3 || ks[0] != ks[1] || ks[1] != ks[2] {
+			t.Fatalf("partition %s: replicas hold %v keys", p, ks)
+		}
+		total += ks[0]
+	}
+	if total != uint64(len(want)) {
+		t.Fatalf("%d keys in the replicas, %d written", total, len(want))
+	}
+	// Node 1 crashes too: every key reads back from the other two.
+	c.Crash(0)
+	for k, v := range want {
+		got, found, err := lib.Get(ctx, "users", k)
+		if err != nil || !found || string(got) != v {
+			t.Fatalf("get %d: %q %v %v, want %q", k, got, found, err, v)
+		}
 	}
 }
 
