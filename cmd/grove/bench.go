@@ -25,7 +25,7 @@ in the same run. Progress goes to standard error, results to standard output
   grove bench fd --trials 7
   grove bench lock --rounds 3 --trials 7 -o json`,
 	}
-	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd(), benchRLDevCmd(), benchChunkCmd(), benchTreeCmd(), benchLogCmd())
+	cmd.AddCommand(benchDecreeCmd(), benchFDCmd(), benchLockCmd(), benchRLDevCmd(), benchChunkCmd(), benchTreeCmd(), benchLogCmd(), benchTableCmd())
 	cmd.PersistentPreRun = func(*cobra.Command, []string) {
 		// The benchmarks' in-process clusters run with the garbage
 		// collector's setting a grove server has (GOGC=400 unless set).

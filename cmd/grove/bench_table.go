@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/grovestore/grove/internal/bench"
+	"github.com/grovestore/grove/internal/cli"
+)
+
+func benchTableCmd() *cobra.Command {
+	var o bench.TableOptions
+	var redis bool
+	var out cli.Output
+	cmd := &cobra.Command{
+		Use:   "table",
+		Short: "DDS hash tables: put and get throughput by operations in flight (DDS Figure 4), next to redis",
+		Long: `Re-runs the throughput experiment of DDS (§5.1, Figure 4) on this machine: three
+nodes in this process (loopback; every node a brick; all on this machine's
+cores), a table of --partitions partitions with --replicas replicas each,
+--clients libraries keeping the cell's operations in flight between them on
+random keys of a preloaded key space, --value-size-byte values (DDS: 150, 2
+replicas, 100 operations in flight per service instance). A put is a
+two-phase commit across its partition's replicas; a get reads one replica.
+Figures are operations per second (all clients) and median latencies,
+medians over --rounds of --duration each. DDS's figure scales bricks over
+machines; here every brick shares two cores, so this is the per-machine cost,
+not the scaling.
+
+--redis (on by default when redis-server and redis-benchmark are installed:
+apt-get install redis-server redis-tools) adds the peer: one redis-server on
+loopback without persistence (DDS's replicas are in memory too, but redis
+keeps one copy), driven by redis-benchmark's SET and GET with as many
+connections as the cell has operations in flight.`,
+		Example: "  grove bench table\n  grove bench table --outstanding 1,16 --duration 2s -o json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			if len(o.Outstanding) == 0 || o.Clients < 1 || o.Rounds < 1 || o.Keys < 1 || o.Duration <= 0 || o.ValueSize < 0 || o.ValueSize > 1<<20 {
+				return cli.Usagef("--outstanding, --clients, --rounds, --keys and --duration must be positive; --value-size 0 to 1 MiB")
+			}
+			for _, n := range o.Outstanding {
+				if n < 1 || n > 1000 {
+					return cli.Usagef("--outstanding: %d: want 1..1000", n)
+				}
+			}
+			o.Redis = redis
+			if redis {
+				_, e1 := exec.LookPath("redis-server")
+				_, e2 := exec.LookPath("redis-benchmark")
+				if e1 != nil || e2 != nil {
+					if cmd.Flags().Changed("redis") {
+						return cli.Usagef("--redis: redis-server or redis-benchmark is not installed (apt-get install redis-server redis-tools)")
+					}
+					fmt.Fprintln(os.Stderr, "(redis is not installed: no redis comparison; apt-get install redis-server redis-tools)")
+					o.Redis = false
+				}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Hour)
+			defer cancel()
+			dir, err := os.MkdirTemp("", "grove-bench-table-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			r, err := bench.TableBench(ctx, dir, o, os.Stderr)
+			if err != nil {
+				return cli.Failf("bench table", "%v", err)
+			}
+			d := &cli.Doc{}
+			t := d.Table("cells", "SYSTEM", "OP", "IN-FLIGHT", "OPS-PER-S", "P50")
+			for _, c := range r.Cells {
+				t.Row(c.System, c.Op, c.Outstanding, float64(int(c.OpsPerS)), c.P50.Round(time.Microsecond).String())
+			}
+			return out.Print(os.Stdout, d)
+		},
+	}
+	cmd.Flags().IntSliceVar(&o.Outstanding, "outstanding", []int{1, 16, 100}, "operations in flight, all clients together, `N,...`")
+	cmd.Flags().IntVar(&o.Clients, "clients", 4, "libraries, `N`")
+	cmd.Flags().IntVar(&o.Partitions, "partitions", 8, "the table's partitions, `N` (a power of two)")
+	cmd.Flags().IntVar(&o.Replicas, "replicas", 2, "replicas per partition, `N` (DDS: 2)")
+	cmd.Flags().IntVar(&o.ValueSize, "value-size", 150, "value `BYTES` (DDS: 150)")
+	cmd.Flags().IntVar(&o.Keys, "keys", 10000, "key space, `N` keys loaded first")
+	cmd.Flags().DurationVar(&o.Duration, "duration", 5*time.Second, "each round's `DURATION`")
+	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds per cell, `N` (median)")
+	cmd.Flags().BoolVar(&redis, "redis", true, "compare with redis-server and redis-benchmark on this machine")
+	out.Register(cmd)
+	return cmd
+}

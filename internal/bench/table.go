@@ -1,0 +1,259 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/grovestore/grove/internal/ddstable"
+	"github.com/grovestore/grove/internal/meta"
+	"github.com/grovestore/grove/internal/ports"
+)
+
+// TableOptions shape the DDS hash-table benchmark (DDS §5.1, Figure 4).
+type TableOptions struct {
+	// Outstanding: operations each client keeps in flight (DDS: "a
+	// pipeline of 100 operations"), one list entry per cell.
+	Outstanding []int
+	Clients     int // libraries (DDS: service instances)
+	Partitions  int
+	Replicas    int // DDS §5.1: 2
+	ValueSize   int // DDS §5.1: 150 bytes
+	Keys        int // the key space, loaded before the gets
+	Duration    time.Duration
+	Rounds      int
+	// Redis adds the peer: redis-server on loopback (no persistence, as
+	// DDS's bricks keep their replicas in memory; one instance, no
+	// replica) driven by redis-benchmark with the same value size and as
+	// many connections as the cell has operations in flight.
+	Redis bool
+}
+
+// TableCell is one measurement: operations per second, all clients.
+type TableCell struct {
+	System      string // grove or redis
+	Op          string // put or get
+	Outstanding int    // in flight, all clients together
+	OpsPerS     float64
+	P50         time.Duration
+}
+
+// TableResults are the benchmark's cells.
+type TableResults struct {
+	Cells []TableCell
+	Nodes int
+}
+
+// TableBench runs puts and gets of random 64-bit keys on a 3-node
+// in-process cluster (every node a brick) through Clients libraries,
+// each with the cell's operations in flight, for Duration, Rounds times
+// (medians); then, if asked, redis at the same concurrency.
+func TableBench(ctx context.Context, dir string, o TableOptions, progress io.Writer) (*TableResults, error) {
+	c, err := StartCluster(filepath.Join(dir, "cluster"), 3, ClusterOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	for {
+		ns, err := mc.Read(ctx, meta.NodesNamespace)
+		if err == nil {
+			if b, err := ddstable.Bricks(ns); err == nil && len(b) >= 3 {
+				break
+			}
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+	if _, err := ddstable.CreateTable(ctx, mc, "bench", o.Partitions, o.Replicas); err != nil {
+		return nil, err
+	}
+	libs := make([]*ddstable.Library, o.Clients)
+	for i := range libs {
+		libs[i] = ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
+		defer libs[i].Close()
+	}
+	value := bytes.Repeat([]byte("v"), o.ValueSize)
+	fmt.Fprintf(progress, "loading %d keys of %d bytes\n", o.Keys, o.ValueSize)
+	if err := runTableLoad(ctx, libs, 16, 0, func(lib *ddstable.Library, i int) error {
+		if i >= o.Keys {
+			return errStop
+		}
+		return lib.Put(ctx, "bench", uint64(i)*0x9E3779B97F4A7C15, value)
+	}, nil); err != nil {
+		return nil, err
+	}
+	res := &TableResults{Nodes: 3}
+	for _, out := range o.Outstanding {
+		for _, op := range []string{"put", "get"} {
+			var rates []float64
+			var p50s []time.Duration
+			for r := 0; r < o.Rounds; r++ {
+				var lats []time.Duration
+				var mu sync.Mutex
+				start := time.Now()
+				n := 0
+				err := runTableLoad(ctx, libs, out, o.Duration, func(lib *ddstable.Library, _ int) error {
+					k := uint64(rand.IntN(o.Keys)) * 0x9E3779B97F4A7C15
+					t0 := time.Now()
+					var err error
+					if op == "put" {
+						err = lib.Put(ctx, "bench", k, value)
+					} else {
+						_, _, err = lib.Get(ctx, "bench", k)
+					}
+					mu.Lock()
+					lats = append(lats, time.Since(t0))
+					n++
+					mu.Unlock()
+					return err
+				}, nil)
+				if err != nil {
+					return nil, err
+				}
+				rate := float64(n) / time.Since(start).Seconds()
+				slices.Sort(lats)
+				rates = append(rates, rate)
+				if len(lats) > 0 {
+					p50s = append(p50s, lats[len(lats)/2])
+				}
+				fmt.Fprintf(progress, "grove %s, %d in flight: round %d: %.0f/s\n", op, out, r+1, rate)
+			}
+			res.Cells = append(res.Cells, TableCell{System: "grove", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianOrZero(p50s)})
+		}
+	}
+	if o.Redis {
+		cells, err := redisBench(ctx, o, progress)
+		if err != nil {
+			return nil, err
+		}
+		res.Cells = append(res.Cells, cells...)
+	}
+	return res, nil
+}
+
+var errStop = fmt.Errorf("stop")
+
+// runTableLoad runs outstanding workers spread over the libraries, each
+// calling op until it returns errStop or the duration (if any) passes.
+func runTableLoad(ctx context.Context, libs []*ddstable.Library, outstanding int, d time.Duration, op func(*ddstable.Library, int) error, _ any) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	next := 0
+	var first error
+	deadline := time.Now().Add(d)
+	for w := range outstanding {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lib := libs[w%len(libs)]
+			for ctx.Err() == nil && (d == 0 || time.Now().Before(deadline)) {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+				if err := op(lib, i); err != nil {
+					if err != errStop {
+						mu.Lock()
+						first = err
+						mu.Unlock()
+					}
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
+}
+
+// redisBench runs redis-server (no persistence) and redis-benchmark's SET
+// and GET at each cell's concurrency.
+func redisBench(ctx context.Context, o TableOptions, progress io.Writer) ([]TableCell, error) {
+	p, err := ports.Free(1)
+	if err != nil {
+		return nil, err
+	}
+	port := strconv.Itoa(p[0])
+	srv := exec.CommandContext(ctx, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	for i := 0; ; i++ {
+		if err := exec.CommandContext(ctx, "redis-cli", "-p", port, "ping").Run(); err == nil {
+			break
+		}
+		if i > 100 || !sleepCtx(ctx, 50*time.Millisecond) {
+			return nil, fmt.Errorf("redis-server did not answer on port %s", port)
+		}
+	}
+	var cells []TableCell
+	for _, out := range o.Outstanding {
+		for _, op := range []string{"put", "get"} {
+			t := map[string]string{"put": "set", "get": "get"}[op]
+			var rates []float64
+			var p50s []time.Duration
+			for r := 0; r < o.Rounds; r++ {
+				n := max(1000, int(float64(out)*o.Duration.Seconds()*2000))
+				b, err := exec.CommandContext(ctx, "redis-benchmark", "-p", port, "-t", t, "-c", strconv.Itoa(out), "-n", strconv.Itoa(n),
+					"-d", strconv.Itoa(o.ValueSize), "-r", strconv.Itoa(o.Keys), "--csv").Output()
+				if err != nil {
+					return nil, fmt.Errorf("redis-benchmark: %w", err)
+				}
+				rate, p50, err := parseRedisCSV(b)
+				if err != nil {
+					return nil, err
+				}
+				rates = append(rates, rate)
+				p50s = append(p50s, p50)
+				fmt.Fprintf(progress, "redis %s, %d connections: round %d: %.0f/s\n", op, out, r+1, rate)
+			}
+			cells = append(cells, TableCell{System: "redis", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianD(p50s)})
+		}
+	}
+	return cells, nil
+}
+
+// parseRedisCSV reads redis-benchmark --csv: a header line, then
+// "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
+func parseRedisCSV(b []byte) (float64, time.Duration, error) {
+	rows, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
+	if err != nil || len(rows) < 2 || len(rows[1]) < 5 {
+		return 0, 0, fmt.Errorf("redis-benchmark printed %q", b)
+	}
+	rate, err := strconv.ParseFloat(rows[1][1], 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("redis-benchmark rate %q", rows[1][1])
+	}
+	p50, err := strconv.ParseFloat(rows[1][4], 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("redis-benchmark p50 %q", rows[1][4])
+	}
+	return rate, time.Duration(p50 * float64(time.Millisecond)), nil
+}
+
+func medianOrZero(x []time.Duration) time.Duration {
+	if len(x) == 0 {
+		return 0
+	}
+	return medianD(x)
+}
