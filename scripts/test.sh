@@ -66,6 +66,18 @@ if ! command -v etcdctl >/dev/null || ! command -v etcd >/dev/null; then
   fi
 fi
 
+# redis (redis-server, redis-tools): grove bench table compares the DDS
+# hash tables with redis-server driven by redis-benchmark (its smoke test
+# checks the comparison runs). Nothing here starts the packaged service.
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing redis-server and redis-tools"
+    apt-get install -y redis-server redis-tools || { apt-get update && apt-get install -y redis-server redis-tools; }
+  else
+    echo "(no redis and not root to install it: the benchmark's redis comparison is skipped)"
+  fi
+fi
+
 phase "tests"
 # The container test (cmd/grove.TestDockerCompose) runs where a docker
 # engine and docker-compose answer; GROVE_DOCKER=0 skips it.

@@ -127,6 +127,9 @@ replicas.`,
 			if errors.Is(err, ddstable.ErrExists) {
 				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Err: err}
 			}
+			if errors.Is(err, ddstable.ErrTooBig) {
+				return cli.Usagef("%v", err)
+			}
 			if errors.Is(err, ddstable.ErrTooFewBricks) {
 				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Hint: "lower --replicas, or add nodes", Err: err}
 			}

@@ -39,24 +39,28 @@ var (
 	ErrTooFewBricks = errors.New("ddstable: fewer live bricks than the replication degree")
 )
 
-// DecodeTables reads every table's maps from Namespace.
-func DecodeTables(ns *pb.Namespace) (map[string]*Maps, error) {
+// DecodeTables reads every table's maps from Namespace. A record that
+// does not decode (a newer format, during an upgrade) is left out and
+// reported: one table's record must not stop every other (review 121).
+func DecodeTables(ns *pb.Namespace) (map[string]*Maps, []error) {
 	out := map[string]*Maps{}
+	var bad []error
 	for _, e := range ns.GetEntries() {
 		name, ok := strings.CutPrefix(e.Key, "table/")
 		if !ok {
 			continue
 		}
 		m, err := DecodeMaps(e.Value)
-		if err != nil {
-			return nil, fmt.Errorf("table %q: %w", name, err)
+		if err == nil && m.Table != name {
+			err = fmt.Errorf("ddstable: record %q holds table %q", e.Key, m.Table)
 		}
-		if m.Table != name {
-			return nil, fmt.Errorf("ddstable: record %q holds table %q", e.Key, m.Table)
+		if err != nil {
+			bad = append(bad, fmt.Errorf("table %q: %w", name, err))
+			continue
 		}
 		out[name] = m
 	}
-	return out, nil
+	return out, bad
 }
 
 // Bricks are the bricks a new table's groups may use: every registered
@@ -96,7 +100,7 @@ func NewTableMaps(name string, partitions, replicas int, bricks []BrickID) (*Map
 	if err != nil {
 		return nil, err
 	}
-	m := &Maps{Table: name, Epoch: 1, Replicas: replicas, DP: dp, RG: map[Partition][]BrickID{}}
+	m := &Maps{Table: name, Gen: newSession(), Epoch: 1, Replicas: replicas, DP: dp, RG: map[Partition][]BrickID{}}
 	for i, p := range dp.Leaves() {
 		g := make([]BrickID, replicas)
 		for j := range g {
@@ -104,8 +108,18 @@ func NewTableMaps(name string, partitions, replicas int, bricks []BrickID) (*Map
 		}
 		m.RG[p] = g
 	}
+	if n := len(m.AppendBinary(nil)); n > MaxMapsBytes {
+		return nil, fmt.Errorf("%w: %d partitions of %d replicas take %d bytes of maps (at most %d: fewer partitions or replicas)", ErrTooBig, partitions, replicas, n, MaxMapsBytes)
+	}
 	return m, m.Validate()
 }
+
+// MaxMapsBytes bounds a new table's encoded maps: they are one
+// config-service value (at most 64 KiB), with room for write leases.
+const MaxMapsBytes = 48 << 10
+
+// ErrTooBig: the table's maps would not fit in one config-service value.
+var ErrTooBig = errors.New("ddstable: too many partitions for one table")
 
 // CreateTable decrees a new table over the registered nodes.
 func CreateTable(ctx context.Context, mc *meta.Client, name string, partitions, replicas int) (*Maps, error) {
@@ -161,9 +175,9 @@ func ListTables(ctx context.Context, mc *meta.Client) ([]*Maps, error) {
 	if err != nil {
 		return nil, err
 	}
-	ts, err := DecodeTables(ns)
-	if err != nil {
-		return nil, err
+	ts, bad := DecodeTables(ns)
+	if len(bad) > 0 {
+		return nil, errors.Join(bad...)
 	}
 	out := make([]*Maps, 0, len(ts))
 	for _, m := range ts {
@@ -203,24 +217,42 @@ func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
 
 // RemoveDead decrees the dead bricks out of every table's groups (DDS
 // §4.3: "if a brick fails, it is removed from all RG maps that contain
-// it"). Only bricks the failure detector declared dead may be passed: a
-// declared brick has stopped, so no replica it held serves again.
+// it"), one decree per table (one decree for all could pass the config
+// service's bounds on a decree; review 121). Only bricks the failure
+// detector declared dead may be passed: a declared brick has stopped, so
+// no replica it held serves again. It returns how many tables changed.
 func RemoveDead(ctx context.Context, mc *meta.Client, dead map[BrickID]bool) (int, error) {
+	ns, err := mc.Read(ctx, Namespace)
+	if err != nil {
+		return 0, err
+	}
+	ts, _ := DecodeTables(ns)
 	n := 0
-	_, err := mc.Update(ctx, Namespace, "dds-janitor", func(ns *pb.Namespace) ([]*pb.Op, error) {
-		ts, err := DecodeTables(ns)
-		if err != nil {
-			return nil, err
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(ts)) {
+		if _, changed := withoutDead(ts[name], dead); !changed {
+			continue
 		}
-		var ops []*pb.Op
-		n = 0
-		for _, name := range slices.Sorted(maps.Keys(ts)) {
-			if c, changed := withoutDead(ts[name], dead); changed {
-				ops = append(ops, &pb.Op{Kind: pb.Op_KIND_PUT, Key: TableKey(name), Value: c.AppendBinary(nil)})
-				n++
+		_, err := mc.Update(ctx, Namespace, "dds-janitor", func(ns *pb.Namespace) ([]*pb.Op, error) {
+			for _, e := range ns.GetEntries() {
+				if e.Key != TableKey(name) {
+					continue
+				}
+				m, err := DecodeMaps(e.Value)
+				if err != nil {
+					return nil, nil // not this build's to change
+				}
+				if c, changed := withoutDead(m, dead); changed {
+					return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: e.Key, Value: c.AppendBinary(nil)}}, nil
+				}
 			}
+			return nil, nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("table %q: %w", name, err))
+			continue
 		}
-		return ops, nil
-	})
-	return n, err
+		n++
+	}
+	return n, errors.Join(errs...)
 }

@@ -95,6 +95,7 @@ type cop struct {
 	update   Update
 	digest   uint32
 	part     Partition
+	gen      uint64 // the table's generation
 	group    []BrickID
 	stamp    Stamp
 	start    time.Time
@@ -140,7 +141,7 @@ func (c *Coordinator) Begin(now time.Time, u Update) (OpID, CoordEffects, error)
 	}
 	part, group := c.maps.Group(u.Key)
 	o := &cop{
-		id: OpID{Session: c.cfg.Session, Seq: c.next}, update: u, digest: u.Digest(), part: part, group: slices.Clone(group),
+		id: OpID{Session: c.cfg.Session, Seq: c.next}, update: u, digest: u.Digest(), part: part, gen: c.maps.Gen, group: slices.Clone(group),
 		stamp: c.stamp, start: now, votes: map[BrickID]Vote{}, acks: map[BrickID]State{}, sent: map[BrickID]time.Time{},
 	}
 	c.next++
@@ -167,7 +168,7 @@ func (c *Coordinator) decide(now time.Time, o *cop, b BrickID) Send {
 // are gone, and whatever the operation did with them).
 func (c *Coordinator) members(o *cop) []BrickID {
 	cur, ok := c.maps.RG[o.part]
-	if !ok {
+	if !ok || c.maps.Gen != o.gen {
 		return nil
 	}
 	var out []BrickID
@@ -179,9 +180,11 @@ func (c *Coordinator) members(o *cop) []BrickID {
 	return out
 }
 
-// SetMaps installs newer maps.
+// SetMaps installs newer maps: a later epoch, or another generation of
+// the table (dropped and created again), whose operations in flight then
+// end Unknown (their partitions are gone with the old table).
 func (c *Coordinator) SetMaps(now time.Time, m *Maps) CoordEffects {
-	if m.Epoch <= c.maps.Epoch {
+	if m.Gen == c.maps.Gen && m.Epoch <= c.maps.Epoch {
 		return CoordEffects{}
 	}
 	c.maps, c.stamp = m.Clone(), m.Stamp()
@@ -204,7 +207,7 @@ func (c *Coordinator) OnVote(now time.Time, from BrickID, op OpID, v Vote) Coord
 	o.votes[from] = v
 	if !v.Yes && o.decision == Absent {
 		o.decision, o.reason, o.repair = Aborted, v.Reason, v.Stamp
-		if v.Reason != ReasonBusy {
+		if v.Reason.recorded() {
 			// A recorded no is the brick's abort (rule 1).
 			o.acks[from] = Aborted
 		}
@@ -308,6 +311,18 @@ func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 		}
 		e.Results = append(e.Results, r)
 	}
+}
+
+// Drop ends every operation in flight as Unknown: the table was dropped.
+func (c *Coordinator) Drop() CoordEffects {
+	var e CoordEffects
+	for seq, o := range c.ops {
+		if !o.reported {
+			e.Results = append(e.Results, Result{Op: o.id, Outcome: Unknown})
+		}
+		delete(c.ops, seq)
+	}
+	return e
 }
 
 // Tick repeats unanswered messages, aborts operations missing votes, and

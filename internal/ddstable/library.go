@@ -95,15 +95,18 @@ func NewLibrary(cfg LibraryConfig) *Library {
 func (l *Library) watch() {
 	defer l.wg.Done()
 	for ns := range l.cfg.Meta.Watch(l.ctx, Namespace, 0) {
-		ts, err := DecodeTables(ns)
-		if err != nil {
-			continue
+		ts, _ := DecodeTables(ns)
+		present := map[string]bool{}
+		for _, e := range ns.GetEntries() {
+			present[e.Key] = true
 		}
 		l.mu.Lock()
 		now := time.Now()
 		for name, t := range l.mu.tables {
 			if m, ok := ts[name]; ok {
 				l.effectsLocked(t, t.coord.SetMaps(now, m))
+			} else if !present[TableKey(name)] {
+				l.dropLocked(t) // dropped
 			}
 		}
 		l.mu.Unlock()
@@ -112,7 +115,9 @@ func (l *Library) watch() {
 
 // Close stops the library; writes in flight end with ErrOutcomeUnknown.
 func (l *Library) Close() {
-	l.stop()
+	l.mu.Lock()
+	l.stop() // under mu: effectsLocked adds no goroutine after it
+	l.mu.Unlock()
 	l.wg.Wait()
 	l.conns.Close()
 	l.book.Close()
@@ -176,9 +181,7 @@ func (l *Library) repair(ctx context.Context, t *libTable) error {
 	m, err := l.readMaps(ctx, t.name)
 	if errors.Is(err, ErrNoTable) {
 		l.mu.Lock()
-		if l.mu.tables[t.name] == t {
-			delete(l.mu.tables, t.name)
-		}
+		l.dropLocked(t)
 		l.mu.Unlock()
 	}
 	if err != nil {
@@ -188,6 +191,14 @@ func (l *Library) repair(ctx context.Context, t *libTable) error {
 	defer l.mu.Unlock()
 	l.effectsLocked(t, t.coord.SetMaps(time.Now(), m))
 	return nil
+}
+
+// dropLocked forgets a dropped table: its writes in flight end Unknown.
+func (l *Library) dropLocked(t *libTable) {
+	if l.mu.tables[t.name] == t {
+		delete(l.mu.tables, t.name)
+	}
+	l.effectsLocked(t, t.coord.Drop())
 }
 
 // Maps are the library's copy of name's maps.
@@ -214,7 +225,13 @@ func (l *Library) Remove(ctx context.Context, table string, key uint64) error {
 	return l.write(ctx, table, Update{Key: key, Remove: true})
 }
 
+// ErrClosed: the library was closed before the call (nothing was sent).
+var ErrClosed = errors.New("ddstable: the library is closed")
+
 func (l *Library) write(ctx context.Context, table string, u Update) error {
+	if l.ctx.Err() != nil {
+		return ErrClosed
+	}
 	t, err := l.table(ctx, table)
 	if err != nil {
 		return err
@@ -244,7 +261,7 @@ func (l *Library) write(ctx context.Context, table string, u Update) error {
 			l.mu.Unlock()
 			return fmt.Errorf("%w (%w)", ErrOutcomeUnknown, ctx.Err())
 		case <-l.ctx.Done():
-			return fmt.Errorf("%w (library closed)", ErrOutcomeUnknown)
+			return fmt.Errorf("%w (the library closed while it was in flight)", ErrOutcomeUnknown)
 		}
 		switch r.Outcome {
 		case Succeeded:
@@ -252,22 +269,25 @@ func (l *Library) write(ctx context.Context, table string, u Update) error {
 		case Unknown:
 			return ErrOutcomeUnknown
 		}
-		// Failed: applied nowhere; try again.
-		if r.Reason == ReasonRepair && r.Stamp.Epoch >= t.coordStampEpoch(l) {
+		// Failed: applied nowhere; try again, with the maps read again if
+		// a brick's differ (newer, or none: the table dropped).
+		if r.Reason == ReasonRepair || r.Reason == ReasonNotServing {
 			if err := l.repair(ctx, t); err != nil {
 				return err
+			}
+			l.mu.Lock()
+			gone := l.mu.tables[table] != t
+			l.mu.Unlock()
+			if gone { // created again: another table, another coordinator
+				if t, err = l.table(ctx, table); err != nil {
+					return err
+				}
 			}
 		}
 		if !l.sleep(ctx, backoff(attempt)) {
 			return fmt.Errorf("ddstable: the write was refused (%v) until the deadline: %w", r.Reason, ctx.Err())
 		}
 	}
-}
-
-func (t *libTable) coordStampEpoch(l *Library) uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return t.coord.Maps().Epoch
 }
 
 func backoff(attempt int) time.Duration {
@@ -315,22 +335,26 @@ func (l *Library) Get(ctx context.Context, table string, key uint64) ([]byte, bo
 			case pb.TableGetResponse_RESULT_OK:
 				return r.Value, r.Found, nil
 			case pb.TableGetResponse_RESULT_REPAIR, pb.TableGetResponse_RESULT_NOT_SERVING:
-				if stampOf(r.Stamp).Epoch > stamp.Epoch {
-					repair = true
+				if st := stampOf(r.Stamp); st.Epoch > stamp.Epoch || st == (Stamp{}) {
+					repair = true // newer maps there, or none: read them again
 				}
 			}
-		}
-		if repair {
-			if err := l.repair(ctx, t); err != nil {
-				return nil, false, err
-			}
-			continue
 		}
 		if !l.sleep(ctx, backoff(attempt)) {
 			return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 		}
-		if attempt%4 == 3 {
-			_ = l.repair(ctx, t) // a decree may have moved the group
+		if repair || attempt%4 == 3 { // a decree may have moved the group
+			if err := l.repair(ctx, t); err != nil {
+				return nil, false, err
+			}
+			l.mu.Lock()
+			gone := l.mu.tables[table] != t
+			l.mu.Unlock()
+			if gone {
+				if t, err = l.table(ctx, table); err != nil {
+					return nil, false, err
+				}
+			}
 		}
 	}
 }
@@ -360,6 +384,9 @@ func (l *Library) client(ctx context.Context, node uint64) (pb.TableServiceClien
 // effectsLocked sends the coordinator's messages and hands out results.
 func (l *Library) effectsLocked(t *libTable, e CoordEffects) {
 	for _, snd := range e.Sends {
+		if l.ctx.Err() != nil {
+			break
+		}
 		l.wg.Add(1)
 		go l.send(t, snd)
 	}

@@ -80,7 +80,11 @@ func CheckName(name string) error {
 // members (DDS: "the replica group membership maps for all partitions in
 // the hash table must have at least one member").
 type Maps struct {
-	Table    string
+	Table string
+	// Gen tells this table from an earlier one of the same name (dropped,
+	// then created again): drawn at random at creation, never changed.
+	// Epochs start again at 1 in a new generation; Stamp covers Gen.
+	Gen      uint64
 	Epoch    uint64
 	Replicas int // the replication degree groups are brought back to
 	DP       *DPMap
@@ -183,6 +187,7 @@ const mapsVersion = 1
 //
 //	byte      format version (1)
 //	uvarint   len(Table), then Table's bytes
+//	8 bytes   Gen, little-endian
 //	uvarint   Epoch
 //	uvarint   Replicas
 //	...       the DP map (DPMap.AppendBinary)
@@ -198,6 +203,7 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 	b = append(b, mapsVersion)
 	b = appendUvarint(b, uint64(len(m.Table)))
 	b = append(b, m.Table...)
+	b = binary.LittleEndian.AppendUint64(b, m.Gen)
 	b = appendUvarint(b, m.Epoch)
 	b = appendUvarint(b, uint64(m.Replicas))
 	b = m.DP.AppendBinary(b)
@@ -237,6 +243,10 @@ func DecodeMaps(b []byte) (*Maps, error) {
 	}
 	m := &Maps{Table: string(b[:n])}
 	b = b[n:]
+	if len(b) < 8 {
+		return nil, errors.New("ddstable: maps: truncated before the generation")
+	}
+	m.Gen, b = binary.LittleEndian.Uint64(b), b[8:]
 	if m.Epoch, b, err = readUvarint(b, "epoch"); err != nil {
 		return nil, err
 	}

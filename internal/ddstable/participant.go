@@ -81,7 +81,15 @@ const (
 	ReasonBusy              // the brick holds MaxOps records: admission control
 	ReasonOld               // the operation is older than its session's Done mark, or was aborted here
 	ReasonRecovering        // a brick is recovering into the group: writes wait (DDS §4.3's write lease)
+	// ReasonNotServing: the brick runs no participant for the partition
+	// (its maps are behind or ahead of the caller's): a "no" it does not
+	// record, which the coordinator, as for ReasonBusy, does not take for
+	// an abort.
+	ReasonNotServing
 )
+
+// recorded says whether a no vote for r is recorded as an abort (rule 1).
+func (r Reason) recorded() bool { return r != ReasonBusy && r != ReasonNotServing }
 
 func (r Reason) String() string {
 	switch r {
@@ -97,6 +105,8 @@ func (r Reason) String() string {
 		return "old or aborted"
 	case ReasonRecovering:
 		return "recovering"
+	case ReasonNotServing:
+		return "not serving"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -313,6 +323,7 @@ type Participant struct {
 	stamp     Stamp
 	members   []BrickID
 	joining   BrickID // the brick holding the partition's write lease; zero if none
+	gen       uint64  // the table's generation (Maps.Gen)
 
 	// locks: key → the Prepared operation holding its write lock.
 	// Invariant: locks[k] == op iff ops[op].state == Prepared and
@@ -352,6 +363,12 @@ type Applied struct {
 // NewParticipant is a participant for partition p of maps m, in which Self
 // must be a member of p's group.
 func NewParticipant(cfg ParticipantConfig, m *Maps, p Partition) (*Participant, error) {
+	return NewParticipantStamped(cfg, m, p, m.Stamp())
+}
+
+// NewParticipantStamped is NewParticipant with m's stamp computed by the
+// caller.
+func NewParticipantStamped(cfg ParticipantConfig, m *Maps, p Partition, stamp Stamp) (*Participant, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -366,7 +383,7 @@ func NewParticipant(cfg ParticipantConfig, m *Maps, p Partition) (*Participant, 
 		cfg.MaxRecords = 8 * cfg.MaxOps
 	}
 	return &Participant{
-		cfg: cfg, partition: p, stamp: m.Stamp(), members: slices.Clone(g), joining: m.Joining[p],
+		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], gen: m.Gen,
 		locks: map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
 	}, nil
 }
@@ -408,7 +425,18 @@ func (e *Effects) add(o Effects) {
 // when Self is no longer in the group: the caller then stops serving the
 // partition.
 func (pt *Participant) SetMaps(now time.Time, m *Maps) (Effects, bool) {
-	s := m.Stamp()
+	return pt.SetMapsStamped(now, m, m.Stamp())
+}
+
+// SetMapsStamped is SetMaps with m's stamp computed by the caller once
+// for all of a table's participants (encoding a large table's maps per
+// partition cost seconds; review 121).
+func (pt *Participant) SetMapsStamped(now time.Time, m *Maps, s Stamp) (Effects, bool) {
+	if m.Gen != pt.gen {
+		// The table was dropped and created again: another table.
+		pt.members = nil
+		return Effects{}, false
+	}
 	if s.Epoch <= pt.stamp.Epoch {
 		return Effects{}, true
 	}

@@ -92,12 +92,15 @@ type Service struct {
 		// joining: partitions this incarnation is recovering into; a group
 		// that lists the brick there is served only from the copy.
 		joining map[repKey]bool
+		// proposing: operations whose outcome proposal is in flight.
+		proposing map[OpID]bool
 	}
 	started sync.Once
 }
 
 type repKey struct {
 	table string
+	gen   uint64 // the table's generation: a table created again is another
 	part  Partition
 }
 
@@ -132,6 +135,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.retired = map[repKey]bool{}
 	s.mu.pending = map[repKey]map[uint64][]byte{}
 	s.mu.joining = map[repKey]bool{}
+	s.mu.proposing = map[OpID]bool{}
 	return s
 }
 
@@ -176,7 +180,9 @@ func (s *Service) dropAllLocked() {
 
 // Close stops the service.
 func (s *Service) Close() {
-	s.stop()
+	s.mu.Lock()
+	s.stop() // under mu: effectsLocked adds no goroutine after it
+	s.mu.Unlock()
 	s.wg.Wait()
 	s.conns.Close()
 	s.book.Close()
@@ -187,10 +193,9 @@ func (s *Service) self() BrickID { return BrickID{Node: s.cfg.Node, Inc: s.mu.in
 func (s *Service) watch() {
 	defer s.wg.Done()
 	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
-		ts, err := DecodeTables(ns)
-		if err != nil {
-			s.log.Error("table maps do not decode; keeping the last good ones", "err", err)
-			continue
+		ts, bad := DecodeTables(ns)
+		for _, err := range bad {
+			s.log.Error("a table's maps do not decode; the table is not served here", "err", err)
 		}
 		s.mu.Lock()
 		s.mu.tables = ts
@@ -208,15 +213,24 @@ func (s *Service) syncLocked(now time.Time) {
 		return
 	}
 	self := s.self()
+	stamps := map[string]Stamp{} // one encoding per table, not per partition
+	stampOf := func(m *Maps) Stamp {
+		st, ok := stamps[m.Table]
+		if !ok {
+			st = m.Stamp()
+			stamps[m.Table] = st
+		}
+		return st
+	}
 	for k, r := range s.mu.reps {
 		m, ok := s.mu.tables[k.table]
-		if !ok {
-			delete(s.mu.reps, k) // (a table of that name created again is another)
+		if !ok || m.Gen != k.gen {
+			delete(s.mu.reps, k)
 			s.log.Info("replica dropped: table dropped", "table", k.table, "partition", k.part)
 			continue
 		}
 		if m.Epoch > r.pt.Stamp().Epoch {
-			e, member := r.pt.SetMaps(now, m)
+			e, member := r.pt.SetMapsStamped(now, m, stampOf(m))
 			s.effectsLocked(k, r, e)
 			if !member {
 				delete(s.mu.reps, k)
@@ -227,7 +241,7 @@ func (s *Service) syncLocked(now time.Time) {
 	}
 	for name, m := range s.mu.tables {
 		for p, g := range m.RG {
-			k := repKey{name, p}
+			k := repKey{name, m.Gen, p}
 			if !slices.Contains(g, self) || s.mu.reps[k] != nil || s.mu.retired[k] {
 				continue
 			}
@@ -240,7 +254,7 @@ func (s *Service) syncLocked(now time.Time) {
 			}
 			pc := s.cfg.Participant
 			pc.Self = self
-			pt, err := NewParticipant(pc, m, p)
+			pt, err := NewParticipantStamped(pc, m, p, stampOf(m))
 			if err != nil {
 				s.log.Error("replica not started", "table", name, "partition", p, "err", err)
 				continue
@@ -276,11 +290,18 @@ func (s *Service) effectsLocked(k repKey, r *replica, e Effects) {
 			r.bytes += len(a.Update.Value)
 		}
 	}
+	if s.ctx.Err() != nil {
+		return
+	}
 	for _, q := range e.Queries {
 		s.wg.Add(1)
 		go s.query(k, r, q)
 	}
 	for _, p := range e.Proposals {
+		if s.mu.proposing[p.Op] {
+			continue // one proposal in flight per operation (review 121)
+		}
+		s.mu.proposing[p.Op] = true
 		s.wg.Add(1)
 		go s.propose(k, r, p)
 	}
@@ -311,6 +332,11 @@ func (s *Service) query(k repKey, r *replica, q PeerSend) {
 
 func (s *Service) propose(k repKey, r *replica, p Proposal) {
 	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.proposing, p.Op)
+		s.mu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
 	defer cancel()
 	key := outcomeKey(k.table, k.part, p.Op)
@@ -454,7 +480,11 @@ func (s *Service) servingLocked(table string, p *pb.TablePartition, to *pb.Table
 			return repKey{}, nil, status.Error(codes.Unavailable, "ddstable: this brick's incarnation is not known alive")
 		}
 	}
-	k := repKey{table, part}
+	m := s.mu.tables[table]
+	if m == nil {
+		return repKey{}, nil, errNotServing
+	}
+	k := repKey{table, m.Gen, part}
 	r := s.mu.reps[k]
 	if r == nil {
 		return k, nil, errNotServing
@@ -469,15 +499,20 @@ func (s *Service) Prepare(_ context.Context, req *pb.TablePrepareRequest) (*pb.T
 	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
 	if errors.Is(err, errNotServing) && s.mu.inc != 0 && brickOf(req.To) == s.self() {
 		// The brick does not have the replica (yet, or any more): the
-		// caller's maps differ from what this brick runs.
+		// caller's maps differ from what this brick runs. A "no" it does
+		// not record: a later copy of this prepare may find the replica
+		// (review 121, finding 1).
 		st := Stamp{}
 		if m := s.mu.tables[req.Table]; m != nil {
 			st = m.Stamp()
 		}
-		return &pb.TableVote{Reason: uint32(ReasonRepair), Stamp: stampPB(st)}, nil
+		return &pb.TableVote{Reason: uint32(ReasonNotServing), Stamp: stampPB(st)}, nil
 	}
 	if err != nil {
 		return nil, err
+	}
+	if len(req.Value) > MaxValue {
+		return nil, status.Errorf(codes.InvalidArgument, "ddstable: a value of %d bytes (at most %d)", len(req.Value), MaxValue)
 	}
 	part, _ := partOf(req.Partition)
 	v := r.pt.Prepare(time.Now(), Prepare{Op: opOf(req.Op), Partition: part, Stamp: stampOf(req.Stamp), Group: groupOf(req.Group),
@@ -632,8 +667,8 @@ func (s *Service) recoverer() {
 			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
 				m := s.mu.tables[name]
 				for _, p := range m.DP.Leaves() {
-					if _, err := WithLease(m, p, self); err == nil && !s.mu.retired[repKey{name, p}] {
-						k, found = repKey{name, p}, true
+					if _, err := WithLease(m, p, self); err == nil && !s.mu.retired[repKey{name, m.Gen, p}] {
+						k, found = repKey{name, m.Gen, p}, true
 						break
 					}
 				}
@@ -660,12 +695,9 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
 		defer cancel()
 		_, err := s.cfg.Meta.Update(ctx, Namespace, fmt.Sprintf("dds-recover-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
-			ts, err := DecodeTables(ns)
-			if err != nil {
-				return nil, err
-			}
+			ts, _ := DecodeTables(ns)
 			m, ok := ts[k.table]
-			if !ok {
+			if !ok || m.Gen != k.gen {
 				return nil, fmt.Errorf("%w: %q", ErrNoTable, k.table)
 			}
 			c, err := fn(m)
@@ -719,7 +751,7 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		m := s.mu.tables[k.table]
 		var g []BrickID
 		lease := false
-		if m != nil {
+		if m != nil && m.Gen == k.gen {
 			g = slices.Clone(m.RG[k.part])
 			lease = m.Joining[k.part] == self
 		}

@@ -3,6 +3,7 @@ package ddstable_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -247,6 +248,65 @@ func TestServiceTableRecovery(t *testing.T) {
 		got, found, err := lib.Get(ctx, "users", k)
 		if err != nil || !found || string(got) != v {
 			t.Fatalf("get %d: %q %v %v, want %q", k, got, found, err, v)
+		}
+	}
+}
+
+// Review 121, findings 2 and 3: a table dropped and created again (same
+// name, same layout) is another table: its bricks serve it (empty), a
+// library that knew the old one writes to the new one, and a library's
+// write to a dropped table ends "no such table", not at its deadline.
+func TestServiceTableDropCreate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mc := meta.NewClient(c.Members())
+	defer mc.Close()
+	waitRegistered(t, ctx, mc, 3)
+	if _, err := ddstable.CreateTable(ctx, mc, "t", 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	lib := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
+	defer lib.Close()
+	if err := lib.Put(ctx, "t", 5, []byte("old table")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ddstable.DropTable(ctx, mc, "t"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	err = lib.Put(wctx, "t", 6, []byte("x"))
+	wcancel()
+	if !errors.Is(err, ddstable.ErrNoTable) {
+		t.Fatalf("a write to a dropped table: %v", err)
+	}
+	if _, err := ddstable.CreateTable(ctx, mc, "t", 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := lib.Put(ctx, "t", 7, []byte("new table")); err != nil {
+		t.Fatalf("the library that knew the dropped table, writing to the new one: %v", err)
+	}
+	for _, k := range []uint64{5, 7} {
+		v, found, err := lib.Get(ctx, "t", k)
+		if err != nil || found != (k == 7) || (k == 7 && string(v) != "new table") {
+			t.Fatalf("key %d in the new table: %q %v %v", k, v, found, err)
+		}
+	}
+	for i := range 3 {
+		st, err := c.Nodes[i].Tables().Status(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := uint64(0)
+		for _, r := range st.Replicas {
+			keys += r.Keys
+		}
+		if len(st.Replicas) != 2 || keys != 1 {
+			t.Fatalf("node %d: %d replicas, %d keys", i+1, len(st.Replicas), keys)
 		}
 	}
 }

@@ -58,7 +58,7 @@ func stateOf(v uint32) State {
 }
 
 func reasonOf(v uint32) Reason {
-	if v > uint32(ReasonRecovering) {
+	if v > uint32(ReasonNotServing) {
 		return ReasonOld
 	}
 	return Reason(v)

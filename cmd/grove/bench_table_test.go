@@ -1,0 +1,45 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"testing"
+)
+
+// TestBenchTableSmoke runs `grove bench table` briefly and checks that it
+// reports figures: the benchmark is kept working; README quotes a full run.
+func TestBenchTableSmoke(t *testing.T) {
+	t.Parallel() // its own ports and directories: see parallelTests
+	if testing.Short() {
+		t.Skip("a cluster in the benchmark's process")
+	}
+	bin := buildGrove(t)
+	r := grove(t, bin, nil, "bench", "table", "--outstanding", "1,4", "--duration", "500ms", "--rounds", "1", "--keys", "200", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var out struct {
+		Cells []struct {
+			System  string  `json:"system"`
+			Op      string  `json:"op"`
+			OpsPerS float64 `json:"ops_per_s"`
+		} `json:"cells"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("%v\n%s", err, r.stdout)
+	}
+	want := 2 * 2 // 2 in-flight counts, puts and gets
+	_, e1 := exec.LookPath("redis-server")
+	_, e2 := exec.LookPath("redis-benchmark")
+	if e1 == nil && e2 == nil {
+		want *= 2 // and redis's
+	}
+	if len(out.Cells) != want {
+		t.Fatalf("%d cells, want %d:\n%s", len(out.Cells), want, r.stdout)
+	}
+	for _, c := range out.Cells {
+		if c.OpsPerS <= 0 {
+			t.Fatalf("cell %+v has no figure", c)
+		}
+	}
+}
