@@ -136,7 +136,8 @@ phase "race detector (protocol packages, fewer simulation seeds)"
 # main phase did not. What it watches here is the runtimes' own
 # goroutines (the services' in-process tests, the log's group commit, the
 # B-tree servers): the RLDev runtime (its in-process cluster test), the
-# chunk managers' runtime (its in-process failover test), the transaction
+# chunk managers' runtime (its in-process failover test), the DDS bricks
+# and libraries (their in-process failover, recovery and drop tests), the transaction
 # log's group commit and recovery (its in-process failover test, its
 # concurrent review tests; its simulation drives the real log, goroutines
 # and all: 20 seeds), and the B-link tree's algorithm (its concurrent
@@ -147,8 +148,8 @@ phase "race detector (protocol packages, fewer simulation seeds)"
 # running its packages side by side: 70 s on this 2-core machine, where
 # one after the other they took 157 s.
 race_log=$(mktemp)
-GROVE_SEEDS=${GROVE_RACE_SEEDS:-2} GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} go test -count=1 -race -short -timeout 20m \
-  ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/... ./internal/rldev/... ./internal/chunk/... ./internal/txn/... >"$race_log" 2>&1 &
+GROVE_SEEDS=${GROVE_RACE_SEEDS:-2} GROVE_TXN_SEEDS=${GROVE_RACE_TXN_SEEDS:-20} GROVE_DDS_SEEDS=${GROVE_RACE_DDS_SEEDS:-20} go test -count=1 -race -short -timeout 20m \
+  ./internal/fd/... ./internal/meta/... ./internal/sim/... ./internal/lock/... ./internal/rldev/... ./internal/chunk/... ./internal/txn/... ./internal/ddstable/... >"$race_log" 2>&1 &
 race_pid=$!
 race_btree=0
 GROVE_BTREE_SEEDS=${GROVE_RACE_BTREE_SEEDS:-20} go test -count=1 -race -short -timeout 20m -run 'TestTree|TestSim|TestNode|TestReview5|TestReview6|TestReview7|TestEtcdForwardStream|TestServerWait|TestGetNotStarved|TestOutbox' ./internal/btree/... || race_btree=$?

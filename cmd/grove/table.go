@@ -64,6 +64,18 @@ func openTable(ctx context.Context, c *cli.Client, op string) (*tableSession, er
 	return &tableSession{meta: s.meta, lib: ddstable.NewLibrary(ddstable.LibraryConfig{Meta: s.meta})}, nil
 }
 
+// tableRun runs fn with a table session, within the command's timeout.
+func tableRun(cmd *cobra.Command, c *cli.Client, op string, fn func(ctx context.Context, s *tableSession) error) error {
+	ctx, cancel := commandCtx(cmd.Context(), c)
+	defer cancel()
+	s, err := openTable(ctx, c, op)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(ctx, s)
+}
+
 func (s *tableSession) Close() {
 	s.lib.Close()
 	s.meta.Close()
@@ -116,28 +128,23 @@ replicas.`,
 			if err := ddstable.CheckName(args[0]); err != nil {
 				return cli.Usagef("%v", err)
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table create")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			m, err := ddstable.CreateTable(ctx, s.meta, args[0], partitions, replicas)
-			if errors.Is(err, ddstable.ErrExists) {
-				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Err: err}
-			}
-			if errors.Is(err, ddstable.ErrTooBig) {
-				return cli.Usagef("%v", err)
-			}
-			if errors.Is(err, ddstable.ErrTooFewBricks) {
-				return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Hint: "lower --replicas, or add nodes", Err: err}
-			}
-			if err != nil {
-				return tableErr("table create", &c, err)
-			}
-			fmt.Printf("table %s: %d partitions, %d replicas each\n", m.Table, m.DP.Len(), m.Replicas)
-			return nil
+			return tableRun(cmd, &c, "table create", func(ctx context.Context, s *tableSession) error {
+				m, err := ddstable.CreateTable(ctx, s.meta, args[0], partitions, replicas)
+				if errors.Is(err, ddstable.ErrExists) {
+					return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Err: err}
+				}
+				if errors.Is(err, ddstable.ErrTooBig) {
+					return cli.Usagef("%v", err)
+				}
+				if errors.Is(err, ddstable.ErrTooFewBricks) {
+					return &cli.Error{Code: cli.ExitFailed, Op: "table create", Msg: err.Error(), Hint: "lower --replicas, or add nodes", Err: err}
+				}
+				if err != nil {
+					return tableErr("table create", &c, err)
+				}
+				fmt.Printf("table %s: %d partitions, %d replicas each\n", m.Table, m.DP.Len(), m.Replicas)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().IntVar(&partitions, "partitions", 4, "`N` partitions, a power of two (1 to 65536)")
@@ -154,14 +161,9 @@ func tableDropCmd() *cobra.Command {
 		Example: "  grove table drop sessions",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table drop")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			return tableErr("table drop", &c, ddstable.DropTable(ctx, s.meta, args[0]))
+			return tableRun(cmd, &c, "table drop", func(ctx context.Context, s *tableSession) error {
+				return tableErr("table drop", &c, ddstable.DropTable(ctx, s.meta, args[0]))
+			})
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)
@@ -180,29 +182,24 @@ func tableListCmd() *cobra.Command {
 			if err := out.Resolve(); err != nil {
 				return err
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table list")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			ts, err := ddstable.ListTables(ctx, s.meta)
-			if err != nil {
-				return tableErr("table list", &c, err)
-			}
-			d := &cli.Doc{}
-			tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING")
-			for _, m := range ts {
-				short := 0
-				for _, g := range m.RG {
-					if len(g) < m.Replicas {
-						short++
-					}
+			return tableRun(cmd, &c, "table list", func(ctx context.Context, s *tableSession) error {
+				ts, err := ddstable.ListTables(ctx, s.meta)
+				if err != nil {
+					return tableErr("table list", &c, err)
 				}
-				tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining))
-			}
-			return out.Print(os.Stdout, d)
+				d := &cli.Doc{}
+				tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING")
+				for _, m := range ts {
+					short := 0
+					for _, g := range m.RG {
+						if len(g) < m.Replicas {
+							short++
+						}
+					}
+					tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining))
+				}
+				return out.Print(os.Stdout, d)
+			})
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)
@@ -227,64 +224,59 @@ the table's replication degree lost a brick (it serves on with the others).`,
 			if err := out.Resolve(); err != nil {
 				return err
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table stat")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			ts, err := ddstable.ListTables(ctx, s.meta)
-			if err != nil {
-				return tableErr("table stat", &c, err)
-			}
-			i := slices.IndexFunc(ts, func(m *ddstable.Maps) bool { return m.Table == args[0] })
-			if i < 0 {
-				return tableErr("table stat", &c, fmt.Errorf("%w: %q", ddstable.ErrNoTable, args[0]))
-			}
-			m := ts[i]
-			st := brickStatuses(ctx, s, m)
-			d := &cli.Doc{}
-			d.Field("table", m.Table)
-			d.Field("epoch", m.Epoch)
-			d.Field("replication", m.Replicas)
-			tb := d.Table("replicas", "PARTITION", "GROUP", "BRICK", "KEYS", "BYTES", "IN-DOUBT", "NOTE")
-			for _, p := range m.DP.Leaves() {
-				g := m.RG[p]
-				var names []string
-				for _, b := range g {
-					names = append(names, b.String())
+			return tableRun(cmd, &c, "table stat", func(ctx context.Context, s *tableSession) error {
+				ts, err := ddstable.ListTables(ctx, s.meta)
+				if err != nil {
+					return tableErr("table stat", &c, err)
 				}
-				for _, b := range g {
-					r := st[b]
-					note := ""
-					if len(g) < m.Replicas {
-						note = "short group"
+				i := slices.IndexFunc(ts, func(m *ddstable.Maps) bool { return m.Table == args[0] })
+				if i < 0 {
+					return tableErr("table stat", &c, fmt.Errorf("%w: %q", ddstable.ErrNoTable, args[0]))
+				}
+				m := ts[i]
+				st := brickStatuses(ctx, s, m)
+				d := &cli.Doc{}
+				d.Field("table", m.Table)
+				d.Field("epoch", m.Epoch)
+				d.Field("replication", m.Replicas)
+				tb := d.Table("replicas", "PARTITION", "GROUP", "BRICK", "KEYS", "BYTES", "IN-DOUBT", "NOTE")
+				for _, p := range m.DP.Leaves() {
+					g := m.RG[p]
+					var names []string
+					for _, b := range g {
+						names = append(names, b.String())
 					}
-					if j, ok := m.Joining[p]; ok {
-						note = fmt.Sprintf("brick %v recovering into the group: writes wait", j)
-					}
-					var rs *pb.TableReplicaStatus
-					if r != nil {
-						for _, x := range r.Replicas {
-							if x.Table == m.Table && x.Partition.GetBits() == p.Bits && x.Partition.GetDepth() == uint32(p.Depth) {
-								rs = x
+					for _, b := range g {
+						r := st[b]
+						note := ""
+						if len(g) < m.Replicas {
+							note = "short group"
+						}
+						if j, ok := m.Joining[p]; ok {
+							note = fmt.Sprintf("brick %v recovering into the group: writes wait", j)
+						}
+						var rs *pb.TableReplicaStatus
+						if r != nil {
+							for _, x := range r.Replicas {
+								if x.Table == m.Table && x.Partition.GetBits() == p.Bits && x.Partition.GetDepth() == uint32(p.Depth) {
+									rs = x
+								}
 							}
 						}
-					}
-					if rs == nil {
-						why := "no answer"
-						if r != nil {
-							why = "not serving"
+						if rs == nil {
+							why := "no answer"
+							if r != nil {
+								why = "not serving"
+							}
+							tb.Row(p.String(), strings.Join(names, ","), b.String(), nil, nil, nil, why)
+							continue
 						}
-						tb.Row(p.String(), strings.Join(names, ","), b.String(), nil, nil, nil, why)
-						continue
+						tb.Row(p.String(), strings.Join(names, ","), b.String(), rs.Keys,
+							cli.C(units.FormatSize(int64(rs.Bytes)), rs.Bytes), rs.InDoubt, note)
 					}
-					tb.Row(p.String(), strings.Join(names, ","), b.String(), rs.Keys,
-						cli.C(units.FormatSize(int64(rs.Bytes)), rs.Bytes), rs.InDoubt, note)
 				}
-			}
-			return out.Print(os.Stdout, d)
+				return out.Print(os.Stdout, d)
+			})
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)
@@ -354,14 +346,9 @@ the write's outcome cannot be known (exit 8), read the key.`,
 			if len(value) > ddstable.MaxValue {
 				return cli.Usagef("a value is at most %s; nothing was written", units.FormatSize(ddstable.MaxValue))
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table put")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			return tableErr("table put", &c, s.lib.Put(ctx, args[0], key, value))
+			return tableRun(cmd, &c, "table put", func(ctx context.Context, s *tableSession) error {
+				return tableErr("table put", &c, s.lib.Put(ctx, args[0], key, value))
+			})
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)
@@ -381,26 +368,21 @@ func tableGetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table get")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			v, found, err := s.lib.Get(ctx, args[0], key)
-			if err != nil {
-				return tableErr("table get", &c, err)
-			}
-			if !found {
-				return &cli.Error{Code: cli.ExitNotFound, Op: "table get", Msg: fmt.Sprintf("no key %d in table %q", key, args[0])}
-			}
-			if raw {
-				_, err = os.Stdout.Write(v)
-				return err
-			}
-			fmt.Println(string(v))
-			return nil
+			return tableRun(cmd, &c, "table get", func(ctx context.Context, s *tableSession) error {
+				v, found, err := s.lib.Get(ctx, args[0], key)
+				if err != nil {
+					return tableErr("table get", &c, err)
+				}
+				if !found {
+					return &cli.Error{Code: cli.ExitNotFound, Op: "table get", Msg: fmt.Sprintf("no key %d in table %q", key, args[0])}
+				}
+				if raw {
+					_, err = os.Stdout.Write(v)
+					return err
+				}
+				fmt.Println(string(v))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&raw, "raw", false, "write the value's bytes alone, without a newline")
@@ -420,14 +402,9 @@ func tableDelCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := commandCtx(cmd.Context(), &c)
-			defer cancel()
-			s, err := openTable(ctx, &c, "table del")
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			return tableErr("table del", &c, s.lib.Remove(ctx, args[0], key))
+			return tableRun(cmd, &c, "table del", func(ctx context.Context, s *tableSession) error {
+				return tableErr("table del", &c, s.lib.Remove(ctx, args[0], key))
+			})
 		},
 	}
 	c.Register(cmd, cli.DefaultCommandTimeout)

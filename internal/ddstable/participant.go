@@ -266,6 +266,7 @@ func (c ParticipantConfig) Validate() error {
 //     key's write lock taken) and no by recording Aborted; it never votes
 //     both ways for one operation. Asked by a peer about an operation it
 //     has no record of, it records Aborted first.
+//
 //  2. Termination. A Prepared participant not decided after PrepareTimeout
 //     asks every peer of the operation's group that is still a member, as
 //     DDS's replicas do. A Committed answer: commit at once (the
@@ -275,18 +276,32 @@ func (c ParticipantConfig) Validate() error {
 //     adopts the register's first decree: abort once any member answered
 //     Aborted (then the coordinator did not decide commit), commit once
 //     every member answered Prepared (every member voted yes).
+//
 //  3. Freezing. A participant that answered a peer "prepared", or is
 //     resolving, refuses a coordinator's abort: a commit proposal may rest
 //     on that answer. A commit is always accepted: the coordinator decides
 //     commit only when every member voted yes, and then no member can be
 //     Aborted, so no abort is ever proposed.
+//
 //  4. Membership. Termination waits for members that do not answer until
 //     a decree removes them from the group; the failure detector declares
 //     a brick dead (and the brick stops) before that decree. A removed
 //     member's state no longer counts: if it committed and served a read,
 //     every survivor is Prepared or Committed, so the outcome is commit.
+//
 //  5. Reads. A key whose write lock a Prepared operation holds is not
 //     read here (ErrBusy): another replica may already have committed it.
+//
+//  6. Recovery (DDS §4.3). A brick joins a group only through a write
+//     lease in the maps (Maps.Joining): from the lease's epoch on, the
+//     members refuse prepares; the newcomer copies the whole partition
+//     from a member once nothing is in doubt there (CopyReady), so every
+//     operation that could still commit with that member's yes is decided
+//     there and in the copy; then a decree adds it and ends the lease. A
+//     newcomer is a new BrickID (an incarnation), never taken for a member
+//     an old operation's group lists. Splits and merges (not built) must
+//     drain the partitions they retire the same way: a retired
+//     participant takes its in-doubt records with it.
 //
 // Departures from DDS, and why. DDS's rule, "if any peer received a
 // commit, commit; if not, abort", loses a committed write when the only
@@ -301,12 +316,6 @@ func (c ParticipantConfig) Validate() error {
 // a library dropped a brick it could not reach; here only a decree after
 // the failure detector's verdict removes one (rule 4).
 //
-// Recovery (adding a member) and splits and merges (retiring a
-// partition) must first drain the partition (DDS §4.3's write lease: no
-// prepare accepted, none in doubt at any member) before the maps change: a
-// newcomer would miss a commit in flight, and a retired participant takes
-// its in-doubt records with it. A newcomer is a new BrickID (an
-// incarnation), never taken for a member an old operation's group lists.
 // Operation ids must be unique (sessions are random 64-bit numbers); a
 // reused one is refused at prepare and at decide (Update.Digest), but
 // peers' termination assumes unique ids.

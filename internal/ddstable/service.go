@@ -378,9 +378,10 @@ func (s *Service) client(ctx context.Context, node uint64) (pb.TableServiceClien
 	return pb.NewTableServiceClient(cc), nil
 }
 
-func (s *Service) ticker() {
+// every runs fn every d until the service closes.
+func (s *Service) every(d time.Duration, fn func()) {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.Tick)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -388,13 +389,19 @@ func (s *Service) ticker() {
 			return
 		case <-t.C:
 		}
+		fn()
+	}
+}
+
+func (s *Service) ticker() {
+	s.every(s.cfg.Tick, func() {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		now := time.Now()
 		for k, r := range s.mu.reps {
 			s.effectsLocked(k, r, r.pt.Tick(now))
 		}
-		s.mu.Unlock()
-	}
+	})
 }
 
 // janitor asks the failure detector about the other members of this
@@ -402,64 +409,52 @@ func (s *Service) ticker() {
 // the detector's verdict, since DDS's "cannot communicate means stopped"
 // does not hold across a partition).
 func (s *Service) janitor() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.JanitorEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.mu.Lock()
-		self := s.self()
-		seen := map[BrickID]bool{}
-		var peers []BrickID
-		for _, r := range s.mu.reps {
-			for _, b := range r.pt.Members() {
-				if b != self && !seen[b] {
-					seen[b] = true
-					peers = append(peers, b)
-				}
-			}
-		}
-		s.mu.Unlock()
-		if len(peers) == 0 || s.cfg.Detector == nil {
-			continue
-		}
-		subs := make([]lock.Subject, len(peers))
-		for i, b := range peers {
-			subs[i] = lock.Subject{Node: b.Node, Inc: b.Inc}
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
-		dead, err := s.cfg.Detector.Dead(ctx, subs)
-		if err == nil {
-			set := map[BrickID]bool{}
-			for i, d := range dead {
-				if d {
-					set[peers[i]] = true
-				}
-			}
-			if len(set) > 0 {
-				n, err := RemoveDead(ctx, s.cfg.Meta, set)
-				if err != nil {
-					s.log.Warn("dead bricks not yet removed from their groups", "bricks", fmt.Sprint(slices.Collect(mapKeys(set))), "err", err)
-				} else if n > 0 {
-					s.log.Warn("dead bricks removed from their groups", "bricks", fmt.Sprint(slices.Collect(mapKeys(set))), "tables", n)
-				}
-			}
-		}
-		cancel()
-	}
+	s.every(s.cfg.JanitorEvery, s.removeDead)
 }
 
-func mapKeys(m map[BrickID]bool) func(func(BrickID) bool) {
-	return func(yield func(BrickID) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
+// removeDead is one round of the janitor.
+func (s *Service) removeDead() {
+	s.mu.Lock()
+	self := s.self()
+	seen := map[BrickID]bool{}
+	var peers []BrickID
+	for _, r := range s.mu.reps {
+		for _, b := range r.pt.Members() {
+			if b != self && !seen[b] {
+				seen[b] = true
+				peers = append(peers, b)
 			}
 		}
+	}
+	s.mu.Unlock()
+	if len(peers) == 0 || s.cfg.Detector == nil {
+		return
+	}
+	subs := make([]lock.Subject, len(peers))
+	for i, b := range peers {
+		subs[i] = lock.Subject{Node: b.Node, Inc: b.Inc}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	dead, err := s.cfg.Detector.Dead(ctx, subs)
+	if err != nil {
+		return // asked again next round
+	}
+	set := map[BrickID]bool{}
+	for i, d := range dead {
+		if d {
+			set[peers[i]] = true
+		}
+	}
+	if len(set) == 0 {
+		return
+	}
+	names := fmt.Sprint(slices.Collect(maps.Keys(set)))
+	n, err := RemoveDead(ctx, s.cfg.Meta, set)
+	if err != nil {
+		s.log.Warn("dead bricks not yet removed from their groups", "bricks", names, "err", err)
+	} else if n > 0 {
+		s.log.Warn("dead bricks removed from their groups", "bricks", names, "tables", n)
 	}
 }
 

@@ -32,16 +32,7 @@ func testLog() *slog.Logger {
 // on with the two survivors; every acknowledged write is read back from
 // each survivor alone.
 func TestServiceTableFailover(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	waitRegistered(t, ctx, mc, 3)
+	ctx, c, mc := startTables(t, 3*time.Minute)
 	m, err := ddstable.CreateTable(ctx, mc, "users", 4, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -161,16 +152,7 @@ func TestServiceTableFailover(t *testing.T) {
 // join), so that each partition has three replicas again, node 3's as
 // full as the others; writes go on through it.
 func TestServiceTableRecovery(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	waitRegistered(t, ctx, mc, 3)
+	ctx, c, mc := startTables(t, 3*time.Minute)
 	if _, err := ddstable.CreateTable(ctx, mc, "users", 4, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +198,7 @@ func TestServiceTableRecovery(t *testing.T) {
 	for i := range 3 {
 		var st *pb.TableBrickStatus
 		for {
+			var err error
 			st, err = c.Nodes[i].Tables().Status(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -257,16 +240,7 @@ func TestServiceTableRecovery(t *testing.T) {
 // library that knew the old one writes to the new one, and a library's
 // write to a dropped table ends "no such table", not at its deadline.
 func TestServiceTableDropCreate(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mc := meta.NewClient(c.Members())
-	defer mc.Close()
-	waitRegistered(t, ctx, mc, 3)
+	ctx, c, mc := startTables(t, 2*time.Minute)
 	if _, err := ddstable.CreateTable(ctx, mc, "t", 2, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +253,7 @@ func TestServiceTableDropCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-	err = lib.Put(wctx, "t", 6, []byte("x"))
+	err := lib.Put(wctx, "t", 6, []byte("x"))
 	wcancel()
 	if !errors.Is(err, ddstable.ErrNoTable) {
 		t.Fatalf("a write to a dropped table: %v", err)
@@ -309,6 +283,23 @@ func TestServiceTableDropCreate(t *testing.T) {
 			t.Fatalf("node %d: %d replicas, %d keys", i+1, len(st.Replicas), keys)
 		}
 	}
+}
+
+// startTables starts three nodes in this process and waits until each
+// has registered (and so runs a brick); everything stops with the test.
+func startTables(t *testing.T, limit time.Duration) (context.Context, *bench.InProcessCluster, *meta.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	mc := meta.NewClient(c.Members())
+	t.Cleanup(mc.Close)
+	waitRegistered(t, ctx, mc, 3)
+	return ctx, c, mc
 }
 
 func waitRegistered(t *testing.T, ctx context.Context, mc *meta.Client, n int) {
