@@ -1051,11 +1051,14 @@ func (x *TableReplicaStatus) GetInDoubt() uint64 {
 // A recovering brick copies a whole partition from a member (DDS §4.3),
 // under its write lease, once nothing is in doubt at that member.
 type TableCopyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
-	To            *TableBrick            `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`     // the member copied from
-	From          *TableBrick            `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"` // the recovering brick, holder of the lease
-	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Table     string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	To        *TableBrick            `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`     // the member copied from
+	From      *TableBrick            `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"` // the recovering brick, holder of the lease
+	Partition *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	// probe: only say whether the replica is settled (CopyReady): an
+	// empty last chunk if so, FailedPrecondition if not.
+	Probe         bool `protobuf:"varint,5,opt,name=probe,proto3" json:"probe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1116,6 +1119,13 @@ func (x *TableCopyRequest) GetPartition() *TablePartition {
 		return x.Partition
 	}
 	return nil
+}
+
+func (x *TableCopyRequest) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
 }
 
 type TableEntry struct {
@@ -1310,12 +1320,13 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
-	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\"\xb0\x01\n" +
+	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\"\xc6\x01\n" +
 	"\x10TableCopyRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +
 	"\x04from\x18\x03 \x01(\v2\x14.grove.v1.TableBrickR\x04from\x126\n" +
-	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\"4\n" +
+	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x14\n" +
+	"\x05probe\x18\x05 \x01(\bR\x05probe\"4\n" +
 	"\n" +
 	"TableEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +

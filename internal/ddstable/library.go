@@ -67,6 +67,7 @@ type libTable struct {
 	name    string
 	coord   *Coordinator
 	waiters map[OpID]chan Result
+	dropped bool // the table was dropped: writes in flight can have no effect anyone sees
 }
 
 // NewLibrary starts a library.
@@ -198,6 +199,7 @@ func (l *Library) dropLocked(t *libTable) {
 	if l.mu.tables[t.name] == t {
 		delete(l.mu.tables, t.name)
 	}
+	t.dropped = true
 	l.effectsLocked(t, t.coord.Drop())
 }
 
@@ -267,6 +269,14 @@ func (l *Library) write(ctx context.Context, table string, u Update) error {
 		case Succeeded:
 			return nil
 		case Unknown:
+			l.mu.Lock()
+			dropped := t.dropped
+			l.mu.Unlock()
+			if dropped {
+				// Whatever it did went with the table's replicas: no read of
+				// any table sees it.
+				return fmt.Errorf("%w: %q (dropped while the write was in flight)", ErrNoTable, table)
+			}
 			return ErrOutcomeUnknown
 		}
 		// Failed: applied nowhere; try again, with the maps read again if

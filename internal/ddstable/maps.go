@@ -91,7 +91,9 @@ type Maps struct {
 	RG       map[Partition][]BrickID
 	// Joining: the partitions a brick is recovering into (DDS §4.3's write
 	// lease): their members refuse prepares until the brick joins the
-	// group or gives up; reads go on. Absent for most partitions.
+	// group or gives up, or dies (the janitor then ends the lease, or the
+	// node's next incarnation takes it over); reads go on. Absent for most
+	// partitions.
 	Joining map[Partition]BrickID
 }
 
@@ -339,7 +341,10 @@ func WithLease(m *Maps, p Partition, b BrickID) (*Maps, error) {
 	case slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == b.Node }):
 		return nil, ErrInGroup
 	}
-	if j, ok := m.Joining[p]; ok && j != b {
+	if j, ok := m.Joining[p]; ok && j != b && (j.Node != b.Node || j.Inc > b.Inc) {
+		// (An earlier incarnation of b's node held it: that one has died
+		// or will fence itself before it can join — its join decree names
+		// it, and fails once the lease is b's; review 122.)
 		return nil, fmt.Errorf("%w: %v", ErrLeaseHeld, j)
 	}
 	c := m.Clone()

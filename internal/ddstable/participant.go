@@ -295,9 +295,13 @@ func (c ParticipantConfig) Validate() error {
 //  6. Recovery (DDS §4.3). A brick joins a group only through a write
 //     lease in the maps (Maps.Joining): from the lease's epoch on, the
 //     members refuse prepares; the newcomer copies the whole partition
-//     from a member once nothing is in doubt there (CopyReady), so every
-//     operation that could still commit with that member's yes is decided
-//     there and in the copy; then a decree adds it and ends the lease. A
+//     from a member once EVERY member has the lease in its maps and
+//     nothing in doubt (CopyReady at each: a state no member leaves while
+//     the lease lasts), so every operation is decided at every member, the
+//     same way, for good; then a decree adds it and ends the lease. Nothing
+//     in doubt at the source alone is not enough: a peer still prepared
+//     when the source is removed concludes commit by rule 4, over the
+//     source's copied abort (outside review 122). A
 //     newcomer is a new BrickID (an incarnation), never taken for a member
 //     an old operation's group lists. Splits and merges (not built) must
 //     drain the partitions they retire the same way: a retired
@@ -814,11 +818,12 @@ var (
 	ErrInDoubt = errors.New("ddstable: operations are in doubt at this replica; retry")
 )
 
-// CopyReady says whether a recovering brick may copy this replica now
-// (DDS §4.3, step 2): this participant's maps give it the partition's
-// write lease, so no prepare is accepted, and nothing is in doubt here, so
-// every operation that could still commit with this replica's yes has
-// been decided here. The caller snapshots the store under the same lock.
+// CopyReady says whether this replica is settled for a recovering brick
+// (DDS §4.3, step 2): its maps give that brick the partition's write
+// lease, so no prepare is accepted here, and nothing is in doubt here.
+// Once true it stays true while the lease lasts. The newcomer copies only
+// once every member is settled (rule 6); the caller snapshots the store
+// under the same lock.
 func (pt *Participant) CopyReady(joiner BrickID) error {
 	if joiner == (BrickID{}) || pt.joining != joiner {
 		return ErrNoLease

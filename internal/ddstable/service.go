@@ -90,7 +90,8 @@ type Service struct {
 		// lease, installed as the replica when the join decree lists it.
 		pending map[repKey]map[uint64][]byte
 		// joining: partitions this incarnation is recovering into; a group
-		// that lists the brick there is served only from the copy.
+		// that lists the brick there is served only from the copy, which
+		// is kept until the maps list the brick or end its lease.
 		joining map[repKey]bool
 		// proposing: operations whose outcome proposal is in flight.
 		proposing map[OpID]bool
@@ -237,6 +238,11 @@ func (s *Service) syncLocked(now time.Time) {
 				s.mu.retired[k] = true
 				s.log.Warn("replica dropped: this brick left the group", "table", k.table, "partition", k.part, "epoch", m.Epoch)
 			}
+		}
+	}
+	for k := range s.mu.joining {
+		if _, copied := s.mu.pending[k]; copied {
+			s.resolveJoinLocked(k)
 		}
 	}
 	for name, m := range s.mu.tables {
@@ -418,8 +424,16 @@ func (s *Service) removeDead() {
 	self := s.self()
 	seen := map[BrickID]bool{}
 	var peers []BrickID
-	for _, r := range s.mu.reps {
-		for _, b := range r.pt.Members() {
+	for k, r := range s.mu.reps {
+		ids := r.pt.Members()
+		if m := s.mu.tables[k.table]; m != nil && m.Gen == k.gen {
+			if j, ok := m.Joining[k.part]; ok {
+				// A brick recovering into this group: one that dies holds
+				// the lease until declared (review 122).
+				ids = append(ids, j)
+			}
+		}
+		for _, b := range ids {
 			if b != self && !seen[b] {
 				seen[b] = true
 				peers = append(peers, b)
@@ -602,6 +616,10 @@ func (s *Service) Copy(req *pb.TableCopyRequest, stream pb.TableService_CopyServ
 			err = status.Error(codes.FailedPrecondition, err.Error())
 		}
 	}
+	if err == nil && req.Probe {
+		s.mu.Unlock()
+		return stream.Send(&pb.TableCopyChunk{Last: true})
+	}
 	var entries []*pb.TableEntry
 	if err == nil {
 		entries = make([]*pb.TableEntry, 0, len(r.store))
@@ -640,30 +658,40 @@ func (s *Service) Copy(req *pb.TableCopyRequest, stream pb.TableService_CopyServ
 
 // recoverer brings short groups back to the table's replication degree
 // with this brick (DDS §4.3): one partition at a time, it takes the
-// partition's write lease by decree, copies the whole partition from a
-// member, and joins the group by decree, which also ends the lease; the
-// watch then installs the copy as the replica. A recovery that fails gives
-// its lease up; one whose brick dies loses it to the janitor (DDS-F9).
+// partition's write lease by decree, waits until every member is settled
+// under it (CopyReady: the lease in its maps, nothing in doubt), copies
+// the whole partition from one of them, and joins the group by decree,
+// which also ends the lease; the watch then installs the copy as the
+// replica (participant.go, rule 6). A recovery that fails gives its lease
+// up, and its partition is not tried again for RecoveryBackoff (a group
+// whose every member died stays short for good). A recovering brick that
+// dies loses its lease to the janitor, or to its node's next incarnation.
 func (s *Service) recoverer() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.JanitorEvery)
+	t := time.NewTimer(s.cfg.JanitorEvery)
 	defer t.Stop()
+	failed := map[repKey]time.Time{} // partitions not to try before then
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
 		}
+		now := time.Now()
 		s.mu.Lock()
 		self := s.self()
 		var k repKey
 		found := false
-		if s.mu.inc != 0 {
+		if s.mu.inc != 0 && len(s.mu.joining) == 0 {
 			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
 				m := s.mu.tables[name]
 				for _, p := range m.DP.Leaves() {
-					if _, err := WithLease(m, p, self); err == nil && !s.mu.retired[repKey{name, m.Gen, p}] {
-						k, found = repKey{name, m.Gen, p}, true
+					c := repKey{name, m.Gen, p}
+					if now.Before(failed[c]) || s.mu.retired[c] {
+						continue
+					}
+					if _, err := WithLease(m, p, self); err == nil {
+						k, found = c, true
 						break
 					}
 				}
@@ -675,46 +703,62 @@ func (s *Service) recoverer() {
 		if found {
 			s.mu.joining[k] = true
 		}
-		s.mu.Unlock()
-		if found && s.recoverInto(k, self) {
-			t.Reset(10 * time.Millisecond) // the next short group at once
+		// A join asked for and not known to have landed, while the maps
+		// still show this brick's lease: ask again.
+		var rejoin []repKey
+		for j := range s.mu.joining {
+			if m := s.mu.tables[j.table]; s.mu.pending[j] != nil && m != nil && m.Gen == j.gen && m.Joining[j.part] == self {
+				rejoin = append(rejoin, j)
+			}
 		}
+		s.mu.Unlock()
+		for _, j := range rejoin {
+			s.join(j, self, func(fn func(*Maps) (*Maps, error)) error { return s.updateTable(j, fn) }, s.log.With("table", j.table, "partition", j.part))
+		}
+		next := s.cfg.JanitorEvery
+		if found {
+			if s.recoverInto(k, self) {
+				next = 10 * time.Millisecond // the next short group at once
+			} else {
+				failed[k] = time.Now().Add(recoveryBackoff)
+			}
+		}
+		t.Reset(next)
 	}
 }
+
+// Bounds of one recovery.
+const (
+	recoveryBackoff = 30 * time.Second // a partition whose recovery failed waits this long
+	settleTimeout   = 2 * time.Minute  // for every member to be settled under the lease
+)
 
 // recoverInto runs one recovery; it reports whether the brick joined.
 func (s *Service) recoverInto(k repKey, self BrickID) bool {
 	start := time.Now()
 	log := s.log.With("table", k.table, "partition", k.part)
-	update := func(fn func(m *Maps) (*Maps, error)) error {
-		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
-		defer cancel()
-		_, err := s.cfg.Meta.Update(ctx, Namespace, fmt.Sprintf("dds-recover-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
-			ts, _ := DecodeTables(ns)
-			m, ok := ts[k.table]
-			if !ok || m.Gen != k.gen {
-				return nil, fmt.Errorf("%w: %q", ErrNoTable, k.table)
-			}
-			c, err := fn(m)
-			if err != nil || c == nil {
-				return nil, err
-			}
-			return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: TableKey(k.table), Value: c.AppendBinary(nil)}}, nil
-		})
-		return err
-	}
+	update := func(fn func(m *Maps) (*Maps, error)) error { return s.updateTable(k, fn) }
+	// giveUp, before any join decree was asked: the copy is dropped and
+	// the lease released (tried a few times; else the janitor's, when this
+	// brick dies, or the next try's).
 	giveUp := func(why error) {
 		s.mu.Lock()
 		delete(s.mu.pending, k)
 		delete(s.mu.joining, k)
 		s.mu.Unlock()
-		err := update(func(m *Maps) (*Maps, error) {
-			c, ok := WithoutLease(m, k.part, self)
-			if !ok {
-				return nil, nil
+		var err error
+		for try := 0; try < 5 && s.ctx.Err() == nil; try++ {
+			if err = update(func(m *Maps) (*Maps, error) {
+				c, ok := WithoutLease(m, k.part, self)
+				if !ok {
+					return nil, nil
+				}
+				return c, nil
+			}); err == nil || errors.Is(err, ErrNoTable) {
+				break
 			}
-			return c, nil
-		})
+			time.Sleep(200 * time.Millisecond)
+		}
 		log.Warn("recovery given up", "why", why, "lease released", err == nil)
 	}
 	// 1. The write lease.
@@ -734,13 +778,16 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		return false
 	}
 	log.Info("recovering into the group: write lease taken")
-	// 2. The copy, from any member, once nothing is in doubt there.
+	// 2. Every member settled under the lease, then the copy from one.
 	var data map[uint64][]byte
 	var from BrickID
 	for try := 0; data == nil; try++ {
-		if try >= 600 || s.ctx.Err() != nil {
-			giveUp(errors.New("no member gave a copy"))
+		if time.Since(start) > settleTimeout || s.ctx.Err() != nil {
+			giveUp(errors.New("the members did not all settle under the lease, or none gave a copy"))
 			return false
+		}
+		if try > 0 {
+			time.Sleep(200 * time.Millisecond)
 		}
 		s.mu.Lock()
 		m := s.mu.tables[k.table]
@@ -761,23 +808,41 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 				giveUp(ErrLeaseLost)
 				return false
 			}
-			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		settled := true
+		for _, b := range g {
+			if _, err := s.copyFrom(k, b, self, true); err != nil {
+				settled = false // not yet; or unreachable until the janitor removes it
+				break
+			}
+		}
+		if !settled {
 			continue
 		}
 		from = g[try%len(g)]
-		d, err := s.copyFrom(k, from, self)
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			continue
+		if d, err := s.copyFrom(k, from, self, false); err == nil {
+			data = d
 		}
-		data = d
 	}
 	s.mu.Lock()
 	s.mu.pending[k] = data
 	s.mu.Unlock()
-	// 3. The join, ending the lease.
+	if !s.join(k, self, update, log) {
+		return false
+	}
+	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+// join decrees a recovering brick into the group, ending its lease (step
+// 3). Once asked, the copy is kept until the maps settle it (syncLocked):
+// listed, it is installed; the lease gone and not listed, it is dropped. A
+// decree whose answer was lost may have landed (review 122); the recoverer
+// asks again while the maps still show the lease.
+func (s *Service) join(k repKey, self BrickID, update func(func(*Maps) (*Maps, error)) error, log *slog.Logger) bool {
 	for try := 0; ; try++ {
-		err = update(func(m *Maps) (*Maps, error) {
+		err := update(func(m *Maps) (*Maps, error) {
 			if slices.Contains(m.RG[k.part], self) {
 				return nil, nil // a resend found it done
 			}
@@ -786,25 +851,68 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, ErrLeaseLost) || try >= 10 || s.ctx.Err() != nil {
-			giveUp(err)
+		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNoTable) {
+			log.Warn("recovery given up: the lease was lost before the join", "err", err)
+			s.mu.Lock()
+			s.resolveJoinLocked(k)
+			s.mu.Unlock()
+			return false
+		}
+		if try >= 50 || s.ctx.Err() != nil {
+			log.Warn("recovery's join not known to have landed; the maps will tell", "err", err)
 			return false
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }
 
-// copyFrom copies replica k from member from.
-func (s *Service) copyFrom(k repKey, from, self BrickID) (map[uint64][]byte, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+// updateTable is a read-modify-decree of table k's maps: fn returns the
+// new maps, or nil for no change.
+func (s *Service) updateTable(k repKey, fn func(m *Maps) (*Maps, error)) error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	_, err := s.cfg.Meta.Update(ctx, Namespace, fmt.Sprintf("dds-recover-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
+		ts, _ := DecodeTables(ns)
+		m, ok := ts[k.table]
+		if !ok || m.Gen != k.gen {
+			return nil, fmt.Errorf("%w: %q", ErrNoTable, k.table)
+		}
+		c, err := fn(m)
+		if err != nil || c == nil {
+			return nil, err
+		}
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: TableKey(k.table), Value: c.AppendBinary(nil)}}, nil
+	})
+	return err
+}
+
+// resolveJoinLocked drops a recovery's copy once the maps say its join
+// did not and cannot land: the table is gone, or the lease is no longer
+// this brick's and the group does not list it.
+func (s *Service) resolveJoinLocked(k repKey) {
+	m := s.mu.tables[k.table]
+	if m != nil && m.Gen == k.gen && (m.Joining[k.part] == s.self() || slices.Contains(m.RG[k.part], s.self())) {
+		return // still undecided, or about to be installed
+	}
+	delete(s.mu.pending, k)
+	delete(s.mu.joining, k)
+}
+
+// copyFrom copies replica k from member from; probe only asks whether it
+// is settled (CopyReady).
+func (s *Service) copyFrom(k repKey, from, self BrickID, probe bool) (map[uint64][]byte, error) {
+	limit := 5 * time.Minute
+	if probe {
+		limit = s.cfg.CallTimeout
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, limit)
 	defer cancel()
 	cl, err := s.client(ctx, from.Node)
 	if err != nil {
 		return nil, err
 	}
-	st, err := cl.Copy(ctx, &pb.TableCopyRequest{Table: k.table, To: brickPB(from), From: brickPB(self), Partition: partPB(k.part)})
+	st, err := cl.Copy(ctx, &pb.TableCopyRequest{Table: k.table, To: brickPB(from), From: brickPB(self), Partition: partPB(k.part), Probe: probe})
 	if err != nil {
 		return nil, err
 	}

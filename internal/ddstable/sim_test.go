@@ -66,6 +66,7 @@ type simConfig struct {
 	brickCrashes          int     // at most, per run
 	randomCrashes         int     // of those, at random times (the rest at crash points)
 	crashAfterAnswer      float64 // per termination answer: the answering brick crashes right after
+	crashAfterCopy        float64 // per recovery copy served: the source crashes right after
 	pauses                int     // per brick and per library
 	// The libraries' vote timeout and deadline (0: 120 ms and 600 ms,
 	// inside the bricks' 150 ms prepare timeout plus a round trip).
@@ -75,7 +76,7 @@ type simConfig struct {
 
 func defaultSimConfig() simConfig {
 	return simConfig{clients: 4, opsPerClient: 40, keys: 8, drop: 0.03, dup: 0.02,
-		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, pauses: 2}
+		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, crashAfterCopy: 0.3, pauses: 2}
 }
 
 type sim struct {
@@ -507,14 +508,39 @@ func (s *sim) recoverStep(b *simBrick) {
 			return
 		}
 		g := s.maps.RG[p]
-		src := s.bricks[g[r.tries%len(g)]]
 		r.tries++
+		// Every member settled under the lease (rule 6), asked each tick;
+		// then the copy, from one of them.
+		if r.settled == nil {
+			r.settled = map[BrickID]bool{}
+		}
+		all := true
+		for _, id := range g {
+			all = all && r.settled[id]
+			mem := s.bricks[id]
+			s.net(s.on(&mem.pauser, func() {
+				if pt := mem.parts[p]; mem.alive && pt != nil && pt.CopyReady(b.id) == nil {
+					s.net(s.on(&b.pauser, func() {
+						if b.rec.phase == recCopying && b.rec.part == p && b.rec.settled != nil {
+							b.rec.settled[id] = true
+						}
+					}))
+				}
+			}))
+		}
+		if !all {
+			return
+		}
+		src := s.bricks[g[r.tries%len(g)]]
 		s.net(s.on(&src.pauser, func() {
 			pt := src.parts[p]
 			if !src.alive || pt == nil || pt.CopyReady(b.id) != nil {
 				return
 			}
 			data := maps.Clone(src.store[p])
+			if s.faults && s.rng.Float64() < s.cfg.crashAfterCopy {
+				defer s.crashBrick(src.id) // right after serving the copy
+			}
 			s.net(s.on(&b.pauser, func() {
 				if b.alive && b.rec.phase == recCopying && b.rec.part == p {
 					b.pending[p] = data
@@ -544,9 +570,10 @@ func (s *sim) recoverStep(b *simBrick) {
 }
 
 type simRecovery struct {
-	phase int
-	part  Partition
-	tries int
+	phase   int
+	part    Partition
+	tries   int
+	settled map[BrickID]bool // members that answered CopyReady
 }
 
 const (
@@ -1023,6 +1050,9 @@ func TestSimTwoPhaseCommit(t *testing.T) {
 
 // TestSimTeeth: the oracle catches each broken rule on some seed.
 func TestSimTeeth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("single-threaded simulations: the race detector has nothing to compare; the full suite runs them")
+	}
 	for _, tc := range []struct {
 		name   string
 		unsafe UnsafeParticipant
