@@ -1,6 +1,6 @@
 // Package client is Grove's Go client for B-link trees: named, ordered maps
 // of byte-string keys to byte-string values that every node of a cluster
-// serves at once (Boxwood §3.7).
+// serves at once (Boxwood §3.7); and for DDS hash tables (tables.go).
 //
 //	c, err := client.Dial(ctx, "127.0.0.1:7401", "127.0.0.1:7402")
 //	...
@@ -100,6 +100,8 @@ import (
 
 	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/btree"
+	"github.com/grovestore/grove/internal/ddstable"
+	"github.com/grovestore/grove/internal/meta"
 	"github.com/grovestore/grove/internal/transport"
 	"github.com/grovestore/grove/internal/treecall"
 )
@@ -176,6 +178,14 @@ type Client struct {
 	// sent in write tokens (a node refuses an attempt that reaches another
 	// tree under the name: TREE_CHANGED).
 	anchors sync.Map
+	// tables: the hash tables' DDS library (tables.go), made at the first
+	// table call.
+	tables struct {
+		sync.Mutex
+		lib    *ddstable.Library
+		meta   *meta.Client
+		closed bool
+	}
 }
 
 // Stats count a client's tokened writes' retries (see Retries).
@@ -269,6 +279,7 @@ func DialOptions(_ context.Context, opts Options, endpoints ...string) (*Client,
 
 // Close closes the connections.
 func (c *Client) Close() error {
+	c.closeTables()
 	var err error
 	for _, cc := range c.conns {
 		err = errors.Join(err, cc.Close())
