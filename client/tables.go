@@ -133,11 +133,11 @@ func (c *Client) CreateTable(ctx context.Context, name string, o TableOptions) e
 func (c *Client) DropTable(ctx context.Context, name string) error {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	_, mc, err := c.library(ctx)
+	lib, _, err := c.library(ctx)
 	if err != nil {
 		return err
 	}
-	return tableError(ddstable.DropTable(ctx, mc, name))
+	return tableError(lib.Drop(ctx, name))
 }
 
 // bound gives ctx the client's CallTimeout if it has no deadline.

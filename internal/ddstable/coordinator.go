@@ -122,6 +122,9 @@ func NewCoordinator(cfg CoordinatorConfig, m *Maps) (*Coordinator, error) {
 // Maps are the coordinator's maps.
 func (c *Coordinator) Maps() *Maps { return c.maps }
 
+// Stamp is the stamp of Maps, computed once per change of the maps.
+func (c *Coordinator) Stamp() Stamp { return c.stamp }
+
 // Done is the session's mark: every operation below it is finished.
 func (c *Coordinator) Done() uint64 {
 	d := c.next

@@ -203,6 +203,23 @@ func (l *Library) dropLocked(t *libTable) {
 	l.effectsLocked(t, t.coord.Drop())
 }
 
+// Drop drops table name (DropTable) and forgets it here at once: this
+// library's later writes to it end "no such table" rather than landing on
+// bricks whose watch has not yet seen the drop. (Another library's write
+// racing with a drop may still report success there and be discarded
+// with the table: see the README's limits.)
+func (l *Library) Drop(ctx context.Context, name string) error {
+	err := DropTable(ctx, l.cfg.Meta, name)
+	if err == nil || errors.Is(err, ErrNoTable) {
+		l.mu.Lock()
+		if t := l.mu.tables[name]; t != nil {
+			l.dropLocked(t)
+		}
+		l.mu.Unlock()
+	}
+	return err
+}
+
 // Maps are the library's copy of name's maps.
 func (l *Library) Maps(ctx context.Context, name string) (*Maps, error) {
 	t, err := l.table(ctx, name)
@@ -329,7 +346,7 @@ func (l *Library) Get(ctx context.Context, table string, key uint64) ([]byte, bo
 	for attempt := 0; ; attempt++ {
 		l.mu.Lock()
 		m := t.coord.Maps()
-		stamp := m.Stamp()
+		stamp := t.coord.Stamp() // (encoding the maps per read cost the whole table's size)
 		_, g := m.Group(key)
 		g = append([]BrickID(nil), g...)
 		l.mu.Unlock()
@@ -380,15 +397,7 @@ func (l *Library) get(ctx context.Context, table string, b BrickID, key uint64, 
 }
 
 func (l *Library) client(ctx context.Context, node uint64) (pb.TableServiceClient, error) {
-	addr, err := l.book.Addr(ctx, node)
-	if err != nil {
-		return nil, err
-	}
-	cc, err := l.conns.Get(addr)
-	if err != nil {
-		return nil, err
-	}
-	return pb.NewTableServiceClient(cc), nil
+	return dialBrick(ctx, l.book, &l.conns, node)
 }
 
 // effectsLocked sends the coordinator's messages and hands out results.

@@ -22,15 +22,6 @@ type BrickID struct {
 
 func (b BrickID) String() string { return fmt.Sprintf("%d.%d", b.Node, b.Inc) }
 
-func brickLess(a, b BrickID) int {
-	switch {
-	case a.Node != b.Node:
-		return cmpU64(a.Node, b.Node)
-	default:
-		return cmpU64(a.Inc, b.Inc)
-	}
-}
-
 func cmpU64(a, b uint64) int {
 	switch {
 	case a < b:

@@ -84,6 +84,7 @@ type Service struct {
 		inc     uint64 // the running incarnation; 0 when none
 		fenced  uint64 // the latest incarnation fenced
 		tables  map[string]*Maps
+		stamps  map[string]Stamp // of tables, computed once per decree
 		reps    map[repKey]*replica
 		retired map[repKey]bool // replicas this incarnation left: never served again
 		// pending: partitions this incarnation copied under its write
@@ -132,6 +133,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.tables = map[string]*Maps{}
+	s.mu.stamps = map[string]Stamp{}
 	s.mu.reps = map[repKey]*replica{}
 	s.mu.retired = map[repKey]bool{}
 	s.mu.pending = map[repKey]map[uint64][]byte{}
@@ -198,8 +200,12 @@ func (s *Service) watch() {
 		for _, err := range bad {
 			s.log.Error("a table's maps do not decode; the table is not served here", "err", err)
 		}
+		stamps := make(map[string]Stamp, len(ts))
+		for name, m := range ts {
+			stamps[name] = m.Stamp()
+		}
 		s.mu.Lock()
-		s.mu.tables = ts
+		s.mu.tables, s.mu.stamps = ts, stamps
 		s.syncLocked(time.Now())
 		s.mu.Unlock()
 	}
@@ -214,15 +220,7 @@ func (s *Service) syncLocked(now time.Time) {
 		return
 	}
 	self := s.self()
-	stamps := map[string]Stamp{} // one encoding per table, not per partition
-	stampOf := func(m *Maps) Stamp {
-		st, ok := stamps[m.Table]
-		if !ok {
-			st = m.Stamp()
-			stamps[m.Table] = st
-		}
-		return st
-	}
+	stampOf := func(m *Maps) Stamp { return s.mu.stamps[m.Table] }
 	for k, r := range s.mu.reps {
 		m, ok := s.mu.tables[k.table]
 		if !ok || m.Gen != k.gen {
@@ -373,11 +371,17 @@ func (s *Service) propose(k repKey, r *replica, p Proposal) {
 }
 
 func (s *Service) client(ctx context.Context, node uint64) (pb.TableServiceClient, error) {
-	addr, err := s.book.Addr(ctx, node)
+	return dialBrick(ctx, s.book, &s.conns, node)
+}
+
+// dialBrick is a TableService client of node's brick, at the address the
+// book has for it, on a pooled connection.
+func dialBrick(ctx context.Context, book *meta.AddressBook, conns *transport.Pool, node uint64) (pb.TableServiceClient, error) {
+	addr, err := book.Addr(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	cc, err := s.conns.Get(addr)
+	cc, err := conns.Get(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -511,11 +515,7 @@ func (s *Service) Prepare(_ context.Context, req *pb.TablePrepareRequest) (*pb.T
 		// caller's maps differ from what this brick runs. A "no" it does
 		// not record: a later copy of this prepare may find the replica
 		// (review 121, finding 1).
-		st := Stamp{}
-		if m := s.mu.tables[req.Table]; m != nil {
-			st = m.Stamp()
-		}
-		return &pb.TableVote{Reason: uint32(ReasonNotServing), Stamp: stampPB(st)}, nil
+		return &pb.TableVote{Reason: uint32(ReasonNotServing), Stamp: stampPB(s.mu.stamps[req.Table])}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -567,7 +567,7 @@ func (s *Service) Get(_ context.Context, req *pb.TableGetRequest) (*pb.TableGetR
 	}
 	_, r, err := s.servingLocked(req.Table, partPB(m.DP.Lookup(req.Key)), req.To)
 	if errors.Is(err, errNotServing) {
-		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_NOT_SERVING, Stamp: stampPB(m.Stamp())}, nil
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_NOT_SERVING, Stamp: stampPB(s.mu.stamps[req.Table])}, nil
 	}
 	if err != nil {
 		return nil, err

@@ -319,13 +319,9 @@ func (s *sim) brickTick() {
 	s.at(10*time.Millisecond, s.brickTick)
 }
 
-func sortedParts(m map[Partition]*Participant) []Partition {
-	var ps []Partition
-	for p := range m {
-		ps = append(ps, p)
-	}
-	slices.SortFunc(ps, func(a, b Partition) int { return int(a.Bits) - int(b.Bits) })
-	return ps
+// sortedParts are m's partitions in order of their bits.
+func sortedParts[V any](m map[Partition]V) []Partition {
+	return slices.SortedFunc(maps.Keys(m), func(a, b Partition) int { return cmpU64(a.Bits, b.Bits) })
 }
 
 // crashBrick stops a brick (want, or any if 0) whose groups all keep
@@ -466,7 +462,7 @@ func (s *sim) recoverStep(b *simBrick) {
 	r := &b.rec
 	switch r.phase {
 	case recIdle:
-		for _, p := range sortPartitions(s.maps.RG) {
+		for _, p := range sortedParts(s.maps.RG) {
 			if _, err := WithLease(s.maps, p, b.id); err == nil {
 				*r = simRecovery{phase: recLeasing, part: p}
 				break
@@ -582,15 +578,6 @@ const (
 	recCopying
 	recJoining
 )
-
-func sortPartitions(rg map[Partition][]BrickID) []Partition {
-	var ps []Partition
-	for p := range rg {
-		ps = append(ps, p)
-	}
-	slices.SortFunc(ps, func(a, b Partition) int { return int(a.Bits) - int(b.Bits) })
-	return ps
-}
 
 // ---- clients
 
