@@ -47,6 +47,8 @@ type ClusterOptions struct {
 	ResvLife time.Duration
 	// RepairEvery is the nodes' [btree] repair_every (0: the default).
 	RepairEvery time.Duration
+	// SplitBytes is the nodes' [tables] split_bytes (0: the default).
+	SplitBytes int64
 }
 
 // StartInProcess starts n nodes (the first three are config-service
@@ -109,6 +111,7 @@ func startCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 			cfg.Chunk.ReservationLife = node.Duration(o.ResvLife)
 		}
 		cfg.BTree.RepairEvery = node.Duration(o.RepairEvery)
+		cfg.Tables.SplitBytes = units.Size(o.SplitBytes)
 		c.Configs = append(c.Configs, cfg)
 		c.Nodes = append(c.Nodes, nil)
 		if err := c.Start(i); err != nil {

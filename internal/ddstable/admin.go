@@ -209,6 +209,14 @@ func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
 			changed = true
 		}
 	}
+	for p, r := range c.Reshaping {
+		if dead[r.Holder] {
+			// A split's or merge's holder that dies loses its lease too
+			// (for a merge, both siblings'); another member may ask again.
+			delete(c.Reshaping, p)
+			changed = true
+		}
+	}
 	if changed {
 		c.Epoch++
 	}
@@ -255,4 +263,54 @@ func RemoveDead(ctx context.Context, mc *meta.Client, dead map[BrickID]bool) (in
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// RequestSplit asks for partition p of table name to split: it decrees the
+// split's lease, held by the first member of p's group, whose brick then
+// waits until every member is settled and decrees the split (reshape.go).
+// Watch the maps for its end: p gone from the DP map, or the lease gone.
+func RequestSplit(ctx context.Context, mc *meta.Client, name string, p Partition) (*Maps, error) {
+	return reshapeRequest(ctx, mc, name, func(m *Maps) (*Maps, error) {
+		g, ok := m.RG[p]
+		if !ok {
+			return nil, fmt.Errorf("%w: %v", ErrNoSuchPart, p)
+		}
+		return WithSplitLease(m, p, g[0])
+	})
+}
+
+// RequestMerge asks for the two children of parent to merge into it, as
+// RequestSplit does; they must have the same group.
+func RequestMerge(ctx context.Context, mc *meta.Client, name string, parent Partition) (*Maps, error) {
+	return reshapeRequest(ctx, mc, name, func(m *Maps) (*Maps, error) {
+		zero, _, ok := parent.Children()
+		g := m.RG[zero]
+		if !ok || len(g) == 0 {
+			return nil, fmt.Errorf("merge into %v: %w", parent, ErrNotMergeable)
+		}
+		return WithMergeLease(m, parent, g[0])
+	})
+}
+
+func reshapeRequest(ctx context.Context, mc *meta.Client, name string, fn func(*Maps) (*Maps, error)) (*Maps, error) {
+	var out *Maps
+	_, err := mc.Update(ctx, Namespace, "dds-reshape", func(ns *pb.Namespace) ([]*pb.Op, error) {
+		for _, e := range ns.GetEntries() {
+			if e.Key != TableKey(name) {
+				continue
+			}
+			m, err := DecodeMaps(e.Value)
+			if err != nil {
+				return nil, err
+			}
+			c, err := fn(m)
+			if err != nil {
+				return nil, err
+			}
+			out = c
+			return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: e.Key, Value: c.AppendBinary(nil)}}, nil
+		}
+		return nil, fmt.Errorf("%w: %q", ErrNoTable, name)
+	})
+	return out, err
 }

@@ -65,6 +65,15 @@ func (p Partition) Parent() (Partition, bool) {
 	return Partition{Bits: p.Bits & mask(d), Depth: d}, true
 }
 
+// Sibling is the partition p merges with: p's parent's other child. ok
+// is false for Root.
+func (p Partition) Sibling() (Partition, bool) {
+	if p.Depth == 0 {
+		return Partition{}, false
+	}
+	return Partition{Bits: p.Bits ^ 1<<(p.Depth-1), Depth: p.Depth}, true
+}
+
 func (p Partition) String() string {
 	if p.Depth == 0 {
 		return "*"

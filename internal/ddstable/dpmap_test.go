@@ -206,6 +206,21 @@ func FuzzDecodeMaps(f *testing.F) {
 	m.DP = NewDPMap()
 	m.RG = map[Partition][]BrickID{Root: {br(9)}}
 	f.Add(m.AppendBinary(nil))
+	for _, fn := range []func(*Maps) (*Maps, error){
+		func(m *Maps) (*Maps, error) {
+			return WithSplitLease(m, Partition{Bits: 1, Depth: 2}, m.RG[Partition{Bits: 1, Depth: 2}][1])
+		},
+		func(m *Maps) (*Maps, error) {
+			m.RG[Partition{Bits: 2, Depth: 2}] = slices.Clone(m.RG[Partition{Bits: 0, Depth: 2}])
+			return WithMergeLease(m, Partition{Bits: 0, Depth: 1}, m.RG[Partition{Bits: 0, Depth: 2}][0])
+		},
+	} {
+		r, err := fn(testMaps())
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(r.AppendBinary(nil))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMaps(b)
 		if err != nil {

@@ -86,6 +86,24 @@ type Maps struct {
 	// node's next incarnation takes it over); reads go on. Absent for most
 	// partitions.
 	Joining map[Partition]BrickID
+	// Reshaping: the partitions a split or a merge holds the write lease
+	// of (DDS §4.3: "A similar technique is used for DP map split and
+	// merge operations, except that all replicas must be modified and both
+	// the RG and DP maps are updated at the end of the operation"). Their
+	// members refuse prepares, as under a recovery's lease, until the
+	// holder decrees the new partitions or gives up, or is removed. Absent
+	// for most partitions.
+	Reshaping map[Partition]Reshape
+}
+
+// Reshape is a split's or a merge's write lease on a partition.
+type Reshape struct {
+	// Holder drives it: a member of the partition's group (the first, as
+	// a rule), whose removal from the group ends the lease.
+	Holder BrickID
+	// Merge: the partition merges with its sibling, which holds the same
+	// lease; else it splits in two.
+	Merge bool
 }
 
 // Stamp is what a call piggybacks so that a brick can tell whether the
@@ -140,6 +158,24 @@ func (m *Maps) Validate() error {
 			return fmt.Errorf("ddstable: table %q: brick %v joins partition %v, whose group is full", m.Table, b, p)
 		}
 	}
+	for p, r := range m.Reshaping {
+		g := m.RG[p]
+		switch {
+		case !m.DP.Has(p):
+			return fmt.Errorf("ddstable: table %q: a reshape of partition %v, which the DP map lacks", m.Table, p)
+		case !slices.Contains(g, r.Holder) || r.Holder.Inc == 0:
+			return fmt.Errorf("ddstable: table %q: reshape of %v held by %v, not a member of its group %v", m.Table, p, r.Holder, g)
+		case m.Joining[p] != (BrickID{}):
+			return fmt.Errorf("ddstable: table %q: partition %v is reshaped and recovered into at once", m.Table, p)
+		case !r.Merge && p.Depth >= 64:
+			return fmt.Errorf("ddstable: table %q: %v: %w", m.Table, p, ErrTooDeep)
+		case r.Merge:
+			sib, ok := p.Sibling()
+			if !ok || m.Reshaping[sib] != r || !slices.Equal(m.RG[sib], g) {
+				return fmt.Errorf("ddstable: table %q: a merge of %v without its sibling under the same lease and group", m.Table, p)
+			}
+		}
+	}
 	for _, p := range leaves {
 		g, ok := m.RG[p]
 		if !ok {
@@ -171,10 +207,17 @@ func (m *Maps) Clone() *Maps {
 		c.RG[p] = slices.Clone(g)
 	}
 	c.Joining = maps.Clone(m.Joining)
+	c.Reshaping = maps.Clone(m.Reshaping)
 	return &c
 }
 
-const mapsVersion = 1
+// Format versions of the maps' encoding: version 2 is version 1 with the
+// reshape leases after it, and is written only when there is one, so that
+// maps without one encode as they did before splits existed.
+const (
+	mapsVersion         = 1
+	mapsVersionReshapes = 2
+)
 
 // AppendBinary appends the canonical encoding of m:
 //
@@ -189,11 +232,21 @@ const mapsVersion = 1
 //	            incarnation), in group order
 //	  uvarint   the joining brick's node, 0 if none; if not 0, its
 //	            incarnation as a uvarint
+//	version 2 only (the maps hold a reshape lease):
+//	uvarint   the number of reshape leases, at least 1
+//	per lease, in the DP map's trie order of its partition:
+//	  uvarint   the partition's index in that order (increasing)
+//	  byte      1 for a merge, 0 for a split
+//	  uvarint   ×2 the holder's node and incarnation
 //
 // A group's order is kept (it is not sorted): the first member is the one a
 // recovering brick asks first, so it is part of what the hash covers.
 func (m *Maps) AppendBinary(b []byte) []byte {
-	b = append(b, mapsVersion)
+	if len(m.Reshaping) > 0 {
+		b = append(b, mapsVersionReshapes)
+	} else {
+		b = append(b, mapsVersion)
+	}
 	b = appendUvarint(b, uint64(len(m.Table)))
 	b = append(b, m.Table...)
 	b = binary.LittleEndian.AppendUint64(b, m.Gen)
@@ -215,6 +268,24 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 		b = appendUvarint(b, j.Node)
 		b = appendUvarint(b, j.Inc)
 	}
+	if len(m.Reshaping) == 0 {
+		return b
+	}
+	b = appendUvarint(b, uint64(len(m.Reshaping)))
+	for i, p := range m.DP.Leaves() {
+		r, ok := m.Reshaping[p]
+		if !ok {
+			continue
+		}
+		b = appendUvarint(b, uint64(i))
+		if r.Merge {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
+		b = appendUvarint(b, r.Holder.Node)
+		b = appendUvarint(b, r.Holder.Inc)
+	}
 	return b
 }
 
@@ -223,8 +294,9 @@ func DecodeMaps(b []byte) (*Maps, error) {
 	if len(b) == 0 {
 		return nil, errors.New("ddstable: maps: empty")
 	}
-	if b[0] != mapsVersion {
-		return nil, fmt.Errorf("ddstable: maps: format version %d, this build reads %d", b[0], mapsVersion)
+	version := b[0]
+	if version != mapsVersion && version != mapsVersionReshapes {
+		return nil, fmt.Errorf("ddstable: maps: format version %d, this build reads %d and %d", b[0], mapsVersion, mapsVersionReshapes)
 	}
 	b = b[1:]
 	n, b, err := readUvarint(b, "table name length")
@@ -287,6 +359,11 @@ func DecodeMaps(b []byte) (*Maps, error) {
 			m.Joining[p] = j
 		}
 	}
+	if version == mapsVersionReshapes {
+		if b, err = m.decodeReshapes(b); err != nil {
+			return nil, err
+		}
+	}
 	if len(b) != 0 {
 		return nil, fmt.Errorf("ddstable: maps: %d bytes left over", len(b))
 	}
@@ -294,6 +371,43 @@ func DecodeMaps(b []byte) (*Maps, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// decodeReshapes reads version 2's reshape leases into m.
+func (m *Maps) decodeReshapes(b []byte) ([]byte, error) {
+	leaves := m.DP.Leaves()
+	n, b, err := readUvarint(b, "reshape count")
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n > uint64(len(leaves)) {
+		return nil, fmt.Errorf("ddstable: maps: %d reshape leases over %d partitions (version 2 has 1 or more)", n, len(leaves))
+	}
+	m.Reshaping = make(map[Partition]Reshape, n)
+	next := uint64(0)
+	for range n {
+		var i uint64
+		if i, b, err = readUvarint(b, "reshape partition"); err != nil {
+			return nil, err
+		}
+		if i < next || i >= uint64(len(leaves)) {
+			return nil, fmt.Errorf("ddstable: maps: reshape of partition index %d (from %d, of %d)", i, next, len(leaves))
+		}
+		next = i + 1
+		if len(b) == 0 || b[0] > 1 {
+			return nil, errors.New("ddstable: maps: a reshape's kind is truncated or not 0 or 1")
+		}
+		r := Reshape{Merge: b[0] == 1}
+		b = b[1:]
+		if r.Holder.Node, b, err = readUvarint(b, "reshape holder node"); err != nil {
+			return nil, err
+		}
+		if r.Holder.Inc, b, err = readUvarint(b, "reshape holder incarnation"); err != nil {
+			return nil, err
+		}
+		m.Reshaping[leaves[i]] = r
+	}
+	return b, nil
 }
 
 func appendUvarint(b []byte, v uint64) []byte { return binary.AppendUvarint(b, v) }
@@ -331,6 +445,8 @@ func WithLease(m *Maps, p Partition, b BrickID) (*Maps, error) {
 		return nil, ErrNotShort
 	case slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == b.Node }):
 		return nil, ErrInGroup
+	case m.Reshaping[p] != (Reshape{}):
+		return nil, ErrReshaping
 	}
 	if j, ok := m.Joining[p]; ok && j != b && (j.Node != b.Node || j.Inc > b.Inc) {
 		// (An earlier incarnation of b's node held it: that one has died

@@ -226,6 +226,9 @@ type UnsafeParticipant struct {
 	// CopyInDoubt lets a recovering brick copy while operations are in
 	// doubt here: one that commits after the copy is missing from it.
 	CopyInDoubt bool
+	// ReshapeInDoubt lets a split or merge retire this replica while
+	// operations are in doubt here: they are lost with its records.
+	ReshapeInDoubt bool
 }
 
 // DefaultParticipantConfig has the defaults for brick self.
@@ -303,9 +306,10 @@ func (c ParticipantConfig) Validate() error {
 //     when the source is removed concludes commit by rule 4, over the
 //     source's copied abort (outside review 122). A
 //     newcomer is a new BrickID (an incarnation), never taken for a member
-//     an old operation's group lists. Splits and merges (not built) must
-//     drain the partitions they retire the same way: a retired
-//     participant takes its in-doubt records with it.
+//     an old operation's group lists. Splits and merges drain the
+//     partitions they retire the same way, under a reshape lease
+//     (reshape.go): a retired participant takes its records with it, so
+//     nothing may be in doubt at any member when it retires.
 //
 // Departures from DDS, and why. DDS's rule, "if any peer received a
 // commit, commit; if not, abort", loses a committed write when the only
@@ -336,6 +340,7 @@ type Participant struct {
 	stamp     Stamp
 	members   []BrickID
 	joining   BrickID // the brick holding the partition's write lease; zero if none
+	reshaper  BrickID // the member holding its split's or merge's lease; zero if none
 	gen       uint64  // the table's generation (Maps.Gen)
 
 	// locks: key → the Prepared operation holding its write lock.
@@ -396,7 +401,7 @@ func NewParticipantStamped(cfg ParticipantConfig, m *Maps, p Partition, stamp St
 		cfg.MaxRecords = 8 * cfg.MaxOps
 	}
 	return &Participant{
-		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], gen: m.Gen,
+		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], reshaper: m.Reshaping[p].Holder, gen: m.Gen,
 		locks: map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
 	}, nil
 }
@@ -463,6 +468,7 @@ func (pt *Participant) SetMapsStamped(now time.Time, m *Maps, s Stamp) (Effects,
 	}
 	pt.members = slices.Clone(g)
 	pt.joining = m.Joining[pt.partition]
+	pt.reshaper = m.Reshaping[pt.partition].Holder
 	var e Effects
 	for op, r := range pt.ops {
 		if r.resolving {
@@ -496,7 +502,7 @@ func (pt *Participant) Prepare(now time.Time, req Prepare) Vote {
 	if req.Stamp != pt.stamp || req.Partition != pt.partition || !slices.Equal(req.Group, pt.members) || !pt.partition.Contains(req.Update.Key) {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRepair, Stamp: pt.stamp})
 	}
-	if pt.joining != (BrickID{}) && !pt.cfg.Unsafe.IgnoreLease {
+	if (pt.joining != (BrickID{}) || pt.reshaper != (BrickID{})) && !pt.cfg.Unsafe.IgnoreLease {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRecovering})
 	}
 	if _, held := pt.locks[req.Update.Key]; held {
@@ -829,6 +835,20 @@ func (pt *Participant) CopyReady(joiner BrickID) error {
 		return ErrNoLease
 	}
 	if len(pt.locks) > 0 && !pt.cfg.Unsafe.CopyInDoubt {
+		return ErrInDoubt
+	}
+	return nil
+}
+
+// ReshapeReady says whether this replica is settled for a split or merge
+// (reshape.go, step 2): its maps give holder the partition's reshape
+// lease, so no prepare is accepted here, and nothing is in doubt here. Once
+// true it stays true while the lease lasts.
+func (pt *Participant) ReshapeReady(holder BrickID) error {
+	if holder == (BrickID{}) || pt.reshaper != holder {
+		return ErrNoLease
+	}
+	if len(pt.locks) > 0 && !pt.cfg.Unsafe.ReshapeInDoubt {
 		return ErrInDoubt
 	}
 	return nil

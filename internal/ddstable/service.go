@@ -46,6 +46,10 @@ type ServiceConfig struct {
 	// JanitorEvery is how often the brick asks the failure detector about
 	// the other members of its groups (default 1 s).
 	JanitorEvery time.Duration
+	// SplitBytes: a partition whose replica here holds more than this
+	// many bytes of values is split, by the group's first member (default
+	// DefaultSplitBytes; negative: never on its own, only when asked).
+	SplitBytes int
 	// CallTimeout bounds one query to a peer or one decree (default 2 s).
 	CallTimeout time.Duration
 }
@@ -96,8 +100,16 @@ type Service struct {
 		joining map[repKey]bool
 		// proposing: operations whose outcome proposal is in flight.
 		proposing map[OpID]bool
+		// known: the tables (by generation) this incarnation has seen;
+		// empty replicas are made only for the first maps of a table.
+		known map[tableGen]bool
 	}
 	started sync.Once
+}
+
+type tableGen struct {
+	table string
+	gen   uint64
 }
 
 type repKey struct {
@@ -124,6 +136,9 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.JanitorEvery == 0 {
 		cfg.JanitorEvery = time.Second
 	}
+	if cfg.SplitBytes == 0 {
+		cfg.SplitBytes = DefaultSplitBytes
+	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 2 * time.Second
 	}
@@ -139,6 +154,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.pending = map[repKey]map[uint64][]byte{}
 	s.mu.joining = map[repKey]bool{}
 	s.mu.proposing = map[OpID]bool{}
+	s.mu.known = map[tableGen]bool{}
 	return s
 }
 
@@ -146,11 +162,12 @@ func NewService(cfg ServiceConfig) *Service {
 // BrickID{Node, inc}.
 func (s *Service) Start(inc uint64) {
 	s.started.Do(func() {
-		s.wg.Add(4)
+		s.wg.Add(5)
 		go s.watch()
 		go s.ticker()
 		go s.janitor()
 		go s.recoverer()
+		go s.reshaper()
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -179,6 +196,7 @@ func (s *Service) dropAllLocked() {
 	clear(s.mu.retired)
 	clear(s.mu.pending)
 	clear(s.mu.joining)
+	clear(s.mu.known)
 }
 
 // Close stops the service.
@@ -221,6 +239,7 @@ func (s *Service) syncLocked(now time.Time) {
 	}
 	self := s.self()
 	stampOf := func(m *Maps) Stamp { return s.mu.stamps[m.Table] }
+	retiring := map[tableGen]map[Partition]Retiree[[]byte]{}
 	for k, r := range s.mu.reps {
 		m, ok := s.mu.tables[k.table]
 		if !ok || m.Gen != k.gen {
@@ -233,8 +252,33 @@ func (s *Service) syncLocked(now time.Time) {
 			s.effectsLocked(k, r, e)
 			if !member {
 				delete(s.mu.reps, k)
-				s.mu.retired[k] = true
-				s.log.Warn("replica dropped: this brick left the group", "table", k.table, "partition", k.part, "epoch", m.Epoch)
+				tg := tableGen{k.table, k.gen}
+				if retiring[tg] == nil {
+					retiring[tg] = map[Partition]Retiree[[]byte]{}
+				}
+				retiring[tg][k.part] = Retiree[[]byte]{Store: r.store, Settled: r.pt.InDoubt() == 0}
+			}
+		}
+	}
+	// What a split or a merge hands on (reshape.go, step 3); any other
+	// replica retired is dropped for good.
+	inherited := map[repKey]map[uint64][]byte{}
+	for tg, ret := range retiring {
+		m := s.mu.tables[tg.table]
+		stores, lost := Inherit(m, self, ret)
+		for p, st := range stores {
+			inherited[repKey{tg.table, tg.gen, p}] = st
+		}
+		for _, p := range lost {
+			s.log.Error("partition not served: a split or merge retired this brick's replica of it with operations in doubt, or without both halves",
+				"table", tg.table, "partition", p, "epoch", m.Epoch)
+		}
+		for p := range ret {
+			if len(stores) == 0 && len(lost) == 0 {
+				s.mu.retired[repKey{tg.table, tg.gen, p}] = true
+				s.log.Warn("replica dropped: this brick left the group", "table", tg.table, "partition", p, "epoch", m.Epoch)
+			} else {
+				s.log.Info("replica retired by a split or merge", "table", tg.table, "partition", p, "epoch", m.Epoch)
 			}
 		}
 	}
@@ -244,12 +288,45 @@ func (s *Service) syncLocked(now time.Time) {
 		}
 	}
 	for name, m := range s.mu.tables {
+		tg := tableGen{name, m.Gen}
+		fresh := !s.mu.known[tg]
+		s.mu.known[tg] = true
 		for p, g := range m.RG {
 			k := repKey{name, m.Gen, p}
-			if !slices.Contains(g, self) || s.mu.reps[k] != nil || s.mu.retired[k] {
+			if !slices.Contains(g, self) || s.mu.reps[k] != nil {
+				continue
+			}
+			if st, ok := inherited[k]; ok {
+				pc := s.cfg.Participant
+				pc.Self = self
+				pt, err := NewParticipantStamped(pc, m, p, stampOf(m))
+				if err != nil {
+					s.log.Error("replica not started", "table", name, "partition", p, "err", err)
+					continue
+				}
+				r := &replica{pt: pt, store: st}
+				for _, v := range st {
+					r.bytes += len(v)
+				}
+				delete(s.mu.retired, k) // a partition split and merged back
+				s.mu.reps[k] = r
+				s.log.Info("replica serves, made by a split or merge", "table", name, "partition", p, "keys", len(st), "epoch", m.Epoch)
+				continue
+			}
+			if s.mu.retired[k] {
 				continue
 			}
 			store, copied := s.mu.pending[k]
+			if !copied && !fresh {
+				// Listed, with neither a copy nor a split's or merge's data:
+				// a group lists a brick empty only at the table's creation,
+				// which is the first maps of the table this incarnation saw
+				// (a brick joins later only by recovery, with a copy).
+				if !s.mu.joining[k] {
+					s.log.Error("replica not started: listed without a copy or an inherited store", "table", name, "partition", p, "epoch", m.Epoch)
+				}
+				continue
+			}
 			if !copied && s.mu.joining[k] {
 				// Listed by a recovery of this incarnation whose copy is gone:
 				// never serve it empty.
@@ -611,6 +688,11 @@ func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.Tabl
 func (s *Service) Copy(req *pb.TableCopyRequest, stream pb.TableService_CopyServer) error {
 	s.mu.Lock()
 	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if err == nil && req.Probe && r.pt.ReshapeReady(brickOf(req.From)) == nil {
+		// A split's or merge's holder asking whether this member is settled.
+		s.mu.Unlock()
+		return stream.Send(&pb.TableCopyChunk{Last: true})
+	}
 	if err == nil {
 		if err = r.pt.CopyReady(brickOf(req.From)); err != nil {
 			err = status.Error(codes.FailedPrecondition, err.Error())
@@ -934,5 +1016,154 @@ func (s *Service) copyFrom(k repKey, from, self BrickID, probe bool) (map[uint64
 			}
 			return data, nil
 		}
+	}
+}
+
+// DefaultSplitBytes is the partition size past which a brick splits a
+// partition on its own: a recovery copies a partition in one piece (DDS
+// kept partitions "relatively small (~100MB)" so that one copies "within 1
+// to 10 seconds").
+const DefaultSplitBytes = 64 << 20
+
+// reshaper runs the splits and merges whose lease this brick holds
+// (reshape.go), and asks for the split of every partition whose group this
+// brick heads and whose replica here has grown past SplitBytes.
+func (s *Service) reshaper() {
+	defer s.wg.Done()
+	failed := map[repKey]time.Time{} // partitions not to split on their own before then
+	t := time.NewTimer(s.cfg.JanitorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		self := s.self()
+		var held, grown []repKey // held: for a merge, the parent
+		merge := map[repKey]bool{}
+		if s.mu.inc != 0 {
+			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
+				m := s.mu.tables[name]
+				for _, p := range m.DP.Leaves() {
+					k := repKey{name, m.Gen, p}
+					r, leased := m.Reshaping[p]
+					switch {
+					case leased && r.Holder == self && !r.Merge:
+						held = append(held, k)
+					case leased && r.Holder == self && p.Bits>>(p.Depth-1)&1 == 0:
+						parent, _ := p.Parent()
+						pk := repKey{name, m.Gen, parent}
+						held, merge[pk] = append(held, pk), true
+					case !leased && m.Joining[p] == (BrickID{}) && s.cfg.SplitBytes > 0 && !now.Before(failed[k]):
+						if rep := s.mu.reps[k]; rep != nil && m.RG[p][0] == self && rep.bytes > s.cfg.SplitBytes && p.Depth < 64 {
+							grown = append(grown, k)
+						}
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+		for _, k := range grown {
+			err := s.updateTable(k, func(m *Maps) (*Maps, error) {
+				if !m.DP.Has(k.part) || m.RG[k.part][0] != self {
+					return nil, nil
+				}
+				return WithSplitLease(m, k.part, self)
+			})
+			if err != nil {
+				failed[k] = time.Now().Add(recoveryBackoff)
+				s.log.Warn("a grown partition's split not started", "table", k.table, "partition", k.part, "err", err)
+				continue
+			}
+			s.log.Info("splitting a grown partition: lease taken", "table", k.table, "partition", k.part, "bytes over", s.cfg.SplitBytes)
+		}
+		for _, k := range held {
+			if s.ctx.Err() != nil {
+				break
+			}
+			s.reshape(k, merge[k], self)
+		}
+		t.Reset(s.cfg.JanitorEvery)
+	}
+}
+
+// reshape runs the split of partition k, or the merge of k's children,
+// whose lease self holds: it waits until every member is settled under the
+// lease, then decrees the new partitions (reshape.go, steps 2-3). After
+// settleTimeout it gives the lease up. The leases are in the maps, so a
+// holder that restarts or loses a decree's answer takes the job up again
+// from the maps; one that dies loses the lease to the janitor.
+func (s *Service) reshape(k repKey, merge bool, self BrickID) {
+	start := time.Now()
+	log := s.log.With("table", k.table, "partition", k.part, "merge", merge)
+	parts := []Partition{k.part}
+	if merge {
+		zero, one, _ := k.part.Children()
+		parts = []Partition{zero, one}
+	}
+	for try := 0; s.ctx.Err() == nil; try++ {
+		if try > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		s.mu.Lock()
+		m := s.mu.tables[k.table]
+		var g []BrickID
+		if m != nil && m.Gen == k.gen && m.Reshaping[parts[0]].Holder == self {
+			g = slices.Clone(m.RG[parts[0]])
+		}
+		live := s.mu.inc == self.Inc
+		s.mu.Unlock()
+		if g == nil || !live {
+			return // done, given up, or no longer this incarnation's
+		}
+		if time.Since(start) > settleTimeout {
+			err := s.updateTable(k, func(m *Maps) (*Maps, error) {
+				c, ok := WithoutReshape(m, parts[0], self)
+				if !ok {
+					return nil, nil
+				}
+				return c, nil
+			})
+			log.Warn("split or merge given up: the members did not all settle under the lease", "lease released", err == nil)
+			return
+		}
+		settled := true
+		for _, b := range g {
+			for _, p := range parts {
+				if _, err := s.copyFrom(repKey{k.table, k.gen, p}, b, self, true); err != nil {
+					settled = false
+				}
+			}
+			if !settled {
+				break
+			}
+		}
+		if !settled {
+			continue
+		}
+		err := s.updateTable(k, func(m *Maps) (*Maps, error) {
+			if merge {
+				if m.DP.Has(k.part) {
+					return nil, nil // a resend found it done
+				}
+				return Merged(m, k.part, self)
+			}
+			if !m.DP.Has(k.part) {
+				return nil, nil
+			}
+			return Split(m, k.part, self)
+		})
+		if err == nil {
+			log.Info("partition reshaped", "took", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if errors.Is(err, ErrReshapeLost) || errors.Is(err, ErrNoTable) {
+			log.Warn("split or merge given up: its lease is gone", "err", err)
+			return
+		}
+		log.Warn("split or merge decree not known to have landed; trying again", "err", err)
 	}
 }

@@ -288,10 +288,15 @@ func TestServiceTableDropCreate(t *testing.T) {
 // startTables starts three nodes in this process and waits until each
 // has registered (and so runs a brick); everything stops with the test.
 func startTables(t *testing.T, limit time.Duration) (context.Context, *bench.InProcessCluster, *meta.Client) {
+	return startTablesWith(t, limit, bench.ClusterOptions{})
+}
+
+func startTablesWith(t *testing.T, limit time.Duration, o bench.ClusterOptions) (context.Context, *bench.InProcessCluster, *meta.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	t.Cleanup(cancel)
-	c, err := bench.StartCluster(t.TempDir(), 3, bench.ClusterOptions{Log: testLog()})
+	o.Log = testLog()
+	c, err := bench.StartCluster(t.TempDir(), 3, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,6 +68,7 @@ type simConfig struct {
 	crashAfterAnswer      float64 // per termination answer: the answering brick crashes right after
 	crashAfterCopy        float64 // per recovery copy served: the source crashes right after
 	pauses                int     // per brick and per library
+	reshapes              int     // splits or merges asked for, per run
 	// The libraries' vote timeout and deadline (0: 120 ms and 600 ms,
 	// inside the bricks' 150 ms prepare timeout plus a round trip).
 	voteTimeout, deadline time.Duration
@@ -76,7 +77,7 @@ type simConfig struct {
 
 func defaultSimConfig() simConfig {
 	return simConfig{clients: 4, opsPerClient: 40, keys: 8, drop: 0.03, dup: 0.02,
-		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, crashAfterCopy: 0.3, pauses: 2}
+		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, crashAfterCopy: 0.3, pauses: 2, reshapes: 3}
 }
 
 type sim struct {
@@ -101,6 +102,7 @@ type sim struct {
 	pcfg     ParticipantConfig
 	ccfg     CoordinatorConfig
 	violates []string
+	reshaped map[bool]int               // splits (false) and merges (true) decreed
 	decided  map[OpID]map[BrickID]State // every decision of a prepared operation, as made
 }
 
@@ -168,7 +170,7 @@ const simEnd = math.MaxInt64 / 2
 
 func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
 	s := &sim{t: t, seed: seed, cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, bricks: map[BrickID]*simBrick{}, faults: true}
+		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, reshaped: map[bool]int{}, bricks: map[BrickID]*simBrick{}, faults: true}
 	dp, _ := NewDPMapUniform(1)
 	s.maps = &Maps{Table: "sim", Epoch: 1, Replicas: 3, DP: dp, RG: map[Partition][]BrickID{
 		{Bits: 0, Depth: 1}: {br(1), br(2), br(3)},
@@ -406,6 +408,7 @@ func (s *sim) decree(m *Maps) {
 // copy for (a brick joins no group but by recovery here: the sim's groups
 // are made at the start).
 func (s *sim) syncBrick(b *simBrick, m *Maps) {
+	retired := map[Partition]Retiree[string]{}
 	for _, p := range sortedParts(b.parts) {
 		if m.Epoch <= b.parts[p].Stamp().Epoch {
 			continue
@@ -413,11 +416,20 @@ func (s *sim) syncBrick(b *simBrick, m *Maps) {
 		e, member := b.parts[p].SetMaps(s.now, m)
 		s.brickEffects(b, p, e)
 		if !member {
+			retired[p] = Retiree[string]{Store: b.store[p], Settled: b.parts[p].InDoubt() == 0 || s.cfg.unsafe.ReshapeInDoubt}
 			delete(b.parts, p)
+			delete(b.store, p)
 		}
+	}
+	inherited, lost := Inherit(m, b.id, retired)
+	if len(lost) > 0 {
+		s.fail("brick %v: partitions %v made by a split or merge without their data here", b.id, lost)
 	}
 	for p, g := range m.RG {
 		data, ok := b.pending[p]
+		if st, made := inherited[p]; made {
+			data, ok = st, true
+		}
 		if !ok || !slices.Contains(g, b.id) || b.parts[p] != nil {
 			continue
 		}
@@ -563,6 +575,96 @@ func (s *sim) recoverStep(b *simBrick) {
 			}
 		})
 	}
+}
+
+// reshapeAt asks, at a random time, for a split of a random partition,
+// or for a merge of two siblings with one group if there are such, as
+// RequestSplit and RequestMerge do; the holder (the group's first member)
+// then drives it as service.go's reshaper does: every member settled under
+// the lease, asked each tick, then the decree of the new partitions. Every
+// step is a message that may be lost or repeated.
+func (s *sim) reshapeAt(d time.Duration) {
+	s.at(d, func() {
+		if !s.faults {
+			return
+		}
+		var merges []Partition
+		for _, p := range sortedParts(s.maps.RG) {
+			if parent, ok := p.Parent(); ok && p.Bits>>(p.Depth-1)&1 == 0 {
+				if _, err := WithMergeLease(s.maps, parent, s.maps.RG[p][0]); err == nil {
+					merges = append(merges, parent)
+				}
+			}
+		}
+		parts := sortedParts(s.maps.RG)
+		var m *Maps
+		var err error
+		var target Partition
+		merge := len(merges) > 0 && s.rng.IntN(2) == 0
+		if merge {
+			target = merges[s.rng.IntN(len(merges))]
+			zero, _, _ := target.Children()
+			m, err = WithMergeLease(s.maps, target, s.maps.RG[zero][0])
+		} else {
+			target = parts[s.rng.IntN(len(parts))]
+			m, err = WithSplitLease(s.maps, target, s.maps.RG[target][0])
+		}
+		if err != nil {
+			return // leased, or being recovered into: not now
+		}
+		probe := []Partition{target} // the leased partitions
+		if merge {
+			zero, one, _ := target.Children()
+			probe = []Partition{zero, one}
+		}
+		lp := probe[0]
+		holder := s.bricks[m.Reshaping[lp].Holder]
+		s.trace("decree: epoch %d: %v holds the lease to reshape %v (merge %v)", m.Epoch, holder.id, target, merge)
+		s.decree(m)
+		settled := map[BrickID]bool{}
+		var tick func()
+		tick = func() {
+			if !holder.alive || s.maps.Reshaping[lp].Holder != holder.id {
+				return // the holder died (the janitor ends the lease), or done
+			}
+			s.at(100*time.Millisecond, tick)
+			s.on(&holder.pauser, func() {
+				all := true
+				for _, id := range s.maps.RG[lp] {
+					all = all && settled[id]
+					mem := s.bricks[id]
+					s.net(s.on(&mem.pauser, func() {
+						ready := mem.alive
+						for _, p := range probe {
+							pt := mem.parts[p]
+							ready = ready && pt != nil && pt.ReshapeReady(holder.id) == nil
+						}
+						if ready {
+							s.net(s.on(&holder.pauser, func() { settled[id] = true }))
+						}
+					}))
+				}
+				if !all {
+					return
+				}
+				s.net(func() { // the decree, to the config service
+					var c *Maps
+					var err error
+					if merge {
+						c, err = Merged(s.maps, target, holder.id)
+					} else {
+						c, err = Split(s.maps, target, holder.id)
+					}
+					if err == nil {
+						s.reshaped[merge]++
+						s.trace("decree: epoch %d: %v reshaped (merge %v)", c.Epoch, target, merge)
+						s.decree(c)
+					}
+				})
+			})()
+		}
+		s.at(time.Millisecond, tick)
+	})
 }
 
 type simRecovery struct {
@@ -862,6 +964,9 @@ func (s *sim) run() {
 	for _, c := range s.clients {
 		s.pauses(&c.pauser)
 	}
+	for range s.cfg.reshapes {
+		s.reshapeAt(time.Duration(50+s.rng.IntN(4000)) * time.Millisecond)
+	}
 	for i := 0; i < s.cfg.randomCrashes; i++ {
 		s.at(time.Duration(100+s.rng.IntN(3000))*time.Millisecond, func() { s.crashBrick(BrickID{}) })
 	}
@@ -879,11 +984,23 @@ func (s *sim) run() {
 	}
 	// Heal: no more loss or crashes; let terminations and sweeps run.
 	s.faults = false
-	settle := s.now.Add(5 * time.Second)
-	for s.q.Len() > 0 && s.now.Before(settle) {
+	// Recoveries, splits and merges still running finish first (with many
+	// partitions, a restarted brick's recoveries take seconds): at least
+	// 5 s, then until no lease has been held for a second, within 60 s.
+	settle, limit := s.now.Add(5*time.Second), s.now.Add(60*time.Second)
+	var quietSince time.Time
+	for s.q.Len() > 0 && s.now.Before(limit) {
 		e := heap.Pop(&s.q).(*simEvent)
 		s.now = e.at
 		e.fn()
+		if len(s.maps.Joining)+len(s.maps.Reshaping) > 0 {
+			quietSince = time.Time{}
+		} else if quietSince.IsZero() {
+			quietSince = s.now
+		}
+		if !s.now.Before(settle) && !quietSince.IsZero() && s.now.Sub(quietSince) >= time.Second {
+			break
+		}
 	}
 	s.check()
 }
@@ -1017,6 +1134,7 @@ func simProfile(seed uint64) simConfig {
 // seed must pass the oracle. Replay one with GROVE_DDS_SEED=N.
 func TestSimTwoPhaseCommit(t *testing.T) {
 	base, n := simSeeds(t, 300)
+	splits, merges := 0, 0
 	for seed := base; seed < base+uint64(n); seed++ {
 		s := newSim(t, seed, simProfile(seed))
 		func() {
@@ -1027,12 +1145,13 @@ func TestSimTwoPhaseCommit(t *testing.T) {
 			}()
 			s.run()
 		}()
+		splits, merges = splits+s.reshaped[false], merges+s.reshaped[true]
 		if len(s.violates) > 0 {
 			t.Fatalf("seed %d (replay: GROVE_DDS_SEED=%d go test ./internal/ddstable -run TestSimTwoPhaseCommit): %v",
 				seed, seed, s.violates)
 		}
 	}
-	t.Logf("seeds %d..%d passed", base, base+uint64(n)-1)
+	t.Logf("seeds %d..%d passed; %d splits and %d merges decreed", base, base+uint64(n)-1, splits, merges)
 }
 
 // TestSimTeeth: the oracle catches each broken rule on some seed.
@@ -1041,19 +1160,24 @@ func TestSimTeeth(t *testing.T) {
 		t.Skip("single-threaded simulations: the race detector has nothing to compare; the full suite runs them")
 	}
 	for _, tc := range []struct {
-		name   string
-		unsafe UnsafeParticipant
+		name     string
+		unsafe   UnsafeParticipant
+		reshapes int // if not 0, per run (more windows for the broken rule)
 	}{
-		{"paper-rule", UnsafeParticipant{PaperRule: true}},
-		{"no-freeze", UnsafeParticipant{NoFreeze: true}},
-		{"local-decide", UnsafeParticipant{LocalDecide: true}},
-		{"ignore-lease", UnsafeParticipant{IgnoreLease: true}},
-		{"copy-in-doubt", UnsafeParticipant{CopyInDoubt: true}},
+		{"paper-rule", UnsafeParticipant{PaperRule: true}, 0},
+		{"no-freeze", UnsafeParticipant{NoFreeze: true}, 0},
+		{"local-decide", UnsafeParticipant{LocalDecide: true}, 0},
+		{"ignore-lease", UnsafeParticipant{IgnoreLease: true}, 0},
+		{"copy-in-doubt", UnsafeParticipant{CopyInDoubt: true}, 0},
+		{"reshape-in-doubt", UnsafeParticipant{ReshapeInDoubt: true}, 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 2000; seed++ {
 				cfg := simProfile(seed)
 				cfg.unsafe = tc.unsafe
+				if tc.reshapes != 0 {
+					cfg.reshapes = tc.reshapes
+				}
 				s := newSim(t, seed, cfg)
 				s.run()
 				for _, v := range s.violates {

@@ -117,6 +117,17 @@ type BTreeConfig struct {
 	CacheNodes int `toml:"cache_nodes"`
 }
 
+// TableConfig is the [tables] section: the node's DDS brick.
+type TableConfig struct {
+	// SplitBytes: a partition whose replica here holds more than this
+	// many bytes of values is split by the node, if it heads the
+	// partition's group (default 64 MiB).
+	SplitBytes units.Size `toml:"split_bytes"`
+	// NoAutoSplit: partitions split only when an operator asks (`grove
+	// table split`).
+	NoAutoSplit bool `toml:"no_auto_split"`
+}
+
 type FDConfig struct {
 	Interval    Duration `toml:"interval"`
 	GracePeriod Duration `toml:"grace_period"`
@@ -166,6 +177,7 @@ type Config struct {
 	RLDev    RLDevConfig `toml:"rldev"`
 	Chunk    ChunkConfig `toml:"chunk"`
 	BTree    BTreeConfig `toml:"btree"`
+	Tables   TableConfig `toml:"tables"`
 	FD       FDConfig    `toml:"fd"`
 	Raft     RaftConfig  `toml:"raft"`
 	// ClusterKey authenticates failure-detector datagrams (hex, at least

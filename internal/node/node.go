@@ -283,7 +283,11 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	pb.RegisterTreeServiceServer(n.grpc, n.btree)
 	// Every node runs a DDS brick (it holds replicas once a table's groups
 	// list the node's incarnation).
-	n.tables = ddstable.NewService(ddstable.ServiceConfig{Node: cfg.ID, Meta: n.client, Detector: n.status, Live: n, Log: n.log})
+	splitBytes := int(cfg.Tables.SplitBytes)
+	if cfg.Tables.NoAutoSplit {
+		splitBytes = -1
+	}
+	n.tables = ddstable.NewService(ddstable.ServiceConfig{Node: cfg.ID, Meta: n.client, Detector: n.status, Live: n, Log: n.log, SplitBytes: splitBytes})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.tables.Fence(uint64(inc)) })
 	pb.RegisterTableServiceServer(n.grpc, n.tables)
 	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
