@@ -153,6 +153,18 @@ func TestEndToEndTableSIGKILL(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// A split under the writers' load (DDS §4.3: the replicas settle
+	// under a lease, then split their data in place), and bad requests.
+	exits(2, "table", "split", "users", "0x1")
+	exits(5, "table", "split", "users", "111")
+	exits(5, "table", "merge", "users", "111")
+	exits(5, "table", "split", "nosuch", "01")
+	start := time.Now()
+	if r := must(run("table", "split", "users", "01")); !strings.Contains(r.stdout, "01 split into 001 and 101") {
+		t.Fatalf("split: %q", r.stdout)
+	}
+	t.Logf("partition 01 split under load in %v", time.Since(start).Round(time.Millisecond))
+	exits(1, "table", "merge", "users", "0") // 00 and 10: groups in another order (1,2,3 and 2,3,1)
 	if err := u.Kill(3); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +247,7 @@ func TestEndToEndTableSIGKILL(t *testing.T) {
 	restarted := time.Now()
 	for {
 		s = stat()
-		full := len(s.Replicas) == 12
+		full := len(s.Replicas) == 15 // 5 partitions since the split
 		for _, r := range s.Replicas {
 			full = full && strings.Count(r.Group, ",") == 2 && r.Keys != nil
 		}
@@ -249,13 +261,18 @@ func TestEndToEndTableSIGKILL(t *testing.T) {
 	}
 	t.Logf("node 3 recovered into every group %v after its restart", time.Since(restarted).Round(time.Millisecond))
 	check("after node 3 recovered")
+	// Merged back, with node 3's recovered replicas among the merged.
+	if r := must(run("table", "merge", "users", "01")); !strings.Contains(r.stdout, "001 and 101 merged into 01") {
+		t.Fatalf("merge: %q", r.stdout)
+	}
+	check("after the merge")
 
 	// Node 1 is SIGKILLed: every partition is left with nodes 2 and 3, and
 	// node 3's replicas are the recovered ones.
 	if err := u.Kill(1); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	start = time.Now()
 	must(run("table", "put", "users", "7", "seven again"))
 	t.Logf("the first write after node 1's SIGKILL took %v", time.Since(start).Round(time.Millisecond))
 	mu.Lock()

@@ -35,16 +35,21 @@ identical by two-phase commit. Any replica serves a read. When a node dies, the
 failure detector declares it and its brick leaves every group; the survivors
 go on serving. When it comes back (or another node has room), its brick
 recovers into the groups left short by copying whole partitions, writes to a
-partition waiting while it is copied. Replicas live in memory, as DDS's do: a
+partition waiting while it is copied. A partition whose replicas grow past
+[tables] split_bytes (64 MiB) splits in two, in place, on every replica;
+operators split and merge partitions with grove table split and merge.
+Replicas live in memory, as DDS's do: a
 table survives the loss of all but one replica of each partition, not the
 loss of every one.`,
 		Example: `  grove table create sessions --partitions 8 --replicas 3
   grove table put sessions 42 'hello'
   grove table get sessions 42
   grove table del sessions 42
-  grove table stat sessions`,
+  grove table stat sessions
+  grove table split sessions 01`,
 	}
-	cmd.AddCommand(tableCreateCmd(), tableListCmd(), tableStatCmd(), tablePutCmd(), tableGetCmd(), tableDelCmd(), tableDropCmd())
+	cmd.AddCommand(tableCreateCmd(), tableListCmd(), tableStatCmd(), tablePutCmd(), tableGetCmd(), tableDelCmd(), tableDropCmd(),
+		tableReshapeCmd(false), tableReshapeCmd(true))
 	return cmd
 }
 
@@ -188,7 +193,7 @@ func tableListCmd() *cobra.Command {
 					return tableErr("table list", &c, err)
 				}
 				d := &cli.Doc{}
-				tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING")
+				tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING", "RESHAPING")
 				for _, m := range ts {
 					short := 0
 					for _, g := range m.RG {
@@ -196,7 +201,7 @@ func tableListCmd() *cobra.Command {
 							short++
 						}
 					}
-					tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining))
+					tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining), len(m.Reshaping))
 				}
 				return out.Print(os.Stdout, d)
 			})
@@ -254,6 +259,13 @@ the table's replication degree lost a brick (it serves on with the others).`,
 						}
 						if j, ok := m.Joining[p]; ok {
 							note = fmt.Sprintf("brick %v recovering into the group: writes wait", j)
+						}
+						if r, ok := m.Reshaping[p]; ok {
+							what := "splitting"
+							if r.Merge {
+								what = "merging with its sibling"
+							}
+							note = fmt.Sprintf("%s (held by %v): writes wait", what, r.Holder)
 						}
 						var rs *pb.TableReplicaStatus
 						if r != nil {
@@ -419,4 +431,103 @@ func tableStatusAt(ctx context.Context, addr string) (*pb.TableBrickStatus, erro
 		return nil, err
 	}
 	return pb.NewTableServiceClient(cc).Status(ctx, &pb.TableBrickStatusRequest{})
+}
+
+// tableReshapeCmd is grove table split, or grove table merge.
+func tableReshapeCmd(merge bool) *cobra.Command {
+	var c cli.Client
+	var noWait bool
+	op, use, short, long, example := "table split", "split NAME PARTITION",
+		"Split a partition of a table in two",
+		`Split partition PARTITION of table NAME (as grove table stat writes it: the low
+bits of the key, least significant rightmost; * for a table of one partition)
+into its two children, which keep its replica group: 01 splits into 001 and
+101. Writes to the partition wait while its replicas settle (every write in
+flight decided everywhere); then every replica splits its own data in place,
+and a decree installs the new partitions. Reads go on throughout. The group's
+first brick runs it; if that brick dies, the split is given up and may be
+asked again. Partitions also split on their own past [tables] split_bytes.`,
+		"  grove table split sessions '*'\n  grove table split sessions 01"
+	if merge {
+		op, use, short, long, example = "table merge", "merge NAME PARENT",
+			"Merge two partitions of a table into their parent",
+			`Merge the two children of PARENT in table NAME (partitions 0PARENT and 1PARENT,
+which must have the same replica group, as a split leaves them) into PARENT:
+001 and 101 merge into 01; 0 and 1 into *. Writes to both wait while their
+replicas settle; then every replica merges its own data in place.`,
+			"  grove table merge sessions 01\n  grove table merge sessions '*'"
+	}
+	cmd := &cobra.Command{
+		Use: use, Short: short, Long: long, Example: example,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ddstable.CheckName(args[0]); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			p, err := ddstable.ParsePartition(args[1])
+			if err != nil {
+				return cli.Usagef("%v", err)
+			}
+			return tableRun(cmd, &c, op, func(ctx context.Context, s *tableSession) error {
+				request := ddstable.RequestSplit
+				if merge {
+					request = ddstable.RequestMerge
+				}
+				m, err := request(ctx, s.meta, args[0], p)
+				switch {
+				case errors.Is(err, ddstable.ErrNoSuchPart), errors.Is(err, ddstable.ErrNotMergeable):
+					return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: err.Error(), Hint: "grove table stat " + args[0] + " shows its partitions", Err: err}
+				case errors.Is(err, ddstable.ErrReshaping), errors.Is(err, ddstable.ErrRecovering):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "try again once it is done (grove table stat)", Err: err}
+				case errors.Is(err, ddstable.ErrGroupsDiffer), errors.Is(err, ddstable.ErrTooDeep), errors.Is(err, ddstable.ErrTooMany), errors.Is(err, ddstable.ErrTooBig):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Err: err}
+				case err != nil:
+					return tableErr(op, &c, err)
+				}
+				lease := p
+				if merge {
+					lease, _, _ = p.Children()
+				}
+				holder := m.Reshaping[lease].Holder
+				if noWait {
+					fmt.Printf("%s of %s partition %v asked (epoch %d); brick %v runs it\n", op, args[0], p, m.Epoch, holder)
+					return nil
+				}
+				fmt.Fprintf(os.Stderr, "%s %v: brick %v waits for the replicas to settle...\n", op, p, holder)
+				for {
+					ts, err := ddstable.ListTables(ctx, s.meta)
+					if err != nil {
+						return tableErr(op, &c, err)
+					}
+					i := slices.IndexFunc(ts, func(x *ddstable.Maps) bool { return x.Table == args[0] && x.Gen == m.Gen })
+					if i < 0 {
+						return tableErr(op, &c, fmt.Errorf("%w: %q (dropped meanwhile)", ddstable.ErrNoTable, args[0]))
+					}
+					now := ts[i]
+					zero, one, _ := p.Children()
+					done := merge && now.DP.Has(p) || !merge && now.DP.Has(zero)
+					if done {
+						if merge {
+							fmt.Printf("table %s: %v and %v merged into %v (epoch %d, %d partitions)\n", args[0], zero, one, p, now.Epoch, now.DP.Len())
+						} else {
+							fmt.Printf("table %s: %v split into %v and %v (epoch %d, %d partitions)\n", args[0], p, zero, one, now.Epoch, now.DP.Len())
+						}
+						return nil
+					}
+					if now.Reshaping[lease].Holder != holder {
+						return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the %s (its replicas did not settle in time, or the brick died)", holder, lease, strings.TrimPrefix(op, "table ")),
+							Hint: "grove table stat " + args[0] + " shows the replicas; ask again"}
+					}
+					select {
+					case <-ctx.Done():
+						return tableErr(op, &c, ctx.Err())
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
+	c.Register(cmd, 3*time.Minute) // the holder gives up after 2 minutes
+	return cmd
 }
