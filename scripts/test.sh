@@ -197,7 +197,7 @@ fuzz rldev FuzzDecodePeer FuzzDecodeOnDisk FuzzDecodeTable FuzzDataFrames FuzzRe
 fuzz chunk FuzzDecodeMap FuzzDecodePeer FuzzDecodeTable
 fuzz txn FuzzDecodeLog
 fuzz btree FuzzDecodeNode FuzzDecodeValue FuzzNodeDelta FuzzReview51Delta2 FuzzDirectory
-fuzz ddstable FuzzDecodeMaps
+fuzz ddstable FuzzDecodeMaps FuzzDecodeCheckpoint
 rm -rf "$fuzz_bins"
 
 phase "fault suite (short): three grove servers and a client in network namespaces"

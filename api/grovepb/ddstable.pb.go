@@ -474,6 +474,7 @@ type TableDecideRequest struct {
 	Commit        bool                   `protobuf:"varint,5,opt,name=commit,proto3" json:"commit,omitempty"`
 	Done          uint64                 `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
 	Digest        uint32                 `protobuf:"varint,7,opt,name=digest,proto3" json:"digest,omitempty"` // the update's checksum (ddstable.Update.Digest)
+	Epoch         uint64                 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`   // of the maps the operation was prepared with
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -553,6 +554,13 @@ func (x *TableDecideRequest) GetDone() uint64 {
 func (x *TableDecideRequest) GetDigest() uint32 {
 	if x != nil {
 		return x.Digest
+	}
+	return 0
+}
+
+func (x *TableDecideRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -905,10 +913,12 @@ func (*TableBrickStatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type TableBrickStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
-	Inc           uint64                 `protobuf:"varint,2,opt,name=inc,proto3" json:"inc,omitempty"`
-	Replicas      []*TableReplicaStatus  `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Node     uint64                 `protobuf:"varint,1,opt,name=node,proto3" json:"node,omitempty"`
+	Inc      uint64                 `protobuf:"varint,2,opt,name=inc,proto3" json:"inc,omitempty"`
+	Replicas []*TableReplicaStatus  `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The checkpoint files on this node's disk (any incarnation's).
+	Checkpoints   []*TableCheckpointFile `protobuf:"bytes,4,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -964,6 +974,220 @@ func (x *TableBrickStatus) GetReplicas() []*TableReplicaStatus {
 	return nil
 }
 
+func (x *TableBrickStatus) GetCheckpoints() []*TableCheckpointFile {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+type TableCheckpointFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Gen           uint64                 `protobuf:"varint,2,opt,name=gen,proto3" json:"gen,omitempty"`
+	Id            uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"` // the file's size
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableCheckpointFile) Reset() {
+	*x = TableCheckpointFile{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableCheckpointFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableCheckpointFile) ProtoMessage() {}
+
+func (x *TableCheckpointFile) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableCheckpointFile.ProtoReflect.Descriptor instead.
+func (*TableCheckpointFile) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TableCheckpointFile) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *TableCheckpointFile) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *TableCheckpointFile) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TableCheckpointFile) GetPartition() *TablePartition {
+	if x != nil {
+		return x.Partition
+	}
+	return nil
+}
+
+func (x *TableCheckpointFile) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+// Restore asks a brick to restart partition from its checkpoint file
+// (checkpoint.go): the brick checks that every member of the partition's
+// group is dead, loads the file, and decrees itself the only member.
+type TableRestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Gen           uint64                 `protobuf:"varint,2,opt,name=gen,proto3" json:"gen,omitempty"`
+	Id            uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"` // the table's last checkpoint
+	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	To            *TableBrick            `protobuf:"bytes,5,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableRestoreRequest) Reset() {
+	*x = TableRestoreRequest{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableRestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableRestoreRequest) ProtoMessage() {}
+
+func (x *TableRestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableRestoreRequest.ProtoReflect.Descriptor instead.
+func (*TableRestoreRequest) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TableRestoreRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *TableRestoreRequest) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *TableRestoreRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TableRestoreRequest) GetPartition() *TablePartition {
+	if x != nil {
+		return x.Partition
+	}
+	return nil
+}
+
+func (x *TableRestoreRequest) GetTo() *TableBrick {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type TableRestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          uint64                 `protobuf:"varint,1,opt,name=keys,proto3" json:"keys,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"` // of the decree
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableRestoreResponse) Reset() {
+	*x = TableRestoreResponse{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableRestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableRestoreResponse) ProtoMessage() {}
+
+func (x *TableRestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableRestoreResponse.ProtoReflect.Descriptor instead.
+func (*TableRestoreResponse) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TableRestoreResponse) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *TableRestoreResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type TableReplicaStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
@@ -978,7 +1202,7 @@ type TableReplicaStatus struct {
 
 func (x *TableReplicaStatus) Reset() {
 	*x = TableReplicaStatus{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1214,7 @@ func (x *TableReplicaStatus) String() string {
 func (*TableReplicaStatus) ProtoMessage() {}
 
 func (x *TableReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1227,7 @@ func (x *TableReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableReplicaStatus.ProtoReflect.Descriptor instead.
 func (*TableReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TableReplicaStatus) GetTable() string {
@@ -1065,7 +1289,7 @@ type TableCopyRequest struct {
 
 func (x *TableCopyRequest) Reset() {
 	*x = TableCopyRequest{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	mi := &file_grovepb_ddstable_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1301,7 @@ func (x *TableCopyRequest) String() string {
 func (*TableCopyRequest) ProtoMessage() {}
 
 func (x *TableCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	mi := &file_grovepb_ddstable_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1314,7 @@ func (x *TableCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCopyRequest.ProtoReflect.Descriptor instead.
 func (*TableCopyRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TableCopyRequest) GetTable() string {
@@ -1138,7 +1362,7 @@ type TableEntry struct {
 
 func (x *TableEntry) Reset() {
 	*x = TableEntry{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	mi := &file_grovepb_ddstable_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1374,7 @@ func (x *TableEntry) String() string {
 func (*TableEntry) ProtoMessage() {}
 
 func (x *TableEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	mi := &file_grovepb_ddstable_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1387,7 @@ func (x *TableEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableEntry.ProtoReflect.Descriptor instead.
 func (*TableEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TableEntry) GetKey() uint64 {
@@ -1191,7 +1415,7 @@ type TableCopyChunk struct {
 
 func (x *TableCopyChunk) Reset() {
 	*x = TableCopyChunk{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	mi := &file_grovepb_ddstable_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1427,7 @@ func (x *TableCopyChunk) String() string {
 func (*TableCopyChunk) ProtoMessage() {}
 
 func (x *TableCopyChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	mi := &file_grovepb_ddstable_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1440,7 @@ func (x *TableCopyChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCopyChunk.ProtoReflect.Descriptor instead.
 func (*TableCopyChunk) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TableCopyChunk) GetEntries() []*TableEntry {
@@ -1274,7 +1498,7 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\tTableVote\x12\x10\n" +
 	"\x03yes\x18\x01 \x01(\bR\x03yes\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\rR\x06reason\x12*\n" +
-	"\x05stamp\x18\x03 \x01(\v2\x14.grove.v1.TableStampR\x05stamp\"\xf1\x01\n" +
+	"\x05stamp\x18\x03 \x01(\v2\x14.grove.v1.TableStampR\x05stamp\"\x87\x02\n" +
 	"\x12TableDecideRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12#\n" +
@@ -1282,7 +1506,8 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x16\n" +
 	"\x06commit\x18\x05 \x01(\bR\x06commit\x12\x12\n" +
 	"\x04done\x18\x06 \x01(\x04R\x04done\x12\x16\n" +
-	"\x06digest\x18\a \x01(\rR\x06digest\" \n" +
+	"\x06digest\x18\a \x01(\rR\x06digest\x12\x14\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\" \n" +
 	"\bTableAck\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\rR\x05state\"\xec\x01\n" +
 	"\x11TableQueryRequest\x12\x14\n" +
@@ -1309,11 +1534,27 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\vRESULT_BUSY\x10\x01\x12\x11\n" +
 	"\rRESULT_REPAIR\x10\x02\x12\x16\n" +
 	"\x12RESULT_NOT_SERVING\x10\x03\"\x19\n" +
-	"\x17TableBrickStatusRequest\"r\n" +
+	"\x17TableBrickStatusRequest\"\xb3\x01\n" +
 	"\x10TableBrickStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\x04R\x04node\x12\x10\n" +
 	"\x03inc\x18\x02 \x01(\x04R\x03inc\x128\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.TableReplicaStatusR\breplicas\"\xbd\x01\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1c.grove.v1.TableReplicaStatusR\breplicas\x12?\n" +
+	"\vcheckpoints\x18\x04 \x03(\v2\x1d.grove.v1.TableCheckpointFileR\vcheckpoints\"\x9b\x01\n" +
+	"\x13TableCheckpointFile\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x10\n" +
+	"\x03gen\x18\x02 \x01(\x04R\x03gen\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x126\n" +
+	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\xab\x01\n" +
+	"\x13TableRestoreRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x10\n" +
+	"\x03gen\x18\x02 \x01(\x04R\x03gen\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x126\n" +
+	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12$\n" +
+	"\x02to\x18\x05 \x01(\v2\x14.grove.v1.TableBrickR\x02to\"@\n" +
+	"\x14TableRestoreResponse\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\x04R\x04keys\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xbd\x01\n" +
 	"\x12TableReplicaStatus\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x126\n" +
 	"\tpartition\x18\x02 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x14\n" +
@@ -1334,14 +1575,15 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x0eTableCopyChunk\x12.\n" +
 	"\aentries\x18\x01 \x03(\v2\x14.grove.v1.TableEntryR\aentries\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x14\n" +
-	"\x05total\x18\x03 \x01(\x04R\x05total2\x92\x03\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total2\xdc\x03\n" +
 	"\fTableService\x12=\n" +
 	"\aPrepare\x12\x1d.grove.v1.TablePrepareRequest\x1a\x13.grove.v1.TableVote\x12:\n" +
 	"\x06Decide\x12\x1c.grove.v1.TableDecideRequest\x1a\x12.grove.v1.TableAck\x12@\n" +
 	"\x05Query\x12\x1b.grove.v1.TableQueryRequest\x1a\x1a.grove.v1.TableQueryAnswer\x12<\n" +
 	"\x03Get\x12\x19.grove.v1.TableGetRequest\x1a\x1a.grove.v1.TableGetResponse\x12G\n" +
 	"\x06Status\x12!.grove.v1.TableBrickStatusRequest\x1a\x1a.grove.v1.TableBrickStatus\x12>\n" +
-	"\x04Copy\x12\x1a.grove.v1.TableCopyRequest\x1a\x18.grove.v1.TableCopyChunk0\x01B)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
+	"\x04Copy\x12\x1a.grove.v1.TableCopyRequest\x1a\x18.grove.v1.TableCopyChunk0\x01\x12H\n" +
+	"\aRestore\x12\x1d.grove.v1.TableRestoreRequest\x1a\x1e.grove.v1.TableRestoreResponseB)Z'github.com/grovestore/grove/api/grovepbb\x06proto3"
 
 var (
 	file_grovepb_ddstable_proto_rawDescOnce sync.Once
@@ -1356,7 +1598,7 @@ func file_grovepb_ddstable_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_ddstable_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_grovepb_ddstable_proto_goTypes = []any{
 	(TableGetResponse_Result)(0),    // 0: grove.v1.TableGetResponse.Result
 	(*TableBrick)(nil),              // 1: grove.v1.TableBrick
@@ -1373,10 +1615,13 @@ var file_grovepb_ddstable_proto_goTypes = []any{
 	(*TableGetResponse)(nil),        // 12: grove.v1.TableGetResponse
 	(*TableBrickStatusRequest)(nil), // 13: grove.v1.TableBrickStatusRequest
 	(*TableBrickStatus)(nil),        // 14: grove.v1.TableBrickStatus
-	(*TableReplicaStatus)(nil),      // 15: grove.v1.TableReplicaStatus
-	(*TableCopyRequest)(nil),        // 16: grove.v1.TableCopyRequest
-	(*TableEntry)(nil),              // 17: grove.v1.TableEntry
-	(*TableCopyChunk)(nil),          // 18: grove.v1.TableCopyChunk
+	(*TableCheckpointFile)(nil),     // 15: grove.v1.TableCheckpointFile
+	(*TableRestoreRequest)(nil),     // 16: grove.v1.TableRestoreRequest
+	(*TableRestoreResponse)(nil),    // 17: grove.v1.TableRestoreResponse
+	(*TableReplicaStatus)(nil),      // 18: grove.v1.TableReplicaStatus
+	(*TableCopyRequest)(nil),        // 19: grove.v1.TableCopyRequest
+	(*TableEntry)(nil),              // 20: grove.v1.TableEntry
+	(*TableCopyChunk)(nil),          // 21: grove.v1.TableCopyChunk
 }
 var file_grovepb_ddstable_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.TablePrepareRequest.to:type_name -> grove.v1.TableBrick
@@ -1396,29 +1641,35 @@ var file_grovepb_ddstable_proto_depIdxs = []int32{
 	4,  // 14: grove.v1.TableGetRequest.stamp:type_name -> grove.v1.TableStamp
 	0,  // 15: grove.v1.TableGetResponse.result:type_name -> grove.v1.TableGetResponse.Result
 	4,  // 16: grove.v1.TableGetResponse.stamp:type_name -> grove.v1.TableStamp
-	15, // 17: grove.v1.TableBrickStatus.replicas:type_name -> grove.v1.TableReplicaStatus
-	2,  // 18: grove.v1.TableReplicaStatus.partition:type_name -> grove.v1.TablePartition
-	1,  // 19: grove.v1.TableCopyRequest.to:type_name -> grove.v1.TableBrick
-	1,  // 20: grove.v1.TableCopyRequest.from:type_name -> grove.v1.TableBrick
-	2,  // 21: grove.v1.TableCopyRequest.partition:type_name -> grove.v1.TablePartition
-	17, // 22: grove.v1.TableCopyChunk.entries:type_name -> grove.v1.TableEntry
-	5,  // 23: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
-	7,  // 24: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
-	9,  // 25: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
-	11, // 26: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
-	13, // 27: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
-	16, // 28: grove.v1.TableService.Copy:input_type -> grove.v1.TableCopyRequest
-	6,  // 29: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
-	8,  // 30: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
-	10, // 31: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
-	12, // 32: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
-	14, // 33: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
-	18, // 34: grove.v1.TableService.Copy:output_type -> grove.v1.TableCopyChunk
-	29, // [29:35] is the sub-list for method output_type
-	23, // [23:29] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	18, // 17: grove.v1.TableBrickStatus.replicas:type_name -> grove.v1.TableReplicaStatus
+	15, // 18: grove.v1.TableBrickStatus.checkpoints:type_name -> grove.v1.TableCheckpointFile
+	2,  // 19: grove.v1.TableCheckpointFile.partition:type_name -> grove.v1.TablePartition
+	2,  // 20: grove.v1.TableRestoreRequest.partition:type_name -> grove.v1.TablePartition
+	1,  // 21: grove.v1.TableRestoreRequest.to:type_name -> grove.v1.TableBrick
+	2,  // 22: grove.v1.TableReplicaStatus.partition:type_name -> grove.v1.TablePartition
+	1,  // 23: grove.v1.TableCopyRequest.to:type_name -> grove.v1.TableBrick
+	1,  // 24: grove.v1.TableCopyRequest.from:type_name -> grove.v1.TableBrick
+	2,  // 25: grove.v1.TableCopyRequest.partition:type_name -> grove.v1.TablePartition
+	20, // 26: grove.v1.TableCopyChunk.entries:type_name -> grove.v1.TableEntry
+	5,  // 27: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
+	7,  // 28: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
+	9,  // 29: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
+	11, // 30: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
+	13, // 31: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
+	19, // 32: grove.v1.TableService.Copy:input_type -> grove.v1.TableCopyRequest
+	16, // 33: grove.v1.TableService.Restore:input_type -> grove.v1.TableRestoreRequest
+	6,  // 34: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
+	8,  // 35: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
+	10, // 36: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
+	12, // 37: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
+	14, // 38: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
+	21, // 39: grove.v1.TableService.Copy:output_type -> grove.v1.TableCopyChunk
+	17, // 40: grove.v1.TableService.Restore:output_type -> grove.v1.TableRestoreResponse
+	34, // [34:41] is the sub-list for method output_type
+	27, // [27:34] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_ddstable_proto_init() }
@@ -1432,7 +1683,7 @@ func file_grovepb_ddstable_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_ddstable_proto_rawDesc), len(file_grovepb_ddstable_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	TableService_Get_FullMethodName     = "/grove.v1.TableService/Get"
 	TableService_Status_FullMethodName  = "/grove.v1.TableService/Status"
 	TableService_Copy_FullMethodName    = "/grove.v1.TableService/Copy"
+	TableService_Restore_FullMethodName = "/grove.v1.TableService/Restore"
 )
 
 // TableServiceClient is the client API for TableService service.
@@ -43,6 +44,7 @@ type TableServiceClient interface {
 	Get(ctx context.Context, in *TableGetRequest, opts ...grpc.CallOption) (*TableGetResponse, error)
 	Status(ctx context.Context, in *TableBrickStatusRequest, opts ...grpc.CallOption) (*TableBrickStatus, error)
 	Copy(ctx context.Context, in *TableCopyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TableCopyChunk], error)
+	Restore(ctx context.Context, in *TableRestoreRequest, opts ...grpc.CallOption) (*TableRestoreResponse, error)
 }
 
 type tableServiceClient struct {
@@ -122,6 +124,16 @@ func (c *tableServiceClient) Copy(ctx context.Context, in *TableCopyRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TableService_CopyClient = grpc.ServerStreamingClient[TableCopyChunk]
 
+func (c *tableServiceClient) Restore(ctx context.Context, in *TableRestoreRequest, opts ...grpc.CallOption) (*TableRestoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TableRestoreResponse)
+	err := c.cc.Invoke(ctx, TableService_Restore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
@@ -132,6 +144,7 @@ type TableServiceServer interface {
 	Get(context.Context, *TableGetRequest) (*TableGetResponse, error)
 	Status(context.Context, *TableBrickStatusRequest) (*TableBrickStatus, error)
 	Copy(*TableCopyRequest, grpc.ServerStreamingServer[TableCopyChunk]) error
+	Restore(context.Context, *TableRestoreRequest) (*TableRestoreResponse, error)
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -159,6 +172,9 @@ func (UnimplementedTableServiceServer) Status(context.Context, *TableBrickStatus
 }
 func (UnimplementedTableServiceServer) Copy(*TableCopyRequest, grpc.ServerStreamingServer[TableCopyChunk]) error {
 	return status.Error(codes.Unimplemented, "method Copy not implemented")
+}
+func (UnimplementedTableServiceServer) Restore(context.Context, *TableRestoreRequest) (*TableRestoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Restore not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -282,6 +298,24 @@ func _TableService_Copy_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TableService_CopyServer = grpc.ServerStreamingServer[TableCopyChunk]
 
+func _TableService_Restore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TableRestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TableServiceServer).Restore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TableService_Restore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TableServiceServer).Restore(ctx, req.(*TableRestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -308,6 +342,10 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _TableService_Status_Handler,
+		},
+		{
+			MethodName: "Restore",
+			Handler:    _TableService_Restore_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

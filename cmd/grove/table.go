@@ -38,9 +38,11 @@ recovers into the groups left short by copying whole partitions, writes to a
 partition waiting while it is copied. A partition whose replicas grow past
 [tables] split_bytes (64 MiB) splits in two, in place, on every replica;
 operators split and merge partitions with grove table split and merge.
-Replicas live in memory, as DDS's do: a
-table survives the loss of all but one replica of each partition, not the
-loss of every one.`,
+Replicas live in memory, as DDS's do: a table survives the loss of all but one
+replica of each partition. grove table checkpoint writes every replica to its
+node's disk (writes wait meanwhile); after the loss of every replica of a
+partition (a power loss of the whole cluster), grove table restore brings it
+back as of the last checkpoint.`,
 		Example: `  grove table create sessions --partitions 8 --replicas 3
   grove table put sessions 42 'hello'
   grove table get sessions 42
@@ -49,7 +51,7 @@ loss of every one.`,
   grove table split sessions 01`,
 	}
 	cmd.AddCommand(tableCreateCmd(), tableListCmd(), tableStatCmd(), tablePutCmd(), tableGetCmd(), tableDelCmd(), tableDropCmd(),
-		tableReshapeCmd(false), tableReshapeCmd(true))
+		tableReshapeCmd(false), tableReshapeCmd(true), tableCheckpointCmd(), tableRestoreCmd())
 	return cmd
 }
 
@@ -193,7 +195,7 @@ func tableListCmd() *cobra.Command {
 					return tableErr("table list", &c, err)
 				}
 				d := &cli.Doc{}
-				tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING", "RESHAPING")
+				tb := d.Table("tables", "NAME", "PARTITIONS", "REPLICAS", "EPOCH", "SHORT-GROUPS", "RECOVERING", "RESHAPING", "CHECKPOINT")
 				for _, m := range ts {
 					short := 0
 					for _, g := range m.RG {
@@ -201,7 +203,14 @@ func tableListCmd() *cobra.Command {
 							short++
 						}
 					}
-					tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining), len(m.Reshaping))
+					ckpt := "-"
+					if m.Checkpoint.ID != 0 {
+						ckpt = strconv.FormatUint(m.Checkpoint.ID, 10)
+					}
+					if m.Freeze.ID != 0 {
+						ckpt += fmt.Sprintf(" (%d running)", m.Freeze.ID)
+					}
+					tb.Row(m.Table, m.DP.Len(), m.Replicas, m.Epoch, short, len(m.Joining), len(m.Reshaping), ckpt)
 				}
 				return out.Print(os.Stdout, d)
 			})
@@ -244,6 +253,12 @@ the table's replication degree lost a brick (it serves on with the others).`,
 				d.Field("table", m.Table)
 				d.Field("epoch", m.Epoch)
 				d.Field("replication", m.Replicas)
+				if m.Checkpoint.ID != 0 {
+					d.Field("checkpoint", fmt.Sprintf("%d (epoch %d)", m.Checkpoint.ID, m.Checkpoint.Epoch))
+				}
+				if m.Freeze.ID != 0 {
+					d.Field("checkpointing", fmt.Sprintf("%d, held by brick %v: writes wait", m.Freeze.ID, m.Freeze.Holder))
+				}
 				tb := d.Table("replicas", "PARTITION", "GROUP", "BRICK", "KEYS", "BYTES", "IN-DOUBT", "NOTE")
 				for _, p := range m.DP.Leaves() {
 					g := m.RG[p]
@@ -529,5 +544,129 @@ replicas settle; then every replica merges its own data in place.`,
 	}
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
 	c.Register(cmd, 3*time.Minute) // the holder gives up after 2 minutes
+	return cmd
+}
+
+func tableCheckpointCmd() *cobra.Command {
+	var c cli.Client
+	cmd := &cobra.Command{
+		Use:   "checkpoint NAME",
+		Short: "Write every replica of a table to its node's disk",
+		Long: `Checkpoint table NAME (DDS §4.1): writes to the table wait while every replica
+settles (every write in flight decided everywhere), then each brick writes its
+replicas to its node's disk (data_dir/dds/...; synced), and the checkpoint is
+recorded in the table's maps. Reads go on throughout. A brick keeps the last two
+checkpoints of a table. After the loss of every replica of a partition, grove
+table restore brings it back as of the last checkpoint.`,
+		Example: "  grove table checkpoint sessions",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ddstable.CheckName(args[0]); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			const op = "table checkpoint"
+			return tableRun(cmd, &c, op, func(ctx context.Context, s *tableSession) error {
+				start := time.Now()
+				m, err := ddstable.RequestCheckpoint(ctx, s.meta, args[0])
+				switch {
+				case errors.Is(err, ddstable.ErrCheckpointing), errors.Is(err, ddstable.ErrReshaping), errors.Is(err, ddstable.ErrRecovering):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "try again once it is done (grove table stat)", Err: err}
+				case err != nil:
+					return tableErr(op, &c, err)
+				}
+				id := m.Freeze.ID
+				fmt.Fprintf(os.Stderr, "checkpoint %d of %s: brick %v waits for every replica to settle and be written...\n", id, args[0], m.Freeze.Holder)
+				for {
+					ts, err := ddstable.ListTables(ctx, s.meta)
+					if err != nil {
+						return tableErr(op, &c, err)
+					}
+					i := slices.IndexFunc(ts, func(x *ddstable.Maps) bool { return x.Table == args[0] && x.Gen == m.Gen })
+					if i < 0 {
+						return tableErr(op, &c, fmt.Errorf("%w: %q (dropped meanwhile)", ddstable.ErrNoTable, args[0]))
+					}
+					if ts[i].Checkpoint.ID >= id {
+						fmt.Printf("table %s: checkpoint %d written by every replica of its %d partitions (%v)\n", args[0], id, ts[i].DP.Len(), time.Since(start).Round(time.Millisecond))
+						return nil
+					}
+					if ts[i].Freeze.ID != id {
+						return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("checkpoint %d given up: not every replica wrote its files in time, or brick %v died", id, m.Freeze.Holder),
+							Hint: "the nodes' logs say why (a full disk?); ask again"}
+					}
+					select {
+					case <-ctx.Done():
+						return tableErr(op, &c, ctx.Err())
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			})
+		},
+	}
+	c.Register(cmd, 3*time.Minute) // the holder gives up after 2 minutes
+	return cmd
+}
+
+func tableRestoreCmd() *cobra.Command {
+	var c cli.Client
+	var out cli.Output
+	cmd := &cobra.Command{
+		Use:   "restore NAME",
+		Short: "Bring back a table's lost partitions from its last checkpoint",
+		Long: `Restore the partitions of table NAME whose every replica is lost (every member of
+the group declared dead by the failure detector, as after a power loss of the
+whole cluster) from the table's last checkpoint: a live brick whose node's disk
+holds the partition's file loads it and becomes the group's only member;
+recovery then copies it to other bricks. What was written to those partitions
+after the checkpoint is lost. Partitions with a live replica are left alone.
+Exit 0 if every lost partition was restored, 1 if some could not be (the table
+says why); run it again once the failure detector has declared the old
+replicas dead (a few seconds after the nodes come back).`,
+		Example: "  grove table restore sessions",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ddstable.CheckName(args[0]); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			if err := out.Resolve(); err != nil {
+				return err
+			}
+			const op = "table restore"
+			return tableRun(cmd, &c, op, func(ctx context.Context, s *tableSession) error {
+				res, err := ddstable.RestoreTable(ctx, s.meta, args[0])
+				if errors.Is(err, ddstable.ErrNoCheckpoint) {
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "grove table checkpoint makes one", Err: err}
+				}
+				if err != nil {
+					return tableErr(op, &c, err)
+				}
+				d := &cli.Doc{}
+				tb := d.Table("partitions", "PARTITION", "RESULT", "BRICK", "KEYS")
+				failed := 0
+				for _, r := range res {
+					switch {
+					case r.Err == nil:
+						tb.Row(r.Partition.String(), "restored", r.By.String(), r.Keys)
+					case errors.Is(r.Err, ddstable.ErrVerdictPending):
+						failed++
+						tb.Row(r.Partition.String(), "lost, not yet declared dead: run again in a few seconds", nil, nil)
+					case errors.Is(r.Err, ddstable.ErrLive):
+						tb.Row(r.Partition.String(), "not lost", nil, nil)
+					default:
+						failed++
+						tb.Row(r.Partition.String(), r.Err.Error(), nil, nil)
+					}
+				}
+				if err := out.Print(os.Stdout, d); err != nil {
+					return err
+				}
+				if failed > 0 {
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("%d partitions not restored", failed), Hint: "run it again once the failure detector has declared their replicas dead"}
+				}
+				return nil
+			})
+		},
+	}
+	c.Register(cmd, time.Minute)
+	out.Register(cmd)
 	return cmd
 }

@@ -43,8 +43,18 @@ var (
 // does not decode (a newer format, during an upgrade) is left out and
 // reported: one table's record must not stop every other (review 121).
 func DecodeTables(ns *pb.Namespace) (map[string]*Maps, []error) {
-	out := map[string]*Maps{}
+	out, named := decodeTablesNamed(ns)
 	var bad []error
+	for _, name := range slices.Sorted(maps.Keys(named)) {
+		bad = append(bad, named[name])
+	}
+	return out, bad
+}
+
+// decodeTablesNamed is DecodeTables with the errors by table name.
+func decodeTablesNamed(ns *pb.Namespace) (map[string]*Maps, map[string]error) {
+	out := map[string]*Maps{}
+	bad := map[string]error{}
 	for _, e := range ns.GetEntries() {
 		name, ok := strings.CutPrefix(e.Key, "table/")
 		if !ok {
@@ -55,7 +65,7 @@ func DecodeTables(ns *pb.Namespace) (map[string]*Maps, []error) {
 			err = fmt.Errorf("ddstable: record %q holds table %q", e.Key, m.Table)
 		}
 		if err != nil {
-			bad = append(bad, fmt.Errorf("table %q: %w", name, err))
+			bad[name] = fmt.Errorf("table %q: %w", name, err)
 			continue
 		}
 		out[name] = m
@@ -209,6 +219,11 @@ func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
 			changed = true
 		}
 	}
+	if dead[c.Freeze.Holder] {
+		// A checkpoint's holder that dies loses its freeze too.
+		c.Freeze = Freeze{}
+		changed = true
+	}
 	for p, r := range c.Reshaping {
 		if dead[r.Holder] {
 			// A split's or merge's holder that dies loses its lease too
@@ -313,4 +328,15 @@ func reshapeRequest(ctx context.Context, mc *meta.Client, name string, fn func(*
 		return nil, fmt.Errorf("%w: %q", ErrNoTable, name)
 	})
 	return out, err
+}
+
+// RequestCheckpoint asks for a checkpoint of table name (checkpoint.go):
+// it decrees the table frozen, the freeze held by the first member of its
+// first partition's group, whose brick then waits until every member has
+// written its files and decrees the checkpoint done. Watch the maps for
+// its end: Checkpoint.ID reaching the freeze's, or the freeze gone.
+func RequestCheckpoint(ctx context.Context, mc *meta.Client, name string) (*Maps, error) {
+	return reshapeRequest(ctx, mc, name, func(m *Maps) (*Maps, error) {
+		return WithFreeze(m, m.RG[m.DP.Leaves()[0]][0])
+	})
 }

@@ -163,7 +163,7 @@ func (c *Coordinator) prepare(now time.Time, o *cop, b BrickID) Send {
 
 func (c *Coordinator) decide(now time.Time, o *cop, b BrickID) Send {
 	o.sent[b] = now
-	return Send{To: b, Decide: &Decide{Op: o.id, Partition: o.part, Digest: o.digest, Commit: o.decision == Committed, Done: c.Done()}}
+	return Send{To: b, Decide: &Decide{Op: o.id, Partition: o.part, Epoch: o.stamp.Epoch, Digest: o.digest, Commit: o.decision == Committed, Done: c.Done()}}
 }
 
 // members are o's group members still in the group by the coordinator's
@@ -279,7 +279,15 @@ func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 		delete(c.ops, o.id.Seq)
 		if !o.reported {
 			o.reported = true
-			e.Results = append(e.Results, Result{Op: o.id, Outcome: Unknown})
+			out := Unknown
+			if o.decision == Committed && c.maps.Gen == o.gen && reshapedFrom(c.maps.DP.Lookup(o.update.Key), o.part) {
+				// A split or merge retires a partition only once every
+				// member decided every operation, and commit is final
+				// (every member voted yes): it committed everywhere, and
+				// the new partition holds it (outside review 123).
+				out = Succeeded
+			}
+			e.Results = append(e.Results, Result{Op: o.id, Outcome: out})
 		}
 		return
 	}
@@ -364,4 +372,17 @@ func (c *Coordinator) Tick(now time.Time) CoordEffects {
 		}
 	}
 	return e
+}
+
+// reshapedFrom says whether partition now descends from, or contains,
+// partition was: the key's partition changed by splits or merges (not by
+// a restore, which keeps the name).
+func reshapedFrom(now, was Partition) bool {
+	if now == was {
+		return false
+	}
+	if now.Depth > was.Depth {
+		return was.Contains(now.Bits)
+	}
+	return now.Contains(was.Bits)
 }

@@ -438,7 +438,7 @@ func (l *Library) send(t *libTable, snd Send) {
 	}
 	d := snd.Decide
 	a, err := cl.Decide(ctx, &pb.TableDecideRequest{Table: t.name, To: brickPB(snd.To), Op: opPB(d.Op), Partition: partPB(d.Partition),
-		Commit: d.Commit, Done: d.Done, Digest: d.Digest})
+		Commit: d.Commit, Done: d.Done, Digest: d.Digest, Epoch: d.Epoch})
 	if err != nil {
 		return
 	}

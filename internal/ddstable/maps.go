@@ -94,6 +94,27 @@ type Maps struct {
 	// holder decrees the new partitions or gives up, or is removed. Absent
 	// for most partitions.
 	Reshaping map[Partition]Reshape
+	// Freeze: a checkpoint of the whole table in progress (DDS §4.1,
+	// footnote 1: "during the checkpointing of a hash table, no
+	// state-changing operations are allowed"): every member refuses
+	// prepares until the holder decrees it over (checkpoint.go). ID 0:
+	// none.
+	Freeze Freeze
+	// Checkpoint is the last checkpoint every replica wrote to its disk.
+	// ID 0: none yet.
+	Checkpoint Checkpoint
+}
+
+// Freeze is a checkpoint's write lease on a whole table.
+type Freeze struct {
+	ID     uint64  // the checkpoint's, above every earlier one's
+	Holder BrickID // the brick that drives it: a member of some group
+}
+
+// Checkpoint names a table's image on the bricks' disks.
+type Checkpoint struct {
+	ID    uint64
+	Epoch uint64 // the epoch of the maps the image is of (its freeze's)
 }
 
 // Reshape is a split's or a merge's write lease on a partition.
@@ -176,6 +197,18 @@ func (m *Maps) Validate() error {
 			}
 		}
 	}
+	if m.Freeze.ID != 0 {
+		member := false
+		for _, g := range m.RG {
+			member = member || slices.Contains(g, m.Freeze.Holder)
+		}
+		if !member || m.Freeze.Holder.Inc == 0 || m.Freeze.ID <= m.Checkpoint.ID {
+			return fmt.Errorf("ddstable: table %q: checkpoint %d held by %v (a member; after checkpoint %d)", m.Table, m.Freeze.ID, m.Freeze.Holder, m.Checkpoint.ID)
+		}
+	}
+	if (m.Checkpoint.ID == 0) != (m.Checkpoint.Epoch == 0) || m.Checkpoint.Epoch > m.Epoch {
+		return fmt.Errorf("ddstable: table %q: checkpoint %d of epoch %d (at %d)", m.Table, m.Checkpoint.ID, m.Checkpoint.Epoch, m.Epoch)
+	}
 	for _, p := range leaves {
 		g, ok := m.RG[p]
 		if !ok {
@@ -211,13 +244,18 @@ func (m *Maps) Clone() *Maps {
 	return &c
 }
 
-// Format versions of the maps' encoding: version 2 is version 1 with the
-// reshape leases after it, and is written only when there is one, so that
-// maps without one encode as they did before splits existed.
+// Format versions of the maps' encoding: version 2 is version 1 with
+// extensions after it (reshape leases, a checkpoint's freeze, the last
+// checkpoint), and is written only when one is set, so that maps without
+// them encode as they did before they existed.
 const (
-	mapsVersion         = 1
-	mapsVersionReshapes = 2
+	mapsVersion           = 1
+	mapsVersionExtensions = 2
 )
+
+func (m *Maps) extended() bool {
+	return len(m.Reshaping) > 0 || m.Freeze != (Freeze{}) || m.Checkpoint != (Checkpoint{})
+}
 
 // AppendBinary appends the canonical encoding of m:
 //
@@ -232,18 +270,21 @@ const (
 //	            incarnation), in group order
 //	  uvarint   the joining brick's node, 0 if none; if not 0, its
 //	            incarnation as a uvarint
-//	version 2 only (the maps hold a reshape lease):
-//	uvarint   the number of reshape leases, at least 1
+//	version 2 only (at least one extension is set):
+//	uvarint   the number of reshape leases
 //	per lease, in the DP map's trie order of its partition:
 //	  uvarint   the partition's index in that order (increasing)
 //	  byte      1 for a merge, 0 for a split
 //	  uvarint   ×2 the holder's node and incarnation
+//	uvarint   the freeze's checkpoint id, 0 if none; if not 0, the
+//	          holder's node and incarnation as uvarints
+//	uvarint   the last checkpoint's id, 0 if none; if not 0, its epoch
 //
 // A group's order is kept (it is not sorted): the first member is the one a
 // recovering brick asks first, so it is part of what the hash covers.
 func (m *Maps) AppendBinary(b []byte) []byte {
-	if len(m.Reshaping) > 0 {
-		b = append(b, mapsVersionReshapes)
+	if m.extended() {
+		b = append(b, mapsVersionExtensions)
 	} else {
 		b = append(b, mapsVersion)
 	}
@@ -268,7 +309,7 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 		b = appendUvarint(b, j.Node)
 		b = appendUvarint(b, j.Inc)
 	}
-	if len(m.Reshaping) == 0 {
+	if !m.extended() {
 		return b
 	}
 	b = appendUvarint(b, uint64(len(m.Reshaping)))
@@ -286,6 +327,15 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 		b = appendUvarint(b, r.Holder.Node)
 		b = appendUvarint(b, r.Holder.Inc)
 	}
+	b = appendUvarint(b, m.Freeze.ID)
+	if m.Freeze.ID != 0 {
+		b = appendUvarint(b, m.Freeze.Holder.Node)
+		b = appendUvarint(b, m.Freeze.Holder.Inc)
+	}
+	b = appendUvarint(b, m.Checkpoint.ID)
+	if m.Checkpoint.ID != 0 {
+		b = appendUvarint(b, m.Checkpoint.Epoch)
+	}
 	return b
 }
 
@@ -295,8 +345,8 @@ func DecodeMaps(b []byte) (*Maps, error) {
 		return nil, errors.New("ddstable: maps: empty")
 	}
 	version := b[0]
-	if version != mapsVersion && version != mapsVersionReshapes {
-		return nil, fmt.Errorf("ddstable: maps: format version %d, this build reads %d and %d", b[0], mapsVersion, mapsVersionReshapes)
+	if version != mapsVersion && version != mapsVersionExtensions {
+		return nil, fmt.Errorf("ddstable: maps: format version %d, this build reads %d and %d", b[0], mapsVersion, mapsVersionExtensions)
 	}
 	b = b[1:]
 	n, b, err := readUvarint(b, "table name length")
@@ -359,9 +409,12 @@ func DecodeMaps(b []byte) (*Maps, error) {
 			m.Joining[p] = j
 		}
 	}
-	if version == mapsVersionReshapes {
-		if b, err = m.decodeReshapes(b); err != nil {
+	if version == mapsVersionExtensions {
+		if b, err = m.decodeExtensions(b); err != nil {
 			return nil, err
+		}
+		if !m.extended() {
+			return nil, errors.New("ddstable: maps: format version 2 with no extension (one map, one encoding: version 1)")
 		}
 	}
 	if len(b) != 0 {
@@ -373,17 +426,19 @@ func DecodeMaps(b []byte) (*Maps, error) {
 	return m, nil
 }
 
-// decodeReshapes reads version 2's reshape leases into m.
-func (m *Maps) decodeReshapes(b []byte) ([]byte, error) {
+// decodeExtensions reads version 2's extensions into m.
+func (m *Maps) decodeExtensions(b []byte) ([]byte, error) {
 	leaves := m.DP.Leaves()
 	n, b, err := readUvarint(b, "reshape count")
 	if err != nil {
 		return nil, err
 	}
-	if n == 0 || n > uint64(len(leaves)) {
-		return nil, fmt.Errorf("ddstable: maps: %d reshape leases over %d partitions (version 2 has 1 or more)", n, len(leaves))
+	if n > uint64(len(leaves)) {
+		return nil, fmt.Errorf("ddstable: maps: %d reshape leases over %d partitions", n, len(leaves))
 	}
-	m.Reshaping = make(map[Partition]Reshape, n)
+	if n > 0 {
+		m.Reshaping = make(map[Partition]Reshape, n)
+	}
 	next := uint64(0)
 	for range n {
 		var i uint64
@@ -406,6 +461,25 @@ func (m *Maps) decodeReshapes(b []byte) ([]byte, error) {
 			return nil, err
 		}
 		m.Reshaping[leaves[i]] = r
+	}
+	if m.Freeze.ID, b, err = readUvarint(b, "freeze id"); err != nil {
+		return nil, err
+	}
+	if m.Freeze.ID != 0 {
+		if m.Freeze.Holder.Node, b, err = readUvarint(b, "freeze holder node"); err != nil {
+			return nil, err
+		}
+		if m.Freeze.Holder.Inc, b, err = readUvarint(b, "freeze holder incarnation"); err != nil {
+			return nil, err
+		}
+	}
+	if m.Checkpoint.ID, b, err = readUvarint(b, "checkpoint id"); err != nil {
+		return nil, err
+	}
+	if m.Checkpoint.ID != 0 {
+		if m.Checkpoint.Epoch, b, err = readUvarint(b, "checkpoint epoch"); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }
@@ -447,6 +521,8 @@ func WithLease(m *Maps, p Partition, b BrickID) (*Maps, error) {
 		return nil, ErrInGroup
 	case m.Reshaping[p] != (Reshape{}):
 		return nil, ErrReshaping
+	case m.Freeze.ID != 0:
+		return nil, ErrCheckpointing
 	}
 	if j, ok := m.Joining[p]; ok && j != b && (j.Node != b.Node || j.Inc > b.Inc) {
 		// (An earlier incarnation of b's node held it: that one has died

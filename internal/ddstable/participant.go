@@ -135,9 +135,12 @@ type Vote struct {
 type Decide struct {
 	Op        OpID
 	Partition Partition // as in the Prepare: which participant of the brick
-	Digest    uint32    // the update's (Update.Digest)
-	Commit    bool
-	Done      uint64
+	// Epoch is that of the maps the operation was prepared with (its
+	// Prepare's Stamp): a participant born later never prepared it.
+	Epoch  uint64
+	Digest uint32 // the update's (Update.Digest)
+	Commit bool
+	Done   uint64
 }
 
 // Ack answers a Decide with the participant's state after it. An abort
@@ -341,7 +344,13 @@ type Participant struct {
 	members   []BrickID
 	joining   BrickID // the brick holding the partition's write lease; zero if none
 	reshaper  BrickID // the member holding its split's or merge's lease; zero if none
+	freeze    uint64  // the table's checkpoint in progress (Maps.Freeze.ID); 0 if none
 	gen       uint64  // the table's generation (Maps.Gen)
+	// born is the epoch of the maps this participant started with: it
+	// prepares no operation of an earlier epoch (stamps must be equal),
+	// though a participant of the same name before it may have (a
+	// partition split and merged back, or restored; outside review 123).
+	born uint64
 
 	// locks: key → the Prepared operation holding its write lock.
 	// Invariant: locks[k] == op iff ops[op].state == Prepared and
@@ -401,7 +410,7 @@ func NewParticipantStamped(cfg ParticipantConfig, m *Maps, p Partition, stamp St
 		cfg.MaxRecords = 8 * cfg.MaxOps
 	}
 	return &Participant{
-		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], reshaper: m.Reshaping[p].Holder, gen: m.Gen,
+		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], reshaper: m.Reshaping[p].Holder, freeze: m.Freeze.ID, gen: m.Gen, born: m.Epoch,
 		locks: map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
 	}, nil
 }
@@ -469,6 +478,7 @@ func (pt *Participant) SetMapsStamped(now time.Time, m *Maps, s Stamp) (Effects,
 	pt.members = slices.Clone(g)
 	pt.joining = m.Joining[pt.partition]
 	pt.reshaper = m.Reshaping[pt.partition].Holder
+	pt.freeze = m.Freeze.ID
 	var e Effects
 	for op, r := range pt.ops {
 		if r.resolving {
@@ -502,7 +512,7 @@ func (pt *Participant) Prepare(now time.Time, req Prepare) Vote {
 	if req.Stamp != pt.stamp || req.Partition != pt.partition || !slices.Equal(req.Group, pt.members) || !pt.partition.Contains(req.Update.Key) {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRepair, Stamp: pt.stamp})
 	}
-	if (pt.joining != (BrickID{}) || pt.reshaper != (BrickID{})) && !pt.cfg.Unsafe.IgnoreLease {
+	if (pt.joining != (BrickID{}) || pt.reshaper != (BrickID{}) || pt.freeze != 0) && !pt.cfg.Unsafe.IgnoreLease {
 		return pt.refuse(now, req.Op, Vote{Reason: ReasonRecovering})
 	}
 	if _, held := pt.locks[req.Update.Key]; held {
@@ -583,6 +593,14 @@ func (pt *Participant) Decide(now time.Time, req Decide) (Ack, []Applied) {
 		if req.Commit {
 			// Committed and swept (a commit needs this brick's yes): the
 			// coordinator counts the answer as the commit's acknowledgement.
+			return Ack{State: Absent}, nil
+		}
+		if req.Epoch != 0 && req.Epoch < pt.born {
+			// Prepared, if anywhere here, by a participant of this name
+			// before this one, whose records are gone (a split merged
+			// back, a restore): it may have committed there. No
+			// acknowledgement of the abort, and no tombstone (a prepare of
+			// that epoch is refused here anyway: its stamp is not ours).
 			return Ack{State: Absent}, nil
 		}
 		if !pt.tombstone(now, req.Op) {
@@ -849,6 +867,20 @@ func (pt *Participant) ReshapeReady(holder BrickID) error {
 		return ErrNoLease
 	}
 	if len(pt.locks) > 0 && !pt.cfg.Unsafe.ReshapeInDoubt {
+		return ErrInDoubt
+	}
+	return nil
+}
+
+// FreezeReady says whether this replica is settled for checkpoint id
+// (checkpoint.go, step 2): its maps freeze the table for id, so no prepare
+// is accepted here, and nothing is in doubt here. Once true it stays true
+// while the freeze lasts, and the replica's data does not change.
+func (pt *Participant) FreezeReady(id uint64) error {
+	if id == 0 || pt.freeze != id {
+		return ErrNoLease
+	}
+	if len(pt.locks) > 0 {
 		return ErrInDoubt
 	}
 	return nil

@@ -66,6 +66,8 @@ func reshapable(m *Maps, p Partition, holder BrickID) error {
 		return fmt.Errorf("%w: %v", ErrRecovering, p)
 	case m.Reshaping[p] != (Reshape{}):
 		return fmt.Errorf("%w: %v", ErrReshaping, p)
+	case m.Freeze.ID != 0:
+		return ErrCheckpointing
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/grovestore/grove/api/grovepb"
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/ddstable"
 )
@@ -135,5 +136,50 @@ func TestServiceTableSplitMerge(t *testing.T) {
 	}
 	if total != uint64(len(want)) {
 		t.Fatalf("%d keys in the replicas, %d written", total, len(want))
+	}
+}
+
+// Outside review 123, finding 2: maps a brick cannot decode (a newer
+// format, during an upgrade) made it drop its replicas of the table, and
+// once the record decoded again it served none (or, before the rule that
+// empty replicas are made only for a table's first maps, empty ones). Now
+// the replicas are kept, with the maps last read, and serve again.
+func TestServiceTableUndecodableKeepsReplicas(t *testing.T) {
+	ctx, c, mc := startTables(t, 2*time.Minute)
+	m, err := ddstable.CreateTable(ctx, mc, "t", 2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
+	defer lib.Close()
+	if err := lib.Put(ctx, "t", 7, []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	set := func(b []byte) {
+		t.Helper()
+		if _, err := mc.Update(ctx, ddstable.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) {
+			return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: ddstable.TableKey("t"), Value: b}}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer := append([]byte{99}, m.AppendBinary(nil)[1:]...) // a format this build does not read
+	set(newer)
+	time.Sleep(500 * time.Millisecond) // every brick's watch has it
+	for i := range 3 {
+		st, err := c.Nodes[i].Tables().Status(ctx, nil)
+		if err != nil || len(st.Replicas) != 2 {
+			t.Fatalf("node %d with maps it cannot read: %v %d replicas", i+1, err, len(st.Replicas))
+		}
+	}
+	again := m.Clone()
+	again.Epoch += 2
+	set(again.AppendBinary(nil))
+	v, found, err := lib.Get(ctx, "t", 7)
+	if err != nil || !found || string(v) != "kept" {
+		t.Fatalf("get 7 once the maps decode again: %q %v %v", v, found, err)
+	}
+	if err := lib.Put(ctx, "t", 8, []byte("new")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -33,7 +33,7 @@ func TestReshapeTransitions(t *testing.T) {
 	}
 	// The lease encodes (version 2) and decodes to the same maps.
 	b := l.AppendBinary(nil)
-	if b[0] != mapsVersionReshapes || m.AppendBinary(nil)[0] != mapsVersion {
+	if b[0] != mapsVersionExtensions || m.AppendBinary(nil)[0] != mapsVersion {
 		t.Fatalf("versions %d, %d", b[0], m.AppendBinary(nil)[0])
 	}
 	d, err := DecodeMaps(b)

@@ -50,6 +50,9 @@ type ServiceConfig struct {
 	// many bytes of values is split, by the group's first member (default
 	// DefaultSplitBytes; negative: never on its own, only when asked).
 	SplitBytes int
+	// Dir holds the brick's checkpoint files (checkpointer.go); empty: the
+	// brick writes none, so no checkpoint of a table it serves completes.
+	Dir string
 	// CallTimeout bounds one query to a peer or one decree (default 2 s).
 	CallTimeout time.Duration
 }
@@ -103,8 +106,20 @@ type Service struct {
 		// known: the tables (by generation) this incarnation has seen;
 		// empty replicas are made only for the first maps of a table.
 		known map[tableGen]bool
+		// ckpt: the latest checkpoint of each table this incarnation wrote
+		// or is writing its files of; ckptRetry: not before then after a
+		// failed write.
+		ckpt      map[tableGen]uint64
+		ckptRetry map[tableGen]time.Time
+		// restoring: partitions this incarnation is restoring from a
+		// checkpoint (their image in pending), each with the dead group it
+		// replaces.
+		restoring map[repKey][]BrickID
 	}
 	started sync.Once
+	// kick wakes the reshaper when the maps give this brick a split's,
+	// merge's or checkpoint's lease (writes wait while it runs).
+	kick chan struct{}
 }
 
 type tableGen struct {
@@ -145,7 +160,7 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.Participant.PrepareTimeout == 0 {
 		cfg.Participant = DefaultParticipantConfig(BrickID{})
 	}
-	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta)}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta), kick: make(chan struct{}, 1)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.tables = map[string]*Maps{}
 	s.mu.stamps = map[string]Stamp{}
@@ -155,6 +170,9 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.joining = map[repKey]bool{}
 	s.mu.proposing = map[OpID]bool{}
 	s.mu.known = map[tableGen]bool{}
+	s.mu.ckpt = map[tableGen]uint64{}
+	s.mu.ckptRetry = map[tableGen]time.Time{}
+	s.mu.restoring = map[repKey][]BrickID{}
 	return s
 }
 
@@ -197,6 +215,9 @@ func (s *Service) dropAllLocked() {
 	clear(s.mu.pending)
 	clear(s.mu.joining)
 	clear(s.mu.known)
+	clear(s.mu.ckpt)
+	clear(s.mu.ckptRetry)
+	clear(s.mu.restoring)
 }
 
 // Close stops the service.
@@ -214,15 +235,23 @@ func (s *Service) self() BrickID { return BrickID{Node: s.cfg.Node, Inc: s.mu.in
 func (s *Service) watch() {
 	defer s.wg.Done()
 	for ns := range s.cfg.Meta.Watch(s.ctx, Namespace, 0) {
-		ts, bad := DecodeTables(ns)
-		for _, err := range bad {
-			s.log.Error("a table's maps do not decode; the table is not served here", "err", err)
-		}
+		ts, bad := decodeTablesNamed(ns)
 		stamps := make(map[string]Stamp, len(ts))
 		for name, m := range ts {
 			stamps[name] = m.Stamp()
 		}
 		s.mu.Lock()
+		for name, err := range bad {
+			// A record this build cannot read (a newer format, during an
+			// upgrade): the table is not dropped, its replicas are kept
+			// with the maps last read, which refuse the newer maps' calls
+			// (outside review 123: dropping them lost the data, and made
+			// them empty once the record decoded again).
+			s.log.Error("a table's maps do not decode; its replicas are kept, with the maps last read, until they do", "err", err)
+			if old := s.mu.tables[name]; old != nil {
+				ts[name], stamps[name] = old, s.mu.stamps[name]
+			}
+		}
 		s.mu.tables, s.mu.stamps = ts, stamps
 		s.syncLocked(time.Now())
 		s.mu.Unlock()
@@ -287,6 +316,9 @@ func (s *Service) syncLocked(now time.Time) {
 			s.resolveJoinLocked(k)
 		}
 	}
+	for k := range s.mu.restoring {
+		s.resolveRestoreLocked(k)
+	}
 	for name, m := range s.mu.tables {
 		tg := tableGen{name, m.Gen}
 		fresh := !s.mu.known[tg]
@@ -349,9 +381,24 @@ func (s *Service) syncLocked(now time.Time) {
 				}
 				delete(s.mu.pending, k)
 				delete(s.mu.joining, k)
-				s.log.Info("replica serves, recovered", "table", name, "partition", p, "keys", len(store), "epoch", m.Epoch)
+				delete(s.mu.restoring, k)
+				s.log.Info("replica serves, recovered or restored", "table", name, "partition", p, "keys", len(store), "epoch", m.Epoch)
 			}
 			s.mu.reps[k] = r
+		}
+	}
+	s.checkpointLocked()
+	for _, m := range s.mu.tables {
+		held := m.Freeze.Holder == self
+		for _, r := range m.Reshaping {
+			held = held || r.Holder == self
+		}
+		if held {
+			select {
+			case s.kick <- struct{}{}:
+			default:
+			}
+			break
 		}
 	}
 }
@@ -488,6 +535,7 @@ func (s *Service) ticker() {
 		for k, r := range s.mu.reps {
 			s.effectsLocked(k, r, r.pt.Tick(now))
 		}
+		s.checkpointLocked()
 	})
 }
 
@@ -615,7 +663,7 @@ func (s *Service) Decide(_ context.Context, req *pb.TableDecideRequest) (*pb.Tab
 		return nil, err
 	}
 	part, _ := partOf(req.Partition)
-	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Digest: req.Digest, Commit: req.Commit, Done: req.Done})
+	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Epoch: req.Epoch, Digest: req.Digest, Commit: req.Commit, Done: req.Done})
 	s.effectsLocked(k, r, Effects{Applied: applied})
 	return &pb.TableAck{State: uint32(a.State)}, nil
 }
@@ -663,7 +711,7 @@ func (s *Service) Get(_ context.Context, req *pb.TableGetRequest) (*pb.TableGetR
 func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.TableBrickStatus, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := &pb.TableBrickStatus{Node: s.cfg.Node, Inc: s.mu.inc}
+	out := &pb.TableBrickStatus{Node: s.cfg.Node, Inc: s.mu.inc, Checkpoints: s.checkpointFiles()}
 	for k, r := range s.mu.reps {
 		out.Replicas = append(out.Replicas, &pb.TableReplicaStatus{Table: k.table, Partition: partPB(k.part),
 			Epoch: r.pt.Stamp().Epoch, Keys: uint64(len(r.store)), Bytes: uint64(r.bytes), InDoubt: uint64(r.pt.InDoubt())})
@@ -1030,7 +1078,8 @@ const DefaultSplitBytes = 64 << 20
 // brick heads and whose replica here has grown past SplitBytes.
 func (s *Service) reshaper() {
 	defer s.wg.Done()
-	failed := map[repKey]time.Time{} // partitions not to split on their own before then
+	failed := map[repKey]time.Time{}      // partitions not to split on their own before then
+	backoff := map[repKey]time.Duration{} // and the next wait after a failed split
 	t := time.NewTimer(s.cfg.JanitorEvery)
 	defer t.Stop()
 	for {
@@ -1038,15 +1087,21 @@ func (s *Service) reshaper() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
+		case <-s.kick:
 		}
 		now := time.Now()
 		s.mu.Lock()
 		self := s.self()
-		var held, grown []repKey // held: for a merge, the parent
+		var held, grown, frozen []repKey // held: for a merge, the parent; frozen: checkpoints held (Root)
 		merge := map[repKey]bool{}
+		freeze := map[repKey]uint64{}
 		if s.mu.inc != 0 {
 			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
 				m := s.mu.tables[name]
+				if m.Freeze.ID != 0 && m.Freeze.Holder == self {
+					k := repKey{name, m.Gen, Root}
+					frozen, freeze[k] = append(frozen, k), m.Freeze.ID
+				}
 				for _, p := range m.DP.Leaves() {
 					k := repKey{name, m.Gen, p}
 					r, leased := m.Reshaping[p]
@@ -1057,8 +1112,8 @@ func (s *Service) reshaper() {
 						parent, _ := p.Parent()
 						pk := repKey{name, m.Gen, parent}
 						held, merge[pk] = append(held, pk), true
-					case !leased && m.Joining[p] == (BrickID{}) && s.cfg.SplitBytes > 0 && !now.Before(failed[k]):
-						if rep := s.mu.reps[k]; rep != nil && m.RG[p][0] == self && rep.bytes > s.cfg.SplitBytes && p.Depth < 64 {
+					case !leased && m.Joining[p] == (BrickID{}) && m.Freeze.ID == 0 && s.cfg.SplitBytes > 0 && !now.Before(failed[k]):
+						if rep := s.mu.reps[k]; rep != nil && m.RG[p][0] == self && rep.bytes > s.cfg.SplitBytes && p.Depth < 64 && splitsEvenly(rep.store, p) {
 							grown = append(grown, k)
 						}
 					}
@@ -1066,7 +1121,16 @@ func (s *Service) reshaper() {
 			}
 		}
 		s.mu.Unlock()
-		for _, k := range grown {
+		if len(grown) > 0 && len(held) == 0 {
+			// One grown partition at a time, its lease taken only when it
+			// is driven at once (outside review 123: leases taken for all,
+			// then driven one by one, kept the last ones' writes waiting).
+			k := grown[0]
+			fail := func(why any) {
+				backoff[k] = min(max(2*backoff[k], recoveryBackoff), 16*recoveryBackoff)
+				failed[k] = time.Now().Add(backoff[k])
+				s.log.Warn("a grown partition's split failed; not tried again on its own for a while", "table", k.table, "partition", k.part, "why", why, "backoff", backoff[k])
+			}
 			err := s.updateTable(k, func(m *Maps) (*Maps, error) {
 				if !m.DP.Has(k.part) || m.RG[k.part][0] != self {
 					return nil, nil
@@ -1074,17 +1138,27 @@ func (s *Service) reshaper() {
 				return WithSplitLease(m, k.part, self)
 			})
 			if err != nil {
-				failed[k] = time.Now().Add(recoveryBackoff)
-				s.log.Warn("a grown partition's split not started", "table", k.table, "partition", k.part, "err", err)
-				continue
+				fail(err)
+			} else {
+				s.log.Info("splitting a grown partition: lease taken", "table", k.table, "partition", k.part, "bytes over", s.cfg.SplitBytes)
+				if !s.reshape(k, false, self) {
+					fail("the split did not complete")
+				} else {
+					delete(backoff, k)
+				}
 			}
-			s.log.Info("splitting a grown partition: lease taken", "table", k.table, "partition", k.part, "bytes over", s.cfg.SplitBytes)
 		}
 		for _, k := range held {
 			if s.ctx.Err() != nil {
 				break
 			}
 			s.reshape(k, merge[k], self)
+		}
+		for _, k := range frozen {
+			if s.ctx.Err() != nil {
+				break
+			}
+			s.checkpoint(k, freeze[k], self)
 		}
 		t.Reset(s.cfg.JanitorEvery)
 	}
@@ -1096,7 +1170,7 @@ func (s *Service) reshaper() {
 // settleTimeout it gives the lease up. The leases are in the maps, so a
 // holder that restarts or loses a decree's answer takes the job up again
 // from the maps; one that dies loses the lease to the janitor.
-func (s *Service) reshape(k repKey, merge bool, self BrickID) {
+func (s *Service) reshape(k repKey, merge bool, self BrickID) bool {
 	start := time.Now()
 	log := s.log.With("table", k.table, "partition", k.part, "merge", merge)
 	parts := []Partition{k.part}
@@ -1117,7 +1191,9 @@ func (s *Service) reshape(k repKey, merge bool, self BrickID) {
 		live := s.mu.inc == self.Inc
 		s.mu.Unlock()
 		if g == nil || !live {
-			return // done, given up, or no longer this incarnation's
+			// Done (a decree whose answer was lost), given up, or no
+			// longer this incarnation's.
+			return m != nil && m.Gen == k.gen && (merge && m.DP.Has(k.part) || !merge && !m.DP.Has(k.part))
 		}
 		if time.Since(start) > settleTimeout {
 			err := s.updateTable(k, func(m *Maps) (*Maps, error) {
@@ -1128,7 +1204,7 @@ func (s *Service) reshape(k repKey, merge bool, self BrickID) {
 				return c, nil
 			})
 			log.Warn("split or merge given up: the members did not all settle under the lease", "lease released", err == nil)
-			return
+			return false
 		}
 		settled := true
 		for _, b := range g {
@@ -1158,12 +1234,26 @@ func (s *Service) reshape(k repKey, merge bool, self BrickID) {
 		})
 		if err == nil {
 			log.Info("partition reshaped", "took", time.Since(start).Round(time.Millisecond))
-			return
+			return true
 		}
 		if errors.Is(err, ErrReshapeLost) || errors.Is(err, ErrNoTable) {
 			log.Warn("split or merge given up: its lease is gone", "err", err)
-			return
+			return false
 		}
 		log.Warn("split or merge decree not known to have landed; trying again", "err", err)
 	}
+	return false
+}
+
+// splitsEvenly says whether a split of partition p would leave each child
+// at least an eighth of store's bytes: keys that share their low bits
+// (say, ids shifted left) would otherwise split again and again into an
+// empty partition and a full one (outside review 123).
+func splitsEvenly(store map[uint64][]byte, p Partition) bool {
+	var half [2]int
+	for k, v := range store {
+		half[k>>p.Depth&1] += len(v) + 8
+	}
+	total := half[0] + half[1]
+	return half[0] >= total/8 && half[1] >= total/8
 }
