@@ -1189,13 +1189,16 @@ func (x *TableRestoreResponse) GetEpoch() uint64 {
 }
 
 type TableReplicaStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
-	Partition     *TablePartition        `protobuf:"bytes,2,opt,name=partition,proto3" json:"partition,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Keys          uint64                 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	InDoubt       uint64                 `protobuf:"varint,6,opt,name=in_doubt,json=inDoubt,proto3" json:"in_doubt,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Table     string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Partition *TablePartition        `protobuf:"bytes,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Keys      uint64                 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
+	Bytes     uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	InDoubt   uint64                 `protobuf:"varint,6,opt,name=in_doubt,json=inDoubt,proto3" json:"in_doubt,omitempty"`
+	// The checkpoint this replica is settled under (its freeze in the
+	// maps, nothing in doubt), 0 if none.
+	SettledFreeze uint64 `protobuf:"varint,7,opt,name=settled_freeze,json=settledFreeze,proto3" json:"settled_freeze,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1268,6 +1271,13 @@ func (x *TableReplicaStatus) GetBytes() uint64 {
 func (x *TableReplicaStatus) GetInDoubt() uint64 {
 	if x != nil {
 		return x.InDoubt
+	}
+	return 0
+}
+
+func (x *TableReplicaStatus) GetSettledFreeze() uint64 {
+	if x != nil {
+		return x.SettledFreeze
 	}
 	return 0
 }
@@ -1554,14 +1564,15 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x02to\x18\x05 \x01(\v2\x14.grove.v1.TableBrickR\x02to\"@\n" +
 	"\x14TableRestoreResponse\x12\x12\n" +
 	"\x04keys\x18\x01 \x01(\x04R\x04keys\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xbd\x01\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xe4\x01\n" +
 	"\x12TableReplicaStatus\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x126\n" +
 	"\tpartition\x18\x02 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
-	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\"\xc6\x01\n" +
+	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\x12%\n" +
+	"\x0esettled_freeze\x18\a \x01(\x04R\rsettledFreeze\"\xc6\x01\n" +
 	"\x10TableCopyRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +

@@ -20,11 +20,19 @@ import (
 //  1. A decree freezes the whole table (Maps.Freeze), held by a member
 //     brick that drives the checkpoint: from that epoch every member
 //     refuses prepares (reads go on).
-//  2. Each brick, once every replica of the table it holds is settled
-//     under the freeze (FreezeReady: nothing in doubt, which it stays),
-//     writes each replica to its disk (EncodeCheckpoint, one file per
-//     partition, synced). Every replica of a partition holds the same
-//     data then, so every copy of the image is the same.
+//  2. The holder waits until every member of every group is settled
+//     under the freeze (FreezeReady at each of its replicas: the freeze in
+//     its maps, nothing in doubt), then decrees Freeze.Write. From the
+//     first of those states on, nothing commits anywhere until the freeze
+//     ends: no member accepts a prepare, and nothing is prepared. Each
+//     brick, seeing Write, writes each replica to its disk
+//     (EncodeCheckpoint, one file per partition, synced): every replica of
+//     a partition holds the same data, so every copy of the image is the
+//     same. Writing as soon as the brick alone is settled is not enough:
+//     members that have not seen the freeze yet may still prepare a write,
+//     and commit it once the settled member that refused it dies and is
+//     removed (rule 4); its image then lacks a write the others' have
+//     (the simulator found this).
 //  3. Once every member of every group has written its files, the holder
 //     decrees the freeze over and the checkpoint done (Maps.Checkpoint).
 //     A holder that dies loses the freeze to the janitor; one whose
@@ -51,8 +59,7 @@ var (
 	ErrLayout         = errors.New("ddstable: the partition is not one of the table's partitions any more (split or merged since the checkpoint)")
 )
 
-// WithFreeze is m frozen for checkpoint ID (the next after m's last),
-// driven by holder, a member of some group (step 1). A table being
+// WithFreeze is m frozen for a new checkpoint, driven by holder, a member of some group (step 1). A table being
 // recovered into, split or merged is not frozen: those end first.
 func WithFreeze(m *Maps, holder BrickID) (*Maps, error) {
 	switch {
@@ -64,7 +71,22 @@ func WithFreeze(m *Maps, holder BrickID) (*Maps, error) {
 		return nil, fmt.Errorf("%w: a split or merge is running", ErrReshaping)
 	}
 	c := m.Clone()
-	c.Freeze = Freeze{ID: m.Checkpoint.ID + 1, Holder: holder}
+	c.Epoch++
+	// The checkpoint's id is its freeze's epoch: never the id of an
+	// earlier attempt given up, whose files some bricks may have written
+	// (the simulator caught ids reused: the next after the last done).
+	c.Freeze = Freeze{ID: c.Epoch, Holder: holder}
+	return c, c.Validate()
+}
+
+// FreezeSettled is m with freeze id's images to be written (step 2); the
+// holder decrees it once every member is settled under the freeze.
+func FreezeSettled(m *Maps, id uint64, holder BrickID) (*Maps, error) {
+	if m.Freeze != (Freeze{ID: id, Holder: holder}) {
+		return nil, ErrFreezeLost
+	}
+	c := m.Clone()
+	c.Freeze.Write = true
 	c.Epoch++
 	return c, c.Validate()
 }
@@ -72,7 +94,7 @@ func WithFreeze(m *Maps, holder BrickID) (*Maps, error) {
 // Checkpointed is m with freeze id over and the checkpoint recorded
 // (step 3); the holder decrees it once every member wrote its files.
 func Checkpointed(m *Maps, id uint64, holder BrickID) (*Maps, error) {
-	if m.Freeze != (Freeze{ID: id, Holder: holder}) {
+	if m.Freeze != (Freeze{ID: id, Holder: holder, Write: true}) {
 		return nil, ErrFreezeLost
 	}
 	c := m.Clone()

@@ -19,7 +19,7 @@ func TestCheckpointTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Freeze != (Freeze{ID: 1, Holder: holder}) || f.Epoch != m.Epoch+1 {
+	if f.Freeze != (Freeze{ID: f.Epoch, Holder: holder}) || f.Epoch != m.Epoch+1 {
 		t.Fatalf("freeze: %+v", f.Freeze)
 	}
 	if _, err := WithFreeze(f, holder); !errors.Is(err, ErrCheckpointing) {
@@ -47,31 +47,46 @@ func TestCheckpointTransitions(t *testing.T) {
 	if c, changed := withoutDead(f, map[BrickID]bool{holder: true}); !changed || c.Freeze.ID != 0 || c.Validate() != nil {
 		t.Fatalf("a dead holder's freeze: %+v %v", c.Freeze, c.Validate())
 	}
-	if _, err := Checkpointed(f, 1, br(9)); !errors.Is(err, ErrFreezeLost) {
+	id := f.Freeze.ID
+	if _, err := Checkpointed(f, id, holder); !errors.Is(err, ErrFreezeLost) {
+		t.Fatalf("checkpointed before its members settled: %v", err)
+	}
+	w, err := FreezeSettled(f, id, holder)
+	if err != nil || !w.Freeze.Write {
+		t.Fatalf("settled: %v %+v", err, w.Freeze)
+	}
+	if d, err := DecodeMaps(w.AppendBinary(nil)); err != nil || d.Freeze != w.Freeze {
+		t.Fatalf("round trip: %v", err)
+	}
+	if _, err := Checkpointed(w, id, br(9)); !errors.Is(err, ErrFreezeLost) {
 		t.Fatalf("checkpointed by another: %v", err)
 	}
-	done, err := Checkpointed(f, 1, holder)
-	if err != nil || done.Freeze.ID != 0 || done.Checkpoint != (Checkpoint{ID: 1, Epoch: done.Epoch}) {
+	done, err := Checkpointed(w, id, holder)
+	if err != nil || done.Freeze.ID != 0 || done.Checkpoint != (Checkpoint{ID: id, Epoch: done.Epoch}) {
 		t.Fatalf("checkpointed: %v %+v", err, done)
 	}
 	if d, err := DecodeMaps(done.AppendBinary(nil)); err != nil || d.Checkpoint != done.Checkpoint {
 		t.Fatalf("round trip: %v", err)
 	}
-	if again, _ := WithFreeze(done, holder); again.Freeze.ID != 2 {
+	if again, _ := WithFreeze(done, holder); again.Freeze.ID <= id {
 		t.Fatalf("the next checkpoint: %+v", again.Freeze)
 	}
-	if c, ok := WithoutFreeze(f, holder); !ok || c.Freeze.ID != 0 || c.Checkpoint.ID != 0 {
+	c, ok := WithoutFreeze(f, holder)
+	if !ok || c.Freeze.ID != 0 || c.Checkpoint.ID != 0 {
 		t.Fatalf("given up: %+v", c)
+	}
+	if retry, _ := WithFreeze(c, holder); retry.Freeze.ID == id {
+		t.Fatal("a checkpoint given up and asked again got the same id")
 	}
 	// A restore replaces a dead group by one brick, only as it was.
 	dead := done.RG[p]
-	if _, err := Restored(done, p, dead, 2, br(7)); !errors.Is(err, ErrNoCheckpoint) {
+	if _, err := Restored(done, p, dead, id+1, br(7)); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("a restore from another checkpoint: %v", err)
 	}
-	if _, err := Restored(done, p, dead[1:], 1, br(7)); !errors.Is(err, ErrLive) {
+	if _, err := Restored(done, p, dead[1:], id, br(7)); !errors.Is(err, ErrLive) {
 		t.Fatalf("a restore of a changed group: %v", err)
 	}
-	r, err := Restored(done, p, dead, 1, BrickID{Node: 7, Inc: 2})
+	r, err := Restored(done, p, dead, id, BrickID{Node: 7, Inc: 2})
 	if err != nil || len(r.RG[p]) != 1 || r.RG[p][0] != (BrickID{Node: 7, Inc: 2}) {
 		t.Fatalf("restored: %v %+v", err, r.RG[p])
 	}

@@ -50,7 +50,7 @@ func (s *Service) checkpointLocked() {
 	for name, m := range s.mu.tables {
 		id := m.Freeze.ID
 		tg := tableGen{name, m.Gen}
-		if id == 0 || s.mu.ckpt[tg] >= id || time.Now().Before(s.mu.ckptRetry[tg]) {
+		if id == 0 || !m.Freeze.Write || s.mu.ckpt[tg] >= id || time.Now().Before(s.mu.ckptRetry[tg]) {
 			continue
 		}
 		var imgs []*CheckpointImage
@@ -168,9 +168,10 @@ func (s *Service) checkpointFiles() []*pb.TableCheckpointFile {
 }
 
 // checkpoint drives checkpoint id of table k, whose freeze this brick
-// holds: it waits until every member of every group has written its files
-// (asked through Status), then decrees the checkpoint done; after
-// settleTimeout it gives the freeze up.
+// holds: it waits until every member of every group is settled under the
+// freeze, decrees its images written, waits until every member has
+// written its files (both asked through Status), then decrees the
+// checkpoint done; after settleTimeout it gives the freeze up.
 func (s *Service) checkpoint(k repKey, id uint64, self BrickID) {
 	start := time.Now()
 	log := s.log.With("table", k.table, "checkpoint", id)
@@ -182,7 +183,7 @@ func (s *Service) checkpoint(k repKey, id uint64, self BrickID) {
 		m := s.mu.tables[k.table]
 		live := s.mu.inc == self.Inc
 		s.mu.Unlock()
-		if m == nil || m.Gen != k.gen || m.Freeze != (Freeze{ID: id, Holder: self}) || !live {
+		if m == nil || m.Gen != k.gen || m.Freeze.ID != id || m.Freeze.Holder != self || !live {
 			return
 		}
 		if time.Since(start) > settleTimeout {
@@ -205,16 +206,28 @@ func (s *Service) checkpoint(k repKey, id uint64, self BrickID) {
 				need[b.Node][p] = true
 			}
 		}
+		incs := map[uint64]uint64{}
+		for _, g := range m.RG {
+			for _, b := range g {
+				incs[b.Node] = b.Inc
+			}
+		}
 		done := true
 		for node, parts := range need {
-			files, err := s.filesOf(node)
-			if err != nil {
+			st, err := s.statusOf(node)
+			if err != nil || st.Inc != incs[node] {
 				done = false
 				break
 			}
-			for _, f := range files {
-				if f.Table == k.table && f.Gen == k.gen && f.Id == id {
-					if p, ok := partOf(f.Partition); ok {
+			if !m.Freeze.Write {
+				for _, r := range st.Replicas {
+					if p, ok := partOf(r.Partition); ok && r.Table == k.table && r.SettledFreeze == id {
+						delete(parts, p)
+					}
+				}
+			} else {
+				for _, f := range st.Checkpoints {
+					if p, ok := partOf(f.Partition); ok && f.Table == k.table && f.Gen == k.gen && f.Id == id {
 						delete(parts, p)
 					}
 				}
@@ -225,6 +238,18 @@ func (s *Service) checkpoint(k repKey, id uint64, self BrickID) {
 			}
 		}
 		if !done {
+			continue
+		}
+		if !m.Freeze.Write {
+			if err := s.updateTable(k, func(m *Maps) (*Maps, error) {
+				if m.Freeze.ID == id && m.Freeze.Write {
+					return nil, nil // a resend found it done
+				}
+				return FreezeSettled(m, id, self)
+			}); err != nil && (errors.Is(err, ErrFreezeLost) || errors.Is(err, ErrNoTable)) {
+				log.Warn("checkpoint given up: its freeze is gone", "err", err)
+				return
+			}
 			continue
 		}
 		err := s.updateTable(k, func(m *Maps) (*Maps, error) {
@@ -244,22 +269,18 @@ func (s *Service) checkpoint(k repKey, id uint64, self BrickID) {
 	}
 }
 
-// filesOf is node's list of checkpoint files.
-func (s *Service) filesOf(node uint64) ([]*pb.TableCheckpointFile, error) {
-	if node == s.cfg.Node {
-		return s.checkpointFiles(), nil
-	}
+// statusOf is node's brick's status (its replicas and checkpoint files).
+func (s *Service) statusOf(node uint64) (*pb.TableBrickStatus, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
 	defer cancel()
+	if node == s.cfg.Node {
+		return s.Status(ctx, nil)
+	}
 	cl, err := s.client(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	st, err := cl.Status(ctx, &pb.TableBrickStatusRequest{})
-	if err != nil {
-		return nil, err
-	}
-	return st.Checkpoints, nil
+	return cl.Status(ctx, &pb.TableBrickStatusRequest{})
 }
 
 // Restore restarts a partition whose every member is dead from this

@@ -107,8 +107,11 @@ type Maps struct {
 
 // Freeze is a checkpoint's write lease on a whole table.
 type Freeze struct {
-	ID     uint64  // the checkpoint's, above every earlier one's
+	ID     uint64  // the checkpoint's: the epoch of the freeze's decree
 	Holder BrickID // the brick that drives it: a member of some group
+	// Write: every member was settled under the freeze (checkpoint.go,
+	// step 2): bricks write their images now, not before.
+	Write bool
 }
 
 // Checkpoint names a table's image on the bricks' disks.
@@ -277,7 +280,8 @@ func (m *Maps) extended() bool {
 //	  byte      1 for a merge, 0 for a split
 //	  uvarint   ×2 the holder's node and incarnation
 //	uvarint   the freeze's checkpoint id, 0 if none; if not 0, the
-//	          holder's node and incarnation as uvarints
+//	          holder's node and incarnation as uvarints, then a byte: 1
+//	          if its images are being written (Write), else 0
 //	uvarint   the last checkpoint's id, 0 if none; if not 0, its epoch
 //
 // A group's order is kept (it is not sorted): the first member is the one a
@@ -331,6 +335,11 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 	if m.Freeze.ID != 0 {
 		b = appendUvarint(b, m.Freeze.Holder.Node)
 		b = appendUvarint(b, m.Freeze.Holder.Inc)
+		if m.Freeze.Write {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
 	}
 	b = appendUvarint(b, m.Checkpoint.ID)
 	if m.Checkpoint.ID != 0 {
@@ -472,6 +481,10 @@ func (m *Maps) decodeExtensions(b []byte) ([]byte, error) {
 		if m.Freeze.Holder.Inc, b, err = readUvarint(b, "freeze holder incarnation"); err != nil {
 			return nil, err
 		}
+		if len(b) == 0 || b[0] > 1 {
+			return nil, errors.New("ddstable: maps: a freeze's write flag is truncated or not 0 or 1")
+		}
+		m.Freeze.Write, b = b[0] == 1, b[1:]
 	}
 	if m.Checkpoint.ID, b, err = readUvarint(b, "checkpoint id"); err != nil {
 		return nil, err

@@ -232,6 +232,9 @@ type UnsafeParticipant struct {
 	// ReshapeInDoubt lets a split or merge retire this replica while
 	// operations are in doubt here: they are lost with its records.
 	ReshapeInDoubt bool
+	// FreezeInDoubt (the simulator's checkpoint images, not this type)
+	// takes a checkpoint's image while operations are in doubt here.
+	FreezeInDoubt bool
 }
 
 // DefaultParticipantConfig has the defaults for brick self.

@@ -713,8 +713,12 @@ func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.Tabl
 	defer s.mu.Unlock()
 	out := &pb.TableBrickStatus{Node: s.cfg.Node, Inc: s.mu.inc, Checkpoints: s.checkpointFiles()}
 	for k, r := range s.mu.reps {
+		var settled uint64
+		if m := s.mu.tables[k.table]; m != nil && m.Gen == k.gen && r.pt.FreezeReady(m.Freeze.ID) == nil {
+			settled = m.Freeze.ID
+		}
 		out.Replicas = append(out.Replicas, &pb.TableReplicaStatus{Table: k.table, Partition: partPB(k.part),
-			Epoch: r.pt.Stamp().Epoch, Keys: uint64(len(r.store)), Bytes: uint64(r.bytes), InDoubt: uint64(r.pt.InDoubt())})
+			Epoch: r.pt.Stamp().Epoch, Keys: uint64(len(r.store)), Bytes: uint64(r.bytes), InDoubt: uint64(r.pt.InDoubt()), SettledFreeze: settled})
 	}
 	slices.SortFunc(out.Replicas, func(a, b *pb.TableReplicaStatus) int {
 		if a.Table != b.Table {

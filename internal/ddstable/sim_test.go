@@ -69,6 +69,7 @@ type simConfig struct {
 	crashAfterCopy        float64 // per recovery copy served: the source crashes right after
 	pauses                int     // per brick and per library
 	reshapes              int     // splits or merges asked for, per run
+	checkpoints           int     // checkpoints asked for, per run
 	// The libraries' vote timeout and deadline (0: 120 ms and 600 ms,
 	// inside the bricks' 150 ms prepare timeout plus a round trip).
 	voteTimeout, deadline time.Duration
@@ -77,7 +78,7 @@ type simConfig struct {
 
 func defaultSimConfig() simConfig {
 	return simConfig{clients: 4, opsPerClient: 40, keys: 8, drop: 0.03, dup: 0.02,
-		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, crashAfterCopy: 0.3, pauses: 2, reshapes: 3}
+		clientCrash: 0.02, partialCrash: 0.08, brickCrashes: 3, randomCrashes: 2, crashAfterAnswer: 0.1, crashAfterCopy: 0.3, pauses: 2, reshapes: 3, checkpoints: 2}
 }
 
 type sim struct {
@@ -103,6 +104,10 @@ type sim struct {
 	ccfg     CoordinatorConfig
 	violates []string
 	reshaped map[bool]int               // splits (false) and merges (true) decreed
+	// images: each checkpoint's images, by partition and brick, as each
+	// brick took it; ckpts: the checkpoints decreed done.
+	images map[uint64]map[Partition]map[BrickID]map[uint64]string
+	ckpts  []uint64
 	decided  map[OpID]map[BrickID]State // every decision of a prepared operation, as made
 }
 
@@ -142,6 +147,8 @@ type simBrick struct {
 	parts   map[Partition]*Participant
 	store   map[Partition]map[uint64]string
 	pending map[Partition]map[uint64]string // copies made under a write lease, for the group it joins
+	imaged  uint64                          // the last checkpoint this brick wrote its images of
+	maps    *Maps                           // the latest it saw
 	rec     simRecovery                     // the recovery in progress
 }
 
@@ -170,7 +177,8 @@ const simEnd = math.MaxInt64 / 2
 
 func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
 	s := &sim{t: t, seed: seed, cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, reshaped: map[bool]int{}, bricks: map[BrickID]*simBrick{}, faults: true}
+		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, reshaped: map[bool]int{},
+		images: map[uint64]map[Partition]map[BrickID]map[uint64]string{}, bricks: map[BrickID]*simBrick{}, faults: true}
 	dp, _ := NewDPMapUniform(1)
 	s.maps = &Maps{Table: "sim", Epoch: 1, Replicas: 3, DP: dp, RG: map[Partition][]BrickID{
 		{Bits: 0, Depth: 1}: {br(1), br(2), br(3)},
@@ -317,8 +325,125 @@ func (s *sim) brickTick() {
 		for _, p := range sortedParts(b.parts) {
 			s.brickEffects(b, p, b.parts[p].Tick(s.now))
 		}
+		s.imageStep(b)
 	}
 	s.at(10*time.Millisecond, s.brickTick)
+}
+
+// imageStep is checkpointer.go's checkpointLocked: once every replica of
+// the brick is settled under a freeze, it takes its images.
+func (s *sim) imageStep(b *simBrick) {
+	if b.maps == nil || !b.maps.Freeze.Write {
+		return
+	}
+	id := b.maps.Freeze.ID
+	if b.imaged >= id {
+		return
+	}
+	for _, pt := range b.parts {
+		if pt.FreezeReady(id) != nil && !(s.cfg.unsafe.FreezeInDoubt && pt.freeze == id) {
+			return
+		}
+	}
+	b.imaged = id
+	if s.images[id] == nil {
+		s.images[id] = map[Partition]map[BrickID]map[uint64]string{}
+	}
+	for p := range b.parts {
+		if s.images[id][p] == nil {
+			s.images[id][p] = map[BrickID]map[uint64]string{}
+		}
+		s.images[id][p][b.id] = maps.Clone(b.store[p])
+	}
+	s.trace("brick %v wrote its images of checkpoint %d", b.id, id)
+}
+
+// checkpointAt asks, at a random time, for a checkpoint, as
+// RequestCheckpoint does; the holder then drives it as checkpointer.go's
+// checkpoint does: every member of every group asked each tick whether it
+// is settled under the freeze at every partition it serves, then the
+// decree that images be written; every member asked whether it wrote
+// them, then the decree of the checkpoint.
+func (s *sim) checkpointAt(d time.Duration) {
+	s.at(d, func() {
+		if !s.faults {
+			return
+		}
+		leaves := sortedParts(s.maps.RG)
+		m, err := WithFreeze(s.maps, s.maps.RG[leaves[0]][0])
+		if err != nil {
+			return // a recovery, split or merge runs: not now
+		}
+		id, holder := m.Freeze.ID, s.bricks[m.Freeze.Holder]
+		s.trace("decree: epoch %d: checkpoint %d, held by %v", m.Epoch, id, holder.id)
+		s.decree(m)
+		written, settled := map[BrickID]bool{}, map[BrickID]bool{}
+		var tick func()
+		tick = func() {
+			if !holder.alive || s.maps.Freeze.ID != id || s.maps.Freeze.Holder != holder.id {
+				return
+			}
+			write := s.maps.Freeze.Write
+			s.at(100*time.Millisecond, tick)
+			s.on(&holder.pauser, func() {
+				all := true
+				for _, p := range sortedParts(s.maps.RG) {
+					for _, bid := range s.maps.RG[p] {
+						if write {
+							all = all && written[bid]
+						} else {
+							all = all && settled[bid]
+						}
+						mem := s.bricks[bid]
+						s.net(s.on(&mem.pauser, func() {
+							done := mem.alive
+							for q, g := range s.maps.RG {
+								if !slices.Contains(g, bid) {
+									continue
+								}
+								if write {
+									_, ok := s.images[id][q][bid]
+									done = done && ok
+								} else {
+									pt := mem.parts[q]
+									done = done && pt != nil && (pt.FreezeReady(id) == nil || s.cfg.unsafe.FreezeInDoubt && pt.freeze == id)
+								}
+							}
+							if done {
+								s.net(s.on(&holder.pauser, func() {
+									if write {
+										written[bid] = true
+									} else {
+										settled[bid] = true
+									}
+								}))
+							}
+						}))
+					}
+				}
+				if !all {
+					return
+				}
+				if !write {
+					s.net(func() {
+						if c, err := FreezeSettled(s.maps, id, holder.id); err == nil {
+							s.trace("decree: epoch %d: checkpoint %d: every member settled; images to be written", c.Epoch, id)
+							s.decree(c)
+						}
+					})
+					return
+				}
+				s.net(func() {
+					if c, err := Checkpointed(s.maps, id, holder.id); err == nil {
+						s.ckpts = append(s.ckpts, id)
+						s.trace("decree: epoch %d: checkpoint %d done", c.Epoch, id)
+						s.decree(c)
+					}
+				})
+			})()
+		}
+		s.at(time.Millisecond, tick)
+	})
 }
 
 // sortedParts are m's partitions in order of their bits.
@@ -408,6 +533,9 @@ func (s *sim) decree(m *Maps) {
 // copy for (a brick joins no group but by recovery here: the sim's groups
 // are made at the start).
 func (s *sim) syncBrick(b *simBrick, m *Maps) {
+	if b.maps == nil || m.Epoch > b.maps.Epoch {
+		b.maps = m
+	}
 	retired := map[Partition]Retiree[string]{}
 	for _, p := range sortedParts(b.parts) {
 		if m.Epoch <= b.parts[p].Stamp().Epoch {
@@ -964,6 +1092,9 @@ func (s *sim) run() {
 	for _, c := range s.clients {
 		s.pauses(&c.pauser)
 	}
+	for range s.cfg.checkpoints {
+		s.checkpointAt(time.Duration(50+s.rng.IntN(4000)) * time.Millisecond)
+	}
 	for range s.cfg.reshapes {
 		s.reshapeAt(time.Duration(50+s.rng.IntN(4000)) * time.Millisecond)
 	}
@@ -993,7 +1124,7 @@ func (s *sim) run() {
 		e := heap.Pop(&s.q).(*simEvent)
 		s.now = e.at
 		e.fn()
-		if len(s.maps.Joining)+len(s.maps.Reshaping) > 0 {
+		if len(s.maps.Joining)+len(s.maps.Reshaping) > 0 || s.maps.Freeze.ID != 0 {
 			quietSince = time.Time{}
 		} else if quietSince.IsZero() {
 			quietSince = s.now
@@ -1015,6 +1146,25 @@ func (s *sim) allDone() bool {
 }
 
 func (s *sim) check() {
+	// Every checkpoint done has one image per partition: every brick's
+	// the same.
+	for _, id := range s.ckpts {
+		for p, by := range s.images[id] {
+			var ref map[uint64]string
+			var refID BrickID
+			for b, img := range by {
+				if ref == nil {
+					ref, refID = img, b
+					continue
+				}
+				for k := uint64(0); k < s.cfg.keys; k++ {
+					if img[k] != ref[k] {
+						s.fail("checkpoint %d partition %v key %d: brick %v's image holds %q, brick %v's %q", id, p, k, refID, ref[k], b, img[k])
+					}
+				}
+			}
+		}
+	}
 	for p, g := range s.maps.RG {
 		var ref map[uint64]string
 		var refID BrickID
@@ -1134,7 +1284,7 @@ func simProfile(seed uint64) simConfig {
 // seed must pass the oracle. Replay one with GROVE_DDS_SEED=N.
 func TestSimTwoPhaseCommit(t *testing.T) {
 	base, n := simSeeds(t, 300)
-	splits, merges := 0, 0
+	splits, merges, ckpts := 0, 0, 0
 	for seed := base; seed < base+uint64(n); seed++ {
 		s := newSim(t, seed, simProfile(seed))
 		func() {
@@ -1145,13 +1295,13 @@ func TestSimTwoPhaseCommit(t *testing.T) {
 			}()
 			s.run()
 		}()
-		splits, merges = splits+s.reshaped[false], merges+s.reshaped[true]
+		splits, merges, ckpts = splits+s.reshaped[false], merges+s.reshaped[true], ckpts+len(s.ckpts)
 		if len(s.violates) > 0 {
 			t.Fatalf("seed %d (replay: GROVE_DDS_SEED=%d go test ./internal/ddstable -run TestSimTwoPhaseCommit): %v",
 				seed, seed, s.violates)
 		}
 	}
-	t.Logf("seeds %d..%d passed; %d splits and %d merges decreed", base, base+uint64(n)-1, splits, merges)
+	t.Logf("seeds %d..%d passed; %d splits, %d merges and %d checkpoints decreed", base, base+uint64(n)-1, splits, merges, ckpts)
 }
 
 // TestSimTeeth: the oracle catches each broken rule on some seed.
@@ -1170,6 +1320,7 @@ func TestSimTeeth(t *testing.T) {
 		{"ignore-lease", UnsafeParticipant{IgnoreLease: true}, 0},
 		{"copy-in-doubt", UnsafeParticipant{CopyInDoubt: true}, 0},
 		{"reshape-in-doubt", UnsafeParticipant{ReshapeInDoubt: true}, 12},
+		{"freeze-in-doubt", UnsafeParticipant{FreezeInDoubt: true}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 2000; seed++ {
