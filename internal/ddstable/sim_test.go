@@ -103,12 +103,12 @@ type sim struct {
 	pcfg     ParticipantConfig
 	ccfg     CoordinatorConfig
 	violates []string
-	reshaped map[bool]int               // splits (false) and merges (true) decreed
+	reshaped map[bool]int // splits (false) and merges (true) decreed
 	// images: each checkpoint's images, by partition and brick, as each
 	// brick took it; ckpts: the checkpoints decreed done.
-	images map[uint64]map[Partition]map[BrickID]map[uint64]string
-	ckpts  []uint64
-	decided  map[OpID]map[BrickID]State // every decision of a prepared operation, as made
+	images  map[uint64]map[Partition]map[BrickID]map[uint64]string
+	ckpts   []uint64
+	decided map[OpID]map[BrickID]State // every decision of a prepared operation, as made
 }
 
 // pauser is a node that can pause (a long GC, a stalled VM): what arrives
