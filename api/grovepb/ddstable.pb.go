@@ -568,6 +568,7 @@ func (x *TableDecideRequest) GetEpoch() uint64 {
 type TableAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	State         uint32                 `protobuf:"varint,1,opt,name=state,proto3" json:"state,omitempty"` // ddstable.State
+	Later         bool                   `protobuf:"varint,2,opt,name=later,proto3" json:"later,omitempty"` // the replica began after the operation's prepare (ddstable.Ack.Later)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -607,6 +608,13 @@ func (x *TableAck) GetState() uint32 {
 		return x.State
 	}
 	return 0
+}
+
+func (x *TableAck) GetLater() bool {
+	if x != nil {
+		return x.Later
+	}
+	return false
 }
 
 // Termination and sweep, brick → brick.
@@ -1517,9 +1525,10 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x06commit\x18\x05 \x01(\bR\x06commit\x12\x12\n" +
 	"\x04done\x18\x06 \x01(\x04R\x04done\x12\x16\n" +
 	"\x06digest\x18\a \x01(\rR\x06digest\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\" \n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\"6\n" +
 	"\bTableAck\x12\x14\n" +
-	"\x05state\x18\x01 \x01(\rR\x05state\"\xec\x01\n" +
+	"\x05state\x18\x01 \x01(\rR\x05state\x12\x14\n" +
+	"\x05later\x18\x02 \x01(\bR\x05later\"\xec\x01\n" +
 	"\x11TableQueryRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +

@@ -11,6 +11,7 @@ import (
 
 	"github.com/grovestore/grove/internal/bench"
 	"github.com/grovestore/grove/internal/cli"
+	"github.com/grovestore/grove/internal/units"
 )
 
 func benchTableCmd() *cobra.Command {
@@ -78,6 +79,12 @@ connections as the cell has operations in flight.`,
 			t := d.Table("cells", "SYSTEM", "OP", "IN-FLIGHT", "OPS-PER-S", "P50")
 			for _, c := range r.Cells {
 				t.Row(c.System, c.Op, c.Outstanding, float64(int(c.OpsPerS)), c.P50.Round(time.Microsecond).String())
+			}
+			d.Field("checkpoint", fmt.Sprintf("%v, %s written (every replica, synced; writes wait)", r.Checkpoint.Round(time.Millisecond), units.FormatSize(r.CheckpointBytes)))
+			d.Field("split", r.Split.Round(time.Millisecond).String())
+			d.Field("merge", r.Merge.Round(time.Millisecond).String())
+			if r.RedisSave > 0 {
+				d.Field("redis_save", fmt.Sprintf("%v, %s (dump.rdb, fsynced)", r.RedisSave.Round(time.Millisecond), units.FormatSize(r.RedisSaveBytes)))
 			}
 			return out.Print(os.Stdout, d)
 		},

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -24,6 +25,9 @@ func TestBenchTableSmoke(t *testing.T) {
 			Op      string  `json:"op"`
 			OpsPerS float64 `json:"ops_per_s"`
 		} `json:"cells"`
+		Checkpoint string `json:"checkpoint"`
+		Split      string `json:"split"`
+		Merge      string `json:"merge"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
@@ -41,5 +45,8 @@ func TestBenchTableSmoke(t *testing.T) {
 		if c.OpsPerS <= 0 {
 			t.Fatalf("cell %+v has no figure", c)
 		}
+	}
+	if !strings.Contains(out.Checkpoint, "written") || out.Split == "" || out.Merge == "" {
+		t.Fatalf("no checkpoint, split or merge figures:\n%s", r.stdout)
 	}
 }

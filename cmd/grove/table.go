@@ -650,7 +650,7 @@ replicas dead (a few seconds after the nodes come back).`,
 						failed++
 						tb.Row(r.Partition.String(), "lost, not yet declared dead: run again in a few seconds", nil, nil)
 					case errors.Is(r.Err, ddstable.ErrLive):
-						tb.Row(r.Partition.String(), "not lost", nil, nil)
+						tb.Row(r.Partition.String(), "not lost: a replica is not declared dead", nil, nil)
 					default:
 						failed++
 						tb.Row(r.Partition.String(), r.Err.Error(), nil, nil)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -47,10 +48,18 @@ type TableCell struct {
 	P50         time.Duration
 }
 
-// TableResults are the benchmark's cells.
+// TableResults are the benchmark's cells, and the table's maintenance
+// on the loaded table: a checkpoint (every replica written to disk,
+// synced; writes wait meanwhile), a split of one partition and its merge
+// back; and redis's SAVE of its data set (an fsynced dump) as the peer's.
 type TableResults struct {
-	Cells []TableCell
-	Nodes int
+	Cells           []TableCell
+	Nodes           int
+	Checkpoint      time.Duration
+	CheckpointBytes int64 // every replica's files
+	Split, Merge    time.Duration
+	RedisSave       time.Duration
+	RedisSaveBytes  int64
 }
 
 // TableBench runs puts and gets of random 64-bit keys on a 3-node
@@ -133,14 +142,86 @@ func TableBench(ctx context.Context, dir string, o TableOptions, progress io.Wri
 			res.Cells = append(res.Cells, TableCell{System: "grove", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianOrZero(p50s)})
 		}
 	}
+	if err := tableMaintenance(ctx, c, mc, res, progress); err != nil {
+		return nil, err
+	}
 	if o.Redis {
-		cells, err := redisBench(ctx, o, progress)
+		cells, err := redisBench(ctx, o, res, progress)
 		if err != nil {
 			return nil, err
 		}
 		res.Cells = append(res.Cells, cells...)
 	}
 	return res, nil
+}
+
+// tableMaintenance times a checkpoint, a split and a merge of the loaded
+// table, each from its request to the decree that ends it.
+func tableMaintenance(ctx context.Context, c *InProcessCluster, mc *meta.Client, res *TableResults, progress io.Writer) error {
+	wait := func(what string, done func(*ddstable.Maps) (bool, error)) error {
+		for {
+			ts, err := ddstable.ListTables(ctx, mc)
+			if err == nil && len(ts) == 1 {
+				ok, err := done(ts[0])
+				if err != nil || ok {
+					return err
+				}
+			}
+			if !sleepCtx(ctx, 5*time.Millisecond) {
+				return fmt.Errorf("%s: %w", what, ctx.Err())
+			}
+		}
+	}
+	start := time.Now()
+	m, err := ddstable.RequestCheckpoint(ctx, mc, "bench")
+	if err != nil {
+		return err
+	}
+	id := m.Freeze.ID
+	if err := wait("checkpoint", func(m *ddstable.Maps) (bool, error) {
+		if m.Freeze.ID != id && m.Checkpoint.ID != id {
+			return false, fmt.Errorf("checkpoint %d given up", id)
+		}
+		return m.Checkpoint.ID == id, nil
+	}); err != nil {
+		return err
+	}
+	res.Checkpoint = time.Since(start)
+	for _, n := range c.Nodes {
+		if n == nil {
+			continue
+		}
+		st, err := n.Tables().Status(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, f := range st.Checkpoints {
+			if f.Table == "bench" && f.Id == id {
+				res.CheckpointBytes += int64(f.Bytes)
+			}
+		}
+	}
+	fmt.Fprintf(progress, "checkpoint: %v, %d bytes written\n", res.Checkpoint.Round(time.Millisecond), res.CheckpointBytes)
+	p := m.DP.Leaves()[0]
+	zero, _, _ := p.Children()
+	start = time.Now()
+	if _, err := ddstable.RequestSplit(ctx, mc, "bench", p); err != nil {
+		return err
+	}
+	if err := wait("split", func(m *ddstable.Maps) (bool, error) { return m.DP.Has(zero), nil }); err != nil {
+		return err
+	}
+	res.Split = time.Since(start)
+	start = time.Now()
+	if _, err := ddstable.RequestMerge(ctx, mc, "bench", p); err != nil {
+		return err
+	}
+	if err := wait("merge", func(m *ddstable.Maps) (bool, error) { return m.DP.Has(p), nil }); err != nil {
+		return err
+	}
+	res.Merge = time.Since(start)
+	fmt.Fprintf(progress, "split of %v: %v; merge back: %v\n", p, res.Split.Round(time.Millisecond), res.Merge.Round(time.Millisecond))
+	return nil
 }
 
 var errStop = fmt.Errorf("stop")
@@ -187,13 +268,18 @@ func runTableLoad(ctx context.Context, libs []*ddstable.Library, outstanding int
 
 // redisBench runs redis-server (no persistence) and redis-benchmark's SET
 // and GET at each cell's concurrency.
-func redisBench(ctx context.Context, o TableOptions, progress io.Writer) ([]TableCell, error) {
+func redisBench(ctx context.Context, o TableOptions, res *TableResults, progress io.Writer) ([]TableCell, error) {
 	p, err := ports.Free(1)
 	if err != nil {
 		return nil, err
 	}
 	port := strconv.Itoa(p[0])
-	srv := exec.CommandContext(ctx, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	dir, err := os.MkdirTemp("", "grove-bench-redis-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv := exec.CommandContext(ctx, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
 	if err := srv.Start(); err != nil {
 		return nil, err
 	}
@@ -230,6 +316,17 @@ func redisBench(ctx context.Context, o TableOptions, progress io.Writer) ([]Tabl
 			cells = append(cells, TableCell{System: "redis", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianD(p50s)})
 		}
 	}
+	// SAVE writes the data set to dump.rdb and fsyncs it, in the
+	// foreground (commands wait), as a checkpoint does.
+	start := time.Now()
+	if b, err := exec.CommandContext(ctx, "redis-cli", "-p", port, "save").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("redis-cli save: %v: %s", err, b)
+	}
+	res.RedisSave = time.Since(start)
+	if fi, err := os.Stat(filepath.Join(dir, "dump.rdb")); err == nil {
+		res.RedisSaveBytes = fi.Size()
+	}
+	fmt.Fprintf(progress, "redis SAVE: %v, %d bytes\n", res.RedisSave.Round(time.Millisecond), res.RedisSaveBytes)
 	return cells, nil
 }
 

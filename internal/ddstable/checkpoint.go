@@ -154,7 +154,7 @@ type CheckpointImage struct {
 const checkpointMagic = "GRVDDSC1"
 
 // MaxCheckpointBytes bounds one checkpoint file as a decoder reads it.
-const MaxCheckpointBytes = 1 << 34
+const MaxCheckpointBytes int64 = 1 << 34
 
 // EncodeCheckpoint is the file of image c:
 //
@@ -205,7 +205,7 @@ func DecodeCheckpoint(b []byte) (*CheckpointImage, error) {
 	if len(b) < len(checkpointMagic)+4 || !bytes.Equal(b[:len(checkpointMagic)], []byte(checkpointMagic)) {
 		return nil, errors.New("ddstable: checkpoint: not a checkpoint file (magic)")
 	}
-	if len(b) > MaxCheckpointBytes {
+	if int64(len(b)) > MaxCheckpointBytes {
 		return nil, fmt.Errorf("ddstable: checkpoint: %d bytes (at most %d)", len(b), MaxCheckpointBytes)
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])

@@ -2,7 +2,9 @@ package ddstable
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"testing"
 )
 
@@ -122,6 +124,11 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 	f.Add(EncodeCheckpoint(&CheckpointImage{Table: "t", Gen: 1, ID: 1, Entries: map[uint64][]byte{1: []byte("a"), 2: nil}}))
 	f.Add(EncodeCheckpoint(&CheckpointImage{Table: "users", Gen: 9, ID: 4, Partition: Partition{Bits: 2, Depth: 3}, Entries: map[uint64][]byte{2: []byte("b")}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) >= 4 && len(b)%2 == 1 {
+			// Past the checksum half the time (review 124: the fuzzer
+			// rarely got through it): the body as given, its CRC fixed.
+			b = binary.LittleEndian.AppendUint32(b[:len(b)-4:len(b)-4], crc32.Checksum(b[:len(b)-4], castagnoli))
+		}
 		c, err := DecodeCheckpoint(b)
 		if err != nil {
 			return

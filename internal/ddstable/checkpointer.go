@@ -50,6 +50,7 @@ func (s *Service) checkpointLocked() {
 	for name, m := range s.mu.tables {
 		id := m.Freeze.ID
 		tg := tableGen{name, m.Gen}
+		s.pruneCheckpointsLocked(tg, m.Checkpoint.ID)
 		if id == 0 || !m.Freeze.Write || s.mu.ckpt[tg] >= id || time.Now().Before(s.mu.ckptRetry[tg]) {
 			continue
 		}
@@ -92,8 +93,9 @@ func (s *Service) checkpointLocked() {
 	}
 }
 
-// writeCheckpoint writes imgs, each file synced, and the directory, and
-// removes the table's checkpoints older than the one before id.
+// writeCheckpoint writes imgs, each file synced, and the directories
+// down to the checkpoint's (each entry in its parent synced too, so that
+// the files are reachable after a power loss).
 func (s *Service) writeCheckpoint(tg tableGen, id uint64, imgs []*CheckpointImage) (int, error) {
 	dir := s.ckptDir(tg, id)
 	if err := (disk.OS{}).MkdirAll(dir); err != nil {
@@ -102,23 +104,46 @@ func (s *Service) writeCheckpoint(tg tableGen, id uint64, imgs []*CheckpointImag
 	total := 0
 	for _, img := range imgs {
 		b := EncodeCheckpoint(img)
-		if err := (disk.OS{}).WriteFileSync(s.ckptPath(tg, id, img.Partition), b); err != nil {
+		path := s.ckptPath(tg, id, img.Partition)
+		if err := (disk.OS{}).WriteFileSync(path, b); err != nil {
+			_ = os.Remove(path + ".tmp")
 			return 0, err
 		}
 		total += len(b)
 	}
-	if err := syncDir(dir); err != nil {
-		return 0, err
-	}
-	parent := filepath.Dir(dir)
-	if ents, err := os.ReadDir(parent); err == nil {
-		for _, e := range ents {
-			if old, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && old+1 < id {
-				_ = os.RemoveAll(filepath.Join(parent, e.Name()))
-			}
+	for d := dir; ; d = filepath.Dir(d) {
+		if err := syncDir(d); err != nil {
+			return 0, err
+		}
+		if d == filepath.Clean(s.cfg.Dir) || d == filepath.Dir(d) {
+			break
 		}
 	}
 	return total, nil
+}
+
+// pruneCheckpointsLocked removes this node's files of table tg's
+// checkpoints older than the last done (m.Checkpoint), once it is done:
+// never the last done, nor one in progress (ids are epochs: they skip).
+func (s *Service) pruneCheckpointsLocked(tg tableGen, done uint64) {
+	if s.cfg.Dir == "" || done == 0 || s.mu.pruned[tg] >= done {
+		return
+	}
+	s.mu.pruned[tg] = done
+	parent := filepath.Join(s.cfg.Dir, tg.table, fmt.Sprintf("%016x", tg.gen))
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ents, err := os.ReadDir(parent)
+		if err != nil {
+			return
+		}
+		for _, e := range ents {
+			if old, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && old < done {
+				_ = os.RemoveAll(filepath.Join(parent, e.Name()))
+			}
+		}
+	}()
 }
 
 func syncDir(dir string) error {
@@ -346,10 +371,14 @@ func (s *Service) Restore(ctx context.Context, req *pb.TableRestoreRequest) (*pb
 			img.Table, img.Gen, img.ID, img.Partition, req.Table, req.Gen, req.Id, p)
 	}
 	s.mu.Lock()
-	if s.mu.inc != self.Inc || s.mu.reps[k] != nil || s.mu.pending[k] != nil {
+	again := s.mu.pending[k] != nil && slices.Equal(s.mu.restoring[k], dead)
+	if s.mu.inc != self.Inc || s.mu.reps[k] != nil || (s.mu.pending[k] != nil && !again) {
 		s.mu.Unlock()
 		return nil, status.Error(codes.FailedPrecondition, "ddstable: this brick serves the partition, or is recovering or restoring it")
 	}
+	// (again: a restore of this brick's whose decree's answer was lost:
+	// the decree is asked again, and finds it done if it landed; review
+	// 124.)
 	s.mu.pending[k] = img.Entries
 	s.mu.restoring[k] = dead
 	s.mu.Unlock()

@@ -104,6 +104,7 @@ type cop struct {
 	reason   Reason
 	repair   Stamp
 	acks     map[BrickID]State
+	later    map[BrickID]bool // members that cannot acknowledge its abort (Ack.Later)
 	sent     map[BrickID]time.Time
 	reported bool
 }
@@ -255,6 +256,12 @@ func (c *Coordinator) OnAck(now time.Time, from BrickID, op OpID, a Ack) CoordEf
 		// An abort answered to a commit breaks the rules; the simulator's
 		// oracle reports what follows from it. Not acknowledged.
 	case Absent:
+		if a.Later && o.decision == Aborted {
+			if o.later == nil {
+				o.later = map[BrickID]bool{}
+			}
+			o.later[from] = true
+		}
 		if o.decision == Committed {
 			// Every member voted yes and commit is final, so a member with
 			// no record committed and swept it (a library stalled longer
@@ -308,10 +315,16 @@ func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 			e.Sends = append(e.Sends, c.decide(now, o, b))
 		}
 	}
+	later := false
 	for _, b := range mem {
-		if o.acks[b] != o.decision {
-			return
+		if o.acks[b] == o.decision {
+			continue
 		}
+		if o.decision == Aborted && o.later[b] {
+			later = true // it never will (review 124): finished, unknown
+			continue
+		}
+		return
 	}
 	delete(c.ops, o.id.Seq)
 	if !o.reported {
@@ -319,6 +332,9 @@ func (c *Coordinator) step(now time.Time, o *cop, e *CoordEffects) {
 		r := Result{Op: o.id, Outcome: Succeeded}
 		if o.decision == Aborted {
 			r = Result{Op: o.id, Outcome: Failed, Reason: o.reason, Stamp: o.repair}
+		}
+		if later {
+			r = Result{Op: o.id, Outcome: Unknown}
 		}
 		e.Results = append(e.Results, r)
 	}

@@ -444,7 +444,7 @@ func (l *Library) send(t *libTable, snd Send) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.effectsLocked(t, t.coord.OnAck(time.Now(), snd.To, d.Op, Ack{State: stateOf(a.State)}))
+	l.effectsLocked(t, t.coord.OnAck(time.Now(), snd.To, d.Op, Ack{State: stateOf(a.State), Later: a.Later}))
 }
 
 func (l *Library) ticker() {

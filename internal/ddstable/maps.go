@@ -117,7 +117,7 @@ type Freeze struct {
 // Checkpoint names a table's image on the bricks' disks.
 type Checkpoint struct {
 	ID    uint64
-	Epoch uint64 // the epoch of the maps the image is of (its freeze's)
+	Epoch uint64 // the epoch of the decree that recorded it done
 }
 
 // Reshape is a split's or a merge's write lease on a partition.

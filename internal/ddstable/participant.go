@@ -146,7 +146,14 @@ type Decide struct {
 // Ack answers a Decide with the participant's state after it. An abort
 // answered Prepared was refused: the participant is resolving the
 // operation with its peers and the outcome may yet be commit.
-type Ack struct{ State State }
+type Ack struct {
+	State State
+	// Later: no record, and this participant began after the operation
+	// was prepared (Decide.Epoch): it cannot say what a participant of
+	// the same name before it did, and never will. The coordinator stops
+	// waiting on it and reports the operation Unknown.
+	Later bool
+}
 
 // Query is a peer's question during termination: what is your state of
 // Op? Sweep queries (asked before forgetting a decided record) do not
@@ -604,7 +611,7 @@ func (pt *Participant) Decide(now time.Time, req Decide) (Ack, []Applied) {
 			// back, a restore): it may have committed there. No
 			// acknowledgement of the abort, and no tombstone (a prepare of
 			// that epoch is refused here anyway: its stamp is not ours).
-			return Ack{State: Absent}, nil
+			return Ack{State: Absent, Later: true}, nil
 		}
 		if !pt.tombstone(now, req.Op) {
 			// Finished and forgotten (a late abort, after the operation

@@ -80,5 +80,9 @@ func TestReview123MergeBackLateAbort(t *testing.T) {
 			t.Fatalf("reported Failed for a write every replica committed")
 		}
 	}
-	t.Logf("results: %+v", res)
+	// Review 124, finding 3: and it ends (Unknown), not left in flight
+	// for good with the session's Done mark stuck behind it.
+	if len(res) != 1 || res[0].Outcome != Unknown || c.InFlight() != 0 || c.Done() != 2 {
+		t.Fatalf("results %+v, %d in flight, Done %d", res, c.InFlight(), c.Done())
+	}
 }

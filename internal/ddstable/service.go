@@ -115,6 +115,9 @@ type Service struct {
 		// checkpoint (their image in pending), each with the dead group it
 		// replaces.
 		restoring map[repKey][]BrickID
+		// pruned: the last checkpoint of each table older files were
+		// removed for.
+		pruned map[tableGen]uint64
 	}
 	started sync.Once
 	// kick wakes the reshaper when the maps give this brick a split's,
@@ -173,6 +176,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.ckpt = map[tableGen]uint64{}
 	s.mu.ckptRetry = map[tableGen]time.Time{}
 	s.mu.restoring = map[repKey][]BrickID{}
+	s.mu.pruned = map[tableGen]uint64{}
 	return s
 }
 
@@ -665,7 +669,7 @@ func (s *Service) Decide(_ context.Context, req *pb.TableDecideRequest) (*pb.Tab
 	part, _ := partOf(req.Partition)
 	a, applied := r.pt.Decide(time.Now(), Decide{Op: opOf(req.Op), Partition: part, Epoch: req.Epoch, Digest: req.Digest, Commit: req.Commit, Done: req.Done})
 	s.effectsLocked(k, r, Effects{Applied: applied})
-	return &pb.TableAck{State: uint32(a.State)}, nil
+	return &pb.TableAck{State: uint32(a.State), Later: a.Later}, nil
 }
 
 // Query answers a peer's termination or sweep query. A brick without the
