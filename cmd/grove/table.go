@@ -509,36 +509,26 @@ replicas settle; then every replica merges its own data in place.`,
 					return nil
 				}
 				fmt.Fprintf(os.Stderr, "%s %v: brick %v waits for the replicas to settle...\n", op, p, holder)
-				for {
-					ts, err := ddstable.ListTables(ctx, s.meta)
-					if err != nil {
-						return tableErr(op, &c, err)
-					}
-					i := slices.IndexFunc(ts, func(x *ddstable.Maps) bool { return x.Table == args[0] && x.Gen == m.Gen })
-					if i < 0 {
-						return tableErr(op, &c, fmt.Errorf("%w: %q (dropped meanwhile)", ddstable.ErrNoTable, args[0]))
-					}
-					now := ts[i]
-					zero, one, _ := p.Children()
-					done := merge && now.DP.Has(p) || !merge && now.DP.Has(zero)
-					if done {
-						if merge {
-							fmt.Printf("table %s: %v and %v merged into %v (epoch %d, %d partitions)\n", args[0], zero, one, p, now.Epoch, now.DP.Len())
-						} else {
-							fmt.Printf("table %s: %v split into %v and %v (epoch %d, %d partitions)\n", args[0], p, zero, one, now.Epoch, now.DP.Len())
-						}
-						return nil
+				zero, one, _ := p.Children()
+				now, err := awaitMaps(ctx, s, m, func(now *ddstable.Maps) (bool, error) {
+					if merge && now.DP.Has(p) || !merge && now.DP.Has(zero) {
+						return true, nil
 					}
 					if now.Reshaping[lease].Holder != holder {
-						return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the %s (its replicas did not settle in time, or the brick died)", holder, lease, strings.TrimPrefix(op, "table ")),
+						return false, &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the %s (its replicas did not settle in time, or the brick died)", holder, lease, strings.TrimPrefix(op, "table ")),
 							Hint: "grove table stat " + args[0] + " shows the replicas; ask again"}
 					}
-					select {
-					case <-ctx.Done():
-						return tableErr(op, &c, ctx.Err())
-					case <-time.After(200 * time.Millisecond):
-					}
+					return false, nil
+				})
+				if err != nil {
+					return tableErr(op, &c, err)
 				}
+				if merge {
+					fmt.Printf("table %s: %v and %v merged into %v (epoch %d, %d partitions)\n", args[0], zero, one, p, now.Epoch, now.DP.Len())
+				} else {
+					fmt.Printf("table %s: %v split into %v and %v (epoch %d, %d partitions)\n", args[0], p, zero, one, now.Epoch, now.DP.Len())
+				}
+				return nil
 			})
 		},
 	}
@@ -555,8 +545,8 @@ func tableCheckpointCmd() *cobra.Command {
 		Long: `Checkpoint table NAME (DDS §4.1): writes to the table wait while every replica
 settles (every write in flight decided everywhere), then each brick writes its
 replicas to its node's disk (data_dir/dds/...; synced), and the checkpoint is
-recorded in the table's maps. Reads go on throughout. A brick keeps the last two
-checkpoints of a table. After the loss of every replica of a partition, grove
+recorded in the table's maps. Reads go on throughout. A brick keeps the last
+completed checkpoint of a table (and one in progress). After the loss of every replica of a partition, grove
 table restore brings it back as of the last checkpoint.`,
 		Example: "  grove table checkpoint sessions",
 		Args:    cobra.ExactArgs(1),
@@ -576,29 +566,21 @@ table restore brings it back as of the last checkpoint.`,
 				}
 				id := m.Freeze.ID
 				fmt.Fprintf(os.Stderr, "checkpoint %d of %s: brick %v waits for every replica to settle and be written...\n", id, args[0], m.Freeze.Holder)
-				for {
-					ts, err := ddstable.ListTables(ctx, s.meta)
-					if err != nil {
-						return tableErr(op, &c, err)
+				now, err := awaitMaps(ctx, s, m, func(now *ddstable.Maps) (bool, error) {
+					if now.Checkpoint.ID >= id {
+						return true, nil
 					}
-					i := slices.IndexFunc(ts, func(x *ddstable.Maps) bool { return x.Table == args[0] && x.Gen == m.Gen })
-					if i < 0 {
-						return tableErr(op, &c, fmt.Errorf("%w: %q (dropped meanwhile)", ddstable.ErrNoTable, args[0]))
-					}
-					if ts[i].Checkpoint.ID >= id {
-						fmt.Printf("table %s: checkpoint %d written by every replica of its %d partitions (%v)\n", args[0], id, ts[i].DP.Len(), time.Since(start).Round(time.Millisecond))
-						return nil
-					}
-					if ts[i].Freeze.ID != id {
-						return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("checkpoint %d given up: not every replica wrote its files in time, or brick %v died", id, m.Freeze.Holder),
+					if now.Freeze.ID != id {
+						return false, &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("checkpoint %d given up: not every replica wrote its files in time, or brick %v died", id, m.Freeze.Holder),
 							Hint: "the nodes' logs say why (a full disk?); ask again"}
 					}
-					select {
-					case <-ctx.Done():
-						return tableErr(op, &c, ctx.Err())
-					case <-time.After(100 * time.Millisecond):
-					}
+					return false, nil
+				})
+				if err != nil {
+					return tableErr(op, &c, err)
 				}
+				fmt.Printf("table %s: checkpoint %d written by every replica of its %d partitions (%v)\n", args[0], id, now.DP.Len(), time.Since(start).Round(time.Millisecond))
+				return nil
 			})
 		},
 	}
@@ -669,4 +651,27 @@ replicas dead (a few seconds after the nodes come back).`,
 	c.Register(cmd, time.Minute)
 	out.Register(cmd)
 	return cmd
+}
+
+// awaitMaps reads table m's maps (its generation) every 100 ms until done
+// says so or fails.
+func awaitMaps(ctx context.Context, s *tableSession, m *ddstable.Maps, done func(*ddstable.Maps) (bool, error)) (*ddstable.Maps, error) {
+	for {
+		ts, err := ddstable.ListTables(ctx, s.meta)
+		if err != nil {
+			return nil, err
+		}
+		i := slices.IndexFunc(ts, func(x *ddstable.Maps) bool { return x.Table == m.Table && x.Gen == m.Gen })
+		if i < 0 {
+			return nil, fmt.Errorf("%w: %q (dropped meanwhile)", ddstable.ErrNoTable, m.Table)
+		}
+		if ok, err := done(ts[i]); ok || err != nil {
+			return ts[i], err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -27,8 +27,9 @@ import (
 //
 // Files: Dir/<table>/<generation, 16 hex digits>/<checkpoint id>/<partition
 // bits, hex>-<depth>.ckpt, each written whole and synced before it is
-// renamed into place (disk.FS.WriteFileSync). A brick keeps the last two
-// checkpoints of a table's generation; a dropped table's files stay (an
+// renamed into place (disk.FS.WriteFileSync). A brick keeps the last
+// completed checkpoint of a table's generation, and any newer one in
+// progress (pruneCheckpointsLocked); a dropped table's files stay (an
 // operator removes them).
 
 // ckptPath is the file of partition p in checkpoint id of table tg.

@@ -426,8 +426,7 @@ func (l *Library) send(t *libTable, snd Send) {
 		return // sent again at a later tick
 	}
 	if p := snd.Prepare; p != nil {
-		v, err := cl.Prepare(ctx, &pb.TablePrepareRequest{Table: t.name, To: brickPB(snd.To), Op: opPB(p.Op), Partition: partPB(p.Partition),
-			Stamp: stampPB(p.Stamp), Group: groupPB(p.Group), Key: p.Update.Key, Value: p.Update.Value, Remove: p.Update.Remove, Done: p.Done})
+		v, err := cl.Prepare(ctx, PrepareRequest(t.name, snd.To, p))
 		if err != nil {
 			return
 		}

@@ -242,6 +242,10 @@ type UnsafeParticipant struct {
 	// FreezeInDoubt (the simulator's checkpoint images, not this type)
 	// takes a checkpoint's image while operations are in doubt here.
 	FreezeInDoubt bool
+	// EarlyUnregister removes an outcome register as soon as this
+	// participant adopts it, while peers may still be prepared and
+	// propose again: a second decree may differ from the first.
+	EarlyUnregister bool
 }
 
 // DefaultParticipantConfig has the defaults for brick self.
@@ -368,6 +372,9 @@ type Participant struct {
 	locks    map[uint64]OpID
 	ops      map[OpID]*record
 	sessions map[uint64]*session
+	// unregister: operations forgotten whose outcome registers may go,
+	// handed out by the next Tick.
+	unregister []OpID
 }
 
 type record struct {
@@ -382,6 +389,10 @@ type record struct {
 	asked     map[BrickID]time.Time
 	proposal  State     // Committed or Aborted once proposed (rule 2), else Absent
 	proposed  time.Time // when last sent
+	// registered: an outcome register may exist for the operation (this
+	// participant proposed, or adopted a decree); it is removed once the
+	// record is forgotten, when every member has decided (Effects.Forgets).
+	registered bool
 }
 
 type session struct {
@@ -449,12 +460,18 @@ type Effects struct {
 	Applied   []Applied
 	Queries   []PeerSend
 	Proposals []Proposal
+	// Forgets are operations whose outcome registers may be removed: the
+	// record is forgotten because every member decided (a sweep answered
+	// by every peer, or the session's Done mark), so no member proposes
+	// again. (A register left behind is harmless, only space.)
+	Forgets []OpID
 }
 
 func (e *Effects) add(o Effects) {
 	e.Applied = append(e.Applied, o.Applied...)
 	e.Queries = append(e.Queries, o.Queries...)
 	e.Proposals = append(e.Proposals, o.Proposals...)
+	e.Forgets = append(e.Forgets, o.Forgets...)
 }
 
 // SetMaps installs newer maps (a decree seen). It returns what
@@ -570,6 +587,9 @@ func (pt *Participant) heard(now time.Time, id, done uint64) *session {
 		for seq := range s.seqs {
 			op := OpID{Session: id, Seq: seq}
 			if r := pt.ops[op]; seq < done && (r == nil || r.state != Prepared) {
+				if r != nil && r.registered {
+					pt.unregister = append(pt.unregister, op)
+				}
 				delete(pt.ops, op)
 				delete(s.seqs, seq)
 			}
@@ -589,6 +609,9 @@ func (pt *Participant) session(id uint64) *session {
 
 // forget drops op's record.
 func (pt *Participant) forget(op OpID) {
+	if r := pt.ops[op]; r != nil && r.registered {
+		pt.unregister = append(pt.unregister, op)
+	}
 	delete(pt.ops, op)
 	if s, ok := pt.sessions[op.Session]; ok {
 		delete(s.seqs, op.Seq)
@@ -714,6 +737,10 @@ func (pt *Participant) Outcome(now time.Time, op OpID, commit bool) Effects {
 	if !ok {
 		return Effects{}
 	}
+	r.registered = true
+	if pt.cfg.Unsafe.EarlyUnregister {
+		pt.unregister = append(pt.unregister, op)
+	}
 	if r.state != Prepared {
 		if (r.state == Committed) != commit && pt.cfg.Unsafe == (UnsafeParticipant{}) {
 			panic(fmt.Sprintf("ddstable: %v is %v here but decreed commit=%v", op, r.state, commit))
@@ -777,7 +804,7 @@ func (pt *Participant) conclude(now time.Time, op OpID, r *record) Effects {
 	default:
 		return Effects{}
 	}
-	r.proposed = now
+	r.proposed, r.registered = now, true
 	return Effects{Proposals: []Proposal{{Op: op, Commit: r.proposal == Committed}}}
 }
 
@@ -827,6 +854,7 @@ func (pt *Participant) Tick(now time.Time) Effects {
 			delete(pt.sessions, id)
 		}
 	}
+	e.Forgets, pt.unregister = append(e.Forgets, pt.unregister...), nil
 	return e
 }
 

@@ -2,6 +2,7 @@ package ddstable_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -14,9 +15,12 @@ import (
 
 // Splits and merges on three nodes in one process, while two libraries
 // write: partitions split on their own once a replica holds more than
-// 16 KiB, an operator's merge and split run too; no write ends with an
-// unknown outcome, every acknowledged write reads back, and every replica
-// of every partition holds the same keys.
+// 16 KiB, an operator's merge and split run too; every acknowledged write
+// reads back, every replica of every partition holds the same keys, and a
+// write whose outcome is unknown (a library whose prepare reached a
+// partition already retired, before its maps showed the split: the
+// retired replicas' records are gone, so whether it was prepared there
+// cannot be known) reads back as either value; the test reports how many.
 func TestServiceTableSplitMerge(t *testing.T) {
 	ctx, c, mc := startTablesWith(t, 3*time.Minute, bench.ClusterOptions{SplitBytes: 16 << 10})
 	if _, err := ddstable.CreateTable(ctx, mc, "t", 1, 3); err != nil {
@@ -27,17 +31,26 @@ func TestServiceTableSplitMerge(t *testing.T) {
 	defer libs[1].Close()
 	var mu sync.Mutex
 	want := map[uint64]string{}
+	maybe := map[uint64][]string{} // unknown outcomes: any of these, or want's
+	unknown := 0
 	write := func(lib *ddstable.Library, from, to uint64, round int) error {
 		for k := from; k < to; k++ {
 			v := fmt.Sprintf("%0100d", k*1000+uint64(round)) // 100 bytes
 			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			err := lib.Put(wctx, "t", k, []byte(v))
 			cancel()
-			if err != nil {
+			mu.Lock()
+			switch {
+			case err == nil:
+				want[k] = v
+				delete(maybe, k)
+			case errors.Is(err, ddstable.ErrOutcomeUnknown):
+				maybe[k] = append(maybe[k], v)
+				unknown++
+			default:
+				mu.Unlock()
 				return fmt.Errorf("put %d round %d: %w", k, round, err)
 			}
-			mu.Lock()
-			want[k] = v
 			mu.Unlock()
 		}
 		return nil
@@ -102,10 +115,33 @@ func TestServiceTableSplitMerge(t *testing.T) {
 		t.Fatal("a merge of partitions that do not exist was accepted")
 	}
 
-	for k, v := range want {
+	t.Logf("%d of 2 400 writes ended with an unknown outcome", unknown)
+	if unknown > 24 {
+		t.Errorf("%d writes of 2 400 ended unknown: more than 1 %%", unknown)
+	}
+	keysWritten := map[uint64]bool{}
+	for k := range want {
+		keysWritten[k] = true
+	}
+	for k := range maybe {
+		keysWritten[k] = true
+	}
+	present := 0
+	for k := range keysWritten {
 		got, found, err := libs[1].Get(ctx, "t", k)
-		if err != nil || !found || string(got) != v {
-			t.Fatalf("get %d: %q %v %v, want %q", k, got, found, err, v)
+		if err != nil {
+			t.Fatalf("get %d: %v", k, err)
+		}
+		w, has := want[k]
+		ok := found == has && (!found || string(got) == w)
+		for _, v := range maybe[k] {
+			ok = ok || found && string(got) == v
+		}
+		if found {
+			present++
+		}
+		if !ok {
+			t.Fatalf("get %d: %q (found %v), want %q or one of %q", k, got, found, want[k], maybe[k])
 		}
 	}
 	keys := map[ddstable.Partition][]uint64{}
@@ -134,8 +170,8 @@ func TestServiceTableSplitMerge(t *testing.T) {
 		}
 		total += ks[0]
 	}
-	if total != uint64(len(want)) {
-		t.Fatalf("%d keys in the replicas, %d written", total, len(want))
+	if total != uint64(present) {
+		t.Fatalf("%d keys in the replicas, %d read", total, present)
 	}
 }
 

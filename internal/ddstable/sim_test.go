@@ -104,6 +104,9 @@ type sim struct {
 	ccfg     CoordinatorConfig
 	violates []string
 	reshaped map[bool]int // splits (false) and merges (true) decreed
+	// registers, unregistered: outcome registers made, and removed once
+	// every member decided.
+	registers, unregistered int
 	// images: each checkpoint's images, by partition and brick, as each
 	// brick took it; ckpts: the checkpoints decreed done.
 	images  map[uint64]map[Partition]map[BrickID]map[uint64]string
@@ -298,6 +301,15 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 			}))
 		}))
 	}
+	for _, op := range e.Forgets {
+		s.net(func() { // the register's removal, to the config service
+			if _, ok := s.outcomes[op]; ok {
+				s.trace("brick %v removes the register of %v", b.id, op)
+				s.unregistered++
+			}
+			delete(s.outcomes, op)
+		})
+	}
 	for _, pr := range e.Proposals {
 		pr := pr
 		s.net(func() { // to the config service
@@ -305,6 +317,7 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 			if !ok {
 				v = pr.Commit
 				s.outcomes[pr.Op] = v
+				s.registers++
 			}
 			s.trace("brick %v proposes %v commit=%v: decreed commit=%v", b.id, pr.Op, pr.Commit, v)
 			s.net(s.on(&b.pauser, func() {
@@ -1284,7 +1297,7 @@ func simProfile(seed uint64) simConfig {
 // seed must pass the oracle. Replay one with GROVE_DDS_SEED=N.
 func TestSimTwoPhaseCommit(t *testing.T) {
 	base, n := simSeeds(t, 300)
-	splits, merges, ckpts := 0, 0, 0
+	splits, merges, ckpts, made, removed := 0, 0, 0, 0, 0
 	for seed := base; seed < base+uint64(n); seed++ {
 		s := newSim(t, seed, simProfile(seed))
 		func() {
@@ -1296,12 +1309,13 @@ func TestSimTwoPhaseCommit(t *testing.T) {
 			s.run()
 		}()
 		splits, merges, ckpts = splits+s.reshaped[false], merges+s.reshaped[true], ckpts+len(s.ckpts)
+		made, removed = made+s.registers, removed+s.unregistered
 		if len(s.violates) > 0 {
 			t.Fatalf("seed %d (replay: GROVE_DDS_SEED=%d go test ./internal/ddstable -run TestSimTwoPhaseCommit): %v",
 				seed, seed, s.violates)
 		}
 	}
-	t.Logf("seeds %d..%d passed; %d splits, %d merges and %d checkpoints decreed", base, base+uint64(n)-1, splits, merges, ckpts)
+	t.Logf("seeds %d..%d passed; %d splits, %d merges and %d checkpoints decreed; %d outcome registers made, %d removed", base, base+uint64(n)-1, splits, merges, ckpts, made, removed)
 }
 
 // TestSimTeeth: the oracle catches each broken rule on some seed.
@@ -1321,6 +1335,7 @@ func TestSimTeeth(t *testing.T) {
 		{"copy-in-doubt", UnsafeParticipant{CopyInDoubt: true}, 0},
 		{"reshape-in-doubt", UnsafeParticipant{ReshapeInDoubt: true}, 12},
 		{"freeze-in-doubt", UnsafeParticipant{FreezeInDoubt: true}, 0},
+		{"early-unregister", UnsafeParticipant{EarlyUnregister: true}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 2000; seed++ {

@@ -63,3 +63,10 @@ func reasonOf(v uint32) Reason {
 	}
 	return Reason(v)
 }
+
+// PrepareRequest is the wire form of a coordinator's prepare of table's
+// operation (what a library sends a brick).
+func PrepareRequest(table string, to BrickID, p *Prepare) *pb.TablePrepareRequest {
+	return &pb.TablePrepareRequest{Table: table, To: brickPB(to), Op: opPB(p.Op), Partition: partPB(p.Partition),
+		Stamp: stampPB(p.Stamp), Group: groupPB(p.Group), Key: p.Update.Key, Value: p.Update.Value, Remove: p.Update.Remove, Done: p.Done}
+}
