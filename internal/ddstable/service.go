@@ -932,9 +932,14 @@ func (s *Service) recoverer() {
 		}
 		next := s.cfg.JanitorEvery
 		if found {
-			if s.recoverInto(k, self) {
+			switch joined, busy := s.recoverInto(k, self); {
+			case joined:
 				next = 10 * time.Millisecond // the next short group at once
-			} else {
+			case busy:
+				// Another brick recovers into it, or a split, merge or
+				// checkpoint runs: not a failure; tried again at the next
+				// round (a 30 s backoff here kept restored groups short).
+			default:
 				failed[k] = time.Now().Add(recoveryBackoff)
 			}
 		}
@@ -949,7 +954,7 @@ const (
 )
 
 // recoverInto runs one recovery; it reports whether the brick joined.
-func (s *Service) recoverInto(k repKey, self BrickID) bool {
+func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 	start := time.Now()
 	log := s.log.With("table", k.table, "partition", k.part)
 	update := func(fn func(m *Maps) (*Maps, error)) error { return s.updateTable(k, fn) }
@@ -987,10 +992,12 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		s.mu.Lock()
 		delete(s.mu.joining, k)
 		s.mu.Unlock()
-		if !errors.Is(err, ErrLeaseHeld) && !errors.Is(err, ErrNotShort) && !errors.Is(err, ErrInGroup) {
+		busy = errors.Is(err, ErrLeaseHeld) || errors.Is(err, ErrNotShort) || errors.Is(err, ErrInGroup) ||
+			errors.Is(err, ErrReshaping) || errors.Is(err, ErrCheckpointing)
+		if !busy {
 			log.Warn("recovery not started", "err", err)
 		}
-		return false
+		return false, busy
 	}
 	log.Info("recovering into the group: write lease taken")
 	// 2. Every member settled under the lease, then the copy from one.
@@ -999,7 +1006,7 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 	for try := 0; data == nil; try++ {
 		if time.Since(start) > settleTimeout || s.ctx.Err() != nil {
 			giveUp(errors.New("the members did not all settle under the lease, or none gave a copy"))
-			return false
+			return false, false
 		}
 		if try > 0 {
 			time.Sleep(200 * time.Millisecond)
@@ -1015,13 +1022,13 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 		live := s.mu.inc == self.Inc
 		s.mu.Unlock()
 		if !live {
-			return false // fenced: the lease goes with the incarnation
+			return false, false // fenced: the lease goes with the incarnation
 		}
 		if !lease || len(g) == 0 {
 			// The watch has not shown the lease yet, or it is gone.
 			if try > 50 && !lease {
 				giveUp(ErrLeaseLost)
-				return false
+				return false, false
 			}
 			continue
 		}
@@ -1044,10 +1051,10 @@ func (s *Service) recoverInto(k repKey, self BrickID) bool {
 	s.mu.pending[k] = data
 	s.mu.Unlock()
 	if !s.join(k, self, update, log) {
-		return false
+		return false, false
 	}
 	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
-	return true
+	return true, false
 }
 
 // join decrees a recovering brick into the group, ending its lease (step
