@@ -862,8 +862,8 @@ func (pt *Participant) Tick(now time.Time) Effects {
 func (pt *Participant) ask(now time.Time, op OpID, r *record, sweep bool) []PeerSend {
 	var out []PeerSend
 	for _, b := range pt.peers(r) {
-		if _, ok := r.answers[b]; ok {
-			continue
+		if st, ok := r.answers[b]; ok && (!sweep || st != Prepared) {
+			continue // (a peer prepared at a sweep is asked again: review 125)
 		}
 		if t, ok := r.asked[b]; ok && now.Sub(t) < pt.cfg.QueryEvery {
 			continue

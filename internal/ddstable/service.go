@@ -515,13 +515,28 @@ func (s *Service) propose(batch []queuedProposal) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
 	defer cancel()
 	decided := make([]bool, len(batch))
+	live := make([]bool, len(batch))
 	_, err := s.cfg.Meta.Update(ctx, OutcomeNamespace, fmt.Sprintf("dds-%d", s.cfg.Node), func(ns *pb.Namespace) ([]*pb.Op, error) {
 		have := make(map[string]bool, len(ns.GetEntries()))
 		for _, e := range ns.GetEntries() {
 			have[e.Key] = string(e.Value) == "commit"
 		}
+		// Only proposals whose record is still prepared here, checked
+		// after the read (again at each retry of a stale version): a
+		// register is removed only once every member decided, so one
+		// absent now was never removed; a proposal whose record was
+		// decided meanwhile could re-create a removed register with
+		// another value (outside review 125).
+		s.mu.Lock()
+		for i, q := range batch {
+			live[i] = s.mu.reps[q.k] == q.r && q.r.pt.StateOf(q.p.Op) == Prepared
+		}
+		s.mu.Unlock()
 		var ops []*pb.Op
 		for i, q := range batch {
+			if !live[i] {
+				continue
+			}
 			key := outcomeKey(q.k.table, q.k.part, q.p.Op)
 			if v, ok := have[key]; ok {
 				decided[i] = v
@@ -543,7 +558,7 @@ func (s *Service) propose(batch []queuedProposal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, q := range batch {
-		if s.mu.reps[q.k] == q.r {
+		if live[i] && s.mu.reps[q.k] == q.r {
 			s.log.Info("operation resolved through the config service", "table", q.k.table, "partition", q.k.part, "op", q.p.Op, "commit", decided[i])
 			s.effectsLocked(q.k, q.r, q.r.pt.Outcome(time.Now(), q.p.Op, decided[i]))
 		}
@@ -937,8 +952,10 @@ func (s *Service) recoverer() {
 				next = 10 * time.Millisecond // the next short group at once
 			case busy:
 				// Another brick recovers into it, or a split, merge or
-				// checkpoint runs: not a failure; tried again at the next
-				// round (a 30 s backoff here kept restored groups short).
+				// checkpoint runs: not a failure; tried again soon (a 30 s
+				// backoff here kept restored groups short), the others
+				// meanwhile (review 125).
+				failed[k] = time.Now().Add(2 * s.cfg.JanitorEvery)
 			default:
 				failed[k] = time.Now().Add(recoveryBackoff)
 			}

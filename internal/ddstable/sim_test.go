@@ -107,6 +107,7 @@ type sim struct {
 	// registers, unregistered: outcome registers made, and removed once
 	// every member decided.
 	registers, unregistered int
+	removed                 map[OpID]bool
 	// images: each checkpoint's images, by partition and brick, as each
 	// brick took it; ckpts: the checkpoints decreed done.
 	images  map[uint64]map[Partition]map[BrickID]map[uint64]string
@@ -180,7 +181,7 @@ const simEnd = math.MaxInt64 / 2
 
 func newSim(t testing.TB, seed uint64, cfg simConfig) *sim {
 	s := &sim{t: t, seed: seed, cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, reshaped: map[bool]int{},
+		now: time.Unix(1_000_000, 0), outcomes: map[OpID]bool{}, decided: map[OpID]map[BrickID]State{}, reshaped: map[bool]int{}, removed: map[OpID]bool{},
 		images: map[uint64]map[Partition]map[BrickID]map[uint64]string{}, bricks: map[BrickID]*simBrick{}, faults: true}
 	dp, _ := NewDPMapUniform(1)
 	s.maps = &Maps{Table: "sim", Epoch: 1, Replicas: 3, DP: dp, RG: map[Partition][]BrickID{
@@ -306,6 +307,7 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 			if _, ok := s.outcomes[op]; ok {
 				s.trace("brick %v removes the register of %v", b.id, op)
 				s.unregistered++
+				s.removed[op] = true
 			}
 			delete(s.outcomes, op)
 		})
@@ -313,8 +315,16 @@ func (s *sim) brickEffects(b *simBrick, p Partition, e Effects) {
 	for _, pr := range e.Proposals {
 		pr := pr
 		s.net(func() { // to the config service
+			// As service.go's propose: only if the record is still
+			// prepared at the proposer when the decree is made.
+			if pt := b.parts[p]; !b.alive || pt == nil || pt.StateOf(pr.Op) != Prepared {
+				return
+			}
 			v, ok := s.outcomes[pr.Op]
 			if !ok {
+				if s.removed[pr.Op] {
+					s.fail("the register of %v re-created after its removal (commit=%v)", pr.Op, pr.Commit)
+				}
 				v = pr.Commit
 				s.outcomes[pr.Op] = v
 				s.registers++
