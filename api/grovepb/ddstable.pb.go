@@ -76,7 +76,7 @@ func (x TableGetResponse_Result) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TableGetResponse_Result.Descriptor instead.
 func (TableGetResponse_Result) EnumDescriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{11, 0}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{12, 0}
 }
 
 type TableBrick struct {
@@ -619,13 +619,19 @@ func (x *TableAck) GetLater() bool {
 
 // Termination and sweep, brick → brick.
 type TableQueryRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
-	To            *TableBrick            `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
-	From          *TableBrick            `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	Partition     *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
-	Op            *TableOpID             `protobuf:"bytes,5,opt,name=op,proto3" json:"op,omitempty"`
-	Sweep         bool                   `protobuf:"varint,6,opt,name=sweep,proto3" json:"sweep,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Table     string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	To        *TableBrick            `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	From      *TableBrick            `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Partition *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	Op        *TableOpID             `protobuf:"bytes,5,opt,name=op,proto3" json:"op,omitempty"`
+	Sweep     bool                   `protobuf:"varint,6,opt,name=sweep,proto3" json:"sweep,omitempty"`
+	// items, when set, are the queries of one batch (op and sweep unused):
+	// a brick asks a peer about every operation it resolves in one call
+	// per partition, one call in flight at a time, so that a library that
+	// died with thousands of operations prepared does not set off a storm
+	// of calls that outlive their deadline (2026-12-03).
+	Items         []*TableQueryItem `protobuf:"bytes,7,rep,name=items,proto3" json:"items,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -702,16 +708,76 @@ func (x *TableQueryRequest) GetSweep() bool {
 	return false
 }
 
+func (x *TableQueryRequest) GetItems() []*TableQueryItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type TableQueryItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            *TableOpID             `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
+	Sweep         bool                   `protobuf:"varint,2,opt,name=sweep,proto3" json:"sweep,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableQueryItem) Reset() {
+	*x = TableQueryItem{}
+	mi := &file_grovepb_ddstable_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableQueryItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableQueryItem) ProtoMessage() {}
+
+func (x *TableQueryItem) ProtoReflect() protoreflect.Message {
+	mi := &file_grovepb_ddstable_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableQueryItem.ProtoReflect.Descriptor instead.
+func (*TableQueryItem) Descriptor() ([]byte, []int) {
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TableQueryItem) GetOp() *TableOpID {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *TableQueryItem) GetSweep() bool {
+	if x != nil {
+		return x.Sweep
+	}
+	return false
+}
+
 type TableQueryAnswer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         uint32                 `protobuf:"varint,1,opt,name=state,proto3" json:"state,omitempty"` // ddstable.State
+	State         uint32                 `protobuf:"varint,1,opt,name=state,proto3" json:"state,omitempty"`          // ddstable.State
+	States        []uint32               `protobuf:"varint,2,rep,packed,name=states,proto3" json:"states,omitempty"` // one per item, in order
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TableQueryAnswer) Reset() {
 	*x = TableQueryAnswer{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[9]
+	mi := &file_grovepb_ddstable_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +789,7 @@ func (x *TableQueryAnswer) String() string {
 func (*TableQueryAnswer) ProtoMessage() {}
 
 func (x *TableQueryAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[9]
+	mi := &file_grovepb_ddstable_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +802,7 @@ func (x *TableQueryAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableQueryAnswer.ProtoReflect.Descriptor instead.
 func (*TableQueryAnswer) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{9}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TableQueryAnswer) GetState() uint32 {
@@ -744,6 +810,13 @@ func (x *TableQueryAnswer) GetState() uint32 {
 		return x.State
 	}
 	return 0
+}
+
+func (x *TableQueryAnswer) GetStates() []uint32 {
+	if x != nil {
+		return x.States
+	}
+	return nil
 }
 
 // A read at one replica.
@@ -759,7 +832,7 @@ type TableGetRequest struct {
 
 func (x *TableGetRequest) Reset() {
 	*x = TableGetRequest{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[10]
+	mi := &file_grovepb_ddstable_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +844,7 @@ func (x *TableGetRequest) String() string {
 func (*TableGetRequest) ProtoMessage() {}
 
 func (x *TableGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[10]
+	mi := &file_grovepb_ddstable_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +857,7 @@ func (x *TableGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableGetRequest.ProtoReflect.Descriptor instead.
 func (*TableGetRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{10}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TableGetRequest) GetTable() string {
@@ -827,7 +900,7 @@ type TableGetResponse struct {
 
 func (x *TableGetResponse) Reset() {
 	*x = TableGetResponse{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[11]
+	mi := &file_grovepb_ddstable_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +912,7 @@ func (x *TableGetResponse) String() string {
 func (*TableGetResponse) ProtoMessage() {}
 
 func (x *TableGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[11]
+	mi := &file_grovepb_ddstable_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +925,7 @@ func (x *TableGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableGetResponse.ProtoReflect.Descriptor instead.
 func (*TableGetResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{11}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TableGetResponse) GetResult() TableGetResponse_Result {
@@ -892,7 +965,7 @@ type TableBrickStatusRequest struct {
 
 func (x *TableBrickStatusRequest) Reset() {
 	*x = TableBrickStatusRequest{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[12]
+	mi := &file_grovepb_ddstable_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +977,7 @@ func (x *TableBrickStatusRequest) String() string {
 func (*TableBrickStatusRequest) ProtoMessage() {}
 
 func (x *TableBrickStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[12]
+	mi := &file_grovepb_ddstable_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +990,7 @@ func (x *TableBrickStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableBrickStatusRequest.ProtoReflect.Descriptor instead.
 func (*TableBrickStatusRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{12}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{13}
 }
 
 type TableBrickStatus struct {
@@ -933,7 +1006,7 @@ type TableBrickStatus struct {
 
 func (x *TableBrickStatus) Reset() {
 	*x = TableBrickStatus{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[13]
+	mi := &file_grovepb_ddstable_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1018,7 @@ func (x *TableBrickStatus) String() string {
 func (*TableBrickStatus) ProtoMessage() {}
 
 func (x *TableBrickStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[13]
+	mi := &file_grovepb_ddstable_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1031,7 @@ func (x *TableBrickStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableBrickStatus.ProtoReflect.Descriptor instead.
 func (*TableBrickStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{13}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TableBrickStatus) GetNode() uint64 {
@@ -1002,7 +1075,7 @@ type TableCheckpointFile struct {
 
 func (x *TableCheckpointFile) Reset() {
 	*x = TableCheckpointFile{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1087,7 @@ func (x *TableCheckpointFile) String() string {
 func (*TableCheckpointFile) ProtoMessage() {}
 
 func (x *TableCheckpointFile) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[14]
+	mi := &file_grovepb_ddstable_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1100,7 @@ func (x *TableCheckpointFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCheckpointFile.ProtoReflect.Descriptor instead.
 func (*TableCheckpointFile) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{14}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TableCheckpointFile) GetTable() string {
@@ -1081,7 +1154,7 @@ type TableRestoreRequest struct {
 
 func (x *TableRestoreRequest) Reset() {
 	*x = TableRestoreRequest{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1166,7 @@ func (x *TableRestoreRequest) String() string {
 func (*TableRestoreRequest) ProtoMessage() {}
 
 func (x *TableRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[15]
+	mi := &file_grovepb_ddstable_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1179,7 @@ func (x *TableRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableRestoreRequest.ProtoReflect.Descriptor instead.
 func (*TableRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{15}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TableRestoreRequest) GetTable() string {
@@ -1154,7 +1227,7 @@ type TableRestoreResponse struct {
 
 func (x *TableRestoreResponse) Reset() {
 	*x = TableRestoreResponse{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1239,7 @@ func (x *TableRestoreResponse) String() string {
 func (*TableRestoreResponse) ProtoMessage() {}
 
 func (x *TableRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[16]
+	mi := &file_grovepb_ddstable_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1252,7 @@ func (x *TableRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableRestoreResponse.ProtoReflect.Descriptor instead.
 func (*TableRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{16}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TableRestoreResponse) GetKeys() uint64 {
@@ -1213,7 +1286,7 @@ type TableReplicaStatus struct {
 
 func (x *TableReplicaStatus) Reset() {
 	*x = TableReplicaStatus{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	mi := &file_grovepb_ddstable_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1298,7 @@ func (x *TableReplicaStatus) String() string {
 func (*TableReplicaStatus) ProtoMessage() {}
 
 func (x *TableReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[17]
+	mi := &file_grovepb_ddstable_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1311,7 @@ func (x *TableReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableReplicaStatus.ProtoReflect.Descriptor instead.
 func (*TableReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{17}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TableReplicaStatus) GetTable() string {
@@ -1307,7 +1380,7 @@ type TableCopyRequest struct {
 
 func (x *TableCopyRequest) Reset() {
 	*x = TableCopyRequest{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[18]
+	mi := &file_grovepb_ddstable_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1392,7 @@ func (x *TableCopyRequest) String() string {
 func (*TableCopyRequest) ProtoMessage() {}
 
 func (x *TableCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[18]
+	mi := &file_grovepb_ddstable_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1405,7 @@ func (x *TableCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCopyRequest.ProtoReflect.Descriptor instead.
 func (*TableCopyRequest) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{18}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TableCopyRequest) GetTable() string {
@@ -1380,7 +1453,7 @@ type TableEntry struct {
 
 func (x *TableEntry) Reset() {
 	*x = TableEntry{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[19]
+	mi := &file_grovepb_ddstable_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1465,7 @@ func (x *TableEntry) String() string {
 func (*TableEntry) ProtoMessage() {}
 
 func (x *TableEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[19]
+	mi := &file_grovepb_ddstable_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1478,7 @@ func (x *TableEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableEntry.ProtoReflect.Descriptor instead.
 func (*TableEntry) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{19}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TableEntry) GetKey() uint64 {
@@ -1433,7 +1506,7 @@ type TableCopyChunk struct {
 
 func (x *TableCopyChunk) Reset() {
 	*x = TableCopyChunk{}
-	mi := &file_grovepb_ddstable_proto_msgTypes[20]
+	mi := &file_grovepb_ddstable_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1518,7 @@ func (x *TableCopyChunk) String() string {
 func (*TableCopyChunk) ProtoMessage() {}
 
 func (x *TableCopyChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_grovepb_ddstable_proto_msgTypes[20]
+	mi := &file_grovepb_ddstable_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1531,7 @@ func (x *TableCopyChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCopyChunk.ProtoReflect.Descriptor instead.
 func (*TableCopyChunk) Descriptor() ([]byte, []int) {
-	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{20}
+	return file_grovepb_ddstable_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TableCopyChunk) GetEntries() []*TableEntry {
@@ -1528,16 +1601,21 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\"6\n" +
 	"\bTableAck\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\rR\x05state\x12\x14\n" +
-	"\x05later\x18\x02 \x01(\bR\x05later\"\xec\x01\n" +
+	"\x05later\x18\x02 \x01(\bR\x05later\"\x9c\x02\n" +
 	"\x11TableQueryRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +
 	"\x04from\x18\x03 \x01(\v2\x14.grove.v1.TableBrickR\x04from\x126\n" +
 	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12#\n" +
 	"\x02op\x18\x05 \x01(\v2\x13.grove.v1.TableOpIDR\x02op\x12\x14\n" +
-	"\x05sweep\x18\x06 \x01(\bR\x05sweep\"(\n" +
+	"\x05sweep\x18\x06 \x01(\bR\x05sweep\x12.\n" +
+	"\x05items\x18\a \x03(\v2\x18.grove.v1.TableQueryItemR\x05items\"K\n" +
+	"\x0eTableQueryItem\x12#\n" +
+	"\x02op\x18\x01 \x01(\v2\x13.grove.v1.TableOpIDR\x02op\x12\x14\n" +
+	"\x05sweep\x18\x02 \x01(\bR\x05sweep\"@\n" +
 	"\x10TableQueryAnswer\x12\x14\n" +
-	"\x05state\x18\x01 \x01(\rR\x05state\"\x8b\x01\n" +
+	"\x05state\x18\x01 \x01(\rR\x05state\x12\x16\n" +
+	"\x06states\x18\x02 \x03(\rR\x06states\"\x8b\x01\n" +
 	"\x0fTableGetRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12\x10\n" +
@@ -1618,7 +1696,7 @@ func file_grovepb_ddstable_proto_rawDescGZIP() []byte {
 }
 
 var file_grovepb_ddstable_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_grovepb_ddstable_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_grovepb_ddstable_proto_goTypes = []any{
 	(TableGetResponse_Result)(0),    // 0: grove.v1.TableGetResponse.Result
 	(*TableBrick)(nil),              // 1: grove.v1.TableBrick
@@ -1630,18 +1708,19 @@ var file_grovepb_ddstable_proto_goTypes = []any{
 	(*TableDecideRequest)(nil),      // 7: grove.v1.TableDecideRequest
 	(*TableAck)(nil),                // 8: grove.v1.TableAck
 	(*TableQueryRequest)(nil),       // 9: grove.v1.TableQueryRequest
-	(*TableQueryAnswer)(nil),        // 10: grove.v1.TableQueryAnswer
-	(*TableGetRequest)(nil),         // 11: grove.v1.TableGetRequest
-	(*TableGetResponse)(nil),        // 12: grove.v1.TableGetResponse
-	(*TableBrickStatusRequest)(nil), // 13: grove.v1.TableBrickStatusRequest
-	(*TableBrickStatus)(nil),        // 14: grove.v1.TableBrickStatus
-	(*TableCheckpointFile)(nil),     // 15: grove.v1.TableCheckpointFile
-	(*TableRestoreRequest)(nil),     // 16: grove.v1.TableRestoreRequest
-	(*TableRestoreResponse)(nil),    // 17: grove.v1.TableRestoreResponse
-	(*TableReplicaStatus)(nil),      // 18: grove.v1.TableReplicaStatus
-	(*TableCopyRequest)(nil),        // 19: grove.v1.TableCopyRequest
-	(*TableEntry)(nil),              // 20: grove.v1.TableEntry
-	(*TableCopyChunk)(nil),          // 21: grove.v1.TableCopyChunk
+	(*TableQueryItem)(nil),          // 10: grove.v1.TableQueryItem
+	(*TableQueryAnswer)(nil),        // 11: grove.v1.TableQueryAnswer
+	(*TableGetRequest)(nil),         // 12: grove.v1.TableGetRequest
+	(*TableGetResponse)(nil),        // 13: grove.v1.TableGetResponse
+	(*TableBrickStatusRequest)(nil), // 14: grove.v1.TableBrickStatusRequest
+	(*TableBrickStatus)(nil),        // 15: grove.v1.TableBrickStatus
+	(*TableCheckpointFile)(nil),     // 16: grove.v1.TableCheckpointFile
+	(*TableRestoreRequest)(nil),     // 17: grove.v1.TableRestoreRequest
+	(*TableRestoreResponse)(nil),    // 18: grove.v1.TableRestoreResponse
+	(*TableReplicaStatus)(nil),      // 19: grove.v1.TableReplicaStatus
+	(*TableCopyRequest)(nil),        // 20: grove.v1.TableCopyRequest
+	(*TableEntry)(nil),              // 21: grove.v1.TableEntry
+	(*TableCopyChunk)(nil),          // 22: grove.v1.TableCopyChunk
 }
 var file_grovepb_ddstable_proto_depIdxs = []int32{
 	1,  // 0: grove.v1.TablePrepareRequest.to:type_name -> grove.v1.TableBrick
@@ -1657,39 +1736,41 @@ var file_grovepb_ddstable_proto_depIdxs = []int32{
 	1,  // 10: grove.v1.TableQueryRequest.from:type_name -> grove.v1.TableBrick
 	2,  // 11: grove.v1.TableQueryRequest.partition:type_name -> grove.v1.TablePartition
 	3,  // 12: grove.v1.TableQueryRequest.op:type_name -> grove.v1.TableOpID
-	1,  // 13: grove.v1.TableGetRequest.to:type_name -> grove.v1.TableBrick
-	4,  // 14: grove.v1.TableGetRequest.stamp:type_name -> grove.v1.TableStamp
-	0,  // 15: grove.v1.TableGetResponse.result:type_name -> grove.v1.TableGetResponse.Result
-	4,  // 16: grove.v1.TableGetResponse.stamp:type_name -> grove.v1.TableStamp
-	18, // 17: grove.v1.TableBrickStatus.replicas:type_name -> grove.v1.TableReplicaStatus
-	15, // 18: grove.v1.TableBrickStatus.checkpoints:type_name -> grove.v1.TableCheckpointFile
-	2,  // 19: grove.v1.TableCheckpointFile.partition:type_name -> grove.v1.TablePartition
-	2,  // 20: grove.v1.TableRestoreRequest.partition:type_name -> grove.v1.TablePartition
-	1,  // 21: grove.v1.TableRestoreRequest.to:type_name -> grove.v1.TableBrick
-	2,  // 22: grove.v1.TableReplicaStatus.partition:type_name -> grove.v1.TablePartition
-	1,  // 23: grove.v1.TableCopyRequest.to:type_name -> grove.v1.TableBrick
-	1,  // 24: grove.v1.TableCopyRequest.from:type_name -> grove.v1.TableBrick
-	2,  // 25: grove.v1.TableCopyRequest.partition:type_name -> grove.v1.TablePartition
-	20, // 26: grove.v1.TableCopyChunk.entries:type_name -> grove.v1.TableEntry
-	5,  // 27: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
-	7,  // 28: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
-	9,  // 29: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
-	11, // 30: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
-	13, // 31: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
-	19, // 32: grove.v1.TableService.Copy:input_type -> grove.v1.TableCopyRequest
-	16, // 33: grove.v1.TableService.Restore:input_type -> grove.v1.TableRestoreRequest
-	6,  // 34: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
-	8,  // 35: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
-	10, // 36: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
-	12, // 37: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
-	14, // 38: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
-	21, // 39: grove.v1.TableService.Copy:output_type -> grove.v1.TableCopyChunk
-	17, // 40: grove.v1.TableService.Restore:output_type -> grove.v1.TableRestoreResponse
-	34, // [34:41] is the sub-list for method output_type
-	27, // [27:34] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	10, // 13: grove.v1.TableQueryRequest.items:type_name -> grove.v1.TableQueryItem
+	3,  // 14: grove.v1.TableQueryItem.op:type_name -> grove.v1.TableOpID
+	1,  // 15: grove.v1.TableGetRequest.to:type_name -> grove.v1.TableBrick
+	4,  // 16: grove.v1.TableGetRequest.stamp:type_name -> grove.v1.TableStamp
+	0,  // 17: grove.v1.TableGetResponse.result:type_name -> grove.v1.TableGetResponse.Result
+	4,  // 18: grove.v1.TableGetResponse.stamp:type_name -> grove.v1.TableStamp
+	19, // 19: grove.v1.TableBrickStatus.replicas:type_name -> grove.v1.TableReplicaStatus
+	16, // 20: grove.v1.TableBrickStatus.checkpoints:type_name -> grove.v1.TableCheckpointFile
+	2,  // 21: grove.v1.TableCheckpointFile.partition:type_name -> grove.v1.TablePartition
+	2,  // 22: grove.v1.TableRestoreRequest.partition:type_name -> grove.v1.TablePartition
+	1,  // 23: grove.v1.TableRestoreRequest.to:type_name -> grove.v1.TableBrick
+	2,  // 24: grove.v1.TableReplicaStatus.partition:type_name -> grove.v1.TablePartition
+	1,  // 25: grove.v1.TableCopyRequest.to:type_name -> grove.v1.TableBrick
+	1,  // 26: grove.v1.TableCopyRequest.from:type_name -> grove.v1.TableBrick
+	2,  // 27: grove.v1.TableCopyRequest.partition:type_name -> grove.v1.TablePartition
+	21, // 28: grove.v1.TableCopyChunk.entries:type_name -> grove.v1.TableEntry
+	5,  // 29: grove.v1.TableService.Prepare:input_type -> grove.v1.TablePrepareRequest
+	7,  // 30: grove.v1.TableService.Decide:input_type -> grove.v1.TableDecideRequest
+	9,  // 31: grove.v1.TableService.Query:input_type -> grove.v1.TableQueryRequest
+	12, // 32: grove.v1.TableService.Get:input_type -> grove.v1.TableGetRequest
+	14, // 33: grove.v1.TableService.Status:input_type -> grove.v1.TableBrickStatusRequest
+	20, // 34: grove.v1.TableService.Copy:input_type -> grove.v1.TableCopyRequest
+	17, // 35: grove.v1.TableService.Restore:input_type -> grove.v1.TableRestoreRequest
+	6,  // 36: grove.v1.TableService.Prepare:output_type -> grove.v1.TableVote
+	8,  // 37: grove.v1.TableService.Decide:output_type -> grove.v1.TableAck
+	11, // 38: grove.v1.TableService.Query:output_type -> grove.v1.TableQueryAnswer
+	13, // 39: grove.v1.TableService.Get:output_type -> grove.v1.TableGetResponse
+	15, // 40: grove.v1.TableService.Status:output_type -> grove.v1.TableBrickStatus
+	22, // 41: grove.v1.TableService.Copy:output_type -> grove.v1.TableCopyChunk
+	18, // 42: grove.v1.TableService.Restore:output_type -> grove.v1.TableRestoreResponse
+	36, // [36:43] is the sub-list for method output_type
+	29, // [29:36] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_grovepb_ddstable_proto_init() }
@@ -1703,7 +1784,7 @@ func file_grovepb_ddstable_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grovepb_ddstable_proto_rawDesc), len(file_grovepb_ddstable_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

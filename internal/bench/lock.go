@@ -49,6 +49,12 @@ type ClusterOptions struct {
 	RepairEvery time.Duration
 	// SplitBytes is the nodes' [tables] split_bytes (0: the default).
 	SplitBytes int64
+	// GracePeriod is the nodes' [fd] grace_period (0: Boxwood's 1 s). A
+	// test that measures something else under the race detector beside
+	// other packages sets it longer: starved of CPU for a second, every
+	// node fences itself at once, and a table whose every replica fenced
+	// is lost, as DDS says (2026-12-03: TestServiceTableBatchedTermination).
+	GracePeriod time.Duration
 }
 
 // StartInProcess starts n nodes (the first three are config-service
@@ -112,6 +118,9 @@ func startCluster(dir string, n int, o ClusterOptions) (*InProcessCluster, error
 		}
 		cfg.BTree.RepairEvery = node.Duration(o.RepairEvery)
 		cfg.Tables.SplitBytes = units.Size(o.SplitBytes)
+		if o.GracePeriod > 0 {
+			cfg.FD.GracePeriod = node.Duration(o.GracePeriod)
+		}
 		c.Configs = append(c.Configs, cfg)
 		c.Nodes = append(c.Nodes, nil)
 		if err := c.Start(i); err != nil {

@@ -8,21 +8,22 @@ import (
 	"github.com/grovestore/grove/internal/ddstable"
 )
 
-// A library that dies after its prepares leaves 300 writes in doubt at
+// A library that dies after its prepares leaves 1 000 writes in doubt at
 // every replica: the bricks resolve them through the config service's
 // outcome registers, their proposals batched into a few decrees (review
-// 121 measured 24 s for 300 with one decree each), and every write is
+// 121 measured 24 s for 300 with one decree each) and their queries to
+// each other batched too, one call in flight per peer (with a call per
+// query, 300 resolved nothing in 2 min on nodes starved by three CPU
+// hogs under the race detector; batched, 2.3 s), and every write is
 // committed at every replica (every member voted yes).
 func TestServiceTableBatchedTermination(t *testing.T) {
-	if testing.Short() {
-		// It measures. Under the race detector beside the other packages
-		// (CI's race phase, 2026-12-03) it once waited 2 min with no
-		// replica left at any brick (the in-process nodes' liveness lapsed
-		// under starvation, it seems; alone under -race it passes in 5 s):
-		// the main phase runs it.
-		t.Skip("a measurement: the main phase runs it")
-	}
-	ctx, c, mc := startTables(t, 2*time.Minute)
+	// A grace period of 5 s, not 1: under the race detector beside other
+	// packages (CI's race phase, 2026-12-03) the three in-process nodes
+	// were starved long enough that each fenced itself, and a partition
+	// whose every replica fenced is lost (DDS-F6), which is not what this
+	// test is about. Reproduced with CPU hogs: 4 runs in 4 with 1 s, the
+	// log saying "self-fence: no acknowledgement from a majority".
+	ctx, c, mc := startTablesWith(t, 2*time.Minute, bench.ClusterOptions{GracePeriod: 5 * time.Second})
 	m, err := ddstable.CreateTable(ctx, mc, "t", 1, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +46,7 @@ func TestServiceTableBatchedTermination(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 300
+	const n = 1000
 	now := time.Now()
 	for k := range uint64(n) {
 		_, e, err := co.Begin(now, ddstable.Update{Key: k, Value: []byte("x")})
@@ -60,6 +61,7 @@ func TestServiceTableBatchedTermination(t *testing.T) {
 		}
 	}
 	// The library is gone: no decision is ever sent.
+	t.Logf("%d operations prepared at 3 replicas in %v", n, time.Since(now).Round(time.Millisecond))
 	start := time.Now()
 	for {
 		doubt, keys := uint64(0), uint64(0)
@@ -77,7 +79,7 @@ func TestServiceTableBatchedTermination(t *testing.T) {
 			break
 		}
 		if !bench.SleepCtx(ctx, 50*time.Millisecond) {
-			t.Fatalf("%d still in doubt, %d keys", doubt, keys)
+			t.Fatalf("%d still in doubt, %d keys (nodes still in their first life: %v)", doubt, keys, firstLives(c))
 		}
 	}
 	took := time.Since(start)
@@ -89,4 +91,14 @@ func TestServiceTableBatchedTermination(t *testing.T) {
 	if len(ns.GetEntries()) != n {
 		t.Fatalf("%d registers for %d operations", len(ns.GetEntries()), n)
 	}
+}
+
+// firstLives says which nodes still run their first incarnation: a node
+// that fenced itself takes no replica into its next life.
+func firstLives(c *bench.InProcessCluster) []bool {
+	var out []bool
+	for _, n := range c.Nodes {
+		out = append(out, n != nil && n.AliveAs(1))
+	}
+	return out
 }

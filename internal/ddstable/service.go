@@ -109,6 +109,14 @@ type Service struct {
 		proposing map[OpID]bool
 		proposals []queuedProposal
 		forgets   []string
+		// queries: the termination and sweep queries waiting for their
+		// peer, a batch per (replica, peer) with one call in flight at a
+		// time. One call per query, sent again every QueryEvery whether
+		// or not the last one had been answered, set off a storm when a
+		// library died with 300 operations prepared on starved nodes
+		// (2026-12-03): thousands of calls in flight, each outliving its
+		// deadline, and nothing resolved in 2 min.
+		queries map[queryKey]*queryQueue
 		// known: the tables (by generation) this incarnation has seen;
 		// empty replicas are made only for the first maps of a table.
 		known map[tableGen]bool
@@ -130,6 +138,23 @@ type Service struct {
 	// merge's or checkpoint's lease (writes wait while it runs).
 	kick chan struct{}
 }
+
+type queryKey struct {
+	k  repKey
+	to BrickID
+}
+
+// queryQueue is the queries of one replica to one peer not yet sent, in
+// the order asked, each once.
+type queryQueue struct {
+	r      *replica
+	items  []Query
+	queued map[Query]bool
+	busy   bool // a call is in flight (its goroutine sends the rest after)
+}
+
+// Bound of one batch of queries: an answer is 4 bytes a query.
+const queryBatch = 4096
 
 type queuedProposal struct {
 	k repKey
@@ -184,6 +209,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.mu.pending = map[repKey]map[uint64][]byte{}
 	s.mu.joining = map[repKey]bool{}
 	s.mu.proposing = map[OpID]bool{}
+	s.mu.queries = map[queryKey]*queryQueue{}
 	s.mu.known = map[tableGen]bool{}
 	s.mu.ckpt = map[tableGen]uint64{}
 	s.mu.ckptRetry = map[tableGen]time.Time{}
@@ -235,6 +261,7 @@ func (s *Service) dropAllLocked() {
 	clear(s.mu.ckpt)
 	clear(s.mu.ckptRetry)
 	clear(s.mu.restoring)
+	clear(s.mu.queries) // their goroutines see it and end
 }
 
 // Close stops the service.
@@ -437,8 +464,27 @@ func (s *Service) effectsLocked(k repKey, r *replica, e Effects) {
 		return
 	}
 	for _, q := range e.Queries {
-		s.wg.Add(1)
-		go s.query(k, r, q)
+		qk := queryKey{k, q.To}
+		qq := s.mu.queries[qk]
+		if qq == nil || qq.r != r {
+			if qq != nil && qq.busy {
+				// The replica was replaced: the old one's call ends alone.
+				qq.r, qq.items, qq.queued = r, nil, map[Query]bool{}
+			} else {
+				qq = &queryQueue{r: r, queued: map[Query]bool{}}
+				s.mu.queries[qk] = qq
+			}
+		}
+		if qq.queued[q.Query] {
+			continue
+		}
+		qq.queued[q.Query] = true
+		qq.items = append(qq.items, q.Query)
+		if !qq.busy {
+			qq.busy = true
+			s.wg.Add(1)
+			go s.query(qk, qq)
+		}
 	}
 	for _, p := range e.Proposals {
 		if s.mu.proposing[p.Op] {
@@ -452,27 +498,63 @@ func (s *Service) effectsLocked(k repKey, r *replica, e Effects) {
 	}
 }
 
-func (s *Service) query(k repKey, r *replica, q PeerSend) {
+// query sends qq's queries to their peer, a batch at a time, until none
+// is left; unanswered ones are asked again by the participant's ticks.
+func (s *Service) query(qk queryKey, qq *queryQueue) {
 	defer s.wg.Done()
+	for {
+		s.mu.Lock()
+		if len(qq.items) == 0 || s.ctx.Err() != nil || s.mu.queries[qk] != qq || s.mu.reps[qk.k] != qq.r {
+			qq.busy = false
+			if s.mu.queries[qk] == qq {
+				delete(s.mu.queries, qk)
+			}
+			s.mu.Unlock()
+			return
+		}
+		r, from := qq.r, s.self()
+		batch := qq.items[:min(len(qq.items), queryBatch)]
+		qq.items = qq.items[len(batch):]
+		for _, q := range batch {
+			delete(qq.queued, q)
+		}
+		s.mu.Unlock()
+		states, err := s.askPeer(qk, from, batch)
+		s.mu.Lock()
+		if err == nil && s.mu.reps[qk.k] == r {
+			now := time.Now()
+			for i, q := range batch {
+				s.effectsLocked(qk.k, r, r.pt.Answer(now, qk.to, q, states[i]))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// askPeer sends one batch of queries to qk's peer.
+func (s *Service) askPeer(qk queryKey, from BrickID, batch []Query) ([]State, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
 	defer cancel()
-	s.mu.Lock()
-	from := s.self()
-	s.mu.Unlock()
-	cl, err := s.client(ctx, q.To.Node)
+	cl, err := s.client(ctx, qk.to.Node)
 	if err != nil {
-		return
+		return nil, err
 	}
-	a, err := cl.Query(ctx, &pb.TableQueryRequest{Table: k.table, To: brickPB(q.To), From: brickPB(from),
-		Partition: partPB(k.part), Op: opPB(q.Query.Op), Sweep: q.Query.Sweep})
+	req := &pb.TableQueryRequest{Table: qk.k.table, To: brickPB(qk.to), From: brickPB(from), Partition: partPB(qk.k.part)}
+	for _, q := range batch {
+		req.Items = append(req.Items, &pb.TableQueryItem{Op: opPB(q.Op), Sweep: q.Sweep})
+	}
+	a, err := cl.Query(ctx, req)
 	if err != nil {
-		return // asked again at a later tick
+		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.reps[k] == r {
-		s.effectsLocked(k, r, r.pt.Answer(time.Now(), q.To, q.Query, stateOf(a.State)))
+	if len(a.GetStates()) != len(batch) {
+		return nil, fmt.Errorf("ddstable: %d answers to %d queries", len(a.GetStates()), len(batch))
 	}
+	out := make([]State, len(batch))
+	for i, st := range a.GetStates() {
+		out[i] = stateOf(st)
+	}
+	return out, nil
 }
 
 // Bounds of one proposer decree (the config service takes at most
@@ -773,8 +855,16 @@ func (s *Service) Query(_ context.Context, req *pb.TableQueryRequest) (*pb.Table
 	if err != nil {
 		return nil, err
 	}
-	st := r.pt.Query(time.Now(), Query{Op: opOf(req.Op), Sweep: req.Sweep})
-	return &pb.TableQueryAnswer{State: uint32(st)}, nil
+	now := time.Now()
+	if len(req.Items) == 0 { // a single query (no brick sends one now)
+		st := r.pt.Query(now, Query{Op: opOf(req.Op), Sweep: req.Sweep})
+		return &pb.TableQueryAnswer{State: uint32(st)}, nil
+	}
+	a := &pb.TableQueryAnswer{States: make([]uint32, len(req.Items))}
+	for i, it := range req.Items {
+		a.States[i] = uint32(r.pt.Query(now, Query{Op: opOf(it.Op), Sweep: it.Sweep}))
+	}
+	return a, nil
 }
 
 // Get serves a read at this replica (rule 5: not while a write to the key
