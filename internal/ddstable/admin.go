@@ -214,8 +214,10 @@ func withoutDead(m *Maps, dead map[BrickID]bool) (*Maps, bool) {
 	}
 	for p, j := range c.Joining {
 		if dead[j] {
-			// DDS-F9: a recovering brick that dies loses its write lease.
+			// DDS-F9: a recovering brick that dies loses its write lease
+			// (a move's too).
 			delete(c.Joining, p)
+			delete(c.Replacing, p)
 			changed = true
 		}
 	}

@@ -211,6 +211,10 @@ func FuzzDecodeMaps(f *testing.F) {
 			return WithSplitLease(m, Partition{Bits: 1, Depth: 2}, m.RG[Partition{Bits: 1, Depth: 2}][1])
 		},
 		func(m *Maps) (*Maps, error) {
+			p := Partition{Bits: 3, Depth: 2}
+			return WithMoveLease(m, p, br(9), m.RG[p][0])
+		},
+		func(m *Maps) (*Maps, error) {
 			m.RG[Partition{Bits: 2, Depth: 2}] = slices.Clone(m.RG[Partition{Bits: 0, Depth: 2}])
 			return WithMergeLease(m, Partition{Bits: 0, Depth: 1}, m.RG[Partition{Bits: 0, Depth: 2}][0])
 		},

@@ -103,6 +103,13 @@ type Maps struct {
 	// Checkpoint is the last checkpoint every replica wrote to its disk.
 	// ID 0: none yet.
 	Checkpoint Checkpoint
+	// Replacing: the member a write lease's holder replaces (a move, DDS
+	// §3.1: "When nodes are added, this partitioning is altered so that
+	// data is spread onto the new node"; rebalance.go): the holder copies
+	// the partition as a recovering brick does, the replaced member stops
+	// serving reads (hands off), and the join decree puts the holder in
+	// its place. Set only beside Joining; absent for most partitions.
+	Replacing map[Partition]BrickID
 }
 
 // Freeze is a checkpoint's write lease on a whole table.
@@ -178,8 +185,13 @@ func (m *Maps) Validate() error {
 				return fmt.Errorf("ddstable: table %q: node %d joins partition %v, whose group lists it", m.Table, b.Node, p)
 			}
 		}
-		if len(m.RG[p]) >= m.Replicas {
+		if len(m.RG[p]) >= m.Replicas && !slices.Contains(m.RG[p], m.Replacing[p]) {
 			return fmt.Errorf("ddstable: table %q: brick %v joins partition %v, whose group is full", m.Table, b, p)
+		}
+	}
+	for p, r := range m.Replacing {
+		if j := m.Joining[p]; j == (BrickID{}) || r.Node == j.Node || r.Node == 0 || r.Inc == 0 {
+			return fmt.Errorf("ddstable: table %q: partition %v: brick %v replaced by %v, which holds no lease there", m.Table, p, r, j)
 		}
 	}
 	for p, r := range m.Reshaping {
@@ -244,6 +256,7 @@ func (m *Maps) Clone() *Maps {
 	}
 	c.Joining = maps.Clone(m.Joining)
 	c.Reshaping = maps.Clone(m.Reshaping)
+	c.Replacing = maps.Clone(m.Replacing)
 	return &c
 }
 
@@ -257,7 +270,7 @@ const (
 )
 
 func (m *Maps) extended() bool {
-	return len(m.Reshaping) > 0 || m.Freeze != (Freeze{}) || m.Checkpoint != (Checkpoint{})
+	return len(m.Reshaping) > 0 || m.Freeze != (Freeze{}) || m.Checkpoint != (Checkpoint{}) || len(m.Replacing) > 0
 }
 
 // AppendBinary appends the canonical encoding of m:
@@ -283,6 +296,9 @@ func (m *Maps) extended() bool {
 //	          holder's node and incarnation as uvarints, then a byte: 1
 //	          if its images are being written (Write), else 0
 //	uvarint   the last checkpoint's id, 0 if none; if not 0, its epoch
+//	uvarint   the number of moves (Replacing); per move, in the DP map's
+//	          trie order: the partition's index (increasing), then the
+//	          replaced member's node and incarnation as uvarints
 //
 // A group's order is kept (it is not sorted): the first member is the one a
 // recovering brick asks first, so it is part of what the hash covers.
@@ -344,6 +360,14 @@ func (m *Maps) AppendBinary(b []byte) []byte {
 	b = appendUvarint(b, m.Checkpoint.ID)
 	if m.Checkpoint.ID != 0 {
 		b = appendUvarint(b, m.Checkpoint.Epoch)
+	}
+	b = appendUvarint(b, uint64(len(m.Replacing)))
+	for i, p := range m.DP.Leaves() {
+		if r, ok := m.Replacing[p]; ok {
+			b = appendUvarint(b, uint64(i))
+			b = appendUvarint(b, r.Node)
+			b = appendUvarint(b, r.Inc)
+		}
 	}
 	return b
 }
@@ -494,6 +518,34 @@ func (m *Maps) decodeExtensions(b []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
+	if n, b, err = readUvarint(b, "move count"); err != nil {
+		return nil, err
+	}
+	if n > uint64(len(leaves)) {
+		return nil, fmt.Errorf("ddstable: maps: %d moves over %d partitions", n, len(leaves))
+	}
+	if n > 0 {
+		m.Replacing = make(map[Partition]BrickID, n)
+	}
+	next = 0
+	for range n {
+		var i uint64
+		if i, b, err = readUvarint(b, "move partition"); err != nil {
+			return nil, err
+		}
+		if i < next || i >= uint64(len(leaves)) {
+			return nil, fmt.Errorf("ddstable: maps: move of partition index %d (from %d, of %d)", i, next, len(leaves))
+		}
+		next = i + 1
+		var r BrickID
+		if r.Node, b, err = readUvarint(b, "replaced node"); err != nil {
+			return nil, err
+		}
+		if r.Inc, b, err = readUvarint(b, "replaced incarnation"); err != nil {
+			return nil, err
+		}
+		m.Replacing[leaves[i]] = r
+	}
 	return b, nil
 }
 
@@ -562,6 +614,18 @@ func Joined(m *Maps, p Partition, b BrickID) (*Maps, error) {
 		return nil, ErrLeaseLost
 	}
 	c := m.Clone()
+	if r, ok := c.Replacing[p]; ok {
+		// A move: the holder takes the replaced member's place (which
+		// handed off first, or was removed as dead meanwhile) — unless a
+		// member died meanwhile and the group is short: then the replaced
+		// member stays, and the move has been a recovery (a swap then would
+		// leave the partition on fewer live copies: the simulator's seed
+		// 143 lost one so, the holder dying just after its join).
+		if len(c.RG[p]) >= c.Replicas {
+			c.RG[p] = slices.DeleteFunc(c.RG[p], func(o BrickID) bool { return o == r })
+		}
+		delete(c.Replacing, p)
+	}
 	c.RG[p] = append(c.RG[p], b)
 	delete(c.Joining, p)
 	c.Epoch++
@@ -575,6 +639,7 @@ func WithoutLease(m *Maps, p Partition, b BrickID) (*Maps, bool) {
 	}
 	c := m.Clone()
 	delete(c.Joining, p)
+	delete(c.Replacing, p)
 	c.Epoch++
 	return c, true
 }

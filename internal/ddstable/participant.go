@@ -182,6 +182,9 @@ type Proposal struct {
 var (
 	ErrBusy   = errors.New("ddstable: the key has a write in doubt at this replica; retry")
 	ErrRepair = errors.New("ddstable: the caller's maps differ from the brick's")
+	// ErrHandedOff: a move replaces this replica, which stopped serving
+	// reads for it (rebalance.go, step 3); read another replica.
+	ErrHandedOff = errors.New("ddstable: this replica is being replaced by a move and serves no read; read another")
 )
 
 // ParticipantConfig tunes a Participant.
@@ -360,6 +363,11 @@ type Participant struct {
 	reshaper  BrickID // the member holding its split's or merge's lease; zero if none
 	freeze    uint64  // the table's checkpoint in progress (Maps.Freeze.ID); 0 if none
 	gen       uint64  // the table's generation (Maps.Gen)
+	// replacing: the member the lease's holder replaces (a move); handedOff:
+	// this replica is that member and told the holder it serves no read
+	// while the holder's lease lasts (rebalance.go, step 3).
+	replacing BrickID
+	handedOff bool
 	// born is the epoch of the maps this participant started with: it
 	// prepares no operation of an earlier epoch (stamps must be equal),
 	// though a participant of the same name before it may have (a
@@ -432,7 +440,8 @@ func NewParticipantStamped(cfg ParticipantConfig, m *Maps, p Partition, stamp St
 	}
 	return &Participant{
 		cfg: cfg, partition: p, stamp: stamp, members: slices.Clone(g), joining: m.Joining[p], reshaper: m.Reshaping[p].Holder, freeze: m.Freeze.ID, gen: m.Gen, born: m.Epoch,
-		locks: map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
+		replacing: m.Replacing[p],
+		locks:     map[uint64]OpID{}, ops: map[OpID]*record{}, sessions: map[uint64]*session{},
 	}, nil
 }
 
@@ -503,7 +512,11 @@ func (pt *Participant) SetMapsStamped(now time.Time, m *Maps, s Stamp) (Effects,
 		return Effects{}, false
 	}
 	pt.members = slices.Clone(g)
+	if m.Joining[pt.partition] != pt.joining || m.Replacing[pt.partition] != pt.replacing {
+		pt.handedOff = false // the move it handed off to ended: serve again
+	}
 	pt.joining = m.Joining[pt.partition]
+	pt.replacing = m.Replacing[pt.partition]
 	pt.reshaper = m.Reshaping[pt.partition].Holder
 	pt.freeze = m.Freeze.ID
 	var e Effects
@@ -924,11 +937,28 @@ func (pt *Participant) FreezeReady(id uint64) error {
 	return nil
 }
 
+// HandOff stops reads here for a move whose holder is joiner and whose
+// replaced member is this replica (rebalance.go, step 3), until the maps
+// end the move: ErrNoLease if the maps here are not those of such a move
+// (not yet, or no longer). Once it returned nil, no read is served here
+// at the maps of this move, so the holder may take this replica's place.
+func (pt *Participant) HandOff(joiner BrickID) error {
+	if joiner == (BrickID{}) || pt.joining != joiner || pt.replacing != pt.cfg.Self {
+		return ErrNoLease
+	}
+	pt.handedOff = true
+	return nil
+}
+
 // Read checks that key may be read here with the caller's maps: nil, or
-// ErrRepair (the caller refreshes its maps), or ErrBusy (rule 5; retry).
+// ErrRepair (the caller refreshes its maps), ErrHandedOff (read another
+// replica), or ErrBusy (rule 5; retry).
 func (pt *Participant) Read(key uint64, stamp Stamp) error {
 	if stamp != pt.stamp || !pt.partition.Contains(key) {
 		return ErrRepair
+	}
+	if pt.handedOff {
+		return ErrHandedOff
 	}
 	if _, held := pt.locks[key]; held {
 		return ErrBusy

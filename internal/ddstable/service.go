@@ -888,6 +888,10 @@ func (s *Service) Get(_ context.Context, req *pb.TableGetRequest) (*pb.TableGetR
 		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_BUSY}, nil
 	case errors.Is(err, ErrRepair):
 		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_REPAIR, Stamp: stampPB(r.pt.Stamp())}, nil
+	case errors.Is(err, ErrHandedOff):
+		return &pb.TableGetResponse{Result: pb.TableGetResponse_RESULT_NOT_SERVING, Stamp: stampPB(r.pt.Stamp())}, nil
+	case err != nil:
+		return nil, err
 	}
 	v, ok := r.store[req.Key]
 	return &pb.TableGetResponse{Found: ok, Value: v}, nil

@@ -23,7 +23,7 @@ var cores = []string{
 	"chunk/manager.go", "chunk/chunkmap.go", "chunk/chunkio.go", "chunk/format.go", "chunk/handle.go", "chunk/space.go",
 	"chunk/table.go", "chunk/wire.go",
 	"txn/format.go", "txn/scan.go", "treecall/treecall.go",
-	"ddstable/dpmap.go", "ddstable/maps.go", "ddstable/reshape.go", "ddstable/checkpoint.go", "ddstable/participant.go", "ddstable/coordinator.go",
+	"ddstable/dpmap.go", "ddstable/maps.go", "ddstable/reshape.go", "ddstable/rebalance.go", "ddstable/checkpoint.go", "ddstable/participant.go", "ddstable/coordinator.go",
 	"btree/node.go", "btree/delta.go", "btree/anchor.go", "btree/store.go", "btree/tree.go", "btree/compress.go", "btree/scan.go", "btree/walk.go", "btree/completion.go",
 }
 
