@@ -1373,7 +1373,11 @@ type TableCopyRequest struct {
 	Partition *TablePartition        `protobuf:"bytes,4,opt,name=partition,proto3" json:"partition,omitempty"`
 	// probe: only say whether the replica is settled (CopyReady): an
 	// empty last chunk if so, FailedPrecondition if not.
-	Probe         bool `protobuf:"varint,5,opt,name=probe,proto3" json:"probe,omitempty"`
+	Probe bool `protobuf:"varint,5,opt,name=probe,proto3" json:"probe,omitempty"`
+	// hand_off (with probe): the asked member is the one a move's holder
+	// (from) replaces; it stops serving reads of the partition while the
+	// move lasts (Participant.HandOff), then answers as probe does.
+	HandOff       bool `protobuf:"varint,6,opt,name=hand_off,json=handOff,proto3" json:"hand_off,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1443,6 +1447,13 @@ func (x *TableCopyRequest) GetProbe() bool {
 	return false
 }
 
+func (x *TableCopyRequest) GetHandOff() bool {
+	if x != nil {
+		return x.HandOff
+	}
+	return false
+}
+
 type TableEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -1496,10 +1507,14 @@ func (x *TableEntry) GetValue() []byte {
 }
 
 type TableCopyChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*TableEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	Last          bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`   // the copy is complete
-	Total         uint64                 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"` // on the last chunk: the entries sent in all
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*TableEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	Last    bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`   // the copy is complete
+	Total   uint64                 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"` // on the last chunk: the entries sent in all
+	// handed_off answers a hand_off request: the member stopped serving
+	// reads (a build that predates hand_off answers it as a probe, without
+	// this: the move's holder must not take that for a hand-off; review 126).
+	HandedOff     bool `protobuf:"varint,4,opt,name=handed_off,json=handedOff,proto3" json:"handed_off,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1553,6 +1568,13 @@ func (x *TableCopyChunk) GetTotal() uint64 {
 		return x.Total
 	}
 	return 0
+}
+
+func (x *TableCopyChunk) GetHandedOff() bool {
+	if x != nil {
+		return x.HandedOff
+	}
+	return false
 }
 
 var File_grovepb_ddstable_proto protoreflect.FileDescriptor
@@ -1659,21 +1681,24 @@ const file_grovepb_ddstable_proto_rawDesc = "" +
 	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
 	"\bin_doubt\x18\x06 \x01(\x04R\ainDoubt\x12%\n" +
-	"\x0esettled_freeze\x18\a \x01(\x04R\rsettledFreeze\"\xc6\x01\n" +
+	"\x0esettled_freeze\x18\a \x01(\x04R\rsettledFreeze\"\xe1\x01\n" +
 	"\x10TableCopyRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12$\n" +
 	"\x02to\x18\x02 \x01(\v2\x14.grove.v1.TableBrickR\x02to\x12(\n" +
 	"\x04from\x18\x03 \x01(\v2\x14.grove.v1.TableBrickR\x04from\x126\n" +
 	"\tpartition\x18\x04 \x01(\v2\x18.grove.v1.TablePartitionR\tpartition\x12\x14\n" +
-	"\x05probe\x18\x05 \x01(\bR\x05probe\"4\n" +
+	"\x05probe\x18\x05 \x01(\bR\x05probe\x12\x19\n" +
+	"\bhand_off\x18\x06 \x01(\bR\ahandOff\"4\n" +
 	"\n" +
 	"TableEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"j\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x89\x01\n" +
 	"\x0eTableCopyChunk\x12.\n" +
 	"\aentries\x18\x01 \x03(\v2\x14.grove.v1.TableEntryR\aentries\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x14\n" +
-	"\x05total\x18\x03 \x01(\x04R\x05total2\xdc\x03\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total\x12\x1d\n" +
+	"\n" +
+	"handed_off\x18\x04 \x01(\bR\thandedOff2\xdc\x03\n" +
 	"\fTableService\x12=\n" +
 	"\aPrepare\x12\x1d.grove.v1.TablePrepareRequest\x1a\x13.grove.v1.TableVote\x12:\n" +
 	"\x06Decide\x12\x1c.grove.v1.TableDecideRequest\x1a\x12.grove.v1.TableAck\x12@\n" +

@@ -37,7 +37,10 @@ go on serving. When it comes back (or another node has room), its brick
 recovers into the groups left short by copying whole partitions, writes to a
 partition waiting while it is copied. A partition whose replicas grow past
 [tables] split_bytes (64 MiB) splits in two, in place, on every replica;
-operators split and merge partitions with grove table split and merge.
+operators split and merge partitions with grove table split and merge. A node
+that holds fewer replicas of a table than another by two or more moves one
+onto itself (a node added to the cluster takes its share); operators move a
+replica with grove table move.
 Replicas live in memory, as DDS's do: a table survives the loss of all but one
 replica of each partition. grove table checkpoint writes every replica to its
 node's disk (writes wait meanwhile); after the loss of every replica of a
@@ -51,7 +54,7 @@ back as of the last checkpoint.`,
   grove table split sessions 01`,
 	}
 	cmd.AddCommand(tableCreateCmd(), tableListCmd(), tableStatCmd(), tablePutCmd(), tableGetCmd(), tableDelCmd(), tableDropCmd(),
-		tableReshapeCmd(false), tableReshapeCmd(true), tableCheckpointCmd(), tableRestoreCmd())
+		tableReshapeCmd(false), tableReshapeCmd(true), tableMoveCmd(), tableCheckpointCmd(), tableRestoreCmd())
 	return cmd
 }
 
@@ -274,6 +277,9 @@ the table's replication degree lost a brick (it serves on with the others).`,
 						}
 						if j, ok := m.Joining[p]; ok {
 							note = fmt.Sprintf("brick %v recovering into the group: writes wait", j)
+						}
+						if r, ok := m.Replacing[p]; ok {
+							note = fmt.Sprintf("brick %v moving in to replace %v: writes wait", m.Joining[p], r)
 						}
 						if r, ok := m.Reshaping[p]; ok {
 							what := "splitting"
@@ -534,6 +540,78 @@ replicas settle; then every replica merges its own data in place.`,
 	}
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
 	c.Register(cmd, 3*time.Minute) // the holder gives up after 2 minutes
+	return cmd
+}
+
+func tableMoveCmd() *cobra.Command {
+	var c cli.Client
+	var noWait bool
+	var from, to uint64
+	const op = "table move"
+	cmd := &cobra.Command{
+		Use:   "move NAME PARTITION --from NODE --to NODE",
+		Short: "Move a partition's replica from one node to another",
+		Long: `Move the replica of partition PARTITION of table NAME (as grove table stat
+writes it) from node --from to node --to (DDS §3.1: a node added takes its
+share). The target's brick copies the partition as a recovering brick does
+(writes to the partition wait meanwhile; reads go on), the replica replaced
+stops serving reads, and a decree puts the target in its place: the group
+keeps its size throughout. Nodes also move replicas onto themselves on their
+own when they hold two fewer of a table than another ([tables]
+no_auto_rebalance turns that off).`,
+		Example: "  grove table move sessions 01 --from 1 --to 4",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ddstable.CheckName(args[0]); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			p, err := ddstable.ParsePartition(args[1])
+			if err != nil {
+				return cli.Usagef("%v", err)
+			}
+			if from == 0 || to == 0 || from == to {
+				return cli.Usagef("--from and --to name two different nodes")
+			}
+			return tableRun(cmd, &c, op, func(ctx context.Context, s *tableSession) error {
+				m, err := ddstable.RequestMove(ctx, s.meta, args[0], p, from, to)
+				switch {
+				case errors.Is(err, ddstable.ErrNoSuchPart), errors.Is(err, ddstable.ErrNotReplaceable), errors.Is(err, ddstable.ErrNoBrick):
+					return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: err.Error(), Hint: "grove table stat " + args[0] + " shows its partitions and groups", Err: err}
+				case errors.Is(err, ddstable.ErrLeaseHeld), errors.Is(err, ddstable.ErrReshaping), errors.Is(err, ddstable.ErrCheckpointing):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "try again once it is done (grove table stat)", Err: err}
+				case errors.Is(err, ddstable.ErrInGroup):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("node %d already holds a replica of %v", to, p), Err: err}
+				case err != nil:
+					return tableErr(op, &c, err)
+				}
+				target := m.Joining[p]
+				if noWait {
+					fmt.Printf("move of %s partition %v from node %d to brick %v asked (epoch %d)\n", args[0], p, from, target, m.Epoch)
+					return nil
+				}
+				fmt.Fprintf(os.Stderr, "%s %v: brick %v copies the partition...\n", op, p, target)
+				now, err := awaitMaps(ctx, s, m, func(now *ddstable.Maps) (bool, error) {
+					if slices.Contains(now.RG[p], target) {
+						return true, nil
+					}
+					if now.Joining[p] != target {
+						return false, &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the move (the copy or the hand-off failed, or a brick died)", target, p),
+							Hint: "grove table stat " + args[0] + " shows the replicas; ask again"}
+					}
+					return false, nil
+				})
+				if err != nil {
+					return tableErr(op, &c, err)
+				}
+				fmt.Printf("table %s: %v moved from node %d to brick %v; group %v (epoch %d)\n", args[0], p, from, target, now.RG[p], now.Epoch)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().Uint64Var(&from, "from", 0, "the node whose replica moves (required)")
+	cmd.Flags().Uint64Var(&to, "to", 0, "the node it moves to (required)")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
+	c.Register(cmd, 3*time.Minute) // the target gives up after 2 minutes
 	return cmd
 }
 

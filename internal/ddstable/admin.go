@@ -309,6 +309,40 @@ func RequestMerge(ctx context.Context, mc *meta.Client, name string, parent Part
 	})
 }
 
+// ErrNoBrick: a move's target node runs no registered incarnation.
+var ErrNoBrick = errors.New("ddstable: the node runs no registered brick")
+
+// RequestMove asks for the replica of partition p on node from to move to
+// node to (rebalance.go): it decrees the move's lease for to's running
+// incarnation, whose brick then copies the partition, has the replaced
+// member hand off, and joins in its place. Watch the maps for its end: to
+// in p's group, or the lease gone.
+func RequestMove(ctx context.Context, mc *meta.Client, name string, p Partition, from, to uint64) (*Maps, error) {
+	nodes, err := mc.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return nil, err
+	}
+	bricks, err := Bricks(nodes)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(bricks, func(b BrickID) bool { return b.Node == to })
+	if i < 0 {
+		return nil, fmt.Errorf("%w: node %d", ErrNoBrick, to)
+	}
+	return reshapeRequest(ctx, mc, name, func(m *Maps) (*Maps, error) {
+		g, ok := m.RG[p]
+		if !ok {
+			return nil, fmt.Errorf("%w: %v", ErrNoSuchPart, p)
+		}
+		j := slices.IndexFunc(g, func(b BrickID) bool { return b.Node == from })
+		if j < 0 {
+			return nil, fmt.Errorf("%w: node %d is not in %v's group %v", ErrNotReplaceable, from, p, g)
+		}
+		return WithMoveLease(m, p, bricks[i], g[j])
+	})
+}
+
 func reshapeRequest(ctx context.Context, mc *meta.Client, name string, fn func(*Maps) (*Maps, error)) (*Maps, error) {
 	var out *Maps
 	_, err := mc.Update(ctx, Namespace, "dds-reshape", func(ns *pb.Namespace) ([]*pb.Op, error) {

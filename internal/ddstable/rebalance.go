@@ -31,8 +31,13 @@ import (
 // The replication degree never falls below the table's during a move: the
 // group has its members and the copy until the last decree swaps them.
 
-// ErrNotReplaceable: a move's replaced brick is not a member of the group.
-var ErrNotReplaceable = errors.New("ddstable: the replaced brick is not a member of the partition's group")
+// Errors of the move transitions.
+var (
+	ErrNotReplaceable = errors.New("ddstable: the replaced brick is not a member of the partition's group")
+	// ErrGroupShort: a move of a short group would be a recovery, with a
+	// needless hand-off; recovery refills it first (review 126).
+	ErrGroupShort = errors.New("ddstable: the partition's group is short; recovery refills it first")
+)
 
 // WithMoveLease is m with brick b holding partition p's write lease to
 // replace member from (step 1), the epoch bumped.
@@ -43,6 +48,8 @@ func WithMoveLease(m *Maps, p Partition, b, from BrickID) (*Maps, error) {
 		return nil, fmt.Errorf("%w: %v", ErrNoSuchPart, p)
 	case !slices.Contains(g, from):
 		return nil, fmt.Errorf("%w: %v in %v", ErrNotReplaceable, from, g)
+	case len(g) < m.Replicas:
+		return nil, fmt.Errorf("%w: %v", ErrGroupShort, g)
 	case slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == b.Node }):
 		return nil, ErrInGroup
 	case m.Joining[p] != (BrickID{}):
@@ -90,8 +97,8 @@ func ReplicaCounts(m *Maps) map[BrickID]int {
 // each take such moves for themselves, one at a time and each checked on
 // the latest maps (in the decree), stop once no two differ by more than
 // one. Dead bricks are left to the janitor; partitions under any lease are
-// not moved.
-func PlanMove(m *Maps, live []BrickID, self BrickID) (Partition, BrickID, bool) {
+// not moved, nor those skip names (nil: none).
+func PlanMove(m *Maps, live []BrickID, self BrickID, skip func(Partition) bool) (Partition, BrickID, bool) {
 	if !slices.Contains(live, self) || m.Freeze.ID != 0 {
 		return Partition{}, BrickID{}, false
 	}
@@ -107,8 +114,8 @@ func PlanMove(m *Maps, live []BrickID, self BrickID) (Partition, BrickID, bool) 
 	}
 	for _, p := range m.DP.Leaves() {
 		g := m.RG[p]
-		if !slices.Contains(g, from) || slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == self.Node }) ||
-			m.Joining[p] != (BrickID{}) || m.Reshaping[p] != (Reshape{}) {
+		if !slices.Contains(g, from) || len(g) < m.Replicas || slices.ContainsFunc(g, func(o BrickID) bool { return o.Node == self.Node }) ||
+			m.Joining[p] != (BrickID{}) || m.Reshaping[p] != (Reshape{}) || (skip != nil && skip(p)) {
 			continue
 		}
 		return p, from, true

@@ -20,6 +20,11 @@ func TestMoveTransitions(t *testing.T) {
 	if _, err := WithMoveLease(m, p, g[1], g[0]); !errors.Is(err, ErrInGroup) {
 		t.Fatalf("a member moving in: %v", err)
 	}
+	short0 := m.Clone()
+	short0.RG[p] = g[:1]
+	if _, err := WithMoveLease(short0, p, br(4), g[0]); !errors.Is(err, ErrGroupShort) {
+		t.Fatalf("a move of a short group: %v", err)
+	}
 	l, err := WithMoveLease(m, p, br(4), g[0])
 	if err != nil {
 		t.Fatal(err)
@@ -84,14 +89,14 @@ func TestMoveTransitions(t *testing.T) {
 func TestPlanMove(t *testing.T) {
 	m := testMaps() // bricks 1, 2 with 3 replicas each, brick 3 with 2
 	live := []BrickID{br(1), br(2), br(3), br(4)}
-	p, from, ok := PlanMove(m, live, br(4))
+	p, from, ok := PlanMove(m, live, br(4), nil)
 	if !ok || from != br(1) || !slices.Contains(m.RG[p], br(1)) {
 		t.Fatalf("plan for the new brick: %v from %v (%v)", p, from, ok)
 	}
-	if _, _, ok := PlanMove(m, live, br(3)); ok {
+	if _, _, ok := PlanMove(m, live, br(3), nil); ok {
 		t.Fatal("brick 3, one below the others, planned a move")
 	}
-	if _, _, ok := PlanMove(m, live[:3], br(4)); ok {
+	if _, _, ok := PlanMove(m, live[:3], br(4), nil); ok {
 		t.Fatal("a brick not alive planned a move")
 	}
 	// Bricks that each take the moves their plans give, one at a time,
@@ -99,7 +104,7 @@ func TestPlanMove(t *testing.T) {
 	for range 20 {
 		moved := false
 		for _, b := range live {
-			p, from, ok := PlanMove(m, live, b)
+			p, from, ok := PlanMove(m, live, b, nil)
 			if !ok {
 				continue
 			}

@@ -55,6 +55,10 @@ type ServiceConfig struct {
 	Dir string
 	// CallTimeout bounds one query to a peer or one decree (default 2 s).
 	CallTimeout time.Duration
+	// RebalanceEvery is how often an idle brick plans a move onto itself
+	// (rebalance.go; default 5 s); negative: never (moves only when an
+	// operator asks).
+	RebalanceEvery time.Duration
 }
 
 // Service is a node's brick (DDS §4): the replicas of the table partitions
@@ -196,6 +200,9 @@ func NewService(cfg ServiceConfig) *Service {
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 2 * time.Second
+	}
+	if cfg.RebalanceEvery == 0 {
+		cfg.RebalanceEvery = 5 * time.Second
 	}
 	if cfg.Participant.PrepareTimeout == 0 {
 		cfg.Participant = DefaultParticipantConfig(BrickID{})
@@ -523,8 +530,8 @@ func (s *Service) query(qk queryKey, qq *queryQueue) {
 		s.mu.Lock()
 		if err == nil && s.mu.reps[qk.k] == r {
 			now := time.Now()
-			for i, q := range batch {
-				s.effectsLocked(qk.k, r, r.pt.Answer(now, qk.to, q, states[i]))
+			for i, st := range states { // (fewer than the batch from an older build)
+				s.effectsLocked(qk.k, r, r.pt.Answer(now, qk.to, batch[i], st))
 			}
 		}
 		s.mu.Unlock()
@@ -539,13 +546,20 @@ func (s *Service) askPeer(qk queryKey, from BrickID, batch []Query) ([]State, er
 	if err != nil {
 		return nil, err
 	}
-	req := &pb.TableQueryRequest{Table: qk.k.table, To: brickPB(qk.to), From: brickPB(from), Partition: partPB(qk.k.part)}
+	// The first query also in the single form: a build that predates
+	// batches answers that one (State, no States), and the rest are asked
+	// again at later ticks (review 126).
+	req := &pb.TableQueryRequest{Table: qk.k.table, To: brickPB(qk.to), From: brickPB(from), Partition: partPB(qk.k.part),
+		Op: opPB(batch[0].Op), Sweep: batch[0].Sweep}
 	for _, q := range batch {
 		req.Items = append(req.Items, &pb.TableQueryItem{Op: opPB(q.Op), Sweep: q.Sweep})
 	}
 	a, err := cl.Query(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	if len(a.GetStates()) == 0 {
+		return []State{stateOf(a.GetState())}, nil
 	}
 	if len(a.GetStates()) != len(batch) {
 		return nil, fmt.Errorf("ddstable: %d answers to %d queries", len(a.GetStates()), len(batch))
@@ -930,6 +944,16 @@ func (s *Service) Status(context.Context, *pb.TableBrickStatusRequest) (*pb.Tabl
 func (s *Service) Copy(req *pb.TableCopyRequest, stream pb.TableService_CopyServer) error {
 	s.mu.Lock()
 	_, r, err := s.servingLocked(req.Table, req.Partition, req.To)
+	if err == nil && req.Probe && req.HandOff {
+		// A move's holder asking the member it replaces to stop serving
+		// reads (rebalance.go, step 3).
+		err = r.pt.HandOff(brickOf(req.From))
+		s.mu.Unlock()
+		if err != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return stream.Send(&pb.TableCopyChunk{Last: true, HandedOff: true})
+	}
 	if err == nil && req.Probe && r.pt.ReshapeReady(brickOf(req.From)) == nil {
 		// A split's or merge's holder asking whether this member is settled.
 		s.mu.Unlock()
@@ -995,6 +1019,7 @@ func (s *Service) recoverer() {
 	t := time.NewTimer(s.cfg.JanitorEvery)
 	defer t.Stop()
 	failed := map[repKey]time.Time{} // partitions not to try before then
+	nextPlan := time.Now().Add(s.cfg.RebalanceEvery)
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -1006,13 +1031,23 @@ func (s *Service) recoverer() {
 		self := s.self()
 		var k repKey
 		found := false
+		var refuse []repKey // moves decreed onto partitions this incarnation left
 		if s.mu.inc != 0 && len(s.mu.joining) == 0 {
 			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
 				m := s.mu.tables[name]
 				for _, p := range m.DP.Leaves() {
 					c := repKey{name, m.Gen, p}
+					if s.mu.retired[c] && m.Joining[p] == self {
+						refuse = append(refuse, c)
+					}
 					if now.Before(failed[c]) || s.mu.retired[c] {
 						continue
+					}
+					if m.Joining[p] == self && m.Replacing[p] != (BrickID{}) && s.mu.pending[c] == nil {
+						// A move's lease decreed for this brick (by its
+						// planner, or an operator): it drives the move.
+						k, found = c, true
+						break
 					}
 					if _, err := WithLease(m, p, self); err == nil {
 						k, found = c, true
@@ -1027,6 +1062,7 @@ func (s *Service) recoverer() {
 		if found {
 			s.mu.joining[k] = true
 		}
+		idle := s.mu.inc != 0 && len(s.mu.joining) == 0
 		// A join asked for and not known to have landed, while the maps
 		// still show this brick's lease: ask again.
 		var rejoin []repKey
@@ -1038,6 +1074,28 @@ func (s *Service) recoverer() {
 		s.mu.Unlock()
 		for _, j := range rejoin {
 			s.join(j, self, func(fn func(*Maps) (*Maps, error)) error { return s.updateTable(j, fn) }, s.log.With("table", j.table, "partition", j.part))
+		}
+		for _, c := range refuse {
+			// An incarnation never serves again a partition it left (its
+			// old records are gone; peers' old operations name it): the
+			// lease is released at once, not held until it times out.
+			err := s.updateTable(c, func(m *Maps) (*Maps, error) {
+				if u, ok := WithoutLease(m, c.part, self); ok {
+					return u, nil
+				}
+				return nil, nil
+			})
+			s.log.Warn("a move onto this brick refused: this incarnation left the partition before", "table", c.table, "partition", c.part, "released", err == nil)
+		}
+		if idle && s.cfg.RebalanceEvery > 0 && !now.Before(nextPlan) {
+			// Nothing to recover: a move onto this brick, if the plan
+			// gives one (DDS §3.1; rebalance.go).
+			nextPlan = now.Add(s.cfg.RebalanceEvery)
+			if k, found = s.planMove(self, failed); found {
+				s.mu.Lock()
+				s.mu.joining[k] = true
+				s.mu.Unlock()
+			}
 		}
 		next := s.cfg.JanitorEvery
 		if found {
@@ -1158,6 +1216,16 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 			data = d
 		}
 	}
+	// 3. A move: the member replaced hands off first (rebalance.go), its
+	// own deadline counted from now (a long copy must not use it up;
+	// review 126). Dead members are decreed out before, so that the join
+	// sees a short group and keeps the replaced one (as far as the
+	// detector knows yet).
+	s.removeDeadMembers(k)
+	if err := s.handOff(k, self, time.Now()); err != nil {
+		giveUp(err)
+		return false, false
+	}
 	s.mu.Lock()
 	s.mu.pending[k] = data
 	s.mu.Unlock()
@@ -1166,6 +1234,173 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 	}
 	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
 	return true, false
+}
+
+// handOff asks the member a move replaces to stop serving reads
+// (rebalance.go, step 3) until it says yes, or the maps remove it (dead)
+// or end the move; nil at once for a recovery. A member that neither
+// answers nor is removed within settleTimeout of start fails the move.
+func (s *Service) handOff(k repKey, self BrickID, start time.Time) error {
+	for try := 0; ; try++ {
+		s.mu.Lock()
+		m := s.mu.tables[k.table]
+		var a BrickID
+		var lease, member bool
+		if m != nil && m.Gen == k.gen {
+			lease = m.Joining[k.part] == self
+			a = m.Replacing[k.part]
+			member = slices.Contains(m.RG[k.part], a)
+		}
+		s.mu.Unlock()
+		switch {
+		case !lease:
+			return ErrLeaseLost
+		case a == (BrickID{}) || !member:
+			return nil // a recovery, or the member replaced was removed as dead
+		case time.Since(start) > settleTimeout || s.ctx.Err() != nil:
+			return fmt.Errorf("ddstable: the member %v this move replaces did not hand off", a)
+		}
+		if try > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+		err := func() error {
+			cl, err := s.client(ctx, a.Node)
+			if err != nil {
+				return err
+			}
+			st, err := cl.Copy(ctx, &pb.TableCopyRequest{Table: k.table, To: brickPB(a), From: brickPB(self), Partition: partPB(k.part), Probe: true, HandOff: true})
+			if err != nil {
+				return err
+			}
+			c, err := st.Recv()
+			if err == nil && !c.GetHandedOff() {
+				// A build that predates hand_off took it for a probe.
+				err = errors.New("ddstable: the member answered without handing off")
+			}
+			return err
+		}()
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+}
+
+// removeDeadMembers decrees out of every group the members of k's group
+// that the failure detector declared dead (the janitor's round does it
+// only for the groups of replicas this brick serves).
+func (s *Service) removeDeadMembers(k repKey) {
+	s.mu.Lock()
+	var g []BrickID
+	if m := s.mu.tables[k.table]; m != nil && m.Gen == k.gen {
+		g = slices.Clone(m.RG[k.part])
+	}
+	s.mu.Unlock()
+	if len(g) == 0 || s.cfg.Detector == nil {
+		return
+	}
+	subs := make([]lock.Subject, len(g))
+	for i, b := range g {
+		subs[i] = lock.Subject{Node: b.Node, Inc: b.Inc}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	dead, err := s.cfg.Detector.Dead(ctx, subs)
+	if err != nil || len(dead) != len(g) {
+		return
+	}
+	set := map[BrickID]bool{}
+	for i, d := range dead {
+		if d {
+			set[g[i]] = true
+		}
+	}
+	if len(set) > 0 {
+		if _, err := RemoveDead(ctx, s.cfg.Meta, set); err == nil {
+			// The watch shows the decree before the join reads the maps
+			// again in the config service: Joined runs there, on them.
+			s.log.Info("dead members removed before a move's join", "table", k.table, "partition", k.part)
+		}
+	}
+}
+
+// planMove decrees a move onto this brick if PlanMove gives one for a
+// table (in name order): the plan is made again on the maps the decree
+// changes, so that bricks planning at once do not overshoot. Partitions
+// this incarnation left, and those whose move failed lately, are not
+// taken.
+func (s *Service) planMove(self BrickID, failed map[repKey]time.Time) (repKey, bool) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CallTimeout)
+	defer cancel()
+	ns, err := s.cfg.Meta.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		return repKey{}, false
+	}
+	bricks, err := Bricks(ns)
+	if err != nil || len(bricks) < 2 || s.cfg.Detector == nil {
+		return repKey{}, false
+	}
+	subs := make([]lock.Subject, len(bricks))
+	for i, b := range bricks {
+		subs[i] = lock.Subject{Node: b.Node, Inc: b.Inc}
+	}
+	dead, err := s.cfg.Detector.Dead(ctx, subs)
+	if err != nil || len(dead) != len(bricks) {
+		return repKey{}, false
+	}
+	var live []BrickID
+	for i, b := range bricks {
+		if !dead[i] {
+			live = append(live, b)
+		}
+	}
+	now := time.Now()
+	s.mu.Lock()
+	var names []string
+	gens := map[string]uint64{}
+	for name, m := range s.mu.tables {
+		names, gens[name] = append(names, name), m.Gen
+	}
+	skip := func(name string, gen uint64) func(Partition) bool {
+		return func(p Partition) bool {
+			k := repKey{name, gen, p}
+			return s.mu.retired[k] || now.Before(failed[k])
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	for _, name := range names {
+		var k repKey
+		err := s.updateTable(repKey{table: name, gen: gens[name]}, func(m *Maps) (*Maps, error) {
+			s.mu.Lock()
+			p, from, ok := PlanMove(m, live, self, skip(name, m.Gen))
+			s.mu.Unlock()
+			if !ok {
+				return nil, nil
+			}
+			c, err := WithMoveLease(m, p, self, from)
+			if err == nil {
+				k = repKey{name, m.Gen, p}
+			}
+			return c, err
+		})
+		if err == nil && k != (repKey{}) {
+			s.log.Info("moving a replica onto this brick", "table", name, "partition", k.part, "replacing", s.replacedIn(k))
+			return k, true
+		}
+	}
+	return repKey{}, false
+}
+
+// replacedIn is the member k's move replaces, per this brick's maps.
+func (s *Service) replacedIn(k repKey) BrickID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.mu.tables[k.table]; m != nil && m.Gen == k.gen {
+		return m.Replacing[k.part]
+	}
+	return BrickID{}
 }
 
 // join decrees a recovering brick into the group, ending its lease (step

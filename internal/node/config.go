@@ -126,6 +126,9 @@ type TableConfig struct {
 	// NoAutoSplit: partitions split only when an operator asks (`grove
 	// table split`).
 	NoAutoSplit bool `toml:"no_auto_split"`
+	// NoAutoRebalance: no brick moves replicas onto itself on its own
+	// (DDS §3.1's spreading onto added nodes; ddstable/rebalance.go).
+	NoAutoRebalance bool `toml:"no_auto_rebalance"`
 }
 
 type FDConfig struct {

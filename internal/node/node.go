@@ -287,8 +287,12 @@ func Start(cfg *Config, opt Options) (_ *Node, err error) {
 	if cfg.Tables.NoAutoSplit {
 		splitBytes = -1
 	}
+	rebalance := time.Duration(0) // the default
+	if cfg.Tables.NoAutoRebalance {
+		rebalance = -1
+	}
 	n.tables = ddstable.NewService(ddstable.ServiceConfig{Node: cfg.ID, Meta: n.client, Detector: n.status, Live: n, Log: n.log, SplitBytes: splitBytes,
-		Dir: filepath.Join(cfg.DataDir, "dds")})
+		Dir: filepath.Join(cfg.DataDir, "dds"), RebalanceEvery: rebalance})
 	n.fence.OnFence(func(inc fd.Incarnation) { n.tables.Fence(uint64(inc)) })
 	pb.RegisterTableServiceServer(n.grpc, n.tables)
 	n.etcd = btree.NewEtcdKV(n.btree, cfg.BTree.EtcdTree, !cfg.BTree.EtcdLocal)
