@@ -83,6 +83,9 @@ connections as the cell has operations in flight.`,
 			d.Field("checkpoint", fmt.Sprintf("%v, %s written (every replica, synced; writes wait)", r.Checkpoint.Round(time.Millisecond), units.FormatSize(r.CheckpointBytes)))
 			d.Field("split", r.Split.Round(time.Millisecond).String())
 			d.Field("merge", r.Merge.Round(time.Millisecond).String())
+			if r.Move > 0 {
+				d.Field("move", fmt.Sprintf("%v, %s of values (copy, hand-off, swap)", r.Move.Round(time.Millisecond), units.FormatSize(r.MoveBytes)))
+			}
 			if r.RedisSave > 0 {
 				d.Field("redis_save", fmt.Sprintf("%v, %s (dump.rdb, fsynced)", r.RedisSave.Round(time.Millisecond), units.FormatSize(r.RedisSaveBytes)))
 			}

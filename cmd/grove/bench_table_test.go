@@ -28,6 +28,7 @@ func TestBenchTableSmoke(t *testing.T) {
 		Checkpoint string `json:"checkpoint"`
 		Split      string `json:"split"`
 		Merge      string `json:"merge"`
+		Move       string `json:"move"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
@@ -46,7 +47,7 @@ func TestBenchTableSmoke(t *testing.T) {
 			t.Fatalf("cell %+v has no figure", c)
 		}
 	}
-	if !strings.Contains(out.Checkpoint, "written") || out.Split == "" || out.Merge == "" {
-		t.Fatalf("no checkpoint, split or merge figures:\n%s", r.stdout)
+	if !strings.Contains(out.Checkpoint, "written") || out.Split == "" || out.Merge == "" || !strings.Contains(out.Move, "hand-off") {
+		t.Fatalf("no checkpoint, split, merge or move figures:\n%s", r.stdout)
 	}
 }

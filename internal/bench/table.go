@@ -58,6 +58,11 @@ type TableResults struct {
 	Checkpoint      time.Duration
 	CheckpointBytes int64 // every replica's files
 	Split, Merge    time.Duration
+	// Move: a replica of one partition moved to the node outside its
+	// group (the copy, the hand-off, the swap), MoveBytes its values; 0
+	// when every node holds every partition.
+	Move            time.Duration
+	MoveBytes       int64
 	RedisSave       time.Duration
 	RedisSaveBytes  int64
 }
@@ -221,6 +226,47 @@ func tableMaintenance(ctx context.Context, c *InProcessCluster, mc *meta.Client,
 	}
 	res.Merge = time.Since(start)
 	fmt.Fprintf(progress, "split of %v: %v; merge back: %v\n", p, res.Split.Round(time.Millisecond), res.Merge.Round(time.Millisecond))
+	ts, err := ddstable.ListTables(ctx, mc)
+	if err != nil || len(ts) != 1 {
+		return fmt.Errorf("the table's maps: %v", err)
+	}
+	g := ts[0].RG[p]
+	to := uint64(0)
+	for id := uint64(1); id <= uint64(len(c.Nodes)); id++ {
+		if !slices.ContainsFunc(g, func(b ddstable.BrickID) bool { return b.Node == id }) {
+			to = id
+			break
+		}
+	}
+	if to == 0 {
+		return nil // every node holds every partition: nowhere to move to
+	}
+	if st, err := c.Nodes[g[0].Node-1].Tables().Status(ctx, nil); err == nil {
+		for _, r := range st.Replicas {
+			if r.Table == "bench" && r.Partition.GetBits() == p.Bits && r.Partition.GetDepth() == uint32(p.Depth) {
+				res.MoveBytes = int64(r.Bytes)
+			}
+		}
+	}
+	start = time.Now()
+	lm, err := ddstable.RequestMove(ctx, mc, "bench", p, g[0].Node, to)
+	if err != nil {
+		return err
+	}
+	target := lm.Joining[p]
+	if err := wait("move", func(m *ddstable.Maps) (bool, error) {
+		if slices.Contains(m.RG[p], target) {
+			return true, nil
+		}
+		if m.Joining[p] != target {
+			return false, fmt.Errorf("the move of %v to %v was given up", p, target)
+		}
+		return false, nil
+	}); err != nil {
+		return err
+	}
+	res.Move = time.Since(start)
+	fmt.Fprintf(progress, "move of %v (%d bytes of values) from node %d to node %d: %v\n", p, res.MoveBytes, g[0].Node, to, res.Move.Round(time.Millisecond))
 	return nil
 }
 

@@ -141,6 +141,10 @@ type Service struct {
 	// kick wakes the reshaper when the maps give this brick a split's,
 	// merge's or checkpoint's lease (writes wait while it runs).
 	kick chan struct{}
+	// moveKick wakes the recoverer when the maps give this brick a move's
+	// lease it does not drive yet (an operator's move starts at once, not
+	// at the next round).
+	moveKick chan struct{}
 }
 
 type queryKey struct {
@@ -207,7 +211,7 @@ func NewService(cfg ServiceConfig) *Service {
 	if cfg.Participant.PrepareTimeout == 0 {
 		cfg.Participant = DefaultParticipantConfig(BrickID{})
 	}
-	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta), kick: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, log: cfg.Log.With("layer", "ddstable"), book: meta.NewAddressBook(cfg.Meta), kick: make(chan struct{}, 1), moveKick: make(chan struct{}, 1)}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.mu.tables = map[string]*Maps{}
 	s.mu.stamps = map[string]Stamp{}
@@ -420,6 +424,16 @@ func (s *Service) syncLocked(now time.Time) {
 		}
 	}
 	s.checkpointLocked()
+	for name, m := range s.mu.tables {
+		for p, j := range m.Joining {
+			if j == self && m.Replacing[p] != (BrickID{}) && !s.mu.joining[repKey{name, m.Gen, p}] {
+				select {
+				case s.moveKick <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
 	for _, m := range s.mu.tables {
 		held := m.Freeze.Holder == self
 		for _, r := range m.Reshaping {
@@ -1025,6 +1039,13 @@ func (s *Service) recoverer() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
+		case <-s.moveKick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		now := time.Now()
 		s.mu.Lock()
