@@ -61,10 +61,10 @@ type TableResults struct {
 	// Move: a replica of one partition moved to the node outside its
 	// group (the copy, the hand-off, the swap), MoveBytes its values; 0
 	// when every node holds every partition.
-	Move            time.Duration
-	MoveBytes       int64
-	RedisSave       time.Duration
-	RedisSaveBytes  int64
+	Move           time.Duration
+	MoveBytes      int64
+	RedisSave      time.Duration
+	RedisSaveBytes int64
 }
 
 // TableBench runs puts and gets of random 64-bit keys on a 3-node
