@@ -579,6 +579,8 @@ no_auto_rebalance turns that off).`,
 					return &cli.Error{Code: cli.ExitNotFound, Op: op, Msg: err.Error(), Hint: "grove table stat " + args[0] + " shows its partitions and groups", Err: err}
 				case errors.Is(err, ddstable.ErrLeaseHeld), errors.Is(err, ddstable.ErrReshaping), errors.Is(err, ddstable.ErrCheckpointing):
 					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "try again once it is done (grove table stat)", Err: err}
+				case errors.Is(err, ddstable.ErrGroupShort):
+					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: err.Error(), Hint: "try again once recovery has refilled the group (grove table stat)", Err: err}
 				case errors.Is(err, ddstable.ErrInGroup):
 					return &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("node %d already holds a replica of %v", to, p), Err: err}
 				case err != nil:
@@ -595,13 +597,19 @@ no_auto_rebalance turns that off).`,
 						return true, nil
 					}
 					if now.Joining[p] != target {
-						return false, &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the move (the copy or the hand-off failed, or a brick died)", target, p),
+						return false, &cli.Error{Code: cli.ExitFailed, Op: op, Msg: fmt.Sprintf("given up: brick %v's lease on %v ended without the move (the members did not settle, the replica did not hand off, or a brick died; the target's log says which)", target, p),
 							Hint: "grove table stat " + args[0] + " shows the replicas; ask again"}
 					}
 					return false, nil
 				})
 				if err != nil {
 					return tableErr(op, &c, err)
+				}
+				if slices.ContainsFunc(now.RG[p], func(b ddstable.BrickID) bool { return b.Node == from }) {
+					// A member died during the move: the group was short at
+					// the join, so the replica on from stayed.
+					fmt.Printf("table %s: brick %v joined %v's group, and node %d's replica stayed (a member died meanwhile); group %v (epoch %d)\n", args[0], target, p, from, now.RG[p], now.Epoch)
+					return nil
 				}
 				fmt.Printf("table %s: %v moved from node %d to brick %v; group %v (epoch %d)\n", args[0], p, from, target, now.RG[p], now.Epoch)
 				return nil
@@ -611,7 +619,7 @@ no_auto_rebalance turns that off).`,
 	cmd.Flags().Uint64Var(&from, "from", 0, "the node whose replica moves (required)")
 	cmd.Flags().Uint64Var(&to, "to", 0, "the node it moves to (required)")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
-	c.Register(cmd, 3*time.Minute) // the target gives up after 2 minutes
+	c.Register(cmd, 8*time.Minute) // settle 30 s, a copy of up to 5 min, hand-off 15 s, the join
 	return cmd
 }
 

@@ -332,14 +332,7 @@ func (s *Service) Restore(ctx context.Context, req *pb.TableRestoreRequest) (*pb
 	dead := slices.Clone(m.RG[p])
 	last := m.Checkpoint.ID
 	k := repKey{req.Table, req.Gen, p}
-	left := s.mu.retired[k]
 	s.mu.Unlock()
-	if left {
-		// This incarnation left the partition (a move swapped it out) and
-		// never serves it again: another holder of the file restores it
-		// (outside review 126).
-		return nil, status.Errorf(codes.FailedPrecondition, "ddstable: this brick left partition %v and does not serve it again", p)
-	}
 	if dead == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%v: %v", ErrLayout, p)
 	}

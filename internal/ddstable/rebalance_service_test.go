@@ -198,3 +198,66 @@ func TestServiceTableRebalance(t *testing.T) {
 		}
 	}
 }
+
+// Outside review 127, finding 1: a brick moved off a partition refused
+// for its whole incarnation to serve it again, so an operator could not
+// move it back, and when the other member died the partition stayed on
+// one copy for good though that brick was alive and idle. Now a copy
+// under a lease (a recovery, a move back) brings it back.
+func TestReview127RetiredRefills(t *testing.T) {
+	ctx, c, mc := startTables(t, 2*time.Minute)
+	ns, err := mc.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bricks, err := ddstable.Bricks(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(bricks, func(a, b ddstable.BrickID) int { return int(a.Node) - int(b.Node) })
+	m, err := ddstable.NewTableMaps("t", 1, 2, bricks[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mc.Update(ctx, ddstable.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) {
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: ddstable.TableKey("t"), Value: m.AppendBinary(nil)}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lib := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
+	defer lib.Close()
+	if err := lib.Put(ctx, "t", 5, []byte("five")); err != nil {
+		t.Fatal(err)
+	}
+	p := m.DP.Leaves()[0]
+	wait := func(what string, ok func(*ddstable.Maps) bool) {
+		t.Helper()
+		for {
+			if ms, err := ddstable.ListTables(ctx, mc); err == nil && len(ms) == 1 && ok(ms[0]) {
+				return
+			}
+			if !bench.SleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("%s: never", what)
+			}
+		}
+	}
+	if _, err := ddstable.RequestMove(ctx, mc, "t", p, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	wait("the move to node 3", func(m *ddstable.Maps) bool { return slices.Contains(m.RG[p], bricks[2]) && len(m.Joining) == 0 })
+	if _, err := ddstable.RequestMove(ctx, mc, "t", p, 3, 1); err != nil {
+		t.Fatal(err)
+	}
+	wait("the move back to node 1", func(m *ddstable.Maps) bool { return slices.Contains(m.RG[p], bricks[0]) && len(m.Joining) == 0 })
+	if _, err := ddstable.RequestMove(ctx, mc, "t", p, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	wait("node 3 again", func(m *ddstable.Maps) bool { return slices.Contains(m.RG[p], bricks[2]) && len(m.Joining) == 0 })
+	c.Crash(1) // node 2: the partition is left on node 3; node 1 refills it
+	wait("refilled by node 1", func(m *ddstable.Maps) bool {
+		return len(m.RG[p]) == 2 && slices.Contains(m.RG[p], bricks[0]) && slices.Contains(m.RG[p], bricks[2])
+	})
+	if v, found, err := lib.Get(ctx, "t", 5); err != nil || !found || string(v) != "five" {
+		t.Fatalf("get 5: %q %v %v", v, found, err)
+	}
+}

@@ -92,12 +92,16 @@ type Service struct {
 	book  *meta.AddressBook
 	mu    struct {
 		sync.Mutex
-		inc     uint64 // the running incarnation; 0 when none
-		fenced  uint64 // the latest incarnation fenced
-		tables  map[string]*Maps
-		stamps  map[string]Stamp // of tables, computed once per decree
-		reps    map[repKey]*replica
-		retired map[repKey]bool // replicas this incarnation left: never served again
+		inc    uint64 // the running incarnation; 0 when none
+		fenced uint64 // the latest incarnation fenced
+		tables map[string]*Maps
+		stamps map[string]Stamp // of tables, computed once per decree
+		reps   map[repKey]*replica
+		// retired: replicas this incarnation left; served again only from
+		// a copy made under a write lease (a recovery or a move back) or a
+		// restored image, never from nothing (review 127: a brick moved
+		// off a partition could otherwise never refill it).
+		retired map[repKey]bool
 		// pending: partitions this incarnation copied under its write
 		// lease, installed as the replica when the join decree lists it.
 		pending map[repKey]map[uint64][]byte
@@ -390,10 +394,10 @@ func (s *Service) syncLocked(now time.Time) {
 				}
 				continue
 			}
-			if s.mu.retired[k] {
+			store, copied := s.mu.pending[k]
+			if s.mu.retired[k] && !copied {
 				continue
 			}
-			store, copied := s.mu.pending[k]
 			if !copied && !fresh {
 				// Listed, with neither a copy nor a split's or merge's data:
 				// a group lists a brick empty only at the table's creation,
@@ -419,6 +423,7 @@ func (s *Service) syncLocked(now time.Time) {
 				delete(s.mu.pending, k)
 				delete(s.mu.joining, k)
 				delete(s.mu.restoring, k)
+				delete(s.mu.retired, k) // a fresh participant, from a whole copy
 				s.log.Info("replica serves, recovered or restored", "table", name, "partition", p, "keys", len(store), "epoch", m.Epoch)
 			}
 		}
@@ -1052,31 +1057,29 @@ func (s *Service) recoverer() {
 		self := s.self()
 		var k repKey
 		found := false
-		var refuse []repKey // moves decreed onto partitions this incarnation left
 		if s.mu.inc != 0 && len(s.mu.joining) == 0 {
-			for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
-				m := s.mu.tables[name]
-				for _, p := range m.DP.Leaves() {
-					c := repKey{name, m.Gen, p}
-					if s.mu.retired[c] && m.Joining[p] == self {
-						refuse = append(refuse, c)
+			// Moves' leases decreed for this brick (by its planner, or an
+			// operator) first: writes to their partitions wait until it
+			// drives them (review 127). Then the short groups.
+		pass:
+			for _, moves := range []bool{true, false} {
+				for _, name := range slices.Sorted(maps.Keys(s.mu.tables)) {
+					m := s.mu.tables[name]
+					for _, p := range m.DP.Leaves() {
+						c := repKey{name, m.Gen, p}
+						given := m.Joining[p] == self && m.Replacing[p] != (BrickID{}) && s.mu.pending[c] == nil
+						if moves && given {
+							k, found = c, true
+							break pass
+						}
+						if moves || now.Before(failed[c]) {
+							continue
+						}
+						if _, err := WithLease(m, p, self); err == nil {
+							k, found = c, true
+							break pass
+						}
 					}
-					if now.Before(failed[c]) || s.mu.retired[c] {
-						continue
-					}
-					if m.Joining[p] == self && m.Replacing[p] != (BrickID{}) && s.mu.pending[c] == nil {
-						// A move's lease decreed for this brick (by its
-						// planner, or an operator): it drives the move.
-						k, found = c, true
-						break
-					}
-					if _, err := WithLease(m, p, self); err == nil {
-						k, found = c, true
-						break
-					}
-				}
-				if found {
-					break
 				}
 			}
 		}
@@ -1096,18 +1099,6 @@ func (s *Service) recoverer() {
 		for _, j := range rejoin {
 			s.join(j, self, func(fn func(*Maps) (*Maps, error)) error { return s.updateTable(j, fn) }, s.log.With("table", j.table, "partition", j.part))
 		}
-		for _, c := range refuse {
-			// An incarnation never serves again a partition it left (its
-			// old records are gone; peers' old operations name it): the
-			// lease is released at once, not held until it times out.
-			err := s.updateTable(c, func(m *Maps) (*Maps, error) {
-				if u, ok := WithoutLease(m, c.part, self); ok {
-					return u, nil
-				}
-				return nil, nil
-			})
-			s.log.Warn("a move onto this brick refused: this incarnation left the partition before", "table", c.table, "partition", c.part, "released", err == nil)
-		}
 		if idle && s.cfg.RebalanceEvery > 0 && !now.Before(nextPlan) {
 			// Nothing to recover: a move onto this brick, if the plan
 			// gives one (DDS §3.1; rebalance.go).
@@ -1120,6 +1111,7 @@ func (s *Service) recoverer() {
 		}
 		next := s.cfg.JanitorEvery
 		if found {
+			move := s.moving(k)
 			switch joined, busy := s.recoverInto(k, self); {
 			case joined:
 				next = 10 * time.Millisecond // the next short group at once
@@ -1129,6 +1121,8 @@ func (s *Service) recoverer() {
 				// backoff here kept restored groups short), the others
 				// meanwhile (review 125).
 				failed[k] = time.Now().Add(2 * s.cfg.JanitorEvery)
+			case move:
+				failed[k] = time.Now().Add(moveBackoff)
 			default:
 				failed[k] = time.Now().Add(recoveryBackoff)
 			}
@@ -1141,6 +1135,13 @@ func (s *Service) recoverer() {
 const (
 	recoveryBackoff = 30 * time.Second // a partition whose recovery failed waits this long
 	settleTimeout   = 2 * time.Minute  // for every member to be settled under the lease
+	// A move is optional work whose lease blocks the partition's writes:
+	// it gives up sooner, and a failed one is not planned again for long
+	// (review 127: a member that never hands off otherwise blocked writes
+	// 4 minutes in every 4½).
+	moveSettleTimeout = 30 * time.Second
+	handOffTimeout    = 15 * time.Second
+	moveBackoff       = 10 * time.Minute
 )
 
 // recoverInto runs one recovery; it reports whether the brick joined.
@@ -1193,8 +1194,12 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 	// 2. Every member settled under the lease, then the copy from one.
 	var data map[uint64][]byte
 	var from BrickID
+	limit := settleTimeout
+	if s.moving(k) {
+		limit = moveSettleTimeout
+	}
 	for try := 0; data == nil; try++ {
-		if time.Since(start) > settleTimeout || s.ctx.Err() != nil {
+		if time.Since(start) > limit || s.ctx.Err() != nil {
 			giveUp(errors.New("the members did not all settle under the lease, or none gave a copy"))
 			return false, false
 		}
@@ -1248,6 +1253,12 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 		return false, false
 	}
 	s.mu.Lock()
+	if !s.liveLocked(self) {
+		// Fenced meanwhile: a dead incarnation must not take a live
+		// member's place (review 127); the lease goes with it.
+		s.mu.Unlock()
+		return false, false
+	}
 	s.mu.pending[k] = data
 	s.mu.Unlock()
 	if !s.join(k, self, update, log) {
@@ -1260,7 +1271,9 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 // handOff asks the member a move replaces to stop serving reads
 // (rebalance.go, step 3) until it says yes, or the maps remove it (dead)
 // or end the move; nil at once for a recovery. A member that neither
-// answers nor is removed within settleTimeout of start fails the move.
+// answers nor is removed within handOffTimeout of start fails the move.
+// (A member on a build without hand-offs never answers handed_off: such
+// moves fail until it is upgraded.)
 func (s *Service) handOff(k repKey, self BrickID, start time.Time) error {
 	for try := 0; ; try++ {
 		s.mu.Lock()
@@ -1278,7 +1291,9 @@ func (s *Service) handOff(k repKey, self BrickID, start time.Time) error {
 			return ErrLeaseLost
 		case a == (BrickID{}) || !member:
 			return nil // a recovery, or the member replaced was removed as dead
-		case time.Since(start) > settleTimeout || s.ctx.Err() != nil:
+		case !s.isLive(self):
+			return errors.New("ddstable: this brick's incarnation is no longer known alive")
+		case time.Since(start) > handOffTimeout || s.ctx.Err() != nil:
 			return fmt.Errorf("ddstable: the member %v this move replaces did not hand off", a)
 		}
 		if try > 0 {
@@ -1306,6 +1321,33 @@ func (s *Service) handOff(k repKey, self BrickID, start time.Time) error {
 			return nil
 		}
 	}
+}
+
+// moving says whether this brick's maps show k under a move's lease.
+func (s *Service) moving(k repKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.mu.tables[k.table]
+	return m != nil && m.Gen == k.gen && m.Replacing[k.part] != (BrickID{})
+}
+
+// liveLocked says whether incarnation self runs here and is guaranteed
+// alive for a call's time yet.
+func (s *Service) liveLocked(self BrickID) bool {
+	if s.mu.inc != self.Inc || self.Inc == 0 {
+		return false
+	}
+	if s.cfg.Live == nil {
+		return true
+	}
+	dl, ok := s.cfg.Live.Deadline(self.Inc)
+	return ok && time.Until(dl) > 0
+}
+
+func (s *Service) isLive(self BrickID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.liveLocked(self)
 }
 
 // removeDeadMembers decrees out of every group the members of k's group
@@ -1386,12 +1428,22 @@ func (s *Service) planMove(self BrickID, failed map[repKey]time.Time) (repKey, b
 	skip := func(name string, gen uint64) func(Partition) bool {
 		return func(p Partition) bool {
 			k := repKey{name, gen, p}
-			return s.mu.retired[k] || now.Before(failed[k])
+			return now.Before(failed[k])
 		}
 	}
 	s.mu.Unlock()
 	slices.Sort(names)
 	for _, name := range names {
+		s.mu.Lock()
+		local := s.mu.tables[name]
+		worth := false
+		if local != nil && local.Gen == gens[name] {
+			_, _, worth = PlanMove(local, live, self, skip(name, gens[name]))
+		}
+		s.mu.Unlock()
+		if !worth {
+			continue // no decree unless this brick's maps show a move (review 127)
+		}
 		var k repKey
 		err := s.updateTable(repKey{table: name, gen: gens[name]}, func(m *Maps) (*Maps, error) {
 			s.mu.Lock()
