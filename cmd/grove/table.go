@@ -616,8 +616,8 @@ no_auto_rebalance turns that off).`,
 			})
 		},
 	}
-	cmd.Flags().Uint64Var(&from, "from", 0, "the node whose replica moves (required)")
-	cmd.Flags().Uint64Var(&to, "to", 0, "the node it moves to (required)")
+	cmd.Flags().Uint64Var(&from, "from", 0, "the `NODE` whose replica moves (required)")
+	cmd.Flags().Uint64Var(&to, "to", 0, "the `NODE` it moves to (required)")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the lease is decreed, without waiting for the end")
 	c.Register(cmd, 8*time.Minute) // settle 30 s, a copy of up to 5 min, hand-off 15 s, the join
 	return cmd

@@ -37,6 +37,13 @@ type TableOptions struct {
 	// replica) driven by redis-benchmark with the same value size and as
 	// many connections as the cell has operations in flight.
 	Redis bool
+	// ValueSizes, if set, adds DDS's Figure 7: gets at the largest
+	// Outstanding after the table's keys were written again with each
+	// size (and redis's, its keys SET with that size first).
+	ValueSizes []int
+	// RecoveryKeys, if not 0, adds DDS's Figure 8 (availability and
+	// recovery) with a partition of that many keys (tableRecovery).
+	RecoveryKeys int
 }
 
 // TableCell is one measurement: operations per second, all clients.
@@ -44,6 +51,7 @@ type TableCell struct {
 	System      string // grove or redis
 	Op          string // put or get
 	Outstanding int    // in flight, all clients together
+	ValueSize   int    // bytes
 	OpsPerS     float64
 	P50         time.Duration
 }
@@ -63,6 +71,7 @@ type TableResults struct {
 	// when every node holds every partition.
 	Move           time.Duration
 	MoveBytes      int64
+	Timeline       []TableSample // DDS's Figure 8, if asked
 	RedisSave      time.Duration
 	RedisSaveBytes int64
 }
@@ -144,11 +153,23 @@ func TableBench(ctx context.Context, dir string, o TableOptions, progress io.Wri
 				}
 				fmt.Fprintf(progress, "grove %s, %d in flight: round %d: %.0f/s\n", op, out, r+1, rate)
 			}
-			res.Cells = append(res.Cells, TableCell{System: "grove", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianOrZero(p50s)})
+			res.Cells = append(res.Cells, TableCell{System: "grove", Op: op, Outstanding: out, ValueSize: o.ValueSize, OpsPerS: medianF(rates), P50: medianOrZero(p50s)})
 		}
 	}
 	if err := tableMaintenance(ctx, c, mc, res, progress); err != nil {
 		return nil, err
+	}
+	for _, size := range o.ValueSizes {
+		cell, err := tableValueSize(ctx, libs, o, size, progress)
+		if err != nil {
+			return nil, err
+		}
+		res.Cells = append(res.Cells, cell)
+	}
+	if o.RecoveryKeys > 0 {
+		if res.Timeline, err = tableRecovery(ctx, c, mc, libs, o, progress); err != nil {
+			return nil, err
+		}
 	}
 	if o.Redis {
 		cells, err := redisBench(ctx, o, res, progress)
@@ -158,6 +179,49 @@ func TableBench(ctx context.Context, dir string, o TableOptions, progress io.Wri
 		res.Cells = append(res.Cells, cells...)
 	}
 	return res, nil
+}
+
+// tableValueSize is one point of DDS's Figure 7: the table's keys
+// written again with values of size bytes, then gets at the largest
+// Outstanding, Rounds times (median).
+func tableValueSize(ctx context.Context, libs []*ddstable.Library, o TableOptions, size int, progress io.Writer) (TableCell, error) {
+	value := bytes.Repeat([]byte("v"), size)
+	if err := runTableLoad(ctx, libs, 16, 0, func(lib *ddstable.Library, i int) error {
+		if i >= o.Keys {
+			return errStop
+		}
+		return lib.Put(ctx, "bench", uint64(i)*0x9E3779B97F4A7C15, value)
+	}, nil); err != nil {
+		return TableCell{}, err
+	}
+	out := slices.Max(o.Outstanding)
+	var rates []float64
+	var p50s []time.Duration
+	for r := 0; r < o.Rounds; r++ {
+		var lats []time.Duration
+		var mu sync.Mutex
+		start := time.Now()
+		err := runTableLoad(ctx, libs, out, o.Duration, func(lib *ddstable.Library, _ int) error {
+			k := uint64(rand.IntN(o.Keys)) * 0x9E3779B97F4A7C15
+			t0 := time.Now()
+			_, _, err := lib.Get(ctx, "bench", k)
+			mu.Lock()
+			lats = append(lats, time.Since(t0))
+			mu.Unlock()
+			return err
+		}, nil)
+		if err != nil {
+			return TableCell{}, err
+		}
+		rates = append(rates, float64(len(lats))/time.Since(start).Seconds())
+		slices.Sort(lats)
+		if len(lats) > 0 {
+			p50s = append(p50s, lats[len(lats)/2])
+		}
+	}
+	c := TableCell{System: "grove", Op: "get", Outstanding: out, ValueSize: size, OpsPerS: medianF(rates), P50: medianOrZero(p50s)}
+	fmt.Fprintf(progress, "grove get, %d-byte values, %d in flight: %.0f/s (%.1f MB/s)\n", size, out, c.OpsPerS, c.OpsPerS*float64(size)/1e6)
+	return c, nil
 }
 
 // tableMaintenance times a checkpoint, a split and a merge of the loaded
@@ -359,7 +423,7 @@ func redisBench(ctx context.Context, o TableOptions, res *TableResults, progress
 				p50s = append(p50s, p50)
 				fmt.Fprintf(progress, "redis %s, %d connections: round %d: %.0f/s\n", op, out, r+1, rate)
 			}
-			cells = append(cells, TableCell{System: "redis", Op: op, Outstanding: out, OpsPerS: medianF(rates), P50: medianD(p50s)})
+			cells = append(cells, TableCell{System: "redis", Op: op, Outstanding: out, ValueSize: o.ValueSize, OpsPerS: medianF(rates), P50: medianD(p50s)})
 		}
 	}
 	// SAVE writes the data set to dump.rdb and fsyncs it, in the
@@ -373,6 +437,33 @@ func redisBench(ctx context.Context, o TableOptions, res *TableResults, progress
 		res.RedisSaveBytes = fi.Size()
 	}
 	fmt.Fprintf(progress, "redis SAVE: %v, %d bytes\n", res.RedisSave.Round(time.Millisecond), res.RedisSaveBytes)
+	// Figure 7's points: every key SET with the size first (redis-benchmark's
+	// GET sends no value; its keys must hold one), then GETs.
+	out := slices.Max(o.Outstanding)
+	for _, size := range o.ValueSizes {
+		if b, err := exec.CommandContext(ctx, "redis-benchmark", "-p", port, "-t", "set", "-c", "16", "-n", strconv.Itoa(8*o.Keys),
+			"-d", strconv.Itoa(size), "-r", strconv.Itoa(o.Keys), "--csv").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("redis-benchmark set: %v: %s", err, b)
+		}
+		var rates []float64
+		var p50s []time.Duration
+		for r := 0; r < o.Rounds; r++ {
+			n := max(1000, int(float64(out)*o.Duration.Seconds()*2000))
+			b, err := exec.CommandContext(ctx, "redis-benchmark", "-p", port, "-t", "get", "-c", strconv.Itoa(out), "-n", strconv.Itoa(n),
+				"-r", strconv.Itoa(o.Keys), "--csv").Output()
+			if err != nil {
+				return nil, fmt.Errorf("redis-benchmark: %w", err)
+			}
+			rate, p50, err := parseRedisCSV(b)
+			if err != nil {
+				return nil, err
+			}
+			rates, p50s = append(rates, rate), append(p50s, p50)
+		}
+		c := TableCell{System: "redis", Op: "get", Outstanding: out, ValueSize: size, OpsPerS: medianF(rates), P50: medianD(p50s)}
+		fmt.Fprintf(progress, "redis get, %d-byte values, %d connections: %.0f/s (%.1f MB/s)\n", size, out, c.OpsPerS, c.OpsPerS*float64(size)/1e6)
+		cells = append(cells, c)
+	}
 	return cells, nil
 }
 
@@ -399,4 +490,137 @@ func medianOrZero(x []time.Duration) time.Duration {
 		return 0
 	}
 	return medianD(x)
+}
+
+// TableSample is one second of DDS's Figure 8 (availability and
+// recovery): reads and writes completed in it, and what happened in it.
+type TableSample struct {
+	Second int
+	Reads  int
+	Writes int
+	Event  string `json:",omitempty"`
+}
+
+// tableRecovery re-runs DDS's Figure 8 on the benchmark's cluster: a
+// table of one partition with three replicas and keys of ValueSize bytes,
+// read by the libraries at the largest Outstanding and written by one more
+// operation in flight; node 3 is crashed at 5 s and started again at 10 s
+// (a new incarnation, which recovers into the group: write lease, whole
+// copy, join); completions are counted per second for 20 s.
+func tableRecovery(ctx context.Context, c *InProcessCluster, mc *meta.Client, libs []*ddstable.Library, o TableOptions, progress io.Writer) ([]TableSample, error) {
+	if _, err := ddstable.CreateTable(ctx, mc, "avail", 1, 3); err != nil {
+		return nil, err
+	}
+	value := bytes.Repeat([]byte("a"), o.ValueSize)
+	keys := o.RecoveryKeys
+	fmt.Fprintf(progress, "figure 8: loading %d keys of %d bytes into one partition of 3 replicas\n", keys, o.ValueSize)
+	if err := runTableLoad(ctx, libs, 16, 0, func(lib *ddstable.Library, i int) error {
+		if i >= keys {
+			return errStop
+		}
+		return lib.Put(ctx, "avail", uint64(i)*0x9E3779B97F4A7C15, value)
+	}, nil); err != nil {
+		return nil, err
+	}
+	const seconds = 20
+	samples := make([]TableSample, seconds)
+	for i := range samples {
+		samples[i].Second = i + 1
+	}
+	var mu sync.Mutex
+	start := time.Now()
+	count := func(write bool) {
+		s := int(time.Since(start) / time.Second)
+		mu.Lock()
+		if s < seconds {
+			if write {
+				samples[s].Writes++
+			} else {
+				samples[s].Reads++
+			}
+		}
+		mu.Unlock()
+	}
+	event := func(format string, args ...any) {
+		s := min(int(time.Since(start)/time.Second), seconds-1)
+		msg := fmt.Sprintf(format, args...)
+		mu.Lock()
+		if samples[s].Event != "" {
+			samples[s].Event += "; "
+		}
+		samples[s].Event += msg
+		mu.Unlock()
+		fmt.Fprintf(progress, "figure 8: %5.1fs %s\n", time.Since(start).Seconds(), msg)
+	}
+	d := seconds * time.Second
+	errs := make(chan error, 2)
+	go func() {
+		errs <- runTableLoad(ctx, libs, slices.Max(o.Outstanding), d, func(lib *ddstable.Library, _ int) error {
+			k := uint64(rand.IntN(keys)) * 0x9E3779B97F4A7C15
+			if _, _, err := lib.Get(ctx, "avail", k); err != nil {
+				return err
+			}
+			count(false)
+			return nil
+		}, nil)
+	}()
+	go func() {
+		errs <- runTableLoad(ctx, libs[:1], 1, d, func(lib *ddstable.Library, _ int) error {
+			k := uint64(rand.IntN(keys)) * 0x9E3779B97F4A7C15
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := lib.Put(wctx, "avail", k, value)
+			cancel()
+			if err == nil {
+				count(true)
+			}
+			return nil // a write refused or timed out while the partition is leased is expected
+		}, nil)
+	}()
+	if !sleepCtx(ctx, 5*time.Second-time.Since(start)) {
+		return nil, ctx.Err()
+	}
+	c.Crash(2)
+	event("node 3 crashed")
+	gone, back := false, false
+	for time.Since(start) < d {
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+		ts, err := ddstable.ListTables(ctx, mc)
+		if err != nil {
+			continue
+		}
+		var m *ddstable.Maps
+		for _, t := range ts {
+			if t.Table == "avail" {
+				m = t
+			}
+		}
+		if m == nil {
+			continue
+		}
+		g := m.RG[m.DP.Leaves()[0]]
+		switch {
+		case !gone && len(g) == 2:
+			gone = true
+			event("node 3's brick decreed out of the group")
+		case gone && c.Nodes[2] == nil && time.Since(start) >= 10*time.Second:
+			if err := c.Start(2); err != nil {
+				return nil, err
+			}
+			event("node 3 started again")
+		case gone && !back && len(m.Joining) > 0:
+			back = true
+			event("node 3's brick took the write lease: copying")
+		case gone && len(g) == 3:
+			back, gone = false, false
+			event("node 3's brick joined the group")
+		}
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			return nil, err
+		}
+	}
+	return samples, nil
 }
