@@ -1259,12 +1259,13 @@ func (s *Service) recoverInto(k repKey, self BrickID) (joined, busy bool) {
 		s.mu.Unlock()
 		return false, false
 	}
+	keys := len(data) // (once installed, data is the replica's store, written under mu)
 	s.mu.pending[k] = data
 	s.mu.Unlock()
 	if !s.join(k, self, update, log) {
 		return false, false
 	}
-	log.Info("recovered into the group: joined", "copied from", from, "keys", len(data), "took", time.Since(start).Round(time.Millisecond))
+	log.Info("recovered into the group: joined", "copied from", from, "keys", keys, "took", time.Since(start).Round(time.Millisecond))
 	return true, false
 }
 
