@@ -27,24 +27,7 @@ import (
 // hold the same keys.
 func TestServiceTableRebalance(t *testing.T) {
 	ctx, c, mc := startTables(t, 2*time.Minute)
-	ns, err := mc.Read(ctx, meta.NodesNamespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bricks, err := ddstable.Bricks(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(bricks, func(a, b ddstable.BrickID) int { return int(a.Node) - int(b.Node) })
-	m, err := ddstable.NewTableMaps("t", 4, 2, bricks[:2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mc.Update(ctx, ddstable.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) {
-		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: ddstable.TableKey("t"), Value: m.AppendBinary(nil)}}, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	bricks, _ := placeOnTwo(t, ctx, mc, 4)
 	w := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
 	defer w.Close()
 	r := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
@@ -206,24 +189,7 @@ func TestServiceTableRebalance(t *testing.T) {
 // under a lease (a recovery, a move back) brings it back.
 func TestReview127RetiredRefills(t *testing.T) {
 	ctx, c, mc := startTables(t, 2*time.Minute)
-	ns, err := mc.Read(ctx, meta.NodesNamespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bricks, err := ddstable.Bricks(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(bricks, func(a, b ddstable.BrickID) int { return int(a.Node) - int(b.Node) })
-	m, err := ddstable.NewTableMaps("t", 1, 2, bricks[:2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mc.Update(ctx, ddstable.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) {
-		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: ddstable.TableKey("t"), Value: m.AppendBinary(nil)}}, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	bricks, m := placeOnTwo(t, ctx, mc, 1)
 	lib := ddstable.NewLibrary(ddstable.LibraryConfig{Meta: mc})
 	defer lib.Close()
 	if err := lib.Put(ctx, "t", 5, []byte("five")); err != nil {
@@ -260,4 +226,30 @@ func TestReview127RetiredRefills(t *testing.T) {
 	if v, found, err := lib.Get(ctx, "t", 5); err != nil || !found || string(v) != "five" {
 		t.Fatalf("get 5: %q %v %v", v, found, err)
 	}
+}
+
+// placeOnTwo creates table "t" of partitions partitions with two replicas
+// placed on nodes 1 and 2 only (node 3's brick holds none), and returns
+// the bricks by node and the maps.
+func placeOnTwo(t *testing.T, ctx context.Context, mc *meta.Client, partitions int) ([]ddstable.BrickID, *ddstable.Maps) {
+	t.Helper()
+	ns, err := mc.Read(ctx, meta.NodesNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bricks, err := ddstable.Bricks(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(bricks, func(a, b ddstable.BrickID) int { return int(a.Node) - int(b.Node) })
+	m, err := ddstable.NewTableMaps("t", partitions, 2, bricks[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mc.Update(ctx, ddstable.Namespace, "test", func(*pb.Namespace) ([]*pb.Op, error) {
+		return []*pb.Op{{Kind: pb.Op_KIND_PUT, Key: ddstable.TableKey("t"), Value: m.AppendBinary(nil)}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return bricks, m
 }
